@@ -1,0 +1,163 @@
+"""Hugging Face checkpoint I/O: expected tensor names/shapes, strict memory-mapped loading of
+single or sharded safetensors, random weights built on the target device, and writing."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from salactl.errors import CheckpointError
+from salactl.runtime.config import SPARSE, SalaConfig
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "cos_cached", "sin_cached")
+
+
+def expected_tensor_shapes(config: SalaConfig) -> dict[str, tuple[int, ...]]:
+    hidden, inter = config.hidden_size, config.intermediate_size
+    shapes = {
+        "model.embed_tokens.weight": (config.vocab_size, hidden),
+        "model.norm.weight": (hidden,),
+        "lm_head.weight": (config.vocab_size, hidden),
+    }
+    for i, mixer in enumerate(config.mixer_types):
+        p = f"model.layers.{i}."
+        shapes[p + "input_layernorm.weight"] = (hidden,)
+        shapes[p + "post_attention_layernorm.weight"] = (hidden,)
+        shapes[p + "mlp.gate_proj.weight"] = (inter, hidden)
+        shapes[p + "mlp.up_proj.weight"] = (inter, hidden)
+        shapes[p + "mlp.down_proj.weight"] = (hidden, inter)
+        a = p + "self_attn."
+        if mixer == SPARSE:
+            q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
+            shapes.update({a + "q_proj.weight": (q, hidden), a + "k_proj.weight": (kv, hidden),
+                           a + "v_proj.weight": (kv, hidden), a + "o_proj.weight": (hidden, q),
+                           a + "o_gate.weight": (q, hidden)})
+        else:
+            h, d = config.lightning_nh, config.lightning_head_dim
+            for name in ("q_proj", "k_proj", "v_proj", "z_proj"):
+                shapes[a + name + ".weight"] = (h * d, hidden)
+            shapes[a + "o_proj.weight"] = (hidden, h * d)
+            shapes[a + "q_norm.weight"] = (d,)
+            shapes[a + "k_norm.weight"] = (d,)
+            shapes[a + "o_norm.weight"] = (h * d,)
+    return shapes
+
+
+def tensor_files(model_dir: Path) -> dict[str, Path]:
+    """Map every tensor name to the safetensors file holding it."""
+    index = model_dir / INDEX_NAME
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise CheckpointError(f"{index} is not a valid safetensors index (needs a 'weight_map' object)") from None
+        files = {name: model_dir / f for name, f in weight_map.items()}
+        for f in set(files.values()):
+            if not f.exists():
+                raise CheckpointError(f"shard {f.name} named in {INDEX_NAME} is missing from {model_dir}")
+        return files
+    single = model_dir / SINGLE_NAME
+    if not single.exists():
+        raise CheckpointError(f"{model_dir} has neither {SINGLE_NAME} nor {INDEX_NAME}")
+    with safe_open(single, framework="pt") as f:
+        return {name: single for name in f.keys()}
+
+
+def load_state_dict(model_dir: Path, expected: dict[str, tuple[int, ...]], device, dtype,
+                    allow_extra: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    """Strictly load `expected` tensors (memory-mapped, cast once on the way to `device`).
+    `allow_extra` are name suffixes another loader handles (e.g. GPTQ's qweight)."""
+    files = tensor_files(model_dir)
+    names = {n for n in files if not n.endswith(_IGNORED_SUFFIXES)}
+    missing = sorted(set(expected) - names)
+    if missing:
+        raise CheckpointError(f"checkpoint {model_dir} lacks tensor {missing[0]}"
+                              + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    extra = sorted(n for n in names - set(expected) if not n.endswith(allow_extra))
+    if extra:
+        raise CheckpointError(f"checkpoint {model_dir} has unexpected tensor {extra[0]}"
+                              + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else "")
+                              + "; it does not match config.json")
+    by_file: dict[Path, list[str]] = {}
+    for n in expected:
+        by_file.setdefault(files[n], []).append(n)
+    out: dict[str, torch.Tensor] = {}
+    for path, group in by_file.items():
+        with safe_open(path, framework="pt", device="cpu") as f:
+            for n in group:
+                sl = f.get_slice(n)
+                shape = tuple(sl.get_shape())
+                if shape != expected[n]:
+                    raise CheckpointError(f"tensor {n} has shape {list(shape)} but config.json implies "
+                                          f"{list(expected[n])}")
+                out[n] = f.get_tensor(n).to(device=device, dtype=dtype)
+    return out
+
+
+def random_state_dict(config: SalaConfig, device, dtype, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random weights of the real shapes, generated directly on `device` (no CPU detour)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    out = {}
+    for name, shape in expected_tensor_shapes(config).items():
+        if len(shape) == 1:
+            out[name] = torch.ones(shape, device=device, dtype=dtype)
+        else:
+            t = torch.empty(shape, device=device, dtype=dtype)
+            std = config.initializer_range if "embed" in name else shape[1] ** -0.5
+            out[name] = t.normal_(0.0, std, generator=gen)
+    return out
+
+
+def save_checkpoint(state: dict[str, torch.Tensor], config_dict: dict, out_dir: Path,
+                    max_shard_bytes: int = 4 << 30, extra_files: dict[str, Path] | None = None,
+                    overwrite: bool = False) -> Path:
+    """Write config.json + safetensors (sharded with an index when large) into a temp dir next to
+    `out_dir`, then rename: a failure never leaves a partial checkpoint."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not overwrite:
+        from salactl.errors import OutputExistsError
+        raise OutputExistsError(f"{out_dir} already exists; choose another path or pass --overwrite")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        shards: list[dict[str, torch.Tensor]] = [{}]
+        size = 0
+        for name, t in state.items():
+            nbytes = t.numel() * t.element_size()
+            if shards[-1] and size + nbytes > max_shard_bytes:
+                shards.append({})
+                size = 0
+            shards[-1][name] = t.detach().contiguous().cpu()
+            size += nbytes
+        meta = {"format": "pt"}
+        if len(shards) == 1:
+            save_file(shards[0], str(tmp / SINGLE_NAME), metadata=meta)
+        else:
+            weight_map, total = {}, 0
+            for i, shard in enumerate(shards):
+                fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+                save_file(shard, str(tmp / fname), metadata=meta)
+                for n, t in shard.items():
+                    weight_map[n] = fname
+                    total += t.numel() * t.element_size()
+            (tmp / INDEX_NAME).write_text(json.dumps(
+                {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+        (tmp / "config.json").write_text(json.dumps(config_dict, indent=2) + "\n")
+        for fname, src in (extra_files or {}).items():
+            shutil.copyfile(src, tmp / fname)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir

@@ -1,0 +1,334 @@
+"""Frozen, validated model configuration parsed from a Hugging Face MiniCPM-SALA `config.json`.
+
+Key names are the checkpoint's own (reference/architecture.md §1); `to_hf_dict` writes them back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from salactl.errors import ConfigError
+
+SPARSE = "minicpm4"
+LIGHTNING = "lightning-attn"
+_LIGHTNING_ALIASES = {"lightning", "lightning_attn", "lightning-attn"}
+_SCALE_NAMES = {"1/sqrt(d)", "1/d", "1"}
+
+
+@dataclass(frozen=True)
+class SparseConfig:
+    """InfLLM-V2 selection knobs (`sparse_config`); DESIGN.md §2 defines their exact meaning."""
+
+    block_size: int = 64
+    dense_len: int = 8192
+    init_blocks: int = 1
+    kernel_size: int = 32
+    kernel_stride: int = 16
+    topk: int = 64
+    use_nope: bool = False
+    window_size: int = 2048
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "kernel_size", "kernel_stride", "topk"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"sparse_config.{name} must be positive, got {getattr(self, name)}")
+        for name in ("dense_len", "init_blocks", "window_size"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"sparse_config.{name} must be >= 0, got {getattr(self, name)}")
+        if self.block_size % self.kernel_stride:
+            raise ConfigError(
+                f"sparse_config.block_size {self.block_size} is not a multiple of kernel_stride "
+                f"{self.kernel_stride}; pick a stride that divides the block size"
+            )
+        if self.kernel_size % self.kernel_stride or self.kernel_size < self.kernel_stride:
+            raise ConfigError(
+                f"sparse_config.kernel_size {self.kernel_size} must be a multiple of kernel_stride "
+                f"{self.kernel_stride} (and at least one stride)"
+            )
+        if self.window_size % self.block_size:
+            raise ConfigError(
+                f"sparse_config.window_size {self.window_size} is not a multiple of block_size "
+                f"{self.block_size}"
+            )
+
+    @property
+    def window_blocks(self) -> int:
+        return self.window_size // self.block_size
+
+    @property
+    def selected_blocks(self) -> int:
+        """Blocks each query keeps: topk plus the local window (96 for MiniCPM-SALA)."""
+        return self.topk + self.window_blocks
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "SparseConfig":
+        if d is None:
+            return cls()
+        if not isinstance(d, dict):
+            raise ConfigError(f"sparse_config must be an object, got {type(d).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"sparse_config has unknown keys {unknown}; valid keys: {sorted(known)}")
+        try:
+            return cls(**{k: (bool(v) if k == "use_nope" else int(v)) for k, v in d.items()})
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"sparse_config has a non-integer value: {e}") from None
+
+
+@dataclass(frozen=True)
+class SalaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    mixer_types: tuple[str, ...]
+    lightning_nh: int
+    lightning_nkv: int
+    lightning_head_dim: int
+    sparse_config: SparseConfig = field(default_factory=SparseConfig)
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 524288
+    scale_emb: float = 12.0
+    scale_depth: float = 1.4
+    dim_model_base: int = 256
+    hidden_act: str = "silu"
+    attention_bias: bool = False
+    attn_use_rope: bool = False
+    attn_use_output_gate: bool = True
+    lightning_scale: str = "1/sqrt(d)"
+    lightning_use_rope: bool = True
+    qk_norm: bool = True
+    use_output_norm: bool = True
+    use_output_gate: bool = True
+    tie_word_embeddings: bool = False
+    bos_token_id: int = 1
+    eos_token_id: tuple[int, ...] = (2,)
+    pad_token_id: int = 2
+    initializer_range: float = 0.1
+    torch_dtype: str = "bfloat16"
+    extra: tuple[tuple[str, object], ...] = ()  # unknown HF keys, kept for round trips
+
+    def __post_init__(self) -> None:
+        ints = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads", "num_key_value_heads", "head_dim", "lightning_nh",
+                "lightning_nkv", "lightning_head_dim")
+        for name in ints:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"config.{name} must be positive, got {getattr(self, name)}")
+        if len(self.mixer_types) != self.num_hidden_layers:
+            raise ConfigError(
+                f"mixer_types has {len(self.mixer_types)} entries but num_hidden_layers is "
+                f"{self.num_hidden_layers}; give one mixer type per layer"
+            )
+        for i, m in enumerate(self.mixer_types):
+            if m not in (SPARSE, LIGHTNING):
+                raise ConfigError(
+                    f"mixer_types[{i}] = {m!r} is unknown; valid: 'minicpm4', 'lightning-attn' "
+                    f"(aliases 'lightning', 'lightning_attn')"
+                )
+        if self.mixer_types[0] != SPARSE:
+            raise ConfigError("mixer_types[0] must be 'minicpm4' (the HF cache layout requires it)")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(
+                f"num_attention_heads {self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads {self.num_key_value_heads} (GQA group must be integral)"
+            )
+        if self.lightning_nh != self.lightning_nkv:
+            raise ConfigError(
+                f"lightning_nkv {self.lightning_nkv} != lightning_nh {self.lightning_nh}; "
+                "lightning layers have no GQA"
+            )
+        if LIGHTNING in self.mixer_types and (
+            self.lightning_nh != self.num_attention_heads or self.lightning_head_dim != self.head_dim
+        ):
+            raise ConfigError(
+                "lightning_nh/lightning_head_dim must equal num_attention_heads/head_dim: the HF "
+                "model builds lightning layers from the latter"
+            )
+        if self.attn_use_rope:
+            raise ConfigError("attn_use_rope=true is not supported: MiniCPM-SALA sparse layers are NoPE")
+        if self.attention_bias:
+            raise ConfigError("attention_bias=true is not supported (MiniCPM-SALA has no biases)")
+        if self.hidden_act != "silu":
+            raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported; only 'silu'")
+        if self.lightning_scale not in _SCALE_NAMES:
+            raise ConfigError(
+                f"lightning_scale {self.lightning_scale!r} is unknown; valid: {sorted(_SCALE_NAMES)}"
+            )
+        if self.lightning_use_rope and self.lightning_head_dim % 2:
+            raise ConfigError("lightning_head_dim must be even for RoPE")
+        if self.tie_word_embeddings:
+            raise ConfigError("tie_word_embeddings=true is not supported (MiniCPM-SALA's lm_head is untied)")
+        if not (self.qk_norm and self.use_output_norm and self.use_output_gate and self.attn_use_output_gate):
+            raise ConfigError(
+                "qk_norm, use_output_norm, use_output_gate and attn_use_output_gate must all be true "
+                "(the MiniCPM-SALA architecture); other variants are not implemented"
+            )
+        if self.hidden_size % self.dim_model_base and self.dim_model_base <= 0:
+            raise ConfigError("dim_model_base must be positive")
+        for t in (*self.eos_token_id, self.bos_token_id):
+            if not 0 <= t < self.vocab_size:
+                raise ConfigError(f"special token id {t} is outside the vocabulary (size {self.vocab_size})")
+
+    # ---- derived -------------------------------------------------------------------------
+    @property
+    def sparse_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, m in enumerate(self.mixer_types) if m == SPARSE)
+
+    @property
+    def lightning_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, m in enumerate(self.mixer_types) if m == LIGHTNING)
+
+    @property
+    def kv_group(self) -> int:
+        return self.num_attention_heads // self.num_key_value_heads
+
+    @property
+    def residual_scale(self) -> float:
+        return self.scale_depth / math.sqrt(self.num_hidden_layers)
+
+    @property
+    def logit_divisor(self) -> float:
+        return self.hidden_size / self.dim_model_base
+
+    @property
+    def gla_scale(self) -> float:
+        d = self.lightning_head_dim
+        return {"1/sqrt(d)": d ** -0.5, "1/d": 1.0 / d, "1": 1.0}[self.lightning_scale]
+
+    def parameter_count(self) -> int:
+        from salactl.runtime.checkpoint import expected_tensor_shapes
+
+        return sum(math.prod(s) for s in expected_tensor_shapes(self).values())
+
+    # ---- HF round trip -------------------------------------------------------------------
+    @classmethod
+    def from_hf_dict(cls, d: dict) -> "SalaConfig":
+        if not isinstance(d, dict):
+            raise ConfigError("config.json must hold a JSON object")
+        model_type = d.get("model_type")
+        if model_type is not None and model_type != "minicpm_sala":
+            raise ConfigError(f"model_type {model_type!r} is not 'minicpm_sala'; this is not a MiniCPM-SALA checkpoint")
+        required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                    "num_attention_heads", "mixer_types")
+        missing = [k for k in required if k not in d]
+        if missing:
+            raise ConfigError(f"config.json lacks required keys {missing}")
+        mixers = d["mixer_types"]
+        if not isinstance(mixers, list) or not all(isinstance(m, str) for m in mixers):
+            raise ConfigError("mixer_types must be a list of strings")
+        mixers = tuple(LIGHTNING if m in _LIGHTNING_ALIASES else m for m in mixers)
+        heads = int(d["num_attention_heads"])
+        head_dim = int(d.get("head_dim") or int(d["hidden_size"]) // heads)
+        eos = d.get("eos_token_id", 2)
+        eos = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
+        kw: dict = dict(
+            vocab_size=int(d["vocab_size"]),
+            hidden_size=int(d["hidden_size"]),
+            intermediate_size=int(d["intermediate_size"]),
+            num_hidden_layers=int(d["num_hidden_layers"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(d.get("num_key_value_heads") or heads),
+            head_dim=head_dim,
+            mixer_types=mixers,
+            lightning_nh=int(d.get("lightning_nh") or heads),
+            lightning_nkv=int(d.get("lightning_nkv") or d.get("lightning_nh") or heads),
+            lightning_head_dim=int(d.get("lightning_head_dim") or head_dim),
+            sparse_config=SparseConfig.from_dict(d.get("sparse_config")),
+            eos_token_id=eos,
+            torch_dtype=str(d.get("torch_dtype") or d.get("dtype") or "bfloat16"),
+        )
+        simple = ("rms_norm_eps", "rope_theta", "max_position_embeddings", "scale_emb", "scale_depth",
+                  "dim_model_base", "hidden_act", "attention_bias", "attn_use_rope",
+                  "attn_use_output_gate", "lightning_scale", "lightning_use_rope", "qk_norm",
+                  "use_output_norm", "use_output_gate", "tie_word_embeddings", "bos_token_id",
+                  "pad_token_id", "initializer_range")
+        for k in simple:
+            if d.get(k) is not None:
+                kw[k] = d[k]
+        if d.get("rope_scaling") not in (None, {}):
+            raise ConfigError("rope_scaling is set; only rope_scaling=null is supported")
+        handled = set(kw) | set(required) | {"head_dim", "lightning_nh", "lightning_nkv",
+                                             "lightning_head_dim", "num_key_value_heads", "dtype",
+                                             "sparse_config", "rope_scaling"}
+        kw["extra"] = tuple(sorted((k, v) for k, v in d.items() if k not in handled
+                                   and isinstance(k, str) and _jsonable(v)))
+        try:
+            return cls(**kw)
+        except TypeError as e:
+            raise ConfigError(f"config.json has a value of the wrong type: {e}") from None
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "SalaConfig":
+        path = Path(path)
+        try:
+            d = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{path} does not exist; a checkpoint directory needs config.json") from None
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+        return cls.from_hf_dict(d)
+
+    def to_hf_dict(self) -> dict:
+        d = dict(self.extra)
+        d.update(
+            architectures=["MiniCPMSALAForCausalLM"],
+            model_type="minicpm_sala",
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            mixer_types=list(self.mixer_types),
+            lightning_nh=self.lightning_nh,
+            lightning_nkv=self.lightning_nkv,
+            lightning_head_dim=self.lightning_head_dim,
+            sparse_config=dataclasses.asdict(self.sparse_config),
+            rms_norm_eps=self.rms_norm_eps,
+            rope_theta=self.rope_theta,
+            rope_scaling=None,
+            max_position_embeddings=self.max_position_embeddings,
+            scale_emb=self.scale_emb,
+            scale_depth=self.scale_depth,
+            dim_model_base=self.dim_model_base,
+            hidden_act=self.hidden_act,
+            attention_bias=self.attention_bias,
+            attention_dropout=0.0,
+            attn_use_rope=self.attn_use_rope,
+            attn_use_output_gate=self.attn_use_output_gate,
+            lightning_scale=self.lightning_scale,
+            lightning_use_rope=self.lightning_use_rope,
+            qk_norm=self.qk_norm,
+            use_output_norm=self.use_output_norm,
+            use_output_gate=self.use_output_gate,
+            tie_word_embeddings=self.tie_word_embeddings,
+            bos_token_id=self.bos_token_id,
+            eos_token_id=list(self.eos_token_id),
+            pad_token_id=self.pad_token_id,
+            initializer_range=self.initializer_range,
+            torch_dtype=self.torch_dtype,
+            use_cache=True,
+        )
+        return d
+
+    def replace(self, **changes) -> "SalaConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def _jsonable(v: object) -> bool:
+    try:
+        json.dumps(v)
+        return True
+    except (TypeError, ValueError):
+        return False

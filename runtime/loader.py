@@ -1,0 +1,101 @@
+"""Resolve `--model PATH|PRESET` to a ready model: a checkpoint directory, the embedded
+`sala-nano`, or random weights of a preset's shapes built on the target device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from salactl.errors import CheckpointError, ConfigError, DeviceError
+from salactl.runtime.checkpoint import expected_tensor_shapes, load_state_dict, random_state_dict
+from salactl.runtime.config import SalaConfig
+from salactl.runtime.layers.model import SalaForCausalLM
+from salactl.runtime.presets import PRESETS, preset
+
+EMBEDDED_DIR = Path(__file__).parent / "models" / "sala-nano"
+DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
+          "fp16": torch.float16, "float32": torch.float32, "fp32": torch.float32}
+
+
+@dataclass
+class LoadedModel:
+    model: SalaForCausalLM
+    config: SalaConfig
+    model_dir: Path | None      # where tokenizer / generation config live (None for random presets)
+    source: str
+
+
+def resolve_device(device: str | None) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise DeviceError(f"unknown device {device!r}; use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise DeviceError("--device cuda was asked for but no CUDA GPU is visible; use --device cpu")
+    if dev.type not in ("cpu", "cuda"):
+        raise DeviceError(f"device type {dev.type!r} is not supported; use cpu or cuda")
+    return dev
+
+
+def resolve_dtype(name: str | None, config: SalaConfig | None, device: torch.device) -> torch.dtype:
+    if name in (None, "auto"):
+        return torch.bfloat16
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ConfigError(f"unknown dtype {name!r}; valid: {', '.join(sorted(DTYPES))}") from None
+
+
+def build_model(config: SalaConfig, state: dict[str, torch.Tensor]) -> SalaForCausalLM:
+    with torch.device("meta"):
+        model = SalaForCausalLM(config)
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval().requires_grad_(False)
+
+
+def load_model(model: str | None, device=None, dtype: str | None = None,
+               random_weights: bool = False, seed: int = 0) -> LoadedModel:
+    dev = resolve_device(device)
+    name = model or "sala-nano"
+    path = Path(name)
+    if random_weights:
+        if name not in PRESETS and not (path / "config.json").exists():
+            raise ConfigError(f"--random-weights needs a preset ({', '.join(sorted(PRESETS))}) or a "
+                              f"directory with config.json, got {name!r}")
+        config = preset(name) if name in PRESETS else SalaConfig.from_file(path / "config.json")
+        dt = resolve_dtype(dtype, config, dev)
+        state = random_state_dict(config, dev, dt, seed)
+        model_dir = EMBEDDED_DIR if name == "sala-nano" and EMBEDDED_DIR.exists() else (
+            path if path.is_dir() else None)
+        return LoadedModel(build_model(config, state), config, model_dir, f"random:{name}:seed={seed}")
+    if name == "sala-nano":
+        path = EMBEDDED_DIR
+        if not (path / "config.json").exists():
+            raise CheckpointError("the embedded sala-nano checkpoint is missing from this install; "
+                                  "reinstall salactl or pass --random-weights")
+    elif name in PRESETS:
+        raise CheckpointError(f"preset {name!r} has no embedded weights; pass --random-weights or a "
+                              "checkpoint directory")
+    elif not path.is_dir():
+        raise CheckpointError(f"{name!r} is neither a checkpoint directory nor a preset "
+                              f"({', '.join(sorted(PRESETS))})")
+    config = SalaConfig.from_file(path / "config.json")
+    dt = resolve_dtype(dtype, config, dev)
+    quant = _quantization_config(path)
+    if quant is not None:
+        from salactl.quant.loading import load_gptq_model
+
+        return LoadedModel(load_gptq_model(path, config, quant, dev, dt), config, path, str(path))
+    state = load_state_dict(path, expected_tensor_shapes(config), dev, dt)
+    return LoadedModel(build_model(config, state), config, path, str(path))
+
+
+def _quantization_config(path: Path) -> dict | None:
+    import json
+
+    d = json.loads((path / "config.json").read_text())
+    return d.get("quantization_config")

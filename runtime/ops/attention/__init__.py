@@ -1,0 +1,3 @@
+from salactl.runtime.ops.attention.reference import attention
+
+__all__ = ["attention"]

@@ -1,0 +1,140 @@
+"""Device ceilings for the roofline: a datasheet table of known GPUs, NVML (bus width × memory
+clock), and measured ceilings (`salactl info --measure`) cached per device."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+# name fragment -> (memory GB/s, dense bf16 TFLOP/s); vendor datasheets (dense, no sparsity).
+DATASHEET = {
+    "H200": (4800.0, 989.0),
+    "H100 SXM": (3350.0, 989.0),
+    "H100 80GB HBM3": (3350.0, 989.0),
+    "H100 PCIe": (2000.0, 756.0),
+    "H100": (3350.0, 989.0),
+    "A100-SXM4-80GB": (2039.0, 312.0),
+    "A100 80GB PCIe": (1935.0, 312.0),
+    "A100": (1555.0, 312.0),
+    "RTX PRO 6000D": (1398.0, 148.0),
+    "RTX PRO 6000": (1792.0, 503.8),
+    "RTX 5090": (1792.0, 209.5),
+    "L40S": (864.0, 362.0),
+}
+
+
+@dataclass(frozen=True)
+class Peaks:
+    device: str
+    mem_gbps: float
+    bf16_tflops: float
+    source: str          # "measured", "datasheet", "nvml", "cpu-default"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def cache_path() -> Path:
+    root = Path(os.environ.get("SALACTL_CACHE_DIR") or Path.home() / ".cache" / "salactl")
+    return root / "peaks.json"
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import platform
+
+    return f"cpu:{platform.processor() or platform.machine()}:{torch.get_num_threads()}t"
+
+
+def datasheet(name: str) -> tuple[float, float] | None:
+    for frag in sorted(DATASHEET, key=len, reverse=True):
+        if frag.lower() in name.lower():
+            return DATASHEET[frag]
+    return None
+
+
+def nvml_bandwidth_gbps(index: int = 0) -> float | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        width = pynvml.nvmlDeviceGetMemoryBusWidth(h)
+        clock = pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_MEM)
+        return 2 * clock * 1e6 * width / 8 / 1e9
+    except Exception:
+        return None
+
+
+def load_measured() -> dict:
+    try:
+        return json.loads(cache_path().read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def peaks_for(device: torch.device) -> Peaks:
+    name = device_name(device)
+    measured = load_measured().get(name)
+    if measured:
+        return Peaks(name, measured["mem_gbps"], measured["bf16_tflops"], "measured")
+    if device.type == "cuda":
+        ds = datasheet(name)
+        if ds:
+            return Peaks(name, ds[0], ds[1], "datasheet")
+        bw = nvml_bandwidth_gbps(device.index or 0)
+        return Peaks(name, bw or 1000.0, 100.0, "nvml" if bw else "unknown-gpu-default")
+    # No CPU datasheet: a conservative default until `salactl info --measure` runs.
+    return Peaks(name, 20.0, 0.2, "cpu-default")
+
+
+def _time(fn, device, reps: int) -> float:
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(reps):
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+    else:
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def measure(device: torch.device) -> Peaks:
+    """Median device-to-device copy bandwidth (read+write bytes) and bf16 GEMM rate."""
+    gpu = device.type == "cuda"
+    n = (1 << 30) if gpu else (64 << 20)                  # bytes per buffer
+    src = torch.empty(n // 2, dtype=torch.bfloat16, device=device).normal_()
+    dst = torch.empty_like(src)
+    copy_s = _time(lambda: dst.copy_(src), device, 20 if gpu else 5)
+    mem_gbps = 2 * n / copy_s / 1e9
+    m = 8192 if gpu else 1024
+    a = torch.randn(m, m, device=device, dtype=torch.bfloat16)
+    b = torch.randn(m, m, device=device, dtype=torch.bfloat16)
+    mm_s = _time(lambda: a @ b, device, 20 if gpu else 3)
+    tflops = 2 * m ** 3 / mm_s / 1e12
+    name = device_name(device)
+    data = load_measured()
+    data[name] = {"mem_gbps": mem_gbps, "bf16_tflops": tflops, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    path = cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+    return Peaks(name, mem_gbps, tflops, "measured")

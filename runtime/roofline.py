@@ -1,0 +1,162 @@
+"""Analytic bytes and FLOPs per op class and phase (DESIGN.md §3), joined with measured time.
+
+Counting rules (minimum traffic: every operand read once per forward call, every result written
+once):
+- linear classes (qkv, gates, o_proj, mlp, lm_head): the module's stored bytes (so bf16, W4A16 +
+  scales, ... count as they are) + input/output activations; FLOPs = 2 · rows · in · out.
+- attention (minicpm4 layers): per sequence, the K/V it attends (all cached tokens when dense, the
+  union of selected blocks, bounded by topk+window blocks per query, when sparse) read once, the
+  new K/V written, q read and o written; compressed-key scoring reads K1 once. FLOPs = 4·Hq·d per
+  attended key per query (+ 2·Hq·d per visible compressed key for scoring).
+- gla (lightning layers): fp32 state read + written once per call, q/k/v/o once. FLOPs: 4·H·dk·dv
+  per token for the state path + 2·H·(dk+dv)·(in-chunk keys) for the intra-chunk part.
+- other: embedding rows and RMSNorm reads/writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from torch import nn
+
+from salactl.runtime.config import SalaConfig
+from salactl.runtime.ops.selection import num_windows
+
+OP_CLASSES = ("qkv", "attention", "gla", "gates", "o_proj", "mlp", "lm_head", "other")
+_LINEAR_CLASS = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "o_gate": "gates",
+                 "z_proj": "gates", "o_proj": "o_proj", "gate_proj": "mlp", "up_proj": "mlp",
+                 "down_proj": "mlp", "lm_head": "lm_head"}
+
+
+@dataclass
+class LinearCost:
+    stored_bytes: int = 0
+    macs_per_row: int = 0        # Σ in·out over the class's linears (for one token through all layers)
+    act_elems_per_row: int = 0   # Σ (in + out)
+
+
+def linear_costs(model: nn.Module) -> dict[str, LinearCost]:
+    """Per op class, from the live modules (so quantized modules count their packed bytes)."""
+    out = {c: LinearCost() for c in ("qkv", "gates", "o_proj", "mlp", "lm_head")}
+    for name, mod in model.named_modules():
+        cls = _LINEAR_CLASS.get(name.rsplit(".", 1)[-1])
+        if cls is None or not hasattr(mod, "in_features"):
+            continue
+        c = out[cls]
+        c.stored_bytes += sum(t.numel() * t.element_size() for t in
+                              list(mod.parameters(recurse=False)) + list(mod.buffers(recurse=False)))
+        c.macs_per_row += mod.in_features * mod.out_features
+        c.act_elems_per_row += mod.in_features + mod.out_features
+    return out
+
+
+@dataclass
+class OpCost:
+    bytes: float = 0.0
+    flops: float = 0.0
+
+
+def call_costs(config: SalaConfig, linears: dict[str, LinearCost], rows: list[tuple[int, int]],
+               logit_rows: int, act_bytes: int = 2, kv_bytes: int = 2, gla_chunk: int = 64) -> dict[str, OpCost]:
+    """Costs of ONE forward call over sequences given as (new_tokens, cached_tokens_before)."""
+    costs = {c: OpCost() for c in OP_CLASSES}
+    n_tok = sum(n for n, _ in rows)
+    for cls in ("qkv", "gates", "o_proj", "mlp"):
+        lc = linears[cls]
+        costs[cls].bytes += lc.stored_bytes + n_tok * lc.act_elems_per_row * act_bytes
+        costs[cls].flops += 2 * n_tok * lc.macs_per_row
+    lm = linears["lm_head"]
+    costs["lm_head"].bytes += lm.stored_bytes + logit_rows * (config.hidden_size * act_bytes + config.vocab_size * 4)
+    costs["lm_head"].flops += 2 * logit_rows * lm.macs_per_row
+
+    sc = config.sparse_config
+    hq, hkv, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    n_sparse = len(config.sparse_layers)
+    for n, ctx in rows:
+        total = ctx + n
+        attended = 0
+        sparse_keys = 0
+        k1_visible = 0
+        for t in range(ctx, total):
+            if t + 1 < sc.dense_len:
+                attended += t + 1
+            else:
+                a = min(t + 1, sc.selected_blocks * sc.block_size)
+                attended += a
+                sparse_keys = max(sparse_keys, a)
+                k1_visible += num_windows(t + 1, sc)
+        # A decode query in sparse mode reads only its selected blocks; a prefill chunk's union
+        # of selections is bounded by the whole context, which is what we count.
+        kv_read_tokens = sparse_keys if (n == 1 and sparse_keys) else total
+        per_layer_bytes = (kv_read_tokens * 2 * hkv * d * kv_bytes + n * 2 * hkv * d * kv_bytes
+                           + n * 2 * hq * d * act_bytes
+                           + (num_windows(total, sc) * hkv * d * act_bytes if k1_visible else 0))
+        costs["attention"].bytes += n_sparse * per_layer_bytes
+        costs["attention"].flops += n_sparse * (4 * hq * d * attended + 2 * hq * d * k1_visible)
+
+        h, dk = config.lightning_nh, config.lightning_head_dim
+        n_light = len(config.lightning_layers)
+        intra = n * min(n, gla_chunk) / 2 if n > 1 else 0
+        costs["gla"].bytes += n_light * (2 * h * dk * dk * 4 + n * 4 * h * dk * act_bytes)
+        costs["gla"].flops += n_light * (4 * h * dk * dk * n + 2 * h * 2 * dk * intra)
+
+    norms = 2 * config.num_hidden_layers + 1
+    costs["other"].bytes += n_tok * config.hidden_size * act_bytes * (1 + 2 * norms)
+    costs["other"].flops += n_tok * config.hidden_size * 4 * norms
+    return costs
+
+
+def add(into: dict[str, OpCost], more: dict[str, OpCost]) -> None:
+    for k, v in more.items():
+        into[k].bytes += v.bytes
+        into[k].flops += v.flops
+
+
+def phase_costs(config, linears, calls: list[list[tuple[int, int]]], logit_rows_per_call: list[int],
+                **kw) -> dict[str, OpCost]:
+    total = {c: OpCost() for c in OP_CLASSES}
+    for rows, lr in zip(calls, logit_rows_per_call):
+        add(total, call_costs(config, linears, rows, lr, **kw))
+    return total
+
+
+@dataclass
+class RooflineRow:
+    op: str
+    bytes: float
+    flops: float
+    time_s: float | None
+    achieved_gbps: float | None
+    achieved_tflops: float | None
+    pct_of_peak: float | None      # the binding resource's % (bandwidth or compute)
+    floor_s: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def roofline_rows(costs: dict[str, OpCost], op_seconds: dict[str, float] | None, phase_seconds: float,
+                  mem_gbps: float, tflops: float) -> list[RooflineRow]:
+    """One row per op class plus a 'total' row. Without per-op times only the total is timed;
+    'other' gets the phase time not attributed to a named class."""
+    rows = []
+    named = sum((op_seconds or {}).values())
+    for op in OP_CLASSES:
+        c = costs[op]
+        t = None
+        if op_seconds is not None:
+            t = op_seconds.get(op, 0.0) if op != "other" else max(phase_seconds - named, 0.0)
+        rows.append(_row(op, c.bytes, c.flops, t, mem_gbps, tflops))
+    tb = sum(c.bytes for c in costs.values())
+    tf = sum(c.flops for c in costs.values())
+    rows.append(_row("total", tb, tf, phase_seconds, mem_gbps, tflops))
+    return rows
+
+
+def _row(op, nbytes, flops, t, mem_gbps, tflops) -> RooflineRow:
+    floor = max(nbytes / (mem_gbps * 1e9), flops / (tflops * 1e12))
+    if not t:
+        return RooflineRow(op, nbytes, flops, t, None, None, None, floor)
+    gbps, tf = nbytes / t / 1e9, flops / t / 1e12
+    pct = 100 * max(gbps / mem_gbps, tf / tflops)
+    return RooflineRow(op, nbytes, flops, t, gbps, tf, pct, floor)

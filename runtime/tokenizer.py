@@ -1,0 +1,89 @@
+"""Tokenizer: HF `tokenizers` (tokenizer.json) with the checkpoint's special tokens and an
+optional ChatML template (`<|im_start|>role\\n…<|im_end|>\\n`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from salactl.errors import TokenizerError
+
+
+class Tokenizer:
+    def __init__(self, path: Path):
+        from tokenizers import Tokenizer as HFTokenizer
+
+        path = Path(path)
+        file = path / "tokenizer.json" if path.is_dir() else path
+        if not file.exists():
+            raise TokenizerError(f"no tokenizer.json at {file}; pass --tokenizer PATH or use --prompt-ids")
+        try:
+            self.tok = HFTokenizer.from_file(str(file))
+        except Exception as e:  # tokenizers raises plain Exceptions for bad files
+            raise TokenizerError(f"{file} is not a valid tokenizer.json ({str(e).splitlines()[0]})") from None
+        self.path = file
+        cfg = _read_json(file.parent / "tokenizer_config.json")
+        self.add_bos = bool(cfg.get("add_bos_token", True))
+        self.bos_id = self._id(cfg.get("bos_token"), "<s>")
+        self.eos_ids = tuple(i for i in (self._id(cfg.get("eos_token"), "</s>"), self._id(None, "<|im_end|>"))
+                             if i is not None)
+
+    def _id(self, token, default):
+        if isinstance(token, dict):
+            token = token.get("content")
+        return self.tok.token_to_id(token or default)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        ids = self.tok.encode(text, add_special_tokens=False).ids
+        if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
+            ids = [self.bos_id] + ids
+        return ids
+
+    def decode(self, ids: list[int], skip_special: bool = True) -> str:
+        return self.tok.decode(ids, skip_special_tokens=skip_special)
+
+    def chat_prompt(self, user: str, system: str | None = None) -> str:
+        parts = []
+        if system:
+            parts.append(f"<|im_start|>system\n{system}<|im_end|>\n")
+        parts.append(f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")
+        return "".join(parts)
+
+
+class StreamDecoder:
+    """Turns a growing list of ids into text increments without splitting multi-byte characters."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer, self.ids, self.emitted = tokenizer, [], ""
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return ""
+        new, self.emitted = text[len(self.emitted):], text
+        return new
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def find_tokenizer(explicit: str | None, model_dir: Path | None) -> Tokenizer:
+    if explicit:
+        return Tokenizer(Path(explicit))
+    if model_dir is not None and (model_dir / "tokenizer.json").exists():
+        return Tokenizer(model_dir)
+    from salactl.runtime.loader import EMBEDDED_DIR
+
+    if (EMBEDDED_DIR / "tokenizer.json").exists():
+        return Tokenizer(EMBEDDED_DIR)
+    where = model_dir or "the model"
+    raise TokenizerError(f"no tokenizer.json found for {where}; pass --tokenizer PATH or use --prompt-ids")

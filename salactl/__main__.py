@@ -1,0 +1,3 @@
+from salactl.cli import main
+
+main()

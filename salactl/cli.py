@@ -1,0 +1,60 @@
+"""The `salactl` Typer app: one module per subcommand, known errors as one line + exit code."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from salactl.errors import SalactlError
+
+app = typer.Typer(
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    add_completion=False,
+    help="Quantize, run, profile and benchmark MiniCPM-SALA-class hybrid LLMs.",
+)
+
+
+def _register() -> None:
+    from salactl import cmd_info, cmd_run
+
+    for module in (cmd_run, cmd_info):
+        module.register(app)
+    for name in ("cmd_eval", "cmd_quantize", "cmd_bench", "cmd_sweep", "cmd_profile", "cmd_report"):
+        try:
+            module = __import__(f"salactl.{name}", fromlist=["register"])
+        except ModuleNotFoundError as e:
+            if e.name != f"salactl.{name}":
+                raise
+            continue
+        module.register(app)
+
+
+_register()
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except SalactlError as e:
+        if os.environ.get("SALACTL_DEBUG") == "1":
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except (typer.Abort,):
+        sys.exit(130)
+    except Exception as e:  # click usage errors arrive here with standalone_mode=False
+        import click
+
+        if isinstance(e, click.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        raise

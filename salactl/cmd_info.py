@@ -1,0 +1,45 @@
+"""`salactl info`: versions, device, known peaks; `--measure` measures and caches this machine's
+copy bandwidth and bf16 matmul rate for the roofline."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from salactl import output
+from salactl.options import DeviceOpt, JsonOpt
+
+
+def info(
+    measure: Annotated[bool, typer.Option("--measure", help="Measure copy bandwidth and matmul rate.")] = False,
+    device: DeviceOpt = "auto",
+    json_out: JsonOpt = False,
+) -> None:
+    """Show versions, the device and its roofline ceilings."""
+    from salactl.env import environment
+    from salactl.runtime.loader import resolve_device
+    from salactl.runtime.peaks import DATASHEET, cache_path, measure as do_measure, peaks_for
+
+    dev = resolve_device(device)
+    if measure:
+        output.stderr.print(f"measuring copy bandwidth and bf16 matmul on {dev} ...")
+        do_measure(dev)
+    peaks = peaks_for(dev)
+    record = {"env": environment(), "device": str(dev), "peaks": peaks.to_dict(),
+              "peaks_cache": str(cache_path()),
+              "datasheet": {k: {"mem_gbps": v[0], "bf16_tflops": v[1]} for k, v in DATASHEET.items()}}
+    if json_out:
+        output.print_json(record)
+        return
+    env = record["env"]
+    output.table("salactl environment", ["item", "value"],
+                 [[k, v] for k, v in env.items()])
+    output.table("roofline ceilings in use", ["device", "GB/s", "bf16 TFLOP/s", "source"],
+                 [[peaks.device, peaks.mem_gbps, peaks.bf16_tflops, peaks.source]])
+    output.table("datasheet", ["GPU", "GB/s", "bf16 TFLOP/s"],
+                 [[k, v[0], v[1]] for k, v in DATASHEET.items()])
+
+
+def register(app: typer.Typer) -> None:
+    app.command("info")(info)

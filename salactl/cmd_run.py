@@ -1,0 +1,96 @@
+"""`salactl run`: generate from a prompt and print speed next to the bandwidth/compute roofline."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from salactl import output
+from salactl.errors import UsageError
+from salactl.options import (ChunkOpt, DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, RandomWeightsOpt,
+                             SeedOpt, TokenizerOpt)
+
+
+def parse_prompt_ids(text: str) -> list[int]:
+    try:
+        ids = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise UsageError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
+    if not ids:
+        raise UsageError("--prompt-ids is empty")
+    return ids
+
+
+def run(
+    prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text.")] = None,
+    prompt_ids: Annotated[Optional[str], typer.Option("--prompt-ids", help="Token ids, e.g. 1,2,3.")] = None,
+    prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", help="Read the prompt from a file.")] = None,
+    model: ModelOpt = "sala-nano",
+    random_weights: RandomWeightsOpt = False,
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    tokenizer: TokenizerOpt = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n")] = 64,
+    temperature: Annotated[float, typer.Option("--temperature", "-t", help="0 = greedy.")] = 0.0,
+    top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
+    top_k: Annotated[int, typer.Option("--top-k", help="0 = off.")] = 0,
+    chunk_size: ChunkOpt = 512,
+    chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the ChatML template.")] = False,
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Generate text with the embedded runtime; print TTFT, tok/s and a roofline table."""
+    from salactl.run_job import RunRequest, execute
+
+    given = [x is not None for x in (prompt, prompt_ids, prompt_file)]
+    if sum(given) != 1:
+        raise UsageError("give exactly one of --prompt, --prompt-ids or --prompt-file")
+    if prompt_file is not None:
+        try:
+            prompt = prompt_file.read_text()
+        except OSError as e:
+            raise UsageError(f"cannot read --prompt-file {prompt_file}: {e.strerror}") from None
+    req = RunRequest(prompt=prompt, prompt_ids=parse_prompt_ids(prompt_ids) if prompt_ids else None,
+                     model=model, random_weights=random_weights, seed=seed, device=device, dtype=dtype,
+                     tokenizer=tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,
+                     top_p=top_p, top_k=top_k, chunk_size=chunk_size, chat=chat, ignore_eos=ignore_eos)
+    stream = None if json_out else (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+    result = execute(req, stream)
+    if json_out:
+        output.print_json(result)
+        return
+    sys.stdout.write("\n\n")
+    render(result)
+
+
+def render(r: dict) -> None:
+    output.stdout.print(
+        f"model {r['model']} on {r['device']} ({r['dtype']}): prompt {len(r['prompt_token_ids'])} tok, "
+        f"generated {len(r['output_token_ids'])} tok ({r['finish_reason']})")
+    output.stdout.print(
+        f"TTFT {r['ttft_s'] * 1e3:.1f} ms | prefill {r['prefill_tok_s']:.1f} tok/s | "
+        f"decode {r['decode_tok_s']:.1f} tok/s")
+    p = r["peaks"]
+    output.stdout.print(f"ceilings: {p['mem_gbps']:.0f} GB/s, {p['bf16_tflops']:.1f} TFLOP/s ({p['source']})")
+    for phase in ("prefill", "decode"):
+        rows = r["roofline"][phase]
+        if not rows:
+            continue
+        output.table(
+            f"{phase} roofline",
+            ["op", "bytes", "FLOPs", "time ms", "GB/s", "TFLOP/s", "% peak", "floor ms"],
+            [[x["op"], output.human_bytes(x["bytes"]), x["flops"],
+              None if x["time_s"] is None else x["time_s"] * 1e3, x["achieved_gbps"],
+              x["achieved_tflops"], x["pct_of_peak"], x["floor_s"] * 1e3] for x in rows])
+        tot = rows[-1]
+        if tot["time_s"]:
+            output.stdout.print(f"{phase}: {tot['time_s'] / tot['floor_s']:.1f}x the floor "
+                                f"({tot['floor_s'] * 1e3:.2f} ms)")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run)

@@ -1,0 +1,65 @@
+"""The environment block attached to every result record (DESIGN.md §4)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+import salactl
+
+
+def _git() -> dict:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                             timeout=5).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                    capture_output=True, text=True, timeout=5).stdout.strip())
+        return {"git_sha": sha or None, "git_dirty": dirty if sha else None}
+    except (OSError, subprocess.SubprocessError):
+        return {"git_sha": None, "git_dirty": None}
+
+
+def _gpu() -> dict:
+    if not torch.cuda.is_available():
+        return {"gpu": None}
+    info = {"gpu": torch.cuda.get_device_name(0), "cuda": torch.version.cuda,
+            "gpu_count": torch.cuda.device_count()}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        info.update(
+            driver=pynvml.nvmlSystemGetDriverVersion(),
+            power_limit_w=pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000,
+            sm_clock_mhz=pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+            mem_clock_mhz=pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
+        )
+    except Exception:
+        pass
+    return info
+
+
+def environment() -> dict:
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except Exception:
+        triton_version = None
+    return {
+        **_git(),
+        "salactl": salactl.__version__,
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "python": platform.python_version(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        **_gpu(),
+    }

@@ -1,0 +1,49 @@
+"""Known failure modes: each has a one-line message (what is wrong + how to fix it) and its own exit code."""
+
+
+class SalactlError(Exception):
+    exit_code = 1
+
+
+class UsageError(SalactlError):
+    exit_code = 2
+
+
+class ConfigError(SalactlError):
+    exit_code = 3
+
+
+class CheckpointError(SalactlError):
+    exit_code = 4
+
+
+class TokenizerError(SalactlError):
+    exit_code = 5
+
+
+class DeviceError(SalactlError):
+    exit_code = 6
+
+
+class DatasetError(SalactlError):
+    exit_code = 7
+
+
+class EndpointError(SalactlError):
+    exit_code = 8
+
+
+class QuantizationError(SalactlError):
+    exit_code = 9
+
+
+class OutputExistsError(SalactlError):
+    exit_code = 10
+
+
+class CapacityError(SalactlError):
+    exit_code = 11
+
+
+class ToolMissingError(SalactlError):
+    exit_code = 12

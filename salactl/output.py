@@ -1,0 +1,58 @@
+"""Output conventions: data on stdout (JSON or rich tables), everything else on stderr."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+stdout = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+stderr = Console(stderr=True, soft_wrap=True)
+
+
+def _clean(obj):
+    if isinstance(obj, float) and (math.isnan(obj) or math.isinf(obj)):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def print_json(obj) -> None:
+    sys.stdout.write(json.dumps(_clean(obj), indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def table(title: str, columns: list[str], rows: list[list], console: Console = stdout) -> None:
+    t = Table(title=title, title_justify="left")
+    for i, c in enumerate(columns):
+        t.add_column(c, justify="left" if i == 0 else "right")
+    for r in rows:
+        t.add_row(*[fmt(v) for v in r])
+    console.print(t)
+
+
+def fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if v == 0:
+            return "0"
+        a = abs(v)
+        if a >= 1e4 or a < 1e-3:
+            return f"{v:.3g}"
+        return f"{v:.4g}" if a < 100 else f"{v:.1f}"
+    return str(v)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
