@@ -115,7 +115,7 @@ class SalaConfig:
     pad_token_id: int = 2
     initializer_range: float = 0.1
     torch_dtype: str = "bfloat16"
-    extra: tuple[tuple[str, object], ...] = ()  # unknown HF keys, kept for round trips
+    extra: tuple[tuple[str, object], ...] = field(default=(), compare=False)  # other HF keys, kept
 
     def __post_init__(self) -> None:
         ints = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -259,7 +259,8 @@ class SalaConfig:
             raise ConfigError("rope_scaling is set; only rope_scaling=null is supported")
         handled = set(kw) | set(required) | {"head_dim", "lightning_nh", "lightning_nkv",
                                              "lightning_head_dim", "num_key_value_heads", "dtype",
-                                             "sparse_config", "rope_scaling"}
+                                             "sparse_config", "rope_scaling", "architectures",
+                                             "model_type", "use_cache"}
         kw["extra"] = tuple(sorted((k, v) for k, v in d.items() if k not in handled
                                    and isinstance(k, str) and _jsonable(v)))
         try:

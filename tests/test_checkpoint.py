@@ -1,0 +1,124 @@
+"""HF checkpoint round trip (single file and sharded) and strict loading errors."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from salactl.errors import CheckpointError, ConfigError
+from salactl.runtime.checkpoint import expected_tensor_shapes, random_state_dict, save_checkpoint
+from salactl.runtime.config import SalaConfig
+from salactl.runtime.engine import Engine
+from salactl.runtime.loader import build_model, load_model
+from salactl.runtime.presets import preset, sala_9b
+from conftest import tiny_config
+
+
+def write_tiny(tmp_path, shard_bytes=4 << 30, seed=0):
+    cfg = tiny_config()
+    state = random_state_dict(cfg, "cpu", torch.float32, seed)
+    out = save_checkpoint(state, cfg.to_hf_dict(), tmp_path / "ckpt", max_shard_bytes=shard_bytes)
+    return cfg, state, out
+
+
+def logits(model, ids):
+    eng = Engine(model, "cpu", chunk_size=64)
+    return eng.prefill(eng.new_sequence(), ids, all_logits=True)
+
+
+@pytest.mark.parametrize("shard_bytes", [4 << 30, 1 << 20])
+def test_round_trip_logits_exact(tmp_path, shard_bytes):
+    cfg, state, path = write_tiny(tmp_path, shard_bytes)
+    if shard_bytes < (4 << 30):
+        assert (path / "model.safetensors.index.json").exists()
+    ids = list(range(1, 300))
+    want = logits(build_model(cfg, state), ids)
+    got = logits(load_model(str(path), "cpu", "float32").model, ids)
+    assert torch.equal(got, want)
+
+
+def test_real_9b_shapes_total_parameter_count():
+    assert sala_9b().parameter_count() == 9_477_203_968
+    names = expected_tensor_shapes(sala_9b())
+    assert names["model.layers.0.self_attn.o_gate.weight"] == (4096, 4096)
+    assert names["model.layers.1.self_attn.z_proj.weight"] == (4096, 4096)
+    assert names["model.layers.0.self_attn.k_proj.weight"] == (256, 4096)
+    assert names["model.layers.1.self_attn.o_norm.weight"] == (4096,)
+
+
+def _edit_single(path, fn):
+    f = path / "model.safetensors"
+    tensors = load_file(f)
+    fn(tensors)
+    save_file(tensors, f)
+
+
+def test_missing_tensor_is_named(tmp_path):
+    _, _, path = write_tiny(tmp_path)
+    _edit_single(path, lambda t: t.pop("model.layers.3.self_attn.z_proj.weight"))
+    with pytest.raises(CheckpointError, match="lacks tensor model.layers.3.self_attn.z_proj.weight"):
+        load_model(str(path), "cpu", "float32")
+
+
+def test_extra_tensor_is_named(tmp_path):
+    _, _, path = write_tiny(tmp_path)
+    _edit_single(path, lambda t: t.__setitem__("model.layers.1.self_attn.bogus", torch.zeros(2)))
+    with pytest.raises(CheckpointError, match="unexpected tensor model.layers.1.self_attn.bogus"):
+        load_model(str(path), "cpu", "float32")
+
+
+def test_wrong_shape_is_named(tmp_path):
+    _, _, path = write_tiny(tmp_path)
+    _edit_single(path, lambda t: t.__setitem__("model.norm.weight", torch.ones(7)))
+    with pytest.raises(CheckpointError, match=r"model.norm.weight has shape \[7\]"):
+        load_model(str(path), "cpu", "float32")
+
+
+def test_rope_buffers_in_checkpoint_are_ignored(tmp_path):
+    _, _, path = write_tiny(tmp_path)
+    _edit_single(path, lambda t: t.__setitem__("model.layers.1.self_attn.rotary_emb.inv_freq", torch.ones(4)))
+    load_model(str(path), "cpu", "float32")
+
+
+def test_save_refuses_existing_dir_and_leaves_no_temp(tmp_path):
+    from salactl.errors import OutputExistsError
+
+    cfg, state, path = write_tiny(tmp_path)
+    with pytest.raises(OutputExistsError):
+        save_checkpoint(state, cfg.to_hf_dict(), path)
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
+
+
+def test_config_round_trip_and_aliases():
+    d = sala_9b().to_hf_dict()
+    d["mixer_types"] = ["lightning" if m == "lightning-attn" else m for m in d["mixer_types"]]
+    d.pop("torch_dtype")
+    d["dtype"] = "bfloat16"
+    cfg = SalaConfig.from_hf_dict(json.loads(json.dumps(d)))
+    assert cfg == sala_9b()
+    assert cfg.sparse_layers == (0, 9, 16, 17, 22, 29, 30, 31)
+    assert abs(cfg.residual_scale - 0.24748737) < 1e-8 and cfg.logit_divisor == 16
+    assert cfg.sparse_config.selected_blocks == 96
+
+
+@pytest.mark.parametrize("edit,msg", [
+    (lambda d: d.update(mixer_types=d["mixer_types"][:-1]), "mixer_types has 31 entries"),
+    (lambda d: d["mixer_types"].__setitem__(3, "mamba"), "mixer_types\\[3\\] = 'mamba' is unknown"),
+    (lambda d: d.update(num_key_value_heads=3), "GQA group must be integral"),
+    (lambda d: d["sparse_config"].update(block_size=40), "not a multiple of kernel_stride"),
+    (lambda d: d.update(model_type="llama"), "not a MiniCPM-SALA checkpoint"),
+    (lambda d: d.pop("hidden_size"), "lacks required keys"),
+    (lambda d: d["sparse_config"].update(topk_typo=3), "unknown keys"),
+    (lambda d: d.update(lightning_nkv=16), "no GQA"),
+])
+def test_bad_config_one_line_errors(edit, msg):
+    d = sala_9b().to_hf_dict()
+    edit(d)
+    with pytest.raises(ConfigError, match=msg):
+        SalaConfig.from_hf_dict(d)
+
+
+def test_unknown_preset():
+    with pytest.raises(ConfigError, match="valid presets: sala-9b, sala-nano"):
+        preset("sala-7b")

@@ -1,0 +1,108 @@
+"""`salactl run` / `salactl info` through the real console entry point."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
+
+from salactl.runtime.checkpoint import random_state_dict, save_checkpoint
+from conftest import tiny_config
+
+
+def salactl(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "salactl", *args], capture_output=True, text=True,
+                          timeout=300, **kw)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt")
+    cfg = tiny_config()
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"])
+    tok.train_from_iterator(["def fibonacci(n): return n if n < 2 else fibonacci(n-1) + fibonacci(n-2)"] * 50,
+                            trainer)
+    tok_file = root / "tokenizer.json"
+    tok.save(str(tok_file))
+    (root / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>",
+                                                            "add_bos_token": True}))
+    state = random_state_dict(cfg, "cpu", torch.bfloat16, 0)
+    return save_checkpoint(state, cfg.to_hf_dict(), root / "model",
+                           extra_files={"tokenizer.json": tok_file,
+                                        "tokenizer_config.json": root / "tokenizer_config.json"})
+
+
+def test_run_json_with_text_prompt(ckpt):
+    r = salactl("run", "--model", str(ckpt), "--prompt", "def fibonacci(n):", "-n", "6", "--device", "cpu",
+                "--json", "--ignore-eos")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["prompt_token_ids"][0] == 1 and len(out["output_token_ids"]) == 6
+    assert isinstance(out["text"], str) and out["ttft_s"] > 0 and out["decode_tok_s"] > 0
+    ops = [row["op"] for row in out["roofline"]["decode"]]
+    assert ops == ["qkv", "attention", "gla", "gates", "o_proj", "mlp", "lm_head", "other", "total"]
+    row = out["roofline"]["prefill"][0]
+    assert {"op", "bytes", "flops", "time_s", "achieved_gbps", "pct_of_peak"} <= set(row)
+    assert out["peaks"]["mem_gbps"] > 0 and out["device"] == "cpu"
+
+
+def test_run_human_output_has_roofline(ckpt):
+    r = salactl("run", "--model", str(ckpt), "--prompt-ids", "1,5,9,12", "-n", "4", "--device", "cpu",
+                "--temperature", "0.8", "--top-p", "0.9", "--seed", "3")
+    assert r.returncode == 0, r.stderr
+    assert "TTFT" in r.stdout and "decode roofline" in r.stdout and "tok/s" in r.stdout and "x the floor" in r.stdout
+
+
+@pytest.mark.parametrize("args,code,msg", [
+    (["--model", "sala-7b", "--prompt-ids", "1"], 4, "neither a checkpoint directory nor a preset"),
+    (["--model", "sala-9b", "--prompt-ids", "1"], 4, "has no embedded weights"),
+    (["--prompt-ids", "1,x"], 2, "comma-separated integers"),
+    (["--prompt-ids", "1", "--prompt", "a"], 2, "exactly one of"),
+    (["--prompt-ids", "1", "--device", "cuda"], 6, "no CUDA GPU"),
+    (["--prompt-ids", "1", "--dtype", "int3"], 3, "unknown dtype"),
+    (["--prompt-ids", "1", "--top-p", "2"], 2, "--top-p must be in"),
+])
+def test_bad_input_one_line_errors(ckpt, args, code, msg):
+    if "--model" not in args:
+        args = ["--model", str(ckpt), *args]
+    if "--device" not in args:
+        args += ["--device", "cpu"]
+    r = salactl("run", *args)
+    assert r.returncode == code, (r.returncode, r.stderr)
+    assert msg in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_missing_tokenizer_and_bad_config(ckpt, tmp_path):
+    r = salactl("run", "--model", str(ckpt), "--prompt", "hi", "--tokenizer", str(tmp_path / "none"))
+    assert r.returncode == 5 and "no tokenizer.json" in r.stderr
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text('{"model_type": "minicpm_sala", "hidden_size": 64}')
+    r = salactl("run", "--model", str(bad), "--prompt-ids", "1")
+    assert r.returncode == 3 and "lacks required keys" in r.stderr
+
+
+def test_out_of_vocab_prompt(ckpt):
+    r = salactl("run", "--model", str(ckpt), "--prompt-ids", "1,99999", "--device", "cpu")
+    assert r.returncode == 2 and "outside the vocabulary" in r.stderr
+
+
+def test_info_json():
+    r = salactl("info", "--json", "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["device"] == "cpu" and "H200" in out["datasheet"] and out["env"]["torch"]
+
+
+def test_info_measure_caches_cpu_ceiling(tmp_path):
+    env = {"SALACTL_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    r = salactl("info", "--measure", "--json", "--device", "cpu", env=env)
+    assert r.returncode == 0, r.stderr
+    peaks = json.loads(r.stdout)["peaks"]
+    assert peaks["source"] == "measured" and peaks["mem_gbps"] > 0.1 and peaks["bf16_tflops"] > 0
+    assert (tmp_path / "peaks.json").exists()
