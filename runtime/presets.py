@@ -47,7 +47,7 @@ def sala_nano(vocab_size: int = 4096) -> SalaConfig:
             topk=4, window_size=64,
         ),
         dim_model_base=64,
-        eos_token_id=(2,),
+        eos_token_id=(2, 4),        # </s> and <|im_end|> of the sala-nano tokenizer
         max_position_embeddings=65536,
         initializer_range=0.02,
     )

@@ -1,0 +1,121 @@
+"""Passkey retrieval (Mohtashami & Jaggi, "Landmark Attention", 2023): a 5-digit number is hidden at a
+chosen depth inside repetitive filler text and asked for at the end. The prompt is assembled from
+separately tokenized segments so its length in tokens is exact; training (tools/train_nano.py) and
+evaluation build prompts with the same function.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Callable
+
+from salactl.errors import UsageError
+
+INSTRUCTION = "A pass key is hidden in the text below. Find it and remember it.\n"
+FILLER = (" The grass is green.", " The sky is blue.", " The sun is yellow.", " Here we go.",
+          " There and back again.")
+NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key."
+QUESTION = "\nWhat is the pass key? The pass key is"
+ANSWER = " {key}."
+KEY_DIGITS = 5
+
+
+class _Segments:
+    """Token ids of the fixed prompt pieces, cached per tokenizer."""
+
+    _cache: dict[int, "_Segments"] = {}
+
+    def __init__(self, tokenizer):
+        enc = lambda s: tokenizer.encode(s, add_bos=False)  # noqa: E731
+        self.bos = [tokenizer.bos_id] if (tokenizer.add_bos and tokenizer.bos_id is not None) else []
+        self.instruction = enc(INSTRUCTION)
+        self.sentences = [enc(s) for s in FILLER]
+        self.question = enc(QUESTION)
+
+    @classmethod
+    def of(cls, tokenizer) -> "_Segments":
+        key = id(tokenizer)
+        if key not in cls._cache:
+            cls._cache[key] = cls(tokenizer)
+        return cls._cache[key]
+
+
+def _filler(segs: _Segments, n_tokens: int) -> tuple[list[int], list[int]]:
+    """`n_tokens` filler ids (the sentences cycled, the last one cut) and its sentence boundaries."""
+    ids, bounds, i = [], [0], 0
+    while len(ids) < n_tokens:
+        ids.extend(segs.sentences[i % len(segs.sentences)])
+        bounds.append(len(ids))
+        i += 1
+    return ids[:n_tokens], sorted({b for b in bounds if b <= n_tokens} | {n_tokens})
+
+
+def make_passkey_prompt(tokenizer, length_tokens: int, depth: float, rng: random.Random):
+    """Return (prompt_ids, answer_str): exactly `length_tokens` ids (bos included when the tokenizer
+    adds one) with the needle at the sentence boundary nearest `depth` (0 = start, 1 = end)."""
+    if not 0.0 <= depth <= 1.0:
+        raise UsageError(f"passkey depth must be in [0, 1], got {depth}")
+    key = str(rng.randint(10 ** (KEY_DIGITS - 1), 10 ** KEY_DIGITS - 1))
+    segs = _Segments.of(tokenizer)
+    needle = tokenizer.encode(NEEDLE.format(key=key), add_bos=False)
+    fixed = len(segs.bos) + len(segs.instruction) + len(needle) + len(segs.question)
+    n_fill = length_tokens - fixed
+    if n_fill < 0:
+        raise UsageError(f"passkey length {length_tokens} is too short; the prompt needs at least "
+                         f"{fixed} tokens")
+    filler, bounds = _filler(segs, n_fill)
+    at = min(bounds, key=lambda b: (abs(b - depth * n_fill), b))
+    ids = segs.bos + segs.instruction + filler[:at] + needle + filler[at:] + segs.question
+    assert len(ids) == length_tokens
+    return ids, key
+
+
+def answer_ids(tokenizer, answer: str) -> list[int]:
+    """The ids a model should produce after the prompt (training targets)."""
+    return tokenizer.encode(ANSWER.format(key=answer), add_bos=False)
+
+
+def extract_answer(text: str) -> str | None:
+    m = re.match(r"\s*(\d+)", text)
+    return m.group(1) if m else None
+
+
+def trial_rng(seed: int, length: int, depth: float, trial: int) -> random.Random:
+    return random.Random(f"passkey:{seed}:{length}:{depth:.6f}:{trial}")
+
+
+def _model_device(model):
+    for t in model.parameters():
+        return t.device
+    for t in model.buffers():
+        return t.device
+    raise UsageError("the model has no parameters or buffers; cannot tell its device")
+
+
+def run_passkey(model, tokenizer, lengths: list[int], depths: list[float], trials: int, seed: int,
+                chunk_size: int = 512, progress: Callable[[int, int], None] | None = None) -> list[dict]:
+    """Greedy-decode the answer for `trials` prompts per (length, depth) through the runtime Engine;
+    a trial is correct when the first number generated equals the passkey."""
+    from salactl.runtime.engine import Engine
+    from salactl.runtime.sampling import SamplingParams
+
+    if trials <= 0:
+        raise UsageError(f"--trials must be positive, got {trials}")
+    engine = Engine(model, _model_device(model), chunk_size=chunk_size)
+    params = SamplingParams(max_new_tokens=KEY_DIGITS + 3, temperature=0.0)
+    eos = tuple(model.config.eos_token_id) + tuple(tokenizer.eos_ids)
+    total, done, results = len(lengths) * len(depths) * trials, 0, []
+    for length in lengths:
+        for depth in depths:
+            correct = 0
+            for trial in range(trials):
+                ids, key = make_passkey_prompt(tokenizer, length, depth, trial_rng(seed, length, depth, trial))
+                out = engine.generate(ids, params, eos_ids=eos).output_token_ids
+                correct += extract_answer(tokenizer.decode(out)) == key
+                done += 1
+                if progress:
+                    progress(done, total)
+            results.append({"length": length, "depth": depth, "trials": trials, "correct": correct,
+                            "accuracy": correct / trials})
+    return results
