@@ -173,8 +173,8 @@ class SalaConfig:
                 "qk_norm, use_output_norm, use_output_gate and attn_use_output_gate must all be true "
                 "(the MiniCPM-SALA architecture); other variants are not implemented"
             )
-        if self.hidden_size % self.dim_model_base and self.dim_model_base <= 0:
-            raise ConfigError("dim_model_base must be positive")
+        if self.dim_model_base <= 0 or self.scale_emb <= 0 or self.rms_norm_eps <= 0:
+            raise ConfigError("dim_model_base, scale_emb and rms_norm_eps must be positive")
         for t in (*self.eos_token_id, self.bos_token_id):
             if not 0 <= t < self.vocab_size:
                 raise ConfigError(f"special token id {t} is outside the vocabulary (size {self.vocab_size})")
@@ -228,6 +228,9 @@ class SalaConfig:
             raise ConfigError("mixer_types must be a list of strings")
         mixers = tuple(LIGHTNING if m in _LIGHTNING_ALIASES else m for m in mixers)
         heads = int(d["num_attention_heads"])
+        if not d.get("head_dim") and int(d["hidden_size"]) % heads:
+            raise ConfigError(f"hidden_size {d['hidden_size']} is not divisible by num_attention_heads "
+                              f"{heads} and config.json gives no head_dim; add head_dim")
         head_dim = int(d.get("head_dim") or int(d["hidden_size"]) // heads)
         eos = d.get("eos_token_id", 2)
         eos = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))

@@ -111,6 +111,8 @@ def test_config_round_trip_and_aliases():
     (lambda d: d.pop("hidden_size"), "lacks required keys"),
     (lambda d: d["sparse_config"].update(topk_typo=3), "unknown keys"),
     (lambda d: d.update(lightning_nkv=16), "no GQA"),
+    (lambda d: (d.pop("head_dim"), d.update(num_attention_heads=24)), "no head_dim"),
+    (lambda d: d.update(mixer_types=["lightning-attn"] + d["mixer_types"][1:]), "mixer_types\\[0\\] must be"),
 ])
 def test_bad_config_one_line_errors(edit, msg):
     d = sala_9b().to_hf_dict()

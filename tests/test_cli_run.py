@@ -106,3 +106,11 @@ def test_info_measure_caches_cpu_ceiling(tmp_path):
     peaks = json.loads(r.stdout)["peaks"]
     assert peaks["source"] == "measured" and peaks["mem_gbps"] > 0.1 and peaks["bf16_tflops"] > 0
     assert (tmp_path / "peaks.json").exists()
+
+
+def test_chat_template_wraps_prompt(ckpt):
+    r = salactl("run", "--model", str(ckpt), "--prompt", "hi", "--chat", "-n", "1", "--device", "cpu", "--json")
+    assert r.returncode == 0, r.stderr
+    tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    ids = json.loads(r.stdout)["prompt_token_ids"]
+    assert ids[1] == tok.token_to_id("<|im_start|>") and tok.token_to_id("<|im_end|>") in ids
