@@ -47,3 +47,11 @@ class CapacityError(SalactlError):
 
 class ToolMissingError(SalactlError):
     exit_code = 12
+
+
+class ProfilerPermissionError(SalactlError):
+    exit_code = 13
+
+
+class ProfilerFailedError(SalactlError):
+    exit_code = 14

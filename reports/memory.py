@@ -1,0 +1,217 @@
+"""Analytic GPU memory of a MiniCPM-SALA deployment, by component (reference/architecture.md §5).
+
+Hand-written arithmetic rather than a measured allocator trace: the point is to predict memory for
+shapes and GPUs we do not have (the real 9B at 512K context on an 80 GB card), from the config alone.
+
+Per request (context L tokens):
+- KV cache of the sparse (minicpm4) layers: L · n_sparse · 2 (K,V) · Hkv · d · kv_bytes
+  (8 KiB/token in bf16 for the real model, 4 KiB in FP8).
+- compressed keys: K1 (mean of 32 keys every 16) per sparse layer and KV head, bf16; K2 (128/64) is
+  what SGLang also keeps. Our runtime keeps K1 only (DESIGN.md §2: K2 is not needed by our exact
+  selection), so K2 is counted only with compressed_keys="k1k2".
+- GLA states: n_lightning · H · dk · dv fp32 (48 MiB for the real config), independent of L.
+Per server (fixed): weights (bf16, or W4A16 = qweight + qzeros + scales + g_idx for every linear
+that satisfies Marlin's shape rules, the rest bf16), prefill activations/workspace for one chunk,
+CUDA-graph pool and CUDA context (both estimates, labelled as such).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from salactl.errors import UsageError
+from salactl.runtime.checkpoint import expected_tensor_shapes
+from salactl.runtime.config import SalaConfig
+
+KV_DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "auto": 2,
+                  "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8": 1}
+WEIGHT_DTYPES = ("bf16", "w4a16")
+COMPRESSED_KEY_MODES = ("k1", "k1k2")
+K2_FACTOR = 4                       # K2 kernel and stride are 4x K1's (hard-coded in HF/SGLang)
+CUDA_CONTEXT_ESTIMATE = 512 << 20   # driver + cuBLAS/cuDNN handles + allocator slack (estimate)
+GIB = 1 << 30
+
+# Datasheet memory capacity in GB (10^9 bytes), keyed like runtime/peaks.py DATASHEET names.
+GPU_MEMORY_GB = {
+    "H200": 141.0,
+    "H100 SXM": 80.0,
+    "H100 80GB HBM3": 80.0,
+    "H100 PCIe": 80.0,
+    "H100": 80.0,
+    "A100-SXM4-80GB": 80.0,
+    "A100 80GB PCIe": 80.0,
+    "A100": 40.0,
+    "RTX PRO 6000": 96.0,
+    "RTX 5090": 32.0,
+    "L40S": 48.0,
+}
+
+
+def kv_bytes_per_elem(kv_dtype: str) -> int:
+    try:
+        return KV_DTYPE_BYTES[kv_dtype]
+    except KeyError:
+        raise UsageError(f"unknown KV cache dtype {kv_dtype!r}; valid: bf16, fp16, fp8_e4m3, "
+                         "fp8_e5m2") from None
+
+
+def gpu_memory_bytes(name: str) -> int:
+    for frag in sorted(GPU_MEMORY_GB, key=len, reverse=True):
+        if frag.lower() in name.lower():
+            return int(GPU_MEMORY_GB[frag] * 1e9)
+    raise UsageError(f"no memory size known for GPU {name!r}; known: {', '.join(GPU_MEMORY_GB)}; "
+                     "or pass --gpu-mem GB")
+
+
+# ---- weights ---------------------------------------------------------------------------------
+
+def _marlin_ok(n_out: int, k_in: int, group: int) -> bool:
+    g = k_in if group == -1 else group
+    return n_out % 64 == 0 and k_in % 128 == 0 and k_in % g == 0
+
+
+def w4a16_linear_bytes(k_in: int, n_out: int, group: int = 128, scale_bytes: int = 2) -> dict:
+    """GPTQ v1 tensors of one Linear (reference/quantization.md §2)."""
+    groups = 1 if group == -1 else math.ceil(k_in / group)
+    return {"qweight": k_in // 8 * n_out * 4, "qzeros": groups * (n_out // 8) * 4,
+            "scales": groups * n_out * scale_bytes, "g_idx": k_in * 4}
+
+
+@dataclass(frozen=True)
+class WeightBytes:
+    weights: str
+    total: int
+    params: int
+    by_part: dict = field(default_factory=dict)    # qweight/qzeros/scales/g_idx/bf16 -> bytes
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def weight_bytes(config: SalaConfig, weights: str = "bf16", group_size: int = 128,
+                 act_bytes: int = 2) -> WeightBytes:
+    if weights not in WEIGHT_DTYPES:
+        raise UsageError(f"unknown --weights {weights!r}; valid: {', '.join(WEIGHT_DTYPES)}")
+    shapes = expected_tensor_shapes(config)
+    params = sum(math.prod(s) for s in shapes.values())
+    if weights == "bf16":
+        return WeightBytes("bf16", params * act_bytes, params, {"bf16": params * act_bytes})
+    parts = {"qweight": 0, "qzeros": 0, "scales": 0, "g_idx": 0, "bf16": 0}
+    for name, shape in shapes.items():
+        quantizable = (name.startswith("model.layers.") and len(shape) == 2
+                       and _marlin_ok(shape[0], shape[1], group_size))
+        if quantizable:
+            for k, v in w4a16_linear_bytes(shape[1], shape[0], group_size, act_bytes).items():
+                parts[k] += v
+        else:
+            parts["bf16"] += math.prod(shape) * act_bytes
+    return WeightBytes("w4a16", sum(parts.values()), params, parts)
+
+
+# ---- per request -----------------------------------------------------------------------------
+
+def compressed_windows(length: int, kernel: int, stride: int) -> int:
+    return 0 if length < kernel else (length - kernel) // stride + 1
+
+
+@dataclass(frozen=True)
+class RequestMemory:
+    context: int
+    kv_cache: int
+    compressed_k1: int
+    compressed_k2: int
+    gla_state: int
+    compressed_keys_kept: str
+
+    @property
+    def total(self) -> int:
+        k2 = self.compressed_k2 if self.compressed_keys_kept == "k1k2" else 0
+        return self.kv_cache + self.compressed_k1 + k2 + self.gla_state
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "total": self.total}
+
+
+def kv_bytes_per_token(config: SalaConfig, kv_dtype: str = "bf16", layers: int | None = None) -> int:
+    n = len(config.sparse_layers) if layers is None else layers
+    return n * 2 * config.num_key_value_heads * config.head_dim * kv_bytes_per_elem(kv_dtype)
+
+
+def gla_state_bytes(config: SalaConfig) -> int:
+    return (len(config.lightning_layers) * config.lightning_nh * config.lightning_head_dim
+            * config.lightning_head_dim * 4)
+
+
+def request_memory(config: SalaConfig, context: int, kv_dtype: str = "bf16",
+                   compressed_keys: str = "k1", key_bytes: int = 2) -> RequestMemory:
+    if compressed_keys not in COMPRESSED_KEY_MODES:
+        raise UsageError(f"unknown compressed-key mode {compressed_keys!r}; valid: k1 (our runtime), "
+                         "k1k2 (SGLang)")
+    if context < 0:
+        raise UsageError(f"context length must be >= 0, got {context}")
+    sc = config.sparse_config
+    per_window = len(config.sparse_layers) * config.num_key_value_heads * config.head_dim * key_bytes
+    k1 = compressed_windows(context, sc.kernel_size, sc.kernel_stride) * per_window
+    k2 = compressed_windows(context, K2_FACTOR * sc.kernel_size, K2_FACTOR * sc.kernel_stride) * per_window
+    return RequestMemory(context, context * kv_bytes_per_token(config, kv_dtype), k1, k2,
+                         gla_state_bytes(config), compressed_keys)
+
+
+def full_attention_request(config: SalaConfig, context: int, kv_dtype: str = "bf16") -> int:
+    """The same model with all layers GQA softmax attention: KV for every layer, no GLA state."""
+    return context * kv_bytes_per_token(config, kv_dtype, layers=config.num_hidden_layers)
+
+
+# ---- per server ------------------------------------------------------------------------------
+
+def prefill_workspace_bytes(config: SalaConfig, chunk: int, act_bytes: int = 2) -> int:
+    """Estimate of the live activations of one prefill chunk of `chunk` tokens, assuming fused
+    attention (no materialised score matrix): residual + normed input, plus the wider of the MLP
+    intermediates (gate, up, product) and the mixer's projections (q, k, v, gate) with the fp32
+    q/k/v/o copies the GLA computes in; one fp32 logits row."""
+    hidden, inter = config.hidden_size, config.intermediate_size
+    hd = config.num_attention_heads * config.head_dim
+    mlp = 3 * chunk * inter * act_bytes
+    mixer = 4 * chunk * hd * act_bytes + 4 * chunk * hd * 4
+    return 2 * chunk * hidden * act_bytes + max(mlp, mixer) + config.vocab_size * 4
+
+
+def cuda_graph_pool_bytes(config: SalaConfig, max_batch: int, act_bytes: int = 2) -> int:
+    """Estimate: one pool shared by all decode graphs (captured largest bucket first), sized by
+    the largest bucket's per-step intermediates; the graphs' own bookkeeping is not counted."""
+    per_row = prefill_workspace_bytes(config, 1, act_bytes) - config.vocab_size * 4
+    return max_batch * (per_row + config.vocab_size * 4)
+
+
+@dataclass(frozen=True)
+class ServerMemory:
+    weights: WeightBytes
+    prefill_chunk: int
+    workspace: int
+    cuda_graphs: int
+    cuda_context: int
+
+    @property
+    def fixed(self) -> int:
+        return self.weights.total + self.workspace + self.cuda_graphs + self.cuda_context
+
+    def to_dict(self) -> dict:
+        return {"weights": self.weights.to_dict(), "prefill_chunk": self.prefill_chunk,
+                "workspace_estimate": self.workspace, "cuda_graphs_estimate": self.cuda_graphs,
+                "cuda_context_estimate": self.cuda_context, "fixed": self.fixed}
+
+
+def server_memory(config: SalaConfig, weights: str = "bf16", prefill_chunk: int = 8192,
+                  max_batch: int = 32, cuda_graphs: bool = True, group_size: int = 128) -> ServerMemory:
+    return ServerMemory(weight_bytes(config, weights, group_size), prefill_chunk,
+                        prefill_workspace_bytes(config, prefill_chunk),
+                        cuda_graph_pool_bytes(config, max_batch) if cuda_graphs else 0,
+                        CUDA_CONTEXT_ESTIMATE)
+
+
+def max_concurrent(gpu_bytes: int, mem_fraction: float, fixed: int, per_request: int) -> int:
+    free = gpu_bytes * mem_fraction - fixed
+    if free <= 0 or per_request <= 0:
+        return 0
+    return int(free // per_request)

@@ -1,0 +1,120 @@
+"""`salactl profile`: profile one prefill and/or decode step with NVTX ranges per layer and op,
+under Nsight Compute (--ncu), torch.profiler (--torch) and/or NVML sampling (--nvml); print per
+op and per kernel time, DRAM bytes, bandwidth and % of peak next to the analytic roofline."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from salactl import output
+from salactl.errors import UsageError
+from salactl.options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, RandomWeightsOpt, SeedOpt
+
+
+def profile(
+    phase: Annotated[str, typer.Option("--phase", help="prefill, decode or both.")] = "decode",
+    batch: Annotated[int, typer.Option("--batch", help="Sequences in the step.")] = 1,
+    context: Annotated[int, typer.Option("--context", help="Cached tokens before the decode step; "
+                                         "prompt length for prefill.")] = 4096,
+    chunk_size: Annotated[int, typer.Option("--chunk-size", help="Prefill: the profiled chunk "
+                                            "(the prompt's last).")] = 512,
+    model: ModelOpt = "sala-nano",
+    random_weights: RandomWeightsOpt = False,
+    seed: SeedOpt = 0,
+    weights: Annotated[str, typer.Option("--weights", help="bf16 or w4a16.")] = "bf16",
+    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="auto, bf16, fp8_e4m3, "
+                                                "fp8_e5m2.")] = "auto",
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    ncu: Annotated[bool, typer.Option("--ncu", help="Nsight Compute hardware counters.")] = False,
+    torch_mode: Annotated[bool, typer.Option("--torch", help="torch.profiler (no counters; "
+                                             "default without ncu or GPU).")] = False,
+    nvml: Annotated[bool, typer.Option("--nvml", help="Sample memory, power, clocks, throttling.")] = False,
+    ncu_path: Annotated[Optional[str], typer.Option("--ncu-path", help="The ncu executable.")] = None,
+    launch_skip: Annotated[int, typer.Option("--launch-skip", help="ncu: kernels to skip in the "
+                                             "ranges.")] = 0,
+    launch_count: Annotated[Optional[int], typer.Option("--launch-count", help="ncu: kernels to "
+                                                        "profile (default: all in the step).")] = None,
+    warmup: Annotated[int, typer.Option("--warmup", help="Unprofiled steps before.")] = 1,
+    top: Annotated[int, typer.Option("--top", help="Kernel rows to show.")] = 20,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Directory for the report files.")] = None,
+    import_dir: Annotated[Optional[Path], typer.Option("--import", help="Re-render a saved --ncu "
+                                                       "profile directory.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Profile a prefill/decode step per layer and op against the analytic roofline."""
+    from salactl.profiling.ncu_runner import NcuOptions
+    from salactl.profiling.session import SessionOptions, load_saved, run
+    from salactl.profiling.spec import ProfileSpec
+
+    if import_dir is not None:
+        result = load_saved(import_dir, top)
+    else:
+        if ncu and torch_mode:
+            raise UsageError("give at most one of --ncu and --torch")
+        phases = ("prefill", "decode") if phase == "both" else (phase,)
+        spec = ProfileSpec(model=model, random_weights=random_weights, seed=seed, phases=phases,
+                           batch=batch, context=context, chunk_size=chunk_size, weights=weights,
+                           kv_cache_dtype=kv_cache_dtype, device=device, dtype=dtype, warmup=warmup)
+        if launch_skip < 0 or (launch_count is not None and launch_count <= 0):
+            raise UsageError("--launch-skip must be >= 0 and --launch-count positive")
+        mode = "ncu" if ncu else "torch" if torch_mode else "auto"
+        out_dir = out or Path(f"salactl-profile-{time.strftime('%Y%m%d-%H%M%S')}")
+        opts = SessionOptions(mode=mode, nvml=nvml, out_dir=out_dir, ncu_path=ncu_path,
+                              ncu=NcuOptions(launch_skip, launch_count), top=top)
+        result = run(spec, opts)
+    if json_out:
+        output.print_json(result)
+        return
+    render(result)
+
+
+def _ms(v):
+    return None if v is None else v * 1e3
+
+
+def _gap(v):
+    return None if v is None else f"{(v - 1) * 100:+.0f}%"
+
+
+def render(r: dict) -> None:
+    m, p = r["manifest"], r["peaks"]
+    output.stdout.print(
+        f"{r['mode']} profile of {m['source']} on {m['device_name']} ({m['dtype']}, KV {m['kv_dtype']}); "
+        f"ceilings {p['mem_gbps']:.0f} GB/s, {p['bf16_tflops']:.0f} TFLOP/s ({p['source']}); "
+        f"{r['kernel_count']} kernels")
+    counted = "DRAM" if r["mode"] == "ncu" else "analytic"
+    for phase, step in m["steps"].items():
+        rows = [x for x in r["ops"] if x["phase"] == phase]
+        output.table(
+            f"{phase}: batch {step['batch']} × {step['new_tokens']} new tokens after "
+            f"{step['cached_tokens']} cached — per op (top offenders first; bytes = {counted})",
+            ["op", "kernels", "time ms", "bytes", "GB/s", "% peak BW", "analytic bytes",
+             "floor ms", "bytes gap", "time/floor"],
+            [[x["op"], x["kernels"], _ms(x["time_s"]),
+              None if x["dram_bytes"] is None else output.human_bytes(x["dram_bytes"]),
+              x["achieved_gbps"], x["pct_of_peak_bw"], output.human_bytes(x["analytic_bytes"]),
+              _ms(x["floor_s"]), _gap(x["bytes_ratio"]), x["time_over_floor"]] for x in rows])
+    output.table(
+        "kernels (top offenders: time beyond the bytes' bandwidth floor)",
+        ["kernel", "phase", "op", "n", "time ms", "DRAM", "GB/s", "% peak BW", "SM %", "mem %",
+         "floor ms"],
+        [[x["name"][:60], x["phase"], x["op"], x["count"], _ms(x["time_s"]),
+          None if x["dram_bytes"] is None else output.human_bytes(x["dram_bytes"]),
+          x["achieved_gbps"], x["pct_of_peak_bw"], x["sm_pct"], x["mem_pct"], _ms(x["floor_s"])]
+         for x in r["kernels"]])
+    if r.get("nvml"):
+        n = r["nvml"]
+        parts = [f"{k} {v['min']:.0f}..{v['max']:.0f}" for k, v in n.items() if isinstance(v, dict)]
+        output.stdout.print("nvml: " + "; ".join(parts) +
+                            f"; throttle reasons: {', '.join(n['throttle_reasons']) or 'none'}")
+    if "elapsed_s" in r:
+        output.stdout.print(f"finished in {r['elapsed_s']:.1f} s; files in {r['out_dir']}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("profile")(profile)

@@ -1,0 +1,154 @@
+"""One `salactl profile` session as a function: pick the mode, run it, join the measurements with
+the analytic model, and return the result record (the CLI only parses options and renders)."""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+from salactl import output
+from salactl.errors import DeviceError, ProfilerPermissionError, ToolMissingError, UsageError
+from salactl.profiling.ncu_runner import NcuOptions, find_ncu, run_ncu
+from salactl.profiling.spec import ProfileSpec
+from salactl.profiling.step_runner import write_json
+from salactl.reports.ncu import parse_csv
+from salactl.reports.profile_table import from_ncu, kernel_rows, op_rows
+
+MODES = ("auto", "ncu", "torch")
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    mode: str = "auto"
+    nvml: bool = False
+    out_dir: Path = Path("salactl-profile")
+    ncu_path: str | None = None
+    ncu: NcuOptions = NcuOptions()
+    top: int = 20
+
+
+def peaks_for_name(name: str, device_type: str) -> dict:
+    from salactl.runtime.peaks import Peaks, datasheet, load_measured
+
+    measured = load_measured().get(name)
+    if measured:
+        return Peaks(name, measured["mem_gbps"], measured["bf16_tflops"], "measured").to_dict()
+    ds = datasheet(name) if device_type == "cuda" else None
+    if ds:
+        return Peaks(name, ds[0], ds[1], "datasheet").to_dict()
+    return Peaks(name, 20.0, 0.2, "cpu-default").to_dict() if device_type != "cuda" else \
+        Peaks(name, 1000.0, 100.0, "unknown-gpu-default").to_dict()
+
+
+def tables(samples, manifest: dict, peaks: dict, top: int) -> dict:
+    analytic = {p: s["analytic"] for p, s in manifest["steps"].items()}
+    ops = op_rows(samples, analytic, peaks["mem_gbps"], peaks["bf16_tflops"])
+    kernels = kernel_rows(samples, peaks["mem_gbps"], top)
+    return {"ops": [r.to_dict() for r in ops], "kernels": [r.to_dict() for r in kernels]}
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def resolve_mode(mode: str, spec: ProfileSpec, ncu_path: str | None) -> str:
+    if mode not in MODES:
+        raise UsageError(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
+    gpu = spec.device != "cpu" and _cuda_available()
+    if mode == "ncu":
+        if not gpu:
+            raise DeviceError("--ncu needs a CUDA GPU and none is visible (or --device cpu was "
+                              "given); use --torch, which also runs on CPU")
+        find_ncu(ncu_path)
+        return "ncu"
+    if mode == "torch":
+        return "torch"
+    if not gpu:
+        return "torch"
+    try:
+        find_ncu(ncu_path)
+        return "ncu"
+    except ToolMissingError as e:
+        output.stderr.print(f"warning: {e}; falling back to --torch")
+        return "torch"
+
+
+def run(spec: ProfileSpec, opts: SessionOptions) -> dict:
+    t0 = time.perf_counter()
+    mode = resolve_mode(opts.mode, spec, opts.ncu_path)
+    out = opts.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    sampler = nullcontext()
+    if opts.nvml:
+        from salactl.profiling.nvml_sampler import NvmlSampler
+
+        sampler = NvmlSampler()
+    result: dict = {"mode": mode, "out_dir": str(out)}
+    with sampler:
+        if mode == "ncu":
+            try:
+                result.update(_run_ncu(spec, opts))
+            except ProfilerPermissionError as e:
+                if opts.mode != "auto":
+                    raise
+                output.stderr.print(f"warning: {e}; falling back to --torch")
+                mode = result["mode"] = "torch"
+        if mode == "torch":
+            result.update(_run_torch(spec, opts))
+    if opts.nvml:
+        result["nvml"] = sampler.summary()
+    result["elapsed_s"] = time.perf_counter() - t0
+    write_json(out / "result.json", result)
+    return result
+
+
+def _run_ncu(spec: ProfileSpec, opts: SessionOptions) -> dict:
+    ncu = find_ncu(opts.ncu_path)
+    out = opts.out_dir
+    spec_path, manifest_path = out / "spec.json", out / "step.json"
+    spec.write(spec_path)
+    output.stderr.print(f"profiling {', '.join(spec.phases)} of {spec.model} under {ncu} ...")
+    report, csv_path = run_ncu(ncu, out, spec.phases, spec_path, manifest_path, opts.ncu,
+                               out / "ncu.log")
+    return load_saved(out, opts.top) | {"files": {"ncu_report": str(report), "csv": str(csv_path),
+                                                   "manifest": str(manifest_path)}}
+
+
+def load_saved(out: Path, top: int = 20) -> dict:
+    """Tables from a saved ncu profile directory (profile.csv + step.json)."""
+    manifest_path, csv_path = out / "step.json", out / "profile.csv"
+    for p in (manifest_path, csv_path):
+        if not p.exists():
+            raise UsageError(f"{p} is missing; a saved profile directory holds step.json and "
+                             "profile.csv (written by salactl profile --ncu)")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{manifest_path} is not valid JSON ({e.msg})") from None
+    kernels = parse_csv(csv_path)
+    peaks = peaks_for_name(manifest["device_name"], manifest["device"].split(":")[0])
+    samples = from_ncu(kernels)
+    return {"mode": "ncu", "manifest": manifest, "peaks": peaks, "kernel_count": len(kernels),
+            **tables(samples, manifest, peaks, top)}
+
+
+def _run_torch(spec: ProfileSpec, opts: SessionOptions) -> dict:
+    from salactl.profiling.step_runner import describe
+    from salactl.profiling.torch_mode import profile_torch
+    from salactl.profiling.workload import build
+
+    output.stderr.print(f"profiling {', '.join(spec.phases)} of {spec.model} with torch.profiler ...")
+    w = build(spec)
+    trace = opts.out_dir / "trace.json"
+    samples, seconds = profile_torch(w, trace)
+    manifest = describe(w, seconds)
+    write_json(opts.out_dir / "step.json", manifest)
+    peaks = peaks_for_name(manifest["device_name"], w.device.type)
+    return {"manifest": manifest, "peaks": peaks, "kernel_count": len(samples),
+            "files": {"chrome_trace": str(trace), "manifest": str(opts.out_dir / "step.json")},
+            **tables(samples, manifest, peaks, opts.top)}

@@ -1,0 +1,69 @@
+"""What to profile: a frozen, validated description shared by the CLI and the child process that
+runs under Nsight Compute (it travels as JSON)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from salactl.errors import UsageError
+
+PHASES = ("prefill", "decode")
+WEIGHTS = ("bf16", "w4a16")
+KV_DTYPES = ("auto", "bf16", "fp8_e4m3", "fp8_e5m2")
+
+
+@dataclass(frozen=True)
+class ProfileSpec:
+    model: str = "sala-nano"
+    random_weights: bool = False
+    seed: int = 0
+    phases: tuple[str, ...] = ("decode",)
+    batch: int = 1
+    context: int = 4096          # tokens in the cache before the decode step / prompt length
+    chunk_size: int = 512        # prefill: the profiled chunk is the prompt's last one
+    weights: str = "bf16"
+    kv_cache_dtype: str = "auto"
+    device: str = "auto"
+    dtype: str = "auto"
+    warmup: int = 1
+
+    def __post_init__(self) -> None:
+        bad = [p for p in self.phases if p not in PHASES]
+        if bad or not self.phases:
+            raise UsageError(f"unknown phase {bad[0] if bad else ''!r}; valid: prefill, decode, both")
+        if self.batch <= 0:
+            raise UsageError(f"--batch must be positive, got {self.batch}")
+        if self.context <= 0:
+            raise UsageError(f"--context must be positive, got {self.context}")
+        if self.chunk_size <= 0:
+            raise UsageError(f"--chunk-size must be positive, got {self.chunk_size}")
+        if self.weights not in WEIGHTS:
+            raise UsageError(f"unknown --weights {self.weights!r}; valid: {', '.join(WEIGHTS)}")
+        if self.kv_cache_dtype not in KV_DTYPES:
+            raise UsageError(f"unknown --kv-cache-dtype {self.kv_cache_dtype!r}; valid: "
+                             f"{', '.join(KV_DTYPES)}")
+        if self.warmup < 0:
+            raise UsageError(f"--warmup must be >= 0, got {self.warmup}")
+
+    def step_rows(self, phase: str) -> tuple[int, int]:
+        """(new tokens, cached tokens) of each sequence in the profiled step."""
+        if phase == "decode":
+            return 1, self.context
+        new = min(self.chunk_size, self.context)
+        return new, self.context - new
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ProfileSpec":
+        return cls(**{**d, "phases": tuple(d.get("phases", ("decode",)))})
+
+    def write(self, path: Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2))
+
+    @classmethod
+    def read(cls, path: Path) -> "ProfileSpec":
+        return cls.from_dict(json.loads(Path(path).read_text()))

@@ -1,0 +1,97 @@
+"""Run the warm-up and profiled steps with ranges open, and describe what was run (the manifest
+that the table joins with: analytic costs per op, shapes, device).
+
+`python -m salactl.profiling.step_runner SPEC.json MANIFEST.json` is the process Nsight Compute
+launches: warm-up steps run outside any range, so `--nvtx-include "<phase>/"` sees only the
+profiled step."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from salactl.profiling.ranges import RangeTimer, add_layer_ranges, make_ranges
+from salactl.profiling.spec import ProfileSpec
+from salactl.profiling.workload import Workload, build
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_phases(w: Workload, range_kind: str, on_phase=None) -> dict[str, float]:
+    """Returns the wall seconds of each profiled step (host clock around a synchronised step)."""
+    ranges = make_ranges(range_kind)
+    timer = RangeTimer(ranges)
+    seconds = {}
+    for phase in w.spec.phases:
+        for _ in range(w.spec.warmup):
+            w.step(phase)
+        _sync(w.device)
+        handles = add_layer_ranges(w.model, ranges)
+        try:
+            t0 = time.perf_counter()
+            ranges.push(phase)
+            try:
+                w.step(phase, timer)
+                _sync(w.device)
+            finally:
+                ranges.pop()
+            seconds[phase] = time.perf_counter() - t0
+        finally:
+            for h in handles:
+                h.remove()
+        if on_phase:
+            on_phase(phase)
+    return seconds
+
+
+def describe(w: Workload, step_seconds: dict[str, float]) -> dict:
+    from salactl.runtime.peaks import device_name
+
+    peak_mem = torch.cuda.max_memory_allocated(w.device) if w.device.type == "cuda" else None
+    return {
+        "spec": w.spec.to_dict(),
+        "source": w.source,
+        "device": str(w.device),
+        "device_name": device_name(w.device),
+        "dtype": str(w.dtype).replace("torch.", ""),
+        "kv_dtype": str(w.kv_dtype).replace("torch.", ""),
+        "config": w.config.to_hf_dict(),
+        "steps": {p: {"new_tokens": w.spec.step_rows(p)[0], "cached_tokens": w.spec.step_rows(p)[1],
+                      "batch": w.spec.batch, "analytic": w.analytic(p),
+                      "wall_s": step_seconds.get(p)} for p in w.spec.phases},
+        "peak_memory_bytes": peak_mem,
+        "torch": torch.__version__,
+    }
+
+
+def write_json(path: Path, obj) -> None:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def main(argv: list[str]) -> int:
+    spec_path, manifest_path = argv
+    w = build(ProfileSpec.read(Path(spec_path)))
+    seconds = run_phases(w, "nvtx" if w.device.type == "cuda" else "record_function")
+    write_json(Path(manifest_path), describe(w, seconds))
+    return 0
+
+
+if __name__ == "__main__":
+    from salactl.errors import SalactlError
+
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except SalactlError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
