@@ -1,0 +1,216 @@
+"""`salactl bench` as a function: validate everything, build the target, run the phases, append a
+record per finished phase, and write the per-request CSV and summaries (also on Ctrl-C)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from salactl.bench import records as rec
+from salactl.bench.metrics import one_batch_metrics, parse_slo, phase_metrics
+from salactl.bench.plan import parse_dataset_spec, plan_phases, read_datasets, select_phases
+from salactl.bench.profiles import load_profile
+from salactl.bench.runner import run_phase
+from salactl.bench.scoring import accuracy_coefficient, check_reference, parse_reference, soar_score
+from salactl.errors import TokenizerError, UsageError
+
+FALLBACK_VOCAB = 1000   # random prompt ids for a server whose vocabulary we cannot learn
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    profile: str = "soar"
+    dataset: str | None = None
+    skip_bad_rows: bool = False
+    scale: float = 1.0
+    num_requests: int | None = None
+    phases: tuple[str, ...] = ()
+    endpoint: str | None = None
+    backend: str | None = None
+    model: str | None = None
+    tokenizer: str | None = None
+    random_weights: bool = False
+    seed: int = 0
+    device: str = "auto"
+    dtype: str = "auto"
+    chunk_size: int = 512
+    reference: str | None = None
+    accuracy: float | None = None
+    slo: str | None = None
+    details: bool = False
+    out: Path = Path("salactl-results")
+    label: str | None = None
+    flush_sleep: float = 1.0
+
+
+@dataclass
+class BenchRun:
+    run_id: str
+    settings: BenchSettings
+    profile: str = ""
+    target: str = ""
+    model: str = ""
+    phases: list[dict] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)
+    score: dict | None = None
+    interrupted: bool = False
+    files: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = {"run_id": self.run_id, "label": self.settings.label, "profile": self.profile,
+             "target": self.target, "model": self.model, "phases": self.phases,
+             "skipped_phases": self.skipped, "interrupted": self.interrupted, "files": self.files}
+        if self.score is not None:
+            d.update(score=self.score["score"], score_details=self.score)
+        return rec.jsonable(d)
+
+
+def _tokenizer_for_http(s: BenchSettings):
+    from salactl.runtime.tokenizer import Tokenizer
+
+    if s.tokenizer:
+        return Tokenizer(Path(s.tokenizer))
+    if s.model and (Path(s.model) / "tokenizer.json").exists():
+        return Tokenizer(Path(s.model))
+    return None
+
+
+def _vocab_for_http(s: BenchSettings, tokenizer) -> int:
+    if tokenizer is not None:
+        return tokenizer.vocab_size
+    from salactl.runtime.config import SalaConfig
+    from salactl.runtime.presets import PRESETS, preset
+
+    if s.model in PRESETS:
+        return preset(s.model).vocab_size
+    if s.model and (Path(s.model) / "config.json").exists():
+        return SalaConfig.from_file(Path(s.model) / "config.json").vocab_size
+    return FALLBACK_VOCAB
+
+
+def build_target(s: BenchSettings, need_tokenizer: bool):
+    """Returns (target, tokenizer or None, vocab size for synthetic prompts)."""
+    if s.endpoint:
+        from salactl.bench.targets.http import HttpTarget
+
+        target = HttpTarget(s.endpoint, s.backend or "sglang", s.model, flush_sleep_s=s.flush_sleep)
+        target.check()
+        tok = _tokenizer_for_http(s)
+        if need_tokenizer and tok is None:
+            raise TokenizerError("counting the output tokens of SOAR rows needs the served model's "
+                                 "tokenizer; pass --tokenizer PATH (tokenizer.json or its directory)")
+        return target, tok, _vocab_for_http(s, tok)
+    if s.backend:
+        raise UsageError("--backend needs --endpoint URL (without one, the embedded engine is benchmarked)")
+    from salactl.bench.targets.embedded import build_embedded_target
+    from salactl.runtime.tokenizer import find_tokenizer
+
+    target, lm = build_embedded_target(s.model, s.random_weights, s.seed, s.device, s.dtype, s.chunk_size)
+    tok = None
+    if need_tokenizer:
+        tok = find_tokenizer(s.tokenizer, lm.model_dir)
+        if tok.vocab_size > lm.config.vocab_size:
+            target.close()
+            raise UsageError(f"tokenizer has {tok.vocab_size} tokens but the model only "
+                             f"{lm.config.vocab_size}; pass the model's own --tokenizer")
+    return target, tok, lm.config.vocab_size
+
+
+def _phase_knobs(plan, s: BenchSettings, target, slo) -> dict:
+    ph = plan.phase
+    return {"max_concurrency": ph.max_concurrency, "request_rate": ph.request_rate,
+            "burstiness": ph.burstiness, "warmup_requests": ph.warmup_requests,
+            "flush_cache": ph.flush_cache, "batch_size": ph.batch_size, "dataset": plan.dataset,
+            "num_requests_cap": s.num_requests, "skip_bad_rows": s.skip_bad_rows,
+            "temperature": 0.0, "ignore_eos": True, "stream": True, "slo_ms": slo or None,
+            "target": target.knobs()}
+
+
+def run_bench(s: BenchSettings, progress=None) -> BenchRun:
+    from salactl.env import environment
+
+    profile = load_profile(s.profile)
+    phases = select_phases(profile, list(s.phases))
+    reference = parse_reference(s.reference)
+    weights = profile.scoring.weights if profile.scoring else {}
+    if reference and not weights:
+        raise UsageError(f"profile {profile.name} has no [scoring]; --reference only applies to scored profiles")
+    check_reference(reference, weights)
+    accuracy_coefficient(s.accuracy)
+    slo = parse_slo(s.slo)
+    spec = parse_dataset_spec(s.dataset, [p.name for p in phases])
+    parsed = read_datasets(spec, phases, s.skip_bad_rows)
+
+    target, tok, vocab = build_target(s, need_tokenizer=bool(spec))
+    try:
+        plans = plan_phases(profile, phases, spec, parsed, tok, vocab, s.scale, s.num_requests)
+        run = BenchRun(rec.new_run_id(), s, profile.name, target.kind, target.model)
+        return _execute(run, plans, profile, target, s, slo, reference, weights, environment(), progress)
+    finally:
+        target.close()
+
+
+def _execute(run, plans, profile, target, s, slo, reference, weights, env, progress) -> BenchRun:
+    out = Path(s.out)
+    writer = rec.RecordWriter(out / rec.RECORDS_NAME)
+    run.files["records"] = str(writer.path)
+    details, t0 = [], None
+    durations: dict[str, float] = {}
+    try:
+        for plan in plans:
+            ph = plan.phase
+            if ph.batch_size and target.max_batch_size and ph.batch_size > target.max_batch_size:
+                why = (f"batch {ph.batch_size} > what the {target.kind} target runs at once "
+                       f"({target.max_batch_size}); the current embedded engine serves one sequence at a time")
+                run.skipped.append({"phase": ph.name, "reason": why})
+                from salactl import output
+                output.stderr.print(f"skipping phase {ph.name}: {why}")
+                continue
+            outcome = run_phase(target, ph, plan.requests, seed=profile.seed, progress=progress)
+            metrics = phase_metrics(outcome.results, outcome.duration, slo)
+            metrics.update(max_concurrency=ph.max_concurrency, request_rate=ph.request_rate,
+                           burstiness=ph.burstiness, num_prompts=len(plan.requests))
+            if profile.mode == "one-batch":
+                metrics.update(one_batch_metrics(outcome.results, outcome.duration, ph.batch_size,
+                                                 plan.dataset["input_len"], plan.dataset["output_len"]))
+            metrics.update(outcome.device)
+            if reference and ph.name in weights:
+                metrics.update(score_weight=weights[ph.name], score_reference_duration=reference[ph.name],
+                               score_tier=reference[ph.name] / outcome.duration * 100.0)
+            if s.details:
+                t0 = outcome.results[0].start_time if t0 is None and outcome.results else t0
+                details += rec.detail_rows(run.run_id, outcome.results, min(r.start_time for r in outcome.results))
+                metrics["details_csv"] = str(out / f"{run.run_id}-requests.csv")
+            record = rec.make_record("bench", run.run_id, s.label, profile.name, ph.name, target.kind,
+                                     target.model, metrics, _phase_knobs(plan, s, target, slo), env,
+                                     outcome.started_at)
+            writer.append(record)
+            run.phases.append(record)
+            durations[ph.name] = outcome.duration
+    except KeyboardInterrupt:
+        run.interrupted = True
+        raise
+    finally:
+        if reference and weights:
+            run.score = soar_score(durations, reference, weights, s.accuracy)
+        _write_side_files(run, out, details)
+    return run
+
+
+def _write_side_files(run: BenchRun, out: Path, details: list) -> None:
+    from salactl.bench.summary import markdown_summary
+
+    out.mkdir(parents=True, exist_ok=True)
+    if details:
+        path = out / f"{run.run_id}-requests.csv"
+        rec.write_details(path, details)
+        run.files["details"] = str(path)
+    md = out / f"{run.run_id}.md"
+    run.files["summary_md"] = str(md)
+    js = out / f"{run.run_id}.json"
+    run.files["summary_json"] = str(js)
+    rec.atomic_write_text(md, markdown_summary(run.to_dict()))
+    rec.atomic_write_text(js, json.dumps(run.to_dict(), indent=2) + "\n")

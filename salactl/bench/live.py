@@ -1,0 +1,35 @@
+"""Live progress on stderr (rich): one bar per phase with completed / failed requests and tokens."""
+
+from __future__ import annotations
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from salactl import output
+
+
+class RichProgress:
+    def __init__(self):
+        self.progress = Progress(TextColumn("[bold]{task.fields[phase]}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+                                 console=output.stderr, transient=False)
+        self.task = None
+        self.failed = self.tokens = 0
+
+    def begin(self, name: str, total: int) -> None:
+        self.failed = self.tokens = 0
+        if self.task is None:
+            self.progress.start()
+        self.task = self.progress.add_task("", total=total, phase=name, info="")
+
+    def advance(self, result) -> None:
+        self.failed += 0 if result.success else 1
+        self.tokens += result.output_len
+        info = f"{self.tokens} tok" + (f", {self.failed} failed" if self.failed else "")
+        self.progress.update(self.task, advance=1, info=info)
+
+    def end(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.task is not None:
+            self.progress.stop()

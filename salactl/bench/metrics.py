@@ -1,0 +1,153 @@
+"""Phase metrics with SGLang's / vLLM's definitions and field names (reference/benchmarks.md §3).
+
+- duration: from dispatch of the first timed request until every request has returned.
+- completed / failed; totals count successful requests only (SGLang).
+- request/input/output/total throughput = count / duration.
+- TTFT = send → first chunk carrying tokens; E2E = send → end of stream;
+  TPOT = (E2E − TTFT) / (output_len − 1) per request, requests with ≤ 1 output token skipped;
+  ITL pooled over requests, one entry per token after the first chunk, each chunk's gap spread
+  evenly over the tokens it carries (SGLang `/generate`).
+- mean / median / std (population) / p90 / p95 / p99 with numpy's linear percentiles; max ITL.
+- concurrency = Σ E2E / duration (SGLang).
+- max_output_tokens_per_s / max_concurrent_requests: tokens and active requests counted into
+  1-second buckets from the first request's send time (vLLM/SGLang).
+- request_goodput (when SLOs are given): requests whose TTFT, TPOT (0 for ≤ 1 token) and E2E are
+  all ≤ their SLO, per second (vLLM / DistServe).
+Empty samples give None (SGLang would print 0).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from salactl.bench.requests import RequestResult
+from salactl.errors import UsageError
+
+STATS = ("mean", "median", "std", "p90", "p95", "p99")
+LATENCIES = ("ttft", "tpot", "itl", "e2e_latency")
+SLO_KEYS = ("ttft", "tpot", "e2el")
+
+
+def summarize(values: list[float], name: str) -> dict[str, float | None]:
+    """{mean,median,std,p90,p95,p99}_{name}_ms from values in seconds."""
+    if not values:
+        return {f"{s}_{name}_ms": None for s in STATS}
+    a = np.asarray(values, dtype=np.float64) * 1000.0
+    return {
+        f"mean_{name}_ms": float(np.mean(a)),
+        f"median_{name}_ms": float(np.median(a)),
+        f"std_{name}_ms": float(np.std(a)),
+        f"p90_{name}_ms": float(np.percentile(a, 90)),
+        f"p95_{name}_ms": float(np.percentile(a, 95)),
+        f"p99_{name}_ms": float(np.percentile(a, 99)),
+    }
+
+
+def parse_slo(text: str | None) -> dict[str, float]:
+    """`ttft=500,tpot=50[,e2el=...]` in milliseconds."""
+    if not text:
+        return {}
+    out = {}
+    for part in text.split(","):
+        key, sep, val = part.partition("=")
+        key = key.strip()
+        if not sep or key not in SLO_KEYS:
+            raise UsageError(f"--slo takes {'/'.join(SLO_KEYS)}=MS pairs, e.g. ttft=500,tpot=50; got {part!r}")
+        try:
+            ms = float(val)
+        except ValueError:
+            raise UsageError(f"--slo {key} must be a number of milliseconds, got {val!r}") from None
+        if not ms > 0:
+            raise UsageError(f"--slo {key} must be positive, got {val}")
+        out[key] = ms
+    return out
+
+
+def _peaks(ok: list[RequestResult]) -> tuple[float | None, int | None]:
+    if not ok:
+        return None, None
+    t0 = min(r.start_time for r in ok)
+    t1 = max(r.start_time + r.latency for r in ok)
+    n = int(math.ceil(t1 - t0)) + 1
+    tokens, active = np.zeros(n), np.zeros(n)
+    for r in ok:
+        t = r.start_time + r.ttft
+        times = [t]
+        for gap in r.itl:
+            t += gap
+            times.append(t)
+        for x in times:
+            b = int(x - t0)
+            if 0 <= b < n:
+                tokens[b] += 1
+        for s in range(int(r.start_time - t0), int(r.start_time + r.latency - t0) + 1):
+            active[s] += 1
+    return float(tokens.max()), int(active.max())
+
+
+def good_requests(ok: list[RequestResult], slo: dict[str, float]) -> int:
+    good = 0
+    for r in ok:
+        vals = {"ttft": r.ttft, "tpot": r.tpot or 0.0, "e2el": r.latency}
+        if all(vals[k] * 1000.0 <= ms for k, ms in slo.items()):
+            good += 1
+    return good
+
+
+def phase_metrics(results: list[RequestResult], duration: float, slo: dict[str, float] | None = None) -> dict:
+    ok = [r for r in results if r.success]
+    total_in = sum(r.input_len for r in ok)
+    total_out = sum(r.output_len for r in ok)
+
+    def per_s(x: float) -> float | None:
+        return x / duration if duration > 0 else None
+
+    m: dict = {
+        "duration": duration,
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "request_throughput": per_s(len(ok)),
+        "input_throughput": per_s(total_in),
+        "output_throughput": per_s(total_out),
+        "total_throughput": per_s(total_in + total_out),
+    }
+    itls = [x for r in ok for x in r.itl]
+    m.update(summarize([r.ttft for r in ok], "ttft"))
+    m.update(summarize([t for r in ok if (t := r.tpot) is not None], "tpot"))
+    m.update(summarize(itls, "itl"))
+    m["max_itl_ms"] = max(itls) * 1000.0 if itls else None
+    m.update(summarize([r.latency for r in ok], "e2e_latency"))
+    m["concurrency"] = per_s(sum(r.latency for r in ok)) if ok else None
+    m["max_output_tokens_per_s"], m["max_concurrent_requests"] = _peaks(ok)
+    if slo:
+        m["request_goodput"] = per_s(good_requests(ok, slo))
+        m["slo"] = dict(slo)
+    return m
+
+
+def one_batch_metrics(results: list[RequestResult], duration: float, batch_size: int,
+                      input_len: int, output_len: int) -> dict:
+    """Client-side analogues of SGLang bench_one_batch's fields for a batch sent at once:
+    prefill_latency = the last request's TTFT (the whole batch has its first token);
+    median_decode_latency = median ITL (one decode step of the batch); total_latency = duration."""
+    ok = [r for r in results if r.success]
+    if not ok:
+        return {}
+    prefill = max(r.ttft for r in ok)
+    itls = [x for r in ok for x in r.itl]
+    dec = float(np.median(itls)) if itls else None
+    return {
+        "batch_size": batch_size,
+        "input_len": input_len,
+        "output_len": output_len,
+        "prefill_latency": prefill,
+        "prefill_throughput": input_len * batch_size / prefill if prefill > 0 else None,
+        "median_decode_latency": dec,
+        "median_decode_throughput": batch_size / dec if dec else None,
+        "total_latency": duration,
+        "overall_throughput": (input_len + output_len) * batch_size / duration if duration > 0 else None,
+    }

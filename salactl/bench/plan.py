@@ -1,0 +1,93 @@
+"""Turn a profile + command-line choices into the request list of every phase (before anything
+runs, so bad input fails with nothing written)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from salactl.bench.datasets import read_soar_rows, soar_requests
+from salactl.bench.profiles import Phase, Profile
+from salactl.bench.requests import BenchRequest
+from salactl.bench.synthetic import random_lengths, soar_like
+from salactl.errors import UsageError
+
+DEFAULT_SYNTHETIC_REQUESTS = 96
+
+
+@dataclass
+class PhasePlan:
+    phase: Phase
+    requests: list[BenchRequest]
+    dataset: dict                       # how the requests were made (goes into the record's knobs)
+
+
+def parse_dataset_spec(spec: str | None, phase_names: list[str]) -> dict[str | None, Path]:
+    """`FILE` (every phase) or `S1=a.jsonl,S8=b.jsonl` (per phase). Key None = every phase."""
+    if not spec:
+        return {}
+    parts = spec.split(",")
+    if all("=" in p for p in parts) and all(p.split("=", 1)[0] in phase_names for p in parts):
+        return {p.split("=", 1)[0]: Path(p.split("=", 1)[1]) for p in parts}
+    if len(parts) > 1 and any("=" in p for p in parts):
+        bad = next(p.split("=", 1)[0] for p in parts if "=" in p and p.split("=", 1)[0] not in phase_names)
+        raise UsageError(f"--dataset names phase {bad!r}, which the profile lacks; phases: {', '.join(phase_names)}")
+    return {None: Path(spec)}
+
+
+def select_phases(profile: Profile, names: list[str] | None) -> list[Phase]:
+    if not names:
+        return list(profile.phases)
+    known = [p.name for p in profile.phases]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UsageError(f"--phases names {unknown[0]!r}, which profile {profile.name} lacks; phases: {', '.join(known)}")
+    return [p for p in profile.phases if p.name in names]
+
+
+def read_datasets(spec: dict[str | None, Path], phases: list[Phase], skip_bad_rows: bool):
+    """Strictly parse every dataset file once; returns {path: (rows, report)}."""
+    if None not in spec and spec:
+        missing = [p.name for p in phases if p.name not in spec]
+        if missing:
+            raise UsageError(f"--dataset gives no file for phase {missing[0]}; give one file for all "
+                             "phases or PHASE=FILE for each")
+    return {path: read_soar_rows(path, skip_bad_rows) for path in dict.fromkeys(spec.values())}
+
+
+def plan_phases(profile: Profile, phases: list[Phase], spec: dict[str | None, Path], parsed: dict,
+                tokenizer, vocab_size: int, scale: float, cap: int | None) -> list[PhasePlan]:
+    if scale <= 0:
+        raise UsageError(f"--scale must be positive, got {scale}")
+    if cap is not None and cap < 1:
+        raise UsageError(f"--num-requests must be positive, got {cap}")
+    ds = profile.dataset
+    if spec and profile.mode == "one-batch":
+        raise UsageError(f"profile {profile.name} is a one-batch grid of random prompts; it takes no --dataset")
+    plans = []
+    for ph in phases:
+        prefix = f"{ph.name}-"
+        if spec:
+            path = spec.get(ph.name, spec.get(None))
+            rows, report = parsed[path]
+            reqs, too_short = soar_requests(rows, tokenizer, seed=profile.seed, limit=cap, prefix=prefix)
+            if not reqs:
+                raise UsageError(f"every row of {path} is under 2 tokens; nothing to benchmark")
+            info = {"kind": "soar-jsonl", "path": str(path), "rows": report.rows,
+                    "bad_rows_skipped": list(report.bad_lines), "too_short_dropped": too_short}
+        elif ds.kind == "soar":
+            n = min(ph.num_requests or ds.num_requests or DEFAULT_SYNTHETIC_REQUESTS, cap or 10**9)
+            reqs = soar_like(n, scale, vocab_size, seed=profile.seed, prefix=prefix)
+            info = {"kind": "soar-synthetic", "scale": scale}
+        else:
+            n = ph.batch_size if profile.mode == "one-batch" else min(
+                ph.num_requests or ds.num_requests or DEFAULT_SYNTHETIC_REQUESTS, cap or 10**9)
+            in_len = max(1, round((ph.input_len or ds.input_len) * scale))
+            out_len = max(1, round((ph.output_len or ds.output_len) * scale))
+            ratio = ph.range_ratio if ph.range_ratio is not None else ds.range_ratio
+            reqs = random_lengths(n, in_len, out_len, vocab_size, ratio, seed=profile.seed, prefix=prefix)
+            info = {"kind": "random", "scale": scale, "input_len": in_len, "output_len": out_len,
+                    "range_ratio": ratio}
+        info.update(seed=profile.seed, num_requests=len(reqs), vocab_size=vocab_size if not spec else None)
+        plans.append(PhasePlan(ph, reqs, info))
+    return plans

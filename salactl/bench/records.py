@@ -1,0 +1,111 @@
+"""Run records: one flat JSON object per (run, phase), appended to `records.jsonl` as soon as the
+phase finishes (so Ctrl-C keeps every finished phase), plus the per-request CSV (`--details`)
+written whole through a temp file. Schema version 1 (DESIGN.md §4):
+
+    schema_version, kind ("bench" | "sweep"), run_id, label, profile, phase, target
+    ("embedded" | "sglang" | "openai"), model, timestamp, <metric fields with SGLang names>,
+    knobs {every setting that produced it}, env (salactl.env.environment())
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import secrets
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from salactl.bench.requests import RequestResult
+
+SCHEMA_VERSION = 1
+RECORDS_NAME = "records.jsonl"
+DETAIL_COLUMNS = ("run_id", "phase", "request_id", "input_len", "expected_output_len", "output_len",
+                  "success", "start_offset_s", "ttft_ms", "tpot_ms", "e2e_ms", "itl_ms", "error")
+
+
+def new_run_id() -> str:
+    return datetime.now().strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(2)
+
+
+def jsonable(v):
+    """inf/nan are not JSON: store them as strings ("inf"), recursively."""
+    if isinstance(v, float) and (math.isinf(v) or math.isnan(v)):
+        return str(v)
+    if isinstance(v, dict):
+        return {k: jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [jsonable(x) for x in v]
+    return v
+
+
+def make_record(kind: str, run_id: str, label: str | None, profile: str, phase: str, target: str,
+                model: str, metrics: dict, knobs: dict, env: dict, wall_time: float | None = None) -> dict:
+    rec = {"schema_version": SCHEMA_VERSION, "kind": kind, "run_id": run_id, "label": label,
+           "profile": profile, "phase": phase, "target": target, "model": model,
+           "timestamp": datetime.fromtimestamp(wall_time or time.time(), timezone.utc).isoformat()}
+    rec.update(metrics)
+    rec["knobs"] = knobs
+    rec["env"] = env
+    return jsonable(rec)
+
+
+class RecordWriter:
+    """Appends whole lines (one write + fsync each) so a crash never leaves half a record."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def append(self, record: dict) -> None:
+        line = json.dumps(record, sort_keys=False) + "\n"
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def read_records(path: Path) -> list[dict]:
+    path = Path(path)
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if line:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue        # a foreign or damaged line; records are written whole
+    return out
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def detail_rows(run_id: str, results: list[RequestResult], t0: float) -> list[list]:
+    rows = []
+    for r in results:
+        tpot = r.tpot
+        rows.append([run_id, r.phase, r.request_id, r.input_len, r.expected_output_len, r.output_len,
+                     int(r.success), round(r.start_time - t0, 6),
+                     round(r.ttft * 1e3, 4) if r.success else "",
+                     "" if tpot is None else round(tpot * 1e3, 4),
+                     round(r.latency * 1e3, 4) if r.success else "",
+                     json.dumps([round(x * 1e3, 4) for x in r.itl]), r.error.splitlines()[0] if r.error else ""])
+    return rows
+
+
+def write_details(path: Path, rows: list[list]) -> None:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(DETAIL_COLUMNS)
+    w.writerows(rows)
+    atomic_write_text(path, buf.getvalue())

@@ -1,0 +1,49 @@
+"""The two records a benchmark moves around: a request to send and the client-side timing of
+one request, both independent of the target (embedded engine or HTTP server)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    """One request of a phase. `prompt_ids` is always set when the lengths are exact (synthetic
+    data, or text tokenized client-side); `prompt_text` is set for text datasets (SOAR rows)."""
+
+    request_id: str
+    input_len: int
+    output_len: int
+    prompt_ids: tuple[int, ...] | None = None
+    prompt_text: str | None = None
+    source_line: int | None = None      # line number in the dataset file, for messages
+
+    def with_output_len(self, n: int) -> "BenchRequest":
+        return BenchRequest(self.request_id, self.input_len, n, self.prompt_ids, self.prompt_text,
+                            self.source_line)
+
+
+@dataclass
+class RequestResult:
+    """Client-side timestamps of one request, as SGLang's `RequestFuncOutput` keeps them:
+    `ttft` and `latency` in seconds from `start_time` (perf_counter at send), `itl` one entry per
+    token after the first chunk (a chunk's gap is spread evenly over the tokens it carries)."""
+
+    request_id: str
+    phase: str
+    input_len: int
+    expected_output_len: int
+    start_time: float = 0.0
+    success: bool = False
+    ttft: float = 0.0
+    latency: float = 0.0
+    output_len: int = 0
+    itl: list[float] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def tpot(self) -> float | None:
+        """(E2E − TTFT) / (output_len − 1); None for ≤ 1 output token (SGLang skips those)."""
+        if not self.success or self.output_len <= 1:
+            return None
+        return (self.latency - self.ttft) / (self.output_len - 1)

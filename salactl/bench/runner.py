@@ -1,0 +1,153 @@
+"""Run one timed phase against a target, the way SGLang's bench_serving does it.
+
+Load: requests leave at their arrival times — all at t=0 (rate inf) or with gamma inter-arrival
+gaps of mean 1/rate (shape = burstiness; 1 = Poisson), seeded — and a pool of `max_concurrency`
+client threads (one per request when unlimited) sends them in order, so a limit makes a closed
+loop holding N requests in flight (SOAR S1/S8). The send time is taken when a client thread picks
+the request up, so TTFT excludes client-side waiting, as behind SGLang's semaphore.
+
+Before the clock: one warmup request (the phase's first request, output capped at 32 tokens),
+then a cache flush. Duration = first dispatch → last request returned.
+Ctrl-C cancels the phase: in-flight streams are unblocked and KeyboardInterrupt propagates; the
+caller keeps the records of phases that finished.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from salactl.bench.profiles import Phase
+from salactl.bench.requests import BenchRequest, RequestResult
+from salactl.bench.targets.base import RequestFailed, Target
+from salactl.errors import EndpointError
+
+WARMUP_MAX_TOKENS = 32
+
+
+@dataclass
+class PhaseOutcome:
+    phase: Phase
+    results: list[RequestResult]
+    duration: float
+    device: dict
+    started_at: float           # wall clock (time.time()) when the timed part began
+
+
+class NullProgress:
+    def begin(self, name: str, total: int) -> None: ...
+    def advance(self, result: RequestResult) -> None: ...
+    def end(self) -> None: ...
+
+
+def arrival_times(n: int, rate: float, burstiness: float, seed: int) -> list[float]:
+    """Offsets (s) from the start; the first request leaves at 0 (SGLang/vLLM `get_request`)."""
+    if math.isinf(rate):
+        return [0.0] * n
+    rng = np.random.default_rng(seed)
+    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=max(n - 1, 0))
+    return [0.0] + [float(x) for x in np.cumsum(gaps)]
+
+
+def run_request(target: Target, req: BenchRequest, max_tokens: int, phase: str,
+                cancel: threading.Event) -> RequestResult:
+    res = RequestResult(req.request_id, phase, req.input_len, max_tokens)
+    st = time.perf_counter()
+    res.start_time = st
+    last_t, last_n, first = st, 0, True
+    try:
+        for ch in target.stream(req, max_tokens, cancel):
+            if ch.counts_only:
+                last_n = max(last_n, ch.completion_tokens)
+                continue
+            new = ch.completion_tokens - last_n
+            if new <= 0:
+                continue
+            if first:
+                res.ttft, first = ch.timestamp - st, False
+            else:
+                res.itl.extend([(ch.timestamp - last_t) / new] * new)
+            last_t, last_n = ch.timestamp, ch.completion_tokens
+        res.latency = time.perf_counter() - st
+        res.output_len = last_n
+        res.success = not first
+        if first:
+            res.error = "the stream ended without any token"
+    except RequestFailed as e:
+        res.latency = time.perf_counter() - st
+        res.error = str(e)
+    return res
+
+
+def warmup(target: Target, req: BenchRequest, phase: str, cancel: threading.Event) -> None:
+    res = run_request(target, req, min(req.output_len, WARMUP_MAX_TOKENS), phase, cancel)
+    if not res.success:
+        raise EndpointError(f"the warmup request of phase {phase} failed ({res.error.splitlines()[0] if res.error else 'no tokens'}); "
+                            "the target cannot serve this workload")
+
+
+def run_phase(target: Target, phase: Phase, requests: list[BenchRequest], seed: int = 1,
+              progress=None, cancel: threading.Event | None = None) -> PhaseOutcome:
+    progress = progress or NullProgress()
+    cancel = cancel or threading.Event()
+    try:
+        for _ in range(phase.warmup_requests):
+            warmup(target, requests[0], phase.name, cancel)
+        if phase.flush_cache:
+            target.flush_cache()
+        return _timed(target, phase, requests, seed, progress, cancel)
+    except BaseException:
+        cancel.set()
+        target.cancel_all()
+        raise
+
+
+def _timed(target, phase, requests, seed, progress, cancel) -> PhaseOutcome:
+    n = len(requests)
+    arrivals = arrival_times(n, phase.request_rate, phase.burstiness, seed)
+    workers = min(phase.max_concurrency or n, n)
+    results: list[RequestResult | None] = [None] * n
+    todo: queue.Queue = queue.Queue()
+    done = threading.Event()
+    lock = threading.Lock()
+    remaining = [n]
+
+    def work():
+        while True:
+            item = todo.get()
+            if item is None:
+                return
+            i, req = item
+            res = run_request(target, req, req.output_len, phase.name, cancel)
+            results[i] = res
+            progress.advance(res)
+            with lock:
+                remaining[0] -= 1
+                if remaining[0] == 0:
+                    done.set()
+
+    progress.begin(phase.name, n)
+    target.phase_begin()
+    wall0 = time.time()
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=work, daemon=True, name=f"bench-client-{k}") for k in range(workers)]
+    for t in threads:
+        t.start()
+    for i, (req, at) in enumerate(zip(requests, arrivals)):
+        while (wait := t0 + at - time.perf_counter()) > 0:
+            time.sleep(min(wait, 0.05))
+        todo.put((i, req))
+    for _ in threads:
+        todo.put(None)
+    while not done.wait(0.05):
+        pass
+    duration = time.perf_counter() - t0
+    progress.end()
+    finished = [r for r in results if r is not None]
+    device = target.phase_end(sum(r.output_len for r in finished if r.success))
+    return PhaseOutcome(phase, finished, duration, device, wall0)

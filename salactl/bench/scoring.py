@@ -1,0 +1,80 @@
+"""The SOAR score (reference/benchmarks.md §1, participants' formula):
+per tier S_N = reference_duration / own_duration × 100; performance = Σ w_N · S_N
+(0.4 / 0.3 / 0.3 for S1 / S8 / Smax); final = performance × C, where C comes from the normalized
+accuracy: ≤ 97 → 0, (97, 98] → 0.92, (98, 99] → 0.96, (99, 100] → 1.0. The official reference
+durations (the best player's) are unknown, so the user gives them."""
+
+from __future__ import annotations
+
+import math
+
+from salactl.errors import UsageError
+
+
+def parse_reference(text: str | None) -> dict[str, float]:
+    """`S1=426.1,S8=620.7,Smax=1169.8` (seconds)."""
+    if not text:
+        return {}
+    out = {}
+    for part in text.split(","):
+        key, sep, val = part.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UsageError(f"--reference takes PHASE=SECONDS pairs, e.g. S1=400,S8=600,Smax=1100; got {part!r}")
+        try:
+            sec = float(val)
+        except ValueError:
+            raise UsageError(f"--reference {key} must be a number of seconds, got {val!r}") from None
+        if not sec > 0 or math.isinf(sec):
+            raise UsageError(f"--reference {key} must be a positive duration, got {val}")
+        out[key] = sec
+    return out
+
+
+def accuracy_coefficient(accuracy: float | None) -> float:
+    """C from the normalized accuracy in percent (`overall_accuracy`, capped at 100)."""
+    if accuracy is None:
+        return 1.0
+    if not 0 <= accuracy <= 100:
+        raise UsageError(f"--accuracy is the normalized accuracy in percent (0-100), got {accuracy}")
+    if accuracy <= 97:
+        return 0.0
+    if accuracy <= 98:
+        return 0.92
+    if accuracy <= 99:
+        return 0.96
+    return 1.0
+
+
+def check_reference(reference: dict[str, float], weights: dict[str, float]) -> None:
+    if not reference:
+        return
+    unknown = sorted(set(reference) - set(weights))
+    if unknown:
+        raise UsageError(f"--reference names {unknown[0]!r}, which is not a scored phase; "
+                         f"scored phases: {', '.join(weights)}")
+    missing = [k for k in weights if k not in reference]
+    if missing:
+        raise UsageError(f"--reference lacks {', '.join(missing)}; give a duration for every scored "
+                         f"phase ({', '.join(weights)})")
+
+
+def tier_score(reference_s: float, own_s: float) -> float:
+    return reference_s / own_s * 100.0
+
+
+def soar_score(durations: dict[str, float], reference: dict[str, float], weights: dict[str, float],
+               accuracy: float | None = None) -> dict:
+    """Score of a run; None when a scored phase has no duration (interrupted or skipped)."""
+    tiers = {k: tier_score(reference[k], durations[k]) for k in weights if k in durations}
+    perf = sum(weights[k] * tiers[k] for k in tiers) if len(tiers) == len(weights) else None
+    c = accuracy_coefficient(accuracy)
+    return {
+        "score": None if perf is None else perf * c,
+        "performance": perf,
+        "tier_scores": tiers,
+        "accuracy": accuracy,
+        "accuracy_coefficient": c,
+        "reference": dict(reference),
+        "weights": dict(weights),
+    }

@@ -1,0 +1,56 @@
+"""Human views of a bench run: the terminal table and a plain Markdown summary (the full report
+with plots is rendered from the records by `salactl.reports`)."""
+
+from __future__ import annotations
+
+from salactl.output import fmt
+
+COLUMNS = [("phase", "phase"), ("conc", "max_concurrency"), ("rate", "request_rate"),
+           ("ok", "completed"), ("fail", "failed"), ("duration s", "duration"),
+           ("req/s", "request_throughput"), ("out tok/s", "output_throughput"),
+           ("TTFT ms", "mean_ttft_ms"), ("p99 TTFT", "p99_ttft_ms"), ("TPOT ms", "mean_tpot_ms"),
+           ("ITL ms", "mean_itl_ms"), ("p99 ITL", "p99_itl_ms"), ("E2E ms", "mean_e2e_latency_ms")]
+
+
+def _cell(rec: dict, key: str):
+    v = rec.get(key)
+    if key == "max_concurrency" and v is None:
+        return "∞"
+    if key == "request_rate" and v == "inf":
+        return "∞"
+    return v
+
+
+def table_rows(run: dict) -> tuple[list[str], list[list]]:
+    return [c for c, _ in COLUMNS], [[_cell(p, k) for _, k in COLUMNS] for p in run["phases"]]
+
+
+def score_line(run: dict) -> str | None:
+    d = run.get("score_details")
+    if not d:
+        return None
+    tiers = ", ".join(f"{k} {v:.2f}" for k, v in d["tier_scores"].items())
+    if d["score"] is None:
+        return f"SOAR score: incomplete (tiers: {tiers or 'none'})"
+    acc = "" if d["accuracy"] is None else f" × C {d['accuracy_coefficient']} (accuracy {d['accuracy']})"
+    return f"SOAR score {d['score']:.2f} = Σ w·ref/own·100 ({tiers}){acc}"
+
+
+def markdown_summary(run: dict) -> str:
+    cols, rows = table_rows(run)
+    lines = [f"# salactl bench {run['run_id']}", "",
+             f"- profile: `{run['profile']}`, target: `{run['target']}`, model: `{run['model']}`"]
+    if run.get("label"):
+        lines.append(f"- label: {run['label']}")
+    if run.get("interrupted"):
+        lines.append("- **interrupted**: only the phases below finished")
+    s = score_line(run)
+    if s:
+        lines.append(f"- {s}")
+    lines += ["", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
+    for sk in run.get("skipped_phases", []):
+        lines.append(f"\nskipped {sk['phase']}: {sk['reason']}")
+    lines.append("\nMetrics follow SGLang bench_serving (TTFT, TPOT, per-token ITL, E2E in ms; "
+                 "duration in s). Records: `records.jsonl`.")
+    return "\n".join(lines) + "\n"

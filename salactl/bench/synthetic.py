@@ -1,0 +1,93 @@
+"""Synthetic request sets with exact token lengths: random token-id prompts, so no tokenizer is
+needed and no decode/re-encode round trip changes a length (vLLM #17408, sglang #15732).
+
+`soar_like`: the length mix MiniCPM-SALA's speed benchmark states, scaled by `scale`:
+  inputs   0–4K 25%, 4–16K 13⅓%, 16–32K 13⅓%, 32–128K 35%, 128–160K 13⅓%
+  outputs  0–512 35%, 512–2K 25%, 2–4K 13⅓%, 4–16K 13⅓%, 16–32K 13⅓%
+(the stated shares are 25/35% and 35/25%; the unstated 40% is split evenly over the other three
+bins). Counts per bin use largest-remainder apportionment so even 12 requests follow the mix;
+lengths are uniform inside each bin; inputs and outputs are paired after independent shuffles.
+
+`random_lengths`: vLLM's random dataset: lengths uniform in [L(1−r), L(1+r)], so the default
+r = 0 gives exactly L (SGLang's `--random-range-ratio 0` would give [1, L] instead).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from salactl.bench.requests import BenchRequest
+from salactl.errors import UsageError
+
+K = 1024
+SOAR_INPUT_BINS = ((0, 4 * K, 0.25), (4 * K, 16 * K, 0.40 / 3), (16 * K, 32 * K, 0.40 / 3),
+                   (32 * K, 128 * K, 0.35), (128 * K, 160 * K, 0.40 / 3))
+SOAR_OUTPUT_BINS = ((0, 512, 0.35), (512, 2 * K, 0.25), (2 * K, 4 * K, 0.40 / 3),
+                    (4 * K, 16 * K, 0.40 / 3), (16 * K, 32 * K, 0.40 / 3))
+
+
+def apportion(n: int, shares: list[float]) -> list[int]:
+    """Largest-remainder apportionment of n items over shares (ties → earlier bin)."""
+    total = sum(shares)
+    quotas = [n * s / total for s in shares]
+    counts = [int(q) for q in quotas]
+    order = sorted(range(len(shares)), key=lambda i: (-(quotas[i] - counts[i]), i))
+    for i in order[: n - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def scaled(length: int, scale: float) -> int:
+    return max(2, int(round(length * scale)))
+
+
+def _bin_lengths(bins, n: int, scale: float, rng: np.random.Generator) -> list[int]:
+    counts = apportion(n, [b[2] for b in bins])
+    lengths = []
+    for (lo, hi, _), c in zip(bins, counts):
+        lengths += [scaled(int(x), scale) for x in rng.integers(lo + 1, hi + 1, size=c)]
+    rng.shuffle(lengths)
+    return lengths
+
+
+def token_range(vocab_size: int) -> tuple[int, int]:
+    """Ids drawn for random prompts: skip the low ids where special tokens usually live."""
+    lo = 100 if vocab_size > 1000 else 3
+    return lo, vocab_size
+
+
+def random_prompt(n: int, vocab_size: int, rng: np.random.Generator) -> tuple[int, ...]:
+    lo, hi = token_range(vocab_size)
+    return tuple(int(x) for x in rng.integers(lo, hi, size=n))
+
+
+def soar_like(num_requests: int, scale: float, vocab_size: int, seed: int = 1,
+              prefix: str = "r") -> list[BenchRequest]:
+    if num_requests <= 0:
+        raise UsageError(f"the synthetic SOAR set needs at least 1 request, got {num_requests}")
+    if scale <= 0:
+        raise UsageError(f"--scale must be positive, got {scale}")
+    rng = np.random.default_rng(seed)
+    ins = _bin_lengths(SOAR_INPUT_BINS, num_requests, scale, rng)
+    outs = _bin_lengths(SOAR_OUTPUT_BINS, num_requests, scale, rng)
+    return [BenchRequest(f"{prefix}{i}", a, b, random_prompt(a, vocab_size, rng))
+            for i, (a, b) in enumerate(zip(ins, outs))]
+
+
+def random_lengths(num_requests: int, input_len: int, output_len: int, vocab_size: int,
+                   range_ratio: float = 0.0, seed: int = 1, prefix: str = "r") -> list[BenchRequest]:
+    if num_requests <= 0:
+        raise UsageError(f"the random dataset needs at least 1 request, got {num_requests}")
+    if input_len < 1 or output_len < 1:
+        raise UsageError(f"random lengths must be >= 1 token, got input {input_len}, output {output_len}")
+    if not 0.0 <= range_ratio < 1.0:
+        raise UsageError(f"range_ratio must be in [0, 1), got {range_ratio}")
+    rng = np.random.default_rng(seed)
+
+    def draw(L: int) -> list[int]:
+        lo, hi = max(1, int(L * (1 - range_ratio))), int(L * (1 + range_ratio))
+        return [int(x) for x in rng.integers(lo, hi + 1, size=num_requests)]
+
+    ins, outs = draw(input_len), draw(output_len)
+    return [BenchRequest(f"{prefix}{i}", a, b, random_prompt(a, vocab_size, rng))
+            for i, (a, b) in enumerate(zip(ins, outs))]

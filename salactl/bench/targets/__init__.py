@@ -1,0 +1,1 @@
+"""Benchmark targets: the embedded engine in-process, or an SGLang / OpenAI-compatible server."""

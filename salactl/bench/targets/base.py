@@ -1,0 +1,55 @@
+"""What the runner needs from a target: stream one request as (timestamp, cumulative completion
+tokens) chunks, flush the prefix cache, and report per-phase device figures."""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Iterator
+
+from salactl.bench.requests import BenchRequest
+
+
+@dataclass(frozen=True)
+class Chunk:
+    timestamp: float            # time.perf_counter() when the chunk reached the client
+    completion_tokens: int      # tokens generated so far (cumulative)
+    counts_only: bool = False   # a final usage report: corrects the count, carries no timing
+
+
+class RequestFailed(Exception):
+    """One request failed (HTTP error, server error, engine error): counted in `failed`."""
+
+
+class Target(ABC):
+    kind: str = ""                      # "embedded" | "sglang" | "openai" (the record's `target`)
+    model: str = ""
+    max_batch_size: int | None = None   # how many requests it runs at once (None = no known limit)
+
+    def check(self) -> None:
+        """Fail fast (SalactlError) when the target cannot serve at all."""
+
+    @abstractmethod
+    def stream(self, request: BenchRequest, max_tokens: int, cancel: threading.Event) -> Iterator[Chunk]:
+        """Send one request (ignore_eos, temperature 0, exactly max_tokens new tokens) and yield
+        chunks as they arrive; raise RequestFailed on a per-request failure."""
+
+    def flush_cache(self) -> None:
+        """Drop any prefix cache so a phase does not reuse the warmup's work."""
+
+    def cancel_all(self) -> None:
+        """Unblock every in-flight stream (Ctrl-C)."""
+
+    def phase_begin(self) -> None:
+        """Called right before a timed phase starts (e.g. reset GPU memory peaks)."""
+
+    def phase_end(self, output_tokens: int) -> dict:
+        """Device figures for the phase just finished (peak memory, energy); {} if unknown."""
+        return {}
+
+    def knobs(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,222 @@
+"""SGLang (`POST /generate`) and OpenAI-compatible (`POST /v1/completions`, vLLM/SGLang) servers
+as bench targets, streaming server-sent events.
+
+Hand-written on the standard library (http.client + one thread per in-flight request) rather than
+httpx/aiohttp: no new dependency, every chunk is timestamped the moment its line is read (the
+runner's per-token ITL needs exactly that), and Ctrl-C can unblock a read by shutting the socket.
+
+Requests mirror SGLang's bench client: temperature 0, ignore_eos, the exact max token count,
+streaming; text prompts go as text, synthetic prompts as token ids (`input_ids` for /generate, a
+list of ids as `prompt` for /v1/completions). Token counts per chunk come from
+`meta_info.completion_tokens` (/generate) or per-chunk usage (`stream_options.continuous_usage_stats`,
+vLLM and SGLang); a server that sends no usage counts one token per text chunk (vLLM's raw ITL).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import threading
+import time
+from urllib.parse import urlsplit
+
+from salactl import output
+from salactl.bench.requests import BenchRequest
+from salactl.bench.targets.base import Chunk, RequestFailed, Target
+from salactl.errors import EndpointError, UsageError
+
+BACKENDS = ("sglang", "openai")
+_PATHS = {"sglang": ("/generate", "/flush_cache", "/health"),
+          "openai": ("/v1/completions", "/reset_prefix_cache", "/v1/models")}
+
+
+def iter_sse(resp):
+    """Yield (data, perf_counter) for each `data:` line of an event stream."""
+    while True:
+        raw = resp.readline()
+        if not raw:
+            return
+        ts = time.perf_counter()
+        line = raw.strip()
+        if not line or line.startswith(b":"):
+            continue
+        if line.startswith(b"data:"):
+            yield line[5:].strip().decode("utf-8", "replace"), ts
+
+
+class HttpTarget(Target):
+    def __init__(self, endpoint: str, backend: str, model: str | None = None,
+                 connect_timeout_s: float = 5.0, flush_sleep_s: float = 1.0):
+        if backend not in BACKENDS:
+            raise UsageError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise UsageError(f"--endpoint must be an http(s) URL like http://127.0.0.1:30000, got {endpoint!r}")
+        self.kind, self.backend = backend, backend
+        self.scheme, self.host = parts.scheme, parts.hostname
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        prefix = parts.path.rstrip("/")
+        if prefix.endswith("/v1"):
+            prefix = prefix[:-3]
+        self.prefix = prefix
+        self.url = f"{self.scheme}://{self.host}:{self.port}{prefix}"
+        self.model = model or ""
+        self.connect_timeout_s, self.flush_sleep_s = connect_timeout_s, flush_sleep_s
+        self.generate_path, self.flush_path, self.probe_path = (prefix + p for p in _PATHS[backend])
+        self._active: set = set()
+        self._lock = threading.Lock()
+        self._warned_flush = False
+
+    # ---- connections ----------------------------------------------------------------------
+    def _connect(self):
+        cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
+        conn = cls(self.host, self.port, timeout=self.connect_timeout_s)
+        try:
+            conn.connect()
+        except (OSError, http.client.HTTPException) as e:
+            raise EndpointError(f"cannot reach {self.url} ({_why(e)}); start the {self.backend} server "
+                                "or fix --endpoint") from None
+        conn.sock.settimeout(None)
+        return conn
+
+    def _headers(self) -> dict:
+        h = {"Content-Type": "application/json"}
+        key = os.environ.get("OPENAI_API_KEY")
+        if key:
+            h["Authorization"] = f"Bearer {key}"
+        return h
+
+    def _call(self, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
+        conn = self._connect()
+        conn.sock.settimeout(max(self.connect_timeout_s, 30.0))
+        try:
+            conn.request(method, path, body=None if body is None else json.dumps(body).encode(),
+                         headers=self._headers())
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        except (OSError, http.client.HTTPException) as e:
+            raise EndpointError(f"{self.url}{path} did not answer ({_why(e)}); check the server") from None
+        finally:
+            conn.close()
+
+    # ---- Target ---------------------------------------------------------------------------
+    def check(self) -> None:
+        status, body = self._call("GET", self.probe_path)
+        if status >= 500:
+            raise EndpointError(f"{self.url}{self.probe_path} answered HTTP {status}; wait until the "
+                                "server is ready")
+        if self.backend == "openai" and not self.model:
+            try:
+                self.model = json.loads(body)["data"][0]["id"]
+            except (ValueError, KeyError, IndexError, TypeError):
+                raise EndpointError(f"{self.url}/v1/models did not list a model; pass --model with the "
+                                    "served model name") from None
+        if self.backend == "sglang" and not self.model:
+            try:
+                status, body = self._call("GET", self.prefix + "/get_model_info")
+                self.model = json.loads(body).get("model_path") or "" if status == 200 else ""
+            except (EndpointError, ValueError, AttributeError):
+                self.model = ""
+            self.model = self.model or f"sglang@{self.host}:{self.port}"
+
+    def _payload(self, request: BenchRequest, max_tokens: int) -> dict:
+        prompt = request.prompt_text if request.prompt_text is not None else list(request.prompt_ids)
+        if self.backend == "sglang":
+            return {("text" if isinstance(prompt, str) else "input_ids"): prompt,
+                    "sampling_params": {"temperature": 0.0, "max_new_tokens": max_tokens,
+                                        "ignore_eos": True},
+                    "stream": True}
+        return {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+
+    def stream(self, request: BenchRequest, max_tokens: int, cancel: threading.Event):
+        try:
+            conn = self._connect()
+        except EndpointError as e:
+            raise RequestFailed(str(e)) from None
+        with self._lock:
+            self._active.add(conn)
+        try:
+            if cancel.is_set():
+                raise RequestFailed("cancelled")
+            try:
+                conn.request("POST", self.generate_path,
+                             body=json.dumps(self._payload(request, max_tokens)).encode(),
+                             headers=self._headers())
+                resp = conn.getresponse()
+                if resp.status != 200:
+                    text = resp.read(300).decode("utf-8", "replace").strip()
+                    raise RequestFailed(f"HTTP {resp.status} {resp.reason}: {text}")
+                yield from self._chunks(iter_sse(resp))
+            except (OSError, http.client.HTTPException) as e:
+                raise RequestFailed("cancelled" if cancel.is_set() else f"connection lost ({_why(e)})") from None
+        finally:
+            with self._lock:
+                self._active.discard(conn)
+            conn.close()
+
+    def _chunks(self, events):
+        last = 0
+        for data, ts in events:
+            if data == "[DONE]":
+                continue
+            try:
+                obj = json.loads(data)
+            except ValueError:
+                raise RequestFailed(f"the server streamed a line that is not JSON: {data[:100]!r}") from None
+            if not isinstance(obj, dict):
+                raise RequestFailed(f"the server streamed a non-object: {data[:100]!r}")
+            if obj.get("error"):
+                raise RequestFailed(f"server error: {str(obj['error'])[:200]}")
+            if self.backend == "sglang":
+                tokens = int((obj.get("meta_info") or {}).get("completion_tokens", last))
+                if tokens > last:
+                    last = tokens
+                    yield Chunk(ts, tokens)
+                continue
+            choices = obj.get("choices") or []
+            text = choices[0].get("text") if choices and isinstance(choices[0], dict) else ""
+            usage = obj.get("usage") or {}
+            counted = usage.get("completion_tokens")
+            if text:
+                tokens = int(counted) if counted is not None else last + 1
+                if tokens > last:
+                    last = tokens
+                    yield Chunk(ts, tokens)
+            elif counted is not None and int(counted) > last:   # final usage-only chunk
+                last = int(counted)
+                yield Chunk(ts, last, counts_only=True)
+
+    def flush_cache(self) -> None:
+        status, _ = self._call("POST", self.flush_path)
+        if status >= 400 and not self._warned_flush:
+            self._warned_flush = True
+            output.stderr.print(f"warning: {self.url}{self.flush_path} answered HTTP {status}; "
+                                "the prefix cache was not flushed")
+        if self.flush_sleep_s > 0:
+            time.sleep(self.flush_sleep_s)
+
+    def cancel_all(self) -> None:
+        with self._lock:
+            conns = list(self._active)
+        for conn in conns:
+            try:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            except (OSError, AttributeError):
+                pass
+
+    def knobs(self) -> dict:
+        return {"endpoint": self.url, "backend": self.backend, "flush_sleep_s": self.flush_sleep_s}
+
+
+def _why(e: BaseException) -> str:
+    if isinstance(e, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(e, socket.gaierror):
+        return f"unknown host: {e.strerror}"
+    if isinstance(e, (socket.timeout, TimeoutError)):
+        return "timed out"
+    return f"{type(e).__name__}: {e}".rstrip(": ")

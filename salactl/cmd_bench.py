@@ -1,0 +1,70 @@
+"""`salactl bench`: SOAR and serving profiles against the embedded engine or an SGLang / vLLM
+server, with SGLang's metric definitions; records in --out, a table or --json on stdout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from salactl import output
+from salactl.options import ChunkOpt, DeviceOpt, DtypeOpt, JsonOpt, RandomWeightsOpt, SeedOpt, TokenizerOpt
+
+
+def bench(
+    profile: Annotated[str, typer.Option("--profile", help="soar, decode, prefill, long-context, serving, or a .toml PATH.")] = "soar",
+    dataset: Annotated[Optional[str], typer.Option("--dataset", help="SOAR-format JSONL (question, model_response) for every phase, or S1=a.jsonl,S8=b.jsonl,...")] = None,
+    skip_bad_rows: Annotated[bool, typer.Option("--skip-bad-rows", help="Drop malformed dataset rows instead of stopping.")] = False,
+    scale: Annotated[float, typer.Option("--scale", help="Scale synthetic token lengths (e.g. 0.01 for a CPU).")] = 1.0,
+    num_requests: Annotated[Optional[int], typer.Option("--num-requests", help="At most N requests per phase.")] = None,
+    phases: Annotated[Optional[str], typer.Option("--phases", help="Run only these phases, e.g. S1,S8.")] = None,
+    endpoint: Annotated[Optional[str], typer.Option("--endpoint", help="Server URL, e.g. http://127.0.0.1:30000.")] = None,
+    backend: Annotated[Optional[str], typer.Option("--backend", help="sglang (/generate) or openai (/v1/completions).")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Embedded: checkpoint dir or preset (default sala-nano). Server: served model name.")] = None,
+    tokenizer: TokenizerOpt = None,
+    random_weights: RandomWeightsOpt = False,
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    chunk_size: ChunkOpt = 512,
+    reference: Annotated[Optional[str], typer.Option("--reference", help="Reference durations for the score, e.g. S1=400,S8=600,Smax=1100.")] = None,
+    accuracy: Annotated[Optional[float], typer.Option("--accuracy", help="Normalized accuracy in % (SOAR overall_accuracy) for the score coefficient.")] = None,
+    slo: Annotated[Optional[str], typer.Option("--slo", help="Goodput SLOs in ms, e.g. ttft=500,tpot=50[,e2el=...].")] = None,
+    details: Annotated[bool, typer.Option("--details", help="Also write a per-request CSV.")] = False,
+    out: Annotated[Path, typer.Option("--out", help="Directory for records.jsonl and summaries.")] = Path("salactl-results"),
+    label: Annotated[Optional[str], typer.Option("--label", help="A name for this run in the records.")] = None,
+    flush_sleep: Annotated[float, typer.Option("--flush-sleep", help="Seconds to wait after a server cache flush (SGLang waits 1).")] = 1.0,
+    json_out: JsonOpt = False,
+) -> None:
+    """Benchmark a profile (SOAR S1/S8/Smax by default) and record SGLang-style metrics."""
+    from salactl.bench.job import BenchSettings, run_bench
+    from salactl.bench.live import RichProgress
+    from salactl.bench.summary import score_line, table_rows
+
+    settings = BenchSettings(
+        profile=profile, dataset=dataset, skip_bad_rows=skip_bad_rows, scale=scale,
+        num_requests=num_requests, phases=tuple(p.strip() for p in phases.split(",") if p.strip()) if phases else (),
+        endpoint=endpoint, backend=backend, model=model, tokenizer=tokenizer,
+        random_weights=random_weights, seed=seed, device=device, dtype=dtype, chunk_size=chunk_size,
+        reference=reference, accuracy=accuracy, slo=slo, details=details, out=out, label=label,
+        flush_sleep=flush_sleep)
+    progress = RichProgress()
+    try:
+        run = run_bench(settings, progress)
+    finally:
+        progress.close()
+    result = run.to_dict()
+    if json_out:
+        output.print_json(result)
+        return
+    cols, rows = table_rows(result)
+    output.table(f"bench {result['profile']} on {result['target']} ({result['model']})", cols, rows)
+    line = score_line(result)
+    if line:
+        output.stdout.print(line)
+    output.stdout.print(f"records: {result['files']['records']}  summary: {result['files']['summary_md']}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench")(bench)
