@@ -6,20 +6,30 @@ from __future__ import annotations
 import torch
 
 from salactl.runtime.config import SalaConfig
+from salactl.runtime.kv_fp8 import KVScales, dequantize_kv, fp8_dtype, quantize_kv, resolve_kv_scales
 from salactl.runtime.ops.selection import compress_keys, num_windows
 
 
 class SequenceCache:
-    def __init__(self, config: SalaConfig, device, dtype, capacity: int = 256):
+    def __init__(self, config: SalaConfig, device, dtype, capacity: int = 256, kv_cache_dtype: str = "bf16",
+                 kv_scales: KVScales | None = None, layers=None):
+        """kv_cache_dtype: bf16/auto (activation dtype) or fp8_e4m3/fp8_e5m2 (runtime/kv_fp8.py),
+        with `kv_scales` from resolve_kv_scales; `layers` restricts storage to those layers."""
         self.config, self.device, self.dtype = config, torch.device(device), dtype
         self.length = 0
+        self.kv_dtype = fp8_dtype(kv_cache_dtype) or dtype
+        self.kv_scales = None
+        if self.kv_dtype != dtype:
+            self.kv_scales = kv_scales or resolve_kv_scales(config, kv_cache_dtype, None, device)
+        keep = (lambda i: True) if layers is None else (lambda i: i in layers)
+        sparse = [i for i in config.sparse_layers if keep(i)]
         hkv, d = config.num_key_value_heads, config.head_dim
-        self._k = {i: torch.empty(capacity, hkv, d, device=device, dtype=dtype) for i in config.sparse_layers}
-        self._v = {i: torch.empty(capacity, hkv, d, device=device, dtype=dtype) for i in config.sparse_layers}
-        self._k1 = {i: torch.empty(0, hkv, d, device=device, dtype=dtype) for i in config.sparse_layers}
+        self._k = {i: torch.empty(capacity, hkv, d, device=device, dtype=self.kv_dtype) for i in sparse}
+        self._v = {i: torch.empty(capacity, hkv, d, device=device, dtype=self.kv_dtype) for i in sparse}
+        self._k1 = {i: torch.empty(0, hkv, d, device=device, dtype=dtype) for i in sparse}
         h, dk = config.lightning_nh, config.lightning_head_dim
         self.state = {i: torch.zeros(h, dk, dk, device=device, dtype=torch.float32)
-                      for i in config.lightning_layers}
+                      for i in config.lightning_layers if keep(i)}
 
     def append_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Write the new tokens' keys/values at [length, length+n); return all keys/values so far."""
@@ -27,9 +37,15 @@ class SequenceCache:
         if end > self._k[layer].shape[0]:
             cap = max(end, 2 * self._k[layer].shape[0])
             for store in (self._k, self._v):
-                grown = torch.empty(cap, *store[layer].shape[1:], device=self.device, dtype=self.dtype)
+                grown = torch.empty(cap, *store[layer].shape[1:], device=self.device, dtype=self.kv_dtype)
                 grown[: self.length] = store[layer][: self.length]
                 store[layer] = grown
+        if self.kv_scales is not None:
+            ks, vs = self.kv_scales[layer]
+            self._k[layer][self.length:end] = quantize_kv(k, ks, self.kv_dtype)
+            self._v[layer][self.length:end] = quantize_kv(v, vs, self.kv_dtype)
+            return (dequantize_kv(self._k[layer][:end], ks, self.dtype),
+                    dequantize_kv(self._v[layer][:end], vs, self.dtype))
         self._k[layer][self.length:end] = k
         self._v[layer][self.length:end] = v
         return self._k[layer][:end], self._v[layer][:end]
@@ -43,5 +59,5 @@ class SequenceCache:
         return self._k1[layer][:need]
 
     def kv_bytes(self) -> int:
-        per_tok = 2 * self.config.num_key_value_heads * self.config.head_dim * self.dtype.itemsize
+        per_tok = 2 * self.config.num_key_value_heads * self.config.head_dim * self.kv_dtype.itemsize
         return per_tok * self.length * len(self._k)

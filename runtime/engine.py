@@ -13,6 +13,7 @@ from salactl.errors import UsageError
 from salactl.runtime.backend_reference import ReferenceBackend
 from salactl.runtime.batch import ForwardBatch
 from salactl.runtime.cache import SequenceCache
+from salactl.runtime.kv_fp8 import model_kv_scales, resolve_kv_scales
 from salactl.runtime.op_timer import NULL_TIMER, OpTimer
 from salactl.runtime.sampling import SamplingParams, sample
 
@@ -41,7 +42,8 @@ def _sync(device: torch.device) -> None:
 
 
 class Engine:
-    def __init__(self, model, device, chunk_size: int = 512, backend=None, time_ops: bool = False):
+    def __init__(self, model, device, chunk_size: int = 512, backend=None, time_ops: bool = False,
+                 kv_cache_dtype: str = "bf16"):
         if chunk_size <= 0:
             raise UsageError(f"--chunk-size must be positive, got {chunk_size}")
         self.model, self.config = model, model.config
@@ -50,9 +52,13 @@ class Engine:
         self.chunk_size = chunk_size
         self.backend = backend or ReferenceBackend(self.config)
         self.time_ops = time_ops
+        # fp8 KV: calibrated scales from the checkpoint (runtime/kv_fp8.py says what happens without)
+        self.kv_cache_dtype = kv_cache_dtype
+        self.kv_scales = resolve_kv_scales(self.config, kv_cache_dtype, model_kv_scales(model), self.device)
 
     def new_sequence(self) -> SequenceCache:
-        return SequenceCache(self.config, self.device, self.dtype)
+        return SequenceCache(self.config, self.device, self.dtype, kv_cache_dtype=self.kv_cache_dtype,
+                             kv_scales=self.kv_scales)
 
     @torch.inference_mode()
     def forward(self, seq: SequenceCache, token_ids: list[int], timer=NULL_TIMER, all_logits: bool = False):

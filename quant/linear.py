@@ -1,0 +1,139 @@
+"""`W4A16Linear`: a weight-only quantized drop-in for nn.Linear (symmetric GPTQ, 4- or 8-bit).
+
+The packed weights are *buffers* in the layout of the device's fast path, so the roofline
+(which sums a module's parameters + buffers) counts exactly the bytes a forward reads:
+- "triton"   (CUDA, 4-bit): interleaved int32 [K/8, N] (runtime/ops/w4a16/layout.py) + fp16
+              scales [groups, N]; our Triton kernel.
+- "cpu_int4" (CPU, 4-bit, bf16 activations, groups 32/64/128 or per-channel with K % 128 == 0):
+              torch's `_weight_int4pack_mm_for_cpu` (uint8 [N, K/2] + bf16 [groups, N, 2]).
+- "dequant"  (everything else, e.g. 8-bit or fp32 activations): GPTQ v1 tensors, dequantized on
+              every call by the plain reference.
+Act-order checkpoints (g_idx not k // group) are repacked in sorted-group order at load time and
+carry a `perm` buffer that gathers the activations.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from salactl.errors import CheckpointError
+from salactl.quant.packing import default_g_idx, pack_qweight, unpack_qweight
+from salactl.runtime.ops.w4a16 import reference
+
+_CPU_INT4_GROUPS = (32, 64, 128, 256)
+
+
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _cpu_int4_available() -> bool:
+    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") and hasattr(
+        torch.ops.aten, "_convert_weight_to_int4pack_for_cpu")
+
+
+def choose_layout(device: torch.device, bits: int, in_features: int, group_size: int, dtype: torch.dtype) -> str:
+    if bits != 4:
+        return "dequant"
+    if device.type == "cuda" and in_features % 128 == 0 and dtype in (torch.bfloat16, torch.float16) \
+            and _triton_available():
+        return "triton"
+    if device.type == "cpu" and dtype == torch.bfloat16 and _cpu_int4_available():
+        if group_size in _CPU_INT4_GROUPS or (group_size == -1 and in_features % 128 == 0):
+            return "cpu_int4"
+    return "dequant"
+
+
+class W4A16Linear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bits: int, group_size: int, layout: str,
+                 buffers: dict[str, torch.Tensor]):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.bits, self.group_size, self.layout = bits, group_size, layout
+        self.perm: torch.Tensor | None = None
+        for name, t in buffers.items():
+            self.register_buffer(name, t)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
+                f"group_size={self.group_size}, layout={self.layout}")
+
+    @classmethod
+    def from_gptq(cls, qweight: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor | None, bits: int,
+                  group_size: int, device, dtype: torch.dtype, name: str = "linear") -> "W4A16Linear":
+        """Build from symmetric GPTQ tensors (qweight [K·bits/32, N], scales [groups, N], g_idx [K])."""
+        device = torch.device(device)
+        K, N = qweight.shape[0] * 32 // bits, qweight.shape[1]
+        g = K if group_size == -1 else group_size
+        natural = default_g_idx(K, group_size)
+        perm = None
+        if g_idx is not None and not torch.equal(g_idx.cpu().to(torch.int32), natural):
+            perm = torch.argsort(g_idx.cpu().long(), stable=True)
+            if not torch.equal(g_idx.cpu().long()[perm], natural.long()):
+                raise CheckpointError(f"{name}.g_idx does not assign exactly {g} input channels to each "
+                                      "group; this act-order layout is not supported")
+            codes = unpack_qweight(qweight.cpu(), bits)[perm]
+            qweight = pack_qweight(codes, bits)
+        layout = choose_layout(device, bits, K, group_size, dtype)
+        scales16 = scales.to(torch.float16)
+        if layout == "triton":
+            from salactl.runtime.ops.w4a16.layout import pack_interleaved
+
+            buffers = {"qweight": pack_interleaved(unpack_qweight(qweight.to(device), 4)),
+                       "scales": scales16.to(device)}
+        elif layout == "cpu_int4":
+            codes_nk = unpack_qweight(qweight.cpu(), 4).t().contiguous()
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes_nk, 1)
+            s = scales16.float()
+            gq = g
+            if group_size == -1:          # per-channel: the same scale for every 128-row group
+                gq = 128
+                s = s.expand(K // 128, N)
+            sz = torch.stack([s, torch.zeros_like(s)], dim=-1).to(torch.bfloat16).contiguous()
+            buffers = {"qweight": packed, "scales_and_zeros": sz}
+            group_size_kernel = gq
+        else:
+            buffers = {"qweight": qweight.to(device), "scales": scales16.to(device),
+                       "g_idx": natural.to(device)}
+        mod = cls(K, N, bits, group_size, layout, buffers)
+        if layout == "cpu_int4":
+            mod.kernel_group = group_size_kernel
+        if perm is not None:
+            mod.register_buffer("perm", perm.to(device=device, dtype=torch.int64))
+        return mod
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """fp32 [N, K] in the module's (possibly act-order-permuted) input order."""
+        if self.layout == "triton":
+            from salactl.runtime.ops.w4a16.layout import unpack_interleaved
+
+            codes = unpack_interleaved(self.qweight).float()
+            g = default_g_idx(self.in_features, self.group_size, codes.device).long()
+            return ((codes - 8) * self.scales.float()[g]).t()
+        if self.layout == "cpu_int4":
+            eye = torch.eye(self.in_features, dtype=torch.bfloat16)
+            w_t = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.qweight, self.kernel_group,
+                                                              self.scales_and_zeros)
+            return w_t.float().t()
+        return reference.dequantize(self.qweight, self.scales, self.g_idx, self.bits)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features)
+        if self.perm is not None:
+            x2 = x2[:, self.perm]
+        if self.layout == "triton":
+            from salactl.runtime.ops.w4a16.triton import w4a16_linear
+
+            y = w4a16_linear(x2, self.qweight, self.scales, self.group_size)
+        elif self.layout == "cpu_int4":
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.contiguous(), self.qweight, self.kernel_group,
+                                                            self.scales_and_zeros)
+        else:
+            y = reference.w4a16_matmul(x2, self.qweight, self.scales, self.g_idx, self.bits)
+        return y.reshape(*shape[:-1], self.out_features)

@@ -1,0 +1,84 @@
+"""Symmetric per-group integer quantizer shared by GPTQ and RTN (reference/quantization.md §1).
+
+Per output row and group: xmax = max(|min(w, 0)|, max(w, 0)) (1 when the group is all zeros),
+scale = 2·xmax / (2^b - 1), zero = 2^(b-1); q = clamp(round(w/scale) + zero, 0, 2^b - 1).
+Scales are rounded to fp16 *before* q is computed, so the dequantized weight the solver sees is
+bit-for-bit the one a loader rebuilds from the checkpoint (which stores fp16 scales).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from salactl.errors import QuantizationError
+
+SUPPORTED_GROUP_SIZES = (-1, 32, 64, 128)
+_FP16_MIN_SUBNORMAL = 2.0 ** -24
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    bits: int = 4
+    group_size: int = 128
+
+    def __post_init__(self) -> None:
+        if self.bits not in (4, 8):
+            raise QuantizationError(f"--bits {self.bits} is not supported; use 4 or 8 (symmetric, "
+                                    "the formats Marlin loads)")
+        if self.group_size not in SUPPORTED_GROUP_SIZES:
+            raise QuantizationError(f"--group-size {self.group_size} is not supported; use one of "
+                                    f"{', '.join(map(str, SUPPORTED_GROUP_SIZES))}")
+
+    @property
+    def maxq(self) -> int:
+        return 2 ** self.bits - 1
+
+    @property
+    def zero(self) -> int:
+        return 2 ** (self.bits - 1)
+
+    def group_of(self, in_features: int) -> int:
+        return in_features if self.group_size == -1 else self.group_size
+
+
+def group_scale(w: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """w [N, g] fp32 -> per-row scale [N] fp32, exactly representable in fp16."""
+    xmax = torch.maximum(w.amax(dim=1).clamp_min(0), (-w.amin(dim=1)).clamp_min(0))
+    xmax = torch.where(xmax == 0, torch.ones_like(xmax), xmax)
+    scale = (2 * xmax / spec.maxq).to(torch.float16).float()
+    return scale.clamp_min(_FP16_MIN_SUBNORMAL)
+
+
+def quantize_column(w: torch.Tensor, scale: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """Integer codes in [0, maxq] (same shape as w; scale broadcasts)."""
+    return torch.clamp(torch.round(w / scale) + spec.zero, 0, spec.maxq)
+
+
+def dequantize_codes(q: torch.Tensor, scale: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    return scale * (q - spec.zero)
+
+
+@dataclass
+class QuantizedWeight:
+    """One linear's result: codes [N, K] (uint8), scales [groups, N] fp16, g_idx [K] int32, and
+    the dequantized weight [N, K] fp32 (what the quantized model computes with)."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    g_idx: torch.Tensor
+    dequantized: torch.Tensor
+
+    def rows(self, start: int, stop: int) -> "QuantizedWeight":
+        """The slice of output rows [start, stop) (for jointly solved shared-input linears)."""
+        return QuantizedWeight(self.codes[start:stop], self.scales[:, start:stop], self.g_idx,
+                               self.dequantized[start:stop])
+
+
+def output_error(w: torch.Tensor, q: torch.Tensor, h: torch.Tensor) -> float:
+    """Relative layer-output error ‖WX − QX‖ / ‖WX‖ from the Hessian H ∝ XXᵀ (scale-free)."""
+    d = (w.float() - q.float())
+    num = float(((d @ h) * d).sum())
+    den = float(((w.float() @ h) * w.float()).sum())
+    return (max(num, 0.0) / den) ** 0.5 if den > 0 else 0.0

@@ -1,0 +1,103 @@
+"""FP8 KV cache: dtype names, fp32 scales, quantize on write / dequantize on read
+(reference/quantization.md §4). Shared by the reference cache and the GPU engine.
+
+- Stored value: fp8(x / scale), saturated to the format's finite range (round to nearest).
+- Scales: fp32 per sparse layer, shape [num_kv_heads] (a per-layer scalar is broadcast), calibrated
+  by `salactl quantize --kv-cache-dtype fp8_e4m3` as amax(|K|) / finfo.max over calibration tokens
+  and stored as `model.layers.N.self_attn.{k,v}_scale`.
+- Policy without calibrated scales: fp8_e5m2 uses 1.0 (its range, ±57344, covers activations);
+  fp8_e4m3 (±448) is refused, because unscaled e4m3 silently clips large keys/values.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from salactl.errors import ConfigError, UsageError
+
+KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {
+    "auto": None, "bf16": None, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2,
+}
+SGLANG_DTYPE_NAMES = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+
+KVScales = dict[int, tuple[torch.Tensor, torch.Tensor]]
+
+
+def fp8_dtype(name: str) -> torch.dtype | None:
+    """The storage dtype for a --kv-cache-dtype name (None = the activation dtype)."""
+    try:
+        return KV_CACHE_DTYPES[name]
+    except KeyError:
+        raise UsageError(f"unknown --kv-cache-dtype {name!r}; valid: {', '.join(KV_CACHE_DTYPES)}") from None
+
+
+def fp8_max(dtype: torch.dtype) -> float:
+    return float(torch.finfo(dtype).max)
+
+
+def quantize_kv(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x [n, Hkv, d]; scale [Hkv] fp32 -> fp8 [n, Hkv, d] = saturate(x / scale)."""
+    m = fp8_max(dtype)
+    return (x.float() / scale[:, None]).clamp_(-m, m).to(dtype)
+
+
+def dequantize_kv(x8: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return (x8.float() * scale[:, None]).to(dtype)
+
+
+def model_kv_scales(model) -> KVScales:
+    """Calibrated scales attached to a loaded model (self_attn.k_scale / v_scale buffers)."""
+    out: KVScales = {}
+    for i, layer in enumerate(model.model.layers):
+        attn = layer.self_attn
+        k, v = getattr(attn, "k_scale", None), getattr(attn, "v_scale", None)
+        if k is not None and v is not None:
+            out[i] = (k, v)
+    return out
+
+
+def _per_head(t: torch.Tensor, heads: int, device) -> torch.Tensor:
+    t = t.detach().to(device=device, dtype=torch.float32).reshape(-1)
+    if t.numel() == 1:
+        t = t.expand(heads)
+    if t.numel() != heads or not bool(torch.isfinite(t).all()) or bool((t <= 0).any()):
+        raise ConfigError(f"a KV scale must be a positive finite scalar or one per KV head ({heads}), "
+                          f"got shape {list(t.shape)}")
+    return t.contiguous()
+
+
+def resolve_kv_scales(config, kv_cache_dtype: str, calibrated: KVScales | None, device) -> KVScales | None:
+    """Per sparse layer (k_scale [Hkv], v_scale [Hkv]) for an fp8 cache; None for bf16/auto."""
+    dt = fp8_dtype(kv_cache_dtype)
+    if dt is None:
+        return None
+    calibrated = calibrated or {}
+    hkv = config.num_key_value_heads
+    missing = [i for i in config.sparse_layers if i not in calibrated]
+    if missing and dt == torch.float8_e4m3fn:
+        raise ConfigError(
+            f"--kv-cache-dtype fp8_e4m3 needs calibrated k/v scales, but layer {missing[0]} has none; "
+            "quantize with `salactl quantize --kv-cache-dtype fp8_e4m3` or use fp8_e5m2 (scale 1.0)")
+    one = torch.ones(hkv, device=device, dtype=torch.float32)
+    return {i: ((_per_head(calibrated[i][0], hkv, device), _per_head(calibrated[i][1], hkv, device))
+                if i in calibrated else (one, one)) for i in config.sparse_layers}
+
+
+def scales_from_amax(amax: KVScales, dtype_name: str, per_head: bool) -> KVScales:
+    """amax(|K|), amax(|V|) per layer (per head) -> scales amax / finfo.max (1.0 where amax is 0)."""
+    m = fp8_max(fp8_dtype(dtype_name))
+    out: KVScales = {}
+    for layer, (ka, va) in amax.items():
+        pair = []
+        for a in (ka, va):
+            a = a.float() if per_head else a.float().amax().reshape(())
+            pair.append(torch.where(a > 0, a / m, torch.ones_like(a)))
+        out[layer] = (pair[0], pair[1])
+    return out
+
+
+def sglang_scales_json(scales: KVScales, dtype_name: str) -> dict:
+    """SGLang's --quantization-param-path file: one per-tensor factor per layer (TP rank "0");
+    a per-head scale is exported as its maximum, and k/v share max(k_scale, v_scale)."""
+    per_layer = {str(layer): float(torch.maximum(k.max(), v.max())) for layer, (k, v) in sorted(scales.items())}
+    return {"kv_cache": {"dtype": SGLANG_DTYPE_NAMES[dtype_name], "scaling_factor": {"0": per_layer}}}
