@@ -48,7 +48,8 @@ class TrainingBackend:
 
     def __init__(self, config: SalaConfig):
         self.config = config
-        self._decay: dict[tuple, torch.Tensor] = {}
+        self._decay: dict[int, torch.Tensor] = {}
+        self._decay_len = -1
 
     # ---- minicpm4 layers -------------------------------------------------------------------
     @torch.no_grad()
@@ -56,20 +57,20 @@ class TrainingBackend:
         """bool [B, Hkv, T, T] of the keys each query may attend, or None when all rows are dense."""
         sc = self.config.sparse_config
         B, T = batch.batch_size, batch.seq_len
-        pos = batch.positions
-        sparse_rows = (pos + 1) >= sc.dense_len
-        if not bool(sparse_rows.any()):
+        first = max(sc.dense_len - 1, 0)          # rows t with t+1 >= dense_len (host-side: no sync)
+        if first >= T:
             return None
+        pos = batch.positions[first:]
         hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
         # Fold the batch into the head axis: head b*H + h; GQA groups stay aligned because hq = g*hkv.
         k_heads = k.view(B, T, hkv, d).transpose(0, 1).reshape(T, B * hkv, d)
-        q_rows = q.view(B, T, hq, d)[:, sparse_rows].transpose(0, 1).reshape(-1, B * hq, d)
+        q_rows = q.view(B, T, hq, d)[:, first:].transpose(0, 1).reshape(-1, B * hq, d)
         k1 = compress_keys(k_heads, sc, 0, num_windows(T, sc))
-        blocks = select_blocks(q_rows, k1, pos[sparse_rows], sc, math.ceil(T / sc.block_size))
-        sparse = sparse_token_mask(blocks, pos[sparse_rows], T, sc.block_size)     # [B*hkv, n, T]
+        blocks = select_blocks(q_rows, k1, pos, sc, math.ceil(T / sc.block_size))
+        sparse = sparse_token_mask(blocks, pos, T, sc.block_size)                 # [B*hkv, n, T]
         allowed = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
         allowed = allowed.expand(B, hkv, T, T).clone()
-        allowed[:, :, sparse_rows] = sparse.view(B, hkv, -1, T)
+        allowed[:, :, first:] = sparse.view(B, hkv, -1, T)
         return allowed
 
     def softmax_attention(self, layer, q, k, v, batch: TrainBatch):
@@ -90,12 +91,14 @@ class TrainingBackend:
 
     # ---- lightning layers ------------------------------------------------------------------
     def decay_matrix(self, g_gamma: torch.Tensor, T: int) -> torch.Tensor:
-        key = (T, g_gamma.device, tuple(g_gamma.tolist()))
+        if T != self._decay_len:                  # one length at a time: bounded memory
+            self._decay, self._decay_len = {}, T
+        key = g_gamma.data_ptr()                  # each layer owns its g_gamma; no device sync
         if key not in self._decay:
             idx = torch.arange(T, device=g_gamma.device, dtype=torch.float32)
             diff = idx[:, None] - idx[None, :]
             decay = torch.exp(g_gamma.float()[:, None, None] * diff.clamp(min=0)) * (diff >= 0)
-            self._decay = {key: decay}          # one length at a time: keep memory bounded
+            self._decay[key] = decay
         return self._decay[key]
 
     def linear_attention(self, layer, q, k, v, g_gamma, scale, batch: TrainBatch):

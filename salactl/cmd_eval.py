@@ -1,0 +1,158 @@
+"""`salactl eval ppl|passkey`: perplexity on held-out text (vs a unigram baseline) and passkey
+retrieval accuracy over context lengths and depths, for any checkpoint the runtime loads."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from salactl import output
+from salactl.errors import DatasetError, UsageError
+from salactl.options import ChunkOpt, DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, TokenizerOpt
+
+eval_app = typer.Typer(no_args_is_help=True, help="Evaluate a model: perplexity and passkey retrieval.")
+
+DEFAULT_DEPTHS = "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9"
+
+
+@contextmanager
+def progress_bar(description: str):
+    """A rich progress bar on stderr; yields update(done, total)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeRemainingColumn(), console=output.stderr, transient=False) as bar:
+        task = bar.add_task(description, total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+def parse_list(text: str, kind, name: str) -> list:
+    try:
+        values = [kind(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise UsageError(f"{name} must be a comma-separated list of numbers, got {text!r}") from None
+    if not values:
+        raise UsageError(f"{name} is empty")
+    return values
+
+
+def _load(model: str, device: str, dtype: str, tokenizer: str | None):
+    from salactl.runtime.loader import load_model
+    from salactl.runtime.tokenizer import find_tokenizer
+
+    lm = load_model(model, device, dtype)
+    tok = find_tokenizer(tokenizer, lm.model_dir)
+    if tok.vocab_size > lm.config.vocab_size:
+        raise UsageError(f"tokenizer has {tok.vocab_size} tokens but the model only "
+                         f"{lm.config.vocab_size}; pass the model's own --tokenizer")
+    return lm, tok
+
+
+def _describe(lm) -> dict:
+    w = next(lm.model.parameters())
+    return {"model": lm.source, "device": str(w.device), "dtype": str(w.dtype).replace("torch.", "")}
+
+
+@eval_app.command("ppl")
+def ppl(
+    file: Annotated[Optional[Path], typer.Option("--file", "-f", help="UTF-8 text file to score (default: the built-in held-out split).")] = None,
+    split: Annotated[str, typer.Option("--split", help="Built-in corpus split when no --file: heldout or train.")] = "heldout",
+    model: ModelOpt = "sala-nano",
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    tokenizer: TokenizerOpt = None,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Window length in tokens (incl. <s>).")] = 1024,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Score at most this many tokens (0 = all).")] = 16384,
+    chunk_size: ChunkOpt = 512,
+    json_out: JsonOpt = False,
+) -> None:
+    """Perplexity of the model on held-out text, next to a unigram baseline."""
+    from salactl.env import environment
+    from salactl.evaluation.perplexity import perplexity, scored_targets, unigram_baseline
+
+    if max_tokens < 0:
+        raise UsageError(f"--max-tokens must be >= 0 (0 = all), got {max_tokens}")
+    if seq_len < 2:
+        raise UsageError(f"--seq-len must be at least 2, got {seq_len}")
+    source: dict
+    if file is not None:
+        try:
+            text = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise DatasetError(f"cannot read --file {file} as UTF-8 text: {getattr(e, 'strerror', None) or e}") from None
+        source = {"file": str(file)}
+    else:
+        from salactl.data.corpus import corpus_sha256, corpus_text, python_version
+
+        text = corpus_text(split)
+        source = {"split": split, "corpus_sha256": corpus_sha256(split), "python": python_version()}
+    lm, tok = _load(model, device, dtype, tokenizer)
+    ids = tok.encode(text, add_bos=False)
+    cap = max_tokens or None
+    bos = tok.bos_id if tok.add_bos else None
+    with progress_bar("perplexity") as update:
+        res = perplexity(lm.model, ids, seq_len, cap, progress=update, bos_id=bos, chunk_size=chunk_size)
+    uni = unigram_baseline(scored_targets(ids, seq_len, cap, bos), lm.config.vocab_size)
+    record = {**_describe(lm), **source, **res, "unigram": uni, "chunk_size": chunk_size,
+              "env": environment()}
+    if json_out:
+        output.print_json(record)
+        return
+    output.table("perplexity", ["", "NLL (nats/token)", "perplexity", "tokens"],
+                 [[lm.source, res["nll"], res["ppl"], res["tokens"]],
+                  ["unigram baseline (" + uni["fit"] + ")", uni["nll"], uni["ppl"], uni["tokens"]]])
+
+
+@eval_app.command("passkey")
+def passkey(
+    lengths: Annotated[str, typer.Option("--lengths", help="Prompt lengths in tokens.")] = "256,512,1024,2048",
+    depths: Annotated[str, typer.Option("--depths", help="Needle depths in [0, 1].")] = DEFAULT_DEPTHS,
+    trials: Annotated[int, typer.Option("--trials", help="Prompts per (length, depth).")] = 5,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the passkeys.")] = 0,
+    model: ModelOpt = "sala-nano",
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    tokenizer: TokenizerOpt = None,
+    chunk_size: ChunkOpt = 512,
+    json_out: JsonOpt = False,
+) -> None:
+    """Passkey retrieval accuracy (greedy) per context length and needle depth."""
+    from salactl.env import environment
+    from salactl.evaluation.passkey import run_passkey
+
+    length_list = parse_list(lengths, int, "--lengths")
+    depth_list = parse_list(depths, float, "--depths")
+    if any(n <= 0 for n in length_list):
+        raise UsageError(f"--lengths must be positive, got {lengths!r}")
+    if any(not 0.0 <= d <= 1.0 for d in depth_list):
+        raise UsageError(f"--depths must lie in [0, 1], got {depths!r}")
+    if trials <= 0:
+        raise UsageError(f"--trials must be positive, got {trials}")
+    lm, tok = _load(model, device, dtype, tokenizer)
+    with progress_bar("passkey") as update:
+        rows = run_passkey(lm.model, tok, length_list, depth_list, trials, seed, chunk_size, progress=update)
+    by_length = {}
+    for n in length_list:
+        mine = [r for r in rows if r["length"] == n]
+        by_length[str(n)] = sum(r["correct"] for r in mine) / sum(r["trials"] for r in mine)
+    record = {**_describe(lm), "lengths": length_list, "depths": depth_list, "trials": trials,
+              "seed": seed, "chunk_size": chunk_size,
+              "sparse_config": lm.config.sparse_config.__dict__, "results": rows,
+              "accuracy_by_length": by_length, "env": environment()}
+    if json_out:
+        output.print_json(record)
+        return
+    table_rows = []
+    for n in length_list:
+        acc = {r["depth"]: r["accuracy"] for r in rows if r["length"] == n}
+        table_rows.append([n, *[acc[d] for d in depth_list], by_length[str(n)]])
+    output.table(f"passkey accuracy ({trials} trials per cell, dense_len "
+                 f"{lm.config.sparse_config.dense_len})",
+                 ["length", *[f"d={d:g}" for d in depth_list], "mean"], table_rows)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(eval_app, name="eval")
