@@ -38,9 +38,19 @@ def from_ncu(kernels) -> list[KernelSample]:
     out = []
     for k in kernels:
         phase, layer, op = attribute(k.nvtx)
+        mem = k.mem_pct if k.mem_pct is not None else k.dram_pct
         out.append(KernelSample(k.name, phase or "unranged", layer, op, k.time_s, k.dram_bytes,
-                                k.sm_pct, k.mem_pct, k.dram_pct))
+                                k.sm_pct, mem, k.dram_pct))
     return out
+
+
+def in_scopes(s: KernelSample, scopes) -> bool:
+    """Whether a sample belongs to the analytic scopes a profile covers (None = everything)."""
+    if scopes is None:
+        return True
+    if s.layer is not None:
+        return f"layer{s.layer}" in scopes
+    return s.op == "lm_head" and "lm_head" in scopes
 
 
 def _ratio(a, b):

@@ -39,6 +39,10 @@ def profile(
                                              "ranges.")] = 0,
     launch_count: Annotated[Optional[int], typer.Option("--launch-count", help="ncu: kernels to "
                                                         "profile (default: all in the step).")] = None,
+    layers: Annotated[Optional[str], typer.Option("--layers", help="Profile only these layers "
+                                                  "(and lm_head), e.g. 1,9,lm_head.")] = None,
+    ncu_metrics: Annotated[str, typer.Option("--ncu-metrics", help="bytes (time, DRAM; fast) or sol "
+                                             "(+ SM/memory % of peak; ~10 passes per kernel).")] = "bytes",
     warmup: Annotated[int, typer.Option("--warmup", help="Unprofiled steps before.")] = 1,
     top: Annotated[int, typer.Option("--top", help="Kernel rows to show.")] = 20,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Directory for the report files.")] = None,
@@ -49,7 +53,7 @@ def profile(
     """Profile a prefill/decode step per layer and op against the analytic roofline."""
     from salactl.profiling.ncu_runner import NcuOptions
     from salactl.profiling.session import SessionOptions, load_saved, run
-    from salactl.profiling.spec import ProfileSpec
+    from salactl.profiling.spec import ProfileSpec, parse_layers
 
     if import_dir is not None:
         result = load_saved(import_dir, top)
@@ -57,15 +61,17 @@ def profile(
         if ncu and torch_mode:
             raise UsageError("give at most one of --ncu and --torch")
         phases = ("prefill", "decode") if phase == "both" else (phase,)
+        layer_ids, head = parse_layers(layers)
         spec = ProfileSpec(model=model, random_weights=random_weights, seed=seed, phases=phases,
                            batch=batch, context=context, chunk_size=chunk_size, weights=weights,
-                           kv_cache_dtype=kv_cache_dtype, device=device, dtype=dtype, warmup=warmup)
+                           kv_cache_dtype=kv_cache_dtype, device=device, dtype=dtype, warmup=warmup,
+                           layers=layer_ids, lm_head=head)
         if launch_skip < 0 or (launch_count is not None and launch_count <= 0):
             raise UsageError("--launch-skip must be >= 0 and --launch-count positive")
         mode = "ncu" if ncu else "torch" if torch_mode else "auto"
         out_dir = out or Path(f"salactl-profile-{time.strftime('%Y%m%d-%H%M%S')}")
         opts = SessionOptions(mode=mode, nvml=nvml, out_dir=out_dir, ncu_path=ncu_path,
-                              ncu=NcuOptions(launch_skip, launch_count), top=top)
+                              ncu=NcuOptions(launch_skip, launch_count, metric_set=ncu_metrics), top=top)
         result = run(spec, opts)
     if json_out:
         output.print_json(result)
@@ -101,7 +107,7 @@ def render(r: dict) -> None:
               _ms(x["floor_s"]), _gap(x["bytes_ratio"]), x["time_over_floor"]] for x in rows])
     output.table(
         "kernels (top offenders: time beyond the bytes' bandwidth floor)",
-        ["kernel", "phase", "op", "n", "time ms", "DRAM", "GB/s", "% peak BW", "SM %", "mem %",
+        ["kernel", "phase", "op", "n", "time ms", "DRAM", "GB/s", "% peak BW", "SM %", "mem/DRAM %",
          "floor ms"],
         [[x["name"][:60], x["phase"], x["op"], x["count"], _ms(x["time_s"]),
           None if x["dram_bytes"] is None else output.human_bytes(x["dram_bytes"]),

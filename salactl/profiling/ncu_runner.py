@@ -14,16 +14,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from salactl.errors import (ProfilerFailedError, ProfilerPermissionError, SalactlError,
-                            ToolMissingError)
+                            ToolMissingError, UsageError)
 
-METRICS = (
-    "gpu__time_duration.sum",
-    "dram__bytes_read.sum",
-    "dram__bytes_write.sum",
-    "sm__throughput.avg.pct_of_peak_sustained_elapsed",
-    "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
-    "dram__throughput.avg.pct_of_peak_sustained_elapsed",
-)
+# "bytes": time, DRAM traffic and DRAM % of peak. "sol" adds the SM and memory-subsystem
+# speed-of-light %, which are maxima over many sub-metrics: on an H200 (ncu 2025.3.1) that set took
+# 10 replay passes per kernel, ~0.45 s each kernel, too slow for a whole eager 9B step.
+METRIC_SETS = {
+    "bytes": ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
+              "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+    "sol": ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
+            "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+            "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+            "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"),
+}
 SEARCH_GLOBS = ("/usr/local/cuda/bin/ncu", "/opt/nvidia/nsight-compute/*/ncu",
                 "/usr/local/cuda-*/bin/ncu")
 
@@ -49,15 +52,28 @@ class NcuOptions:
     launch_skip: int = 0
     launch_count: int | None = None
     cache_control: str = "all"        # flush caches before each replay: DRAM bytes are cold-cache
+    metric_set: str = "bytes"
     extra_metrics: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        if self.metric_set not in METRIC_SETS:
+            raise UsageError(f"unknown --ncu-metrics {self.metric_set!r}; valid: {', '.join(METRIC_SETS)}")
 
-def profile_command(ncu: str, report_base: Path, phases, child_argv: list[str], opts: NcuOptions) -> list[str]:
+
+def nvtx_includes(phases, scopes) -> list[str]:
+    """ncu --nvtx-include expressions: push/pop ranges nested as phase/scope, trailing '/'."""
+    if scopes is None:
+        return [f"{p}/" for p in phases]
+    return [f"{p}/{s}/" for p in phases for s in scopes]
+
+
+def profile_command(ncu: str, report_base: Path, includes: list[str], child_argv: list[str],
+                    opts: NcuOptions) -> list[str]:
     cmd = [ncu, "--target-processes", "all", "--nvtx"]
-    for phase in phases:
-        cmd += ["--nvtx-include", f"{phase}/"]
+    for inc in includes:
+        cmd += ["--nvtx-include", inc]
     cmd += ["--clock-control", "none", "--cache-control", opts.cache_control,
-            "--metrics", ",".join(METRICS + tuple(opts.extra_metrics)),
+            "--metrics", ",".join(METRIC_SETS[opts.metric_set] + tuple(opts.extra_metrics)),
             "--launch-skip", str(opts.launch_skip)]
     if opts.launch_count:
         cmd += ["--launch-count", str(opts.launch_count)]
@@ -84,13 +100,13 @@ def classify_failure(output: str, returncode: int) -> SalactlError:
     return ProfilerFailedError(f"ncu exited with code {returncode}: {tail[:300]}")
 
 
-def run_ncu(ncu: str, out_dir: Path, phases, spec_path: Path, manifest_path: Path, opts: NcuOptions,
-            log_path: Path) -> tuple[Path, Path]:
+def run_ncu(ncu: str, out_dir: Path, includes: list[str], spec_path: Path, manifest_path: Path,
+            opts: NcuOptions, log_path: Path) -> tuple[Path, Path]:
     """Profile; returns (.ncu-rep, raw CSV). The report is written under a temp name and renamed
     only when ncu succeeded, so a failed run leaves no report that looks complete."""
     tmp_base = out_dir / ".profile.tmp"
     child = [sys.executable, "-m", "salactl.profiling.step_runner", str(spec_path), str(manifest_path)]
-    cmd = profile_command(ncu, tmp_base, phases, child, opts)
+    cmd = profile_command(ncu, tmp_base, includes, child, opts)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(log_path, "w") as log:
         log.write(" ".join(cmd) + "\n")

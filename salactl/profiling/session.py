@@ -11,11 +11,11 @@ from pathlib import Path
 
 from salactl import output
 from salactl.errors import DeviceError, ProfilerPermissionError, ToolMissingError, UsageError
-from salactl.profiling.ncu_runner import NcuOptions, find_ncu, run_ncu
+from salactl.profiling.ncu_runner import NcuOptions, find_ncu, nvtx_includes, run_ncu
 from salactl.profiling.spec import ProfileSpec
 from salactl.profiling.step_runner import write_json
 from salactl.reports.ncu import parse_csv
-from salactl.reports.profile_table import from_ncu, kernel_rows, op_rows
+from salactl.reports.profile_table import from_ncu, in_scopes, kernel_rows, op_rows
 
 MODES = ("auto", "ncu", "torch")
 
@@ -45,6 +45,8 @@ def peaks_for_name(name: str, device_type: str) -> dict:
 
 def tables(samples, manifest: dict, peaks: dict, top: int) -> dict:
     analytic = {p: s["analytic"] for p, s in manifest["steps"].items()}
+    samples = [s for s in samples if s.phase not in manifest["steps"]
+               or in_scopes(s, manifest["steps"][s.phase].get("scopes"))]
     ops = op_rows(samples, analytic, peaks["mem_gbps"], peaks["bf16_tflops"])
     kernels = kernel_rows(samples, peaks["mem_gbps"], top)
     return {"ops": [r.to_dict() for r in ops], "kernels": [r.to_dict() for r in kernels]}
@@ -113,8 +115,8 @@ def _run_ncu(spec: ProfileSpec, opts: SessionOptions) -> dict:
     spec_path, manifest_path = out / "spec.json", out / "step.json"
     spec.write(spec_path)
     output.stderr.print(f"profiling {', '.join(spec.phases)} of {spec.model} under {ncu} ...")
-    report, csv_path = run_ncu(ncu, out, spec.phases, spec_path, manifest_path, opts.ncu,
-                               out / "ncu.log")
+    report, csv_path = run_ncu(ncu, out, nvtx_includes(spec.phases, spec.scopes), spec_path,
+                               manifest_path, opts.ncu, out / "ncu.log")
     return load_saved(out, opts.top) | {"files": {"ncu_report": str(report), "csv": str(csv_path),
                                                    "manifest": str(manifest_path)}}
 

@@ -14,6 +14,22 @@ WEIGHTS = ("bf16", "w4a16")
 KV_DTYPES = ("auto", "bf16", "fp8_e4m3", "fp8_e5m2")
 
 
+def parse_layers(text: str | None) -> tuple[tuple[int, ...] | None, bool]:
+    """"1,9,lm_head" -> ((1, 9), True); None -> (None, True)."""
+    if text is None:
+        return None, True
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    head = "lm_head" in items
+    try:
+        layers = tuple(sorted({int(t) for t in items if t != "lm_head"}))
+    except ValueError:
+        raise UsageError(f"--layers takes layer indices and optionally lm_head, e.g. 1,9,lm_head; got "
+                         f"{text!r}") from None
+    if not layers and not head:
+        raise UsageError("--layers is empty")
+    return layers, head
+
+
 @dataclass(frozen=True)
 class ProfileSpec:
     model: str = "sala-nano"
@@ -28,6 +44,8 @@ class ProfileSpec:
     device: str = "auto"
     dtype: str = "auto"
     warmup: int = 1
+    layers: tuple[int, ...] | None = None   # profile only these decoder layers (None: whole step)
+    lm_head: bool = True                     # with `layers`: also the lm_head
 
     def __post_init__(self) -> None:
         bad = [p for p in self.phases if p not in PHASES]
@@ -46,6 +64,16 @@ class ProfileSpec:
                              f"{', '.join(KV_DTYPES)}")
         if self.warmup < 0:
             raise UsageError(f"--warmup must be >= 0, got {self.warmup}")
+        if self.layers is not None and ((not self.layers and not self.lm_head)
+                                        or (self.layers and min(self.layers) < 0)):
+            raise UsageError("--layers needs layer indices >= 0 (and/or lm_head)")
+
+    @property
+    def scopes(self) -> tuple[str, ...] | None:
+        """Analytic scopes (salactl/profiling/analytic.py) that the profile covers; None = all."""
+        if self.layers is None:
+            return None
+        return tuple(f"layer{i}" for i in self.layers) + (("lm_head",) if self.lm_head else ())
 
     def step_rows(self, phase: str) -> tuple[int, int]:
         """(new tokens, cached tokens) of each sequence in the profiled step."""
@@ -59,7 +87,9 @@ class ProfileSpec:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ProfileSpec":
-        return cls(**{**d, "phases": tuple(d.get("phases", ("decode",)))})
+        layers = d.get("layers")
+        return cls(**{**d, "phases": tuple(d.get("phases", ("decode",))),
+                      "layers": None if layers is None else tuple(layers)})
 
     def write(self, path: Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2))

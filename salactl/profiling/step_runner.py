@@ -25,21 +25,23 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_phases(w: Workload, range_kind: str, on_phase=None) -> dict[str, float]:
-    """Returns the wall seconds of each profiled step (host clock around a synchronised step)."""
+def run_phases(w: Workload, range_kind: str) -> dict[str, float]:
+    """Returns the wall seconds of each profiled step (host clock around a synchronised step).
+    Only the forward call sits inside the phase range; ids and batch metadata are built before."""
     ranges = make_ranges(range_kind)
     timer = RangeTimer(ranges)
     seconds = {}
     for phase in w.spec.phases:
         for _ in range(w.spec.warmup):
             w.step(phase)
+        prepared = w.prepare(phase, timer)
         _sync(w.device)
         handles = add_layer_ranges(w.model, ranges)
         try:
             t0 = time.perf_counter()
             ranges.push(phase)
             try:
-                w.step(phase, timer)
+                w.forward(prepared)
                 _sync(w.device)
             finally:
                 ranges.pop()
@@ -47,8 +49,6 @@ def run_phases(w: Workload, range_kind: str, on_phase=None) -> dict[str, float]:
         finally:
             for h in handles:
                 h.remove()
-        if on_phase:
-            on_phase(phase)
     return seconds
 
 
@@ -56,17 +56,23 @@ def describe(w: Workload, step_seconds: dict[str, float]) -> dict:
     from salactl.runtime.peaks import device_name
 
     peak_mem = torch.cuda.max_memory_allocated(w.device) if w.device.type == "cuda" else None
+    steps = {}
+    for p in w.spec.phases:
+        new, cached = w.spec.step_rows(p)
+        steps[p] = {"new_tokens": new, "cached_tokens": cached, "batch": w.spec.batch,
+                    "scopes": list(w.spec.scopes) if w.spec.scopes else None,
+                    "analytic": w.analytic(p), "analytic_by_scope": w.scoped_analytic(p),
+                    "wall_s": step_seconds.get(p)}
     return {
         "spec": w.spec.to_dict(),
         "source": w.source,
         "device": str(w.device),
         "device_name": device_name(w.device),
         "dtype": str(w.dtype).replace("torch.", ""),
-        "kv_dtype": str(w.kv_dtype).replace("torch.", ""),
+        "kv_dtype": w.spec.kv_cache_dtype if w.kv_bytes == 1 else str(w.dtype).replace("torch.", ""),
+        "weights": w.spec.weights,
         "config": w.config.to_hf_dict(),
-        "steps": {p: {"new_tokens": w.spec.step_rows(p)[0], "cached_tokens": w.spec.step_rows(p)[1],
-                      "batch": w.spec.batch, "analytic": w.analytic(p),
-                      "wall_s": step_seconds.get(p)} for p in w.spec.phases},
+        "steps": steps,
         "peak_memory_bytes": peak_mem,
         "torch": torch.__version__,
     }

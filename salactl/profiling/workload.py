@@ -1,6 +1,7 @@
 """The profiled work: a model with caches already holding `context` tokens (synthesised with
 random keys/values/states, which cost the same bytes as real ones), and one forward step of a
-phase, plus the analytic bytes/FLOPs of exactly that step (runtime/roofline.py call_costs)."""
+phase, plus the analytic bytes/FLOPs of exactly that step (salactl/profiling/analytic.py over
+runtime/roofline.py call_costs)."""
 
 from __future__ import annotations
 
@@ -10,39 +11,30 @@ from dataclasses import dataclass
 import torch
 
 from salactl.errors import ConfigError, UsageError
+from salactl.profiling.analytic import scoped_costs, sum_scopes
 from salactl.profiling.spec import ProfileSpec
 from salactl.runtime.backend_reference import ReferenceBackend
 from salactl.runtime.batch import ForwardBatch
 from salactl.runtime.cache import SequenceCache
 from salactl.runtime.loader import load_model
 from salactl.runtime.op_timer import NULL_TIMER
-from salactl.runtime.roofline import OP_CLASSES, call_costs, linear_costs
 
 
 def is_w4a16(model) -> bool:
     return any(hasattr(m, "qweight") for m in model.modules())
 
 
-def _quantize_in_memory(model, group_size: int = 128):
-    """W4A16 for random/bf16 weights comes from salactl.quant (another part of the project)."""
-    try:
-        from salactl.quant import rtn  # type: ignore[attr-defined]
-    except ImportError:
-        rtn = None
-    fn = getattr(rtn, "quantize_model_rtn", None) if rtn else None
-    if fn is None:
-        raise UsageError("--weights w4a16 needs salactl.quant's in-memory W4A16 quantizer, which this "
-                         "build lacks; pass a GPTQ checkpoint directory as --model instead")
-    return fn(model, group_size=group_size)
-
-
-def _kv_dtype(spec: ProfileSpec, act_dtype: torch.dtype) -> torch.dtype:
+def _cache_kwargs(spec: ProfileSpec, model, config, device) -> dict:
     if spec.kv_cache_dtype in ("auto", "bf16"):
-        return act_dtype
-    if "kv_dtype" not in inspect.signature(SequenceCache.__init__).parameters:
+        return {}
+    if "kv_cache_dtype" not in inspect.signature(SequenceCache.__init__).parameters:
         raise UsageError(f"--kv-cache-dtype {spec.kv_cache_dtype} needs an FP8 KV cache in the runtime, "
                          "which this build lacks; use --kv-cache-dtype bf16")
-    return {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[spec.kv_cache_dtype]
+    from salactl.runtime.kv_fp8 import model_kv_scales, resolve_kv_scales
+
+    # Scale values do not change the work; random weights have no calibrated scales, so use 1.0.
+    scales = model_kv_scales(model) or resolve_kv_scales(config, "fp8_e5m2", None, device)
+    return {"kv_cache_dtype": spec.kv_cache_dtype, "kv_scales": scales}
 
 
 @dataclass
@@ -52,42 +44,49 @@ class Workload:
     config: object
     device: torch.device
     dtype: torch.dtype
-    kv_dtype: torch.dtype
+    kv_bytes: int
     source: str
     backend: object
     seqs: dict
 
-    def step(self, phase: str, timer=NULL_TIMER) -> torch.Tensor:
-        """One forward call of `phase` for every sequence. The step is not committed (cache
-        lengths stay put), so repeated steps (warm-up, then the profiled one) do identical work."""
+    def prepare(self, phase: str, timer=NULL_TIMER):
+        """Token ids and the ForwardBatch of one step (kept out of the profiled range)."""
         seqs = self.seqs[phase]
-        new, cached = self.spec.step_rows(phase)
+        new, _ = self.spec.step_rows(phase)
         gen = torch.Generator(device=self.device).manual_seed(self.spec.seed + 1)
         ids = torch.randint(0, self.config.vocab_size, (new * len(seqs),), device=self.device,
                             generator=gen)
-        with torch.inference_mode():
-            batch = ForwardBatch.build(self.config, seqs, [new] * len(seqs), self.backend, self.device,
-                                       timer)
-            logits = self.model(ids, batch, batch.last_rows())
-        return logits
+        batch = ForwardBatch.build(self.config, seqs, [new] * len(seqs), self.backend, self.device, timer)
+        return ids, batch, batch.last_rows()
 
-    def analytic(self, phase: str) -> dict[str, dict]:
+    @torch.inference_mode()
+    def forward(self, prepared) -> torch.Tensor:
+        """One forward call of every sequence. It is not committed (cache lengths stay put), so
+        repeated steps (warm-up, then the profiled one) do identical work."""
+        ids, batch, rows = prepared
+        return self.model(ids, batch, rows)
+
+    def step(self, phase: str, timer=NULL_TIMER) -> torch.Tensor:
+        return self.forward(self.prepare(phase, timer))
+
+    def scoped_analytic(self, phase: str) -> dict[str, dict[str, dict]]:
         new, cached = self.spec.step_rows(phase)
         act = torch.finfo(self.dtype).bits // 8
-        kv = torch.finfo(self.kv_dtype).bits // 8
-        costs = call_costs(self.config, linear_costs(self.model), [(new, cached)] * self.spec.batch,
-                           self.spec.batch, act_bytes=act, kv_bytes=kv)
-        return {op: {"bytes": costs[op].bytes, "flops": costs[op].flops} for op in OP_CLASSES}
+        return scoped_costs(self.config, self.model, [(new, cached)] * self.spec.batch,
+                            self.spec.batch, act, self.kv_bytes)
+
+    def analytic(self, phase: str) -> dict[str, dict]:
+        """Per op class, over the scopes the profile covers (all of them without --layers)."""
+        return sum_scopes(self.scoped_analytic(phase), self.spec.scopes)
 
 
-def _sequences(config, device, dtype, kv_dtype, batch: int, cached: int, new: int, seed: int):
+def _sequences(config, device, dtype, batch: int, cached: int, new: int, seed: int, cache_kw: dict):
     gen = torch.Generator(device=device).manual_seed(seed)
     hkv, d = config.num_key_value_heads, config.head_dim
     h, dk = config.lightning_nh, config.lightning_head_dim
-    kw = {} if kv_dtype == dtype else {"kv_dtype": kv_dtype}
     seqs = []
     for _ in range(batch):
-        seq = SequenceCache(config, device, dtype, capacity=cached + new, **kw)
+        seq = SequenceCache(config, device, dtype, capacity=cached + new, **cache_kw)
         if cached:
             for layer in config.sparse_layers:
                 k = torch.randn(cached, hkv, d, device=device, generator=gen).to(dtype)
@@ -102,18 +101,23 @@ def _sequences(config, device, dtype, kv_dtype, batch: int, cached: int, new: in
 
 def build(spec: ProfileSpec) -> Workload:
     lm = load_model(spec.model, spec.device, spec.dtype, spec.random_weights, spec.seed)
-    model = lm.model
+    model, config = lm.model, lm.config
+    if spec.layers and max(spec.layers) >= config.num_hidden_layers:
+        raise UsageError(f"--layers {max(spec.layers)} is out of range; the model has "
+                         f"{config.num_hidden_layers} layers (0..{config.num_hidden_layers - 1})")
     quantized = is_w4a16(model)
     if spec.weights == "w4a16" and not quantized:
-        model = _quantize_in_memory(model)
+        from salactl.profiling.weights import quantize_rtn_in_memory
+
+        model = quantize_rtn_in_memory(model, config)
     elif spec.weights == "bf16" and quantized:
         raise ConfigError(f"{spec.model} is a W4A16 checkpoint; pass --weights w4a16")
     device = model.model.embed_tokens.weight.device
     dtype = model.model.embed_tokens.weight.dtype
-    kv_dtype = _kv_dtype(spec, dtype)
+    cache_kw = _cache_kwargs(spec, model, config, device)
+    kv_bytes = 1 if cache_kw else torch.finfo(dtype).bits // 8
     seqs = {}
     for phase in spec.phases:
         new, cached = spec.step_rows(phase)
-        seqs[phase] = _sequences(lm.config, device, dtype, kv_dtype, spec.batch, cached, new, spec.seed)
-    return Workload(spec, model, lm.config, device, dtype, kv_dtype, lm.source,
-                    ReferenceBackend(lm.config), seqs)
+        seqs[phase] = _sequences(config, device, dtype, spec.batch, cached, new, spec.seed, cache_kw)
+    return Workload(spec, model, config, device, dtype, kv_bytes, lm.source, ReferenceBackend(config), seqs)

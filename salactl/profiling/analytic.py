@@ -1,0 +1,60 @@
+"""Analytic bytes/FLOPs of one step split by scope — each decoder layer ("layer<i>"), the
+"lm_head", and "embed_norm" (embedding + final norm) — so a profile of some layers only (an ncu
+NVTX filter) is compared with exactly those layers. The scopes sum to runtime/roofline.py
+call_costs of the whole step (tested)."""
+
+from __future__ import annotations
+
+from salactl.runtime.roofline import OP_CLASSES, LinearCost, call_costs, linear_costs
+
+LM_HEAD, EMBED_NORM = "lm_head", "embed_norm"
+
+
+def _as_dict(costs) -> dict[str, dict]:
+    return {op: {"bytes": costs[op].bytes, "flops": costs[op].flops} for op in OP_CLASSES}
+
+
+def _zero() -> dict[str, dict]:
+    return {op: {"bytes": 0.0, "flops": 0.0} for op in OP_CLASSES}
+
+
+def scoped_costs(config, model, rows: list[tuple[int, int]], logit_rows: int, act_bytes: int,
+                 kv_bytes: int) -> dict[str, dict[str, dict]]:
+    whole = call_costs(config, linear_costs(model), rows, logit_rows, act_bytes=act_bytes, kv_bytes=kv_bytes)
+    n_tok = sum(n for n, _ in rows)
+    n_sparse, n_light = len(config.sparse_layers), len(config.lightning_layers)
+    out: dict[str, dict[str, dict]] = {}
+    for i, layer in enumerate(model.model.layers):
+        lin = linear_costs(layer)
+        lin["lm_head"] = LinearCost()
+        c = call_costs(config, lin, rows, 0, act_bytes=act_bytes, kv_bytes=kv_bytes)
+        scope = _zero()
+        for op in ("qkv", "gates", "o_proj", "mlp"):
+            scope[op] = {"bytes": c[op].bytes, "flops": c[op].flops}
+        mixer = "attention" if i in config.sparse_layers else "gla"
+        share = n_sparse if mixer == "attention" else n_light
+        scope[mixer] = {"bytes": whole[mixer].bytes / share, "flops": whole[mixer].flops / share}
+        # two RMSNorms per layer, each reading and writing the hidden rows (call_costs "other")
+        scope["other"] = {"bytes": 4.0 * n_tok * config.hidden_size * act_bytes,
+                          "flops": 8.0 * n_tok * config.hidden_size}
+        out[f"layer{i}"] = scope
+    head = _zero()
+    head["lm_head"] = {"bytes": whole["lm_head"].bytes, "flops": whole["lm_head"].flops}
+    out[LM_HEAD] = head
+    rest = _zero()
+    layer_other = sum(s["other"]["bytes"] for k, s in out.items() if k.startswith("layer"))
+    layer_other_f = sum(s["other"]["flops"] for k, s in out.items() if k.startswith("layer"))
+    rest["other"] = {"bytes": whole["other"].bytes - layer_other, "flops": whole["other"].flops - layer_other_f}
+    out[EMBED_NORM] = rest
+    return out
+
+
+def sum_scopes(scoped: dict[str, dict[str, dict]], scopes=None) -> dict[str, dict]:
+    total = _zero()
+    for name, costs in scoped.items():
+        if scopes is not None and name not in scopes:
+            continue
+        for op in OP_CLASSES:
+            total[op]["bytes"] += costs[op]["bytes"]
+            total[op]["flops"] += costs[op]["flops"]
+    return total
