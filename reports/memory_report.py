@@ -49,7 +49,7 @@ def build(config: SalaConfig, q: MemoryQuery, records: list[dict] | None = None)
                                     "max_requests": sala, "max_requests_full_attention": full,
                                     "ratio": (sala / full) if full else None})
     return {
-        "model": {"layers": config.num_hidden_layers, "sparse_layers": len(config.sparse_layers),
+        "shape": {"layers": config.num_hidden_layers, "sparse_layers": len(config.sparse_layers),
                   "lightning_layers": len(config.lightning_layers),
                   "params": config.parameter_count()},
         "assumptions": {

@@ -22,12 +22,18 @@ METRICS = (
     "mean_ttft_ms", "median_ttft_ms", "p90_ttft_ms", "p95_ttft_ms", "p99_ttft_ms", "std_ttft_ms",
     "mean_tpot_ms", "median_tpot_ms", "p90_tpot_ms", "p99_tpot_ms", "std_tpot_ms",
     "mean_itl_ms", "median_itl_ms", "p90_itl_ms", "p95_itl_ms", "p99_itl_ms", "max_itl_ms", "std_itl_ms",
-    "mean_e2e_latency_ms", "median_e2e_latency_ms", "p90_e2e_latency_ms", "p99_e2e_latency_ms",
-    "concurrency", "max_concurrent_requests", "request_goodput",
+    "mean_e2e_latency_ms", "median_e2e_latency_ms", "p90_e2e_latency_ms", "p95_e2e_latency_ms",
+    "p99_e2e_latency_ms", "std_e2e_latency_ms",
+    "concurrency", "max_concurrent_requests", "max_output_tokens_per_s", "request_goodput",
+    "prefill_latency", "prefill_throughput", "median_decode_latency", "median_decode_throughput",
+    "total_latency", "overall_throughput",
     "ttft_s", "prefill_tok_s", "decode_tok_s", "tok_s", "peak_memory_bytes",
 )
 UNITS = {"duration": "s", "request_throughput": "req/s", "input_throughput": "tok/s",
          "output_throughput": "tok/s", "total_throughput": "tok/s", "ttft_s": "s",
+         "max_output_tokens_per_s": "tok/s", "prefill_latency": "s", "prefill_throughput": "tok/s",
+         "median_decode_latency": "s", "median_decode_throughput": "tok/s", "total_latency": "s",
+         "overall_throughput": "tok/s",
          "prefill_tok_s": "tok/s", "decode_tok_s": "tok/s", "tok_s": "tok/s",
          "request_goodput": "req/s", "peak_memory_bytes": "B"}
 

@@ -1,0 +1,100 @@
+"""PNG plots for the HTML report (matplotlib, from the optional `plots` extra). Returns PNG bytes
+per figure; `available()` is False when matplotlib is missing, and the report says so."""
+
+from __future__ import annotations
+
+import io
+
+from salactl.reports.latency import LatencyReport
+
+LATENCY_FAMILIES = {
+    "TTFT (ms)": ("mean_ttft_ms", "median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms"),
+    "TPOT (ms)": ("mean_tpot_ms", "median_tpot_ms", "p90_tpot_ms", "p99_tpot_ms"),
+    "ITL (ms)": ("mean_itl_ms", "median_itl_ms", "p90_itl_ms", "p99_itl_ms"),
+    "E2E latency (ms)": ("mean_e2e_latency_ms", "median_e2e_latency_ms", "p99_e2e_latency_ms"),
+    "throughput": ("request_throughput", "output_throughput", "total_throughput"),
+}
+SWEEP_METRICS = ("output_throughput", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms")
+
+
+def available() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _png(fig) -> bytes:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def bar_charts(report: LatencyReport) -> list[tuple[str, bytes]]:
+    """Per phase and metric family: grouped bars, one group per metric, one bar per label
+    (records of a label in that phase: the first one, when the label has no varying knob)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figs = []
+    for phase in report.phases:
+        rows = [r for r in report.rows if str(r.get("phase")) == phase]
+        firsts = {}
+        for r in rows:
+            firsts.setdefault(r["label"], r)
+        for title, family in LATENCY_FAMILIES.items():
+            metrics = [m for m in family if any(_number(r.get(m)) for r in firsts.values())]
+            if not metrics:
+                continue
+            fig, ax = plt.subplots(figsize=(7, 3.2))
+            width = 0.8 / max(len(firsts), 1)
+            for i, (label, r) in enumerate(firsts.items()):
+                xs = [j + i * width for j in range(len(metrics))]
+                ax.bar(xs, [r.get(m) if _number(r.get(m)) else 0 for m in metrics], width, label=label)
+            ax.set_xticks([j + width * (len(firsts) - 1) / 2 for j in range(len(metrics))])
+            ax.set_xticklabels(metrics, fontsize=8)
+            ax.set_title(f"{phase}: {title}")
+            ax.legend(fontsize=8)
+            figs.append((f"{phase}: {title}", _png(fig)))
+    return figs
+
+
+def sweep_charts(report: LatencyReport) -> list[tuple[str, bytes]]:
+    """Metric vs. the first numeric varying knob, one line per label, per phase."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    knob = next((k for k in report.knobs
+                 if all(_number(r.get(f"knob.{k}")) for r in report.rows if r.get(f"knob.{k}") is not None)
+                 and len({r.get(f"knob.{k}") for r in report.rows}) > 2), None)
+    if knob is None:
+        return []
+    figs = []
+    for phase in report.phases:
+        rows = [r for r in report.rows if str(r.get("phase")) == phase and _number(r.get(f"knob.{knob}"))]
+        for m in SWEEP_METRICS:
+            if not any(_number(r.get(m)) for r in rows):
+                continue
+            fig, ax = plt.subplots(figsize=(6, 3.2))
+            for label in report.labels:
+                pts = sorted((r[f"knob.{knob}"], r[m]) for r in rows if r["label"] == label and _number(r.get(m)))
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+            ax.set_xlabel(knob)
+            ax.set_ylabel(m)
+            ax.set_title(f"{phase}: {m} vs {knob}")
+            ax.legend(fontsize=8)
+            figs.append((f"{phase}: {m} vs {knob}", _png(fig)))
+    return figs

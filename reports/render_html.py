@@ -1,0 +1,57 @@
+"""A self-contained HTML page for a LatencyReport: the Markdown tables as HTML plus plots
+embedded as base64 PNGs (no external files, scripts or fonts)."""
+
+from __future__ import annotations
+
+import base64
+import html
+
+from salactl.reports import plots
+from salactl.reports.latency import LatencyReport
+from salactl.reports.render_text import fmt, header_name
+
+STYLE = """body{font-family:sans-serif;margin:2em;max-width:1200px}
+table{border-collapse:collapse;margin:1em 0;font-size:13px}
+th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}
+th:first-child,td:first-child{text-align:left}
+img{max-width:100%;margin:0.5em 0;border:1px solid #eee}"""
+
+
+def _table(columns: list[str], rows: list[list]) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(v))}</td>" for v in r) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def render(report: LatencyReport, title: str = "Latency report", with_plots: bool = True) -> str:
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+             f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
+             f"<p>Runs: {html.escape(', '.join(report.labels))}. Values as recorded; nothing is "
+             "recomputed.</p>"]
+    for phase in report.phases:
+        rows = [r for r in report.rows if str(r.get("phase")) == phase]
+        cols = [c for c in report.columns if c != "phase" and any(r.get(c) not in (None, "") for r in rows)]
+        parts += [f"<h2>phase: {html.escape(phase)}</h2>",
+                  _table([header_name(c) for c in cols], [[r.get(c) for c in cols] for r in rows])]
+    if report.comparison:
+        base = report.labels[0]
+        cols = ["phase", "metric", *report.labels, *(f"{lb} / {base}" for lb in report.labels[1:])]
+        rows = [[c["phase"], header_name(c["metric"]), *(c["values"][lb] for lb in report.labels),
+                 *(c["relative"][lb] for lb in report.labels[1:])] for c in report.comparison]
+        parts += [f"<h2>side by side (relative to {html.escape(base)})</h2>", _table(cols, rows)]
+    if with_plots and plots.available():
+        figs = plots.bar_charts(report) + plots.sweep_charts(report)
+        if figs:
+            parts.append("<h2>plots</h2>")
+        for caption, png in figs:
+            b64 = base64.b64encode(png).decode("ascii")
+            parts.append(f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,{b64}'>"
+                         f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+    elif with_plots:
+        parts.append("<p>Plots need matplotlib: pip install 'salactl[plots]'.</p>")
+    if report.env:
+        keys = sorted({k for e in report.env.values() for k in e})
+        parts += ["<h2>environment</h2>",
+                  _table(["label", *keys], [[lb, *(e.get(k) for k in keys)] for lb, e in report.env.items()])]
+    parts.append("</body></html>")
+    return "\n".join(parts)

@@ -1,0 +1,175 @@
+"""`salactl report`: render saved records (latency: Markdown/CSV/HTML with plots, side by side per
+label) and the analytic memory report (`salactl report memory`). `salactl report FILE.jsonl` is
+short for `salactl report latency FILE.jsonl`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from typer.core import TyperGroup
+
+from salactl import output
+from salactl.errors import UsageError
+from salactl.options import JsonOpt, ModelOpt
+
+FORMATS = ("md", "csv", "html")
+
+
+class _DefaultToLatency(TyperGroup):
+    def parse_args(self, ctx, args):
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["latency", *args]
+        return super().parse_args(ctx, args)
+
+
+report_app = typer.Typer(cls=_DefaultToLatency, no_args_is_help=True,
+                         help="Render records (latency) or the analytic memory report.")
+
+
+def _formats(text: str) -> list[str]:
+    fmts = [f.strip() for f in text.split(",") if f.strip()]
+    bad = [f for f in fmts if f not in FORMATS]
+    if bad or not fmts:
+        raise UsageError(f"unknown --format {bad[0] if bad else text!r}; valid: {', '.join(FORMATS)}")
+    return fmts
+
+
+@report_app.command("latency")
+def latency(
+    records: Annotated[list[Path], typer.Argument(help="Records files (JSON lines).")],
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write report.<fmt> files here.")] = None,
+    formats: Annotated[str, typer.Option("--format", help="Comma list of md, csv, html.")] = "md,csv,html",
+    title: Annotated[str, typer.Option("--title")] = "Latency report",
+    no_plots: Annotated[bool, typer.Option("--no-plots", help="HTML without plots.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Render bench/sweep/run records to Markdown, CSV and HTML, runs side by side by label."""
+    from salactl.reports import latency as model
+    from salactl.reports.atomic import write_all
+    from salactl.reports.records import load_records
+    from salactl.reports.render_html import render as html
+    from salactl.reports.render_text import csv_text, markdown
+
+    fmts = _formats(formats)
+    report = model.build(load_records(list(records)))
+    written: list[str] = []
+    if out is not None:
+        if out.exists() and not out.is_dir():
+            raise UsageError(f"--out {out} exists and is not a directory")
+        renderers = {"md": lambda: markdown(report, title), "csv": lambda: csv_text(report),
+                     "html": lambda: html(report, title, not no_plots)}
+        written = [str(p) for p in write_all({out / f"report.{f}": renderers[f]() for f in fmts})]
+    if json_out:
+        output.print_json({**report.to_dict(), "files": written})
+    elif out is None:
+        print(markdown(report, title))
+    else:
+        output.stdout.print("wrote " + ", ".join(written))
+
+
+def _ints(text: str, name: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(float(x)) for x in text.replace("k", "e3").replace("K", "e3").split(",") if x.strip())
+    except ValueError:
+        raise UsageError(f"{name} takes comma-separated integers, got {text!r}") from None
+    if not vals or min(vals) < 0:
+        raise UsageError(f"{name} needs non-negative values, got {text!r}")
+    return vals
+
+
+def _config(model: str):
+    from salactl.runtime.config import SalaConfig
+    from salactl.runtime.presets import PRESETS, preset
+
+    if model in PRESETS:
+        return preset(model)
+    path = Path(model)
+    if (path / "config.json").exists():
+        return SalaConfig.from_file(path / "config.json")
+    raise UsageError(f"--model {model!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a "
+                     "checkpoint directory with config.json")
+
+
+@report_app.command("memory")
+def memory(
+    model: ModelOpt = "sala-nano",
+    context: Annotated[str, typer.Option("--context", help="Context lengths, e.g. 4096,32768,131072.")]
+    = "4096,32768,131072,524288",
+    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="Comma list: bf16, fp8_e4m3, "
+                                                "fp8_e5m2.")] = "bf16,fp8_e4m3",
+    weights: Annotated[str, typer.Option("--weights", help="Comma list: bf16, w4a16.")] = "bf16,w4a16",
+    gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU names (peaks table), comma list.")] = None,
+    gpu_mem: Annotated[Optional[float], typer.Option("--gpu-mem", help="GPU memory in GB instead.")] = None,
+    mem_fraction: Annotated[float, typer.Option("--mem-fraction", help="Share of GPU memory usable.")] = 0.9,
+    chunk_size: Annotated[int, typer.Option("--chunk-size", help="Prefill chunk for the workspace.")] = 8192,
+    max_batch: Annotated[int, typer.Option("--max-batch", help="Largest CUDA-graph batch.")] = 32,
+    no_cuda_graphs: Annotated[bool, typer.Option("--no-cuda-graphs")] = False,
+    compressed_keys: Annotated[str, typer.Option("--compressed-keys", help="k1 (our runtime) or k1k2 "
+                                                 "(SGLang).")] = "k1",
+    records: Annotated[Optional[list[Path]], typer.Option("--records", help="Run/bench records with "
+                                                          "measured peaks.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Per-request and per-server memory by component, max concurrent requests per GPU, vs. a
+    full-attention model of the same size (e.g. --model sala-9b)."""
+    from salactl.reports import memory_report as mr
+    from salactl.reports.records import load_records
+
+    if not 0 < mem_fraction <= 1:
+        raise UsageError(f"--mem-fraction must be in (0, 1], got {mem_fraction}")
+    if gpu_mem is not None and gpu_mem <= 0:
+        raise UsageError(f"--gpu-mem must be positive GB, got {gpu_mem}")
+    if chunk_size <= 0 or max_batch <= 0:
+        raise UsageError("--chunk-size and --max-batch must be positive")
+    config = _config(model)
+    q = mr.MemoryQuery(
+        contexts=_ints(context, "--context"),
+        kv_dtypes=tuple(k.strip() for k in kv_cache_dtype.split(",") if k.strip()),
+        weights=tuple(w.strip() for w in weights.split(",") if w.strip()),
+        gpus=mr.gpu_list([g.strip() for g in gpu.split(",")] if gpu else None, gpu_mem),
+        mem_fraction=mem_fraction, prefill_chunk=chunk_size, max_batch=max_batch,
+        cuda_graphs=not no_cuda_graphs, compressed_keys=compressed_keys)
+    recs = load_records(list(records)) if records else None
+    result = {"model": model, **mr.build(config, q, recs)}
+    if json_out:
+        output.print_json(result)
+        return
+    render_memory(result)
+
+
+def render_memory(r: dict) -> None:
+    hb = output.human_bytes
+    s = r["shape"]
+    output.stdout.print(f"{r['model']}: {s['params']:,} parameters, {s['layers']} layers "
+                        f"({s['sparse_layers']} sparse, {s['lightning_layers']} lightning); "
+                        "(est.) = estimate")
+    srv = r["server"]
+    output.table("per server (fixed)", ["weights", "weights bytes", "workspace (est.)",
+                                        "CUDA graphs (est.)", "CUDA context (est.)", "fixed total"],
+                 [[w, hb(s["weights"]["total"]), hb(s["workspace_estimate"]),
+                   hb(s["cuda_graphs_estimate"]), hb(s["cuda_context_estimate"]), hb(s["fixed"])]
+                  for w, s in srv.items()])
+    kept = r["assumptions"]["compressed_keys_kept"]
+    output.table(f"per request (compressed keys kept: {kept}; {r['assumptions']['compressed_keys_note']})",
+                 ["KV dtype", "context", "KV cache", "K1", "K2", "GLA state", "total",
+                  "full attention KV"],
+                 [[x["kv_dtype"], x["context"], hb(x["kv_cache"]), hb(x["compressed_k1"]),
+                   hb(x["compressed_k2"]), hb(x["gla_state"]), hb(x["total"]), hb(x["full_attention"])]
+                  for x in r["per_request"]])
+    if r["concurrency"]:
+        output.table(f"max concurrent requests (mem fraction {r['assumptions']['mem_fraction']})",
+                     ["GPU", "weights", "KV dtype", "context", "SALA", "full attention", "ratio"],
+                     [[x["gpu"], x["weights"], x["kv_dtype"], x["context"], x["max_requests"],
+                       x["max_requests_full_attention"], x["ratio"]] for x in r["concurrency"]])
+    if r["measured"]:
+        output.table("measured peaks vs analytic", ["label", "phase", "context", "batch", "measured",
+                                                    "predicted", "ratio"],
+                     [[x["label"], x["phase"], x["context"], x["batch"], hb(x["measured_peak"]),
+                       None if x["predicted"] is None else hb(x["predicted"]), x["ratio"]]
+                      for x in r["measured"]])
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(report_app, name="report")
