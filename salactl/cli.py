@@ -38,7 +38,12 @@ _register()
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        rv = app(standalone_mode=False)
+        # typer >= 0.16 turns Ctrl-C into Exit(130) and, without standalone mode, returns the code
+        if isinstance(rv, int) and not isinstance(rv, bool) and rv:
+            if rv == 130:
+                print("interrupted", file=sys.stderr)
+            sys.exit(rv)
     except SalactlError as e:
         if os.environ.get("SALACTL_DEBUG") == "1":
             raise
