@@ -100,3 +100,14 @@ def default_g_idx(in_features: int, group_size: int, device=None) -> torch.Tenso
 
 def num_groups(in_features: int, group_size: int) -> int:
     return 1 if group_size == -1 else -(-in_features // group_size)
+
+
+def to_gptq_tensors(codes_nk: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor, bits: int) -> dict[str, torch.Tensor]:
+    """Checkpoint tensors of one symmetric linear from codes [N, K], scales [groups, N], g_idx [K]
+    (on any device): qweight, qzeros (v1), fp16 scales, int32 g_idx."""
+    groups, n = scales.shape
+    zeros = torch.full((groups, n), symmetric_zero(bits), dtype=torch.int64, device=scales.device)
+    return {"qweight": pack_qweight(codes_nk.t(), bits),
+            "qzeros": pack_qzeros(zeros, bits, "gptq"),
+            "scales": scales.to(torch.float16).clone(memory_format=torch.contiguous_format),
+            "g_idx": g_idx.to(torch.int32).clone()}

@@ -29,6 +29,7 @@ class RunRequest:
     chunk_size: int = 512
     chat: bool = False
     ignore_eos: bool = False
+    kv_cache_dtype: str = "bf16"
 
 
 def execute(req: RunRequest, stream=None) -> dict:
@@ -55,7 +56,7 @@ def execute(req: RunRequest, stream=None) -> dict:
     if tok is not None and tok.vocab_size > lm.config.vocab_size:
         raise UsageError(f"tokenizer has {tok.vocab_size} tokens but the model only {lm.config.vocab_size}; "
                          "pass the model's own --tokenizer")
-    engine = Engine(lm.model, device, chunk_size=req.chunk_size, time_ops=True)
+    engine = Engine(lm.model, device, chunk_size=req.chunk_size, time_ops=True, kv_cache_dtype=req.kv_cache_dtype)
     eos = tuple(lm.config.eos_token_id) + (tok.eos_ids if tok else ())
     decoder = StreamDecoder(tok) if (tok and stream) else None
     on_token = (lambda t: stream(decoder.push(t))) if decoder else None
@@ -67,7 +68,7 @@ def execute(req: RunRequest, stream=None) -> dict:
     P = len(ids)
     pre_calls = [[(min(req.chunk_size, P - c), c)] for c in range(0, P, req.chunk_size)]
     dec_calls = [[(1, P + i)] for i in range(res.decode.forward_calls)]
-    kw = dict(act_bytes=act_bytes, kv_bytes=act_bytes)
+    kw = dict(act_bytes=act_bytes, kv_bytes=1 if engine.kv_scales is not None else act_bytes)
     pre = phase_costs(lm.config, linears, pre_calls, [1] * len(pre_calls), **kw)
     dec = phase_costs(lm.config, linears, dec_calls, [1] * len(dec_calls), **kw)
     roof = {
@@ -92,5 +93,6 @@ def execute(req: RunRequest, stream=None) -> dict:
         "sampling": {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
                      "seed": req.seed, "max_new_tokens": req.max_new_tokens},
         "chunk_size": req.chunk_size,
+        "kv_cache_dtype": req.kv_cache_dtype,
         "env": environment(),
     }

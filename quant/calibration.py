@@ -1,0 +1,84 @@
+"""Calibration token windows for `salactl quantize`: from a text or JSONL file (a "text" field per
+line), from the built-in corpus (salactl.data.corpus, train split), or random ids (`--calib random`,
+for timing runs with random weights). Documents are tokenized in a seeded order, joined with EOS and
+cut into non-overlapping `seqlen` windows; the first `nsamples` windows are used."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import torch
+
+from salactl.errors import DatasetError, UsageError
+
+RANDOM = "random"
+
+
+def read_documents(path: Path) -> list[str]:
+    try:
+        raw = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise DatasetError(f"cannot read --calib {path}: {e.strerror}") from None
+    if path.suffix == ".jsonl":
+        docs = []
+        for lineno, line in enumerate(raw.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DatasetError(f"{path}:{lineno} is not valid JSON ({e.msg})") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+                raise DatasetError(f"{path}:{lineno} has no string \"text\" field")
+            docs.append(obj["text"])
+        return [d for d in docs if d.strip()]
+    return [raw] if raw.strip() else []
+
+
+def builtin_documents() -> list[str]:
+    try:
+        from salactl.data.corpus import corpus_documents
+    except ImportError:
+        raise DatasetError("this install has no built-in calibration corpus (salactl.data.corpus); "
+                           "pass --calib FILE (text, or JSONL with a \"text\" field)") from None
+    return list(corpus_documents("train"))
+
+
+def calibration_windows(calib: str | None, tokenizer, nsamples: int, seqlen: int, vocab_size: int,
+                        seed: int = 0, eos_id: int | None = None) -> torch.Tensor:
+    """Token windows [S, T] (long, on CPU); S <= nsamples, T = seqlen (or shorter if the whole
+    calibration text is shorter than one window)."""
+    if nsamples < 1 or seqlen < 2:
+        raise UsageError(f"--nsamples must be >= 1 and --seqlen >= 2 (got {nsamples}, {seqlen})")
+    if calib == RANDOM:
+        gen = torch.Generator().manual_seed(seed)
+        return torch.randint(0, vocab_size, (nsamples, seqlen), generator=gen)
+    docs = builtin_documents() if calib is None else read_documents(Path(calib))
+    where = "the built-in corpus" if calib is None else calib
+    if not docs:
+        raise DatasetError(f"the calibration set {where} is empty; give a file with text")
+    if tokenizer is None:
+        raise DatasetError("text calibration needs a tokenizer and none was found; pass --tokenizer, "
+                           "or --calib random for a timing run")
+    order = list(range(len(docs)))
+    random.Random(seed).shuffle(order)
+    need = nsamples * seqlen
+    ids: list[int] = []
+    for i in order:
+        ids.extend(tokenizer.encode(docs[i]))
+        if eos_id is not None:
+            ids.append(eos_id)
+        if len(ids) >= need:
+            break
+    if len(ids) < 2:
+        raise DatasetError(f"the calibration set {where} has fewer than 2 tokens")
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise DatasetError(f"calibration token id {bad} is outside the model's vocabulary ({vocab_size}); "
+                           "use the model's own tokenizer")
+    if len(ids) < seqlen:
+        return torch.tensor(ids, dtype=torch.long)[None]
+    n = min(nsamples, len(ids) // seqlen)
+    return torch.tensor(ids[: n * seqlen], dtype=torch.long).view(n, seqlen)

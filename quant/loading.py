@@ -1,0 +1,149 @@
+"""Load symmetric GPTQ checkpoints (ours, and other tools' v1 `gptq` / v2 `gptq_v2` of this
+architecture) into the runtime: quantized linears become `W4A16Linear`, everything else loads
+strictly like a plain checkpoint; calibrated FP8 KV scales (`self_attn.k_scale/v_scale`) are kept.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from salactl.errors import CheckpointError
+from salactl.quant.linear import W4A16Linear
+from salactl.quant.packing import num_groups, symmetric_qzeros_word
+from salactl.runtime.checkpoint import expected_tensor_shapes, load_state_dict, tensor_files
+from salactl.runtime.config import SalaConfig
+from salactl.runtime.layers.model import SalaForCausalLM
+
+QUANT_SUFFIXES = (".qweight", ".qzeros", ".scales", ".g_idx")
+KV_SCALE_SUFFIXES = (".k_scale", ".v_scale")
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def parse_quant_config(qc: dict) -> dict:
+    """Validate `quantization_config`; returns {bits, group_size, fmt, desc_act}."""
+    if not isinstance(qc, dict):
+        raise CheckpointError("quantization_config in config.json must be an object")
+    method = qc.get("quant_method")
+    if method not in ("gptq", "gptq_marlin"):
+        raise CheckpointError(f"quant_method {method!r} is not supported; salactl loads only GPTQ checkpoints")
+    bits, group = qc.get("bits"), qc.get("group_size", -1)
+    if bits not in (4, 8):
+        raise CheckpointError(f"quantization_config.bits = {bits!r}; only 4- and 8-bit GPTQ load")
+    if not isinstance(group, int) or not (group == -1 or group > 0):
+        raise CheckpointError(f"quantization_config.group_size = {group!r} is invalid")
+    if qc.get("sym", True) is not True:
+        raise CheckpointError("asymmetric GPTQ (sym=false) is not supported; quantize with sym=true "
+                              "(the only form Marlin runs)")
+    fmt = qc.get("checkpoint_format") or qc.get("format") or "gptq"
+    if fmt not in ("gptq", "gptq_v2"):
+        raise CheckpointError(f"checkpoint_format {fmt!r} is not supported; valid: gptq, gptq_v2")
+    for rule, override in (qc.get("dynamic") or {}).items():
+        if str(rule).startswith("-:"):
+            continue                     # "leave unquantized": decided by the tensors present
+        if any(override.get(k, v) != v for k, v in (("bits", bits), ("group_size", group), ("sym", True))):
+            raise CheckpointError(f"per-module override {rule!r} changes bits/group_size/sym; "
+                                  "mixed-precision GPTQ checkpoints are not supported")
+    return {"bits": bits, "group_size": group, "fmt": fmt, "desc_act": bool(qc.get("desc_act", False))}
+
+
+def _read(files: dict[str, Path], name: str) -> torch.Tensor:
+    with safe_open(files[name], framework="pt", device="cpu") as f:
+        return f.get_tensor(name)
+
+
+def _check(name: str, t: torch.Tensor, shape: tuple, dtypes: tuple) -> None:
+    if tuple(t.shape) != tuple(shape):
+        raise CheckpointError(f"tensor {name} has shape {list(t.shape)} but config.json and "
+                              f"quantization_config imply {list(shape)}")
+    if t.dtype not in dtypes:
+        raise CheckpointError(f"tensor {name} has dtype {t.dtype}; expected "
+                              + " or ".join(str(d).replace("torch.", "") for d in dtypes))
+
+
+def _load_quantized(files, prefix: str, n: int, k: int, spec: dict) -> dict[str, torch.Tensor]:
+    bits, group, fmt = spec["bits"], spec["group_size"], spec["fmt"]
+    per_word = 32 // bits
+    g = k if group == -1 else group
+    if k % per_word or n % per_word or k % g:
+        raise CheckpointError(f"{prefix} has shape {n}x{k}, which {bits}-bit GPTQ with group size {group} "
+                              "cannot pack")
+    groups = num_groups(k, group)
+    out = {}
+    for suffix, shape, dtypes in ((".qweight", (k // per_word, n), (torch.int32,)),
+                                  (".qzeros", (groups, n // per_word), (torch.int32,)),
+                                  (".scales", (groups, n), _FLOAT_DTYPES)):
+        name = prefix + suffix
+        if name not in files:
+            raise CheckpointError(f"checkpoint lacks tensor {name} (GPTQ needs qweight, qzeros, scales)")
+        out[suffix[1:]] = _read(files, name)
+        _check(name, out[suffix[1:]], shape, dtypes)
+    if prefix + ".g_idx" in files:
+        gi = _read(files, prefix + ".g_idx")
+        _check(prefix + ".g_idx", gi, (k,), (torch.int32, torch.int64))
+        if int(gi.min()) < 0 or int(gi.max()) >= groups:
+            raise CheckpointError(f"{prefix}.g_idx has group ids outside [0, {groups})")
+        out["g_idx"] = gi
+    word = symmetric_qzeros_word(bits, fmt)
+    if not bool((out["qzeros"] == word).all()):
+        raise CheckpointError(f"{prefix}.qzeros are not the symmetric value {word & 0xFFFFFFFF:#010x} for "
+                              f"{bits}-bit {fmt}; asymmetric (or mislabelled v1/v2) GPTQ is not supported")
+    if not bool(torch.isfinite(out["scales"]).all()):
+        raise CheckpointError(f"{prefix}.scales has NaN/Inf")
+    return out
+
+
+def _set_module(model: torch.nn.Module, prefix: str, module: torch.nn.Module) -> None:
+    parent_name, _, attr = prefix.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, attr, module)
+
+
+def load_gptq_model(path: Path, config: SalaConfig, quant_cfg: dict, device, dtype) -> SalaForCausalLM:
+    path = Path(path)
+    spec = parse_quant_config(quant_cfg)
+    files = tensor_files(path)
+    expected = expected_tensor_shapes(config)
+    quantized = {n[: -len(".weight")]: s for n, s in expected.items()
+                 if n.endswith(".weight") and len(s) == 2 and n[: -len(".weight")] + ".qweight" in files}
+    if "model.embed_tokens" in quantized:
+        raise CheckpointError("model.embed_tokens is quantized; embeddings must stay unquantized")
+    plain = {n: s for n, s in expected.items() if n[: -len(".weight")] not in quantized}
+    state = load_state_dict(path, plain, device, dtype, allow_extra=QUANT_SUFFIXES + KV_SCALE_SUFFIXES)
+    orphans = sorted(n for n in files if n.endswith(QUANT_SUFFIXES)
+                     and n.rsplit(".", 1)[0] not in quantized)
+    if orphans:
+        raise CheckpointError(f"checkpoint has GPTQ tensor {orphans[0]} for a module this architecture "
+                              "does not quantize (or lacks its .qweight)")
+    with torch.device("meta"):
+        model = SalaForCausalLM(config)
+    for prefix, (n, k) in quantized.items():
+        t = _load_quantized(files, prefix, n, k, spec)
+        _set_module(model, prefix, W4A16Linear.from_gptq(t["qweight"], t["scales"], t.get("g_idx"), spec["bits"],
+                                                         spec["group_size"], device, dtype, prefix))
+    model.load_state_dict(state, strict=False, assign=True)
+    _attach_kv_scales(model, config, files, device)
+    left = [n for n, p in list(model.named_parameters()) + list(model.named_buffers()) if p.is_meta]
+    if left:
+        raise CheckpointError(f"checkpoint {path} left {left[0]} unset")
+    return model.eval().requires_grad_(False)
+
+
+def _attach_kv_scales(model, config: SalaConfig, files, device) -> None:
+    names = [n for n in files if n.endswith(KV_SCALE_SUFFIXES)]
+    valid = {f"model.layers.{i}.self_attn{s}" for i in config.sparse_layers for s in KV_SCALE_SUFFIXES}
+    bad = sorted(set(names) - valid)
+    if bad:
+        raise CheckpointError(f"KV scale {bad[0]} is not under a minicpm4 (softmax attention) layer")
+    hkv = config.num_key_value_heads
+    for name in names:
+        t = _read(files, name)
+        if t.numel() not in (1, hkv) or t.dtype not in _FLOAT_DTYPES or not bool((t > 0).all()):
+            raise CheckpointError(f"{name} must be a positive float scalar or one per KV head ({hkv})")
+        module_name, _, attr = name.rpartition(".")
+        model.get_submodule(module_name).register_buffer(attr, t.to(device=device, dtype=torch.float32))
+    for i in config.sparse_layers:
+        attn = model.model.layers[i].self_attn
+        if hasattr(attn, "k_scale") != hasattr(attn, "v_scale"):
+            raise CheckpointError(f"layer {i} has only one of self_attn.k_scale / v_scale")

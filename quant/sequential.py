@@ -1,0 +1,265 @@
+"""Layer-by-layer GPTQ over our own model (reference/quantization.md §1 "Sequential pass").
+
+Per decoder layer, in true-sequential order, with the calibration inputs of that layer:
+  1. q/k/v + the output gate (o_gate / z_proj): one shared input (input_layernorm(h)), one Hessian
+  2. o_proj (its input depends on the quantized q/k/v/gates)
+  3. gate/up (shared input post_attention_layernorm(h'))
+  4. down
+Each Hessian is captured by running the layer (through ForwardBatch + the reference backend with a
+per-sample cache holding only that layer) up to the first member, where a pre-hook stops it. The
+layer's weights are replaced by their dequantized values as soon as they are solved, so later
+groups and the next layer see the quantized model. A final full pass gives the next layer's
+inputs and, for FP8 KV, the per-layer amax of K and V.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from salactl.errors import QuantizationError
+from salactl.quant.gptq import Hessian, gptq_quantize, prepare_hessian
+from salactl.quant.packing import to_gptq_tensors
+from salactl.quant.quantizer import QuantizedWeight, QuantSpec, output_error
+from salactl.quant.rtn import rtn_quantize
+from salactl.runtime.backend_reference import ReferenceBackend
+from salactl.runtime.batch import ForwardBatch
+from salactl.runtime.cache import SequenceCache
+from salactl.runtime.config import SPARSE
+from salactl.runtime.kv_fp8 import fp8_dtype, scales_from_amax
+
+METHODS = ("gptq", "rtn")
+_SPARSE_GROUPS = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_gate"),
+                  ("self_attn.o_proj",), ("mlp.gate_proj", "mlp.up_proj"), ("mlp.down_proj",))
+_LIGHTNING_GROUPS = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.z_proj"),
+                     ("self_attn.o_proj",), ("mlp.gate_proj", "mlp.up_proj"), ("mlp.down_proj",))
+# vLLM/SGLang fuse these on load; all members must share one quantized/unquantized state.
+FUSED = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("mlp.gate_proj", "mlp.up_proj"))
+
+
+@dataclass(frozen=True)
+class QuantOptions:
+    bits: int = 4
+    group_size: int = 128
+    method: str = "gptq"
+    desc_act: bool = False
+    damp: float = 0.01
+    kv_cache_dtype: str = "bf16"
+    kv_scales_per_head: bool = False
+    batch_tokens: int = 16384        # calibration tokens per forward call
+
+    def __post_init__(self) -> None:
+        QuantSpec(self.bits, self.group_size)
+        if self.method not in METHODS:
+            raise QuantizationError(f"--method {self.method!r} is unknown; valid: {', '.join(METHODS)}")
+        if not 0 < self.damp < 1:
+            raise QuantizationError(f"--damp must be in (0, 1), got {self.damp}")
+        fp8_dtype(self.kv_cache_dtype)
+
+    @property
+    def spec(self) -> QuantSpec:
+        return QuantSpec(self.bits, self.group_size)
+
+
+@dataclass
+class ModuleReport:
+    name: str
+    out_features: int
+    in_features: int
+    damp: float | None
+    rtn_error: float | None       # ‖WX − QX‖/‖WX‖ of round-to-nearest
+    error: float | None           # the same for the chosen method
+    seconds: float                # solve time (a jointly solved group's time, split by rows)
+
+
+@dataclass
+class QuantizeOutcome:
+    quantized: dict[str, dict[str, torch.Tensor]]      # prefix -> GPTQ tensors (CPU)
+    skipped: dict[str, str]                            # prefix -> why it stays unquantized
+    reports: list[ModuleReport]
+    kv_scales: dict | None
+    calib_samples: int
+    calib_seqlen: int
+    forward_seconds: float = 0.0
+    solve_seconds: float = 0.0
+    damp_raised: list[str] = field(default_factory=list)
+
+
+def marlin_violation(out_features: int, in_features: int, group_size: int) -> str | None:
+    if out_features % 64:
+        return f"out_features {out_features} % 64 != 0"
+    if in_features % 128:
+        return f"in_features {in_features} % 128 != 0"
+    if group_size != -1 and in_features % group_size:
+        return f"in_features {in_features} % group_size {group_size} != 0"
+    return None
+
+
+def layer_groups(config, i: int):
+    return _SPARSE_GROUPS if config.mixer_types[i] == SPARSE else _LIGHTNING_GROUPS
+
+
+def plan_skips(model, config, group_size: int) -> dict[str, str]:
+    """Linears that stay unquantized because they (or a linear fused with them) break Marlin's rules."""
+    skipped: dict[str, str] = {}
+    for i, layer in enumerate(model.model.layers):
+        names = [n for g in layer_groups(config, i) for n in g]
+        for n in names:
+            m = layer.get_submodule(n)
+            why = marlin_violation(m.out_features, m.in_features, group_size)
+            if why:
+                skipped[f"model.layers.{i}.{n}"] = why
+        for fused in FUSED:
+            bad = [n for n in fused if f"model.layers.{i}.{n}" in skipped]
+            for n in fused:
+                if bad and f"model.layers.{i}.{n}" not in skipped:
+                    skipped[f"model.layers.{i}.{n}"] = f"fused with {bad[0]}, which breaks Marlin's rules"
+    return skipped
+
+
+class _Stop(Exception):
+    """Raised by a capture hook: the rest of the layer is not needed for this pass."""
+
+
+class _KVAmaxBackend(ReferenceBackend):
+    """The reference backend, recording amax(|K|), amax(|V|) per sparse layer and KV head."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.amax: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def softmax_attention(self, layer, q, k, v, batch):
+        ka, va = k.detach().abs().float().amax(dim=(0, 2)), v.detach().abs().float().amax(dim=(0, 2))
+        if layer in self.amax:
+            ka, va = torch.maximum(ka, self.amax[layer][0]), torch.maximum(va, self.amax[layer][1])
+        self.amax[layer] = (ka, va)
+        return super().softmax_attention(layer, q, k, v, batch)
+
+
+class _LayerRunner:
+    def __init__(self, config, batch_tokens: int, backend):
+        self.config, self.batch_tokens, self.backend = config, batch_tokens, backend
+
+    def run(self, layer, idx: int, inps: torch.Tensor, out: torch.Tensor | None = None) -> None:
+        S, T, hidden = inps.shape
+        per = max(1, self.batch_tokens // T)
+        for s0 in range(0, S, per):
+            x = inps[s0:s0 + per]
+            b = x.shape[0]
+            seqs = [SequenceCache(self.config, x.device, x.dtype, capacity=T, layers={idx}) for _ in range(b)]
+            batch = ForwardBatch.build(self.config, seqs, [T] * b, self.backend, x.device)
+            try:
+                y = layer(x.reshape(b * T, hidden), batch)
+            except _Stop:
+                continue
+            if out is not None:
+                out[s0:s0 + b] = y.view(b, T, hidden)
+
+    def hessian(self, layer, idx: int, inps: torch.Tensor, modules: list[torch.nn.Module]) -> Hessian:
+        h = Hessian(modules[0].in_features, inps.device)
+
+        def hook(_mod, args):
+            h.add(args[0])
+            raise _Stop
+
+        handles = [m.register_forward_pre_hook(hook) for m in modules]
+        try:
+            self.run(layer, idx, inps)
+        finally:
+            for hd in handles:
+                hd.remove()
+        return h
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def quantize_model(model, config, calib: torch.Tensor | None, opts: QuantOptions,
+                   progress: Callable[[str], None] | None = None) -> QuantizeOutcome:
+    """Quantize `model` in place (weights become their dequantized values) and return the checkpoint
+    tensors. `calib` [S, T] token ids; None is allowed only for --method rtn without FP8 KV."""
+    spec = opts.spec
+    fp8 = fp8_dtype(opts.kv_cache_dtype) is not None
+    if calib is None and (opts.method != "rtn" or fp8):
+        raise QuantizationError("GPTQ and FP8 KV scale calibration need calibration data")
+    skipped = plan_skips(model, config, opts.group_size)
+    total = sum(len(g) for i in range(config.num_hidden_layers) for g in layer_groups(config, i))
+    if len(skipped) == total:
+        first = next(iter(skipped.items()))
+        raise QuantizationError(f"no linear of this model can be quantized with group size {opts.group_size} "
+                                f"(e.g. {first[0]}: {first[1]}); Marlin needs out % 64, in % 128 and in % group == 0")
+    device = model.model.embed_tokens.weight.device
+    outcome = QuantizeOutcome({}, skipped, [], None, 0 if calib is None else calib.shape[0],
+                              0 if calib is None else calib.shape[1])
+    backend = _KVAmaxBackend(config)
+    runner = _LayerRunner(config, opts.batch_tokens, backend)
+    inps = outs = None
+    if calib is not None:
+        inps = model.model.embed_tokens(calib.to(device)) * config.scale_emb
+        outs = torch.empty_like(inps)
+    for i, layer in enumerate(model.model.layers):
+        for group in layer_groups(config, i):
+            members = [n for n in group if f"model.layers.{i}.{n}" not in skipped]
+            if not members:
+                continue
+            mods = [layer.get_submodule(n) for n in members]
+            t0 = time.perf_counter()
+            h = runner.hessian(layer, i, inps, mods) if inps is not None else None
+            _sync(device)
+            t1 = time.perf_counter()
+            outcome.forward_seconds += t1 - t0
+            _solve_group(i, members, mods, h, opts, spec, outcome)
+            _sync(device)
+            outcome.solve_seconds += time.perf_counter() - t1
+            if progress:
+                progress(f"layer {i}: {', '.join(n.rsplit('.', 1)[-1] for n in members)}")
+        if inps is not None:
+            t0 = time.perf_counter()
+            runner.run(layer, i, inps, outs)
+            inps, outs = outs, inps
+            _sync(device)
+            outcome.forward_seconds += time.perf_counter() - t0
+    if fp8:
+        outcome.kv_scales = scales_from_amax(backend.amax, opts.kv_cache_dtype, opts.kv_scales_per_head)
+    return outcome
+
+
+def _solve_group(i, members, mods, h: Hessian | None, opts: QuantOptions, spec: QuantSpec,
+                 outcome: QuantizeOutcome) -> None:
+    name = f"model.layers.{i}.{members[0]}" + (f" (+{len(members) - 1} sharing its input)" if len(members) > 1 else "")
+    W = torch.cat([m.weight for m in mods]).float()
+    t0 = time.perf_counter()
+    prep = None
+    if opts.method == "gptq":
+        prep = prepare_hessian(h.h, opts.damp, opts.desc_act, name)
+        if prep.damp > opts.damp:
+            outcome.damp_raised.append(f"model.layers.{i}.{members[0]}: damp {opts.damp} -> {prep.damp}")
+        solved = gptq_quantize(W, prep, spec)
+        rtn = rtn_quantize(W, spec)
+    else:
+        if h is not None and not bool(torch.isfinite(h.h).all()):
+            raise QuantizationError(f"the Hessian of {name} has NaN/Inf: its calibration activations overflowed")
+        solved = rtn = rtn_quantize(W, spec)
+    _sync(W.device)
+    seconds = time.perf_counter() - t0
+    row = 0
+    for n, m in zip(members, mods):
+        rows = slice(row, row + m.out_features)
+        row += m.out_features
+        q: QuantizedWeight = solved.rows(rows.start, rows.stop)
+        w = W[rows]
+        err = rtn_err = None
+        if h is not None:
+            rtn_err = output_error(w, rtn.dequantized[rows], h.h)
+            err = rtn_err if rtn is solved else output_error(w, q.dequantized, h.h)
+        prefix = f"model.layers.{i}.{n}"
+        outcome.quantized[prefix] = {k: t.cpu() for k, t in to_gptq_tensors(q.codes, q.scales, q.g_idx, spec.bits).items()}
+        outcome.reports.append(ModuleReport(prefix, m.out_features, m.in_features, prep.damp if prep else None,
+                                            rtn_err, err, seconds * m.out_features / W.shape[0]))
+        m.weight.copy_(q.dequantized.to(m.weight.dtype))

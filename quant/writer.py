@@ -1,0 +1,86 @@
+"""Write a GPTQ v1 checkpoint that vLLM/SGLang load as gptq_marlin (reference/quantization.md §2-3):
+qweight/qzeros/scales/g_idx per quantized linear, everything else unquantized under its own name,
+`quantization_config` in config.json, FP8 KV scales, tokenizer + generation config copied.
+Sharded safetensors + index, written to a temp dir and renamed (runtime/checkpoint.save_checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+
+import salactl
+from salactl.runtime.checkpoint import expected_tensor_shapes, save_checkpoint
+from salactl.runtime.config import SalaConfig
+
+COPIED_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                "generation_config.json", "chat_template.jinja", "added_tokens.json", "vocab.json",
+                "merges.txt")
+KV_SCALES_JSON = "kv_cache_scales.json"
+_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+def quantization_config(bits: int, group_size: int, desc_act: bool, damp: float, method: str,
+                        skipped: dict[str, str], kv_cache_dtype: str | None) -> dict:
+    """desc_act stays false: act-order uses static groups, so g_idx is k // group (§1)."""
+    qc = {
+        "quant_method": "gptq",
+        "bits": bits,
+        "group_size": group_size,
+        "desc_act": False,
+        "sym": True,
+        "checkpoint_format": "gptq",
+        "format": "gptq",
+        "lm_head": False,
+        "static_groups": bool(desc_act),
+        "true_sequential": True,
+        "damp_percent": damp,
+        "damp_auto_increment": 0.01,
+        "meta": {
+            "quantizer": [f"salactl:{salactl.__version__}"],
+            "method": method,
+            "act_order": bool(desc_act),
+            "unquantized_modules": ["model.embed_tokens", "lm_head"] + sorted(skipped),
+        },
+    }
+    if skipped:
+        qc["dynamic"] = {f"-:^{name.replace('.', chr(92) + '.')}$": {} for name in sorted(skipped)}
+    if kv_cache_dtype:
+        qc["meta"]["kv_cache_dtype"] = kv_cache_dtype
+        qc["meta"]["kv_cache_scales_file"] = KV_SCALES_JSON
+    return qc
+
+
+def write_quantized_checkpoint(out_dir: Path, config: SalaConfig, model, quantized: dict[str, dict],
+                               qconfig: dict, model_dir: Path | None,
+                               kv_scales: dict | None = None, kv_json: dict | None = None,
+                               overwrite: bool = False, max_shard_bytes: int = 4 << 30) -> Path:
+    """`quantized`: module prefix -> {qweight, qzeros, scales, g_idx} (packing.to_gptq_tensors);
+    `model` supplies every other tensor (quantized linears' in-memory weights are not written)."""
+    params = dict(model.named_parameters())
+    state: dict[str, torch.Tensor] = {}
+    for name in expected_tensor_shapes(config):
+        prefix = name[: -len(".weight")]
+        if prefix in quantized:
+            state.update({f"{prefix}.{k}": t.detach().cpu() for k, t in quantized[prefix].items()})
+        else:
+            state[name] = params[name].detach()
+    for layer, (k, v) in sorted((kv_scales or {}).items()):
+        p = f"model.layers.{layer}.self_attn."
+        state[p + "k_scale"] = k.detach().float().cpu().contiguous()
+        state[p + "v_scale"] = v.detach().float().cpu().contiguous()
+    dtype = model.model.embed_tokens.weight.dtype
+    cfg = config.to_hf_dict()
+    cfg["torch_dtype"] = _DTYPE_NAMES.get(dtype, "bfloat16")
+    cfg["quantization_config"] = qconfig
+    extra = {f: model_dir / f for f in COPIED_FILES if model_dir is not None and (model_dir / f).is_file()}
+    with tempfile.TemporaryDirectory() as td:
+        if kv_json is not None:
+            p = Path(td) / KV_SCALES_JSON
+            p.write_text(json.dumps(kv_json, indent=2) + "\n")
+            extra[KV_SCALES_JSON] = p
+        return save_checkpoint(state, cfg, Path(out_dir), max_shard_bytes=max_shard_bytes,
+                               extra_files=extra, overwrite=overwrite)
