@@ -1,0 +1,106 @@
+"""Bench against a real HTTP server on loopback with injected timings: TTFT 200 ms, 20 ms per
+token, chunks of 1 and 2 tokens. Reported metrics must match the injection within 5%."""
+
+import math
+import socket
+import sys
+import threading
+import time
+
+import pytest
+
+from bench_server import FakeServer
+from salactl.bench.metrics import phase_metrics
+from salactl.bench.profiles import Phase
+from salactl.bench.runner import run_phase
+from salactl.bench.synthetic import random_lengths
+from salactl.bench.targets.http import HttpTarget
+from salactl.errors import EndpointError
+
+TTFT, PER_TOKEN, OUT = 0.2, 0.02, 8
+
+
+def close(a, b, rel=0.05):
+    return abs(a - b) <= rel * abs(b)
+
+
+@pytest.fixture(autouse=True)
+def quick_thread_switches():
+    """Server and client threads share one interpreter: switch the GIL every 1 ms, not 5 ms."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(0.001)
+    yield
+    sys.setswitchinterval(old)
+
+
+@pytest.mark.parametrize("backend", ["sglang", "openai"])
+def test_metrics_match_injected_timings(backend):
+    with FakeServer(TTFT, PER_TOKEN) as srv:
+        target = HttpTarget(srv.url, backend, flush_sleep_s=0.0)
+        target.check()
+        reqs = random_lengths(4, 16, OUT, vocab_size=1000, seed=3)
+        phase = Phase("P", max_concurrency=2)
+        out = run_phase(target, phase, reqs, seed=1)
+        m = phase_metrics(out.results, out.duration)
+
+    assert m["completed"] == 4 and m["failed"] == 0
+    assert m["total_output_tokens"] == 4 * OUT
+    assert m["total_input_tokens"] == 4 * 16
+    per_request = srv.request_time(OUT)                           # 0.2 + 7 * 0.02 = 0.34 s
+    # medians for the per-request latencies: one request delayed by a busy CI core must not flake
+    assert close(m["median_ttft_ms"], TTFT * 1e3), m["median_ttft_ms"]
+    assert close(m["mean_ttft_ms"], TTFT * 1e3, rel=0.15), m["mean_ttft_ms"]
+    assert close(m["mean_tpot_ms"], PER_TOKEN * 1e3), m["mean_tpot_ms"]
+    # per-token ITL: 2-token chunks arrive 40 ms apart and count as two 20 ms gaps
+    assert close(m["mean_itl_ms"], PER_TOKEN * 1e3), m["mean_itl_ms"]
+    assert close(m["median_itl_ms"], PER_TOKEN * 1e3), m["median_itl_ms"]
+    assert close(m["median_e2e_latency_ms"], per_request * 1e3), m["median_e2e_latency_ms"]
+    # 4 requests, 2 at a time: two rounds
+    assert close(m["duration"], 2 * per_request), m["duration"]
+    assert close(m["output_throughput"], 4 * OUT / (2 * per_request)), m["output_throughput"]
+    assert close(m["request_throughput"], 4 / (2 * per_request)), m["request_throughput"]
+    assert close(m["concurrency"], 2.0)
+    # one entry per token after the first chunk
+    assert all(len(r.itl) == OUT - 1 for r in out.results)
+    # the warmup (capped at 32 tokens) and the flush happened before the timed requests
+    assert srv.flushes == 1 and len(srv.requests) == 5
+    body = srv.requests[-1]["body"]
+    if backend == "sglang":
+        assert body["sampling_params"] == {"temperature": 0.0, "max_new_tokens": OUT, "ignore_eos": True}
+        assert len(body["input_ids"]) == 16 and body["stream"] is True
+    else:
+        assert body["model"] == "fake-model" and body["max_tokens"] == OUT and body["ignore_eos"] is True
+        assert len(body["prompt"]) == 16
+
+
+def test_unlimited_concurrency_sends_all_at_once():
+    with FakeServer(TTFT, PER_TOKEN) as srv:
+        target = HttpTarget(srv.url, "sglang", flush_sleep_s=0.0)
+        reqs = random_lengths(6, 4, 4, vocab_size=1000, seed=1)
+        out = run_phase(target, Phase("Smax", warmup_requests=0, flush_cache=False), reqs)
+        m = phase_metrics(out.results, out.duration)
+    assert m["completed"] == 6
+    assert m["duration"] < 2 * srv.request_time(4)             # not 6 rounds: all in flight
+    assert m["max_concurrent_requests"] == 6
+
+
+def test_unreachable_endpoint_fails_fast():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    t = time.perf_counter()
+    with pytest.raises(EndpointError, match="cannot reach .*connection refused"):
+        HttpTarget(f"http://127.0.0.1:{port}", "sglang").check()
+    assert time.perf_counter() - t < 2.0
+
+
+def test_http_errors_count_as_failed_requests():
+    with FakeServer(TTFT, PER_TOKEN) as srv:
+        target = HttpTarget(srv.url, "sglang", flush_sleep_s=0.0)
+        target.generate_path = "/missing"           # the server answers 404 for this path
+        from salactl.bench.runner import run_request
+        res = run_request(target, random_lengths(1, 4, 4, 1000)[0], 4, "P", threading.Event())
+    assert not res.success and "HTTP 404" in res.error
+    m = phase_metrics([res], 1.0)
+    assert m["failed"] == 1 and m["completed"] == 0 and m["mean_ttft_ms"] is None

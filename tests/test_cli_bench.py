@@ -1,0 +1,142 @@
+"""`salactl bench` end to end as a subprocess: the embedded model on CPU at tiny scale, a SOAR
+JSONL against a loopback server, strict dataset errors, Ctrl-C, and an unreachable endpoint."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bench_server import FakeServer
+from bench_tokenizer import make_tokenizer
+from salactl.runtime.tokenizer import Tokenizer
+
+SGLANG_FIELDS = ("phase", "max_concurrency", "duration", "completed", "failed", "request_throughput",
+                 "output_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
+                 "median_tpot_ms", "mean_itl_ms", "p99_itl_ms", "mean_e2e_latency_ms")
+
+
+def salactl(*args, timeout=300, **kw):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("SALACTL_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "salactl", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, **kw)
+
+
+def test_embedded_soar_end_to_end(tmp_path):
+    out = tmp_path / "runs"
+    r = salactl("bench", "--profile", "soar", "--model", "sala-nano", "--random-weights", "--device", "cpu",
+                "--dtype", "float32", "--scale", "0.0005", "--num-requests", "2", "--details",
+                "--reference", "S1=10,S8=10,Smax=10", "--accuracy", "99.5", "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    run = json.loads(r.stdout)
+    assert [p["phase"] for p in run["phases"]] == ["S1", "S8", "Smax"]
+    assert [p["max_concurrency"] for p in run["phases"]] == [1, 8, None]
+    for p in run["phases"]:
+        assert all(k in p for k in SGLANG_FIELDS)
+        assert p["completed"] == 2 and p["failed"] == 0
+        assert p["target"] == "embedded" and p["schema_version"] == 1 and p["kind"] == "bench"
+        assert p["env"]["torch"] and p["knobs"]["target"]["chunk_size"] == 512
+    expect = sum(0.4 * 10 / p["duration"] * 100 if p["phase"] == "S1" else 0.3 * 10 / p["duration"] * 100
+                 for p in run["phases"])
+    assert run["score"] == pytest.approx(expect)
+    records = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
+    assert [x["phase"] for x in records] == ["S1", "S8", "Smax"]
+    assert {x["run_id"] for x in records} == {run["run_id"]}
+    rows = (out / f"{run['run_id']}-requests.csv").read_text().splitlines()
+    assert rows[0].startswith("run_id,phase,request_id,input_len") and len(rows) == 1 + 6
+    # ignore_eos + fixed lengths: every request produced exactly the tokens it asked for
+    import csv
+    per_phase = {}
+    for row in csv.DictReader(rows):
+        assert row["output_len"] == row["expected_output_len"] and row["success"] == "1"
+        assert len(json.loads(row["itl_ms"])) == int(row["output_len"]) - 1
+        per_phase[row["phase"]] = per_phase.get(row["phase"], 0) + int(row["output_len"])
+    assert per_phase == {p["phase"]: p["total_output_tokens"] for p in run["phases"]}
+    assert "| S1 |" in (out / f"{run['run_id']}.md").read_text()
+
+
+def test_soar_jsonl_against_server(tmp_path):
+    tokdir = make_tokenizer(tmp_path / "tok")
+    tok = Tokenizer(tokdir)
+    rows = [{"question": f"the quick brown fox {i}", "model_response": "jumps over the lazy dog " * (i + 1)}
+            for i in range(3)]
+    data = tmp_path / "speed.jsonl"
+    data.write_text("".join(json.dumps(x) + "\n" for x in rows))
+    with FakeServer(0.01, 0.001) as srv:
+        r = salactl("bench", "--profile", "soar", "--dataset", str(data), "--endpoint", srv.url,
+                    "--backend", "sglang", "--tokenizer", str(tokdir), "--flush-sleep", "0",
+                    "--out", str(tmp_path / "o"), "--json", "--phases", "S1,Smax")
+    assert r.returncode == 0, r.stderr
+    run = json.loads(r.stdout)
+    assert run["target"] == "sglang" and run["model"] == "fake-model"
+    assert [p["phase"] for p in run["phases"]] == ["S1", "Smax"]
+    assert all(p["completed"] == 3 for p in run["phases"])
+    timed = [q["body"] for q in srv.requests if q["body"]["sampling_params"]["max_new_tokens"] > 0]
+    want = sorted(len(tok.encode(x["model_response"])) for x in rows)
+    # per phase: one warmup (capped at 32) + the 3 rows with their response token counts
+    assert sorted(b["sampling_params"]["max_new_tokens"] for b in timed[1:4]) == want
+    assert {b["text"] for b in timed} <= {x["question"] for x in rows}
+    assert srv.flushes == 2
+
+
+def test_malformed_row_reports_line_and_writes_nothing(tmp_path):
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"question": "a b c", "model_response": "d e f"}\n\n{"question": "x"}\n')
+    out = tmp_path / "o"
+    r = salactl("bench", "--dataset", str(data), "--endpoint", "http://127.0.0.1:9", "--out", str(out))
+    assert r.returncode == 7
+    assert r.stderr.strip().count("\n") == 0
+    assert "bad.jsonl:3:" in r.stderr and "model_response" in r.stderr and "--skip-bad-rows" in r.stderr
+    assert not out.exists()
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_unreachable_endpoint_fails_fast(tmp_path):
+    out = tmp_path / "o"
+    t = time.perf_counter()
+    r = salactl("bench", "--endpoint", f"http://127.0.0.1:{_free_port()}", "--backend", "openai",
+                "--out", str(out), timeout=60)
+    assert r.returncode == 8
+    assert "cannot reach" in r.stderr and "connection refused" in r.stderr
+    assert r.stderr.strip().count("\n") == 0
+    assert not out.exists()
+    assert time.perf_counter() - t < 30
+
+
+def test_ctrl_c_keeps_finished_phases(tmp_path):
+    prof = tmp_path / "two.toml"
+    prof.write_text('[dataset]\nkind = "random"\ninput_len = 4\n'
+                    '[[phases]]\nname = "quick"\nnum_requests = 2\noutput_len = 3\n'
+                    '[[phases]]\nname = "slow"\nnum_requests = 4\noutput_len = 400\nwarmup_requests = 0\n')
+    out = tmp_path / "o"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with FakeServer(0.01, 0.02) as srv:
+        proc = subprocess.Popen([sys.executable, "-m", "salactl", "bench", "--profile", str(prof),
+                                 "--endpoint", srv.url, "--flush-sleep", "0", "--out", str(out)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        records = out / "records.jsonl"
+        deadline = time.time() + 120
+        while time.time() < deadline and not (records.exists() and records.read_text().count("\n") >= 1):
+            time.sleep(0.05)
+        time.sleep(0.3)                                   # the slow phase is in flight now
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    lines = records.read_text().splitlines()
+    assert [json.loads(x)["phase"] for x in lines] == ["quick"]
+    summary = json.loads(next(out.glob("*.json")).read_text())
+    assert summary["interrupted"] is True and [p["phase"] for p in summary["phases"]] == ["quick"]
+    assert "interrupted" in next(out.glob("*.md")).read_text()
