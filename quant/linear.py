@@ -55,7 +55,7 @@ class W4A16Linear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.bits, self.group_size, self.layout = bits, group_size, layout
-        self.perm: torch.Tensor | None = None
+        self.register_buffer("perm", None)       # act-order input permutation, if any
         for name, t in buffers.items():
             self.register_buffer(name, t)
 
@@ -104,7 +104,7 @@ class W4A16Linear(nn.Module):
         if layout == "cpu_int4":
             mod.kernel_group = group_size_kernel
         if perm is not None:
-            mod.register_buffer("perm", perm.to(device=device, dtype=torch.int64))
+            mod.perm = perm.to(device=device, dtype=torch.int64)
         return mod
 
     def dequantized_weight(self) -> torch.Tensor:

@@ -33,9 +33,9 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
-def _w4a16_mm_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
+def _w4a16_mm_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_ym, split_k,
                      GROUP: tl.constexpr, G_EFF: tl.constexpr, JPG: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ATOMIC: tl.constexpr,
                      GROUP_M: tl.constexpr, FUSED_DOT: tl.constexpr, MAGIC: tl.constexpr,
                      BIAS: tl.constexpr, DOT_F32: tl.constexpr):
     pid = tl.program_id(0)
@@ -56,7 +56,7 @@ def _w4a16_mm_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
     ACT = x_ptr.dtype.element_ty
 
     nkb = K // 128
-    per = tl.cdiv(nkb, SPLIT_K)
+    per = tl.cdiv(nkb, split_k)
     kb0 = pid_k * per
     kb1 = tl.minimum(kb0 + per, nkb)
     x_rows = x_ptr + offs_m[:, None] * stride_xm
@@ -108,10 +108,10 @@ def _w4a16_mm_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
 
     y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
     mask = m_mask[:, None] & n_mask[None, :]
-    if SPLIT_K == 1:
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
-    else:
+    if ATOMIC:
         tl.atomic_add(y_ptrs, acc, mask=mask)
+    else:
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -202,9 +202,9 @@ def w4a16_mm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group
         y = torch.zeros(M, N, device=x.device, dtype=torch.float32)
     grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n), cfg.split_k)
     _w4a16_mm_kernel[grid](
-        x, qweight, scales, y, M, N, K, x.stride(0), y.stride(0),
+        x, qweight, scales, y, M, N, K, x.stride(0), y.stride(0), cfg.split_k,
         GROUP=group, G_EFF=g_eff, JPG=g_eff // 16, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        SPLIT_K=cfg.split_k, GROUP_M=cfg.group_m, FUSED_DOT=cfg.fused_dot,
+        ATOMIC=cfg.split_k > 1, GROUP_M=cfg.group_m, FUSED_DOT=cfg.fused_dot,
         MAGIC=_MAGIC[x.dtype], BIAS=_BIAS[x.dtype], DOT_F32=_INTERPRET,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return y if cfg.split_k == 1 else y.to(x.dtype)

@@ -1,0 +1,101 @@
+import pytest
+import torch
+
+from conftest import rel_err
+from salactl.errors import QuantizationError
+from salactl.quant.linear import W4A16Linear
+from salactl.quant.packing import (default_g_idx, pack_qweight, pack_qzeros, symmetric_qzeros_word,
+                                   to_gptq_tensors, unpack_qweight, unpack_qzeros)
+from salactl.runtime.ops.w4a16 import reference
+from salactl.runtime.ops.w4a16.layout import pack_interleaved, unpack_interleaved
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_qweight_round_trip_and_bit_layout(bits, rng):
+    K, N = 64, 24
+    q = torch.randint(0, 2 ** bits, (K, N), generator=rng)
+    packed = pack_qweight(q, bits)
+    assert packed.dtype == torch.int32 and packed.shape == (K * bits // 32, N)
+    assert torch.equal(unpack_qweight(packed, bits), q.to(torch.int32))
+    # GPTQ v1: value k = v*r + j sits in bits [bits*j, bits*j + bits) of word row r, low bits first
+    v = 32 // bits
+    word = int(packed[1, 3]) & 0xFFFFFFFF
+    assert [(word >> (bits * j)) & (2 ** bits - 1) for j in range(v)] == q[v:2 * v, 3].tolist()
+
+
+@pytest.mark.parametrize("bits,fmt", [(4, "gptq"), (4, "gptq_v2"), (8, "gptq"), (8, "gptq_v2")])
+def test_qzeros_round_trip_and_symmetric_word(bits, fmt, rng):
+    z = torch.randint(1, 2 ** bits, (3, 16), generator=rng)
+    assert torch.equal(unpack_qzeros(pack_qzeros(z, bits, fmt), bits, fmt), z.to(torch.int32))
+    sym = torch.full((2, 16), 2 ** (bits - 1))
+    words = pack_qzeros(sym, bits, fmt)
+    assert bool((words == symmetric_qzeros_word(bits, fmt)).all())
+    expected = {(4, "gptq"): 0x77777777, (4, "gptq_v2"): 0x88888888, (8, "gptq"): 0x7F7F7F7F,
+                (8, "gptq_v2"): 0x80808080}[(bits, fmt)]
+    assert int(words[0, 0]) & 0xFFFFFFFF == expected
+
+
+def test_pack_rejects_out_of_range_and_bad_bits():
+    with pytest.raises(QuantizationError):
+        pack_qweight(torch.full((8, 2), 16), 4)
+    with pytest.raises(QuantizationError):
+        pack_qweight(torch.zeros(8, 2), 3)
+
+
+def test_interleaved_layout_round_trip_and_block_order(rng):
+    q = torch.randint(0, 16, (256, 8), generator=rng)
+    w = pack_interleaved(q)
+    assert w.shape == (32, 8) and torch.equal(unpack_interleaved(w), q.to(torch.int32))
+    # nibble j of word row r (block 1) holds k = 128 + 16 j + r
+    word = int(w[16 + 5, 2]) & 0xFFFFFFFF
+    assert [(word >> (4 * j)) & 0xF for j in range(8)] == [int(q[128 + 16 * j + 5, 2]) for j in range(8)]
+
+
+def _random_gptq(K, N, G, bits, rng):
+    codes = torch.randint(0, 2 ** bits, (N, K), generator=rng)
+    ng = 1 if G == -1 else K // G
+    scales = (torch.rand(ng, N, generator=rng) * 0.02 + 0.001).half()
+    return codes, scales, to_gptq_tensors(codes, scales, default_g_idx(K, G), bits)
+
+
+@pytest.mark.parametrize("bits,G", [(4, 128), (4, 32), (4, -1), (8, 64)])
+def test_dequant_matmul_equivalence(bits, G, rng):
+    K, N = 256, 64
+    codes, scales, t = _random_gptq(K, N, G, bits, rng)
+    g = default_g_idx(K, G).long()
+    w = scales.float()[g].t() * (codes.float() - 2 ** (bits - 1))             # [N, K], by definition
+    assert torch.equal(reference.dequantize(t["qweight"], t["scales"], t["g_idx"], bits,
+                                            t["qzeros"], "gptq"), w)
+    x = torch.randn(5, K, generator=rng)
+    y = reference.w4a16_matmul(x, t["qweight"], t["scales"], t["g_idx"], bits, t["qzeros"])
+    assert rel_err(y, x @ w.t()) < 1e-6
+
+
+@pytest.mark.parametrize("dtype,G,layout", [(torch.float32, 128, "dequant"), (torch.bfloat16, 128, "cpu_int4"),
+                                            (torch.bfloat16, 32, "cpu_int4"), (torch.bfloat16, -1, "cpu_int4")])
+def test_w4a16_linear_cpu_layouts_match_reference(dtype, G, layout, rng):
+    K, N = 256, 128
+    codes, scales, t = _random_gptq(K, N, G, 4, rng)
+    mod = W4A16Linear.from_gptq(t["qweight"], t["scales"], t["g_idx"], 4, G, "cpu", dtype)
+    assert mod.layout == layout and mod.in_features == K and mod.out_features == N
+    x = torch.randn(3, 7, K, generator=rng).to(dtype)
+    ref = reference.w4a16_matmul(x.float(), t["qweight"], t["scales"], t["g_idx"], 4)
+    y = mod(x)
+    assert y.shape == (3, 7, N) and y.dtype == dtype
+    assert rel_err(y.float(), ref) < (1e-6 if dtype == torch.float32 else 1e-2)
+    # packed bytes are buffers, so the roofline counts them
+    nbytes = sum(b.numel() * b.element_size() for b in mod.buffers())
+    assert K * N // 2 <= nbytes < K * N
+
+
+def test_w4a16_linear_act_order_g_idx_is_repacked(rng):
+    K, N, G = 256, 64, 64
+    codes, scales, _ = _random_gptq(K, N, G, 4, rng)
+    perm = torch.randperm(K, generator=rng)
+    g_idx = torch.empty(K, dtype=torch.int32)
+    g_idx[perm] = torch.arange(K, dtype=torch.int32) // G           # act-order without static groups
+    t = to_gptq_tensors(codes, scales, g_idx, 4)
+    mod = W4A16Linear.from_gptq(t["qweight"], t["scales"], t["g_idx"], 4, G, "cpu", torch.float32)
+    x = torch.randn(4, K, generator=rng)
+    ref = reference.w4a16_matmul(x, t["qweight"], t["scales"], t["g_idx"], 4)
+    assert mod.perm is not None and rel_err(mod(x), ref) < 1e-6
