@@ -103,9 +103,9 @@ def sweep_configs(M: int, N: int, K: int, sms: int) -> list[MMConfig]:
     bm = 16 if M <= 16 else 32
     out = []
     for bn, fused, warps, stages in ((32, False, 4, 4), (64, False, 4, 4), (128, False, 4, 3), (64, True, 4, 4),
-                                     (128, True, 4, 3), (128, True, 8, 3), (256, True, 8, 3)):
+                                     (128, True, 8, 3)):
         tiles = math.ceil(M / bm) * math.ceil(N / bn)
-        splits = {1} | {max(1, min(K // 128, math.ceil(t * sms / tiles))) for t in (1, 2, 4)}
+        splits = {max(1, min(K // 128, math.ceil(t * sms / tiles))) for t in (2, 4)}
         out += [MMConfig(bm, bn, sp, fused, 8, warps, stages) for sp in sorted(splits)]
     return out
 
