@@ -38,7 +38,16 @@ _EXCLUDED_FILES = {"turtle.py", "__hello__.py", "antigravity.py", "this.py"}
 
 # sha256 of corpus_text(split) per interpreter version (stdlib content differs even between patch
 # releases and distribution builds); recorded from real builds, see BENCHMARKS.md.
-RECORDED_SHA256: dict[str, dict[str, str]] = {}
+RECORDED_SHA256: dict[str, dict[str, str]] = {
+    "3.11.7": {  # pyenv CPython, the development/CI machine
+        "train": "00cf2ab8086a9ae890147f438b5e81b0c644dbcf1c8f3ca07e6dbc5bac3530b6",
+        "heldout": "ea5ef1376f8573903edcce93dec4ff7c2d079a2f650784858a837c6cfbd41381",
+    },
+    "3.12.3": {  # Ubuntu CPython on the H200 machine that trained sala-nano
+        "train": "9f341e1a5d2ab3e76f1a96a54e668df8b8daf6647d96f6dd7b2c1001de8402d1",
+        "heldout": "35cd184f50ef42b3e270e2b18cec6c8272467c2874d0648db3e0457fd89ed7d9",
+    },
+}
 
 
 def stdlib_dir() -> Path:
