@@ -3,9 +3,7 @@ record per finished phase, and write the per-request CSV and summaries (also on 
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +35,9 @@ class BenchSettings:
     device: str = "auto"
     dtype: str = "auto"
     chunk_size: int = 512
+    engine: str = "auto"
+    kv_cache_dtype: str = "bf16"
+    max_running_requests: int = 64
     reference: str | None = None
     accuracy: float | None = None
     slo: str | None = None
@@ -108,7 +109,8 @@ def build_target(s: BenchSettings, need_tokenizer: bool):
     from salactl.bench.targets.embedded import build_embedded_target
     from salactl.runtime.tokenizer import find_tokenizer
 
-    target, lm = build_embedded_target(s.model, s.random_weights, s.seed, s.device, s.dtype, s.chunk_size)
+    target, lm = build_embedded_target(s.model, s.random_weights, s.seed, s.device, s.dtype, s.chunk_size,
+                                       s.engine, s.kv_cache_dtype, s.max_running_requests)
     tok = None
     if need_tokenizer:
         tok = find_tokenizer(s.tokenizer, lm.model_dir)
@@ -157,7 +159,7 @@ def _execute(run, plans, profile, target, s, slo, reference, weights, env, progr
     out = Path(s.out)
     writer = rec.RecordWriter(out / rec.RECORDS_NAME)
     run.files["records"] = str(writer.path)
-    details, t0 = [], None
+    details = []
     durations: dict[str, float] = {}
     try:
         for plan in plans:
@@ -180,8 +182,7 @@ def _execute(run, plans, profile, target, s, slo, reference, weights, env, progr
             if reference and ph.name in weights:
                 metrics.update(score_weight=weights[ph.name], score_reference_duration=reference[ph.name],
                                score_tier=reference[ph.name] / outcome.duration * 100.0)
-            if s.details:
-                t0 = outcome.results[0].start_time if t0 is None and outcome.results else t0
+            if s.details and outcome.results:
                 details += rec.detail_rows(run.run_id, outcome.results, min(r.start_time for r in outcome.results))
                 metrics["details_csv"] = str(out / f"{run.run_id}-requests.csv")
             record = rec.make_record("bench", run.run_id, s.label, profile.name, ph.name, target.kind,

@@ -1,6 +1,7 @@
 """The embedded runtime as a bench target: requests go straight to a `StreamingEngine` in this
-process (today `FifoEngine` over the single-sequence Engine), with ignore_eos, temperature 0 and
-a fixed output length, as SOAR's client asks of a server. On CUDA it also reports the phase's
+process (`EngineDriver` over the GPU engine's continuous batching, or the single-sequence Engine
+in FIFO order), with ignore_eos, temperature 0 and a fixed output length, as SOAR's client asks
+of a server. On CUDA it also reports the phase's
 peak GPU memory and, through NVML, energy and mean power."""
 
 from __future__ import annotations
@@ -85,24 +86,74 @@ class EmbeddedTarget(Target):
         return out
 
     def knobs(self) -> dict:
-        return dict(self._knobs, scheduler=f"fifo (max batch {self.max_batch_size})")
+        return dict(self._knobs)
 
     def close(self) -> None:
         self.engine.close()
 
 
-def build_embedded_target(model: str | None, random_weights: bool, seed: int, device: str,
-                          dtype: str, chunk_size: int, tokenizer=None) -> tuple[EmbeddedTarget, object]:
-    """Load the model and wrap it; returns (target, LoadedModel)."""
-    from salactl.bench.targets.fifo_engine import FifoEngine
+ENGINES = ("auto", "reference", "gpu")
+
+
+def build_engine(lm, device, engine: str, chunk_size: int, kv_cache_dtype: str, max_running: int):
+    """The stepping engine behind the target: the continuous-batching GPU engine when asked for
+    (or `auto` on CUDA with Triton), else the single-sequence reference Engine in FIFO order."""
+    from salactl.bench.targets.engine_driver import EngineDriver, GpuStepper, SerialStepper
+    from salactl.errors import DeviceError, UsageError
+
+    if engine not in ENGINES:
+        raise UsageError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    use_gpu = engine == "gpu"
+    if engine == "auto" and device.type == "cuda":
+        try:
+            from salactl.runtime.gpu.available import gpu_engine_available
+
+            use_gpu = gpu_engine_available(device)
+        except ImportError:
+            use_gpu = False
+    if use_gpu:
+        try:
+            from salactl.runtime.gpu.engine import GPUEngine
+            from salactl.runtime.kv_fp8 import fp8_dtype
+        except ImportError as e:
+            raise DeviceError(f"the GPU engine cannot be imported ({e}); use --engine reference") from None
+        if device.type != "cuda":
+            raise DeviceError("--engine gpu needs a CUDA device; use --engine reference on CPU")
+        kw = {"kv_dtype": fp8_dtype(kv_cache_dtype)} if fp8_dtype(kv_cache_dtype) is not None else {}
+        gpu = GPUEngine(lm.model, device, chunk_size=chunk_size, max_running_requests=max_running, **kw)
+        return EngineDriver(GpuStepper(gpu), max_running), "gpu"
     from salactl.runtime.engine import Engine
+
+    ref = Engine(lm.model, device, chunk_size=chunk_size, kv_cache_dtype=kv_cache_dtype)
+    return EngineDriver(SerialStepper(ref, tuple(lm.config.eos_token_id)), 1), "reference"
+
+
+def build_embedded_target(model: str | None, random_weights: bool, seed: int, device: str, dtype: str,
+                          chunk_size: int, engine: str = "auto", kv_cache_dtype: str = "bf16",
+                          max_running: int = 64) -> tuple[EmbeddedTarget, object]:
+    """Load the model and wrap it; returns (target, LoadedModel)."""
+    import dataclasses
+
     from salactl.runtime.loader import load_model
 
     lm = load_model(model or "sala-nano", device, dtype, random_weights, seed)
     dev = lm.model.model.embed_tokens.weight.device
-    engine = Engine(lm.model, dev, chunk_size=chunk_size)
-    eos = tuple(lm.config.eos_token_id) + (tuple(tokenizer.eos_ids) if tokenizer else ())
-    knobs = {"device": str(dev), "dtype": str(lm.model.model.embed_tokens.weight.dtype).replace("torch.", ""),
-             "chunk_size": chunk_size, "random_weights": random_weights, "seed": seed,
-             "sparse_config": lm.config.sparse_config.__dict__.copy()}
-    return EmbeddedTarget(FifoEngine(engine, eos), lm.source, lm.config.vocab_size, dev, knobs), lm
+    driver, engine_name = build_engine(lm, dev, engine, chunk_size, kv_cache_dtype, max_running)
+    knobs = {"engine": engine_name, "device": str(dev),
+             "dtype": str(lm.model.model.embed_tokens.weight.dtype).replace("torch.", ""),
+             "weights": "w4a16" if _is_quantized(lm) else "dense", "kv_cache_dtype": kv_cache_dtype,
+             "chunk_size": chunk_size, "max_running_requests": driver.max_batch_size,
+             "random_weights": random_weights, "seed": seed,
+             "sparse_config": dataclasses.asdict(lm.config.sparse_config)}
+    return EmbeddedTarget(driver, lm.source, lm.config.vocab_size, dev, knobs), lm
+
+
+def _is_quantized(lm) -> bool:
+    import json
+
+    if lm.model_dir is None or not (lm.model_dir / "config.json").exists():
+        return False
+    try:
+        return "quantization_config" in json.loads((lm.model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return False

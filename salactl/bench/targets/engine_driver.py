@@ -1,0 +1,185 @@
+"""Drive an in-process engine from many client threads: the `StreamingEngine` the embedded bench
+target talks to (`submit(prompt_ids, params, cancel)` -> iterator of (token_id, timestamp)).
+
+One worker thread owns a *stepping* engine — `submit(prompt, params) -> rid`, `step() ->
+[(rid, token_or_exception, perf_counter)]`, `has_work()`, `is_finished(rid)` — and routes each
+produced token to the client waiting for it. Two stepping engines exist:
+- `SerialStepper`: the single-sequence `runtime.engine.Engine`, one request at a time in FIFO
+  order (max batch 1). Requests queue behind the running one, so queueing time shows up in TTFT
+  and duration, exactly as a non-batching server would show it to SGLang's client.
+- `GpuStepper`: the continuous-batching `runtime.gpu.engine.GPUEngine` (its own submit/step).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from typing import Iterator, Protocol
+
+from salactl.runtime.sampling import SamplingParams
+
+_END = object()
+
+
+class StreamingEngine(Protocol):
+    max_batch_size: int
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams,
+               cancel: threading.Event) -> Iterator[tuple[int, float]]: ...
+
+    def close(self) -> None: ...
+
+
+class SerialStepper:
+    """FIFO over `Engine.stream`: each step yields the next token of the oldest request."""
+
+    max_batch_size = 1
+
+    def __init__(self, engine, eos_ids: tuple[int, ...] = ()):
+        self.engine, self.eos_ids = engine, tuple(eos_ids)
+        self.waiting: deque = deque()
+        self.current = None                 # (rid, generator)
+        self.done: set[int] = set()
+        self._next = 0
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> int:
+        rid, self._next = self._next, self._next + 1
+        self.waiting.append((rid, prompt_ids, params))
+        return rid
+
+    def has_work(self) -> bool:
+        return self.current is not None or bool(self.waiting)
+
+    def is_finished(self, rid: int) -> bool:
+        return rid in self.done
+
+    def abort(self, rid: int) -> None:
+        self.waiting = deque(w for w in self.waiting if w[0] != rid)
+        if self.current is not None and self.current[0] == rid:
+            self.current = None
+        self.done.add(rid)
+
+    def step(self) -> list[tuple[int, object, float]]:
+        if self.current is None:
+            rid, prompt, params = self.waiting.popleft()
+            self.current = (rid, self.engine.stream(prompt, params, self.eos_ids))
+        rid, gen = self.current
+        try:
+            tok = next(gen)
+        except StopIteration:
+            self.current = None
+            self.done.add(rid)
+            return []
+        except Exception as e:      # this request fails; the queue goes on
+            self.current = None
+            self.done.add(rid)
+            return [(rid, e, time.perf_counter())]
+        return [(rid, tok, time.perf_counter())]
+
+
+class GpuStepper:
+    """`GPUEngine` speaks the stepping protocol almost natively."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.max_batch_size = engine.scheduler.max_running if hasattr(engine.scheduler, "max_running") else None
+
+    def submit(self, prompt_ids, params) -> int:
+        return self.engine.submit(prompt_ids, params)
+
+    def has_work(self) -> bool:
+        return self.engine.scheduler.has_work()
+
+    def is_finished(self, rid: int) -> bool:
+        req = self.engine.requests.get(rid)
+        return req is None or req.finish_reason is not None
+
+    def abort(self, rid: int) -> None:
+        pass                                # runs to completion; its tokens are dropped
+
+    def step(self):
+        return self.engine.step()
+
+
+class _Job:
+    def __init__(self, prompt_ids, params, cancel):
+        self.prompt_ids, self.params, self.cancel = prompt_ids, params, cancel
+        self.out: queue.Queue = queue.Queue()
+
+
+class EngineDriver:
+    def __init__(self, stepper, max_batch_size: int | None = None):
+        self.stepper = stepper
+        self.max_batch_size = max_batch_size or getattr(stepper, "max_batch_size", None)
+        self._inbox: queue.Queue = queue.Queue()
+        self._jobs: dict[int, _Job] = {}
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._work, name="salactl-bench-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, prompt_ids, params, cancel) -> Iterator[tuple[int, float]]:
+        job = _Job(list(prompt_ids), params, cancel)
+        self._inbox.put(job)
+        return self._drain(job)
+
+    @staticmethod
+    def _drain(job: _Job) -> Iterator[tuple[int, float]]:
+        while True:
+            item = job.out.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def _admit(self, block: bool) -> None:
+        while True:
+            try:
+                job = self._inbox.get(timeout=0.05) if block else self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            block = False
+            if job.cancel.is_set():
+                job.out.put(_END)
+                continue
+            try:
+                self._jobs[self.stepper.submit(job.prompt_ids, job.params)] = job
+            except Exception as e:          # refused at submit (vocabulary, capacity, ...)
+                job.out.put(e)
+
+    def _work(self) -> None:
+        while not self._closed.is_set():
+            self._admit(block=not self.stepper.has_work())
+            if not self.stepper.has_work():
+                continue
+            try:
+                events = self.stepper.step()
+            except Exception as e:          # the whole step failed: every running request fails
+                for rid, job in list(self._jobs.items()):
+                    job.out.put(e)
+                    self.stepper.abort(rid)
+                self._jobs.clear()
+                continue
+            for rid, tok, ts in events:
+                job = self._jobs.get(rid)
+                if job is not None:
+                    job.out.put(tok if isinstance(tok, BaseException) else (tok, ts))
+            for rid, job in list(self._jobs.items()):
+                if job.cancel.is_set() and not self.stepper.is_finished(rid):
+                    self.stepper.abort(rid)
+                if self.stepper.is_finished(rid) or job.cancel.is_set():
+                    job.out.put(_END)
+                    del self._jobs[rid]
+        err = RuntimeError("the engine was closed before this request finished")
+        for job in self._jobs.values():
+            job.out.put(err)
+        while True:
+            try:
+                self._inbox.get_nowait().out.put(err)
+            except queue.Empty:
+                return
+
+    def close(self) -> None:
+        self._closed.set()
