@@ -1,0 +1,173 @@
+"""GPU engine: continuous batching over paged caches with CUDA-graph decode.
+
+    engine = GPUEngine(model, "cuda", max_running_requests=64)
+    results = engine.generate([(prompt_ids, SamplingParams(...)), ...])   # GenerationResult each
+    rid = engine.submit(prompt_ids, params); for rid, token, t in engine.stream(): ...
+
+Each step admits waiting requests (slot + page reservation), runs one prefill chunk (up to
+chunk_size tokens, possibly from several requests) and then one decode step over every request
+that has a token to feed, so prefill is interleaved with decode. profile_ops=True runs eagerly
+with CUDA-event timing per op class (for the roofline) instead of graph replay.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterable, Iterator
+
+import torch
+
+from salactl.errors import UsageError
+from salactl.runtime.engine import GenerationResult, PhaseStats
+from salactl.runtime.gpu.backend import GPUBackend
+from salactl.runtime.gpu.fast_model import fuse_model
+from salactl.runtime.gpu.pools import CachePools, IdAllocator, plan_pools
+from salactl.runtime.gpu.runner import ModelRunner
+from salactl.runtime.gpu.scheduler import Request, Scheduler
+from salactl.runtime.op_timer import NULL_TIMER, OpTimer
+from salactl.runtime.sampling import SamplingParams, sample
+
+
+class GPUEngine:
+    def __init__(self, model, device=None, *, mem_fraction: float = 0.9, max_running_requests: int = 64,
+                 chunk_size: int = 8192, cuda_graph: bool = True, max_context: int | None = None,
+                 kv_tokens: int | None = None, kv_dtype: torch.dtype | None = None,
+                 profile_ops: bool = False, fuse: bool = True, free_bytes: int | None = None,
+                 eos_ids: Iterable[int] = ()):
+        self.config = model.config
+        self.device = torch.device(device) if device is not None else model.lm_head.weight.device
+        self.dtype = model.model.embed_tokens.weight.dtype
+        self.model = fuse_model(model) if fuse else model
+        if free_bytes is None:
+            free_bytes = (torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else 2 << 30)
+        kv_dtype = kv_dtype or self.dtype
+        if max_context is None and kv_tokens is None:
+            max_context = 1 << 20 | 1 << 14
+        plan = plan_pools(self.config, free_bytes, mem_fraction, max_running_requests, chunk_size,
+                          kv_itemsize=torch.empty(0, dtype=kv_dtype).element_size(),
+                          act_itemsize=torch.empty(0, dtype=self.dtype).element_size(),
+                          max_context=max_context if max_context is not None else kv_tokens,
+                          kv_tokens=kv_tokens)
+        self.plan = plan
+        self.pools = CachePools(self.config, plan, self.device, self.dtype, kv_dtype)
+        sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
+               if self.device.type == "cuda" else 4)
+        self.backend = GPUBackend(self.config, self.pools, num_sms=sms)
+        self.profile_ops = profile_ops
+        self.runner = ModelRunner(self.model, self.pools, self.backend, self.device, max_running_requests,
+                                  cuda_graph=cuda_graph and not profile_ops)
+        B = self.config.sparse_config.block_size
+        self.max_context = plan.max_pages_per_seq * B
+        self.scheduler = Scheduler(IdAllocator(plan.pages, "KV cache pages"),
+                                   IdAllocator(plan.slots, "request slots"), B, max_running_requests,
+                                   chunk_size, self.max_context)
+        self.eos_ids = frozenset(eos_ids) | frozenset(self.config.eos_token_id)
+        self.requests: dict[int, Request] = {}
+        self._next_id = 0
+        self.timers = {"prefill": OpTimer(self.device), "decode": OpTimer(self.device)}
+        self.phase_calls = {"prefill": 0, "decode": 0}
+
+    # ---- API --------------------------------------------------------------------------------
+    def submit(self, prompt_ids: list[int], params: SamplingParams | None = None,
+               eos_ids: Iterable[int] | None = None) -> int:
+        params = params or SamplingParams()
+        vocab = self.config.vocab_size
+        bad = [t for t in prompt_ids if not 0 <= t < vocab]
+        if bad:
+            raise UsageError(f"prompt token id {bad[0]} is outside the vocabulary (size {vocab})")
+        eos = self.eos_ids if eos_ids is None else frozenset(eos_ids)
+        stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else eos)
+        req = Request(self._next_id, list(prompt_ids), params, stops)
+        if params.temperature > 0:
+            seed = params.seed if params.seed is not None else 0
+            req.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.scheduler.add(req)
+        self.requests[req.rid] = req
+        self._next_id += 1
+        return req.rid
+
+    def stream(self) -> Iterator[tuple[int, int, float]]:
+        """(request_id, token_id, perf_counter timestamp) as tokens are produced, until every
+        submitted request has finished. submit() may be called between items."""
+        while self.scheduler.has_work():
+            yield from self.step()
+
+    def generate(self, requests: list[tuple[list[int], SamplingParams]]) -> list[GenerationResult]:
+        rids = [self.submit(p, s) for p, s in requests]
+        for _ in self.stream():
+            pass
+        return [self.result(r) for r in rids]
+
+    def generate_one(self, prompt: list[int], params: SamplingParams, eos_ids: tuple[int, ...] = (),
+                     on_token: Callable[[int], None] | None = None) -> GenerationResult:
+        """The single-sequence Engine.generate contract (used by `salactl run`)."""
+        rid = self.submit(prompt, params, tuple(eos_ids) + tuple(self.config.eos_token_id))
+        for r, tok, _ in self.stream():
+            if r == rid and on_token:
+                on_token(tok)
+        return self.result(rid)
+
+    def result(self, rid: int) -> GenerationResult:
+        req = self.requests[rid]
+        if req.finish_reason is None:
+            raise UsageError(f"request {rid} has not finished")
+        first = req.first_token_time or req.finish_time
+        ttft = first - req.arrival
+        pre = PhaseStats(len(req.prompt), self.phase_calls["prefill"], ttft)
+        n_dec = max(len(req.output) - 1, 0)
+        dec = PhaseStats(n_dec, n_dec, (req.finish_time - first) if n_dec else 0.0)
+        if self.profile_ops:
+            pre.op_seconds = self.timers["prefill"].totals()
+            dec.op_seconds = self.timers["decode"].totals()
+        return GenerationResult(list(req.prompt), list(req.output), req.finish_reason, ttft, pre, dec)
+
+    # ---- one scheduler step -----------------------------------------------------------------
+    def step(self) -> list[tuple[int, int, float]]:
+        sched, events = self.scheduler, []
+        for req in sched.admit():
+            self.pools.assign_pages(req.slot, req.pages)
+            self.pools.state[:, req.slot].zero_()
+            self.backend.release_slot(req.slot)
+        plan = sched.prefill_plan()
+        if plan:
+            timer = self.timers["prefill"] if self.profile_ops else NULL_TIMER
+            logits = self.runner.prefill([(r.slot, r.prompt[s:s + n], s) for r, s, n in plan], timer)
+            self.phase_calls["prefill"] += 1
+            done = [(i, r) for i, (r, s, n) in enumerate(plan) if sched.prefill_done(r, n)]
+            live = [(i, r) for i, r in done if r.params.max_new_tokens > 0]
+            for _, r in done:
+                if r.params.max_new_tokens == 0:
+                    r.finish_reason = "length"
+                    self._finish(r)
+            if live:
+                toks = self._sample(logits[[i for i, _ in live]], [r for _, r in live])
+                now = time.perf_counter()
+                for (_, r), tok in zip(live, toks):
+                    r.first_token_time = now
+                    events.append((r.rid, tok, now))
+                    if r.accept(tok):
+                        self._finish(r)
+                    else:
+                        sched.start_decoding(r)
+        if sched.decoding:
+            reqs = list(sched.decoding)
+            timer = self.timers["decode"] if self.profile_ops else NULL_TIMER
+            logits = self.runner.decode([(r.slot, r.output[-1], r.next_position) for r in reqs], timer)
+            self.phase_calls["decode"] += 1
+            toks = self._sample(logits, reqs)
+            now = time.perf_counter()
+            for r, tok in zip(reqs, toks):
+                events.append((r.rid, tok, now))
+                if r.accept(tok):
+                    self._finish(r)
+        return events
+
+    def _finish(self, req: Request) -> None:
+        self.backend.release_slot(req.slot)
+        self.scheduler.finish(req)
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, reqs: list[Request]) -> list[int]:
+        greedy = logits.argmax(dim=-1).tolist()
+        return [g if r.params.temperature == 0 else sample(logits[i], r.params, r.generator)
+                for i, (g, r) in enumerate(zip(greedy, reqs))]

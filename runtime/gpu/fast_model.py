@@ -1,0 +1,120 @@
+"""Fused forward of the reference model for the GPU engine, applied by swapping classes.
+
+`fuse_model(model)` re-classes the live modules (module names, parameters and state_dict are
+unchanged) so that a forward call does the same math with far fewer kernel launches:
+- q/k/v/z (lightning), q/k/v/o_gate (minicpm4) and gate/up (MLP) run as one GEMM each over a
+  concatenated weight; the original Linear weights become views into it (no extra memory).
+  Modules that are not plain nn.Linear (e.g. quantized ones) keep their separate calls.
+- residual add + RMSNorm, per-head qk-norm + RoPE, o_norm · sigmoid(z), o · sigmoid(o_gate) and
+  silu·mul are single Triton kernels (runtime/ops/fused) with the reference rounding points.
+The attention math still goes through batch.backend, like the reference layers.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from salactl.runtime.layers.lightning import LightningAttention
+from salactl.runtime.layers.mlp import MLP
+from salactl.runtime.layers.model import SalaForCausalLM
+from salactl.runtime.layers.sparse_attention import SparseAttention
+from salactl.runtime.ops.fused import triton as fused
+
+
+def _concat(linears) -> torch.Tensor | None:
+    """One weight for several bias-free nn.Linear; the modules' weights become views of it."""
+    if not all(type(m) is nn.Linear and m.bias is None for m in linears):
+        return None
+    w = torch.cat([m.weight.detach() for m in linears])
+    off = 0
+    for m in linears:
+        rows = m.weight.shape[0]
+        m.weight = nn.Parameter(w[off:off + rows], requires_grad=False)
+        off += rows
+    return w
+
+
+def _project(x, w, linears):
+    return F.linear(x, w) if w is not None else torch.cat([m(x) for m in linears], dim=-1)
+
+
+class FusedMLP(MLP):
+    def forward(self, x, timer):
+        with timer("mlp"):
+            gu = _project(x, self._w_gate_up, (self.gate_proj, self.up_proj))
+            return self.down_proj(fused.silu_mul(gu))
+
+
+class FusedLightningAttention(LightningAttention):
+    def forward(self, x, batch):
+        n, H, D = x.shape[0], self.heads, self.head_dim
+        hd = H * D
+        with batch.timer("qkv"):
+            p = _project(x, self._w_qkvz, (self.q_proj, self.k_proj, self.v_proj, self.z_proj))
+            q, k = p[:, :hd].view(n, H, D), p[:, hd:2 * hd].view(n, H, D)
+            v, z = p[:, 2 * hd:3 * hd].view(n, H, D), p[:, 3 * hd:]
+            if self.use_rope:
+                q, k = fused.qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight,
+                                          batch.rope_cos, batch.rope_sin, self.q_norm.eps)
+            else:
+                q, k = self.q_norm(q), self.k_norm(k)
+        with batch.timer("gla"):
+            o = batch.backend.linear_attention(self.layer_idx, q, k, v, self.g_gamma(x.device),
+                                               self.scale, batch)
+        with batch.timer("gates"):
+            o = fused.rmsnorm_gate(o.reshape(n, hd), self.o_norm.weight, z, self.o_norm.eps, x.dtype)
+        with batch.timer("o_proj"):
+            return self.o_proj(o)
+
+
+class FusedSparseAttention(SparseAttention):
+    def forward(self, x, batch):
+        n, d = x.shape[0], self.head_dim
+        qd, kd = self.hq * d, self.hkv * d
+        with batch.timer("qkv"):
+            p = _project(x, self._w_qkvg, (self.q_proj, self.k_proj, self.v_proj, self.o_gate))
+            q = p[:, :qd].view(n, self.hq, d)
+            k = p[:, qd:qd + kd].view(n, self.hkv, d)
+            v = p[:, qd + kd:qd + 2 * kd].view(n, self.hkv, d)
+            g = p[:, qd + 2 * kd:]
+        with batch.timer("attention"):
+            o = batch.backend.softmax_attention(self.layer_idx, q, k, v, batch)
+        with batch.timer("gates"):
+            o = fused.sigmoid_gate(o.reshape(n, qd), g)
+        with batch.timer("o_proj"):
+            return self.o_proj(o)
+
+
+class FusedSalaForCausalLM(SalaForCausalLM):
+    def hidden_states(self, input_ids, batch):
+        cfg = self.config
+        rs = cfg.residual_scale
+        h = self.model.embed_tokens(input_ids) * cfg.scale_emb
+        delta = None
+        for layer in self.model.layers:
+            ln1, ln2 = layer.input_layernorm, layer.post_attention_layernorm
+            h, x = fused.add_rmsnorm(h, delta, rs, ln1.weight, ln1.eps)
+            a = layer.self_attn(x, batch)
+            h, x = fused.add_rmsnorm(h, a, rs, ln2.weight, ln2.eps)
+            delta = layer.mlp(x, batch.timer)
+        return fused.add_rmsnorm(h, delta, rs, self.model.norm.weight, self.model.norm.eps)[1]
+
+
+def fuse_model(model: SalaForCausalLM) -> SalaForCausalLM:
+    """Re-class `model` in place (idempotent) and return it."""
+    if isinstance(model, FusedSalaForCausalLM):
+        return model
+    for layer in model.model.layers:
+        att = layer.self_attn
+        if isinstance(att, LightningAttention):
+            att.__class__ = FusedLightningAttention
+            att._w_qkvz = _concat([att.q_proj, att.k_proj, att.v_proj, att.z_proj])
+        else:
+            att.__class__ = FusedSparseAttention
+            att._w_qkvg = _concat([att.q_proj, att.k_proj, att.v_proj, att.o_gate])
+        layer.mlp.__class__ = FusedMLP
+        layer.mlp._w_gate_up = _concat([layer.mlp.gate_proj, layer.mlp.up_proj])
+    model.__class__ = FusedSalaForCausalLM
+    return model

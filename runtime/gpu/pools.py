@@ -1,0 +1,147 @@
+"""Cache memory of the GPU engine: page/slot allocators (host bookkeeping), the pool sizing plan,
+and the device tensors.
+
+- KV pool of the sparse layers: head-major pages [layers, P+1, Hkv, B, D] (B = InfLLM block, so a
+  selected block is exactly one page); compressed keys K1 [layers, P+1, Hkv, B/stride, D] beside
+  them (window j lives in the page of its first token).
+- fp32 GLA state pool [lightning layers, S+1, H, K, V]: one slot per running request.
+- page table [S+1, max_pages] int32: logical block b of the request in slot s is page_table[s, b].
+Page P and slot S are trash targets for the padding rows of a CUDA-graph batch, so a padded row
+never touches a live request's memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from salactl.errors import CapacityError
+from salactl.runtime.config import SalaConfig
+
+
+class IdAllocator:
+    """Free-list of integer ids [0, total)."""
+
+    def __init__(self, total: int, what: str):
+        self.total, self.what = total, what
+        self._free = list(range(total - 1, -1, -1))
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def alloc(self, n: int = 1) -> list[int]:
+        if n > len(self._free):
+            raise CapacityError(f"out of {self.what}: need {n}, {len(self._free)} free of {self.total}")
+        out = self._free[-n:][::-1] if n else []
+        del self._free[len(self._free) - n:]
+        return out
+
+    def release(self, ids) -> None:
+        ids = list(ids)
+        if len(set(ids)) != len(ids) or any(not 0 <= i < self.total for i in ids):
+            raise ValueError(f"bad {self.what} ids to release: {ids}")
+        self._free.extend(reversed(ids))
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    pages: int
+    slots: int
+    max_pages_per_seq: int
+    page_bytes: int
+    slot_bytes: int
+    reserve_bytes: int
+
+    block_size: int = 64
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.pages * self.block_size
+
+    def total_bytes(self) -> int:
+        return (self.pages + 1) * self.page_bytes + (self.slots + 1) * self.slot_bytes
+
+
+def page_bytes(config: SalaConfig, kv_itemsize: int, act_itemsize: int) -> int:
+    sc = config.sparse_config
+    per_layer = (2 * config.num_key_value_heads * sc.block_size * config.head_dim * kv_itemsize
+                 + config.num_key_value_heads * (sc.block_size // sc.kernel_stride) * config.head_dim * act_itemsize)
+    return per_layer * len(config.sparse_layers)
+
+
+def slot_bytes(config: SalaConfig) -> int:
+    d = config.lightning_head_dim
+    return len(config.lightning_layers) * config.lightning_nh * d * d * 4
+
+
+def activation_reserve(config: SalaConfig, chunk_tokens: int, act_itemsize: int) -> int:
+    """Working memory of one prefill chunk (MLP, projections, attention temporaries) + 1 GiB."""
+    per_tok = (3 * config.intermediate_size + 16 * config.hidden_size) * act_itemsize
+    return chunk_tokens * per_tok + (1 << 30)
+
+
+def plan_pools(config: SalaConfig, free_bytes: int, mem_fraction: float, max_running: int,
+               chunk_tokens: int, kv_itemsize: int = 2, act_itemsize: int = 2,
+               max_context: int | None = None, kv_tokens: int | None = None) -> PoolPlan:
+    """Size the pools from free GPU memory. kv_tokens (optional) asks for an exact KV capacity."""
+    if not 0.0 < mem_fraction <= 1.0:
+        raise CapacityError(f"--mem-fraction must be in (0, 1], got {mem_fraction}")
+    if max_running < 1:
+        raise CapacityError(f"--max-running-requests must be >= 1, got {max_running}")
+    B = config.sparse_config.block_size
+    pb, sb = page_bytes(config, kv_itemsize, act_itemsize), slot_bytes(config)
+    reserve = activation_reserve(config, chunk_tokens, act_itemsize)
+    budget = int(free_bytes * mem_fraction) - reserve - (max_running + 1) * sb
+    pages_fit = budget // pb - 1
+    if kv_tokens is not None:
+        want = math.ceil(kv_tokens / B)
+        if want > pages_fit:
+            raise CapacityError(
+                f"a KV cache of {kv_tokens} tokens needs {want * pb / 2**30:.1f} GiB but only "
+                f"{max(pages_fit, 0) * pb / 2**30:.1f} GiB fit in --mem-fraction {mem_fraction} of "
+                f"{free_bytes / 2**30:.1f} GiB free; lower the context or raise --mem-fraction")
+        pages = want
+    else:
+        pages = pages_fit
+    if pages < 1:
+        raise CapacityError(
+            f"no room for a KV cache: {free_bytes / 2**30:.1f} GiB free x --mem-fraction {mem_fraction} "
+            f"leaves nothing after {max_running} GLA state slots and {reserve / 2**30:.1f} GiB of "
+            "prefill working memory; lower --max-running-requests or --chunk-size")
+    ctx_pages = pages if max_context is None else min(pages, math.ceil(max_context / B))
+    return PoolPlan(pages, max_running, ctx_pages, pb, sb, reserve, B)
+
+
+class CachePools:
+    """The device tensors of a PoolPlan."""
+
+    def __init__(self, config: SalaConfig, plan: PoolPlan, device, act_dtype, kv_dtype=None):
+        sc = config.sparse_config
+        self.config, self.plan = config, plan
+        self.kv_dtype = kv_dtype or act_dtype
+        hkv, d = config.num_key_value_heads, config.head_dim
+        ls, P = len(config.sparse_layers), plan.pages + 1
+        self.trash_page, self.trash_slot = plan.pages, plan.slots
+        self.k = torch.zeros(ls, P, hkv, sc.block_size, d, device=device, dtype=self.kv_dtype)
+        self.v = torch.zeros_like(self.k)
+        self.k1 = torch.zeros(ls, P, hkv, sc.block_size // sc.kernel_stride, d, device=device, dtype=act_dtype)
+        h, dk = config.lightning_nh, config.lightning_head_dim
+        self.state = torch.zeros(len(config.lightning_layers), plan.slots + 1, h, dk, dk,
+                                 device=device, dtype=torch.float32)
+        self.page_table = torch.full((plan.slots + 1, plan.max_pages_per_seq), self.trash_page,
+                                     device=device, dtype=torch.int32)
+        # per-layer scales for FP8 KV (1.0 otherwise); set by the engine
+        self.k_scale = [1.0] * ls
+        self.v_scale = [1.0] * ls
+
+    def assign_pages(self, slot: int, pages: list[int]) -> None:
+        row = torch.full((self.plan.max_pages_per_seq,), self.trash_page, dtype=torch.int32)
+        row[:len(pages)] = torch.tensor(pages, dtype=torch.int32)
+        self.page_table[slot].copy_(row.to(self.page_table.device))
+
+    def reset_slot(self, slot: int) -> None:
+        self.state[:, slot].zero_()
+        self.page_table[slot].fill_(self.trash_page)

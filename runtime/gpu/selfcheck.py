@@ -1,0 +1,260 @@
+"""Correctness checks of every GPU-engine kernel against its plain-PyTorch reference on fresh
+random inputs. Used by tests/test_gpu_*.py (GPU, and CPU under TRITON_INTERPRET=1 at small
+sizes in fp32) and by benchmarks/gpu_engine_bench.py. Each check returns [(name, err, tol)]."""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import torch
+
+from salactl.runtime.config import SparseConfig
+
+
+@dataclass(frozen=True)
+class Shapes:
+    hq: int = 32
+    hkv: int = 2
+    d: int = 128
+    block: int = 64
+    sparse: SparseConfig = SparseConfig(dense_len=2048, topk=16, window_size=512)
+
+    @classmethod
+    def small(cls) -> "Shapes":
+        return cls(8, 2, 32, 32, SparseConfig(block_size=32, dense_len=256, kernel_size=16,
+                                              kernel_stride=8, topk=4, window_size=64))
+
+
+def rel_err(a, b) -> float:
+    a, b = a.double(), b.double()
+    if torch.isnan(a).any():
+        return float("inf")
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def _tol(dtype) -> float:
+    return 1e-2 if dtype != torch.float32 else 1e-4
+
+
+def check_gla(device, dtype, H=32, D=128, n=5, T=300) -> list:
+    from salactl.runtime.layers.lightning import alibi_slopes
+    from salactl.runtime.ops.gla.reference import gla_chunked, gla_recurrent
+    from salactl.runtime.ops.gla.triton import gla_decode_, gla_prefill_
+
+    g = -torch.tensor(alibi_slopes(H), device=device)
+    pool = torch.randn(n + 2, H, D, D, device=device) * 0.1
+    slots = torch.randperm(n + 2, device=device)[:n].to(torch.int32)
+    q, k, v = (torch.randn(n, H, D, device=device).to(dtype) for _ in range(3))
+    scale = D ** -0.5
+    ref_o, ref_s = [], []
+    for i, s in enumerate(slots.tolist()):
+        o, st = gla_recurrent(q[i:i + 1], k[i:i + 1], v[i:i + 1], g, scale, pool[s])
+        ref_o.append(o[0])
+        ref_s.append(st)
+    work = pool.clone()
+    o = gla_decode_(q, k, v, g, scale, work, slots, out_dtype=torch.float32)
+    untouched = [s for s in range(n + 2) if s not in slots.tolist()]
+    out = [("gla_decode.o", rel_err(o, torch.stack(ref_o)), 1e-4),
+           ("gla_decode.state (in place)", rel_err(work[slots.long()], torch.stack(ref_s)), 1e-4),
+           ("gla_decode.other slots untouched", float((work[untouched] - pool[untouched]).abs().max()), 0.0)]
+    qT, kT, vT = (torch.randn(T, H, D, device=device).to(dtype) for _ in range(3))
+    ro, rs = gla_chunked(qT, kT, vT, g, scale, pool[1])
+    work = pool.clone()
+    o = gla_prefill_(qT, kT, vT, g, scale, work, 1, max_chunk=128)
+    tol = 1e-4 if (dtype == torch.float32 and not qT.is_cuda) else (2e-3 if dtype == torch.float32 else 1e-2)
+    out += [("gla_prefill.o", rel_err(o, ro), tol), ("gla_prefill.state", rel_err(work[1], rs), tol)]
+    return out
+
+
+def _paged_setup(device, sh: Shapes, lens, dtype, pages_extra=3):
+    B = sh.block
+    need = sum(math.ceil(L / B) for L in lens)
+    P = need + pages_extra
+    perm = torch.randperm(P, device=device).to(torch.int32)
+    width = max(math.ceil(L / B) for L in lens) + 2
+    pt = torch.full((len(lens) + 1, width), P, dtype=torch.int32, device=device)
+    off = 0
+    for i, L in enumerate(lens):
+        c = math.ceil(L / B)
+        pt[i, :c] = perm[off:off + c]
+        off += c
+    kp = torch.randn(P + 1, sh.hkv, B, sh.d, device=device).to(dtype)
+    vp = torch.randn(P + 1, sh.hkv, B, sh.d, device=device).to(dtype)
+    return pt, kp, vp
+
+
+def check_decode_attention(device, dtype, sh: Shapes = Shapes(), fp8: bool = False) -> list:
+    from salactl.runtime.ops.decode_attention.reference import paged_attention as ref
+    from salactl.runtime.ops.decode_attention.triton import paged_attention as fast
+
+    B = sh.block
+    lens = [3 * B + 5, B, 7 * B - 1]
+    pt, kp, vp = _paged_setup(device, sh, lens, dtype)
+    ks = vs = 1.0
+    if fp8:
+        ks, vs = 0.02, 0.03
+        kp, vp = (kp.float() / ks).to(torch.float8_e4m3fn), (vp.float() / vs).to(torch.float8_e4m3fn)
+    slots = torch.tensor([2, 0, 1, 2], dtype=torch.int32, device=device)
+    seq = torch.tensor([lens[2], lens[0], lens[1], 2 * B + 3], dtype=torch.int32, device=device)
+    q = torch.randn(4, sh.hq, sh.d, device=device).to(dtype)
+    sel = torch.zeros(4, sh.hkv, 4, dtype=torch.int32)
+    cnt = torch.zeros(4, sh.hkv, dtype=torch.int32)
+    rnd = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,))))
+    for i, L in enumerate(seq.tolist()):
+        own = (L - 1) // B
+        for h in range(sh.hkv):
+            others = torch.randperm(own, generator=rnd)[:3].tolist() if own else []
+            blocks = [own] + others
+            c = int(torch.randint(1, len(blocks) + 1, (1,), generator=rnd))
+            sel[i, h, :c] = torch.tensor(blocks[:c])
+            cnt[i, h] = c
+    sel, cnt = sel.to(device), cnt.to(device)
+    name = "decode_attention" + (".fp8" if fp8 else "")
+    out = []
+    for mode, kw in (("dense", {}), ("sparse", dict(block_ids=sel, num_blocks=cnt, dense_len=2 * B))):
+        r = ref(q, kp, vp, pt, slots, seq, k_scale=ks, v_scale=vs, **kw)
+        for splits in (1, 3, 16):
+            f = fast(q, kp, vp, pt, slots, seq, k_scale=ks, v_scale=vs, num_splits=splits, **kw)
+            out.append((f"{name}.{mode}.splits{splits}", rel_err(f, r), _tol(dtype)))
+    return out
+
+
+def check_store_kv(device, dtype, sh: Shapes = Shapes()) -> list:
+    from salactl.runtime.ops.decode_attention.triton import store_kv
+
+    pt, kp, vp = _paged_setup(device, sh, [3 * sh.block, 2 * sh.block], dtype)
+    slots = torch.tensor([1, 0, 0], dtype=torch.int32, device=device)
+    seq = torch.tensor([sh.block + 2, 1, 3 * sh.block], dtype=torch.int32, device=device)
+    k, v = (torch.randn(3, sh.hkv, sh.d, device=device).to(dtype) for _ in range(2))
+    kp2, vp2 = kp.clone(), vp.clone()
+    store_kv(kp2, vp2, k, v, pt, slots, seq)
+    exp_k, exp_v = kp.clone(), vp.clone()
+    for i in range(3):
+        t = int(seq[i]) - 1
+        page = int(pt[int(slots[i]), t // sh.block])
+        exp_k[page, :, t % sh.block] = k[i]
+        exp_v[page, :, t % sh.block] = v[i]
+    return [("store_kv", float((kp2.float() - exp_k.float()).abs().max() + (vp2.float() - exp_v.float()).abs().max()), 0.0)]
+
+
+def check_selection(device, dtype, sh: Shapes = Shapes(), L: int | None = None) -> list:
+    """GPU selection over paged K1 vs reference.select_blocks over contiguous keys. A differing
+    block is tolerated only at a near tie (|score - kth score| <= 1e-5 of the scale)."""
+    from salactl.runtime.ops.selection.gpu import compress_update, select_paged
+    from salactl.runtime.ops.selection.reference import (block_scores, compress_keys, num_windows,
+                                                         select_blocks, window_scores)
+
+    sc = sh.sparse
+    B = sc.block_size
+    L = L or 12 * sc.window_size + 37
+    pt, kp, _ = _paged_setup(device, sh, [L], dtype)
+    wpp = B // sc.kernel_stride
+    k1p = torch.zeros(kp.shape[0], sh.hkv, wpp, sh.d, device=device, dtype=dtype)
+    K = torch.stack([kp[int(pt[0, t // B]), :, t % B] for t in range(L)])          # [L, hkv, d]
+    nw = num_windows(L, sc)
+    one = lambda v: torch.tensor([v], dtype=torch.int32, device=device)           # noqa: E731
+    half = nw // 2                                                                 # two updates
+    compress_update(kp, k1p, pt, one(0), one(0), one(half), half, sc)
+    compress_update(kp, k1p, pt, one(0), one(half), one(nw - half), nw - half, sc)
+    K1 = compress_keys(K, sc, 0, nw)
+    got = torch.stack([k1p[int(pt[0, (j * sc.kernel_stride) // B]), :, (j * sc.kernel_stride % B) // sc.kernel_stride]
+                       for j in range(nw)])
+    out = [("selection.compressed_keys", rel_err(got, K1), _tol(dtype))]
+    pos = torch.tensor(sorted({sc.dense_len - 1, sc.dense_len, L // 2, L - 2, L - 1, sc.kernel_size - 2,
+                               3 * B - 1, L - B - 3}), device=device)
+    q = torch.randn(len(pos), sh.hq, sh.d, device=device).to(dtype)
+    nb = math.ceil(L / B)
+    ref = select_blocks(q, K1, pos, sc, nb)
+    scores = block_scores(window_scores(q, K1, pos, sc), pos, sc, nb)
+    for one_seq in (False, True):
+        sel, cnt = select_paged(q, k1p, pt, torch.zeros(len(pos), dtype=torch.int32, device=device),
+                                (pos + 1).to(torch.int32), sc, nb + 5, one_sequence=one_seq)
+        bad = 0
+        for i in range(len(pos)):
+            for h in range(sh.hkv):
+                s = set(sel[i, h, :cnt[i, h]].tolist())
+                r = set(torch.nonzero(ref[h, i]).flatten().tolist())
+                if s != r:
+                    row = scores[h, i]
+                    kth = row[sorted(r, key=lambda b: -float(row[b]))[-1]] if r else 0.0
+                    scale = float(row[torch.isfinite(row)].abs().max())
+                    if any(abs(float(row[b] - kth)) > 1e-5 * scale for b in s ^ r):
+                        bad += 1
+        out.append((f"selection.blocks(one_sequence={one_seq}) rows differing", float(bad), 0.0))
+    return out
+
+
+def check_fused(device, dtype) -> list:
+    from salactl.runtime.layers.rope import rope_cos_sin
+    from salactl.runtime.ops.fused import reference as R
+    from salactl.runtime.ops.fused import triton as T
+
+    n, H, D, N = 3, 4, 64, 1000
+    tol = _tol(dtype)
+    h = torch.randn(n, N, device=device).to(dtype)
+    delta = torch.randn(n, 2 * N, device=device).to(dtype)[:, :N]
+    w = torch.randn(N, device=device).to(dtype)
+    out = []
+    a, b = R.add_rmsnorm(h, delta, 0.3, w, 1e-6), T.add_rmsnorm(h, delta, 0.3, w, 1e-6)
+    out += [("fused.add_rmsnorm.h", rel_err(b[0], a[0]), tol), ("fused.add_rmsnorm.y", rel_err(b[1], a[1]), tol)]
+    out.append(("fused.rmsnorm", rel_err(T.add_rmsnorm(h, None, 1.0, w, 1e-6)[1], R.add_rmsnorm(h, None, 1.0, w, 1e-6)[1]), tol))
+    big = torch.randn(n, 3 * H * D, device=device).to(dtype)
+    q, k, z = big[:, :H * D].view(n, H, D), big[:, H * D:2 * H * D].view(n, H, D), big[:, 2 * H * D:]
+    wq, wk = torch.randn(D, device=device).to(dtype), torch.randn(D, device=device).to(dtype)
+    cos, sin = rope_cos_sin(torch.tensor([0, 17, 70000], device=device), D, 10000.0)
+    a, b = R.qk_norm_rope(q, k, wq, wk, cos, sin, 1e-6), T.qk_norm_rope(q, k, wq, wk, cos, sin, 1e-6)
+    out += [("fused.qk_norm_rope.q", rel_err(b[0], a[0]), tol), ("fused.qk_norm_rope.k", rel_err(b[1], a[1]), tol)]
+    o = torch.randn(n, H * D, device=device).to(dtype)
+    wo = torch.randn(H * D, device=device).to(dtype)
+    out.append(("fused.rmsnorm_gate", rel_err(T.rmsnorm_gate(o, wo, z, 1e-6), R.rmsnorm_gate(o, wo, z, 1e-6)), tol))
+    out.append(("fused.sigmoid_gate", rel_err(T.sigmoid_gate(o, z), R.sigmoid_gate(o, z)), tol))
+    gu = torch.randn(n, 2 * 1500, device=device).to(dtype)
+    out.append(("fused.silu_mul", rel_err(T.silu_mul(gu), R.silu_mul(gu)), tol))
+    return out
+
+
+def check_model(model, device, prompt_len: int, decode_steps: int = 3, chunk: int = 128,
+                cuda_graph: bool = False, tol: float = 1e-2, seed: int = 0) -> list:
+    """The GPU engine (fused model, paged caches, GPU backend) against the reference Engine on
+    the same weights: last-token logits after a chunked prefill and after teacher-forced decode."""
+    from salactl.runtime.engine import Engine
+    from salactl.runtime.gpu.engine import GPUEngine
+
+    g = torch.Generator().manual_seed(seed)
+    cfg = model.config
+    prompt = torch.randint(0, cfg.vocab_size, (prompt_len,), generator=g).tolist()
+    feed = torch.randint(0, cfg.vocab_size, (decode_steps,), generator=g).tolist()
+    ref = Engine(copy.deepcopy(model), device, chunk_size=chunk)
+    eng = GPUEngine(model, device, max_running_requests=2, chunk_size=chunk,
+                    kv_tokens=prompt_len + decode_steps + 2 * cfg.sparse_config.block_size,
+                    cuda_graph=cuda_graph)
+    seq = ref.new_sequence()
+    r_logits = [ref.prefill(seq, prompt)[-1]]
+    for t in feed:
+        r_logits.append(ref.forward(seq, [t])[-1])
+    slot = eng.scheduler.slots.alloc(1)[0]
+    pages = eng.scheduler.pages.alloc(math.ceil((prompt_len + decode_steps) / cfg.sparse_config.block_size))
+    eng.pools.assign_pages(slot, pages)
+    g_logits = []
+    for c0 in range(0, prompt_len, chunk):
+        last = eng.runner.prefill([(slot, prompt[c0:c0 + chunk], c0)])
+    g_logits.append(last[0])
+    for i, t in enumerate(feed):
+        g_logits.append(eng.runner.decode([(slot, t, prompt_len + i)])[0])
+    tag = f"model(prompt={prompt_len}, graph={cuda_graph})"
+    out = [(f"{tag}.prefill_logits", rel_err(g_logits[0], r_logits[0]), tol)]
+    out += [(f"{tag}.decode{i}_logits", rel_err(a, b), tol) for i, (a, b) in enumerate(zip(g_logits[1:], r_logits[1:]))]
+    return out
+
+
+def run_all(device, dtype=torch.bfloat16, model=None) -> list:
+    rows = []
+    rows += check_gla(device, dtype)
+    rows += check_store_kv(device, dtype)
+    rows += check_decode_attention(device, dtype)
+    rows += check_decode_attention(device, torch.bfloat16, fp8=True)
+    rows += check_selection(device, dtype)
+    rows += check_fused(device, dtype)
+    return rows

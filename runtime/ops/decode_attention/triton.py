@@ -1,0 +1,184 @@
+"""Split-K paged decode attention in Triton (flash-decoding over 64-token head-major pages).
+
+Hand-written because no installed library does paged GQA decode over an arbitrary per-row
+*block list* (dense = every block, sparse = the InfLLM-V2 selection) with static shapes that a
+CUDA graph can capture. Rows are (query token, KV head); the group's query heads form the M
+dimension of the tile (padded to 16 for tl.dot). Each split walks a contiguous range of the
+row's list with an fp32 online softmax and writes (o, lse); a second kernel merges the splits by
+log-sum-exp. The last partial page is masked by the row's sequence length. FP8 (e4m3/e5m2) pages
+are dequantized in the kernel with per-layer fp32 scales. Reference: reference.py beside this.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+DENSE_ONLY = 2 ** 31 - 1
+
+
+@triton.jit
+def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cnt_ptr,
+                  po_ptr, plse_ptr,
+                  s_qn, s_qh, s_kp, s_kh, s_pt, s_seln, s_selh, s_cntn, s_cnth,
+                  sm_scale, k_scale, v_scale, dense_len, num_splits,
+                  HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, BS: tl.constexpr,
+                  D: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr):
+    r = tl.program_id(0)
+    sp = tl.program_id(1)
+    n = r // HKV
+    kh = r % HKV
+    slot = tl.load(slot_ptr + n).to(tl.int64)
+    seqlen = tl.load(seqlen_ptr + n)
+    sparse = seqlen >= dense_len
+    cnt = (seqlen + BS - 1) // BS
+    if sparse:
+        cnt = tl.load(cnt_ptr + n * s_cntn + kh * s_cnth)
+    per = (cnt + num_splits - 1) // num_splits
+    start = sp * per
+    end = tl.minimum(start + per, cnt)
+    g = tl.arange(0, BG)
+    d = tl.arange(0, D)
+    tok = tl.arange(0, BS)
+    gmask = g < G
+    q = tl.load(q_ptr + n * s_qn + (kh * G + g)[:, None] * s_qh + d[None, :],
+                mask=gmask[:, None], other=0.0)
+    m = tl.full([BG], -1e30, tl.float32)
+    l = tl.zeros([BG], tl.float32)
+    acc = tl.zeros([BG, D], tl.float32)
+    tile = tok[:, None] * D + d[None, :]
+    for i in range(start, end):
+        b = i
+        if sparse:
+            b = tl.load(sel_ptr + n * s_seln + kh * s_selh + i)
+        page = tl.load(pt_ptr + slot * s_pt + b).to(tl.int64)
+        base = page * s_kp + kh * s_kh
+        kt = tl.load(k_ptr + base + tile)
+        vt = tl.load(v_ptr + base + tile)
+        if FP8:
+            kt = (kt.to(tl.float32) * k_scale).to(q.dtype)
+            vt = (vt.to(tl.float32) * v_scale).to(q.dtype)
+        if DOT_F32:
+            s = tl.dot(q, tl.trans(kt), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(kt))
+        s = s * sm_scale
+        s = tl.where((b * BS + tok < seqlen)[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        if DOT_F32:
+            pv = tl.dot(p, vt, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(vt.dtype), vt)
+        acc = acc * alpha[:, None] + pv
+        m = m_new
+    ok = l > 0
+    o = tl.where(ok[:, None], acc / tl.where(ok, l, 1.0)[:, None], 0.0)
+    lse = tl.where(ok, m + tl.log(tl.where(ok, l, 1.0)), float("-inf"))
+    pbase = (r * num_splits + sp).to(tl.int64)
+    tl.store(po_ptr + pbase * BG * D + g[:, None] * D + d[None, :], o)
+    tl.store(plse_ptr + pbase * BG + g, lse)
+
+
+@triton.jit
+def _merge_kernel(po_ptr, plse_ptr, o_ptr, num_splits, s_on, s_oh,
+                  HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr):
+    r = tl.program_id(0)
+    n = r // HKV
+    kh = r % HKV
+    g = tl.arange(0, BG)
+    d = tl.arange(0, D)
+    m = tl.full([BG], -1e30, tl.float32)
+    den = tl.zeros([BG], tl.float32)
+    acc = tl.zeros([BG, D], tl.float32)
+    for sp in range(num_splits):
+        pbase = (r * num_splits + sp).to(tl.int64)
+        lse = tl.load(plse_ptr + pbase * BG + g)
+        o = tl.load(po_ptr + pbase * BG * D + g[:, None] * D + d[None, :])
+        m_new = tl.maximum(m, lse)
+        a = tl.exp(m - m_new)
+        w = tl.exp(lse - m_new)
+        acc = acc * a[:, None] + o * w[:, None]
+        den = den * a + w
+        m = m_new
+    out = acc / tl.where(den > 0, den, 1.0)[:, None]
+    tl.store(o_ptr + n * s_on + (kh * G + g)[:, None] * s_oh + d[None, :],
+             out.to(o_ptr.dtype.element_ty), mask=(g < G)[:, None])
+
+
+def choose_splits(rows: int, max_blocks: int, sms: int = 132) -> int:
+    """Enough programs to fill the GPU about twice, never more splits than blocks."""
+    return max(1, min(64, math.ceil(2 * sms / max(rows, 1)), max_blocks))
+
+
+def paged_attention(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=None,
+                    num_blocks=None, dense_len: int | None = None, k_scale: float = 1.0,
+                    v_scale: float = 1.0, sm_scale: float | None = None, num_splits: int = 8,
+                    out=None):
+    """Same contract as reference.paged_attention. q [n, Hq, D] (unit last stride);
+    block_ids [n, Hkv, maxsel] int32 and num_blocks [n, Hkv] int32 (any strides, e.g. 0)."""
+    n, hq, d = q.shape
+    _, hkv, B, _ = k_pages.shape
+    G = hq // hkv
+    BG = max(16, triton.next_power_of_2(G))
+    assert k_pages.is_contiguous() and v_pages.is_contiguous() and q.stride(-1) == 1
+    sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
+    if block_ids is None or dense_len is None:
+        block_ids, num_blocks, dense_len = slots, slots, DENSE_ONLY      # never read
+        sel_strides = (0, 0, 0, 0)
+    else:
+        sel_strides = (block_ids.stride(0), block_ids.stride(1), num_blocks.stride(0), num_blocks.stride(1))
+    rows = n * hkv
+    po = torch.empty(rows * num_splits * BG * d, device=q.device, dtype=torch.float32)
+    plse = torch.empty(rows * num_splits * BG, device=q.device, dtype=torch.float32)
+    fp8 = k_pages.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    _split_kernel[(rows, num_splits)](
+        q, k_pages, v_pages, page_table, slots, seq_lens, block_ids, num_blocks, po, plse,
+        q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1), page_table.stride(0),
+        *sel_strides, float(sm_scale), float(k_scale), float(v_scale), int(dense_len), num_splits,
+        HKV=hkv, G=G, BG=BG, BS=B, D=d, FP8=fp8, DOT_F32=(q.dtype == torch.float32),
+        num_warps=4, num_stages=2)
+    if out is None:
+        out = torch.empty(n, hq, d, device=q.device, dtype=q.dtype)
+    _merge_kernel[(rows,)](po, plse, out, num_splits, out.stride(0), out.stride(1),
+                           HKV=hkv, G=G, BG=BG, D=d, num_warps=4)
+    return out
+
+
+@triton.jit
+def _store_kv_kernel(k_ptr, v_ptr, kp_ptr, vp_ptr, pt_ptr, slot_ptr, seqlen_ptr,
+                     s_kn, s_kh, s_vn, s_vh, s_p, s_h, s_pt, k_scale, v_scale,
+                     BS: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr):
+    r = tl.program_id(0)
+    h = tl.program_id(1)
+    slot = tl.load(slot_ptr + r).to(tl.int64)
+    t = tl.load(seqlen_ptr + r) - 1
+    page = tl.load(pt_ptr + slot * s_pt + t // BS).to(tl.int64)
+    d = tl.arange(0, D)
+    k = tl.load(k_ptr + r * s_kn + h * s_kh + d)
+    v = tl.load(v_ptr + r * s_vn + h * s_vh + d)
+    if FP8:
+        k = k.to(tl.float32) / k_scale
+        v = v.to(tl.float32) / v_scale
+    dst = page * s_p + h * s_h + (t % BS) * D + d
+    tl.store(kp_ptr + dst, k.to(kp_ptr.dtype.element_ty))
+    tl.store(vp_ptr + dst, v.to(vp_ptr.dtype.element_ty))
+
+
+def store_kv(k_pages, v_pages, k, v, page_table, slots, seq_lens, k_scale: float = 1.0,
+             v_scale: float = 1.0) -> None:
+    """Write row r's k, v [n, Hkv, D] at position seq_lens[r]-1 of the sequence in slots[r]."""
+    n, hkv, d = k.shape
+    if n == 0:
+        return
+    fp8 = k_pages.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    _store_kv_kernel[(n, hkv)](k, v, k_pages, v_pages, page_table, slots, seq_lens,
+                               k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                               k_pages.stride(0), k_pages.stride(1), page_table.stride(0),
+                               float(k_scale), float(v_scale), BS=k_pages.shape[2], D=d, FP8=fp8,
+                               num_warps=1)

@@ -1,0 +1,77 @@
+"""InfLLM-V2 selection on the GPU over paged caches: launchers for the Triton kernels in
+triton.py plus the top-k. Static shapes throughout (graph-safe); exactly DESIGN.md §2, checked
+against reference.select_blocks on random inputs."""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import torch
+import triton
+
+from salactl.runtime.config import SparseConfig
+from salactl.runtime.ops.selection import triton as kern
+
+_NEG_INF_BITS = struct.unpack("<i", struct.pack("<f", float("-inf")))[0]
+# Largest key whose score is -inf (not a candidate): everything above it is selectable.
+NEG_INF_KEY_MAX = (_NEG_INF_BITS ^ 0x7FFFFFFF) * 2 ** 32 + (2 ** 32 - 1)
+
+
+def check_shapes(sc: SparseConfig) -> None:
+    for name, v in (("kernel_size", sc.kernel_size), ("block_size", sc.block_size)):
+        if v & (v - 1):
+            raise ValueError(f"the GPU selection needs a power-of-two sparse_config.{name}, got {v}")
+
+
+def compress_update(k_pages, k1_pages, page_table, slots, starts, counts, max_count: int,
+                    sc: SparseConfig, k_scale: float = 1.0) -> None:
+    """For each entry e: K1_j for j in [starts[e], starts[e]+counts[e]) of the sequence in
+    slots[e] (counts[e] <= max_count). k_pages [P, Hkv, B, D]; k1_pages [P, Hkv, B/st, D]."""
+    if max_count <= 0 or slots.numel() == 0:
+        return
+    P, hkv, B, D = k_pages.shape
+    fp8 = k_pages.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    kern._compress_kernel[(slots.numel(), max_count, hkv)](
+        k_pages, k1_pages, page_table, slots, starts, counts,
+        k_pages.stride(0), k_pages.stride(1), k1_pages.stride(0), k1_pages.stride(1),
+        page_table.stride(0), float(k_scale),
+        BS=B, ST=sc.kernel_stride, KS=sc.kernel_size, D=D, FP8=fp8, num_warps=4)
+
+
+def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_max: int,
+                 one_sequence: bool = False, num_splits: int | None = None):
+    """Selected blocks for each query row. q [n, Hq, D]; slots/seq_lens [n] int32 (a query at
+    position t has seq_len t+1). With one_sequence=True all rows belong to one sequence and are
+    processed several queries per tile. Returns (block_ids [n, Hkv, K] int32 in descending
+    score order, counts [n, Hkv] int32), K = min(topk + window/block, nb_max)."""
+    n, hq, D = q.shape
+    _, hkv, wpp, _ = k1_pages.shape
+    G = hq // hkv
+    gp = triton.next_power_of_2(G)
+    qg = max(1, 64 // gp) if one_sequence else 1
+    BG = max(gp, 16 // qg)
+    groups = triton.cdiv(n, qg)
+    rows = groups * hkv
+    if num_splits is None:
+        num_splits = max(1, min(64, math.ceil(264 / rows)))
+    sm_scale = 1.0 / math.sqrt(D)
+    dot_f32 = q.dtype == torch.float32
+    plse = torch.empty(rows * num_splits * qg * BG, device=q.device, dtype=torch.float32)
+    common = dict(HKV=hkv, G=G, BG=BG, QG=qg, D=D, WPP=wpp, KS=sc.kernel_size,
+                  ST=sc.kernel_stride, DOT_F32=dot_f32, num_warps=4)
+    kern._score_lse_kernel[(rows, num_splits)](
+        q, k1_pages, page_table, slots, seq_lens, plse, n, q.stride(0), q.stride(1),
+        k1_pages.stride(0), k1_pages.stride(1), page_table.stride(0), sm_scale, num_splits,
+        BW=64, **common)
+    keys = torch.empty(n, hkv, nb_max, device=q.device, dtype=torch.int64)
+    NB = 32
+    kern._block_score_kernel[(rows, triton.cdiv(nb_max, NB))](
+        q, k1_pages, page_table, slots, seq_lens, plse, keys, n, nb_max, q.stride(0), q.stride(1),
+        k1_pages.stride(0), k1_pages.stride(1), page_table.stride(0), keys.stride(0), keys.stride(1),
+        sm_scale, num_splits, LEFT=sc.kernel_size // sc.kernel_stride - 1, BS=sc.block_size, NB=NB,
+        INIT=sc.init_blocks, WINB=sc.window_blocks, **common)
+    k = min(sc.selected_blocks, nb_max)
+    vals, idx = torch.topk(keys, k, dim=-1)
+    counts = (vals > NEG_INF_KEY_MAX).sum(-1, dtype=torch.int32)
+    return idx.to(torch.int32), counts
