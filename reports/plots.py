@@ -12,7 +12,8 @@ LATENCY_FAMILIES = {
     "TPOT (ms)": ("mean_tpot_ms", "median_tpot_ms", "p90_tpot_ms", "p99_tpot_ms"),
     "ITL (ms)": ("mean_itl_ms", "median_itl_ms", "p90_itl_ms", "p99_itl_ms"),
     "E2E latency (ms)": ("mean_e2e_latency_ms", "median_e2e_latency_ms", "p99_e2e_latency_ms"),
-    "throughput": ("request_throughput", "output_throughput", "total_throughput"),
+    "request throughput (req/s)": ("request_throughput", "request_goodput"),
+    "token throughput (tok/s)": ("input_throughput", "output_throughput", "total_throughput"),
 }
 SWEEP_METRICS = ("output_throughput", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms")
 
@@ -52,6 +53,10 @@ def bar_charts(report: LatencyReport) -> list[tuple[str, bytes]]:
         firsts = {}
         for r in rows:
             firsts.setdefault(r["label"], r)
+        note = ""
+        if len(firsts) < len(rows):
+            knobs = ", ".join(f"{k}={firsts[next(iter(firsts))].get(f'knob.{k}')}" for k in report.knobs[:2])
+            note = f" (first record of each label: {knobs})"
         for title, family in LATENCY_FAMILIES.items():
             metrics = [m for m in family if any(_number(r.get(m)) for r in firsts.values())]
             if not metrics:
@@ -63,9 +68,9 @@ def bar_charts(report: LatencyReport) -> list[tuple[str, bytes]]:
                 ax.bar(xs, [r.get(m) if _number(r.get(m)) else 0 for m in metrics], width, label=label)
             ax.set_xticks([j + width * (len(firsts) - 1) / 2 for j in range(len(metrics))])
             ax.set_xticklabels(metrics, fontsize=8)
-            ax.set_title(f"{phase}: {title}")
+            ax.set_title(f"{phase}: {title}{note}", fontsize=9)
             ax.legend(fontsize=8)
-            figs.append((f"{phase}: {title}", _png(fig)))
+            figs.append((f"{phase}: {title}{note}", _png(fig)))
     return figs
 
 

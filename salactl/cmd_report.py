@@ -71,7 +71,7 @@ def latency(
 
 def _ints(text: str, name: str) -> tuple[int, ...]:
     try:
-        vals = tuple(int(float(x)) for x in text.replace("k", "e3").replace("K", "e3").split(",") if x.strip())
+        vals = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise UsageError(f"{name} takes comma-separated integers, got {text!r}") from None
     if not vals or min(vals) < 0:

@@ -84,7 +84,6 @@ def run(spec: ProfileSpec, opts: SessionOptions) -> dict:
     t0 = time.perf_counter()
     mode = resolve_mode(opts.mode, spec, opts.ncu_path)
     out = opts.out_dir
-    out.mkdir(parents=True, exist_ok=True)
     sampler = nullcontext()
     if opts.nvml:
         from salactl.profiling.nvml_sampler import NvmlSampler
@@ -105,6 +104,7 @@ def run(spec: ProfileSpec, opts: SessionOptions) -> dict:
     if opts.nvml:
         result["nvml"] = sampler.summary()
     result["elapsed_s"] = time.perf_counter() - t0
+    out.mkdir(parents=True, exist_ok=True)
     write_json(out / "result.json", result)
     return result
 
@@ -112,6 +112,7 @@ def run(spec: ProfileSpec, opts: SessionOptions) -> dict:
 def _run_ncu(spec: ProfileSpec, opts: SessionOptions) -> dict:
     ncu = find_ncu(opts.ncu_path)
     out = opts.out_dir
+    out.mkdir(parents=True, exist_ok=True)
     spec_path, manifest_path = out / "spec.json", out / "step.json"
     spec.write(spec_path)
     output.stderr.print(f"profiling {', '.join(spec.phases)} of {spec.model} under {ncu} ...")
@@ -146,6 +147,7 @@ def _run_torch(spec: ProfileSpec, opts: SessionOptions) -> dict:
 
     output.stderr.print(f"profiling {', '.join(spec.phases)} of {spec.model} with torch.profiler ...")
     w = build(spec)
+    opts.out_dir.mkdir(parents=True, exist_ok=True)
     trace = opts.out_dir / "trace.json"
     samples, seconds = profile_torch(w, trace)
     manifest = describe(w, seconds)

@@ -1,0 +1,110 @@
+"""`salactl report` (latency) rendered from stored records through the real CLI."""
+
+import csv
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+
+from salactl.errors import UsageError
+from salactl.reports.latency import build
+from salactl.reports.records import load_records
+
+
+def salactl(*args):
+    return subprocess.run([sys.executable, "-m", "salactl", *args], capture_output=True, text=True, timeout=180)
+
+
+def record(label, phase, concurrency, **metrics):
+    return {"schema_version": 1, "kind": "sweep", "run_id": f"{label}-{concurrency}", "label": label,
+            "profile": "serving", "phase": phase, "target": "embedded", "model": "sala-nano", **metrics,
+            "knobs": {"max_concurrency": concurrency, "weights": label.split("+")[0], "seed": 0},
+            "env": {"gpu": "NVIDIA H200", "git_sha": "0123abc", "torch": "2.11.0"}}
+
+
+RECORDS = [
+    record("bf16", "main", 1, duration=10.0, completed=32, failed=0, request_throughput=3.2,
+           output_throughput=409.6, mean_ttft_ms=41.25, median_ttft_ms=40.0, p99_ttft_ms=88.5,
+           median_tpot_ms=7.75, mean_itl_ms=7.8),
+    record("bf16", "main", 4, duration=4.0, completed=32, failed=0, request_throughput=8.0,
+           output_throughput=1024.0, mean_ttft_ms=52.0, median_ttft_ms=50.5, p99_ttft_ms=120.25,
+           median_tpot_ms=9.5, mean_itl_ms=9.6),
+    record("bf16", "main", 16, duration=2.5, completed=32, failed=1, request_throughput=12.8,
+           output_throughput=1638.4, mean_ttft_ms=80.0, median_ttft_ms=77.0, p99_ttft_ms=201.0,
+           median_tpot_ms=14.0, mean_itl_ms=14.5),
+    record("w4a16+fp8", "main", 1, duration=7.0, completed=32, failed=0, request_throughput=4.571,
+           output_throughput=585.1, mean_ttft_ms=38.0, median_ttft_ms=37.0, p99_ttft_ms=70.0,
+           median_tpot_ms=5.25, mean_itl_ms=5.3),
+    record("w4a16+fp8", "main", 4, duration=3.0, completed=32, failed=0, request_throughput=10.67,
+           output_throughput=1365.3, mean_ttft_ms=45.0, median_ttft_ms=44.0, p99_ttft_ms=99.0,
+           median_tpot_ms=6.5, mean_itl_ms=6.6),
+    record("w4a16+fp8", "main", 16, duration=1.9, completed=32, failed=0, request_throughput=16.84,
+           output_throughput=2156.0, mean_ttft_ms=61.0, median_ttft_ms=60.0, p99_ttft_ms=150.0,
+           median_tpot_ms=9.0, mean_itl_ms=9.1),
+]
+
+
+@pytest.fixture
+def records_file(tmp_path):
+    p = tmp_path / "records.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in RECORDS) + "\n")
+    return p
+
+
+def test_report_model_keeps_recorded_values(records_file):
+    rep = build(load_records([records_file]))
+    assert rep.labels == ["bf16", "w4a16+fp8"]
+    assert rep.knobs == ["max_concurrency", "weights"]            # seed does not vary
+    assert "p90_ttft_ms" not in rep.metrics and "p99_ttft_ms" in rep.metrics
+    assert [r["knob.max_concurrency"] for r in rep.rows] == [1, 4, 16, 1, 4, 16]
+    assert rep.rows[2]["failed"] == 1 and rep.rows[5]["output_throughput"] == 2156.0
+    assert rep.comparison == []          # several records per label and phase: no 1:1 comparison
+
+
+def test_cli_renders_md_csv_html(records_file, tmp_path):
+    out = tmp_path / "out"
+    p = salactl("report", str(records_file), "--out", str(out), "--format", "md,csv,html", "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert sorted(d["files"]) == sorted(str(out / f"report.{f}") for f in ("md", "csv", "html"))
+    md = (out / "report.md").read_text()
+    assert "| w4a16+fp8 |" in md and "201" in md and "120.2" in md
+    rows = list(csv.DictReader(io.StringIO((out / "report.csv").read_text())))
+    assert len(rows) == 6
+    for row, rec in zip(rows, RECORDS):
+        assert row["label"] == rec["label"]
+        for m in ("output_throughput", "p99_ttft_ms", "median_tpot_ms"):
+            assert float(row[m]) == rec[m]                    # exactly as recorded
+    html = (out / "report.html").read_text()
+    assert html.startswith("<!doctype html>") and "w4a16+fp8" in html
+    assert "http://" not in html and "https://" not in html and "<script" not in html
+    pytest.importorskip("matplotlib")
+    assert html.count("data:image/png;base64,") >= 4          # bar charts + sweep lines
+
+
+def test_side_by_side_comparison_for_one_record_per_label(tmp_path):
+    p = tmp_path / "r.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in (RECORDS[0], RECORDS[3])))
+    res = salactl("report", "latency", str(p), "--json")
+    assert res.returncode == 0, res.stderr
+    comp = {c["metric"]: c for c in json.loads(res.stdout)["comparison"]}
+    assert comp["median_tpot_ms"]["values"] == {"bf16": 7.75, "w4a16+fp8": 5.25}
+    assert comp["median_tpot_ms"]["relative"]["w4a16+fp8"] == pytest.approx(5.25 / 7.75)
+    md = salactl("report", str(p)).stdout                          # Markdown on stdout by default
+    assert "side by side (relative to bf16)" in md
+
+
+def test_bad_record_fails_with_one_line_and_writes_nothing(records_file, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(records_file.read_text() + "{not json\n")
+    out = tmp_path / "out"
+    p = salactl("report", str(bad), "--out", str(out))
+    assert p.returncode == UsageError.exit_code
+    assert "bad.jsonl:7" in p.stderr and p.stderr.strip().count("\n") == 0
+    assert not out.exists() or not any(out.iterdir())
+    old = tmp_path / "old.jsonl"
+    old.write_text(json.dumps({**RECORDS[0], "schema_version": 99}))
+    assert "schema_version" in salactl("report", str(old)).stderr
+    assert salactl("report", str(old), "--format", "pdf").returncode == UsageError.exit_code

@@ -1,0 +1,114 @@
+"""The analytic memory model against hand-computed numbers for the real MiniCPM-SALA config
+(reference/architecture.md §5), and `salactl report memory` through the real CLI."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from salactl.errors import UsageError
+from salactl.reports import memory as mem
+from salactl.reports.memory_report import MemoryQuery, build, gpu_list
+from salactl.runtime.peaks import DATASHEET
+from salactl.runtime.presets import sala_9b
+
+CFG = sala_9b()
+PARAMS = 9_477_203_968
+
+
+def salactl(*args):
+    return subprocess.run([sys.executable, "-m", "salactl", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_bf16_weight_bytes_are_params_times_two():
+    w = mem.weight_bytes(CFG, "bf16")
+    assert w.params == PARAMS
+    assert w.total == PARAMS * 2 == 18_954_407_936
+
+
+def test_w4a16_weight_bytes_by_part():
+    # quantized linears: per sparse layer q,o,o_gate 4096x4096, k,v 256x4096, gate/up/down 4096x16384
+    sparse = 3 * 4096 * 4096 + 2 * 256 * 4096 + 3 * 4096 * 16384      # 253,755,392
+    light = 5 * 4096 * 4096 + 3 * 4096 * 16384                         # 285,212,672
+    q = 8 * sparse + 24 * light
+    assert q == 8_875_147_264
+    k_sum = 32 * (7 * 4096 + 16384)          # Σ in_features over a layer's 8 linears (both kinds)
+    plain = 2 * 73448 * 4096 + 32 * 2 * 4096 + 24 * (128 + 128 + 4096) + 4096
+    assert q + plain == PARAMS
+    w = mem.weight_bytes(CFG, "w4a16", group_size=128)
+    assert w.by_part == {"qweight": q // 2, "qzeros": q // 256, "scales": q // 64, "g_idx": 4 * k_sum,
+                         "bf16": 2 * plain}
+    assert w.total == 5_820_796_928
+
+
+def test_kv_cache_per_token_and_gla_state():
+    assert mem.kv_bytes_per_token(CFG, "bf16") == 8 * 1024          # 8 layers x K,V x 2 heads x 128 x 2 B
+    assert mem.kv_bytes_per_token(CFG, "fp8_e4m3") == 4 * 1024
+    assert mem.kv_bytes_per_token(CFG, "bf16", layers=32) == 32 * 1024
+    assert mem.gla_state_bytes(CFG) == 48 * 1024 * 1024            # 24 x 32 x 128 x 128 x 4 B
+
+
+def test_request_memory_at_128k():
+    r = mem.request_memory(CFG, 131072, "bf16")
+    assert r.kv_cache == 131072 * 8192
+    per_window = 8 * 2 * 128 * 2                                      # layers x KV heads x d x bf16
+    assert r.compressed_k1 == ((131072 - 32) // 16 + 1) * per_window == 8191 * 4096
+    assert r.compressed_k2 == ((131072 - 128) // 64 + 1) * per_window == 2047 * 4096
+    assert r.total == r.kv_cache + r.compressed_k1 + r.gla_state       # our runtime keeps K1 only
+    sg = mem.request_memory(CFG, 131072, "bf16", compressed_keys="k1k2")
+    assert sg.total == r.total + r.compressed_k2
+    assert mem.full_attention_request(CFG, 131072) == 131072 * 32 * 1024
+    assert mem.request_memory(CFG, 16).compressed_k1 == 0
+
+
+def test_max_concurrent_and_gpu_table():
+    assert mem.max_concurrent(100, 0.9, 50, 10) == 4
+    assert mem.max_concurrent(100, 0.9, 95, 10) == 0
+    assert set(mem.GPU_MEMORY_GB) <= set(DATASHEET)
+    assert mem.gpu_memory_bytes("NVIDIA H200") == 141 * 10**9
+    assert mem.gpu_memory_bytes("NVIDIA H100 80GB HBM3") == 80 * 10**9
+    with pytest.raises(UsageError, match="--gpu-mem"):
+        mem.gpu_memory_bytes("Voodoo 5")
+    with pytest.raises(UsageError, match="fp8_e4m3"):
+        mem.kv_bytes_per_elem("int3")
+
+
+def test_build_concurrency_vs_full_attention_and_measured_rows():
+    q = MemoryQuery(contexts=(131072,), kv_dtypes=("bf16",), weights=("bf16",), gpus=gpu_list(None, 80.0),
+                    cuda_graphs=False, prefill_chunk=8192)
+    rec = {"schema_version": 1, "kind": "run", "label": "x", "phase": "decode", "peak_memory_bytes": 25e9,
+           "knobs": {"context": 131072, "batch": 2, "weights": "bf16"}}
+    r = build(CFG, q, [rec])
+    fixed = r["server"]["bf16"]["fixed"]
+    assert fixed == PARAMS * 2 + mem.prefill_workspace_bytes(CFG, 8192) + mem.CUDA_CONTEXT_ESTIMATE
+    per_req = 131072 * 8192 + 8191 * 4096 + 48 * 2**20
+    (c,) = r["concurrency"]
+    assert c["max_requests"] == int((80e9 * 0.9 - fixed) // per_req)
+    assert c["max_requests_full_attention"] == int((80e9 * 0.9 - fixed) // (131072 * 32 * 1024))
+    (m,) = r["measured"]
+    predicted = PARAMS * 2 + mem.prefill_workspace_bytes(CFG, 8192) + 2 * per_req
+    assert m["predicted"] == predicted and m["ratio"] == pytest.approx(25e9 / predicted)
+
+
+def test_cli_memory_json():
+    p = salactl("report", "memory", "--model", "sala-9b", "--context", "4096,131072", "--gpu", "H200",
+                "--kv-cache-dtype", "bf16,fp8_e4m3", "--weights", "bf16", "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["kv_bytes_per_token"] == {"bf16": 8192, "fp8_e4m3": 4096}
+    assert d["server"]["bf16"]["weights"]["total"] == PARAMS * 2
+    assert [x["gla_state"] for x in d["per_request"]] == [48 * 2**20] * 4
+    assert len(d["concurrency"]) == 4
+
+
+def test_cli_memory_bad_input_is_one_line(monkeypatch, capsys):
+    from salactl.cli import main
+
+    for args, needle in ((["--gpu", "Voodoo 5"], "--gpu-mem"), (["--context", "4096,x"], "--context"),
+                         (["--mem-fraction", "1.5"], "--mem-fraction"), (["--model", "nope"], "preset")):
+        monkeypatch.setattr(sys, "argv", ["salactl", "report", "memory", "--model", "sala-9b", *args])
+        with pytest.raises(SystemExit) as e:
+            main()
+        err = capsys.readouterr().err
+        assert e.value.code == UsageError.exit_code and needle in err and err.count("\n") == 1

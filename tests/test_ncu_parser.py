@@ -1,0 +1,119 @@
+"""The Nsight Compute raw-CSV parser and the ncu table (`salactl profile --import DIR`).
+
+The CSV below is HAND-WRITTEN in the layout of `ncu --import R.ncu-rep --csv --page raw
+--print-units base` (header row, units row, one row per kernel; the NVTX push/pop column holds the
+thread id and one quoted `<domain>:<range>:<6 attribute fields>` entry per open range). A real
+capture from the GPU machine is still to be committed as tests/fixtures/ncu/ (see BENCHMARKS.md,
+section "profile --ncu")."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from salactl.errors import UsageError
+from salactl.reports.ncu import parse_csv_text, parse_nvtx
+from salactl.reports.profile_table import from_ncu
+
+NVTX_COL = "thread Domain:Push/Pop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg"
+HEADER = ["ID", "Process ID", "Process Name", "Host Name", NVTX_COL,
+          "Id:Domain:Start/Stop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg", "Kernel Name",
+          "Context", "Stream", "Block Size", "Grid Size", "Device", "CC", "dram__bytes_read.sum",
+          "dram__bytes_write.sum", "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+          "gpu__time_duration.sum"]
+UNITS = [""] * 13 + ["byte", "byte", "%", "nsecond"]
+
+
+def nvtx(*ranges):
+    return "1  " + "  ".join(f'"<default domain>:{r}:none:none:none:none:none:none"' for r in ranges) + " "
+
+
+def row(i, stack, name, read, write, pct, ns):
+    return [str(i), "1612", "python3.12", "127.0.0.1", nvtx(*stack), "", name, "1", "7", "(128, 1, 1)",
+            "(64, 1, 1)", "0", "9.0", read, write, pct, ns]
+
+
+def to_csv(rows):
+    import csv
+    import io
+
+    buf = io.StringIO()
+    buf.write("==PROF== Disconnected from process 1612\n")
+    w = csv.writer(buf, quoting=csv.QUOTE_ALL)
+    for r in [HEADER, UNITS, *rows]:
+        w.writerow(r)
+    return buf.getvalue()
+
+
+KERNELS = [
+    row(0, ("decode", "layer1", "qkv"), "nvjet_sm90_tst_64x8_64x16_2x1_v_bz_TNT", "100,663,296", "4,096",
+        "82.5", "27,500"),
+    row(1, ("decode", "layer1", "qkv"), "vectorized_elementwise_kernel", "16,384", "16,384", "1.2", "2,100"),
+    row(2, ("decode", "layer1"), "reduce_kernel", "8,192", "64", "0.4", "3,000"),
+    row(3, ("decode", "layer1", "mlp"), "gemvNSP_kernel", "402,653,184", "32,768", "88.0", "95,000"),
+    row(4, ("decode", "lm_head"), "gemvNSP_kernel", "601,686,016", "293,792", "90.1", "140,250"),
+    row(5, ("decode",), "indexSelectSmallIndex", "8,192", "8,192", "0.1", "1,800"),
+]
+
+
+def test_parse_nvtx_cell():
+    assert parse_nvtx(nvtx("decode", "layer3", "gla")) == ["decode", "layer3", "gla"]
+    assert parse_nvtx('7  "<default domain>:mod:x.y:none:none:none:none:none:none"') == ["mod:x.y"]
+    assert parse_nvtx("") == []
+
+
+def test_parse_csv_units_separators_and_attribution():
+    ks = parse_csv_text(to_csv(KERNELS))
+    assert len(ks) == 6
+    k = ks[0]
+    assert k.name.startswith("nvjet") and k.nvtx == ["decode", "layer1", "qkv"]
+    assert k.time_s == pytest.approx(27.5e-6) and k.dram_read == 100663296 and k.dram_write == 4096
+    assert k.dram_pct == 82.5 and k.sm_pct is None
+    s = from_ncu(ks)
+    assert [(x.phase, x.layer, x.op) for x in s] == [
+        ("decode", 1, "qkv"), ("decode", 1, "qkv"), ("decode", 1, "other"), ("decode", 1, "mlp"),
+        ("decode", None, "lm_head"), ("decode", None, "other")]
+    assert s[0].mem_pct == 82.5          # DRAM % stands in when the SOL metrics were not collected
+
+
+def test_parse_csv_rejects_foreign_text():
+    with pytest.raises(UsageError, match="no kernel table"):
+        parse_csv_text("hello\n")
+    with pytest.raises(UsageError, match="lacks columns"):
+        parse_csv_text('"ID","Kernel Name"\n"","",\n"0","k"\n')
+    bad_unit = to_csv(KERNELS).replace('"nsecond"', '"fortnight"')
+    with pytest.raises(UsageError, match="unknown unit"):
+        parse_csv_text(bad_unit)
+
+
+def test_profile_import_joins_with_the_analytic_model(tmp_path):
+    out = tmp_path / "prof"
+    p = subprocess.run([sys.executable, "-m", "salactl", "profile", "--torch", "--model", "sala-nano",
+                        "--random-weights", "--phase", "decode", "--context", "64", "--device", "cpu",
+                        "--layers", "1,lm_head", "--out", str(out), "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    (out / "profile.csv").write_text(to_csv(KERNELS))
+    manifest = json.loads((out / "step.json").read_text())
+    manifest.update(device="cuda:0", device_name="NVIDIA H200")     # as if captured on the H200
+    (out / "step.json").write_text(json.dumps(manifest))
+    env = {**os.environ, "SALACTL_CACHE_DIR": str(tmp_path / "cache")}   # datasheet peaks
+    res = subprocess.run([sys.executable, "-m", "salactl", "profile", "--import", str(out), "--json"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)
+    assert d["peaks"]["mem_gbps"] == 4800.0
+    analytic = manifest["steps"]["decode"]["analytic"]
+    ops = {r["op"]: r for r in d["ops"]}
+    assert ops["qkv"]["kernels"] == 2 and ops["qkv"]["dram_bytes"] == 100663296 + 4096 + 2 * 16384
+    assert ops["qkv"]["analytic_bytes"] == analytic["qkv"]["bytes"]
+    assert ops["qkv"]["bytes_ratio"] == pytest.approx(ops["qkv"]["dram_bytes"] / analytic["qkv"]["bytes"])
+    assert ops["lm_head"]["time_s"] == pytest.approx(140.25e-6)
+    assert ops["other"]["kernels"] == 1          # the embedding kernel is outside the --layers scopes
+    top = d["kernels"][0]                        # most time beyond its bytes' floor at 4.8 TB/s first
+    assert (top["name"], top["op"]) == ("gemvNSP_kernel", "lm_head")
+    assert top["floor_s"] == pytest.approx((601686016 + 293792) / 4.8e12)
+    assert top["achieved_gbps"] == pytest.approx((601686016 + 293792) / 140.25e-6 / 1e9)
+    assert d["ops"][-1]["op"] == "total"

@@ -1,0 +1,156 @@
+"""`salactl profile` through the real CLI: torch.profiler mode on CPU with the tiny preset, the
+analytic table it joins with, and the clear errors of the ncu / NVML modes."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from salactl.errors import DeviceError, ProfilerPermissionError, ToolMissingError, UsageError
+from salactl.profiling.ncu_runner import NcuOptions, classify_failure, find_ncu, nvtx_includes, profile_command
+from salactl.runtime.layers.model import SalaForCausalLM
+from salactl.runtime.presets import sala_nano
+from salactl.runtime.roofline import call_costs, linear_costs
+
+from conftest import gpu
+
+
+def salactl(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "salactl", *args], capture_output=True, text=True,
+                          timeout=300, **kw)
+
+
+def in_process(monkeypatch, capsys, *args):
+    """The real entry point (salactl.cli.main) without a new interpreter: (exit code, out, err)."""
+    from salactl.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["salactl", *args])
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def test_torch_mode_on_cpu_both_phases(tmp_path, capsys):
+    out = tmp_path / "prof"
+    p = salactl("profile", "--torch", "--model", "sala-nano", "--random-weights", "--phase", "both",
+                "--context", "96", "--chunk-size", "32", "--device", "cpu", "--out", str(out), "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["mode"] == "torch"
+    steps = d["manifest"]["steps"]
+    assert (steps["prefill"]["new_tokens"], steps["prefill"]["cached_tokens"]) == (32, 64)
+    assert (steps["decode"]["new_tokens"], steps["decode"]["cached_tokens"]) == (1, 96)
+    with torch.device("meta"):
+        model = SalaForCausalLM(sala_nano()).to(torch.bfloat16)
+    for phase, rows in (("prefill", [(32, 64)]), ("decode", [(1, 96)])):
+        want = call_costs(sala_nano(), linear_costs(model), rows, 1)
+        ops = {r["op"]: r for r in d["ops"] if r["phase"] == phase}
+        for op in ("qkv", "attention", "gla", "mlp", "lm_head"):
+            assert ops[op]["analytic_bytes"] == want[op].bytes
+            assert ops[op]["kernels"] > 0 and ops[op]["time_s"] > 0
+            assert ops[op]["dram_bytes"] is None            # no counters in torch mode
+        assert ops["total"]["time_s"] == pytest.approx(sum(r["time_s"] for o, r in ops.items() if o != "total"))
+    trace = json.loads((out / "trace.json").read_text())
+    names = {e.get("name") for e in trace["traceEvents"]}
+    assert {"decode", "prefill", "layer0", "attention", "gla"} <= names
+    assert json.loads((out / "result.json").read_text())["mode"] == "torch"
+    from salactl.cmd_profile import render
+
+    render(d)
+    table = capsys.readouterr().out
+    assert "per op" in table and "lm_head" in table and "top offenders" in table
+
+
+def test_w4a16_and_fp8_kv_profile_on_cpu(tmp_path):
+    p = salactl("profile", "--torch", "--model", "sala-nano", "--random-weights", "--context", "64",
+                "--device", "cpu", "--weights", "w4a16", "--kv-cache-dtype", "fp8_e5m2",
+                "--out", str(tmp_path / "q"), "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    ops = {r["op"]: r for r in d["ops"]}
+    # sala-nano MLP: 8 layers x 3 x 256 x 768 weights; W4A16 reads ~0.5 B/weight (+ scales) < bf16's 2
+    assert ops["mlp"]["analytic_bytes"] < 0.4 * 2 * 8 * 3 * 256 * 768
+    assert d["manifest"]["kv_dtype"] == "fp8_e5m2" and d["manifest"]["weights"] == "w4a16"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
+def test_ncu_without_gpu_is_a_clear_error(tmp_path):
+    p = salactl("profile", "--ncu", "--model", "sala-nano", "--random-weights", "--out", str(tmp_path / "x"))
+    assert p.returncode == DeviceError.exit_code
+    assert "--torch" in p.stderr and p.stderr.strip().count("\n") == 0
+
+
+def test_bad_options_are_usage_errors(tmp_path, monkeypatch, capsys):
+    for args in (["--phase", "train"], ["--batch", "0"], ["--layers", "1,x"], ["--ncu", "--torch"],
+                 ["--weights", "int3"], ["--layers", "99"]):
+        code, _, err = in_process(monkeypatch, capsys, "profile", "--model", "sala-nano", "--random-weights",
+                                  "--device", "cpu", "--out", str(tmp_path / "y"), *args)
+        assert code == UsageError.exit_code, (args, err)
+        assert err.strip().splitlines()[-1].startswith("error: ")
+    assert not (tmp_path / "y").exists()                       # nothing written on bad input
+    code, _, err = in_process(monkeypatch, capsys, "profile", "--import", str(tmp_path / "nothing"))
+    assert code == UsageError.exit_code and "step.json" in err
+
+
+def test_ncu_command_line():
+    inc = nvtx_includes(("decode",), ("layer1", "lm_head"))
+    assert inc == ["decode/layer1/", "decode/lm_head/"]
+    assert nvtx_includes(("prefill", "decode"), None) == ["prefill/", "decode/"]
+    cmd = profile_command("/x/ncu", "/o/rep", inc, ["python", "-m", "m"], NcuOptions(launch_skip=5, launch_count=40))
+    s = " ".join(cmd)
+    assert "--clock-control none" in s and "--nvtx --nvtx-include decode/layer1/ --nvtx-include decode/lm_head/" in s
+    assert "--launch-skip 5 --launch-count 40" in s and s.endswith("-f -o /o/rep python -m m")
+    metrics = cmd[cmd.index("--metrics") + 1].split(",")
+    assert {"gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum"} <= set(metrics)
+    sol = profile_command("ncu", "r", inc, [], NcuOptions(metric_set="sol"))
+    assert "sm__throughput.avg.pct_of_peak_sustained_elapsed" in sol[sol.index("--metrics") + 1]
+    with pytest.raises(UsageError):
+        NcuOptions(metric_set="everything")
+
+
+def test_ncu_failures_are_classified():
+    e = classify_failure("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission", 1)
+    assert isinstance(e, ProfilerPermissionError) and "ERR_NVGPUCTRPERM" in str(e)
+    e = classify_failure("==ERROR== Failed to initialize the profiler: LibraryNotLoaded", 1)
+    assert isinstance(e, ProfilerPermissionError)
+    e = classify_failure("Traceback ...\nRuntimeError: boom\n", 1)
+    assert "boom" in str(e) and "\n" not in str(e)
+    with pytest.raises(ToolMissingError, match="not an executable"):
+        find_ncu("/nonexistent/ncu")
+
+
+def test_ncu_not_found_names_the_usual_places(monkeypatch):
+    import glob
+
+    from salactl.profiling import ncu_runner
+
+    if any(glob.glob(g) for g in ncu_runner.SEARCH_GLOBS):
+        pytest.skip("ncu is installed here")
+    monkeypatch.setenv("PATH", "")
+    monkeypatch.delenv("SALACTL_NCU", raising=False)
+    with pytest.raises(ToolMissingError, match=r"/usr/local/cuda/bin or /opt/nvidia/nsight-compute/"):
+        find_ncu()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-NVML error")
+def test_nvml_without_driver_is_a_device_error(tmp_path):
+    p = salactl("profile", "--torch", "--nvml", "--model", "sala-nano", "--random-weights", "--context", "16",
+                "--device", "cpu", "--out", str(tmp_path / "n"))
+    assert p.returncode == DeviceError.exit_code and "NVML" in p.stderr
+
+
+@gpu
+def test_torch_mode_on_gpu_attributes_cuda_kernels(tmp_path):
+    p = salactl("profile", "--torch", "--nvml", "--model", "sala-nano", "--random-weights", "--context", "128",
+                "--device", "cuda", "--out", str(tmp_path / "g"), "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    ops = {r["op"]: r for r in d["ops"]}
+    assert ops["mlp"]["kernels"] > 0 and ops["lm_head"]["kernels"] > 0
+    assert d["nvml"]["samples"] >= 1
