@@ -119,8 +119,10 @@ def test_ncu_failures_are_classified():
     assert isinstance(e, ProfilerPermissionError) and "ERR_NVGPUCTRPERM" in str(e)
     e = classify_failure("==ERROR== Failed to initialize the profiler: LibraryNotLoaded", 1)
     assert isinstance(e, ProfilerPermissionError)
-    e = classify_failure("Traceback ...\nRuntimeError: boom\n", 1)
+    e = classify_failure("Traceback ...\nRuntimeError: boom\n==PROF== Disconnected from process 7\n", 1)
     assert "boom" in str(e) and "\n" not in str(e)
+    e = classify_failure("error: --layers 99 is out of range\n==PROF== Disconnected\n", 2)
+    assert str(e).endswith("error: --layers 99 is out of range")
     with pytest.raises(ToolMissingError, match="not an executable"):
         find_ncu("/nonexistent/ncu")
 

@@ -95,8 +95,10 @@ def classify_failure(output: str, returncode: int) -> SalactlError:
         return ProfilerPermissionError(
             "ncu could not initialise the profiler on this machine (no counter access, e.g. under "
             "gVisor); use --torch")
-    last = [ln for ln in text.strip().splitlines() if ln.strip()]
-    tail = last[-1].strip() if last else "no output"
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    own = [ln for ln in lines if ln.startswith("error: ")]            # the profiled process's error
+    app = [ln for ln in lines if not ln.startswith("==")]             # not ncu's own ==PROF== lines
+    tail = (own or app or lines or ["no output"])[-1]
     return ProfilerFailedError(f"ncu exited with code {returncode}: {tail[:300]}")
 
 
@@ -124,10 +126,15 @@ def run_ncu(ncu: str, out_dir: Path, includes: list[str], spec_path: Path, manif
     report = out_dir / "profile.ncu-rep"
     os.replace(tmp_rep, report)
     csv_path = out_dir / "profile.csv"
+    export_csv(ncu, report, csv_path)
+    return report, csv_path
+
+
+def export_csv(ncu: str, report: Path, csv_path: Path) -> None:
+    """`ncu --import R --csv --page raw --print-units base` into csv_path (temp + rename)."""
     exported = subprocess.run(export_command(ncu, report), capture_output=True, text=True)
     if exported.returncode != 0:
         raise classify_failure(exported.stdout + exported.stderr, exported.returncode)
-    tmp_csv = out_dir / ".profile.csv.tmp"
+    tmp_csv = csv_path.with_name(f".{csv_path.name}.tmp{os.getpid()}")
     tmp_csv.write_text(exported.stdout)
     os.replace(tmp_csv, csv_path)
-    return report, csv_path

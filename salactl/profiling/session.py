@@ -11,7 +11,7 @@ from pathlib import Path
 
 from salactl import output
 from salactl.errors import DeviceError, ProfilerPermissionError, ToolMissingError, UsageError
-from salactl.profiling.ncu_runner import NcuOptions, find_ncu, nvtx_includes, run_ncu
+from salactl.profiling.ncu_runner import NcuOptions, export_csv, find_ncu, nvtx_includes, run_ncu
 from salactl.profiling.spec import ProfileSpec
 from salactl.profiling.step_runner import write_json
 from salactl.reports.ncu import parse_csv
@@ -125,6 +125,8 @@ def _run_ncu(spec: ProfileSpec, opts: SessionOptions) -> dict:
 def load_saved(out: Path, top: int = 20) -> dict:
     """Tables from a saved ncu profile directory (profile.csv + step.json)."""
     manifest_path, csv_path = out / "step.json", out / "profile.csv"
+    if not csv_path.exists() and (out / "profile.ncu-rep").exists():
+        export_csv(find_ncu(None), out / "profile.ncu-rep", csv_path)
     for p in (manifest_path, csv_path):
         if not p.exists():
             raise UsageError(f"{p} is missing; a saved profile directory holds step.json and "

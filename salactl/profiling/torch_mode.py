@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import torch
 from torch.profiler import ProfilerActivity, profile
 
 from salactl.profiling.step_runner import run_phases
