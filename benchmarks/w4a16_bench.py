@@ -6,7 +6,8 @@ MiniCPM-SALA 9B linear shapes (issue 5). One GPU; prints a short table last.
 Method (the device README's METHOD.md): random inputs (never zeros); every timed call in a CUDA
 graph whose calls rotate over enough weight copies (> 3x the L2) that nothing is served from cache;
 median of replays; copy-bandwidth ceiling measured first. Packed bytes = int4 weights + fp16 scales.
-For M <= 32 it also sweeps a few tile/split configurations and reports the best beside the default.
+For M <= 32 it also sweeps a few kernel/tile/split configurations and reports the best beside the
+default (the dispatcher's choice).
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ import sys
 import torch
 
 from salactl.runtime.ops.w4a16.layout import pack_interleaved
-from salactl.runtime.ops.w4a16.triton import (DEQUANT_MIN_ROWS, MMConfig, _sm_count, default_config,
-                                              w4a16_dequantize, w4a16_linear, w4a16_mm)
+from salactl.runtime.ops.w4a16.triton import (DEQUANT_MIN_ROWS, GEMV_MAX_ROWS, MMConfig, _sm_count,
+                                              default_config, w4a16_dequantize, w4a16_linear, w4a16_mm)
+from salactl.runtime.ops.w4a16.triton_gemv import w4a16_gemv
 
 SHAPES = [("qkv/o/z", 4096, 4096), ("k/v (sparse)", 256, 4096), ("gate/up", 16384, 4096),
           ("down", 4096, 16384)]
@@ -89,25 +91,39 @@ def weights(N: int, K: int, gen):
 
 def check(qw, s, w_ref, M: int, K: int, gen, cfg=None) -> float:
     x = torch.randn(M, K, device="cuda", generator=gen).bfloat16()
-    y = w4a16_mm(x, qw, s, GROUP, cfg) if cfg is not None else w4a16_linear(x, qw, s, GROUP)
+    y = run_config(cfg, x, qw, s) if cfg is not None else w4a16_linear(x, qw, s, GROUP)
     ref = x.float() @ w_ref.t()
     if not bool(torch.isfinite(y).all()):
         return float("inf")
     return float((y.float() - ref).norm() / ref.norm())
 
 
-def sweep_configs(M: int, N: int, K: int, sms: int) -> list[MMConfig]:
+def sweep_configs(M: int, N: int, K: int, sms: int) -> list:
+    """Candidates: ("gemv", block_n, split, warps) for the CUDA-core GEMV (M <= 8) and MMConfig
+    for the tensor-core kernel (M <= 32); prefill is dequant + cuBLAS (it beat every Triton GEMM
+    tile in the first sweep)."""
     if M >= 256:
-        return [MMConfig(128, 128, 1, True, 8, 8, 3), MMConfig(128, 256, 1, True, 8, 8, 3),
-                MMConfig(128, 128, 1, False, 8, 8, 3), MMConfig(64, 128, 1, True, 8, 4, 4)]
+        return []
+    out: list = []
+    if M <= 8:
+        for bn, warps in ((128, 4), (256, 4), (256, 8), (512, 8)):
+            tiles = math.ceil(N / bn) * M
+            for t in (1, 2, 4):
+                out.append(("gemv", bn, max(1, min(K // 128, math.ceil(t * sms / tiles))), warps))
     bm = 16 if M <= 16 else 32
-    out = []
-    for bn, fused, warps, stages in ((32, False, 4, 4), (64, False, 4, 4), (128, False, 4, 3), (64, True, 4, 4),
-                                     (128, True, 8, 3)):
-        tiles = math.ceil(M / bm) * math.ceil(N / bn)
-        splits = {max(1, min(K // 128, math.ceil(t * sms / tiles))) for t in (2, 4)}
-        out += [MMConfig(bm, bn, sp, fused, 8, warps, stages) for sp in sorted(splits)]
-    return out
+    if M > 1:
+        for bn, fused in ((128, False), (64, True)):
+            tiles = math.ceil(M / bm) * math.ceil(N / bn)
+            for t in (2, 4):
+                out.append(MMConfig(bm, bn, max(1, min(K // 128, math.ceil(t * sms / tiles))), fused, 8, 4, 3))
+    return list(dict.fromkeys(out))
+
+
+def run_config(cfg, x, qw, s):
+    if isinstance(cfg, tuple):
+        _, bn, split, warps = cfg
+        return w4a16_gemv(x, qw, s, GROUP, block_n=bn, split_k=split, num_warps=warps)
+    return w4a16_mm(x, qw, s, GROUP, cfg)
 
 
 def bench_shape(label: str, N: int, K: int, gen, sms: int, sweep: bool, log) -> list[dict]:
@@ -127,7 +143,8 @@ def bench_shape(label: str, N: int, K: int, gen, sms: int, sweep: bool, log) -> 
         calls = n_calls(packed_bytes, M)
         t_ours = graph_time_us([lambda i=i: w4a16_linear(x, *qs[i % ncopy], GROUP) for i in range(calls)])
         row = {"shape": label, "N": N, "K": K, "M": M, "bf16_us": t_bf16, "ours_us": t_ours, "rel_err": err,
-               "default_cfg": ("dequant+cuBLAS" if M >= DEQUANT_MIN_ROWS else str(default_config(M, N, K, sms))),
+               "default_cfg": ("dequant+cuBLAS" if M >= DEQUANT_MIN_ROWS else "gemv" if M <= GEMV_MAX_ROWS
+                               else str(default_config(M, N, K, sms))),
                "packed_GBps": packed_bytes / (t_ours * 1e-6) / 1e9}
         if sweep:
             best = (t_ours, row["default_cfg"])
@@ -143,8 +160,9 @@ def bench_shape(label: str, N: int, K: int, gen, sms: int, sweep: bool, log) -> 
                     if e > 2e-2:
                         log(f"  config {cfg} WRONG rel err {e:.3g}")
                         continue
-                    t = graph_time_us([lambda i=i, c=cfg: w4a16_mm(x, *qs[i % ncopy], GROUP, c)
+                    t = graph_time_us([lambda i=i, c=cfg: run_config(c, x, *qs[i % ncopy])
                                        for i in range(calls)], replays=5)
+                    log(f"  {cfg}: {t:.2f} us")
                 except Exception as ex:      # a config that fails to compile/launch is skipped
                     log(f"  config {cfg} failed: {type(ex).__name__}: {str(ex)[:200]}")
                     continue

@@ -19,9 +19,11 @@ _INTERPRETED_CHECK = textwrap.dedent("""
     import torch
     from salactl.runtime.ops.w4a16.layout import pack_interleaved
     from salactl.runtime.ops.w4a16.triton import MMConfig, w4a16_dequantize, w4a16_mm
+    from salactl.runtime.ops.w4a16.triton_gemv import w4a16_gemv
     gen = torch.Generator().manual_seed(7)
     K, N = 256, 48                                   # N not a multiple of the tile: masked columns
     for G, dt, M, cfg, tol in [(128, torch.bfloat16, 1, MMConfig(16, 32, 1), 5e-3),
+                               (32, torch.bfloat16, 2, MMConfig(16, 32, 3), 5e-3),
                                (32, torch.float16, 5, MMConfig(16, 32, 3), 5e-3),
                                (-1, torch.bfloat16, 17, MMConfig(16, 64, 2, True), 5e-3),
                                (64, torch.bfloat16, 3, MMConfig(16, 32, 1, True), 1.5e-2)]:
@@ -35,6 +37,12 @@ _INTERPRETED_CHECK = textwrap.dedent("""
         assert y.dtype == dt and y.shape == (M, N)
         err = float((y.float() - ref).norm() / ref.norm())
         assert err < tol, (G, M, cfg, err)
+        if dt == torch.bfloat16 and M <= 5:
+            for split in (1, 3):                       # split 3: partials + last-split reduction
+                for _ in range(2):                     # the second call checks the counter reset
+                    yg = w4a16_gemv(x, pack_interleaved(q), s, G, block_n=32, split_k=split)
+                    eg = float((yg.float() - ref).norm() / ref.norm())
+                    assert eg < 5e-3, ("gemv", G, M, split, eg)
         wd = w4a16_dequantize(pack_interleaved(q), s, G, dt).float()
         assert bool(((wd - w.t()).abs() <= w.t().abs() * 2 ** -7 + 1e-7).all()), G
     print("ok")
@@ -53,7 +61,7 @@ def test_triton_kernels_match_reference_in_the_interpreter():
 @gpu
 @needs_triton
 @pytest.mark.parametrize("G", [128, 64, -1])
-@pytest.mark.parametrize("M", [1, 8, 33, 600])
+@pytest.mark.parametrize("M", [1, 2, 8, 33, 600])
 def test_w4a16_linear_on_cuda_matches_reference(G, M):
     from salactl.quant.linear import W4A16Linear
     from salactl.quant.packing import default_g_idx, to_gptq_tensors

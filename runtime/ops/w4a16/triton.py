@@ -3,7 +3,8 @@
 Why hand-written: on an H200, torch's `_weight_int4pack_mm` was 1.74x faster than bf16 at batch 1
 but slower from batch 8, and gemlite 1.3-1.55x at batch 1 and slower from batch 8 (issue 5).
 
-- `w4a16_mm`: one kernel for every batch size. Each program owns a [BLOCK_M, BLOCK_N] output tile
+- `w4a16_mm`: the tensor-core kernel for a few to a few hundred rows (triton_gemv.py has the
+  CUDA-core GEMV used for a single row). Each program owns a [BLOCK_M, BLOCK_N] output tile
   and a range of 128-row K blocks (split-K with fp32 atomics when few tiles exist, so small-M
   GEMV launches fill the GPU). The packed weights (layout.py: 16 word rows per 128-row block)
   are read once per tile; nibble j of the word tile is the k=16 slab k0+16j..k0+16j+15.
@@ -159,19 +160,19 @@ def _sm_count(device: torch.device) -> int:
 
 
 def default_config(M: int, N: int, K: int, sms: int = 132) -> MMConfig:
-    """Tile choice by batch size (tuned on an H200; BENCHMARKS.md 'W4A16 and FP8 KV')."""
+    """Tile choice for the tensor-core kernel by batch size (from the H200 sweep in BENCHMARKS.md
+    'W4A16 and FP8 KV': BLOCK_N 128 with per-slab dots, split-K to fill the SMs)."""
     if M <= 16:
-        bm, bn, warps, stages = 16, 64, 4, 4
+        bm, warps, stages = 16, 4, 3
     elif M <= 64:
-        bm, bn, warps, stages = (32 if M <= 32 else 64), 64, 4, 4
+        bm, warps, stages = (32 if M <= 32 else 64), 4, 3
     else:
-        bm, bn, warps, stages = 128, 128, 8, 3
+        return MMConfig(128, 128, 1, True, 8, 8, 3)
+    bn = 128 if N >= 1024 else 64
     tiles = -(-M // bm) * -(-N // bn)
-    nkb = K // K_BLOCK
-    split = 1
-    if tiles < 2 * sms:
-        split = max(1, min(nkb, -(-2 * sms // tiles), 16))
-    return MMConfig(bm, bn, split, False, 8, warps, stages)
+    waves = 4 if (2 * tiles < sms and M <= 16) else 2
+    split = max(1, min(K // K_BLOCK, -(-waves * sms // tiles)))
+    return MMConfig(bm, bn, split, N < 1024, 8, warps, stages)
 
 
 # (nibble | MAGIC) as the activation dtype is BIAS - 8 + q exactly (see the module docstring).
@@ -223,10 +224,19 @@ def w4a16_dequantize(qweight: torch.Tensor, scales: torch.Tensor, group_size: in
     return w
 
 
+# Rows up to which the CUDA-core GEMV (triton_gemv.py) beats the tensor-core kernel.
+GEMV_MAX_ROWS = 1
+
+
 def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                  group_size: int) -> torch.Tensor:
-    """Dispatch by rows: the fused kernel up to DEQUANT_MIN_ROWS, dequantize + cuBLAS above."""
+    """Dispatch by rows: CUDA-core GEMV for tiny M, the tensor-core kernel up to
+    DEQUANT_MIN_ROWS, dequantize + cuBLAS above."""
     M = x.shape[0]
+    if M <= GEMV_MAX_ROWS:
+        from salactl.runtime.ops.w4a16.triton_gemv import w4a16_gemv
+
+        return w4a16_gemv(x, qweight, scales, group_size, block_n=256, sms=_sm_count(x.device))
     if M >= DEQUANT_MIN_ROWS:
         return x @ w4a16_dequantize(qweight, scales, group_size, x.dtype)
     return w4a16_mm(x, qweight, scales, group_size)
