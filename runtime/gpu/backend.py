@@ -139,7 +139,7 @@ class GPUBackend:
     def _gather(pool, pages, L, scale, dtype):
         x = pool[pages].transpose(0, 1).reshape(pool.shape[1], -1, pool.shape[-1])[:, :L]
         if x.dtype != dtype:
-            x = (x.float() * scale).to(dtype)
+            x = (x.float() * scale[:, None, None]).to(dtype)
         return x.unsqueeze(0)
 
     # ---- lightning layers -------------------------------------------------------------------

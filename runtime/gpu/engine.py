@@ -50,6 +50,7 @@ class GPUEngine:
                           kv_tokens=kv_tokens)
         self.plan = plan
         self.pools = CachePools(self.config, plan, self.device, self.dtype, kv_dtype)
+        self._set_kv_scales(model, kv_dtype)
         sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
                if self.device.type == "cuda" else 4)
         self.backend = GPUBackend(self.config, self.pools, num_sms=sms)
@@ -66,6 +67,18 @@ class GPUEngine:
         self._next_id = 0
         self.timers = {"prefill": OpTimer(self.device), "decode": OpTimer(self.device)}
         self.phase_calls = {"prefill": 0, "decode": 0}
+
+    def _set_kv_scales(self, model, kv_dtype) -> None:
+        """FP8 KV: calibrated per-layer scales from the checkpoint (runtime/kv_fp8.py policy:
+        e5m2 defaults to 1.0, e4m3 without calibration is refused)."""
+        names = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
+        if kv_dtype not in names:
+            return
+        from salactl.runtime.kv_fp8 import model_kv_scales, resolve_kv_scales
+
+        scales = resolve_kv_scales(self.config, names[kv_dtype], model_kv_scales(model), self.device)
+        for li, layer in enumerate(self.config.sparse_layers):
+            self.pools.k_scale[li], self.pools.v_scale[li] = scales[layer]
 
     # ---- API --------------------------------------------------------------------------------
     def submit(self, prompt_ids: list[int], params: SamplingParams | None = None,

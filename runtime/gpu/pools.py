@@ -133,9 +133,9 @@ class CachePools:
                                  device=device, dtype=torch.float32)
         self.page_table = torch.full((plan.slots + 1, plan.max_pages_per_seq), self.trash_page,
                                      device=device, dtype=torch.int32)
-        # per-layer scales for FP8 KV (1.0 otherwise); set by the engine
-        self.k_scale = [1.0] * ls
-        self.v_scale = [1.0] * ls
+        # fp32 [Hkv] scales per sparse layer for FP8 KV (ones otherwise); set by the engine
+        self.k_scale = [torch.ones(hkv, device=device) for _ in range(ls)]
+        self.v_scale = [torch.ones(hkv, device=device) for _ in range(ls)]
 
     def assign_pages(self, slot: int, pages: list[int]) -> None:
         row = torch.full((self.plan.max_pages_per_seq,), self.trash_page, dtype=torch.int32)

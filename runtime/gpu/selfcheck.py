@@ -121,22 +121,37 @@ def check_decode_attention(device, dtype, sh: Shapes = Shapes(), fp8: bool = Fal
     return out
 
 
-def check_store_kv(device, dtype, sh: Shapes = Shapes()) -> list:
+def check_store_kv(device, dtype, sh: Shapes = Shapes(), fp8=None) -> list:
+    """Rows land in the right (page, head, offset); FP8 pages hold saturate(x / scale)."""
     from salactl.runtime.ops.decode_attention.triton import store_kv
 
     pt, kp, vp = _paged_setup(device, sh, [3 * sh.block, 2 * sh.block], dtype)
+    ks = torch.rand(sh.hkv, device=device) + 0.01
+    vs = torch.rand(sh.hkv, device=device) + 0.01
+    if fp8 is not None:
+        kp, vp = kp.to(fp8), vp.to(fp8)
     slots = torch.tensor([1, 0, 0], dtype=torch.int32, device=device)
     seq = torch.tensor([sh.block + 2, 1, 3 * sh.block], dtype=torch.int32, device=device)
-    k, v = (torch.randn(3, sh.hkv, sh.d, device=device).to(dtype) for _ in range(2))
+    k, v = (torch.randn(3, sh.hkv, sh.d, device=device).to(dtype) * 300 for _ in range(2))
     kp2, vp2 = kp.clone(), vp.clone()
-    store_kv(kp2, vp2, k, v, pt, slots, seq)
+    store_kv(kp2, vp2, k, v, pt, slots, seq, ks, vs)
     exp_k, exp_v = kp.clone(), vp.clone()
     for i in range(3):
         t = int(seq[i]) - 1
         page = int(pt[int(slots[i]), t // sh.block])
-        exp_k[page, :, t % sh.block] = k[i]
-        exp_v[page, :, t % sh.block] = v[i]
-    return [("store_kv", float((kp2.float() - exp_k.float()).abs().max() + (vp2.float() - exp_v.float()).abs().max()), 0.0)]
+        if fp8 is None:
+            exp_k[page, :, t % sh.block], exp_v[page, :, t % sh.block] = k[i], v[i]
+        else:
+            m = torch.finfo(fp8).max
+            exp_k[page, :, t % sh.block] = (k[i].float() / ks[:, None]).clamp(-m, m).to(fp8)
+            exp_v[page, :, t % sh.block] = (v[i].float() / vs[:, None]).clamp(-m, m).to(fp8)
+    if fp8 is None:
+        err = float((kp2.float() - exp_k.float()).abs().max() + (vp2.float() - exp_v.float()).abs().max())
+        return [("store_kv", err, 0.0)]
+    # the CPU interpreter rounds a few fp8 values differently; the GPU must match exactly
+    tol = 0.0 if kp.is_cuda else 0.2
+    return [(f"store_kv.{str(fp8).replace('torch.', '')}",
+             max(rel_err(kp2.float(), exp_k.float()), rel_err(vp2.float(), exp_v.float())), tol)]
 
 
 def check_selection(device, dtype, sh: Shapes = Shapes(), L: int | None = None) -> list:
@@ -253,6 +268,8 @@ def run_all(device, dtype=torch.bfloat16, model=None) -> list:
     rows = []
     rows += check_gla(device, dtype)
     rows += check_store_kv(device, dtype)
+    rows += check_store_kv(device, dtype, fp8=torch.float8_e4m3fn)
+    rows += check_store_kv(device, dtype, fp8=torch.float8_e5m2)
     rows += check_decode_attention(device, dtype)
     rows += check_decode_attention(device, torch.bfloat16, fp8=True)
     rows += check_selection(device, dtype)

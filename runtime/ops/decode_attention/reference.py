@@ -1,7 +1,7 @@
 """Paged decode attention, plain PyTorch (the contract for the Triton kernel beside it).
 
 Pools are head-major pages: k_pages, v_pages [num_pages, Hkv, B, D] (bf16, fp32 or FP8 with a
-per-layer fp32 scale). A query row n (one token, Hq heads) belongs to the sequence in slot
+fp32 scale per layer, scalar or per KV head). A query row n (one token, Hq heads) belongs to the sequence in slot
 `slots[n]` whose logical block b lives in page `page_table[slot, b]`; it sees the keys at
 positions < seq_lens[n]. Each (row, KV head) attends either all its blocks (dense) or, when
 seq_lens[n] >= dense_len, only `block_ids[n, h, :num_blocks[n, h]]` (sparse). Computed in fp32;
@@ -16,13 +16,15 @@ import torch
 
 
 def paged_attention(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=None,
-                    num_blocks=None, dense_len: int | None = None, k_scale: float = 1.0,
-                    v_scale: float = 1.0, sm_scale: float | None = None):
+                    num_blocks=None, dense_len: int | None = None, k_scale=1.0, v_scale=1.0,
+                    sm_scale: float | None = None):
     n, hq, d = q.shape
     _, hkv, B, _ = k_pages.shape
     g = hq // hkv
     sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
     out = torch.empty(n, hq, d, dtype=torch.float32, device=q.device)
+    ks = torch.as_tensor(k_scale, dtype=torch.float32, device=q.device).reshape(-1).expand(hkv)
+    vs = torch.as_tensor(v_scale, dtype=torch.float32, device=q.device).reshape(-1).expand(hkv)
     for i in range(n):
         slot, L = int(slots[i]), int(seq_lens[i])
         sparse = block_ids is not None and dense_len is not None and L >= dense_len
@@ -32,8 +34,8 @@ def paged_attention(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=
             else:
                 blocks = list(range(math.ceil(L / B)))
             pages = page_table[slot, blocks].long()
-            keys = k_pages[pages, h].float().reshape(-1, d) * k_scale        # [nb·B, d]
-            vals = v_pages[pages, h].float().reshape(-1, d) * v_scale
+            keys = k_pages[pages, h].float().reshape(-1, d) * ks[h]     # [nb·B, d]
+            vals = v_pages[pages, h].float().reshape(-1, d) * vs[h]
             pos = (torch.tensor(blocks, device=q.device)[:, None] * B
                    + torch.arange(B, device=q.device)[None, :]).reshape(-1)
             scores = q[i, h * g:(h + 1) * g].float() @ keys.T * sm_scale       # [g, nb·B]

@@ -24,7 +24,7 @@ DENSE_ONLY = 2 ** 31 - 1
 def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cnt_ptr,
                   po_ptr, plse_ptr,
                   s_qn, s_qh, s_kp, s_kh, s_pt, s_seln, s_selh, s_cntn, s_cnth,
-                  sm_scale, k_scale, v_scale, dense_len, num_splits,
+                  sm_scale, ks_ptr, vs_ptr, dense_len, num_splits,
                   HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, BS: tl.constexpr,
                   D: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr):
     r = tl.program_id(0)
@@ -59,8 +59,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
         kt = tl.load(k_ptr + base + tile)
         vt = tl.load(v_ptr + base + tile)
         if FP8:
-            kt = (kt.to(tl.float32) * k_scale).to(q.dtype)
-            vt = (vt.to(tl.float32) * v_scale).to(q.dtype)
+            kt = (kt.to(tl.float32) * tl.load(ks_ptr + kh)).to(q.dtype)
+            vt = (vt.to(tl.float32) * tl.load(vs_ptr + kh)).to(q.dtype)
         if DOT_F32:
             s = tl.dot(q, tl.trans(kt), input_precision="ieee")
         else:
@@ -116,12 +116,19 @@ def choose_splits(rows: int, max_blocks: int, sms: int = 132) -> int:
     return max(1, min(64, math.ceil(2 * sms / max(rows, 1)), max_blocks))
 
 
+def scale_tensor(scale, heads: int, device) -> torch.Tensor:
+    """FP8 scales as an fp32 [Hkv] tensor (a float is broadcast)."""
+    if isinstance(scale, torch.Tensor):
+        return scale.to(device=device, dtype=torch.float32).reshape(-1).expand(heads).contiguous()
+    return torch.full((heads,), float(scale), device=device, dtype=torch.float32)
+
+
 def paged_attention(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=None,
-                    num_blocks=None, dense_len: int | None = None, k_scale: float = 1.0,
-                    v_scale: float = 1.0, sm_scale: float | None = None, num_splits: int = 8,
-                    out=None):
+                    num_blocks=None, dense_len: int | None = None, k_scale=1.0, v_scale=1.0,
+                    sm_scale: float | None = None, num_splits: int = 8, out=None):
     """Same contract as reference.paged_attention. q [n, Hq, D] (unit last stride);
-    block_ids [n, Hkv, maxsel] int32 and num_blocks [n, Hkv] int32 (any strides, e.g. 0)."""
+    block_ids [n, Hkv, maxsel] int32 and num_blocks [n, Hkv] int32 (any strides, e.g. 0);
+    k_scale/v_scale: float or fp32 [Hkv] (used for FP8 pages only)."""
     n, hq, d = q.shape
     _, hkv, B, _ = k_pages.shape
     G = hq // hkv
@@ -140,7 +147,8 @@ def paged_attention(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=
     _split_kernel[(rows, num_splits)](
         q, k_pages, v_pages, page_table, slots, seq_lens, block_ids, num_blocks, po, plse,
         q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1), page_table.stride(0),
-        *sel_strides, float(sm_scale), float(k_scale), float(v_scale), int(dense_len), num_splits,
+        *sel_strides, float(sm_scale), scale_tensor(k_scale, hkv, q.device),
+        scale_tensor(v_scale, hkv, q.device), int(dense_len), num_splits,
         HKV=hkv, G=G, BG=BG, BS=B, D=d, FP8=fp8, DOT_F32=(q.dtype == torch.float32),
         num_warps=4, num_stages=2)
     if out is None:
@@ -152,8 +160,8 @@ def paged_attention(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=
 
 @triton.jit
 def _store_kv_kernel(k_ptr, v_ptr, kp_ptr, vp_ptr, pt_ptr, slot_ptr, seqlen_ptr,
-                     s_kn, s_kh, s_vn, s_vh, s_p, s_h, s_pt, k_scale, v_scale,
-                     BS: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr):
+                     s_kn, s_kh, s_vn, s_vh, s_p, s_h, s_pt, ks_ptr, vs_ptr,
+                     BS: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr):
     r = tl.program_id(0)
     h = tl.program_id(1)
     slot = tl.load(slot_ptr + r).to(tl.int64)
@@ -163,16 +171,18 @@ def _store_kv_kernel(k_ptr, v_ptr, kp_ptr, vp_ptr, pt_ptr, slot_ptr, seqlen_ptr,
     k = tl.load(k_ptr + r * s_kn + h * s_kh + d)
     v = tl.load(v_ptr + r * s_vn + h * s_vh + d)
     if FP8:
-        k = k.to(tl.float32) / k_scale
-        v = v.to(tl.float32) / v_scale
+        k = k.to(tl.float32) / tl.load(ks_ptr + h)
+        v = v.to(tl.float32) / tl.load(vs_ptr + h)
+        k = tl.minimum(tl.maximum(k, -FP8_MAX), FP8_MAX)
+        v = tl.minimum(tl.maximum(v, -FP8_MAX), FP8_MAX)
     dst = page * s_p + h * s_h + (t % BS) * D + d
     tl.store(kp_ptr + dst, k.to(kp_ptr.dtype.element_ty))
     tl.store(vp_ptr + dst, v.to(vp_ptr.dtype.element_ty))
 
 
-def store_kv(k_pages, v_pages, k, v, page_table, slots, seq_lens, k_scale: float = 1.0,
-             v_scale: float = 1.0) -> None:
-    """Write row r's k, v [n, Hkv, D] at position seq_lens[r]-1 of the sequence in slots[r]."""
+def store_kv(k_pages, v_pages, k, v, page_table, slots, seq_lens, k_scale=1.0, v_scale=1.0) -> None:
+    """Write row r's k, v [n, Hkv, D] at position seq_lens[r]-1 of the sequence in slots[r]
+    (FP8 pages: saturate(x / scale), kv_fp8's policy)."""
     n, hkv, d = k.shape
     if n == 0:
         return
@@ -180,5 +190,7 @@ def store_kv(k_pages, v_pages, k, v, page_table, slots, seq_lens, k_scale: float
     _store_kv_kernel[(n, hkv)](k, v, k_pages, v_pages, page_table, slots, seq_lens,
                                k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                                k_pages.stride(0), k_pages.stride(1), page_table.stride(0),
-                               float(k_scale), float(v_scale), BS=k_pages.shape[2], D=d, FP8=fp8,
+                               scale_tensor(k_scale, hkv, k.device), scale_tensor(v_scale, hkv, k.device),
+                               BS=k_pages.shape[2], D=d, FP8=fp8,
+                               FP8_MAX=float(torch.finfo(k_pages.dtype).max) if fp8 else 0.0,
                                num_warps=1)

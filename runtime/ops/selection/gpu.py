@@ -11,6 +11,7 @@ import torch
 import triton
 
 from salactl.runtime.config import SparseConfig
+from salactl.runtime.ops.decode_attention.triton import scale_tensor
 from salactl.runtime.ops.selection import triton as kern
 
 _NEG_INF_BITS = struct.unpack("<i", struct.pack("<f", float("-inf")))[0]
@@ -25,7 +26,7 @@ def check_shapes(sc: SparseConfig) -> None:
 
 
 def compress_update(k_pages, k1_pages, page_table, slots, starts, counts, max_count: int,
-                    sc: SparseConfig, k_scale: float = 1.0) -> None:
+                    sc: SparseConfig, k_scale=1.0) -> None:
     """For each entry e: K1_j for j in [starts[e], starts[e]+counts[e]) of the sequence in
     slots[e] (counts[e] <= max_count). k_pages [P, Hkv, B, D]; k1_pages [P, Hkv, B/st, D]."""
     if max_count <= 0 or slots.numel() == 0:
@@ -35,7 +36,7 @@ def compress_update(k_pages, k1_pages, page_table, slots, starts, counts, max_co
     kern._compress_kernel[(slots.numel(), max_count, hkv)](
         k_pages, k1_pages, page_table, slots, starts, counts,
         k_pages.stride(0), k_pages.stride(1), k1_pages.stride(0), k1_pages.stride(1),
-        page_table.stride(0), float(k_scale),
+        page_table.stride(0), scale_tensor(k_scale, hkv, k_pages.device),
         BS=B, ST=sc.kernel_stride, KS=sc.kernel_size, D=D, FP8=fp8, num_warps=4)
 
 

@@ -23,7 +23,7 @@ import triton.language as tl
 
 @triton.jit
 def _compress_kernel(k_ptr, k1_ptr, pt_ptr, slot_ptr, start_ptr, count_ptr,
-                     s_kp, s_kh, s_1p, s_1h, s_pt, k_scale,
+                     s_kp, s_kh, s_1p, s_1h, s_pt, ks_ptr,
                      BS: tl.constexpr, ST: tl.constexpr, KS: tl.constexpr, D: tl.constexpr,
                      FP8: tl.constexpr):
     e = tl.program_id(0)
@@ -38,7 +38,7 @@ def _compress_kernel(k_ptr, k1_ptr, pt_ptr, slot_ptr, start_ptr, count_ptr,
         keys = tl.load(k_ptr + page[:, None] * s_kp + h * s_kh + (tok % BS)[:, None] * D + d[None, :])
         keys = keys.to(tl.float32)
         if FP8:
-            keys = keys * k_scale
+            keys = keys * tl.load(ks_ptr + h)
         mean = tl.sum(keys, axis=0) / KS
         first = j * ST
         dst_page = tl.load(pt_ptr + slot * s_pt + first // BS).to(tl.int64)
