@@ -33,3 +33,22 @@ class RichProgress:
     def close(self) -> None:
         if self.task is not None:
             self.progress.stop()
+
+
+class PointProgress:
+    """One bar over the sweep's points."""
+
+    def __init__(self):
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=output.stderr, transient=False)
+        self.task = None
+
+    def begin(self, name: str, total: int) -> None:
+        self.progress.start()
+        self.task = self.progress.add_task(name, total=total)
+
+    def advance_point(self) -> None:
+        self.progress.update(self.task, advance=1)
+
+    def end(self) -> None:
+        self.progress.stop()

@@ -95,37 +95,43 @@ class EmbeddedTarget(Target):
 ENGINES = ("auto", "reference", "gpu")
 
 
-def build_engine(lm, device, engine: str, chunk_size: int, kv_cache_dtype: str, max_running: int):
-    """The stepping engine behind the target: the continuous-batching GPU engine when asked for
-    (or `auto` on CUDA with Triton), else the single-sequence reference Engine in FIFO order."""
-    from salactl.bench.targets.engine_driver import EngineDriver, GpuStepper, SerialStepper
+def resolve_engine(engine: str, device: torch.device) -> str:
+    """"gpu" or "reference" for --engine auto|reference|gpu on this device."""
     from salactl.errors import DeviceError, UsageError
 
     if engine not in ENGINES:
         raise UsageError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
-    use_gpu = engine == "gpu"
-    if engine == "auto" and device.type == "cuda":
-        try:
-            from salactl.runtime.gpu.available import gpu_engine_available
+    if engine == "reference":
+        return "reference"
+    try:
+        from salactl.runtime.gpu.available import gpu_engine_available
 
-            use_gpu = gpu_engine_available(device)
-        except ImportError:
-            use_gpu = False
-    if use_gpu:
-        try:
-            from salactl.runtime.gpu.engine import GPUEngine
-            from salactl.runtime.kv_fp8 import fp8_dtype
-        except ImportError as e:
-            raise DeviceError(f"the GPU engine cannot be imported ({e}); use --engine reference") from None
-        if device.type != "cuda":
-            raise DeviceError("--engine gpu needs a CUDA device; use --engine reference on CPU")
+        available = gpu_engine_available(device)
+    except ImportError:
+        available = False
+    if engine == "gpu" and not available:
+        raise DeviceError("--engine gpu needs a CUDA device, Triton and the GPU engine; "
+                          "use --engine reference")
+    return "gpu" if available else "reference"
+
+
+def build_engine(model, device, engine: str, chunk_size: int, kv_cache_dtype: str, max_running: int):
+    """The stepping engine behind the target: the continuous-batching GPU engine when asked for
+    (or `auto` on CUDA with Triton), else the single-sequence reference Engine in FIFO order.
+    Returns (EngineDriver, engine name)."""
+    from salactl.bench.targets.engine_driver import EngineDriver, GpuStepper, SerialStepper
+
+    if resolve_engine(engine, device) == "gpu":
+        from salactl.runtime.gpu.engine import GPUEngine
+        from salactl.runtime.kv_fp8 import fp8_dtype
+
         kw = {"kv_dtype": fp8_dtype(kv_cache_dtype)} if fp8_dtype(kv_cache_dtype) is not None else {}
-        gpu = GPUEngine(lm.model, device, chunk_size=chunk_size, max_running_requests=max_running, **kw)
+        gpu = GPUEngine(model, device, chunk_size=chunk_size, max_running_requests=max_running, **kw)
         return EngineDriver(GpuStepper(gpu), max_running), "gpu"
     from salactl.runtime.engine import Engine
 
-    ref = Engine(lm.model, device, chunk_size=chunk_size, kv_cache_dtype=kv_cache_dtype)
-    return EngineDriver(SerialStepper(ref, tuple(lm.config.eos_token_id)), 1), "reference"
+    ref = Engine(model, device, chunk_size=chunk_size, kv_cache_dtype=kv_cache_dtype)
+    return EngineDriver(SerialStepper(ref, tuple(model.config.eos_token_id)), 1), "reference"
 
 
 def build_embedded_target(model: str | None, random_weights: bool, seed: int, device: str, dtype: str,
@@ -138,7 +144,7 @@ def build_embedded_target(model: str | None, random_weights: bool, seed: int, de
 
     lm = load_model(model or "sala-nano", device, dtype, random_weights, seed)
     dev = lm.model.model.embed_tokens.weight.device
-    driver, engine_name = build_engine(lm, dev, engine, chunk_size, kv_cache_dtype, max_running)
+    driver, engine_name = build_engine(lm.model, dev, engine, chunk_size, kv_cache_dtype, max_running)
     knobs = {"engine": engine_name, "device": str(dev),
              "dtype": str(lm.model.model.embed_tokens.weight.dtype).replace("torch.", ""),
              "weights": "w4a16" if _is_quantized(lm) else "dense", "kv_cache_dtype": kv_cache_dtype,

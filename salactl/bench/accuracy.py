@@ -1,0 +1,86 @@
+"""Accuracy proxies for the sweep, measured on the embedded model with the same weights:
+
+- logit KL: KL(dense ‖ point) of the next-token distributions at every prompt position, the
+  reference being dense attention (dense_len beyond the prompt), the base weights and a bf16
+  cache; reported as the mean over all positions, over the positions where the point's sparse
+  path is active (t + 1 ≥ dense_len), and top-1 agreement. Computed in float64.
+- passkey accuracy: `salactl.evaluation.passkey.run_passkey` (retrieval of a hidden number).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import torch
+
+from salactl.runtime.config import SalaConfig
+
+
+def with_config(model, config: SalaConfig):
+    """The same weights under another config (sparse knobs are read through `model.config` by
+    the engine, cache and backend). A dense model is rebuilt over its own tensors
+    (`build_model(config, state_dict)`, no copy); a quantized one is shallow-copied."""
+    from salactl.runtime.loader import build_model
+
+    if not any(hasattr(m, "qweight") for m in model.modules()):
+        return build_model(config, dict(model.state_dict()))
+    view = copy.copy(model)
+    view.config = config
+    return view
+
+
+def dense_config(config: SalaConfig, length: int) -> SalaConfig:
+    import dataclasses
+
+    return config.replace(sparse_config=dataclasses.replace(config.sparse_config,
+                                                            dense_len=max(length + 1, 1 << 40)))
+
+
+@torch.inference_mode()
+def prompt_logits(model, prompt: list[int], chunk_size: int, kv_cache_dtype: str = "bf16") -> torch.Tensor:
+    from salactl.runtime.engine import Engine
+
+    device = model.model.embed_tokens.weight.device
+    eng = Engine(model, device, chunk_size=chunk_size, kv_cache_dtype=kv_cache_dtype)
+    return eng.prefill(eng.new_sequence(), list(prompt), all_logits=True).double().cpu()
+
+
+def logit_kl(reference: torch.Tensor, logits: torch.Tensor, dense_len: int) -> dict:
+    """reference, logits: [T, V]. Per position KL(p_ref ‖ p) in nats."""
+    lp_ref = torch.log_softmax(reference, -1)
+    lp = torch.log_softmax(logits, -1)
+    kl = (lp_ref.exp() * (lp_ref - lp)).sum(-1).clamp_min(0.0)
+    sparse = kl[max(dense_len - 1, 0):]
+    return {
+        "logit_kl_mean": float(kl.mean()),
+        "logit_kl_max": float(kl.max()),
+        "logit_kl_sparse_mean": float(sparse.mean()) if sparse.numel() else None,
+        "top1_agreement": float((reference.argmax(-1) == logits.argmax(-1)).double().mean()),
+        "kl_positions": int(kl.numel()),
+        "kl_sparse_positions": int(sparse.numel()),
+    }
+
+
+def kl_prompt(tokenizer, length: int, vocab_size: int, seed: int) -> list[int]:
+    """Natural text when a tokenizer is at hand (a passkey prompt of exact length), else random ids."""
+    if tokenizer is not None:
+        from salactl.evaluation.passkey import make_passkey_prompt
+
+        try:
+            ids, _ = make_passkey_prompt(tokenizer, length, 0.5, random.Random(seed))
+            if max(ids) < vocab_size:
+                return ids
+        except Exception:
+            pass
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab_size, (length,), generator=g).tolist()
+
+
+def passkey_accuracy(model, tokenizer, lengths, depths, trials, seed, chunk_size) -> dict:
+    from salactl.evaluation.passkey import run_passkey
+
+    rows = run_passkey(model, tokenizer, list(lengths), list(depths), trials, seed, chunk_size, None)
+    correct = sum(r["correct"] for r in rows)
+    total = sum(r["trials"] for r in rows)
+    return {"passkey_accuracy": correct / total if total else None, "passkey_results": rows}

@@ -1,0 +1,50 @@
+"""Pareto front of sweep points (both objectives minimized: a latency and an accuracy loss) and
+its plot (matplotlib is the optional `plots` extra; without it the plot is skipped with a note)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def pareto_front(points: list[dict], x: str, y: str) -> list[dict]:
+    """Points not dominated by any other (≤ in both, < in one); skips points missing x or y."""
+    usable = [p for p in points if p.get(x) is not None and p.get(y) is not None]
+    front = []
+    for p in usable:
+        dominated = any(q is not p and q[x] <= p[x] and q[y] <= p[y] and (q[x] < p[x] or q[y] < p[y])
+                        for q in usable)
+        if not dominated:
+            front.append(p)
+    return sorted(front, key=lambda p: (p[x], p[y]))
+
+
+def plot_front(points: list[dict], front: list[dict], x: str, y: str, path: Path,
+               label_key: str = "phase") -> Path | None:
+    """Scatter of every point with the front as a line; returns the path, or None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    usable = [p for p in points if p.get(x) is not None and p.get(y) is not None]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.scatter([p[x] for p in usable], [p[y] for p in usable], color="#999999", label="points")
+    ax.plot([p[x] for p in front], [p[y] for p in front], "o-", color="#c0392b", label="Pareto front")
+    for p in front:
+        ax.annotate(str(p.get(label_key, "")), (p[x], p[y]), fontsize=7, xytext=(4, 4),
+                    textcoords="offset points")
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    if usable and min(p[y] for p in usable) > 0:
+        ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(path)
+    return path

@@ -1,0 +1,95 @@
+"""The sweep grid: comma-separated knob lists -> validated points, each with a label and a stable
+key (`--resume` skips points whose key is already recorded).
+
+Knobs: sparse `dense_len`, `topk`, `window` (window_size), `block` (block_size) — checked by the
+same SparseConfig validation the runtime uses — `chunk_size`, `batch_size`, `kv_dtype`
+(bf16 | fp8_e5m2 | fp8_e4m3, the latter with calibrated scales) and `weight_dtype`
+(bf16 | fp16 | fp32 | w4a16 = RTN 4-bit group 128 in memory, or the checkpoint's own GPTQ)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass
+
+from salactl.errors import ConfigError, UsageError
+
+SPARSE_KNOBS = {"dense_len": "dense_len", "topk": "topk", "window": "window_size", "block": "block_size"}
+KV_DTYPES = ("bf16", "fp8_e5m2", "fp8_e4m3")
+WEIGHT_DTYPES = ("bf16", "fp16", "fp32", "w4a16")
+LABEL_ABBR = {"dense_len": "dl", "topk": "tk", "window": "w", "block": "b", "chunk_size": "cs",
+              "batch_size": "bs", "kv_dtype": "kv", "weight_dtype": "wt"}
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    dense_len: int
+    topk: int
+    window: int
+    block: int
+    chunk_size: int
+    batch_size: int
+    kv_dtype: str
+    weight_dtype: str
+
+    def knobs(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def label(self, varying: list[str]) -> str:
+        parts = [f"{LABEL_ABBR[k]}{getattr(self, k)}" for k in varying]
+        return "-".join(parts) or "default"
+
+    def sparse_config(self, base):
+        """The SparseConfig of this point (raises ConfigError when the combination is invalid)."""
+        return dataclasses.replace(base, dense_len=self.dense_len, topk=self.topk,
+                                   window_size=self.window, block_size=self.block)
+
+
+def parse_ints(text: str | None, name: str, default: int, minimum: int = 1) -> list[int]:
+    if text is None:
+        return [default]
+    try:
+        vals = [int(x) for x in str(text).replace(" ", "").split(",") if x]
+    except ValueError:
+        raise UsageError(f"--{name} takes comma-separated integers, got {text!r}") from None
+    if not vals:
+        raise UsageError(f"--{name} is empty")
+    bad = [v for v in vals if v < minimum]
+    if bad:
+        raise UsageError(f"--{name} values must be >= {minimum}, got {bad[0]}")
+    return list(dict.fromkeys(vals))
+
+
+def parse_names(text: str | None, name: str, default: str, valid: tuple[str, ...]) -> list[str]:
+    if text is None:
+        return [default]
+    vals = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [v for v in vals if v not in valid]
+    if bad or not vals:
+        raise UsageError(f"--{name} {bad[0] if bad else text!r} is not supported; supported today: "
+                         f"{', '.join(valid)}")
+    return list(dict.fromkeys(vals))
+
+
+def build_points(axes: dict[str, list], base_sparse) -> tuple[list[SweepPoint], list[str], list[tuple[SweepPoint, str]]]:
+    """All combinations; returns (valid points, the knobs that vary, invalid (point, reason))."""
+    order = ["dense_len", "topk", "window", "block", "chunk_size", "batch_size", "kv_dtype", "weight_dtype"]
+    varying = [k for k in order if len(axes[k]) > 1]
+    valid, invalid = [], []
+    for combo in itertools.product(*(axes[k] for k in order)):
+        p = SweepPoint(**dict(zip(order, combo)))
+        try:
+            p.sparse_config(base_sparse)
+        except ConfigError as e:
+            invalid.append((p, str(e)))
+            continue
+        valid.append(p)
+    return valid, varying, invalid
+
+
+def point_key(point: SweepPoint, context: dict) -> str:
+    """Stable id of (point, model, workload, accuracy settings)."""
+    blob = json.dumps({"point": point.knobs(), **context}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

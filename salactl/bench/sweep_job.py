@@ -1,0 +1,307 @@
+"""`salactl sweep` as a function: for every grid point, the speed of a small closed-loop workload
+(the bench runner over the embedded engine: TTFT, TPOT, ITL, throughput, peak GPU memory) and the
+accuracy proxies (logit KL vs dense attention, passkey), one record per point, then the Pareto front."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from salactl import output
+from salactl.bench import records as rec
+from salactl.bench.grid_memory import cache_bytes_per_request
+from salactl.bench.sweep_grid import (KV_DTYPES, WEIGHT_DTYPES, build_points, parse_ints, parse_names,
+                                      point_key)
+from salactl.errors import ConfigError, OutputExistsError, SalactlError, UsageError
+
+PARETO_X = {"e2e": "mean_e2e_latency_ms", "ttft": "mean_ttft_ms", "tpot": "mean_tpot_ms"}
+PARETO_Y = "logit_kl_mean"
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    model: str | None = None
+    random_weights: bool = False
+    seed: int = 0
+    device: str = "auto"
+    dtype: str = "auto"
+    tokenizer: str | None = None
+    dense_len: str | None = None
+    topk: str | None = None
+    window: str | None = None
+    block: str | None = None
+    chunk_size: str | None = None
+    batch_size: str | None = None
+    kv_dtype: str | None = None
+    weight_dtype: str | None = None
+    input_len: int = 512
+    output_len: int = 16
+    requests: int = 2
+    kl: bool = True
+    kl_len: int | None = None
+    passkey: bool = True
+    passkey_lengths: str = "512"
+    passkey_depths: str = "0.25,0.75"
+    passkey_trials: int = 2
+    engine: str = "auto"
+    max_running_requests: int = 64
+    out: Path = Path("salactl-results/sweep")
+    resume: bool = False
+    label: str | None = None
+    pareto_x: str = "e2e"
+
+
+@dataclass
+class SweepRun:
+    run_id: str
+    points: list[dict] = field(default_factory=list)
+    resumed: int = 0
+    invalid: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    pareto: list[str] = field(default_factory=list)
+    files: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return rec.jsonable({"run_id": self.run_id, "points": self.points, "resumed_points": self.resumed,
+                             "invalid_points": self.invalid, "notes": self.notes, "pareto": self.pareto,
+                             "files": self.files})
+
+
+def _floats(text: str, name: str) -> list[float]:
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"--{name} takes comma-separated numbers, got {text!r}") from None
+    if not vals:
+        raise UsageError(f"--{name} is empty")
+    return vals
+
+
+def _weights_model(base, config, weight_dtype: str, base_dtype: torch.dtype, cache: dict):
+    """The base weights in `weight_dtype` (built once per dtype; bf16/fp16/fp32 casts, w4a16 RTN)."""
+    from salactl.runtime.loader import DTYPES, build_model
+
+    if weight_dtype in cache:
+        return cache[weight_dtype]
+    quantized = any(hasattr(m, "qweight") for m in base.modules())
+    if weight_dtype == "w4a16":
+        if quantized:
+            model = base
+        else:
+            from salactl.profiling.weights import quantize_rtn_in_memory
+
+            model = quantize_rtn_in_memory(build_model(config, dict(base.state_dict())), config, 128)
+    else:
+        dt = DTYPES[weight_dtype]
+        if quantized:
+            raise UsageError(f"--weight-dtype {weight_dtype}: the checkpoint is GPTQ-quantized; "
+                             "supported for it today: w4a16")
+        model = base if dt == base_dtype else build_model(
+            config, {k: (v.to(dt) if v.is_floating_point() else v) for k, v in base.state_dict().items()})
+    cache[weight_dtype] = model
+    return model
+
+
+def _axes(s: SweepSettings, config, default_weight: str) -> dict[str, list]:
+    sc = config.sparse_config
+    return {
+        "dense_len": parse_ints(s.dense_len, "dense-len", sc.dense_len, minimum=0),
+        "topk": parse_ints(s.topk, "topk", sc.topk),
+        "window": parse_ints(s.window, "window", sc.window_size, minimum=0),
+        "block": parse_ints(s.block, "block", sc.block_size),
+        "chunk_size": parse_ints(s.chunk_size, "chunk-size", 512),
+        "batch_size": parse_ints(s.batch_size, "batch-size", 1),
+        "kv_dtype": parse_names(s.kv_dtype, "kv-dtype", "bf16", KV_DTYPES),
+        "weight_dtype": parse_names(s.weight_dtype, "weight-dtype", default_weight, WEIGHT_DTYPES),
+    }
+
+
+def _check_before_loading(s: SweepSettings) -> None:
+    """Everything that does not need the model, so bad input fails in a second."""
+    from salactl.bench.targets.embedded import resolve_engine
+    from salactl.runtime.loader import resolve_device
+
+    if s.pareto_x not in PARETO_X:
+        raise UsageError(f"--pareto-x must be one of {', '.join(PARETO_X)}, got {s.pareto_x!r}")
+    for name, v in (("input-len", s.input_len), ("output-len", s.output_len), ("requests", s.requests),
+                    ("passkey-trials", s.passkey_trials)):
+        if v < 1:
+            raise UsageError(f"--{name} must be positive, got {v}")
+    for text, name in ((s.dense_len, "dense-len"), (s.window, "window")):
+        parse_ints(text, name, 0, minimum=0)
+    for text, name in ((s.topk, "topk"), (s.block, "block"), (s.chunk_size, "chunk-size")):
+        parse_ints(text, name, 1)
+    parse_names(s.kv_dtype, "kv-dtype", "bf16", KV_DTYPES)
+    parse_names(s.weight_dtype, "weight-dtype", "bf16", WEIGHT_DTYPES)
+    kind = resolve_engine(s.engine, resolve_device(s.device))
+    limit = 1 if kind == "reference" else s.max_running_requests
+    too_big = [b for b in parse_ints(s.batch_size, "batch-size", 1) if b > limit]
+    if too_big:
+        raise UsageError(f"--batch-size {too_big[0]} is not supported by the {kind} engine; supported "
+                         "today: 1 with the reference engine (one sequence at a time), up to "
+                         "--max-running-requests with --engine gpu on CUDA")
+
+
+def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
+    from salactl.bench.targets.embedded import resolve_engine
+    from salactl.env import environment
+    from salactl.runtime.loader import load_model
+
+    _check_before_loading(s)
+    depths = _floats(s.passkey_depths, "passkey-depths")
+    lengths = parse_ints(s.passkey_lengths, "passkey-lengths", 512)
+    run = SweepRun(rec.new_run_id())
+    out = Path(s.out)
+    records_path = out / rec.RECORDS_NAME
+    existing = [r for r in rec.read_records(records_path) if r.get("kind") == "sweep"]
+    if existing and not s.resume:
+        raise OutputExistsError(f"{records_path} already holds sweep records; pass --resume to skip "
+                                "finished points, or choose another --out")
+
+    lm = load_model(s.model or "sala-nano", s.device, s.dtype, s.random_weights, s.seed)
+    config, base = lm.config, lm.model
+    device = base.model.embed_tokens.weight.device
+    base_dtype = base.model.embed_tokens.weight.dtype
+    quantized = any(hasattr(m, "qweight") for m in base.modules())
+    default_weight = "w4a16" if quantized else {torch.bfloat16: "bf16", torch.float16: "fp16",
+                                                torch.float32: "fp32"}[base_dtype]
+    axes = _axes(s, config, default_weight)
+    engine_kind = resolve_engine(s.engine, device)
+    points, varying, invalid = build_points(axes, config.sparse_config)
+    for p, why in invalid:
+        run.invalid.append({"knobs": p.knobs(), "reason": why})
+        output.stderr.print(f"skipping invalid point {p.label(varying)}: {why}")
+    if not points:
+        raise ConfigError(f"no valid point in the grid ({invalid[0][1]})")
+
+    tok = None
+    try:
+        from salactl.runtime.tokenizer import find_tokenizer
+
+        tok = find_tokenizer(s.tokenizer, lm.model_dir)
+        if tok.vocab_size > config.vocab_size:
+            raise UsageError(f"tokenizer has {tok.vocab_size} tokens but the model only "
+                             f"{config.vocab_size}; pass the model's own --tokenizer")
+    except SalactlError as e:
+        if s.tokenizer:
+            raise
+        run.notes.append(f"no tokenizer ({e}); KL uses random token ids")
+        tok = None
+    do_passkey = s.passkey
+    if do_passkey and tok is None:
+        do_passkey = False
+        run.notes.append("passkey skipped: it needs the model's tokenizer (pass --tokenizer)")
+    if do_passkey:
+        try:
+            import salactl.evaluation.passkey  # noqa: F401
+        except ImportError:
+            do_passkey = False
+            run.notes.append("passkey skipped: salactl.evaluation.passkey is not installed")
+    for n in run.notes:
+        output.stderr.print(f"note: {n}")
+
+    kl_len = s.kl_len or s.input_len
+    context = {"model": lm.source, "device": str(device), "dtype": str(base_dtype), "engine": engine_kind,
+               "input_len": s.input_len, "output_len": s.output_len, "requests": s.requests,
+               "kl": s.kl, "kl_len": kl_len, "passkey": do_passkey, "passkey_lengths": lengths,
+               "passkey_depths": depths, "passkey_trials": s.passkey_trials, "seed": s.seed}
+    done = {r.get("point_key"): r for r in existing}
+    env = environment()
+    writer = rec.RecordWriter(records_path)
+    run.files["records"] = str(records_path)
+
+    ref_logits, prompt = None, None
+    todo = [p for p in points if point_key(p, context) not in done]
+    if s.kl and todo:
+        from salactl.bench.accuracy import dense_config, kl_prompt, prompt_logits, with_config
+
+        prompt = kl_prompt(tok, kl_len, config.vocab_size, s.seed)
+        ref_logits = prompt_logits(with_config(base, dense_config(config, kl_len)), prompt, 512)
+
+    if progress:
+        progress.begin("sweep", len(points))
+    models: dict = {}
+    try:
+        for p in points:
+            key = point_key(p, context)
+            if key in done:
+                run.points.append(done[key])
+                run.resumed += 1
+            else:
+                record = _measure(p, key, varying, s, lm, config, base, base_dtype, models, engine_kind,
+                                  context, prompt, ref_logits, tok, do_passkey, lengths, depths, run, env)
+                if record is not None:
+                    writer.append(record)
+                    run.points.append(record)
+            if progress:
+                progress.advance_point()
+    finally:
+        if progress:
+            progress.end()
+        _finish(run, s, out)
+    return run
+
+
+def _measure(p, key, varying, s, lm, config, base, base_dtype, models, engine_kind, context, prompt,
+             ref_logits, tok, do_passkey, lengths, depths, run, env) -> dict | None:
+    from salactl.bench.accuracy import logit_kl, passkey_accuracy, prompt_logits, with_config
+    from salactl.bench.profiles import Phase
+    from salactl.bench.runner import run_phase
+    from salactl.bench.metrics import phase_metrics
+    from salactl.bench.synthetic import random_lengths
+    from salactl.bench.targets.embedded import EmbeddedTarget, build_engine
+
+    label = p.label(varying)
+    device = base.model.embed_tokens.weight.device
+    try:
+        weights = _weights_model(base, config, p.weight_dtype, base_dtype, models)
+        cfg = config.replace(sparse_config=p.sparse_config(config.sparse_config))
+        model = with_config(weights, cfg)
+        driver, _ = build_engine(model, device, engine_kind, p.chunk_size, p.kv_dtype, s.max_running_requests)
+    except (ConfigError, UsageError) as e:
+        run.invalid.append({"knobs": p.knobs(), "reason": str(e)})
+        output.stderr.print(f"skipping point {label}: {e}")
+        return None
+    target = EmbeddedTarget(driver, lm.source, config.vocab_size, device)
+    try:
+        n = max(s.requests, p.batch_size)
+        reqs = random_lengths(n, s.input_len, s.output_len, config.vocab_size, seed=s.seed + 1, prefix=f"{label}-")
+        outcome = run_phase(target, Phase(label, max_concurrency=p.batch_size, flush_cache=False), reqs)
+    finally:
+        target.close()
+    metrics = phase_metrics(outcome.results, outcome.duration)
+    metrics.update(outcome.device)
+    kv_item = 1 if p.kv_dtype.startswith("fp8") else torch.empty(0, dtype=base_dtype).element_size()
+    metrics["cache_bytes_per_request"] = cache_bytes_per_request(
+        cfg, s.input_len + s.output_len, kv_item, torch.empty(0, dtype=base_dtype).element_size())
+    if ref_logits is not None:
+        metrics.update(logit_kl(ref_logits, prompt_logits(model, prompt, p.chunk_size, p.kv_dtype), p.dense_len))
+    if do_passkey:
+        metrics.update(passkey_accuracy(model, tok, lengths, depths, s.passkey_trials, s.seed, p.chunk_size))
+    metrics["point_key"] = key
+    knobs = dict(p.knobs(), **{k: v for k, v in context.items() if k not in ("model",)})
+    return rec.make_record("sweep", run.run_id, s.label, "sweep", label, "embedded", lm.source, metrics,
+                           knobs, env, outcome.started_at)
+
+
+def _finish(run: SweepRun, s: SweepSettings, out: Path) -> None:
+    import json
+
+    from salactl.bench.pareto import pareto_front, plot_front
+
+    x = PARETO_X[s.pareto_x]
+    front = pareto_front(run.points, x, PARETO_Y)
+    run.pareto = [p["phase"] for p in front]
+    out.mkdir(parents=True, exist_ok=True)
+    if front:
+        path = plot_front(run.points, front, x, PARETO_Y, out / f"{run.run_id}-pareto.png")
+        if path is None:
+            run.notes.append("no Pareto plot: matplotlib is missing (pip install 'salactl[plots]')")
+        else:
+            run.files["pareto_plot"] = str(path)
+    summary = out / f"{run.run_id}-sweep.json"
+    rec.atomic_write_text(summary, json.dumps(run.to_dict(), indent=2) + "\n")
+    run.files["summary_json"] = str(summary)

@@ -1,0 +1,81 @@
+"""`salactl sweep`: grids over sparse-attention, chunked-prefill, batch, KV and weight dtype knobs;
+each point measured for speed, memory and accuracy proxies; table, JSONL records, Pareto plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from salactl import output
+from salactl.options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, RandomWeightsOpt, SeedOpt, TokenizerOpt
+
+ListOpt = lambda flag, help: typer.Option(flag, help=help)  # noqa: E731
+
+
+def sweep(
+    model: ModelOpt = "sala-nano",
+    random_weights: RandomWeightsOpt = False,
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    tokenizer: TokenizerOpt = None,
+    dense_len: Annotated[Optional[str], ListOpt("--dense-len", "sparse_config.dense_len values, e.g. 256,1024.")] = None,
+    topk: Annotated[Optional[str], ListOpt("--topk", "sparse_config.topk values.")] = None,
+    window: Annotated[Optional[str], ListOpt("--window", "sparse_config.window_size values (multiples of the block).")] = None,
+    block: Annotated[Optional[str], ListOpt("--block", "sparse_config.block_size values (multiples of kernel_stride).")] = None,
+    chunk_size: Annotated[Optional[str], ListOpt("--chunk-size", "Prefill chunk sizes (default 512).")] = None,
+    batch_size: Annotated[Optional[str], ListOpt("--batch-size", "Requests in flight (reference engine: 1).")] = None,
+    kv_dtype: Annotated[Optional[str], ListOpt("--kv-dtype", "bf16, fp8_e5m2, fp8_e4m3 (calibrated scales).")] = None,
+    weight_dtype: Annotated[Optional[str], ListOpt("--weight-dtype", "bf16, fp16, fp32, w4a16 (RTN g128 in memory).")] = None,
+    input_len: Annotated[int, typer.Option("--input-len", help="Prompt tokens of the speed workload.")] = 512,
+    output_len: Annotated[int, typer.Option("--output-len", help="Output tokens of the speed workload.")] = 16,
+    requests: Annotated[int, typer.Option("--requests", help="Timed requests per point.")] = 2,
+    kl: Annotated[bool, typer.Option("--kl/--no-kl", help="Logit KL vs dense attention.")] = True,
+    kl_len: Annotated[Optional[int], typer.Option("--kl-len", help="KL prompt tokens (default --input-len).")] = None,
+    passkey: Annotated[bool, typer.Option("--passkey/--no-passkey", help="Passkey retrieval accuracy.")] = True,
+    passkey_lengths: Annotated[str, typer.Option("--passkey-lengths")] = "512",
+    passkey_depths: Annotated[str, typer.Option("--passkey-depths")] = "0.25,0.75",
+    passkey_trials: Annotated[int, typer.Option("--passkey-trials")] = 2,
+    engine: Annotated[str, typer.Option("--engine", help="auto, reference or gpu.")] = "auto",
+    max_running_requests: Annotated[int, typer.Option("--max-running-requests")] = 64,
+    pareto_x: Annotated[str, typer.Option("--pareto-x", help="Latency axis of the front: e2e, ttft or tpot.")] = "e2e",
+    out: Annotated[Path, typer.Option("--out", help="Directory for records.jsonl and the plot.")] = Path("salactl-results/sweep"),
+    resume: Annotated[bool, typer.Option("--resume", help="Skip points already recorded in --out.")] = False,
+    label: Annotated[Optional[str], typer.Option("--label")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Sweep runtime knobs; measure TTFT, TPOT, throughput, memory, logit KL and passkey per point."""
+    from salactl.bench.live import PointProgress
+    from salactl.bench.sweep_job import SweepSettings, run_sweep
+
+    s = SweepSettings(model=model, random_weights=random_weights, seed=seed, device=device, dtype=dtype,
+                      tokenizer=tokenizer, dense_len=dense_len, topk=topk, window=window, block=block,
+                      chunk_size=chunk_size, batch_size=batch_size, kv_dtype=kv_dtype,
+                      weight_dtype=weight_dtype, input_len=input_len, output_len=output_len,
+                      requests=requests, kl=kl, kl_len=kl_len, passkey=passkey,
+                      passkey_lengths=passkey_lengths, passkey_depths=passkey_depths,
+                      passkey_trials=passkey_trials, engine=engine,
+                      max_running_requests=max_running_requests, out=out, resume=resume, label=label,
+                      pareto_x=pareto_x)
+    run = run_sweep(s, PointProgress()).to_dict()
+    if json_out:
+        output.print_json(run)
+        return
+    cols = ["point", "TTFT ms", "TPOT ms", "out tok/s", "cache MiB", "GPU peak MiB", "KL", "KL sparse",
+            "top-1", "passkey", "front"]
+    rows = [[p["phase"], p.get("mean_ttft_ms"), p.get("mean_tpot_ms"), p.get("output_throughput"),
+             p["cache_bytes_per_request"] / 2**20 if p.get("cache_bytes_per_request") else None,
+             p["peak_gpu_memory_bytes"] / 2**20 if p.get("peak_gpu_memory_bytes") else None,
+             p.get("logit_kl_mean"), p.get("logit_kl_sparse_mean"), p.get("top1_agreement"),
+             p.get("passkey_accuracy"), "*" if p["phase"] in run["pareto"] else ""] for p in run["points"]]
+    output.table(f"sweep {run['run_id']}", cols, rows)
+    for n in run["notes"]:
+        output.stdout.print(f"note: {n}")
+    output.stdout.print(f"records: {run['files']['records']}"
+                        + (f"  plot: {run['files']['pareto_plot']}" if "pareto_plot" in run["files"] else ""))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("sweep")(sweep)

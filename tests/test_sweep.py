@@ -1,0 +1,143 @@
+"""`salactl sweep`: accuracy proxies against the dense reference, the Pareto front, grid
+validation, resume, and the CLI end to end on the embedded model (CPU, tiny workload)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import tiny_config, tiny_model
+from salactl.bench.accuracy import dense_config, logit_kl, prompt_logits, with_config
+from salactl.bench.grid_memory import cache_bytes_per_request
+from salactl.bench.pareto import pareto_front
+from salactl.bench.sweep_grid import build_points, parse_names, point_key, SweepPoint, KV_DTYPES
+from salactl.bench.sweep_job import SweepSettings, run_sweep
+from salactl.errors import ConfigError, OutputExistsError, UsageError
+from salactl.runtime.presets import sala_9b
+
+
+def test_logit_kl_against_dense_reference():
+    # block 32, window 64 (2 blocks), topk 1: 3 blocks = 96 tokens per query, sparse from t = 63
+    model = tiny_model(tiny_config(dense_len=64, topk=1))
+    cfg = model.config
+    prompt = torch.randint(3, cfg.vocab_size, (160,), generator=torch.Generator().manual_seed(0)).tolist()
+    ref = prompt_logits(with_config(model, dense_config(cfg, len(prompt))), prompt, 512)
+    q = prompt_logits(model, prompt, 512)
+    own = logit_kl(ref, q, cfg.sparse_config.dense_len)
+    assert own["logit_kl_mean"] > 0 and own["kl_sparse_positions"] == 160 - 63
+    # queries that still see every block (t < 96) agree with the dense reference
+    early = logit_kl(ref[:96], q[:96], 10**9)
+    assert early["logit_kl_max"] < 1e-9 and early["top1_agreement"] == 1.0
+    assert own["logit_kl_sparse_mean"] == pytest.approx(own["logit_kl_mean"] * 160 / 97)
+    # KL matches torch's definition
+    want = torch.nn.functional.kl_div(torch.log_softmax(q, -1), torch.log_softmax(ref, -1), log_target=True,
+                                      reduction="none").sum(-1).mean()
+    assert own["logit_kl_mean"] == pytest.approx(float(want), rel=1e-9)
+    # a tighter selection (window of 1 block) diverges more
+    import dataclasses
+    tight = cfg.replace(sparse_config=dataclasses.replace(cfg.sparse_config, window_size=32))
+    worse = logit_kl(ref, prompt_logits(with_config(model, tight), prompt, 512), 64)
+    assert worse["logit_kl_mean"] > own["logit_kl_mean"]
+
+
+def test_with_config_shares_weights():
+    model = tiny_model()
+    view = with_config(model, dense_config(model.config, 100))
+    assert view.lm_head.weight.data_ptr() == model.lm_head.weight.data_ptr()
+    assert view.config.sparse_config.dense_len > 100 and model.config.sparse_config.dense_len == 256
+
+
+def test_pareto_front():
+    pts = [{"phase": "a", "x": 1.0, "y": 5.0}, {"phase": "b", "x": 2.0, "y": 1.0},
+           {"phase": "c", "x": 3.0, "y": 1.0}, {"phase": "d", "x": 1.5, "y": 6.0},
+           {"phase": "e", "x": 0.5, "y": None}, {"phase": "f", "x": 1.0, "y": 5.0}]
+    assert [p["phase"] for p in pareto_front(pts, "x", "y")] == ["a", "f", "b"]
+
+
+def test_cache_bytes_match_the_architecture_notes():
+    cfg = sala_9b()
+    gla = 48 * 2**20                                     # 24 layers x 32 heads x 128^2 x fp32
+    per_token_bf16 = 8 * 1024                            # 8 sparse layers x 2 x 2 heads x 128 x 2 B
+    no_k1 = cache_bytes_per_request(cfg, 1, 2, 2)        # one token: no full compression window
+    assert no_k1 == per_token_bf16 + gla
+    assert cache_bytes_per_request(cfg, 1, 1, 2) == per_token_bf16 // 2 + gla
+
+
+def test_grid_validation():
+    base = tiny_config().sparse_config
+    axes = {"dense_len": [0, 256], "topk": [4], "window": [64, 48], "block": [32], "chunk_size": [64],
+            "batch_size": [1], "kv_dtype": ["bf16"], "weight_dtype": ["fp32"]}
+    points, varying, invalid = build_points(axes, base)
+    assert varying == ["dense_len", "window"] and len(points) == 2 and len(invalid) == 2
+    assert "not a multiple of block_size" in invalid[0][1]
+    assert points[0].label(varying) == "dl0-w64"
+    with pytest.raises(UsageError, match="supported today: bf16, fp8_e5m2, fp8_e4m3"):
+        parse_names("fp8", "kv-dtype", "bf16", KV_DTYPES)
+    p = points[0]
+    assert point_key(p, {"m": 1}) == point_key(SweepPoint(**p.knobs()), {"m": 1}) != point_key(p, {"m": 2})
+
+
+def salactl(*args, timeout=600):
+    env = dict(os.environ)
+    env.pop("SALACTL_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "salactl", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+COMMON = ("--device", "cpu", "--dtype", "float32", "--input-len", "24", "--output-len", "3",
+          "--requests", "1", "--kl-len", "192", "--passkey-lengths", "64", "--passkey-depths", "0.5",
+          "--passkey-trials", "1", "--topk", "2")
+
+
+def test_sweep_cli_end_to_end_and_resume(tmp_path):
+    out = tmp_path / "sw"
+    r = salactl("sweep", *COMMON, "--dense-len", "32,4096", "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    run = json.loads(r.stdout)
+    pts = {p["phase"]: p for p in run["points"]}
+    assert set(pts) == {"dl32", "dl4096"}
+    dense, sparse = pts["dl4096"], pts["dl32"]
+    assert dense["logit_kl_mean"] == 0.0 and dense["top1_agreement"] == 1.0   # the reference itself
+    assert sparse["logit_kl_mean"] > 0 and sparse["kl_sparse_positions"] == 192 - 31
+    for p in pts.values():
+        assert p["kind"] == "sweep" and p["schema_version"] == 1 and p["completed"] == 1
+        assert p["mean_ttft_ms"] > 0 and p["mean_tpot_ms"] > 0 and p["output_throughput"] > 0
+        assert 0.0 <= p["passkey_accuracy"] <= 1.0 and p["cache_bytes_per_request"] > 0
+        assert p["knobs"]["topk"] == 2 and p["knobs"]["kv_dtype"] == "bf16" and p["env"]["torch"]
+    assert run["pareto"] and set(run["pareto"]) <= set(pts)
+    assert len((out / "records.jsonl").read_text().splitlines()) == 2
+
+    with pytest.raises(OutputExistsError, match="--resume"):
+        run_sweep(SweepSettings(out=out, device="cpu"))
+
+    # resume in-process (same settings as COMMON): the recorded dense_len 32 point is skipped
+    run2 = run_sweep(SweepSettings(device="cpu", dtype="float32", input_len=24, output_len=3, requests=1,
+                                   kl_len=192, passkey_lengths="64", passkey_depths="0.5", passkey_trials=1,
+                                   topk="2", dense_len="32", kv_dtype="bf16,fp8_e5m2", out=out,
+                                   resume=True)).to_dict()
+    assert run2["resumed_points"] == 1 and len(run2["points"]) == 2
+    fp8 = [p for p in run2["points"] if p["knobs"]["kv_dtype"] == "fp8_e5m2"]
+    assert len(fp8) == 1 and fp8[0]["logit_kl_mean"] > 0          # fp8 KV rounds keys/values
+    assert len((out / "records.jsonl").read_text().splitlines()) == 3
+
+
+@pytest.mark.parametrize("kw, err, message", [
+    ({"batch_size": "1,4"}, UsageError, "supported today: 1 with the reference engine"),
+    ({"weight_dtype": "int3"}, UsageError, "supported today: bf16, fp16, fp32, w4a16"),
+    ({"kv_dtype": "fp8"}, UsageError, "supported today: bf16, fp8_e5m2, fp8_e4m3"),
+    ({"topk": "2,x"}, UsageError, "comma-separated integers"),
+    ({"window": "48", "random_weights": True}, ConfigError, "no valid point"),
+])
+def test_sweep_rejects_unsupported_knobs(tmp_path, kw, err, message):
+    with pytest.raises(err, match=message):
+        run_sweep(SweepSettings(device="cpu", out=tmp_path / "o", **kw))
+    assert not (tmp_path / "o").exists()
+
+
+def test_sweep_cli_error_is_one_line(tmp_path):
+    r = salactl("sweep", "--device", "cpu", "--batch-size", "4", "--out", str(tmp_path / "a"))
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
+    assert "--batch-size 4 is not supported" in r.stderr
