@@ -58,7 +58,15 @@ def test_embedded_soar_end_to_end(tmp_path):
         assert len(json.loads(row["itl_ms"])) == int(row["output_len"]) - 1
         per_phase[row["phase"]] = per_phase.get(row["phase"], 0) + int(row["output_len"])
     assert per_phase == {p["phase"]: p["total_output_tokens"] for p in run["phases"]}
-    assert "| S1 |" in (out / f"{run['run_id']}.md").read_text()
+    md = (out / f"{run['run_id']}.md").read_text()
+    assert "| S1 |" in md and "SOAR score" in md
+    import importlib.util
+    if importlib.util.find_spec("matplotlib"):         # the `plots` extra
+        names = sorted(Path(p).name.split("-", 2)[-1] for p in run["files"]["plots"])
+        assert names == ["latency-cdf.png", "throughput.png", "ttft-vs-input.png"]
+        assert all(Path(p).stat().st_size > 1000 and Path(p).name in md for p in run["files"]["plots"])
+    else:
+        assert run["files"]["plots"] == []
 
 
 def test_soar_jsonl_against_server(tmp_path):

@@ -202,13 +202,21 @@ def _execute(run, plans, profile, target, s, slo, reference, weights, env, progr
 
 
 def _write_side_files(run: BenchRun, out: Path, details: list) -> None:
+    from salactl.bench import report_plots
     from salactl.bench.summary import markdown_summary
 
     out.mkdir(parents=True, exist_ok=True)
+    plots = []
+    if run.phases:
+        plots.append(report_plots.throughput_plot(run.phases, out / f"{run.run_id}-throughput.png"))
     if details:
         path = out / f"{run.run_id}-requests.csv"
         rec.write_details(path, details)
         run.files["details"] = str(path)
+        per_request = report_plots.read_details(path)
+        plots.append(report_plots.cdf_plot(per_request, out / f"{run.run_id}-latency-cdf.png"))
+        plots.append(report_plots.ttft_vs_input_plot(per_request, out / f"{run.run_id}-ttft-vs-input.png"))
+    run.files["plots"] = [str(p) for p in plots if p is not None]
     md = out / f"{run.run_id}.md"
     run.files["summary_md"] = str(md)
     js = out / f"{run.run_id}.json"

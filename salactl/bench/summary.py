@@ -51,6 +51,13 @@ def markdown_summary(run: dict) -> str:
     lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
     for sk in run.get("skipped_phases", []):
         lines.append(f"\nskipped {sk['phase']}: {sk['reason']}")
+    from pathlib import Path
+
+    plots = (run.get("files") or {}).get("plots") or []
+    if plots:
+        lines.append("")
+        lines += [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
     lines.append("\nMetrics follow SGLang bench_serving (TTFT, TPOT, per-token ITL, E2E in ms; "
-                 "duration in s). Records: `records.jsonl`.")
+                 "duration in s). Records: `records.jsonl` (render several runs side by side with "
+                 "`salactl report latency records.jsonl`).")
     return "\n".join(lines) + "\n"
