@@ -7,7 +7,7 @@ import pytest
 
 from bench_tokenizer import make_tokenizer
 from salactl.bench.datasets import read_soar_rows, soar_requests
-from salactl.bench.profiles import load_profile, parse_profile, shipped_profiles
+from salactl.bench.profiles import load_profile, shipped_profiles
 from salactl.bench.synthetic import (SOAR_INPUT_BINS, SOAR_OUTPUT_BINS, apportion, random_lengths,
                                      soar_like)
 from salactl.errors import ConfigError, DatasetError

@@ -1,7 +1,6 @@
 """Bench against a real HTTP server on loopback with injected timings: TTFT 200 ms, 20 ms per
 token, chunks of 1 and 2 tokens. Reported metrics must match the injection within 5%."""
 
-import math
 import socket
 import sys
 import threading

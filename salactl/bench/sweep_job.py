@@ -4,7 +4,6 @@ accuracy proxies (logit KL vs dense attention, passkey), one record per point, t
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -195,9 +194,9 @@ def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
         do_passkey = False
         run.notes.append("passkey skipped: it needs the model's tokenizer (pass --tokenizer)")
     if do_passkey:
-        try:
-            import salactl.evaluation.passkey  # noqa: F401
-        except ImportError:
+        import importlib.util
+
+        if importlib.util.find_spec("salactl.evaluation.passkey") is None:
             do_passkey = False
             run.notes.append("passkey skipped: salactl.evaluation.passkey is not installed")
     for n in run.notes:
