@@ -99,17 +99,17 @@ def check(qw, s, w_ref, M: int, K: int, gen, cfg=None) -> float:
 
 
 def sweep_configs(M: int, N: int, K: int, sms: int) -> list:
-    """Candidates: ("gemv", block_n, split, warps) for the CUDA-core GEMV (M <= 8) and MMConfig
+    """Candidates: ("gemv", block_n, split, warps, stages, unroll) for the CUDA-core GEMV (M = 1) and MMConfig
     for the tensor-core kernel (M <= 32); prefill is dequant + cuBLAS (it beat every Triton GEMM
     tile in the first sweep)."""
     if M >= 256:
         return []
     out: list = []
-    if M <= 8:
-        for bn, warps in ((128, 4), (256, 4), (256, 8), (512, 8)):
-            tiles = math.ceil(N / bn) * M
-            for t in (1, 2, 4):
-                out.append(("gemv", bn, max(1, min(K // 128, math.ceil(t * sms / tiles))), warps))
+    if M == 1:
+        for bn in (128, 256):
+            for t in (2, 4):
+                split = max(1, min(K // 128, math.ceil(t * sms / math.ceil(N / bn))))
+                out += [("gemv", bn, split, 4, st, un) for st in (1, 3) for un in (1, 2)]
     bm = 16 if M <= 16 else 32
     if M > 1:
         for bn, fused in ((128, False), (64, True)):
@@ -121,8 +121,9 @@ def sweep_configs(M: int, N: int, K: int, sms: int) -> list:
 
 def run_config(cfg, x, qw, s):
     if isinstance(cfg, tuple):
-        _, bn, split, warps = cfg
-        return w4a16_gemv(x, qw, s, GROUP, block_n=bn, split_k=split, num_warps=warps)
+        _, bn, split, warps, stages, unroll = cfg
+        return w4a16_gemv(x, qw, s, GROUP, block_n=bn, split_k=split, num_warps=warps, num_stages=stages,
+                          unroll=unroll)
     return w4a16_mm(x, qw, s, GROUP, cfg)
 
 
@@ -179,7 +180,10 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--shapes", default="all", help="comma list of shape indexes (0-3) or 'all'")
+    ap.add_argument("--batches", default="1,8,32,4096", help="comma list of M values")
     args = ap.parse_args()
+    global MS
+    MS = tuple(int(m) for m in args.batches.split(","))
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
     torch.backends.cuda.matmul.allow_tf32 = False

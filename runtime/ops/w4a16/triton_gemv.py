@@ -23,7 +23,7 @@ from salactl.runtime.ops.w4a16.layout import K_BLOCK
 
 @triton.jit
 def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym, split_k,
-                       GROUP: tl.constexpr, BLOCK_N: tl.constexpr):
+                       GROUP: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr):
     """One activation row per program (grid axis 2): every tensor is 2-D [16, BLOCK_N] in the
     load's own layout, so nothing goes through shared memory."""
     pid_n = tl.program_id(0)
@@ -38,30 +38,37 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, st
     kb1 = tl.minimum(kb0 + per, nkb)
     x_row = x_ptr + m * stride_xm
     acc = tl.zeros((16, BLOCK_N), tl.float32)
-    for kb in range(kb0, kb1):
-        q = tl.load(qw_ptr + (kb * 16 + r)[:, None] * N + offs_n[None, :], mask=n_mask[None, :], other=0)
-        q_hi = q >> 20                                   # nibbles 5..7 at bits 0..11
-        blk = tl.zeros((16, BLOCK_N), tl.float32)
-        for j in tl.static_range(8):
-            # nibble jj of `src` stays in place: (src & 0xF<<4jj | 2^23 bits) - (2^23 + 8·16^jj)
-            # = (q - 8)·16^jj exactly; the activation is pre-scaled by 16^-jj (a power of two).
-            if j < 5:
-                w = ((q & (0xF << (4 * j))) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 8.0 * 16 ** j)
-                xj = tl.load(x_row + kb * 128 + j * 16 + r).to(tl.float32) * (1.0 / 16 ** j)
+    for kb_base in range(kb0, kb1, UNROLL):
+        for u in tl.static_range(UNROLL):               # UNROLL blocks in flight per iteration
+            kb = kb_base + u
+            vr = (r * 0 + kb) < kb1                          # masked x makes an invalid block add 0
+            vn = n_mask & ((offs_n * 0 + kb) < kb1)
+            q = tl.load(qw_ptr + (kb * 16 + r)[:, None] * N + offs_n[None, :], mask=vr[:, None] & vn[None, :],
+                        other=0)
+            q_hi = q >> 20                                   # nibbles 5..7 at bits 0..11
+            blk = tl.zeros((16, BLOCK_N), tl.float32)
+            for j in tl.static_range(8):
+                # nibble jj of `src` stays in place: (src & 0xF<<4jj | 2^23 bits) - (2^23 + 8·16^jj)
+                # = (q - 8)·16^jj exactly; the activation is pre-scaled by 16^-jj (a power of two).
+                if j < 5:
+                    w = ((q & (0xF << (4 * j))) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 8.0 * 16 ** j)
+                    xj = tl.load(x_row + kb * 128 + j * 16 + r, mask=vr, other=0.0).to(tl.float32) * (1.0 / 16 ** j)
+                else:
+                    w = ((q_hi & (0xF << (4 * (j - 5)))) | 0x4B000000).to(tl.float32, bitcast=True) \
+                        - (8388608.0 + 8.0 * 16 ** (j - 5))
+                    xj = tl.load(x_row + kb * 128 + j * 16 + r, mask=vr, other=0.0).to(tl.float32) \
+                        * (1.0 / 16 ** (j - 5))
+                if GROUP < 128:
+                    sj = tl.load(s_ptr + ((kb * 128 + j * 16) // GROUP) * N + offs_n, mask=vn,
+                                 other=0.0)
+                    blk += w * (xj[:, None] * sj.to(tl.float32)[None, :])
+                else:
+                    blk += w * xj[:, None]
+            if GROUP >= 128:
+                s = tl.load(s_ptr + ((kb * 128) // GROUP) * N + offs_n, mask=vn, other=0.0)
+                acc += blk * s.to(tl.float32)[None, :]
             else:
-                w = ((q_hi & (0xF << (4 * (j - 5)))) | 0x4B000000).to(tl.float32, bitcast=True) \
-                    - (8388608.0 + 8.0 * 16 ** (j - 5))
-                xj = tl.load(x_row + kb * 128 + j * 16 + r).to(tl.float32) * (1.0 / 16 ** (j - 5))
-            if GROUP < 128:
-                sj = tl.load(s_ptr + ((kb * 128 + j * 16) // GROUP) * N + offs_n, mask=n_mask, other=0.0)
-                blk += w * (xj[:, None] * sj.to(tl.float32)[None, :])
-            else:
-                blk += w * xj[:, None]
-        if GROUP >= 128:
-            s = tl.load(s_ptr + ((kb * 128) // GROUP) * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-            acc += blk * s[None, :]
-        else:
-            acc += blk
+                acc += blk
     part = tl.sum(acc, axis=0)                                               # [BLOCK_N]
     y_ptrs = y_ptr + m * stride_ym + offs_n
     if split_k == 1:
@@ -92,7 +99,7 @@ def _counters(device: torch.device, n: int) -> torch.Tensor:
 
 def w4a16_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int,
                block_n: int = 128, split_k: int | None = None, num_warps: int = 4,
-               sms: int = 132) -> torch.Tensor:
+               sms: int = 132, num_stages: int = 1, unroll: int = 1) -> torch.Tensor:
     """x [M, K] (bf16/fp16, small M) · W^T -> [M, N] in x's dtype."""
     M, K = x.shape
     N = qweight.shape[1]
@@ -109,5 +116,5 @@ def w4a16_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, gro
     cnt = _counters(x.device, tiles_n * M)
     _w4a16_gemv_kernel[(tiles_n, split_k, M)](
         x, qweight, scales, y, ws, cnt, M, N, K, x.stride(0), y.stride(0), split_k,
-        GROUP=group, BLOCK_N=block_n, num_warps=num_warps, num_stages=1)
+        GROUP=group, BLOCK_N=block_n, UNROLL=unroll, num_warps=num_warps, num_stages=num_stages)
     return y
