@@ -56,11 +56,24 @@ def execute(req: RunRequest, stream=None) -> dict:
     if tok is not None and tok.vocab_size > lm.config.vocab_size:
         raise UsageError(f"tokenizer has {tok.vocab_size} tokens but the model only {lm.config.vocab_size}; "
                          "pass the model's own --tokenizer")
-    engine = Engine(lm.model, device, chunk_size=req.chunk_size, time_ops=True, kv_cache_dtype=req.kv_cache_dtype)
+    from salactl.runtime.gpu.available import gpu_engine_available
+
+    if gpu_engine_available(device):           # CUDA + Triton: the GPU engine (eager, per-op timed)
+        from salactl.runtime.gpu.engine import GPUEngine
+        from salactl.runtime.kv_fp8 import fp8_dtype
+
+        engine = GPUEngine(lm.model, device, chunk_size=req.chunk_size, max_running_requests=1,
+                           kv_tokens=len(ids) + req.max_new_tokens + 64, profile_ops=True,
+                           kv_dtype=fp8_dtype(req.kv_cache_dtype))
+        generate = engine.generate_one
+    else:
+        engine = Engine(lm.model, device, chunk_size=req.chunk_size, time_ops=True,
+                        kv_cache_dtype=req.kv_cache_dtype)
+        generate = engine.generate
     eos = tuple(lm.config.eos_token_id) + (tok.eos_ids if tok else ())
     decoder = StreamDecoder(tok) if (tok and stream) else None
     on_token = (lambda t: stream(decoder.push(t))) if decoder else None
-    res = engine.generate(ids, params, eos_ids=eos, on_token=on_token)
+    res = generate(ids, params, eos_ids=eos, on_token=on_token)
 
     peaks = peaks_for(device)
     linears = linear_costs(lm.model)

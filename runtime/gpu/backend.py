@@ -132,7 +132,9 @@ class GPUBackend:
                       for pool, scale in ((p.k, p.k_scale[li]), (p.v, p.v_scale[li])))
             mask = (torch.arange(L, device=q.device)[None, :]
                     <= (p0 + torch.arange(nd, device=q.device))[:, None])
-            out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=True)
+            g = q.shape[1] // kh.shape[1]          # masked SDPA kernels take no GQA: expand heads
+            kh, vh = kh.repeat_interleave(g, dim=1), vh.repeat_interleave(g, dim=1)
+            out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask)
         return out[0].transpose(0, 1)
 
     @staticmethod

@@ -72,6 +72,7 @@ class GPUEngine:
         """FP8 KV: calibrated per-layer scales from the checkpoint (runtime/kv_fp8.py policy:
         e5m2 defaults to 1.0, e4m3 without calibration is refused)."""
         names = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
+        self.kv_scales = None
         if kv_dtype not in names:
             return
         from salactl.runtime.kv_fp8 import model_kv_scales, resolve_kv_scales
@@ -79,6 +80,7 @@ class GPUEngine:
         scales = resolve_kv_scales(self.config, names[kv_dtype], model_kv_scales(model), self.device)
         for li, layer in enumerate(self.config.sparse_layers):
             self.pools.k_scale[li], self.pools.v_scale[li] = scales[layer]
+        self.kv_scales = scales
 
     # ---- API --------------------------------------------------------------------------------
     def submit(self, prompt_ids: list[int], params: SamplingParams | None = None,

@@ -33,7 +33,7 @@ def compress_update(k_pages, k1_pages, page_table, slots, starts, counts, max_co
         return
     P, hkv, B, D = k_pages.shape
     fp8 = k_pages.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
-    kern._compress_kernel[(slots.numel(), max_count, hkv)](
+    kern._compress_kernel[(max_count, slots.numel(), hkv)](
         k_pages, k1_pages, page_table, slots, starts, counts,
         k_pages.stride(0), k_pages.stride(1), k1_pages.stride(0), k1_pages.stride(1),
         page_table.stride(0), scale_tensor(k_scale, hkv, k_pages.device),

@@ -26,8 +26,8 @@ def _compress_kernel(k_ptr, k1_ptr, pt_ptr, slot_ptr, start_ptr, count_ptr,
                      s_kp, s_kh, s_1p, s_1h, s_pt, ks_ptr,
                      BS: tl.constexpr, ST: tl.constexpr, KS: tl.constexpr, D: tl.constexpr,
                      FP8: tl.constexpr):
-    e = tl.program_id(0)
-    c = tl.program_id(1)
+    c = tl.program_id(0)                  # window index first: up to 2^31-1 programs on axis 0
+    e = tl.program_id(1)
     h = tl.program_id(2)
     if c < tl.load(count_ptr + e):
         slot = tl.load(slot_ptr + e).to(tl.int64)

@@ -1,0 +1,469 @@
+"""GPU engine: correctness checks + speed on one GPU, in one run (DESIGN.md §3, issue 4).
+
+    python benchmarks/gpu_engine_bench.py [--skip-1m] [--only decode,attention,...]
+
+1. every GPU kernel against its reference on random inputs (runtime/gpu/selfcheck.py), and the
+   whole engine against the reference Engine on sala-nano shapes;
+2. with `sala-9b` random bf16 weights: decode tok/s (batch 1 at 4K/128K/1M context, batch 8/32
+   at 4K; CUDA-graph replay and engine step) against the bandwidth floor (weights + KV + state at
+   the measured copy bandwidth), sparse vs dense decode attention at 128K/1M, prefill 32K vs the
+   FLOP floor (measured bf16 GEMM rate), 128K TTFT, continuous batching 64 x (4K in / 256 out)
+   vs one at a time, and a 1,048,576-token prefill + decode with peak memory.
+Decode contexts are synthetic (random K/V pages and states; the cost does not depend on the
+values); prefill and batching run real prompts of random token ids. Timings: CUDA events around
+graph replays or host clocks after a synchronize, medians. Results: $OUT/gpu_bench.json (or
+--out), a short table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+RESULTS: dict = {}
+OUT = Path(os.environ.get("OUT", "out"))
+
+
+def save():
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "gpu_bench.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+
+
+def section(name):
+    def wrap(fn):
+        def run(*a, **kw):
+            t0 = time.perf_counter()
+            print(f"== {name}", flush=True)
+            try:
+                RESULTS[name] = fn(*a, **kw)
+            except Exception as e:                      # keep going: later sections still run
+                traceback.print_exc()
+                RESULTS[name] = {"error": f"{type(e).__name__}: {e}"}
+            RESULTS[name] = RESULTS[name] if isinstance(RESULTS[name], dict) else {"value": RESULTS[name]}
+            RESULTS[name]["section_s"] = round(time.perf_counter() - t0, 1)
+            print(f"   {name}: {json.dumps(RESULTS[name], default=str)[:1500]}", flush=True)
+            save()
+            return RESULTS[name]
+        return run
+    return wrap
+
+
+def events_time(fn, reps=20, warm=3) -> float:
+    """Median seconds of fn() by CUDA events."""
+    for _ in range(warm):
+        fn()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) / 1e3)
+    return statistics.median(ts)
+
+
+def graph_time(fn, inner=10, reps=10) -> float:
+    """Median seconds per fn() call, from replays of a CUDA graph of `inner` calls."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(inner):
+            fn()
+    return events_time(g.replay, reps) / inner
+
+
+@section("ceilings")
+def ceilings():
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    b = torch.empty_like(a)
+    t = events_time(lambda: b.copy_(a), reps=10)
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    tm = events_time(lambda: x @ y, reps=10)
+    del a, b, x, y
+    return {"copy_tb_s": 2 * n / t / 1e12, "bf16_tflops": 2 * 8192 ** 3 / tm / 1e12,
+            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "triton": __import__("triton").__version__}
+
+
+@section("checks")
+def checks():
+    from salactl.runtime.gpu import selfcheck as S
+    from salactl.runtime.checkpoint import random_state_dict
+    from salactl.runtime.loader import build_model
+    from salactl.runtime.presets import sala_nano
+
+    rows = S.run_all("cuda", torch.bfloat16)
+    rows += S.check_gla("cuda", torch.float32) + S.check_decode_attention("cuda", torch.float32)
+    rows += S.check_selection("cuda", torch.float32)
+    cfg = sala_nano(vocab_size=512)
+    for dtype, tol in ((torch.float32, 1e-3), (torch.bfloat16, 3e-2)):
+        for graph in (False, True):
+            m = build_model(cfg, random_state_dict(cfg, "cuda", dtype, 3))
+            rows += S.check_model(m, "cuda", 700, decode_steps=4, chunk=100, cuda_graph=graph, tol=tol)
+    bad = [r for r in rows if not r[1] <= r[2]]
+    for r in rows:
+        print(f"   {'ok  ' if r[1] <= r[2] else 'FAIL'} {r[0]:60s} {r[1]:.3e} (tol {r[2]:.0e})")
+    return {"passed": len(rows) - len(bad), "failed": len(bad), "failures": bad,
+            "worst": max(((r[1] / r[2]) if r[2] else (0 if r[1] == 0 else float("inf")), r[0]) for r in rows)}
+
+
+def weight_bytes(model, rows: int) -> int:
+    total = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
+    return total + rows * model.config.hidden_size * 2
+
+
+def decode_bytes(cfg, model, rows: int, ctx: int) -> int:
+    """Minimum bytes of one decode step: weights, the K/V (all, or the selected blocks) and K1
+    read once, the fp32 GLA state read and written."""
+    from salactl.runtime.ops.selection import num_windows
+
+    sc, hkv, d = cfg.sparse_config, cfg.num_key_value_heads, cfg.head_dim
+    ls = len(cfg.sparse_layers)
+    per_tok = ls * 2 * hkv * d * 2
+    if ctx + 1 >= sc.dense_len:
+        kv = min(ctx, sc.selected_blocks * sc.block_size) * per_tok + num_windows(ctx, sc) * ls * hkv * d * 2
+    else:
+        kv = ctx * per_tok
+    state = len(cfg.lightning_layers) * cfg.lightning_nh * cfg.lightning_head_dim ** 2 * 4 * 2
+    return weight_bytes(model, rows) + rows * (kv + state)
+
+
+class Synthetic:
+    """Requests with `ctx` tokens of random cache, made directly in the pools."""
+
+    def __init__(self, engine, n, ctx):
+        B = engine.config.sparse_config.block_size
+        self.engine, self.ctx = engine, ctx
+        self.slots = engine.scheduler.slots.alloc(n)
+        self.pages = []
+        for s in self.slots:
+            pg = engine.scheduler.pages.alloc(math.ceil((ctx + 256) / B))
+            engine.pools.assign_pages(s, pg)
+            self.pages.append(pg)
+            engine.backend.release_slot(s)
+
+    def rows(self, i):
+        return [(s, 100 + i, self.ctx + i) for s in self.slots]
+
+    def close(self):
+        for s, pg in zip(self.slots, self.pages):
+            self.engine.scheduler.slots.release([s])
+            self.engine.scheduler.pages.release(pg)
+            self.engine.backend.release_slot(s)
+
+
+def decode_case(engine, model, n, ctx, ceil, steps=30, eager=False, profile=False):
+    from salactl.runtime.op_timer import OpTimer
+
+    syn = Synthetic(engine, n, ctx)
+    r = engine.runner
+    try:
+        out = {}
+        r.decode(syn.rows(0))
+        torch.cuda.synchronize()
+        ts = []
+        for i in range(steps):
+            t0 = time.perf_counter()
+            r.decode(syn.rows(i + 1)).argmax(-1).tolist()
+            ts.append(time.perf_counter() - t0)
+        step = statistics.median(ts)
+        sparse = ctx + 1 >= engine.config.sparse_config.dense_len
+        graph, _ = r.graphs[(r.bucket(n), sparse)]
+        replay = events_time(graph.replay, reps=20)
+        floor = decode_bytes(engine.config, model, n, ctx) / (ceil * 1e12)
+        out.update(batch=n, ctx=ctx, mode="sparse" if sparse else "dense", replay_ms=replay * 1e3,
+                   engine_step_ms=step * 1e3, tok_s=n / step, replay_tok_s=n / replay,
+                   floor_ms=floor * 1e3, pct_of_floor=100 * floor / replay)
+        if eager:
+            r.cuda_graph = False
+            r.decode(syn.rows(1))
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for i in range(5):
+                r.decode(syn.rows(i + 1)).argmax(-1).tolist()
+            out["eager_step_ms"] = (time.perf_counter() - t0) / 5 * 1e3
+            r.cuda_graph = True
+        if profile:
+            timer = OpTimer("cuda")
+            for i in range(5):
+                r.decode(syn.rows(i + 1), timer=timer)
+            out["eager_op_ms_per_step"] = {k: round(v / 5 * 1e3, 3) for k, v in timer.totals().items()}
+        return out
+    finally:
+        syn.close()
+
+
+@section("decode")
+def decode(engine, model, ceil):
+    cases = {}
+    for n, ctx, kw in ((1, 4096, dict(eager=True, profile=True)), (8, 4096, {}), (32, 4096, {}),
+                       (1, 131072, {}), (1, 1 << 20, {})):
+        key = f"b{n}_ctx{ctx}"
+        try:
+            cases[key] = decode_case(engine, model, n, ctx, ceil, **kw)
+        except Exception as e:
+            traceback.print_exc()
+            cases[key] = {"error": f"{type(e).__name__}: {e}"}
+        print(f"   {key}: {cases[key]}", flush=True)
+    if "replay_ms" in cases.get("b1_ctx1048576", {}) and "replay_ms" in cases.get("b1_ctx4096", {}):
+        cases["step_1M_over_4K"] = cases["b1_ctx1048576"]["replay_ms"] / cases["b1_ctx4096"]["replay_ms"]
+    return cases
+
+
+@section("attention")
+def attention(cfg):
+    """One layer's decode attention at batch 1: dense over every page vs InfLLM-V2 (K1 update +
+    selection + attention over the selected blocks)."""
+    from salactl.runtime.ops.decode_attention.triton import choose_splits, paged_attention
+    from salactl.runtime.ops.selection.gpu import compress_update, select_paged
+
+    sc, hkv, hq, d = cfg.sparse_config, cfg.num_key_value_heads, cfg.num_attention_heads, cfg.head_dim
+    B = sc.block_size
+    out = {}
+    for ctx in (131072, 1 << 20):
+        P = ctx // B + 2
+        kp = torch.randn(P + 1, hkv, B, d, device="cuda", dtype=torch.bfloat16)
+        vp = torch.randn_like(kp)
+        k1p = torch.randn(P + 1, hkv, B // sc.kernel_stride, d, device="cuda", dtype=torch.bfloat16) * 0.3
+        pt = torch.randperm(P, device="cuda").to(torch.int32)[None]
+        one = torch.zeros(1, dtype=torch.int32, device="cuda")
+        seq = torch.tensor([ctx], dtype=torch.int32, device="cuda")
+        q = torch.randn(1, hq, d, device="cuda", dtype=torch.bfloat16)
+        start = torch.tensor([(ctx - sc.kernel_size) // sc.kernel_stride], dtype=torch.int32, device="cuda")
+        cnt1 = torch.ones(1, dtype=torch.int32, device="cuda")
+        splits = choose_splits(hkv, P)
+
+        def dense():
+            paged_attention(q, kp, vp, pt, one, seq, num_splits=splits)
+
+        def select():
+            compress_update(kp, k1p, pt, one, start, cnt1, 1, sc)
+            return select_paged(q, k1p, pt, one, seq, sc, P)
+
+        def sparse():
+            sel, cnt = select()
+            paged_attention(q, kp, vp, pt, one, seq, sel, cnt, sc.dense_len,
+                            num_splits=choose_splits(hkv, sc.selected_blocks))
+
+        td, ts, tsel = graph_time(dense), graph_time(sparse), graph_time(select)
+        out[f"ctx{ctx}"] = {"dense_us": td * 1e6, "sparse_us": ts * 1e6, "selection_us": tsel * 1e6,
+                            "sparse_pct_of_dense": 100 * ts / td,
+                            "dense_gb_s": 2 * ctx * hkv * d * 2 / td / 1e9}
+        del kp, vp, k1p
+        torch.cuda.empty_cache()
+    return out
+
+
+def prefill_flops(cfg, model, T, chunk):
+    from salactl.runtime.roofline import linear_costs, phase_costs
+
+    calls = [[(min(chunk, T - c), c)] for c in range(0, T, chunk)]
+    costs = phase_costs(cfg, linear_costs(model), calls, [1] * len(calls))
+    return sum(c.flops for c in costs.values())
+
+
+def run_prompt(engine, T, new=1, seed=0):
+    from salactl.runtime.sampling import SamplingParams
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, engine.config.vocab_size, (T,), generator=g).tolist()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    res = engine.generate([(ids, SamplingParams(max_new_tokens=new, ignore_eos=True))])[0]
+    return res, time.perf_counter() - t0
+
+
+@section("prefill")
+def prefill(engine, model, tflops):
+    out = {}
+    run_prompt(engine, 2048)                       # compile + autotune (fla) outside the timing
+    run_prompt(engine, 12288)                      # the sparse prefill kernels too
+    for T in (32768, 131072):
+        res, wall = run_prompt(engine, T)
+        flops = prefill_flops(engine.config, model, T, engine.scheduler.chunk_tokens)
+        floor = flops / (tflops * 1e12)
+        out[f"T{T}"] = {"ttft_s": res.ttft_s, "tok_s": T / res.ttft_s, "flops": flops,
+                        "floor_s": floor, "x_floor": res.ttft_s / floor,
+                        "achieved_tflops": flops / res.ttft_s / 1e12}
+        print(f"   T{T}: {out[f'T{T}']}", flush=True)
+    return out
+
+
+@section("batching")
+def batching(engine, n=64, prompt=4096, new=256):
+    from salactl.runtime.sampling import SamplingParams
+
+    g = torch.Generator().manual_seed(1)
+    reqs = [(torch.randint(3, engine.config.vocab_size, (prompt,), generator=g).tolist(),
+             SamplingParams(max_new_tokens=new, ignore_eos=True)) for _ in range(n)]
+    engine.generate(reqs[:2])                     # warm every bucket it will use
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    res = engine.generate(reqs)
+    wall = time.perf_counter() - t0
+    assert all(len(r.output_token_ids) == new for r in res)
+    singles = []
+    for r in reqs[:2]:
+        t1 = time.perf_counter()
+        engine.generate([r])
+        singles.append(time.perf_counter() - t1)
+    one = statistics.mean(singles)
+    return {"requests": n, "batched_wall_s": wall, "batched_out_tok_s": n * new / wall,
+            "one_at_a_time_s_per_request": one, "one_at_a_time_out_tok_s": new / one,
+            "speedup": (n * new / wall) / (new / one),
+            "mean_ttft_s": statistics.mean(r.ttft_s for r in res)}
+
+
+@section("long_1m")
+def long_1m(model, deadline_s):
+    from salactl.runtime.gpu.engine import GPUEngine
+    from salactl.runtime.sampling import SamplingParams
+
+    T, new = 1 << 20, 16
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    engine = GPUEngine(model, "cuda", max_running_requests=1, chunk_size=16384, kv_tokens=T + new + 128)
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(3, engine.config.vocab_size, (T,), generator=g).tolist()
+    rid = engine.submit(ids, SamplingParams(max_new_tokens=new, ignore_eos=True))
+    t0 = time.perf_counter()
+    out = {}
+    while engine.scheduler.has_work():
+        engine.step()
+        req = engine.requests[rid]
+        if time.perf_counter() - t0 > deadline_s:
+            out["stopped_at_deadline"] = True
+            break
+    req = engine.requests[rid]
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    out.update(prefilled=req.prefilled, generated=len(req.output), wall_s=wall,
+               peak_gb=torch.cuda.max_memory_allocated() / 1e9,
+               pool_gb=engine.plan.total_bytes() / 1e9)
+    if req.first_token_time:
+        out["ttft_s"] = req.first_token_time - req.arrival
+        if req.finish_time and len(req.output) > 1:
+            out["decode_tok_s"] = (len(req.output) - 1) / (req.finish_time - req.first_token_time)
+    else:
+        out["prefill_tok_s_so_far"] = req.prefilled / wall
+    del engine
+    gc.collect()
+    torch.cuda.empty_cache()
+    return out
+
+
+def table():
+    lines = ["", "| measurement | value | target |", "|---|---|---|"]
+    c = RESULTS.get("ceilings", {})
+    if "copy_tb_s" in c:
+        lines.append(f"| copy bandwidth / bf16 GEMM | {c['copy_tb_s']:.2f} TB/s / {c['bf16_tflops']:.0f} TFLOP/s | |")
+    k = RESULTS.get("checks", {})
+    if "passed" in k:
+        lines.append(f"| kernel + engine checks | {k['passed']} ok, {k['failed']} failed | all ok |")
+    for key, tgt in (("b1_ctx4096", ">= 85% floor (195 tok/s)"), ("b1_ctx131072", ">= 80% floor"),
+                     ("b8_ctx4096", ">= 80% floor"), ("b32_ctx4096", ">= 80% floor"), ("b1_ctx1048576", "")):
+        d = RESULTS.get("decode", {}).get(key, {})
+        if "replay_ms" in d:
+            lines.append(f"| decode {key} ({d['mode']}) | {d['replay_tok_s']:.0f} tok/s graph "
+                         f"({d['replay_ms']:.2f} ms, {d['pct_of_floor']:.0f}% of {d['floor_ms']:.2f} ms floor); "
+                         f"engine step {d['tok_s']:.0f} tok/s | {tgt} |")
+    d = RESULTS.get("decode", {})
+    if "step_1M_over_4K" in d:
+        lines.append(f"| decode step 1M / 4K | {d['step_1M_over_4K']:.2f}x | <= 1.2x |")
+    if "eager_step_ms" in d.get("b1_ctx4096", {}):
+        lines.append(f"| decode b1 4K eager (no graph) | {d['b1_ctx4096']['eager_step_ms']:.2f} ms | |")
+    for key, a in RESULTS.get("attention", {}).items():
+        if isinstance(a, dict) and "dense_us" in a:
+            lines.append(f"| attention {key}: sparse / dense | {a['sparse_us']:.1f} / {a['dense_us']:.1f} us "
+                         f"= {a['sparse_pct_of_dense']:.0f}% | <= 15% |")
+    p = RESULTS.get("prefill", {})
+    if "T32768" in p:
+        lines.append(f"| prefill 32K | {p['T32768']['ttft_s']:.2f} s = {p['T32768']['x_floor']:.2f}x FLOP floor | <= 1.6x |")
+    if "T131072" in p:
+        lines.append(f"| TTFT 128K | {p['T131072']['ttft_s']:.2f} s | <= 6 s |")
+    b = RESULTS.get("batching", {})
+    if "speedup" in b:
+        lines.append(f"| batching 64x(4K/256) | {b['batched_out_tok_s']:.0f} vs {b['one_at_a_time_out_tok_s']:.0f} "
+                     f"tok/s = {b['speedup']:.1f}x | >= 8x |")
+    m = RESULTS.get("long_1m", {})
+    if "peak_gb" in m:
+        lines.append(f"| 1M prefill+decode | ttft {m.get('ttft_s', float('nan')):.1f} s, decode "
+                     f"{m.get('decode_tok_s', float('nan')):.1f} tok/s, peak {m['peak_gb']:.1f} GB "
+                     f"(prefilled {m['prefilled']}) | <= 45 GB |")
+    for name, r in RESULTS.items():
+        if isinstance(r, dict) and "error" in r:
+            lines.append(f"| {name} | ERROR {r['error'][:80]} | |")
+    print("\n".join(lines))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="checks,decode,attention,prefill,batching,long_1m")
+    ap.add_argument("--skip-1m", action="store_true")
+    ap.add_argument("--deadline-1m", type=float, default=150.0)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    global OUT
+    if args.out:
+        OUT = Path(args.out)
+    only = set(args.only.split(","))
+    if args.skip_1m:
+        only.discard("long_1m")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    c = ceilings()
+    ceil = c.get("copy_tb_s", 4.24)
+    tflops = c.get("bf16_tflops", 790.0)
+    if "checks" in only:
+        checks()
+    if only & {"decode", "attention", "prefill", "batching", "long_1m"}:
+        from salactl.runtime.gpu.engine import GPUEngine
+        from salactl.runtime.loader import load_model
+
+        t0 = time.perf_counter()
+        lm = load_model("sala-9b", "cuda", "bf16", random_weights=True, seed=0)
+        model = lm.model
+        print(f"== model loaded in {time.perf_counter() - t0:.1f}s", flush=True)
+        if "attention" in only:
+            attention(lm.config)
+        if only & {"decode", "prefill", "batching"}:
+            engine = GPUEngine(model, "cuda", max_running_requests=64, chunk_size=16384)
+            engine.pools.k.normal_()
+            engine.pools.v.normal_()
+            engine.pools.state.normal_(std=0.01)
+            RESULTS["engine"] = {"pool_pages": engine.plan.pages, "pool_gb": engine.plan.total_bytes() / 1e9,
+                                 "max_context": engine.max_context}
+            if "decode" in only:
+                decode(engine, model, ceil)
+            if "prefill" in only:
+                prefill(engine, model, tflops)
+            if "batching" in only:
+                batching(engine)
+            del engine
+            gc.collect()
+            torch.cuda.empty_cache()
+        if "long_1m" in only:
+            long_1m(model, args.deadline_1m)
+    save()
+    table()
+
+
+if __name__ == "__main__":
+    main()
