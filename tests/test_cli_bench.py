@@ -148,3 +148,17 @@ def test_ctrl_c_keeps_finished_phases(tmp_path):
     summary = json.loads(next(out.glob("*.json")).read_text())
     assert summary["interrupted"] is True and [p["phase"] for p in summary["phases"]] == ["quick"]
     assert "interrupted" in next(out.glob("*.md")).read_text()
+
+
+def test_embedded_one_batch_skips_batches_it_cannot_run(tmp_path):
+    from salactl.bench.job import BenchSettings, run_bench
+
+    run = run_bench(BenchSettings(profile="decode", model="sala-nano", random_weights=True, device="cpu",
+                                  dtype="float32", scale=0.01, engine="reference", out=tmp_path)).to_dict()
+    assert [p["phase"] for p in run["phases"]] == ["decode-bs1"]
+    p = run["phases"][0]
+    assert p["completed"] == 1 and p["total_output_tokens"] == 3 and p["input_len"] == 10
+    assert p["prefill_latency"] > 0 and p["median_decode_latency"] > 0
+    assert p["knobs"]["target"]["engine"] == "reference"
+    assert [s["phase"] for s in run["skipped_phases"]] == ["decode-bs8", "decode-bs32"]
+    assert "one sequence at a time" in run["skipped_phases"][0]["reason"]

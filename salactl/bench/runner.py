@@ -131,13 +131,21 @@ def _timed(target, phase, requests, seed, progress, cancel) -> PhaseOutcome:
                 if remaining[0] == 0:
                     done.set()
 
+    ready = threading.Barrier(workers + 1)
+
+    def start_then_work():
+        ready.wait()
+        work()
+
+    threads = [threading.Thread(target=start_then_work, daemon=True, name=f"bench-client-{k}")
+               for k in range(workers)]
+    for t in threads:
+        t.start()
+    ready.wait()                        # every client thread runs before the clock starts
     progress.begin(phase.name, n)
     target.phase_begin()
     wall0 = time.time()
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=work, daemon=True, name=f"bench-client-{k}") for k in range(workers)]
-    for t in threads:
-        t.start()
     for i, (req, at) in enumerate(zip(requests, arrivals)):
         while (wait := t0 + at - time.perf_counter()) > 0:
             time.sleep(min(wait, 0.05))
