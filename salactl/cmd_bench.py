@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from salactl import output
-from salactl.options import ChunkOpt, DeviceOpt, DtypeOpt, JsonOpt, RandomWeightsOpt, SeedOpt, TokenizerOpt
+from salactl.options import DeviceOpt, DtypeOpt, JsonOpt, RandomWeightsOpt, SeedOpt, TokenizerOpt
 
 
 def bench(
@@ -27,7 +27,7 @@ def bench(
     seed: SeedOpt = 0,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
-    chunk_size: ChunkOpt = 512,
+    chunk_size: Annotated[Optional[int], typer.Option("--chunk-size", help="Prefill chunk in tokens (default 8192 on the GPU engine, 512 on the reference).")] = None,
     engine: Annotated[str, typer.Option("--engine", help="Embedded engine: auto (GPU engine on CUDA), reference (one sequence at a time) or gpu.")] = "auto",
     kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="Embedded KV cache: bf16, fp8_e4m3 (calibrated scales) or fp8_e5m2.")] = "bf16",
     max_running_requests: Annotated[int, typer.Option("--max-running-requests", help="GPU engine: requests batched at once.")] = 64,

@@ -162,3 +162,26 @@ def test_embedded_one_batch_skips_batches_it_cannot_run(tmp_path):
     assert p["knobs"]["target"]["engine"] == "reference"
     assert [s["phase"] for s in run["skipped_phases"]] == ["decode-bs8", "decode-bs32"]
     assert "one sequence at a time" in run["skipped_phases"][0]["reason"]
+
+
+def _gpu_engine_available() -> bool:
+    try:
+        from salactl.runtime.gpu.available import gpu_engine_available
+        return gpu_engine_available("cuda")
+    except ImportError:
+        return False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_engine_available(), reason="needs CUDA, Triton and the GPU engine")
+def test_embedded_gpu_engine_batches_requests(tmp_path):
+    r = salactl("bench", "--profile", "soar", "--model", "sala-nano", "--random-weights", "--device", "cuda",
+                "--engine", "gpu", "--scale", "0.002", "--num-requests", "8", "--phases", "S8,Smax",
+                "--out", str(tmp_path), "--json")
+    assert r.returncode == 0, r.stderr
+    run = json.loads(r.stdout)
+    for p in run["phases"]:
+        assert p["completed"] == 8 and p["failed"] == 0
+        assert p["knobs"]["target"]["engine"] == "gpu" and p["knobs"]["target"]["chunk_size"] == 8192
+        assert p["peak_gpu_memory_bytes"] > 0
+        assert p["max_concurrent_requests"] > 1

@@ -34,7 +34,7 @@ class BenchSettings:
     seed: int = 0
     device: str = "auto"
     dtype: str = "auto"
-    chunk_size: int = 512
+    chunk_size: int | None = None
     engine: str = "auto"
     kv_cache_dtype: str = "bf16"
     max_running_requests: int = 64

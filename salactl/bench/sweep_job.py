@@ -104,14 +104,14 @@ def _weights_model(base, config, weight_dtype: str, base_dtype: torch.dtype, cac
     return model
 
 
-def _axes(s: SweepSettings, config, default_weight: str) -> dict[str, list]:
+def _axes(s: SweepSettings, config, default_weight: str, default_chunk: int) -> dict[str, list]:
     sc = config.sparse_config
     return {
         "dense_len": parse_ints(s.dense_len, "dense-len", sc.dense_len, minimum=0),
         "topk": parse_ints(s.topk, "topk", sc.topk),
         "window": parse_ints(s.window, "window", sc.window_size, minimum=0),
         "block": parse_ints(s.block, "block", sc.block_size),
-        "chunk_size": parse_ints(s.chunk_size, "chunk-size", 512),
+        "chunk_size": parse_ints(s.chunk_size, "chunk-size", default_chunk),
         "batch_size": parse_ints(s.batch_size, "batch-size", 1),
         "kv_dtype": parse_names(s.kv_dtype, "kv-dtype", "bf16", KV_DTYPES),
         "weight_dtype": parse_names(s.weight_dtype, "weight-dtype", default_weight, WEIGHT_DTYPES),
@@ -145,7 +145,7 @@ def _check_before_loading(s: SweepSettings) -> None:
 
 
 def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
-    from salactl.bench.targets.embedded import resolve_engine
+    from salactl.bench.targets.embedded import DEFAULT_CHUNK, resolve_engine
     from salactl.env import environment
     from salactl.runtime.loader import load_model
 
@@ -167,8 +167,8 @@ def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
     quantized = any(hasattr(m, "qweight") for m in base.modules())
     default_weight = "w4a16" if quantized else {torch.bfloat16: "bf16", torch.float16: "fp16",
                                                 torch.float32: "fp32"}[base_dtype]
-    axes = _axes(s, config, default_weight)
     engine_kind = resolve_engine(s.engine, device)
+    axes = _axes(s, config, default_weight, DEFAULT_CHUNK[engine_kind])
     points, varying, invalid = build_points(axes, config.sparse_config)
     for p, why in invalid:
         run.invalid.append({"knobs": p.knobs(), "reason": why})
@@ -203,7 +203,8 @@ def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
         output.stderr.print(f"note: {n}")
 
     kl_len = s.kl_len or s.input_len
-    context = {"model": lm.source, "device": str(device), "dtype": str(base_dtype), "engine": engine_kind,
+    context = {"model": lm.source, "device": str(device), "dtype": str(base_dtype).replace("torch.", ""),
+               "engine": engine_kind,
                "input_len": s.input_len, "output_len": s.output_len, "requests": s.requests,
                "kl": s.kl, "kl_len": kl_len, "passkey": do_passkey, "passkey_lengths": lengths,
                "passkey_depths": depths, "passkey_trials": s.passkey_trials, "seed": s.seed}
@@ -259,7 +260,7 @@ def _measure(p, key, varying, s, lm, config, base, base_dtype, models, engine_ki
         weights = _weights_model(base, config, p.weight_dtype, base_dtype, models)
         cfg = config.replace(sparse_config=p.sparse_config(config.sparse_config))
         model = with_config(weights, cfg)
-        driver, _ = build_engine(model, device, engine_kind, p.chunk_size, p.kv_dtype, s.max_running_requests)
+        driver, _, _ = build_engine(model, device, engine_kind, p.chunk_size, p.kv_dtype, s.max_running_requests)
     except (ConfigError, UsageError) as e:
         run.invalid.append({"knobs": p.knobs(), "reason": str(e)})
         output.stderr.print(f"skipping point {label}: {e}")

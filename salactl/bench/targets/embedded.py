@@ -115,27 +115,32 @@ def resolve_engine(engine: str, device: torch.device) -> str:
     return "gpu" if available else "reference"
 
 
-def build_engine(model, device, engine: str, chunk_size: int, kv_cache_dtype: str, max_running: int):
+DEFAULT_CHUNK = {"gpu": 8192, "reference": 512}     # 8192 = SOAR's --chunked-prefill-size
+
+
+def build_engine(model, device, engine: str, chunk_size: int | None, kv_cache_dtype: str, max_running: int):
     """The stepping engine behind the target: the continuous-batching GPU engine when asked for
     (or `auto` on CUDA with Triton), else the single-sequence reference Engine in FIFO order.
-    Returns (EngineDriver, engine name)."""
+    Returns (EngineDriver, engine name, chunk size)."""
     from salactl.bench.targets.engine_driver import EngineDriver, GpuStepper, SerialStepper
 
-    if resolve_engine(engine, device) == "gpu":
+    kind = resolve_engine(engine, device)
+    chunk_size = chunk_size or DEFAULT_CHUNK[kind]
+    if kind == "gpu":
         from salactl.runtime.gpu.engine import GPUEngine
         from salactl.runtime.kv_fp8 import fp8_dtype
 
         kw = {"kv_dtype": fp8_dtype(kv_cache_dtype)} if fp8_dtype(kv_cache_dtype) is not None else {}
         gpu = GPUEngine(model, device, chunk_size=chunk_size, max_running_requests=max_running, **kw)
-        return EngineDriver(GpuStepper(gpu), max_running), "gpu"
+        return EngineDriver(GpuStepper(gpu), max_running), "gpu", chunk_size
     from salactl.runtime.engine import Engine
 
     ref = Engine(model, device, chunk_size=chunk_size, kv_cache_dtype=kv_cache_dtype)
-    return EngineDriver(SerialStepper(ref, tuple(model.config.eos_token_id)), 1), "reference"
+    return EngineDriver(SerialStepper(ref, tuple(model.config.eos_token_id)), 1), "reference", chunk_size
 
 
 def build_embedded_target(model: str | None, random_weights: bool, seed: int, device: str, dtype: str,
-                          chunk_size: int, engine: str = "auto", kv_cache_dtype: str = "bf16",
+                          chunk_size: int | None, engine: str = "auto", kv_cache_dtype: str = "bf16",
                           max_running: int = 64) -> tuple[EmbeddedTarget, object]:
     """Load the model and wrap it; returns (target, LoadedModel)."""
     import dataclasses
@@ -144,7 +149,7 @@ def build_embedded_target(model: str | None, random_weights: bool, seed: int, de
 
     lm = load_model(model or "sala-nano", device, dtype, random_weights, seed)
     dev = lm.model.model.embed_tokens.weight.device
-    driver, engine_name = build_engine(lm.model, dev, engine, chunk_size, kv_cache_dtype, max_running)
+    driver, engine_name, chunk_size = build_engine(lm.model, dev, engine, chunk_size, kv_cache_dtype, max_running)
     knobs = {"engine": engine_name, "device": str(dev),
              "dtype": str(lm.model.model.embed_tokens.weight.dtype).replace("torch.", ""),
              "weights": "w4a16" if _is_quantized(lm) else "dense", "kv_cache_dtype": kv_cache_dtype,
