@@ -167,14 +167,15 @@ def check_selection(device, dtype, sh: Shapes = Shapes(), L: int | None = None) 
     pt, kp, _ = _paged_setup(device, sh, [L], dtype)
     wpp = B // sc.kernel_stride
     k1p = torch.zeros(kp.shape[0], sh.hkv, wpp, sh.d, device=device, dtype=dtype)
-    K = torch.stack([kp[int(pt[0, t // B]), :, t % B] for t in range(L)])          # [L, hkv, d]
+    ptc = pt.cpu()
+    K = torch.stack([kp[int(ptc[0, t // B]), :, t % B] for t in range(L)])         # [L, hkv, d]
     nw = num_windows(L, sc)
     one = lambda v: torch.tensor([v], dtype=torch.int32, device=device)           # noqa: E731
     half = nw // 2                                                                 # two updates
     compress_update(kp, k1p, pt, one(0), one(0), one(half), half, sc)
     compress_update(kp, k1p, pt, one(0), one(half), one(nw - half), nw - half, sc)
     K1 = compress_keys(K, sc, 0, nw)
-    got = torch.stack([k1p[int(pt[0, (j * sc.kernel_stride) // B]), :, (j * sc.kernel_stride % B) // sc.kernel_stride]
+    got = torch.stack([k1p[int(ptc[0, (j * sc.kernel_stride) // B]), :, (j * sc.kernel_stride % B) // sc.kernel_stride]
                        for j in range(nw)])
     out = [("selection.compressed_keys", rel_err(got, K1), _tol(dtype))]
     pos = torch.tensor(sorted({sc.dense_len - 1, sc.dense_len, L // 2, L - 2, L - 1, sc.kernel_size - 2,
@@ -187,12 +188,13 @@ def check_selection(device, dtype, sh: Shapes = Shapes(), L: int | None = None) 
         sel, cnt = select_paged(q, k1p, pt, torch.zeros(len(pos), dtype=torch.int32, device=device),
                                 (pos + 1).to(torch.int32), sc, nb + 5, one_sequence=one_seq)
         bad = 0
+        sel, cnt, ref_c, scores_c = sel.cpu(), cnt.cpu(), ref.cpu(), scores.cpu()
         for i in range(len(pos)):
             for h in range(sh.hkv):
                 s = set(sel[i, h, :cnt[i, h]].tolist())
-                r = set(torch.nonzero(ref[h, i]).flatten().tolist())
+                r = set(torch.nonzero(ref_c[h, i]).flatten().tolist())
                 if s != r:
-                    row = scores[h, i]
+                    row = scores_c[h, i]
                     kth = row[sorted(r, key=lambda b: -float(row[b]))[-1]] if r else 0.0
                     scale = float(row[torch.isfinite(row)].abs().max())
                     if any(abs(float(row[b] - kth)) > 1e-5 * scale for b in s ^ r):

@@ -20,7 +20,7 @@ import triton.language as tl
 DENSE_ONLY = 2 ** 31 - 1
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["dense_len", "num_splits"])
 def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cnt_ptr,
                   po_ptr, plse_ptr,
                   s_qn, s_qh, s_kp, s_kh, s_pt, s_seln, s_selh, s_cntn, s_cnth,
@@ -85,35 +85,38 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
     tl.store(plse_ptr + pbase * BG + g, lse)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _merge_kernel(po_ptr, plse_ptr, o_ptr, num_splits, s_on, s_oh,
-                  HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr):
+                  HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr,
+                  SP2: tl.constexpr):
     r = tl.program_id(0)
     n = r // HKV
     kh = r % HKV
     g = tl.arange(0, BG)
     d = tl.arange(0, D)
-    m = tl.full([BG], -1e30, tl.float32)
-    den = tl.zeros([BG], tl.float32)
+    sp = tl.arange(0, SP2)
+    base = (r * num_splits).to(tl.int64)
+    lse = tl.load(plse_ptr + (base + sp[:, None]) * BG + g[None, :], mask=(sp < num_splits)[:, None],
+                  other=float("-inf"))                                   # all splits at once
+    m = tl.maximum(tl.max(lse, 0), -1e30)
+    w = tl.exp(lse - m[None, :])                                         # [SP2, BG]
+    den = tl.sum(w, 0)
     acc = tl.zeros([BG, D], tl.float32)
-    for sp in range(num_splits):
-        pbase = (r * num_splits + sp).to(tl.int64)
-        lse = tl.load(plse_ptr + pbase * BG + g)
-        o = tl.load(po_ptr + pbase * BG * D + g[:, None] * D + d[None, :])
-        m_new = tl.maximum(m, lse)
-        a = tl.exp(m - m_new)
-        w = tl.exp(lse - m_new)
-        acc = acc * a[:, None] + o * w[:, None]
-        den = den * a + w
-        m = m_new
+    for i in range(num_splits):                                         # independent loads
+        wi = tl.sum(tl.where(sp[:, None] == i, w, 0.0), 0)
+        o = tl.load(po_ptr + (base + i) * BG * D + g[:, None] * D + d[None, :])
+        acc += o * wi[:, None]
     out = acc / tl.where(den > 0, den, 1.0)[:, None]
     tl.store(o_ptr + n * s_on + (kh * G + g)[:, None] * s_oh + d[None, :],
              out.to(o_ptr.dtype.element_ty), mask=(g < G)[:, None])
 
 
+MAX_SPLITS = 128
+
+
 def choose_splits(rows: int, max_blocks: int, sms: int = 132) -> int:
-    """Enough programs to fill the GPU about twice, never more splits than blocks."""
-    return max(1, min(64, math.ceil(2 * sms / max(rows, 1)), max_blocks))
+    """Enough programs for about four per SM (memory parallelism), never more splits than blocks."""
+    return max(1, min(MAX_SPLITS, math.ceil(4 * sms / max(rows, 1)), max_blocks))
 
 
 def scale_tensor(scale, heads: int, device) -> torch.Tensor:
@@ -150,11 +153,11 @@ def paged_attention(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=
         *sel_strides, float(sm_scale), scale_tensor(k_scale, hkv, q.device),
         scale_tensor(v_scale, hkv, q.device), int(dense_len), num_splits,
         HKV=hkv, G=G, BG=BG, BS=B, D=d, FP8=fp8, DOT_F32=(q.dtype == torch.float32),
-        num_warps=4, num_stages=2)
+        num_warps=4, num_stages=3)
     if out is None:
         out = torch.empty(n, hq, d, device=q.device, dtype=q.dtype)
     _merge_kernel[(rows,)](po, plse, out, num_splits, out.stride(0), out.stride(1),
-                           HKV=hkv, G=G, BG=BG, D=d, num_warps=4)
+                           HKV=hkv, G=G, BG=BG, D=d, SP2=max(2, triton.next_power_of_2(num_splits)), num_warps=4)
     return out
 
 

@@ -71,7 +71,7 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
         q, k1_pages, page_table, slots, seq_lens, plse, keys, n, nb_max, q.stride(0), q.stride(1),
         k1_pages.stride(0), k1_pages.stride(1), page_table.stride(0), keys.stride(0), keys.stride(1),
         sm_scale, num_splits, LEFT=sc.kernel_size // sc.kernel_stride - 1, BS=sc.block_size, NB=NB,
-        INIT=sc.init_blocks, WINB=sc.window_blocks, **common)
+        INIT=sc.init_blocks, WINB=sc.window_blocks, SP2=max(2, triton.next_power_of_2(num_splits)), **common)
     k = min(sc.selected_blocks, nb_max)
     vals, idx = torch.topk(keys, k, dim=-1)
     counts = (vals > NEG_INF_KEY_MAX).sum(-1, dtype=torch.int32)

@@ -65,7 +65,7 @@ def _nvis(t, KS: tl.constexpr, ST: tl.constexpr):
     return tl.where(t >= KS - 1, (t - KS + 1) // ST + 1, 0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "num_splits"])
 def _score_lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr,
                       n, s_qn, s_qh, s_1p, s_1h, s_pt, sm_scale, num_splits,
                       HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, QG: tl.constexpr,
@@ -104,13 +104,14 @@ def _score_lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr,
     tl.store(plse_ptr + (r * num_splits + sp).to(tl.int64) * (QG * BG) + tl.arange(0, QG * BG), lse)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "nb_max", "num_splits"])
 def _block_score_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, key_ptr,
                         n, nb_max, s_qn, s_qh, s_1p, s_1h, s_pt, s_keyn, s_keyh, sm_scale, num_splits,
                         HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, QG: tl.constexpr,
                         D: tl.constexpr, WPP: tl.constexpr, LEFT: tl.constexpr, KS: tl.constexpr,
                         ST: tl.constexpr, BS: tl.constexpr, NB: tl.constexpr,
-                        INIT: tl.constexpr, WINB: tl.constexpr, DOT_F32: tl.constexpr):
+                        INIT: tl.constexpr, WINB: tl.constexpr, DOT_F32: tl.constexpr,
+                        SP2: tl.constexpr):
     r = tl.program_id(0)
     bt = tl.program_id(1)
     grp = r // HKV
@@ -129,13 +130,11 @@ def _block_score_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, k
         nvis = tl.where(qi < n, _nvis(t, KS, ST), 0)
         nmax = tl.max(nvis, 0)
         mrow = tl.arange(0, M)
-        m = tl.full([M], -1e30, tl.float32)
-        den = tl.zeros([M], tl.float32)
-        for sp in range(num_splits):
-            part = tl.load(plse_ptr + (r * num_splits + sp).to(tl.int64) * M + mrow)
-            m_new = tl.maximum(m, part)
-            den = den * tl.exp(m - m_new) + tl.exp(part - m_new)
-            m = m_new
+        sp = tl.arange(0, SP2)                       # merge every split's lse at once
+        part = tl.load(plse_ptr + ((r * num_splits).to(tl.int64) + sp[:, None]) * M + mrow[None, :],
+                       mask=(sp < num_splits)[:, None], other=float("-inf"))
+        m = tl.maximum(tl.max(part, 0), -1e30)
+        den = tl.sum(tl.exp(part - m[None, :]), 0)
         lse = tl.where(den > 0, m + tl.log(tl.where(den > 0, den, 1.0)), 0.0)
         d = tl.arange(0, D)
         nvis_q = tl.where(qv < n, _nvis(tq, KS, ST), 0)     # [QG]
