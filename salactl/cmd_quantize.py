@@ -97,7 +97,7 @@ def run_quantize(opts, model: str, random_weights: bool, seed: int, out: Path, o
     total = sum(1 for i in range(cfg.num_hidden_layers) for _ in layer_groups(cfg, i))
     t_loaded = time.perf_counter()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=output.stderr, transient=True) as bar:
+                  console=output.stderr, transient=True, disable=not output.stderr.is_terminal) as bar:
         task = bar.add_task("quantizing", total=total)
         result = quantize_model(lm.model, cfg, windows, opts,
                                 progress=lambda label: bar.update(task, advance=1, description=label))

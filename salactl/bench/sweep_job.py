@@ -272,6 +272,12 @@ def _measure(p, key, varying, s, lm, config, base, base_dtype, models, engine_ki
         outcome = run_phase(target, Phase(label, max_concurrency=p.batch_size, flush_cache=False), reqs)
     finally:
         target.close()
+        del target, driver
+        if device.type == "cuda":        # free this point's engine (GPU pools) before the next one
+            import gc
+
+            gc.collect()
+            torch.cuda.empty_cache()
     metrics = phase_metrics(outcome.results, outcome.duration)
     metrics.update(outcome.device)
     kv_item = 1 if p.kv_dtype.startswith("fp8") else torch.empty(0, dtype=base_dtype).element_size()

@@ -181,5 +181,11 @@ class EngineDriver:
             except queue.Empty:
                 return
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop the worker (after its current step) and drop the engine, so its memory (the GPU
+        engine's pools) can be freed before another engine is built."""
         self._closed.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout_s)
+        if not self._thread.is_alive():
+            self.stepper = None
