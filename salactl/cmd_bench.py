@@ -67,7 +67,11 @@ def bench(
     line = score_line(result)
     if line:
         output.stdout.print(line)
-    output.stdout.print(f"records: {result['files']['records']}  summary: {result['files']['summary_md']}")
+    files = result["files"]
+    if "summary_md" in files:
+        output.stdout.print(f"records: {files['records']}  summary: {files['summary_md']}")
+    else:
+        output.stdout.print("no phase ran; nothing was recorded")
 
 
 def register(app: typer.Typer) -> None:

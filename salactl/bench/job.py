@@ -165,8 +165,10 @@ def _execute(run, plans, profile, target, s, slo, reference, weights, env, progr
         for plan in plans:
             ph = plan.phase
             if ph.batch_size and target.max_batch_size and ph.batch_size > target.max_batch_size:
-                why = (f"batch {ph.batch_size} > what the {target.kind} target runs at once "
-                       f"({target.max_batch_size}); the current embedded engine serves one sequence at a time")
+                why = f"batch {ph.batch_size} > the {target.kind} target's largest batch ({target.max_batch_size})"
+                if target.max_batch_size == 1:
+                    why += ("; the reference engine serves one sequence at a time (use --engine gpu on "
+                            "CUDA to batch)")
                 run.skipped.append({"phase": ph.name, "reason": why})
                 from salactl import output
                 output.stderr.print(f"skipping phase {ph.name}: {why}")
@@ -197,7 +199,8 @@ def _execute(run, plans, profile, target, s, slo, reference, weights, env, progr
     finally:
         if reference and weights:
             run.score = soar_score(durations, reference, weights, s.accuracy)
-        _write_side_files(run, out, details)
+        if run.phases:                   # nothing finished: leave no files behind
+            _write_side_files(run, out, details)
     return run
 
 

@@ -58,9 +58,9 @@ class RecordWriter:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def append(self, record: dict) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         line = json.dumps(record, sort_keys=False) + "\n"
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(line)

@@ -298,6 +298,8 @@ def _finish(run: SweepRun, s: SweepSettings, out: Path) -> None:
 
     from salactl.bench.pareto import pareto_front, plot_front
 
+    if not run.points:                   # nothing measured: leave no files behind
+        return
     x = PARETO_X[s.pareto_x]
     front = pareto_front(run.points, x, PARETO_Y)
     run.pareto = [p["phase"] for p in front]
