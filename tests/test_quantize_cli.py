@@ -1,0 +1,262 @@
+"""`salactl quantize` end to end on a tiny random checkpoint: the written GPTQ files, loading them back,
+FP8 KV scales, and every bad input (one line, its own exit code, nothing written)."""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from conftest import rel_err
+from salactl.runtime.checkpoint import random_state_dict, save_checkpoint
+from salactl.runtime.loader import EMBEDDED_DIR, build_model, load_model
+from salactl.runtime.config import LIGHTNING, SPARSE
+from salactl.runtime.presets import sala_nano
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def small_config():
+    """sala-nano's structure (and tokenizer vocabulary) at half width and 4 layers: sparse 0 and 3."""
+    return sala_nano().replace(hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                               mixer_types=(SPARSE, LIGHTNING, LIGHTNING, SPARSE), num_attention_heads=4,
+                               num_key_value_heads=2, lightning_nh=4, lightning_nkv=4, dim_model_base=32)
+
+
+def run_cli(args, capsys):
+    from salactl.cli import main
+
+    argv, sys.argv = sys.argv, ["salactl", *map(str, args)]
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = e.code or 0
+    finally:
+        sys.argv = argv
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def write_random_checkpoint(path: Path, config, seed=0, poison_nan=False) -> Path:
+    state = random_state_dict(config, "cpu", torch.float32, seed)
+    if poison_nan:
+        state["model.layers.0.input_layernorm.weight"][:4] = float("nan")
+    extra = {f: EMBEDDED_DIR / f for f in TOKENIZER_FILES if (EMBEDDED_DIR / f).exists()}
+    return save_checkpoint(state, config.to_hf_dict(), path, extra_files=extra)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return write_random_checkpoint(tmp_path_factory.mktemp("src") / "nano", small_config())
+
+
+@pytest.fixture(scope="module")
+def calib_jsonl(tmp_path_factory):
+    p = tmp_path_factory.mktemp("calib") / "calib.jsonl"
+    src = (Path(__file__).resolve().parent.parent / "quant" / "gptq.py").read_text()
+    p.write_text("\n".join(json.dumps({"text": src[i:i + 1500]}) for i in range(0, len(src), 1500)) + "\n")
+    return p
+
+
+def _tensors(path: Path) -> dict[str, torch.Tensor]:
+    out = {}
+    for f in sorted(path.glob("*.safetensors")):
+        with safe_open(f, framework="pt") as h:
+            out.update({k: h.get_tensor(k) for k in h.keys()})
+    return out
+
+
+def test_quantize_writes_a_marlin_compatible_gptq_checkpoint(ckpt, calib_jsonl, tmp_path, capsys):
+    out = tmp_path / "q"
+    code, stdout, err = run_cli(["quantize", "--model", ckpt, "--out", out, "--calib", calib_jsonl,
+                                 "--nsamples", 4, "--seqlen", 96, "--device", "cpu", "--dtype", "float32",
+                                 "--kv-cache-dtype", "fp8_e4m3", "--json"], capsys)
+    assert code == 0, err
+    record = json.loads(stdout)
+    assert record["calibration"]["samples"] == 4 and record["calibration"]["seqlen"] == 96
+    assert record["fraction_better_than_rtn"] >= 0.95
+    cfg = json.loads((out / "config.json").read_text())
+    qc = cfg["quantization_config"]
+    assert {k: qc[k] for k in ("quant_method", "bits", "group_size", "desc_act", "sym", "checkpoint_format",
+                               "format", "lm_head")} == {
+        "quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True,
+        "checkpoint_format": "gptq", "format": "gptq", "lm_head": False}
+    assert qc["meta"]["quantizer"][0].startswith("salactl:")
+    for f in TOKENIZER_FILES:
+        assert (out / f).read_bytes() == (ckpt / f).read_bytes()
+    t = _tensors(out)
+    quantized = sorted(n[: -len(".qweight")] for n in t if n.endswith(".qweight"))
+    assert len(quantized) == 4 * 8 and "lm_head" not in quantized
+    for p in quantized:
+        k = t[p + ".g_idx"].shape[0]
+        assert t[p + ".qweight"].dtype == torch.int32 and t[p + ".qweight"].shape[0] == k // 8
+        assert bool((t[p + ".qzeros"] == 0x77777777).all())
+        assert torch.equal(t[p + ".g_idx"], torch.arange(k, dtype=torch.int32) // 128)
+        assert t[p + ".scales"].dtype == torch.float16 and p + ".weight" not in t
+    for name in ("model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"):
+        assert t[name].dtype == torch.float32
+    assert set(n for n in t if n.endswith(("k_scale", "v_scale"))) == {
+        f"model.layers.{i}.self_attn.{s}" for i in (0, 3) for s in ("k_scale", "v_scale")}
+    sg = json.loads((out / "kv_cache_scales.json").read_text())
+    assert sg["kv_cache"]["dtype"] == "float8_e4m3fn" and set(sg["kv_cache"]["scaling_factor"]["0"]) == {"0", "3"}
+    assert not list(tmp_path.glob(".q.tmp-*"))
+
+
+def test_loaded_checkpoint_matches_the_dequantized_reference(ckpt, tmp_path):
+    from salactl.quant.sequential import QuantOptions, quantize_model
+    from salactl.quant.writer import quantization_config, write_quantized_checkpoint
+    from salactl.runtime.engine import Engine
+
+    config = small_config()
+    ref = load_model(str(ckpt), "cpu", "float32").model
+    calib = torch.randint(0, config.vocab_size, (3, 80), generator=torch.Generator().manual_seed(1))
+    opts = QuantOptions(group_size=64, desc_act=True)
+    res = quantize_model(ref, config, calib, opts)          # ref now holds the dequantized weights
+    qc = quantization_config(4, 64, True, 0.01, "gptq", res.skipped, None)
+    write_quantized_checkpoint(tmp_path / "q", config, ref, res.quantized, qc, ckpt)
+    prompt = torch.randint(0, config.vocab_size, (300,), generator=torch.Generator().manual_seed(2)).tolist()
+    want = Engine(ref, "cpu", chunk_size=128).prefill(Engine(ref, "cpu").new_sequence(), prompt, all_logits=True)
+
+    lm = load_model(str(tmp_path / "q"), "cpu", "float32")
+    layouts = {m.layout for m in lm.model.modules() if hasattr(m, "layout")}
+    assert layouts == {"dequant"}
+    eng = Engine(lm.model, "cpu", chunk_size=128)
+    got = eng.prefill(eng.new_sequence(), prompt, all_logits=True)
+    assert rel_err(got, want) < 1e-4
+
+    lm16 = load_model(str(tmp_path / "q"), "cpu", "bfloat16")   # torch's int4 CPU kernel
+    assert {m.layout for m in lm16.model.modules() if hasattr(m, "layout")} == {"cpu_int4"}
+    eng16 = Engine(lm16.model, "cpu", chunk_size=128)
+    got16 = eng16.prefill(eng16.new_sequence(), prompt, all_logits=True)
+    assert rel_err(got16, want) < 5e-2
+
+
+def _rewrite(src: Path, dst: Path, change) -> Path:
+    shutil.copytree(src, dst)
+    t = _tensors(dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    change(t, cfg)
+    for f in dst.glob("*.safetensors"):
+        f.unlink()
+    (dst / "model.safetensors.index.json").unlink(missing_ok=True)
+    save_file(t, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def quantized(ckpt, tmp_path_factory):
+    from salactl.quant.sequential import QuantOptions, quantize_model
+    from salactl.quant.writer import quantization_config, write_quantized_checkpoint
+
+    config = small_config()
+    model = load_model(str(ckpt), "cpu", "float32").model
+    res = quantize_model(model, config, None, QuantOptions(method="rtn"))
+    qc = quantization_config(4, 128, False, 0.01, "rtn", res.skipped, None)
+    return write_quantized_checkpoint(tmp_path_factory.mktemp("q") / "rtn", config, model, res.quantized, qc, ckpt)
+
+
+def test_gptq_v2_checkpoint_of_another_tool_loads_identically(quantized, tmp_path):
+    def to_v2(t, cfg):
+        for n in [n for n in t if n.endswith(".qzeros")]:
+            t[n] = t[n] + 0x11111111                       # v1 (z-1) -> v2 (z), as GPTQModel converts
+        del t["model.layers.1.mlp.up_proj.g_idx"]          # g_idx is optional (k // group)
+        cfg["quantization_config"].update(checkpoint_format="gptq_v2", format="gptq_v2")
+        cfg["quantization_config"].pop("meta")
+
+    v2 = _rewrite(quantized, tmp_path / "v2", to_v2)
+    ids = torch.tensor([5, 9, 100, 7])
+    a = load_model(str(quantized), "cpu", "float32").model
+    b = load_model(str(v2), "cpu", "float32").model
+    for m in (a, b):
+        assert type(m.model.layers[1].mlp.up_proj).__name__ == "W4A16Linear"
+    wa = a.model.layers[1].mlp.up_proj.dequantized_weight()
+    assert torch.equal(wa, b.model.layers[1].mlp.up_proj.dequantized_weight())
+    ha = a.model.embed_tokens(ids)
+    assert torch.equal(a.model.layers[2].mlp(ha, lambda n: __import__("contextlib").nullcontext()),
+                       b.model.layers[2].mlp(ha, lambda n: __import__("contextlib").nullcontext()))
+
+
+@pytest.mark.parametrize("change,match", [
+    (lambda t, c: t.__setitem__("model.layers.0.mlp.down_proj.qweight",
+                                t["model.layers.0.mlp.down_proj.qweight"][:-1]), "shape"),
+    (lambda t, c: t.__setitem__("model.layers.0.mlp.down_proj.qzeros",
+                                torch.zeros_like(t["model.layers.0.mlp.down_proj.qzeros"])), "asymmetric"),
+    (lambda t, c: t.pop("model.layers.0.mlp.down_proj.scales"), "lacks tensor"),
+    (lambda t, c: t.__setitem__("model.layers.0.mlp.down_proj.weight", torch.zeros(128, 256)), "unexpected"),
+    (lambda t, c: c["quantization_config"].update(sym=False), "asymmetric"),
+    (lambda t, c: c["quantization_config"].update(bits=3), "bits"),
+    (lambda t, c: c["quantization_config"].update(checkpoint_format="marlin"), "checkpoint_format"),
+])
+def test_bad_gptq_checkpoints_are_one_line_errors(quantized, tmp_path, change, match, capsys):
+    bad = _rewrite(quantized, tmp_path / "bad", change)
+    code, _, err = run_cli(["run", "--model", bad, "--prompt-ids", "1,2", "-n", 1, "--device", "cpu"], capsys)
+    assert code == 4, err
+    assert match in err and len(err.strip().splitlines()) == 1
+
+
+def test_rtn_and_act_order_options(ckpt, tmp_path, capsys):
+    code, stdout, err = run_cli(["quantize", "--model", ckpt, "--out", tmp_path / "a", "--calib", "random",
+                                 "--nsamples", 2, "--seqlen", 64, "--device", "cpu", "--dtype", "float32",
+                                 "--desc-act", "--group-size", 32, "--bits", 8, "--json"], capsys)
+    assert code == 0, err
+    qc = json.loads((tmp_path / "a" / "config.json").read_text())["quantization_config"]
+    assert qc["desc_act"] is False and qc["static_groups"] is True and qc["bits"] == 8
+    t = _tensors(tmp_path / "a")
+    assert torch.equal(t["model.layers.3.mlp.down_proj.g_idx"], torch.arange(256, dtype=torch.int32) // 32)
+    assert bool((t["model.layers.3.mlp.down_proj.qzeros"] == 0x7F7F7F7F).all())
+    lm = load_model(str(tmp_path / "a"), "cpu", "float32")
+    assert lm.model.model.layers[3].mlp.down_proj.bits == 8
+    code, stdout, err = run_cli(["quantize", "--model", ckpt, "--out", tmp_path / "r", "--method", "rtn",
+                                 "--calib", "random", "--nsamples", 2, "--seqlen", 64, "--device", "cpu"], capsys)
+    assert code == 0 and "RTN 4-bit g128" in stdout
+
+
+def _nothing_quantizable(tmp: Path) -> Path:
+    cfg = sala_nano().replace(hidden_size=64, intermediate_size=192, num_attention_heads=2, num_key_value_heads=1,
+                              lightning_nh=2, lightning_nkv=2, dim_model_base=16)
+    return write_random_checkpoint(tmp / "small", cfg)
+
+
+@pytest.mark.parametrize("case", ["bits", "group", "method", "damp", "exists", "empty_calib", "no_text_field",
+                                  "nan", "shapes", "kv_dtype"])
+def test_bad_quantize_inputs_are_one_line_errors_and_write_nothing(case, ckpt, tmp_path, capsys):
+    out = tmp_path / "out"
+    args = ["quantize", "--model", ckpt, "--out", out, "--calib", "random", "--nsamples", 2, "--seqlen", 32,
+            "--device", "cpu", "--dtype", "float32"]
+    expected = {"bits": 9, "group": 9, "method": 9, "damp": 9, "exists": 10, "empty_calib": 7, "no_text_field": 7,
+                "nan": 9, "shapes": 9, "kv_dtype": 2}[case]
+    if case == "bits":
+        args += ["--bits", 3]
+    elif case == "group":
+        args += ["--group-size", 48]
+    elif case == "method":
+        args += ["--method", "awq"]
+    elif case == "damp":
+        args += ["--damp", 0]
+    elif case == "exists":
+        out.mkdir()
+        (out / "keep.txt").write_text("mine")
+    elif case in ("empty_calib", "no_text_field"):
+        f = tmp_path / "c.jsonl"
+        f.write_text("" if case == "empty_calib" else '{"content": "x"}\n')
+        args[args.index("random")] = f
+    elif case == "nan":
+        args[2] = write_random_checkpoint(tmp_path / "nan", small_config(), poison_nan=True)
+    elif case == "shapes":
+        args[2] = _nothing_quantizable(tmp_path)
+    elif case == "kv_dtype":
+        args += ["--kv-cache-dtype", "fp4"]
+    code, stdout, err = run_cli(args, capsys)
+    assert code == expected, err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
+    if case == "exists":
+        assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+    else:
+        assert not out.exists()
+    assert not list(tmp_path.glob(".out.tmp-*"))
