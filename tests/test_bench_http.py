@@ -141,3 +141,35 @@ def test_one_batch_profile_against_server(tmp_path):
         assert p["median_decode_throughput"] == pytest.approx(bs / p["median_decode_latency"])
         assert p["overall_throughput"] == pytest.approx((in_len + out_len) * bs / p["total_latency"])
     assert run["skipped_phases"] == []
+
+
+def _profile(tmp_path, body: str):
+    p = tmp_path / "p.toml"
+    p.write_text('[dataset]\nkind = "random"\ninput_len = 4\noutput_len = 4\nnum_requests = 3\n' + body)
+    return str(p)
+
+
+def test_goodput_with_slo(tmp_path):
+    from salactl.bench.job import BenchSettings, run_bench
+
+    prof = _profile(tmp_path, '[[phases]]\nname = "g"\nmax_concurrency = 3\n')
+    with FakeServer(0.05, 0.01) as srv:
+        lax = run_bench(BenchSettings(profile=prof, endpoint=srv.url, flush_sleep=0.0, slo="ttft=1000",
+                                      out=tmp_path / "a")).to_dict()["phases"][0]
+        strict = run_bench(BenchSettings(profile=prof, endpoint=srv.url, flush_sleep=0.0,
+                                         slo="ttft=1000,tpot=2", out=tmp_path / "b")).to_dict()["phases"][0]
+    assert lax["request_goodput"] == pytest.approx(lax["request_throughput"])      # all 3 good
+    assert strict["request_goodput"] == 0.0                                         # TPOT 10 ms > 2 ms
+    assert strict["slo"] == {"ttft": 1000.0, "tpot": 2.0} and strict["knobs"]["slo_ms"]["tpot"] == 2.0
+
+
+def test_failed_warmup_stops_with_no_files(tmp_path):
+    from salactl.bench.job import BenchSettings, run_bench
+
+    prof = _profile(tmp_path, '[[phases]]\nname = "w"\n')
+    with FakeServer(0.01, 0.001) as srv:
+        # the server answers 404 under this prefix: reachable, but it cannot generate
+        with pytest.raises(EndpointError, match="warmup request of phase w failed \\(HTTP 404"):
+            run_bench(BenchSettings(profile=prof, endpoint=srv.url + "/nothing", flush_sleep=0.0,
+                                    out=tmp_path / "o"))
+    assert not (tmp_path / "o").exists()
