@@ -81,6 +81,9 @@ def run_request(target: Target, req: BenchRequest, max_tokens: int, phase: str,
     except RequestFailed as e:
         res.latency = time.perf_counter() - st
         res.error = str(e)
+    except Exception as e:      # never let one request kill its client thread (the phase would hang)
+        res.latency = time.perf_counter() - st
+        res.error = f"{type(e).__name__}: {e}"
     return res
 
 
