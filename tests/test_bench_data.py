@@ -125,3 +125,22 @@ def test_random_lengths_are_exact_by_default():
     spread = random_lengths(200, 100, 10, vocab_size=512, range_ratio=0.5, seed=2)
     assert min(r.input_len for r in spread) >= 50 and max(r.input_len for r in spread) <= 150
     assert len({r.input_len for r in spread}) > 20
+
+
+def test_dataset_spec_per_phase(tmp_path):
+    from salactl.bench.plan import parse_dataset_spec, read_datasets, select_phases
+    from salactl.errors import UsageError
+
+    soar = load_profile("soar")
+    names = [p.name for p in soar.phases]
+    assert parse_dataset_spec("a.jsonl", names) == {None: tmp_path.__class__("a.jsonl")}
+    spec = parse_dataset_spec(f"S1={tmp_path}/s1.jsonl,Smax={tmp_path}/x.jsonl", names)
+    assert set(spec) == {"S1", "Smax"}
+    with pytest.raises(UsageError, match="names phase 'S9'"):
+        parse_dataset_spec("S1=a.jsonl,S9=b.jsonl", names)
+    write_rows(tmp_path / "s1.jsonl", [{"question": "a b", "model_response": "c d"}])
+    # only the selected phases need (and parse) a file
+    parsed = read_datasets(spec, select_phases(soar, ["S1"]), False)
+    assert list(parsed) == [tmp_path / "s1.jsonl"]
+    with pytest.raises(UsageError, match="no file for phase S8"):
+        read_datasets(spec, select_phases(soar, ["S1", "S8"]), False)

@@ -143,7 +143,7 @@ def run_bench(s: BenchSettings, progress=None) -> BenchRun:
     check_reference(reference, weights)
     accuracy_coefficient(s.accuracy)
     slo = parse_slo(s.slo)
-    spec = parse_dataset_spec(s.dataset, [p.name for p in phases])
+    spec = parse_dataset_spec(s.dataset, [p.name for p in profile.phases])
     parsed = read_datasets(spec, phases, s.skip_bad_rows)
 
     target, tok, vocab = build_target(s, need_tokenizer=bool(spec))

@@ -52,7 +52,8 @@ def read_datasets(spec: dict[str | None, Path], phases: list[Phase], skip_bad_ro
         if missing:
             raise UsageError(f"--dataset gives no file for phase {missing[0]}; give one file for all "
                              "phases or PHASE=FILE for each")
-    return {path: read_soar_rows(path, skip_bad_rows) for path in dict.fromkeys(spec.values())}
+    needed = dict.fromkeys(spec.get(p.name, spec.get(None)) for p in phases) if spec else {}
+    return {path: read_soar_rows(path, skip_bad_rows) for path in needed}
 
 
 def plan_phases(profile: Profile, phases: list[Phase], spec: dict[str | None, Path], parsed: dict,
