@@ -141,3 +141,14 @@ def test_sweep_cli_error_is_one_line(tmp_path):
     r = salactl("sweep", "--device", "cpu", "--batch-size", "4", "--out", str(tmp_path / "a"))
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
     assert "--batch-size 4 is not supported" in r.stderr
+
+
+def test_sweep_weight_dtype_w4a16_in_memory(tmp_path):
+    run = run_sweep(SweepSettings(device="cpu", dtype="float32", input_len=16, output_len=2, requests=1,
+                                  kl_len=64, passkey=False, dense_len="4096", weight_dtype="fp32,w4a16",
+                                  out=tmp_path)).to_dict()
+    pts = {p["knobs"]["weight_dtype"]: p for p in run["points"]}
+    assert pts["fp32"]["logit_kl_mean"] == 0.0                   # dense attention, same weights: the reference
+    assert 0 < pts["w4a16"]["logit_kl_mean"] < 1.0                 # RTN 4-bit group 128 moves the logits a little
+    assert pts["w4a16"]["top1_agreement"] > 0.5
+    assert pts["w4a16"]["completed"] == 1
