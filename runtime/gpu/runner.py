@@ -65,7 +65,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def decode(self, rows: list[tuple[int, int, int]], timer=NULL_TIMER) -> torch.Tensor:
-        """rows: (slot, token id, position). Returns fp32 logits [len(rows), V]."""
+        """rows: (slot, token id, position). Returns fp32 logits [len(rows), V] (a copy: the
+        graph's output buffer is overwritten by the next replay)."""
         n = len(rows)
         sc = self.config.sparse_config
         sparse = any(p + 1 >= sc.dense_len for _, _, p in rows)
@@ -90,7 +91,7 @@ class ModelRunner:
         if sparse:
             for slot, _, p in rows:
                 self.backend.k1_have[slot] = num_windows(p + 1, sc)
-        return out[:n]
+        return out[:n].clone() if use_graph else out
 
     def _graph(self, bs: int, sparse: bool):
         key = (bs, sparse)
