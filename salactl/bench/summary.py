@@ -22,7 +22,10 @@ def _cell(rec: dict, key: str):
 
 
 def table_rows(run: dict) -> tuple[list[str], list[list]]:
-    return [c for c, _ in COLUMNS], [[_cell(p, k) for _, k in COLUMNS] for p in run["phases"]]
+    cols = list(COLUMNS)
+    if any(p.get("request_goodput") is not None for p in run["phases"]):
+        cols.append(("goodput req/s", "request_goodput"))
+    return [c for c, _ in cols], [[_cell(p, k) for _, k in cols] for p in run["phases"]]
 
 
 def score_line(run: dict) -> str | None:
