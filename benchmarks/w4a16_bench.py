@@ -204,7 +204,8 @@ def main() -> None:
         json.dump({"device": torch.cuda.get_device_name(), "copy_GBps": ceiling, "rows": rows,
                    "lm_head_bf16_M1_us": t_lm}, f, indent=1)
     print(f"\ncopy ceiling {ceiling:.0f} GB/s; lm_head 73448x4096 stays bf16: {t_lm:.1f} us at M=1")
-    hdr = f"{'shape':14} {'N x K':>12} {'M':>5} {'bf16 us':>9} {'ours us':>9} {'x':>6} {'best us':>9} {'x':>6} {'GB/s':>6} {'%ceil':>6} {'err':>8}"
+    hdr = (f"{'shape':14} {'N x K':>12} {'M':>5} {'bf16 us':>9} {'ours us':>9} {'x':>6} {'best us':>9} {'x':>6} "
+           f"{'GB/s':>6} {'%ceil':>6} {'err':>8}")
     print(hdr)
     for r in rows:
         best = r.get("best_us", r["ours_us"])

@@ -102,7 +102,8 @@ def num_groups(in_features: int, group_size: int) -> int:
     return 1 if group_size == -1 else -(-in_features // group_size)
 
 
-def to_gptq_tensors(codes_nk: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor, bits: int) -> dict[str, torch.Tensor]:
+def to_gptq_tensors(codes_nk: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor,
+                    bits: int) -> dict[str, torch.Tensor]:
     """Checkpoint tensors of one symmetric linear from codes [N, K], scales [groups, N], g_idx [K]
     (on any device): qweight, qzeros (v1), fp16 scales, int32 g_idx."""
     groups, n = scales.shape

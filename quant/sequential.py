@@ -259,7 +259,8 @@ def _solve_group(i, members, mods, h: Hessian | None, opts: QuantOptions, spec: 
             rtn_err = output_error(w, rtn.dequantized[rows], h.h)
             err = rtn_err if rtn is solved else output_error(w, q.dequantized, h.h)
         prefix = f"model.layers.{i}.{n}"
-        outcome.quantized[prefix] = {k: t.cpu() for k, t in to_gptq_tensors(q.codes, q.scales, q.g_idx, spec.bits).items()}
+        packed = to_gptq_tensors(q.codes, q.scales, q.g_idx, spec.bits)
+        outcome.quantized[prefix] = {k: t.cpu() for k, t in packed.items()}
         outcome.reports.append(ModuleReport(prefix, m.out_features, m.in_features, prep.damp if prep else None,
                                             rtn_err, err, seconds * m.out_features / W.shape[0]))
         m.weight.copy_(q.dequantized.to(m.weight.dtype))

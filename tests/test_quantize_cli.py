@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 from conftest import rel_err
 from salactl.runtime.checkpoint import random_state_dict, save_checkpoint
-from salactl.runtime.loader import EMBEDDED_DIR, build_model, load_model
+from salactl.runtime.loader import EMBEDDED_DIR, load_model
 from salactl.runtime.config import LIGHTNING, SPARSE
 from salactl.runtime.presets import sala_nano
 
