@@ -24,8 +24,9 @@ def quantize(
     bits: Annotated[int, typer.Option("--bits", help="4 or 8 (symmetric).")] = 4,
     group_size: Annotated[int, typer.Option("--group-size", help="-1 (per channel), 32, 64 or 128.")] = 128,
     method: Annotated[str, typer.Option("--method", help="gptq or rtn.")] = "gptq",
-    desc_act: Annotated[bool, typer.Option("--desc-act", help="Act-order with static groups "
-                                           "(the checkpoint stays desc_act=false).")] = False,
+    desc_act: Annotated[bool, typer.Option("--desc-act/--no-desc-act", help="Act-order with static groups "
+                                           "(the checkpoint stays desc_act=false; on by default: lower "
+                                           "perplexity on sala-nano, BENCHMARKS.md).")] = True,
     damp: Annotated[float, typer.Option("--damp", help="Hessian damping fraction (raised by 0.01 "
                                         "when Cholesky fails).")] = 0.01,
     calib: Annotated[Optional[str], typer.Option("--calib", help="Text or JSONL (\"text\" field) file; "
@@ -45,6 +46,7 @@ def quantize(
     """Quantize a checkpoint to GPTQ (Marlin-compatible) and calibrate FP8 KV scales."""
     from salactl.quant.sequential import QuantOptions
 
+    desc_act = desc_act and method == "gptq"          # act-order only changes GPTQ's column order
     opts = QuantOptions(bits, group_size, method, desc_act, damp, kv_cache_dtype, kv_scales_per_head, batch_tokens)
     if batch_tokens < 1:
         raise UsageError(f"--batch-tokens must be positive, got {batch_tokens}")
