@@ -1,5 +1,6 @@
-"""Bench against a real HTTP server on loopback with injected timings: TTFT 200 ms, 20 ms per
-token, chunks of 1 and 2 tokens. Reported metrics must match the injection within 5%."""
+"""Bench against a real HTTP server on loopback with injected timings (chunks of 1 and 2 tokens).
+Reported metrics must match the injection within 5%; the 5% test injects 500 ms TTFT and 50 ms per
+token so a few ms of scheduling noise on a busy 2-core CI machine stay well inside the bound."""
 
 import socket
 import sys
@@ -34,6 +35,7 @@ def quick_thread_switches():
 
 @pytest.mark.parametrize("backend", ["sglang", "openai"])
 def test_metrics_match_injected_timings(backend):
+    TTFT, PER_TOKEN = 0.5, 0.05
     with FakeServer(TTFT, PER_TOKEN) as srv:
         target = HttpTarget(srv.url, backend, flush_sleep_s=0.0)
         target.check()
@@ -45,7 +47,7 @@ def test_metrics_match_injected_timings(backend):
     assert m["completed"] == 4 and m["failed"] == 0
     assert m["total_output_tokens"] == 4 * OUT
     assert m["total_input_tokens"] == 4 * 16
-    per_request = srv.request_time(OUT)                           # 0.2 + 11 * 0.02 = 0.42 s
+    per_request = srv.request_time(OUT)                           # 0.5 + 11 * 0.05 = 1.05 s
     # Medians within 5%: the per-request timings the server injected. Means within 15%: one
     # request delayed by a busy CI core must not flake the test.
     assert close(m["median_ttft_ms"], TTFT * 1e3), m["median_ttft_ms"]
