@@ -13,18 +13,19 @@ stdout = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 stderr = Console(stderr=True, soft_wrap=True)
 
 
-def _clean(obj):
+def jsonable(obj):
+    """inf/nan are not JSON: store them as strings ("inf"), recursively."""
     if isinstance(obj, float) and (math.isnan(obj) or math.isinf(obj)):
         return str(obj)
     if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
+        return {k: jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
+        return [jsonable(v) for v in obj]
     return obj
 
 
 def print_json(obj) -> None:
-    sys.stdout.write(json.dumps(_clean(obj), indent=2, default=str) + "\n")
+    sys.stdout.write(json.dumps(jsonable(obj), indent=2, default=str) + "\n")
     sys.stdout.flush()
 
 

@@ -23,7 +23,7 @@ import math
 import numpy as np
 
 from salactl.bench.requests import RequestResult
-from salactl.errors import UsageError
+from salactl.bench.pairs import parse_positive_pairs
 
 STATS = ("mean", "median", "std", "p90", "p95", "p99")
 LATENCIES = ("ttft", "tpot", "itl", "e2e_latency")
@@ -47,22 +47,7 @@ def summarize(values: list[float], name: str) -> dict[str, float | None]:
 
 def parse_slo(text: str | None) -> dict[str, float]:
     """`ttft=500,tpot=50[,e2el=...]` in milliseconds."""
-    if not text:
-        return {}
-    out = {}
-    for part in text.split(","):
-        key, sep, val = part.partition("=")
-        key = key.strip()
-        if not sep or key not in SLO_KEYS:
-            raise UsageError(f"--slo takes {'/'.join(SLO_KEYS)}=MS pairs, e.g. ttft=500,tpot=50; got {part!r}")
-        try:
-            ms = float(val)
-        except ValueError:
-            raise UsageError(f"--slo {key} must be a number of milliseconds, got {val!r}") from None
-        if not ms > 0:
-            raise UsageError(f"--slo {key} must be positive, got {val}")
-        out[key] = ms
-    return out
+    return parse_positive_pairs(text, "--slo", "ms", "ttft=500,tpot=50", SLO_KEYS)
 
 
 def _peaks(ok: list[RequestResult]) -> tuple[float | None, int | None]:

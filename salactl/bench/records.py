@@ -12,7 +12,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import os
 import secrets
 import time
@@ -20,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from salactl.bench.requests import RequestResult
+from salactl.output import jsonable
 
 SCHEMA_VERSION = 1
 RECORDS_NAME = "records.jsonl"
@@ -29,17 +29,6 @@ DETAIL_COLUMNS = ("run_id", "phase", "request_id", "input_len", "expected_output
 
 def new_run_id() -> str:
     return datetime.now().strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(2)
-
-
-def jsonable(v):
-    """inf/nan are not JSON: store them as strings ("inf"), recursively."""
-    if isinstance(v, float) and (math.isinf(v) or math.isnan(v)):
-        return str(v)
-    if isinstance(v, dict):
-        return {k: jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [jsonable(x) for x in v]
-    return v
 
 
 def make_record(kind: str, run_id: str, label: str | None, profile: str, phase: str, target: str,

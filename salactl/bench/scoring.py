@@ -6,29 +6,14 @@ durations (the best player's) are unknown, so the user gives them."""
 
 from __future__ import annotations
 
-import math
 
+from salactl.bench.pairs import parse_positive_pairs
 from salactl.errors import UsageError
 
 
 def parse_reference(text: str | None) -> dict[str, float]:
     """`S1=426.1,S8=620.7,Smax=1169.8` (seconds)."""
-    if not text:
-        return {}
-    out = {}
-    for part in text.split(","):
-        key, sep, val = part.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise UsageError(f"--reference takes PHASE=SECONDS pairs, e.g. S1=400,S8=600,Smax=1100; got {part!r}")
-        try:
-            sec = float(val)
-        except ValueError:
-            raise UsageError(f"--reference {key} must be a number of seconds, got {val!r}") from None
-        if not sec > 0 or math.isinf(sec):
-            raise UsageError(f"--reference {key} must be a positive duration, got {val}")
-        out[key] = sec
-    return out
+    return parse_positive_pairs(text, "--reference", "seconds", "S1=400,S8=600,Smax=1100")
 
 
 def accuracy_coefficient(accuracy: float | None) -> float:
