@@ -16,6 +16,7 @@ from salactl.quant.packing import num_groups, symmetric_qzeros_word
 from salactl.runtime.checkpoint import expected_tensor_shapes, load_state_dict, tensor_files
 from salactl.runtime.config import SalaConfig
 from salactl.runtime.layers.model import SalaForCausalLM
+from salactl.runtime.loader import meta_model
 
 QUANT_SUFFIXES = (".qweight", ".qzeros", ".scales", ".g_idx")
 KV_SCALE_SUFFIXES = (".k_scale", ".v_scale")
@@ -116,21 +117,20 @@ def load_gptq_model(path: Path, config: SalaConfig, quant_cfg: dict, device, dty
     if orphans:
         raise CheckpointError(f"checkpoint has GPTQ tensor {orphans[0]} for a module this architecture "
                               "does not quantize (or lacks its .qweight)")
-    with torch.device("meta"):
-        model = SalaForCausalLM(config)
+    model = meta_model(config)
     for prefix, (n, k) in quantized.items():
         t = _load_quantized(files, prefix, n, k, spec)
         _set_module(model, prefix, W4A16Linear.from_gptq(t["qweight"], t["scales"], t.get("g_idx"), spec["bits"],
                                                          spec["group_size"], device, dtype, prefix))
     model.load_state_dict(state, strict=False, assign=True)
-    _attach_kv_scales(model, config, files, device)
+    attach_kv_scales(model, config, files, device)
     left = [n for n, p in list(model.named_parameters()) + list(model.named_buffers()) if p.is_meta]
     if left:
         raise CheckpointError(f"checkpoint {path} left {left[0]} unset")
     return model.eval().requires_grad_(False)
 
 
-def _attach_kv_scales(model, config: SalaConfig, files, device) -> None:
+def attach_kv_scales(model, config: SalaConfig, files, device) -> None:
     names = [n for n in files if n.endswith(KV_SCALE_SUFFIXES)]
     valid = {f"model.layers.{i}.self_attn{s}" for i in config.sparse_layers for s in KV_SCALE_SUFFIXES}
     bad = sorted(set(names) - valid)

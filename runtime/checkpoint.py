@@ -154,6 +154,7 @@ def save_checkpoint(state: dict[str, torch.Tensor], config_dict: dict, out_dir: 
         (tmp / "config.json").write_text(json.dumps(config_dict, indent=2) + "\n")
         for fname, src in (extra_files or {}).items():
             shutil.copyfile(src, tmp / fname)
+        os.chmod(tmp, 0o755)                     # mkdtemp makes it 0700
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)

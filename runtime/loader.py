@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from salactl.errors import CheckpointError, ConfigError, DeviceError
-from salactl.runtime.checkpoint import expected_tensor_shapes, load_state_dict, random_state_dict
+from salactl.runtime.checkpoint import (expected_tensor_shapes, load_state_dict, random_state_dict,
+                                        tensor_files)
 from salactl.runtime.config import SalaConfig
 from salactl.runtime.layers.model import SalaForCausalLM
 from salactl.runtime.presets import PRESETS, preset
@@ -69,9 +70,14 @@ def _skip_param_init():
             setattr(nn.init, n, f)
 
 
-def build_model(config: SalaConfig, state: dict[str, torch.Tensor]) -> SalaForCausalLM:
+def meta_model(config: SalaConfig) -> SalaForCausalLM:
+    """The module tree with every tensor on the meta device, to be filled by load_state_dict(assign=True)."""
     with torch.device("meta"), _skip_param_init():
-        model = SalaForCausalLM(config)
+        return SalaForCausalLM(config)
+
+
+def build_model(config: SalaConfig, state: dict[str, torch.Tensor]) -> SalaForCausalLM:
+    model = meta_model(config)
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval().requires_grad_(False)
 
@@ -109,8 +115,12 @@ def load_model(model: str | None, device=None, dtype: str | None = None,
         from salactl.quant.loading import load_gptq_model
 
         return LoadedModel(load_gptq_model(path, config, quant, dev, dt), config, path, str(path))
-    state = load_state_dict(path, expected_tensor_shapes(config), dev, dt)
-    return LoadedModel(build_model(config, state), config, path, str(path))
+    from salactl.quant.loading import KV_SCALE_SUFFIXES, attach_kv_scales
+
+    state = load_state_dict(path, expected_tensor_shapes(config), dev, dt, allow_extra=KV_SCALE_SUFFIXES)
+    model = build_model(config, state)
+    attach_kv_scales(model, config, tensor_files(path), dev)
+    return LoadedModel(model, config, path, str(path))
 
 
 def _quantization_config(path: Path) -> dict | None:

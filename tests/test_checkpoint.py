@@ -124,3 +124,22 @@ def test_bad_config_one_line_errors(edit, msg):
 def test_unknown_preset():
     with pytest.raises(ConfigError, match="valid presets: sala-9b, sala-nano"):
         preset("sala-7b")
+
+
+def test_plain_checkpoint_carries_fp8_kv_scales(tmp_path):
+    from salactl.runtime.kv_fp8 import model_kv_scales
+
+    cfg = tiny_config()
+    state = random_state_dict(cfg, "cpu", torch.float32, 0)
+    layer = cfg.sparse_layers[-1]
+    state[f"model.layers.{layer}.self_attn.k_scale"] = torch.tensor([0.02, 0.03])
+    state[f"model.layers.{layer}.self_attn.v_scale"] = torch.tensor(0.05)
+    path = save_checkpoint(state, cfg.to_hf_dict(), tmp_path / "ckpt")
+    assert oct(path.stat().st_mode & 0o777) == "0o755"
+    scales = model_kv_scales(load_model(str(path), "cpu", "float32").model)
+    assert set(scales) == {layer} and torch.equal(scales[layer][0], torch.tensor([0.02, 0.03]))
+
+    state[f"model.layers.{cfg.lightning_layers[0]}.self_attn.k_scale"] = torch.tensor(0.1)
+    bad = save_checkpoint(state, cfg.to_hf_dict(), tmp_path / "bad")
+    with pytest.raises(CheckpointError, match="not under a minicpm4"):
+        load_model(str(bad), "cpu", "float32")
