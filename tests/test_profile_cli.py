@@ -39,7 +39,8 @@ def in_process(monkeypatch, capsys, *args):
 def test_torch_mode_on_cpu_both_phases(tmp_path, capsys):
     out = tmp_path / "prof"
     p = salactl("profile", "--torch", "--model", "sala-nano", "--random-weights", "--phase", "both",
-                "--context", "96", "--chunk-size", "32", "--device", "cpu", "--out", str(out), "--json")
+                "--context", "96", "--chunk-size", "32", "--device", "cpu", "--dtype", "bfloat16",
+                "--out", str(out), "--json")
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
     assert d["mode"] == "torch"
