@@ -43,11 +43,15 @@ def run(
                                                 "calibrated scales) or fp8_e5m2.")] = "bf16",
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the ChatML template.")] = False,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos")] = False,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Append prefill/decode records to DIR/records.jsonl.")] = None,
+    label: Annotated[Optional[str], typer.Option("--label", help="A name for this run in the records.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Generate text with the embedded runtime; print TTFT, tok/s and a roofline table."""
     from salactl.run_job import RunRequest, execute
 
+    if out is not None and out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; give a directory for records.jsonl")
     given = [x is not None for x in (prompt, prompt_ids, prompt_file)]
     if sum(given) != 1:
         raise UsageError("give exactly one of --prompt, --prompt-ids or --prompt-file")
@@ -63,6 +67,13 @@ def run(
                      kv_cache_dtype=kv_cache_dtype)
     stream = None if json_out else (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
     result = execute(req, stream)
+    if out is not None:
+        from salactl.bench.records import RECORDS_NAME, RecordWriter
+        from salactl.run_job import run_records
+
+        writer = RecordWriter(out / RECORDS_NAME)
+        for record in run_records(result, req, label):
+            writer.append(record)
     if json_out:
         output.print_json(result)
         return

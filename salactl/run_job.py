@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+
+import torch
 
 from salactl.errors import UsageError
 from salactl.runtime.engine import Engine
@@ -75,6 +77,7 @@ def execute(req: RunRequest, stream=None) -> dict:
     on_token = (lambda t: stream(decoder.push(t))) if decoder else None
     res = generate(ids, params, eos_ids=eos, on_token=on_token)
 
+    peak_memory = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     peaks = peaks_for(device)
     linears = linear_costs(lm.model)
     act_bytes = lm.model.model.embed_tokens.weight.element_size()
@@ -103,9 +106,37 @@ def execute(req: RunRequest, stream=None) -> dict:
         "decode_tok_s": res.decode.tokens / res.decode.seconds if res.decode.seconds else None,
         "roofline": roof,
         "peaks": peaks.to_dict(),
+        "peak_memory_bytes": peak_memory,
         "sampling": {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
                      "seed": req.seed, "max_new_tokens": req.max_new_tokens},
         "chunk_size": req.chunk_size,
         "kv_cache_dtype": req.kv_cache_dtype,
         "env": environment(),
     }
+
+
+def run_records(result: dict, req: RunRequest, label: str | None) -> list[dict]:
+    """The run as two flat records (prefill, decode) in the bench schema, so `salactl report`
+    renders runs next to bench/sweep records. Metric names follow SGLang's where one applies."""
+    from salactl.bench.records import make_record, new_run_id
+
+    run_id = new_run_id()
+    n_in, n_out = len(result["prompt_token_ids"]), len(result["output_token_ids"])
+    knobs = {k: v for k, v in asdict(req).items() if k not in ("prompt", "prompt_ids")}
+    knobs["dtype"] = result["dtype"]
+    common = dict(completed=1, failed=0, total_input_tokens=n_in, total_output_tokens=n_out,
+                  peak_memory_bytes=result["peak_memory_bytes"])
+    ttft_ms = result["ttft_s"] * 1e3
+    tpot_ms = 1e3 / result["decode_tok_s"] if result["decode_tok_s"] else None
+
+    def floor(phase):
+        rows = result["roofline"][phase]
+        return {"floor_s": rows[-1]["floor_s"], "time_over_floor": (rows[-1]["time_s"] or 0) / rows[-1]["floor_s"]} \
+            if rows else {}
+
+    prefill = dict(common, duration=result["ttft_s"], mean_ttft_ms=ttft_ms, median_ttft_ms=ttft_ms,
+                   input_throughput=result["prefill_tok_s"], **floor("prefill"))
+    decode = dict(common, mean_tpot_ms=tpot_ms, median_tpot_ms=tpot_ms,
+                  output_throughput=result["decode_tok_s"], **floor("decode"))
+    return [make_record("run", run_id, label, "run", phase, "embedded", result["model"], metrics, knobs,
+                        result["env"]) for phase, metrics in (("prefill", prefill), ("decode", decode))]

@@ -114,3 +114,22 @@ def test_chat_template_wraps_prompt(ckpt):
     tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
     ids = json.loads(r.stdout)["prompt_token_ids"]
     assert ids[1] == tok.token_to_id("<|im_start|>") and tok.token_to_id("<|im_end|>") in ids
+
+
+def test_run_records_render_in_latency_report(ckpt, tmp_path):
+    runs = tmp_path / "runs"
+    for label in ("first", "second"):
+        r = salactl("run", "--model", str(ckpt), "--prompt-ids", "1,5,9", "-n", "3", "--device", "cpu",
+                    "--out", str(runs), "--label", label, "--json")
+        assert r.returncode == 0, r.stderr
+    records = [json.loads(line) for line in (runs / "records.jsonl").read_text().splitlines()]
+    assert [(x["label"], x["phase"]) for x in records] == [
+        ("first", "prefill"), ("first", "decode"), ("second", "prefill"), ("second", "decode")]
+    assert records[0]["kind"] == "run" and records[0]["total_input_tokens"] == 3
+    assert records[1]["output_throughput"] > 0 and records[1]["env"]["torch"]
+    r = salactl("report", "latency", str(runs / "records.jsonl"), "--out", str(tmp_path / "rep"))
+    assert r.returncode == 0, r.stderr
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "first" in md and "second" in md and "decode" in md
+    r = salactl("run", "--model", str(ckpt), "--prompt-ids", "1", "--out", str(runs / "records.jsonl"))
+    assert r.returncode == 2 and "is a file" in r.stderr
