@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from salactl.reports.records import IDENTITY, group_by_label, label_of, present_metrics
+from salactl.reports.records import IDENTITY, group_by_label, present_metrics
 
 IDENTITY_COLUMNS = ("label", "kind", "profile", "phase", "target", "model", "run_id")
 
@@ -102,6 +102,3 @@ def _comparison(groups: dict[str, list[dict]], phases: list[str], metrics: list[
             out.append({"phase": phase, "metric": m, "values": vals, "relative": rel})
     return out
 
-
-def label_order(records: list[dict]) -> list[str]:
-    return list(dict.fromkeys(label_of(r) for r in records))

@@ -30,7 +30,6 @@ WEIGHT_DTYPES = ("bf16", "w4a16")
 COMPRESSED_KEY_MODES = ("k1", "k1k2")
 K2_FACTOR = 4                       # K2 kernel and stride are 4x K1's (hard-coded in HF/SGLang)
 CUDA_CONTEXT_ESTIMATE = 512 << 20   # driver + cuBLAS/cuDNN handles + allocator slack (estimate)
-GIB = 1 << 30
 
 # Datasheet memory capacity in GB (10^9 bytes), keyed like runtime/peaks.py DATASHEET names.
 GPU_MEMORY_GB = {

@@ -57,10 +57,6 @@ class PoolPlan:
 
     block_size: int = 64
 
-    @property
-    def capacity_tokens(self) -> int:
-        return self.pages * self.block_size
-
     def total_bytes(self) -> int:
         return (self.pages + 1) * self.page_bytes + (self.slots + 1) * self.slot_bytes
 
@@ -141,7 +137,3 @@ class CachePools:
         row = torch.full((self.plan.max_pages_per_seq,), self.trash_page, dtype=torch.int32)
         row[:len(pages)] = torch.tensor(pages, dtype=torch.int32)
         self.page_table[slot].copy_(row.to(self.page_table.device))
-
-    def reset_slot(self, slot: int) -> None:
-        self.state[:, slot].zero_()
-        self.page_table[slot].fill_(self.trash_page)

@@ -26,7 +26,6 @@ from salactl.bench.requests import RequestResult
 from salactl.bench.pairs import parse_positive_pairs
 
 STATS = ("mean", "median", "std", "p90", "p95", "p99")
-LATENCIES = ("ttft", "tpot", "itl", "e2e_latency")
 SLO_KEYS = ("ttft", "tpot", "e2el")
 
 

@@ -18,11 +18,6 @@ class BenchRequest:
     prompt_text: str | None = None
     source_line: int | None = None      # line number in the dataset file, for messages
 
-    def with_output_len(self, n: int) -> "BenchRequest":
-        return BenchRequest(self.request_id, self.input_len, n, self.prompt_ids, self.prompt_text,
-                            self.source_line)
-
-
 @dataclass
 class RequestResult:
     """Client-side timestamps of one request, as SGLang's `RequestFuncOutput` keeps them:

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 from salactl.errors import ConfigError, UsageError
 
-SPARSE_KNOBS = {"dense_len": "dense_len", "topk": "topk", "window": "window_size", "block": "block_size"}
 KV_DTYPES = ("bf16", "fp8_e5m2", "fp8_e4m3")
 WEIGHT_DTYPES = ("bf16", "fp16", "fp32", "w4a16")
 LABEL_ABBR = {"dense_len": "dl", "topk": "tk", "window": "w", "block": "b", "chunk_size": "cs",

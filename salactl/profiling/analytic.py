@@ -10,10 +10,6 @@ from salactl.runtime.roofline import OP_CLASSES, LinearCost, call_costs, linear_
 LM_HEAD, EMBED_NORM = "lm_head", "embed_norm"
 
 
-def _as_dict(costs) -> dict[str, dict]:
-    return {op: {"bytes": costs[op].bytes, "flops": costs[op].flops} for op in OP_CLASSES}
-
-
 def _zero() -> dict[str, dict]:
     return {op: {"bytes": 0.0, "flops": 0.0} for op in OP_CLASSES}
 
