@@ -71,10 +71,13 @@ class Engine:
         batch.commit()
         return logits
 
-    def prefill(self, seq: SequenceCache, prompt: list[int], timer=NULL_TIMER, all_logits=False):
+    def prefill(self, seq: SequenceCache, prompt: list[int], timer=NULL_TIMER, all_logits=False,
+                progress: Callable[[int, int], None] | None = None):
         outs = []
         for c0 in range(0, len(prompt), self.chunk_size):
             outs.append(self.forward(seq, prompt[c0:c0 + self.chunk_size], timer, all_logits))
+            if progress:
+                progress(min(c0 + self.chunk_size, len(prompt)), len(prompt))
         return torch.cat(outs) if all_logits else outs[-1]
 
     def stream(self, prompt: list[int], params: SamplingParams,
@@ -84,14 +87,15 @@ class Engine:
         yield from self._generate(prompt, params, eos_ids, result.append)
 
     def generate(self, prompt: list[int], params: SamplingParams, eos_ids: tuple[int, ...] = (),
-                 on_token: Callable[[int], None] | None = None) -> GenerationResult:
+                 on_token: Callable[[int], None] | None = None,
+                 prefill_progress: Callable[[int, int], None] | None = None) -> GenerationResult:
         box: list[GenerationResult] = []
-        for tok in self._generate(prompt, params, eos_ids, box.append):
+        for tok in self._generate(prompt, params, eos_ids, box.append, prefill_progress):
             if on_token:
                 on_token(tok)
         return box[0]
 
-    def _generate(self, prompt, params, eos_ids, deliver):
+    def _generate(self, prompt, params, eos_ids, deliver, prefill_progress=None):
         if not prompt:
             raise UsageError("the prompt is empty; give at least one token")
         vocab = self.config.vocab_size
@@ -107,7 +111,7 @@ class Engine:
         timer = OpTimer(self.device) if self.time_ops else NULL_TIMER
         _sync(self.device)
         t0 = time.perf_counter()
-        logits = self.prefill(seq, prompt, timer)
+        logits = self.prefill(seq, prompt, timer, progress=prefill_progress)
         out: list[int] = []
         finish = "length"
         if params.max_new_tokens > 0:

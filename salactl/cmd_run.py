@@ -66,7 +66,7 @@ def run(
                      top_p=top_p, top_k=top_k, chunk_size=chunk_size, chat=chat, ignore_eos=ignore_eos,
                      kv_cache_dtype=kv_cache_dtype)
     stream = None if json_out else (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
-    result = execute(req, stream)
+    result = execute(req, stream, None if json_out else output.PrefillProgress())
     if out is not None:
         from salactl.bench.records import RECORDS_NAME, RecordWriter
         from salactl.run_job import run_records

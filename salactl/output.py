@@ -57,3 +57,27 @@ def human_bytes(n: float) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
     return str(n)
+
+
+class PrefillProgress:
+    """A transient prefill bar on stderr, shown only on a terminal and only while a multi-chunk
+    prompt is being prefilled (it is gone before generated text streams to stdout)."""
+
+    def __init__(self):
+        self._bar = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if not stderr.is_terminal:
+            return
+        if self._bar is None:
+            if done >= total:
+                return
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._bar = Progress(TextColumn("prefill tokens"), BarColumn(), MofNCompleteColumn(),
+                                 TimeRemainingColumn(), console=stderr, transient=True)
+            self._task = self._bar.add_task("prefill", total=total)
+            self._bar.start()
+        self._bar.update(self._task, completed=done)
+        if done >= total:
+            self._bar.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import partial
 
 import torch
 
@@ -34,7 +35,7 @@ class RunRequest:
     kv_cache_dtype: str = "bf16"
 
 
-def execute(req: RunRequest, stream=None) -> dict:
+def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
     from salactl.env import environment
     from salactl.runtime.tokenizer import StreamDecoder, find_tokenizer
 
@@ -71,7 +72,7 @@ def execute(req: RunRequest, stream=None) -> dict:
     else:
         engine = Engine(lm.model, device, chunk_size=req.chunk_size, time_ops=True,
                         kv_cache_dtype=req.kv_cache_dtype)
-        generate = engine.generate
+        generate = partial(engine.generate, prefill_progress=prefill_progress)
     eos = tuple(lm.config.eos_token_id) + (tok.eos_ids if tok else ())
     decoder = StreamDecoder(tok) if (tok and stream) else None
     on_token = (lambda t: stream(decoder.push(t))) if decoder else None

@@ -77,3 +77,10 @@ def test_bf16_model_runs_and_stays_close_to_fp32():
     a = full_logits(m32, ids, 32)
     b = full_logits(m16, ids, 32)
     assert torch.isfinite(b).all() and rel_err(b, a) < 5e-2
+
+
+def test_prefill_progress_reports_each_chunk(model):
+    seen = []
+    Engine(model, "cpu", chunk_size=64).generate(prompt(150), SamplingParams(max_new_tokens=1),
+                                                  prefill_progress=lambda d, t: seen.append((d, t)))
+    assert seen == [(64, 150), (128, 150), (150, 150)]
