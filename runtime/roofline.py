@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import torch
 from torch import nn
 
 from salactl.runtime.config import SalaConfig
@@ -74,17 +75,13 @@ def call_costs(config: SalaConfig, linears: dict[str, LinearCost], rows: list[tu
     n_sparse = len(config.sparse_layers)
     for n, ctx in rows:
         total = ctx + n
-        attended = 0
-        sparse_keys = 0
-        k1_visible = 0
-        for t in range(ctx, total):
-            if t + 1 < sc.dense_len:
-                attended += t + 1
-            else:
-                a = min(t + 1, sc.selected_blocks * sc.block_size)
-                attended += a
-                sparse_keys = max(sparse_keys, a)
-                k1_visible += num_windows(t + 1, sc)
+        keys = torch.arange(ctx + 1, total + 1, dtype=torch.int64)    # keys visible to each query
+        sparse = keys >= sc.dense_len
+        per_query = torch.where(sparse, keys.clamp(max=sc.selected_blocks * sc.block_size), keys)
+        attended = int(per_query.sum())
+        sparse_keys = int(per_query[sparse].max()) if bool(sparse.any()) else 0
+        windows = ((keys - sc.kernel_size).div(sc.kernel_stride, rounding_mode="floor") + 1).clamp(min=0)
+        k1_visible = int(windows[sparse].sum())
         # A decode query in sparse mode reads only its selected blocks; a prefill chunk's union
         # of selections is bounded by the whole context, which is what we count.
         kv_read_tokens = sparse_keys if (n == 1 and sparse_keys) else total
