@@ -30,6 +30,8 @@ def profile(
                                                 "fp8_e5m2.")] = "auto",
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
+    backend: Annotated[str, typer.Option("--backend", help="engine (the GPU engine: fused model, "
+                       "paged caches), reference (plain PyTorch) or auto (engine on CUDA).")] = "auto",
     ncu: Annotated[bool, typer.Option("--ncu", help="Nsight Compute hardware counters.")] = False,
     torch_mode: Annotated[bool, typer.Option("--torch", help="torch.profiler (no counters; "
                                              "default without ncu or GPU).")] = False,
@@ -65,7 +67,7 @@ def profile(
         spec = ProfileSpec(model=model, random_weights=random_weights, seed=seed, phases=phases,
                            batch=batch, context=context, chunk_size=chunk_size, weights=weights,
                            kv_cache_dtype=kv_cache_dtype, device=device, dtype=dtype, warmup=warmup,
-                           layers=layer_ids, lm_head=head)
+                           layers=layer_ids, lm_head=head, backend=backend)
         if launch_skip < 0 or (launch_count is not None and launch_count <= 0):
             raise UsageError("--launch-skip must be >= 0 and --launch-count positive")
         mode = "ncu" if ncu else "torch" if torch_mode else "auto"
@@ -90,7 +92,8 @@ def _gap(v):
 def render(r: dict) -> None:
     m, p = r["manifest"], r["peaks"]
     output.stdout.print(
-        f"{r['mode']} profile of {m['source']} on {m['device_name']} ({m['dtype']}, KV {m['kv_dtype']}); "
+        f"{r['mode']} profile of {m['source']} ({m.get('backend', 'reference')} backend) on {m['device_name']} "
+        f"({m['dtype']}, KV {m['kv_dtype']}); "
         f"ceilings {p['mem_gbps']:.0f} GB/s, {p['bf16_tflops']:.0f} TFLOP/s ({p['source']}); "
         f"{r['kernel_count']} kernels")
     counted = "DRAM" if r["mode"] == "ncu" else "analytic"

@@ -81,3 +81,31 @@ def test_continuous_batching_equals_one_at_a_time():
         alone = engine.generate([(p, prm)])[0]
         assert len(b.output_token_ids) == prm.max_new_tokens
         assert b.output_token_ids == alone.output_token_ids
+
+
+@pytest.mark.parametrize("phase", ["decode", "prefill"])
+def test_profile_engine_workload_matches_reference_engine(phase):
+    """`salactl profile --backend engine`: the profiled step (GPU engine over a really prefilled
+    cache) gives the reference Engine's logits for the same tokens."""
+    import copy
+
+    from salactl.profiling.engine_workload import build_engine_workload
+    from salactl.profiling.spec import ProfileSpec
+    from salactl.profiling.workload import Workload
+    from salactl.runtime.backend_reference import ReferenceBackend
+    from salactl.runtime.engine import Engine
+
+    model = _micro_model()
+    cfg = model.config
+    ref = Engine(copy.deepcopy(model), "cpu", chunk_size=24)
+    spec = ProfileSpec(model="micro", phases=(phase,), context=58, chunk_size=16, backend="engine")
+    w = Workload(spec, model, cfg, torch.device("cpu"), torch.float32, 4, "micro", ReferenceBackend(cfg), {})
+    ew = build_engine_workload(w)
+    new, cached = spec.step_rows(phase)
+    prefix = torch.randint(0, cfg.vocab_size, (cached,), generator=torch.Generator().manual_seed(spec.seed)).tolist()
+    _, segments, _ = prepared = ew.prepare(phase)
+    got = ew.forward(prepared)[-1]
+    seq = ref.new_sequence()
+    ref.prefill(seq, prefix)
+    want = ref.prefill(seq, segments[0][1])[-1]
+    assert (got - want).norm() / want.norm() < 1e-4

@@ -12,6 +12,7 @@ from salactl.errors import UsageError
 PHASES = ("prefill", "decode")
 WEIGHTS = ("bf16", "w4a16")
 KV_DTYPES = ("auto", "bf16", "fp8_e4m3", "fp8_e5m2")
+BACKENDS = ("auto", "engine", "reference")
 
 
 def parse_layers(text: str | None) -> tuple[tuple[int, ...] | None, bool]:
@@ -46,6 +47,7 @@ class ProfileSpec:
     warmup: int = 1
     layers: tuple[int, ...] | None = None   # profile only these decoder layers (None: whole step)
     lm_head: bool = True                     # with `layers`: also the lm_head
+    backend: str = "auto"        # engine (GPU engine), reference (plain PyTorch), auto: engine on CUDA
 
     def __post_init__(self) -> None:
         bad = [p for p in self.phases if p not in PHASES]
@@ -62,6 +64,8 @@ class ProfileSpec:
         if self.kv_cache_dtype not in KV_DTYPES:
             raise UsageError(f"unknown --kv-cache-dtype {self.kv_cache_dtype!r}; valid: "
                              f"{', '.join(KV_DTYPES)}")
+        if self.backend not in BACKENDS:
+            raise UsageError(f"unknown --backend {self.backend!r}; valid: {', '.join(BACKENDS)}")
         if self.warmup < 0:
             raise UsageError(f"--warmup must be >= 0, got {self.warmup}")
         if self.layers is not None and ((not self.layers and not self.lm_head)

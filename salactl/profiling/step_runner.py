@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from salactl.profiling.ranges import RangeTimer, add_layer_ranges, make_ranges
+from salactl.profiling.ranges import RangeTimer, make_ranges
 from salactl.profiling.spec import ProfileSpec
 from salactl.profiling.workload import Workload, build
 
@@ -36,7 +36,7 @@ def run_phases(w: Workload, range_kind: str) -> dict[str, float]:
             w.step(phase)
         prepared = w.prepare(phase, timer)
         _sync(w.device)
-        handles = add_layer_ranges(w.model, ranges)
+        handles = w.layer_ranges(ranges)
         try:
             t0 = time.perf_counter()
             ranges.push(phase)
@@ -71,6 +71,7 @@ def describe(w: Workload, step_seconds: dict[str, float]) -> dict:
         "dtype": str(w.dtype).replace("torch.", ""),
         "kv_dtype": w.spec.kv_cache_dtype if w.kv_bytes == 1 else str(w.dtype).replace("torch.", ""),
         "weights": w.spec.weights,
+        "backend": w.backend_name,
         "config": w.config.to_hf_dict(),
         "steps": steps,
         "peak_memory_bytes": peak_mem,

@@ -12,6 +12,7 @@ import torch
 
 from salactl.errors import ConfigError, UsageError
 from salactl.profiling.analytic import scoped_costs, sum_scopes
+from salactl.profiling.ranges import add_layer_ranges
 from salactl.profiling.spec import ProfileSpec
 from salactl.runtime.backend_reference import ReferenceBackend
 from salactl.runtime.batch import ForwardBatch
@@ -48,6 +49,11 @@ class Workload:
     source: str
     backend: object
     seqs: dict
+
+    backend_name = "reference"
+
+    def layer_ranges(self, ranges) -> list:
+        return add_layer_ranges(self.model, ranges)
 
     def prepare(self, phase: str, timer=NULL_TIMER):
         """Token ids and the ForwardBatch of one step (kept out of the profiled range)."""
@@ -116,8 +122,23 @@ def build(spec: ProfileSpec) -> Workload:
     dtype = model.model.embed_tokens.weight.dtype
     cache_kw = _cache_kwargs(spec, model, config, device)
     kv_bytes = 1 if cache_kw else torch.finfo(dtype).bits // 8
-    seqs = {}
+    w = Workload(spec, model, config, device, dtype, kv_bytes, lm.source, ReferenceBackend(config), {})
+    if _use_engine(spec, device):
+        from salactl.profiling.engine_workload import build_engine_workload
+
+        return build_engine_workload(w)
     for phase in spec.phases:
         new, cached = spec.step_rows(phase)
-        seqs[phase] = _sequences(config, device, dtype, spec.batch, cached, new, spec.seed, cache_kw)
-    return Workload(spec, model, config, device, dtype, kv_bytes, lm.source, ReferenceBackend(config), seqs)
+        w.seqs[phase] = _sequences(config, device, dtype, spec.batch, cached, new, spec.seed, cache_kw)
+    return w
+
+
+def _use_engine(spec: ProfileSpec, device) -> bool:
+    """--backend engine (or auto on CUDA with Triton): the GPU engine runs the profiled step."""
+    from salactl.runtime.gpu.available import gpu_engine_available
+
+    usable = gpu_engine_available(device)
+    if spec.backend == "engine" and not usable:
+        raise UsageError("--backend engine needs a CUDA GPU and triton (pip install 'salactl[gpu]'); "
+                         "use --backend reference")
+    return spec.backend != "reference" and usable

@@ -1,0 +1,224 @@
+"""Issue 5 end to end on one GPU: W4A16 decode through the GPU engine against bf16, FP8 vs bf16
+KV in dense decode attention at long context, and where a decode step's time goes (per-kernel
+breakdown of the CUDA-graph replay).
+
+    python benchmarks/quant_engine_bench.py [--out DIR] [--only check,fp8,decode]
+
+1. check: a sala-nano-shaped model quantized W4A16 (RTN g128) through the GPU engine (CUDA graph)
+   against the reference Engine on the same quantized weights (bf16, logits rel err);
+2. fp8: one layer's dense paged decode attention at 32K/128K context, bf16 vs fp8_e4m3 pages;
+3. decode: sala-9b random weights, b1/b8 at 4K: bf16 engine, then the same model quantized
+   W4A16 in memory (the modules a GPTQ checkpoint loads into); speedup of graph replays and a
+   torch.profiler table of the kernels inside one replay (GPU time per step by kernel).
+Results: OUT/gpu_bench.json, a short table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import gpu_engine_bench as G  # noqa: E402
+
+RESULTS = G.RESULTS
+
+
+def model_bytes(model) -> int:
+    """Parameters + buffers read per decode step (the embedding gathers one row)."""
+    seen, total = set(), 0
+    for n, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if "embed_tokens" in n or t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
+    return total
+
+
+@G.section("check")
+def check():
+    from salactl.profiling.weights import quantize_rtn_in_memory
+    from salactl.runtime.checkpoint import random_state_dict
+    from salactl.runtime.gpu import selfcheck as S
+    from salactl.runtime.loader import build_model
+    from salactl.runtime.presets import sala_nano
+
+    cfg = sala_nano(vocab_size=512)
+    rows = []
+    for graph in (False, True):
+        m = build_model(cfg, random_state_dict(cfg, "cuda", torch.bfloat16, 3))
+        m = quantize_rtn_in_memory(m, cfg)
+        rows += S.check_model(m, "cuda", 700, decode_steps=4, chunk=100, cuda_graph=graph, tol=3e-2)
+    for r in rows:
+        print(f"   {'ok  ' if r[1] <= r[2] else 'FAIL'} {r[0]:60s} {r[1]:.3e} (tol {r[2]:.0e})")
+    return {"passed": sum(r[1] <= r[2] for r in rows), "failed": sum(r[1] > r[2] for r in rows),
+            "rows": rows}
+
+
+@G.section("fp8")
+def fp8_attention(cfg):
+    from salactl.runtime.ops.decode_attention.triton import choose_splits, paged_attention
+
+    sc, hkv, hq, d = cfg.sparse_config, cfg.num_key_value_heads, cfg.num_attention_heads, cfg.head_dim
+    B = sc.block_size
+    out = {}
+    for ctx in (32768, 131072):
+        P = ctx // B
+        pt = torch.randperm(P, device="cuda").to(torch.int32)[None]
+        one = torch.zeros(1, dtype=torch.int32, device="cuda")
+        seq = torch.tensor([ctx], dtype=torch.int32, device="cuda")
+        q = torch.randn(1, hq, d, device="cuda", dtype=torch.bfloat16)
+        kp = torch.randn(P, hkv, B, d, device="cuda", dtype=torch.bfloat16)
+        vp = torch.randn_like(kp)
+        ref = paged_attention(q, kp, vp, pt, one, seq, num_splits=choose_splits(hkv, P))
+        row = {}
+        for name, dt in (("bf16", None), ("fp8_e4m3", torch.float8_e4m3fn)):
+            k, v = (kp, vp) if dt is None else (kp.to(dt), vp.to(dt))
+            kw = {} if dt is None else dict(k_scale=1.0, v_scale=1.0)
+            o = paged_attention(q, k, v, pt, one, seq, num_splits=choose_splits(hkv, P), **kw)
+            t = G.graph_time(lambda: paged_attention(q, k, v, pt, one, seq, num_splits=choose_splits(hkv, P), **kw))
+            kv_bytes = 2 * k.numel() * k.element_size()
+            row[name] = {"us": t * 1e6, "kv_mb": kv_bytes / 1e6, "gb_s": kv_bytes / t / 1e9,
+                         "rel_err": ((o.float() - ref.float()).norm() / ref.float().norm()).item()}
+        row["speedup"] = row["bf16"]["us"] / row["fp8_e4m3"]["us"]
+        out[f"ctx{ctx}"] = row
+        del kp, vp
+        torch.cuda.empty_cache()
+    return out
+
+
+def kernel_breakdown(graph, reps=5, top=14) -> dict:
+    """GPU time per replay by kernel name (torch.profiler sees the kernels inside a graph)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            graph.replay()
+        torch.cuda.synchronize()
+    per = defaultdict(lambda: [0.0, 0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per[e.name][0] += e.device_time / reps
+            per[e.name][1] += 1 / reps
+    total = sum(v[0] for v in per.values())
+    rows = sorted(per.items(), key=lambda kv: -kv[1][0])
+    return {"kernel_us_per_step": total, "kernels_per_step": round(sum(v[1] for v in per.values())),
+            "top": [(n[:70], round(v[0], 1), round(v[1])) for n, v in rows[:top]]}
+
+
+def engine_decode(model, ceil, label, weight_bytes):
+    from salactl.runtime.gpu.engine import GPUEngine
+
+    engine = GPUEngine(model, "cuda", max_running_requests=8, chunk_size=4096, max_context=8192)
+    engine.pools.k.normal_()
+    engine.pools.v.normal_()
+    engine.pools.state.normal_(std=0.01)
+    out = {}
+    for n in (1, 8):
+        syn = G.Synthetic(engine, n, 4096)
+        r = engine.runner
+        try:
+            for i in range(3):
+                r.decode(syn.rows(i))
+            graph, _ = r.graphs[(r.bucket(n), False)]
+            t = G.events_time(graph.replay, reps=30)
+            floor = (weight_bytes + G.decode_bytes(engine.config, model, n, 4096)
+                     - G.weight_bytes(model, n)) / (ceil * 1e12)
+            out[f"b{n}"] = {"replay_ms": t * 1e3, "tok_s": n / t, "floor_ms": floor * 1e3,
+                            "pct_of_floor": 100 * floor / t}
+            if n == 1:
+                out["b1"]["kernels"] = kernel_breakdown(graph)
+        finally:
+            syn.close()
+    del engine
+    gc.collect()
+    torch.cuda.empty_cache()
+    print(f"   {label}: {json.dumps(out)[:2000]}", flush=True)
+    return out
+
+
+@G.section("decode")
+def decode(ceil):
+    from salactl.profiling.weights import quantize_rtn_in_memory
+    from salactl.runtime.loader import load_model
+
+    lm = load_model("sala-9b", "cuda", "bf16", random_weights=True, seed=0)
+    model = lm.model
+    out = {"bf16": engine_decode(model, ceil, "bf16", model_bytes(model))}
+    t0 = time.perf_counter()
+    model = quantize_rtn_in_memory(model, lm.config)
+    out["quantize_in_memory_s"] = time.perf_counter() - t0
+    gc.collect()
+    torch.cuda.empty_cache()
+    out["w4a16"] = engine_decode(model, ceil, "w4a16", model_bytes(model))
+    for n in ("b1", "b8"):
+        if "replay_ms" in out["bf16"].get(n, {}) and "replay_ms" in out["w4a16"].get(n, {}):
+            out[f"speedup_{n}"] = out["bf16"][n]["replay_ms"] / out["w4a16"][n]["replay_ms"]
+    return out
+
+
+def table():
+    lines = ["", "| measurement | value | target |", "|---|---|---|"]
+    c = RESULTS.get("check", {})
+    if "passed" in c:
+        lines.append(f"| W4A16 engine vs reference (sala-nano shapes) | {c['passed']} ok, {c['failed']} failed | all ok |")
+    for k, r in RESULTS.get("fp8", {}).items():
+        if isinstance(r, dict) and "speedup" in r:
+            lines.append(f"| dense decode attention {k}: bf16 / fp8_e4m3 | {r['bf16']['us']:.1f} / "
+                         f"{r['fp8_e4m3']['us']:.1f} us = {r['speedup']:.2f}x (KV {r['bf16']['kv_mb']:.0f} -> "
+                         f"{r['fp8_e4m3']['kv_mb']:.0f} MB; {r['bf16']['gb_s']:.0f} / {r['fp8_e4m3']['gb_s']:.0f} GB/s) | >= 1.7x at 128K |")
+    d = RESULTS.get("decode", {})
+    for w in ("bf16", "w4a16"):
+        for n in ("b1", "b8"):
+            x = d.get(w, {}).get(n, {})
+            if "replay_ms" in x:
+                lines.append(f"| decode {w} {n} 4K | {x['tok_s']:.0f} tok/s ({x['replay_ms']:.2f} ms, "
+                             f"{x['pct_of_floor']:.0f}% of {x['floor_ms']:.2f} ms floor) | |")
+    for n in ("b1", "b8"):
+        if f"speedup_{n}" in d:
+            lines.append(f"| W4A16 / bf16 decode {n} | {d[f'speedup_{n}']:.2f}x | >= 2.6x (b1) |")
+    for name, r in RESULTS.items():
+        if isinstance(r, dict) and "error" in r:
+            lines.append(f"| {name} | ERROR {r['error'][:80]} | |")
+    print("\n".join(lines))
+    for w in ("bf16", "w4a16"):
+        k = d.get(w, {}).get("b1", {}).get("kernels")
+        if k:
+            print(f"\n{w} b1 4K: {k['kernels_per_step']} kernels, {k['kernel_us_per_step']:.0f} us GPU time per step")
+            for name, us, cnt in k["top"]:
+                print(f"  {us:8.1f} us  x{cnt:<4d} {name}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="check,fp8,decode")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    if args.out:
+        G.OUT = Path(args.out)
+    only = set(args.only.split(","))
+    c = G.ceilings()
+    ceil = c.get("copy_tb_s", 4.2)
+    if "check" in only:
+        check()
+    if "fp8" in only:
+        from salactl.runtime.presets import sala_9b
+        fp8_attention(sala_9b())
+    if "decode" in only:
+        decode(ceil)
+    G.save()
+    table()
+
+
+if __name__ == "__main__":
+    main()

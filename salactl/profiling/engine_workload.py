@@ -1,0 +1,73 @@
+"""The profiled step run by the GPU engine (fused model, paged caches, Triton kernels) instead of
+the reference backend: what `salactl run` and `bench` execute on CUDA, with ~10x fewer kernels
+than the eager reference step (so a whole 9B decode step fits an Nsight Compute session).
+
+The cache is real: the `context` tokens (random ids) are prefilled through the engine before
+any profiled step. Each profiled step is run eagerly (no CUDA graph, so the NVTX op ranges
+hold); it is not committed, so warm-up and profiled steps do the same work. Decoder-layer ranges
+open at the attention block and close after the MLP (the fused forward calls those two modules,
+not the layer module)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from salactl.profiling.ranges import LAYER_PREFIX
+from salactl.profiling.workload import Workload
+from salactl.runtime.op_timer import NULL_TIMER
+
+
+@dataclass
+class EngineWorkload(Workload):
+    engine: object = None
+    slots: tuple = ()
+
+    def prepare(self, phase: str, timer=NULL_TIMER):
+        new, cached = self.spec.step_rows(phase)
+        gen = torch.Generator().manual_seed(self.spec.seed + 1)
+        ids = torch.randint(0, self.config.vocab_size, (len(self.slots), new), generator=gen).tolist()
+        return phase, [(s, toks, cached) for s, toks in zip(self.slots, ids)], timer
+
+    @torch.inference_mode()
+    def forward(self, prepared) -> torch.Tensor:
+        phase, segments, timer = prepared
+        runner = self.engine.runner
+        if phase == "decode":
+            return runner.decode([(s, toks[0], p) for s, toks, p in segments], timer)
+        return runner.prefill(segments, timer)
+
+    def layer_ranges(self, ranges) -> list:
+        handles = []
+        for i, layer in enumerate(self.model.model.layers):
+            name = f"{LAYER_PREFIX}{i}"
+            handles.append(layer.self_attn.register_forward_pre_hook(lambda m, a, n=name: ranges.push(n)))
+            handles.append(layer.mlp.register_forward_hook(lambda m, a, o: ranges.pop()))
+        return handles
+
+
+def build_engine_workload(w: Workload) -> EngineWorkload:
+    """Same model and spec as the reference workload `w`; caches filled by real prefill."""
+    from salactl.runtime.gpu.engine import GPUEngine
+
+    spec, cfg = w.spec, w.config
+    prefix = max(spec.step_rows(p)[1] for p in spec.phases)
+    room = spec.context + max(spec.chunk_size, 1) + cfg.sparse_config.block_size
+    kv_dtype = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}.get(spec.kv_cache_dtype)
+    engine = GPUEngine(w.model, w.device, max_running_requests=spec.batch, cuda_graph=False,
+                       chunk_size=min(16384, max(prefix, spec.chunk_size)), kv_tokens=spec.batch * room,
+                       kv_dtype=kv_dtype, eos_ids=())
+    slots = engine.scheduler.slots.alloc(spec.batch)
+    B = cfg.sparse_config.block_size
+    gen = torch.Generator().manual_seed(spec.seed)
+    for s in slots:
+        engine.pools.assign_pages(s, engine.scheduler.pages.alloc(-(-room // B)))
+        engine.pools.state[:, s].zero_()
+        engine.backend.release_slot(s)
+        ids = torch.randint(0, cfg.vocab_size, (prefix,), generator=gen).tolist()
+        step = engine.scheduler.chunk_tokens
+        for p0 in range(0, prefix, step):
+            engine.runner.prefill([(s, ids[p0:p0 + step], p0)])
+    return EngineWorkload(spec, engine.model, cfg, w.device, w.dtype, w.kv_bytes, w.source, engine.backend,
+                          {}, engine=engine, slots=tuple(slots))
