@@ -117,3 +117,11 @@ def test_profile_import_joins_with_the_analytic_model(tmp_path):
     assert top["floor_s"] == pytest.approx((601686016 + 293792) / 4.8e12)
     assert top["achieved_gbps"] == pytest.approx((601686016 + 293792) / 140.25e-6 / 1e9)
     assert d["ops"][-1]["op"] == "total"
+
+
+def test_report_file_is_the_name_ncu_writes():
+    from pathlib import Path
+
+    from salactl.profiling.ncu_runner import report_file
+
+    assert report_file(Path("/x/.profile.tmp")) == Path("/x/.profile.tmp.ncu-rep")

@@ -102,6 +102,11 @@ def classify_failure(output: str, returncode: int) -> SalactlError:
     return ProfilerFailedError(f"ncu exited with code {returncode}: {tail[:300]}")
 
 
+def report_file(base: Path) -> Path:
+    """The file `ncu -o base` writes: base + ".ncu-rep" (appended, not a replaced suffix)."""
+    return base.with_name(base.name + ".ncu-rep")
+
+
 def run_ncu(ncu: str, out_dir: Path, includes: list[str], spec_path: Path, manifest_path: Path,
             opts: NcuOptions, log_path: Path) -> tuple[Path, Path]:
     """Profile; returns (.ncu-rep, raw CSV). The report is written under a temp name and renamed
@@ -115,7 +120,7 @@ def run_ncu(ncu: str, out_dir: Path, includes: list[str], spec_path: Path, manif
         log.flush()
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     output = Path(log_path).read_text()
-    tmp_rep = tmp_base.with_suffix(".ncu-rep")
+    tmp_rep = report_file(tmp_base)
     if proc.returncode != 0 or "ERR_NVGPUCTRPERM" in output:
         raise classify_failure(output, proc.returncode)
     if not tmp_rep.exists():
