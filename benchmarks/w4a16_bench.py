@@ -1,13 +1,19 @@
-"""Check our Triton W4A16 kernel against the plain reference and time it against bf16 cuBLAS on the
-MiniCPM-SALA 9B linear shapes (issue 5). One GPU; prints a short table last.
+"""Check our Triton W4A16 kernels against the fp32 dequant-matmul reference and time them against
+bf16 cuBLAS on the MiniCPM-SALA 9B linear shapes (issue 5). One GPU, < 3 minutes; table last.
 
-    PYTHONPATH=. python benchmarks/w4a16_bench.py [--out DIR] [--no-sweep]
+    PYTHONPATH=. python benchmarks/w4a16_bench.py [--out DIR] [--no-sweep] [--old]
+        [--shapes 0,1,2,3] [--batches 1,8,32,4096] [--configs "bn=64,w=4,bias=1,un=1,waves=4;..."]
 
-Method (the device README's METHOD.md): random inputs (never zeros); every timed call in a CUDA
-graph whose calls rotate over enough weight copies (> 3x the L2) that nothing is served from cache;
-median of replays; copy-bandwidth ceiling measured first. Packed bytes = int4 weights + fp16 scales.
-For M <= 32 it also sweeps a few kernel/tile/split configurations and reports the best beside the
-default (the dispatcher's choice).
+"ours" is the runtime dispatch (`triton.py` `w4a16_linear` over the `pack_tc` layout: the
+register-operand tensor-core kernel `triton_tc.py` below 512 rows, dequantize + cuBLAS above).
+For M <= 64 every candidate tensor-core config (BLOCK_N x warps, bias-dot vs fma dequant,
+unroll, split-K for 2/4/8 waves, or `--configs`) is checked and timed too; `--old` adds the
+previous interleaved-layout dispatch (CUDA-core GEMV at M=1, `w4a16_mm` above).
+
+Method (the device README's METHOD.md): random codes, scales and activations (never zeros); every
+timed call sits in a CUDA graph whose calls rotate over > 200 MB of weight copies (no L2 reuse);
+median of replays; the copy-bandwidth ceiling is measured first. Packed bytes = int4 + fp16 scales.
+Error = ||y - ref|| / ||ref|| with ref = x.float() @ W_fp32ᵀ.
 """
 
 from __future__ import annotations
@@ -21,17 +27,16 @@ import sys
 
 import torch
 
-from salactl.runtime.ops.w4a16.layout import pack_interleaved
-from salactl.runtime.ops.w4a16.triton import (DEQUANT_MIN_ROWS, GEMV_MAX_ROWS, MMConfig, _sm_count,
-                                              default_config, w4a16_dequantize, w4a16_linear, w4a16_mm)
-from salactl.runtime.ops.w4a16.triton_gemv import w4a16_gemv
+from salactl.runtime.ops.w4a16.layout import pack_interleaved, pack_tc
+from salactl.runtime.ops.w4a16.triton import DEQUANT_MIN_ROWS, _sm_count, w4a16_linear, w4a16_linear_interleaved
+from salactl.runtime.ops.w4a16.triton_tc import TCConfig, default_tc_config, tc_block_m, w4a16_tc
 
 SHAPES = [("qkv/o/z", 4096, 4096), ("k/v (sparse)", 256, 4096), ("gate/up", 16384, 4096),
           ("down", 4096, 16384)]
 LM_HEAD = ("lm_head (bf16 only)", 73448, 4096)
-MS = (1, 8, 32, 4096)
 GROUP = 128
 ROTATE_BYTES = 200 << 20
+MAX_ERR = 1e-2
 
 
 def copy_bandwidth() -> float:
@@ -82,108 +87,143 @@ def n_calls(bytes_per_call: int, m: int) -> int:
     return max(copies, 8 if m >= 1024 else 64)
 
 
-def weights(N: int, K: int, gen):
-    q = torch.randint(0, 16, (K, N), device="cuda", generator=gen, dtype=torch.int32)
-    s = (torch.rand(K // GROUP, N, device="cuda", generator=gen) * 2e-3 + 1e-3).half()
-    w_ref = ((q.float() - 8) * s.float().repeat_interleave(GROUP, 0)).t().contiguous()     # [N, K]
-    return pack_interleaved(q), s, w_ref
+def parse_configs(text: str) -> list:
+    """'bn=64,w=4,bias=1,un=1,waves=4;...' -> [(TCConfig-without-split, waves), ...]."""
+    out = []
+    for item in filter(None, (t.strip() for t in text.split(";"))):
+        kv = dict(p.split("=") for p in item.split(","))
+        out.append((int(kv.get("bn", 64)), int(kv.get("w", 4)), bool(int(kv.get("bias", 1))),
+                    int(kv.get("un", 1)), float(kv.get("waves", 4)), int(kv.get("stages", 1))))
+    return out
 
 
-def check(qw, s, w_ref, M: int, K: int, gen, cfg=None) -> float:
-    x = torch.randn(M, K, device="cuda", generator=gen).bfloat16()
-    y = run_config(cfg, x, qw, s) if cfg is not None else w4a16_linear(x, qw, s, GROUP)
-    ref = x.float() @ w_ref.t()
+DEFAULT_GRID = [(bn, w, bias, un, waves, 1) for bn, w in ((64, 4), (128, 4), (128, 8))
+                for bias in (False, True) for un in (1, 2) for waves in (2, 4, 8)]
+
+
+def tc_config(spec, M: int, N: int, K: int, sms: int) -> TCConfig:
+    bn, w, bias, un, waves, stages = spec
+    bm = tc_block_m(M)
+    tiles = math.ceil(N / bn) * math.ceil(M / bm)
+    split = max(1, min(K // 128, round(waves * sms / tiles)))
+    return TCConfig(bn, bm, split, w, stages, bias, un)
+
+
+def label(cfg: TCConfig) -> str:
+    return (f"tc bn{cfg.block_n} w{cfg.num_warps} {'bias-mma' if cfg.bias_dot else 'fma'} un{cfg.unroll} "
+            f"s{cfg.num_stages} split{cfg.split_k}")
+
+
+def spec_label(spec) -> str:
+    bn, w, bias, un, waves, stages = spec
+    return f"bn{bn} w{w} {'bias-mma' if bias else 'fma'} un{un} st{stages} waves{waves:g}"
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
     if not bool(torch.isfinite(y).all()):
         return float("inf")
     return float((y.float() - ref).norm() / ref.norm())
 
 
-def sweep_configs(M: int, N: int, K: int, sms: int) -> list:
-    """Candidates: ("gemv", block_n, split, warps, stages, unroll) for the CUDA-core GEMV (M = 1) and MMConfig
-    for the tensor-core kernel (M <= 32); prefill is dequant + cuBLAS (it beat every Triton GEMM
-    tile in the first sweep)."""
-    if M >= 256:
-        return []
-    out: list = []
-    if M == 1:
-        for bn in (128, 256):
-            for t in (2, 4):
-                split = max(1, min(K // 128, math.ceil(t * sms / math.ceil(N / bn))))
-                out += [("gemv", bn, split, 4, st, un) for st in (1, 3) for un in (1, 2)]
-    bm = 16 if M <= 16 else 32
-    if M > 1:
-        for bn, fused in ((128, False), (64, True)):
-            tiles = math.ceil(M / bm) * math.ceil(N / bn)
-            for t in (2, 4):
-                out.append(MMConfig(bm, bn, max(1, min(K // 128, math.ceil(t * sms / tiles))), fused, 8, 4, 3))
-    return list(dict.fromkeys(out))
-
-
-def run_config(cfg, x, qw, s):
-    if isinstance(cfg, tuple):
-        _, bn, split, warps, stages, unroll = cfg
-        return w4a16_gemv(x, qw, s, GROUP, block_n=bn, split_k=split, num_warps=warps, num_stages=stages,
-                          unroll=unroll)
-    return w4a16_mm(x, qw, s, GROUP, cfg)
-
-
-def bench_shape(label: str, N: int, K: int, gen, sms: int, sweep: bool, log) -> list[dict]:
+def bench_shape(name: str, N: int, K: int, batches, gen, sms: int, grid: list, old: bool, log) -> list[dict]:
     rows = []
-    qw, s, w_ref = weights(N, K, gen)
+    q = torch.randint(0, 16, (K, N), device="cuda", generator=gen, dtype=torch.int32)
+    s = (torch.rand(K // GROUP, N, device="cuda", generator=gen) * 2e-3 + 1e-3).half()
+    w_ref = ((q.float() - 8) * s.float().repeat_interleave(GROUP, 0)).t().contiguous()      # [N, K] fp32
     w_bf16 = w_ref.bfloat16()
-    packed_bytes = qw.numel() * 4 + s.numel() * 2
-    for M in MS:
+    qt = pack_tc(q)
+    qi = pack_interleaved(q) if old else None
+    packed_bytes = qt.numel() * 4 + s.numel() * 2
+    ncopy = max(1, math.ceil(ROTATE_BYTES / packed_bytes))
+    tcs = [(qt.clone(), s.clone()) for _ in range(ncopy)]
+    ints = [(qi.clone(), s.clone()) for _ in range(ncopy)] if old else []
+    for M in batches:
         x = torch.randn(M, K, device="cuda", generator=gen).bfloat16()
-        err = check(qw, s, w_ref, M, K, gen)
+        ref = x.float() @ w_ref.t()
         calls = n_calls(N * K * 2, M)
         bw = [w_bf16.clone() for _ in range(min(calls, max(1, math.ceil(ROTATE_BYTES / (N * K * 2)))))]
         t_bf16 = graph_time_us([lambda i=i: torch.nn.functional.linear(x, bw[i % len(bw)]) for i in range(calls)])
         del bw
-        ncopy = max(1, math.ceil(ROTATE_BYTES / packed_bytes))
-        qs = [(qw.clone(), s.clone()) for _ in range(ncopy)]
         calls = n_calls(packed_bytes, M)
-        t_ours = graph_time_us([lambda i=i: w4a16_linear(x, *qs[i % ncopy], GROUP) for i in range(calls)])
-        row = {"shape": label, "N": N, "K": K, "M": M, "bf16_us": t_bf16, "ours_us": t_ours, "rel_err": err,
-               "default_cfg": ("dequant+cuBLAS" if M >= DEQUANT_MIN_ROWS else "gemv" if M <= GEMV_MAX_ROWS
-                               else str(default_config(M, N, K, sms))),
-               "packed_GBps": packed_bytes / (t_ours * 1e-6) / 1e9}
-        if sweep:
-            best = (t_ours, row["default_cfg"])
-            cands = sweep_configs(M, N, K, sms)
-            if M >= DEQUANT_MIN_ROWS:
-                t = graph_time_us([lambda i=i: x @ w4a16_dequantize(*qs[i % ncopy], GROUP, x.dtype)
-                                   for i in range(calls)])
-                row["dequant_cublas_us"] = t
-                best = min(best, (t, "dequant+cuBLAS"))
-            for cfg in cands:
-                try:
-                    e = check(qw, s, w_ref, M, K, gen, cfg)
-                    if e > 2e-2:
-                        log(f"  config {cfg} WRONG rel err {e:.3g}")
-                        continue
-                    t = graph_time_us([lambda i=i, c=cfg: run_config(c, x, *qs[i % ncopy])
-                                       for i in range(calls)], replays=5)
-                    log(f"  {cfg}: {t:.2f} us")
-                except Exception as ex:      # a config that fails to compile/launch is skipped
-                    log(f"  config {cfg} failed: {type(ex).__name__}: {str(ex)[:200]}")
+        err = rel_err(w4a16_linear(x, qt, s, GROUP), ref)
+        t_ours = graph_time_us([lambda i=i: w4a16_linear(x, *tcs[i % ncopy], GROUP) for i in range(calls)])
+        dflt = ("dequant+cuBLAS" if M >= DEQUANT_MIN_ROWS else label(default_tc_config(M, N, K, sms)))
+        row = {"shape": name, "N": N, "K": K, "M": M, "bf16_us": t_bf16, "ours_us": t_ours, "rel_err": err,
+               "default_cfg": dflt, "packed_GBps": packed_bytes / (t_ours * 1e-6) / 1e9, "variants": {}}
+        best = (t_ours, dflt, err)
+        if old:
+            e = rel_err(w4a16_linear_interleaved(x, qi, s, GROUP), ref)
+            t = graph_time_us([lambda i=i: w4a16_linear_interleaved(x, *ints[i % ncopy], GROUP)
+                               for i in range(calls)], replays=5)
+            row["old_us"], row["old_err"] = t, e
+        if M <= 64:
+            done: dict = {}
+            for spec in grid:
+                cfg = tc_config(spec, M, N, K, sms)
+                key = spec_label(spec)
+                if cfg in done:                      # another waves value gave the same split
+                    row["variants"][key] = done[cfg]
                     continue
-                best = min(best, (t, str(cfg)))
-            row["best_us"], row["best_cfg"] = best
-        del qs
+                try:
+                    e = rel_err(w4a16_tc(x, qt, s, GROUP, cfg), ref)
+                    if e > MAX_ERR:
+                        log(f"  {name} M={M} {key}: WRONG rel err {e:.3g}")
+                        row["variants"][key] = {"err": e}
+                        continue
+                    t = graph_time_us([lambda i=i, c=cfg: w4a16_tc(x, *tcs[i % ncopy], GROUP, c)
+                                       for i in range(calls)], replays=5)
+                except Exception as ex:      # a config that fails to compile/launch is reported, not fatal
+                    log(f"  {name} M={M} {key}: failed {type(ex).__name__}: {str(ex)[:300]}")
+                    continue
+                row["variants"][key] = done[cfg] = {"us": t, "err": e, "split": cfg.split_k}
+                best = min(best, (t, label(cfg), e))
+        row["best_us"], row["best_cfg"], row["best_err"] = best
         rows.append(row)
-        log(json.dumps(row))
+        log(f"{name} M={M}: bf16 {t_bf16:.2f} us, ours {t_ours:.2f} us ({t_bf16 / t_ours:.2f}x, err {err:.1e}), "
+            f"best {best[0]:.2f} us ({t_bf16 / best[0]:.2f}x) {best[1]}"
+            + (f", old {row['old_us']:.2f} us" if old else ""))
+    del tcs, ints
     return rows
+
+
+def print_tables(rows: list[dict], ceiling: float, t_lm: float) -> None:
+    print(f"\ncopy ceiling {ceiling:.0f} GB/s; lm_head 73448x4096 stays bf16: {t_lm:.1f} us at M=1")
+    has_old = any("old_us" in r for r in rows)
+    hdr = (f"{'shape':13} {'N x K':>11} {'M':>5} {'bf16 us':>8} {'ours us':>8} {'x':>5} {'best us':>8} {'x':>5} "
+           f"{'GB/s':>5} {'%ceil':>5} {'err':>7}" + (f" {'old us':>7} {'x':>5}" if has_old else ""))
+    print(hdr)
+    for r in rows:
+        b = r["best_us"]
+        line = (f"{r['shape']:13} {str(r['N']) + 'x' + str(r['K']):>11} {r['M']:>5} {r['bf16_us']:8.2f} "
+                f"{r['ours_us']:8.2f} {r['bf16_us'] / r['ours_us']:5.2f} {b:8.2f} {r['bf16_us'] / b:5.2f} "
+                f"{r['packed_GBps']:5.0f} {100 * r['packed_GBps'] / ceiling:5.1f} {r['rel_err']:7.1e}")
+        if has_old:
+            line += f" {r['old_us']:7.2f} {r['bf16_us'] / r['old_us']:5.2f}"
+        print(line)
+    for r in rows:
+        print(f"default {r['shape']} M={r['M']}: {r['default_cfg']} | best: {r['best_cfg']} (err {r['best_err']:.1e})")
+    # speedup of every variant on every (shape, M): what the dispatch defaults are picked from
+    cols = [r for r in rows if r["variants"]]
+    if cols:
+        print("\nvariant speedup over bf16; columns: " + ", ".join(f"{r['shape'].split()[0]}/M{r['M']}" for r in cols))
+        for k in sorted({k for r in cols for k in r["variants"]}):
+            cells = []
+            for r in cols:
+                v = r["variants"].get(k)
+                cells.append(f"{r['bf16_us'] / v['us']:5.2f}" if v and "us" in v else "    -")
+            print(f"{k:44} " + " ".join(cells))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--no-sweep", action="store_true", help="time only the dispatch (and --old)")
+    ap.add_argument("--old", action="store_true", help="also time the previous interleaved-layout kernels")
     ap.add_argument("--shapes", default="all", help="comma list of shape indexes (0-3) or 'all'")
     ap.add_argument("--batches", default="1,8,32,4096", help="comma list of M values")
+    ap.add_argument("--configs", default="", help="tensor-core configs to sweep instead of the default grid: "
+                    "'bn=64,w=4,bias=1,un=1,waves=4,stages=1;...'")
     args = ap.parse_args()
-    global MS
-    MS = tuple(int(m) for m in args.batches.split(","))
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -191,30 +231,28 @@ def main() -> None:
     sms = _sm_count(torch.device("cuda"))
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     ceiling = copy_bandwidth()
-    log(f"{torch.cuda.get_device_name()} | {sms} SMs | copy ceiling {ceiling:.0f} GB/s | torch {torch.__version__}")
+    import triton
+    log(f"{torch.cuda.get_device_name()} | {sms} SMs | copy ceiling {ceiling:.0f} GB/s | torch {torch.__version__} "
+        f"| triton {triton.__version__}")
+    grid = [] if args.no_sweep else (parse_configs(args.configs) if args.configs else DEFAULT_GRID)
+    batches = [int(m) for m in args.batches.split(",")]
     shapes = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
     rows = []
-    for label, N, K in shapes:
-        rows += bench_shape(label, N, K, gen, sms, not args.no_sweep, log)
+    for name, N, K in shapes:
+        rows += bench_shape(name, N, K, batches, gen, sms, grid, args.old, log)
     _, N, K = LM_HEAD
     w = torch.randn(N, K, device="cuda", generator=gen).bfloat16()
     x = torch.randn(1, K, device="cuda", generator=gen).bfloat16()
     t_lm = graph_time_us([lambda: torch.nn.functional.linear(x, w)] * 16)
-    with open(os.path.join(args.out, "w4a16_bench.json"), "w") as f:
+    out = os.path.join(args.out, "w4a16_bench.json")
+    with open(out + ".tmp", "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "copy_GBps": ceiling, "rows": rows,
                    "lm_head_bf16_M1_us": t_lm}, f, indent=1)
-    print(f"\ncopy ceiling {ceiling:.0f} GB/s; lm_head 73448x4096 stays bf16: {t_lm:.1f} us at M=1")
-    hdr = (f"{'shape':14} {'N x K':>12} {'M':>5} {'bf16 us':>9} {'ours us':>9} {'x':>6} {'best us':>9} {'x':>6} "
-           f"{'GB/s':>6} {'%ceil':>6} {'err':>8}")
-    print(hdr)
-    for r in rows:
-        best = r.get("best_us", r["ours_us"])
-        print(f"{r['shape']:14} {str(r['N']) + 'x' + str(r['K']):>12} {r['M']:>5} {r['bf16_us']:9.2f} "
-              f"{r['ours_us']:9.2f} {r['bf16_us'] / r['ours_us']:6.2f} {best:9.2f} {r['bf16_us'] / best:6.2f} "
-              f"{r['packed_GBps']:6.0f} {100 * r['packed_GBps'] / ceiling:6.1f} {r['rel_err']:8.1e}")
-    for r in rows:
-        if "best_cfg" in r:
-            print(f"best {r['shape']} M={r['M']}: {r['best_cfg']}")
+    os.replace(out + ".tmp", out)
+    print_tables(rows, ceiling, t_lm)
+    bad = [r for r in rows if r["rel_err"] > MAX_ERR]
+    if bad:
+        sys.exit(f"{len(bad)} rows over the {MAX_ERR} error bound")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
 The packed weights are *buffers* in the layout of the device's fast path, so the roofline
 (which sums a module's parameters + buffers) counts exactly the bytes a forward reads:
-- "triton"   (CUDA, 4-bit): interleaved int32 [K/8, N] (runtime/ops/w4a16/layout.py) + fp16
-              scales [groups, N]; our Triton kernel.
+- "triton"   (CUDA, 4-bit, K % 128 == 0, N % 16 == 0): int32 [K/128, N/16, 256] in the MMA
+              register order (runtime/ops/w4a16/layout.py `pack_tc`) + fp16 scales [groups, N];
+              our Triton kernels (runtime/ops/w4a16/triton.py `w4a16_linear`).
 - "cpu_int4" (CPU, 4-bit, bf16 activations, groups 32/64/128 or per-channel with K % 128 == 0):
               torch's `_weight_int4pack_mm_for_cpu` (uint8 [N, K/2] + bf16 [groups, N, 2]).
 - "dequant"  (everything else, e.g. 8-bit or fp32 activations): GPTQ v1 tensors, dequantized on
@@ -37,11 +38,13 @@ def _cpu_int4_available() -> bool:
         torch.ops.aten, "_convert_weight_to_int4pack_for_cpu")
 
 
-def choose_layout(device: torch.device, bits: int, in_features: int, group_size: int, dtype: torch.dtype) -> str:
+def choose_layout(device: torch.device, bits: int, in_features: int, group_size: int, dtype: torch.dtype,
+                  out_features: int = 16) -> str:
     if bits != 4:
         return "dequant"
-    if device.type == "cuda" and in_features % 128 == 0 and dtype in (torch.bfloat16, torch.float16) \
-            and _triton_available():
+    if device.type == "cuda" and in_features % 128 == 0 and out_features % 16 == 0 \
+            and dtype in (torch.bfloat16, torch.float16) \
+            and (group_size == -1 or group_size % 128 == 0 or group_size in (16, 32, 64)) and _triton_available():
         return "triton"
     if device.type == "cpu" and dtype == torch.bfloat16 and _cpu_int4_available():
         if group_size in _CPU_INT4_GROUPS or (group_size == -1 and in_features % 128 == 0):
@@ -79,12 +82,12 @@ class W4A16Linear(nn.Module):
                                       "group; this act-order layout is not supported")
             codes = unpack_qweight(qweight.cpu(), bits)[perm]
             qweight = pack_qweight(codes, bits)
-        layout = choose_layout(device, bits, K, group_size, dtype)
+        layout = choose_layout(device, bits, K, group_size, dtype, N)
         scales16 = scales.to(torch.float16)
         if layout == "triton":
-            from salactl.runtime.ops.w4a16.layout import pack_interleaved
+            from salactl.runtime.ops.w4a16.layout import pack_tc
 
-            buffers = {"qweight": pack_interleaved(unpack_qweight(qweight.to(device), 4)),
+            buffers = {"qweight": pack_tc(unpack_qweight(qweight.to(device), 4)),
                        "scales": scales16.to(device)}
         elif layout == "cpu_int4":
             codes_nk = unpack_qweight(qweight.cpu(), 4).t().contiguous()
@@ -110,9 +113,9 @@ class W4A16Linear(nn.Module):
     def dequantized_weight(self) -> torch.Tensor:
         """fp32 [N, K] in the module's (possibly act-order-permuted) input order."""
         if self.layout == "triton":
-            from salactl.runtime.ops.w4a16.layout import unpack_interleaved
+            from salactl.runtime.ops.w4a16.layout import unpack_tc
 
-            codes = unpack_interleaved(self.qweight).float()
+            codes = unpack_tc(self.qweight).float()
             g = default_g_idx(self.in_features, self.group_size, codes.device).long()
             return ((codes - 8) * self.scales.float()[g]).t()
         if self.layout == "cpu_int4":

@@ -1,5 +1,6 @@
 """Our Triton W4A16 kernels against the plain reference: on CPU through the Triton interpreter (in a
-subprocess, because TRITON_INTERPRET must be set before triton compiles anything), and on CUDA."""
+subprocess, because TRITON_INTERPRET must be set before triton compiles anything; the tensor-core
+kernel then runs its plain-Triton dequantization), and on CUDA (the inline-PTX dequantization)."""
 
 import importlib.util
 import os
@@ -48,14 +49,71 @@ _INTERPRETED_CHECK = textwrap.dedent("""
     print("ok")
 """)
 
+_INTERPRETED_TC_CHECK = textwrap.dedent("""
+    import torch
+    from salactl.runtime.ops.w4a16.layout import pack_tc
+    from salactl.runtime.ops.w4a16.triton_tc import TCConfig, w4a16_tc, w4a16_tc_dequantize
+    gen = torch.Generator().manual_seed(7)
+    K, N = 384, 48                       # 3 K blocks; N = 3 row groups: masked groups when BLOCK_N = 32/64
+    cases = [(128, torch.bfloat16, 1, TCConfig(16, 16, 1, bias_dot=True)),
+             (128, torch.bfloat16, 5, TCConfig(32, 16, 2, bias_dot=False, unroll=2)),   # 2 splits, odd tail
+             (128, torch.float16, 4, TCConfig(64, 16, 3, bias_dot=True, unroll=2)),
+             (-1, torch.bfloat16, 17, TCConfig(16, 16, 2, bias_dot=True)),             # two M tiles
+             (32, torch.bfloat16, 2, TCConfig(32, 16, 2, unroll=2)),
+             (64, torch.float16, 3, TCConfig(16, 16, 1))]
+    for G, dt, M, cfg in cases:
+        ng = 1 if G == -1 else K // G
+        q = torch.randint(0, 16, (K, N), generator=gen)
+        s = (torch.rand(ng, N, generator=gen) * 0.01 + 0.001).half()
+        w = ((q.float() - 8) * s.float()[torch.arange(K) // (K if G == -1 else G)]).t()
+        x = torch.randn(M, K, generator=gen).to(dt)
+        ref = x.float() @ w.t()
+        tol = 8e-3 if G < 128 and G != -1 else 5e-3    # small groups scale bf16/fp16 weights before the MMA
+        for _ in range(2):                              # the second call checks the split-K counter reset
+            y = w4a16_tc(x, pack_tc(q), s, G, cfg)
+            assert y.dtype == dt and y.shape == (M, N)
+            err = float((y.float() - ref).norm() / ref.norm())
+            assert err < tol, (G, dt, M, cfg, err)
+        wd = w4a16_tc_dequantize(pack_tc(q), s, G, dt, block_n=32).float()
+        assert bool(((wd - w).abs() <= w.abs() * 2 ** -7 + 1e-7).all()), (G, dt)
+    print("ok")
+""")
+
 
 @needs_triton
-def test_triton_kernels_match_reference_in_the_interpreter():
+@pytest.mark.parametrize("script", [_INTERPRETED_CHECK, _INTERPRETED_TC_CHECK], ids=["interleaved", "tensor-core"])
+def test_triton_kernels_match_reference_in_the_interpreter(script):
     root = Path(__file__).resolve().parent.parent
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(root))
-    r = subprocess.run([sys.executable, "-c", _INTERPRETED_CHECK], env=env, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                        timeout=600, cwd=root)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+
+
+def test_tensor_core_layout_round_trip_and_word_order(rng):
+    from salactl.runtime.ops.w4a16.layout import pack_tc, unpack_tc
+
+    q = torch.randint(0, 16, (256, 32), generator=rng)
+    w = pack_tc(q)
+    assert w.shape == (2, 2, 256) and w.dtype == torch.int32 and torch.equal(unpack_tc(w), q.to(torch.int32))
+    # block kb=1, row group g=1, n8=1, nlo=3 (row 16 + 8 + 3 = 27), c=2, blk=1: word 128 + 48 + 8 + 1;
+    # nibble p holds k = 128 + 32 + 16·tile + 8·half8 + 4 + pair with p = (2·half8 + tile) + 4·pair
+    word = int(w[1, 1, 128 + 3 * 16 + 2 * 4 + 1]) & 0xFFFFFFFF
+    for tile in (0, 1):
+        for half8 in (0, 1):
+            for pair in (0, 1):
+                p = 2 * half8 + tile + 4 * pair
+                assert (word >> (4 * p)) & 0xF == int(q[128 + 32 + 16 * tile + 8 * half8 + 4 + pair, 27])
+
+
+def test_tensor_core_layout_rejects_bad_shapes():
+    from salactl.errors import QuantizationError
+    from salactl.runtime.ops.w4a16.layout import pack_tc
+
+    with pytest.raises(QuantizationError):
+        pack_tc(torch.zeros(200, 16, dtype=torch.int32))
+    with pytest.raises(QuantizationError):
+        pack_tc(torch.zeros(256, 24, dtype=torch.int32))
 
 
 @gpu
@@ -79,3 +137,30 @@ def test_w4a16_linear_on_cuda_matches_reference(G, M):
     y = mod(x.cuda())
     assert torch.isfinite(y).all()
     assert rel_err(y.float().cpu(), ref) < 1e-2
+
+
+@gpu
+@needs_triton
+@pytest.mark.parametrize("cfg", ["bn64 w4 fma", "bn64 w4 bias", "bn128 w4 bias un2", "bn128 w8 fma un2"])
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16])
+def test_tensor_core_kernel_inline_asm_on_cuda(cfg, dt):
+    """The inline-PTX dequantization (which the interpreter cannot run) for every kernel variant."""
+    from salactl.runtime.ops.w4a16.layout import pack_tc
+    from salactl.runtime.ops.w4a16.triton_tc import TCConfig, w4a16_tc, w4a16_tc_dequantize
+
+    parts = cfg.split()
+    gen = torch.Generator().manual_seed(3)
+    K, N, G = 1024, 384, 128
+    q = torch.randint(0, 16, (K, N), generator=gen)
+    s = (torch.rand(K // G, N, generator=gen) * 0.01 + 0.001).half()
+    w = ((q.float() - 8) * s.float()[torch.arange(K) // G]).t()
+    for M in (1, 8, 32, 70):
+        x = torch.randn(M, K, generator=gen).to(dt)
+        ref = x.float() @ w.t()
+        c = TCConfig(int(parts[0][2:]), 16 if M <= 16 else 32 if M <= 32 else 64, 3, int(parts[1][1:]), 1,
+                     "bias" in parts, 2 if "un2" in parts else 1)
+        for _ in range(2):
+            y = w4a16_tc(x.cuda(), pack_tc(q).cuda(), s.cuda(), G, c).cpu()
+            assert rel_err(y.float(), ref) < 5e-3, (cfg, M)
+    wd = w4a16_tc_dequantize(pack_tc(q).cuda(), s.cuda(), G, dt).float().cpu()
+    assert bool(((wd - w).abs() <= w.abs() * 2 ** -7 + 1e-7).all())

@@ -3,6 +3,10 @@
 Why hand-written: on an H200, torch's `_weight_int4pack_mm` was 1.74x faster than bf16 at batch 1
 but slower from batch 8, and gemlite 1.3-1.55x at batch 1 and slower from batch 8 (issue 5).
 
+`w4a16_linear` (bottom) is the runtime's dispatch over the tensor-core register layout
+(layout.py `pack_tc`, kernels in triton_tc.py). The kernels below work on the older interleaved
+layout and stay for comparison in benchmarks/w4a16_bench.py (`--old`):
+
 - `w4a16_mm`: the tensor-core kernel for a few to a few hundred rows (triton_gemv.py has the
   CUDA-core GEMV used for a single row). Each program owns a [BLOCK_M, BLOCK_N] output tile
   and a range of 128-row K blocks (split-K with fp32 atomics when few tiles exist, so small-M
@@ -224,14 +228,15 @@ def w4a16_dequantize(qweight: torch.Tensor, scales: torch.Tensor, group_size: in
     return w
 
 
-# Rows up to which the CUDA-core GEMV (triton_gemv.py) beats the tensor-core kernel.
+# Rows up to which the CUDA-core GEMV (triton_gemv.py) beats the interleaved tensor-core kernel.
 GEMV_MAX_ROWS = 1
 
 
-def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                 group_size: int) -> torch.Tensor:
-    """Dispatch by rows: CUDA-core GEMV for tiny M, the tensor-core kernel up to
-    DEQUANT_MIN_ROWS, dequantize + cuBLAS above."""
+def w4a16_linear_interleaved(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                             group_size: int) -> torch.Tensor:
+    """The previous dispatch over the interleaved layout (kept for benchmarks/w4a16_bench.py's
+    comparison): CUDA-core GEMV for tiny M, `w4a16_mm` up to DEQUANT_MIN_ROWS, dequantize +
+    cuBLAS above."""
     M = x.shape[0]
     if M <= GEMV_MAX_ROWS:
         from salactl.runtime.ops.w4a16.triton_gemv import w4a16_gemv
@@ -240,3 +245,15 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     if M >= DEQUANT_MIN_ROWS:
         return x @ w4a16_dequantize(qweight, scales, group_size, x.dtype)
     return w4a16_mm(x, qweight, scales, group_size)
+
+
+def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                 group_size: int) -> torch.Tensor:
+    """The runtime's W4A16 linear over the tensor-core layout (layout.py `pack_tc`): the
+    register-operand tensor-core kernel (triton_tc.py) below DEQUANT_MIN_ROWS rows, dequantize +
+    cuBLAS (`F.linear`, the bf16 path's own GEMM) above."""
+    from salactl.runtime.ops.w4a16.triton_tc import w4a16_tc, w4a16_tc_dequantize
+
+    if x.shape[0] >= DEQUANT_MIN_ROWS:
+        return torch.nn.functional.linear(x, w4a16_tc_dequantize(qweight, scales, group_size, x.dtype))
+    return w4a16_tc(x, qweight, scales, group_size, sms=_sm_count(x.device))

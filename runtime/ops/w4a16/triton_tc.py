@@ -1,0 +1,338 @@
+"""W4A16 on tensor cores with the weights as the register operand (our own Triton; triton.py says
+why hand-written).
+
+y = x·Wᵀ is computed as yᵀ = W·xᵀ: the dequantized weight tile [BLOCK_N, 128] is the MMA's A
+operand (register-resident on Hopper's wgmma), the activations xᵀ [128, BLOCK_M] the small B
+operand (shared memory), so a batch of 1..BLOCK_M rows costs one MMA per 16x16 weight slab and
+fp32 accumulation comes for free. The packed words are stored in the A-fragment order
+(layout.py `pack_tc`): each lane's two 16-byte loads land in registers exactly where the MMA
+reads them, so the weights never go through shared memory (checked in the sm_90 TTGIR: the only
+convert is a register renaming).
+
+Dequantization, 8 weights per word, two per instruction (inline PTX, `DEQUANT_ASM`):
+`lop3(q >> 4i, 0x000F000F, 0x43004300)` is the bf16x2 pair (128 + q_i, 128 + q_{i+4}) and one
+`fma.rn.bf16x2` by (1, -136) gives q - 8 exactly: 11 instructions per 8 weights. Under
+TRITON_INTERPRET=1 (CPU tests) inline asm cannot run, so the same bits are built with plain
+Triton ops (`USE_ASM=False`); everything after is shared, so the interpreter test covers the
+layout, the reshape/permute chain, scales, split-K and masking, and the GPU test the asm.
+
+Scales: for groups of 128 or more (and per-channel) one fp32 multiply per output element and 128-row
+block after the MMA; for groups 16/32/64 the fp16 scale multiplies the weight before the MMA.
+
+Split-K in one launch: each split writes fp32 partials to a workspace and bumps a per-tile
+counter; the last split of a tile adds the partials, writes y in the activation dtype and resets
+the counter (as in triton_gemv.py). Import lazily: CPU-only installs have no triton.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from salactl.runtime.ops.w4a16.layout import K_BLOCK, TC_ROWS
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _dequant_asm(lop_magic: str, fma_one: str, fma_bias: str) -> tl.constexpr:
+    """PTX for one word -> 4 registers of 16-bit pairs (nibble i, nibble i+4), i = 0..3:
+    lop3 puts the nibbles under a magic exponent (1.0·2^7 for bf16, 2^10 for fp16, so the value is
+    magic + q exactly); with `fma_bias` one fma per pair subtracts magic + 8."""
+    lines = ["{", ".reg .b32 t, one, bias;", f"mov.b32 one, {fma_one};", f"mov.b32 bias, {fma_bias};"]
+    for i in range(4):
+        src = "$4" if i == 0 else "t"
+        if i:
+            lines.append(f"shr.u32 t, $4, {4 * i};")
+        if fma_bias:
+            lines.append(f"lop3.b32 t, {src}, 0x000F000F, {lop_magic}, 0xEA;")
+            lines.append(f"fma.rn.{'bf16x2' if lop_magic == '0x43004300' else 'f16x2'} ${i}, t, one, bias;")
+        else:
+            lines.append(f"lop3.b32 ${i}, {src}, 0x000F000F, {lop_magic}, 0xEA;")
+    if not fma_bias:
+        lines = [ln for ln in lines if "one" not in ln and "bias" not in ln]
+        lines.insert(1, ".reg .b32 t;")
+    return tl.constexpr("\n".join(lines + ["}"]))
+
+
+DEQUANT_BF16_ASM = _dequant_asm("0x43004300", "0x3F803F80", "0xC308C308")     # bf16 -136
+DEQUANT_FP16_ASM = _dequant_asm("0x64006400", "0x3C003C00", "0xE408E408")     # fp16 -1032
+# Without the subtraction (magic + q); the kernel then adds an MMA of a constant -(magic + 8) tile
+# with the same activations (exact: fp32 accumulation).
+BIASED_BF16_ASM = _dequant_asm("0x43004300", "", "")
+BIASED_FP16_ASM = _dequant_asm("0x64006400", "", "")
+
+
+@triton.jit
+def _half_bits(v, OFFSET: tl.constexpr, FP16: tl.constexpr):
+    """int32 value in [0, 16) -> the int32 holding the 16 bits of (v + OFFSET) (exact)."""
+    if FP16:
+        h = (v.to(tl.float32) + OFFSET).to(tl.float16).to(tl.int16, bitcast=True)
+    else:
+        h = (v.to(tl.float32) + OFFSET).to(tl.bfloat16).to(tl.int16, bitcast=True)
+    return h.to(tl.int32) & 0xFFFF
+
+
+@triton.jit
+def _pair(q, I: tl.constexpr, OFFSET: tl.constexpr, FP16: tl.constexpr):
+    """Plain-Triton twin of one asm output: 16-bit pair (nibble I + OFFSET, nibble I+4 + OFFSET)."""
+    return _half_bits((q >> (4 * I)) & 0xF, OFFSET, FP16) | (_half_bits((q >> (4 * I + 16)) & 0xF, OFFSET, FP16) << 16)
+
+
+@triton.jit
+def _split_halves(r):
+    return tl.join(r.to(tl.int16), (r >> 16).to(tl.int16))
+
+
+@triton.jit
+def _load_words(qw_ptr, kb, pid_n, NG, BLOCK_N: tl.constexpr, WARPS: tl.constexpr):
+    """The [BLOCK_N, 16] word tile of 128-row block kb (row n, word w = 4·blk + c).
+
+    Loaded as a 2-D [BLOCK_N·4, 4] tile whose row r = (g_hi, n8, g_lo, nlo, c) (c fastest):
+    Triton's default blocked layout for it (4 words per lane, lanes along r, then warps, then
+    registers) is then exactly the MMA A-operand layout: lane = (nlo, c), warp = g_lo (16-row
+    slab), registers = n8 (rows +8) and g_hi (rows + 16·WARPS)."""
+    G_LO: tl.constexpr = WARPS if BLOCK_N // 16 >= WARPS else BLOCK_N // 16
+    G_HI: tl.constexpr = BLOCK_N // 16 // G_LO
+    r = tl.arange(0, BLOCK_N * 4)
+    c = r % 4
+    nlo = (r // 4) % 8
+    g_lo = (r // 32) % G_LO
+    n8 = (r // (32 * G_LO)) % 2
+    g_hi = r // (64 * G_LO)
+    gg = pid_n * (BLOCK_N // 16) + g_hi * G_LO + g_lo
+    row = (kb * NG + gg) * 256 + n8 * 128 + nlo * 16 + c * 4
+    q2 = tl.load(qw_ptr + row[:, None] + tl.arange(0, 4)[None, :], mask=(gg < NG)[:, None], other=0)
+    q6 = tl.reshape(q2, (G_HI, 2, G_LO, 8, 4, 4))                    # (g_hi, n8, g_lo, nlo, c, blk)
+    return tl.reshape(tl.permute(q6, (0, 2, 1, 3, 5, 4)), (BLOCK_N, 16))
+
+
+@triton.jit
+def _dequant6(q, BLOCK_N: tl.constexpr, USE_ASM: tl.constexpr, BIASED: tl.constexpr, FP16: tl.constexpr):
+    """Words [BLOCK_N, 16] -> q - 8 (magic + q if BIASED) in the activation dtype, as
+    [BLOCK_N, 4 blk, 4 c, 2 tile, 2 half8, 2 pair]."""
+    if USE_ASM:
+        if FP16:
+            ASM: tl.constexpr = BIASED_FP16_ASM if BIASED else DEQUANT_FP16_ASM
+        else:
+            ASM: tl.constexpr = BIASED_BF16_ASM if BIASED else DEQUANT_BF16_ASM
+        r0, r1, r2, r3 = tl.inline_asm_elementwise(
+            ASM, "=r,=r,=r,=r,r", [q], dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1)
+    else:
+        OFF: tl.constexpr = (1024.0 if FP16 else 128.0) if BIASED else -8.0
+        r0 = _pair(q, 0, OFF, FP16)
+        r1 = _pair(q, 1, OFF, FP16)
+        r2 = _pair(q, 2, OFF, FP16)
+        r3 = _pair(q, 3, OFF, FP16)
+    # register i = 2·d1 + d0 holds nibbles (i, i+4) = elements j = 4·d0 + 2·d1 + {0, 1}
+    w = _split_halves(tl.join(tl.join(r0, r1), tl.join(r2, r3)))      # [BN, 16, 2 d0, 2 d1, 2]
+    w = tl.reshape(w, (BLOCK_N, 16, 8))
+    if FP16:
+        w = w.to(tl.float16, bitcast=True)
+    else:
+        w = w.to(tl.bfloat16, bitcast=True)
+    return tl.reshape(w, (BLOCK_N, 4, 4, 2, 2, 2))
+
+
+@triton.jit
+def _to_k_order(w6, BLOCK_N: tl.constexpr):
+    """[BN, blk, c, tile, half8, pair] -> [BN, 128] with k = 32 blk + 16 tile + 8 half8 + 2c + pair."""
+    return tl.reshape(tl.permute(w6, (0, 1, 3, 4, 2, 5)), (BLOCK_N, 128))
+
+
+@triton.jit
+def _group_scales6(s_ptr, kb, kb1, offs_n, N, GROUP: tl.constexpr):
+    """fp32 scales broadcastable to the 6-D tile, for groups smaller than 128 rows."""
+    blk = tl.arange(0, 4)[None, :, None, None, None, None]
+    tile = tl.arange(0, 2)[None, None, None, :, None, None]
+    grp = (kb * 128 + blk * 32 + tile * 16) // GROUP
+    n6 = offs_n[:, None, None, None, None, None]
+    return tl.load(s_ptr + grp * N + n6, mask=(n6 < N) & (n6 * 0 + kb < kb1), other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _load_block(x_ptr, qw_ptr, s_ptr, kb, kb1, pid_n, offs_n, offs_m, M, N, NG, stride_xm, GROUP: tl.constexpr,
+                BLOCK_N: tl.constexpr, WARPS: tl.constexpr):
+    """Words, activations and (for groups >= 128) scales of block kb; all zero if kb >= kb1."""
+    q = _load_words(qw_ptr, kb, pid_n, NG, BLOCK_N, WARPS)
+    xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + (kb * 128 + tl.arange(0, 128))[:, None],
+                 mask=(offs_m < M)[None, :] & (kb * 128 + tl.arange(0, 128) < kb1 * 128)[:, None], other=0.0)
+    if GROUP < 128:
+        s = tl.zeros((BLOCK_N,), tl.float32)
+    else:
+        s = tl.load(s_ptr + ((kb * 128) // GROUP) * N + offs_n, mask=(offs_n < N) & (offs_n * 0 + kb < kb1),
+                    other=0.0).to(tl.float32)
+    return q, xt, s
+
+
+@triton.jit
+def _mma_block(acc, neg_bias, q, xt, s, s_ptr, kb, kb1, offs_n, N, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_M: tl.constexpr, USE_ASM: tl.constexpr, DOT_F32: tl.constexpr, BIAS_DOT: tl.constexpr):
+    BIASED: tl.constexpr = BIAS_DOT and GROUP >= 128
+    FP16: tl.constexpr = xt.dtype == tl.float16
+    w6 = _dequant6(q, BLOCK_N, USE_ASM, BIASED, FP16)
+    if GROUP < 128:
+        w6 = (w6.to(tl.float32) * _group_scales6(s_ptr, kb, kb1, offs_n, N, GROUP)).to(xt.dtype)
+    w = _to_k_order(w6, BLOCK_N)
+    if DOT_F32:
+        part = tl.dot(w.to(tl.float32), xt.to(tl.float32))
+        if BIASED:
+            part = tl.dot(neg_bias.to(tl.float32), xt.to(tl.float32), part)
+    else:
+        part = tl.dot(w, xt)
+        if BIASED:
+            part = tl.dot(neg_bias, xt, part)
+    if GROUP < 128:
+        return acc + part
+    else:
+        return acc + part * s[:, None]
+
+
+@triton.jit
+def _w4a16_tc_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym,
+                     split_k, bias, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                     USE_ASM: tl.constexpr, DOT_F32: tl.constexpr, WARPS: tl.constexpr,
+                     BIAS_DOT: tl.constexpr, UNROLL: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    NG = N // 16
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_mask = offs_n < N
+    m_mask = offs_m < M
+    nkb = K // 128
+    per = tl.cdiv(nkb, split_k)
+    kb0 = pid_k * per
+    kb1 = tl.minimum(kb0 + per, nkb)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    # -(magic + 8) from a runtime argument, so the compiler cannot fold it into per-block constants
+    neg_bias = tl.full((BLOCK_N, 128), bias, tl.float32).to(x_ptr.dtype.element_ty)
+    for kb in range(kb0, kb1, UNROLL):
+        # every load of the UNROLL blocks is issued before the first MMA
+        q, xt, s = _load_block(x_ptr, qw_ptr, s_ptr, kb, kb1, pid_n, offs_n, offs_m, M, N, NG, stride_xm,
+                               GROUP, BLOCK_N, WARPS)
+        if UNROLL == 2:
+            q2, xt2, s2 = _load_block(x_ptr, qw_ptr, s_ptr, kb + 1, kb1, pid_n, offs_n, offs_m, M, N, NG,
+                                      stride_xm, GROUP, BLOCK_N, WARPS)
+        acc = _mma_block(acc, neg_bias, q, xt, s, s_ptr, kb, kb1, offs_n, N, GROUP, BLOCK_N, BLOCK_M, USE_ASM, DOT_F32, BIAS_DOT)
+        if UNROLL == 2:
+            acc = _mma_block(acc, neg_bias, q2, xt2, s2, s_ptr, kb + 1, kb1, offs_n, N, GROUP, BLOCK_N, BLOCK_M, USE_ASM, DOT_F32,
+                             BIAS_DOT)
+
+    y_off = offs_m[None, :] * stride_ym + offs_n[:, None]
+    mask = m_mask[None, :] & n_mask[:, None]
+    if split_k == 1:
+        tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        w_off = offs_m[None, :] * N + offs_n[:, None]
+        tl.store(ws_ptr + pid_k * M * N + w_off, acc, mask=mask)
+        tl.debug_barrier()
+        tile = pid_m * tl.num_programs(0) + pid_n
+        done = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+        if done == split_k - 1:
+            total = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+            for sk in range(0, split_k):
+                total += tl.load(ws_ptr + sk * M * N + w_off, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.store(y_ptr + y_off, total.to(y_ptr.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(cnt_ptr + tile, 0)
+
+
+@triton.jit
+def _w4a16_tc_dequant_kernel(qw_ptr, s_ptr, w_ptr, N, K, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
+                             USE_ASM: tl.constexpr, WARPS: tl.constexpr):
+    """W [N, K] in w's dtype from the tensor-core layout (prefill: cuBLAS on the result)."""
+    FP16: tl.constexpr = w_ptr.dtype.element_ty == tl.float16
+    kb = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    q = _load_words(qw_ptr, kb, pid_n, N // 16, BLOCK_N, WARPS)
+    w6 = _dequant6(q, BLOCK_N, USE_ASM, False, FP16).to(tl.float32)
+    if GROUP < 128:
+        s6 = _group_scales6(s_ptr, kb, kb + 1, offs_n, N, GROUP)
+    else:
+        s = tl.load(s_ptr + ((kb * 128) // GROUP) * N + offs_n, mask=offs_n < N, other=0.0)
+        s6 = s.to(tl.float32)[:, None, None, None, None, None]
+    w = _to_k_order((w6 * s6).to(w_ptr.dtype.element_ty), BLOCK_N)
+    k = kb * 128 + tl.arange(0, 128)
+    tl.store(w_ptr + offs_n[:, None].to(tl.int64) * K + k[None, :], w, mask=(offs_n < N)[:, None])
+
+
+@dataclass(frozen=True)
+class TCConfig:
+    block_n: int = 64
+    block_m: int = 16
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 1
+    bias_dot: bool = True
+    unroll: int = 1
+
+
+_NEG_BIAS = {torch.bfloat16: -136.0, torch.float16: -1032.0}
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+
+
+def _counters(device: torch.device, n: int) -> torch.Tensor:
+    key = (device, torch.cuda.current_stream(device).stream_id if device.type == "cuda" else 0)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf
+
+
+def tc_block_m(M: int) -> int:
+    return 16 if M <= 16 else 32 if M <= 32 else 64
+
+
+def default_tc_config(M: int, N: int, K: int, sms: int = 132, waves: float = 4.0) -> TCConfig:
+    """BLOCK_N 64 (one warpgroup MMA tile), and split K until about `waves` CTAs per SM exist
+    (the kernel is latency-bound: many small CTAs keep enough bytes in flight)."""
+    bm = tc_block_m(M)
+    bn = 64 if N >= 64 else 32 if N >= 32 else 16
+    tiles = triton.cdiv(N, bn) * triton.cdiv(M, bm)
+    split = max(1, min(K // K_BLOCK, round(waves * sms / tiles)))
+    return TCConfig(bn, bm, split, 4, 1)
+
+
+def w4a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int,
+             config: TCConfig | None = None, use_asm: bool | None = None, sms: int = 132) -> torch.Tensor:
+    """x [M, K] (bf16/fp16) · Wᵀ -> [M, N] in x's dtype. qweight int32 [K/128, N/16, 256] (layout.py
+    `pack_tc`), scales fp16 [groups, N]; group_size -1 means one group over K."""
+    M, K = x.shape
+    N = qweight.shape[1] * TC_ROWS
+    assert qweight.shape[0] * K_BLOCK == K and qweight.shape[2] == 256, "qweight must be pack_tc(q) of a [K, N] weight"
+    assert x.dtype in _NEG_BIAS, "the W4A16 kernel takes bf16 or fp16 activations"
+    group = K if group_size == -1 else group_size
+    assert (group % 128 == 0) or group in (16, 32, 64), f"unsupported group size {group}"
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    cfg = config or default_tc_config(M, N, K, sms)
+    split = max(1, min(cfg.split_k, K // K_BLOCK))
+    y = torch.empty(M, N, device=x.device, dtype=x.dtype)
+    ws = torch.empty(split if split > 1 else 1, M, N, device=x.device, dtype=torch.float32)
+    grid = (triton.cdiv(N, cfg.block_n), split, triton.cdiv(M, cfg.block_m))
+    cnt = _counters(x.device, grid[0] * grid[2])
+    _w4a16_tc_kernel[grid](
+        x, qweight, scales, y, ws, cnt, M, N, K, x.stride(0), y.stride(0), split, _NEG_BIAS[x.dtype],
+        GROUP=group, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
+        USE_ASM=(not _INTERPRET) if use_asm is None else use_asm, DOT_F32=_INTERPRET,
+        WARPS=cfg.num_warps, BIAS_DOT=cfg.bias_dot, UNROLL=cfg.unroll, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return y
+
+
+def w4a16_tc_dequantize(qweight: torch.Tensor, scales: torch.Tensor, group_size: int,
+                        dtype: torch.dtype = torch.bfloat16, block_n: int = 64,
+                        use_asm: bool | None = None) -> torch.Tensor:
+    """The dequantized W [N, K] (then `F.linear(x, W)` is the plain cuBLAS call)."""
+    K, N = qweight.shape[0] * K_BLOCK, qweight.shape[1] * TC_ROWS
+    group = K if group_size == -1 else group_size
+    w = torch.empty(N, K, device=qweight.device, dtype=dtype)
+    grid = (K // K_BLOCK, triton.cdiv(N, block_n))
+    _w4a16_tc_dequant_kernel[grid](qweight, scales, w, N, K, GROUP=group, BLOCK_N=block_n,
+                                   USE_ASM=(not _INTERPRET) if use_asm is None else use_asm, WARPS=4, num_warps=4)
+    return w
