@@ -109,3 +109,24 @@ def test_profile_engine_workload_matches_reference_engine(phase):
     ref.prefill(seq, prefix)
     want = ref.prefill(seq, segments[0][1])[-1]
     assert (got - want).norm() / want.norm() < 1e-4
+
+
+def test_fuse_model_again_after_a_module_swap_uses_the_new_weights():
+    """Fusing twice keeps one concatenated weight; swapping a projection afterwards (as in-place
+    quantization does) and fusing again makes the fused MLP use the new module."""
+    from torch import nn
+
+    from salactl.runtime.gpu.fast_model import fuse_model
+    from salactl.runtime.op_timer import NULL_TIMER
+
+    model = fuse_model(_micro_model())
+    mlp = model.model.layers[0].mlp
+    first = mlp._w_gate_up
+    assert fuse_model(model).model.layers[0].mlp._w_gate_up is first
+    new = nn.Linear(mlp.gate_proj.in_features, mlp.gate_proj.out_features, bias=False)
+    nn.init.normal_(new.weight)
+    mlp.gate_proj = new
+    fuse_model(model)
+    x = torch.randn(3, new.in_features)
+    want = mlp.down_proj(torch.nn.functional.silu(new(x)) * mlp.up_proj(x))
+    assert torch.allclose(mlp(x, NULL_TIMER), want, atol=1e-5, rtol=1e-4)

@@ -23,10 +23,15 @@ from salactl.runtime.layers.sparse_attention import SparseAttention
 from salactl.runtime.ops.fused import triton as fused
 
 
-def _concat(linears) -> torch.Tensor | None:
-    """One weight for several bias-free nn.Linear; the modules' weights become views of it."""
+def _concat(linears, current: torch.Tensor | None = None) -> torch.Tensor | None:
+    """One weight for several bias-free nn.Linear; the modules' weights become views of it.
+    `current`: the concatenation made by an earlier fuse_model call, kept while the modules
+    still view it (a module swapped since, e.g. quantized, drops it)."""
     if not all(type(m) is nn.Linear and m.bias is None for m in linears):
         return None
+    if current is not None and all(m.weight.untyped_storage().data_ptr() == current.untyped_storage().data_ptr()
+                                   for m in linears):
+        return current
     w = torch.cat([m.weight.detach() for m in linears])
     off = 0
     for m in linears:
@@ -103,18 +108,17 @@ class FusedSalaForCausalLM(SalaForCausalLM):
 
 
 def fuse_model(model: SalaForCausalLM) -> SalaForCausalLM:
-    """Re-class `model` in place (idempotent) and return it."""
-    if isinstance(model, FusedSalaForCausalLM):
-        return model
+    """Re-class `model` in place and return it. Idempotent; calling it again after modules were
+    swapped (e.g. quantized in place) re-derives which projections can run as one GEMM."""
     for layer in model.model.layers:
-        att = layer.self_attn
+        att, mlp = layer.self_attn, layer.mlp
         if isinstance(att, LightningAttention):
             att.__class__ = FusedLightningAttention
-            att._w_qkvz = _concat([att.q_proj, att.k_proj, att.v_proj, att.z_proj])
+            att._w_qkvz = _concat([att.q_proj, att.k_proj, att.v_proj, att.z_proj], getattr(att, "_w_qkvz", None))
         else:
             att.__class__ = FusedSparseAttention
-            att._w_qkvg = _concat([att.q_proj, att.k_proj, att.v_proj, att.o_gate])
-        layer.mlp.__class__ = FusedMLP
-        layer.mlp._w_gate_up = _concat([layer.mlp.gate_proj, layer.mlp.up_proj])
+            att._w_qkvg = _concat([att.q_proj, att.k_proj, att.v_proj, att.o_gate], getattr(att, "_w_qkvg", None))
+        mlp.__class__ = FusedMLP
+        mlp._w_gate_up = _concat([mlp.gate_proj, mlp.up_proj], getattr(mlp, "_w_gate_up", None))
     model.__class__ = FusedSalaForCausalLM
     return model

@@ -6,7 +6,8 @@ CUDA graph can capture. Rows are (query token, KV head); the group's query heads
 dimension of the tile (padded to 16 for tl.dot). Each split walks a contiguous range of the
 row's list with an fp32 online softmax and writes (o, lse); a second kernel merges the splits by
 log-sum-exp. The last partial page is masked by the row's sequence length. FP8 (e4m3/e5m2) pages
-are dequantized in the kernel with per-layer fp32 scales. Reference: reference.py beside this.
+are converted in the kernel (exactly) and their per-head fp32 scales multiply the scores (K) and
+the output (V), so no per-element scaling is done. Reference: reference.py beside this.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
     gmask = g < G
     q = tl.load(q_ptr + n * s_qn + (kh * G + g)[:, None] * s_qh + d[None, :],
                 mask=gmask[:, None], other=0.0)
+    qk_scale = sm_scale
+    if FP8:
+        qk_scale = sm_scale * tl.load(ks_ptr + kh)
     m = tl.full([BG], -1e30, tl.float32)
     l = tl.zeros([BG], tl.float32)
     acc = tl.zeros([BG, D], tl.float32)
@@ -58,14 +62,14 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
         base = page * s_kp + kh * s_kh
         kt = tl.load(k_ptr + base + tile)
         vt = tl.load(v_ptr + base + tile)
-        if FP8:
-            kt = (kt.to(tl.float32) * tl.load(ks_ptr + kh)).to(q.dtype)
-            vt = (vt.to(tl.float32) * tl.load(vs_ptr + kh)).to(q.dtype)
+        if FP8:               # exact fp8 -> bf16/fp32; the scales act on scores and output
+            kt = kt.to(q.dtype)
+            vt = vt.to(q.dtype)
         if DOT_F32:
             s = tl.dot(q, tl.trans(kt), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(kt))
-        s = s * sm_scale
+        s = s * qk_scale
         s = tl.where((b * BS + tok < seqlen)[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp(m - m_new)
@@ -78,6 +82,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
         acc = acc * alpha[:, None] + pv
         m = m_new
     ok = l > 0
+    if FP8:
+        acc = acc * tl.load(vs_ptr + kh)
     o = tl.where(ok[:, None], acc / tl.where(ok, l, 1.0)[:, None], 0.0)
     lse = tl.where(ok, m + tl.log(tl.where(ok, l, 1.0)), float("-inf"))
     pbase = (r * num_splits + sp).to(tl.int64)
@@ -88,27 +94,24 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
 @triton.jit(do_not_specialize=["num_splits"])
 def _merge_kernel(po_ptr, plse_ptr, o_ptr, num_splits, s_on, s_oh,
                   HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr,
-                  SP2: tl.constexpr):
+                  DB: tl.constexpr, SP2: tl.constexpr):
+    """One program per (row, query head, DB-wide slice of D): every split's partial is loaded
+    at once (empty splits, lse = -inf, are masked out and cost no memory traffic)."""
     r = tl.program_id(0)
+    g = tl.program_id(1)
+    d = tl.program_id(2) * DB + tl.arange(0, DB)
     n = r // HKV
     kh = r % HKV
-    g = tl.arange(0, BG)
-    d = tl.arange(0, D)
     sp = tl.arange(0, SP2)
-    base = (r * num_splits).to(tl.int64)
-    lse = tl.load(plse_ptr + (base + sp[:, None]) * BG + g[None, :], mask=(sp < num_splits)[:, None],
-                  other=float("-inf"))                                   # all splits at once
+    idx = (r * num_splits + sp).to(tl.int64)
+    lse = tl.load(plse_ptr + idx * BG + g, mask=sp < num_splits, other=float("-inf"))
+    live = lse > float("-inf")
     m = tl.maximum(tl.max(lse, 0), -1e30)
-    w = tl.exp(lse - m[None, :])                                         # [SP2, BG]
+    w = tl.where(live, tl.exp(lse - m), 0.0)                            # [SP2]
     den = tl.sum(w, 0)
-    acc = tl.zeros([BG, D], tl.float32)
-    for i in range(num_splits):                                         # independent loads
-        wi = tl.sum(tl.where(sp[:, None] == i, w, 0.0), 0)
-        o = tl.load(po_ptr + (base + i) * BG * D + g[:, None] * D + d[None, :])
-        acc += o * wi[:, None]
-    out = acc / tl.where(den > 0, den, 1.0)[:, None]
-    tl.store(o_ptr + n * s_on + (kh * G + g)[:, None] * s_oh + d[None, :],
-             out.to(o_ptr.dtype.element_ty), mask=(g < G)[:, None])
+    o = tl.load(po_ptr + (idx * BG + g)[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
+    out = tl.sum(o * w[:, None], 0) / tl.where(den > 0, den, 1.0)
+    tl.store(o_ptr + n * s_on + (kh * G + g) * s_oh + d, out.to(o_ptr.dtype.element_ty))
 
 
 MAX_SPLITS = 128
@@ -156,8 +159,10 @@ def paged_attention(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=
         num_warps=4, num_stages=3)
     if out is None:
         out = torch.empty(n, hq, d, device=q.device, dtype=q.dtype)
-    _merge_kernel[(rows,)](po, plse, out, num_splits, out.stride(0), out.stride(1),
-                           HKV=hkv, G=G, BG=BG, D=d, SP2=max(2, triton.next_power_of_2(num_splits)), num_warps=4)
+    DB = min(d, 32)
+    _merge_kernel[(rows, G, d // DB)](po, plse, out, num_splits, out.stride(0), out.stride(1),
+                                      HKV=hkv, G=G, BG=BG, D=d, DB=DB,
+                                      SP2=max(2, triton.next_power_of_2(num_splits)), num_warps=4)
     return out
 
 
