@@ -1,13 +1,14 @@
 """Check our Triton W4A16 kernels against the fp32 dequant-matmul reference and time them against
 bf16 cuBLAS on the MiniCPM-SALA 9B linear shapes (issue 5). One GPU, < 3 minutes; table last.
 
-    PYTHONPATH=. python benchmarks/w4a16_bench.py [--out DIR] [--no-sweep] [--old]
-        [--shapes 0,1,2,3] [--batches 1,8,32,4096] [--configs "bn=64,w=4,bias=1,un=1,waves=4;..."]
+    PYTHONPATH=. python benchmarks/w4a16_bench.py [--out DIR] [--no-sweep | --quick] [--old]
+        [--shapes 0,1,2,3] [--batches 1,8,32,4096] [--configs "bn=64,w=4,bias=1,un=1,pf=0,waves=4;..."]
 
 "ours" is the runtime dispatch (`triton.py` `w4a16_linear` over the `pack_tc` layout: the
 register-operand tensor-core kernel `triton_tc.py` below 512 rows, dequantize + cuBLAS above).
-For M <= 64 every candidate tensor-core config (BLOCK_N x warps, bias-dot vs fma dequant,
-unroll, split-K for 2/4/8 waves, or `--configs`) is checked and timed too; `--old` adds the
+For M <= 64 every candidate tensor-core config (BLOCK_N x warps, bias-MMA vs fma dequant,
+unroll 2 or register prefetch, split-K for 2/4/8 waves of CTAs, or `--configs`) is checked and
+timed too; `--old` adds the
 previous interleaved-layout dispatch (CUDA-core GEMV at M=1, `w4a16_mm` above).
 
 Method (the device README's METHOD.md): random codes, scales and activations (never zeros); every
@@ -93,30 +94,34 @@ def parse_configs(text: str) -> list:
     for item in filter(None, (t.strip() for t in text.split(";"))):
         kv = dict(p.split("=") for p in item.split(","))
         out.append((int(kv.get("bn", 64)), int(kv.get("w", 4)), bool(int(kv.get("bias", 1))),
-                    int(kv.get("un", 1)), float(kv.get("waves", 4)), int(kv.get("stages", 1))))
+                    int(kv.get("un", 1)), bool(int(kv.get("pf", 0))), float(kv.get("waves", 4)),
+                    int(kv.get("stages", 1))))
     return out
 
 
-DEFAULT_GRID = [(bn, w, bias, un, waves, 1) for bn, w in ((64, 4), (128, 4), (128, 8))
-                for bias in (False, True) for un in (1, 2) for waves in (2, 4, 8)]
+# (block_n, warps, bias-mma, unroll, prefetch, waves, num_stages)
+DEFAULT_GRID = [(bn, w, bias, un, pf, waves, 1) for bn, w in ((64, 4), (128, 8), (128, 4))
+                for bias in (False, True) for un, pf in ((1, False), (2, False), (1, True)) for waves in (2, 4, 8)]
+QUICK_GRID = [(bn, w, bias, un, pf, 4, 1) for bn, w in ((64, 4), (128, 8))
+              for bias in (False, True) for un, pf in ((1, False), (2, False), (1, True))]
 
 
 def tc_config(spec, M: int, N: int, K: int, sms: int) -> TCConfig:
-    bn, w, bias, un, waves, stages = spec
+    bn, w, bias, un, pf, waves, stages = spec
     bm = tc_block_m(M)
     tiles = math.ceil(N / bn) * math.ceil(M / bm)
     split = max(1, min(K // 128, round(waves * sms / tiles)))
-    return TCConfig(bn, bm, split, w, stages, bias, un)
+    return TCConfig(bn, bm, split, w, stages, bias, un, pf)
 
 
 def label(cfg: TCConfig) -> str:
-    return (f"tc bn{cfg.block_n} w{cfg.num_warps} {'bias-mma' if cfg.bias_dot else 'fma'} un{cfg.unroll} "
-            f"s{cfg.num_stages} split{cfg.split_k}")
+    return (f"tc bn{cfg.block_n} w{cfg.num_warps} {'bias-mma' if cfg.bias_dot else 'fma'} un{cfg.unroll}"
+            f"{' pf' if cfg.prefetch else ''} st{cfg.num_stages} split{cfg.split_k}")
 
 
 def spec_label(spec) -> str:
-    bn, w, bias, un, waves, stages = spec
-    return f"bn{bn} w{w} {'bias-mma' if bias else 'fma'} un{un} st{stages} waves{waves:g}"
+    bn, w, bias, un, pf, waves, stages = spec
+    return f"bn{bn} w{w} {'bias-mma' if bias else 'fma'} un{un}{' pf' if pf else ''} st{stages} waves{waves:g}"
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -221,8 +226,9 @@ def main() -> None:
     ap.add_argument("--old", action="store_true", help="also time the previous interleaved-layout kernels")
     ap.add_argument("--shapes", default="all", help="comma list of shape indexes (0-3) or 'all'")
     ap.add_argument("--batches", default="1,8,32,4096", help="comma list of M values")
+    ap.add_argument("--quick", action="store_true", help="a 12-config grid (waves 4) instead of 54")
     ap.add_argument("--configs", default="", help="tensor-core configs to sweep instead of the default grid: "
-                    "'bn=64,w=4,bias=1,un=1,waves=4,stages=1;...'")
+                    "'bn=64,w=4,bias=1,un=1,pf=0,waves=4,stages=1;...'")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
@@ -234,7 +240,8 @@ def main() -> None:
     import triton
     log(f"{torch.cuda.get_device_name()} | {sms} SMs | copy ceiling {ceiling:.0f} GB/s | torch {torch.__version__} "
         f"| triton {triton.__version__}")
-    grid = [] if args.no_sweep else (parse_configs(args.configs) if args.configs else DEFAULT_GRID)
+    grid = [] if args.no_sweep else (parse_configs(args.configs) if args.configs
+                                     else QUICK_GRID if args.quick else DEFAULT_GRID)
     batches = [int(m) for m in args.batches.split(",")]
     shapes = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
     rows = []

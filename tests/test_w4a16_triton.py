@@ -60,6 +60,8 @@ _INTERPRETED_TC_CHECK = textwrap.dedent("""
              (128, torch.float16, 4, TCConfig(64, 16, 3, bias_dot=True, unroll=2)),
              (-1, torch.bfloat16, 17, TCConfig(16, 16, 2, bias_dot=True)),             # two M tiles
              (32, torch.bfloat16, 2, TCConfig(32, 16, 2, unroll=2)),
+             (128, torch.bfloat16, 3, TCConfig(16, 16, 2, bias_dot=False, prefetch=True)),
+             (32, torch.bfloat16, 1, TCConfig(32, 16, 1, bias_dot=True, prefetch=True)),
              (64, torch.float16, 3, TCConfig(16, 16, 1))]
     for G, dt, M, cfg in cases:
         ng = 1 if G == -1 else K // G
@@ -69,13 +71,14 @@ _INTERPRETED_TC_CHECK = textwrap.dedent("""
         x = torch.randn(M, K, generator=gen).to(dt)
         ref = x.float() @ w.t()
         tol = 8e-3 if G < 128 and G != -1 else 5e-3    # small groups scale bf16/fp16 weights before the MMA
-        for _ in range(2):                              # the second call checks the split-K counter reset
+        for _ in range(2 if cfg.split_k > 1 else 1):    # the second call checks the split-K counter reset
             y = w4a16_tc(x, pack_tc(q), s, G, cfg)
             assert y.dtype == dt and y.shape == (M, N)
             err = float((y.float() - ref).norm() / ref.norm())
             assert err < tol, (G, dt, M, cfg, err)
-        wd = w4a16_tc_dequantize(pack_tc(q), s, G, dt, block_n=32).float()
-        assert bool(((wd - w).abs() <= w.abs() * 2 ** -7 + 1e-7).all()), (G, dt)
+        if cfg.unroll == 1:
+            wd = w4a16_tc_dequantize(pack_tc(q), s, G, dt, block_n=32).float()
+            assert bool(((wd - w).abs() <= w.abs() * 2 ** -7 + 1e-7).all()), (G, dt)
     print("ok")
 """)
 
@@ -141,7 +144,8 @@ def test_w4a16_linear_on_cuda_matches_reference(G, M):
 
 @gpu
 @needs_triton
-@pytest.mark.parametrize("cfg", ["bn64 w4 fma", "bn64 w4 bias", "bn128 w4 bias un2", "bn128 w8 fma un2"])
+@pytest.mark.parametrize("cfg", ["bn64 w4 fma", "bn64 w4 bias", "bn128 w4 bias un2", "bn128 w8 fma un2",
+                                 "bn64 w4 fma pf", "bn128 w8 bias pf"])
 @pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16])
 def test_tensor_core_kernel_inline_asm_on_cuda(cfg, dt):
     """The inline-PTX dequantization (which the interpreter cannot run) for every kernel variant."""
@@ -158,7 +162,7 @@ def test_tensor_core_kernel_inline_asm_on_cuda(cfg, dt):
         x = torch.randn(M, K, generator=gen).to(dt)
         ref = x.float() @ w.t()
         c = TCConfig(int(parts[0][2:]), 16 if M <= 16 else 32 if M <= 32 else 64, 3, int(parts[1][1:]), 1,
-                     "bias" in parts, 2 if "un2" in parts else 1)
+                     "bias" in parts, 2 if "un2" in parts else 1, "pf" in parts)
         for _ in range(2):
             y = w4a16_tc(x.cuda(), pack_tc(q).cuda(), s.cuda(), G, c).cpu()
             assert rel_err(y.float(), ref) < 5e-3, (cfg, M)

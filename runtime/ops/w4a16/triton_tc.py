@@ -88,7 +88,7 @@ def _split_halves(r):
 
 
 @triton.jit
-def _load_words(qw_ptr, kb, pid_n, NG, BLOCK_N: tl.constexpr, WARPS: tl.constexpr):
+def _load_words(qw_ptr, kb, pid_n, NG, BLOCK_N: tl.constexpr, WARPS: tl.constexpr, EVEN_N: tl.constexpr):
     """The [BLOCK_N, 16] word tile of 128-row block kb (row n, word w = 4·blk + c).
 
     Loaded as a 2-D [BLOCK_N·4, 4] tile whose row r = (g_hi, n8, g_lo, nlo, c) (c fastest):
@@ -105,7 +105,10 @@ def _load_words(qw_ptr, kb, pid_n, NG, BLOCK_N: tl.constexpr, WARPS: tl.constexp
     g_hi = r // (64 * G_LO)
     gg = pid_n * (BLOCK_N // 16) + g_hi * G_LO + g_lo
     row = (kb * NG + gg) * 256 + n8 * 128 + nlo * 16 + c * 4
-    q2 = tl.load(qw_ptr + row[:, None] + tl.arange(0, 4)[None, :], mask=(gg < NG)[:, None], other=0)
+    if EVEN_N:
+        q2 = tl.load(qw_ptr + row[:, None] + tl.arange(0, 4)[None, :])
+    else:
+        q2 = tl.load(qw_ptr + row[:, None] + tl.arange(0, 4)[None, :], mask=(gg < NG)[:, None], other=0)
     q6 = tl.reshape(q2, (G_HI, 2, G_LO, 8, 4, 4))                    # (g_hi, n8, g_lo, nlo, c, blk)
     return tl.reshape(tl.permute(q6, (0, 2, 1, 3, 5, 4)), (BLOCK_N, 16))
 
@@ -155,9 +158,11 @@ def _group_scales6(s_ptr, kb, kb1, offs_n, N, GROUP: tl.constexpr):
 
 @triton.jit
 def _load_block(x_ptr, qw_ptr, s_ptr, kb, kb1, pid_n, offs_n, offs_m, M, N, NG, stride_xm, GROUP: tl.constexpr,
-                BLOCK_N: tl.constexpr, WARPS: tl.constexpr):
-    """Words, activations and (for groups >= 128) scales of block kb; all zero if kb >= kb1."""
-    q = _load_words(qw_ptr, kb, pid_n, NG, BLOCK_N, WARPS)
+                BLOCK_N: tl.constexpr, WARPS: tl.constexpr, EVEN_N: tl.constexpr):
+    """Words, activations and (for groups >= 128) scales of block kb. For kb >= kb1 (unroll and
+    prefetch tails) the words are block kb1 - 1's (a valid address) and x and s are zero, so the
+    block adds nothing."""
+    q = _load_words(qw_ptr, tl.minimum(kb, kb1 - 1), pid_n, NG, BLOCK_N, WARPS, EVEN_N)
     xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + (kb * 128 + tl.arange(0, 128))[:, None],
                  mask=(offs_m < M)[None, :] & (kb * 128 + tl.arange(0, 128) < kb1 * 128)[:, None], other=0.0)
     if GROUP < 128:
@@ -195,7 +200,8 @@ def _mma_block(acc, neg_bias, q, xt, s, s_ptr, kb, kb1, offs_n, N, GROUP: tl.con
 def _w4a16_tc_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym,
                      split_k, bias, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                      USE_ASM: tl.constexpr, DOT_F32: tl.constexpr, WARPS: tl.constexpr,
-                     BIAS_DOT: tl.constexpr, UNROLL: tl.constexpr):
+                     BIAS_DOT: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
+                     EVEN_N: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -211,17 +217,29 @@ def _w4a16_tc_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stri
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     # -(magic + 8) from a runtime argument, so the compiler cannot fold it into per-block constants
     neg_bias = tl.full((BLOCK_N, 128), bias, tl.float32).to(x_ptr.dtype.element_ty)
-    for kb in range(kb0, kb1, UNROLL):
-        # every load of the UNROLL blocks is issued before the first MMA
-        q, xt, s = _load_block(x_ptr, qw_ptr, s_ptr, kb, kb1, pid_n, offs_n, offs_m, M, N, NG, stride_xm,
-                               GROUP, BLOCK_N, WARPS)
-        if UNROLL == 2:
-            q2, xt2, s2 = _load_block(x_ptr, qw_ptr, s_ptr, kb + 1, kb1, pid_n, offs_n, offs_m, M, N, NG,
-                                      stride_xm, GROUP, BLOCK_N, WARPS)
-        acc = _mma_block(acc, neg_bias, q, xt, s, s_ptr, kb, kb1, offs_n, N, GROUP, BLOCK_N, BLOCK_M, USE_ASM, DOT_F32, BIAS_DOT)
-        if UNROLL == 2:
-            acc = _mma_block(acc, neg_bias, q2, xt2, s2, s_ptr, kb + 1, kb1, offs_n, N, GROUP, BLOCK_N, BLOCK_M, USE_ASM, DOT_F32,
-                             BIAS_DOT)
+    if PREFETCH:
+        # block kb + 1's loads are in flight while block kb is dequantized and multiplied
+        q, xt, s = _load_block(x_ptr, qw_ptr, s_ptr, kb0, kb1, pid_n, offs_n, offs_m, M, N, NG, stride_xm,
+                               GROUP, BLOCK_N, WARPS, EVEN_N)
+        for kb in range(kb0, kb1):
+            qn, xtn, sn = _load_block(x_ptr, qw_ptr, s_ptr, kb + 1, kb1, pid_n, offs_n, offs_m, M, N, NG,
+                                      stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
+            acc = _mma_block(acc, neg_bias, q, xt, s, s_ptr, kb, kb1, offs_n, N, GROUP, BLOCK_N, BLOCK_M,
+                             USE_ASM, DOT_F32, BIAS_DOT)
+            q, xt, s = qn, xtn, sn
+    else:
+        for kb in range(kb0, kb1, UNROLL):
+            # every load of the UNROLL blocks is issued before the first MMA
+            q, xt, s = _load_block(x_ptr, qw_ptr, s_ptr, kb, kb1, pid_n, offs_n, offs_m, M, N, NG, stride_xm,
+                                   GROUP, BLOCK_N, WARPS, EVEN_N)
+            if UNROLL == 2:
+                q2, xt2, s2 = _load_block(x_ptr, qw_ptr, s_ptr, kb + 1, kb1, pid_n, offs_n, offs_m, M, N, NG,
+                                          stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
+            acc = _mma_block(acc, neg_bias, q, xt, s, s_ptr, kb, kb1, offs_n, N, GROUP, BLOCK_N, BLOCK_M,
+                             USE_ASM, DOT_F32, BIAS_DOT)
+            if UNROLL == 2:
+                acc = _mma_block(acc, neg_bias, q2, xt2, s2, s_ptr, kb + 1, kb1, offs_n, N, GROUP, BLOCK_N,
+                                 BLOCK_M, USE_ASM, DOT_F32, BIAS_DOT)
 
     y_off = offs_m[None, :] * stride_ym + offs_n[:, None]
     mask = m_mask[None, :] & n_mask[:, None]
@@ -249,7 +267,7 @@ def _w4a16_tc_dequant_kernel(qw_ptr, s_ptr, w_ptr, N, K, GROUP: tl.constexpr, BL
     kb = tl.program_id(0)
     pid_n = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    q = _load_words(qw_ptr, kb, pid_n, N // 16, BLOCK_N, WARPS)
+    q = _load_words(qw_ptr, kb, pid_n, N // 16, BLOCK_N, WARPS, False)
     w6 = _dequant6(q, BLOCK_N, USE_ASM, False, FP16).to(tl.float32)
     if GROUP < 128:
         s6 = _group_scales6(s_ptr, kb, kb + 1, offs_n, N, GROUP)
@@ -270,6 +288,7 @@ class TCConfig:
     num_stages: int = 1
     bias_dot: bool = True
     unroll: int = 1
+    prefetch: bool = False
 
 
 _NEG_BIAS = {torch.bfloat16: -136.0, torch.float16: -1032.0}
@@ -321,7 +340,8 @@ def w4a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group
         x, qweight, scales, y, ws, cnt, M, N, K, x.stride(0), y.stride(0), split, _NEG_BIAS[x.dtype],
         GROUP=group, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
         USE_ASM=(not _INTERPRET) if use_asm is None else use_asm, DOT_F32=_INTERPRET,
-        WARPS=cfg.num_warps, BIAS_DOT=cfg.bias_dot, UNROLL=cfg.unroll, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        WARPS=cfg.num_warps, BIAS_DOT=cfg.bias_dot, UNROLL=cfg.unroll,
+        PREFETCH=cfg.prefetch, EVEN_N=N % cfg.block_n == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return y
 
 
