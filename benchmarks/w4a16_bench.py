@@ -100,10 +100,14 @@ def parse_configs(text: str) -> list:
 
 
 # (block_n, warps, bias-mma, unroll, prefetch, waves, num_stages)
-DEFAULT_GRID = [(bn, w, bias, un, pf, waves, 1) for bn, w in ((64, 4), (128, 8), (128, 4))
-                for bias in (False, True) for un, pf in ((1, False), (2, False), (1, True)) for waves in (2, 4, 8)]
-QUICK_GRID = [(bn, w, bias, un, pf, 4, 1) for bn, w in ((64, 4), (128, 8))
-              for bias in (False, True) for un, pf in ((1, False), (2, False), (1, True))]
+# modes: (unroll, register prefetch, num_stages); num_stages > 1 lets Triton pipeline the words and
+# activations through shared memory with cp.async
+_FMA_MODES = ((1, False, 1), (2, False, 1), (4, False, 1), (1, True, 1), (1, False, 3), (1, False, 4))
+_BIAS_MODES = ((1, False, 1), (1, True, 1), (1, False, 3))
+_KERNELS = [(bn, w, bias, un, pf, st) for bn, w in ((64, 4), (128, 8))
+            for bias, modes in ((False, _FMA_MODES), (True, _BIAS_MODES)) for un, pf, st in modes]
+DEFAULT_GRID = [(bn, w, bias, un, pf, waves, st) for bn, w, bias, un, pf, st in _KERNELS for waves in (2, 4, 8)]
+QUICK_GRID = [(bn, w, bias, un, pf, 4, st) for bn, w, bias, un, pf, st in _KERNELS]
 
 
 def tc_config(spec, M: int, N: int, K: int, sms: int) -> TCConfig:
@@ -226,7 +230,7 @@ def main() -> None:
     ap.add_argument("--old", action="store_true", help="also time the previous interleaved-layout kernels")
     ap.add_argument("--shapes", default="all", help="comma list of shape indexes (0-3) or 'all'")
     ap.add_argument("--batches", default="1,8,32,4096", help="comma list of M values")
-    ap.add_argument("--quick", action="store_true", help="a 12-config grid (waves 4) instead of 54")
+    ap.add_argument("--quick", action="store_true", help="an 18-config grid (waves 4 only) instead of 54")
     ap.add_argument("--configs", default="", help="tensor-core configs to sweep instead of the default grid: "
                     "'bn=64,w=4,bias=1,un=1,pf=0,waves=4,stages=1;...'")
     args = ap.parse_args()

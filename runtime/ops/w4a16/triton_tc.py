@@ -232,13 +232,23 @@ def _w4a16_tc_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stri
             # every load of the UNROLL blocks is issued before the first MMA
             q, xt, s = _load_block(x_ptr, qw_ptr, s_ptr, kb, kb1, pid_n, offs_n, offs_m, M, N, NG, stride_xm,
                                    GROUP, BLOCK_N, WARPS, EVEN_N)
-            if UNROLL == 2:
+            if UNROLL >= 2:
                 q2, xt2, s2 = _load_block(x_ptr, qw_ptr, s_ptr, kb + 1, kb1, pid_n, offs_n, offs_m, M, N, NG,
+                                          stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
+            if UNROLL == 4:
+                q3, xt3, s3 = _load_block(x_ptr, qw_ptr, s_ptr, kb + 2, kb1, pid_n, offs_n, offs_m, M, N, NG,
+                                          stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
+                q4, xt4, s4 = _load_block(x_ptr, qw_ptr, s_ptr, kb + 3, kb1, pid_n, offs_n, offs_m, M, N, NG,
                                           stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
             acc = _mma_block(acc, neg_bias, q, xt, s, s_ptr, kb, kb1, offs_n, N, GROUP, BLOCK_N, BLOCK_M,
                              USE_ASM, DOT_F32, BIAS_DOT)
-            if UNROLL == 2:
+            if UNROLL >= 2:
                 acc = _mma_block(acc, neg_bias, q2, xt2, s2, s_ptr, kb + 1, kb1, offs_n, N, GROUP, BLOCK_N,
+                                 BLOCK_M, USE_ASM, DOT_F32, BIAS_DOT)
+            if UNROLL == 4:
+                acc = _mma_block(acc, neg_bias, q3, xt3, s3, s_ptr, kb + 2, kb1, offs_n, N, GROUP, BLOCK_N,
+                                 BLOCK_M, USE_ASM, DOT_F32, BIAS_DOT)
+                acc = _mma_block(acc, neg_bias, q4, xt4, s4, s_ptr, kb + 3, kb1, offs_n, N, GROUP, BLOCK_N,
                                  BLOCK_M, USE_ASM, DOT_F32, BIAS_DOT)
 
     y_off = offs_m[None, :] * stride_ym + offs_n[:, None]
@@ -309,13 +319,14 @@ def tc_block_m(M: int) -> int:
 
 
 def default_tc_config(M: int, N: int, K: int, sms: int = 132, waves: float = 4.0) -> TCConfig:
-    """BLOCK_N 64 (one warpgroup MMA tile), and split K until about `waves` CTAs per SM exist
-    (the kernel is latency-bound: many small CTAs keep enough bytes in flight)."""
+    """BLOCK_N 64 (one warpgroup MMA tile), split K until about `waves` CTAs per SM exist and
+    3 pipeline stages (cp.async): small decode GEMMs are latency-bound, so the bytes in flight
+    per SM decide the speed. Not yet tuned on an H200 (benchmarks/w4a16_bench.py sweeps it)."""
     bm = tc_block_m(M)
     bn = 64 if N >= 64 else 32 if N >= 32 else 16
     tiles = triton.cdiv(N, bn) * triton.cdiv(M, bm)
     split = max(1, min(K // K_BLOCK, round(waves * sms / tiles)))
-    return TCConfig(bn, bm, split, 4, 1)
+    return TCConfig(bn, bm, split, 4, 3, bias_dot=False)
 
 
 def w4a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int,
