@@ -19,6 +19,14 @@ layout, the reshape/permute chain, scales, split-K and masking, and the GPU test
 Scales: for groups of 128 or more (and per-channel) one fp32 multiply per output element and 128-row
 block after the MMA; for groups 16/32/64 the fp16 scale multiplies the weight before the MMA.
 
+Variants (TCConfig; benchmarks/w4a16_bench.py times them all): `bias_dot` drops the fma and adds
+an MMA of a constant -(magic + 8) tile instead; `unroll` 2/4 issues the loads of several 128-row
+blocks before the first MMA; `prefetch` carries the next block's loads in registers; `num_stages`
+> 1 lets Triton pipeline words and activations through shared memory (cp.async). Offline sm_90
+SASS per 128-row block and thread (64 weights at BLOCK_N 64, 4 warps): 163 instructions with the
+fma dequant (90 of them dequantization), 160 with the bias MMA, 196 with 3 stages; the CUDA-core
+GEMV it replaces needed ~5.4 per weight (~345 per 64).
+
 Split-K in one launch: each split writes fp32 partials to a workspace and bumps a per-tile
 counter; the last split of a tile adds the partials, writes y in the activation dtype and resets
 the counter (as in triton_gemv.py). Import lazily: CPU-only installs have no triton.
