@@ -230,45 +230,21 @@ def decode(engine, model, ceil):
 
 @section("attention")
 def attention(cfg):
-    """One layer's decode attention at batch 1: dense over every page vs InfLLM-V2 (K1 update +
-    selection + attention over the selected blocks)."""
-    from salactl.runtime.ops.decode_attention.triton import choose_splits, paged_attention
-    from salactl.runtime.ops.selection.gpu import compress_update, select_paged
+    """One layer's decode attention at batch 1: dense over every page vs InfLLM-V2 (K1 update
+    fused into the selection + attention over the selected blocks), with the parts; details and
+    correctness checks in benchmarks/sparse_decode_bench.py."""
+    from benchmarks.sparse_decode_bench import layer_case
 
-    sc, hkv, hq, d = cfg.sparse_config, cfg.num_key_value_heads, cfg.num_attention_heads, cfg.head_dim
-    B = sc.block_size
+    B = cfg.sparse_config.block_size
     out = {}
-    for ctx in (131072, 1 << 20):
-        P = ctx // B + 2
-        kp = torch.randn(P + 1, hkv, B, d, device="cuda", dtype=torch.bfloat16)
-        vp = torch.randn_like(kp)
-        k1p = torch.randn(P + 1, hkv, B // sc.kernel_stride, d, device="cuda", dtype=torch.bfloat16) * 0.3
-        pt = torch.randperm(P, device="cuda").to(torch.int32)[None]
-        one = torch.zeros(1, dtype=torch.int32, device="cuda")
-        seq = torch.tensor([ctx], dtype=torch.int32, device="cuda")
-        q = torch.randn(1, hq, d, device="cuda", dtype=torch.bfloat16)
-        start = torch.tensor([(ctx - sc.kernel_size) // sc.kernel_stride], dtype=torch.int32, device="cuda")
-        cnt1 = torch.ones(1, dtype=torch.int32, device="cuda")
-        splits = choose_splits(hkv, P)
-
-        def dense():
-            paged_attention(q, kp, vp, pt, one, seq, num_splits=splits)
-
-        def select():
-            compress_update(kp, k1p, pt, one, start, cnt1, 1, sc)
-            return select_paged(q, k1p, pt, one, seq, sc, P)
-
-        def sparse():
-            sel, cnt = select()
-            paged_attention(q, kp, vp, pt, one, seq, sel, cnt, sc.dense_len,
-                            num_splits=choose_splits(hkv, sc.selected_blocks))
-
-        td, ts, tsel = graph_time(dense), graph_time(sparse), graph_time(select)
-        out[f"ctx{ctx}"] = {"dense_us": td * 1e6, "sparse_us": ts * 1e6, "selection_us": tsel * 1e6,
-                            "sparse_pct_of_dense": 100 * ts / td,
-                            "dense_gb_s": 2 * ctx * hkv * d * 2 / td / 1e9}
-        del kp, vp, k1p
-        torch.cuda.empty_cache()
+    for ctx, width in ((131072, 131072 // B + 2), (1 << 20, (1 << 20) // B + 2), (131072, (1 << 20) // B + 2)):
+        c = layer_case(cfg, ctx, width, None, [])
+        key = f"ctx{ctx}" + ("" if width == ctx // B + 2 else f"_table{width}")
+        out[key] = {"dense_us": c["dense_us"], "sparse_us": c["sparse_total_us"],
+                    "selection_us": c["selection_fused_k1_us"], "compress_us": c["compress_us"],
+                    "selection_alone_us": c["selection_us"], "attention_us": c["attention_us"],
+                    "sparse_pct_of_dense": 100 * c["ratio"],
+                    "dense_gb_s": 2 * ctx * cfg.num_key_value_heads * cfg.head_dim * 2 / c["dense_us"] / 1e3}
     return out
 
 

@@ -41,6 +41,21 @@ def test_selection_matches_reference():
     _assert_rows(S.check_selection("cpu", torch.float32, SMALL, L=9 * 64 + 5))
 
 
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("knobs", [dict(lse_splits=3), dict(nbc=4, group=16, tile=8, lse_splits=2),
+                                   dict(nbc=8, group=32, tile=64, radix_bits=4, lse_splits=5)])
+def test_decode_selection_exact_set_and_order(ties, knobs):
+    """select_decode (fused K1 update, top-k in the kernel) = reference.select_blocks: contexts
+    at/just past dense_len, not multiples of the block, shorter than topk, one and several
+    top-k groups/tiles; tied blocks must break by lower index."""
+    from salactl.runtime.ops.selection.check import check_decode_selection
+
+    sc = SMALL.sparse
+    lens = [sc.dense_len, sc.dense_len + 1, 9 * 32 + 5, 31, 1000, 2050]
+    _assert_rows(check_decode_selection("cpu", torch.float32, SMALL.hq, SMALL.hkv, SMALL.d, sc, lens,
+                                        ties=ties, seed=7, **knobs))
+
+
 def test_fused_ops():
     _assert_rows(S.check_fused("cpu", torch.float32))
 

@@ -39,6 +39,20 @@ def test_selection(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("knobs", [{}, dict(nbc=32, group=128, tile=256, radix_bits=4, num_warps=4)])
+def test_decode_selection_exact_set_and_order(dtype, ties, knobs):
+    """select_decode at 9B shapes vs reference.select_blocks (set and order; near-ties only)."""
+    from salactl.runtime.gpu import selfcheck as S
+    from salactl.runtime.ops.selection.check import check_decode_selection
+
+    sh = S.Shapes()
+    sc = sh.sparse
+    lens = [sc.dense_len, sc.dense_len + 1, sc.dense_len + 37, 20 * sh.block - 1, 50001]
+    _assert_rows(check_decode_selection("cuda", dtype, sh.hq, sh.hkv, sh.d, sc, lens, ties=ties, **knobs))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_fused_ops(dtype):
     from salactl.runtime.gpu import selfcheck as S
     _assert_rows(S.check_fused("cuda", dtype))

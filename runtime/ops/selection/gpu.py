@@ -1,5 +1,7 @@
 """InfLLM-V2 selection on the GPU over paged caches: launchers for the Triton kernels in
-triton.py plus the top-k. Static shapes throughout (graph-safe); exactly DESIGN.md §2, checked
+triton.py (compression; prefill selection, several queries of one sequence per tile, + torch.topk)
+and triton_decode.py (decode selection: two launches, work proportional to each row's length,
+top-k in the kernel). Static shapes throughout (graph-safe); exactly DESIGN.md §2, checked
 against reference.select_blocks on random inputs."""
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import triton
 from salactl.runtime.config import SparseConfig
 from salactl.runtime.ops.decode_attention.triton import scale_tensor
 from salactl.runtime.ops.selection import triton as kern
+from salactl.runtime.ops.selection import triton_decode as dkern
 
 _NEG_INF_BITS = struct.unpack("<i", struct.pack("<f", float("-inf")))[0]
 # Largest key whose score is -inf (not a candidate): everything above it is selectable.
@@ -41,11 +44,15 @@ def compress_update(k_pages, k1_pages, page_table, slots, starts, counts, max_co
 
 
 def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_max: int,
-                 one_sequence: bool = False, num_splits: int | None = None):
+                 one_sequence: bool = False, num_splits: int | None = None, **decode_kw):
     """Selected blocks for each query row. q [n, Hq, D]; slots/seq_lens [n] int32 (a query at
     position t has seq_len t+1). With one_sequence=True all rows belong to one sequence and are
-    processed several queries per tile. Returns (block_ids [n, Hkv, K] int32 in descending
-    score order, counts [n, Hkv] int32), K = min(topk + window/block, nb_max)."""
+    processed several queries per tile (prefill); otherwise `select_decode` (decode_kw go there).
+    Returns (block_ids [n, Hkv, K] int32 in descending score order, entries past the count
+    unspecified; counts [n, Hkv] int32), K = min(topk + window/block, nb_max)."""
+    if not one_sequence:
+        return select_decode(q, k1_pages, page_table, slots, seq_lens, sc, nb_max,
+                             lse_splits=num_splits, **decode_kw)
     n, hq, D = q.shape
     _, hkv, wpp, _ = k1_pages.shape
     G = hq // hkv
@@ -76,3 +83,57 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
     vals, idx = torch.topk(keys, k, dim=-1)
     counts = (vals > NEG_INF_KEY_MAX).sum(-1, dtype=torch.int32)
     return idx.to(torch.int32), counts
+
+
+def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_max: int,
+                  k_pages=None, k1_start=None, k1_count=None, k_scale=1.0,
+                  lse_splits: int | None = None, nbc: int = 64, group: int = 2048, tile: int = 2048,
+                  radix_bits: int = 2, num_warps: int = 8):
+    """One query per row (decode): two launches (triton_decode.py). With k_pages, k1_start and
+    k1_count given, the window completed by each row's token (k1_count 0/1) is compressed into
+    k1_pages by the first launch (replaces compress_update). nb_max: the static block width
+    (launch grid); each row's work follows its own seq_len. Same result as select_paged."""
+    n, hq, D = q.shape
+    _, hkv, wpp, _ = k1_pages.shape
+    G = hq // hkv
+    BG = max(16, triton.next_power_of_2(G))
+    rows = n * hkv
+    dev = q.device
+    if lse_splits is None:
+        lse_splits = max(1, min(128, math.ceil(528 / rows)))
+    assert group % nbc == 0 and nbc & (nbc - 1) == 0 and tile & (tile - 1) == 0
+    K = min(sc.selected_blocks, nb_max)
+    KP = triton.next_power_of_2(K)
+    ng_max = triton.cdiv(nb_max, group)
+    nctr = ng_max + 1
+    sm_scale = 1.0 / math.sqrt(D)
+    dot_f32 = q.dtype == torch.float32
+    fuse = k_pages is not None and k1_start is not None and k1_count is not None
+    fp8 = fuse and k_pages.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    plse = torch.empty(rows * lse_splits * BG, device=dev, dtype=torch.float32)
+    ctr = torch.empty(rows * nctr, device=dev, dtype=torch.int32)
+    keys = torch.empty(rows, nb_max, device=dev, dtype=torch.int64)
+    part = torch.empty(rows * (ng_max + 1) * KP, device=dev, dtype=torch.int64)
+    sel = torch.empty(n, hkv, K, device=dev, dtype=torch.int32)
+    cnt = torch.empty(n, hkv, device=dev, dtype=torch.int32)
+    kp = k_pages if fuse else k1_pages
+    js, jc = (k1_start, k1_count) if fuse else (slots, slots)
+    dkern._lse_kernel[(rows, lse_splits)](
+        q, k1_pages, page_table, slots, seq_lens, plse, ctr, kp, js, jc,
+        scale_tensor(k_scale if fuse else 1.0, hkv, dev),
+        q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), kp.stride(0), kp.stride(1),
+        page_table.stride(0), sm_scale, lse_splits,
+        HKV=hkv, G=G, BG=BG, D=D, WPP=wpp, KS=sc.kernel_size, ST=sc.kernel_stride, BS=sc.block_size,
+        BW=64, NCTR=nctr, NCTR2=triton.next_power_of_2(nctr), FUSE_K1=fuse, FP8=fp8,
+        DOT_F32=dot_f32, num_warps=4)
+    dkern._block_topk_kernel[(rows, triton.cdiv(nb_max, nbc))](
+        q, k1_pages, page_table, slots, seq_lens, plse, keys, part, ctr, sel, cnt,
+        q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), page_table.stride(0),
+        keys.stride(0), sel.stride(0), sel.stride(1), cnt.stride(0), cnt.stride(1),
+        sm_scale, lse_splits,
+        HKV=hkv, G=G, BG=BG, D=D, WPP=wpp, LEFT=sc.kernel_size // sc.kernel_stride - 1,
+        KS=sc.kernel_size, ST=sc.kernel_stride, BS=sc.block_size, NBC=nbc, GROUP=group,
+        NG_MAX=ng_max, NCTR=nctr, INIT=sc.init_blocks, WINB=sc.window_blocks, K=K, KP=KP,
+        TILE=tile, RB=radix_bits, SP2=max(2, triton.next_power_of_2(lse_splits)), DOT_F32=dot_f32,
+        num_warps=num_warps)
+    return sel, cnt

@@ -1,0 +1,240 @@
+"""One sparse layer's decode attention on one GPU (issue 4): InfLLM-V2 (K1 update + selection +
+paged attention over the selected blocks) vs dense paged attention, sala-9b shapes, bf16, batch 1.
+
+    python benchmarks/sparse_decode_bench.py [--quick] [--out DIR]
+
+1. correctness: select_decode (fused K1 update) against reference.select_blocks -- exact set and
+   order, random and tied keys, contexts just past dense_len, lengths not multiple of the block,
+   one and several top-k groups, up to 1M; and the whole sparse decode output at 128K against the
+   reference paged attention over the reference selection;
+2. per layer at 128K and 1M (page table as wide as the context + 2 pages, and 128K inside a 1M
+   wide table): dense us; sparse total us = fused selection + attention, and its parts (compress
+   alone, selection without / with the fused compress, attention over the selected blocks);
+   ratio to dense. Each timing is the median over replays of a CUDA graph of 20 calls ("warm":
+   K1 may sit in L2; "cold": a 64 MB L2 flush before each call, its own time subtracted).
+3. a small sweep of the selection's launch knobs (chunk blocks, warps, radix bits, lse splits).
+Results: a table on stdout and DIR/sparse_decode_bench.json ($OUT or ./out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def events_time(fn, reps=30, warm=3) -> float:
+    for _ in range(warm):
+        fn()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) / 1e3)
+    return statistics.median(ts)
+
+
+def graph_time(fn, inner=20, reps=30, flush=None) -> float:
+    """Median seconds per fn() from replays of a graph of `inner` calls (each after flush())."""
+    def body():
+        if flush is not None:
+            flush()
+        fn()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        body()
+        body()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(inner):
+            body()
+    return events_time(g.replay, reps) / inner
+
+
+def checks(cfg):
+    from salactl.runtime.ops.selection.check import check_decode_selection
+
+    sc, hq, hkv, d = cfg.sparse_config, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    dl, B = sc.dense_len, sc.block_size
+    rows = []
+    lens = [dl, dl + 1, dl + 37, 3 * dl + B - 1, 50001]
+    for ties in (False, True):
+        rows += check_decode_selection("cuda", torch.bfloat16, hq, hkv, d, sc, lens, ties=ties, seed=1)
+        rows += check_decode_selection("cuda", torch.bfloat16, hq, hkv, d, sc, lens, ties=ties, seed=2,
+                                       nbc=32, group=128, tile=256, radix_bits=4)
+        rows += check_decode_selection("cuda", torch.float32, hq, hkv, d, sc, lens, ties=ties, seed=3)
+    rows += check_decode_selection("cuda", torch.bfloat16, hq, hkv, d, sc, [131072, 140001], ties=True, seed=3)
+    rows += check_decode_selection("cuda", torch.bfloat16, hq, hkv, d, sc, [(1 << 20) - 5], seed=4)
+    rows.append(("sparse decode output at 128K vs reference (rel err)", end_to_end(cfg, 131072), 1e-2))
+    return rows
+
+
+def end_to_end(cfg, ctx, device="cuda", dtype=torch.bfloat16) -> float:
+    from salactl.runtime.ops.decode_attention.reference import paged_attention as ref_attention
+    from salactl.runtime.ops.decode_attention.triton import choose_splits, paged_attention
+    from salactl.runtime.ops.selection.check import contiguous_keys, paged_keys, window_slots
+    from salactl.runtime.ops.selection.gpu import select_decode
+    from salactl.runtime.ops.selection.reference import compress_keys, num_windows, select_blocks
+
+    sc, hq, hkv, d = cfg.sparse_config, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    gen = torch.Generator().manual_seed(5)
+    pt, kp = paged_keys([ctx], hkv, d, sc.block_size, dtype, device, gen=gen)
+    vp = torch.randn_like(kp)
+    nw = num_windows(ctx, sc)
+    k1p = torch.zeros(kp.shape[0], hkv, sc.block_size // sc.kernel_stride, d, device=device, dtype=kp.dtype)
+    K1 = compress_keys(contiguous_keys(kp, pt[0], ctx, sc.block_size), sc, 0, nw)
+    pg, sl = window_slots(pt[0], nw, sc)
+    k1p[pg, :, sl] = K1
+    q = torch.randn(1, hq, d, device=device, dtype=dtype)
+    one = torch.zeros(1, dtype=torch.int32, device=device)
+    seq = torch.tensor([ctx], dtype=torch.int32, device=device)
+    sel, cnt = select_decode(q, k1p, pt, one, seq, sc, pt.shape[1])
+    out = paged_attention(q, kp, vp, pt, one, seq, sel, cnt, sc.dense_len,
+                          num_splits=choose_splits(hkv, sc.selected_blocks))
+    nb = math.ceil(ctx / sc.block_size)
+    mask = select_blocks(q, K1, torch.tensor([ctx - 1], device=device), sc, nb)[:, 0]   # [hkv, nb]
+    k = sc.selected_blocks
+    ids = torch.zeros(1, hkv, k, dtype=torch.int32, device=device)
+    num = torch.zeros(1, hkv, dtype=torch.int32, device=device)
+    for h in range(hkv):
+        b = torch.nonzero(mask[h]).flatten()
+        ids[0, h, :len(b)], num[0, h] = b.to(torch.int32), len(b)
+    ref = ref_attention(q, kp, vp, pt, one, seq, ids, num, sc.dense_len).float()
+    return float((out.float() - ref).norm() / ref.norm())
+
+
+def layer_case(cfg, ctx, width, flush_buf, variants):
+    """Timings (us) of one layer's decode attention at context `ctx`, page table `width` wide."""
+    from salactl.runtime.ops.decode_attention.triton import choose_splits, paged_attention
+    from salactl.runtime.ops.selection.gpu import compress_update, select_decode
+
+    sc, hq, hkv, d = cfg.sparse_config, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    B = sc.block_size
+    P = ctx // B + 2
+    kp = torch.randn(P + 1, hkv, B, d, device="cuda", dtype=torch.bfloat16)
+    vp = torch.randn_like(kp)
+    k1p = torch.zeros(P + 1, hkv, B // sc.kernel_stride, d, device="cuda", dtype=torch.bfloat16)
+    pt = torch.full((1, width), P, dtype=torch.int32, device="cuda")
+    pt[0, :P] = torch.randperm(P, device="cuda").to(torch.int32)
+    one = torch.zeros(1, dtype=torch.int32, device="cuda")
+    seq = torch.tensor([ctx], dtype=torch.int32, device="cuda")
+    nw = (ctx - sc.kernel_size) // sc.kernel_stride + 1
+    done = int((ctx - sc.kernel_size) % sc.kernel_stride == 0)
+    compress_update(kp, k1p, pt, one, one, torch.tensor([nw], dtype=torch.int32, device="cuda"), nw, sc)
+    q = torch.randn(1, hq, d, device="cuda", dtype=torch.bfloat16)
+    jstart = torch.tensor([nw - done], dtype=torch.int32, device="cuda")
+    jcount = torch.tensor([done], dtype=torch.int32, device="cuda")
+    nb = pt.shape[1]
+    dense_splits = choose_splits(hkv, P)
+    sparse_splits = choose_splits(hkv, sc.selected_blocks)
+    sel0, cnt0 = select_decode(q, k1p, pt, one, seq, sc, nb)
+
+    fns = {
+        "dense": lambda: paged_attention(q, kp, vp, pt, one, seq, num_splits=dense_splits),
+        "compress": lambda: compress_update(kp, k1p, pt, one, jstart, jcount, 1, sc),
+        "selection": lambda: select_decode(q, k1p, pt, one, seq, sc, nb),
+        "selection_fused_k1": lambda: select_decode(q, k1p, pt, one, seq, sc, nb, k_pages=kp,
+                                                    k1_start=jstart, k1_count=jcount),
+        "attention": lambda: paged_attention(q, kp, vp, pt, one, seq, sel0, cnt0, sc.dense_len,
+                                             num_splits=sparse_splits),
+    }
+
+    def sparse_total():
+        sel, cnt = fns["selection_fused_k1"]()
+        paged_attention(q, kp, vp, pt, one, seq, sel, cnt, sc.dense_len, num_splits=sparse_splits)
+
+    def sparse_unfused():
+        fns["compress"]()
+        sel, cnt = fns["selection"]()
+        paged_attention(q, kp, vp, pt, one, seq, sel, cnt, sc.dense_len, num_splits=sparse_splits)
+
+    fns["sparse_total"] = sparse_total
+    fns["sparse_unfused"] = sparse_unfused
+    out = {"ctx": ctx, "table_blocks": width}
+    flush = (lambda: flush_buf.zero_()) if flush_buf is not None else None
+    t_flush = graph_time(flush) if flush else 0.0
+    for name, fn in fns.items():
+        out[f"{name}_us"] = graph_time(fn) * 1e6
+        if flush:
+            out[f"{name}_cold_us"] = (graph_time(fn, flush=flush) - t_flush) * 1e6
+    for tag in ("", "_cold"):
+        if f"dense{tag}_us" in out:
+            out[f"ratio{tag}"] = out[f"sparse_total{tag}_us"] / out[f"dense{tag}_us"]
+    for name, kw in variants:
+        out[f"sel[{name}]_us"] = graph_time(lambda: select_decode(
+            q, k1p, pt, one, seq, sc, nb, k_pages=kp, k1_start=jstart, k1_count=jcount, **kw)) * 1e6
+    del kp, vp, k1p
+    torch.cuda.empty_cache()
+    return out
+
+
+VARIANTS = [("nbc32 w4", dict(nbc=32, num_warps=4)), ("rb4", dict(radix_bits=4)),
+            ("nbc128", dict(nbc=128)), ("splits64", dict(lse_splits=64))]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="no knob sweep, no cold timings")
+    ap.add_argument("--skip-checks", action="store_true")
+    ap.add_argument("--out", default=os.environ.get("OUT", "out"))
+    args = ap.parse_args()
+    from salactl.runtime.presets import sala_9b
+
+    cfg = sala_9b()
+    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "triton": __import__("triton").__version__}
+    t0 = time.perf_counter()
+    bad = []
+    if not args.skip_checks:
+        rows = checks(cfg)
+        bad = [r for r in rows if not r[1] <= r[2]]
+        for r in rows:
+            print(f"{'ok  ' if r[1] <= r[2] else 'FAIL'} {r[0][:110]:110s} {r[1]:.3e} (tol {r[2]:.0e})", flush=True)
+        res["checks"] = {"passed": len(rows) - len(bad), "failed": bad}
+        print(f"checks: {len(rows) - len(bad)} ok, {len(bad)} failed ({time.perf_counter() - t0:.0f} s)", flush=True)
+    flush_buf = None if args.quick else torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    variants = [] if args.quick else VARIANTS
+    B = cfg.sparse_config.block_size
+    cases = [(131072, 131072 // B + 2), (1 << 20, (1 << 20) // B + 2), (131072, (1 << 20) // B + 2)]
+    res["cases"] = []
+    for ctx, width in cases:
+        c = layer_case(cfg, ctx, width, flush_buf, variants)
+        res["cases"].append(c)
+        print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in c.items()}), flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sparse_decode_bench.json").write_text(json.dumps(res, indent=1, default=str))
+    print("\n| ctx | table blocks | dense us | sparse total us | compress | selection (fused K1) | "
+          "selection alone | attention | sparse/dense | cold: dense / sparse / ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for c in res["cases"]:
+        cold = (f"{c['dense_cold_us']:.1f} / {c['sparse_total_cold_us']:.1f} / {100 * c['ratio_cold']:.0f}%"
+                if "ratio_cold" in c else "-")
+        print(f"| {c['ctx']} | {c['table_blocks']} | {c['dense_us']:.1f} | {c['sparse_total_us']:.1f} | "
+              f"{c['compress_us']:.1f} | {c['selection_fused_k1_us']:.1f} | {c['selection_us']:.1f} | "
+              f"{c['attention_us']:.1f} | {100 * c['ratio']:.1f}% | {cold} |")
+    if variants:
+        print("\nselection (fused K1) by knobs, us:")
+        for c in res["cases"]:
+            print(f"  ctx {c['ctx']} width {c['table_blocks']}: " + ", ".join(
+                f"{k[4:-4]} {v:.1f}" for k, v in c.items() if k.startswith("sel[")))
+    print(f"\ntotal {time.perf_counter() - t0:.0f} s; checks {'FAILED' if bad else 'ok'}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
