@@ -77,7 +77,8 @@ def checks(cfg):
         rows += check_decode_selection("cuda", torch.bfloat16, hq, hkv, d, sc, lens, ties=ties, seed=2,
                                        nbc=32, group=128, tile=256, radix_bits=4)
         rows += check_decode_selection("cuda", torch.float32, hq, hkv, d, sc, lens, ties=ties, seed=3)
-    rows += check_decode_selection("cuda", torch.bfloat16, hq, hkv, d, sc, [131072, 140001], ties=True, seed=3)
+    rows += check_decode_selection("cuda", torch.bfloat16, hq, hkv, d, sc, [131072, 140001], ties=True,
+                                   seed=3)
     rows += check_decode_selection("cuda", torch.bfloat16, hq, hkv, d, sc, [(1 << 20) - 5], seed=4)
     rows.append(("sparse decode output at 128K vs reference (rel err)", end_to_end(cfg, 131072), 1e-2))
     return rows
@@ -177,8 +178,6 @@ def layer_case(cfg, ctx, width, flush_buf, variants):
     for name, kw in variants:
         out[f"sel[{name}]_us"] = graph_time(lambda: select_decode(
             q, k1p, pt, one, seq, sc, nb, k_pages=kp, k1_start=jstart, k1_count=jcount, **kw)) * 1e6
-    del kp, vp, k1p
-    torch.cuda.empty_cache()
     return out
 
 
@@ -203,7 +202,8 @@ def main():
         rows = checks(cfg)
         bad = [r for r in rows if not r[1] <= r[2]]
         for r in rows:
-            print(f"{'ok  ' if r[1] <= r[2] else 'FAIL'} {r[0][:110]:110s} {r[1]:.3e} (tol {r[2]:.0e})", flush=True)
+            ok = "ok  " if r[1] <= r[2] else "FAIL"
+            print(f"{ok} {r[0][:100]:100s} {r[1]:.3e} (tol {r[2]:.0e})", flush=True)
         res["checks"] = {"passed": len(rows) - len(bad), "failed": bad}
         print(f"checks: {len(rows) - len(bad)} ok, {len(bad)} failed ({time.perf_counter() - t0:.0f} s)", flush=True)
     flush_buf = None if args.quick else torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
@@ -213,17 +213,19 @@ def main():
     res["cases"] = []
     for ctx, width in cases:
         c = layer_case(cfg, ctx, width, flush_buf, variants)
+        torch.cuda.empty_cache()
         res["cases"].append(c)
         print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in c.items()}), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "sparse_decode_bench.json").write_text(json.dumps(res, indent=1, default=str))
-    print("\n| ctx | table blocks | dense us | sparse total us | compress | selection (fused K1) | "
-          "selection alone | attention | sparse/dense | cold: dense / sparse / ratio |")
+    print("\n| ctx | table blocks | dense us | sparse total us | compress | selection (fused K1) "
+          "| selection alone | attention | sparse/dense | cold: dense / sparse / ratio |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for c in res["cases"]:
-        cold = (f"{c['dense_cold_us']:.1f} / {c['sparse_total_cold_us']:.1f} / {100 * c['ratio_cold']:.0f}%"
-                if "ratio_cold" in c else "-")
+        cold = "-"
+        if "ratio_cold" in c:
+            cold = f"{c['dense_cold_us']:.1f} / {c['sparse_total_cold_us']:.1f} / {100 * c['ratio_cold']:.0f}%"
         print(f"| {c['ctx']} | {c['table_blocks']} | {c['dense_us']:.1f} | {c['sparse_total_us']:.1f} | "
               f"{c['compress_us']:.1f} | {c['selection_fused_k1_us']:.1f} | {c['selection_us']:.1f} | "
               f"{c['attention_us']:.1f} | {100 * c['ratio']:.1f}% | {cold} |")

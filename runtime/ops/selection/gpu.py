@@ -87,7 +87,7 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 
 def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_max: int,
                   k_pages=None, k1_start=None, k1_count=None, k_scale=1.0,
-                  lse_splits: int | None = None, nbc: int = 64, group: int = 2048, tile: int = 2048,
+                  lse_splits: int | None = None, nbc: int | None = None, group: int = 2048, tile: int = 2048,
                   radix_bits: int = 2, num_warps: int = 8):
     """One query per row (decode): two launches (triton_decode.py). With k_pages, k1_start and
     k1_count given, the window completed by each row's token (k1_count 0/1) is compressed into
@@ -99,8 +99,10 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     BG = max(16, triton.next_power_of_2(G))
     rows = n * hkv
     dev = q.device
-    if lse_splits is None:
+    if lse_splits is None:                # about four programs per SM
         lse_splits = max(1, min(128, math.ceil(528 / rows)))
+    if nbc is None:                       # blocks per program: 64 spills nothing in 16 bits
+        nbc = 32 if q.dtype == torch.float32 else 64
     assert group % nbc == 0 and nbc & (nbc - 1) == 0 and tile & (tile - 1) == 0
     K = min(sc.selected_blocks, nb_max)
     KP = triton.next_power_of_2(K)
