@@ -53,3 +53,16 @@ def test_scopes_sum_to_the_whole_step(model, rows):
     assert one["attention"]["bytes"] == 0 and one["gla"]["bytes"] == whole["gla"].bytes / 24
     assert one["lm_head"]["bytes"] == whole["lm_head"].bytes
     assert one["mlp"]["bytes"] == pytest.approx(whole["mlp"].bytes / 32)
+
+
+def test_fused_engine_layers_count_gate_weights_under_qkv(model):
+    """The GPU engine runs z_proj / o_gate inside the qkv GEMM: for those layers the weight bytes
+    move from gates to qkv (the sum of weight bytes is unchanged) and gates keeps the
+    elementwise read-o, read-gate, write-out of the 4096-wide gated output."""
+    rows = [(1, 4096)]
+    plain = sum_scopes(scoped_costs(CFG, model, rows, 1, 2, 2))
+    fused = sum_scopes(scoped_costs(CFG, model, rows, 1, 2, 2, gates_in_qkv=frozenset(range(32))))
+    h = 4096
+    assert fused["gates"]["bytes"] == 32 * 3 * h * 2
+    assert fused["qkv"]["bytes"] == plain["qkv"]["bytes"] + plain["gates"]["bytes"]
+    assert fused["mlp"] == plain["mlp"] and fused["o_proj"] == plain["o_proj"]

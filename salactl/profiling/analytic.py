@@ -15,7 +15,10 @@ def _zero() -> dict[str, dict]:
 
 
 def scoped_costs(config, model, rows: list[tuple[int, int]], logit_rows: int, act_bytes: int,
-                 kv_bytes: int) -> dict[str, dict[str, dict]]:
+                 kv_bytes: int, gates_in_qkv: frozenset = frozenset()) -> dict[str, dict[str, dict]]:
+    """gates_in_qkv: layers whose gate projections (z_proj / o_gate) run inside the qkv GEMM (the
+    GPU engine's fused model); their weight bytes count under qkv and "gates" keeps only the
+    elementwise gating (read o and the gate, write the result)."""
     whole = call_costs(config, linear_costs(model), rows, logit_rows, act_bytes=act_bytes, kv_bytes=kv_bytes)
     n_tok = sum(n for n, _ in rows)
     n_sparse, n_light = len(config.sparse_layers), len(config.lightning_layers)
@@ -27,6 +30,10 @@ def scoped_costs(config, model, rows: list[tuple[int, int]], logit_rows: int, ac
         scope = _zero()
         for op in ("qkv", "gates", "o_proj", "mlp"):
             scope[op] = {"bytes": c[op].bytes, "flops": c[op].flops}
+        if i in gates_in_qkv:
+            width = lin["o_proj"].macs_per_row // config.hidden_size      # o_proj input = gated width
+            scope["qkv"] = {"bytes": c["qkv"].bytes + c["gates"].bytes, "flops": c["qkv"].flops + c["gates"].flops}
+            scope["gates"] = {"bytes": 3.0 * n_tok * width * act_bytes, "flops": 4.0 * n_tok * width}
         mixer = "attention" if i in config.sparse_layers else "gla"
         share = n_sparse if mixer == "attention" else n_light
         scope[mixer] = {"bytes": whole[mixer].bytes / share, "flops": whole[mixer].flops / share}
