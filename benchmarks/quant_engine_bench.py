@@ -53,7 +53,7 @@ def check():
 
     cfg = sala_nano(vocab_size=512)
     rows = []
-    for graph in (False, True):
+    for graph in (True,):
         m = build_model(cfg, random_state_dict(cfg, "cuda", torch.bfloat16, 3))
         m = quantize_rtn_in_memory(m, cfg)
         rows += S.check_model(m, "cuda", 700, decode_steps=4, chunk=100, cuda_graph=graph, tol=3e-2)
