@@ -124,6 +124,7 @@ def test_profile_engine_workload_matches_reference_engine(phase):
     ref.prefill(seq, prefix)
     want = ref.prefill(seq, segments[0][1])[-1]
     assert (got - want).norm() / want.norm() < 1e-4
+    assert ew.backend_name == "engine" and w.backend_name == "reference"
 
 
 def test_fuse_model_again_after_a_module_swap_uses_the_new_weights():

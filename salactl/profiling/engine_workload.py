@@ -23,6 +23,7 @@ from salactl.runtime.op_timer import NULL_TIMER
 class EngineWorkload(Workload):
     engine: object = None
     slots: tuple = ()
+    backend_name = "engine"
 
     def prepare(self, phase: str, timer=NULL_TIMER):
         new, cached = self.spec.step_rows(phase)

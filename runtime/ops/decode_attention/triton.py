@@ -6,8 +6,9 @@ CUDA graph can capture. Rows are (query token, KV head); the group's query heads
 dimension of the tile (padded to 16 for tl.dot). Each split walks a contiguous range of the
 row's list with an fp32 online softmax and writes (o, lse); a second kernel merges the splits by
 log-sum-exp. The last partial page is masked by the row's sequence length. FP8 (e4m3/e5m2) pages
-are converted in the kernel (exactly) and their per-head fp32 scales multiply the scores (K) and
-the output (V), so no per-element scaling is done. Reference: reference.py beside this.
+are converted in the kernel (exactly, to fp16: the MMA then runs in fp16 with the query rounded
+to fp16 once, which has more mantissa than bf16) and their per-head fp32 scales multiply the
+scores (K) and the output (V), so no per-element scaling is done. Reference: reference.py beside this.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
     gmask = g < G
     q = tl.load(q_ptr + n * s_qn + (kh * G + g)[:, None] * s_qh + d[None, :],
                 mask=gmask[:, None], other=0.0)
+    if FP8 and not DOT_F32:
+        q = q.to(tl.float16)     # fp8 -> fp16 is one packed cvt per 2 values (bf16 needs three)
     qk_scale = sm_scale
     if FP8:
         qk_scale = sm_scale * tl.load(ks_ptr + kh)
@@ -62,7 +65,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
         base = page * s_kp + kh * s_kh
         kt = tl.load(k_ptr + base + tile)
         vt = tl.load(v_ptr + base + tile)
-        if FP8:               # exact fp8 -> bf16/fp32; the scales act on scores and output
+        if FP8:               # exact fp8 -> fp16/fp32; the scales act on scores and output
             kt = kt.to(q.dtype)
             vt = vt.to(q.dtype)
         if DOT_F32:
