@@ -2,9 +2,11 @@
 
 The CSV below is HAND-WRITTEN in the layout of `ncu --import R.ncu-rep --csv --page raw
 --print-units base` (header row, units row, one row per kernel; the NVTX push/pop column holds the
-thread id and one quoted `<domain>:<range>:<6 attribute fields>` entry per open range). A real
-capture from the GPU machine is still to be committed as tests/fixtures/ncu/ (see BENCHMARKS.md,
-section "profile --ncu")."""
+thread id and one quoted `<domain>:<range>:<6 attribute fields>` entry per open range).
+tests/fixtures/ncu/ holds a REAL capture: `salactl profile --ncu --phase decode --model sala-9b
+--random-weights --context 4096` on one H200 (profile.csv gzipped as exported by ncu 2025.3 +
+the step.json manifest; BENCHMARKS.md, section "profile --ncu"). Its manifest says "reference"
+backend because of a labelling bug fixed since: the step was the GPU engine's (420 kernels)."""
 
 import json
 import os
@@ -125,3 +127,30 @@ def test_report_file_is_the_name_ncu_writes():
     from salactl.profiling.ncu_runner import report_file
 
     assert report_file(Path("/x/.profile.tmp")) == Path("/x/.profile.tmp.ncu-rep")
+
+
+def test_real_h200_capture_parses_and_matches_the_analytic_weight_bytes(tmp_path):
+    """The whole 9B decode step captured on the H200: every kernel is attributed to an op through
+    its NVTX ranges, and the weight-streaming ops read their analytic bytes within 15%."""
+    import gzip
+    import shutil
+    from pathlib import Path
+
+    fixture = Path(__file__).parent / "fixtures" / "ncu"
+    out = tmp_path / "prof"
+    out.mkdir()
+    (out / "profile.csv").write_bytes(gzip.decompress((fixture / "profile.csv.gz").read_bytes()))
+    shutil.copy(fixture / "step.json", out / "step.json")
+    kernels = parse_csv_text((out / "profile.csv").read_text())
+    assert len(kernels) == 420
+    env = {**os.environ, "SALACTL_CACHE_DIR": str(tmp_path / "cache")}
+    res = subprocess.run([sys.executable, "-m", "salactl", "profile", "--import", str(out), "--json"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)
+    ops = {r["op"]: r for r in d["ops"]}
+    assert ops["mlp"]["kernels"] == 128 and ops["qkv"]["kernels"] == 64 and ops["lm_head"]["kernels"] == 3
+    for op in ("qkv", "o_proj", "mlp", "lm_head"):
+        assert 0.85 <= ops[op]["bytes_ratio"] <= 1.15, (op, ops[op]["bytes_ratio"])
+    assert ops["mlp"]["dram_bytes"] == pytest.approx(12 * 2 ** 30, rel=0.01)     # 32 x 3 x 4096 x 16384 x 2 B
+    assert 4e-3 < ops["total"]["time_s"] < 8e-3
