@@ -133,7 +133,8 @@ class W4A16Linear(nn.Module):
         if self.layout == "triton":
             from salactl.runtime.ops.w4a16.triton import w4a16_linear
 
-            y = w4a16_linear(x2, self.qweight, self.scales, self.group_size)
+            # .contiguous(): no copy, except for the views the GPU engine's fused projections leave
+            y = w4a16_linear(x2, self.qweight.contiguous(), self.scales.contiguous(), self.group_size)
         elif self.layout == "cpu_int4":
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.contiguous(), self.qweight, self.kernel_group,
                                                             self.scales_and_zeros)

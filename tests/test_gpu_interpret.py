@@ -146,3 +146,29 @@ def test_fuse_model_again_after_a_module_swap_uses_the_new_weights():
     x = torch.randn(3, new.in_features)
     want = mlp.down_proj(torch.nn.functional.silu(new(x)) * mlp.up_proj(x))
     assert torch.allclose(mlp(x, NULL_TIMER), want, atol=1e-5, rtol=1e-4)
+
+
+def test_fused_w4a16_projections_equal_the_separate_modules():
+    """fuse_model concatenates W4A16 projections (Triton layout) into one W4A16Linear along N: its
+    output is the separate modules' outputs side by side, and the originals (now views of the
+    fused buffers) give what they gave before."""
+    from salactl.quant.linear import W4A16Linear
+    from salactl.runtime.gpu.fast_model import _concat
+    from salactl.runtime.ops.w4a16.layout import pack_tc
+
+    g = torch.Generator().manual_seed(0)
+    K = 256
+    mods = []
+    for n in (32, 16, 48):
+        codes = torch.randint(0, 16, (K, n), generator=g, dtype=torch.int32)
+        scales = (torch.rand(K // 128, n, generator=g) * 0.01 + 0.001).to(torch.float16)
+        mods.append(W4A16Linear(K, n, 4, 128, "triton", {"qweight": pack_tc(codes), "scales": scales}))
+    x = torch.randn(3, K, generator=g).to(torch.float16)
+    before = [m(x).float() for m in mods]
+    fused = _concat(mods)
+    assert fused is not None and fused.module.out_features == 96
+    assert torch.allclose(fused(x).float(), torch.cat(before, dim=-1), atol=1e-3, rtol=1e-3)
+    for m, b in zip(mods, before):
+        assert m.qweight.untyped_storage().data_ptr() == fused.module.qweight.untyped_storage().data_ptr()
+        assert torch.allclose(m(x).float(), b, atol=1e-3, rtol=1e-3)
+    assert _concat(mods, fused) is fused                     # fusing again reuses it

@@ -4,7 +4,9 @@
 unchanged) so that a forward call does the same math with far fewer kernel launches:
 - q/k/v/z (lightning), q/k/v/o_gate (minicpm4) and gate/up (MLP) run as one GEMM each over a
   concatenated weight; the original Linear weights become views into it (no extra memory).
-  Modules that are not plain nn.Linear (e.g. quantized ones) keep their separate calls.
+  W4A16 projections (Triton layout, same group size and act-order permutation) are concatenated
+  the same way along N into one W4A16Linear (its packed layout is tiled per 16 output rows, so
+  concatenating tiles is the packing of the concatenated weight). Other modules keep their calls.
 - residual add + RMSNorm, per-head qk-norm + RoPE, o_norm · sigmoid(z), o · sigmoid(o_gate) and
   silu·mul are single Triton kernels (runtime/ops/fused) with the reference rounding points.
 The attention math still goes through batch.backend, like the reference layers.
@@ -23,14 +25,60 @@ from salactl.runtime.layers.sparse_attention import SparseAttention
 from salactl.runtime.ops.fused import triton as fused
 
 
-def _concat(linears, current: torch.Tensor | None = None) -> torch.Tensor | None:
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+class _Unregistered:
+    """Holds a fused module without registering it (state_dict keys stay the HF names)."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def __call__(self, x):
+        return self.module(x)
+
+
+def _concat_w4a16(linears, current):
+    from salactl.quant.linear import W4A16Linear
+
+    first = linears[0]
+    if not all(type(m) is W4A16Linear and m.layout == "triton" for m in linears):
+        return None
+    same = all(m.in_features == first.in_features and m.group_size == first.group_size
+               and m.bits == first.bits and ((m.perm is None and first.perm is None) or
+                                             (m.perm is not None and first.perm is not None
+                                              and torch.equal(m.perm, first.perm)))
+               for m in linears)
+    if not same:
+        return None
+    if isinstance(current, _Unregistered) and all(_same_storage(m.qweight, current.module.qweight)
+                                                  for m in linears):
+        return current
+    qweight = torch.cat([m.qweight for m in linears], dim=1)       # [K/128, N/16, 256] tiles
+    scales = torch.cat([m.scales for m in linears], dim=1)         # [groups, N]
+    fused = W4A16Linear(first.in_features, sum(m.out_features for m in linears), first.bits,
+                        first.group_size, "triton", {"qweight": qweight, "scales": scales})
+    fused.perm = first.perm
+    tiles = off = 0
+    for m in linears:                  # the originals view the fused buffers: no extra memory
+        nt = m.qweight.shape[1]
+        m.qweight = qweight[:, tiles:tiles + nt]
+        m.scales = scales[:, off:off + m.out_features]
+        tiles, off = tiles + nt, off + m.out_features
+    return _Unregistered(fused)
+
+
+def _concat(linears, current=None):
     """One weight for several bias-free nn.Linear; the modules' weights become views of it.
     `current`: the concatenation made by an earlier fuse_model call, kept while the modules
-    still view it (a module swapped since, e.g. quantized, drops it)."""
+    still view it (a module swapped since, e.g. quantized, drops it). W4A16 modules give a
+    fused W4A16Linear (wrapped, unregistered) instead of a tensor."""
     if not all(type(m) is nn.Linear and m.bias is None for m in linears):
-        return None
-    if current is not None and all(m.weight.untyped_storage().data_ptr() == current.untyped_storage().data_ptr()
-                                   for m in linears):
+        return _concat_w4a16(linears, current)
+    if not isinstance(current, torch.Tensor):
+        current = None
+    if current is not None and all(_same_storage(m.weight, current) for m in linears):
         return current
     w = torch.cat([m.weight.detach() for m in linears])
     off = 0
@@ -42,7 +90,9 @@ def _concat(linears, current: torch.Tensor | None = None) -> torch.Tensor | None
 
 
 def _project(x, w, linears):
-    return F.linear(x, w) if w is not None else torch.cat([m(x) for m in linears], dim=-1)
+    if w is None:
+        return torch.cat([m(x) for m in linears], dim=-1)
+    return F.linear(x, w) if isinstance(w, torch.Tensor) else w(x)
 
 
 class FusedMLP(MLP):
