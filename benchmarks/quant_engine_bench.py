@@ -6,6 +6,9 @@ breakdown of the CUDA-graph replay).
 
 1. check: a sala-nano-shaped model quantized W4A16 (RTN g128) through the GPU engine (CUDA graph)
    against the reference Engine on the same quantized weights (bf16, logits rel err);
+   gemv: the batch-1 bf16 GEMV (runtime/ops/gemv) vs cuBLAS on every decode weight shape, each
+   candidate block shape checked against F.linear then timed (graph over > 256 MB of weight
+   copies, no L2 reuse); shapes where it wins by > 3% are enabled for the decode runs below;
 2. fp8: one layer's dense paged decode attention at 32K/128K context, bf16 vs fp8_e4m3 pages;
 3. decode: sala-9b random weights, b1/b8 at 4K: bf16 engine, then the same model quantized
    W4A16 in memory (the modules a GPTQ checkpoint loads into); speedup of graph replays and a
@@ -61,6 +64,50 @@ def check():
         print(f"   {'ok  ' if r[1] <= r[2] else 'FAIL'} {r[0]:60s} {r[1]:.3e} (tol {r[2]:.0e})")
     return {"passed": sum(r[1] <= r[2] for r in rows), "failed": sum(r[1] > r[2] for r in rows),
             "rows": rows}
+
+
+DECODE_SHAPES = {"qkvz (lightning)": (16384, 4096), "qkvg (sparse)": (8704, 4096), "o_proj": (4096, 4096),
+                 "gate_up": (32768, 4096), "down": (4096, 16384), "lm_head": (73448, 4096)}
+
+
+@G.section("gemv")
+def gemv_section():
+    from salactl.runtime.ops.gemv import triton as gv
+
+    out = {}
+    for name, (n, k) in DECODE_SHAPES.items():
+        copies = max(2, -(-(256 << 20) // (n * k * 2)))
+        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        ref = torch.nn.functional.linear(x.float(), ws[0].float())
+
+        def timed(fn):
+            state = {"i": 0}
+
+            def call():
+                fn(ws[state["i"] % copies])
+                state["i"] += 1
+            return G.graph_time(call, inner=copies * 2, reps=10)
+
+        row = {"cublas_us": timed(lambda w: torch.nn.functional.linear(x, w)) * 1e6, "configs": {}}
+        for cfg in gv.CANDIDATE_CONFIGS:
+            err = ((gv.gemv(x, ws[0], cfg).float() - ref).norm() / ref.norm()).item()
+            if err > 1e-2:
+                row["configs"][str(cfg)] = {"error": err}
+                continue
+            row["configs"][str(cfg)] = {"us": timed(lambda w, c=cfg: gv.gemv(x, w, c)) * 1e6, "rel_err": err}
+        ok = {c: v["us"] for c, v in row["configs"].items() if "us" in v}
+        best = min(ok, key=ok.get)
+        row.update(best=best, best_us=ok[best], speedup=row["cublas_us"] / ok[best],
+                   gb_s=n * k * 2 / ok[best] / 1e3, cublas_gb_s=n * k * 2 / row["cublas_us"] / 1e3)
+        if row["speedup"] > 1.03:
+            gv.GEMV_SHAPES.add((n, k))
+            gv.GEMV_CONFIGS[(n, k)] = tuple(int(v) for v in best.strip("()").split(","))
+        out[name] = row
+        ws.clear()
+        torch.cuda.empty_cache()
+    out["enabled"] = sorted(gv.GEMV_SHAPES)
+    return out
 
 
 @G.section("fp8")
@@ -154,7 +201,15 @@ def decode(ceil):
 
     lm = load_model("sala-9b", "cuda", "bf16", random_weights=True, seed=0)
     model = lm.model
+    from salactl.runtime.ops.gemv import triton as gv
+
+    enabled = set(gv.GEMV_SHAPES)
+    gv.GEMV_SHAPES.clear()
     out = {"bf16": engine_decode(model, ceil, "bf16", model_bytes(model))}
+    if enabled:
+        gv.GEMV_SHAPES.update(enabled)
+        out["bf16_gemv"] = engine_decode(model, ceil, "bf16 + batch-1 GEMV", model_bytes(model))
+        out["gemv_shapes"] = sorted(enabled)
     t0 = time.perf_counter()
     model = quantize_rtn_in_memory(model, lm.config)
     out["quantize_in_memory_s"] = time.perf_counter() - t0
@@ -178,7 +233,13 @@ def table():
                          f"{r['fp8_e4m3']['us']:.1f} us = {r['speedup']:.2f}x (KV {r['bf16']['kv_mb']:.0f} -> "
                          f"{r['fp8_e4m3']['kv_mb']:.0f} MB; {r['bf16']['gb_s']:.0f} / {r['fp8_e4m3']['gb_s']:.0f} GB/s) | >= 1.7x at 128K |")
     d = RESULTS.get("decode", {})
-    for w in ("bf16", "w4a16"):
+    g = RESULTS.get("gemv", {})
+    for name in DECODE_SHAPES:
+        r = g.get(name)
+        if isinstance(r, dict) and "best_us" in r:
+            lines.append(f"| batch-1 GEMV {name}: cuBLAS / ours | {r['cublas_us']:.1f} / {r['best_us']:.1f} us = "
+                         f"{r['speedup']:.2f}x ({r['cublas_gb_s']:.0f} / {r['gb_s']:.0f} GB/s, {r['best']}) | |")
+    for w in ("bf16", "bf16_gemv", "w4a16"):
         for n in ("b1", "b8"):
             x = d.get(w, {}).get(n, {})
             if "replay_ms" in x:
@@ -201,7 +262,7 @@ def table():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default="check,fp8,decode")
+    ap.add_argument("--only", default="check,gemv,fp8,decode")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.out:
@@ -211,6 +272,8 @@ def main():
     ceil = c.get("copy_tb_s", 4.2)
     if "check" in only:
         check()
+    if "gemv" in only:
+        gemv_section()
     if "fp8" in only:
         from salactl.runtime.presets import sala_9b
         fp8_attention(sala_9b())

@@ -172,3 +172,24 @@ def test_fused_w4a16_projections_equal_the_separate_modules():
         assert m.qweight.untyped_storage().data_ptr() == fused.module.qweight.untyped_storage().data_ptr()
         assert torch.allclose(m(x).float(), b, atol=1e-3, rtol=1e-3)
     assert _concat(mods, fused) is fused                     # fusing again reuses it
+
+
+def test_batch1_gemv_matches_linear():
+    """The batch-1 GEMV (every candidate block shape) equals F.linear in fp32, including N and K
+    that are not multiples of the blocks; `linear` routes only listed shapes and single rows."""
+    from salactl.runtime.ops.gemv import triton as gv
+
+    g = torch.Generator().manual_seed(0)
+    for n, k in ((48, 640), (37, 300)):
+        w = torch.randn(n, k, generator=g)
+        x = torch.randn(1, k, generator=g)
+        want = torch.nn.functional.linear(x, w)
+        for cfg in gv.CANDIDATE_CONFIGS:
+            assert torch.allclose(gv.gemv(x, w, cfg), want, atol=1e-4, rtol=1e-4), cfg
+    gv.GEMV_SHAPES.add((37, 300))
+    try:
+        assert torch.allclose(gv.linear(x, w), want, atol=1e-4, rtol=1e-4)
+        x2 = torch.randn(2, 300, generator=g)
+        assert torch.allclose(gv.linear(x2, w), torch.nn.functional.linear(x2, w), atol=1e-5)
+    finally:
+        gv.GEMV_SHAPES.discard((37, 300))

@@ -15,7 +15,6 @@ The attention math still goes through batch.backend, like the reference layers.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from salactl.runtime.layers.lightning import LightningAttention
@@ -23,6 +22,7 @@ from salactl.runtime.layers.mlp import MLP
 from salactl.runtime.layers.model import SalaForCausalLM
 from salactl.runtime.layers.sparse_attention import SparseAttention
 from salactl.runtime.ops.fused import triton as fused
+from salactl.runtime.ops.gemv.triton import linear as dense_linear
 
 
 def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -89,17 +89,24 @@ def _concat(linears, current=None):
     return w
 
 
+def _out_proj(x, module):
+    """o_proj / down_proj: the batch-1 GEMV route for plain bf16 Linear modules."""
+    if type(module) is nn.Linear and module.bias is None:
+        return dense_linear(x, module.weight)
+    return module(x)
+
+
 def _project(x, w, linears):
     if w is None:
         return torch.cat([m(x) for m in linears], dim=-1)
-    return F.linear(x, w) if isinstance(w, torch.Tensor) else w(x)
+    return dense_linear(x, w) if isinstance(w, torch.Tensor) else w(x)
 
 
 class FusedMLP(MLP):
     def forward(self, x, timer):
         with timer("mlp"):
             gu = _project(x, self._w_gate_up, (self.gate_proj, self.up_proj))
-            return self.down_proj(fused.silu_mul(gu))
+            return _out_proj(fused.silu_mul(gu), self.down_proj)
 
 
 class FusedLightningAttention(LightningAttention):
@@ -121,7 +128,7 @@ class FusedLightningAttention(LightningAttention):
         with batch.timer("gates"):
             o = fused.rmsnorm_gate(o.reshape(n, hd), self.o_norm.weight, z, self.o_norm.eps, x.dtype)
         with batch.timer("o_proj"):
-            return self.o_proj(o)
+            return _out_proj(o, self.o_proj)
 
 
 class FusedSparseAttention(SparseAttention):
@@ -139,7 +146,7 @@ class FusedSparseAttention(SparseAttention):
         with batch.timer("gates"):
             o = fused.sigmoid_gate(o.reshape(n, qd), g)
         with batch.timer("o_proj"):
-            return self.o_proj(o)
+            return _out_proj(o, self.o_proj)
 
 
 class FusedSalaForCausalLM(SalaForCausalLM):

@@ -1,0 +1,58 @@
+"""Batch-1 bf16 GEMV y = W·x for the decode step (our Triton kernel).
+
+Hand-written because cuBLAS picks split-K GEMMs for the 4096-wide decode projections at one
+row (measured on the H200: o_proj 4096x4096 at 57% of copy bandwidth plus a separate split-K
+reduce kernel). Here each program streams BN full weight rows (no split over K, so no reduction
+kernel) with an fp32 accumulator [BN, BK] and sums it once at the end. Floor: N·K·2 bytes of
+weights; 4096x4096 = 33.6 MB = 8.0 µs at 4.2 TB/s. Which shapes use it (`GEMV_SHAPES`) and
+with which block shape (`GEMV_CONFIGS`, else `DEFAULT_CONFIG`) come from measurements
+(benchmarks/quant_engine_bench.py --only gemv; BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# (N, K) weight shapes routed to this kernel at batch 1 (others use cuBLAS through F.linear).
+GEMV_SHAPES: set[tuple[int, int]] = set()
+# (BN rows per program, BK, num_warps, num_stages)
+DEFAULT_CONFIG = (16, 512, 8, 3)
+GEMV_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int]] = {}
+CANDIDATE_CONFIGS = ((8, 512, 4, 4), (16, 256, 4, 4), (16, 512, 8, 3), (32, 256, 8, 3), (4, 1024, 4, 4),
+                     (8, 1024, 8, 3))
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, BN: tl.constexpr, BK: tl.constexpr):
+    rn = tl.program_id(0) * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    nmask = rn < N
+    acc = tl.zeros((BN, BK), tl.float32)
+    for k0 in range(0, K, BK):
+        kmask = k0 + rk < K
+        w = tl.load(w_ptr + rn[:, None].to(tl.int64) * stride_wn + (k0 + rk)[None, :],
+                    mask=nmask[:, None] & kmask[None, :], other=0.0)
+        x = tl.load(x_ptr + k0 + rk, mask=kmask, other=0.0)
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+    tl.store(y_ptr + rn, tl.sum(acc, 1).to(y_ptr.dtype.element_ty), mask=nmask)
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """x [1, K], w [N, K] (unit last stride) -> [1, N] in x's dtype."""
+    N, K = w.shape
+    assert x.shape == (1, K) and w.stride(1) == 1
+    bn, bk, warps, stages = config or GEMV_CONFIGS.get((N, K), DEFAULT_CONFIG)
+    x = x.contiguous()
+    y = torch.empty(1, N, device=x.device, dtype=x.dtype)
+    _gemv_kernel[(triton.cdiv(N, bn),)](x, w, y, N, K, w.stride(0), BN=bn, BK=bk, num_warps=warps,
+                                        num_stages=stages)
+    return y
+
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """F.linear(x, w), through the GEMV for one row when (N, K) is in GEMV_SHAPES."""
+    if x.shape[0] == 1 and tuple(w.shape) in GEMV_SHAPES and x.dim() == 2:
+        return gemv(x, w)
+    return torch.nn.functional.linear(x, w)
