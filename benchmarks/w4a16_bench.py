@@ -1,15 +1,14 @@
 """Check our Triton W4A16 kernels against the fp32 dequant-matmul reference and time them against
 bf16 cuBLAS on the MiniCPM-SALA 9B linear shapes (issue 5). One GPU, < 3 minutes; table last.
 
-    PYTHONPATH=. python benchmarks/w4a16_bench.py [--out DIR] [--no-sweep | --quick] [--old]
+    PYTHONPATH=. python benchmarks/w4a16_bench.py [--out DIR] [--no-sweep | --quick]
         [--shapes 0,1,2,3] [--batches 1,8,32,4096] [--configs "bn=64,w=4,bias=1,un=1,pf=0,waves=4;..."]
 
 "ours" is the runtime dispatch (`triton.py` `w4a16_linear` over the `pack_tc` layout: the
 register-operand tensor-core kernel `triton_tc.py` below 512 rows, dequantize + cuBLAS above).
 For M <= 64 every candidate tensor-core config (BLOCK_N x warps, bias-MMA vs fma dequant,
-unroll 2 or register prefetch, split-K for 2/4/8 waves of CTAs, or `--configs`) is checked and
-timed too; `--old` adds the
-previous interleaved-layout dispatch (CUDA-core GEMV at M=1, `w4a16_mm` above).
+unroll 2/4, register prefetch or cp.async stages, split-K for 2/4/8 waves of CTAs, or `--configs`,
+where `split=N` fixes the split instead of `waves`) is checked and timed too.
 
 Method (the device README's METHOD.md): random codes, scales and activations (never zeros); every
 timed call sits in a CUDA graph whose calls rotate over > 200 MB of weight copies (no L2 reuse);
@@ -28,8 +27,8 @@ import sys
 
 import torch
 
-from salactl.runtime.ops.w4a16.layout import pack_interleaved, pack_tc
-from salactl.runtime.ops.w4a16.triton import DEQUANT_MIN_ROWS, _sm_count, w4a16_linear, w4a16_linear_interleaved
+from salactl.runtime.ops.w4a16.layout import pack_tc
+from salactl.runtime.ops.w4a16.triton import DEQUANT_MIN_ROWS, sm_count, w4a16_linear
 from salactl.runtime.ops.w4a16.triton_tc import TCConfig, default_tc_config, tc_block_m, w4a16_tc
 
 SHAPES = [("qkv/o/z", 4096, 4096), ("k/v (sparse)", 256, 4096), ("gate/up", 16384, 4096),
@@ -89,32 +88,32 @@ def n_calls(bytes_per_call: int, m: int) -> int:
 
 
 def parse_configs(text: str) -> list:
-    """'bn=64,w=4,bias=1,un=1,waves=4;...' -> [(TCConfig-without-split, waves), ...]."""
+    """'bn=64,w=4,bias=1,un=1,waves=4;...' -> [grid spec, ...] (`split=N` overrides waves)."""
     out = []
     for item in filter(None, (t.strip() for t in text.split(";"))):
         kv = dict(p.split("=") for p in item.split(","))
         out.append((int(kv.get("bn", 64)), int(kv.get("w", 4)), bool(int(kv.get("bias", 1))),
                     int(kv.get("un", 1)), bool(int(kv.get("pf", 0))), float(kv.get("waves", 4)),
-                    int(kv.get("stages", 1))))
+                    int(kv.get("stages", 1)), int(kv.get("split", 0))))
     return out
 
 
-# (block_n, warps, bias-mma, unroll, prefetch, waves, num_stages)
+# (block_n, warps, bias-mma, unroll, prefetch, waves, num_stages, fixed split or 0)
 # modes: (unroll, register prefetch, num_stages); num_stages > 1 lets Triton pipeline the words and
 # activations through shared memory with cp.async
 _FMA_MODES = ((1, False, 1), (2, False, 1), (4, False, 1), (1, True, 1), (1, False, 3), (1, False, 4))
 _BIAS_MODES = ((1, False, 1), (1, True, 1), (1, False, 3))
 _KERNELS = [(bn, w, bias, un, pf, st) for bn, w in ((64, 4), (128, 8))
             for bias, modes in ((False, _FMA_MODES), (True, _BIAS_MODES)) for un, pf, st in modes]
-DEFAULT_GRID = [(bn, w, bias, un, pf, waves, st) for bn, w, bias, un, pf, st in _KERNELS for waves in (2, 4, 8)]
-QUICK_GRID = [(bn, w, bias, un, pf, 4, st) for bn, w, bias, un, pf, st in _KERNELS]
+DEFAULT_GRID = [(bn, w, bias, un, pf, waves, st, 0) for bn, w, bias, un, pf, st in _KERNELS for waves in (2, 4, 8)]
+QUICK_GRID = [(bn, w, bias, un, pf, 4, st, 0) for bn, w, bias, un, pf, st in _KERNELS]
 
 
 def tc_config(spec, M: int, N: int, K: int, sms: int) -> TCConfig:
-    bn, w, bias, un, pf, waves, stages = spec
+    bn, w, bias, un, pf, waves, stages, fixed = spec
     bm = tc_block_m(M)
     tiles = math.ceil(N / bn) * math.ceil(M / bm)
-    split = max(1, min(K // 128, round(waves * sms / tiles)))
+    split = max(1, min(K // 128, fixed or round(waves * sms / tiles)))
     return TCConfig(bn, bm, split, w, stages, bias, un, pf)
 
 
@@ -124,8 +123,9 @@ def label(cfg: TCConfig) -> str:
 
 
 def spec_label(spec) -> str:
-    bn, w, bias, un, pf, waves, stages = spec
-    return f"bn{bn} w{w} {'bias-mma' if bias else 'fma'} un{un}{' pf' if pf else ''} st{stages} waves{waves:g}"
+    bn, w, bias, un, pf, waves, stages, fixed = spec
+    return (f"bn{bn} w{w} {'bias-mma' if bias else 'fma'} un{un}{' pf' if pf else ''} st{stages} "
+            + (f"split{fixed}" if fixed else f"waves{waves:g}"))
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -134,18 +134,16 @@ def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
     return float((y.float() - ref).norm() / ref.norm())
 
 
-def bench_shape(name: str, N: int, K: int, batches, gen, sms: int, grid: list, old: bool, log) -> list[dict]:
+def bench_shape(name: str, N: int, K: int, batches, gen, sms: int, grid: list, log) -> list[dict]:
     rows = []
     q = torch.randint(0, 16, (K, N), device="cuda", generator=gen, dtype=torch.int32)
     s = (torch.rand(K // GROUP, N, device="cuda", generator=gen) * 2e-3 + 1e-3).half()
     w_ref = ((q.float() - 8) * s.float().repeat_interleave(GROUP, 0)).t().contiguous()      # [N, K] fp32
     w_bf16 = w_ref.bfloat16()
     qt = pack_tc(q)
-    qi = pack_interleaved(q) if old else None
     packed_bytes = qt.numel() * 4 + s.numel() * 2
     ncopy = max(1, math.ceil(ROTATE_BYTES / packed_bytes))
     tcs = [(qt.clone(), s.clone()) for _ in range(ncopy)]
-    ints = [(qi.clone(), s.clone()) for _ in range(ncopy)] if old else []
     for M in batches:
         x = torch.randn(M, K, device="cuda", generator=gen).bfloat16()
         ref = x.float() @ w_ref.t()
@@ -160,11 +158,6 @@ def bench_shape(name: str, N: int, K: int, batches, gen, sms: int, grid: list, o
         row = {"shape": name, "N": N, "K": K, "M": M, "bf16_us": t_bf16, "ours_us": t_ours, "rel_err": err,
                "default_cfg": dflt, "packed_GBps": packed_bytes / (t_ours * 1e-6) / 1e9, "variants": {}}
         best = (t_ours, dflt, err)
-        if old:
-            e = rel_err(w4a16_linear_interleaved(x, qi, s, GROUP), ref)
-            t = graph_time_us([lambda i=i: w4a16_linear_interleaved(x, *ints[i % ncopy], GROUP)
-                               for i in range(calls)], replays=5)
-            row["old_us"], row["old_err"] = t, e
         if M <= 64:
             done: dict = {}
             for spec in grid:
@@ -189,25 +182,21 @@ def bench_shape(name: str, N: int, K: int, batches, gen, sms: int, grid: list, o
         row["best_us"], row["best_cfg"], row["best_err"] = best
         rows.append(row)
         log(f"{name} M={M}: bf16 {t_bf16:.2f} us, ours {t_ours:.2f} us ({t_bf16 / t_ours:.2f}x, err {err:.1e}), "
-            f"best {best[0]:.2f} us ({t_bf16 / best[0]:.2f}x) {best[1]}"
-            + (f", old {row['old_us']:.2f} us" if old else ""))
-    del tcs, ints
+            f"best {best[0]:.2f} us ({t_bf16 / best[0]:.2f}x) {best[1]}")
+    del tcs
     return rows
 
 
 def print_tables(rows: list[dict], ceiling: float, t_lm: float) -> None:
     print(f"\ncopy ceiling {ceiling:.0f} GB/s; lm_head 73448x4096 stays bf16: {t_lm:.1f} us at M=1")
-    has_old = any("old_us" in r for r in rows)
     hdr = (f"{'shape':13} {'N x K':>11} {'M':>5} {'bf16 us':>8} {'ours us':>8} {'x':>5} {'best us':>8} {'x':>5} "
-           f"{'GB/s':>5} {'%ceil':>5} {'err':>7}" + (f" {'old us':>7} {'x':>5}" if has_old else ""))
+           f"{'GB/s':>5} {'%ceil':>5} {'err':>7}")
     print(hdr)
     for r in rows:
         b = r["best_us"]
         line = (f"{r['shape']:13} {str(r['N']) + 'x' + str(r['K']):>11} {r['M']:>5} {r['bf16_us']:8.2f} "
                 f"{r['ours_us']:8.2f} {r['bf16_us'] / r['ours_us']:5.2f} {b:8.2f} {r['bf16_us'] / b:5.2f} "
                 f"{r['packed_GBps']:5.0f} {100 * r['packed_GBps'] / ceiling:5.1f} {r['rel_err']:7.1e}")
-        if has_old:
-            line += f" {r['old_us']:7.2f} {r['bf16_us'] / r['old_us']:5.2f}"
         print(line)
     for r in rows:
         print(f"default {r['shape']} M={r['M']}: {r['default_cfg']} | best: {r['best_cfg']} (err {r['best_err']:.1e})")
@@ -226,19 +215,19 @@ def print_tables(rows: list[dict], ceiling: float, t_lm: float) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--no-sweep", action="store_true", help="time only the dispatch (and --old)")
-    ap.add_argument("--old", action="store_true", help="also time the previous interleaved-layout kernels")
+    ap.add_argument("--no-sweep", action="store_true", help="time only the dispatch")
     ap.add_argument("--shapes", default="all", help="comma list of shape indexes (0-3) or 'all'")
     ap.add_argument("--batches", default="1,8,32,4096", help="comma list of M values")
     ap.add_argument("--quick", action="store_true", help="an 18-config grid (waves 4 only) instead of 54")
     ap.add_argument("--configs", default="", help="tensor-core configs to sweep instead of the default grid: "
-                    "'bn=64,w=4,bias=1,un=1,pf=0,waves=4,stages=1;...'")
+                    "'bn=64,w=4,bias=1,un=1,pf=0,waves=4,stages=1[,split=8];...'")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
+    os.makedirs(args.out, exist_ok=True)         # before the measurements, not after them
     torch.backends.cuda.matmul.allow_tf32 = False
     gen = torch.Generator(device="cuda").manual_seed(0)
-    sms = _sm_count(torch.device("cuda"))
+    sms = sm_count(torch.device("cuda"))
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     ceiling = copy_bandwidth()
     import triton
@@ -250,7 +239,7 @@ def main() -> None:
     shapes = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
     rows = []
     for name, N, K in shapes:
-        rows += bench_shape(name, N, K, batches, gen, sms, grid, args.old, log)
+        rows += bench_shape(name, N, K, batches, gen, sms, grid, log)
     _, N, K = LM_HEAD
     w = torch.randn(N, K, device="cuda", generator=gen).bfloat16()
     x = torch.randn(1, K, device="cuda", generator=gen).bfloat16()

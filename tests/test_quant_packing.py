@@ -7,7 +7,6 @@ from salactl.quant.linear import W4A16Linear
 from salactl.quant.packing import (default_g_idx, pack_qweight, pack_qzeros, symmetric_qzeros_word,
                                    to_gptq_tensors, unpack_qweight, unpack_qzeros)
 from salactl.runtime.ops.w4a16 import reference
-from salactl.runtime.ops.w4a16.layout import pack_interleaved, unpack_interleaved
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -40,15 +39,6 @@ def test_pack_rejects_out_of_range_and_bad_bits():
         pack_qweight(torch.full((8, 2), 16), 4)
     with pytest.raises(QuantizationError):
         pack_qweight(torch.zeros(8, 2), 3)
-
-
-def test_interleaved_layout_round_trip_and_block_order(rng):
-    q = torch.randint(0, 16, (256, 8), generator=rng)
-    w = pack_interleaved(q)
-    assert w.shape == (32, 8) and torch.equal(unpack_interleaved(w), q.to(torch.int32))
-    # nibble j of word row r (block 1) holds k = 128 + 16 j + r
-    word = int(w[16 + 5, 2]) & 0xFFFFFFFF
-    assert [(word >> (4 * j)) & 0xF for j in range(8)] == [int(q[128 + 16 * j + 5, 2]) for j in range(8)]
 
 
 def _random_gptq(K, N, G, bits, rng):

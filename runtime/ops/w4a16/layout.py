@@ -1,10 +1,8 @@
 """In-memory int4 layout of our Triton W4A16 kernel (pure PyTorch, so it is testable without Triton).
 
-The checkpoint stays GPTQ v1 (nibble j of word row r holds k = 8r + j). At load time we repack
-each block of 128 input rows so that nibble j of word row r holds k = k0 + 16·j + r (r < 16).
-Then one shift + mask of a [16, BLOCK_N] word tile yields the 16 *consecutive* rows
-k0+16j .. k0+16j+15: a ready operand for a k=16 tensor-core dot, with no gather or reshape.
-Same size as GPTQ: int32 [K/8, N]. K must be a multiple of 128 (Marlin's own rule).
+The checkpoint stays GPTQ v1 (nibble j of word row r holds k = 8r + j); at load time each weight is
+repacked into the tensor-core register order below (`pack_tc`), the same size as GPTQ (K·N/8 int32
+words). K must be a multiple of 128 (Marlin's own rule) and N of 16.
 """
 
 from __future__ import annotations
@@ -14,30 +12,8 @@ import torch
 from salactl.errors import QuantizationError
 
 K_BLOCK = 128
-ROWS_PER_BLOCK = K_BLOCK // 8     # int32 word rows per 128-row block
 
-
-def pack_interleaved(q: torch.Tensor) -> torch.Tensor:
-    """q: values [K, N] in [0, 16) -> int32 [K/8, N] in the kernel's interleaved layout."""
-    K, N = q.shape
-    if K % K_BLOCK:
-        raise QuantizationError(f"in_features {K} is not a multiple of {K_BLOCK}; the W4A16 kernel needs it")
-    v = q.to(torch.int64).reshape(K // K_BLOCK, 8, ROWS_PER_BLOCK, N)        # [b, j, r, N]
-    shifts = (torch.arange(8, device=q.device, dtype=torch.int64) * 4).view(1, 8, 1, 1)
-    words = (v << shifts).sum(dim=1)                                          # [b, r, N]
-    words = torch.where(words >= 2 ** 31, words - 2 ** 32, words)
-    return words.reshape(K // 8, N).to(torch.int32).contiguous()
-
-
-def unpack_interleaved(words: torch.Tensor) -> torch.Tensor:
-    """Inverse of `pack_interleaved`: int32 [K/8, N] -> values [K, N]."""
-    R, N = words.shape
-    w = words.reshape(R // ROWS_PER_BLOCK, 1, ROWS_PER_BLOCK, N)
-    shifts = (torch.arange(8, device=words.device, dtype=torch.int32) * 4).view(1, 8, 1, 1)
-    return ((w >> shifts) & 0xF).reshape(R * 8, N)
-
-
-# --- Tensor-core register layout (triton_tc.py) ---------------------------------------------------
+# Tensor-core register layout (triton_tc.py).
 # For each 128-row K block kb and each group of 16 output rows g, 256 int32 words, word index
 #   widx = n8·128 + nlo·16 + c·4 + blk          (row n = 16g + 8·n8 + nlo)
 # The 8 values of a word are the thread's own slice of a k=16 MMA A-operand (rows = output

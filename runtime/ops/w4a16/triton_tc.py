@@ -25,11 +25,11 @@ blocks before the first MMA; `prefetch` carries the next block's loads in regist
 > 1 lets Triton pipeline words and activations through shared memory (cp.async). Offline sm_90
 SASS per 128-row block and thread (64 weights at BLOCK_N 64, 4 warps): 163 instructions with the
 fma dequant (90 of them dequantization), 160 with the bias MMA, 196 with 3 stages; the CUDA-core
-GEMV it replaces needed ~5.4 per weight (~345 per 64).
+GEMV it replaced (since deleted) needed ~5.4 per weight (~345 per 64).
 
 Split-K in one launch: each split writes fp32 partials to a workspace and bumps a per-tile
 counter; the last split of a tile adds the partials, writes y in the activation dtype and resets
-the counter (as in triton_gemv.py). Import lazily: CPU-only installs have no triton.
+the counter. Import lazily: CPU-only installs have no triton.
 """
 
 from __future__ import annotations
@@ -327,14 +327,30 @@ def tc_block_m(M: int) -> int:
 
 
 def default_tc_config(M: int, N: int, K: int, sms: int = 132, waves: float = 4.0) -> TCConfig:
-    """BLOCK_N 64 (one warpgroup MMA tile), split K until about `waves` CTAs per SM exist and
-    3 pipeline stages (cp.async): small decode GEMMs are latency-bound, so the bytes in flight
-    per SM decide the speed. Not yet tuned on an H200 (benchmarks/w4a16_bench.py sweeps it)."""
+    """The dispatch's choice, from the H200 sweep (benchmarks/w4a16_bench.py --quick, torch 2.11,
+    triton 3.6, 9B shapes, GPTQ g128; µs, best variant vs the previous default bn64 fma un1 st3):
+
+    - BLOCK_N 64, 4 warps, fma dequant, split K until about `waves` = 4 CTAs per SM exist: every
+      winner (qkv/o/z 4096x4096 and down 4096x16384 split 8, gate/up 16384x4096 split 2, k/v
+      256x4096 split 32, i.e. one 128-row block per split).
+    - BLOCK_M 16 (M <= 16; the kernel does the same work for any M up to 16): no cp.async stages,
+      and the loads of up to 4 blocks in flight before the first MMA (unroll = 4, or fewer when a
+      split has fewer blocks, so k/v runs unroll 1): qkv M=1 7.38 (un2) vs 8.28, M=8 7.79 (un4)
+      vs 8.31; gate/up M=1 15.72 vs 17.05, M=8 16.36 vs 17.48; down M=1 16.32 vs 18.32, M=8
+      16.77 vs 17.98 (all un4); k/v M=1 5.91 vs 6.28, M=8 6.43 vs 6.70 (un1 st1).
+    - BLOCK_M 32/64: 3 cp.async stages, unroll 1 (won for gate/up, down and k/v at M=32; qkv's
+      10.48 with un2 st1 vs 10.78 is within 3%).
+    """
     bm = tc_block_m(M)
     bn = 64 if N >= 64 else 32 if N >= 32 else 16
     tiles = triton.cdiv(N, bn) * triton.cdiv(M, bm)
-    split = max(1, min(K // K_BLOCK, round(waves * sms / tiles)))
-    return TCConfig(bn, bm, split, 4, 3, bias_dot=False)
+    nkb = K // K_BLOCK
+    split = max(1, min(nkb, round(waves * sms / tiles)))
+    if bm > 16:
+        return TCConfig(bn, bm, split, 4, 3, bias_dot=False)
+    per_split = triton.cdiv(nkb, split)
+    unroll = 4 if per_split >= 4 else 2 if per_split >= 2 else 1
+    return TCConfig(bn, bm, split, 4, 1, bias_dot=False, unroll=unroll)
 
 
 def w4a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int,
