@@ -29,6 +29,7 @@ import traceback
 from pathlib import Path
 
 import torch
+from timing import events_time
 
 RESULTS: dict = {}
 OUT = Path(os.environ.get("OUT", "out"))
@@ -58,36 +59,6 @@ def section(name):
     return wrap
 
 
-def events_time(fn, reps=20, warm=3) -> float:
-    """Median seconds of fn() by CUDA events."""
-    for _ in range(warm):
-        fn()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(ts)
-
-
-def graph_time(fn, inner=10, reps=10) -> float:
-    """Median seconds per fn() call, from replays of a CUDA graph of `inner` calls."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(inner):
-            fn()
-    return events_time(g.replay, reps) / inner
-
-
 @section("ceilings")
 def ceilings():
     n = 1 << 30
@@ -97,7 +68,6 @@ def ceilings():
     x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     y = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     tm = events_time(lambda: x @ y, reps=10)
-    del a, b, x, y
     return {"copy_tb_s": 2 * n / t / 1e12, "bf16_tflops": 2 * 8192 ** 3 / tm / 1e12,
             "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
             "triton": __import__("triton").__version__}

@@ -31,6 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gpu_engine_bench as G  # noqa: E402
+from timing import events_time, graph_time  # noqa: E402
 
 RESULTS = G.RESULTS
 
@@ -87,7 +88,7 @@ def gemv_section():
             def call():
                 fn(ws[state["i"] % copies])
                 state["i"] += 1
-            return G.graph_time(call, inner=copies * 2, reps=10)
+            return graph_time(call, inner=copies * 2, reps=10)
 
         row = {"cublas_us": timed(lambda w: torch.nn.functional.linear(x, w)) * 1e6, "configs": {}}
         for cfg in gv.CANDIDATE_CONFIGS:
@@ -131,7 +132,7 @@ def fp8_attention(cfg):
             k, v = (kp, vp) if dt is None else (kp.to(dt), vp.to(dt))
             kw = {} if dt is None else dict(k_scale=1.0, v_scale=1.0)
             o = paged_attention(q, k, v, pt, one, seq, num_splits=choose_splits(hkv, P), **kw)
-            t = G.graph_time(lambda: paged_attention(q, k, v, pt, one, seq, num_splits=choose_splits(hkv, P), **kw))
+            t = graph_time(lambda: paged_attention(q, k, v, pt, one, seq, num_splits=choose_splits(hkv, P), **kw))
             kv_bytes = 2 * k.numel() * k.element_size()
             row[name] = {"us": t * 1e6, "kv_mb": kv_bytes / 1e6, "gb_s": kv_bytes / t / 1e9,
                          "rel_err": ((o.float() - ref.float()).norm() / ref.float().norm()).item()}
@@ -178,7 +179,7 @@ def engine_decode(model, ceil, label, weight_bytes):
             for i in range(3):
                 r.decode(syn.rows(i))
             graph, _ = r.graphs[(r.bucket(n), False)]
-            t = G.events_time(graph.replay, reps=30)
+            t = events_time(graph.replay, reps=30)
             floor = (weight_bytes + G.decode_bytes(engine.config, model, n, 4096)
                      - G.weight_bytes(model, n)) / (ceil * 1e12)
             out[f"b{n}"] = {"replay_ms": t * 1e3, "tok_s": n / t, "floor_ms": floor * 1e3,

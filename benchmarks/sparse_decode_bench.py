@@ -22,47 +22,18 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 
+import timing
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def events_time(fn, reps=30, warm=3) -> float:
-    for _ in range(warm):
-        fn()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(ts)
-
-
-def graph_time(fn, inner=20, reps=30, flush=None) -> float:
-    """Median seconds per fn() from replays of a graph of `inner` calls (each after flush())."""
-    def body():
-        if flush is not None:
-            flush()
-        fn()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        body()
-        body()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(inner):
-            body()
-    return events_time(g.replay, reps) / inner
+def graph_time(fn, flush=None) -> float:
+    return timing.graph_time(fn, inner=20, reps=30, flush=flush)
 
 
 def checks(cfg):

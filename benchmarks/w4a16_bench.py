@@ -150,7 +150,7 @@ def bench_shape(name: str, N: int, K: int, batches, gen, sms: int, grid: list, l
         calls = n_calls(N * K * 2, M)
         bw = [w_bf16.clone() for _ in range(min(calls, max(1, math.ceil(ROTATE_BYTES / (N * K * 2)))))]
         t_bf16 = graph_time_us([lambda i=i: torch.nn.functional.linear(x, bw[i % len(bw)]) for i in range(calls)])
-        del bw
+        bw.clear()
         calls = n_calls(packed_bytes, M)
         err = rel_err(w4a16_linear(x, qt, s, GROUP), ref)
         t_ours = graph_time_us([lambda i=i: w4a16_linear(x, *tcs[i % ncopy], GROUP) for i in range(calls)])
@@ -183,7 +183,7 @@ def bench_shape(name: str, N: int, K: int, batches, gen, sms: int, grid: list, l
         rows.append(row)
         log(f"{name} M={M}: bf16 {t_bf16:.2f} us, ours {t_ours:.2f} us ({t_bf16 / t_ours:.2f}x, err {err:.1e}), "
             f"best {best[0]:.2f} us ({t_bf16 / best[0]:.2f}x) {best[1]}")
-    del tcs
+    tcs.clear()
     return rows
 
 

@@ -31,19 +31,26 @@ def _compress_kernel(k_ptr, k1_ptr, pt_ptr, slot_ptr, start_ptr, count_ptr,
     h = tl.program_id(2)
     if c < tl.load(count_ptr + e):
         slot = tl.load(slot_ptr + e).to(tl.int64)
-        j = tl.load(start_ptr + e) + c
-        tok = j * ST + tl.arange(0, KS)
-        d = tl.arange(0, D)
-        page = tl.load(pt_ptr + slot * s_pt + tok // BS).to(tl.int64)
-        keys = tl.load(k_ptr + page[:, None] * s_kp + h * s_kh + (tok % BS)[:, None] * D + d[None, :])
-        keys = keys.to(tl.float32)
-        if FP8:
-            keys = keys * tl.load(ks_ptr + h)
-        mean = tl.sum(keys, axis=0) / KS
-        first = j * ST
-        dst_page = tl.load(pt_ptr + slot * s_pt + first // BS).to(tl.int64)
-        tl.store(k1_ptr + dst_page * s_1p + h * s_1h + ((first % BS) // ST) * D + d,
-                 mean.to(k1_ptr.dtype.element_ty))
+        compress_window(k_ptr, k1_ptr, pt_ptr, slot, tl.load(start_ptr + e) + c, h, s_kp, s_kh, s_1p, s_1h,
+                        s_pt, ks_ptr, BS, ST, KS, D, FP8)
+
+
+@triton.jit
+def compress_window(k_ptr, k1_ptr, pt_ptr, slot, j, h, s_kp, s_kh, s_1p, s_1h, s_pt, ks_ptr,
+                    BS: tl.constexpr, ST: tl.constexpr, KS: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr):
+    """K1_j of KV head h = fp32 mean of keys [j·ST, j·ST+KS), stored in the page of its first token."""
+    tok = j * ST + tl.arange(0, KS)
+    d = tl.arange(0, D)
+    page = tl.load(pt_ptr + slot * s_pt + tok // BS).to(tl.int64)
+    keys = tl.load(k_ptr + page[:, None] * s_kp + h * s_kh + (tok % BS)[:, None] * D + d[None, :])
+    keys = keys.to(tl.float32)
+    if FP8:
+        keys = keys * tl.load(ks_ptr + h)
+    mean = tl.sum(keys, axis=0) / KS
+    first = j * ST
+    dst_page = tl.load(pt_ptr + slot * s_pt + first // BS).to(tl.int64)
+    tl.store(k1_ptr + dst_page * s_1p + h * s_1h + ((first % BS) // ST) * D + d,
+             mean.to(k1_ptr.dtype.element_ty))
 
 
 @triton.jit

@@ -33,7 +33,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from salactl.runtime.ops.selection.triton import _nvis
+from salactl.runtime.ops.selection.triton import _nvis, compress_window
 
 SENTINEL = tl.constexpr(-(2 ** 63))     # "no block": its score word is 0, below every real key
 
@@ -78,17 +78,8 @@ def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
     if FUSE_K1:
         jn = tl.load(jstart_ptr + n)
         if (tl.load(jcount_ptr + n) > 0) & (jn >= start) & (jn < end):
-            tok = jn * ST + tl.arange(0, KS)
-            page = tl.load(pt_ptr + slot * s_pt + tok // BS).to(tl.int64)
-            keys = tl.load(k_ptr + page[:, None] * s_kp + kh * s_kh + (tok % BS)[:, None] * D + d[None, :])
-            keys = keys.to(tl.float32)
-            if FP8:
-                keys = keys * tl.load(ks_ptr + kh)
-            mean = tl.sum(keys, axis=0) / KS
-            first = jn * ST
-            dst = tl.load(pt_ptr + slot * s_pt + first // BS).to(tl.int64)
-            tl.store(k1_ptr + dst * s_1p + kh * s_1h + ((first % BS) // ST) * D + d,
-                     mean.to(k1_ptr.dtype.element_ty))
+            compress_window(k_ptr, k1_ptr, pt_ptr, slot, jn, kh, s_kp, s_kh, s_1p, s_1h, s_pt, ks_ptr,
+                            BS, ST, KS, D, FP8)
             tl.debug_barrier()              # the loop below reads it back (same program)
     q = _load_q(q_ptr, n, kh, s_qn, s_qh, G, BG, D)
     m = tl.full([BG], -1e30, tl.float32)
