@@ -36,6 +36,21 @@ def _compress_kernel(k_ptr, k1_ptr, pt_ptr, slot_ptr, start_ptr, count_ptr,
 
 
 @triton.jit
+def k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt,
+              WPP: tl.constexpr, D: tl.constexpr, DOT_F32: tl.constexpr):
+    """q [M, D] · K1_jᵀ of KV head kh for windows j (where jm is false K1 reads as 0): [M, len(j)]."""
+    d = tl.arange(0, D)
+    page = tl.load(pt_ptr + slot * s_pt + j // WPP, mask=jm, other=0).to(tl.int64)
+    k1 = tl.load(k1_ptr + page[:, None] * s_1p + kh * s_1h + (j % WPP)[:, None] * D + d[None, :],
+                 mask=jm[:, None], other=0.0)
+    if DOT_F32:
+        s = tl.dot(q, tl.trans(k1), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k1))
+    return s
+
+
+@triton.jit
 def compress_window(k_ptr, k1_ptr, pt_ptr, slot, j, h, s_kp, s_kh, s_1p, s_1h, s_pt, ks_ptr,
                     BS: tl.constexpr, ST: tl.constexpr, KS: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr):
     """K1_j of KV head h = fp32 mean of keys [j·ST, j·ST+KS), stored in the page of its first token."""
@@ -90,19 +105,12 @@ def _score_lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr,
     per = tl.cdiv(tl.cdiv(nmax, num_splits), BW) * BW
     start = sp * per
     end = tl.minimum(start + per, nmax)
-    d = tl.arange(0, D)
     m = tl.full([QG * BG], -1e30, tl.float32)
     l = tl.zeros([QG * BG], tl.float32)
     for j0 in range(start, end, BW):
         j = j0 + tl.arange(0, BW)
         jm = j < end
-        page = tl.load(pt_ptr + slot * s_pt + j // WPP, mask=jm, other=0).to(tl.int64)
-        k1 = tl.load(k1_ptr + page[:, None] * s_1p + kh * s_1h + (j % WPP)[:, None] * D + d[None, :],
-                     mask=jm[:, None], other=0.0)
-        if DOT_F32:
-            s = tl.dot(q, tl.trans(k1), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k1))
+        s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
         s = tl.where(j[None, :] < nvis[:, None], s * sm_scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         l = l * tl.exp(m - m_new) + tl.sum(tl.exp(s - m_new[:, None]), 1)
@@ -143,18 +151,11 @@ def _block_score_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, k
         m = tl.maximum(tl.max(part, 0), -1e30)
         den = tl.sum(tl.exp(part - m[None, :]), 0)
         lse = tl.where(den > 0, m + tl.log(tl.where(den > 0, den, 1.0)), 0.0)
-        d = tl.arange(0, D)
         nvis_q = tl.where(qv < n, _nvis(tq, KS, ST), 0)     # [QG]
         for w in tl.static_range(WPP + LEFT):
             j = b * WPP - LEFT + w                          # [NB]
             jm = (j >= 0) & (j < nmax)
-            page = tl.load(pt_ptr + slot * s_pt + j // WPP, mask=jm, other=0).to(tl.int64)
-            k1 = tl.load(k1_ptr + page[:, None] * s_1p + kh * s_1h + (j % WPP)[:, None] * D + d[None, :],
-                         mask=jm[:, None], other=0.0)
-            if DOT_F32:
-                s = tl.dot(q, tl.trans(k1), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k1))
+            s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
             vis = (j[None, :] < nvis[:, None]) & (j[None, :] >= 0) & valid[:, None]
             p = tl.where(vis, tl.exp(s * sm_scale - lse[:, None]), 0.0)          # [M, NB]
             s_q = tl.sum(tl.reshape(p, (QG, BG, NB)), axis=1)                    # [QG, NB]

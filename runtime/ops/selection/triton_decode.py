@@ -33,7 +33,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from salactl.runtime.ops.selection.triton import _nvis, compress_window
+from salactl.runtime.ops.selection.triton import _nvis, compress_window, k1_scores
 
 SENTINEL = tl.constexpr(-(2 ** 63))     # "no block": its score word is 0, below every real key
 
@@ -74,7 +74,6 @@ def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
     per = tl.cdiv(tl.cdiv(nvis, num_splits), BW) * BW
     start = sp * per
     end = tl.minimum(start + per, nvis)
-    d = tl.arange(0, D)
     if FUSE_K1:
         jn = tl.load(jstart_ptr + n)
         if (tl.load(jcount_ptr + n) > 0) & (jn >= start) & (jn < end):
@@ -87,13 +86,7 @@ def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
     for j0 in range(start, end, BW):
         j = j0 + tl.arange(0, BW)
         jm = j < end
-        page = tl.load(pt_ptr + slot * s_pt + j // WPP, mask=jm, other=0).to(tl.int64)
-        k1 = tl.load(k1_ptr + page[:, None] * s_1p + kh * s_1h + (j % WPP)[:, None] * D + d[None, :],
-                     mask=jm[:, None], other=0.0)
-        if DOT_F32:
-            s = tl.dot(q, tl.trans(k1), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k1))
+        s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
         s = tl.where(jm[None, :], s * sm_scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         l = l * tl.exp(m - m_new) + tl.sum(tl.exp(s - m_new[:, None]), 1)
@@ -185,19 +178,12 @@ def _block_topk_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ke
         mx = tl.maximum(tl.max(part, 0), -1e30)
         den = tl.sum(tl.exp(part - mx[None, :]), 0)
         lse = tl.where(den > 0, mx + tl.log(tl.where(den > 0, den, 1.0)), 0.0)
-        d = tl.arange(0, D)
         b = b0 + tl.arange(0, NBC)
         pooled = tl.full([NBC], float("-inf"), tl.float32)
         for w in tl.static_range(WPP + LEFT):
             j = b * WPP - LEFT + w                    # windows overlapping block b
             jm = (j >= 0) & (j < nvis)
-            page = tl.load(pt_ptr + slot * s_pt + j // WPP, mask=jm, other=0).to(tl.int64)
-            k1 = tl.load(k1_ptr + page[:, None] * s_1p + kh * s_1h + (j % WPP)[:, None] * D + d[None, :],
-                         mask=jm[:, None], other=0.0)
-            if DOT_F32:
-                s = tl.dot(q, tl.trans(k1), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k1))
+            s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
             p = tl.where(jm[None, :] & (g < G)[:, None], tl.exp(s * sm_scale - lse[:, None]), 0.0)
             pooled = tl.maximum(pooled, tl.where(jm, tl.sum(p, 0), float("-inf")))
         cand = b < ncand
