@@ -90,6 +90,8 @@ def render(r: dict) -> None:
         f"decode {r['decode_tok_s']:.1f} tok/s")
     p = r["peaks"]
     output.stdout.print(f"ceilings: {p['mem_gbps']:.0f} GB/s, {p['bf16_tflops']:.1f} TFLOP/s ({p['source']})")
+    if r.get("timing"):
+        output.stdout.print(f"times: phases from {r['timing']['phase_times']}; per op from {r['timing']['op_times']}")
     for phase in ("prefill", "decode"):
         rows = r["roofline"][phase]
         if not rows:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from functools import partial
 
 import torch
 
@@ -61,22 +60,23 @@ def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
                          "pass the model's own --tokenizer")
     from salactl.runtime.gpu.available import gpu_engine_available
 
-    if gpu_engine_available(device):           # CUDA + Triton: the GPU engine (eager, per-op timed)
-        from salactl.runtime.gpu.engine import GPUEngine
-        from salactl.runtime.kv_fp8 import fp8_dtype
-
-        engine = GPUEngine(lm.model, device, chunk_size=req.chunk_size, max_running_requests=1,
-                           kv_tokens=len(ids) + req.max_new_tokens + 64, profile_ops=True,
-                           kv_dtype=fp8_dtype(req.kv_cache_dtype))
-        generate = engine.generate_one
-    else:
-        engine = Engine(lm.model, device, chunk_size=req.chunk_size, time_ops=True,
-                        kv_cache_dtype=req.kv_cache_dtype)
-        generate = partial(engine.generate, prefill_progress=prefill_progress)
     eos = tuple(lm.config.eos_token_id) + (tok.eos_ids if tok else ())
     decoder = StreamDecoder(tok) if (tok and stream) else None
     on_token = (lambda t: stream(decoder.push(t))) if decoder else None
-    res = generate(ids, params, eos_ids=eos, on_token=on_token)
+    if gpu_engine_available(device):           # CUDA + Triton: the GPU engine
+        from salactl.runtime.gpu.engine import GPUEngine
+        from salactl.runtime.gpu.run_profile import generate_with_op_profile
+        from salactl.runtime.kv_fp8 import fp8_dtype
+
+        engine = GPUEngine(lm.model, device, chunk_size=req.chunk_size, max_running_requests=1,
+                           kv_tokens=len(ids) + req.max_new_tokens + 64, kv_dtype=fp8_dtype(req.kv_cache_dtype))
+        res, timing_note = generate_with_op_profile(engine, ids, params, eos_ids=eos, on_token=on_token)
+    else:
+        engine = Engine(lm.model, device, chunk_size=req.chunk_size, time_ops=True,
+                        kv_cache_dtype=req.kv_cache_dtype)
+        res = engine.generate(ids, params, eos_ids=eos, on_token=on_token, prefill_progress=prefill_progress)
+        timing_note = {"phase_times": "the timed generation", "op_times": "the same generation (a timer "
+                       "around every op)"}
 
     peak_memory = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     peaks = peaks_for(device)
@@ -106,6 +106,7 @@ def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
         "prefill_tok_s": P / res.prefill.seconds if res.prefill.seconds else None,
         "decode_tok_s": res.decode.tokens / res.decode.seconds if res.decode.seconds else None,
         "roofline": roof,
+        "timing": timing_note,
         "peaks": peaks.to_dict(),
         "peak_memory_bytes": peak_memory,
         "sampling": {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,

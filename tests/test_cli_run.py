@@ -49,6 +49,7 @@ def test_run_json_with_text_prompt(ckpt):
     row = out["roofline"]["prefill"][0]
     assert {"op", "bytes", "flops", "time_s", "achieved_gbps", "pct_of_peak"} <= set(row)
     assert out["peaks"]["mem_gbps"] > 0 and out["device"] == "cpu"
+    assert set(out["timing"]) == {"phase_times", "op_times"}
 
 
 def test_run_human_output_has_roofline(ckpt):

@@ -193,3 +193,22 @@ def test_batch1_gemv_matches_linear():
         assert torch.allclose(gv.linear(x2, w), torch.nn.functional.linear(x2, w), atol=1e-5)
     finally:
         gv.GEMV_SHAPES.discard((37, 300))
+
+
+def test_run_profile_times_the_real_generation_and_profiles_ops_eagerly():
+    """`salactl run` on the GPU engine: the timed generation's tokens are the engine's own, per-op
+    times come from the eager pass (prefill whole, decode steps scaled to the timed count)."""
+    from salactl.runtime.gpu.engine import GPUEngine
+    from salactl.runtime.gpu.run_profile import generate_with_op_profile
+    from salactl.runtime.sampling import SamplingParams
+
+    prompt = torch.randint(3, 128, (45,), generator=torch.Generator().manual_seed(1)).tolist()
+    params = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    engine = GPUEngine(_micro_model(), "cpu", max_running_requests=1, chunk_size=32, kv_tokens=256)
+    plain = engine.generate_one(prompt, params)
+    res, note = generate_with_op_profile(engine, prompt, params, decode_steps=2)
+    assert res.output_token_ids == plain.output_token_ids and res.decode.forward_calls == 5
+    assert {"qkv", "mlp", "attention", "gla"} <= set(res.prefill.op_seconds)
+    assert {"qkv", "mlp", "attention", "gla"} <= set(res.decode.op_seconds)
+    assert "2 decode steps scaled to 5" in note["op_times"]
+    assert engine.runner.cuda_graph is False and engine.profile_ops is False     # restored (CPU: no graphs)
