@@ -39,6 +39,8 @@ def run(
     top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
     top_k: Annotated[int, typer.Option("--top-k", help="0 = off.")] = 0,
     chunk_size: ChunkOpt = 512,
+    op_profile: Annotated[bool, typer.Option("--op-profile/--no-op-profile", help="GPU engine: a second, "
+                          "eager pass over the prompt for per-op times (the timed run is unaffected).")] = True,
     kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="bf16 (auto), fp8_e4m3 (needs "
                                                 "calibrated scales) or fp8_e5m2.")] = "bf16",
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the ChatML template.")] = False,
@@ -64,7 +66,7 @@ def run(
                      model=model, random_weights=random_weights, seed=seed, device=device, dtype=dtype,
                      tokenizer=tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,
                      top_p=top_p, top_k=top_k, chunk_size=chunk_size, chat=chat, ignore_eos=ignore_eos,
-                     kv_cache_dtype=kv_cache_dtype)
+                     kv_cache_dtype=kv_cache_dtype, op_profile=op_profile)
     stream = None if json_out else (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
     result = execute(req, stream, None if json_out else output.PrefillProgress())
     if out is not None:

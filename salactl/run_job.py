@@ -32,6 +32,7 @@ class RunRequest:
     chat: bool = False
     ignore_eos: bool = False
     kv_cache_dtype: str = "bf16"
+    op_profile: bool = True         # GPU engine: eager per-op pass after the timed generation
 
 
 def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
@@ -70,7 +71,13 @@ def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
 
         engine = GPUEngine(lm.model, device, chunk_size=req.chunk_size, max_running_requests=1,
                            kv_tokens=len(ids) + req.max_new_tokens + 64, kv_dtype=fp8_dtype(req.kv_cache_dtype))
-        res, timing_note = generate_with_op_profile(engine, ids, params, eos_ids=eos, on_token=on_token)
+        if req.op_profile:
+            res, timing_note = generate_with_op_profile(engine, ids, params, eos_ids=eos, on_token=on_token)
+        else:
+            res = engine.generate_one(ids, params, eos_ids=eos, on_token=on_token)
+            res.prefill.op_seconds = res.decode.op_seconds = None
+            timing_note = {"phase_times": "the timed generation (CUDA-graph decode)",
+                           "op_times": "not measured (--no-op-profile)"}
     else:
         engine = Engine(lm.model, device, chunk_size=req.chunk_size, time_ops=True,
                         kv_cache_dtype=req.kv_cache_dtype)
