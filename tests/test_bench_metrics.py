@@ -109,3 +109,15 @@ def test_arrivals_poisson_and_gamma():
     assert bursty.mean() == pytest.approx(0.1, rel=0.15)
     assert bursty.std() == pytest.approx(0.2, rel=0.15)              # gamma k=0.25: cv = 2
     assert arrival_times(5, 2.0, 1.0, 3) == arrival_times(5, 2.0, 1.0, 3)
+
+
+def test_summary_table_shows_gpu_memory_and_energy_only_when_measured():
+    from salactl.bench.summary import table_rows
+
+    base = {"phase": "S1", "max_concurrency": 1, "completed": 3, "failed": 0, "duration": 2.0}
+    cols, _ = table_rows({"phases": [dict(base)]})
+    assert "peak GiB" not in cols and "J/out tok" not in cols
+    gpu = dict(base, peak_gpu_memory_bytes=3 * 2 ** 30, mean_power_w=400.0, energy_per_output_token_j=0.5)
+    cols, rows = table_rows({"phases": [gpu]})
+    assert rows[0][cols.index("peak GiB")] == 3.0
+    assert rows[0][cols.index("W")] == 400.0 and rows[0][cols.index("J/out tok")] == 0.5

@@ -1,6 +1,7 @@
 """`salactl bench` end to end as a subprocess: the embedded model on CPU at tiny scale, a SOAR
 JSONL against a loopback server, strict dataset errors, Ctrl-C, and an unreachable endpoint."""
 
+import importlib.util
 import json
 import os
 import signal
@@ -185,3 +186,5 @@ def test_embedded_gpu_engine_batches_requests(tmp_path):
         assert p["knobs"]["target"]["engine"] == "gpu" and p["knobs"]["target"]["chunk_size"] == 8192
         assert p["peak_gpu_memory_bytes"] > 0
         assert p["max_concurrent_requests"] > 1
+        if importlib.util.find_spec("pynvml"):            # NVML energy counter (Volta and newer)
+            assert p["energy_j"] > 0 and p["mean_power_w"] > 0 and p["energy_per_output_token_j"] > 0

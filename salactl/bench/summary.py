@@ -13,6 +13,9 @@ COLUMNS = [("phase", "phase"), ("conc", "max_concurrency"), ("rate", "request_ra
 
 
 def _cell(rec: dict, key: str):
+    if key == "peak_gpu_memory_gib":
+        v = rec.get("peak_gpu_memory_bytes")
+        return v / 2 ** 30 if v else None
     v = rec.get(key)
     if key == "max_concurrency" and v is None:
         return "∞"
@@ -25,6 +28,10 @@ def table_rows(run: dict) -> tuple[list[str], list[list]]:
     cols = list(COLUMNS)
     if any(p.get("request_goodput") is not None for p in run["phases"]):
         cols.append(("goodput req/s", "request_goodput"))
+    if any(p.get("peak_gpu_memory_bytes") for p in run["phases"]):
+        cols.append(("peak GiB", "peak_gpu_memory_gib"))
+    if any(p.get("energy_per_output_token_j") is not None for p in run["phases"]):
+        cols += [("W", "mean_power_w"), ("J/out tok", "energy_per_output_token_j")]
     return [c for c, _ in cols], [[_cell(p, k) for _, k in cols] for p in run["phases"]]
 
 
