@@ -138,7 +138,10 @@ def test_one_batch_profile_against_server(tmp_path):
         # the last of the batch to get its first token; 32 client + 32 server threads share one
         # interpreter here, so allow their start-up skew
         assert TTFT <= p["prefill_latency"] < 1.5 * TTFT, p["prefill_latency"]
-        assert close(p["median_ttft_ms"], TTFT * 1e3, rel=0.2), p["median_ttft_ms"]
+        if bs < 32:
+            assert close(p["median_ttft_ms"], TTFT * 1e3, rel=0.2), p["median_ttft_ms"]
+        else:      # on 2 CPU cores the 64 threads' start-up skew reaches the median too (246 ms seen)
+            assert TTFT * 1e3 <= p["median_ttft_ms"] < 1.5 * TTFT * 1e3, p["median_ttft_ms"]
         assert close(p["median_decode_latency"], PER_TOKEN, rel=0.1), p["median_decode_latency"]
         assert p["median_decode_throughput"] == pytest.approx(bs / p["median_decode_latency"])
         assert p["overall_throughput"] == pytest.approx((in_len + out_len) * bs / p["total_latency"])
