@@ -96,7 +96,14 @@ def checks():
 
 
 def weight_bytes(model, rows: int) -> int:
-    total = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
+    """Parameters + buffers (W4A16 modules keep their packed weights in buffers; views of a fused
+    tensor counted once each) and the `rows` embedding rows gathered."""
+    seen, total = set(), 0
+    for n, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if "embed_tokens" in n or t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
     return total + rows * model.config.hidden_size * 2
 
 

@@ -36,17 +36,6 @@ from timing import events_time, graph_time  # noqa: E402
 RESULTS = G.RESULTS
 
 
-def model_bytes(model) -> int:
-    """Parameters + buffers read per decode step (the embedding gathers one row)."""
-    seen, total = set(), 0
-    for n, t in list(model.named_parameters()) + list(model.named_buffers()):
-        if "embed_tokens" in n or t.data_ptr() in seen:
-            continue
-        seen.add(t.data_ptr())
-        total += t.numel() * t.element_size()
-    return total
-
-
 @G.section("check")
 def check():
     from salactl.profiling.weights import quantize_rtn_in_memory
@@ -164,7 +153,7 @@ def kernel_breakdown(graph, reps=5, top=14) -> dict:
             "top": [(n[:70], round(v[0], 1), round(v[1])) for n, v in rows[:top]]}
 
 
-def engine_decode(model, ceil, label, weight_bytes):
+def engine_decode(model, ceil, label):
     from salactl.runtime.gpu.engine import GPUEngine
 
     engine = GPUEngine(model, "cuda", max_running_requests=8, chunk_size=4096, max_context=8192)
@@ -180,8 +169,7 @@ def engine_decode(model, ceil, label, weight_bytes):
                 r.decode(syn.rows(i))
             graph, _ = r.graphs[(r.bucket(n), False)]
             t = events_time(graph.replay, reps=30)
-            floor = (weight_bytes + G.decode_bytes(engine.config, model, n, 4096)
-                     - G.weight_bytes(model, n)) / (ceil * 1e12)
+            floor = G.decode_bytes(engine.config, model, n, 4096) / (ceil * 1e12)
             out[f"b{n}"] = {"replay_ms": t * 1e3, "tok_s": n / t, "floor_ms": floor * 1e3,
                             "pct_of_floor": 100 * floor / t}
             if n == 1:
@@ -206,17 +194,17 @@ def decode(ceil):
 
     enabled = set(gv.GEMV_SHAPES)
     gv.GEMV_SHAPES.clear()
-    out = {"bf16": engine_decode(model, ceil, "bf16", model_bytes(model))}
+    out = {"bf16": engine_decode(model, ceil, "bf16")}
     if enabled:
         gv.GEMV_SHAPES.update(enabled)
-        out["bf16_gemv"] = engine_decode(model, ceil, "bf16 + batch-1 GEMV", model_bytes(model))
+        out["bf16_gemv"] = engine_decode(model, ceil, "bf16 + batch-1 GEMV")
         out["gemv_shapes"] = sorted(enabled)
     t0 = time.perf_counter()
     model = quantize_rtn_in_memory(model, lm.config)
     out["quantize_in_memory_s"] = time.perf_counter() - t0
     gc.collect()
     torch.cuda.empty_cache()
-    out["w4a16"] = engine_decode(model, ceil, "w4a16", model_bytes(model))
+    out["w4a16"] = engine_decode(model, ceil, "w4a16")
     for n in ("b1", "b8"):
         if "replay_ms" in out["bf16"].get(n, {}) and "replay_ms" in out["w4a16"].get(n, {}):
             out[f"speedup_{n}"] = out["bf16"][n]["replay_ms"] / out["w4a16"][n]["replay_ms"]
