@@ -98,10 +98,9 @@ def test_continuous_batching_equals_one_at_a_time():
         assert b.output_token_ids == alone.output_token_ids
 
 
-@pytest.mark.parametrize("phase", ["decode", "prefill"])
-def test_profile_engine_workload_matches_reference_engine(phase):
-    """`salactl profile --backend engine`: the profiled step (GPU engine over a really prefilled
-    cache) gives the reference Engine's logits for the same tokens."""
+def test_profile_engine_workload_matches_reference_engine():
+    """`salactl profile --backend engine --phase both`: each phase's profiled step (GPU engine over
+    a really prefilled cache of its own) gives the reference Engine's logits for the same tokens."""
     import copy
 
     from salactl.profiling.engine_workload import build_engine_workload
@@ -113,17 +112,18 @@ def test_profile_engine_workload_matches_reference_engine(phase):
     model = _micro_model()
     cfg = model.config
     ref = Engine(copy.deepcopy(model), "cpu", chunk_size=24)
-    spec = ProfileSpec(model="micro", phases=(phase,), context=58, chunk_size=16, backend="engine")
+    spec = ProfileSpec(model="micro", phases=("prefill", "decode"), context=58, chunk_size=16, backend="engine")
     w = Workload(spec, model, cfg, torch.device("cpu"), torch.float32, 4, "micro", ReferenceBackend(cfg), {})
     ew = build_engine_workload(w)
-    new, cached = spec.step_rows(phase)
-    prefix = torch.randint(0, cfg.vocab_size, (cached,), generator=torch.Generator().manual_seed(spec.seed)).tolist()
-    _, segments, _ = prepared = ew.prepare(phase)
-    got = ew.forward(prepared)[-1]
-    seq = ref.new_sequence()
-    ref.prefill(seq, prefix)
-    want = ref.prefill(seq, segments[0][1])[-1]
-    assert (got - want).norm() / want.norm() < 1e-4
+    gen = torch.Generator().manual_seed(spec.seed)
+    for phase in spec.phases:
+        prefix = torch.randint(0, cfg.vocab_size, (spec.step_rows(phase)[1],), generator=gen).tolist()
+        _, segments, _ = prepared = ew.prepare(phase)
+        got = ew.forward(prepared)[-1]
+        seq = ref.new_sequence()
+        ref.prefill(seq, prefix)
+        want = ref.prefill(seq, segments[0][1])[-1]
+        assert (got - want).norm() / want.norm() < 1e-4, phase
     assert ew.backend_name == "engine" and w.backend_name == "reference"
 
 

@@ -2,8 +2,8 @@
 the reference backend: what `salactl run` and `bench` execute on CUDA, with ~10x fewer kernels
 than the eager reference step (so a whole 9B decode step fits an Nsight Compute session).
 
-The cache is real: the `context` tokens (random ids) are prefilled through the engine before
-any profiled step. Each profiled step is run eagerly (no CUDA graph, so the NVTX op ranges
+The cache is real: each phase's cached tokens (random ids) are prefilled through the engine, into
+that phase's own request slots, before any profiled step. Each profiled step is run eagerly (no CUDA graph, so the NVTX op ranges
 hold); it is not committed, so warm-up and profiled steps do the same work. Decoder-layer ranges
 open at the attention block and close after the MLP (the fused forward calls those two modules,
 not the layer module)."""
@@ -22,14 +22,15 @@ from salactl.runtime.op_timer import NULL_TIMER
 @dataclass
 class EngineWorkload(Workload):
     engine: object = None
-    slots: tuple = ()
+    slots: dict = None          # phase -> request slots whose caches hold that phase's context
     backend_name = "engine"
 
     def prepare(self, phase: str, timer=NULL_TIMER):
         new, cached = self.spec.step_rows(phase)
         gen = torch.Generator().manual_seed(self.spec.seed + 1)
-        ids = torch.randint(0, self.config.vocab_size, (len(self.slots), new), generator=gen).tolist()
-        return phase, [(s, toks, cached) for s, toks in zip(self.slots, ids)], timer
+        slots = self.slots[phase]
+        ids = torch.randint(0, self.config.vocab_size, (len(slots), new), generator=gen).tolist()
+        return phase, [(s, toks, cached) for s, toks in zip(slots, ids)], timer
 
     @torch.inference_mode()
     def forward(self, prepared) -> torch.Tensor:
@@ -63,22 +64,24 @@ def build_engine_workload(w: Workload) -> EngineWorkload:
     from salactl.runtime.gpu.engine import GPUEngine
 
     spec, cfg = w.spec, w.config
-    prefix = max(spec.step_rows(p)[1] for p in spec.phases)
     room = spec.context + max(spec.chunk_size, 1) + cfg.sparse_config.block_size
     kv_dtype = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}.get(spec.kv_cache_dtype)
-    engine = GPUEngine(w.model, w.device, max_running_requests=spec.batch, cuda_graph=False,
-                       chunk_size=min(16384, max(prefix, spec.chunk_size)), kv_tokens=spec.batch * room,
+    rows = spec.batch * len(spec.phases)
+    engine = GPUEngine(w.model, w.device, max_running_requests=rows, cuda_graph=False,
+                       chunk_size=min(16384, max(spec.context, spec.chunk_size)), kv_tokens=rows * room,
                        kv_dtype=kv_dtype, eos_ids=())
-    slots = engine.scheduler.slots.alloc(spec.batch)
-    B = cfg.sparse_config.block_size
+    B, step = cfg.sparse_config.block_size, engine.scheduler.chunk_tokens
     gen = torch.Generator().manual_seed(spec.seed)
-    for s in slots:
-        engine.pools.assign_pages(s, engine.scheduler.pages.alloc(-(-room // B)))
-        engine.pools.state[:, s].zero_()
-        engine.backend.release_slot(s)
-        ids = torch.randint(0, cfg.vocab_size, (prefix,), generator=gen).tolist()
-        step = engine.scheduler.chunk_tokens
-        for p0 in range(0, prefix, step):
-            engine.runner.prefill([(s, ids[p0:p0 + step], p0)])
+    slots = {}
+    for phase in spec.phases:
+        cached = spec.step_rows(phase)[1]
+        slots[phase] = tuple(engine.scheduler.slots.alloc(spec.batch))
+        for s in slots[phase]:
+            engine.pools.assign_pages(s, engine.scheduler.pages.alloc(-(-room // B)))
+            engine.pools.state[:, s].zero_()
+            engine.backend.release_slot(s)
+            ids = torch.randint(0, cfg.vocab_size, (cached,), generator=gen).tolist()
+            for p0 in range(0, cached, step):
+                engine.runner.prefill([(s, ids[p0:p0 + step], p0)])
     return EngineWorkload(spec, engine.model, cfg, w.device, w.dtype, w.kv_bytes, w.source, engine.backend,
-                          {}, engine=engine, slots=tuple(slots))
+                          {}, engine=engine, slots=slots)
