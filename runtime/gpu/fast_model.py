@@ -45,12 +45,11 @@ def _concat_w4a16(linears, current):
     first = linears[0]
     if not all(type(m) is W4A16Linear and m.layout == "triton" for m in linears):
         return None
-    same = all(m.in_features == first.in_features and m.group_size == first.group_size
-               and m.bits == first.bits and ((m.perm is None and first.perm is None) or
-                                             (m.perm is not None and first.perm is not None
-                                              and torch.equal(m.perm, first.perm)))
-               for m in linears)
-    if not same:
+    def key(m):          # what must match to share one input and one kernel call
+        perm = None if m.perm is None else tuple(m.perm.tolist())
+        return m.in_features, m.group_size, m.bits, perm
+
+    if any(key(m) != key(first) for m in linears[1:]):
         return None
     if isinstance(current, _Unregistered) and all(_same_storage(m.qweight, current.module.qweight)
                                                   for m in linears):
