@@ -20,7 +20,7 @@ from salactl.runtime.config import SalaConfig
 from salactl.runtime.ops.decode_attention.triton import choose_splits, paged_attention, store_kv
 from salactl.runtime.ops.gla.triton import gla_decode_, gla_prefill_
 from salactl.runtime.ops.selection import num_windows
-from salactl.runtime.ops.selection.gpu import check_shapes, compress_update, select_paged
+from salactl.runtime.ops.selection.gpu import check_shapes, compress_update, select_decode, select_paged
 
 
 class GPUBackend:
@@ -69,8 +69,8 @@ class GPUBackend:
         rows = q.shape[0] * self.config.num_key_value_heads
         kw = dict(k_scale=p.k_scale[li], v_scale=p.v_scale[li])
         if batch.sparse:
-            sel, cnt = select_paged(q, k1p, pt, batch.slots, batch.seq_lens, sc, pt.shape[1], k_pages=kp,
-                                    k1_start=batch.k1_start, k1_count=batch.k1_count, k_scale=p.k_scale[li])
+            sel, cnt = select_decode(q, k1p, pt, batch.slots, batch.seq_lens, sc, pt.shape[1], k_pages=kp,
+                                     k1_start=batch.k1_start, k1_count=batch.k1_count, k_scale=p.k_scale[li])
             return paged_attention(q, kp, vp, pt, batch.slots, batch.seq_lens, sel, cnt, sc.dense_len,
                                    num_splits=choose_splits(rows, sc.selected_blocks, self.num_sms), **kw)
         return paged_attention(q, kp, vp, pt, batch.slots, batch.seq_lens,
