@@ -131,8 +131,18 @@ def run_quantize(opts, model: str, random_weights: bool, seed: int, out: Path, o
         "seconds": {"load_and_calibration_data": t_loaded - t_start, "forward": result.forward_seconds,
                     "solve": result.solve_seconds, "quantize_total": t_solved - t_loaded,
                     "write": t_done - t_solved, "total": t_done - t_start},
+        "peak_gpu_gib": _peak_gpu_gib(device),
         "env": environment(),
     }
+
+
+def _peak_gpu_gib(device: str) -> float | None:
+    """Peak torch-allocated memory on the quantizing GPU (None on CPU)."""
+    import torch
+
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        return None
+    return torch.cuda.max_memory_allocated(torch.device(device)) / 2**30
 
 
 def render(r: dict) -> None:
@@ -149,7 +159,8 @@ def render(r: dict) -> None:
     output.stdout.print(
         f"calibration: {c['samples']} x {c['seqlen']} tokens ({c['source']}); "
         + (f"error below RTN on {frac * 100:.1f}% of modules; " if frac is not None else "")
-        + f"time {s['total']:.1f} s (forward {s['forward']:.1f}, solve {s['solve']:.1f}, write {s['write']:.1f})")
+        + f"time {s['total']:.1f} s (forward {s['forward']:.1f}, solve {s['solve']:.1f}, write {s['write']:.1f})"
+        + (f"; peak GPU memory {r['peak_gpu_gib']:.1f} GiB" if r.get("peak_gpu_gib") is not None else ""))
     if r["kv_scales"]:
         output.stdout.print(f"FP8 KV scales ({r['kv_cache_dtype']}) for layers {', '.join(r['kv_scales'])}")
     output.stdout.print(f"wrote {r['out']}")

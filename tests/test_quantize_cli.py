@@ -80,6 +80,7 @@ def test_quantize_writes_a_marlin_compatible_gptq_checkpoint(ckpt, calib_jsonl, 
     record = json.loads(stdout)
     assert record["calibration"]["samples"] == 4 and record["calibration"]["seqlen"] == 96
     assert record["fraction_better_than_rtn"] >= 0.95
+    assert record["peak_gpu_gib"] is None            # quantized on the CPU
     cfg = json.loads((out / "config.json").read_text())
     qc = cfg["quantization_config"]
     assert {k: qc[k] for k in ("quant_method", "bits", "group_size", "desc_act", "sym", "checkpoint_format",
