@@ -85,27 +85,54 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
     return idx.to(torch.int32), counts
 
 
+# Launch defaults of select_decode (edit from benchmarks/sparse_decode_bench.py's sweep).
+# stored: pass 1 stores the group's scaled scores (fp32 [rows, G, windows], 4 B per head and window
+#   = 1/4 of K1's bytes at G 16, d 128) so pass 2 never re-reads K1 -- used while that buffer stays
+#   under store_max_bytes, else pass 2 recomputes q.K1 (the previous path);
+# topk: "radix" (radix select over GROUP keys, then over the groups' picks) or "bitonic" (tl.topk);
+# group: blocks per top-k group (the last chunk program of each group selects its top K; the last
+#   group merges); nbc: blocks per pass-2 program; tile / radix_bits: the radix select's tile
+#   and bits per round; lse_splits: pass-1 programs per row (None: about four per SM).
+DECODE_DEFAULTS = dict(stored=True, store_max_bytes=256 << 20, topk="radix", group=2048, tile=2048,
+                       radix_bits=2, nbc=64, nbc_fp32=32, num_warps=8, lse_splits=None)
+
+
 def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_max: int,
                   k_pages=None, k1_start=None, k1_count=None, k_scale=1.0,
-                  lse_splits: int | None = None, nbc: int | None = None, group: int = 2048, tile: int = 2048,
-                  radix_bits: int = 2, num_warps: int = 8):
+                  lse_splits: int | None = None, nbc: int | None = None, group: int | None = None,
+                  tile: int | None = None, radix_bits: int | None = None, num_warps: int | None = None,
+                  stored: bool | None = None, topk: str | None = None):
     """One query per row (decode): two launches (triton_decode.py). With k_pages, k1_start and
     k1_count given, the window completed by each row's token (k1_count 0/1) is compressed into
     k1_pages by the first launch (replaces compress_update). nb_max: the static block width
-    (launch grid); each row's work follows its own seq_len. Same result as select_paged."""
+    (launch grid); each row's work follows its own seq_len. Knobs left None take DECODE_DEFAULTS.
+    Same result as select_paged."""
+    dflt = DECODE_DEFAULTS
     n, hq, D = q.shape
     _, hkv, wpp, _ = k1_pages.shape
     G = hq // hkv
     BG = max(16, triton.next_power_of_2(G))
     rows = n * hkv
     dev = q.device
+    if lse_splits is None:
+        lse_splits = dflt["lse_splits"]
     if lse_splits is None:                # about four programs per SM
         lse_splits = max(1, min(128, math.ceil(528 / rows)))
     if nbc is None:                       # blocks per program: 64 spills nothing in 16 bits
-        nbc = 32 if q.dtype == torch.float32 else 64
-    assert group % nbc == 0 and nbc & (nbc - 1) == 0 and tile & (tile - 1) == 0
+        nbc = dflt["nbc_fp32"] if q.dtype == torch.float32 else dflt["nbc"]
+    group = dflt["group"] if group is None else group
+    tile = dflt["tile"] if tile is None else tile
+    radix_bits = dflt["radix_bits"] if radix_bits is None else radix_bits
+    num_warps = dflt["num_warps"] if num_warps is None else num_warps
+    topk = dflt["topk"] if topk is None else topk
+    nw_max = nb_max * wpp
+    if stored is None:
+        stored = dflt["stored"] and rows * G * nw_max * 4 <= dflt["store_max_bytes"]
     K = min(sc.selected_blocks, nb_max)
     KP = triton.next_power_of_2(K)
+    assert topk in ("radix", "bitonic")
+    assert group % nbc == 0 and nbc & (nbc - 1) == 0 and tile & (tile - 1) == 0
+    assert topk == "radix" or (group & (group - 1) == 0 and group >= KP)
     ng_max = triton.cdiv(nb_max, group)
     nctr = ng_max + 1
     sm_scale = 1.0 / math.sqrt(D)
@@ -118,24 +145,27 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     part = torch.empty(rows * (ng_max + 1) * KP, device=dev, dtype=torch.int64)
     sel = torch.empty(n, hkv, K, device=dev, dtype=torch.int32)
     cnt = torch.empty(n, hkv, device=dev, dtype=torch.int32)
+    scores = torch.empty((rows, G, nw_max) if stored else (1,), device=dev, dtype=torch.float32)
+    s_scr, s_scg = (scores.stride(0), scores.stride(1)) if stored else (0, 0)
     kp = k_pages if fuse else k1_pages
     js, jc = (k1_start, k1_count) if fuse else (slots, slots)
     dkern._lse_kernel[(rows, lse_splits)](
         q, k1_pages, page_table, slots, seq_lens, plse, ctr, kp, js, jc,
-        scale_tensor(k_scale if fuse else 1.0, hkv, dev),
+        scale_tensor(k_scale if fuse else 1.0, hkv, dev), scores,
         q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), kp.stride(0), kp.stride(1),
-        page_table.stride(0), sm_scale, lse_splits,
+        page_table.stride(0), s_scr, s_scg, sm_scale, lse_splits,
         HKV=hkv, G=G, BG=BG, D=D, WPP=wpp, KS=sc.kernel_size, ST=sc.kernel_stride, BS=sc.block_size,
         BW=64, NCTR=nctr, NCTR2=triton.next_power_of_2(nctr), FUSE_K1=fuse, FP8=fp8,
-        DOT_F32=dot_f32, num_warps=4)
+        DOT_F32=dot_f32, STORE=stored, num_warps=4)
     dkern._block_topk_kernel[(rows, triton.cdiv(nb_max, nbc))](
-        q, k1_pages, page_table, slots, seq_lens, plse, keys, part, ctr, sel, cnt,
+        q, k1_pages, page_table, slots, seq_lens, plse, keys, part, ctr, sel, cnt, scores,
         q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), page_table.stride(0),
-        keys.stride(0), sel.stride(0), sel.stride(1), cnt.stride(0), cnt.stride(1),
+        keys.stride(0), sel.stride(0), sel.stride(1), cnt.stride(0), cnt.stride(1), s_scr, s_scg,
         sm_scale, lse_splits,
         HKV=hkv, G=G, BG=BG, D=D, WPP=wpp, LEFT=sc.kernel_size // sc.kernel_stride - 1,
         KS=sc.kernel_size, ST=sc.kernel_stride, BS=sc.block_size, NBC=nbc, GROUP=group,
-        NG_MAX=ng_max, NCTR=nctr, INIT=sc.init_blocks, WINB=sc.window_blocks, K=K, KP=KP,
-        TILE=tile, RB=radix_bits, SP2=max(2, triton.next_power_of_2(lse_splits)), DOT_F32=dot_f32,
-        num_warps=num_warps)
+        NG_MAX=ng_max, NG2=triton.next_power_of_2(ng_max), NCTR=nctr, INIT=sc.init_blocks,
+        WINB=sc.window_blocks, K=K, KP=KP, TILE=tile, RB=radix_bits,
+        SP2=max(2, triton.next_power_of_2(lse_splits)), DOT_F32=dot_f32, STORED=stored,
+        BITONIC=topk == "bitonic", num_warps=num_warps)
     return sel, cnt

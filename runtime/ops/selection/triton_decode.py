@@ -55,12 +55,13 @@ def _load_q(q_ptr, n, kh, s_qn, s_qh, G: tl.constexpr, BG: tl.constexpr, D: tl.c
 
 @triton.jit(do_not_specialize=["num_splits"])
 def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
-                k_ptr, jstart_ptr, jcount_ptr, ks_ptr,
-                s_qn, s_qh, s_1p, s_1h, s_kp, s_kh, s_pt, sm_scale, num_splits,
+                k_ptr, jstart_ptr, jcount_ptr, ks_ptr, sc_ptr,
+                s_qn, s_qh, s_1p, s_1h, s_kp, s_kh, s_pt, s_scr, s_scg, sm_scale, num_splits,
                 HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr,
                 WPP: tl.constexpr, KS: tl.constexpr, ST: tl.constexpr, BS: tl.constexpr,
                 BW: tl.constexpr, NCTR: tl.constexpr, NCTR2: tl.constexpr,
-                FUSE_K1: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr):
+                FUSE_K1: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr,
+                STORE: tl.constexpr):
     r = tl.program_id(0)
     sp = tl.program_id(1)
     n = r // HKV
@@ -87,7 +88,12 @@ def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
         j = j0 + tl.arange(0, BW)
         jm = j < end
         s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
-        s = tl.where(jm[None, :], s * sm_scale, float("-inf"))
+        s = s * sm_scale
+        if STORE:                           # pass 2 reads these instead of K1
+            g = tl.arange(0, BG)
+            tl.store(sc_ptr + r.to(tl.int64) * s_scr + g[:, None] * s_scg + j[None, :], s,
+                     mask=(g < G)[:, None] & jm[None, :])
+        s = tl.where(jm[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         l = l * tl.exp(m - m_new) + tl.sum(tl.exp(s - m_new[:, None]), 1)
         m = m_new
@@ -148,17 +154,27 @@ def _write_ranked(run, sel_ptr, cnt_ptr, KP: tl.constexpr):
     tl.store(cnt_ptr, nvalid)
 
 
+@triton.jit
+def _write_top(top, sel_ptr, cnt_ptr, K: tl.constexpr, KP: tl.constexpr):
+    """`top` [KP] in descending key order (tl.topk): the first min(K, #real) as block ids."""
+    nvalid = tl.minimum(tl.sum((_score_word(top) > 0).to(tl.int32), 0), K)
+    k = tl.arange(0, KP)
+    tl.store(sel_ptr + k, -1 - top.to(tl.int32), mask=k < nvalid)
+    tl.store(cnt_ptr, nvalid)
+
+
 @triton.jit(do_not_specialize=["num_splits"])
 def _block_topk_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, key_ptr, part_ptr,
-                       ctr_ptr, sel_ptr, cnt_ptr,
+                       ctr_ptr, sel_ptr, cnt_ptr, sc_ptr,
                        s_qn, s_qh, s_1p, s_1h, s_pt, s_key, s_seln, s_selh, s_cntn, s_cnth,
-                       sm_scale, num_splits,
+                       s_scr, s_scg, sm_scale, num_splits,
                        HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr,
                        WPP: tl.constexpr, LEFT: tl.constexpr, KS: tl.constexpr, ST: tl.constexpr,
                        BS: tl.constexpr, NBC: tl.constexpr, GROUP: tl.constexpr,
-                       NG_MAX: tl.constexpr, NCTR: tl.constexpr, INIT: tl.constexpr,
-                       WINB: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, TILE: tl.constexpr,
-                       RB: tl.constexpr, SP2: tl.constexpr, DOT_F32: tl.constexpr):
+                       NG_MAX: tl.constexpr, NG2: tl.constexpr, NCTR: tl.constexpr,
+                       INIT: tl.constexpr, WINB: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+                       TILE: tl.constexpr, RB: tl.constexpr, SP2: tl.constexpr,
+                       DOT_F32: tl.constexpr, STORED: tl.constexpr, BITONIC: tl.constexpr):
     r = tl.program_id(0)
     c = tl.program_id(1)
     n = r // HKV
@@ -170,7 +186,6 @@ def _block_topk_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ke
     if b0 < ncand:
         slot = tl.load(slot_ptr + n).to(tl.int64)
         nvis = _nvis(t, KS, ST)
-        q = _load_q(q_ptr, n, kh, s_qn, s_qh, G, BG, D)
         g = tl.arange(0, BG)
         sp = tl.arange(0, SP2)                        # merge every split's lse at once
         part = tl.load(plse_ptr + ((r * num_splits).to(tl.int64) + sp[:, None]) * BG + g[None, :],
@@ -180,11 +195,19 @@ def _block_topk_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ke
         lse = tl.where(den > 0, mx + tl.log(tl.where(den > 0, den, 1.0)), 0.0)
         b = b0 + tl.arange(0, NBC)
         pooled = tl.full([NBC], float("-inf"), tl.float32)
+        if not STORED:
+            q = _load_q(q_ptr, n, kh, s_qn, s_qh, G, BG, D)
         for w in tl.static_range(WPP + LEFT):
             j = b * WPP - LEFT + w                    # windows overlapping block b
             jm = (j >= 0) & (j < nvis)
-            s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
-            p = tl.where(jm[None, :] & (g < G)[:, None], tl.exp(s * sm_scale - lse[:, None]), 0.0)
+            hm = jm[None, :] & (g < G)[:, None]
+            if STORED:                                # scaled scores from pass 1
+                s = tl.load(sc_ptr + r.to(tl.int64) * s_scr + g[:, None] * s_scg + j[None, :],
+                            mask=hm, other=0.0)
+            else:
+                s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
+                s = s * sm_scale
+            p = tl.where(hm, tl.exp(s - lse[:, None]), 0.0)
             pooled = tl.maximum(pooled, tl.where(jm, tl.sum(p, 0), float("-inf")))
         cand = b < ncand
         forced = (b < INIT) | ((b >= own - WINB) & cand)
@@ -203,16 +226,33 @@ def _block_topk_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ke
         if tl.atomic_add(row_ctr + grp, 1) == in_group - 1:        # last chunk of the group
             ngroups = tl.cdiv(ncand, GROUP)
             gpart = part_ptr + (r.to(tl.int64) * (NG_MAX + 1) + grp) * KP
-            run = _select_top(row_keys + grp * GROUP, tl.minimum(GROUP, ncand - grp * GROUP),
-                              gpart, K, KP, TILE, RB)
             sel = sel_ptr + n * s_seln + kh * s_selh
             cnt = cnt_ptr + n * s_cntn + kh * s_cnth
-            if ngroups == 1:
-                _write_ranked(run, sel, cnt, KP)
+            glen = tl.minimum(GROUP, ncand - grp * GROUP)
+            if BITONIC:                               # bitonic top-KP (descending), then merge
+                i = tl.arange(0, GROUP)
+                x = tl.load(row_keys + grp * GROUP + i, mask=i < glen, other=SENTINEL,
+                            cache_modifier=".cg")
+                top = tl.topk(x, KP)
+                if ngroups == 1:
+                    _write_top(top, sel, cnt, K, KP)
+                else:
+                    tl.store(gpart + tl.arange(0, KP), top)
+                    tl.debug_barrier()
+                    if tl.atomic_add(row_ctr + NG_MAX, 1) == ngroups - 1:   # last group: merge
+                        rpart = part_ptr + r.to(tl.int64) * (NG_MAX + 1) * KP
+                        m = tl.arange(0, NG2 * KP)
+                        x = tl.load(rpart + m, mask=m < ngroups * KP, other=SENTINEL,
+                                    cache_modifier=".cg")
+                        _write_top(tl.topk(x, KP), sel, cnt, K, KP)
             else:
-                tl.store(gpart + tl.arange(0, KP), run)
-                tl.debug_barrier()
-                if tl.atomic_add(row_ctr + NG_MAX, 1) == ngroups - 1:   # last group: merge
-                    rpart = part_ptr + r.to(tl.int64) * (NG_MAX + 1) * KP
-                    run = _select_top(rpart, ngroups * KP, rpart + NG_MAX * KP, K, KP, TILE, RB)
+                run = _select_top(row_keys + grp * GROUP, glen, gpart, K, KP, TILE, RB)
+                if ngroups == 1:
                     _write_ranked(run, sel, cnt, KP)
+                else:
+                    tl.store(gpart + tl.arange(0, KP), run)
+                    tl.debug_barrier()
+                    if tl.atomic_add(row_ctr + NG_MAX, 1) == ngroups - 1:   # last group: merge
+                        rpart = part_ptr + r.to(tl.int64) * (NG_MAX + 1) * KP
+                        run = _select_top(rpart, ngroups * KP, rpart + NG_MAX * KP, K, KP, TILE, RB)
+                        _write_ranked(run, sel, cnt, KP)
