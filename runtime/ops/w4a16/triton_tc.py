@@ -21,8 +21,12 @@ block after the MMA; for groups 16/32/64 the fp16 scale multiplies the weight be
 
 Variants (TCConfig; benchmarks/w4a16_bench.py times them all): `bias_dot` drops the fma and adds
 an MMA of a constant -(magic + 8) tile instead; `unroll` 2/4 issues the loads of several 128-row
-blocks before the first MMA; `prefetch` carries the next block's loads in registers; `num_stages`
-> 1 lets Triton pipeline words and activations through shared memory (cp.async). Offline sm_90
+blocks before the first MMA; `prefetch` carries the next step's `unroll` blocks of loads in
+registers while this step's are dequantized and multiplied (a register software pipeline: without
+it a warp has no loads in flight during its MMAs, and all CTAs of a one-wave grid start in phase,
+so DRAM idles during the compute phases); `num_stages` > 1 lets Triton pipeline words and
+activations through shared memory (cp.async); `reduce` R > 1 lets the last split load R partials
+per instruction instead of one L2 round trip per split (split 8-32 on the 4096-wide shapes). Offline sm_90
 SASS per 128-row block and thread (64 weights at BLOCK_N 64, 4 warps): 163 instructions with the
 fma dequant (90 of them dequantization), 160 with the bias MMA, 196 with 3 stages; the CUDA-core
 GEMV it replaced (since deleted) needed ~5.4 per weight (~345 per 64).
@@ -96,13 +100,14 @@ def _split_halves(r):
 
 
 @triton.jit
-def _load_words(qw_ptr, kb, pid_n, NG, BLOCK_N: tl.constexpr, WARPS: tl.constexpr, EVEN_N: tl.constexpr):
+def _load_words(qw_ptr, kb, kb1, pid_n, NG, BLOCK_N: tl.constexpr, WARPS: tl.constexpr, EVEN_N: tl.constexpr):
     """The [BLOCK_N, 16] word tile of 128-row block kb (row n, word w = 4·blk + c).
 
     Loaded as a 2-D [BLOCK_N·4, 4] tile whose row r = (g_hi, n8, g_lo, nlo, c) (c fastest):
     Triton's default blocked layout for it (4 words per lane, lanes along r, then warps, then
     registers) is then exactly the MMA A-operand layout: lane = (nlo, c), warp = g_lo (16-row
-    slab), registers = n8 (rows +8) and g_hi (rows + 16·WARPS)."""
+    slab), registers = n8 (rows +8) and g_hi (rows + 16·WARPS). Blocks kb >= kb1 (pipeline tails)
+    read block kb1 - 1's address under a false mask: no memory traffic."""
     G_LO: tl.constexpr = WARPS if BLOCK_N // 16 >= WARPS else BLOCK_N // 16
     G_HI: tl.constexpr = BLOCK_N // 16 // G_LO
     r = tl.arange(0, BLOCK_N * 4)
@@ -112,11 +117,12 @@ def _load_words(qw_ptr, kb, pid_n, NG, BLOCK_N: tl.constexpr, WARPS: tl.constexp
     n8 = (r // (32 * G_LO)) % 2
     g_hi = r // (64 * G_LO)
     gg = pid_n * (BLOCK_N // 16) + g_hi * G_LO + g_lo
-    row = (kb * NG + gg) * 256 + n8 * 128 + nlo * 16 + c * 4
+    row = (tl.minimum(kb, kb1 - 1) * NG + gg) * 256 + n8 * 128 + nlo * 16 + c * 4
+    live = (r * 0 + kb) < kb1
     if EVEN_N:
-        q2 = tl.load(qw_ptr + row[:, None] + tl.arange(0, 4)[None, :])
+        q2 = tl.load(qw_ptr + row[:, None] + tl.arange(0, 4)[None, :], mask=live[:, None], other=0)
     else:
-        q2 = tl.load(qw_ptr + row[:, None] + tl.arange(0, 4)[None, :], mask=(gg < NG)[:, None], other=0)
+        q2 = tl.load(qw_ptr + row[:, None] + tl.arange(0, 4)[None, :], mask=(live & (gg < NG))[:, None], other=0)
     q6 = tl.reshape(q2, (G_HI, 2, G_LO, 8, 4, 4))                    # (g_hi, n8, g_lo, nlo, c, blk)
     return tl.reshape(tl.permute(q6, (0, 2, 1, 3, 5, 4)), (BLOCK_N, 16))
 
@@ -168,9 +174,8 @@ def _group_scales6(s_ptr, kb, kb1, offs_n, N, GROUP: tl.constexpr):
 def _load_block(x_ptr, qw_ptr, s_ptr, kb, kb1, pid_n, offs_n, offs_m, M, N, NG, stride_xm, GROUP: tl.constexpr,
                 BLOCK_N: tl.constexpr, WARPS: tl.constexpr, EVEN_N: tl.constexpr):
     """Words, activations and (for groups >= 128) scales of block kb. For kb >= kb1 (unroll and
-    prefetch tails) the words are block kb1 - 1's (a valid address) and x and s are zero, so the
-    block adds nothing."""
-    q = _load_words(qw_ptr, tl.minimum(kb, kb1 - 1), pid_n, NG, BLOCK_N, WARPS, EVEN_N)
+    prefetch tails) everything is masked (words 0, x and s zero), so the block adds nothing."""
+    q = _load_words(qw_ptr, kb, kb1, pid_n, NG, BLOCK_N, WARPS, EVEN_N)
     xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + (kb * 128 + tl.arange(0, 128))[:, None],
                  mask=(offs_m < M)[None, :] & (kb * 128 + tl.arange(0, 128) < kb1 * 128)[:, None], other=0.0)
     if GROUP < 128:
@@ -204,12 +209,14 @@ def _mma_block(acc, neg_bias, q, xt, s, s_ptr, kb, kb1, offs_n, N, GROUP: tl.con
         return acc + part * s[:, None]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "split_k"])
 def _w4a16_tc_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym,
                      split_k, bias, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                      USE_ASM: tl.constexpr, DOT_F32: tl.constexpr, WARPS: tl.constexpr,
                      BIAS_DOT: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
-                     EVEN_N: tl.constexpr):
+                     EVEN_N: tl.constexpr, RED: tl.constexpr):
+    # M and split_k are not specialised (M = 1 and split 1 would each be another compile; the
+    # kernel branches on split_k at run time anyway)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -226,15 +233,43 @@ def _w4a16_tc_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stri
     # -(magic + 8) from a runtime argument, so the compiler cannot fold it into per-block constants
     neg_bias = tl.full((BLOCK_N, 128), bias, tl.float32).to(x_ptr.dtype.element_ty)
     if PREFETCH:
-        # block kb + 1's loads are in flight while block kb is dequantized and multiplied
+        # software pipeline over groups of UNROLL blocks: the loads of group g + 1 are issued
+        # before the dequantization and MMAs of group g, so every warp always has loads in flight
         q, xt, s = _load_block(x_ptr, qw_ptr, s_ptr, kb0, kb1, pid_n, offs_n, offs_m, M, N, NG, stride_xm,
                                GROUP, BLOCK_N, WARPS, EVEN_N)
-        for kb in range(kb0, kb1):
-            qn, xtn, sn = _load_block(x_ptr, qw_ptr, s_ptr, kb + 1, kb1, pid_n, offs_n, offs_m, M, N, NG,
+        if UNROLL >= 2:
+            q2, xt2, s2 = _load_block(x_ptr, qw_ptr, s_ptr, kb0 + 1, kb1, pid_n, offs_n, offs_m, M, N, NG,
                                       stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
+        if UNROLL == 4:
+            q3, xt3, s3 = _load_block(x_ptr, qw_ptr, s_ptr, kb0 + 2, kb1, pid_n, offs_n, offs_m, M, N, NG,
+                                      stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
+            q4, xt4, s4 = _load_block(x_ptr, qw_ptr, s_ptr, kb0 + 3, kb1, pid_n, offs_n, offs_m, M, N, NG,
+                                      stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
+        for kb in range(kb0, kb1, UNROLL):
+            qn, xtn, sn = _load_block(x_ptr, qw_ptr, s_ptr, kb + UNROLL, kb1, pid_n, offs_n, offs_m, M, N, NG,
+                                      stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
+            if UNROLL >= 2:
+                qn2, xtn2, sn2 = _load_block(x_ptr, qw_ptr, s_ptr, kb + UNROLL + 1, kb1, pid_n, offs_n, offs_m,
+                                             M, N, NG, stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
+            if UNROLL == 4:
+                qn3, xtn3, sn3 = _load_block(x_ptr, qw_ptr, s_ptr, kb + UNROLL + 2, kb1, pid_n, offs_n, offs_m,
+                                             M, N, NG, stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
+                qn4, xtn4, sn4 = _load_block(x_ptr, qw_ptr, s_ptr, kb + UNROLL + 3, kb1, pid_n, offs_n, offs_m,
+                                             M, N, NG, stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
             acc = _mma_block(acc, neg_bias, q, xt, s, s_ptr, kb, kb1, offs_n, N, GROUP, BLOCK_N, BLOCK_M,
                              USE_ASM, DOT_F32, BIAS_DOT)
             q, xt, s = qn, xtn, sn
+            if UNROLL >= 2:
+                acc = _mma_block(acc, neg_bias, q2, xt2, s2, s_ptr, kb + 1, kb1, offs_n, N, GROUP, BLOCK_N,
+                                 BLOCK_M, USE_ASM, DOT_F32, BIAS_DOT)
+                q2, xt2, s2 = qn2, xtn2, sn2
+            if UNROLL == 4:
+                acc = _mma_block(acc, neg_bias, q3, xt3, s3, s_ptr, kb + 2, kb1, offs_n, N, GROUP, BLOCK_N,
+                                 BLOCK_M, USE_ASM, DOT_F32, BIAS_DOT)
+                acc = _mma_block(acc, neg_bias, q4, xt4, s4, s_ptr, kb + 3, kb1, offs_n, N, GROUP, BLOCK_N,
+                                 BLOCK_M, USE_ASM, DOT_F32, BIAS_DOT)
+                q3, xt3, s3 = qn3, xtn3, sn3
+                q4, xt4, s4 = qn4, xtn4, sn4
     else:
         for kb in range(kb0, kb1, UNROLL):
             # every load of the UNROLL blocks is issued before the first MMA
@@ -271,8 +306,17 @@ def _w4a16_tc_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stri
         done = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
         if done == split_k - 1:
             total = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-            for sk in range(0, split_k):
-                total += tl.load(ws_ptr + sk * M * N + w_off, mask=mask, other=0.0, cache_modifier=".cg")
+            if RED == 1:
+                for sk in range(0, split_k):
+                    total += tl.load(ws_ptr + sk * M * N + w_off, mask=mask, other=0.0, cache_modifier=".cg")
+            else:
+                # RED splits' partials per load, all in flight at once (not one L2 round trip each)
+                sks = tl.arange(0, RED)
+                for sk0 in range(0, split_k, RED):
+                    live = (sk0 + sks) < split_k
+                    part = tl.load(ws_ptr + (sk0 + sks)[:, None, None] * (M * N) + w_off[None, :, :],
+                                   mask=live[:, None, None] & mask[None, :, :], other=0.0, cache_modifier=".cg")
+                    total += tl.sum(part, axis=0)
             tl.store(y_ptr + y_off, total.to(y_ptr.dtype.element_ty), mask=mask)
             tl.atomic_xchg(cnt_ptr + tile, 0)
 
@@ -285,7 +329,7 @@ def _w4a16_tc_dequant_kernel(qw_ptr, s_ptr, w_ptr, N, K, GROUP: tl.constexpr, BL
     kb = tl.program_id(0)
     pid_n = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    q = _load_words(qw_ptr, kb, pid_n, N // 16, BLOCK_N, WARPS, False)
+    q = _load_words(qw_ptr, kb, kb + 1, pid_n, N // 16, BLOCK_N, WARPS, False)
     w6 = _dequant6(q, BLOCK_N, USE_ASM, False, FP16).to(tl.float32)
     if GROUP < 128:
         s6 = _group_scales6(s_ptr, kb, kb + 1, offs_n, N, GROUP)
@@ -307,6 +351,7 @@ class TCConfig:
     bias_dot: bool = True
     unroll: int = 1
     prefetch: bool = False
+    reduce: int = 1          # split-K partials summed RED at a time by the last split (1: one by one)
 
 
 _NEG_BIAS = {torch.bfloat16: -136.0, torch.float16: -1032.0}
@@ -326,9 +371,56 @@ def tc_block_m(M: int) -> int:
     return 16 if M <= 16 else 32 if M <= 32 else 64
 
 
-def default_tc_config(M: int, N: int, K: int, sms: int = 132, waves: float = 4.0) -> TCConfig:
-    """The dispatch's choice, from the H200 sweep (benchmarks/w4a16_bench.py --quick, torch 2.11,
-    triton 3.6, 9B shapes, GPTQ g128; µs, best variant vs the previous default bn64 fma un1 st3):
+# The dispatch defaults, as config specs (the same text `benchmarks/w4a16_bench.py --configs` takes
+# and its table prints per shape and M): edit them from that benchmark's results.
+#   bn/w: BLOCK_N and warps; bias: 1 = bias MMA, 0 = fma dequant; un: blocks per loop step (cut to the
+#   blocks one split has); pf: 1 = the next step's loads are issued before this step's MMAs (software
+#   pipeline); stages: Triton cp.async stages; waves: split K until about waves x SMs CTAs exist
+#   (split=S fixes it); red: split-K partials the last split sums per load.
+# Keyed by BLOCK_M (16 for M <= 16, 32, 64); TC_SHAPE_DEFAULTS[(N, K, BLOCK_M)] overrides one shape.
+TC_DEFAULTS: dict[int, str] = {
+    16: "bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4,red=1",
+    32: "bn=64,w=4,bias=0,un=1,pf=0,stages=3,waves=4,red=1",
+    64: "bn=64,w=4,bias=0,un=1,pf=0,stages=3,waves=4,red=1",
+}
+TC_SHAPE_DEFAULTS: dict[tuple[int, int, int], str] = {}
+
+_SPEC_KEYS = {"bn": 64, "w": 4, "bias": 0, "un": 1, "pf": 0, "stages": 1, "waves": 4.0, "split": 0, "red": 1}
+
+
+def parse_tc_spec(text: str) -> dict:
+    """'bn=64,w=4,un=4,pf=1,...' -> every spec field (missing ones at their defaults)."""
+    spec = dict(_SPEC_KEYS)
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, _, val = part.partition("=")
+        if key not in spec or not val:
+            raise ValueError(f"bad W4A16 config field {part!r}; fields: {', '.join(_SPEC_KEYS)}")
+        spec[key] = float(val) if key == "waves" else int(val)
+    return spec
+
+
+def tc_config_from_spec(spec: dict | str, M: int, N: int, K: int, sms: int = 132) -> TCConfig:
+    """The TCConfig a spec gives for an [M, K] x [K, N] call (split from waves, unroll cut to the
+    blocks per split, BLOCK_N halved down to 16 for narrow N)."""
+    if isinstance(spec, str):
+        spec = parse_tc_spec(spec)
+    bm = tc_block_m(M)
+    bn = spec["bn"]
+    while bn > 16 and N < bn:
+        bn //= 2
+    tiles = triton.cdiv(N, bn) * triton.cdiv(M, bm)
+    nkb = K // K_BLOCK
+    split = max(1, min(nkb, spec["split"] or round(spec["waves"] * sms / tiles)))
+    per_split = triton.cdiv(nkb, split)
+    unroll = min(spec["un"], 4 if per_split >= 4 else 2 if per_split >= 2 else 1)
+    return TCConfig(bn, bm, split, spec["w"], spec["stages"], bool(spec["bias"]), unroll, bool(spec["pf"]),
+                    spec["red"] if split > 1 else 1)
+
+
+def default_tc_config(M: int, N: int, K: int, sms: int = 132) -> TCConfig:
+    """The dispatch's choice: TC_SHAPE_DEFAULTS / TC_DEFAULTS. History of the table (H200 sweep,
+    benchmarks/w4a16_bench.py --quick, torch 2.11, triton 3.6, 9B shapes, GPTQ g128; µs, best
+    variant vs the previous default bn64 fma un1 st3):
 
     - BLOCK_N 64, 4 warps, fma dequant, split K until about `waves` = 4 CTAs per SM exist: every
       winner (qkv/o/z 4096x4096 and down 4096x16384 split 8, gate/up 16384x4096 split 2, k/v
@@ -342,15 +434,8 @@ def default_tc_config(M: int, N: int, K: int, sms: int = 132, waves: float = 4.0
       10.48 with un2 st1 vs 10.78 is within 3%).
     """
     bm = tc_block_m(M)
-    bn = 64 if N >= 64 else 32 if N >= 32 else 16
-    tiles = triton.cdiv(N, bn) * triton.cdiv(M, bm)
-    nkb = K // K_BLOCK
-    split = max(1, min(nkb, round(waves * sms / tiles)))
-    if bm > 16:
-        return TCConfig(bn, bm, split, 4, 3, bias_dot=False)
-    per_split = triton.cdiv(nkb, split)
-    unroll = 4 if per_split >= 4 else 2 if per_split >= 2 else 1
-    return TCConfig(bn, bm, split, 4, 1, bias_dot=False, unroll=unroll)
+    spec = TC_SHAPE_DEFAULTS.get((N, K, bm)) or TC_DEFAULTS[bm]
+    return tc_config_from_spec(spec, M, N, K, sms)
 
 
 def w4a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int,
@@ -376,7 +461,8 @@ def w4a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group
         GROUP=group, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
         USE_ASM=(not _INTERPRET) if use_asm is None else use_asm, DOT_F32=_INTERPRET,
         WARPS=cfg.num_warps, BIAS_DOT=cfg.bias_dot, UNROLL=cfg.unroll,
-        PREFETCH=cfg.prefetch, EVEN_N=N % cfg.block_n == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        PREFETCH=cfg.prefetch, EVEN_N=N % cfg.block_n == 0, RED=cfg.reduce, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
     return y
 
 
