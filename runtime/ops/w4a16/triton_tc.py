@@ -376,7 +376,9 @@ def tc_block_m(M: int) -> int:
 #   bn/w: BLOCK_N and warps; bias: 1 = bias MMA, 0 = fma dequant; un: blocks per loop step (cut to the
 #   blocks one split has); pf: 1 = the next step's loads are issued before this step's MMAs (software
 #   pipeline); stages: Triton cp.async stages; waves: split K until about waves x SMs CTAs exist
-#   (split=S fixes it); red: split-K partials the last split sums per load.
+#   (rounded; fit=1 rounds down, so that a grid sized to the CTAs an SM holds has no straggler
+#   wave, e.g. 8704x4096: 136 tiles x split 3 = 408 CTAs, not x 4 = 544 > 4 x 132; split=S fixes
+#   the split); red: split-K partials the last split sums per load.
 # Keyed by BLOCK_M (16 for M <= 16, 32, 64); TC_SHAPE_DEFAULTS[(N, K, BLOCK_M)] overrides one shape.
 TC_DEFAULTS: dict[int, str] = {
     16: "bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4,red=1",
@@ -385,7 +387,8 @@ TC_DEFAULTS: dict[int, str] = {
 }
 TC_SHAPE_DEFAULTS: dict[tuple[int, int, int], str] = {}
 
-_SPEC_KEYS = {"bn": 64, "w": 4, "bias": 0, "un": 1, "pf": 0, "stages": 1, "waves": 4.0, "split": 0, "red": 1}
+_SPEC_KEYS = {"bn": 64, "w": 4, "bias": 0, "un": 1, "pf": 0, "stages": 1, "waves": 4.0, "fit": 0, "split": 0,
+              "red": 1}
 
 
 def parse_tc_spec(text: str) -> dict:
@@ -410,11 +413,12 @@ def tc_config_from_spec(spec: dict | str, M: int, N: int, K: int, sms: int = 132
         bn //= 2
     tiles = triton.cdiv(N, bn) * triton.cdiv(M, bm)
     nkb = K // K_BLOCK
-    split = max(1, min(nkb, spec["split"] or round(spec["waves"] * sms / tiles)))
+    ctas = spec["waves"] * sms / tiles
+    split = max(1, min(nkb, spec["split"] or (int(ctas) if spec["fit"] else round(ctas))))
     per_split = triton.cdiv(nkb, split)
     unroll = min(spec["un"], 4 if per_split >= 4 else 2 if per_split >= 2 else 1)
     return TCConfig(bn, bm, split, spec["w"], spec["stages"], bool(spec["bias"]), unroll, bool(spec["pf"]),
-                    spec["red"] if split > 1 else 1)
+                    spec["red"])
 
 
 def default_tc_config(M: int, N: int, K: int, sms: int = 132) -> TCConfig:
