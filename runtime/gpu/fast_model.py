@@ -9,10 +9,18 @@ unchanged) so that a forward call does the same math with far fewer kernel launc
   concatenating tiles is the packing of the concatenated weight). Other modules keep their calls.
 - residual add + RMSNorm, per-head qk-norm + RoPE, o_norm · sigmoid(z), o · sigmoid(o_gate) and
   silu·mul are single Triton kernels (runtime/ops/fused) with the reference rounding points.
+- at one row (batch-1 decode), when `model.fold_into_gemv` (default: env SALACTL_GEMV_FOLD, on)
+  and gemv.fused.FOLD_CONFIGS lists the shape, the add + RMSNorm before q/k/v/z, q/k/v/o_gate,
+  gate/up and lm_head, and the gates / silu·mul before o_proj and down_proj, run inside the
+  projection's GEMV instead (one kernel fewer each; the norms differ from the reference by
+  rounding only). The pending add + norm travels as a NormInput from the layer loop to the
+  projection that consumes it.
 The attention math still goes through batch.backend, like the reference layers.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 from torch import nn
@@ -22,6 +30,7 @@ from salactl.runtime.layers.mlp import MLP
 from salactl.runtime.layers.model import SalaForCausalLM
 from salactl.runtime.layers.sparse_attention import SparseAttention
 from salactl.runtime.ops.fused import triton as fused
+from salactl.runtime.ops.gemv import fused as fold
 from salactl.runtime.ops.gemv.triton import linear as dense_linear
 
 
@@ -88,32 +97,107 @@ def _concat(linears, current=None):
     return w
 
 
+def _plain(module) -> bool:
+    return type(module) is nn.Linear and module.bias is None
+
+
+def _fold_config(fold_on: bool, x: torch.Tensor, w, kind: str):
+    """The folded GEMV's block shape when `kind` can run inside the projection w, else None."""
+    if not (fold_on and x.shape[0] == 1 and isinstance(w, torch.Tensor) and w.stride(1) == 1):
+        return None
+    return fold.config_for(w.shape[0], w.shape[1], kind)
+
+
+class NormInput:
+    """A sublayer's input before its RMSNorm: the residual stream h, plus delta * scale when the
+    previous sublayer's output is still to be added. `project(w)` folds the add + norm into the
+    batch-1 GEMV when it can; otherwise (and for `normed()`) one add+RMSNorm kernel materialises
+    it once. `residual()` is the updated stream for the next layer (written by either)."""
+
+    def __init__(self, h, delta, scale: float, norm, fold_on: bool = False):
+        self.h, self.delta, self.scale, self.norm, self.fold_on = h, delta, scale, norm, fold_on
+        self._h_out = h if delta is None else None
+        self._x = None
+
+    @classmethod
+    def of(cls, x):
+        """An already normalised tensor (callers outside the fused layer loop)."""
+        if isinstance(x, NormInput):
+            return x
+        inp = cls(x, None, 1.0, None)
+        inp._x = x
+        return inp
+
+    @property
+    def rows(self) -> int:
+        return self.h.shape[0]
+
+    def normed(self) -> torch.Tensor:
+        if self._x is None:
+            self._h_out, self._x = fused.add_rmsnorm(self.h, self.delta, self.scale, self.norm.weight,
+                                                     self.norm.eps)
+        return self._x
+
+    def residual(self) -> torch.Tensor:
+        if self._h_out is None:
+            self.normed()
+        return self._h_out
+
+    def project(self, w, out_scale: float = 1.0, out_dtype=None) -> torch.Tensor | None:
+        """norm(x) @ w.T * out_scale in one folded GEMV; None when it cannot be folded."""
+        cfg = _fold_config(self.fold_on and self._x is None, self.h, w, "norm")
+        if cfg is None:
+            return None
+        y, self._h_out = fold.fold_gemv("norm", w, self.h, self.delta, self.norm.weight,
+                                        scale=self.scale, eps=self.norm.eps, out_scale=out_scale,
+                                        out_dtype=out_dtype, config=cfg)
+        return y
+
+
 def _out_proj(x, module):
     """o_proj / down_proj: the batch-1 GEMV route for plain bf16 Linear modules."""
-    if type(module) is nn.Linear and module.bias is None:
+    if _plain(module):
         return dense_linear(x, module.weight)
     return module(x)
 
 
-def _project(x, w, linears):
+def _out_proj_folded(kind: str, fold_on: bool, module, x, x2=None, gamma=None, eps=0.0):
+    """o_proj / down_proj with the op producing its input (`kind`, see gemv.fused) folded into its
+    batch-1 GEMV; None when it cannot be (the caller runs the separate kernel)."""
+    w = module.weight if _plain(module) else None
+    cfg = _fold_config(fold_on, x, w, kind)
+    if cfg is None or x.stride(-1) != 1:
+        return None
+    return fold.fold_gemv(kind, w, x, x2, gamma, eps=eps, config=cfg)
+
+
+def _project(inp: NormInput, w, linears):
     if w is None:
+        x = inp.normed()
         return torch.cat([m(x) for m in linears], dim=-1)
-    return dense_linear(x, w) if isinstance(w, torch.Tensor) else w(x)
+    if isinstance(w, torch.Tensor):
+        y = inp.project(w)
+        return y if y is not None else dense_linear(inp.normed(), w)
+    return w(inp.normed())
 
 
 class FusedMLP(MLP):
     def forward(self, x, timer):
+        inp = NormInput.of(x)
         with timer("mlp"):
-            gu = _project(x, self._w_gate_up, (self.gate_proj, self.up_proj))
-            return _out_proj(fused.silu_mul(gu), self.down_proj)
+            gu = _project(inp, self._w_gate_up, (self.gate_proj, self.up_proj))
+            y = _out_proj_folded("glu", inp.fold_on, self.down_proj, gu)
+            return y if y is not None else _out_proj(fused.silu_mul(gu), self.down_proj)
 
 
 class FusedLightningAttention(LightningAttention):
     def forward(self, x, batch):
-        n, H, D = x.shape[0], self.heads, self.head_dim
+        inp = NormInput.of(x)
+        n, H, D = inp.rows, self.heads, self.head_dim
         hd = H * D
+        dtype = inp.h.dtype
         with batch.timer("qkv"):
-            p = _project(x, self._w_qkvz, (self.q_proj, self.k_proj, self.v_proj, self.z_proj))
+            p = _project(inp, self._w_qkvz, (self.q_proj, self.k_proj, self.v_proj, self.z_proj))
             q, k = p[:, :hd].view(n, H, D), p[:, hd:2 * hd].view(n, H, D)
             v, z = p[:, 2 * hd:3 * hd].view(n, H, D), p[:, 3 * hd:]
             if self.use_rope:
@@ -122,45 +206,74 @@ class FusedLightningAttention(LightningAttention):
             else:
                 q, k = self.q_norm(q), self.k_norm(k)
         with batch.timer("gla"):
-            o = batch.backend.linear_attention(self.layer_idx, q, k, v, self.g_gamma(x.device),
+            o = batch.backend.linear_attention(self.layer_idx, q, k, v, self.g_gamma(p.device),
                                                self.scale, batch)
+        o = o.reshape(n, hd)
+        with batch.timer("o_proj"):
+            y = _out_proj_folded("norm_gate", inp.fold_on, self.o_proj, o, z, self.o_norm.weight,
+                                 self.o_norm.eps)
+            if y is not None:
+                return y
         with batch.timer("gates"):
-            o = fused.rmsnorm_gate(o.reshape(n, hd), self.o_norm.weight, z, self.o_norm.eps, x.dtype)
+            o = fused.rmsnorm_gate(o, self.o_norm.weight, z, self.o_norm.eps, dtype)
         with batch.timer("o_proj"):
             return _out_proj(o, self.o_proj)
 
 
 class FusedSparseAttention(SparseAttention):
     def forward(self, x, batch):
-        n, d = x.shape[0], self.head_dim
+        inp = NormInput.of(x)
+        n, d = inp.rows, self.head_dim
         qd, kd = self.hq * d, self.hkv * d
         with batch.timer("qkv"):
-            p = _project(x, self._w_qkvg, (self.q_proj, self.k_proj, self.v_proj, self.o_gate))
+            p = _project(inp, self._w_qkvg, (self.q_proj, self.k_proj, self.v_proj, self.o_gate))
             q = p[:, :qd].view(n, self.hq, d)
             k = p[:, qd:qd + kd].view(n, self.hkv, d)
             v = p[:, qd + kd:qd + 2 * kd].view(n, self.hkv, d)
             g = p[:, qd + 2 * kd:]
         with batch.timer("attention"):
             o = batch.backend.softmax_attention(self.layer_idx, q, k, v, batch)
+        o = o.reshape(n, qd)
+        with batch.timer("o_proj"):
+            y = _out_proj_folded("gate", inp.fold_on, self.o_proj, o, g)
+            if y is not None:
+                return y
         with batch.timer("gates"):
-            o = fused.sigmoid_gate(o.reshape(n, qd), g)
+            o = fused.sigmoid_gate(o, g)
         with batch.timer("o_proj"):
             return _out_proj(o, self.o_proj)
 
 
 class FusedSalaForCausalLM(SalaForCausalLM):
-    def hidden_states(self, input_ids, batch):
+    fold_into_gemv = True
+
+    def _final_input(self, input_ids, batch) -> NormInput:
+        """Every layer; returns the final norm's pending input."""
         cfg = self.config
         rs = cfg.residual_scale
+        fold_on = self.fold_into_gemv and input_ids.shape[0] == 1
         h = self.model.embed_tokens(input_ids) * cfg.scale_emb
         delta = None
         for layer in self.model.layers:
-            ln1, ln2 = layer.input_layernorm, layer.post_attention_layernorm
-            h, x = fused.add_rmsnorm(h, delta, rs, ln1.weight, ln1.eps)
-            a = layer.self_attn(x, batch)
-            h, x = fused.add_rmsnorm(h, a, rs, ln2.weight, ln2.eps)
-            delta = layer.mlp(x, batch.timer)
-        return fused.add_rmsnorm(h, delta, rs, self.model.norm.weight, self.model.norm.eps)[1]
+            inp = NormInput(h, delta, rs, layer.input_layernorm, fold_on)
+            a = layer.self_attn(inp, batch)
+            inp = NormInput(inp.residual(), a, rs, layer.post_attention_layernorm, fold_on)
+            delta = layer.mlp(inp, batch.timer)
+            h = inp.residual()
+        return NormInput(h, delta, rs, self.model.norm, fold_on)
+
+    def hidden_states(self, input_ids, batch):
+        return self._final_input(input_ids, batch).normed()
+
+    def forward(self, input_ids, batch, logit_rows=None):
+        inp = self._final_input(input_ids, batch)
+        if logit_rows is None and _plain(self.lm_head):
+            with batch.timer("lm_head"):
+                y = inp.project(self.lm_head.weight, 1.0 / self.config.logit_divisor, torch.float32)
+            if y is not None:
+                return y
+        h = inp.normed()
+        return self.logits(h if logit_rows is None else h[logit_rows], batch)
 
 
 def fuse_model(model: SalaForCausalLM) -> SalaForCausalLM:
@@ -177,4 +290,6 @@ def fuse_model(model: SalaForCausalLM) -> SalaForCausalLM:
         mlp.__class__ = FusedMLP
         mlp._w_gate_up = _concat([mlp.gate_proj, mlp.up_proj], getattr(mlp, "_w_gate_up", None))
     model.__class__ = FusedSalaForCausalLM
+    if "fold_into_gemv" not in model.__dict__:
+        model.fold_into_gemv = os.environ.get("SALACTL_GEMV_FOLD", "1") != "0"
     return model
