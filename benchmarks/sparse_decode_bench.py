@@ -3,17 +3,22 @@ paged attention over the selected blocks) vs dense paged attention, sala-9b shap
 
     python benchmarks/sparse_decode_bench.py [--quick] [--out DIR]
 
-1. correctness: select_decode (fused K1 update) against reference.select_blocks -- exact set and
-   order, random and tied keys, contexts just past dense_len, lengths not multiple of the block,
-   one and several top-k groups, up to 1M; and the whole sparse decode output at 128K against the
-   reference paged attention over the reference selection;
-2. per layer at 128K and 1M (page table as wide as the context + 2 pages, and 128K inside a 1M
-   wide table): dense us; sparse total us = fused selection + attention, and its parts (compress
-   alone, selection without / with the fused compress, attention over the selected blocks);
-   ratio to dense. Each timing is the median over replays of a CUDA graph of 20 calls ("warm":
-   K1 may sit in L2; "cold": a 64 MB L2 flush before each call, its own time subtracted).
-3. a small sweep of the selection's launch knobs (chunk blocks, warps, radix bits, lse splits).
-Results: a table on stdout and DIR/sparse_decode_bench.json ($OUT or ./out).
+1. correctness, every swept variant (VARIANTS) on the same inputs: select_decode (fused K1
+   update) against reference.select_blocks -- exact set and order, random and tied keys,
+   contexts just past dense_len, lengths not multiple of the block, one and several top-k groups,
+   up to 1M, all in a page table as wide as the timed 1M one (so the checks compile the kernels
+   the timings use); and the whole sparse decode output at 128K against the reference paged
+   attention over the reference selection;
+2. per layer at 1M and 128K inside a 1M-wide page table (and, without --quick, 128K in a
+   table as wide as the context): dense us; sparse total us = fused selection + attention, and its
+   parts (compress alone, selection without / with the fused compress, attention over the
+   selected blocks); ratio to dense. Each timing is the median over replays of a CUDA graph of 20
+   calls ("warm": K1 may sit in L2; "cold", without --quick: a 64 MB L2 flush before each call,
+   its own time subtracted).
+3. the selection (fused K1) of every variant in VARIANTS (select_decode knobs; "default" =
+   gpu.DECODE_DEFAULTS) at both contexts -- the numbers to set DECODE_DEFAULTS from.
+--quick: bf16 checks only, no cold timings, no context-wide-table case (< 60 s on an H200).
+Results: tables on stdout (last) and DIR/sparse_decode_bench.json ($OUT or ./out).
 """
 
 from __future__ import annotations
@@ -36,21 +41,26 @@ def graph_time(fn, flush=None) -> float:
     return timing.graph_time(fn, inner=20, reps=30, flush=flush)
 
 
-def checks(cfg):
+def checks(cfg, quick):
     from salactl.runtime.ops.selection.check import check_decode_selection
 
     sc, hq, hkv, d = cfg.sparse_config, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     dl, B = sc.dense_len, sc.block_size
+    width = (1 << 20) // B + 2                   # the timed 1M table: same compiled kernels
+    tunes = [kw for _, kw in VARIANTS]
     rows = []
-    lens = [dl, dl + 1, dl + 37, 3 * dl + B - 1, 50001]
+    lens = [dl, dl + 1, dl + 37, 3 * dl + B - 1, 50001, 140001]
     for ties in (False, True):
-        rows += check_decode_selection("cuda", torch.bfloat16, hq, hkv, d, sc, lens, ties=ties, seed=1)
-        rows += check_decode_selection("cuda", torch.bfloat16, hq, hkv, d, sc, lens, ties=ties, seed=2,
+        rows += check_decode_selection("cuda", torch.bfloat16, hq, hkv, d, sc, lens, ties=ties, seed=1 + ties,
+                                       width=width, tunes=tunes)
+    rows += check_decode_selection("cuda", torch.bfloat16, hq, hkv, d, sc, [(1 << 20) - 5], seed=4,
+                                   width=width, tunes=tunes)
+    if not quick:
+        rows += check_decode_selection("cuda", torch.bfloat16, hq, hkv, d, sc, lens[:5], ties=True, seed=2,
                                        nbc=32, group=128, tile=256, radix_bits=4)
-        rows += check_decode_selection("cuda", torch.float32, hq, hkv, d, sc, lens, ties=ties, seed=3)
-    rows += check_decode_selection("cuda", torch.bfloat16, hq, hkv, d, sc, [131072, 140001], ties=True,
-                                   seed=3)
-    rows += check_decode_selection("cuda", torch.bfloat16, hq, hkv, d, sc, [(1 << 20) - 5], seed=4)
+        for ties in (False, True):
+            rows += check_decode_selection("cuda", torch.float32, hq, hkv, d, sc, lens, ties=ties, seed=3,
+                                           tunes=[{}, dict(stored=False), dict(topk="bitonic")])
     rows.append(("sparse decode output at 128K vs reference (rel err)", end_to_end(cfg, 131072), 1e-2))
     return rows
 
@@ -152,13 +162,20 @@ def layer_case(cfg, ctx, width, flush_buf, variants):
     return out
 
 
-VARIANTS = [("nbc32 w4", dict(nbc=32, num_warps=4)), ("rb4", dict(radix_bits=4)),
-            ("nbc128", dict(nbc=128)), ("splits64", dict(lse_splits=64))]
+# Selection variants swept (and checked): knobs of select_decode over gpu.DECODE_DEFAULTS.
+VARIANTS = [("default", {}),
+            ("recompute (K1 read twice)", dict(stored=False)),
+            ("radix rb4", dict(radix_bits=4)),
+            ("radix g1024", dict(group=1024, tile=1024)),
+            ("bitonic g2048", dict(topk="bitonic")),
+            ("bitonic g1024", dict(topk="bitonic", group=1024)),
+            ("bitonic g2048 w4", dict(topk="bitonic", num_warps=4))]
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="no knob sweep, no cold timings")
+    ap.add_argument("--quick", action="store_true",
+                    help="bf16 checks only, no cold timings, no context-wide-table case")
     ap.add_argument("--skip-checks", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
     args = ap.parse_args()
@@ -170,17 +187,19 @@ def main():
     t0 = time.perf_counter()
     bad = []
     if not args.skip_checks:
-        rows = checks(cfg)
+        rows = checks(cfg, args.quick)
         bad = [r for r in rows if not r[1] <= r[2]]
         for r in rows:
             ok = "ok  " if r[1] <= r[2] else "FAIL"
-            print(f"{ok} {r[0][:100]:100s} {r[1]:.3e} (tol {r[2]:.0e})", flush=True)
+            print(f"{ok} {r[0][:150]:150s} {r[1]:.3e} (tol {r[2]:.0e})", flush=True)
         res["checks"] = {"passed": len(rows) - len(bad), "failed": bad}
         print(f"checks: {len(rows) - len(bad)} ok, {len(bad)} failed ({time.perf_counter() - t0:.0f} s)", flush=True)
     flush_buf = None if args.quick else torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
-    variants = [] if args.quick else VARIANTS
+    variants = VARIANTS[1:]
     B = cfg.sparse_config.block_size
-    cases = [(131072, 131072 // B + 2), (1 << 20, (1 << 20) // B + 2), (131072, (1 << 20) // B + 2)]
+    cases = [(1 << 20, (1 << 20) // B + 2), (131072, (1 << 20) // B + 2)]
+    if not args.quick:
+        cases.append((131072, 131072 // B + 2))
     res["cases"] = []
     for ctx, width in cases:
         c = layer_case(cfg, ctx, width, flush_buf, variants)
@@ -190,6 +209,14 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "sparse_decode_bench.json").write_text(json.dumps(res, indent=1, default=str))
+    if variants:
+        print("\n| selection variant (fused K1), us | " + " | ".join(
+            f"{c['ctx'] // 1024}K in {c['table_blocks']}" for c in res["cases"]) + " |")
+        print("|---|" + "---|" * len(res["cases"]))
+        print("| default | " + " | ".join(f"{c['selection_fused_k1_us']:.1f}" for c in res["cases"]) + " |")
+        for name, _ in variants:
+            print(f"| {name} | " + " | ".join(f"{c.get(f'sel[{name}]_us', float('nan')):.1f}"
+                                             for c in res["cases"]) + " |")
     print("\n| ctx | table blocks | dense us | sparse total us | compress | selection (fused K1) "
           "| selection alone | attention | sparse/dense | cold: dense / sparse / ratio |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -200,11 +227,6 @@ def main():
         print(f"| {c['ctx']} | {c['table_blocks']} | {c['dense_us']:.1f} | {c['sparse_total_us']:.1f} | "
               f"{c['compress_us']:.1f} | {c['selection_fused_k1_us']:.1f} | {c['selection_us']:.1f} | "
               f"{c['attention_us']:.1f} | {100 * c['ratio']:.1f}% | {cold} |")
-    if variants:
-        print("\nselection (fused K1) by knobs, us:")
-        for c in res["cases"]:
-            print(f"  ctx {c['ctx']} width {c['table_blocks']}: " + ", ".join(
-                f"{k[4:-4]} {v:.1f}" for k, v in c.items() if k.startswith("sel[")))
     print(f"\ntotal {time.perf_counter() - t0:.0f} s; checks {'FAILED' if bad else 'ok'}")
     return 1 if bad else 0
 

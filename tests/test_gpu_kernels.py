@@ -32,6 +32,15 @@ def test_paged_decode_attention(dtype, fp8):
     _assert_rows(S.check_decode_attention("cuda", dtype, fp8=fp8))
 
 
+@pytest.mark.parametrize("dtype,fp8", [(torch.bfloat16, False), (torch.float32, False), (torch.bfloat16, True)])
+def test_paged_decode_attention_every_config(dtype, fp8):
+    """Every default and every swept launch config of benchmarks/decode_attention_bench.py."""
+    from salactl.runtime.gpu import selfcheck as S
+    from salactl.runtime.ops.decode_attention.triton import DEFAULT_CONFIGS, SWEEP_CONFIGS
+    for cfg in {*DEFAULT_CONFIGS.values(), *SWEEP_CONFIGS}:
+        _assert_rows(S.check_decode_attention("cuda", dtype, fp8=fp8, config=cfg))
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_selection(dtype):
     from salactl.runtime.gpu import selfcheck as S
@@ -40,7 +49,8 @@ def test_selection(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("ties", [False, True])
-@pytest.mark.parametrize("knobs", [{}, dict(nbc=32, group=128, tile=256, radix_bits=4, num_warps=4)])
+@pytest.mark.parametrize("knobs", [{}, dict(nbc=32, group=128, tile=256, radix_bits=4, num_warps=4),
+                                   dict(stored=False), dict(topk="bitonic", group=256, num_warps=4)])
 def test_decode_selection_exact_set_and_order(dtype, ties, knobs):
     """select_decode at 9B shapes vs reference.select_blocks (set and order; near-ties only)."""
     from salactl.runtime.gpu import selfcheck as S

@@ -12,14 +12,14 @@ import torch
 from salactl.runtime.config import SparseConfig
 
 
-def paged_keys(lens, hkv, d, B, dtype, device, extra_pages=3, ties=False, gen=None):
-    """Page table [len(lens)+1, width] (last row: an unused slot) over a random permutation of
-    pages, and K pages [P+1, hkv, B, d]. ties=True makes runs of whole blocks identical (exact
-    score ties between blocks)."""
+def paged_keys(lens, hkv, d, B, dtype, device, extra_pages=3, ties=False, gen=None, width=None):
+    """Page table [len(lens)+1, width] (last row: an unused slot; width defaults to the longest
+    row + 2 pages) over a random permutation of pages, and K pages [P+1, hkv, B, d]. ties=True
+    makes runs of whole blocks identical (exact score ties between blocks)."""
     need = [math.ceil(L / B) for L in lens]
     P = sum(need) + extra_pages
     perm = torch.randperm(P, generator=gen).to(torch.int32)
-    width = max(need) + 2
+    width = max(max(need) + 2, width or 0)
     pt = torch.full((len(lens) + 1, width), P, dtype=torch.int32)
     off = 0
     for i, c in enumerate(need):
@@ -72,16 +72,19 @@ def row_mismatch(got: list[int], scores: torch.Tensor, k: int, rel: float) -> bo
 
 
 def check_decode_selection(device, dtype, hq: int, hkv: int, d: int, sc: SparseConfig, lens,
-                           ties: bool = False, seed: int = 0, rel: float = 1e-5, **tune) -> list:
+                           ties: bool = False, seed: int = 0, rel: float = 1e-5, width=None,
+                           tunes=None, **tune) -> list:
     """lens: each row's seq_len (one row per sequence, slot i). Checks K1 from the fused update
-    (last window of every row compressed by select_decode itself) and the selection."""
+    (last window of every row compressed by select_decode itself) and the selection, for `tune`
+    (select_decode knobs) or each knob dict of `tunes` on the same inputs; width: page-table
+    width (blocks) at least."""
     from salactl.runtime.ops.selection.gpu import select_decode
     from salactl.runtime.ops.selection.reference import (block_scores, compress_keys, num_windows,
                                                          window_scores)
 
     gen = torch.Generator().manual_seed(seed)
     B, st, ks = sc.block_size, sc.kernel_stride, sc.kernel_size
-    pt, kp = paged_keys(lens, hkv, d, B, dtype, device, ties=ties, gen=gen)
+    pt, kp = paged_keys(lens, hkv, d, B, dtype, device, ties=ties, gen=gen, width=width)
     wpp = B // st
     k1p = torch.zeros(kp.shape[0], hkv, wpp, d, device=device, dtype=dtype)
     n = len(lens)
@@ -97,25 +100,30 @@ def check_decode_selection(device, dtype, hq: int, hkv: int, d: int, sc: SparseC
             k1p[pg, :, sl] = compress_keys(contiguous_keys(kp, pt[i], L, B), sc, 0, have[i])
     q = (torch.randn(n, hq, d, generator=gen) * 2).to(device=device, dtype=dtype)
     nb_max = pt.shape[1]
-    sel, cnt = select_decode(q, k1p, pt, slots, seq, sc, nb_max, k_pages=kp, k1_start=i32(have),
-                             k1_count=i32(done), **tune)
-    sel, cnt = sel.cpu(), cnt.cpu()
     k = min(sc.selected_blocks, nb_max)
-    k1_err, bad = 0.0, 0
+    refs = []
     for i, L in enumerate(lens):
-        K = contiguous_keys(kp, pt[i], L, B)
-        K1 = compress_keys(K, sc, 0, nw[i])
-        if nw[i]:
-            pg, sl = window_slots(pt[i], nw[i], sc)
-            got_k1 = k1p[pg, :, sl].float()
-            k1_err = max(k1_err, float((got_k1 - K1.float()).norm() / K1.float().norm().clamp_min(1e-30)))
+        K1 = compress_keys(contiguous_keys(kp, pt[i], L, B), sc, 0, nw[i])
         pos = torch.tensor([L - 1], device=device)
         nb = math.ceil(L / B)
-        scores = block_scores(window_scores(q[i:i + 1], K1, pos, sc), pos, sc, nb)[:, 0].cpu()
-        for h in range(hkv):
-            c = int(cnt[i, h])
-            if row_mismatch(sel[i, h, :c].tolist(), scores[h], k, rel):
-                bad += 1
-    tag = f"{'ties' if ties else 'random'} lens={lens} {tune or ''}".strip()
-    return [(f"select_decode.k1_fused {tag}", k1_err, 1e-2 if dtype != torch.float32 else 1e-5),
-            (f"select_decode.rows_differing {tag}", float(bad), 0.0)]
+        refs.append((K1, block_scores(window_scores(q[i:i + 1], K1, pos, sc), pos, sc, nb)[:, 0].cpu()))
+    rows = []
+    for tn in (tunes if tunes is not None else [tune]):
+        sel, cnt = select_decode(q, k1p, pt, slots, seq, sc, nb_max, k_pages=kp, k1_start=i32(have),
+                                 k1_count=i32(done), **tn)
+        sel, cnt = sel.cpu(), cnt.cpu()
+        k1_err, bad = 0.0, 0
+        for i, (K1, scores) in enumerate(refs):
+            if nw[i]:
+                pg, sl = window_slots(pt[i], nw[i], sc)
+                got_k1 = k1p[pg, :, sl].float()
+                k1_err = max(k1_err, float((got_k1 - K1.float()).norm() / K1.float().norm().clamp_min(1e-30)))
+            for h in range(hkv):
+                c = int(cnt[i, h])
+                if row_mismatch(sel[i, h, :c].tolist(), scores[h], k, rel):
+                    bad += 1
+        shown = lens if len(lens) <= 6 else f"{len(lens)} rows"
+        tag = f"{'ties' if ties else 'random'} lens={shown} {tn or ''}".strip()
+        rows += [(f"select_decode.k1_fused {tag}", k1_err, 1e-2 if dtype != torch.float32 else 1e-5),
+                 (f"select_decode.rows_differing {tag}", float(bad), 0.0)]
+    return rows

@@ -8,16 +8,20 @@ no library has a graph-safe top-k whose cost follows a length read on the device
 Bytes floor (sala-9b: Hkv 2, d 128, bf16, stride 16, block 64, 96 selected blocks), one layer:
 K1 = windows x Hkv x d x 2 B = 8,191 x 512 B = 4.19 MB at 128K and 65,535 x 512 B = 33.6 MB at
 1M (1.0 / 8.0 us at 4.2 TB/s); the selected K/V is 96 x 64 x 2 x 128 x 2 x 2 B = 6.3 MB (1.5 us).
-Dense K/V is 134 MB at 128K (32 us) and 1.07 GB at 1M (255 us). The selection reads K1 twice
-(lse pass, block pass; the second read mostly hits L2 at 128K), so its floor is 2 x K1.
+Dense K/V is 134 MB at 128K (32 us) and 1.07 GB at 1M (255 us). With STORE/STORED (default
+while the buffer is small enough) K1 is read once: pass 1 also writes the scaled scores
+q.K1_j/sqrt(d) of the group's G heads (fp32, G x 4 B = 64 B per window and KV head vs K1's
+256 B) and pass 2 reads those (mostly from L2); without, pass 2 recomputes them from K1 (2 x K1).
 
 1. `_lse_kernel` (grid rows x splits): each split walks its share of the row's *visible*
    windows (share computed from seq_lens on the device, so splits past the end do nothing) and
-   writes the per-head log-sum-exp of q.K1_j/sqrt(d). Split 0 zeroes the row's counters. With
-   FUSE_K1 the split holding the window completed by this token first compresses it (mean of
-   its keys) into the K1 pool, so no separate compress launch is needed.
+   writes the per-head log-sum-exp of q.K1_j/sqrt(d) (and, with STORE, the scores themselves).
+   Split 0 zeroes the row's counters. With FUSE_K1 the split holding the window completed by
+   this token first compresses it (mean of its keys) into the K1 pool, so no separate compress
+   launch is needed.
 2. `_block_topk_kernel` (grid rows x chunks of NBC blocks; chunks past the row's own block exit
-   at once): merges the lse, computes p_j, sums over the group's heads, max-pools to blocks,
+   at once): merges the lse, computes p_j (from the stored scores or K1), sums over the group's
+   heads, max-pools to blocks,
    applies the forced/candidate rules and writes one int64 sort key per block (order-preserving
    score bits high, 2^32-1-b low: "higher score first, ties -> lower index", unique keys).
    The last chunk program of each GROUP-block group to finish (atomic ticket) selects the
@@ -26,6 +30,8 @@ Dense K/V is 134 MB at 128K (32 us) and 1.07 GB at 1M (255 us). The selection re
    layout paged_attention takes. Top K of a key list = radix select of the K-th largest score
    word (RB bits per round, counts by broadcast compares), ties at that score taken in index
    order by a cumsum, compaction by cumsum positions, final order by a bitonic sort of the K picks.
+   With BITONIC the group's and the merge's top keys come from tl.topk (bitonic top-k network,
+   descending: no separate sort); GROUP and the merge width must then be powers of two.
 """
 
 from __future__ import annotations
@@ -242,9 +248,9 @@ def _block_topk_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ke
                     if tl.atomic_add(row_ctr + NG_MAX, 1) == ngroups - 1:   # last group: merge
                         rpart = part_ptr + r.to(tl.int64) * (NG_MAX + 1) * KP
                         m = tl.arange(0, NG2 * KP)
-                        x = tl.load(rpart + m, mask=m < ngroups * KP, other=SENTINEL,
-                                    cache_modifier=".cg")
-                        _write_top(tl.topk(x, KP), sel, cnt, K, KP)
+                        picks = tl.load(rpart + m, mask=m < ngroups * KP, other=SENTINEL,
+                                        cache_modifier=".cg")
+                        _write_top(tl.topk(picks, KP), sel, cnt, K, KP)
             else:
                 run = _select_top(row_keys + grp * GROUP, glen, gpart, K, KP, TILE, RB)
                 if ngroups == 1:
