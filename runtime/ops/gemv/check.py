@@ -27,7 +27,7 @@ def fold_inputs(kind: str, n: int, k: int, device, dtype, seed: int = 0) -> dict
         return dict(w=w, x=rnd(1, k, s=10.0), x2=rnd(1, 2 * k)[:, :k], gamma=1 + rnd(k, s=0.1),
                     scale=0.247, eps=1e-6)
     if kind == "norm_gate":
-        return dict(w=w, x=rnd(1, k).float(), x2=rnd(1, 2 * k)[:, k:], gamma=1 + rnd(k, s=0.1), eps=1e-6)
+        return dict(w=w, x=rnd(1, k), x2=rnd(1, 2 * k)[:, k:], gamma=1 + rnd(k, s=0.1), eps=1e-6)
     if kind == "glu":
         return dict(w=w, x=rnd(1, 2 * k, s=2.0))
     return dict(w=w, x=rnd(1, k), x2=rnd(1, 2 * k)[:, :k])
