@@ -34,7 +34,10 @@ _INTERPRETED_TC_CHECK = textwrap.dedent("""
              # register software pipeline over groups of 2/4 blocks, masked tails; chunked split-K sums
              (128, torch.bfloat16, 3, TCConfig(32, 16, 2, bias_dot=False, unroll=2, prefetch=True, reduce=2)),
              (128, torch.float16, 2, TCConfig(16, 16, 3, bias_dot=False, unroll=4, prefetch=True, reduce=4)),
-             (-1, torch.bfloat16, 17, TCConfig(64, 16, 1, bias_dot=True, unroll=4, prefetch=True))]
+             (-1, torch.bfloat16, 17, TCConfig(64, 16, 1, bias_dot=True, unroll=4, prefetch=True)),
+             # ping-pong register sets: 3 blocks = odd group count (one masked group), and 2 splits
+             (128, torch.bfloat16, 2, TCConfig(32, 16, 1, bias_dot=False, unroll=1, prefetch=2)),
+             (128, torch.bfloat16, 5, TCConfig(16, 16, 2, bias_dot=False, unroll=2, prefetch=2, reduce=4))]
     for G, dt, M, cfg in cases:
         ng = 1 if G == -1 else K // G
         q = torch.randint(0, 16, (K, N), generator=gen)
@@ -137,7 +140,8 @@ def test_w4a16_linear_on_cuda_matches_reference(G, M):
 @pytest.mark.parametrize("cfg", ["bn64 w4 fma", "bn64 w4 bias", "bn128 w4 bias un2", "bn128 w8 fma un2",
                                  "bn64 w4 fma pf", "bn128 w8 bias pf", "bn64 w4 fma un4", "bn64 w4 fma st3",
                                  "bn64 w4 fma un2 pf red8", "bn64 w4 fma un4 pf red2", "bn32 w2 fma un2 pf",
-                                 "bn16 w1 fma un4"])
+                                 "bn16 w1 fma un4", "bn64 w4 fma un2 pf2 red4", "bn128 w4 fma pf2",
+                                 "bn128 w4 fma pf red4"])
 @pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16])
 def test_tensor_core_kernel_inline_asm_on_cuda(cfg, dt):
     """The inline-PTX dequantization (which the interpreter cannot run) for every kernel variant."""
@@ -155,7 +159,8 @@ def test_tensor_core_kernel_inline_asm_on_cuda(cfg, dt):
         ref = x.float() @ w.t()
         c = TCConfig(int(parts[0][2:]), 16 if M <= 16 else 32 if M <= 32 else 64, 3, int(parts[1][1:]),
                      3 if "st3" in parts else 1, "bias" in parts, 4 if "un4" in parts else 2 if "un2" in parts else 1,
-                     "pf" in parts, int(parts[-1][3:]) if parts[-1].startswith("red") else 1)
+                     2 if "pf2" in parts else 1 if "pf" in parts else 0,
+                     int(parts[-1][3:]) if parts[-1].startswith("red") else 1)
         for _ in range(2):
             y = w4a16_tc(x.cuda(), pack_tc(q).cuda(), s.cuda(), G, c).cpu()
             assert rel_err(y.float(), ref) < 5e-3, (cfg, M)

@@ -232,7 +232,38 @@ def _w4a16_tc_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stri
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     # -(magic + 8) from a runtime argument, so the compiler cannot fold it into per-block constants
     neg_bias = tl.full((BLOCK_N, 128), bias, tl.float32).to(x_ptr.dtype.element_ty)
-    if PREFETCH:
+    if PREFETCH == 2:
+        # the same pipeline as PREFETCH 1 with two named register sets used in turn (ping-pong, the
+        # loop body covers two groups): a group's next loads go into the registers its MMAs just
+        # read, so no register moves carry the prefetched words into the next iteration. An odd
+        # group count runs one masked (no-traffic, zero) group at the end.
+        q, xt, s = _load_block(x_ptr, qw_ptr, s_ptr, kb0, kb1, pid_n, offs_n, offs_m, M, N, NG, stride_xm,
+                               GROUP, BLOCK_N, WARPS, EVEN_N)
+        if UNROLL >= 2:
+            q2, xt2, s2 = _load_block(x_ptr, qw_ptr, s_ptr, kb0 + 1, kb1, pid_n, offs_n, offs_m, M, N, NG,
+                                      stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
+        for kb in range(kb0, kb1, 2 * UNROLL):
+            qb, xtb, sb = _load_block(x_ptr, qw_ptr, s_ptr, kb + UNROLL, kb1, pid_n, offs_n, offs_m, M, N, NG,
+                                      stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
+            if UNROLL >= 2:
+                qb2, xtb2, sb2 = _load_block(x_ptr, qw_ptr, s_ptr, kb + UNROLL + 1, kb1, pid_n, offs_n, offs_m,
+                                             M, N, NG, stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
+            acc = _mma_block(acc, neg_bias, q, xt, s, s_ptr, kb, kb1, offs_n, N, GROUP, BLOCK_N, BLOCK_M,
+                             USE_ASM, DOT_F32, BIAS_DOT)
+            if UNROLL >= 2:
+                acc = _mma_block(acc, neg_bias, q2, xt2, s2, s_ptr, kb + 1, kb1, offs_n, N, GROUP, BLOCK_N,
+                                 BLOCK_M, USE_ASM, DOT_F32, BIAS_DOT)
+            q, xt, s = _load_block(x_ptr, qw_ptr, s_ptr, kb + 2 * UNROLL, kb1, pid_n, offs_n, offs_m, M, N, NG,
+                                   stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
+            if UNROLL >= 2:
+                q2, xt2, s2 = _load_block(x_ptr, qw_ptr, s_ptr, kb + 2 * UNROLL + 1, kb1, pid_n, offs_n, offs_m,
+                                          M, N, NG, stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
+            acc = _mma_block(acc, neg_bias, qb, xtb, sb, s_ptr, kb + UNROLL, kb1, offs_n, N, GROUP, BLOCK_N,
+                             BLOCK_M, USE_ASM, DOT_F32, BIAS_DOT)
+            if UNROLL >= 2:
+                acc = _mma_block(acc, neg_bias, qb2, xtb2, sb2, s_ptr, kb + UNROLL + 1, kb1, offs_n, N, GROUP,
+                                 BLOCK_N, BLOCK_M, USE_ASM, DOT_F32, BIAS_DOT)
+    elif PREFETCH == 1:
         # software pipeline over groups of UNROLL blocks: the loads of group g + 1 are issued
         # before the dequantization and MMAs of group g, so every warp always has loads in flight
         q, xt, s = _load_block(x_ptr, qw_ptr, s_ptr, kb0, kb1, pid_n, offs_n, offs_m, M, N, NG, stride_xm,
@@ -350,7 +381,7 @@ class TCConfig:
     num_stages: int = 1
     bias_dot: bool = True
     unroll: int = 1
-    prefetch: bool = False
+    prefetch: int = 0        # 1: register software pipeline; 2: the same, ping-pong register sets
     reduce: int = 1          # split-K partials summed RED at a time by the last split (1: one by one)
 
 
@@ -375,7 +406,7 @@ def tc_block_m(M: int) -> int:
 # and its table prints per shape and M): edit them from that benchmark's results.
 #   bn/w: BLOCK_N and warps; bias: 1 = bias MMA, 0 = fma dequant; un: blocks per loop step (cut to the
 #   blocks one split has); pf: 1 = the next step's loads are issued before this step's MMAs (software
-#   pipeline); stages: Triton cp.async stages; waves: split K until about waves x SMs CTAs exist
+#   pipeline), 2 = the same with two register sets in turn (no moves; PF=2 caps unroll at 2); stages: Triton cp.async stages; waves: split K until about waves x SMs CTAs exist
 #   (rounded; fit=1 rounds down, so that a grid sized to the CTAs an SM holds has no straggler
 #   wave, e.g. 8704x4096: 136 tiles x split 3 = 408 CTAs, not x 4 = 544 > 4 x 132; split=S fixes
 #   the split); red: split-K partials the last split sums per load.
@@ -416,8 +447,8 @@ def tc_config_from_spec(spec: dict | str, M: int, N: int, K: int, sms: int = 132
     ctas = spec["waves"] * sms / tiles
     split = max(1, min(nkb, spec["split"] or (int(ctas) if spec["fit"] else round(ctas))))
     per_split = triton.cdiv(nkb, split)
-    unroll = min(spec["un"], 4 if per_split >= 4 else 2 if per_split >= 2 else 1)
-    return TCConfig(bn, bm, split, spec["w"], spec["stages"], bool(spec["bias"]), unroll, bool(spec["pf"]),
+    unroll = min(spec["un"], 4 if per_split >= 4 else 2 if per_split >= 2 else 1, 2 if spec["pf"] == 2 else 4)
+    return TCConfig(bn, bm, split, spec["w"], spec["stages"], bool(spec["bias"]), unroll, spec["pf"],
                     spec["red"])
 
 
@@ -465,7 +496,7 @@ def w4a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group
         GROUP=group, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
         USE_ASM=(not _INTERPRET) if use_asm is None else use_asm, DOT_F32=_INTERPRET,
         WARPS=cfg.num_warps, BIAS_DOT=cfg.bias_dot, UNROLL=cfg.unroll,
-        PREFETCH=cfg.prefetch, EVEN_N=N % cfg.block_n == 0, RED=cfg.reduce, num_warps=cfg.num_warps,
+        PREFETCH=int(cfg.prefetch), EVEN_N=N % cfg.block_n == 0, RED=cfg.reduce, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
     return y
 
