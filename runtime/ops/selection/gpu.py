@@ -88,12 +88,13 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # Launch defaults of select_decode (edit from benchmarks/sparse_decode_bench.py's sweep).
 # stored: pass 1 stores the group's scaled scores (fp32 [rows, G, windows], 4 B per head and window
 #   = 1/4 of K1's bytes at G 16, d 128) so pass 2 never re-reads K1 -- used while that buffer stays
-#   under store_max_bytes, else pass 2 recomputes q.K1 (the previous path);
+#   under store_max_bytes (8.4 MB per sequence at a 1M-wide page table; each CUDA-graph batch
+#   bucket keeps its own), else pass 2 recomputes q.K1 (the previous path);
 # topk: "radix" (radix select over GROUP keys, then over the groups' picks) or "bitonic" (tl.topk);
 # group: blocks per top-k group (the last chunk program of each group selects its top K; the last
 #   group merges); nbc: blocks per pass-2 program; tile / radix_bits: the radix select's tile
 #   and bits per round; lse_splits: pass-1 programs per row (None: about four per SM).
-DECODE_DEFAULTS = dict(stored=True, store_max_bytes=256 << 20, topk="radix", group=2048, tile=2048,
+DECODE_DEFAULTS = dict(stored=True, store_max_bytes=128 << 20, topk="radix", group=2048, tile=2048,
                        radix_bits=2, nbc=64, nbc_fp32=32, num_warps=8, lse_splits=None)
 
 
@@ -131,6 +132,8 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     K = min(sc.selected_blocks, nb_max)
     KP = triton.next_power_of_2(K)
     assert topk in ("radix", "bitonic")
+    if topk == "bitonic" and not hasattr(triton.language, "topk"):
+        raise RuntimeError(f"select_decode topk='bitonic' needs tl.topk (triton {triton.__version__} lacks it)")
     assert group % nbc == 0 and nbc & (nbc - 1) == 0 and tile & (tile - 1) == 0
     assert topk == "radix" or (group & (group - 1) == 0 and group >= KP)
     ng_max = triton.cdiv(nb_max, group)
