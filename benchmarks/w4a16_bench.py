@@ -257,6 +257,40 @@ def bench_shape(name: str, N: int, K: int, batches, gen, sms: int, grid: list, l
     return rows
 
 
+def suggest_defaults(rows: list[dict]) -> None:
+    """Paste-ready dispatch table lines: per (N, K, BLOCK_M) the spec with the least summed time over
+    that BLOCK_M's batches, and per BLOCK_M the spec with the least summed (time / best time) over
+    all shapes (specs timed everywhere only)."""
+    from salactl.runtime.ops.w4a16.triton_tc import tc_block_m
+
+    groups: dict = {}
+    for r in rows:
+        if r["variants"]:
+            groups.setdefault(tc_block_m(r["M"]), {}).setdefault((r["N"], r["K"]), []).append(r)
+    if not groups:
+        return
+    print()
+    for bm, shapes in groups.items():
+        rel: dict = {}
+        for (N, K), rs in shapes.items():
+            tot: dict = {}
+            for r in rs:
+                for spec, v in r["variants"].items():
+                    if v.get("us"):
+                        tot.setdefault(spec, []).append(v["us"])
+                        rel.setdefault(spec, []).append(v["us"] / r["best_us"])
+            full = {k: sum(t) for k, t in tot.items() if len(t) == len(rs)}
+            if full:
+                spec = min(full, key=full.get)
+                print(f'TC_SHAPE_DEFAULTS[({N}, {K}, {bm})] = "{spec}"   # {full[spec] / len(rs):.2f} us mean '
+                      f'over M={",".join(str(r["M"]) for r in rs)}')
+        n = max((len(v) for v in rel.values()), default=0)
+        full = {k: sum(v) / n for k, v in rel.items() if len(v) == n}
+        if full:
+            spec = min(full, key=full.get)
+            print(f'TC_DEFAULTS[{bm}] = "{spec}"   # mean time / best = {full[spec]:.3f}')
+
+
 def print_tables(rows: list[dict], ceiling: float, t_lm: float) -> None:
     """Variant matrix, then the best spec per (shape, M), then the summary table (last)."""
     cols = [r for r in rows if r["variants"]]
@@ -273,6 +307,7 @@ def print_tables(rows: list[dict], ceiling: float, t_lm: float) -> None:
     for r in rows:
         print(f"M={r['M']:<4} {r['shape']:13} dispatch: {r['default_cfg']} | best: {r['best_cfg']} "
               f"({r['best_us']:.2f} us, err {r['best_err']:.1e})")
+    suggest_defaults(rows)
     print(f"\ncopy ceiling {ceiling:.0f} GB/s; lm_head 73448x4096 stays bf16: {t_lm:.1f} us at M=1")
     print(f"{'shape':13} {'N x K':>11} {'M':>5} {'bf16 us':>8} {'ours us':>8} {'x':>5} {'best us':>8} {'x':>5} "
           f"{'GB/s':>5} {'%ceil':>5} {'bestGB':>6} {'%ceil':>5} {'err':>7}")

@@ -31,6 +31,20 @@ SASS per 128-row block and thread (64 weights at BLOCK_N 64, 4 warps): 163 instr
 fma dequant (90 of them dequantization), 160 with the bias MMA, 196 with 3 stages; the CUDA-core
 GEMV it replaced (since deleted) needed ~5.4 per weight (~345 per 64).
 
+Why the pipeline (diagnosis at 59939ab, offline sm_90 compile): at ~50% of the copy ceiling with
+~2.6 SASS instructions per weight the kernel is latency / memory-parallelism bound, not issue bound
+(gate/up 16384x4096: 508K weights per SM x 2.6 / 32 lanes / 4 schedulers = ~5 us of issue at 2 GHz
+against 8 us of DRAM time). Little's law wants ~4.2 TB/s x ~0.7 µs = ~3 MB in flight, ~22 KB per SM.
+The unroll-4 default (128 registers -> 4 CTAs = 16 warps per SM) does put 16 warps x 32 lanes x 4
+blocks x 32 B = 64 KB of words in flight, but only at the top of each step: a warp then waits,
+dequantizes and multiplies its 4 blocks with nothing outstanding, and since a one-wave grid starts
+all CTAs in phase, DRAM idles through the compute phases (4 load/compute rounds per CTA at split
+2). `prefetch` keeps the next step's loads outstanding during the MMAs instead (pf=1: 128 registers
+at unroll 2, ~3.0 SASS/weight; pf=2 ping-pong: 128 registers, 2.8; 128-row tiles with 4 warps, pf=1
+unroll 1: 168 registers = 3 CTAs per SM, 2.2 SASS/weight: the per-block address / activation /
+barrier work is shared by twice the weights). The 4096-wide shapes also pay a serial split-K
+epilogue (one L2 round trip per split in the last CTA; split 8-32): `reduce`.
+
 Split-K in one launch: each split writes fp32 partials to a workspace and bumps a per-tile
 counter; the last split of a tile adds the partials, writes y in the activation dtype and resets
 the counter. Import lazily: CPU-only installs have no triton.
