@@ -1,5 +1,5 @@
 """The folded batch-1 GEMVs (runtime/ops/gemv/fused.py) on the GPU: every committed FOLD_CONFIGS
-entry at the real 9B shapes and every candidate block shape at an uneven shape, bf16 and fp32,
+entry at the real 9B shapes and the narrowest and widest candidate block shapes at an uneven shape, bf16 and fp32,
 against the plain-PyTorch references; and the fused sala-nano model with the folds on against the
 folds-off path and the reference Engine. Skipped without CUDA; CPU coverage is in
 test_gemv_fold_interpret.py."""
@@ -26,12 +26,12 @@ def test_fold_gemv_committed_shapes(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_fold_gemv_every_candidate_on_uneven_shape(dtype):
+def test_fold_gemv_candidates_on_uneven_shape(dtype):
     from salactl.runtime.ops.gemv import fused as F
     from salactl.runtime.ops.gemv.check import check_fold_gemv
 
     shapes = [(100, 700, kind) for kind in F.KINDS]
-    _assert_rows(check_fold_gemv("cuda", dtype, shapes, configs=F.CANDIDATE_CONFIGS))
+    _assert_rows(check_fold_gemv("cuda", dtype, shapes, configs=(F.CANDIDATE_CONFIGS[0], F.CANDIDATE_CONFIGS[-1])))
 
 
 def test_engine_with_folds_matches_reference_engine(monkeypatch):

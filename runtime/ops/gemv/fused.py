@@ -45,7 +45,7 @@ FOLD_CONFIGS: dict[tuple[int, int, str], tuple[int, int, int, int]] = {
     (4096, 4096, "gate"): (4, 1024, 4, 4),      # sparse o_proj after o · sigmoid(o_gate)
     (4096, 16384, "glu"): (4, 1024, 4, 4),      # down_proj after silu(gate) · up
 }
-CANDIDATE_CONFIGS = ((4, 1024, 4, 4), (8, 512, 4, 4), (16, 512, 8, 3), (32, 256, 8, 3))
+CANDIDATE_CONFIGS = ((4, 1024, 4, 4), (8, 512, 4, 4), (16, 512, 8, 3), (32, 256, 8, 3), (64, 128, 8, 3))
 
 
 @triton.jit
