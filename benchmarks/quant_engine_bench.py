@@ -120,8 +120,9 @@ def fp8_attention(cfg):
         for name, dt in (("bf16", None), ("fp8_e4m3", torch.float8_e4m3fn)):
             k, v = (kp, vp) if dt is None else (kp.to(dt), vp.to(dt))
             kw = {} if dt is None else dict(k_scale=1.0, v_scale=1.0)
-            o = paged_attention(q, k, v, pt, one, seq, num_splits=choose_splits(hkv, P), **kw)
-            t = graph_time(lambda: paged_attention(q, k, v, pt, one, seq, num_splits=choose_splits(hkv, P), **kw))
+            splits = choose_splits(hkv, P, kv_dtype=k.dtype)
+            o = paged_attention(q, k, v, pt, one, seq, num_splits=splits, **kw)
+            t = graph_time(lambda: paged_attention(q, k, v, pt, one, seq, num_splits=splits, **kw))
             kv_bytes = 2 * k.numel() * k.element_size()
             row[name] = {"us": t * 1e6, "kv_mb": kv_bytes / 1e6, "gb_s": kv_bytes / t / 1e9,
                          "rel_err": ((o.float() - ref.float()).norm() / ref.float().norm()).item()}

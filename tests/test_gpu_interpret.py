@@ -37,10 +37,9 @@ def test_paged_decode_attention_dense_and_sparse(fp8):
     _assert_rows(S.check_decode_attention("cpu", torch.float32, SMALL, fp8=fp8))
 
 
-@pytest.mark.parametrize("fp8", [False, True])
-@pytest.mark.parametrize("pages,prefetch", [(1, True), (2, True), (4, False)])
+@pytest.mark.parametrize("fp8,pages,prefetch", [(True, 2, True), (False, 4, False)])
 def test_paged_decode_attention_multi_page_kernel(fp8, pages, prefetch):
-    """The multi-page split kernel (tiles of several pages, register prefetch or not)."""
+    """The multi-page split kernel: tiles of several pages, prefetched into registers or not."""
     from salactl.runtime.ops.decode_attention.triton import DecodeConfig
     cfg = DecodeConfig(multi=True, pages=pages, prefetch=prefetch, stages=1)
     _assert_rows(S.check_decode_attention("cpu", torch.float32, SMALL, fp8=fp8, config=cfg))

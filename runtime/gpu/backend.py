@@ -72,9 +72,9 @@ class GPUBackend:
             sel, cnt = select_decode(q, k1p, pt, batch.slots, batch.seq_lens, sc, pt.shape[1], k_pages=kp,
                                      k1_start=batch.k1_start, k1_count=batch.k1_count, k_scale=p.k_scale[li])
             return paged_attention(q, kp, vp, pt, batch.slots, batch.seq_lens, sel, cnt, sc.dense_len,
-                                   num_splits=choose_splits(rows, sc.selected_blocks, self.num_sms), **kw)
+                                   num_splits=choose_splits(rows, sc.selected_blocks, self.num_sms, kp.dtype), **kw)
         return paged_attention(q, kp, vp, pt, batch.slots, batch.seq_lens,
-                               num_splits=choose_splits(rows, pt.shape[1], self.num_sms), **kw)
+                               num_splits=choose_splits(rows, pt.shape[1], self.num_sms, kp.dtype), **kw)
 
     def _prefill_attention(self, li, q, k, v, batch):
         p, sc, B = self.pools, self.config.sparse_config, self.config.sparse_config.block_size

@@ -85,7 +85,9 @@ def _paged_setup(device, sh: Shapes, lens, dtype, pages_extra=3):
     return pt, kp, vp
 
 
-def check_decode_attention(device, dtype, sh: Shapes = Shapes(), fp8: bool = False) -> list:
+def check_decode_attention(device, dtype, sh: Shapes = Shapes(), fp8: bool = False, config=None) -> list:
+    """Dense and sparse rows (several sequences, partial last pages) vs the reference; `config`:
+    a decode_attention.triton.DecodeConfig (None: the default for the page dtype)."""
     from salactl.runtime.ops.decode_attention.reference import paged_attention as ref
     from salactl.runtime.ops.decode_attention.triton import paged_attention as fast
 
@@ -116,7 +118,7 @@ def check_decode_attention(device, dtype, sh: Shapes = Shapes(), fp8: bool = Fal
     for mode, kw in (("dense", {}), ("sparse", dict(block_ids=sel, num_blocks=cnt, dense_len=2 * B))):
         r = ref(q, kp, vp, pt, slots, seq, k_scale=ks, v_scale=vs, **kw)
         for splits in (1, 3, 16):
-            f = fast(q, kp, vp, pt, slots, seq, k_scale=ks, v_scale=vs, num_splits=splits, **kw)
+            f = fast(q, kp, vp, pt, slots, seq, k_scale=ks, v_scale=vs, num_splits=splits, config=config, **kw)
             out.append((f"{name}.{mode}.splits{splits}", rel_err(f, r), _tol(dtype)))
     return out
 

@@ -1,0 +1,203 @@
+"""Paged decode attention, one sala-9b layer (2 KV heads x 16 query heads, head_dim 128, 64-token
+pages): bf16 vs fp8_e4m3 pages, the current defaults vs the launch configs of SWEEP_CONFIGS
+(runtime/ops/decode_attention/triton.py). Issue 5's target: fp8 >= 1.7x bf16 at 128K, batch 1.
+
+    python benchmarks/decode_attention_bench.py [--out FILE.json] [--quick]
+
+1. correctness (fails loudly, exit 1): every config x {bf16, fp8_e4m3 with per-head scales} on
+   dense 4K batch 8, dense 128K batch 1 and a sparse-selected row set (128K, 96 random blocks
+   per KV head, the own block included) against reference.paged_attention; rel err <= 1e-2.
+2. timing: dense 32K/128K/1M batch 1, dense 4K batch 8/32, sparse-selected 128K batch 1; each a
+   CUDA graph of calls that rotate over R disjoint page ranges of one pool (R x KV bytes >= 150 MB,
+   so KV is not served from the 50 MB L2); median of replays; the time includes the merge kernel.
+Table (stdout, last): case, dtype, config, us per call, GB/s (KV bytes read / time), x default (the
+dtype's current default time / this time), fp8/bf16 (bf16 default time / this time, fp8 rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from timing import events_time  # noqa: E402
+
+HKV, HQ, D, B = 2, 32, 128, 64      # sala-9b: 32 query heads over 2 KV heads (G = 16)
+SELECTED = 96                       # sala-9b's selected_blocks (topk 64 + 32 window blocks)
+L2_BYTES = 150e6
+DTYPES = {"bf16": None, "fp8_e4m3": torch.float8_e4m3fn}
+
+
+class Case:
+    """n rows of length ctx; `rot` copies of the page set (pool, page tables) for L2 rotation."""
+
+    def __init__(self, name, ctx, batch, sparse=False, rot=1, seed=0):
+        self.name, self.ctx, self.batch, self.sparse = name, ctx, batch, sparse
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        per = math.ceil(ctx / B)
+        self.pages_per_rot = batch * per
+        P = rot * self.pages_per_rot
+        self.kp = torch.randn(P, HKV, B, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        self.vp = torch.randn(P, HKV, B, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        self.q = torch.randn(batch, HQ, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        self.slots = torch.arange(batch, dtype=torch.int32, device="cuda")
+        self.seq = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+        self.seq[-1] = ctx - 17 if batch > 1 else ctx       # one partial last page
+        self.tables = []
+        for r in range(rot):
+            perm = torch.randperm(self.pages_per_rot, device="cuda", generator=g) + r * self.pages_per_rot
+            self.tables.append(perm.to(torch.int32).reshape(batch, per).contiguous())
+        self.sel = self.cnt = None
+        self.blocks = per
+        if sparse:
+            sel = torch.zeros(batch, HKV, SELECTED, dtype=torch.int32, device="cuda")
+            for i in range(batch):
+                for h in range(HKV):
+                    own = per - 1
+                    others = torch.randperm(own, device="cuda", generator=g)[:SELECTED - 1]
+                    sel[i, h] = torch.cat([others.sort().values, torch.tensor([own], device="cuda")]).to(torch.int32)
+            self.sel = sel
+            self.cnt = torch.full((batch, HKV), SELECTED, dtype=torch.int32, device="cuda")
+            self.blocks = SELECTED
+        self.scales = {"bf16": (1.0, 1.0),
+                       "fp8_e4m3": (torch.tensor([0.02, 0.03], device="cuda"), torch.tensor([0.025, 0.035], device="cuda"))}
+        self.pools = {}
+
+    def pool(self, dt):
+        if dt not in self.pools:
+            if DTYPES[dt] is None:
+                self.pools[dt] = (self.kp, self.vp)
+            else:
+                ks, vs = self.scales[dt]
+                self.pools[dt] = ((self.kp.float() / ks[None, :, None, None]).to(DTYPES[dt]),
+                                  (self.vp.float() / vs[None, :, None, None]).to(DTYPES[dt]))
+        return self.pools[dt]
+
+    def kv_bytes(self, dt) -> int:
+        el = 2 if DTYPES[dt] is None else 1
+        tokens = self.batch * (self.blocks * B if self.sparse else self.ctx)
+        return 2 * tokens * HKV * D * el
+
+    def call(self, dt, cfg, rot=0, out=None):
+        from salactl.runtime.ops.decode_attention.triton import choose_splits, paged_attention
+        kp, vp = self.pool(dt)
+        ks, vs = self.scales[dt]
+        splits = choose_splits(self.batch * HKV, self.blocks, torch.cuda.get_device_properties(0).multi_processor_count,
+                               config=cfg)
+        kw = dict(block_ids=self.sel, num_blocks=self.cnt, dense_len=1) if self.sparse else {}
+        return paged_attention(self.q, kp, vp, self.tables[rot], self.slots, self.seq, k_scale=ks, v_scale=vs,
+                               num_splits=splits, config=cfg, out=out, **kw)
+
+    def reference(self, dt):
+        from salactl.runtime.ops.decode_attention.reference import paged_attention as ref
+        kp, vp = self.pool(dt)
+        ks, vs = self.scales[dt]
+        kw = dict(block_ids=self.sel, num_blocks=self.cnt, dense_len=1) if self.sparse else {}
+        return ref(self.q.float(), kp, vp, self.tables[0], self.slots, self.seq, k_scale=ks, v_scale=vs,
+                   **kw)
+
+
+def rel_err(a, b) -> float:
+    a, b = a.double(), b.double()
+    return float("inf") if torch.isnan(a).any() else float((a - b).norm() / b.norm())
+
+
+def time_case(case, dt, cfg, rot) -> float:
+    """Seconds per call: replays of a graph of calls cycling over the `rot` page ranges."""
+    out = torch.empty(case.batch, HQ, D, device="cuda", dtype=torch.bfloat16)
+    calls = rot * max(1, math.ceil(20 / rot))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for r in range(rot):
+            case.call(dt, cfg, r, out)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(calls):
+            case.call(dt, cfg, i % rot, out)
+    return events_time(g.replay, reps=15, warm=2) / calls
+
+
+def main() -> int:
+    from salactl.runtime.ops.decode_attention.triton import DEFAULT_CONFIGS, SWEEP_CONFIGS
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None, help="also write the rows as JSON here")
+    ap.add_argument("--quick", action="store_true", help="only 128K batch 1")
+    a = ap.parse_args()
+    t0 = time.time()
+    defaults = {"bf16": DEFAULT_CONFIGS["bf16"], "fp8_e4m3": DEFAULT_CONFIGS["fp8"]}
+    configs = list(dict.fromkeys([DEFAULT_CONFIGS["bf16"], DEFAULT_CONFIGS["fp8"], *SWEEP_CONFIGS]))
+
+    # 1. correctness
+    bad = []
+    checks = [Case("4K b8", 4096, 8, seed=1), Case("128K b1", 131072, 1, seed=2),
+              Case("sparse 128K b1", 131072, 1, sparse=True, seed=3)]
+    for case in checks:
+        for dt in DTYPES:
+            ref = case.reference(dt)
+            for cfg in configs:
+                e = rel_err(case.call(dt, cfg).float(), ref)
+                if not e <= 1e-2:
+                    bad.append((case.name, dt, cfg.name, e))
+        print(f"checked {case.name} ({time.time() - t0:.0f} s)", file=sys.stderr)
+    del checks
+    if bad:
+        for b in bad:
+            print("WRONG:", *b)
+        return 1
+
+    # 2. timing
+    specs = [("128K b1", 131072, 1, False)] if a.quick else [
+        ("32K b1", 32768, 1, False), ("128K b1", 131072, 1, False), ("1M b1", 1 << 20, 1, False),
+        ("4K b8", 4096, 8, False), ("4K b32", 4096, 32, False), ("sparse 128K b1", 131072, 1, True)]
+    rows = []
+    for name, ctx, batch, sparse in specs:
+        per_rot = 2 * batch * (SELECTED * B if sparse else ctx) * HKV * D   # fp8 bytes of one rotation
+        rot = min(16, max(1, math.ceil(L2_BYTES / per_rot)))
+        case = Case(name, ctx, batch, sparse, rot=rot)
+        base = {}
+        for dt in DTYPES:
+            for cfg in configs:
+                t = time_case(case, dt, cfg, rot)
+                rows.append(dict(case=name, dtype=dt, config=cfg.name, default=cfg == defaults[dt],
+                                 us=t * 1e6, gb_s=case.kv_bytes(dt) / t / 1e9))
+                if cfg == defaults[dt]:
+                    base[dt] = t * 1e6
+        for r in rows:
+            if r["case"] == name:
+                r["x_default"] = base[r["dtype"]] / r["us"]
+                r["fp8_vs_bf16"] = base["bf16"] / r["us"] if r["dtype"] != "bf16" else None
+        print(f"timed {name} (rot {rot}, {time.time() - t0:.0f} s)", file=sys.stderr)
+        del case
+        torch.cuda.empty_cache()
+
+    if a.out:
+        Path(a.out).write_text(json.dumps(rows, indent=1))
+    print(f"\n{'case':15} {'dtype':8} {'config':36} {'us':>8} {'GB/s':>7} {'x default':>9} {'fp8/bf16':>8}")
+    for r in rows:
+        mark = "*" if r["default"] else " "
+        f8 = f"{r['fp8_vs_bf16']:.2f}x" if r["fp8_vs_bf16"] is not None else ""
+        print(f"{r['case']:15} {r['dtype']:8} {mark}{r['config']:35} {r['us']:8.1f} {r['gb_s']:7.0f} "
+              f"{r['x_default']:8.2f}x {f8:>8}")
+    # the best config per dtype at 128K b1, and its worst ratio to the default over every case
+    print("\nbest at 128K b1 (x default there; worst x default over all cases):")
+    for dt in DTYPES:
+        at = [r for r in rows if r["dtype"] == dt and r["case"] == "128K b1"]
+        best = min(at, key=lambda r: r["us"])
+        worst = min(r["x_default"] for r in rows if r["dtype"] == dt and r["config"] == best["config"])
+        f8 = f", {best['fp8_vs_bf16']:.2f}x bf16 default" if best["fp8_vs_bf16"] else ""
+        print(f"  {dt:8} {best['config']:35} {best['us']:.1f} us ({best['x_default']:.2f}x{f8}; worst {worst:.2f}x)")
+    print(f"total {time.time() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
