@@ -251,6 +251,7 @@ def _w4a16_tc_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stri
         # loop body covers two groups): a group's next loads go into the registers its MMAs just
         # read, so no register moves carry the prefetched words into the next iteration. An odd
         # group count runs one masked (no-traffic, zero) group at the end.
+        tl.static_assert(UNROLL <= 2, "PREFETCH 2 takes unroll 1 or 2")
         q, xt, s = _load_block(x_ptr, qw_ptr, s_ptr, kb0, kb1, pid_n, offs_n, offs_m, M, N, NG, stride_xm,
                                GROUP, BLOCK_N, WARPS, EVEN_N)
         if UNROLL >= 2:
