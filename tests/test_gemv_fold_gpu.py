@@ -49,9 +49,13 @@ def test_engine_with_folds_matches_reference_engine(monkeypatch):
     qkvg = 2 * cfg.num_attention_heads * cfg.head_dim + 2 * cfg.num_key_value_heads * cfg.head_dim
     o_in = cfg.num_attention_heads * cfg.head_dim
     lo_in = cfg.lightning_nh * cfg.lightning_head_dim
-    for key in {(qkvz, h, "norm"), (qkvg, h, "norm"), (2 * i, h, "norm"), (512, h, "norm"),
-                (h, lo_in, "norm_gate"), (h, o_in, "gate"), (h, i, "glu")}:
+    keys = {(qkvz, h, "norm"), (qkvg, h, "norm"), (2 * i, h, "norm"), (512, h, "norm"),
+            (h, lo_in, "norm_gate"), (h, o_in, "gate"), (h, i, "glu")}
+    for key in keys:
         monkeypatch.setitem(F.FOLD_CONFIGS, key, F.CANDIDATE_CONFIGS[1])
+    ran = []
+    real = F.fold_gemv
+    monkeypatch.setattr(F, "fold_gemv", lambda kind, w, *a, **kw: ran.append((*w.shape, kind)) or real(kind, w, *a, **kw))
     model = build_model(cfg, random_state_dict(cfg, "cuda", torch.bfloat16, 3))
     _assert_rows(S.check_model(model, "cuda", 700, decode_steps=4, chunk=100, cuda_graph=True, tol=3e-2))
-    assert model.fold_into_gemv
+    assert model.fold_into_gemv and set(ran) == keys
