@@ -70,20 +70,34 @@ def test_tensor_core_kernel_matches_reference_in_the_interpreter():
 
 
 @needs_triton
-def test_dispatch_defaults_are_the_h200_sweep_winners():
-    """default_tc_config on the 9B shapes (132 SMs) gives the variants its docstring's numbers chose."""
-    from salactl.runtime.ops.w4a16.triton_tc import default_tc_config
+def test_config_specs_give_the_split_unroll_and_tile_they_describe():
+    """tc_config_from_spec on the 9B shapes (132 SMs): split from waves (rounded, or down with fit),
+    unroll cut to the blocks a split has (and to 2 for the ping-pong pipeline), BLOCK_N halved for
+    narrow N; the dispatch reads TC_SHAPE_DEFAULTS before TC_DEFAULTS."""
+    from salactl.runtime.ops.w4a16 import triton_tc as tc
 
-    # (N, K, M) -> (split, unroll, stages)
-    want = {(4096, 4096, 1): (8, 4, 1), (4096, 4096, 8): (8, 4, 1), (4096, 4096, 32): (8, 1, 3),
-            (256, 4096, 1): (32, 1, 1), (256, 4096, 8): (32, 1, 1), (256, 4096, 32): (32, 1, 3),
-            (16384, 4096, 1): (2, 4, 1), (16384, 4096, 32): (2, 1, 3),
-            (4096, 16384, 8): (8, 4, 1), (4096, 16384, 32): (8, 1, 3)}
-    for (N, K, M), (split, unroll, stages) in want.items():
-        c = default_tc_config(M, N, K, 132)
-        assert (c.block_n, c.num_warps, c.bias_dot, c.split_k, c.unroll, c.num_stages) == \
-            (64, 4, False, split, unroll, stages), (N, K, M, c)
-    assert default_tc_config(1, 8192, 1024, 132).unroll == 2         # 8 blocks, 4 splits: 2 per split
+    spec = "bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4,red=1"         # TC_DEFAULTS[16] at 59939ab
+    # (N, K, M) -> (split, unroll)
+    want = {(4096, 4096, 1): (8, 4), (256, 4096, 8): (32, 1), (16384, 4096, 1): (2, 4), (4096, 16384, 8): (8, 4),
+            (32768, 4096, 1): (1, 4), (8704, 4096, 1): (4, 4), (8192, 1024, 1): (4, 2)}
+    for (N, K, M), (split, unroll) in want.items():
+        c = tc.tc_config_from_spec(spec, M, N, K, 132)
+        assert (c.block_n, c.block_m, c.num_warps, c.bias_dot, c.split_k, c.unroll, c.num_stages) == \
+            (64, 16, 4, False, split, unroll, 1), (N, K, M, c)
+    c = tc.tc_config_from_spec("bn=64,un=2,pf=2,waves=4,fit=1,red=4", 32, 8704, 4096, 132)
+    assert (c.block_m, c.split_k, c.unroll, c.prefetch, c.reduce) == (32, 3, 2, 2, 4)   # 136 tiles x 3 <= 528
+    assert tc.tc_config_from_spec("un=4,pf=2", 1, 4096, 4096, 132).unroll == 2
+    c = tc.tc_config_from_spec("bn=128,w=8,split=5", 1, 48, 4096, 132)
+    assert (c.block_n, c.block_m, c.split_k) == (32, 16, 5)
+    with pytest.raises(ValueError):
+        tc.parse_tc_spec("bn=64,unroll=2")
+    for bm, spec in tc.TC_DEFAULTS.items():
+        assert tc.default_tc_config(bm, 16384, 4096, 132) == tc.tc_config_from_spec(spec, bm, 16384, 4096, 132)
+    tc.TC_SHAPE_DEFAULTS[(16384, 4096, 16)] = "bn=128,w=4,un=1,pf=1,waves=3,fit=1,red=4"
+    try:
+        assert tc.default_tc_config(1, 16384, 4096, 132) == tc.TCConfig(128, 16, 3, 4, 1, False, 1, 1, 4)
+    finally:
+        del tc.TC_SHAPE_DEFAULTS[(16384, 4096, 16)]
 
 
 def test_tensor_core_layout_round_trip_and_word_order(rng):
