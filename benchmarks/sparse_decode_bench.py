@@ -74,7 +74,8 @@ def end_to_end(cfg, ctx, device="cuda", dtype=torch.bfloat16) -> float:
 
     sc, hq, hkv, d = cfg.sparse_config, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     gen = torch.Generator().manual_seed(5)
-    pt, kp = paged_keys([ctx], hkv, d, sc.block_size, dtype, device, gen=gen)
+    pt, kp = paged_keys([ctx], hkv, d, sc.block_size, dtype, device, gen=gen,
+                        width=(1 << 20) // sc.block_size + 2)     # the precompiled specialisation
     vp = torch.randn_like(kp)
     nw = num_windows(ctx, sc)
     k1p = torch.zeros(kp.shape[0], hkv, sc.block_size // sc.kernel_stride, d, device=device, dtype=kp.dtype)
@@ -170,7 +171,55 @@ VARIANTS = [("default", {}),
             ("bitonic g2048", dict(topk="bitonic")),
             ("bitonic g1024", dict(topk="bitonic", group=1024)),
             ("bitonic g2048 w4", dict(topk="bitonic", num_warps=4)),
-            ("lse splits 256", dict(lse_splits=256))]
+            ("lse splits 256", dict(lse_splits=256)),
+            ("radix w4", dict(num_warps=4))]
+
+
+def _compile_worker(tunes: list) -> list[str]:
+    """JIT (into Triton's disk cache) select_decode with each knob dict, fused K1 and not, at the
+    benchmark's specialisation (bf16, sala-9b heads, the 1M-wide page table) on a tiny pool."""
+    from salactl.runtime.ops.selection.gpu import select_decode
+    from salactl.runtime.presets import sala_9b
+
+    torch.cuda.init()
+    cfg = sala_9b()
+    sc, hq, hkv, d = cfg.sparse_config, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    B = sc.block_size
+    width = (1 << 20) // B + 2
+    kp = torch.randn(8, hkv, B, d, device="cuda", dtype=torch.bfloat16)
+    k1p = torch.zeros(8, hkv, B // sc.kernel_stride, d, device="cuda", dtype=torch.bfloat16)
+    pt = torch.zeros(1, width, dtype=torch.int32, device="cuda")
+    one = torch.zeros(1, dtype=torch.int32, device="cuda")
+    seq = torch.tensor([300], dtype=torch.int32, device="cuda")
+    q = torch.randn(1, hq, d, device="cuda", dtype=torch.bfloat16)
+    fails = []
+    for tn in tunes:
+        try:
+            select_decode(q, k1p, pt, one, seq, sc, width, k_pages=kp, k1_start=one, k1_count=one, **tn)
+            select_decode(q, k1p, pt, one, seq, sc, width, **tn)
+        except Exception as ex:      # the checks run it again and report
+            fails.append(f"{tn}: {type(ex).__name__}: {str(ex)[:200]}")
+    torch.cuda.synchronize()
+    return fails
+
+
+def precompile(tunes: list) -> None:
+    """Compile every variant in parallel processes first (the run is JIT-bound otherwise)."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    t0 = time.perf_counter()
+    workers = max(1, min(len(tunes), (os.cpu_count() or 2) - 1, 12))
+    chunks = [tunes[i::workers] for i in range(workers)]
+    try:
+        with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
+            for fails in ex.map(_compile_worker, chunks):
+                for f in fails:
+                    print(f"  precompile failed: {f}", flush=True)
+    except Exception as ex:          # serial JIT in the checks instead
+        print(f"parallel precompile failed ({type(ex).__name__}: {ex})", flush=True)
+    print(f"precompiled {len(tunes)} selection variants in {workers} processes "
+          f"({time.perf_counter() - t0:.0f} s)", flush=True)
 
 
 def main():
@@ -191,6 +240,7 @@ def main():
            "triton": __import__("triton").__version__}
     t0 = time.perf_counter()
     bad = []
+    precompile([kw for _, kw in VARIANTS])
     if not args.skip_checks:
         rows = checks(cfg, args.quick)
         bad = [r for r in rows if not r[1] <= r[2]]
