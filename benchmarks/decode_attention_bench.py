@@ -112,7 +112,7 @@ def rel_err(a, b) -> float:
 def time_case(case, dt, cfg, rot) -> float:
     """Seconds per call: replays of a graph of calls cycling over the `rot` page ranges."""
     out = torch.empty(case.batch, HQ, D, device="cuda", dtype=torch.bfloat16)
-    calls = rot * max(1, math.ceil(20 / rot))
+    calls = rot * max(1, math.ceil(12 / rot))
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -123,7 +123,7 @@ def time_case(case, dt, cfg, rot) -> float:
     with torch.cuda.graph(g):
         for i in range(calls):
             case.call(dt, cfg, i % rot, out)
-    return events_time(g.replay, reps=15, warm=2) / calls
+    return events_time(g.replay, reps=11, warm=2) / calls
 
 
 def main() -> int:

@@ -30,7 +30,7 @@ import triton.language as tl
 DENSE_ONLY = 2 ** 31 - 1
 
 
-@triton.jit(do_not_specialize=["dense_len", "num_splits"])
+@triton.jit(do_not_specialize=["dense_len", "num_splits", "s_seln", "s_selh", "s_cntn", "s_cnth"])
 def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cnt_ptr,
                   po_ptr, plse_ptr,
                   s_qn, s_qh, s_kp, s_kh, s_pt, s_seln, s_selh, s_cntn, s_cnth,
@@ -280,33 +280,39 @@ class DecodeConfig:
         return kw
 
 
-# The defaults per KV page dtype ("bf16" also covers fp16/fp32 pages; "fp8" both FP8 formats).
-# Edit from the table of benchmarks/decode_attention_bench.py: the fastest row per dtype at 128K
-# that is no slower at 4K b8/b32, 1M and sparse.
+# The defaults per KV page dtype ("bf16" also covers fp16 pages; "fp8" both FP8 formats; fp32
+# pages, tests and reference runs only, keep the one-page kernel: multi-page fp32 tiles may not fit
+# shared memory). Edit "bf16"/"fp8" from the table of benchmarks/decode_attention_bench.py: the
+# fastest config per dtype at 128K b1 that is no slower (x default >= ~0.98) on the other cases.
 DEFAULT_CONFIGS = {
     "bf16": DecodeConfig(),
     "fp8": DecodeConfig(maxnreg=128, programs_per_sm=4, max_splits=256),
+    "fp32": DecodeConfig(),
 }
 
 # What benchmarks/decode_attention_bench.py times besides the defaults (and the GPU test checks).
 # The split count is a runtime argument: rows differing only in programs_per_sm/max_splits share a
-# compile (7 kernel variants x 2 page dtypes). Offline sm_90 compiles (Triton 3.9): `page` fp8
-# 146 regs (3 CTAs/SM), with maxnreg=128 4 CTAs/SM and 6 spilled words; multi np2 s3 fp8 204
-# regs, np4 w8 195; prefetching np2 w4 / np4 w8 spill heavily (not swept).
+# compile (8 kernel variants x 2 page dtypes). Offline sm_90 compiles (Triton 3.9, fp8 / bf16 regs
+# per thread -> CTAs per SM by registers): page w4 146/96 (3/5); page w4 r128 fp8 4 CTAs with 6
+# spilled words; page w2 201/134 (5/7, no spills; smem 22/39 KB per CTA); multi np2 s3 204/135;
+# multi np4 w8 195/159; multi np1 prefetch 191/203; prefetching np2 w4 / np4 w8 spill heavily.
+# A page's loads are issued after the previous page's math (one buffer): the bytes in flight per
+# SM are CTAs/SM x bytes per iteration, which is what fp8 (half the bytes per page) lacks.
 _M = dict(multi=True, max_splits=256)
 SWEEP_CONFIGS = (
     DecodeConfig(),
     DecodeConfig(programs_per_sm=8, max_splits=256),
     DecodeConfig(maxnreg=128, programs_per_sm=3, max_splits=256),
     DecodeConfig(maxnreg=128, programs_per_sm=4, max_splits=256),
+    DecodeConfig(warps=2, programs_per_sm=4, max_splits=256),
+    DecodeConfig(warps=2, programs_per_sm=5, max_splits=512),
     DecodeConfig(pages=2, stages=3, programs_per_sm=2, **_M),
     DecodeConfig(pages=2, stages=3, programs_per_sm=3, **_M),
-    DecodeConfig(pages=2, stages=3, programs_per_sm=4, **_M),
+    DecodeConfig(pages=2, stages=3, maxnreg=168, programs_per_sm=3, **_M),
     DecodeConfig(pages=2, stages=2, programs_per_sm=2, **_M),
     DecodeConfig(pages=4, warps=8, stages=3, programs_per_sm=1, **_M),
     DecodeConfig(pages=4, warps=8, stages=3, programs_per_sm=2, **_M),
     DecodeConfig(pages=1, prefetch=True, stages=1, programs_per_sm=2, **_M),
-    DecodeConfig(pages=1, prefetch=True, stages=1, programs_per_sm=4, **_M),
     DecodeConfig(pages=2, prefetch=True, warps=8, stages=1, programs_per_sm=1, **_M),
 )
 
@@ -316,7 +322,9 @@ def is_fp8(dtype) -> bool:
 
 
 def default_config(kv_dtype=None) -> DecodeConfig:
-    return DEFAULT_CONFIGS["fp8" if is_fp8(kv_dtype) else "bf16"]
+    if is_fp8(kv_dtype):
+        return DEFAULT_CONFIGS["fp8"]
+    return DEFAULT_CONFIGS["fp32" if kv_dtype == torch.float32 else "bf16"]
 
 
 MAX_SPLITS = 128
