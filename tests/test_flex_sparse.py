@@ -123,6 +123,6 @@ def test_flex_sparse_gpu_bf16(fold):
     q, kp, vp, pt, sel, cnt, pos, P = make_case(hq, hkv, D, B, pos0, n, K=12, dtype=torch.bfloat16,
                                                 device="cuda")
     inp = fs.build_inputs(sel, cnt, pt[0], pos0, n, P, hq, B, fold, pad_to=256)
-    out = fs.sparse_attention(fs.compiled_flex(), q, kp, vp, inp, fs.KERNEL_OPTIONS)
+    out = fs.sparse_attention(fs.compiled_flex(), q, kp, vp, inp, fs.kernel_options(B))
     ref = reference(q, kp, vp, pt, sel, cnt, pos, B)
     assert rel_err(out, ref) < 1e-2

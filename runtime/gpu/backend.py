@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from salactl.runtime.config import SalaConfig
+from salactl.runtime.ops.attention import flex_sparse
 from salactl.runtime.ops.decode_attention.triton import choose_splits, paged_attention, store_kv
 from salactl.runtime.ops.gla.triton import gla_decode_, gla_prefill_
 from salactl.runtime.ops.selection import num_windows
@@ -27,8 +28,15 @@ class GPUBackend:
     name = "gpu"
 
     def __init__(self, config: SalaConfig, pools, num_sms: int = 132, sparse_sub: int = 2048,
-                 gla_max_chunk: int = 32768):
+                 gla_max_chunk: int = 32768, sparse_prefill: str | None = None):
         check_shapes(config.sparse_config)
+        # "triton" (paged kernel per query token) or "flex" (FlexAttention over 128-row tiles);
+        # default from the measured table in runtime/ops/attention/flex_sparse.py
+        self.sparse_prefill = sparse_prefill or flex_sparse.SPARSE_PREFILL_DEFAULT
+        if self.sparse_prefill not in ("triton", "flex"):
+            raise ValueError(f"sparse_prefill must be 'triton' or 'flex', got {self.sparse_prefill!r}")
+        if self.sparse_prefill == "flex" and pools.k.dtype.itemsize == 1:
+            raise ValueError("sparse_prefill='flex' needs bf16/fp16/fp32 KV pages; use 'triton' with FP8 KV")
         self.config, self.pools = config, pools
         self.sparse_index = {l: i for i, l in enumerate(config.sparse_layers)}
         self.light_index = {l: i for i, l in enumerate(config.lightning_layers)}
@@ -89,6 +97,10 @@ class GPUBackend:
             if nd == n:
                 continue
             self._layer_k1(li, seg.slot, p0 + n)
+            if self.sparse_prefill == "flex":
+                rows = slice(r0 + nd, r0 + n)
+                o[rows] = self._flex_prefill(li, q[rows], batch.slots[rows], batch.seq_lens[rows], seg.slot, p0 + nd)
+                continue
             for s0 in range(r0 + nd, r0 + n, self.sparse_sub):
                 s1 = min(s0 + self.sparse_sub, r0 + n)
                 qs, slots, lens = q[s0:s1], batch.slots[s0:s1], batch.seq_lens[s0:s1]
@@ -97,6 +109,23 @@ class GPUBackend:
                 paged_attention(qs, kp, vp, pt, slots, lens, sel, cnt, 0, k_scale=p.k_scale[li],
                                 v_scale=p.v_scale[li], num_splits=1, out=o[s0:s1])
         return o
+
+    def _flex_prefill(self, li, q, slots, lens, slot, pos0):
+        """Selection per sub-chunk (bounded key buffer), then one FlexAttention call."""
+        p, sc, B = self.pools, self.config.sparse_config, self.config.sparse_config.block_size
+        kp, k1p, pt = p.k[li], p.k1[li], p.page_table
+        m, hkv = q.shape[0], kp.shape[1]
+        sel = torch.zeros(m, hkv, sc.selected_blocks, dtype=torch.int32, device=q.device)
+        cnt = torch.empty(m, hkv, dtype=torch.int32, device=q.device)
+        for s0 in range(0, m, self.sparse_sub):
+            s1 = min(s0 + self.sparse_sub, m)
+            a, c = select_paged(q[s0:s1], k1p, pt, slots[s0:s1], lens[s0:s1], sc,
+                                math.ceil((pos0 + s1) / B), one_sequence=True)
+            sel[s0:s1, :, :a.shape[-1]], cnt[s0:s1] = a, c
+        inp = flex_sparse.build_inputs(sel, cnt, pt[slot], pos0, m, kp.shape[0], q.shape[1], B,
+                                       flex_sparse.FLEX_FOLD, pad_to=self.sparse_sub)
+        return flex_sparse.sparse_attention(flex_sparse.compiled_flex(q.device), q, kp, p.v[li], inp,
+                                            flex_sparse.kernel_options(B))
 
     def _layer_k1(self, li, slot, length):
         """This layer's windows missing for `length` tokens; end_forward() commits the count."""

@@ -30,12 +30,26 @@ Reference: runtime/ops/decode_attention/reference.py paged_attention over the sa
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
 
+# ---- defaults, set from benchmarks/sparse_prefill_bench.py (edit here) -----------------------
+# Which path GPUBackend._prefill_attention uses for queries past dense_len: "triton" (the paged
+# kernel, one token per row) or "flex" (this module). Switch to "flex" only if a flex row beats the
+# triton row in "total ms" at both 32K and 128K for the "iid" queries (worst case), or for
+# "local" if the lead accepts that real selections are that correlated.
+SPARSE_PREFILL_DEFAULT = "triton"
+# Query layout when flex is used: True = GQA group folded into the rows ("flex-fold" rows of the
+# bench), False = 128 tokens x 1 head tiles with enable_gqa ("flex" rows). Take the faster.
+FLEX_FOLD = True
 Q_BLOCK = 128
-KERNEL_OPTIONS = {"BLOCK_M": 128, "BLOCK_N": 64}
+
+
+def kernel_options(block_size: int) -> dict:
+    """Flex tiles: 128 query rows x 64 keys (a KV tile must divide the 64-token block)."""
+    return {"BLOCK_M": Q_BLOCK, "BLOCK_N": min(64, block_size)}
 
 
 @dataclass
@@ -59,6 +73,26 @@ def _mask_mod_factory(bitmap, phys_head, phys_logical, pos0, group: int, fold: b
     return mask_mod
 
 
+_STATES: dict = {}
+
+
+def _state(dev, hkv, rows, W, num_pages, G, fold, B):
+    """Persistent mask tensors and ONE mask_mod closure per shape, refilled in place by each
+    build_inputs: the compiled flex sees the same function and tensor objects every call (no
+    recompiles; a fresh closure per call could hit dynamo's recompile limit and fall back to the
+    unfused eager kernel). A BlockMask is therefore valid until the next build_inputs call with
+    the same shapes."""
+    key = (str(dev), hkv, rows, W, num_pages, G, fold, B)
+    if key not in _STATES:
+        bitmap = torch.zeros(hkv, rows, W + 1, dtype=torch.bool, device=dev)
+        phys_head = torch.full((num_pages * hkv,), -1, dtype=torch.int32, device=dev)
+        phys_logical = torch.zeros(num_pages * hkv, dtype=torch.int32, device=dev)
+        pos = torch.zeros((), dtype=torch.int64, device=dev)
+        mask_mod = _mask_mod_factory(bitmap, phys_head, phys_logical, pos, G, fold, B)
+        _STATES[key] = (bitmap, phys_head, phys_logical, pos, mask_mod)
+    return _STATES[key]
+
+
 def build_inputs(sel, cnt, page_table_row, pos0: int, n: int, num_pages: int, hq: int,
                  block_size: int, fold: bool, pad_to: int = 2048) -> FlexSparseInputs:
     """BlockMask for n query tokens at positions pos0.. of the sequence whose pages are
@@ -72,10 +106,11 @@ def build_inputs(sel, cnt, page_table_row, pos0: int, n: int, num_pages: int, hq
     W = page_table_row.numel()          # static width: shapes do not change with the context
     nb = math.ceil((pos0 + n) / B)
     assert nb <= W
+    bitmap, phys_head, phys_logical, pos, mask_mod = _state(dev, hkv, rows, W, num_pages, G, fold, B)
     # per-token bitmap over logical blocks; entries past cnt go to the dummy column W
     valid = torch.arange(K, device=dev)[None, None, :] < cnt[..., None]
     idx = torch.where(valid, sel.long().clamp(0, W), W)
-    bitmap = torch.zeros(hkv, rows, W + 1, dtype=torch.bool, device=dev)
+    bitmap.zero_()
     bitmap[:, :n].scatter_(2, idx.transpose(0, 1), True)
     bitmap[:, :, W] = False
     t = Q_BLOCK // G if fold else Q_BLOCK          # tokens per query tile
@@ -99,13 +134,11 @@ def build_inputs(sel, cnt, page_table_row, pos0: int, n: int, num_pages: int, hq
 
     kv_num, kv_idx = lists(partial)
     full_num, full_idx = lists(full)
-    phys_head = torch.full((num_pages * hkv,), -1, dtype=torch.int32, device=dev)
-    phys_logical = torch.zeros(num_pages * hkv, dtype=torch.int32, device=dev)
+    phys_head.fill_(-1)
     ids = logical_pages[:nb, None] * hkv + torch.arange(hkv, device=dev)[None, :]      # [nb, hkv]
     phys_head[ids.reshape(-1)] = torch.arange(hkv, device=dev, dtype=torch.int32).repeat(nb)
     phys_logical[ids.reshape(-1)] = torch.arange(nb, device=dev, dtype=torch.int32).repeat_interleave(hkv)
-    pos = torch.tensor(pos0, device=dev, dtype=torch.int64)
-    mask_mod = _mask_mod_factory(bitmap, phys_head, phys_logical, pos, G, fold, B)
+    pos.fill_(pos0)
     q_len = rows * G if fold else rows
     bm = BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=(Q_BLOCK, B),
                                   mask_mod=mask_mod, seq_lengths=(q_len, num_pages * hkv * B),
@@ -145,18 +178,23 @@ def sparse_attention(flex_fn, q, k_pages, v_pages, inputs: FlexSparseInputs,
     hkv = k_pages.shape[1]
     q4 = fold_queries(q, inputs.rows, hkv, inputs.fold)
     kw = {} if kernel_options is None else {"kernel_options": kernel_options}
-    o4 = flex_fn(q4, pool_as_sequence(k_pages), pool_as_sequence(v_pages), block_mask=inputs.block_mask,
-                 enable_gqa=True, **kw)
+    with warnings.catch_warnings():        # eager flex warns that it is unfused (CPU tests)
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        o4 = flex_fn(q4, pool_as_sequence(k_pages), pool_as_sequence(v_pages), block_mask=inputs.block_mask,
+                     enable_gqa=True, **kw)
     return unfold_output(o4, n, hq, inputs.fold)
 
 
 _COMPILED = None
 
 
-def compiled_flex():
-    """One compiled flex_attention per process (each new shape still compiles once)."""
+def compiled_flex(device=None):
+    """One compiled flex_attention per process (each new shape still compiles once); the eager
+    (unfused, exact) flex_attention on non-CUDA devices (CPU tests)."""
     global _COMPILED
+    from torch.nn.attention.flex_attention import flex_attention
+    if device is not None and torch.device(device).type != "cuda":
+        return flex_attention
     if _COMPILED is None:
-        from torch.nn.attention.flex_attention import flex_attention
         _COMPILED = torch.compile(flex_attention, dynamic=False)
     return _COMPILED
