@@ -170,7 +170,7 @@ def step(ceil):
     for g, keys in GROUPS.items():
         if any(key in committed for key in keys):
             variants[f"without {g}"] = {key: c for key, c in committed.items() if key not in keys}
-    out = {"floor_ms": floor * 1e3}
+    out = RESULTS["step"] = {"floor_ms": floor * 1e3}      # filled as variants finish
     ref = None
     try:
         for name, table in variants.items():
@@ -195,7 +195,6 @@ def step(ceil):
         fold.FOLD_CONFIGS.clear()
         fold.FOLD_CONFIGS.update(committed)
         syn.close()
-    RESULTS["step"] = out
     del engine, model
     gc.collect()
     torch.cuda.empty_cache()
