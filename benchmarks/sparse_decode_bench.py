@@ -172,7 +172,9 @@ VARIANTS = [("default", {}),
             ("bitonic g1024", dict(topk="bitonic", group=1024)),
             ("bitonic g2048 w4", dict(topk="bitonic", num_warps=4)),
             ("lse splits 256", dict(lse_splits=256)),
-            ("radix w4", dict(num_warps=4))]
+            ("radix w4", dict(num_warps=4)),
+            ("radix w2", dict(num_warps=2)),
+            ("bitonic w2", dict(topk="bitonic", num_warps=2))]
 
 
 def _compile_worker(tunes: list) -> list[str]:
