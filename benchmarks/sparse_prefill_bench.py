@@ -67,6 +67,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=4096, help="query tokens per chunk (multiple of 2048)")
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
+    ap.add_argument("--paths", default="triton,flex,flex-fold",
+                    help="comma list of paths to check and time (triton is the reference for all-row checks)")
     ap.add_argument("--smoke", action="store_true",
                     help="CPU run of the whole script at tiny shapes (TRITON_INTERPRET=1, eager flex)")
     args = ap.parse_args()
@@ -142,8 +144,13 @@ def main():
                 s, c = select()
                 return triton_attn(s, c)
 
-            paths = {"triton": dict(attn=triton_attn, total=triton_total, mask=None, blocks=float(cnt.float().mean()))}
+            paths = {}
+            if "triton" in args.paths.split(","):
+                paths["triton"] = dict(attn=triton_attn, total=triton_total, mask=None,
+                                       blocks=float(cnt.float().mean()))
             for name, fold in (("flex", False), ("flex-fold", True)):
+                if name not in args.paths.split(","):
+                    continue
                 def build(sel=sel, cnt=cnt, fold=fold):
                     return fs.build_inputs(sel, cnt, pt[0], C, n, P, hq, B, fold, pad_to=SUB)
                 inp = build()
