@@ -220,7 +220,8 @@ def main():
     tmp = out / "sparse_prefill_bench.json.tmp"
     tmp.write_text(json.dumps(res, indent=1, default=str))
     tmp.rename(out / "sparse_prefill_bench.json")
-    print(f"\nsparse prefill attention, one layer, {n} query tokens, sala-9b (32q/2kv, d128), bf16; "
+    print(f"\nsparse prefill attention, one layer, {n} query tokens, {hq}q/{hkv}kv heads, d{d}, "
+          f"{str(dtype)[6:]}{' (SMOKE: CPU, tiny shapes, times meaningless)' if args.smoke else ''}; "
           f"total {time.perf_counter() - t0:.0f} s; checks {'FAILED ' + str(bad) if bad else 'ok'}")
     print("| ctx | queries | path | attn ms | +mask ms | total ms (+selection) | layout ms (in attn) "
           "| blocks/tile | rel err |")
