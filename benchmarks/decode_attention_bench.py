@@ -2,7 +2,7 @@
 pages): bf16 vs fp8_e4m3 pages, the current defaults vs the launch configs of SWEEP_CONFIGS
 (runtime/ops/decode_attention/triton.py). Issue 5's target: fp8 >= 1.7x bf16 at 128K, batch 1.
 
-    python benchmarks/decode_attention_bench.py [--out FILE.json] [--quick]
+    python benchmarks/decode_attention_bench.py [--out FILE.json] [--quick] [--configs 0,3,5]
 
 1. correctness (fails loudly, exit 1): every config x {bf16, fp8_e4m3 with per-head scales} on
    dense 4K batch 8, dense 128K batch 1 and a sparse-selected row set (128K, 96 random blocks
@@ -131,10 +131,12 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None, help="also write the rows as JSON here")
     ap.add_argument("--quick", action="store_true", help="only 128K batch 1")
+    ap.add_argument("--configs", default=None, help="comma-separated indices into SWEEP_CONFIGS (defaults always run)")
     a = ap.parse_args()
     t0 = time.time()
     defaults = {"bf16": DEFAULT_CONFIGS["bf16"], "fp8_e4m3": DEFAULT_CONFIGS["fp8"]}
-    configs = list(dict.fromkeys([DEFAULT_CONFIGS["bf16"], DEFAULT_CONFIGS["fp8"], *SWEEP_CONFIGS]))
+    sweep = SWEEP_CONFIGS if a.configs is None else [SWEEP_CONFIGS[int(i)] for i in a.configs.split(",")]
+    configs = list(dict.fromkeys([DEFAULT_CONFIGS["bf16"], DEFAULT_CONFIGS["fp8"], *sweep]))
 
     # 1. correctness
     bad = []
