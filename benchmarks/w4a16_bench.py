@@ -148,7 +148,8 @@ def label(cfg: TCConfig) -> str:
 
 def _compile_worker(cfgs: list) -> list[str]:
     """Compile (into Triton's on-disk cache) each TCConfig with a small call of the same
-    specialisation (N, K, strides multiples of 16; M and split_k are not specialised)."""
+    specialisation (N, K, strides multiples of 16; M > 1 and split_k > 1: M = 1 and split 1 are
+    specialised by Triton and compile on first use)."""
     torch.cuda.init()
     failures = []
     for cfg in cfgs:
@@ -348,7 +349,7 @@ def main() -> None:
     cfgs = [default_tc_config(M, N, K, sms) for _, N, K in shapes for M in batches if M < DEQUANT_MIN_ROWS]
     cfgs += [tc_config_from_spec(spec, M, N, K, sms) for _, N, K in shapes for M in batches if M <= 64
              for spec in grid]
-    # the kernel's compile key: every constexpr (split_k and M are not specialised)
+    # the kernel's compile key for M > 1, split_k > 1 (M = 1 / split 1 compile on first use)
     try:
         precompile(list(dict.fromkeys(TCConfig(c.block_n, c.block_m, 2, c.num_warps, c.num_stages, c.bias_dot,
                                                c.unroll, c.prefetch, c.reduce) for c in cfgs)), log)

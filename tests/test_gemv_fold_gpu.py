@@ -35,8 +35,10 @@ def test_fold_gemv_candidates_on_uneven_shape(dtype):
 
 
 def test_engine_with_folds_matches_reference_engine(monkeypatch):
-    """sala-nano shapes, bf16, CUDA graph: batch-1 decode with every fold on (entries added for
-    the nano shapes) against the reference Engine."""
+    """sala-nano shapes, CUDA graph: batch-1 decode with every fold on (entries added for the nano
+    shapes) against the reference Engine, in fp32 so that the wiring is checked at 1e-3; the bf16
+    kernels are checked per shape above (the bf16 engine differs from the reference by bf16 noise
+    near the 3e-2 bound of the engine tests either way: 3.01e-2 with all folds on the H200)."""
     from salactl.runtime.checkpoint import random_state_dict
     from salactl.runtime.gpu import selfcheck as S
     from salactl.runtime.loader import build_model
@@ -56,6 +58,6 @@ def test_engine_with_folds_matches_reference_engine(monkeypatch):
     ran = []
     real = F.fold_gemv
     monkeypatch.setattr(F, "fold_gemv", lambda kind, w, *a, **kw: ran.append((*w.shape, kind)) or real(kind, w, *a, **kw))
-    model = build_model(cfg, random_state_dict(cfg, "cuda", torch.bfloat16, 3))
-    _assert_rows(S.check_model(model, "cuda", 700, decode_steps=4, chunk=100, cuda_graph=True, tol=3e-2))
+    model = build_model(cfg, random_state_dict(cfg, "cuda", torch.float32, 3))
+    _assert_rows(S.check_model(model, "cuda", 700, decode_steps=4, chunk=100, cuda_graph=True, tol=1e-3))
     assert model.fold_into_gemv and set(ran) == keys

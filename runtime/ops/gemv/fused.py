@@ -33,21 +33,18 @@ import triton.language as tl
 
 KINDS = {"norm": 1, "norm_gate": 2, "glu": 3, "gate": 4}
 
-# (N, K, kind) -> (BN rows per program, BK, num_warps, num_stages). Not yet measured: every program
-# re-reads the fold's inputs (h, δ, γ: 3·K·2 bytes; gate and up: 4·K) from L2, which favours taller
-# programs, but offline sm_90 builds of BN·BK = 32·256 / 64·128 take 182-190 registers (one
-# 8-warp program per SM) against 80 for 16·512 and 8·512 (no spills in any), hence these.
-# Re-set from benchmarks/gemv_fold_bench.py: the block shape from its "FOLD_CONFIGS from the
-# isolated sweep" line, and delete the entries of a group whose "without <group>" step variant
-# is faster than "committed" (that fold loses in the real step).
+# (N, K, kind) -> (BN rows per program, BK, num_warps, num_stages); a key not listed keeps the
+# separate kernels. Re-set from benchmarks/gemv_fold_bench.py: the block shape from its
+# "FOLD_CONFIGS from the isolated sweep" line; keep a group only if its "without <group>" step
+# variant is slower than "committed".
 FOLD_CONFIGS: dict[tuple[int, int, str], tuple[int, int, int, int]] = {
-    (16384, 4096, "norm"): (16, 512, 8, 3),     # lightning q/k/v/z after input_layernorm
-    (8704, 4096, "norm"): (16, 512, 8, 3),      # sparse q/k/v/o_gate after input_layernorm
-    (32768, 4096, "norm"): (16, 512, 8, 3),     # gate/up after post_attention_layernorm
-    (73448, 4096, "norm"): (16, 512, 8, 3),     # lm_head after the final norm (fp32 logits out)
+    # H200, session 3 (benchmarks/gemv_fold_bench.py): only these two folds beat the separate
+    # kernels in the b1 4K step (o_norm·sig 13.3 -> 11.9 us x 24, o·sig 12.3 -> 11.2 us x 8). The
+    # norm folds into the wide q/k/v and gate/up GEMVs (+245 us per step) and the silu·mul fold into
+    # down (+235 us) lost: every program re-reads the fold's inputs, and the wide shapes were
+    # already at cuBLAS speed; lm_head's norm fold was neutral in the step.
     (4096, 4096, "norm_gate"): (8, 512, 4, 4),  # lightning o_proj after o_norm · sigmoid(z)
-    (4096, 4096, "gate"): (8, 512, 4, 4),       # sparse o_proj after o · sigmoid(o_gate)
-    (4096, 16384, "glu"): (8, 512, 4, 4),       # down_proj after silu(gate) · up
+    (4096, 4096, "gate"): (4, 1024, 4, 4),      # sparse o_proj after o · sigmoid(o_gate)
 }
 CANDIDATE_CONFIGS = ((4, 1024, 4, 4), (8, 512, 4, 4), (16, 512, 8, 3), (32, 256, 8, 3), (64, 128, 8, 3))
 
