@@ -37,27 +37,19 @@ def test_paged_decode_attention_dense_and_sparse(fp8):
     _assert_rows(S.check_decode_attention("cpu", torch.float32, SMALL, fp8=fp8))
 
 
-@pytest.mark.parametrize("fp8,pages,prefetch", [(True, 2, True), (False, 4, False)])
-def test_paged_decode_attention_multi_page_kernel(fp8, pages, prefetch):
-    """The multi-page split kernel: tiles of several pages, prefetched into registers or not."""
-    from salactl.runtime.ops.decode_attention.triton import DecodeConfig
-    cfg = DecodeConfig(multi=True, pages=pages, prefetch=prefetch, stages=1)
-    _assert_rows(S.check_decode_attention("cpu", torch.float32, SMALL, fp8=fp8, config=cfg))
-
-
 def test_selection_matches_reference():
     _assert_rows(S.check_selection("cpu", torch.float32, SMALL, L=9 * 64 + 5))
 
 
 @pytest.mark.parametrize("ties", [False, True])
 @pytest.mark.parametrize("knobs", [dict(lse_splits=3), dict(nbc=4, group=16, tile=8, lse_splits=2),
-                                   dict(nbc=8, group=32, tile=64, radix_bits=4, lse_splits=5, stored=False),
+                                   dict(nbc=8, group=32, tile=64, radix_bits=4, lse_splits=5, stored=True),
                                    dict(nbc=4, group=16, lse_splits=2, topk="bitonic")])
 def test_decode_selection_exact_set_and_order(ties, knobs):
     """select_decode (fused K1 update, top-k in the kernel) = reference.select_blocks: contexts
     at/just past dense_len, not multiples of the block, shorter than topk, one and several
-    top-k groups/tiles; tied blocks must break by lower index. Scores stored by pass 1 (default)
-    and recomputed from K1 (stored=False); radix-select and bitonic (tl.topk) top-k."""
+    top-k groups/tiles; tied blocks must break by lower index. Scores recomputed from K1 by pass 2
+    (default) and stored by pass 1 (stored=True); radix-select and bitonic (tl.topk) top-k."""
     from salactl.runtime.ops.selection.check import check_decode_selection
 
     sc = SMALL.sparse

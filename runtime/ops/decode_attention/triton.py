@@ -10,12 +10,10 @@ are converted in the kernel (exactly, to fp16: the MMA then runs in fp16 with th
 to fp16 once, which has more mantissa than bf16) and their per-head fp32 scales multiply the
 scores (K) and the output (V), so no per-element scaling is done. Reference: reference.py beside this.
 
-Two split kernels: `_split_kernel` (one page per iteration, Triton's pipeliner) and
-`_split_multi_kernel` (NP pages per iteration as one [NP*64, D] tile, optionally prefetching the
-next tile into registers so that a page's loads are in flight while the current one is computed;
-fp8 is converted in the load layout, where two neighbours along D make one packed cvt). Which one
-runs, with how many splits/warps/stages, comes from DEFAULT_CONFIGS (per KV dtype), set from
-benchmarks/decode_attention_bench.py.
+How many splits, warps and stages the split kernel runs with comes from DEFAULT_CONFIGS (per KV
+dtype), set from benchmarks/decode_attention_bench.py. A multi-page variant (2-4 pages per
+iteration, with and without register prefetch) measured slower than the best one-page config in
+every case on the H200 (session 3) and was removed.
 """
 
 from __future__ import annotations
@@ -125,140 +123,10 @@ def _merge_kernel(po_ptr, plse_ptr, o_ptr, num_splits, s_on, s_oh,
     tl.store(o_ptr + n * s_on + (kh * G + g) * s_oh + d, out.to(o_ptr.dtype.element_ty))
 
 
-@triton.jit
-def _load_tile(k_ptr, v_ptr, pt_base, sel_base, j0, end, seqlen, sparse, s_kp, kv_off, t, d,
-               BS: tl.constexpr):
-    """K and V of blocks j0 .. j0+NP-1 of the row's list as [NP*BS, D] tiles (rows past `end` or
-    past the sequence are masked: no memory traffic, zeros), and the rows' validity."""
-    jr = j0 + t // BS
-    ok = jr < end
-    is_sel = (jr * 0 + sparse) != 0                  # sparse (int 0/1) as a row mask
-    b = tl.load(sel_base + jr, mask=ok & is_sel, other=0)
-    b = tl.where(is_sel, b, jr)
-    page = tl.load(pt_base + b, mask=ok, other=0).to(tl.int64)
-    ok = ok & (b * BS + t % BS < seqlen)
-    off = page * s_kp + kv_off
-    kt = tl.load(k_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
-    vt = tl.load(v_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
-    return kt, vt, ok
-
-
-@triton.jit(do_not_specialize=["dense_len", "num_splits", "s_seln", "s_selh", "s_cntn", "s_cnth"])
-def _split_multi_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cnt_ptr,
-                        po_ptr, plse_ptr,
-                        s_qn, s_qh, s_kp, s_kh, s_pt, s_seln, s_selh, s_cntn, s_cnth,
-                        sm_scale, ks_ptr, vs_ptr, dense_len, num_splits,
-                        HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, BS: tl.constexpr,
-                        D: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr,
-                        NP: tl.constexpr, PREFETCH: tl.constexpr):
-    r = tl.program_id(0)
-    sp = tl.program_id(1)
-    n = r // HKV
-    kh = r % HKV
-    slot = tl.load(slot_ptr + n).to(tl.int64)
-    seqlen = tl.load(seqlen_ptr + n)
-    sparse = seqlen >= dense_len
-    cnt = (seqlen + BS - 1) // BS
-    if sparse:
-        cnt = tl.load(cnt_ptr + n * s_cntn + kh * s_cnth)
-    per = tl.cdiv(tl.cdiv(cnt, num_splits), NP) * NP
-    start = sp * per
-    end = tl.minimum(start + per, cnt)
-    g = tl.arange(0, BG)
-    d = tl.arange(0, D)
-    t = tl.arange(0, NP * BS)
-    gmask = g < G
-    q = tl.load(q_ptr + n * s_qn + (kh * G + g)[:, None] * s_qh + d[None, :],
-                mask=gmask[:, None], other=0.0)
-    if FP8 and not DOT_F32:
-        q = q.to(tl.float16)
-    qk_scale = sm_scale
-    if FP8:
-        qk_scale = sm_scale * tl.load(ks_ptr + kh)
-    m = tl.full([BG], -1e30, tl.float32)
-    l = tl.zeros([BG], tl.float32)
-    acc = tl.zeros([BG, D], tl.float32)
-    pt_base = pt_ptr + slot * s_pt
-    sel_base = sel_ptr + n * s_seln + kh * s_selh
-    kv_off = kh * s_kh + (t % BS) * D
-    sparse = sparse.to(tl.int32)
-    if PREFETCH:
-        kt, vt, ok = _load_tile(k_ptr, v_ptr, pt_base, sel_base, start, end, seqlen, sparse, s_kp,
-                                kv_off, t, d, BS)
-    for j in range(start, end, NP):
-        if PREFETCH:          # issue the next tile's loads before this tile's math
-            kc, vc, okc = kt, vt, ok
-            kt, vt, ok = _load_tile(k_ptr, v_ptr, pt_base, sel_base, j + NP, end, seqlen, sparse,
-                                    s_kp, kv_off, t, d, BS)
-        else:
-            kc, vc, okc = _load_tile(k_ptr, v_ptr, pt_base, sel_base, j, end, seqlen, sparse, s_kp,
-                                     kv_off, t, d, BS)
-        if FP8:
-            kc = kc.to(q.dtype)
-            vc = vc.to(q.dtype)
-        if DOT_F32:
-            s = tl.dot(q, tl.trans(kc), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(kc))
-        s = tl.where(okc[None, :], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, 1)
-        if DOT_F32:
-            pv = tl.dot(p, vc, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(vc.dtype), vc)
-        acc = acc * alpha[:, None] + pv
-        m = m_new
-    ok_l = l > 0
-    if FP8:
-        acc = acc * tl.load(vs_ptr + kh)
-    o = tl.where(ok_l[:, None], acc / tl.where(ok_l, l, 1.0)[:, None], 0.0)
-    lse = tl.where(ok_l, m + tl.log(tl.where(ok_l, l, 1.0)), float("-inf"))
-    pbase = (r * num_splits + sp).to(tl.int64)
-    tl.store(po_ptr + pbase * BG * D + g[:, None] * D + d[None, :], o)
-    tl.store(plse_ptr + pbase * BG + g, lse)
-
-
-@triton.jit(do_not_specialize=["num_splits"])
-def _merge_chunked_kernel(po_ptr, plse_ptr, o_ptr, num_splits, s_on, s_oh,
-                          HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr,
-                          DB: tl.constexpr, CH: tl.constexpr):
-    """_merge_kernel for any number of splits: CH splits at a time (max first, then the sums)."""
-    r = tl.program_id(0)
-    g = tl.program_id(1)
-    d = tl.program_id(2) * DB + tl.arange(0, DB)
-    n = r // HKV
-    kh = r % HKV
-    base = (r * num_splits).to(tl.int64)
-    m = tl.max(tl.full([CH], -1e30, tl.float32), 0)
-    for c in range(0, num_splits, CH):
-        sp = c + tl.arange(0, CH)
-        lse = tl.load(plse_ptr + (base + sp) * BG + g, mask=sp < num_splits, other=float("-inf"))
-        m = tl.maximum(m, tl.max(lse, 0))
-    den = tl.sum(tl.zeros([CH], tl.float32), 0)
-    acc = tl.zeros([DB], tl.float32)
-    for c in range(0, num_splits, CH):
-        sp = c + tl.arange(0, CH)
-        idx = base + sp
-        lse = tl.load(plse_ptr + idx * BG + g, mask=sp < num_splits, other=float("-inf"))
-        live = lse > float("-inf")
-        w = tl.where(live, tl.exp(lse - m), 0.0)
-        den += tl.sum(w, 0)
-        o = tl.load(po_ptr + (idx * BG + g)[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
-        acc += tl.sum(o * w[:, None], 0)
-    out = acc / tl.where(den > 0, den, 1.0)
-    tl.store(o_ptr + n * s_on + (kh * G + g) * s_oh + d, out.to(o_ptr.dtype.element_ty))
-
-
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Launch policy of paged_attention. multi=False: `_split_kernel` (pages/prefetch unused);
-    splits = min(max_splits, programs_per_sm * SMs / rows, blocks)."""
-    multi: bool = False
-    pages: int = 1              # pages per inner iteration (multi only)
-    prefetch: bool = False      # register prefetch of the next tile (multi only; use stages=1)
+    """Launch policy of paged_attention: splits = min(max_splits, programs_per_sm * SMs / rows,
+    blocks)."""
     warps: int = 4
     stages: int = 3
     programs_per_sm: int = 4
@@ -268,10 +136,7 @@ class DecodeConfig:
     @property
     def name(self) -> str:
         reg = f" r{self.maxnreg}" if self.maxnreg else ""
-        if not self.multi:
-            return f"page w{self.warps} s{self.stages}{reg} pps{self.programs_per_sm} max{self.max_splits}"
-        return (f"multi np{self.pages}{' pf' if self.prefetch else ''} w{self.warps} s{self.stages}{reg} "
-                f"pps{self.programs_per_sm} max{self.max_splits}")
+        return f"page w{self.warps} s{self.stages}{reg} pps{self.programs_per_sm} max{self.max_splits}"
 
     def launch(self) -> dict:
         kw = dict(num_warps=self.warps, num_stages=self.stages)
@@ -281,8 +146,7 @@ class DecodeConfig:
 
 
 # The defaults per KV page dtype ("bf16" also covers fp16 pages; "fp8" both FP8 formats; fp32
-# pages, tests and reference runs only, keep the one-page kernel: multi-page fp32 tiles may not fit
-# shared memory). Edit "bf16"/"fp8" from the table of benchmarks/decode_attention_bench.py: the
+# pages: tests and reference runs only). Edit "bf16"/"fp8" from the table of benchmarks/decode_attention_bench.py: the
 # fastest config per dtype at 128K b1 that is no slower (x default >= ~0.98) on the other cases.
 DEFAULT_CONFIGS = {
     "bf16": DecodeConfig(),
@@ -294,13 +158,11 @@ DEFAULT_CONFIGS = {
 
 # What benchmarks/decode_attention_bench.py times besides the defaults (and the GPU test checks).
 # The split count is a runtime argument: rows differing only in programs_per_sm/max_splits share a
-# compile (8 kernel variants x 2 page dtypes). Offline sm_90 compiles (Triton 3.9, fp8 / bf16 regs
-# per thread -> CTAs per SM by registers): page w4 146/96 (3/5); page w4 r128 fp8 4 CTAs with 6
-# spilled words; page w2 201/134 (5/7, no spills; smem 22/39 KB per CTA); multi np2 s3 204/135;
-# multi np4 w8 195/159; multi np1 prefetch 191/203; prefetching np2 w4 / np4 w8 spill heavily.
+# compile. Offline sm_90 compiles (Triton 3.9, fp8 / bf16 regs per thread -> CTAs per SM by
+# registers): w4 146/96 (3/5); w4 r128 fp8 4 CTAs with 6 spilled words; w2 201/134 (5/7, no
+# spills; smem 22/39 KB per CTA).
 # A page's loads are issued after the previous page's math (one buffer): the bytes in flight per
 # SM are CTAs/SM x bytes per iteration, which is what fp8 (half the bytes per page) lacks.
-_M = dict(multi=True, max_splits=256)
 SWEEP_CONFIGS = (
     DecodeConfig(),
     DecodeConfig(programs_per_sm=8, max_splits=256),
@@ -308,14 +170,6 @@ SWEEP_CONFIGS = (
     DecodeConfig(maxnreg=128, programs_per_sm=4, max_splits=256),
     DecodeConfig(warps=2, programs_per_sm=4, max_splits=256),
     DecodeConfig(warps=2, programs_per_sm=5, max_splits=512),
-    DecodeConfig(pages=2, stages=3, programs_per_sm=2, **_M),
-    DecodeConfig(pages=2, stages=3, programs_per_sm=3, **_M),
-    DecodeConfig(pages=2, stages=3, maxnreg=168, programs_per_sm=3, **_M),
-    DecodeConfig(pages=2, stages=2, programs_per_sm=2, **_M),
-    DecodeConfig(pages=4, warps=8, stages=3, programs_per_sm=1, **_M),
-    DecodeConfig(pages=4, warps=8, stages=3, programs_per_sm=2, **_M),
-    DecodeConfig(pages=1, prefetch=True, stages=1, programs_per_sm=2, **_M),
-    DecodeConfig(pages=2, prefetch=True, warps=8, stages=1, programs_per_sm=1, **_M),
 )
 
 
@@ -374,17 +228,6 @@ def paged_attention(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=
     if out is None:
         out = torch.empty(n, hq, d, device=q.device, dtype=q.dtype)
     DB = min(d, 32)
-    if cfg.multi:
-        _split_multi_kernel[(rows, num_splits)](
-            q, k_pages, v_pages, page_table, slots, seq_lens, block_ids, num_blocks, po, plse,
-            q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1), page_table.stride(0),
-            *sel_strides, float(sm_scale), scale_tensor(k_scale, hkv, q.device),
-            scale_tensor(v_scale, hkv, q.device), int(dense_len), num_splits,
-            HKV=hkv, G=G, BG=BG, BS=B, D=d, FP8=fp8, DOT_F32=(q.dtype == torch.float32),
-            NP=cfg.pages, PREFETCH=cfg.prefetch, **cfg.launch())
-        _merge_chunked_kernel[(rows, G, d // DB)](po, plse, out, num_splits, out.stride(0), out.stride(1),
-                                                  HKV=hkv, G=G, BG=BG, D=d, DB=DB, CH=64, num_warps=4)
-        return out
     _split_kernel[(rows, num_splits)](
         q, k_pages, v_pages, page_table, slots, seq_lens, block_ids, num_blocks, po, plse,
         q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1), page_table.stride(0),

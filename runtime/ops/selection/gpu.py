@@ -94,7 +94,10 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # group: blocks per top-k group (the last chunk program of each group selects its top K; the last
 #   group merges); nbc: blocks per pass-2 program; tile / radix_bits: the radix select's tile
 #   and bits per round; lse_splits: pass-1 programs per row (None: about four per SM).
-DECODE_DEFAULTS = dict(stored=True, store_max_bytes=128 << 20, topk="radix", group=2048, tile=2048,
+# H200, session 3 (sparse_decode_bench.py --quick): storing the scores measured slower than
+# recomputing them (1M: 82.8 vs 76.8 us; 128K: 25.8 both): the top-k, not the K1 re-read, is the
+# selection's cost; radix g1024 was 70.0 us at 1M but 34.2 at 128K; every other variant slower.
+DECODE_DEFAULTS = dict(stored=False, store_max_bytes=128 << 20, topk="radix", group=2048, tile=2048,
                        radix_bits=2, nbc=64, nbc_fp32=32, num_warps=8, lse_splits=None)
 
 
