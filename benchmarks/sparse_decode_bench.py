@@ -174,7 +174,11 @@ VARIANTS = [("default", {}),
             ("lse splits 256", dict(lse_splits=256)),
             ("radix w4", dict(num_warps=4)),
             ("radix w2", dict(num_warps=2)),
-            ("bitonic w2", dict(topk="bitonic", num_warps=2))]
+            ("bitonic w2", dict(topk="bitonic", num_warps=2)),
+            ("hist t4096 w8", dict(topk="hist", tile=4096)),
+            ("hist t4096 w16", dict(topk="hist", tile=4096, num_warps=16)),
+            ("hist t2048 w8", dict(topk="hist", tile=2048)),
+            ("hist t8192 w16", dict(topk="hist", tile=8192, num_warps=16))]
 
 
 def _compile_worker(tunes: list) -> list[str]:

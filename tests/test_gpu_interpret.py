@@ -13,7 +13,11 @@ if torch.cuda.is_available():
 os.environ["TRITON_INTERPRET"] = "1"     # must be set before triton is first imported
 pytest.importorskip("triton")
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 from salactl.runtime.gpu import selfcheck as S  # noqa: E402
+from salactl.runtime.ops.selection.triton_decode import _hist_select, _write_ranked  # noqa: E402
 
 SMALL = S.Shapes.small()
 
@@ -37,6 +41,15 @@ def test_paged_decode_attention_dense_and_sparse(fp8):
     _assert_rows(S.check_decode_attention("cpu", torch.float32, SMALL, fp8=fp8))
 
 
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("preload", [2, 8])
+def test_paged_decode_attention_page_id_preload(fp8, preload):
+    """The split kernel with the split's page ids preloaded: in chunks of 2 pages (several chunks
+    per split, a partial last chunk) and of 8 (one chunk)."""
+    from salactl.runtime.ops.decode_attention.triton import DecodeConfig
+    _assert_rows(S.check_decode_attention("cpu", torch.float32, SMALL, fp8=fp8, config=DecodeConfig(preload=preload)))
+
+
 def test_selection_matches_reference():
     _assert_rows(S.check_selection("cpu", torch.float32, SMALL, L=9 * 64 + 5))
 
@@ -44,18 +57,53 @@ def test_selection_matches_reference():
 @pytest.mark.parametrize("ties", [False, True])
 @pytest.mark.parametrize("knobs", [dict(lse_splits=3), dict(nbc=4, group=16, tile=8, lse_splits=2),
                                    dict(nbc=8, group=32, tile=64, radix_bits=4, lse_splits=5, stored=True),
-                                   dict(nbc=4, group=16, lse_splits=2, topk="bitonic")])
+                                   dict(nbc=4, group=16, lse_splits=2, topk="bitonic"),
+                                   dict(nbc=4, tile=16, lse_splits=2, topk="hist")])
 def test_decode_selection_exact_set_and_order(ties, knobs):
     """select_decode (fused K1 update, top-k in the kernel) = reference.select_blocks: contexts
     at/just past dense_len, not multiples of the block, shorter than topk, one and several
     top-k groups/tiles; tied blocks must break by lower index. Scores recomputed from K1 by pass 2
-    (default) and stored by pass 1 (stored=True); radix-select and bitonic (tl.topk) top-k."""
+    (default) and stored by pass 1 (stored=True); radix-select, bitonic (tl.topk) and the row's
+    last program's histogram select (topk="hist", several tiles) top-k."""
     from salactl.runtime.ops.selection.check import check_decode_selection
 
     sc = SMALL.sparse
     lens = [sc.dense_len, sc.dense_len + 1, 9 * 32 + 5, 31, 1000, 2050]
     _assert_rows(check_decode_selection("cpu", torch.float32, SMALL.hq, SMALL.hkv, SMALL.d, sc, lens,
                                         ties=ties, seed=7, **knobs))
+
+
+@triton.jit
+def _hist_select_rows(src, n_ptr, scratch, sel, cnt, W: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+                      TILE: tl.constexpr):
+    """One program per row of a [rows, W] score-word matrix: topk="hist"'s select and write."""
+    r = tl.program_id(0)
+    run = _hist_select(src + r * W, tl.load(n_ptr + r), scratch + r * KP, K, KP, TILE)
+    _write_ranked(run, sel + r * KP, cnt + r, KP)
+
+
+def test_histogram_select_exact_order_with_heavy_ties():
+    """triton_decode._hist_select + _write_ranked (topk="hist") on raw score words: rows shorter
+    than, equal to and longer than K, one and several tiles, only 4 distinct scores (the threshold
+    digit's ties must be taken lowest index first), forced (+inf) blocks, all-equal rows."""
+    g = torch.Generator().manual_seed(0)
+    W, K, KP = 300, 96, 128
+    lens = [1, 5, 95, 96, 97, 200, 300, 250]
+    f = torch.randn(len(lens), W, generator=g)
+    f[1::2] = torch.randint(0, 4, (len(lens) // 2, W), generator=g).float() - 1.0     # ties at -1, 0, 1, 2
+    f[::3, :3] = float("inf")
+    f[-1] = 0.5
+    bits = f.view(torch.int32)
+    words = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)     # pass 2's order-preserving words
+    n = torch.tensor(lens, dtype=torch.int32)
+    scratch = torch.empty(len(lens) * KP, dtype=torch.int64)
+    for tile in (64, 512):
+        sel = torch.full((len(lens), KP), -7, dtype=torch.int32)
+        cnt = torch.empty(len(lens), dtype=torch.int32)
+        _hist_select_rows[(len(lens),)](words, n, scratch, sel, cnt, W=W, K=K, KP=KP, TILE=tile)
+        for i, L in enumerate(lens):
+            want = torch.sort(f[i, :L], descending=True, stable=True).indices[:K].tolist()
+            assert sel[i, :int(cnt[i])].tolist() == want, (tile, L)
 
 
 def test_fused_ops():

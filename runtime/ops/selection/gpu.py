@@ -90,7 +90,10 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 #   = 1/4 of K1's bytes at G 16, d 128) so pass 2 never re-reads K1 -- used while that buffer stays
 #   under store_max_bytes (8.4 MB per sequence at a 1M-wide page table; each CUDA-graph batch
 #   bucket keeps its own), else pass 2 recomputes q.K1 (the previous path);
-# topk: "radix" (radix select over GROUP keys, then over the groups' picks) or "bitonic" (tl.topk);
+# topk: "radix" (radix select over GROUP keys, then over the groups' picks), "bitonic" (tl.topk)
+#   or "hist" (every chunk writes int32 score words, the row's last program selects over the whole
+#   row: histogram radix select, 8-bit digits, 4 passes + 1 compaction pass of `tile` keys per
+#   step; group and radix_bits unused);
 # group: blocks per top-k group (the last chunk program of each group selects its top K; the last
 #   group merges); nbc: blocks per pass-2 program; tile / radix_bits: the radix select's tile
 #   and bits per round; lse_splits: pass-1 programs per row (None: about four per SM).
@@ -134,11 +137,11 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
         stored = dflt["stored"] and rows * G * nw_max * 4 <= dflt["store_max_bytes"]
     K = min(sc.selected_blocks, nb_max)
     KP = triton.next_power_of_2(K)
-    assert topk in ("radix", "bitonic")
+    assert topk in ("radix", "bitonic", "hist")
     if topk == "bitonic" and not hasattr(triton.language, "topk"):
         raise RuntimeError(f"select_decode topk='bitonic' needs tl.topk (triton {triton.__version__} lacks it)")
     assert group % nbc == 0 and nbc & (nbc - 1) == 0 and tile & (tile - 1) == 0
-    assert topk == "radix" or (group & (group - 1) == 0 and group >= KP)
+    assert topk != "bitonic" or (group & (group - 1) == 0 and group >= KP)
     ng_max = triton.cdiv(nb_max, group)
     nctr = ng_max + 1
     sm_scale = 1.0 / math.sqrt(D)
@@ -147,7 +150,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     fp8 = fuse and k_pages.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
     plse = torch.empty(rows * lse_splits * BG, device=dev, dtype=torch.float32)
     ctr = torch.empty(rows * nctr, device=dev, dtype=torch.int32)
-    keys = torch.empty(rows, nb_max, device=dev, dtype=torch.int64)
+    keys = torch.empty(rows, nb_max, device=dev, dtype=torch.int32 if topk == "hist" else torch.int64)
     part = torch.empty(rows * (ng_max + 1) * KP, device=dev, dtype=torch.int64)
     sel = torch.empty(n, hkv, K, device=dev, dtype=torch.int32)
     cnt = torch.empty(n, hkv, device=dev, dtype=torch.int32)
@@ -173,5 +176,5 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
         NG_MAX=ng_max, NG2=triton.next_power_of_2(ng_max), NCTR=nctr, INIT=sc.init_blocks,
         WINB=sc.window_blocks, K=K, KP=KP, TILE=tile, RB=radix_bits,
         SP2=max(2, triton.next_power_of_2(lse_splits)), DOT_F32=dot_f32, STORED=stored,
-        BITONIC=topk == "bitonic", num_warps=num_warps)
+        BITONIC=topk == "bitonic", HIST=topk == "hist", num_warps=num_warps)
     return sel, cnt

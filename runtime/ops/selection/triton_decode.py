@@ -151,6 +151,56 @@ def _select_top(src_ptr, length, scratch_ptr, K: tl.constexpr, KP: tl.constexpr,
 
 
 @triton.jit
+def _hist_select(src_ptr, length, scratch_ptr, K: tl.constexpr, KP: tl.constexpr, TILE: tl.constexpr):
+    """The min(K, length) largest blocks of src[0:length) (int32 order-preserving score words,
+    ties -> lower block index) as [KP] int64 sort keys (SENTINEL padded, unordered).
+    Histogram radix select on u = word ^ 2^31 (unsigned, larger score = larger u): 4 rounds of
+    8-bit digits, each one pass over the keys in TILE-wide steps histogramming (tl.histogram,
+    256 bins) the digit of the keys whose higher digits equal the prefix found so far; a cumsum
+    over the bins gives the digit holding the `need`-th largest key. After round 4 the prefix is
+    the exact threshold key T and `need` how many keys == T to take (lowest indices first); one
+    compaction pass writes the picks to scratch (KP int64 of this program's own)."""
+    dig = tl.arange(0, 256)
+    need = tl.minimum(length, K)
+    prefix = tl.zeros([], tl.uint32)
+    for it in tl.static_range(4):
+        SH = 24 - 8 * it
+        h = tl.zeros([256], tl.int32)
+        off = tl.zeros([], tl.int32)      # keys histogrammed into bin 0 without matching
+        for t0 in range(0, length, TILE):
+            i = t0 + tl.arange(0, TILE)
+            m = i < length
+            u = tl.load(src_ptr + i, mask=m, other=0, cache_modifier=".cg").to(tl.uint32, bitcast=True) ^ 0x80000000
+            if it > 0:
+                m = m & ((u >> (SH + 8)) == (prefix >> (SH + 8)))
+            h += tl.histogram(tl.where(m, (u >> SH) & 255, 0).to(tl.int32), 256)
+            off += TILE - tl.sum(m.to(tl.int32), 0)
+        h = h - tl.where(dig == 0, off, 0)
+        ge = tl.sum(h, 0) - tl.cumsum(h, 0) + h                   # keys with digit >= d
+        d = tl.max(tl.where(ge >= need, dig, 0), 0)
+        need -= tl.sum(tl.where(dig > d, h, 0), 0)
+        prefix = prefix | (d.to(tl.uint32) << SH)
+    base = tl.zeros([], tl.int32)
+    ties = tl.zeros([], tl.int32)
+    for t0 in range(0, length, TILE):
+        i = t0 + tl.arange(0, TILE)
+        m = i < length
+        x = tl.load(src_ptr + i, mask=m, other=0, cache_modifier=".cg")
+        u = x.to(tl.uint32, bitcast=True) ^ 0x80000000
+        tie = m & (u == prefix)
+        rank = tl.cumsum(tie.to(tl.int32), 0) + ties
+        pick = (m & (u > prefix)) | (tie & (rank <= need))
+        pos = base + tl.cumsum(pick.to(tl.int32), 0) - 1
+        key = x.to(tl.int64) * 4294967296 + (4294967295 - i.to(tl.int64))
+        tl.store(scratch_ptr + pos, key, mask=pick)
+        base += tl.sum(pick.to(tl.int32), 0)
+        ties += tl.sum(tie.to(tl.int32), 0)
+    tl.debug_barrier()
+    k = tl.arange(0, KP)
+    return tl.load(scratch_ptr + k, mask=k < base, other=SENTINEL)
+
+
+@triton.jit
 def _write_ranked(run, sel_ptr, cnt_ptr, KP: tl.constexpr):
     """Block ids of the picked keys in descending key order, and their count."""
     nvalid = tl.sum((_score_word(run) > 0).to(tl.int32), 0)
@@ -180,7 +230,8 @@ def _block_topk_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ke
                        NG_MAX: tl.constexpr, NG2: tl.constexpr, NCTR: tl.constexpr,
                        INIT: tl.constexpr, WINB: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
                        TILE: tl.constexpr, RB: tl.constexpr, SP2: tl.constexpr,
-                       DOT_F32: tl.constexpr, STORED: tl.constexpr, BITONIC: tl.constexpr):
+                       DOT_F32: tl.constexpr, STORED: tl.constexpr, BITONIC: tl.constexpr,
+                       HIST: tl.constexpr):
     r = tl.program_id(0)
     c = tl.program_id(1)
     n = r // HKV
@@ -221,44 +272,52 @@ def _block_topk_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ke
         score = tl.where(forced, float("inf"), score)
         bits = score.to(tl.int32, bitcast=True)
         ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
-        key = ordered * 4294967296 + (4294967295 - b.to(tl.int64))
         row_keys = key_ptr + r.to(tl.int64) * s_key
-        tl.store(row_keys + b, key, mask=cand)
-        tl.debug_barrier()                            # all of this program's keys, then the ticket
-        grp = b0 // GROUP
-        per_group: tl.constexpr = GROUP // NBC
-        in_group = tl.minimum(tl.cdiv(ncand, NBC) - grp * per_group, per_group)
-        row_ctr = ctr_ptr + r * NCTR
-        if tl.atomic_add(row_ctr + grp, 1) == in_group - 1:        # last chunk of the group
-            ngroups = tl.cdiv(ncand, GROUP)
-            gpart = part_ptr + (r.to(tl.int64) * (NG_MAX + 1) + grp) * KP
-            sel = sel_ptr + n * s_seln + kh * s_selh
-            cnt = cnt_ptr + n * s_cntn + kh * s_cnth
-            glen = tl.minimum(GROUP, ncand - grp * GROUP)
-            if BITONIC:                               # bitonic top-KP (descending), then merge
-                i = tl.arange(0, GROUP)
-                x = tl.load(row_keys + grp * GROUP + i, mask=i < glen, other=SENTINEL,
-                            cache_modifier=".cg")
-                top = tl.topk(x, KP)
-                if ngroups == 1:
-                    _write_top(top, sel, cnt, K, KP)
+        if HIST:                                      # int32 words; the row's last program selects
+            tl.store(row_keys + b, ordered.to(tl.int32), mask=cand)
+            tl.debug_barrier()
+            if tl.atomic_add(ctr_ptr + r * NCTR, 1) == tl.cdiv(ncand, NBC) - 1:
+                part_row = part_ptr + r.to(tl.int64) * (NG_MAX + 1) * KP
+                run = _hist_select(row_keys, ncand, part_row, K, KP, TILE)
+                _write_ranked(run, sel_ptr + n * s_seln + kh * s_selh, cnt_ptr + n * s_cntn + kh * s_cnth, KP)
+        else:
+            key = ordered * 4294967296 + (4294967295 - b.to(tl.int64))
+            tl.store(row_keys + b, key, mask=cand)
+            tl.debug_barrier()                            # all of this program's keys, then the ticket
+            grp = b0 // GROUP
+            per_group: tl.constexpr = GROUP // NBC
+            in_group = tl.minimum(tl.cdiv(ncand, NBC) - grp * per_group, per_group)
+            row_ctr = ctr_ptr + r * NCTR
+            if tl.atomic_add(row_ctr + grp, 1) == in_group - 1:        # last chunk of the group
+                ngroups = tl.cdiv(ncand, GROUP)
+                gpart = part_ptr + (r.to(tl.int64) * (NG_MAX + 1) + grp) * KP
+                sel = sel_ptr + n * s_seln + kh * s_selh
+                cnt = cnt_ptr + n * s_cntn + kh * s_cnth
+                glen = tl.minimum(GROUP, ncand - grp * GROUP)
+                if BITONIC:                               # bitonic top-KP (descending), then merge
+                    i = tl.arange(0, GROUP)
+                    x = tl.load(row_keys + grp * GROUP + i, mask=i < glen, other=SENTINEL,
+                                cache_modifier=".cg")
+                    top = tl.topk(x, KP)
+                    if ngroups == 1:
+                        _write_top(top, sel, cnt, K, KP)
+                    else:
+                        tl.store(gpart + tl.arange(0, KP), top)
+                        tl.debug_barrier()
+                        if tl.atomic_add(row_ctr + NG_MAX, 1) == ngroups - 1:   # last group: merge
+                            rpart = part_ptr + r.to(tl.int64) * (NG_MAX + 1) * KP
+                            m = tl.arange(0, NG2 * KP)
+                            picks = tl.load(rpart + m, mask=m < ngroups * KP, other=SENTINEL,
+                                            cache_modifier=".cg")
+                            _write_top(tl.topk(picks, KP), sel, cnt, K, KP)
                 else:
-                    tl.store(gpart + tl.arange(0, KP), top)
-                    tl.debug_barrier()
-                    if tl.atomic_add(row_ctr + NG_MAX, 1) == ngroups - 1:   # last group: merge
-                        rpart = part_ptr + r.to(tl.int64) * (NG_MAX + 1) * KP
-                        m = tl.arange(0, NG2 * KP)
-                        picks = tl.load(rpart + m, mask=m < ngroups * KP, other=SENTINEL,
-                                        cache_modifier=".cg")
-                        _write_top(tl.topk(picks, KP), sel, cnt, K, KP)
-            else:
-                run = _select_top(row_keys + grp * GROUP, glen, gpart, K, KP, TILE, RB)
-                if ngroups == 1:
-                    _write_ranked(run, sel, cnt, KP)
-                else:
-                    tl.store(gpart + tl.arange(0, KP), run)
-                    tl.debug_barrier()
-                    if tl.atomic_add(row_ctr + NG_MAX, 1) == ngroups - 1:   # last group: merge
-                        rpart = part_ptr + r.to(tl.int64) * (NG_MAX + 1) * KP
-                        run = _select_top(rpart, ngroups * KP, rpart + NG_MAX * KP, K, KP, TILE, RB)
+                    run = _select_top(row_keys + grp * GROUP, glen, gpart, K, KP, TILE, RB)
+                    if ngroups == 1:
                         _write_ranked(run, sel, cnt, KP)
+                    else:
+                        tl.store(gpart + tl.arange(0, KP), run)
+                        tl.debug_barrier()
+                        if tl.atomic_add(row_ctr + NG_MAX, 1) == ngroups - 1:   # last group: merge
+                            rpart = part_ptr + r.to(tl.int64) * (NG_MAX + 1) * KP
+                            run = _select_top(rpart, ngroups * KP, rpart + NG_MAX * KP, K, KP, TILE, RB)
+                            _write_ranked(run, sel, cnt, KP)
