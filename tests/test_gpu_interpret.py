@@ -41,9 +41,8 @@ def test_paged_decode_attention_dense_and_sparse(fp8):
     _assert_rows(S.check_decode_attention("cpu", torch.float32, SMALL, fp8=fp8))
 
 
-@pytest.mark.parametrize("fp8", [False, True])
-@pytest.mark.parametrize("preload", [2, 8])
-def test_paged_decode_attention_page_id_preload(fp8, preload):
+@pytest.mark.parametrize("preload,fp8", [(2, True), (8, False)])
+def test_paged_decode_attention_page_id_preload(preload, fp8):
     """The split kernel with the split's page ids preloaded: in chunks of 2 pages (several chunks
     per split, a partial last chunk) and of 8 (one chunk)."""
     from salactl.runtime.ops.decode_attention.triton import DecodeConfig

@@ -13,7 +13,9 @@ scores (K) and the output (V), so no per-element scaling is done. Reference: ref
 How many splits, warps and stages the split kernel runs with comes from DEFAULT_CONFIGS (per KV
 dtype), set from benchmarks/decode_attention_bench.py. A multi-page variant (2-4 pages per
 iteration, with and without register prefetch) measured slower than the best one-page config in
-every case on the H200 (session 3) and was removed.
+every case on the H200 (session 3) and was removed. DecodeConfig.preload loads a split's page
+ids before its loop (see _split_kernel): with the page id loaded inside the loop, Triton's
+pipeliner keeps one K/V buffer, so a page's loads wait for the previous page's math.
 """
 
 from __future__ import annotations
@@ -28,13 +30,39 @@ import triton.language as tl
 DENSE_ONLY = 2 ** 31 - 1
 
 
+@triton.jit
+def _attend_page(q, k_ptr, v_ptr, base, tile, tok, nvalid, qk_scale, m, l, acc,
+                 FP8: tl.constexpr, DOT_F32: tl.constexpr):
+    """One page's online-softmax step: tokens tok >= nvalid are masked out."""
+    kt = tl.load(k_ptr + base + tile)
+    vt = tl.load(v_ptr + base + tile)
+    if FP8:               # exact fp8 -> fp16/fp32; the scales act on scores and output
+        kt = kt.to(q.dtype)
+        vt = vt.to(q.dtype)
+    if DOT_F32:
+        s = tl.dot(q, tl.trans(kt), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(kt))
+    s = s * qk_scale
+    s = tl.where((tok < nvalid)[None, :], s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    alpha = tl.exp(m - m_new)
+    p = tl.exp(s - m_new[:, None])
+    l = l * alpha + tl.sum(p, 1)
+    if DOT_F32:
+        pv = tl.dot(p, vt, input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(vt.dtype), vt)
+    return m_new, l, acc * alpha[:, None] + pv
+
+
 @triton.jit(do_not_specialize=["dense_len", "num_splits", "s_seln", "s_selh", "s_cntn", "s_cnth"])
 def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cnt_ptr,
                   po_ptr, plse_ptr,
                   s_qn, s_qh, s_kp, s_kh, s_pt, s_seln, s_selh, s_cntn, s_cnth,
                   sm_scale, ks_ptr, vs_ptr, dense_len, num_splits,
                   HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, BS: tl.constexpr,
-                  D: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr):
+                  D: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr, MAXP: tl.constexpr):
     r = tl.program_id(0)
     sp = tl.program_id(1)
     n = r // HKV
@@ -63,33 +91,30 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
     l = tl.zeros([BG], tl.float32)
     acc = tl.zeros([BG, D], tl.float32)
     tile = tok[:, None] * D + d[None, :]
-    for i in range(start, end):
-        b = i
-        if sparse:
-            b = tl.load(sel_ptr + n * s_seln + kh * s_selh + i)
-        page = tl.load(pt_ptr + slot * s_pt + b).to(tl.int64)
-        base = page * s_kp + kh * s_kh
-        kt = tl.load(k_ptr + base + tile)
-        vt = tl.load(v_ptr + base + tile)
-        if FP8:               # exact fp8 -> fp16/fp32; the scales act on scores and output
-            kt = kt.to(q.dtype)
-            vt = vt.to(q.dtype)
-        if DOT_F32:
-            s = tl.dot(q, tl.trans(kt), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(kt))
-        s = s * qk_scale
-        s = tl.where((b * BS + tok < seqlen)[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, 1)
-        if DOT_F32:
-            pv = tl.dot(p, vt, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(vt.dtype), vt)
-        acc = acc * alpha[:, None] + pv
-        m = m_new
+    if MAXP == 0:
+        for i in range(start, end):
+            b = i
+            if sparse:
+                b = tl.load(sel_ptr + n * s_seln + kh * s_selh + i)
+            page = tl.load(pt_ptr + slot * s_pt + b).to(tl.int64)
+            m, l, acc = _attend_page(q, k_ptr, v_ptr, page * s_kp + kh * s_kh, tile, tok, seqlen - b * BS,
+                                     qk_scale, m, l, acc, FP8, DOT_F32)
+    else:
+        # Page ids (and valid token counts) of up to MAXP pages loaded up front: the K/V addresses
+        # of the inner loop then depend on no load of the same iteration, so the pipeliner keeps
+        # num_stages - 1 pages in flight (cp.async into multi-buffered shared memory).
+        jj = tl.arange(0, MAXP)
+        for c0 in range(start, end, MAXP):
+            blk = c0 + jj
+            live = blk < end
+            if sparse:
+                blk = tl.load(sel_ptr + n * s_seln + kh * s_selh + blk, mask=live, other=0)
+            pg = tl.load(pt_ptr + slot * s_pt + blk, mask=live, other=0).to(tl.int64)
+            code = pg * (2 * BS) + tl.minimum(tl.maximum(seqlen - blk * BS, 0), BS)
+            for i in range(c0, tl.minimum(c0 + MAXP, end)):
+                c = tl.sum(tl.where(jj == i - c0, code, 0), 0)      # element i - c0, no memory
+                m, l, acc = _attend_page(q, k_ptr, v_ptr, (c // (2 * BS)) * s_kp + kh * s_kh, tile, tok,
+                                         (c % (2 * BS)).to(tl.int32), qk_scale, m, l, acc, FP8, DOT_F32)
     ok = l > 0
     if FP8:
         acc = acc * tl.load(vs_ptr + kh)
@@ -132,11 +157,22 @@ class DecodeConfig:
     programs_per_sm: int = 4
     max_splits: int = 128
     maxnreg: int | None = None  # register cap per thread (more CTAs per SM, maybe spills)
+    # > 0: each program preloads the page ids of its split, at most this many (a power of 2) at a
+    # time, so `stages - 1` pages' K/V are in flight per program (0: one page, after the math)
+    preload: int = 0
 
     @property
     def name(self) -> str:
         reg = f" r{self.maxnreg}" if self.maxnreg else ""
-        return f"page w{self.warps} s{self.stages}{reg} pps{self.programs_per_sm} max{self.max_splits}"
+        pre = f" pre{self.preload}" if self.preload else ""
+        return f"page w{self.warps} s{self.stages}{reg}{pre} pps{self.programs_per_sm} max{self.max_splits}"
+
+    def max_pages(self, max_blocks: int, num_splits: int) -> int:
+        """The split kernel's MAXP: 0 (no preload) or the power of 2 >= the longest split (pages
+        ceil(max_blocks / num_splits)), capped by `preload` (longer splits preload in chunks)."""
+        if not self.preload:
+            return 0
+        return max(2, min(self.preload, triton.next_power_of_2(math.ceil(max_blocks / max(num_splits, 1)))))
 
     def launch(self) -> dict:
         kw = dict(num_warps=self.warps, num_stages=self.stages)
@@ -170,6 +206,14 @@ SWEEP_CONFIGS = (
     DecodeConfig(maxnreg=128, programs_per_sm=4, max_splits=256),
     DecodeConfig(warps=2, programs_per_sm=4, max_splits=256),
     DecodeConfig(warps=2, programs_per_sm=5, max_splits=512),
+    # page ids preloaded (session 3, unmeasured): `stages - 1` pages in flight per program. Offline
+    # sm_90 (Triton 3.9 / 3.6) fp8 regs, smem per CTA: w2 s3 203/239, 39 KB; w2 s4 241/238, 55 KB;
+    # w4 s4 144/147, 55 KB; bf16 w4 s3 120/96, 72 KB; no spills
+    DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16),
+    DecodeConfig(warps=2, stages=4, programs_per_sm=4, max_splits=256, preload=16),
+    DecodeConfig(warps=2, stages=4, programs_per_sm=2, max_splits=256, preload=16),
+    DecodeConfig(warps=4, stages=4, programs_per_sm=3, max_splits=256, preload=16),
+    DecodeConfig(warps=4, stages=3, programs_per_sm=4, preload=16),
 )
 
 
@@ -228,13 +272,18 @@ def paged_attention(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=
     if out is None:
         out = torch.empty(n, hq, d, device=q.device, dtype=q.dtype)
     DB = min(d, 32)
+    # the longest row: dense rows have at most page_table.shape[1] blocks (sparse calls: below
+    # dense_len), sparse rows at most block_ids.shape[-1]
+    max_blocks = page_table.shape[1]
+    if dense_len != DENSE_ONLY:
+        max_blocks = max(min(max_blocks, math.ceil(dense_len / B)), block_ids.shape[-1])
     _split_kernel[(rows, num_splits)](
         q, k_pages, v_pages, page_table, slots, seq_lens, block_ids, num_blocks, po, plse,
         q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1), page_table.stride(0),
         *sel_strides, float(sm_scale), scale_tensor(k_scale, hkv, q.device),
         scale_tensor(v_scale, hkv, q.device), int(dense_len), num_splits,
         HKV=hkv, G=G, BG=BG, BS=B, D=d, FP8=fp8, DOT_F32=(q.dtype == torch.float32),
-        **cfg.launch())
+        MAXP=cfg.max_pages(max_blocks, num_splits), **cfg.launch())
     _merge_kernel[(rows, G, d // DB)](po, plse, out, num_splits, out.stride(0), out.stride(1),
                                       HKV=hkv, G=G, BG=BG, D=d, DB=DB,
                                       SP2=max(2, triton.next_power_of_2(num_splits)), num_warps=4)
