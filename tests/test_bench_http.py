@@ -135,9 +135,14 @@ def test_one_batch_profile_against_server(tmp_path):
     for p, bs in zip(run["phases"], (1, 8, 32)):
         assert p["batch_size"] == bs == p["completed"] == p["max_concurrency"]
         assert p["input_len"] == in_len and p["output_len"] == out_len
-        # the last of the batch to get its first token; 32 client + 32 server threads share one
-        # interpreter here, so allow their start-up skew
-        assert TTFT <= p["prefill_latency"] < 1.5 * TTFT, p["prefill_latency"]
+        # the last of the batch to get its first token: at least the injected TTFT, and it precedes
+        # that request's remaining out_len - 1 tokens (PER_TOKEN each) inside the phase. At bs 32 the
+        # 32 client + 32 server threads share one interpreter and a loaded 2-core CI machine showed
+        # 408 ms of start-up skew, so only that ordering bound holds there.
+        assert TTFT <= p["prefill_latency"], p["prefill_latency"]
+        assert p["prefill_latency"] <= p["total_latency"] - (out_len - 1) * PER_TOKEN, p
+        if bs < 32:
+            assert p["prefill_latency"] < 1.5 * TTFT, p["prefill_latency"]
         if bs < 32:
             assert close(p["median_ttft_ms"], TTFT * 1e3, rel=0.2), p["median_ttft_ms"]
         else:      # on 2 CPU cores the 64 threads' start-up skew reaches the median too (246 ms seen)
