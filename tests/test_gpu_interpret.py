@@ -74,10 +74,10 @@ def test_decode_selection_exact_set_and_order(ties, knobs):
 
 @triton.jit
 def _hist_select_rows(src, n_ptr, scratch, sel, cnt, W: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
-                      TILE: tl.constexpr):
+                      TILE: tl.constexpr, COPIES: tl.constexpr):
     """One program per row of a [rows, W] score-word matrix: topk="hist"'s select and write."""
     r = tl.program_id(0)
-    run = _hist_select(src + r * W, tl.load(n_ptr + r), scratch + r * KP, K, KP, TILE)
+    run = _hist_select(src + r * W, tl.load(n_ptr + r), scratch + r * KP, K, KP, TILE, COPIES)
     _write_ranked(run, sel + r * KP, cnt + r, KP)
 
 
@@ -96,13 +96,14 @@ def test_histogram_select_exact_order_with_heavy_ties():
     words = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)     # pass 2's order-preserving words
     n = torch.tensor(lens, dtype=torch.int32)
     scratch = torch.empty(len(lens) * KP, dtype=torch.int64)
-    for tile in (64, 512):
+    for tile, copies in ((64, 32), (512, 1)):
         sel = torch.full((len(lens), KP), -7, dtype=torch.int32)
         cnt = torch.empty(len(lens), dtype=torch.int32)
-        _hist_select_rows[(len(lens),)](words, n, scratch, sel, cnt, W=W, K=K, KP=KP, TILE=tile)
+        _hist_select_rows[(len(lens),)](words, n, scratch, sel, cnt, W=W, K=K, KP=KP, TILE=tile,
+                                            COPIES=copies)
         for i, L in enumerate(lens):
             want = torch.sort(f[i, :L], descending=True, stable=True).indices[:K].tolist()
-            assert sel[i, :int(cnt[i])].tolist() == want, (tile, L)
+            assert sel[i, :int(cnt[i])].tolist() == want, (tile, copies, L)
 
 
 def test_fused_ops():

@@ -93,7 +93,8 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # topk: "radix" (radix select over GROUP keys, then over the groups' picks), "bitonic" (tl.topk)
 #   or "hist" (every chunk writes int32 score words, the row's last program selects over the whole
 #   row: histogram radix select, 8-bit digits, 4 passes + 1 compaction pass of `tile` keys per
-#   step; group and radix_bits unused);
+#   step, `hist_copies` lane-private copies of the 256 bins (DECODE_DEFAULTS key optional, 32
+#   when absent); group and radix_bits unused);
 # group: blocks per top-k group (the last chunk program of each group selects its top K; the last
 #   group merges); nbc: blocks per pass-2 program; tile / radix_bits: the radix select's tile
 #   and bits per round; lse_splits: pass-1 programs per row (None: about four per SM).
@@ -108,7 +109,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
                   k_pages=None, k1_start=None, k1_count=None, k_scale=1.0,
                   lse_splits: int | None = None, nbc: int | None = None, group: int | None = None,
                   tile: int | None = None, radix_bits: int | None = None, num_warps: int | None = None,
-                  stored: bool | None = None, topk: str | None = None):
+                  stored: bool | None = None, topk: str | None = None, hist_copies: int | None = None):
     """One query per row (decode): two launches (triton_decode.py). With k_pages, k1_start and
     k1_count given, the window completed by each row's token (k1_count 0/1) is compressed into
     k1_pages by the first launch (replaces compress_update). nb_max: the static block width
@@ -132,6 +133,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     radix_bits = dflt["radix_bits"] if radix_bits is None else radix_bits
     num_warps = dflt["num_warps"] if num_warps is None else num_warps
     topk = dflt["topk"] if topk is None else topk
+    hist_copies = dflt.get("hist_copies", 32) if hist_copies is None else hist_copies
     nw_max = nb_max * wpp
     if stored is None:
         stored = dflt["stored"] and rows * G * nw_max * 4 <= dflt["store_max_bytes"]
@@ -176,5 +178,5 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
         NG_MAX=ng_max, NG2=triton.next_power_of_2(ng_max), NCTR=nctr, INIT=sc.init_blocks,
         WINB=sc.window_blocks, K=K, KP=KP, TILE=tile, RB=radix_bits,
         SP2=max(2, triton.next_power_of_2(lse_splits)), DOT_F32=dot_f32, STORED=stored,
-        BITONIC=topk == "bitonic", HIST=topk == "hist", num_warps=num_warps)
+        BITONIC=topk == "bitonic", HIST=topk == "hist", HCOPIES=hist_copies, num_warps=num_warps)
     return sel, cnt

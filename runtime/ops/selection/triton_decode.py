@@ -151,34 +151,42 @@ def _select_top(src_ptr, length, scratch_ptr, K: tl.constexpr, KP: tl.constexpr,
 
 
 @triton.jit
-def _hist_select(src_ptr, length, scratch_ptr, K: tl.constexpr, KP: tl.constexpr, TILE: tl.constexpr):
+def _hist_select(src_ptr, length, scratch_ptr, K: tl.constexpr, KP: tl.constexpr, TILE: tl.constexpr,
+                 COPIES: tl.constexpr):
     """The min(K, length) largest blocks of src[0:length) (int32 order-preserving score words,
     ties -> lower block index) as [KP] int64 sort keys (SENTINEL padded, unordered).
     Histogram radix select on u = word ^ 2^31 (unsigned, larger score = larger u): 4 rounds of
-    8-bit digits, each one pass over the keys in TILE-wide steps histogramming (tl.histogram,
-    256 bins) the digit of the keys whose higher digits equal the prefix found so far; a cumsum
-    over the bins gives the digit holding the `need`-th largest key. After round 4 the prefix is
-    the exact threshold key T and `need` how many keys == T to take (lowest indices first); one
-    compaction pass writes the picks to scratch (KP int64 of this program's own)."""
+    8-bit digits, each one pass over the keys in TILE-wide steps histogramming (tl.histogram) the
+    digit of the keys whose higher digits equal the prefix found so far (masked: the others cost
+    nothing); a cumsum over the 256 bins gives the digit holding the `need`-th largest key. After
+    round 4 the prefix is the exact threshold key T and `need` how many keys == T to take (lowest
+    indices first); one compaction pass writes the picks to scratch (KP int64 of this program's).
+    COPIES > 1: bin = digit * COPIES + i % COPIES, so the lanes of a warp (consecutive i in
+    Triton's 1-D layout) add into different words of one bank each instead of serialising on the
+    few digits that most scores share (tl.histogram lowers to shared-memory atomics)."""
     dig = tl.arange(0, 256)
     need = tl.minimum(length, K)
     prefix = tl.zeros([], tl.uint32)
     for it in tl.static_range(4):
         SH = 24 - 8 * it
-        h = tl.zeros([256], tl.int32)
-        off = tl.zeros([], tl.int32)      # keys histogrammed into bin 0 without matching
+        h = tl.zeros([256 * COPIES], tl.int32)
         for t0 in range(0, length, TILE):
             i = t0 + tl.arange(0, TILE)
             m = i < length
             u = tl.load(src_ptr + i, mask=m, other=0, cache_modifier=".cg").to(tl.uint32, bitcast=True) ^ 0x80000000
             if it > 0:
                 m = m & ((u >> (SH + 8)) == (prefix >> (SH + 8)))
-            h += tl.histogram(tl.where(m, (u >> SH) & 255, 0).to(tl.int32), 256)
-            off += TILE - tl.sum(m.to(tl.int32), 0)
-        h = h - tl.where(dig == 0, off, 0)
-        ge = tl.sum(h, 0) - tl.cumsum(h, 0) + h                   # keys with digit >= d
+            bins = ((u >> SH) & 255).to(tl.int32)
+            if COPIES > 1:
+                bins = bins * COPIES + (i % COPIES)
+            h += tl.histogram(bins, 256 * COPIES, mask=m)
+        if COPIES > 1:
+            hd = tl.sum(tl.reshape(h, (256, COPIES)), 1)
+        else:
+            hd = h
+        ge = tl.sum(hd, 0) - tl.cumsum(hd, 0) + hd                # keys with digit >= d
         d = tl.max(tl.where(ge >= need, dig, 0), 0)
-        need -= tl.sum(tl.where(dig > d, h, 0), 0)
+        need -= tl.sum(tl.where(dig > d, hd, 0), 0)
         prefix = prefix | (d.to(tl.uint32) << SH)
     base = tl.zeros([], tl.int32)
     ties = tl.zeros([], tl.int32)
@@ -231,7 +239,7 @@ def _block_topk_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ke
                        INIT: tl.constexpr, WINB: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
                        TILE: tl.constexpr, RB: tl.constexpr, SP2: tl.constexpr,
                        DOT_F32: tl.constexpr, STORED: tl.constexpr, BITONIC: tl.constexpr,
-                       HIST: tl.constexpr):
+                       HIST: tl.constexpr, HCOPIES: tl.constexpr):
     r = tl.program_id(0)
     c = tl.program_id(1)
     n = r // HKV
@@ -278,7 +286,7 @@ def _block_topk_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ke
             tl.debug_barrier()
             if tl.atomic_add(ctr_ptr + r * NCTR, 1) == tl.cdiv(ncand, NBC) - 1:
                 part_row = part_ptr + r.to(tl.int64) * (NG_MAX + 1) * KP
-                run = _hist_select(row_keys, ncand, part_row, K, KP, TILE)
+                run = _hist_select(row_keys, ncand, part_row, K, KP, TILE, HCOPIES)
                 _write_ranked(run, sel_ptr + n * s_seln + kh * s_selh, cnt_ptr + n * s_cntn + kh * s_cnth, KP)
         else:
             key = ordered * 4294967296 + (4294967295 - b.to(tl.int64))
