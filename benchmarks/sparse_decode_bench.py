@@ -179,7 +179,8 @@ VARIANTS = [("default", {}),
             ("hist t4096 w16", dict(topk="hist", tile=4096, num_warps=16)),
             ("hist t2048 w8", dict(topk="hist", tile=2048)),
             ("hist t8192 w16", dict(topk="hist", tile=8192, num_warps=16)),
-            ("hist t4096 w16 shared bins", dict(topk="hist", tile=4096, num_warps=16, hist_copies=1))]
+            ("hist t4096 w16 shared bins", dict(topk="hist", tile=4096, num_warps=16, hist_copies=1)),
+            ("hist t4096 w16 5 passes", dict(topk="hist", tile=4096, num_warps=16, hist_first=False))]
 
 
 def _compile_worker(tunes: list) -> list[str]:

@@ -73,11 +73,12 @@ def test_decode_selection_exact_set_and_order(ties, knobs):
 
 
 @triton.jit
-def _hist_select_rows(src, n_ptr, scratch, sel, cnt, W: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
-                      TILE: tl.constexpr, COPIES: tl.constexpr):
+def _hist_select_rows(src, n_ptr, scratch, hist0, sel, cnt, W: tl.constexpr, K: tl.constexpr,
+                      KP: tl.constexpr, TILE: tl.constexpr, COPIES: tl.constexpr, FIRST_DONE: tl.constexpr):
     """One program per row of a [rows, W] score-word matrix: topk="hist"'s select and write."""
     r = tl.program_id(0)
-    run = _hist_select(src + r * W, tl.load(n_ptr + r), scratch + r * KP, K, KP, TILE, COPIES)
+    run = _hist_select(src + r * W, tl.load(n_ptr + r), scratch + r * KP, hist0 + r * 256, K, KP, TILE,
+                       COPIES, FIRST_DONE)
     _write_ranked(run, sel + r * KP, cnt + r, KP)
 
 
@@ -96,14 +97,16 @@ def test_histogram_select_exact_order_with_heavy_ties():
     words = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)     # pass 2's order-preserving words
     n = torch.tensor(lens, dtype=torch.int32)
     scratch = torch.empty(len(lens) * KP, dtype=torch.int64)
-    for tile, copies in ((64, 32), (512, 1)):
+    top = ((words.to(torch.int64) & 0xFFFFFFFF) ^ 0x80000000) >> 24          # round 1's digit
+    hist0 = torch.stack([torch.bincount(top[i, :L], minlength=256) for i, L in enumerate(lens)]).to(torch.int32)
+    for tile, copies, first in ((64, 32, False), (512, 1, False), (64, 32, True)):
         sel = torch.full((len(lens), KP), -7, dtype=torch.int32)
         cnt = torch.empty(len(lens), dtype=torch.int32)
-        _hist_select_rows[(len(lens),)](words, n, scratch, sel, cnt, W=W, K=K, KP=KP, TILE=tile,
-                                            COPIES=copies)
+        _hist_select_rows[(len(lens),)](words, n, scratch, hist0, sel, cnt, W=W, K=K, KP=KP, TILE=tile,
+                                        COPIES=copies, FIRST_DONE=first)
         for i, L in enumerate(lens):
             want = torch.sort(f[i, :L], descending=True, stable=True).indices[:K].tolist()
-            assert sel[i, :int(cnt[i])].tolist() == want, (tile, copies, L)
+            assert sel[i, :int(cnt[i])].tolist() == want, (tile, copies, first, L)
 
 
 def test_fused_ops():

@@ -94,7 +94,9 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 #   or "hist" (every chunk writes int32 score words, the row's last program selects over the whole
 #   row: histogram radix select, 8-bit digits, 4 passes + 1 compaction pass of `tile` keys per
 #   step, `hist_copies` lane-private copies of the 256 bins (DECODE_DEFAULTS key optional, 32
-#   when absent); group and radix_bits unused);
+#   when absent), `hist_first`: round 1's histogram (top 8 bits) built by the pass-2 programs
+#   (global atomics into the row's counters) so the last program reads the keys 4 times, not 5
+#   (DECODE_DEFAULTS key optional, True when absent); group and radix_bits unused);
 # group: blocks per top-k group (the last chunk program of each group selects its top K; the last
 #   group merges); nbc: blocks per pass-2 program; tile / radix_bits: the radix select's tile
 #   and bits per round; lse_splits: pass-1 programs per row (None: about four per SM).
@@ -109,7 +111,8 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
                   k_pages=None, k1_start=None, k1_count=None, k_scale=1.0,
                   lse_splits: int | None = None, nbc: int | None = None, group: int | None = None,
                   tile: int | None = None, radix_bits: int | None = None, num_warps: int | None = None,
-                  stored: bool | None = None, topk: str | None = None, hist_copies: int | None = None):
+                  stored: bool | None = None, topk: str | None = None, hist_copies: int | None = None,
+                  hist_first: bool | None = None):
     """One query per row (decode): two launches (triton_decode.py). With k_pages, k1_start and
     k1_count given, the window completed by each row's token (k1_count 0/1) is compressed into
     k1_pages by the first launch (replaces compress_update). nb_max: the static block width
@@ -134,6 +137,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     num_warps = dflt["num_warps"] if num_warps is None else num_warps
     topk = dflt["topk"] if topk is None else topk
     hist_copies = dflt.get("hist_copies", 32) if hist_copies is None else hist_copies
+    hist_first = dflt.get("hist_first", True) if hist_first is None else hist_first
     nw_max = nb_max * wpp
     if stored is None:
         stored = dflt["stored"] and rows * G * nw_max * 4 <= dflt["store_max_bytes"]
@@ -145,7 +149,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     assert group % nbc == 0 and nbc & (nbc - 1) == 0 and tile & (tile - 1) == 0
     assert topk != "bitonic" or (group & (group - 1) == 0 and group >= KP)
     ng_max = triton.cdiv(nb_max, group)
-    nctr = ng_max + 1
+    nctr = 1 + 256 if topk == "hist" else ng_max + 1     # hist: the ticket and round 1's bins
     sm_scale = 1.0 / math.sqrt(D)
     dot_f32 = q.dtype == torch.float32
     fuse = k_pages is not None and k1_start is not None and k1_count is not None
@@ -178,5 +182,6 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
         NG_MAX=ng_max, NG2=triton.next_power_of_2(ng_max), NCTR=nctr, INIT=sc.init_blocks,
         WINB=sc.window_blocks, K=K, KP=KP, TILE=tile, RB=radix_bits,
         SP2=max(2, triton.next_power_of_2(lse_splits)), DOT_F32=dot_f32, STORED=stored,
-        BITONIC=topk == "bitonic", HIST=topk == "hist", HCOPIES=hist_copies, num_warps=num_warps)
+        BITONIC=topk == "bitonic", HIST=topk == "hist", HCOPIES=hist_copies, HFIRST=hist_first,
+        num_warps=num_warps)
     return sel, cnt

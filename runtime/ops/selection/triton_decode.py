@@ -32,6 +32,14 @@ q.K1_j/sqrt(d) of the group's G heads (fp32, G x 4 B = 64 B per window and KV he
    order by a cumsum, compaction by cumsum positions, final order by a bitonic sort of the K picks.
    With BITONIC the group's and the merge's top keys come from tl.topk (bitonic top-k network,
    descending: no separate sort); GROUP and the merge width must then be powers of two.
+   With HIST (topk="hist") there are no groups: each program stores int32 score words (4 B per
+   block: 64 KB per row at 1M) and, with HFIRST, adds the histogram of their top 8 bits to the
+   row's 256 global bins (next to its ticket); the last program of the row selects over all its
+   blocks (`_hist_select`): histogram radix select with 8-bit digits, i.e. 4 rounds of one
+   histogram pass each (3 with HFIRST) + 1 compaction pass, every pass ceil(n/TILE) steps -- at
+   1M (16K blocks, TILE 4096) 16-20 steps with ~4 barriers each, vs the radix path's 16 bit
+   rounds per 2048-key tile x 8 groups + the merge's 16 (2-bit digits, ~150 synchronised steps
+   on the critical path). The final order: tl.sort of the <= KP picks.
 """
 
 from __future__ import annotations
@@ -151,8 +159,30 @@ def _select_top(src_ptr, length, scratch_ptr, K: tl.constexpr, KP: tl.constexpr,
 
 
 @triton.jit
-def _hist_select(src_ptr, length, scratch_ptr, K: tl.constexpr, KP: tl.constexpr, TILE: tl.constexpr,
-                 COPIES: tl.constexpr):
+def _digit_hist(src_ptr, length, prefix, SH: tl.constexpr, IT: tl.constexpr, TILE: tl.constexpr,
+                COPIES: tl.constexpr):
+    """[256] counts of digit (u >> SH) & 255 over src[0:length) whose digits above SH equal
+    prefix's (round IT of _hist_select; round 0: every key)."""
+    h = tl.zeros([256 * COPIES], tl.int32)
+    for t0 in range(0, length, TILE):
+        i = t0 + tl.arange(0, TILE)
+        m = i < length
+        u = tl.load(src_ptr + i, mask=m, other=0, cache_modifier=".cg").to(tl.uint32, bitcast=True) ^ 0x80000000
+        if IT > 0:
+            m = m & ((u >> (SH + 8)) == (prefix >> (SH + 8)))
+        bins = ((u >> SH) & 255).to(tl.int32)
+        if COPIES > 1:
+            bins = bins * COPIES + (i % COPIES)
+        h += tl.histogram(bins, 256 * COPIES, mask=m)
+    if COPIES > 1:
+        return tl.sum(tl.reshape(h, (256, COPIES)), 1)
+    else:
+        return h
+
+
+@triton.jit
+def _hist_select(src_ptr, length, scratch_ptr, hist0_ptr, K: tl.constexpr, KP: tl.constexpr,
+                 TILE: tl.constexpr, COPIES: tl.constexpr, FIRST_DONE: tl.constexpr):
     """The min(K, length) largest blocks of src[0:length) (int32 order-preserving score words,
     ties -> lower block index) as [KP] int64 sort keys (SENTINEL padded, unordered).
     Histogram radix select on u = word ^ 2^31 (unsigned, larger score = larger u): 4 rounds of
@@ -163,27 +193,21 @@ def _hist_select(src_ptr, length, scratch_ptr, K: tl.constexpr, KP: tl.constexpr
     indices first); one compaction pass writes the picks to scratch (KP int64 of this program's).
     COPIES > 1: bin = digit * COPIES + i % COPIES, so the lanes of a warp (consecutive i in
     Triton's 1-D layout) add into different words of one bank each instead of serialising on the
-    few digits that most scores share (tl.histogram lowers to shared-memory atomics)."""
+    few digits that most scores share (tl.histogram lowers to shared-memory atomics).
+    FIRST_DONE: round 1's histogram (top digit, every key) is already at hist0[0:256) (pass 2's
+    programs added theirs), so only 3 passes + the compaction read the keys."""
     dig = tl.arange(0, 256)
     need = tl.minimum(length, K)
     prefix = tl.zeros([], tl.uint32)
     for it in tl.static_range(4):
         SH = 24 - 8 * it
-        h = tl.zeros([256 * COPIES], tl.int32)
-        for t0 in range(0, length, TILE):
-            i = t0 + tl.arange(0, TILE)
-            m = i < length
-            u = tl.load(src_ptr + i, mask=m, other=0, cache_modifier=".cg").to(tl.uint32, bitcast=True) ^ 0x80000000
-            if it > 0:
-                m = m & ((u >> (SH + 8)) == (prefix >> (SH + 8)))
-            bins = ((u >> SH) & 255).to(tl.int32)
-            if COPIES > 1:
-                bins = bins * COPIES + (i % COPIES)
-            h += tl.histogram(bins, 256 * COPIES, mask=m)
-        if COPIES > 1:
-            hd = tl.sum(tl.reshape(h, (256, COPIES)), 1)
+        if FIRST_DONE:
+            if it == 0:
+                hd = tl.load(hist0_ptr + dig, cache_modifier=".cg")
+            else:
+                hd = _digit_hist(src_ptr, length, prefix, SH, it, TILE, COPIES)
         else:
-            hd = h
+            hd = _digit_hist(src_ptr, length, prefix, SH, it, TILE, COPIES)
         ge = tl.sum(hd, 0) - tl.cumsum(hd, 0) + hd                # keys with digit >= d
         d = tl.max(tl.where(ge >= need, dig, 0), 0)
         need -= tl.sum(tl.where(dig > d, hd, 0), 0)
@@ -239,7 +263,7 @@ def _block_topk_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ke
                        INIT: tl.constexpr, WINB: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
                        TILE: tl.constexpr, RB: tl.constexpr, SP2: tl.constexpr,
                        DOT_F32: tl.constexpr, STORED: tl.constexpr, BITONIC: tl.constexpr,
-                       HIST: tl.constexpr, HCOPIES: tl.constexpr):
+                       HIST: tl.constexpr, HCOPIES: tl.constexpr, HFIRST: tl.constexpr):
     r = tl.program_id(0)
     c = tl.program_id(1)
     n = r // HKV
@@ -282,11 +306,17 @@ def _block_topk_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ke
         ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
         row_keys = key_ptr + r.to(tl.int64) * s_key
         if HIST:                                      # int32 words; the row's last program selects
-            tl.store(row_keys + b, ordered.to(tl.int32), mask=cand)
+            word = ordered.to(tl.int32)
+            tl.store(row_keys + b, word, mask=cand)
+            row_ctr = ctr_ptr + r * NCTR                # [ticket, 256 top-digit bins (HFIRST)]
+            if HFIRST:                                  # round 1 of the select, spread over programs
+                top = ((word.to(tl.uint32, bitcast=True) ^ 0x80000000) >> 24).to(tl.int32)
+                hc = tl.histogram(top, 256, mask=cand)
+                tl.atomic_add(row_ctr + 1 + tl.arange(0, 256), hc, mask=hc > 0, sem="relaxed")
             tl.debug_barrier()
-            if tl.atomic_add(ctr_ptr + r * NCTR, 1) == tl.cdiv(ncand, NBC) - 1:
+            if tl.atomic_add(row_ctr, 1) == tl.cdiv(ncand, NBC) - 1:
                 part_row = part_ptr + r.to(tl.int64) * (NG_MAX + 1) * KP
-                run = _hist_select(row_keys, ncand, part_row, K, KP, TILE, HCOPIES)
+                run = _hist_select(row_keys, ncand, part_row, row_ctr + 1, K, KP, TILE, HCOPIES, HFIRST)
                 _write_ranked(run, sel_ptr + n * s_seln + kh * s_selh, cnt_ptr + n * s_cntn + kh * s_cnth, KP)
         else:
             key = ordered * 4294967296 + (4294967295 - b.to(tl.int64))
