@@ -1,7 +1,7 @@
 """One sparse layer's decode attention on one GPU (issue 4): InfLLM-V2 (K1 update + selection +
 paged attention over the selected blocks) vs dense paged attention, sala-9b shapes, bf16, batch 1.
 
-    python benchmarks/sparse_decode_bench.py [--quick] [--out DIR]
+    python benchmarks/sparse_decode_bench.py [--quick] [--variants hist,g1024] [--out DIR]
 
 1. correctness, every swept variant (VARIANTS) on the same inputs: select_decode (fused K1
    update) against reference.select_blocks -- exact set and order, random and tied keys,
@@ -18,6 +18,8 @@ paged attention over the selected blocks) vs dense paged attention, sala-9b shap
 3. the selection (fused K1) of every variant in VARIANTS (select_decode knobs; "default" =
    gpu.DECODE_DEFAULTS) at both contexts -- the numbers to set DECODE_DEFAULTS from.
 --quick: bf16 checks only, no cold timings, no context-wide-table case (< 60 s on an H200).
+--variants: comma-separated substrings; only VARIANTS whose name holds one are compiled, checked
+and timed ("default" always is).
 Results: tables on stdout (last) and DIR/sparse_decode_bench.json ($OUT or ./out).
 """
 
@@ -179,7 +181,6 @@ VARIANTS = [("default", {}),
             ("hist t4096 w16", dict(topk="hist", tile=4096, num_warps=16)),
             ("hist t2048 w8", dict(topk="hist", tile=2048)),
             ("hist t8192 w16", dict(topk="hist", tile=8192, num_warps=16)),
-            ("hist t4096 w16 shared bins", dict(topk="hist", tile=4096, num_warps=16, hist_copies=1)),
             ("hist t4096 w16 5 passes", dict(topk="hist", tile=4096, num_warps=16, hist_first=False))]
 
 
@@ -235,6 +236,8 @@ def main():
     ap.add_argument("--quick", action="store_true",
                     help="bf16 checks only, no cold timings, no context-wide-table case")
     ap.add_argument("--skip-checks", action="store_true")
+    ap.add_argument("--variants", default="",
+                    help="comma-separated name substrings: sweep only those VARIANTS (default: all)")
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
     args = ap.parse_args()
     from salactl.runtime.presets import sala_9b
@@ -243,6 +246,9 @@ def main():
     if not hasattr(__import__("triton").language, "topk"):      # bitonic variants need tl.topk
         print("triton without tl.topk: bitonic variants skipped", flush=True)
         VARIANTS = [v for v in VARIANTS if v[1].get("topk") != "bitonic"]
+    if args.variants:
+        wanted = [w.strip() for w in args.variants.split(",") if w.strip()]
+        VARIANTS = VARIANTS[:1] + [v for v in VARIANTS[1:] if any(w in v[0] for w in wanted)]
     cfg = sala_9b()
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": __import__("triton").__version__}

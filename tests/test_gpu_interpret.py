@@ -57,13 +57,15 @@ def test_selection_matches_reference():
 @pytest.mark.parametrize("knobs", [dict(lse_splits=3), dict(nbc=4, group=16, tile=8, lse_splits=2),
                                    dict(nbc=8, group=32, tile=64, radix_bits=4, lse_splits=5, stored=True),
                                    dict(nbc=4, group=16, lse_splits=2, topk="bitonic"),
-                                   dict(nbc=4, tile=16, lse_splits=2, topk="hist")])
+                                   dict(nbc=4, tile=16, lse_splits=2, topk="hist"),
+                                   dict(nbc=4, tile=16, topk="hist", hist_first=False)])
 def test_decode_selection_exact_set_and_order(ties, knobs):
     """select_decode (fused K1 update, top-k in the kernel) = reference.select_blocks: contexts
     at/just past dense_len, not multiples of the block, shorter than topk, one and several
     top-k groups/tiles; tied blocks must break by lower index. Scores recomputed from K1 by pass 2
     (default) and stored by pass 1 (stored=True); radix-select, bitonic (tl.topk) and the row's
-    last program's histogram select (topk="hist", several tiles) top-k."""
+    last program's histogram select (topk="hist", several tiles; with the top-12-bit histogram
+    from pass 2 and with 4 passes over the row) top-k."""
     from salactl.runtime.ops.selection.check import check_decode_selection
 
     sc = SMALL.sparse
@@ -73,12 +75,13 @@ def test_decode_selection_exact_set_and_order(ties, knobs):
 
 
 @triton.jit
-def _hist_select_rows(src, n_ptr, scratch, hist0, sel, cnt, W: tl.constexpr, K: tl.constexpr,
-                      KP: tl.constexpr, TILE: tl.constexpr, COPIES: tl.constexpr, FIRST_DONE: tl.constexpr):
+def _hist_select_rows(src, n_ptr, scratch, hist0, cand, sel, cnt, W: tl.constexpr, K: tl.constexpr,
+                      KP: tl.constexpr, TILE: tl.constexpr, CTILE: tl.constexpr, COPIES: tl.constexpr,
+                      FIRST_DONE: tl.constexpr):
     """One program per row of a [rows, W] score-word matrix: topk="hist"'s select and write."""
     r = tl.program_id(0)
-    run = _hist_select(src + r * W, tl.load(n_ptr + r), scratch + r * KP, hist0 + r * 256, K, KP, TILE,
-                       COPIES, FIRST_DONE)
+    run = _hist_select(src + r * W, tl.load(n_ptr + r), scratch + r * KP, hist0 + r * 4096, cand + r * W,
+                       K, KP, TILE, CTILE, COPIES, FIRST_DONE)
     _write_ranked(run, sel + r * KP, cnt + r, KP)
 
 
@@ -97,16 +100,18 @@ def test_histogram_select_exact_order_with_heavy_ties():
     words = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)     # pass 2's order-preserving words
     n = torch.tensor(lens, dtype=torch.int32)
     scratch = torch.empty(len(lens) * KP, dtype=torch.int64)
-    top = ((words.to(torch.int64) & 0xFFFFFFFF) ^ 0x80000000) >> 24          # round 1's digit
-    hist0 = torch.stack([torch.bincount(top[i, :L], minlength=256) for i, L in enumerate(lens)]).to(torch.int32)
-    for tile, copies, first in ((64, 32, False), (512, 1, False), (64, 32, True)):
+    top = ((words.to(torch.int64) & 0xFFFFFFFF) ^ 0x80000000) >> 20          # pass 2's 12-bit digit
+    hist0 = torch.stack([torch.bincount(top[i, :L], minlength=4096) for i, L in enumerate(lens)]).to(torch.int32)
+    cand = torch.empty(len(lens), W, dtype=torch.int64)
+    for tile, ctile, copies, first in ((64, 64, 32, False), (512, 512, 1, False), (64, 16, 1, True),
+                                       (512, 256, 4, True)):
         sel = torch.full((len(lens), KP), -7, dtype=torch.int32)
         cnt = torch.empty(len(lens), dtype=torch.int32)
-        _hist_select_rows[(len(lens),)](words, n, scratch, hist0, sel, cnt, W=W, K=K, KP=KP, TILE=tile,
-                                        COPIES=copies, FIRST_DONE=first)
+        _hist_select_rows[(len(lens),)](words, n, scratch, hist0, cand, sel, cnt, W=W, K=K, KP=KP, TILE=tile,
+                                        CTILE=ctile, COPIES=copies, FIRST_DONE=first)
         for i, L in enumerate(lens):
             want = torch.sort(f[i, :L], descending=True, stable=True).indices[:K].tolist()
-            assert sel[i, :int(cnt[i])].tolist() == want, (tile, copies, first, L)
+            assert sel[i, :int(cnt[i])].tolist() == want, (tile, ctile, copies, first, L)
 
 
 def test_fused_ops():

@@ -53,13 +53,13 @@ def test_selection(dtype):
 @pytest.mark.parametrize("knobs", [{}, dict(nbc=32, group=128, tile=256, radix_bits=4, num_warps=4),
                                    dict(stored=True), dict(topk="bitonic", group=256, num_warps=4),
                                    dict(topk="hist", tile=256, nbc=32, num_warps=16),
-                                   dict(topk="hist", tile=4096, hist_first=False, hist_copies=1)])
+                                   dict(topk="hist", tile=512, hist_first=False)])
 def test_decode_selection_exact_set_and_order(dtype, ties, knobs):
     """select_decode at 9B shapes vs reference.select_blocks (set and order; near-ties only):
     default knobs (scores recomputed from K1 by pass 2, radix top-k), several top-k groups, scores
     stored by pass 1, bitonic top-k (tl.topk) with a bitonic merge of several groups, the row's
-    last program's histogram select (topk="hist") over several tiles (round 1 built by pass 2,
-    lane-private bins) and over one (5 passes, shared bins)."""
+    last program's histogram select (topk="hist"): top-12-bit histogram from pass 2 + rounds over
+    the threshold bin's blocks, and 4 histogram passes over the whole row; several tiles each."""
     import triton
 
     from salactl.runtime.gpu import selfcheck as S

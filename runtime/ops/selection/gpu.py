@@ -92,11 +92,12 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 #   bucket keeps its own), else pass 2 recomputes q.K1 (the previous path);
 # topk: "radix" (radix select over GROUP keys, then over the groups' picks), "bitonic" (tl.topk)
 #   or "hist" (every chunk writes int32 score words, the row's last program selects over the whole
-#   row: histogram radix select, 8-bit digits, 4 passes + 1 compaction pass of `tile` keys per
-#   step, `hist_copies` lane-private copies of the 256 bins (DECODE_DEFAULTS key optional, 32
-#   when absent), `hist_first`: round 1's histogram (top 8 bits) built by the pass-2 programs
-#   (global atomics into the row's counters) so the last program reads the keys 4 times, not 5
-#   (DECODE_DEFAULTS key optional, True when absent); group and radix_bits unused);
+#   row: radix select with tl.histogram digits, `tile` keys per step); `hist_first` (True when
+#   the DECODE_DEFAULTS key is absent): the pass-2 programs build the top-12-bit histogram with
+#   global atomics, the last program reads the row once and finishes on the blocks in the
+#   threshold's bin (else 4 histogram passes + 1 compaction over the row); `hist_copies` (1 when
+#   absent): lane-private bin copies, only for Triton >= 3.7's atomic-per-entry tl.histogram;
+#   group and radix_bits unused);
 # group: blocks per top-k group (the last chunk program of each group selects its top K; the last
 #   group merges); nbc: blocks per pass-2 program; tile / radix_bits: the radix select's tile
 #   and bits per round; lse_splits: pass-1 programs per row (None: about four per SM).
@@ -136,7 +137,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     radix_bits = dflt["radix_bits"] if radix_bits is None else radix_bits
     num_warps = dflt["num_warps"] if num_warps is None else num_warps
     topk = dflt["topk"] if topk is None else topk
-    hist_copies = dflt.get("hist_copies", 32) if hist_copies is None else hist_copies
+    hist_copies = dflt.get("hist_copies", 1) if hist_copies is None else hist_copies
     hist_first = dflt.get("hist_first", True) if hist_first is None else hist_first
     nw_max = nb_max * wpp
     if stored is None:
@@ -149,7 +150,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     assert group % nbc == 0 and nbc & (nbc - 1) == 0 and tile & (tile - 1) == 0
     assert topk != "bitonic" or (group & (group - 1) == 0 and group >= KP)
     ng_max = triton.cdiv(nb_max, group)
-    nctr = 1 + 256 if topk == "hist" else ng_max + 1     # hist: the ticket and round 1's bins
+    nctr = 1 + 4096 if topk == "hist" else ng_max + 1    # hist: the ticket and the 12-bit bins
     sm_scale = 1.0 / math.sqrt(D)
     dot_f32 = q.dtype == torch.float32
     fuse = k_pages is not None and k1_start is not None and k1_count is not None
@@ -158,6 +159,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     ctr = torch.empty(rows * nctr, device=dev, dtype=torch.int32)
     keys = torch.empty(rows, nb_max, device=dev, dtype=torch.int32 if topk == "hist" else torch.int64)
     part = torch.empty(rows * (ng_max + 1) * KP, device=dev, dtype=torch.int64)
+    cand = torch.empty((rows, nb_max) if topk == "hist" and hist_first else (1,), device=dev, dtype=torch.int64)
     sel = torch.empty(n, hkv, K, device=dev, dtype=torch.int32)
     cnt = torch.empty(n, hkv, device=dev, dtype=torch.int32)
     scores = torch.empty((rows, G, nw_max) if stored else (1,), device=dev, dtype=torch.float32)
@@ -173,7 +175,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
         BW=64, NCTR=nctr, NCTR2=triton.next_power_of_2(nctr), FUSE_K1=fuse, FP8=fp8,
         DOT_F32=dot_f32, STORE=stored, num_warps=4)
     dkern._block_topk_kernel[(rows, triton.cdiv(nb_max, nbc))](
-        q, k1_pages, page_table, slots, seq_lens, plse, keys, part, ctr, sel, cnt, scores,
+        q, k1_pages, page_table, slots, seq_lens, plse, keys, part, ctr, sel, cnt, scores, cand,
         q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), page_table.stride(0),
         keys.stride(0), sel.stride(0), sel.stride(1), cnt.stride(0), cnt.stride(1), s_scr, s_scg,
         sm_scale, lse_splits,
@@ -183,5 +185,5 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
         WINB=sc.window_blocks, K=K, KP=KP, TILE=tile, RB=radix_bits,
         SP2=max(2, triton.next_power_of_2(lse_splits)), DOT_F32=dot_f32, STORED=stored,
         BITONIC=topk == "bitonic", HIST=topk == "hist", HCOPIES=hist_copies, HFIRST=hist_first,
-        num_warps=num_warps)
+        CTILE=max(256, 32 * num_warps), num_warps=num_warps)
     return sel, cnt

@@ -33,12 +33,15 @@ q.K1_j/sqrt(d) of the group's G heads (fp32, G x 4 B = 64 B per window and KV he
    With BITONIC the group's and the merge's top keys come from tl.topk (bitonic top-k network,
    descending: no separate sort); GROUP and the merge width must then be powers of two.
    With HIST (topk="hist") there are no groups: each program stores int32 score words (4 B per
-   block: 64 KB per row at 1M) and, with HFIRST, adds the histogram of their top 8 bits to the
-   row's 256 global bins (next to its ticket); the last program of the row selects over all its
-   blocks (`_hist_select`): histogram radix select with 8-bit digits, i.e. 4 rounds of one
-   histogram pass each (3 with HFIRST) + 1 compaction pass, every pass ceil(n/TILE) steps -- at
-   1M (16K blocks, TILE 4096) 16-20 steps with ~4 barriers each, vs the radix path's 16 bit
-   rounds per 2048-key tile x 8 groups + the merge's 16 (2-bit digits, ~150 synchronised steps
+   block: 64 KB per row at 1M) and, with HFIRST, adds its blocks to the row's 4096-bin
+   histogram of the top 12 word bits (global atomics, next to the row's ticket); the last
+   program of the row selects over all its blocks (`_hist_select`): an exact radix select with
+   tl.histogram digits. With HFIRST the last program reads the row's words once (1 pass of
+   ceil(n/TILE) steps: 4 at 1M with TILE 4096, each 2 cumsums), then 3 digit rounds + 1
+   compaction over the few blocks sharing the threshold's 12-bit bin (usually one CTILE step
+   each); without, 4 histogram passes + 1 compaction pass over all blocks (20 steps at 1M).
+   The radix path instead runs 16 two-bit rounds per 2048-key tile in each of 8 groups, then 16
+   more for the merge (~150 synchronised steps on the critical path at 1M).
    on the critical path). The final order: tl.sort of the <= KP picks.
 """
 
@@ -159,17 +162,31 @@ def _select_top(src_ptr, length, scratch_ptr, K: tl.constexpr, KP: tl.constexpr,
 
 
 @triton.jit
-def _digit_hist(src_ptr, length, prefix, SH: tl.constexpr, IT: tl.constexpr, TILE: tl.constexpr,
-                COPIES: tl.constexpr):
-    """[256] counts of digit (u >> SH) & 255 over src[0:length) whose digits above SH equal
-    prefix's (round IT of _hist_select; round 0: every key)."""
+def _unsigned_word(src_ptr, i, m, WIDE: tl.constexpr):
+    """(u, key64) of entries i: u = score word ^ 2^31 (unsigned order = score order). WIDE: src
+    holds int64 sort keys (word high, 2^32-1-b low) else int32 words of blocks b = i."""
+    if WIDE:
+        key = tl.load(src_ptr + i, mask=m, other=0, cache_modifier=".cg")
+        w = (key >> 32).to(tl.int32)
+    else:
+        w = tl.load(src_ptr + i, mask=m, other=0, cache_modifier=".cg")
+        key = w.to(tl.int64) * 4294967296 + (4294967295 - i.to(tl.int64))
+    return w.to(tl.uint32, bitcast=True) ^ 0x80000000, key
+
+
+@triton.jit
+def _digit_hist(src_ptr, length, prefix, SH: tl.constexpr, MSH: tl.constexpr, TILE: tl.constexpr,
+                COPIES: tl.constexpr, WIDE: tl.constexpr):
+    """[256] counts of digit (u >> SH) & 255 over src[0:length) among the entries whose bits
+    >= MSH equal prefix's (MSH 32: all). Bits of the digit at or above MSH are equal in those
+    entries, so the digit order is the order of the bits below MSH."""
     h = tl.zeros([256 * COPIES], tl.int32)
     for t0 in range(0, length, TILE):
         i = t0 + tl.arange(0, TILE)
         m = i < length
-        u = tl.load(src_ptr + i, mask=m, other=0, cache_modifier=".cg").to(tl.uint32, bitcast=True) ^ 0x80000000
-        if IT > 0:
-            m = m & ((u >> (SH + 8)) == (prefix >> (SH + 8)))
+        u, _ = _unsigned_word(src_ptr, i, m, WIDE)
+        if MSH < 32:
+            m = m & ((u >> MSH) == (prefix >> MSH))
         bins = ((u >> SH) & 255).to(tl.int32)
         if COPIES > 1:
             bins = bins * COPIES + (i % COPIES)
@@ -181,52 +198,86 @@ def _digit_hist(src_ptr, length, prefix, SH: tl.constexpr, IT: tl.constexpr, TIL
 
 
 @triton.jit
-def _hist_select(src_ptr, length, scratch_ptr, hist0_ptr, K: tl.constexpr, KP: tl.constexpr,
-                 TILE: tl.constexpr, COPIES: tl.constexpr, FIRST_DONE: tl.constexpr):
-    """The min(K, length) largest blocks of src[0:length) (int32 order-preserving score words,
-    ties -> lower block index) as [KP] int64 sort keys (SENTINEL padded, unordered).
-    Histogram radix select on u = word ^ 2^31 (unsigned, larger score = larger u): 4 rounds of
-    8-bit digits, each one pass over the keys in TILE-wide steps histogramming (tl.histogram) the
-    digit of the keys whose higher digits equal the prefix found so far (masked: the others cost
-    nothing); a cumsum over the 256 bins gives the digit holding the `need`-th largest key. After
-    round 4 the prefix is the exact threshold key T and `need` how many keys == T to take (lowest
-    indices first); one compaction pass writes the picks to scratch (KP int64 of this program's).
-    COPIES > 1: bin = digit * COPIES + i % COPIES, so the lanes of a warp (consecutive i in
-    Triton's 1-D layout) add into different words of one bank each instead of serialising on the
-    few digits that most scores share (tl.histogram lowers to shared-memory atomics).
-    FIRST_DONE: round 1's histogram (top digit, every key) is already at hist0[0:256) (pass 2's
-    programs added theirs), so only 3 passes + the compaction read the keys."""
-    dig = tl.arange(0, 256)
-    need = tl.minimum(length, K)
-    prefix = tl.zeros([], tl.uint32)
-    for it in tl.static_range(4):
-        SH = 24 - 8 * it
-        if FIRST_DONE:
-            if it == 0:
-                hd = tl.load(hist0_ptr + dig, cache_modifier=".cg")
-            else:
-                hd = _digit_hist(src_ptr, length, prefix, SH, it, TILE, COPIES)
-        else:
-            hd = _digit_hist(src_ptr, length, prefix, SH, it, TILE, COPIES)
-        ge = tl.sum(hd, 0) - tl.cumsum(hd, 0) + hd                # keys with digit >= d
-        d = tl.max(tl.where(ge >= need, dig, 0), 0)
-        need -= tl.sum(tl.where(dig > d, hd, 0), 0)
-        prefix = prefix | (d.to(tl.uint32) << SH)
-    base = tl.zeros([], tl.int32)
+def _pick_digit(hd, need, prefix, SH: tl.constexpr, NB: tl.constexpr):
+    """From the counts hd [NB] of the candidates' digit at SH: the digit d holding the need-th
+    largest, the new prefix (prefix | d << SH) and need minus the candidates above d."""
+    dig = tl.arange(0, NB)
+    ge = tl.sum(hd, 0) - tl.cumsum(hd, 0) + hd                    # candidates with digit >= d
+    d = tl.max(tl.where(ge >= need, dig, 0), 0)
+    return prefix | (d.to(tl.uint32) << SH), need - tl.sum(tl.where(dig > d, hd, 0), 0)
+
+
+@triton.jit
+def _compact(src_ptr, length, thr, need, scratch_ptr, base, TILE: tl.constexpr, WIDE: tl.constexpr):
+    """Append to scratch[base:] (as int64 sort keys, ascending entry order) the entries of
+    src[0:length) with u > thr and the first `need` with u == thr; returns the new end."""
     ties = tl.zeros([], tl.int32)
     for t0 in range(0, length, TILE):
         i = t0 + tl.arange(0, TILE)
         m = i < length
-        x = tl.load(src_ptr + i, mask=m, other=0, cache_modifier=".cg")
-        u = x.to(tl.uint32, bitcast=True) ^ 0x80000000
-        tie = m & (u == prefix)
+        u, key = _unsigned_word(src_ptr, i, m, WIDE)
+        tie = m & (u == thr)
         rank = tl.cumsum(tie.to(tl.int32), 0) + ties
-        pick = (m & (u > prefix)) | (tie & (rank <= need))
-        pos = base + tl.cumsum(pick.to(tl.int32), 0) - 1
-        key = x.to(tl.int64) * 4294967296 + (4294967295 - i.to(tl.int64))
-        tl.store(scratch_ptr + pos, key, mask=pick)
+        pick = (m & (u > thr)) | (tie & (rank <= need))
+        tl.store(scratch_ptr + base + tl.cumsum(pick.to(tl.int32), 0) - 1, key, mask=pick)
         base += tl.sum(pick.to(tl.int32), 0)
         ties += tl.sum(tie.to(tl.int32), 0)
+    return base
+
+
+@triton.jit
+def _hist_select(src_ptr, length, scratch_ptr, hist0_ptr, cand_ptr, K: tl.constexpr, KP: tl.constexpr,
+                 TILE: tl.constexpr, CTILE: tl.constexpr, COPIES: tl.constexpr, FIRST_DONE: tl.constexpr):
+    """The min(K, length) largest blocks of src[0:length) (int32 order-preserving score words,
+    ties -> lower block index) as [KP] int64 sort keys (SENTINEL padded, unordered).
+    Radix select on u = word ^ 2^31 (unsigned, larger score = larger u) with histograms
+    (tl.histogram, 256 bins): round r counts the digit of the candidates (entries whose higher
+    bits equal the prefix found so far; masked, the others are not counted) and a cumsum over
+    the bins gives the digit holding the `need`-th largest. When the prefix is the whole word it
+    is the exact threshold T and `need` how many entries == T to take (lowest indices first).
+    Without FIRST_DONE: 4 rounds of 8-bit digits, each one pass over all entries in TILE steps,
+    then one compaction pass. With FIRST_DONE: the top 12 bits' 4096-bin histogram is at hist0
+    (pass 2's programs built it with global atomics), so one pass over the entries writes those
+    above the 12-bit digit to scratch and those in it to cand (int64 keys, index order); the
+    rounds for the low 20 bits (digits at 12, 4, 0) and the last compaction run over cand only,
+    in CTILE steps (usually one: a 1/8-octave bin holds few blocks; all of them when tied).
+    COPIES > 1: bin = digit * COPIES + i % COPIES (lane-private bins: for Triton versions whose
+    tl.histogram is one shared atomic per entry; ruinous for the ballot-based lowering)."""
+    need = tl.minimum(length, K)
+    if FIRST_DONE:
+        h1 = tl.load(hist0_ptr + tl.arange(0, 4096), cache_modifier=".cg")
+        prefix, need = _pick_digit(h1, need, tl.zeros([], tl.uint32), 20, 4096)
+        above = tl.zeros([], tl.int32)
+        nc = tl.zeros([], tl.int32)
+        for t0 in range(0, length, TILE):
+            i = t0 + tl.arange(0, TILE)
+            m = i < length
+            u, key = _unsigned_word(src_ptr, i, m, False)
+            hi = m & ((u >> 20) > (prefix >> 20))
+            eq = m & ((u >> 20) == (prefix >> 20))
+            tl.store(scratch_ptr + above + tl.cumsum(hi.to(tl.int32), 0) - 1, key, mask=hi)
+            tl.store(cand_ptr + nc + tl.cumsum(eq.to(tl.int32), 0) - 1, key, mask=eq)
+            above += tl.sum(hi.to(tl.int32), 0)
+            nc += tl.sum(eq.to(tl.int32), 0)
+        tl.debug_barrier()                      # cand written by every thread, read by all
+        prefix, need = _pick_digit(_digit_hist(cand_ptr, nc, prefix, 12, 20, CTILE, COPIES, True),
+                                   need, prefix, 12, 256)
+        prefix, need = _pick_digit(_digit_hist(cand_ptr, nc, prefix, 4, 12, CTILE, COPIES, True),
+                                   need, prefix, 4, 256)
+        prefix, need = _pick_digit(_digit_hist(cand_ptr, nc, prefix, 0, 4, CTILE, COPIES, True),
+                                   need, prefix, 0, 256)
+        base = _compact(cand_ptr, nc, prefix, need, scratch_ptr, above, CTILE, True)
+    else:
+        prefix = tl.zeros([], tl.uint32)
+        prefix, need = _pick_digit(_digit_hist(src_ptr, length, prefix, 24, 32, TILE, COPIES, False),
+                                   need, prefix, 24, 256)
+        prefix, need = _pick_digit(_digit_hist(src_ptr, length, prefix, 16, 24, TILE, COPIES, False),
+                                   need, prefix, 16, 256)
+        prefix, need = _pick_digit(_digit_hist(src_ptr, length, prefix, 8, 16, TILE, COPIES, False),
+                                   need, prefix, 8, 256)
+        prefix, need = _pick_digit(_digit_hist(src_ptr, length, prefix, 0, 8, TILE, COPIES, False),
+                                   need, prefix, 0, 256)
+        base = _compact(src_ptr, length, prefix, need, scratch_ptr, tl.zeros([], tl.int32), TILE, False)
     tl.debug_barrier()
     k = tl.arange(0, KP)
     return tl.load(scratch_ptr + k, mask=k < base, other=SENTINEL)
@@ -253,7 +304,7 @@ def _write_top(top, sel_ptr, cnt_ptr, K: tl.constexpr, KP: tl.constexpr):
 
 @triton.jit(do_not_specialize=["num_splits"])
 def _block_topk_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, key_ptr, part_ptr,
-                       ctr_ptr, sel_ptr, cnt_ptr, sc_ptr,
+                       ctr_ptr, sel_ptr, cnt_ptr, sc_ptr, cand_ptr,
                        s_qn, s_qh, s_1p, s_1h, s_pt, s_key, s_seln, s_selh, s_cntn, s_cnth,
                        s_scr, s_scg, sm_scale, num_splits,
                        HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr,
@@ -263,7 +314,8 @@ def _block_topk_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ke
                        INIT: tl.constexpr, WINB: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
                        TILE: tl.constexpr, RB: tl.constexpr, SP2: tl.constexpr,
                        DOT_F32: tl.constexpr, STORED: tl.constexpr, BITONIC: tl.constexpr,
-                       HIST: tl.constexpr, HCOPIES: tl.constexpr, HFIRST: tl.constexpr):
+                       HIST: tl.constexpr, HCOPIES: tl.constexpr, HFIRST: tl.constexpr,
+                       CTILE: tl.constexpr):
     r = tl.program_id(0)
     c = tl.program_id(1)
     n = r // HKV
@@ -308,15 +360,15 @@ def _block_topk_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ke
         if HIST:                                      # int32 words; the row's last program selects
             word = ordered.to(tl.int32)
             tl.store(row_keys + b, word, mask=cand)
-            row_ctr = ctr_ptr + r * NCTR                # [ticket, 256 top-digit bins (HFIRST)]
-            if HFIRST:                                  # round 1 of the select, spread over programs
-                top = ((word.to(tl.uint32, bitcast=True) ^ 0x80000000) >> 24).to(tl.int32)
-                hc = tl.histogram(top, 256, mask=cand)
-                tl.atomic_add(row_ctr + 1 + tl.arange(0, 256), hc, mask=hc > 0, sem="relaxed")
+            row_ctr = ctr_ptr + r * NCTR                # [ticket, 4096 top-12-bit bins (HFIRST)]
+            if HFIRST:                                  # the top 12 bits' histogram, spread over programs
+                top = ((word.to(tl.uint32, bitcast=True) ^ 0x80000000) >> 20).to(tl.int32)
+                tl.atomic_add(row_ctr + 1 + top, tl.full([NBC], 1, tl.int32), mask=cand, sem="relaxed")
             tl.debug_barrier()
             if tl.atomic_add(row_ctr, 1) == tl.cdiv(ncand, NBC) - 1:
                 part_row = part_ptr + r.to(tl.int64) * (NG_MAX + 1) * KP
-                run = _hist_select(row_keys, ncand, part_row, row_ctr + 1, K, KP, TILE, HCOPIES, HFIRST)
+                run = _hist_select(row_keys, ncand, part_row, row_ctr + 1, cand_ptr + r.to(tl.int64) * s_key,
+                                   K, KP, TILE, CTILE, HCOPIES, HFIRST)
                 _write_ranked(run, sel_ptr + n * s_seln + kh * s_selh, cnt_ptr + n * s_cntn + kh * s_cnth, KP)
         else:
             key = ordered * 4294967296 + (4294967295 - b.to(tl.int64))
