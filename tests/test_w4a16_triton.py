@@ -34,10 +34,7 @@ _INTERPRETED_TC_CHECK = textwrap.dedent("""
              # register software pipeline over groups of 2/4 blocks, masked tails; chunked split-K sums
              (128, torch.bfloat16, 3, TCConfig(32, 16, 2, bias_dot=False, unroll=2, prefetch=True, reduce=2)),
              (128, torch.float16, 2, TCConfig(16, 16, 3, bias_dot=False, unroll=4, prefetch=True, reduce=4)),
-             (-1, torch.bfloat16, 17, TCConfig(64, 16, 1, bias_dot=True, unroll=4, prefetch=True)),
-             # ping-pong register sets: 3 blocks = odd group count (one masked group), and 2 splits
-             (128, torch.bfloat16, 2, TCConfig(32, 16, 1, bias_dot=False, unroll=1, prefetch=2)),
-             (128, torch.bfloat16, 5, TCConfig(16, 16, 2, bias_dot=False, unroll=2, prefetch=2, reduce=4))]
+             (-1, torch.bfloat16, 17, TCConfig(64, 16, 1, bias_dot=True, unroll=4, prefetch=True))]
     for G, dt, M, cfg in cases:
         ng = 1 if G == -1 else K // G
         q = torch.randint(0, 16, (K, N), generator=gen)
@@ -72,7 +69,7 @@ def test_tensor_core_kernel_matches_reference_in_the_interpreter():
 @needs_triton
 def test_config_specs_give_the_split_unroll_and_tile_they_describe():
     """tc_config_from_spec on the 9B shapes (132 SMs): split from waves (rounded, or down with fit),
-    unroll cut to the blocks a split has (and to 2 for the ping-pong pipeline), BLOCK_N halved for
+    unroll cut to the blocks a split has, BLOCK_N halved for
     narrow N; the dispatch reads TC_SHAPE_DEFAULTS before TC_DEFAULTS."""
     from salactl.runtime.ops.w4a16 import triton_tc as tc
 
@@ -84,9 +81,8 @@ def test_config_specs_give_the_split_unroll_and_tile_they_describe():
         c = tc.tc_config_from_spec(spec, M, N, K, 132)
         assert (c.block_n, c.block_m, c.num_warps, c.bias_dot, c.split_k, c.unroll, c.num_stages) == \
             (64, 16, 4, False, split, unroll, 1), (N, K, M, c)
-    c = tc.tc_config_from_spec("bn=64,un=2,pf=2,waves=4,fit=1,red=4", 32, 8704, 4096, 132)
-    assert (c.block_m, c.split_k, c.unroll, c.prefetch, c.reduce) == (32, 3, 2, 2, 4)   # 136 tiles x 3 <= 528
-    assert tc.tc_config_from_spec("un=4,pf=2", 1, 4096, 4096, 132).unroll == 2
+    c = tc.tc_config_from_spec("bn=64,un=2,pf=1,waves=4,fit=1,red=4", 32, 8704, 4096, 132)
+    assert (c.block_m, c.split_k, c.unroll, c.prefetch, c.reduce) == (32, 3, 2, 1, 4)   # 136 tiles x 3 <= 528
     c = tc.tc_config_from_spec("bn=128,w=8,split=5", 1, 48, 4096, 132)
     assert (c.block_n, c.block_m, c.split_k) == (32, 16, 5)
     with pytest.raises(ValueError):

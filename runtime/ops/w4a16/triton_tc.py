@@ -40,7 +40,7 @@ blocks x 32 B = 64 KB of words in flight, but only at the top of each step: a wa
 dequantizes and multiplies its 4 blocks with nothing outstanding, and since a one-wave grid starts
 all CTAs in phase, DRAM idles through the compute phases (4 load/compute rounds per CTA at split
 2). `prefetch` keeps the next step's loads outstanding during the MMAs instead (pf=1: 128 registers
-at unroll 2, ~3.0 SASS/weight; pf=2 ping-pong: 128 registers, 2.8; 128-row tiles with 4 warps, pf=1
+at unroll 2, ~3.0 SASS/weight; 128-row tiles with 4 warps, pf=1
 unroll 1: 168 registers = 3 CTAs per SM, 2.2 SASS/weight: the per-block address / activation /
 barrier work is shared by twice the weights). The 4096-wide shapes also pay a serial split-K
 epilogue (one L2 round trip per split in the last CTA; split 8-32): `reduce`.
@@ -246,39 +246,7 @@ def _w4a16_tc_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stri
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     # -(magic + 8) from a runtime argument, so the compiler cannot fold it into per-block constants
     neg_bias = tl.full((BLOCK_N, 128), bias, tl.float32).to(x_ptr.dtype.element_ty)
-    if PREFETCH == 2:
-        # the same pipeline as PREFETCH 1 with two named register sets used in turn (ping-pong, the
-        # loop body covers two groups): a group's next loads go into the registers its MMAs just
-        # read, so no register moves carry the prefetched words into the next iteration. An odd
-        # group count runs one masked (no-traffic, zero) group at the end.
-        tl.static_assert(UNROLL <= 2, "PREFETCH 2 takes unroll 1 or 2")
-        q, xt, s = _load_block(x_ptr, qw_ptr, s_ptr, kb0, kb1, pid_n, offs_n, offs_m, M, N, NG, stride_xm,
-                               GROUP, BLOCK_N, WARPS, EVEN_N)
-        if UNROLL >= 2:
-            q2, xt2, s2 = _load_block(x_ptr, qw_ptr, s_ptr, kb0 + 1, kb1, pid_n, offs_n, offs_m, M, N, NG,
-                                      stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
-        for kb in range(kb0, kb1, 2 * UNROLL):
-            qb, xtb, sb = _load_block(x_ptr, qw_ptr, s_ptr, kb + UNROLL, kb1, pid_n, offs_n, offs_m, M, N, NG,
-                                      stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
-            if UNROLL >= 2:
-                qb2, xtb2, sb2 = _load_block(x_ptr, qw_ptr, s_ptr, kb + UNROLL + 1, kb1, pid_n, offs_n, offs_m,
-                                             M, N, NG, stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
-            acc = _mma_block(acc, neg_bias, q, xt, s, s_ptr, kb, kb1, offs_n, N, GROUP, BLOCK_N, BLOCK_M,
-                             USE_ASM, DOT_F32, BIAS_DOT)
-            if UNROLL >= 2:
-                acc = _mma_block(acc, neg_bias, q2, xt2, s2, s_ptr, kb + 1, kb1, offs_n, N, GROUP, BLOCK_N,
-                                 BLOCK_M, USE_ASM, DOT_F32, BIAS_DOT)
-            q, xt, s = _load_block(x_ptr, qw_ptr, s_ptr, kb + 2 * UNROLL, kb1, pid_n, offs_n, offs_m, M, N, NG,
-                                   stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
-            if UNROLL >= 2:
-                q2, xt2, s2 = _load_block(x_ptr, qw_ptr, s_ptr, kb + 2 * UNROLL + 1, kb1, pid_n, offs_n, offs_m,
-                                          M, N, NG, stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
-            acc = _mma_block(acc, neg_bias, qb, xtb, sb, s_ptr, kb + UNROLL, kb1, offs_n, N, GROUP, BLOCK_N,
-                             BLOCK_M, USE_ASM, DOT_F32, BIAS_DOT)
-            if UNROLL >= 2:
-                acc = _mma_block(acc, neg_bias, qb2, xtb2, sb2, s_ptr, kb + UNROLL + 1, kb1, offs_n, N, GROUP,
-                                 BLOCK_N, BLOCK_M, USE_ASM, DOT_F32, BIAS_DOT)
-    elif PREFETCH == 1:
+    if PREFETCH == 1:
         # software pipeline over groups of UNROLL blocks: the loads of group g + 1 are issued
         # before the dequantization and MMAs of group g, so every warp always has loads in flight
         q, xt, s = _load_block(x_ptr, qw_ptr, s_ptr, kb0, kb1, pid_n, offs_n, offs_m, M, N, NG, stride_xm,
@@ -396,7 +364,7 @@ class TCConfig:
     num_stages: int = 1
     bias_dot: bool = True
     unroll: int = 1
-    prefetch: int = 0        # 1: register software pipeline; 2: the same, ping-pong register sets
+    prefetch: int = 0        # 1: register software pipeline
     reduce: int = 1          # split-K partials summed RED at a time by the last split (1: one by one)
 
 
@@ -421,7 +389,7 @@ def tc_block_m(M: int) -> int:
 # and its table prints per shape and M): edit them from that benchmark's results.
 #   bn/w: BLOCK_N and warps; bias: 1 = bias MMA, 0 = fma dequant; un: blocks per loop step (cut to the
 #   blocks one split has); pf: 1 = the next step's loads are issued before this step's MMAs (software
-#   pipeline), 2 = the same with two register sets in turn (no moves; PF=2 caps unroll at 2); stages: Triton cp.async stages; waves: split K until about waves x SMs CTAs exist
+#   pipeline); stages: Triton cp.async stages; waves: split K until about waves x SMs CTAs exist
 #   (rounded; fit=1 rounds down, so that a grid sized to the CTAs an SM holds has no straggler
 #   wave, e.g. 8704x4096: 136 tiles x split 3 = 408 CTAs, not x 4 = 544 > 4 x 132; split=S fixes
 #   the split); red: split-K partials the last split sums per load.
@@ -462,7 +430,7 @@ def tc_config_from_spec(spec: dict | str, M: int, N: int, K: int, sms: int = 132
     ctas = spec["waves"] * sms / tiles
     split = max(1, min(nkb, spec["split"] or (int(ctas) if spec["fit"] else round(ctas))))
     per_split = triton.cdiv(nkb, split)
-    unroll = min(spec["un"], 4 if per_split >= 4 else 2 if per_split >= 2 else 1, 2 if spec["pf"] == 2 else 4)
+    unroll = min(spec["un"], 4 if per_split >= 4 else 2 if per_split >= 2 else 1)
     return TCConfig(bn, bm, split, spec["w"], spec["stages"], bool(spec["bias"]), unroll, spec["pf"],
                     spec["red"])
 
