@@ -20,6 +20,20 @@ def tiny_model(cfg=None, seed=0, dtype=torch.float32) -> SalaForCausalLM:
     return build_model(cfg, random_state_dict(cfg, "cpu", dtype, seed))
 
 
+def micro_model(dtype=torch.float32) -> SalaForCausalLM:
+    """3 layers (sparse, lightning, sparse), hidden 32, dense_len 40 and 16-token blocks: prompts of
+    a few dozen tokens reach the sparse path; for interpreter-speed engine tests."""
+    from salactl.runtime.config import LIGHTNING, SPARSE, SalaConfig, SparseConfig
+
+    cfg = SalaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                     mixer_types=(SPARSE, LIGHTNING, SPARSE), lightning_nh=4, lightning_nkv=4,
+                     lightning_head_dim=16, dim_model_base=16, eos_token_id=(2,), initializer_range=0.1,
+                     sparse_config=SparseConfig(block_size=16, dense_len=40, init_blocks=1, kernel_size=8,
+                                                kernel_stride=4, topk=1, window_size=16))
+    return build_model(cfg, random_state_dict(cfg, "cpu", dtype, 5))
+
+
 def rel_err(a, b):
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))

@@ -8,6 +8,8 @@ import os
 import pytest
 import torch
 
+from conftest import micro_model
+
 if torch.cuda.is_available():
     pytest.skip("CUDA present: the GPU tests cover these kernels", allow_module_level=True)
 os.environ["TRITON_INTERPRET"] = "1"     # must be set before triton is first imported
@@ -28,20 +30,6 @@ def test_every_fold_kind_matches_reference_on_uneven_shapes():
     _assert_rows(check_fold_gemv("cpu", torch.float32, shapes, configs=F.CANDIDATE_CONFIGS[:2]))
 
 
-def _micro_model():
-    from salactl.runtime.checkpoint import random_state_dict
-    from salactl.runtime.config import LIGHTNING, SPARSE, SalaConfig, SparseConfig
-    from salactl.runtime.loader import build_model
-
-    cfg = SalaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                     num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                     mixer_types=(SPARSE, LIGHTNING, SPARSE), lightning_nh=4, lightning_nkv=4,
-                     lightning_head_dim=16, dim_model_base=16, eos_token_id=(2,), initializer_range=0.1,
-                     sparse_config=SparseConfig(block_size=16, dense_len=40, init_blocks=1, kernel_size=8,
-                                                kernel_stride=4, topk=1, window_size=16))
-    return build_model(cfg, random_state_dict(cfg, "cpu", torch.float32, 5))
-
-
 def test_engine_with_every_fold_matches_reference_engine(monkeypatch):
     """Batch-1 decode (dense and sparse) with the norms folded into q/k/v/z, q/k/v/o_gate, gate/up
     and lm_head and the gates / silu·mul into o_proj and down_proj gives the reference Engine's
@@ -56,7 +44,7 @@ def test_engine_with_every_fold_matches_reference_engine(monkeypatch):
     ran = []
     real = F.fold_gemv
     monkeypatch.setattr(F, "fold_gemv", lambda kind, w, *a, **kw: ran.append((*w.shape, kind)) or real(kind, w, *a, **kw))
-    model = _micro_model()
+    model = micro_model()
     rows = S.check_model(model, "cpu", prompt_len=38, decode_steps=2, chunk=40, tol=1e-4)
     _assert_rows(rows)
     assert model.fold_into_gemv and set(ran) == micro

@@ -8,6 +8,8 @@ import os
 import pytest
 import torch
 
+from conftest import micro_model
+
 if torch.cuda.is_available():
     pytest.skip("CUDA present: the GPU tests cover these kernels", allow_module_level=True)
 os.environ["TRITON_INTERPRET"] = "1"     # must be set before triton is first imported
@@ -118,24 +120,10 @@ def test_fused_ops():
     _assert_rows(S.check_fused("cpu", torch.float32))
 
 
-def _micro_model():
-    from salactl.runtime.checkpoint import random_state_dict
-    from salactl.runtime.config import LIGHTNING, SPARSE, SalaConfig, SparseConfig
-    from salactl.runtime.loader import build_model
-
-    cfg = SalaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                     num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                     mixer_types=(SPARSE, LIGHTNING, SPARSE), lightning_nh=4, lightning_nkv=4,
-                     lightning_head_dim=16, dim_model_base=16, eos_token_id=(2,), initializer_range=0.1,
-                     sparse_config=SparseConfig(block_size=16, dense_len=40, init_blocks=1, kernel_size=8,
-                                                kernel_stride=4, topk=1, window_size=16))
-    return build_model(cfg, random_state_dict(cfg, "cpu", torch.float32, 5))
-
-
 def test_engine_dense_and_sparse_match_reference_engine():
     """Fused model + paged caches + GPU backend (prefill with a cached prefix and sparse queries,
     sparse decode with GPU selection) against the reference Engine, on a micro model."""
-    _assert_rows(S.check_model(_micro_model(), "cpu", prompt_len=58, decode_steps=2, chunk=24, tol=1e-4))
+    _assert_rows(S.check_model(micro_model(), "cpu", prompt_len=58, decode_steps=2, chunk=24, tol=1e-4))
 
 
 def test_continuous_batching_equals_one_at_a_time():
@@ -148,7 +136,7 @@ def test_continuous_batching_equals_one_at_a_time():
     lens, news = [4, 42, 1], [2, 2, 3]
     prompts = [torch.randint(3, 128, (n,), generator=g).tolist() for n in lens]
     params = [SamplingParams(max_new_tokens=m, ignore_eos=True) for m in news]
-    engine = GPUEngine(_micro_model(), "cpu", max_running_requests=2, chunk_size=32, kv_tokens=1024)
+    engine = GPUEngine(micro_model(), "cpu", max_running_requests=2, chunk_size=32, kv_tokens=1024)
     batched = engine.generate(list(zip(prompts, params)))
     for p, prm, b in zip(prompts, params, batched):
         alone = engine.generate([(p, prm)])[0]
@@ -167,7 +155,7 @@ def test_profile_engine_workload_matches_reference_engine():
     from salactl.runtime.backend_reference import ReferenceBackend
     from salactl.runtime.engine import Engine
 
-    model = _micro_model()
+    model = micro_model()
     cfg = model.config
     ref = Engine(copy.deepcopy(model), "cpu", chunk_size=24)
     spec = ProfileSpec(model="micro", phases=("prefill", "decode"), context=58, chunk_size=16, backend="engine")
@@ -193,7 +181,7 @@ def test_fuse_model_again_after_a_module_swap_uses_the_new_weights():
     from salactl.runtime.gpu.fast_model import fuse_model
     from salactl.runtime.op_timer import NULL_TIMER
 
-    model = fuse_model(_micro_model())
+    model = fuse_model(micro_model())
     mlp = model.model.layers[0].mlp
     first = mlp._w_gate_up
     assert fuse_model(model).model.layers[0].mlp._w_gate_up is first
@@ -262,7 +250,7 @@ def test_run_profile_times_the_real_generation_and_profiles_ops_eagerly():
 
     prompt = torch.randint(3, 128, (45,), generator=torch.Generator().manual_seed(1)).tolist()
     params = SamplingParams(max_new_tokens=6, ignore_eos=True)
-    engine = GPUEngine(_micro_model(), "cpu", max_running_requests=1, chunk_size=32, kv_tokens=256)
+    engine = GPUEngine(micro_model(), "cpu", max_running_requests=1, chunk_size=32, kv_tokens=256)
     plain = engine.generate_one(prompt, params)
     res, note = generate_with_op_profile(engine, prompt, params, decode_steps=2)
     assert res.output_token_ids == plain.output_token_ids and res.decode.forward_calls == 5
