@@ -92,12 +92,11 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 #   bucket keeps its own), else pass 2 recomputes q.K1 (the previous path);
 # topk: "radix" (radix select over GROUP keys, then over the groups' picks), "bitonic" (tl.topk)
 #   or "hist" (every chunk writes int32 score words, the row's last program selects over the whole
-#   row: radix select with tl.histogram digits, `tile` keys per step); `hist_first` (True when
-#   the DECODE_DEFAULTS key is absent): the pass-2 programs build the top-12-bit histogram with
-#   global atomics, the last program reads the row once and finishes on the blocks in the
-#   threshold's bin (else 4 histogram passes + 1 compaction over the row); `hist_copies` (1 when
-#   absent): lane-private bin copies, only for Triton >= 3.7's atomic-per-entry tl.histogram;
-#   group and radix_bits unused);
+#   row: radix select with tl.histogram digits, `tile` keys per step); `hist_first`: the pass-2
+#   programs build the top-12-bit histogram with global atomics, the last program reads the row
+#   once and finishes on the blocks in the threshold's bin (else 4 histogram passes + 1
+#   compaction over the row); `hist_copies`: lane-private bin copies, only for Triton >= 3.7's
+#   atomic-per-entry tl.histogram; group and radix_bits unused under hist);
 # group: blocks per top-k group (the last chunk program of each group selects its top K; the last
 #   group merges); nbc: blocks per pass-2 program; tile / radix_bits: the radix select's tile
 #   and bits per round; lse_splits: pass-1 programs per row (None: about four per SM).
@@ -105,7 +104,8 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # recomputing them (1M: 82.8 vs 76.8 us; 128K: 25.8 both): the top-k, not the K1 re-read, is the
 # selection's cost; radix g1024 was 70.0 us at 1M but 34.2 at 128K; every other variant slower.
 DECODE_DEFAULTS = dict(stored=False, store_max_bytes=128 << 20, topk="radix", group=2048, tile=2048,
-                       radix_bits=2, nbc=64, nbc_fp32=32, num_warps=8, lse_splits=None)
+                       radix_bits=2, nbc=64, nbc_fp32=32, num_warps=8, lse_splits=None, hist_first=True,
+                       hist_copies=1)
 
 
 def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_max: int,
@@ -137,8 +137,8 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     radix_bits = dflt["radix_bits"] if radix_bits is None else radix_bits
     num_warps = dflt["num_warps"] if num_warps is None else num_warps
     topk = dflt["topk"] if topk is None else topk
-    hist_copies = dflt.get("hist_copies", 1) if hist_copies is None else hist_copies
-    hist_first = dflt.get("hist_first", True) if hist_first is None else hist_first
+    hist_copies = dflt["hist_copies"] if hist_copies is None else hist_copies
+    hist_first = dflt["hist_first"] if hist_first is None else hist_first
     nw_max = nb_max * wpp
     if stored is None:
         stored = dflt["stored"] and rows * G * nw_max * 4 <= dflt["store_max_bytes"]
