@@ -19,7 +19,8 @@ paged attention over the selected blocks) vs dense paged attention, sala-9b shap
    gpu.DECODE_DEFAULTS) at both contexts -- the numbers to set DECODE_DEFAULTS from.
 --quick: bf16 checks only, no cold timings, no context-wide-table case (< 60 s on an H200).
 --variants: comma-separated substrings; only VARIANTS whose name holds one are compiled, checked
-and timed ("default" always is).
+and timed ("default" always is). --breakdown: also each variant's device time per kernel
+(torch.profiler over eager calls), printed as "kernels[variant]" in the JSON lines.
 Results: tables on stdout (last) and DIR/sparse_decode_bench.json ($OUT or ./out).
 """
 
@@ -102,7 +103,7 @@ def end_to_end(cfg, ctx, device="cuda", dtype=torch.bfloat16) -> float:
     return float((out.float() - ref).norm() / ref.norm())
 
 
-def layer_case(cfg, ctx, width, flush_buf, variants):
+def layer_case(cfg, ctx, width, flush_buf, variants, breakdown=False):
     """Timings (us) of one layer's decode attention at context `ctx`, page table `width` wide."""
     from salactl.runtime.ops.decode_attention.triton import choose_splits, paged_attention
     from salactl.runtime.ops.selection.gpu import compress_update, select_decode
@@ -159,9 +160,13 @@ def layer_case(cfg, ctx, width, flush_buf, variants):
     for tag in ("", "_cold"):
         if f"dense{tag}_us" in out:
             out[f"ratio{tag}"] = out[f"sparse_total{tag}_us"] / out[f"dense{tag}_us"]
-    for name, kw in variants:
-        out[f"sel[{name}]_us"] = graph_time(lambda: select_decode(
-            q, k1p, pt, one, seq, sc, nb, k_pages=kp, k1_start=jstart, k1_count=jcount, **kw)) * 1e6
+    for name, kw in [("default", {})] + variants:
+        def sel(kw=kw):
+            return select_decode(q, k1p, pt, one, seq, sc, nb, k_pages=kp, k1_start=jstart, k1_count=jcount, **kw)
+        if name != "default":
+            out[f"sel[{name}]_us"] = graph_time(sel) * 1e6
+        if breakdown:
+            out[f"kernels[{name}]_us"] = {k: round(v, 2) for k, v in timing.kernel_times(sel).items()}
     return out
 
 
@@ -238,6 +243,8 @@ def main():
     ap.add_argument("--skip-checks", action="store_true")
     ap.add_argument("--variants", default="",
                     help="comma-separated name substrings: sweep only those VARIANTS (default: all)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also each selection variant's time per kernel (torch.profiler, eager calls)")
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
     args = ap.parse_args()
     from salactl.runtime.presets import sala_9b
@@ -271,7 +278,7 @@ def main():
         cases.append((131072, 131072 // B + 2))
     res["cases"] = []
     for ctx, width in cases:
-        c = layer_case(cfg, ctx, width, flush_buf, variants)
+        c = layer_case(cfg, ctx, width, flush_buf, variants, args.breakdown)
         torch.cuda.empty_cache()
         res["cases"].append(c)
         print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in c.items()}), flush=True)

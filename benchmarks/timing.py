@@ -41,3 +41,22 @@ def graph_time(fn, inner: int = 10, reps: int = 10, flush=None) -> float:
         for _ in range(inner):
             body()
     return events_time(g.replay, reps) / inner
+
+
+def kernel_times(fn, reps: int = 20, warm: int = 3) -> dict[str, float]:
+    """Mean device microseconds per fn() of each kernel it launches (torch.profiler, eager calls):
+    where a multi-kernel op spends its time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            out[ev.name] = out.get(ev.name, 0.0) + ev.device_time / reps
+    return out

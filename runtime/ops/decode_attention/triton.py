@@ -185,10 +185,12 @@ class DecodeConfig:
 # pages: tests and reference runs only). Edit "bf16"/"fp8" from the table of benchmarks/decode_attention_bench.py: the
 # fastest config per dtype at 128K b1 that is no slower (x default >= ~0.98) on the other cases.
 DEFAULT_CONFIGS = {
-    "bf16": DecodeConfig(),
-    # H200, session 3 sweep: 128K b1 31.1 us vs 33.1 (r128) / 41.0 (bf16's config); 1.00-1.11x
-    # of the r128 config on every other case (32K, 1M, 4K b8/b32, sparse 128K)
-    "fp8": DecodeConfig(warps=2, programs_per_sm=4, max_splits=256),
+    # H200, session 4 sweep: 128K b1 42.8 vs 45.0 us (w4); 1.01-1.10x of w4 on every other case
+    # (32K, 1M, 4K b8/b32, sparse 128K). Preloading page ids loses for bf16 at b8/b32 (0.88-0.96x).
+    "bf16": DecodeConfig(warps=2, programs_per_sm=4, max_splits=256),
+    # H200, session 4 sweep: 128K b1 27.2 vs 30.6 us without preload, 1M 143 vs 167 us, 4K b32
+    # 30.3 vs 33.7; sparse 128K 8.6 vs 8.4 (the one case it is not faster)
+    "fp8": DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16),
     "fp32": DecodeConfig(),
 }
 
@@ -206,7 +208,7 @@ SWEEP_CONFIGS = (
     DecodeConfig(maxnreg=128, programs_per_sm=4, max_splits=256),
     DecodeConfig(warps=2, programs_per_sm=4, max_splits=256),
     DecodeConfig(warps=2, programs_per_sm=5, max_splits=512),
-    # page ids preloaded (session 3, unmeasured): `stages - 1` pages in flight per program. Offline
+    # page ids preloaded (session 3): `stages - 1` pages in flight per program. Offline
     # sm_90 (Triton 3.9 / 3.6) fp8 regs, smem per CTA: w2 s3 203/239, 39 KB; w2 s4 241/238, 55 KB;
     # w4 s4 144/147, 55 KB; bf16 w4 s3 120/96, 72 KB; no spills
     DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16),
@@ -214,6 +216,10 @@ SWEEP_CONFIGS = (
     DecodeConfig(warps=2, stages=4, programs_per_sm=2, max_splits=256, preload=16),
     DecodeConfig(warps=4, stages=4, programs_per_sm=3, max_splits=256, preload=16),
     DecodeConfig(warps=4, stages=3, programs_per_sm=4, preload=16),
+    # session 4: more programs per SM for fp8 (w2 s3 fits 5 CTAs/SM by smem; w1 more by regs)
+    DecodeConfig(warps=2, stages=3, programs_per_sm=5, max_splits=512, preload=16),
+    DecodeConfig(warps=1, stages=3, programs_per_sm=8, max_splits=512, preload=16),
+    DecodeConfig(warps=1, stages=4, programs_per_sm=6, max_splits=512, preload=16),
 )
 
 
