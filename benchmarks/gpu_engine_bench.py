@@ -1,6 +1,6 @@
 """GPU engine: correctness checks + speed on one GPU, in one run (DESIGN.md §3, issue 4).
 
-    python benchmarks/gpu_engine_bench.py [--skip-1m] [--only decode,attention,...]
+    python benchmarks/gpu_engine_bench.py [--skip-1m] [--only decode,attention,...] [--breakdown]
 
 1. every GPU kernel against its reference on random inputs (runtime/gpu/selfcheck.py), and the
    whole engine against the reference Engine on sala-nano shapes;
@@ -29,9 +29,10 @@ import traceback
 from pathlib import Path
 
 import torch
-from timing import events_time
+from timing import events_time, kernel_breakdown
 
 RESULTS: dict = {}
+ARGS = argparse.Namespace(breakdown=False)
 OUT = Path(os.environ.get("OUT", "out"))
 
 
@@ -147,7 +148,7 @@ class Synthetic:
             self.engine.backend.release_slot(s)
 
 
-def decode_case(engine, model, n, ctx, ceil, steps=30, eager=False, profile=False):
+def decode_case(engine, model, n, ctx, ceil, steps=30, eager=False, profile=False, breakdown=False):
     from salactl.runtime.op_timer import OpTimer
 
     syn = Synthetic(engine, n, ctx)
@@ -169,6 +170,8 @@ def decode_case(engine, model, n, ctx, ceil, steps=30, eager=False, profile=Fals
         out.update(batch=n, ctx=ctx, mode="sparse" if sparse else "dense", replay_ms=replay * 1e3,
                    engine_step_ms=step * 1e3, tok_s=n / step, replay_tok_s=n / replay,
                    floor_ms=floor * 1e3, pct_of_floor=100 * floor / replay)
+        if breakdown:
+            out["kernels"] = kernel_breakdown(graph, top=24)
         if eager:
             r.cuda_graph = False
             r.decode(syn.rows(1))
@@ -191,8 +194,9 @@ def decode_case(engine, model, n, ctx, ceil, steps=30, eager=False, profile=Fals
 @section("decode")
 def decode(engine, model, ceil):
     cases = {}
-    for n, ctx, kw in ((1, 4096, dict(eager=True, profile=True)), (8, 4096, {}), (32, 4096, {}),
-                       (1, 131072, {}), (1, 1 << 20, {})):
+    bd = dict(breakdown=ARGS.breakdown)
+    for n, ctx, kw in ((1, 4096, dict(eager=True, profile=True, **bd)), (8, 4096, bd), (32, 4096, bd),
+                       (1, 131072, bd), (1, 1 << 20, bd)):
         key = f"b{n}_ctx{ctx}"
         try:
             cases[key] = decode_case(engine, model, n, ctx, ceil, **kw)
@@ -372,9 +376,12 @@ def main():
     ap.add_argument("--only", default="checks,decode,attention,prefill,batching,long_1m")
     ap.add_argument("--skip-1m", action="store_true")
     ap.add_argument("--deadline-1m", type=float, default=150.0)
+    ap.add_argument("--breakdown", action="store_true",
+                    help="decode: also GPU time per kernel name inside one graph replay (torch.profiler)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    global OUT
+    global OUT, ARGS
+    ARGS = args
     if args.out:
         OUT = Path(args.out)
     only = set(args.only.split(","))

@@ -23,7 +23,6 @@ import gc
 import json
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -31,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gpu_engine_bench as G  # noqa: E402
-from timing import events_time, graph_time  # noqa: E402
+from timing import events_time, graph_time, kernel_breakdown  # noqa: E402
 
 RESULTS = G.RESULTS
 
@@ -131,27 +130,6 @@ def fp8_attention(cfg):
         del kp, vp
         torch.cuda.empty_cache()
     return out
-
-
-def kernel_breakdown(graph, reps=5, top=14) -> dict:
-    """GPU time per replay by kernel name (torch.profiler sees the kernels inside a graph)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    graph.replay()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            graph.replay()
-        torch.cuda.synchronize()
-    per = defaultdict(lambda: [0.0, 0])
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            per[e.name][0] += e.device_time / reps
-            per[e.name][1] += 1 / reps
-    total = sum(v[0] for v in per.values())
-    rows = sorted(per.items(), key=lambda kv: -kv[1][0])
-    return {"kernel_us_per_step": total, "kernels_per_step": round(sum(v[1] for v in per.values())),
-            "top": [(n[:70], round(v[0], 1), round(v[1])) for n, v in rows[:top]]}
 
 
 def engine_decode(model, ceil, label):

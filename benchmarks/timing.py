@@ -60,3 +60,26 @@ def kernel_times(fn, reps: int = 20, warm: int = 3) -> dict[str, float]:
         if ev.device_type == torch.autograd.DeviceType.CUDA:
             out[ev.name] = out.get(ev.name, 0.0) + ev.device_time / reps
     return out
+
+
+def kernel_breakdown(graph, reps=5, top=14) -> dict:
+    """GPU time per replay by kernel name (torch.profiler sees the kernels inside a graph)."""
+    from collections import defaultdict
+
+    from torch.profiler import ProfilerActivity, profile
+
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            graph.replay()
+        torch.cuda.synchronize()
+    per = defaultdict(lambda: [0.0, 0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per[e.name][0] += e.device_time / reps
+            per[e.name][1] += 1 / reps
+    total = sum(v[0] for v in per.values())
+    rows = sorted(per.items(), key=lambda kv: -kv[1][0])
+    return {"kernel_us_per_step": total, "kernels_per_step": round(sum(v[1] for v in per.values())),
+            "top": [(n[:70], round(v[0], 1), round(v[1])) for n, v in rows[:top]]}

@@ -241,6 +241,32 @@ def test_batch1_gemv_matches_linear():
         gv.GEMV_SHAPES.discard((37, 300))
 
 
+def test_skinny_gemm_matches_linear():
+    """The skinny GEMM (every candidate block shape) equals F.linear in fp32 for 2-64 rows,
+    including N, K and M that are not multiples of the blocks; `linear` routes only the listed
+    (N, K, BM) of 16-bit activations."""
+    from salactl.runtime.ops.gemv import skinny
+    from salactl.runtime.ops.gemv import triton as gv
+
+    g = torch.Generator().manual_seed(0)
+    for m, n, k in ((2, 48, 640), (17, 37, 300), (64, 70, 256)):
+        w = torch.randn(n, k, generator=g)
+        x = torch.randn(m, k, generator=g)
+        want = torch.nn.functional.linear(x, w)
+        for cfg in skinny.CANDIDATE_CONFIGS:
+            assert torch.allclose(skinny.skinny_linear(x, w, cfg), want, atol=1e-4, rtol=1e-4), (m, n, k, cfg)
+    w, x = w.half(), x.half()        # the interpreter's bf16 dot is not trustworthy; fp16 is
+    assert skinny.routed(x, w) is None
+    skinny.SKINNY_CONFIGS[(70, 256, 64)] = skinny.CANDIDATE_CONFIGS[0]
+    try:
+        assert skinny.routed(x, w) == skinny.CANDIDATE_CONFIGS[0] and skinny.routed(x.float(), w.float()) is None
+        assert skinny.routed(x[:16], w) is None           # BM 16 is not listed
+        want = torch.nn.functional.linear(x.float(), w.float())
+        assert ((gv.linear(x, w).float() - want).norm() / want.norm()) < 1e-2
+    finally:
+        skinny.SKINNY_CONFIGS.pop((70, 256, 64))
+
+
 def test_run_profile_times_the_real_generation_and_profiles_ops_eagerly():
     """`salactl run` on the GPU engine: the timed generation's tokens are the engine's own, per-op
     times come from the eager pass (prefill whole, decode steps scaled to the timed count)."""

@@ -94,6 +94,22 @@ def test_batch1_gemv(shape):
         assert ((y - ref).norm() / ref.norm()).item() < 1e-2, cfg
 
 
+@pytest.mark.parametrize("shape", [(4096, 4096), (8704, 4096), (100, 700)])
+def test_skinny_gemm(shape):
+    """The skinny bf16 GEMM, every candidate block shape, 2-64 rows, against an fp32 matmul."""
+    from salactl.runtime.ops.gemv import skinny
+
+    n, k = shape
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w = torch.randn(n, k, device="cuda", generator=g).bfloat16()
+    for m in (2, 8, 17, 32, 64):
+        x = torch.randn(m, k, device="cuda", generator=g).bfloat16()
+        ref = x.float() @ w.float().t()
+        for cfg in skinny.CANDIDATE_CONFIGS:
+            y = skinny.skinny_linear(x, w, cfg).float()
+            assert ((y - ref).norm() / ref.norm()).item() < 1e-2, (m, cfg)
+
+
 def test_fused_w4a16_projection_on_gpu():
     """W4A16 projections concatenated along N (the engine's fusion) equal the separate modules."""
     from salactl.quant.linear import W4A16Linear

@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from salactl.runtime.ops.gemv import skinny
+
 # (BN rows per program, BK, num_warps, num_stages) per (N, K) weight shape routed to this kernel at
 # batch 1; other shapes use cuBLAS through F.linear. Measured on one H200 (commit 59939ab, graph over
 # > 256 MB of weight copies): o_proj 4096x4096 10.8 vs cuBLAS 13.4 us, the sparse layers' fused
@@ -56,7 +58,11 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | N
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """F.linear(x, w), through the GEMV for one row when (N, K) is in GEMV_SHAPES."""
+    """F.linear(x, w), through the GEMV for one row when (N, K) is in GEMV_SHAPES and through the
+    skinny GEMM (skinny.py) for 2-64 rows where it measured faster than cuBLAS."""
     if x.shape[0] == 1 and tuple(w.shape) in GEMV_SHAPES and x.dim() == 2:
         return gemv(x, w)
+    cfg = skinny.routed(x, w)
+    if cfg is not None and x.stride(-1) == 1 and w.stride(-1) == 1:
+        return skinny.skinny_linear(x, w, cfg)
     return torch.nn.functional.linear(x, w)
