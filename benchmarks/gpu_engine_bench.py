@@ -9,10 +9,10 @@
    the measured copy bandwidth), sparse vs dense decode attention at 128K/1M, prefill 32K vs the
    FLOP floor (measured bf16 GEMM rate), 128K TTFT, continuous batching 64 x (4K in / 256 out)
    vs one at a time, and a 1,048,576-token prefill + decode with peak memory.
-Decode contexts are synthetic (random K/V pages and states; the cost does not depend on the
-values); prefill and batching run real prompts of random token ids. Timings: CUDA events around
-graph replays or host clocks after a synchronize, medians. Results: $OUT/gpu_bench.json (or
---out), a short table last.
+Decode contexts are synthetic (random K/V pages and compressed keys, zero states); prefill
+and batching run real prompts of random token ids. Timings: CUDA events around graph replays
+or host clocks after a synchronize, medians. Results: $OUT/gpu_bench.json (or --out), a short
+table last.
 """
 
 from __future__ import annotations
@@ -124,6 +124,16 @@ def decode_bytes(cfg, model, rows: int, ctx: int) -> int:
     return weight_bytes(model, rows) + rows * (kv + state)
 
 
+def fill_random(pools, pages) -> None:
+    """Random K/V and compressed keys in `pages` of every sparse layer: the selection's top-k
+    costs more when all block scores tie (as they do in zeroed pools) than on real keys."""
+    idx = torch.as_tensor(pages, device=pools.k.device, dtype=torch.long)
+    for pool in (pools.k, pools.v, pools.k1):
+        for layer in range(pool.shape[0]):
+            shape = (len(pages),) + tuple(pool.shape[2:])
+            pool[layer, idx] = torch.randn(shape, device=pool.device, dtype=torch.bfloat16).to(pool.dtype)
+
+
 class Synthetic:
     """Requests with `ctx` tokens of random cache, made directly in the pools."""
 
@@ -135,6 +145,7 @@ class Synthetic:
         for s in self.slots:
             pg = engine.scheduler.pages.alloc(math.ceil((ctx + 256) / B))
             engine.pools.assign_pages(s, pg)
+            fill_random(engine.pools, pg)
             self.pages.append(pg)
             engine.backend.release_slot(s)
 

@@ -12,9 +12,9 @@ paged attention over the selected blocks) vs dense paged attention, sala-9b shap
 2. per layer at 1M and 128K inside a 1M-wide page table (and, without --quick, 128K in a
    table as wide as the context): dense us; sparse total us = fused selection + attention, and its
    parts (compress alone, selection without / with the fused compress, attention over the
-   selected blocks); ratio to dense. Each timing is the median over replays of a CUDA graph of 20
-   calls ("warm": K1 may sit in L2; "cold", without --quick: a 64 MB L2 flush before each call,
-   its own time subtracted).
+   selected blocks); ratio to dense; the selection with every score tied (zero compressed keys).
+   Each timing is the median over replays of a CUDA graph of 20 calls ("warm": K1 may sit in
+   L2; "cold", without --quick: a 64 MB L2 flush before each call, its own time subtracted).
 3. the selection (fused K1) of every variant in VARIANTS (select_decode knobs; "default" =
    gpu.DECODE_DEFAULTS) at both contexts -- the numbers to set DECODE_DEFAULTS from.
 --quick: bf16 checks only, no cold timings, no context-wide-table case (< 60 s on an H200).
@@ -160,6 +160,8 @@ def layer_case(cfg, ctx, width, flush_buf, variants, breakdown=False):
     for tag in ("", "_cold"):
         if f"dense{tag}_us" in out:
             out[f"ratio{tag}"] = out[f"sparse_total{tag}_us"] / out[f"dense{tag}_us"]
+    k1z = torch.zeros_like(k1p)       # every score equal: the top-k's tie path on every block
+    out["selection_all_tied_us"] = graph_time(lambda: select_decode(q, k1z, pt, one, seq, sc, nb)) * 1e6
     for name, kw in [("default", {})] + variants:
         def sel(kw=kw):
             return select_decode(q, k1p, pt, one, seq, sc, nb, k_pages=kp, k1_start=jstart, k1_count=jcount, **kw)

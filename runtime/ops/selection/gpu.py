@@ -168,7 +168,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     js, jc = (k1_start, k1_count) if fuse else (slots, slots)
     dkern._lse_kernel[(rows, lse_splits)](
         q, k1_pages, page_table, slots, seq_lens, plse, ctr, kp, js, jc,
-        scale_tensor(k_scale if fuse else 1.0, hkv, dev), scores,
+        scale_tensor(k_scale, hkv, dev) if fp8 else plse, scores,     # read only for FP8 pages
         q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), kp.stride(0), kp.stride(1),
         page_table.stride(0), s_scr, s_scg, sm_scale, lse_splits,
         HKV=hkv, G=G, BG=BG, D=D, WPP=wpp, KS=sc.kernel_size, ST=sc.kernel_stride, BS=sc.block_size,
