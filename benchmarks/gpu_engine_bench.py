@@ -1,6 +1,7 @@
 """GPU engine: correctness checks + speed on one GPU, in one run (DESIGN.md §3, issue 4).
 
     python benchmarks/gpu_engine_bench.py [--skip-1m] [--only decode,attention,...] [--breakdown]
+        [--selection topk=hist,tile=2048]
 
 1. every GPU kernel against its reference on random inputs (runtime/gpu/selfcheck.py), and the
    whole engine against the reference Engine on sala-nano shapes;
@@ -389,6 +390,8 @@ def main():
     ap.add_argument("--deadline-1m", type=float, default=150.0)
     ap.add_argument("--breakdown", action="store_true",
                     help="decode: also GPU time per kernel name inside one graph replay (torch.profiler)")
+    ap.add_argument("--selection", default="",
+                    help="decode selection knobs over selection/gpu.py's DECODE_DEFAULTS, e.g. topk=hist,tile=2048")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     global OUT, ARGS
@@ -399,6 +402,12 @@ def main():
     if args.skip_1m:
         only.discard("long_1m")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    if args.selection:
+        from salactl.runtime.ops.selection.gpu import DECODE_DEFAULTS
+        for kv in args.selection.split(","):
+            k, v = kv.split("=")
+            DECODE_DEFAULTS[k] = int(v) if v.isdigit() else {"true": True, "false": False}.get(v, v)
+        RESULTS["selection_knobs"] = dict(DECODE_DEFAULTS)
     c = ceilings()
     ceil = c.get("copy_tb_s", 4.24)
     tflops = c.get("bf16_tflops", 790.0)

@@ -9,8 +9,9 @@ paged attention over the selected blocks) vs dense paged attention, sala-9b shap
    up to 1M, all in a page table as wide as the timed 1M one (so the checks compile the kernels
    the timings use); and the whole sparse decode output at 128K against the reference paged
    attention over the reference selection;
-2. per layer at 1M and 128K inside a 1M-wide page table (and, without --quick, 128K in a
-   table as wide as the context): dense us; sparse total us = fused selection + attention, and its
+2. per layer at 1M + 100 and 128K + 100 tokens (just past a multiple of the 2048-block top-k
+   group, as most contexts are) inside a 1M-wide page table (and, without --quick, exactly 128K,
+   and 128K + 100 in a table as wide as the context): dense us; sparse total us = fused selection + attention, and its
    parts (compress alone, selection without / with the fused compress, attention over the
    selected blocks); ratio to dense; the selection with every score tied (zero compressed keys).
    Each timing is the median over replays of a CUDA graph of 20 calls ("warm": K1 may sit in
@@ -49,7 +50,7 @@ def checks(cfg, quick):
 
     sc, hq, hkv, d = cfg.sparse_config, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     dl, B = sc.dense_len, sc.block_size
-    width = (1 << 20) // B + 2                   # the timed 1M table: same compiled kernels
+    width = (1 << 20) // B + 4                   # the timed 1M table: same compiled kernels
     tunes = [kw for _, kw in VARIANTS]
     rows = []
     lens = [dl, dl + 1, dl + 37, 3 * dl + B - 1, 50001, 140001]
@@ -78,7 +79,7 @@ def end_to_end(cfg, ctx, device="cuda", dtype=torch.bfloat16) -> float:
     sc, hq, hkv, d = cfg.sparse_config, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     gen = torch.Generator().manual_seed(5)
     pt, kp = paged_keys([ctx], hkv, d, sc.block_size, dtype, device, gen=gen,
-                        width=(1 << 20) // sc.block_size + 2)     # the precompiled specialisation
+                        width=(1 << 20) // sc.block_size + 4)     # the precompiled specialisation
     vp = torch.randn_like(kp)
     nw = num_windows(ctx, sc)
     k1p = torch.zeros(kp.shape[0], hkv, sc.block_size // sc.kernel_stride, d, device=device, dtype=kp.dtype)
@@ -201,7 +202,7 @@ def _compile_worker(tunes: list) -> list[str]:
     cfg = sala_9b()
     sc, hq, hkv, d = cfg.sparse_config, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     B = sc.block_size
-    width = (1 << 20) // B + 2
+    width = (1 << 20) // B + 4
     kp = torch.randn(8, hkv, B, d, device="cuda", dtype=torch.bfloat16)
     k1p = torch.zeros(8, hkv, B // sc.kernel_stride, d, device="cuda", dtype=torch.bfloat16)
     pt = torch.zeros(1, width, dtype=torch.int32, device="cuda")
@@ -275,9 +276,11 @@ def main():
     flush_buf = None if args.quick else torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
     variants = VARIANTS[1:]
     B = cfg.sparse_config.block_size
-    cases = [(1 << 20, (1 << 20) // B + 2), (131072, (1 << 20) // B + 2)]
+    # a context just past a multiple of 2048 blocks, as most are: 2048-block top-k groups + merge
+    off = 100
+    cases = [((1 << 20) + off, (1 << 20) // B + 4), (131072 + off, (1 << 20) // B + 4)]
     if not args.quick:
-        cases.append((131072, 131072 // B + 2))
+        cases += [(131072, (1 << 20) // B + 4), (131072 + off, 131072 // B + 4)]
     res["cases"] = []
     for ctx, width in cases:
         c = layer_case(cfg, ctx, width, flush_buf, variants, args.breakdown)
