@@ -175,19 +175,14 @@ def layer_case(cfg, ctx, width, flush_buf, variants, breakdown=False):
 
 # Selection variants swept (and checked): knobs of select_decode over gpu.DECODE_DEFAULTS.
 VARIANTS = [("default", {}),
-            ("recompute (K1 read twice)", dict(stored=False)),
-            ("radix rb4", dict(radix_bits=4)),
-            ("radix g1024", dict(group=1024, tile=1024)),
-            ("bitonic g2048", dict(topk="bitonic")),
-            ("bitonic g1024", dict(topk="bitonic", group=1024)),
-            ("bitonic g2048 w4", dict(topk="bitonic", num_warps=4)),
+            ("radix g2048 (session 3 default)", dict(topk="radix")),
+            ("radix g1024", dict(topk="radix", group=1024, tile=1024)),
+            ("radix rb4", dict(topk="radix", radix_bits=4)),
+            ("radix w4", dict(topk="radix", num_warps=4)),
             ("lse splits 256", dict(lse_splits=256)),
-            ("radix w4", dict(num_warps=4)),
-            ("radix w2", dict(num_warps=2)),
-            ("bitonic w2", dict(topk="bitonic", num_warps=2)),
+            ("hist t2048 w4", dict(topk="hist", tile=2048, num_warps=4)),
             ("hist t4096 w8", dict(topk="hist", tile=4096)),
             ("hist t4096 w16", dict(topk="hist", tile=4096, num_warps=16)),
-            ("hist t2048 w8", dict(topk="hist", tile=2048)),
             ("hist t8192 w16", dict(topk="hist", tile=8192, num_warps=16)),
             ("hist t4096 w16 5 passes", dict(topk="hist", tile=4096, num_warps=16, hist_first=False))]
 

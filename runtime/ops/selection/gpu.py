@@ -103,7 +103,11 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # H200, session 3 (sparse_decode_bench.py --quick): storing the scores measured slower than
 # recomputing them (1M: 82.8 vs 76.8 us; 128K: 25.8 both): the top-k, not the K1 re-read, is the
 # selection's cost; radix g1024 was 70.0 us at 1M but 34.2 at 128K; every other variant slower.
-DECODE_DEFAULTS = dict(stored=False, store_max_bytes=128 << 20, topk="radix", group=2048, tile=2048,
+# Session 4: those contexts were exact multiples of the 2048-block group, radix's best case; just
+# past one (1M + 100, 128K + 100: a second group and a merge) radix took 86.3 / 42.0 us and hist
+# with 2048-key tiles 71.6 / 41.3; in the engine's 9B decode step (contexts 128K + i) hist cut
+# the top-k kernel from 55 to 35 us per sparse layer at 128K and 73 to 62 us at 1M.
+DECODE_DEFAULTS = dict(stored=False, store_max_bytes=128 << 20, topk="hist", group=2048, tile=2048,
                        radix_bits=2, nbc=64, nbc_fp32=32, num_warps=8, lse_splits=None, hist_first=True,
                        hist_copies=1)
 
