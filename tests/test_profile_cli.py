@@ -156,4 +156,6 @@ def test_torch_mode_on_gpu_attributes_cuda_kernels(tmp_path):
     d = json.loads(p.stdout)
     ops = {r["op"]: r for r in d["ops"]}
     assert ops["mlp"]["kernels"] > 0 and ops["lm_head"]["kernels"] > 0
+    # the engine's Triton kernels (launched outside any aten op) are attributed too
+    assert ops["attention"]["kernels"] > 0 and ops["gla"]["kernels"] > 0, ops
     assert d["nvml"]["samples"] >= 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from salactl.profiling.step_runner import run_phases
@@ -23,15 +24,33 @@ def _stack(evt) -> list[str]:
     return names[::-1]
 
 
+def _launch_events(events) -> dict:
+    """Host-side launch calls (cudaLaunchKernel, cuLaunchKernelEx, cudaMemcpyAsync, ...) by
+    correlation id: a device event carries the id of the call that launched it."""
+    out = {}
+    for e in events:
+        if e.device_type == DeviceType.CPU and e.name.startswith("cu"):
+            if e.id not in out or ("Launch" in e.name or "Mem" in e.name):
+                out[e.id] = e
+    return out
+
+
 def samples_from_events(events, cuda: bool) -> list[KernelSample]:
     out = []
+    if cuda:
+        # Attributed through the launching call's parent ranges, not FunctionEvent.kernels: the
+        # profiler links kernels only to an enclosing aten op, and Triton kernels have none.
+        launches = _launch_events(events)
+        for e in events:
+            launch = launches.get(e.id) if e.device_type == DeviceType.CUDA else None
+            if launch is None:          # host events, and the ranges' own GPU annotation spans
+                continue
+            phase, layer, op = attribute(_stack(launch))
+            if phase:
+                out.append(KernelSample(e.name, phase, layer, op, (e.time_range.end - e.time_range.start) / 1e6))
+        return out
     for e in events:
-        if cuda:
-            for k in getattr(e, "kernels", []) or []:
-                phase, layer, op = attribute(_stack(e))
-                if phase:
-                    out.append(KernelSample(k.name, phase, layer, op, k.duration / 1e6))
-        elif not e.cpu_children and e.name.startswith("aten::"):
+        if not e.cpu_children and e.name.startswith("aten::"):
             phase, layer, op = attribute(_stack(e))
             if phase:
                 out.append(KernelSample(e.name, phase, layer, op, e.self_cpu_time_total / 1e6))
