@@ -61,10 +61,10 @@ def checks(cfg, quick):
                                    width=width, tunes=tunes)
     if not quick:
         rows += check_decode_selection("cuda", torch.bfloat16, hq, hkv, d, sc, lens[:5], ties=True, seed=2,
-                                       nbc=32, group=128, tile=256, radix_bits=4)
+                                       topk="radix", nbc=32, group=128, tile=256, radix_bits=4)
         for ties in (False, True):
             rows += check_decode_selection("cuda", torch.float32, hq, hkv, d, sc, lens, ties=ties, seed=3,
-                                           tunes=[{}, dict(stored=False), dict(topk="bitonic")])
+                                           tunes=[{}, dict(topk="radix")])
     rows.append(("sparse decode output at 128K vs reference (rel err)", end_to_end(cfg, 131072), 1e-2))
     return rows
 
@@ -248,9 +248,6 @@ def main():
     from salactl.runtime.presets import sala_9b
 
     global VARIANTS
-    if not hasattr(__import__("triton").language, "topk"):      # bitonic variants need tl.topk
-        print("triton without tl.topk: bitonic variants skipped", flush=True)
-        VARIANTS = [v for v in VARIANTS if v[1].get("topk") != "bitonic"]
     if args.variants:
         wanted = [w.strip() for w in args.variants.split(",") if w.strip()]
         VARIANTS = VARIANTS[:1] + [v for v in VARIANTS[1:] if any(w in v[0] for w in wanted)]

@@ -56,18 +56,17 @@ def test_selection_matches_reference():
 
 
 @pytest.mark.parametrize("ties", [False, True])
-@pytest.mark.parametrize("knobs", [dict(lse_splits=3), dict(nbc=4, group=16, tile=8, lse_splits=2),
-                                   dict(nbc=8, group=32, tile=64, radix_bits=4, lse_splits=5, stored=True),
-                                   dict(nbc=4, group=16, lse_splits=2, topk="bitonic"),
+@pytest.mark.parametrize("knobs", [dict(lse_splits=3),
+                                   dict(topk="radix", nbc=4, group=16, tile=8, lse_splits=2),
+                                   dict(topk="radix", nbc=8, group=32, tile=64, radix_bits=4, lse_splits=5),
                                    dict(nbc=4, tile=16, lse_splits=2, topk="hist"),
                                    dict(nbc=4, tile=16, topk="hist", hist_first=False)])
 def test_decode_selection_exact_set_and_order(ties, knobs):
     """select_decode (fused K1 update, top-k in the kernel) = reference.select_blocks: contexts
     at/just past dense_len, not multiples of the block, shorter than topk, one and several
-    top-k groups/tiles; tied blocks must break by lower index. Scores recomputed from K1 by pass 2
-    (default) and stored by pass 1 (stored=True); radix-select, bitonic (tl.topk) and the row's
-    last program's histogram select (topk="hist", several tiles; with the top-12-bit histogram
-    from pass 2 and with 4 passes over the row) top-k."""
+    top-k groups/tiles; tied blocks must break by lower index. Radix select (topk="radix") and the
+    row's last program's histogram select (topk="hist", several tiles; with the top-12-bit
+    histogram from pass 2 and with 4 passes over the row) top-k."""
     from salactl.runtime.ops.selection.check import check_decode_selection
 
     sc = SMALL.sparse

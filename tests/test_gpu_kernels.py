@@ -50,21 +50,17 @@ def test_selection(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("ties", [False, True])
-@pytest.mark.parametrize("knobs", [{}, dict(nbc=32, group=128, tile=256, radix_bits=4, num_warps=4),
-                                   dict(stored=True), dict(topk="bitonic", group=256, num_warps=4),
+@pytest.mark.parametrize("knobs", [{},
+                                   dict(topk="radix", nbc=32, group=128, tile=256, radix_bits=4,
+                                        num_warps=4),
                                    dict(topk="hist", tile=256, nbc=32, num_warps=16),
                                    dict(topk="hist", tile=512, hist_first=False)])
 def test_decode_selection_exact_set_and_order(dtype, ties, knobs):
     """select_decode at 9B shapes vs reference.select_blocks (set and order; near-ties only):
-    default knobs (scores recomputed from K1 by pass 2, radix top-k), several top-k groups, scores
-    stored by pass 1, bitonic top-k (tl.topk) with a bitonic merge of several groups, the row's
-    last program's histogram select (topk="hist"): top-12-bit histogram from pass 2 + rounds over
-    the threshold bin's blocks, and 4 histogram passes over the whole row; several tiles each."""
-    import triton
-
+    default knobs, radix top-k over several top-k groups, the row's last program's histogram
+    select (topk="hist"): top-12-bit histogram from pass 2 + rounds over the threshold bin's
+    blocks, and 4 histogram passes over the whole row; several tiles each."""
     from salactl.runtime.gpu import selfcheck as S
-    if knobs.get("topk") == "bitonic" and not hasattr(triton.language, "topk"):
-        pytest.skip(f"triton {triton.__version__} has no tl.topk")
     from salactl.runtime.ops.selection.check import check_decode_selection
 
     sh = S.Shapes()

@@ -86,13 +86,9 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 
 
 # Launch defaults of select_decode (edit from benchmarks/sparse_decode_bench.py's sweep).
-# stored: pass 1 stores the group's scaled scores (fp32 [rows, G, windows], 4 B per head and window
-#   = 1/4 of K1's bytes at G 16, d 128) so pass 2 never re-reads K1 -- used while that buffer stays
-#   under store_max_bytes (8.4 MB per sequence at a 1M-wide page table; each CUDA-graph batch
-#   bucket keeps its own), else pass 2 recomputes q.K1 (the previous path);
-# topk: "radix" (radix select over GROUP keys, then over the groups' picks), "bitonic" (tl.topk)
-#   or "hist" (every chunk writes int32 score words, the row's last program selects over the whole
-#   row: radix select with tl.histogram digits, `tile` keys per step); `hist_first`: the pass-2
+# topk: "radix" (radix select over GROUP keys, then over the groups' picks) or "hist" (every
+#   chunk writes int32 score words, the row's last program selects over the whole row: radix
+#   select with tl.histogram digits, `tile` keys per step); `hist_first`: the pass-2
 #   programs build the top-12-bit histogram with global atomics, the last program reads the row
 #   once and finishes on the blocks in the threshold's bin (else 4 histogram passes + 1
 #   compaction over the row); `hist_copies`: lane-private bin copies, only for Triton >= 3.7's
@@ -100,24 +96,22 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # group: blocks per top-k group (the last chunk program of each group selects its top K; the last
 #   group merges); nbc: blocks per pass-2 program; tile / radix_bits: the radix select's tile
 #   and bits per round; lse_splits: pass-1 programs per row (None: about four per SM).
-# H200, session 3 (sparse_decode_bench.py --quick): storing the scores measured slower than
-# recomputing them (1M: 82.8 vs 76.8 us; 128K: 25.8 both): the top-k, not the K1 re-read, is the
-# selection's cost; radix g1024 was 70.0 us at 1M but 34.2 at 128K; every other variant slower.
+# H200, session 3 (sparse_decode_bench.py --quick): the top-k, not pass 2's K1 re-read, is the
+# selection's cost; radix g1024 was 70.0 us at 1M but 34.2 at 128K; every other variant slower
+# (pass-1-stored scores and a bitonic tl.topk were removed in session 4: slower in every run).
 # Session 4: those contexts were exact multiples of the 2048-block group, radix's best case; just
 # past one (1M + 100, 128K + 100: a second group and a merge) radix took 86.3 / 42.0 us and hist
 # with 2048-key tiles 71.6 / 41.3; in the engine's 9B decode step (contexts 128K + i) hist cut
 # the top-k kernel from 55 to 35 us per sparse layer at 128K and 73 to 62 us at 1M.
-DECODE_DEFAULTS = dict(stored=False, store_max_bytes=128 << 20, topk="hist", group=2048, tile=2048,
-                       radix_bits=2, nbc=64, nbc_fp32=32, num_warps=8, lse_splits=None, hist_first=True,
-                       hist_copies=1)
+DECODE_DEFAULTS = dict(topk="hist", group=2048, tile=2048, radix_bits=2, nbc=64, nbc_fp32=32, num_warps=8,
+                       lse_splits=None, hist_first=True, hist_copies=1)
 
 
 def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_max: int,
                   k_pages=None, k1_start=None, k1_count=None, k_scale=1.0,
                   lse_splits: int | None = None, nbc: int | None = None, group: int | None = None,
                   tile: int | None = None, radix_bits: int | None = None, num_warps: int | None = None,
-                  stored: bool | None = None, topk: str | None = None, hist_copies: int | None = None,
-                  hist_first: bool | None = None):
+                  topk: str | None = None, hist_copies: int | None = None, hist_first: bool | None = None):
     """One query per row (decode): two launches (triton_decode.py). With k_pages, k1_start and
     k1_count given, the window completed by each row's token (k1_count 0/1) is compressed into
     k1_pages by the first launch (replaces compress_update). nb_max: the static block width
@@ -143,16 +137,10 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     topk = dflt["topk"] if topk is None else topk
     hist_copies = dflt["hist_copies"] if hist_copies is None else hist_copies
     hist_first = dflt["hist_first"] if hist_first is None else hist_first
-    nw_max = nb_max * wpp
-    if stored is None:
-        stored = dflt["stored"] and rows * G * nw_max * 4 <= dflt["store_max_bytes"]
     K = min(sc.selected_blocks, nb_max)
     KP = triton.next_power_of_2(K)
-    assert topk in ("radix", "bitonic", "hist")
-    if topk == "bitonic" and not hasattr(triton.language, "topk"):
-        raise RuntimeError(f"select_decode topk='bitonic' needs tl.topk (triton {triton.__version__} lacks it)")
+    assert topk in ("radix", "hist")
     assert group % nbc == 0 and nbc & (nbc - 1) == 0 and tile & (tile - 1) == 0
-    assert topk != "bitonic" or (group & (group - 1) == 0 and group >= KP)
     ng_max = triton.cdiv(nb_max, group)
     nctr = 1 + 4096 if topk == "hist" else ng_max + 1    # hist: the ticket and the 12-bit bins
     sm_scale = 1.0 / math.sqrt(D)
@@ -166,28 +154,25 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     cand = torch.empty((rows, nb_max) if topk == "hist" and hist_first else (1,), device=dev, dtype=torch.int64)
     sel = torch.empty(n, hkv, K, device=dev, dtype=torch.int32)
     cnt = torch.empty(n, hkv, device=dev, dtype=torch.int32)
-    scores = torch.empty((rows, G, nw_max) if stored else (1,), device=dev, dtype=torch.float32)
-    s_scr, s_scg = (scores.stride(0), scores.stride(1)) if stored else (0, 0)
     kp = k_pages if fuse else k1_pages
     js, jc = (k1_start, k1_count) if fuse else (slots, slots)
     dkern._lse_kernel[(rows, lse_splits)](
         q, k1_pages, page_table, slots, seq_lens, plse, ctr, kp, js, jc,
-        scale_tensor(k_scale, hkv, dev) if fp8 else plse, scores,     # read only for FP8 pages
+        scale_tensor(k_scale, hkv, dev) if fp8 else plse,     # read only for FP8 pages
         q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), kp.stride(0), kp.stride(1),
-        page_table.stride(0), s_scr, s_scg, sm_scale, lse_splits,
+        page_table.stride(0), sm_scale, lse_splits,
         HKV=hkv, G=G, BG=BG, D=D, WPP=wpp, KS=sc.kernel_size, ST=sc.kernel_stride, BS=sc.block_size,
         BW=64, NCTR=nctr, NCTR2=triton.next_power_of_2(nctr), FUSE_K1=fuse, FP8=fp8,
-        DOT_F32=dot_f32, STORE=stored, num_warps=4)
+        DOT_F32=dot_f32, num_warps=4)
     dkern._block_topk_kernel[(rows, triton.cdiv(nb_max, nbc))](
-        q, k1_pages, page_table, slots, seq_lens, plse, keys, part, ctr, sel, cnt, scores, cand,
+        q, k1_pages, page_table, slots, seq_lens, plse, keys, part, ctr, sel, cnt, cand,
         q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), page_table.stride(0),
-        keys.stride(0), sel.stride(0), sel.stride(1), cnt.stride(0), cnt.stride(1), s_scr, s_scg,
-        sm_scale, lse_splits,
+        keys.stride(0), sel.stride(0), sel.stride(1), cnt.stride(0), cnt.stride(1), sm_scale, lse_splits,
         HKV=hkv, G=G, BG=BG, D=D, WPP=wpp, LEFT=sc.kernel_size // sc.kernel_stride - 1,
         KS=sc.kernel_size, ST=sc.kernel_stride, BS=sc.block_size, NBC=nbc, GROUP=group,
-        NG_MAX=ng_max, NG2=triton.next_power_of_2(ng_max), NCTR=nctr, INIT=sc.init_blocks,
+        NG_MAX=ng_max, NCTR=nctr, INIT=sc.init_blocks,
         WINB=sc.window_blocks, K=K, KP=KP, TILE=tile, RB=radix_bits,
-        SP2=max(2, triton.next_power_of_2(lse_splits)), DOT_F32=dot_f32, STORED=stored,
-        BITONIC=topk == "bitonic", HIST=topk == "hist", HCOPIES=hist_copies, HFIRST=hist_first,
+        SP2=max(2, triton.next_power_of_2(lse_splits)), DOT_F32=dot_f32,
+        HIST=topk == "hist", HCOPIES=hist_copies, HFIRST=hist_first,
         CTILE=max(256, 32 * num_warps), num_warps=num_warps)
     return sel, cnt

@@ -8,30 +8,25 @@ no library has a graph-safe top-k whose cost follows a length read on the device
 Bytes floor (sala-9b: Hkv 2, d 128, bf16, stride 16, block 64, 96 selected blocks), one layer:
 K1 = windows x Hkv x d x 2 B = 8,191 x 512 B = 4.19 MB at 128K and 65,535 x 512 B = 33.6 MB at
 1M (1.0 / 8.0 us at 4.2 TB/s); the selected K/V is 96 x 64 x 2 x 128 x 2 x 2 B = 6.3 MB (1.5 us).
-Dense K/V is 134 MB at 128K (32 us) and 1.07 GB at 1M (255 us). With STORE/STORED (default
-while the buffer is small enough) K1 is read once: pass 1 also writes the scaled scores
-q.K1_j/sqrt(d) of the group's G heads (fp32, G x 4 B = 64 B per window and KV head vs K1's
-256 B) and pass 2 reads those (mostly from L2); without, pass 2 recomputes them from K1 (2 x K1).
+Dense K/V is 134 MB at 128K (32 us) and 1.07 GB at 1M (255 us). Pass 2 recomputes the scores
+from K1 (K1 read twice, mostly from L2 the second time).
 
 1. `_lse_kernel` (grid rows x splits): each split walks its share of the row's *visible*
    windows (share computed from seq_lens on the device, so splits past the end do nothing) and
-   writes the per-head log-sum-exp of q.K1_j/sqrt(d) (and, with STORE, the scores themselves).
+   writes the per-head log-sum-exp of q.K1_j/sqrt(d).
    Split 0 zeroes the row's counters. With FUSE_K1 the split holding the window completed by
    this token first compresses it (mean of its keys) into the K1 pool, so no separate compress
    launch is needed.
 2. `_block_topk_kernel` (grid rows x chunks of NBC blocks; chunks past the row's own block exit
-   at once): merges the lse, computes p_j (from the stored scores or K1), sums over the group's
-   heads, max-pools to blocks,
-   applies the forced/candidate rules and writes one int64 sort key per block (order-preserving
-   score bits high, 2^32-1-b low: "higher score first, ties -> lower index", unique keys).
+   at once): merges the lse, recomputes p_j from K1, sums over the group's heads, max-pools to
+   blocks, applies the forced/candidate rules and writes one int64 sort key per block
+   (order-preserving score bits high, 2^32-1-b low: "higher score first, ties -> lower index", unique keys).
    The last chunk program of each GROUP-block group to finish (atomic ticket) selects the
    group's top K keys; with several groups, the last group to finish merges the groups' picks.
    The final K keys are written as block ids in descending key order plus the count -- the
    layout paged_attention takes. Top K of a key list = radix select of the K-th largest score
    word (RB bits per round, counts by broadcast compares), ties at that score taken in index
-   order by a cumsum, compaction by cumsum positions, final order by a bitonic sort of the K picks.
-   With BITONIC the group's and the merge's top keys come from tl.topk (bitonic top-k network,
-   descending: no separate sort); GROUP and the merge width must then be powers of two.
+   order by a cumsum, compaction by cumsum positions, final order by tl.sort of the K picks.
    With HIST (topk="hist") there are no groups: each program stores int32 score words (4 B per
    block: 64 KB per row at 1M) and, with HFIRST, adds its blocks to the row's 4096-bin
    histogram of the top 12 word bits (global atomics, next to the row's ticket); the last
@@ -41,8 +36,8 @@ q.K1_j/sqrt(d) of the group's G heads (fp32, G x 4 B = 64 B per window and KV he
    compaction over the few blocks sharing the threshold's 12-bit bin (usually one CTILE step
    each); without, 4 histogram passes + 1 compaction pass over all blocks (20 steps at 1M).
    The radix path instead runs 16 two-bit rounds per 2048-key tile in each of 8 groups, then 16
-   more for the merge (~150 synchronised steps on the critical path at 1M).
-   on the critical path). The final order: tl.sort of the <= KP picks.
+   more for the merge (~150 synchronised steps on the critical path at 1M). The final order:
+   tl.sort of the <= KP picks.
 """
 
 from __future__ import annotations
@@ -72,13 +67,12 @@ def _load_q(q_ptr, n, kh, s_qn, s_qh, G: tl.constexpr, BG: tl.constexpr, D: tl.c
 
 @triton.jit(do_not_specialize=["num_splits"])
 def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
-                k_ptr, jstart_ptr, jcount_ptr, ks_ptr, sc_ptr,
-                s_qn, s_qh, s_1p, s_1h, s_kp, s_kh, s_pt, s_scr, s_scg, sm_scale, num_splits,
+                k_ptr, jstart_ptr, jcount_ptr, ks_ptr,
+                s_qn, s_qh, s_1p, s_1h, s_kp, s_kh, s_pt, sm_scale, num_splits,
                 HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr,
                 WPP: tl.constexpr, KS: tl.constexpr, ST: tl.constexpr, BS: tl.constexpr,
                 BW: tl.constexpr, NCTR: tl.constexpr, NCTR2: tl.constexpr,
-                FUSE_K1: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr,
-                STORE: tl.constexpr):
+                FUSE_K1: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr):
     r = tl.program_id(0)
     sp = tl.program_id(1)
     n = r // HKV
@@ -106,10 +100,6 @@ def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
         jm = j < end
         s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
         s = s * sm_scale
-        if STORE:                           # pass 2 reads these instead of K1
-            g = tl.arange(0, BG)
-            tl.store(sc_ptr + r.to(tl.int64) * s_scr + g[:, None] * s_scg + j[None, :], s,
-                     mask=(g < G)[:, None] & jm[None, :])
         s = tl.where(jm[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         l = l * tl.exp(m - m_new) + tl.sum(tl.exp(s - m_new[:, None]), 1)
@@ -293,29 +283,19 @@ def _write_ranked(run, sel_ptr, cnt_ptr, KP: tl.constexpr):
     tl.store(cnt_ptr, nvalid)
 
 
-@triton.jit
-def _write_top(top, sel_ptr, cnt_ptr, K: tl.constexpr, KP: tl.constexpr):
-    """`top` [KP] in descending key order (tl.topk): the first min(K, #real) as block ids."""
-    nvalid = tl.minimum(tl.sum((_score_word(top) > 0).to(tl.int32), 0), K)
-    k = tl.arange(0, KP)
-    tl.store(sel_ptr + k, -1 - top.to(tl.int32), mask=k < nvalid)
-    tl.store(cnt_ptr, nvalid)
-
-
 @triton.jit(do_not_specialize=["num_splits"])
 def _block_topk_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, key_ptr, part_ptr,
-                       ctr_ptr, sel_ptr, cnt_ptr, sc_ptr, cand_ptr,
+                       ctr_ptr, sel_ptr, cnt_ptr, cand_ptr,
                        s_qn, s_qh, s_1p, s_1h, s_pt, s_key, s_seln, s_selh, s_cntn, s_cnth,
-                       s_scr, s_scg, sm_scale, num_splits,
+                       sm_scale, num_splits,
                        HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr,
                        WPP: tl.constexpr, LEFT: tl.constexpr, KS: tl.constexpr, ST: tl.constexpr,
                        BS: tl.constexpr, NBC: tl.constexpr, GROUP: tl.constexpr,
-                       NG_MAX: tl.constexpr, NG2: tl.constexpr, NCTR: tl.constexpr,
+                       NG_MAX: tl.constexpr, NCTR: tl.constexpr,
                        INIT: tl.constexpr, WINB: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
                        TILE: tl.constexpr, RB: tl.constexpr, SP2: tl.constexpr,
-                       DOT_F32: tl.constexpr, STORED: tl.constexpr, BITONIC: tl.constexpr,
-                       HIST: tl.constexpr, HCOPIES: tl.constexpr, HFIRST: tl.constexpr,
-                       CTILE: tl.constexpr):
+                       DOT_F32: tl.constexpr, HIST: tl.constexpr, HCOPIES: tl.constexpr,
+                       HFIRST: tl.constexpr, CTILE: tl.constexpr):
     r = tl.program_id(0)
     c = tl.program_id(1)
     n = r // HKV
@@ -336,18 +316,13 @@ def _block_topk_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ke
         lse = tl.where(den > 0, mx + tl.log(tl.where(den > 0, den, 1.0)), 0.0)
         b = b0 + tl.arange(0, NBC)
         pooled = tl.full([NBC], float("-inf"), tl.float32)
-        if not STORED:
-            q = _load_q(q_ptr, n, kh, s_qn, s_qh, G, BG, D)
+        q = _load_q(q_ptr, n, kh, s_qn, s_qh, G, BG, D)
         for w in tl.static_range(WPP + LEFT):
             j = b * WPP - LEFT + w                    # windows overlapping block b
             jm = (j >= 0) & (j < nvis)
             hm = jm[None, :] & (g < G)[:, None]
-            if STORED:                                # scaled scores from pass 1
-                s = tl.load(sc_ptr + r.to(tl.int64) * s_scr + g[:, None] * s_scg + j[None, :],
-                            mask=hm, other=0.0)
-            else:
-                s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
-                s = s * sm_scale
+            s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
+            s = s * sm_scale
             p = tl.where(hm, tl.exp(s - lse[:, None]), 0.0)
             pooled = tl.maximum(pooled, tl.where(jm, tl.sum(p, 0), float("-inf")))
         cand = b < ncand
@@ -384,30 +359,13 @@ def _block_topk_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ke
                 sel = sel_ptr + n * s_seln + kh * s_selh
                 cnt = cnt_ptr + n * s_cntn + kh * s_cnth
                 glen = tl.minimum(GROUP, ncand - grp * GROUP)
-                if BITONIC:                               # bitonic top-KP (descending), then merge
-                    i = tl.arange(0, GROUP)
-                    x = tl.load(row_keys + grp * GROUP + i, mask=i < glen, other=SENTINEL,
-                                cache_modifier=".cg")
-                    top = tl.topk(x, KP)
-                    if ngroups == 1:
-                        _write_top(top, sel, cnt, K, KP)
-                    else:
-                        tl.store(gpart + tl.arange(0, KP), top)
-                        tl.debug_barrier()
-                        if tl.atomic_add(row_ctr + NG_MAX, 1) == ngroups - 1:   # last group: merge
-                            rpart = part_ptr + r.to(tl.int64) * (NG_MAX + 1) * KP
-                            m = tl.arange(0, NG2 * KP)
-                            picks = tl.load(rpart + m, mask=m < ngroups * KP, other=SENTINEL,
-                                            cache_modifier=".cg")
-                            _write_top(tl.topk(picks, KP), sel, cnt, K, KP)
+                run = _select_top(row_keys + grp * GROUP, glen, gpart, K, KP, TILE, RB)
+                if ngroups == 1:
+                    _write_ranked(run, sel, cnt, KP)
                 else:
-                    run = _select_top(row_keys + grp * GROUP, glen, gpart, K, KP, TILE, RB)
-                    if ngroups == 1:
+                    tl.store(gpart + tl.arange(0, KP), run)
+                    tl.debug_barrier()
+                    if tl.atomic_add(row_ctr + NG_MAX, 1) == ngroups - 1:   # last group: merge
+                        rpart = part_ptr + r.to(tl.int64) * (NG_MAX + 1) * KP
+                        run = _select_top(rpart, ngroups * KP, rpart + NG_MAX * KP, K, KP, TILE, RB)
                         _write_ranked(run, sel, cnt, KP)
-                    else:
-                        tl.store(gpart + tl.arange(0, KP), run)
-                        tl.debug_barrier()
-                        if tl.atomic_add(row_ctr + NG_MAX, 1) == ngroups - 1:   # last group: merge
-                            rpart = part_ptr + r.to(tl.int64) * (NG_MAX + 1) * KP
-                            run = _select_top(rpart, ngroups * KP, rpart + NG_MAX * KP, K, KP, TILE, RB)
-                            _write_ranked(run, sel, cnt, KP)
