@@ -29,6 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from timing import events_time  # noqa: E402
 
+from salactl.runtime.gpu.selfcheck import rel_err  # noqa: E402
+
 HKV, HQ, D, B = 2, 32, 128, 64      # sala-9b: 32 query heads over 2 KV heads (G = 16)
 SELECTED = 96                       # sala-9b's selected_blocks (topk 64 + 32 window blocks)
 L2_BYTES = 150e6
@@ -102,11 +104,6 @@ class Case:
         kw = dict(block_ids=self.sel, num_blocks=self.cnt, dense_len=1) if self.sparse else {}
         return ref(self.q.float(), kp, vp, self.tables[0], self.slots, self.seq, k_scale=ks, v_scale=vs,
                    **kw)
-
-
-def rel_err(a, b) -> float:
-    a, b = a.double(), b.double()
-    return float("inf") if torch.isnan(a).any() else float((a - b).norm() / b.norm())
 
 
 def time_case(case, dt, cfg, rot) -> float:

@@ -43,9 +43,9 @@ def graph_time(fn, inner: int = 10, reps: int = 10, flush=None) -> float:
     return events_time(g.replay, reps) / inner
 
 
-def kernel_times(fn, reps: int = 20, warm: int = 3) -> dict[str, float]:
-    """Mean device microseconds per fn() of each kernel it launches (torch.profiler, eager calls):
-    where a multi-kernel op spends its time."""
+def _per_kernel(fn, reps: int, warm: int) -> dict[str, list[float]]:
+    """{kernel name: [device us, launches]} per fn() call, from torch.profiler (it also sees the
+    kernels inside a replayed CUDA graph)."""
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(warm):
@@ -55,31 +55,25 @@ def kernel_times(fn, reps: int = 20, warm: int = 3) -> dict[str, float]:
         for _ in range(reps):
             fn()
         torch.cuda.synchronize()
-    out: dict[str, float] = {}
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            out[ev.name] = out.get(ev.name, 0.0) + ev.device_time / reps
-    return out
+    per: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            v = per.setdefault(e.name, [0.0, 0.0])
+            v[0] += e.device_time / reps
+            v[1] += 1 / reps
+    return per
+
+
+def kernel_times(fn, reps: int = 20, warm: int = 3) -> dict[str, float]:
+    """Mean device microseconds per fn() of each kernel it launches (eager calls): where a
+    multi-kernel op spends its time."""
+    return {name: v[0] for name, v in _per_kernel(fn, reps, warm).items()}
 
 
 def kernel_breakdown(graph, reps=5, top=14) -> dict:
-    """GPU time per replay by kernel name (torch.profiler sees the kernels inside a graph)."""
-    from collections import defaultdict
-
-    from torch.profiler import ProfilerActivity, profile
-
-    graph.replay()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            graph.replay()
-        torch.cuda.synchronize()
-    per = defaultdict(lambda: [0.0, 0])
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            per[e.name][0] += e.device_time / reps
-            per[e.name][1] += 1 / reps
-    total = sum(v[0] for v in per.values())
+    """GPU time per replay of a CUDA graph by kernel name: total, kernel count, the top rows."""
+    per = _per_kernel(graph.replay, reps, warm=1)
     rows = sorted(per.items(), key=lambda kv: -kv[1][0])
-    return {"kernel_us_per_step": total, "kernels_per_step": round(sum(v[1] for v in per.values())),
+    return {"kernel_us_per_step": sum(v[0] for v in per.values()),
+            "kernels_per_step": round(sum(v[1] for v in per.values())),
             "top": [(n[:70], round(v[0], 1), round(v[1])) for n, v in rows[:top]]}

@@ -3,8 +3,9 @@ the reference backend: what `salactl run` and `bench` execute on CUDA, with ~10x
 than the eager reference step (so a whole 9B decode step fits an Nsight Compute session).
 
 The cache is real: each phase's cached tokens (random ids) are prefilled through the engine, into
-that phase's own request slots, before any profiled step. Each profiled step is run eagerly (no CUDA graph, so the NVTX op ranges
-hold); it is not committed, so warm-up and profiled steps do the same work. Decoder-layer ranges
+that phase's own request slots, before any profiled step. Each profiled step is run eagerly (no
+CUDA graph, so the NVTX op ranges hold); it is not committed, so warm-up and profiled steps do
+the same work. Decoder-layer ranges
 open at the attention block and close after the MLP (the fused forward calls those two modules,
 not the layer module)."""
 

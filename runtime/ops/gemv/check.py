@@ -6,12 +6,7 @@ from __future__ import annotations
 
 import torch
 
-
-def rel_err(a, b) -> float:
-    a, b = a.double(), b.double()
-    if torch.isnan(a).any():
-        return float("inf")
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+from salactl.runtime.gpu.selfcheck import _tol, rel_err
 
 
 def fold_inputs(kind: str, n: int, k: int, device, dtype, seed: int = 0) -> dict:
@@ -41,7 +36,7 @@ def check_fold_gemv(device, dtype, shapes, configs=None, tol=None) -> list:
     from salactl.runtime.ops.gemv import fused as F
     from salactl.runtime.ops.gemv import reference as R
 
-    tol = tol or (1e-2 if dtype != torch.float32 else 1e-4)
+    tol = tol or _tol(dtype)
     out = []
     for n, k, kind in shapes:
         a = fold_inputs(kind, n, k, device, dtype, seed=n + k)
