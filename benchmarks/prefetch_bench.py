@@ -84,7 +84,8 @@ def micro(mbs):
                     if gap:
                         torch.cuda._sleep(sleep_cycles)
                     gemm(w)
-                torch.cuda.current_stream().wait_stream(side)
+                if pf_mb or whole:
+                    torch.cuda.current_stream().wait_stream(side)
             return _graph_us(body, len(ws))
 
         row["gap_only_us"] = _graph_us(lambda: [torch.cuda._sleep(sleep_cycles) for _ in ws], len(ws))
@@ -117,7 +118,7 @@ def engine_cases(model, ceil, mbs, cases, label):
             for mb in mbs:
                 model.l2_prefetch_bytes = int(mb * 2 ** 20)
                 plan_prefetch(model)
-                r.graphs.clear()
+                r.reset_graphs()
                 for i in range(2):
                     r.decode(syn.rows(i))
                 logits[mb] = r.decode(syn.rows(5))

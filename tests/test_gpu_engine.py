@@ -73,7 +73,7 @@ def test_l2_prefetch_leaves_decode_bitwise_equal(graph):
     for mb in (0, 1):
         engine.model.l2_prefetch_bytes = mb << 20
         plan_prefetch(engine.model)
-        engine.runner.graphs.clear()
+        engine.runner.reset_graphs()
         runs.append(engine.generate([(p, SamplingParams(max_new_tokens=5, ignore_eos=True)) for p in prompts]))
         assert engine.model._pf.nbytes == mb << 20
     assert [r.output_token_ids for r in runs[0]] == [r.output_token_ids for r in runs[1]]
