@@ -14,8 +14,12 @@ import torch
 import triton
 import triton.language as tl
 
-CHUNK = 16384          # bytes per lane (a multiple of 16, as the instruction requires)
-PER_PROGRAM = 128      # lanes per program (4 warps, one chunk each)
+# Launch shape: bytes per lane (a multiple of 16, as the instruction requires), lanes per program
+# (one chunk each), warps per program. The copy engine of one SM sustains about its share of
+# DRAM bandwidth (H200: 16 programs of 128 x 16 KB queued ~6 MB in 11 µs), so the grid must
+# cover every SM: benchmarks/prefetch_bench.py sweeps PREFETCH_CONFIGS.
+PREFETCH_CONFIGS = ((16384, 128, 4), (4096, 32, 1), (2048, 32, 1), (1024, 32, 1))
+CONFIG = (4096, 32, 1)
 
 
 @triton.jit
@@ -38,5 +42,6 @@ def l2_prefetch(t: torch.Tensor, max_bytes: int) -> None:
     if nbytes <= 0:
         return
     assert t.is_contiguous() and t.data_ptr() % 16 == 0
-    grid = (triton.cdiv(nbytes, CHUNK * PER_PROGRAM),)
-    _prefetch_kernel[grid](t.view(-1).view(torch.uint8), nbytes, CHUNK=CHUNK, PER=PER_PROGRAM, num_warps=4)
+    chunk, per, warps = CONFIG
+    grid = (triton.cdiv(nbytes, chunk * per),)
+    _prefetch_kernel[grid](t.view(-1).view(torch.uint8), nbytes, CHUNK=chunk, PER=per, num_warps=warps)
