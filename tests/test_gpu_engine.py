@@ -57,34 +57,3 @@ def test_stop_tokens_and_streaming_order():
     assert res.output_token_ids == free.output_token_ids[:free.output_token_ids.index(stop) + 1]
     assert [t for r, t, _ in events if r == rid] == res.output_token_ids
     assert all(a[2] <= b[2] for a, b in zip(events, events[1:]))
-
-
-@pytest.mark.parametrize("graph", [False, True])
-def test_l2_prefetch_leaves_decode_bitwise_equal(graph):
-    """The weight prefetch only moves bytes into L2: the same greedy tokens and logits with it on."""
-    from salactl.runtime.gpu.engine import GPUEngine
-    from salactl.runtime.gpu.fast_model import plan_prefetch
-    from salactl.runtime.sampling import SamplingParams
-
-    model = _model(torch.bfloat16)
-    engine = GPUEngine(model, "cuda", max_running_requests=4, chunk_size=128, kv_tokens=8192, cuda_graph=graph)
-    prompts = [[3, 4, 5, 6], list(range(7, 300))]
-    runs = []
-    for mb in (0, 1):
-        engine.model.l2_prefetch_bytes = mb << 20
-        plan_prefetch(engine.model)
-        engine.runner.reset_graphs()
-        runs.append(engine.generate([(p, SamplingParams(max_new_tokens=5, ignore_eos=True)) for p in prompts]))
-        assert engine.model._pf.nbytes == mb << 20
-    assert [r.output_token_ids for r in runs[0]] == [r.output_token_ids for r in runs[1]]
-
-
-def test_l2_prefetch_kernel_leaves_tensor_unchanged():
-    from salactl.runtime.ops.prefetch import l2_prefetch
-
-    t = torch.randn(3 << 20, device="cuda")                  # 12 MB: several programs and a tail
-    ref = t.clone()
-    l2_prefetch(t, 1 << 40)
-    l2_prefetch(t[: 1000], 1 << 40)
-    torch.cuda.synchronize()
-    assert torch.equal(t, ref)

@@ -15,11 +15,6 @@ unchanged) so that a forward call does the same math with far fewer kernel launc
   projection's GEMV instead (one kernel fewer each; the norms differ from the reference by
   rounding only). The pending add + norm travels as a NormInput from the layer loop to the
   projection that consumes it.
-- decode steps (<= PREFETCH_MAX_ROWS rows) on Hopper, when `model.l2_prefetch_bytes` > 0 (env
-  SALACTL_L2_PREFETCH_MB): right after each GEMM a side stream queues an L2 prefetch of the head of
-  the next GEMM's weights (ops/prefetch.py), so DRAM keeps streaming weights while the small
-  latency-bound kernels in between (norms, RoPE, GLA, selection, attention) run. The side stream
-  joins the main one at the end of the forward (CUDA-graph capture needs every fork joined).
 The attention math still goes through batch.backend, like the reference layers.
 """
 
@@ -100,51 +95,6 @@ def _concat(linears, current=None):
         m.weight = nn.Parameter(w[off:off + rows], requires_grad=False)
         off += rows
     return w
-
-
-L2_PREFETCH_MB = 0         # default per GEMM (0: off); set from benchmarks/gpu_engine_bench.py
-PREFETCH_MAX_ROWS = 64      # larger batches are prefill chunks: compute-bound GEMMs, no gaps to fill
-
-
-class WeightPrefetch:
-    """Queues the L2 prefetch of the next GEMM's weights on a side stream (see module docstring)."""
-
-    def __init__(self, nbytes: int):
-        self.nbytes = nbytes
-        self.side = None
-        self.forked = False
-
-    def after(self, nxt, rows: int) -> None:
-        if nxt is None or self.nbytes <= 0 or rows > PREFETCH_MAX_ROWS or not nxt.is_cuda:
-            return
-        from salactl.runtime.ops.prefetch import l2_prefetch, supported
-
-        if not supported(nxt.device):
-            return
-        main = torch.cuda.current_stream(nxt.device)
-        if self.side is None:
-            self.side = torch.cuda.Stream(nxt.device)
-        self.side.wait_stream(main)
-        with torch.cuda.stream(self.side):
-            l2_prefetch(nxt, self.nbytes)
-        self.forked = True
-
-    def join(self) -> None:
-        if self.forked:
-            torch.cuda.current_stream(self.side.device).wait_stream(self.side)
-            self.forked = False
-
-
-def _weight_data(w) -> torch.Tensor | None:
-    """The bulk bytes a GEMM streams: a bf16 weight, or a W4A16 module's packed words."""
-    if isinstance(w, _Unregistered):
-        w = w.module
-    if type(w) is nn.Linear:
-        w = w.weight
-    if not isinstance(w, torch.Tensor):
-        w = getattr(w, "qweight", None)
-    # detached: a Parameter assigned to a module attribute would register as its parameter
-    return w.detach() if isinstance(w, torch.Tensor) and w.is_contiguous() else None
 
 
 def _plain(module) -> bool:
@@ -236,12 +186,8 @@ class FusedMLP(MLP):
         inp = NormInput.of(x)
         with timer("mlp"):
             gu = _project(inp, self._w_gate_up, (self.gate_proj, self.up_proj))
-            self._pf.after(self._pf_in, inp.rows)
             y = _out_proj_folded("glu", inp.fold_on, self.down_proj, gu)
-            if y is None:
-                y = _out_proj(fused.silu_mul(gu), self.down_proj)
-            self._pf.after(self._pf_out, inp.rows)
-            return y
+            return y if y is not None else _out_proj(fused.silu_mul(gu), self.down_proj)
 
 
 class FusedLightningAttention(LightningAttention):
@@ -252,7 +198,6 @@ class FusedLightningAttention(LightningAttention):
         dtype = inp.h.dtype
         with batch.timer("qkv"):
             p = _project(inp, self._w_qkvz, (self.q_proj, self.k_proj, self.v_proj, self.z_proj))
-            self._pf.after(self._pf_in, n)
             q, k = p[:, :hd].view(n, H, D), p[:, hd:2 * hd].view(n, H, D)
             v, z = p[:, 2 * hd:3 * hd].view(n, H, D), p[:, 3 * hd:]
             if self.use_rope:
@@ -267,13 +212,12 @@ class FusedLightningAttention(LightningAttention):
         with batch.timer("o_proj"):
             y = _out_proj_folded("norm_gate", inp.fold_on, self.o_proj, o, z, self.o_norm.weight,
                                  self.o_norm.eps)
-        if y is None:
-            with batch.timer("gates"):
-                o = fused.rmsnorm_gate(o, self.o_norm.weight, z, self.o_norm.eps, dtype)
-            with batch.timer("o_proj"):
-                y = _out_proj(o, self.o_proj)
-        self._pf.after(self._pf_out, n)
-        return y
+            if y is not None:
+                return y
+        with batch.timer("gates"):
+            o = fused.rmsnorm_gate(o, self.o_norm.weight, z, self.o_norm.eps, dtype)
+        with batch.timer("o_proj"):
+            return _out_proj(o, self.o_proj)
 
 
 class FusedSparseAttention(SparseAttention):
@@ -283,7 +227,6 @@ class FusedSparseAttention(SparseAttention):
         qd, kd = self.hq * d, self.hkv * d
         with batch.timer("qkv"):
             p = _project(inp, self._w_qkvg, (self.q_proj, self.k_proj, self.v_proj, self.o_gate))
-            self._pf.after(self._pf_in, n)
             q = p[:, :qd].view(n, self.hq, d)
             k = p[:, qd:qd + kd].view(n, self.hkv, d)
             v = p[:, qd + kd:qd + 2 * kd].view(n, self.hkv, d)
@@ -293,13 +236,12 @@ class FusedSparseAttention(SparseAttention):
         o = o.reshape(n, qd)
         with batch.timer("o_proj"):
             y = _out_proj_folded("gate", inp.fold_on, self.o_proj, o, g)
-        if y is None:
-            with batch.timer("gates"):
-                o = fused.sigmoid_gate(o, g)
-            with batch.timer("o_proj"):
-                y = _out_proj(o, self.o_proj)
-        self._pf.after(self._pf_out, n)
-        return y
+            if y is not None:
+                return y
+        with batch.timer("gates"):
+            o = fused.sigmoid_gate(o, g)
+        with batch.timer("o_proj"):
+            return _out_proj(o, self.o_proj)
 
 
 class FusedSalaForCausalLM(SalaForCausalLM):
@@ -324,17 +266,14 @@ class FusedSalaForCausalLM(SalaForCausalLM):
         return self._final_input(input_ids, batch).normed()
 
     def forward(self, input_ids, batch, logit_rows=None):
-        try:
-            inp = self._final_input(input_ids, batch)
-            if logit_rows is None and _plain(self.lm_head):
-                with batch.timer("lm_head"):
-                    y = inp.project(self.lm_head.weight, 1.0 / self.config.logit_divisor, torch.float32)
-                if y is not None:
-                    return y
-            h = inp.normed()
-            return self.logits(h if logit_rows is None else h[logit_rows], batch)
-        finally:
-            self._pf.join()
+        inp = self._final_input(input_ids, batch)
+        if logit_rows is None and _plain(self.lm_head):
+            with batch.timer("lm_head"):
+                y = inp.project(self.lm_head.weight, 1.0 / self.config.logit_divisor, torch.float32)
+            if y is not None:
+                return y
+        h = inp.normed()
+        return self.logits(h if logit_rows is None else h[logit_rows], batch)
 
 
 def fuse_model(model: SalaForCausalLM) -> SalaForCausalLM:
@@ -353,26 +292,4 @@ def fuse_model(model: SalaForCausalLM) -> SalaForCausalLM:
     model.__class__ = FusedSalaForCausalLM
     if "fold_into_gemv" not in model.__dict__:
         model.fold_into_gemv = os.environ.get("SALACTL_GEMV_FOLD", "1") != "0"
-    if "l2_prefetch_bytes" not in model.__dict__:
-        model.l2_prefetch_bytes = int(float(os.environ.get("SALACTL_L2_PREFETCH_MB", L2_PREFETCH_MB)) * 2 ** 20)
-    plan_prefetch(model)
     return model
-
-
-def plan_prefetch(model) -> None:
-    """Give every fused module the weights to prefetch after its input and output projections:
-    the GEMM that runs next (o_proj after q/k/v, gate/up after o_proj, down after gate/up, the
-    next layer's q/k/v after down, lm_head after the last). Call again after changing
-    `model.l2_prefetch_bytes`."""
-    pf = WeightPrefetch(model.l2_prefetch_bytes)
-    model._pf = pf
-    gemms = []                 # (module, "in"/"out") in execution order, with the weight each streams
-    for layer in model.model.layers:
-        att, mlp = layer.self_attn, layer.mlp
-        w_in = att._w_qkvz if isinstance(att, LightningAttention) else att._w_qkvg
-        gemms += [(att, "in", w_in), (att, "out", att.o_proj), (mlp, "in", mlp._w_gate_up),
-                  (mlp, "out", mlp.down_proj)]
-    gemms.append((None, None, model.lm_head))
-    for (mod, which, _), (_, _, nxt) in zip(gemms, gemms[1:]):
-        mod._pf = pf
-        setattr(mod, f"_pf_{which}", _weight_data(nxt))

@@ -93,12 +93,6 @@ class ModelRunner:
                 self.backend.k1_have[slot] = num_windows(p + 1, sc)
         return out[:n].clone() if use_graph else out
 
-    def reset_graphs(self) -> None:
-        """Drop every captured graph (and their memory pool): the next decode re-captures, e.g.
-        after a model knob changed what the forward launches."""
-        self.graphs.clear()
-        self._pool = None
-
     def _graph(self, bs: int, sparse: bool):
         key = (bs, sparse)
         if key not in self.graphs:
