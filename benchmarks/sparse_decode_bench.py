@@ -1,7 +1,7 @@
 """One sparse layer's decode attention on one GPU (issue 4): InfLLM-V2 (K1 update + selection +
 paged attention over the selected blocks) vs dense paged attention, sala-9b shapes, bf16, batch 1.
 
-    python benchmarks/sparse_decode_bench.py [--quick] [--variants hist,g1024] [--out DIR]
+    python benchmarks/sparse_decode_bench.py [--quick] [--variants hist,thresh,g1024] [--out DIR]
 
 1. correctness, every swept variant (VARIANTS) on the same inputs: select_decode (fused K1
    update) against reference.select_blocks -- exact set and order, random and tied keys,
@@ -184,7 +184,11 @@ VARIANTS = [("default", {}),
             ("hist t4096 w8", dict(topk="hist", tile=4096)),
             ("hist t4096 w16", dict(topk="hist", tile=4096, num_warps=16)),
             ("hist t8192 w16", dict(topk="hist", tile=8192, num_warps=16)),
-            ("hist t4096 w16 5 passes", dict(topk="hist", tile=4096, num_warps=16, hist_first=False))]
+            ("hist t4096 w16 5 passes", dict(topk="hist", tile=4096, num_warps=16, hist_first=False)),
+            ("thresh ch1024 w8", dict(topk="thresh")),
+            ("thresh ch2048 w8", dict(topk="thresh", thresh_chunk=2048)),
+            ("thresh ch512 w4", dict(topk="thresh", thresh_chunk=512, num_warps=4)),
+            ("thresh ch1024 w16", dict(topk="thresh", num_warps=16))]
 
 
 def _compile_worker(tunes: list) -> list[str]:

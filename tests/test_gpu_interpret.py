@@ -19,7 +19,8 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from salactl.runtime.gpu import selfcheck as S  # noqa: E402
-from salactl.runtime.ops.selection.triton_decode import _hist_select, _write_ranked  # noqa: E402
+from salactl.runtime.ops.selection.triton_decode import _hist_select, _pick_digit, _write_ranked  # noqa: E402
+from salactl.runtime.ops.selection.triton_thresh import NCTR, _thresh_finish, _thresh_kernel  # noqa: E402
 
 SMALL = S.Shapes.small()
 
@@ -60,13 +61,16 @@ def test_selection_matches_reference():
                                    dict(topk="radix", nbc=4, group=16, tile=8, lse_splits=2),
                                    dict(topk="radix", nbc=8, group=32, tile=64, radix_bits=4, lse_splits=5),
                                    dict(nbc=4, tile=16, lse_splits=2, topk="hist"),
-                                   dict(nbc=4, tile=16, topk="hist", hist_first=False)])
+                                   dict(nbc=4, tile=16, topk="hist", hist_first=False),
+                                   dict(nbc=4, lse_splits=2, topk="thresh", thresh_chunk=8),
+                                   dict(topk="thresh", thresh_chunk=64)])
 def test_decode_selection_exact_set_and_order(ties, knobs):
     """select_decode (fused K1 update, top-k in the kernel) = reference.select_blocks: contexts
     at/just past dense_len, not multiples of the block, shorter than topk, one and several
     top-k groups/tiles; tied blocks must break by lower index. Radix select (topk="radix") and the
     row's last program's histogram select (topk="hist", several tiles; with the top-12-bit
-    histogram from pass 2 and with 4 passes over the row) top-k."""
+    histogram from pass 2 and with 4 passes over the row) top-k; the grid-parallel threshold
+    select (topk="thresh", several chunk programs per row)."""
     from salactl.runtime.ops.selection.check import check_decode_selection
 
     sc = SMALL.sparse
@@ -113,6 +117,95 @@ def test_histogram_select_exact_order_with_heavy_ties():
         for i, L in enumerate(lens):
             want = torch.sort(f[i, :L], descending=True, stable=True).indices[:K].tolist()
             assert sel[i, :int(cnt[i])].tolist() == want, (tile, ctile, copies, first, L)
+
+
+def _tied_words(lens, W, seed=0):
+    """Scores [rows, W] (some rows only 4 distinct values, some with forced +inf blocks, the last
+    all equal) and pass 2's order-preserving int32 words of them."""
+    g = torch.Generator().manual_seed(seed)
+    f = torch.randn(len(lens), W, generator=g)
+    f[1::2] = torch.randint(0, 4, (len(lens) // 2, W), generator=g).float() - 1.0     # ties at -1, 0, 1, 2
+    f[::3, :3] = float("inf")
+    f[-1] = 0.5
+    bits = f.view(torch.int32)
+    return f, torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+
+
+def test_threshold_select_kernel_exact_order_with_heavy_ties():
+    """triton_thresh._thresh_kernel (topk="thresh"'s third launch) on raw score words and their
+    top-12-bit histogram: rows shorter than, equal to and longer than K, one and many chunk
+    programs per row, heavy ties (taken lowest index first), forced blocks, all-equal rows;
+    the counters it must find zeroed stay as the lse kernel leaves them, bins aside."""
+    W, K, KP = 300, 96, 128
+    lens = [1, 5, 95, 96, 97, 200, 300, 250]
+    f, words = _tied_words(lens, W)
+    top = ((words.to(torch.int64) & 0xFFFFFFFF) ^ 0x80000000) >> 20
+    seq = torch.tensor(lens, dtype=torch.int32)
+    for ch, ctile in ((16, 16), (64, 256), (512, 64)):
+        ctr = torch.zeros(len(lens), NCTR, dtype=torch.int32)
+        for i, L in enumerate(lens):
+            ctr[i, 1:4097] = torch.bincount(top[i, :L], minlength=4096)
+        cand = torch.full((len(lens), W), -5, dtype=torch.int64)
+        pick = torch.empty(len(lens) * KP, dtype=torch.int64)
+        sel = torch.full((len(lens), 1, K), -7, dtype=torch.int32)
+        cnt = torch.empty(len(lens), 1, dtype=torch.int32)
+        _thresh_kernel[(len(lens), triton.cdiv(W, ch))](
+            seq, words, ctr, pick, cand, sel, cnt, words.stride(0), cand.stride(0), sel.stride(0),
+            sel.stride(1), cnt.stride(0), cnt.stride(1), HKV=1, BS=1, NCTR=NCTR, K=K, KP=KP, CH=ch,
+            CTILE=ctile, NR=2)
+        for i, L in enumerate(lens):
+            want = torch.sort(f[i, :L], descending=True, stable=True).indices[:K].tolist()
+            assert sel[i, 0, :int(cnt[i, 0])].tolist() == want, (ch, ctile, L)
+            assert int(ctr[i, 0]) == triton.cdiv(L, ch)          # every live program took a ticket
+
+
+@triton.jit
+def _finish_rows(hist, cand, nc_ptr, pick, above_ptr, sel, cnt, W: tl.constexpr, K: tl.constexpr,
+                 KP: tl.constexpr, CTILE: tl.constexpr, NR: tl.constexpr):
+    """One program per row: threshold bin from the histogram, then _thresh_finish over the given
+    candidate buffer (any order) appending to the picks already in pick[0:above]."""
+    r = tl.program_id(0)
+    h1 = tl.load(hist + r * 4096 + tl.arange(0, 4096))
+    nc = tl.load(nc_ptr + r)
+    thr, need = _pick_digit(h1, tl.minimum(tl.sum(h1, 0), K), tl.zeros([], tl.uint32), 20, 4096)
+    total = _thresh_finish(cand + r * W, nc, pick + r * KP, tl.load(above_ptr + r), thr, need, CTILE, NR)
+    k = tl.arange(0, KP)
+    run = tl.load(pick + r * KP + k, mask=k < total, other=-(2 ** 63))
+    _write_ranked(run, sel + r * KP, cnt + r, KP)
+
+
+def test_threshold_refinement_ignores_candidate_order():
+    """The row's last thresh program sees the threshold bin's keys in whatever order the chunk
+    programs reserved their ranges: given them reversed and shuffled, the selection (ties at the
+    exact threshold score -> lower block index) is still the reference order."""
+    W, K, KP = 300, 96, 128
+    lens = [5, 96, 97, 200, 300, 250, 180, 260]
+    f, words = _tied_words(lens, W, seed=1)
+    u = (words.to(torch.int64) & 0xFFFFFFFF) ^ 0x80000000
+    keys = words.to(torch.int64) * 2 ** 32 + (2 ** 32 - 1 - torch.arange(W))
+    g = torch.Generator().manual_seed(2)
+    hist = torch.zeros(len(lens), 4096, dtype=torch.int32)
+    cand = torch.zeros(len(lens), W, dtype=torch.int64)
+    pick = torch.zeros(len(lens) * KP, dtype=torch.int64)
+    nc = torch.zeros(len(lens), dtype=torch.int32)
+    above = torch.zeros(len(lens), dtype=torch.int32)
+    for i, L in enumerate(lens):
+        ur = u[i, :L]
+        hist[i] = torch.bincount(ur >> 20, minlength=4096).to(torch.int32)
+        tbin = int(torch.sort(ur, descending=True).values[min(K, L) - 1]) >> 20
+        hi, eq = torch.nonzero(ur >> 20 > tbin).flatten(), torch.nonzero(ur >> 20 == tbin).flatten()
+        eq = eq.flip(0) if i % 2 else eq[torch.randperm(len(eq), generator=g)]
+        pick[i * KP:i * KP + len(hi)] = keys[i, hi.flip(0)]
+        cand[i, :len(eq)] = keys[i, eq]
+        nc[i], above[i] = len(eq), len(hi)
+    sel = torch.full((len(lens), KP), -7, dtype=torch.int32)
+    cnt = torch.empty(len(lens), dtype=torch.int32)
+    for ctile, nr in ((16, 2), (256, 4)):
+        _finish_rows[(len(lens),)](hist, cand, nc, pick.clone(), above, sel, cnt, W=W, K=K, KP=KP, CTILE=ctile,
+                                   NR=nr)
+        for i, L in enumerate(lens):
+            want = torch.sort(f[i, :L], descending=True, stable=True).indices[:K].tolist()
+            assert sel[i, :int(cnt[i])].tolist() == want, (ctile, nr, L)
 
 
 def test_fused_ops():

@@ -54,12 +54,15 @@ def test_selection(dtype):
                                    dict(topk="radix", nbc=32, group=128, tile=256, radix_bits=4,
                                         num_warps=4),
                                    dict(topk="hist", tile=256, nbc=32, num_warps=16),
-                                   dict(topk="hist", tile=512, hist_first=False)])
+                                   dict(topk="hist", tile=512, hist_first=False),
+                                   dict(topk="thresh"),
+                                   dict(topk="thresh", thresh_chunk=256, num_warps=4)])
 def test_decode_selection_exact_set_and_order(dtype, ties, knobs):
     """select_decode at 9B shapes vs reference.select_blocks (set and order; near-ties only):
     default knobs, radix top-k over several top-k groups, the row's last program's histogram
     select (topk="hist"): top-12-bit histogram from pass 2 + rounds over the threshold bin's
-    blocks, and 4 histogram passes over the whole row; several tiles each."""
+    blocks, and 4 histogram passes over the whole row; several tiles each; the grid-parallel
+    threshold select (topk="thresh", one and several chunk programs per row)."""
     from salactl.runtime.gpu import selfcheck as S
     from salactl.runtime.ops.selection.check import check_decode_selection
 

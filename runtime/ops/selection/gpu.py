@@ -16,6 +16,7 @@ from salactl.runtime.config import SparseConfig
 from salactl.runtime.ops.decode_attention.triton import scale_tensor
 from salactl.runtime.ops.selection import triton as kern
 from salactl.runtime.ops.selection import triton_decode as dkern
+from salactl.runtime.ops.selection import triton_thresh as tkern
 
 _NEG_INF_BITS = struct.unpack("<i", struct.pack("<f", float("-inf")))[0]
 # Largest key whose score is -inf (not a candidate): everything above it is selectable.
@@ -92,7 +93,11 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 #   programs build the top-12-bit histogram with global atomics, the last program reads the row
 #   once and finishes on the blocks in the threshold's bin (else 4 histogram passes + 1
 #   compaction over the row); `hist_copies`: lane-private bin copies, only for Triton >= 3.7's
-#   atomic-per-entry tl.histogram; group and radix_bits unused under hist);
+#   atomic-per-entry tl.histogram; group and radix_bits unused under hist); "thresh": pass 2 as
+#   hist with hist_first but nobody selects there; a third launch (triton_thresh.py, grid rows x
+#   chunks of `thresh_chunk` blocks) splits the row's read: each program finds the threshold bin
+#   from the histogram and appends its chunk's keys above / inside it, the row's last program
+#   refines over the bin's keys only;
 # group: blocks per top-k group (the last chunk program of each group selects its top K; the last
 #   group merges); nbc: blocks per pass-2 program; tile / radix_bits: the radix select's tile
 #   and bits per round; lse_splits: pass-1 programs per row (None: about four per SM).
@@ -104,17 +109,19 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # with 2048-key tiles 71.6 / 41.3; in the engine's 9B decode step (contexts 128K + i) hist cut
 # the top-k kernel from 55 to 35 us per sparse layer at 128K and 73 to 62 us at 1M.
 DECODE_DEFAULTS = dict(topk="hist", group=2048, tile=2048, radix_bits=2, nbc=64, nbc_fp32=32, num_warps=8,
-                       lse_splits=None, hist_first=True, hist_copies=1)
+                       lse_splits=None, hist_first=True, hist_copies=1, thresh_chunk=1024)
 
 
 def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_max: int,
                   k_pages=None, k1_start=None, k1_count=None, k_scale=1.0,
                   lse_splits: int | None = None, nbc: int | None = None, group: int | None = None,
                   tile: int | None = None, radix_bits: int | None = None, num_warps: int | None = None,
-                  topk: str | None = None, hist_copies: int | None = None, hist_first: bool | None = None):
-    """One query per row (decode): two launches (triton_decode.py). With k_pages, k1_start and
-    k1_count given, the window completed by each row's token (k1_count 0/1) is compressed into
-    k1_pages by the first launch (replaces compress_update). nb_max: the static block width
+                  topk: str | None = None, hist_copies: int | None = None, hist_first: bool | None = None,
+                  thresh_chunk: int | None = None):
+    """One query per row (decode): two launches (triton_decode.py; a third, triton_thresh.py,
+    with topk="thresh"). With k_pages, k1_start and k1_count given, the window completed by each
+    row's token (k1_count 0/1) is compressed into k1_pages by the first launch (replaces
+    compress_update). nb_max: the static block width
     (launch grid); each row's work follows its own seq_len. Knobs left None take DECODE_DEFAULTS.
     Same result as select_paged."""
     dflt = DECODE_DEFAULTS
@@ -137,21 +144,27 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     topk = dflt["topk"] if topk is None else topk
     hist_copies = dflt["hist_copies"] if hist_copies is None else hist_copies
     hist_first = dflt["hist_first"] if hist_first is None else hist_first
+    thresh_chunk = dflt["thresh_chunk"] if thresh_chunk is None else thresh_chunk
+    thresh = topk == "thresh"
+    hist = topk == "hist" or thresh                 # thresh: pass 2 as hist with hist_first
+    hist_first = hist_first or thresh
     K = min(sc.selected_blocks, nb_max)
     KP = triton.next_power_of_2(K)
-    assert topk in ("radix", "hist")
+    assert topk in ("radix", "hist", "thresh")
     assert group % nbc == 0 and nbc & (nbc - 1) == 0 and tile & (tile - 1) == 0
+    assert thresh_chunk & (thresh_chunk - 1) == 0
     ng_max = triton.cdiv(nb_max, group)
-    nctr = 1 + 4096 if topk == "hist" else ng_max + 1    # hist: the ticket and the 12-bit bins
+    # hist: the ticket and the 12-bit bins; thresh: + its two reservation counters
+    nctr = tkern.NCTR if thresh else 1 + 4096 if hist else ng_max + 1
     sm_scale = 1.0 / math.sqrt(D)
     dot_f32 = q.dtype == torch.float32
     fuse = k_pages is not None and k1_start is not None and k1_count is not None
     fp8 = fuse and k_pages.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
     plse = torch.empty(rows * lse_splits * BG, device=dev, dtype=torch.float32)
     ctr = torch.empty(rows * nctr, device=dev, dtype=torch.int32)
-    keys = torch.empty(rows, nb_max, device=dev, dtype=torch.int32 if topk == "hist" else torch.int64)
+    keys = torch.empty(rows, nb_max, device=dev, dtype=torch.int32 if hist else torch.int64)
     part = torch.empty(rows * (ng_max + 1) * KP, device=dev, dtype=torch.int64)
-    cand = torch.empty((rows, nb_max) if topk == "hist" and hist_first else (1,), device=dev, dtype=torch.int64)
+    cand = torch.empty((rows, nb_max) if hist and hist_first else (1,), device=dev, dtype=torch.int64)
     sel = torch.empty(n, hkv, K, device=dev, dtype=torch.int32)
     cnt = torch.empty(n, hkv, device=dev, dtype=torch.int32)
     kp = k_pages if fuse else k1_pages
@@ -173,6 +186,9 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
         NG_MAX=ng_max, NCTR=nctr, INIT=sc.init_blocks,
         WINB=sc.window_blocks, K=K, KP=KP, TILE=tile, RB=radix_bits,
         SP2=max(2, triton.next_power_of_2(lse_splits)), DOT_F32=dot_f32,
-        HIST=topk == "hist", HCOPIES=hist_copies, HFIRST=hist_first,
-        CTILE=max(256, 32 * num_warps), num_warps=num_warps)
+        HIST=hist, HCOPIES=hist_copies, HFIRST=hist_first,
+        CTILE=max(256, 32 * num_warps), THRESH=thresh, num_warps=num_warps)
+    if thresh:
+        tkern.thresh_launch(seq_lens, keys, ctr, cand, sel, cnt, hkv, sc.block_size, K, thresh_chunk,
+                            ctile=max(256, 32 * num_warps), num_warps=num_warps)
     return sel, cnt

@@ -37,7 +37,8 @@ from K1 (K1 read twice, mostly from L2 the second time).
    each); without, 4 histogram passes + 1 compaction pass over all blocks (20 steps at 1M).
    The radix path instead runs 16 two-bit rounds per 2048-key tile in each of 8 groups, then 16
    more for the merge (~150 synchronised steps on the critical path at 1M). The final order:
-   tl.sort of the <= KP picks.
+   tl.sort of the <= KP picks. With THRESH (topk="thresh", HIST and HFIRST too) nobody selects
+   here: triton_thresh.py's third launch spreads the read of the row's words over the grid.
 """
 
 from __future__ import annotations
@@ -295,7 +296,7 @@ def _block_topk_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ke
                        INIT: tl.constexpr, WINB: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
                        TILE: tl.constexpr, RB: tl.constexpr, SP2: tl.constexpr,
                        DOT_F32: tl.constexpr, HIST: tl.constexpr, HCOPIES: tl.constexpr,
-                       HFIRST: tl.constexpr, CTILE: tl.constexpr):
+                       HFIRST: tl.constexpr, CTILE: tl.constexpr, THRESH: tl.constexpr):
     r = tl.program_id(0)
     c = tl.program_id(1)
     n = r // HKV
@@ -339,12 +340,14 @@ def _block_topk_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ke
             if HFIRST:                                  # the top 12 bits' histogram, spread over programs
                 top = ((word.to(tl.uint32, bitcast=True) ^ 0x80000000) >> 20).to(tl.int32)
                 tl.atomic_add(row_ctr + 1 + top, tl.full([NBC], 1, tl.int32), mask=cand, sem="relaxed")
-            tl.debug_barrier()
-            if tl.atomic_add(row_ctr, 1) == tl.cdiv(ncand, NBC) - 1:
-                part_row = part_ptr + r.to(tl.int64) * (NG_MAX + 1) * KP
-                run = _hist_select(row_keys, ncand, part_row, row_ctr + 1, cand_ptr + r.to(tl.int64) * s_key,
-                                   K, KP, TILE, CTILE, HCOPIES, HFIRST)
-                _write_ranked(run, sel_ptr + n * s_seln + kh * s_selh, cnt_ptr + n * s_cntn + kh * s_cnth, KP)
+            if not THRESH:                              # THRESH: _thresh_kernel selects
+                tl.debug_barrier()
+                if tl.atomic_add(row_ctr, 1) == tl.cdiv(ncand, NBC) - 1:
+                    part_row = part_ptr + r.to(tl.int64) * (NG_MAX + 1) * KP
+                    run = _hist_select(row_keys, ncand, part_row, row_ctr + 1, cand_ptr + r.to(tl.int64) * s_key,
+                                       K, KP, TILE, CTILE, HCOPIES, HFIRST)
+                    _write_ranked(run, sel_ptr + n * s_seln + kh * s_selh, cnt_ptr + n * s_cntn + kh * s_cnth,
+                                  KP)
         else:
             key = ordered * 4294967296 + (4294967295 - b.to(tl.int64))
             tl.store(row_keys + b, key, mask=cand)

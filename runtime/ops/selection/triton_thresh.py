@@ -1,0 +1,139 @@
+"""Decode selection's top-k as a grid-parallel threshold select (topk="thresh"): the third launch
+after triton_decode's `_lse_kernel` and `_block_topk_kernel` (run with HIST, HFIRST and THRESH:
+every pass-2 program stores its blocks' int32 score words and adds them to the row's 4096-bin
+histogram of the top 12 word bits, nobody selects).
+
+Hand-written for the reason triton_decode.py gives (a graph-safe top-k whose cost follows each
+row's length, read on the device). topk="hist" makes the row's last pass-2 program read all the
+row's words (16,384 at 1M context) alone; here that read is spread over the grid:
+
+`_thresh_kernel` (grid rows x chunks of CH blocks; chunks past the row's ncand exit at once):
+each program loads the row's histogram, finds with one cumsum the bin T holding the K-th largest
+word (K = min(topk, ncand)), reads its chunk's words and appends the int64 sort keys (word high,
+2^32-1-b low: unique, "higher score first, ties -> lower block") strictly above T's bin to the
+row's pick buffer and those inside it to the row's candidate buffer, reserving each range with
+one atomic_add on a per-row counter (so the buffers are in no particular order). The row's last
+program (atomic ticket) refines over the candidates only: 3 digit rounds on the word's low 20
+bits give the exact threshold word and how many of its ties to take; when that is fewer than all
+of them, digit rounds on the keys' low word (the block index) find the exact key threshold, so
+ties resolve to lower block indices whatever the buffer order. Every key >= that threshold is
+appended to the picks; `_write_ranked` sorts them. Counters (ticket, the two reservations, the
+bins) sit in the row's counter slots that `_lse_kernel`'s split 0 zeroes on every call.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from salactl.runtime.ops.selection.triton_decode import (SENTINEL, _digit_hist, _pick_digit,
+                                                         _unsigned_word, _write_ranked)
+
+# Counter slots per row: [0] ticket, [1:4097] the top-12-bit bins (pass 2), [4097] keys above
+# the threshold bin (the pick buffer's length), [4098] keys inside it (the candidates' length).
+NCTR = 4099
+
+
+@triton.jit
+def _split_key(key):
+    """(u, lw) of int64 sort keys: u = score word ^ 2^31 (unsigned score order), lw = the low
+    word 2^32-1-b (unsigned; larger = lower block index)."""
+    u = (key >> 32).to(tl.int32).to(tl.uint32, bitcast=True) ^ 0x80000000
+    return u, key.to(tl.int32).to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _index_digit_hist(cand_ptr, nc, thr, plw, SH: tl.constexpr, MSH: tl.constexpr, CTILE: tl.constexpr):
+    """[256] counts of digit (lw >> SH) & 255 over the candidates with u == thr whose lw bits
+    >= MSH equal plw's (MSH 32: all of them)."""
+    h = tl.zeros([256], tl.int32)
+    for t0 in range(0, nc, CTILE):
+        i = t0 + tl.arange(0, CTILE)
+        key = tl.load(cand_ptr + i, mask=i < nc, other=0, cache_modifier=".cg")
+        u, lw = _split_key(key)
+        m = (i < nc) & (u == thr)
+        if MSH < 32:
+            m = m & ((lw >> MSH) == (plw >> MSH))
+        h += tl.histogram(((lw >> SH) & 255).to(tl.int32), 256, mask=m)
+    return h
+
+
+@triton.jit
+def _thresh_finish(cand_ptr, nc, pick_ptr, above, thr, need, CTILE: tl.constexpr, NR: tl.constexpr):
+    """Exact threshold over the candidates (keys whose top 12 word bits are the threshold bin,
+    in any order) and the append of those at or above it to pick[above:]; returns the pick
+    count. thr: the bin's prefix (word bits >= 20), need: how many to take inside the bin. NR:
+    8-bit digit rounds covering the block index (block ids < 2^(8 NR))."""
+    prefix, need = _pick_digit(_digit_hist(cand_ptr, nc, thr, 12, 20, CTILE, 1, True), need, thr, 12, 256)
+    prefix, need = _pick_digit(_digit_hist(cand_ptr, nc, prefix, 4, 12, CTILE, 1, True), need, prefix, 4, 256)
+    hd = _digit_hist(cand_ptr, nc, prefix, 0, 4, CTILE, 1, True)
+    prefix, need = _pick_digit(hd, need, prefix, 0, 256)
+    ties = tl.sum(tl.where(tl.arange(0, 256) == (prefix & 255).to(tl.int32), hd, 0), 0)
+    plw = tl.zeros([], tl.uint32)                     # take every key == prefix with lw >= plw
+    if ties > need:                                   # some ties stay out: lower block ids first
+        if NR < 4:                                    # the bits no block id reaches: all ones
+            plw = tl.full([], 0xFFFFFFFF, tl.uint32) << (8 * NR)
+        for rd in tl.static_range(NR):              # digit at 8 (NR - 1 - rd)
+            plw, need = _pick_digit(_index_digit_hist(cand_ptr, nc, prefix, plw, 8 * (NR - 1 - rd),
+                                                      8 * (NR - rd), CTILE),
+                                    need, plw, 8 * (NR - 1 - rd), 256)
+    base = above
+    for t0 in range(0, nc, CTILE):
+        i = t0 + tl.arange(0, CTILE)
+        key = tl.load(cand_ptr + i, mask=i < nc, other=0, cache_modifier=".cg")
+        u, lw = _split_key(key)
+        pick = (i < nc) & ((u > prefix) | ((u == prefix) & (lw >= plw)))
+        tl.store(pick_ptr + base + tl.cumsum(pick.to(tl.int32), 0) - 1, key, mask=pick)
+        base += tl.sum(pick.to(tl.int32), 0)
+    return base
+
+
+@triton.jit
+def _thresh_kernel(seqlen_ptr, word_ptr, ctr_ptr, pick_ptr, cand_ptr, sel_ptr, cnt_ptr,
+                   s_word, s_cand, s_seln, s_selh, s_cntn, s_cnth,
+                   HKV: tl.constexpr, BS: tl.constexpr, NCTR: tl.constexpr, K: tl.constexpr,
+                   KP: tl.constexpr, CH: tl.constexpr, CTILE: tl.constexpr, NR: tl.constexpr):
+    r = tl.program_id(0)
+    c = tl.program_id(1)
+    n = r // HKV
+    kh = r % HKV
+    ncand = (tl.load(seqlen_ptr + n) - 1) // BS + 1       # blocks 0..own are candidates
+    b0 = c * CH
+    if b0 < ncand:
+        row_ctr = ctr_ptr + r * NCTR                       # [ticket, bins, #picks, #candidates]
+        h1 = tl.load(row_ctr + 1 + tl.arange(0, 4096), cache_modifier=".cg")
+        thr, need = _pick_digit(h1, tl.minimum(ncand, K), tl.zeros([], tl.uint32), 20, 4096)
+        b = b0 + tl.arange(0, CH)
+        m = b < ncand
+        u, key = _unsigned_word(word_ptr + r.to(tl.int64) * s_word, b, m, False)
+        hi = m & ((u >> 20) > (thr >> 20))
+        eq = m & ((u >> 20) == (thr >> 20))
+        pick_row = pick_ptr + r.to(tl.int64) * KP
+        cand_row = cand_ptr + r.to(tl.int64) * s_cand
+        at_hi = tl.atomic_add(row_ctr + 4097, tl.sum(hi.to(tl.int32), 0), sem="relaxed")
+        at_eq = tl.atomic_add(row_ctr + 4098, tl.sum(eq.to(tl.int32), 0), sem="relaxed")
+        tl.store(pick_row + at_hi + tl.cumsum(hi.to(tl.int32), 0) - 1, key, mask=hi)
+        tl.store(cand_row + at_eq + tl.cumsum(eq.to(tl.int32), 0) - 1, key, mask=eq)
+        tl.debug_barrier()                                 # all of this program's keys, then the ticket
+        if tl.atomic_add(row_ctr, 1) == tl.cdiv(ncand, CH) - 1:      # the row's last program
+            above = tl.atomic_add(row_ctr + 4097, 0)
+            nc = tl.atomic_add(row_ctr + 4098, 0)
+            total = _thresh_finish(cand_row, nc, pick_row, above, thr, need, CTILE, NR)
+            tl.debug_barrier()
+            k = tl.arange(0, KP)
+            run = tl.load(pick_row + k, mask=k < total, other=SENTINEL, cache_modifier=".cg")
+            _write_ranked(run, sel_ptr + n * s_seln + kh * s_selh, cnt_ptr + n * s_cntn + kh * s_cnth, KP)
+
+
+def thresh_launch(seq_lens, words, ctr, cand, sel, cnt, hkv: int, block_size: int, K: int, chunk: int,
+                  ctile: int, num_warps: int) -> None:
+    """The third launch of topk="thresh" over pass 2's words [rows, nb_max] int32 and counters
+    [rows * NCTR] int32 (histogram built, ticket and reservations zero); writes sel/cnt."""
+    rows, nb_max = words.shape
+    KP = triton.next_power_of_2(K)
+    nr = max(1, triton.cdiv(max(1, (nb_max - 1).bit_length()), 8))
+    pick = cand.new_empty(rows * KP)
+    _thresh_kernel[(rows, triton.cdiv(nb_max, chunk))](
+        seq_lens, words, ctr, pick, cand, sel, cnt, words.stride(0), cand.stride(0),
+        sel.stride(0), sel.stride(1), cnt.stride(0), cnt.stride(1),
+        HKV=hkv, BS=block_size, NCTR=NCTR, K=K, KP=KP, CH=chunk, CTILE=ctile, NR=nr, num_warps=num_warps)
