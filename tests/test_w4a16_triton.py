@@ -176,3 +176,65 @@ def test_tensor_core_kernel_inline_asm_on_cuda(cfg, dt):
             assert rel_err(y.float(), ref) < 5e-3, (cfg, M)
     wd = w4a16_tc_dequantize(pack_tc(q).cuda(), s.cuda(), G, dt).float().cpu()
     assert bool(((wd - w).abs() <= w.abs() * 2 ** -7 + 1e-7).all())
+
+
+_INTERPRETED_GEMV_CHECK = textwrap.dedent("""
+    import torch
+    from salactl.runtime.ops.w4a16.gemv import GemvConfig, w4a16_gemv
+    from salactl.runtime.ops.w4a16.layout import pack_tc
+    gen = torch.Generator().manual_seed(11)
+    cases = [(64, 512, 128, torch.bfloat16, GemvConfig(32, 2, 1)),
+             (64, 512, 128, torch.bfloat16, GemvConfig(32, 2, 1, prefetch=True)),
+             (96, 1280, 64, torch.float16, GemvConfig(32, 4, 3)),          # 10 blocks, 3 splits: a short one
+             (48, 384, 32, torch.bfloat16, GemvConfig(16, 2, 2, prefetch=True)),
+             (32, 512, -1, torch.bfloat16, GemvConfig(32, 8, 1)),          # one group; KBI > blocks
+             (128, 1024, 256, torch.bfloat16, GemvConfig(64, 2, 4))]
+    for N, K, G, dt, cfg in cases:
+        g = K if G == -1 else G
+        q = torch.randint(0, 16, (K, N), generator=gen)
+        s = (torch.rand(K // g, N, generator=gen) * 0.02 + 0.001).half()
+        w = (q.float() - 8) * s.float().repeat_interleave(g, 0)
+        x = torch.randn(1, K, generator=gen).to(dt)
+        ref = x.float() @ w
+        for _ in range(2 if cfg.split_k > 1 else 1):    # the second call checks the split-K counter reset
+            y = w4a16_gemv(x, pack_tc(q), s, G, cfg)
+            assert y.dtype == dt and y.shape == (1, N)
+            # exact fp32 math: the only error is the output rounding to bf16 / fp16
+            assert float(((y.float() - ref).abs() / (ref.abs() + 1e-3)).max()) < 2 ** -7, (N, K, G, cfg)
+    print("ok")
+""")
+
+
+@needs_triton
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="interpreter check is for CPU-only machines; on CUDA the gpu tests run the real kernel")
+def test_batch1_gemv_matches_reference_in_the_interpreter():
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(root))
+    r = subprocess.run([sys.executable, "-c", _INTERPRETED_GEMV_CHECK], env=env, capture_output=True, text=True,
+                       timeout=600, cwd=root)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+
+
+@gpu
+@needs_triton
+@pytest.mark.parametrize("cfg", ["r16 kb4 s1", "r32 kb8 s2", "r32 kb4 s4 pf", "r64 kb8 s1", "r16 kb8 s2 pf"])
+@pytest.mark.parametrize("G", [128, 64, 32, -1])
+def test_batch1_gemv_on_cuda(cfg, G):
+    from salactl.runtime.ops.w4a16.gemv import GemvConfig, w4a16_gemv
+    from salactl.runtime.ops.w4a16.layout import pack_tc
+
+    r, kb, sp = (int(p[1:] if p[0] in "rs" else p[2:]) for p in cfg.split()[:3])
+    gen = torch.Generator().manual_seed(5)
+    K, N = 2048, 384
+    g = K if G == -1 else G
+    q = torch.randint(0, 16, (K, N), generator=gen)
+    s = (torch.rand(K // g, N, generator=gen) * 0.01 + 0.001).half()
+    w = (q.float() - 8) * s.float().repeat_interleave(g, 0)
+    for dt in (torch.bfloat16, torch.float16):
+        x = torch.randn(1, K, generator=gen).to(dt)
+        ref = x.float() @ w
+        for _ in range(2):
+            y = w4a16_gemv(x.cuda(), pack_tc(q).cuda(), s.cuda(), G,
+                           GemvConfig(r, kb, sp, prefetch="pf" in cfg)).float().cpu()
+            assert float(((y - ref).abs() / (ref.abs() + 1e-3)).max()) < 2 ** -7, (cfg, G, dt)
