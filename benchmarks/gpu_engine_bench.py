@@ -1,7 +1,7 @@
 """GPU engine: correctness checks + speed on one GPU, in one run (DESIGN.md §3, issue 4).
 
     python benchmarks/gpu_engine_bench.py [--skip-1m] [--only decode,attention,...] [--breakdown]
-        [--selection topk=hist,tile=2048]
+        [--selection thresh_chunk=512,num_warps=4]
 
 1. every GPU kernel against its reference on random inputs (runtime/gpu/selfcheck.py), and the
    whole engine against the reference Engine on sala-nano shapes;
@@ -391,7 +391,7 @@ def main():
     ap.add_argument("--breakdown", action="store_true",
                     help="decode: also GPU time per kernel name inside one graph replay (torch.profiler)")
     ap.add_argument("--selection", default="",
-                    help="decode selection knobs over selection/gpu.py's DECODE_DEFAULTS, e.g. topk=hist,tile=2048")
+                    help="decode selection knobs over selection/gpu.py's DECODE_DEFAULTS, e.g. thresh_chunk=512,num_warps=4")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     global OUT, ARGS

@@ -1,16 +1,16 @@
 """One sparse layer's decode attention on one GPU (issue 4): InfLLM-V2 (K1 update + selection +
 paged attention over the selected blocks) vs dense paged attention, sala-9b shapes, bf16, batch 1.
 
-    python benchmarks/sparse_decode_bench.py [--quick] [--variants hist,thresh,g1024] [--out DIR]
+    python benchmarks/sparse_decode_bench.py [--quick] [--variants ch512,w16] [--breakdown] [--out DIR]
 
 1. correctness, every swept variant (VARIANTS) on the same inputs: select_decode (fused K1
    update) against reference.select_blocks -- exact set and order, random and tied keys,
-   contexts just past dense_len, lengths not multiple of the block, one and several top-k groups,
-   up to 1M, all in a page table as wide as the timed 1M one (so the checks compile the kernels
+   contexts just past dense_len, lengths not multiple of the block, one and many threshold-select
+   chunks, up to 1M, all in a page table as wide as the timed 1M one (so the checks compile the kernels
    the timings use); and the whole sparse decode output at 128K against the reference paged
    attention over the reference selection;
-2. per layer at 1M + 100 and 128K + 100 tokens (just past a multiple of the 2048-block top-k
-   group, as most contexts are) inside a 1M-wide page table (and, without --quick, exactly 128K,
+2. per layer at 1M + 100 and 128K + 100 tokens (not a power-of-two block count, as most
+   contexts are) inside a 1M-wide page table (and, without --quick, exactly 128K,
    and 128K + 100 in a table as wide as the context): dense us; sparse total us = fused selection + attention, and its
    parts (compress alone, selection without / with the fused compress, attention over the
    selected blocks); ratio to dense; the selection with every score tied (zero compressed keys).
@@ -61,10 +61,10 @@ def checks(cfg, quick):
                                    width=width, tunes=tunes)
     if not quick:
         rows += check_decode_selection("cuda", torch.bfloat16, hq, hkv, d, sc, lens[:5], ties=True, seed=2,
-                                       topk="radix", nbc=32, group=128, tile=256, radix_bits=4)
+                                       nbc=32, thresh_chunk=128, num_warps=4)
         for ties in (False, True):
             rows += check_decode_selection("cuda", torch.float32, hq, hkv, d, sc, lens, ties=ties, seed=3,
-                                           tunes=[{}, dict(topk="radix")])
+                                           tunes=[{}, dict(thresh_chunk=256)])
     rows.append(("sparse decode output at 128K vs reference (rel err)", end_to_end(cfg, 131072), 1e-2))
     return rows
 
@@ -175,20 +175,12 @@ def layer_case(cfg, ctx, width, flush_buf, variants, breakdown=False):
 
 # Selection variants swept (and checked): knobs of select_decode over gpu.DECODE_DEFAULTS.
 VARIANTS = [("default", {}),
-            ("radix g2048 (session 3 default)", dict(topk="radix")),
-            ("radix g1024", dict(topk="radix", group=1024, tile=1024)),
-            ("radix rb4", dict(topk="radix", radix_bits=4)),
-            ("radix w4", dict(topk="radix", num_warps=4)),
             ("lse splits 256", dict(lse_splits=256)),
-            ("hist t2048 w4", dict(topk="hist", tile=2048, num_warps=4)),
-            ("hist t4096 w8", dict(topk="hist", tile=4096)),
-            ("hist t4096 w16", dict(topk="hist", tile=4096, num_warps=16)),
-            ("hist t8192 w16", dict(topk="hist", tile=8192, num_warps=16)),
-            ("hist t4096 w16 5 passes", dict(topk="hist", tile=4096, num_warps=16, hist_first=False)),
-            ("thresh ch1024 w8", dict(topk="thresh")),
-            ("thresh ch2048 w8", dict(topk="thresh", thresh_chunk=2048)),
-            ("thresh ch512 w4", dict(topk="thresh", thresh_chunk=512, num_warps=4)),
-            ("thresh ch1024 w16", dict(topk="thresh", num_warps=16))]
+            ("thresh ch2048 w8", dict(thresh_chunk=2048)),
+            ("thresh ch512 w8", dict(thresh_chunk=512)),
+            ("thresh ch512 w4", dict(thresh_chunk=512, num_warps=4)),
+            ("thresh ch1024 w16", dict(num_warps=16)),
+            ("thresh ch256 w4", dict(thresh_chunk=256, num_warps=4))]
 
 
 def _compile_worker(tunes: list) -> list[str]:
@@ -272,7 +264,7 @@ def main():
     flush_buf = None if args.quick else torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
     variants = VARIANTS[1:]
     B = cfg.sparse_config.block_size
-    # a context just past a multiple of 2048 blocks, as most are: 2048-block top-k groups + merge
+    # a context just past a power-of-two block count, as most are
     off = 100
     cases = [((1 << 20) + off, (1 << 20) // B + 4), (131072 + off, (1 << 20) // B + 4)]
     if not args.quick:

@@ -19,7 +19,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from salactl.runtime.gpu import selfcheck as S  # noqa: E402
-from salactl.runtime.ops.selection.triton_decode import _hist_select, _pick_digit, _write_ranked  # noqa: E402
+from salactl.runtime.ops.selection.triton_decode import _pick_digit, _write_ranked  # noqa: E402
 from salactl.runtime.ops.selection.triton_thresh import NCTR, _thresh_finish, _thresh_kernel  # noqa: E402
 
 SMALL = S.Shapes.small()
@@ -58,19 +58,14 @@ def test_selection_matches_reference():
 
 @pytest.mark.parametrize("ties", [False, True])
 @pytest.mark.parametrize("knobs", [dict(lse_splits=3),
-                                   dict(topk="radix", nbc=4, group=16, tile=8, lse_splits=2),
-                                   dict(topk="radix", nbc=8, group=32, tile=64, radix_bits=4, lse_splits=5),
-                                   dict(nbc=4, tile=16, lse_splits=2, topk="hist"),
-                                   dict(nbc=4, tile=16, topk="hist", hist_first=False),
-                                   dict(nbc=4, lse_splits=2, topk="thresh", thresh_chunk=8),
-                                   dict(topk="thresh", thresh_chunk=64)])
+                                   dict(nbc=4, lse_splits=2, thresh_chunk=8),
+                                   dict(nbc=8, lse_splits=5, thresh_chunk=16, num_warps=4),
+                                   dict(thresh_chunk=64)])
 def test_decode_selection_exact_set_and_order(ties, knobs):
     """select_decode (fused K1 update, top-k in the kernel) = reference.select_blocks: contexts
-    at/just past dense_len, not multiples of the block, shorter than topk, one and several
-    top-k groups/tiles; tied blocks must break by lower index. Radix select (topk="radix") and the
-    row's last program's histogram select (topk="hist", several tiles; with the top-12-bit
-    histogram from pass 2 and with 4 passes over the row) top-k; the grid-parallel threshold
-    select (topk="thresh", several chunk programs per row)."""
+    at/just past dense_len, not multiples of the block, shorter than topk, one and many
+    threshold-select chunk programs per row, several rows in one batch; tied blocks must break
+    by lower index."""
     from salactl.runtime.ops.selection.check import check_decode_selection
 
     sc = SMALL.sparse
@@ -79,65 +74,29 @@ def test_decode_selection_exact_set_and_order(ties, knobs):
                                         ties=ties, seed=7, **knobs))
 
 
-@triton.jit
-def _hist_select_rows(src, n_ptr, scratch, hist0, cand, sel, cnt, W: tl.constexpr, K: tl.constexpr,
-                      KP: tl.constexpr, TILE: tl.constexpr, CTILE: tl.constexpr, COPIES: tl.constexpr,
-                      FIRST_DONE: tl.constexpr):
-    """One program per row of a [rows, W] score-word matrix: topk="hist"'s select and write."""
-    r = tl.program_id(0)
-    run = _hist_select(src + r * W, tl.load(n_ptr + r), scratch + r * KP, hist0 + r * 4096, cand + r * W,
-                       K, KP, TILE, CTILE, COPIES, FIRST_DONE)
-    _write_ranked(run, sel + r * KP, cnt + r, KP)
-
-
-def test_histogram_select_exact_order_with_heavy_ties():
-    """triton_decode._hist_select + _write_ranked (topk="hist") on raw score words: rows shorter
-    than, equal to and longer than K, one and several tiles, only 4 distinct scores (the threshold
-    digit's ties must be taken lowest index first), forced (+inf) blocks, all-equal rows."""
-    g = torch.Generator().manual_seed(0)
-    W, K, KP = 300, 96, 128
-    lens = [1, 5, 95, 96, 97, 200, 300, 250]
-    f = torch.randn(len(lens), W, generator=g)
-    f[1::2] = torch.randint(0, 4, (len(lens) // 2, W), generator=g).float() - 1.0     # ties at -1, 0, 1, 2
-    f[::3, :3] = float("inf")
-    f[-1] = 0.5
-    bits = f.view(torch.int32)
-    words = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)     # pass 2's order-preserving words
-    n = torch.tensor(lens, dtype=torch.int32)
-    scratch = torch.empty(len(lens) * KP, dtype=torch.int64)
-    top = ((words.to(torch.int64) & 0xFFFFFFFF) ^ 0x80000000) >> 20          # pass 2's 12-bit digit
-    hist0 = torch.stack([torch.bincount(top[i, :L], minlength=4096) for i, L in enumerate(lens)]).to(torch.int32)
-    cand = torch.empty(len(lens), W, dtype=torch.int64)
-    for tile, ctile, copies, first in ((64, 64, 32, False), (512, 512, 1, False), (64, 16, 1, True),
-                                       (512, 256, 4, True)):
-        sel = torch.full((len(lens), KP), -7, dtype=torch.int32)
-        cnt = torch.empty(len(lens), dtype=torch.int32)
-        _hist_select_rows[(len(lens),)](words, n, scratch, hist0, cand, sel, cnt, W=W, K=K, KP=KP, TILE=tile,
-                                        CTILE=ctile, COPIES=copies, FIRST_DONE=first)
-        for i, L in enumerate(lens):
-            want = torch.sort(f[i, :L], descending=True, stable=True).indices[:K].tolist()
-            assert sel[i, :int(cnt[i])].tolist() == want, (tile, ctile, copies, first, L)
-
-
 def _tied_words(lens, W, seed=0):
-    """Scores [rows, W] (some rows only 4 distinct values, some with forced +inf blocks, the last
-    all equal) and pass 2's order-preserving int32 words of them."""
+    """Scores [rows, W] and pass 2's order-preserving int32 words of them. Rows 1, 3, 5, ...
+    only 4 distinct values, rows 0, 3, 6, ... forced +inf blocks; the last three rows: a narrow
+    band (1.56 + U(0, 1e-3): every block in one 12-bit bin, tens of 24-bit bins), a quantised
+    band (1.56 + 0..39 ulps: one 24-bit bin, exact ties at the threshold) and all equal."""
     g = torch.Generator().manual_seed(seed)
     f = torch.randn(len(lens), W, generator=g)
     f[1::2] = torch.randint(0, 4, (len(lens) // 2, W), generator=g).float() - 1.0     # ties at -1, 0, 1, 2
     f[::3, :3] = float("inf")
+    f[-3] = 1.56 + 1e-3 * torch.rand(W, generator=g)
+    f[-2] = 1.56 + torch.randint(0, 40, (W,), generator=g).float() * 2.0 ** -23
     f[-1] = 0.5
     bits = f.view(torch.int32)
     return f, torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
 
 
 def test_threshold_select_kernel_exact_order_with_heavy_ties():
-    """triton_thresh._thresh_kernel (topk="thresh"'s third launch) on raw score words and their
+    """triton_thresh._thresh_kernel (the top-k's third launch) on raw score words and their
     top-12-bit histogram: rows shorter than, equal to and longer than K, one and many chunk
     programs per row, heavy ties (taken lowest index first), forced blocks, all-equal rows;
     the counters it must find zeroed stay as the lse kernel leaves them, bins aside."""
     W, K, KP = 300, 96, 128
-    lens = [1, 5, 95, 96, 97, 200, 300, 250]
+    lens = [1, 5, 95, 96, 97, 200, 300, 250, 300, 290, 299]
     f, words = _tied_words(lens, W)
     top = ((words.to(torch.int64) & 0xFFFFFFFF) ^ 0x80000000) >> 20
     seq = torch.tensor(lens, dtype=torch.int32)
@@ -179,7 +138,7 @@ def test_threshold_refinement_ignores_candidate_order():
     programs reserved their ranges: given them reversed and shuffled, the selection (ties at the
     exact threshold score -> lower block index) is still the reference order."""
     W, K, KP = 300, 96, 128
-    lens = [5, 96, 97, 200, 300, 250, 180, 260]
+    lens = [5, 96, 97, 200, 300, 250, 180, 260, 300, 280]
     f, words = _tied_words(lens, W, seed=1)
     u = (words.to(torch.int64) & 0xFFFFFFFF) ^ 0x80000000
     keys = words.to(torch.int64) * 2 ** 32 + (2 ** 32 - 1 - torch.arange(W))

@@ -51,18 +51,12 @@ def test_selection(dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("ties", [False, True])
 @pytest.mark.parametrize("knobs", [{},
-                                   dict(topk="radix", nbc=32, group=128, tile=256, radix_bits=4,
-                                        num_warps=4),
-                                   dict(topk="hist", tile=256, nbc=32, num_warps=16),
-                                   dict(topk="hist", tile=512, hist_first=False),
-                                   dict(topk="thresh"),
-                                   dict(topk="thresh", thresh_chunk=256, num_warps=4)])
+                                   dict(thresh_chunk=256, num_warps=4),
+                                   dict(nbc=32, thresh_chunk=2048, num_warps=16)])
 def test_decode_selection_exact_set_and_order(dtype, ties, knobs):
     """select_decode at 9B shapes vs reference.select_blocks (set and order; near-ties only):
-    default knobs, radix top-k over several top-k groups, the row's last program's histogram
-    select (topk="hist"): top-12-bit histogram from pass 2 + rounds over the threshold bin's
-    blocks, and 4 histogram passes over the whole row; several tiles each; the grid-parallel
-    threshold select (topk="thresh", one and several chunk programs per row)."""
+    default knobs (threshold select, one and several chunk programs per row) and two other
+    pass-2 / threshold-select launch shapes."""
     from salactl.runtime.gpu import selfcheck as S
     from salactl.runtime.ops.selection.check import check_decode_selection
 

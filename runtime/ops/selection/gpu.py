@@ -1,7 +1,7 @@
 """InfLLM-V2 selection on the GPU over paged caches: launchers for the Triton kernels in
 triton.py (compression; prefill selection, several queries of one sequence per tile, + torch.topk)
-and triton_decode.py (decode selection: two launches, work proportional to each row's length,
-top-k in the kernel). Static shapes throughout (graph-safe); exactly DESIGN.md §2, checked
+and triton_decode.py + triton_thresh.py (decode selection: three launches, work proportional to
+each row's length, top-k in the kernel). Static shapes throughout (graph-safe); exactly DESIGN.md §2, checked
 against reference.select_blocks on random inputs."""
 
 from __future__ import annotations
@@ -87,43 +87,27 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 
 
 # Launch defaults of select_decode (edit from benchmarks/sparse_decode_bench.py's sweep).
-# topk: "radix" (radix select over GROUP keys, then over the groups' picks) or "hist" (every
-#   chunk writes int32 score words, the row's last program selects over the whole row: radix
-#   select with tl.histogram digits, `tile` keys per step); `hist_first`: the pass-2
-#   programs build the top-12-bit histogram with global atomics, the last program reads the row
-#   once and finishes on the blocks in the threshold's bin (else 4 histogram passes + 1
-#   compaction over the row); `hist_copies`: lane-private bin copies, only for Triton >= 3.7's
-#   atomic-per-entry tl.histogram; group and radix_bits unused under hist); "thresh": pass 2 as
-#   hist with hist_first but nobody selects there; a third launch (triton_thresh.py, grid rows x
-#   chunks of `thresh_chunk` blocks) splits the row's read: each program finds the threshold bin
-#   from the histogram and appends its chunk's keys above / inside it, the row's last program
-#   refines over the bin's keys only;
-# group: blocks per top-k group (the last chunk program of each group selects its top K; the last
-#   group merges); nbc: blocks per pass-2 program; tile / radix_bits: the radix select's tile
-#   and bits per round; lse_splits: pass-1 programs per row (None: about four per SM).
-# H200, session 3 (sparse_decode_bench.py --quick): the top-k, not pass 2's K1 re-read, is the
-# selection's cost; radix g1024 was 70.0 us at 1M but 34.2 at 128K; every other variant slower
-# (pass-1-stored scores and a bitonic tl.topk were removed in session 4: slower in every run).
-# Session 4: those contexts were exact multiples of the 2048-block group, radix's best case; just
-# past one (1M + 100, 128K + 100: a second group and a merge) radix took 86.3 / 42.0 us and hist
-# with 2048-key tiles 71.6 / 41.3; in the engine's 9B decode step (contexts 128K + i) hist cut
-# the top-k kernel from 55 to 35 us per sparse layer at 128K and 73 to 62 us at 1M.
-DECODE_DEFAULTS = dict(topk="hist", group=2048, tile=2048, radix_bits=2, nbc=64, nbc_fp32=32, num_warps=8,
-                       lse_splits=None, hist_first=True, hist_copies=1, thresh_chunk=1024)
+# The top-k is a grid-parallel threshold select: pass 2 (`nbc` blocks per program) stores int32
+# score words and the row's top-12-bit histogram; a third launch (triton_thresh.py, grid rows x
+# chunks of `thresh_chunk` blocks) has each program find the threshold bin and append its chunk's
+# keys above / inside it; the row's last program refines over the bin's keys only.
+# lse_splits: pass-1 programs per row (None: about four per SM).
+# H200 history: sessions 3-4 measured a radix top-k (per 2048-block group + merge) and "hist"
+# (the row's last pass-2 program selecting over the whole row); session 5's threshold select
+# beat both (1M + 100: 59.1 vs hist 69.6 us per layer; 128K + 100: 38.5 vs 41.1; engine 9B step
+# at 1M: pass 2 + thresh 37 us per layer vs hist ~62), so radix and hist were removed.
+DECODE_DEFAULTS = dict(nbc=64, nbc_fp32=32, num_warps=8, lse_splits=None, thresh_chunk=1024)
 
 
 def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_max: int,
                   k_pages=None, k1_start=None, k1_count=None, k_scale=1.0,
-                  lse_splits: int | None = None, nbc: int | None = None, group: int | None = None,
-                  tile: int | None = None, radix_bits: int | None = None, num_warps: int | None = None,
-                  topk: str | None = None, hist_copies: int | None = None, hist_first: bool | None = None,
+                  lse_splits: int | None = None, nbc: int | None = None, num_warps: int | None = None,
                   thresh_chunk: int | None = None):
-    """One query per row (decode): two launches (triton_decode.py; a third, triton_thresh.py,
-    with topk="thresh"). With k_pages, k1_start and k1_count given, the window completed by each
-    row's token (k1_count 0/1) is compressed into k1_pages by the first launch (replaces
-    compress_update). nb_max: the static block width
-    (launch grid); each row's work follows its own seq_len. Knobs left None take DECODE_DEFAULTS.
-    Same result as select_paged."""
+    """One query per row (decode): three launches (triton_decode.py's lse and score-word passes,
+    triton_thresh.py's top-k). With k_pages, k1_start and k1_count given, the window completed
+    by each row's token (k1_count 0/1) is compressed into k1_pages by the first launch (replaces
+    compress_update). nb_max: the static block width (launch grid); each row's work follows its
+    own seq_len. Knobs left None take DECODE_DEFAULTS. Same result as select_paged."""
     dflt = DECODE_DEFAULTS
     n, hq, D = q.shape
     _, hkv, wpp, _ = k1_pages.shape
@@ -137,34 +121,19 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
         lse_splits = max(1, min(128, math.ceil(528 / rows)))
     if nbc is None:                       # blocks per program: 64 spills nothing in 16 bits
         nbc = dflt["nbc_fp32"] if q.dtype == torch.float32 else dflt["nbc"]
-    group = dflt["group"] if group is None else group
-    tile = dflt["tile"] if tile is None else tile
-    radix_bits = dflt["radix_bits"] if radix_bits is None else radix_bits
     num_warps = dflt["num_warps"] if num_warps is None else num_warps
-    topk = dflt["topk"] if topk is None else topk
-    hist_copies = dflt["hist_copies"] if hist_copies is None else hist_copies
-    hist_first = dflt["hist_first"] if hist_first is None else hist_first
     thresh_chunk = dflt["thresh_chunk"] if thresh_chunk is None else thresh_chunk
-    thresh = topk == "thresh"
-    hist = topk == "hist" or thresh                 # thresh: pass 2 as hist with hist_first
-    hist_first = hist_first or thresh
     K = min(sc.selected_blocks, nb_max)
-    KP = triton.next_power_of_2(K)
-    assert topk in ("radix", "hist", "thresh")
-    assert group % nbc == 0 and nbc & (nbc - 1) == 0 and tile & (tile - 1) == 0
-    assert thresh_chunk & (thresh_chunk - 1) == 0
-    ng_max = triton.cdiv(nb_max, group)
-    # hist: the ticket and the 12-bit bins; thresh: + its two reservation counters
-    nctr = tkern.NCTR if thresh else 1 + 4096 if hist else ng_max + 1
+    assert nbc & (nbc - 1) == 0 and thresh_chunk & (thresh_chunk - 1) == 0
+    nctr = tkern.NCTR                     # the ticket, the 12-bit bins, the reservation counters
     sm_scale = 1.0 / math.sqrt(D)
     dot_f32 = q.dtype == torch.float32
     fuse = k_pages is not None and k1_start is not None and k1_count is not None
     fp8 = fuse and k_pages.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
     plse = torch.empty(rows * lse_splits * BG, device=dev, dtype=torch.float32)
     ctr = torch.empty(rows * nctr, device=dev, dtype=torch.int32)
-    keys = torch.empty(rows, nb_max, device=dev, dtype=torch.int32 if hist else torch.int64)
-    part = torch.empty(rows * (ng_max + 1) * KP, device=dev, dtype=torch.int64)
-    cand = torch.empty((rows, nb_max) if hist and hist_first else (1,), device=dev, dtype=torch.int64)
+    words = torch.empty(rows, nb_max, device=dev, dtype=torch.int32)
+    cand = torch.empty(rows, nb_max, device=dev, dtype=torch.int64)
     sel = torch.empty(n, hkv, K, device=dev, dtype=torch.int32)
     cnt = torch.empty(n, hkv, device=dev, dtype=torch.int32)
     kp = k_pages if fuse else k1_pages
@@ -177,18 +146,14 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
         HKV=hkv, G=G, BG=BG, D=D, WPP=wpp, KS=sc.kernel_size, ST=sc.kernel_stride, BS=sc.block_size,
         BW=64, NCTR=nctr, NCTR2=triton.next_power_of_2(nctr), FUSE_K1=fuse, FP8=fp8,
         DOT_F32=dot_f32, num_warps=4)
-    dkern._block_topk_kernel[(rows, triton.cdiv(nb_max, nbc))](
-        q, k1_pages, page_table, slots, seq_lens, plse, keys, part, ctr, sel, cnt, cand,
+    dkern._block_words_kernel[(rows, triton.cdiv(nb_max, nbc))](
+        q, k1_pages, page_table, slots, seq_lens, plse, words, ctr,
         q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), page_table.stride(0),
-        keys.stride(0), sel.stride(0), sel.stride(1), cnt.stride(0), cnt.stride(1), sm_scale, lse_splits,
+        words.stride(0), sm_scale, lse_splits,
         HKV=hkv, G=G, BG=BG, D=D, WPP=wpp, LEFT=sc.kernel_size // sc.kernel_stride - 1,
-        KS=sc.kernel_size, ST=sc.kernel_stride, BS=sc.block_size, NBC=nbc, GROUP=group,
-        NG_MAX=ng_max, NCTR=nctr, INIT=sc.init_blocks,
-        WINB=sc.window_blocks, K=K, KP=KP, TILE=tile, RB=radix_bits,
-        SP2=max(2, triton.next_power_of_2(lse_splits)), DOT_F32=dot_f32,
-        HIST=hist, HCOPIES=hist_copies, HFIRST=hist_first,
-        CTILE=max(256, 32 * num_warps), THRESH=thresh, num_warps=num_warps)
-    if thresh:
-        tkern.thresh_launch(seq_lens, keys, ctr, cand, sel, cnt, hkv, sc.block_size, K, thresh_chunk,
-                            ctile=max(256, 32 * num_warps), num_warps=num_warps)
+        KS=sc.kernel_size, ST=sc.kernel_stride, BS=sc.block_size, NBC=nbc, NCTR=nctr,
+        INIT=sc.init_blocks, WINB=sc.window_blocks, SP2=max(2, triton.next_power_of_2(lse_splits)),
+        DOT_F32=dot_f32, num_warps=num_warps)
+    tkern.thresh_launch(seq_lens, words, ctr, cand, sel, cnt, hkv, sc.block_size, K, thresh_chunk,
+                        ctile=max(256, 32 * num_warps), num_warps=num_warps)
     return sel, cnt

@@ -1,11 +1,10 @@
-"""Decode selection's top-k as a grid-parallel threshold select (topk="thresh"): the third launch
-after triton_decode's `_lse_kernel` and `_block_topk_kernel` (run with HIST, HFIRST and THRESH:
-every pass-2 program stores its blocks' int32 score words and adds them to the row's 4096-bin
-histogram of the top 12 word bits, nobody selects).
+"""Decode selection's top-k as a grid-parallel threshold select: the third launch after
+triton_decode's `_lse_kernel` and `_block_words_kernel` (every pass-2 program stores its blocks'
+int32 score words and adds them to the row's 4096-bin histogram of the top 12 word bits).
 
 Hand-written for the reason triton_decode.py gives (a graph-safe top-k whose cost follows each
-row's length, read on the device). topk="hist" makes the row's last pass-2 program read all the
-row's words (16,384 at 1M context) alone; here that read is spread over the grid:
+row's length, read on the device). A single program reading all the row's words (16,384 at 1M
+context; the removed topk="hist") was slower on the H200; here that read is spread over the grid:
 
 `_thresh_kernel` (grid rows x chunks of CH blocks; chunks past the row's ncand exit at once):
 each program loads the row's histogram, finds with one cumsum the bin T holding the K-th largest
@@ -64,9 +63,9 @@ def _thresh_finish(cand_ptr, nc, pick_ptr, above, thr, need, CTILE: tl.constexpr
     in any order) and the append of those at or above it to pick[above:]; returns the pick
     count. thr: the bin's prefix (word bits >= 20), need: how many to take inside the bin. NR:
     8-bit digit rounds covering the block index (block ids < 2^(8 NR))."""
-    prefix, need = _pick_digit(_digit_hist(cand_ptr, nc, thr, 12, 20, CTILE, 1, True), need, thr, 12, 256)
-    prefix, need = _pick_digit(_digit_hist(cand_ptr, nc, prefix, 4, 12, CTILE, 1, True), need, prefix, 4, 256)
-    hd = _digit_hist(cand_ptr, nc, prefix, 0, 4, CTILE, 1, True)
+    prefix, need = _pick_digit(_digit_hist(cand_ptr, nc, thr, 12, 20, CTILE, True), need, thr, 12, 256)
+    prefix, need = _pick_digit(_digit_hist(cand_ptr, nc, prefix, 4, 12, CTILE, True), need, prefix, 4, 256)
+    hd = _digit_hist(cand_ptr, nc, prefix, 0, 4, CTILE, True)
     prefix, need = _pick_digit(hd, need, prefix, 0, 256)
     ties = tl.sum(tl.where(tl.arange(0, 256) == (prefix & 255).to(tl.int32), hd, 0), 0)
     plw = tl.zeros([], tl.uint32)                     # take every key == prefix with lw >= plw
@@ -127,7 +126,7 @@ def _thresh_kernel(seqlen_ptr, word_ptr, ctr_ptr, pick_ptr, cand_ptr, sel_ptr, c
 
 def thresh_launch(seq_lens, words, ctr, cand, sel, cnt, hkv: int, block_size: int, K: int, chunk: int,
                   ctile: int, num_warps: int) -> None:
-    """The third launch of topk="thresh" over pass 2's words [rows, nb_max] int32 and counters
+    """The third launch (the top-k) over pass 2's words [rows, nb_max] int32 and counters
     [rows * NCTR] int32 (histogram built, ticket and reservations zero); writes sel/cnt."""
     rows, nb_max = words.shape
     KP = triton.next_power_of_2(K)
