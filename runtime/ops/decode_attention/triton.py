@@ -220,14 +220,8 @@ SWEEP_CONFIGS = (
     DecodeConfig(warps=2, stages=3, programs_per_sm=5, max_splits=512, preload=16),
     DecodeConfig(warps=1, stages=3, programs_per_sm=8, max_splits=512, preload=16),
     DecodeConfig(warps=1, stages=4, programs_per_sm=6, max_splits=512, preload=16),
-    # session 5: ncu on the fp8 default at 128K (H200): 239 registers and 39 KB smem per 2-warp CTA
-    # cap it at 4 CTAs = 8 warps per SM; each warp issues every ~4 cycles (stalls: wait, long/short
-    # scoreboard), 46% of issue slots, DRAM 48% at ncu's base clock: issue-latency bound with too
-    # few warps. Register caps (and 2 stages: less smem) for 5-8 CTAs per SM:
-    DecodeConfig(warps=2, stages=2, programs_per_sm=6, max_splits=512, preload=16, maxnreg=168),
-    DecodeConfig(warps=2, stages=3, programs_per_sm=5, max_splits=512, preload=16, maxnreg=192),
-    DecodeConfig(warps=2, stages=2, programs_per_sm=8, max_splits=512, preload=16, maxnreg=128),
-    DecodeConfig(warps=4, stages=3, programs_per_sm=4, max_splits=256, preload=16, maxnreg=128),
+    # session 5: capping registers for 5-8 CTAs per SM (the fp8 default's 239 registers allow 4)
+    # was 0.76-0.91x of the default for fp8 and 0.87-0.93x for bf16 at 128K (BENCHMARKS.md)
 )
 
 
