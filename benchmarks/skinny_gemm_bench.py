@@ -1,7 +1,7 @@
 """Skinny bf16 GEMM (runtime/ops/gemv/skinny.py) vs cuBLAS (F.linear) at decode batch sizes, on
 the engine's bf16 projection shapes (sala-9b), one GPU.
 
-    python benchmarks/skinny_gemm_bench.py [--out FILE.json] [--m 8,16,32,64]
+    python benchmarks/skinny_gemm_bench.py [--out FILE.json] [--m 8,16,32,64] [--shapes 0,1,2,3,4]
 
 Every candidate config is checked against an fp32 matmul first (rel err <= 1e-2, exit 1 on a
 failure). Timing: each call in a CUDA graph whose calls rotate over > 200 MB of weight copies (no
@@ -34,13 +34,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--m", default="8,16,32,64")
+    ap.add_argument("--shapes", default="0,1,2,3,4", help="indices into SHAPES")
     args = ap.parse_args()
     ms = [int(v) for v in args.m.split(",")]
     ceil = copy_bandwidth()
     print(f"copy ceiling {ceil:.0f} GB/s", flush=True)
     g = torch.Generator(device="cuda").manual_seed(0)
     rows, bad, per_bm = [], [], {}
-    for n, k, what in SHAPES:
+    for n, k, what in (SHAPES[int(i)] for i in args.shapes.split(",")):
         copies = max(2, math.ceil(200e6 / (n * k * 2)))
         ws = [torch.randn(n, k, device="cuda", generator=g).bfloat16() for _ in range(copies)]
         for m in ms:

@@ -2,10 +2,13 @@
 
 Hand-written because cuBLAS picks split-K tiles for the 4096-wide decode projections at batch
 8-32 (measured on the H200 at batch 32: o_proj 4096x4096 in a 64x32 split-K GEMM at 59% of copy
-bandwidth plus a separate reduce kernel). Here each program owns BN full weight rows, walks all
-of K (no split, so no reduction kernel) and multiplies W[BN, BK]·xᵀ[BK, BM] on tensor cores, x
-padded to BM = max(16, next power of 2 of M) columns; the weights are read once. Floor: N·K·2
-bytes; 4096x4096 = 33.6 MB = 8.0 µs at 4.2 TB/s. Which (N, K, BM) use it and with which block
+bandwidth plus a separate reduce kernel). Here each program owns BN weight rows and walks K (or
+1/SPLIT of it), multiplying W[BN, BK]·xᵀ[BK, BM] on tensor cores, x padded to BM = max(16, next
+power of 2 of M) columns; the weights are read once. With SPLIT > 1 the splits write fp32
+partials and the last split of a row tile (per-tile ticket) sums them in split order and writes
+y: no reduction kernel either (ncu, session 5: with 128 one-CTA-per-SM programs of 4 warps the
+o_proj at 32 rows issues on 16% of cycles, stalled on its shared-memory pipeline, DRAM 43%).
+Floor: N·K·2 bytes; 4096x4096 = 33.6 MB = 8.0 µs at 4.2 TB/s. Which (N, K, BM) use it and with which block
 shape (`SKINNY_CONFIGS`) come from benchmarks/skinny_gemm_bench.py (BENCHMARKS.md).
 """
 
@@ -15,16 +18,21 @@ import torch
 import triton
 import triton.language as tl
 
-# (BN, BK, num_warps, num_stages) per (N, K, BM) routed here; every other shape uses cuBLAS.
+from salactl.runtime.ops.split_counters import split_counters
+
+# (BN, BK, num_warps, num_stages, split) per (N, K, BM) routed here; every other shape uses cuBLAS.
 # H200, session 4 (`python benchmarks/skinny_gemm_bench.py`, graph over > 200 MB of weights):
 # sparse q/k/v/o_gate 8704x4096 at M 8/16/32: 21.9-22.3 vs cuBLAS 26.3-27.4 us (1.19-1.23x);
 # o_proj 4096x4096: 12.7-13.9 vs 13.2-14.4 us (1.03-1.05x). The 16384/32768-row projections and
 # down were within 3% of cuBLAS or slower; every shape at M 64 (BM 64) was slower.
-SKINNY_CONFIGS: dict[tuple[int, int, int], tuple[int, int, int, int]] = {
-    (4096, 4096, 16): (32, 128, 4, 6), (4096, 4096, 32): (32, 128, 4, 6),
-    (8704, 4096, 16): (64, 128, 4, 4), (8704, 4096, 32): (64, 128, 4, 4)}
-CANDIDATE_CONFIGS = ((16, 128, 4, 4), (16, 256, 4, 3), (32, 128, 4, 4), (32, 256, 4, 3), (64, 128, 4, 4),
-                     (32, 128, 4, 6), (64, 64, 4, 6), (16, 512, 4, 2))
+SKINNY_CONFIGS: dict[tuple[int, int, int], tuple[int, int, int, int, int]] = {
+    (4096, 4096, 16): (32, 128, 4, 6, 1), (4096, 4096, 32): (32, 128, 4, 6, 1),
+    (8704, 4096, 16): (64, 128, 4, 4, 1), (8704, 4096, 32): (64, 128, 4, 4, 1)}
+CANDIDATE_CONFIGS = ((16, 128, 4, 4, 1), (16, 256, 4, 3, 1), (32, 128, 4, 4, 1), (32, 256, 4, 3, 1),
+                     (64, 128, 4, 4, 1), (32, 128, 4, 6, 1), (64, 64, 4, 6, 1), (16, 512, 4, 2, 1),
+                     # split K (session 5): 2-4 programs per SM instead of one
+                     (32, 128, 4, 6, 2), (32, 128, 4, 4, 4), (64, 128, 4, 4, 2), (64, 128, 4, 4, 3),
+                     (16, 128, 4, 6, 2), (32, 256, 4, 3, 2))
 
 
 def block_m(m: int) -> int:
@@ -32,38 +40,59 @@ def block_m(m: int) -> int:
 
 
 @triton.jit
-def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+def _skinny_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_wn, stride_ym, split_k,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    rn = tl.program_id(0) * BN + tl.arange(0, BN)
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BN + tl.arange(0, BN)
     rm = tl.arange(0, BM)
     rk = tl.arange(0, BK)
     nmask = rn < N
     mmask = rm < M
+    per = tl.cdiv(tl.cdiv(K, BK), split_k) * BK
+    k_lo = pid_k * per
+    k_hi = tl.minimum(k_lo + per, K)
     acc = tl.zeros((BN, BM), tl.float32)
-    for k0 in range(0, K, BK):
+    for k0 in range(k_lo, k_hi, BK):
         kmask = k0 + rk < K
         w = tl.load(w_ptr + rn[:, None].to(tl.int64) * stride_wn + (k0 + rk)[None, :],
                     mask=nmask[:, None] & kmask[None, :], other=0.0)
         xt = tl.load(x_ptr + rm[None, :] * stride_xm + (k0 + rk)[:, None],
                      mask=mmask[None, :] & kmask[:, None], other=0.0)
         acc = tl.dot(w, xt, acc)
-    tl.store(y_ptr + rm[None, :] * stride_ym + rn[:, None], acc.to(y_ptr.dtype.element_ty),
-             mask=nmask[:, None] & mmask[None, :])
+    y_off = rm[None, :] * stride_ym + rn[:, None]
+    mask = nmask[:, None] & mmask[None, :]
+    if split_k == 1:
+        tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        w_off = rm[None, :] * N + rn[:, None]
+        tl.store(ws_ptr + pid_k * M * N + w_off, acc, mask=mask)
+        tl.debug_barrier()
+        if tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel") == split_k - 1:
+            total = tl.zeros((BN, BM), tl.float32)
+            for sk in range(0, split_k):
+                total += tl.load(ws_ptr + sk * M * N + w_off, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.store(y_ptr + y_off, total.to(y_ptr.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(cnt_ptr + pid_n, 0)
 
 
-def skinny_linear(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int]) -> torch.Tensor:
+def skinny_linear(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int, int]) -> torch.Tensor:
     """x [M, K] (2 <= M <= 64), w [N, K] (unit last strides, same 16-bit dtype) -> [M, N]."""
     M, K = x.shape
     N = w.shape[0]
     assert w.shape[1] == K and 1 <= M <= 64 and x.stride(1) == 1 and w.stride(1) == 1
-    bn, bk, warps, stages = config
+    bn, bk, warps, stages, split = config
+    split = max(1, min(split, triton.cdiv(K, bk)))
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
-    _skinny_kernel[(triton.cdiv(N, bn),)](x, w, y, M, N, K, x.stride(0), w.stride(0), y.stride(0),
-                                          BM=block_m(M), BN=bn, BK=bk, num_warps=warps, num_stages=stages)
+    ws = torch.empty(split if split > 1 else 1, M, N, device=x.device, dtype=torch.float32)
+    grid = (triton.cdiv(N, bn), split)
+    cnt = split_counters(x.device, grid[0])
+    _skinny_kernel[grid](x, w, y, ws, cnt, M, N, K, x.stride(0), w.stride(0), y.stride(0), split,
+                         BM=block_m(M), BN=bn, BK=bk, num_warps=warps, num_stages=stages)
     return y
 
 
-def routed(x: torch.Tensor, w: torch.Tensor) -> tuple[int, int, int, int] | None:
+def routed(x: torch.Tensor, w: torch.Tensor) -> tuple[int, int, int, int, int] | None:
     """The measured config when x·wᵀ should run here, else None (cuBLAS)."""
     if x.dim() != 2 or not 2 <= x.shape[0] <= 64 or x.dtype not in (torch.bfloat16, torch.float16):
         return None

@@ -59,6 +59,7 @@ import torch
 import triton
 import triton.language as tl
 
+from salactl.runtime.ops.split_counters import split_counters
 from salactl.runtime.ops.w4a16.layout import K_BLOCK, TC_ROWS
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -369,18 +370,6 @@ class TCConfig:
 
 
 _NEG_BIAS = {torch.bfloat16: -136.0, torch.float16: -1032.0}
-_COUNTERS: dict[tuple, torch.Tensor] = {}
-
-
-def _counters(device: torch.device, n: int) -> torch.Tensor:
-    key = (device, torch.cuda.current_stream(device).stream_id if device.type == "cuda" else 0)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _COUNTERS[key] = buf
-    return buf
-
-
 def tc_block_m(M: int) -> int:
     return 16 if M <= 16 else 32 if M <= 32 else 64
 
@@ -473,7 +462,7 @@ def w4a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
     ws = torch.empty(split if split > 1 else 1, M, N, device=x.device, dtype=torch.float32)
     grid = (triton.cdiv(N, cfg.block_n), split, triton.cdiv(M, cfg.block_m))
-    cnt = _counters(x.device, grid[0] * grid[2])
+    cnt = split_counters(x.device, grid[0] * grid[2])
     _w4a16_tc_kernel[grid](
         x, qweight, scales, y, ws, cnt, M, N, K, x.stride(0), y.stride(0), split, _NEG_BIAS[x.dtype],
         GROUP=group, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
