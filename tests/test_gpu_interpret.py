@@ -93,41 +93,50 @@ def _tied_words(lens, W, seed=0):
 def test_threshold_select_kernel_exact_order_with_heavy_ties():
     """triton_thresh._thresh_kernel (the top-k's third launch) on raw score words and their
     top-12-bit histogram: rows shorter than, equal to and longer than K, one and many chunk
-    programs per row, heavy ties (taken lowest index first), forced blocks, all-equal rows;
-    the counters it must find zeroed stay as the lse kernel leaves them, bins aside."""
+    programs per row, heavy ties (taken lowest index first), forced blocks, all-equal rows,
+    narrow bands (hundreds of blocks in the threshold's 12-bit bin, exact ties in its 24-bit
+    bin); the second-level histogram the chunk programs build with atomics is the threshold
+    bin's counts of word bits 8-19."""
     W, K, KP = 300, 96, 128
     lens = [1, 5, 95, 96, 97, 200, 300, 250, 300, 290, 299]
     f, words = _tied_words(lens, W)
-    top = ((words.to(torch.int64) & 0xFFFFFFFF) ^ 0x80000000) >> 20
+    u = (words.to(torch.int64) & 0xFFFFFFFF) ^ 0x80000000
     seq = torch.tensor(lens, dtype=torch.int32)
     for ch, ctile in ((16, 16), (64, 256), (512, 64)):
         ctr = torch.zeros(len(lens), NCTR, dtype=torch.int32)
         for i, L in enumerate(lens):
-            ctr[i, 1:4097] = torch.bincount(top[i, :L], minlength=4096)
-        cand = torch.full((len(lens), W), -5, dtype=torch.int64)
+            ctr[i, 1:4097] = torch.bincount(u[i, :L] >> 20, minlength=4096)
+        cand = torch.full((len(lens), 2, W), -5, dtype=torch.int64)
         pick = torch.empty(len(lens) * KP, dtype=torch.int64)
         sel = torch.full((len(lens), 1, K), -7, dtype=torch.int32)
         cnt = torch.empty(len(lens), 1, dtype=torch.int32)
         _thresh_kernel[(len(lens), triton.cdiv(W, ch))](
-            seq, words, ctr, pick, cand, sel, cnt, words.stride(0), cand.stride(0), sel.stride(0),
-            sel.stride(1), cnt.stride(0), cnt.stride(1), HKV=1, BS=1, NCTR=NCTR, K=K, KP=KP, CH=ch,
-            CTILE=ctile, NR=2)
+            seq, words, ctr, pick, cand, sel, cnt, words.stride(0), cand.stride(0), cand.stride(1),
+            sel.stride(0), sel.stride(1), cnt.stride(0), cnt.stride(1), HKV=1, BS=1, NCTR=NCTR, K=K, KP=KP,
+            CH=ch, CTILE=ctile, NR=2)
         for i, L in enumerate(lens):
             want = torch.sort(f[i, :L], descending=True, stable=True).indices[:K].tolist()
             assert sel[i, 0, :int(cnt[i, 0])].tolist() == want, (ch, ctile, L)
             assert int(ctr[i, 0]) == triton.cdiv(L, ch)          # every live program took a ticket
+            ur = u[i, :L]
+            tbin = int(torch.sort(ur, descending=True).values[min(K, L) - 1]) >> 20
+            in_bin = ur[ur >> 20 == tbin]
+            assert torch.equal(ctr[i, NCTR - 4096:].long(), torch.bincount((in_bin >> 8) & 4095, minlength=4096))
 
 
 @triton.jit
-def _finish_rows(hist, cand, nc_ptr, pick, above_ptr, sel, cnt, W: tl.constexpr, K: tl.constexpr,
+def _finish_rows(hist, hist2, cand, nc_ptr, pick, above_ptr, sel, cnt, W: tl.constexpr, K: tl.constexpr,
                  KP: tl.constexpr, CTILE: tl.constexpr, NR: tl.constexpr):
     """One program per row: threshold bin from the histogram, then _thresh_finish over the given
-    candidate buffer (any order) appending to the picks already in pick[0:above]."""
+    candidate buffer (any order; cand [rows, 2, W]) appending to the picks already in
+    pick[0:above]."""
     r = tl.program_id(0)
     h1 = tl.load(hist + r * 4096 + tl.arange(0, 4096))
+    h2 = tl.load(hist2 + r * 4096 + tl.arange(0, 4096))
     nc = tl.load(nc_ptr + r)
     thr, need = _pick_digit(h1, tl.minimum(tl.sum(h1, 0), K), tl.zeros([], tl.uint32), 20, 4096)
-    total = _thresh_finish(cand + r * W, nc, pick + r * KP, tl.load(above_ptr + r), thr, need, CTILE, NR)
+    total = _thresh_finish(cand + r * 2 * W, nc, cand + r * 2 * W + W, h2, pick + r * KP, tl.load(above_ptr + r),
+                           thr, need, CTILE, NR)
     k = tl.arange(0, KP)
     run = tl.load(pick + r * KP + k, mask=k < total, other=-(2 ** 63))
     _write_ranked(run, sel + r * KP, cnt + r, KP)
@@ -144,7 +153,8 @@ def test_threshold_refinement_ignores_candidate_order():
     keys = words.to(torch.int64) * 2 ** 32 + (2 ** 32 - 1 - torch.arange(W))
     g = torch.Generator().manual_seed(2)
     hist = torch.zeros(len(lens), 4096, dtype=torch.int32)
-    cand = torch.zeros(len(lens), W, dtype=torch.int64)
+    hist2 = torch.zeros(len(lens), 4096, dtype=torch.int32)
+    cand = torch.zeros(len(lens), 2, W, dtype=torch.int64)
     pick = torch.zeros(len(lens) * KP, dtype=torch.int64)
     nc = torch.zeros(len(lens), dtype=torch.int32)
     above = torch.zeros(len(lens), dtype=torch.int32)
@@ -155,13 +165,14 @@ def test_threshold_refinement_ignores_candidate_order():
         hi, eq = torch.nonzero(ur >> 20 > tbin).flatten(), torch.nonzero(ur >> 20 == tbin).flatten()
         eq = eq.flip(0) if i % 2 else eq[torch.randperm(len(eq), generator=g)]
         pick[i * KP:i * KP + len(hi)] = keys[i, hi.flip(0)]
-        cand[i, :len(eq)] = keys[i, eq]
+        cand[i, 0, :len(eq)] = keys[i, eq]
+        hist2[i] = torch.bincount((ur[eq] >> 8) & 4095, minlength=4096).to(torch.int32)
         nc[i], above[i] = len(eq), len(hi)
     sel = torch.full((len(lens), KP), -7, dtype=torch.int32)
     cnt = torch.empty(len(lens), dtype=torch.int32)
     for ctile, nr in ((16, 2), (256, 4)):
-        _finish_rows[(len(lens),)](hist, cand, nc, pick.clone(), above, sel, cnt, W=W, K=K, KP=KP, CTILE=ctile,
-                                   NR=nr)
+        _finish_rows[(len(lens),)](hist, hist2, cand, nc, pick.clone(), above, sel, cnt, W=W, K=K, KP=KP,
+                                   CTILE=ctile, NR=nr)
         for i, L in enumerate(lens):
             want = torch.sort(f[i, :L], descending=True, stable=True).indices[:K].tolist()
             assert sel[i, :int(cnt[i])].tolist() == want, (ctile, nr, L)

@@ -89,8 +89,9 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # Launch defaults of select_decode (edit from benchmarks/sparse_decode_bench.py's sweep).
 # The top-k is a grid-parallel threshold select: pass 2 (`nbc` blocks per program) stores int32
 # score words and the row's top-12-bit histogram; a third launch (triton_thresh.py, grid rows x
-# chunks of `thresh_chunk` blocks) has each program find the threshold bin and append its chunk's
-# keys above / inside it; the row's last program refines over the bin's keys only.
+# chunks of `thresh_chunk` blocks) has each program find the threshold bin, append its chunk's
+# keys above / inside it and count the inside ones by the next 12 bits (second-level histogram);
+# the row's last program finds the 24-bit bin from that and refines over its keys only.
 # lse_splits: pass-1 programs per row (None: about four per SM).
 # H200 history: sessions 3-4 measured a radix top-k (per 2048-block group + merge) and "hist"
 # (the row's last pass-2 program selecting over the whole row); session 5's threshold select
@@ -125,7 +126,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     thresh_chunk = dflt["thresh_chunk"] if thresh_chunk is None else thresh_chunk
     K = min(sc.selected_blocks, nb_max)
     assert nbc & (nbc - 1) == 0 and thresh_chunk & (thresh_chunk - 1) == 0
-    nctr = tkern.NCTR                     # the ticket, the 12-bit bins, the reservation counters
+    nctr = tkern.NCTR                     # the ticket, both histograms, the reservation counters
     sm_scale = 1.0 / math.sqrt(D)
     dot_f32 = q.dtype == torch.float32
     fuse = k_pages is not None and k1_start is not None and k1_count is not None
@@ -133,7 +134,6 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     plse = torch.empty(rows * lse_splits * BG, device=dev, dtype=torch.float32)
     ctr = torch.empty(rows * nctr, device=dev, dtype=torch.int32)
     words = torch.empty(rows, nb_max, device=dev, dtype=torch.int32)
-    cand = torch.empty(rows, nb_max, device=dev, dtype=torch.int64)
     sel = torch.empty(n, hkv, K, device=dev, dtype=torch.int32)
     cnt = torch.empty(n, hkv, device=dev, dtype=torch.int32)
     kp = k_pages if fuse else k1_pages
@@ -154,6 +154,6 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
         KS=sc.kernel_size, ST=sc.kernel_stride, BS=sc.block_size, NBC=nbc, NCTR=nctr,
         INIT=sc.init_blocks, WINB=sc.window_blocks, SP2=max(2, triton.next_power_of_2(lse_splits)),
         DOT_F32=dot_f32, num_warps=num_warps)
-    tkern.thresh_launch(seq_lens, words, ctr, cand, sel, cnt, hkv, sc.block_size, K, thresh_chunk,
+    tkern.thresh_launch(seq_lens, words, ctr, sel, cnt, hkv, sc.block_size, K, thresh_chunk,
                         ctile=max(256, 32 * num_warps), num_warps=num_warps)
     return sel, cnt

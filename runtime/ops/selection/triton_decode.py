@@ -99,33 +99,12 @@ def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
 
 
 @triton.jit
-def _unsigned_word(src_ptr, i, m, WIDE: tl.constexpr):
-    """(u, key64) of entries i: u = score word ^ 2^31 (unsigned order = score order). WIDE: src
-    holds int64 sort keys (word high, 2^32-1-b low) else int32 words of blocks b = i."""
-    if WIDE:
-        key = tl.load(src_ptr + i, mask=m, other=0, cache_modifier=".cg")
-        w = (key >> 32).to(tl.int32)
-    else:
-        w = tl.load(src_ptr + i, mask=m, other=0, cache_modifier=".cg")
-        key = w.to(tl.int64) * 4294967296 + (4294967295 - i.to(tl.int64))
+def _unsigned_word(word_ptr, b, m):
+    """(u, key64) of blocks b from their int32 score words: u = word ^ 2^31 (unsigned order =
+    score order), key = word high, 2^32-1-b low (unique; larger = higher score, then lower b)."""
+    w = tl.load(word_ptr + b, mask=m, other=0, cache_modifier=".cg")
+    key = w.to(tl.int64) * 4294967296 + (4294967295 - b.to(tl.int64))
     return w.to(tl.uint32, bitcast=True) ^ 0x80000000, key
-
-
-@triton.jit
-def _digit_hist(src_ptr, length, prefix, SH: tl.constexpr, MSH: tl.constexpr, TILE: tl.constexpr,
-                WIDE: tl.constexpr):
-    """[256] counts of digit (u >> SH) & 255 over src[0:length) among the entries whose bits
-    >= MSH equal prefix's (MSH 32: all). Bits of the digit at or above MSH are equal in those
-    entries, so the digit order is the order of the bits below MSH."""
-    h = tl.zeros([256], tl.int32)
-    for t0 in range(0, length, TILE):
-        i = t0 + tl.arange(0, TILE)
-        m = i < length
-        u, _ = _unsigned_word(src_ptr, i, m, WIDE)
-        if MSH < 32:
-            m = m & ((u >> MSH) == (prefix >> MSH))
-        h += tl.histogram(((u >> SH) & 255).to(tl.int32), 256, mask=m)
-    return h
 
 
 @triton.jit

@@ -11,26 +11,33 @@ each program loads the row's histogram, finds with one cumsum the bin T holding 
 word (K = min(topk, ncand)), reads its chunk's words and appends the int64 sort keys (word high,
 2^32-1-b low: unique, "higher score first, ties -> lower block") strictly above T's bin to the
 row's pick buffer and those inside it to the row's candidate buffer, reserving each range with
-one atomic_add on a per-row counter (so the buffers are in no particular order). The row's last
-program (atomic ticket) refines over the candidates only: 3 digit rounds on the word's low 20
-bits give the exact threshold word and how many of its ties to take; when that is fewer than all
-of them, digit rounds on the keys' low word (the block index) find the exact key threshold, so
-ties resolve to lower block indices whatever the buffer order. Every key >= that threshold is
-appended to the picks; `_write_ranked` sorts them. Counters (ticket, the two reservations, the
-bins) sit in the row's counter slots that `_lse_kernel`'s split 0 zeroes on every call.
+one atomic_add on a per-row counter (so the buffers are in no particular order), and adds its
+candidates to the row's second-level 4096-bin histogram of the next 12 word bits (bits 8-19 of
+u; global atomics). The row's last program (atomic ticket) finishes with little serial work:
+one cumsum over the second-level histogram gives the 24-bit prefix bin T2 holding the need-th
+largest; one pass over the candidates appends those above T2 to the picks and moves those in
+T2 (usually a handful: scores spread over 2^12 times finer bins) to a second buffer while
+histogramming their last 8 bits; the digit holding the need-th largest is the exact threshold
+word. Only when fewer than all of its ties are taken do digit rounds on the keys' low word
+(the block index) over T2's keys find the exact key threshold, so ties resolve to lower block
+indices whatever the buffer order. T2's keys >= that threshold are appended to the picks;
+`_write_ranked` sorts them. Counters (ticket, the two reservations, both histograms) sit in the
+row's counter slots that `_lse_kernel`'s split 0 zeroes on every call.
 """
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-from salactl.runtime.ops.selection.triton_decode import (SENTINEL, _digit_hist, _pick_digit,
-                                                         _unsigned_word, _write_ranked)
+from salactl.runtime.ops.selection.triton_decode import SENTINEL, _pick_digit, _unsigned_word, _write_ranked
 
 # Counter slots per row: [0] ticket, [1:4097] the top-12-bit bins (pass 2), [4097] keys above
-# the threshold bin (the pick buffer's length), [4098] keys inside it (the candidates' length).
-NCTR = 4099
+# the threshold bin (the pick buffer's length), [4098] keys inside it (the candidates' length),
+# [4099:8195] the candidates' bins of word bits 8-19 (this launch).
+PICKS, CANDS, BINS2 = tl.constexpr(4097), tl.constexpr(4098), tl.constexpr(4099)
+NCTR = 4099 + 4096
 
 
 @triton.jit
@@ -58,30 +65,44 @@ def _index_digit_hist(cand_ptr, nc, thr, plw, SH: tl.constexpr, MSH: tl.constexp
 
 
 @triton.jit
-def _thresh_finish(cand_ptr, nc, pick_ptr, above, thr, need, CTILE: tl.constexpr, NR: tl.constexpr):
+def _thresh_finish(cand_ptr, nc, cand2_ptr, h2, pick_ptr, above, thr, need, CTILE: tl.constexpr,
+                   NR: tl.constexpr):
     """Exact threshold over the candidates (keys whose top 12 word bits are the threshold bin,
-    in any order) and the append of those at or above it to pick[above:]; returns the pick
-    count. thr: the bin's prefix (word bits >= 20), need: how many to take inside the bin. NR:
-    8-bit digit rounds covering the block index (block ids < 2^(8 NR))."""
-    prefix, need = _pick_digit(_digit_hist(cand_ptr, nc, thr, 12, 20, CTILE, True), need, thr, 12, 256)
-    prefix, need = _pick_digit(_digit_hist(cand_ptr, nc, prefix, 4, 12, CTILE, True), need, prefix, 4, 256)
-    hd = _digit_hist(cand_ptr, nc, prefix, 0, 4, CTILE, True)
+    in any order; h2 [4096]: their counts by word bits 8-19) and the append of those at or above
+    it to pick[above:]; returns the pick count. thr: the bin's prefix (word bits >= 20), need:
+    how many to take inside the bin. cand2: room for nc keys. NR: 8-bit digit rounds covering
+    the block index (block ids < 2^(8 NR))."""
+    prefix, need = _pick_digit(h2, need, thr, 8, 4096)          # the 24-bit bin T2
+    base = above
+    n2 = tl.zeros([], tl.int32)
+    hd = tl.zeros([256], tl.int32)
+    for t0 in range(0, nc, CTILE):                    # above T2 -> picks, in T2 -> cand2
+        i = t0 + tl.arange(0, CTILE)
+        key = tl.load(cand_ptr + i, mask=i < nc, other=0, cache_modifier=".cg")
+        u, lw = _split_key(key)
+        hi = (i < nc) & ((u >> 8) > (prefix >> 8))
+        eq = (i < nc) & ((u >> 8) == (prefix >> 8))
+        tl.store(pick_ptr + base + tl.cumsum(hi.to(tl.int32), 0) - 1, key, mask=hi)
+        tl.store(cand2_ptr + n2 + tl.cumsum(eq.to(tl.int32), 0) - 1, key, mask=eq)
+        base += tl.sum(hi.to(tl.int32), 0)
+        n2 += tl.sum(eq.to(tl.int32), 0)
+        hd += tl.histogram((u & 255).to(tl.int32), 256, mask=eq)
     prefix, need = _pick_digit(hd, need, prefix, 0, 256)
     ties = tl.sum(tl.where(tl.arange(0, 256) == (prefix & 255).to(tl.int32), hd, 0), 0)
+    tl.debug_barrier()                                # cand2 written by every thread, read by all
     plw = tl.zeros([], tl.uint32)                     # take every key == prefix with lw >= plw
     if ties > need:                                   # some ties stay out: lower block ids first
         if NR < 4:                                    # the bits no block id reaches: all ones
             plw = tl.full([], 0xFFFFFFFF, tl.uint32) << (8 * NR)
         for rd in tl.static_range(NR):              # digit at 8 (NR - 1 - rd)
-            plw, need = _pick_digit(_index_digit_hist(cand_ptr, nc, prefix, plw, 8 * (NR - 1 - rd),
+            plw, need = _pick_digit(_index_digit_hist(cand2_ptr, n2, prefix, plw, 8 * (NR - 1 - rd),
                                                       8 * (NR - rd), CTILE),
                                     need, plw, 8 * (NR - 1 - rd), 256)
-    base = above
-    for t0 in range(0, nc, CTILE):
+    for t0 in range(0, n2, CTILE):
         i = t0 + tl.arange(0, CTILE)
-        key = tl.load(cand_ptr + i, mask=i < nc, other=0, cache_modifier=".cg")
+        key = tl.load(cand2_ptr + i, mask=i < n2, other=0, cache_modifier=".cg")
         u, lw = _split_key(key)
-        pick = (i < nc) & ((u > prefix) | ((u == prefix) & (lw >= plw)))
+        pick = (i < n2) & ((u > prefix) | ((u == prefix) & (lw >= plw)))
         tl.store(pick_ptr + base + tl.cumsum(pick.to(tl.int32), 0) - 1, key, mask=pick)
         base += tl.sum(pick.to(tl.int32), 0)
     return base
@@ -89,7 +110,7 @@ def _thresh_finish(cand_ptr, nc, pick_ptr, above, thr, need, CTILE: tl.constexpr
 
 @triton.jit
 def _thresh_kernel(seqlen_ptr, word_ptr, ctr_ptr, pick_ptr, cand_ptr, sel_ptr, cnt_ptr,
-                   s_word, s_cand, s_seln, s_selh, s_cntn, s_cnth,
+                   s_word, s_cand, s_cand2, s_seln, s_selh, s_cntn, s_cnth,
                    HKV: tl.constexpr, BS: tl.constexpr, NCTR: tl.constexpr, K: tl.constexpr,
                    KP: tl.constexpr, CH: tl.constexpr, CTILE: tl.constexpr, NR: tl.constexpr):
     r = tl.program_id(0)
@@ -99,40 +120,44 @@ def _thresh_kernel(seqlen_ptr, word_ptr, ctr_ptr, pick_ptr, cand_ptr, sel_ptr, c
     ncand = (tl.load(seqlen_ptr + n) - 1) // BS + 1       # blocks 0..own are candidates
     b0 = c * CH
     if b0 < ncand:
-        row_ctr = ctr_ptr + r * NCTR                       # [ticket, bins, #picks, #candidates]
+        row_ctr = ctr_ptr + r * NCTR                       # [ticket, bins, #picks, #candidates, bins2]
         h1 = tl.load(row_ctr + 1 + tl.arange(0, 4096), cache_modifier=".cg")
         thr, need = _pick_digit(h1, tl.minimum(ncand, K), tl.zeros([], tl.uint32), 20, 4096)
         b = b0 + tl.arange(0, CH)
         m = b < ncand
-        u, key = _unsigned_word(word_ptr + r.to(tl.int64) * s_word, b, m, False)
+        u, key = _unsigned_word(word_ptr + r.to(tl.int64) * s_word, b, m)
         hi = m & ((u >> 20) > (thr >> 20))
         eq = m & ((u >> 20) == (thr >> 20))
         pick_row = pick_ptr + r.to(tl.int64) * KP
         cand_row = cand_ptr + r.to(tl.int64) * s_cand
-        at_hi = tl.atomic_add(row_ctr + 4097, tl.sum(hi.to(tl.int32), 0), sem="relaxed")
-        at_eq = tl.atomic_add(row_ctr + 4098, tl.sum(eq.to(tl.int32), 0), sem="relaxed")
+        at_hi = tl.atomic_add(row_ctr + PICKS, tl.sum(hi.to(tl.int32), 0), sem="relaxed")
+        at_eq = tl.atomic_add(row_ctr + CANDS, tl.sum(eq.to(tl.int32), 0), sem="relaxed")
         tl.store(pick_row + at_hi + tl.cumsum(hi.to(tl.int32), 0) - 1, key, mask=hi)
         tl.store(cand_row + at_eq + tl.cumsum(eq.to(tl.int32), 0) - 1, key, mask=eq)
+        tl.atomic_add(row_ctr + BINS2 + ((u >> 8) & 4095).to(tl.int32), tl.full([CH], 1, tl.int32), mask=eq,
+                      sem="relaxed")
         tl.debug_barrier()                                 # all of this program's keys, then the ticket
         if tl.atomic_add(row_ctr, 1) == tl.cdiv(ncand, CH) - 1:      # the row's last program
-            above = tl.atomic_add(row_ctr + 4097, 0)
-            nc = tl.atomic_add(row_ctr + 4098, 0)
-            total = _thresh_finish(cand_row, nc, pick_row, above, thr, need, CTILE, NR)
+            above = tl.atomic_add(row_ctr + PICKS, 0)
+            nc = tl.atomic_add(row_ctr + CANDS, 0)
+            h2 = tl.load(row_ctr + BINS2 + tl.arange(0, 4096), cache_modifier=".cg")
+            total = _thresh_finish(cand_row, nc, cand_row + s_cand2, h2, pick_row, above, thr, need, CTILE, NR)
             tl.debug_barrier()
             k = tl.arange(0, KP)
             run = tl.load(pick_row + k, mask=k < total, other=SENTINEL, cache_modifier=".cg")
             _write_ranked(run, sel_ptr + n * s_seln + kh * s_selh, cnt_ptr + n * s_cntn + kh * s_cnth, KP)
 
 
-def thresh_launch(seq_lens, words, ctr, cand, sel, cnt, hkv: int, block_size: int, K: int, chunk: int,
+def thresh_launch(seq_lens, words, ctr, sel, cnt, hkv: int, block_size: int, K: int, chunk: int,
                   ctile: int, num_warps: int) -> None:
     """The third launch (the top-k) over pass 2's words [rows, nb_max] int32 and counters
-    [rows * NCTR] int32 (histogram built, ticket and reservations zero); writes sel/cnt."""
+    [rows * NCTR] int32 (top-12-bit histogram built, the other slots zero); writes sel/cnt."""
     rows, nb_max = words.shape
     KP = triton.next_power_of_2(K)
     nr = max(1, triton.cdiv(max(1, (nb_max - 1).bit_length()), 8))
-    pick = cand.new_empty(rows * KP)
+    pick = words.new_empty(rows * KP, dtype=torch.int64)
+    cand = words.new_empty(rows, 2, nb_max, dtype=torch.int64)      # the bin's keys, then T2's
     _thresh_kernel[(rows, triton.cdiv(nb_max, chunk))](
-        seq_lens, words, ctr, pick, cand, sel, cnt, words.stride(0), cand.stride(0),
+        seq_lens, words, ctr, pick, cand, sel, cnt, words.stride(0), cand.stride(0), cand.stride(1),
         sel.stride(0), sel.stride(1), cnt.stride(0), cnt.stride(1),
         HKV=hkv, BS=block_size, NCTR=NCTR, K=K, KP=KP, CH=chunk, CTILE=ctile, NR=nr, num_warps=num_warps)
