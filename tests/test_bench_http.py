@@ -138,9 +138,11 @@ def test_one_batch_profile_against_server(tmp_path):
         # the last of the batch to get its first token: at least the injected TTFT, and it precedes
         # that request's remaining out_len - 1 tokens (PER_TOKEN each) inside the phase. At bs 32 the
         # 32 client + 32 server threads share one interpreter and a loaded 2-core CI machine showed
-        # 408 ms of start-up skew, so only that ordering bound holds there.
+        # 408 ms of start-up skew, so only that ordering bound holds there. One token period of
+        # slack: a client thread descheduled while its first chunk waits in the socket records that
+        # token late but the later ones on time (0.4 ms over the exact bound seen under load).
         assert TTFT <= p["prefill_latency"], p["prefill_latency"]
-        assert p["prefill_latency"] <= p["total_latency"] - (out_len - 1) * PER_TOKEN, p
+        assert p["prefill_latency"] <= p["total_latency"] - (out_len - 2) * PER_TOKEN, p
         if bs < 32:
             assert p["prefill_latency"] < 1.5 * TTFT, p["prefill_latency"]
         if bs < 32:
