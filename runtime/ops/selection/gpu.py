@@ -92,11 +92,13 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # chunks of `thresh_chunk` blocks) has each program find the threshold bin, append its chunk's
 # keys above / inside it and count the inside ones by the next 12 bits (second-level histogram);
 # the row's last program finds the 24-bit bin from that and refines over its keys only.
-# lse_splits: pass-1 programs per row (None: about four per SM).
+# lse_splits: pass-1 programs per row (None: about four per SM, at most 256).
 # H200 history: sessions 3-4 measured a radix top-k (per 2048-block group + merge) and "hist"
 # (the row's last pass-2 program selecting over the whole row); session 5's threshold select
 # beat both (1M + 100: 59.1 vs hist 69.6 us per layer; 128K + 100: 38.5 vs 41.1; engine 9B step
-# at 1M: pass 2 + thresh 37 us per layer vs hist ~62), so radix and hist were removed.
+# at 1M: pass 2 + thresh 37 us per layer vs hist ~62), so radix and hist were removed. With the
+# second-level histogram (9281cda): 55.6 / 35.4 us; 256 lse splits instead of 128 at batch 1
+# (the cap was 128): lse pass 18.3 -> 14.2 us at 1M, selection 53.0 us; 128K unchanged (35.3).
 DECODE_DEFAULTS = dict(nbc=64, nbc_fp32=32, num_warps=8, lse_splits=None, thresh_chunk=1024)
 
 
@@ -119,7 +121,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     if lse_splits is None:
         lse_splits = dflt["lse_splits"]
     if lse_splits is None:                # about four programs per SM
-        lse_splits = max(1, min(128, math.ceil(528 / rows)))
+        lse_splits = max(1, min(256, math.ceil(528 / rows)))
     if nbc is None:                       # blocks per program: 64 spills nothing in 16 bits
         nbc = dflt["nbc_fp32"] if q.dtype == torch.float32 else dflt["nbc"]
     num_warps = dflt["num_warps"] if num_warps is None else num_warps
