@@ -19,7 +19,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from salactl.runtime.gpu import selfcheck as S  # noqa: E402
-from salactl.runtime.ops.selection.triton_decode import _pick_digit, _write_ranked  # noqa: E402
+from salactl.runtime.ops.selection.triton_thresh import _pick_digit, _write_ranked  # noqa: E402
 from salactl.runtime.ops.selection.triton_thresh import NCTR, _thresh_finish, _thresh_kernel  # noqa: E402
 
 SMALL = S.Shapes.small()

@@ -235,9 +235,6 @@ def default_config(kv_dtype=None) -> DecodeConfig:
     return DEFAULT_CONFIGS["fp32" if kv_dtype == torch.float32 else "bf16"]
 
 
-MAX_SPLITS = 128
-
-
 def choose_splits(rows: int, max_blocks: int, sms: int = 132, kv_dtype=None,
                   config: DecodeConfig | None = None) -> int:
     """Enough programs for `programs_per_sm` per SM (memory parallelism), never more splits than

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from salactl.runtime.ops.split_counters import split_counters
+from salactl.runtime.ops.split_k import split_counters, store_split_k
 
 # (BN, BK, num_warps, num_stages, split) per (N, K, BM) routed here; every other shape uses cuBLAS.
 # H200, session 4 (`python benchmarks/skinny_gemm_bench.py`, graph over > 200 MB of weights):
@@ -62,20 +62,8 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, str
         xt = tl.load(x_ptr + rm[None, :] * stride_xm + (k0 + rk)[:, None],
                      mask=mmask[None, :] & kmask[:, None], other=0.0)
         acc = tl.dot(w, xt, acc)
-    y_off = rm[None, :] * stride_ym + rn[:, None]
-    mask = nmask[:, None] & mmask[None, :]
-    if split_k == 1:
-        tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=mask)
-    else:
-        w_off = rm[None, :] * N + rn[:, None]
-        tl.store(ws_ptr + pid_k * M * N + w_off, acc, mask=mask)
-        tl.debug_barrier()
-        if tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel") == split_k - 1:
-            total = tl.zeros((BN, BM), tl.float32)
-            for sk in range(0, split_k):
-                total += tl.load(ws_ptr + sk * M * N + w_off, mask=mask, other=0.0, cache_modifier=".cg")
-            tl.store(y_ptr + y_off, total.to(y_ptr.dtype.element_ty), mask=mask)
-            tl.atomic_xchg(cnt_ptr + pid_n, 0)
+    store_split_k(acc, y_ptr, ws_ptr, cnt_ptr, pid_n, pid_k, split_k, rm, rn, nmask[:, None] & mmask[None, :],
+                  M, N, stride_ym, 1)
 
 
 def skinny_linear(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int, int]) -> torch.Tensor:

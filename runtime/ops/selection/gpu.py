@@ -13,7 +13,7 @@ import torch
 import triton
 
 from salactl.runtime.config import SparseConfig
-from salactl.runtime.ops.decode_attention.triton import scale_tensor
+from salactl.runtime.ops.decode_attention.triton import is_fp8, scale_tensor
 from salactl.runtime.ops.selection import triton as kern
 from salactl.runtime.ops.selection import triton_decode as dkern
 from salactl.runtime.ops.selection import triton_thresh as tkern
@@ -36,7 +36,7 @@ def compress_update(k_pages, k1_pages, page_table, slots, starts, counts, max_co
     if max_count <= 0 or slots.numel() == 0:
         return
     P, hkv, B, D = k_pages.shape
-    fp8 = k_pages.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    fp8 = is_fp8(k_pages.dtype)
     kern._compress_kernel[(max_count, slots.numel(), hkv)](
         k_pages, k1_pages, page_table, slots, starts, counts,
         k_pages.stride(0), k_pages.stride(1), k1_pages.stride(0), k1_pages.stride(1),
@@ -132,7 +132,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     sm_scale = 1.0 / math.sqrt(D)
     dot_f32 = q.dtype == torch.float32
     fuse = k_pages is not None and k1_start is not None and k1_count is not None
-    fp8 = fuse and k_pages.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    fp8 = fuse and is_fp8(k_pages.dtype)
     plse = torch.empty(rows * lse_splits * BG, device=dev, dtype=torch.float32)
     ctr = torch.empty(rows * nctr, device=dev, dtype=torch.int32)
     words = torch.empty(rows, nb_max, device=dev, dtype=torch.int32)

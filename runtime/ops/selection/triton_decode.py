@@ -37,16 +37,6 @@ import triton.language as tl
 
 from salactl.runtime.ops.selection.triton import _nvis, compress_window, k1_scores
 
-SENTINEL = tl.constexpr(-(2 ** 63))     # "no block": its score word is 0, below every real key
-
-
-@triton.jit
-def _score_word(key):
-    """Order-preserving unsigned score word of a key; 0 only for SENTINEL."""
-    hi = (key >> 32).to(tl.int32)
-    return hi.to(tl.uint32, bitcast=True) ^ 0x80000000
-
-
 @triton.jit
 def _load_q(q_ptr, n, kh, s_qn, s_qh, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr):
     g = tl.arange(0, BG)
@@ -96,35 +86,6 @@ def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
         m = m_new
     lse = tl.where(l > 0, m + tl.log(tl.where(l > 0, l, 1.0)), float("-inf"))
     tl.store(plse_ptr + (r * num_splits + sp).to(tl.int64) * BG + tl.arange(0, BG), lse)
-
-
-@triton.jit
-def _unsigned_word(word_ptr, b, m):
-    """(u, key64) of blocks b from their int32 score words: u = word ^ 2^31 (unsigned order =
-    score order), key = word high, 2^32-1-b low (unique; larger = higher score, then lower b)."""
-    w = tl.load(word_ptr + b, mask=m, other=0, cache_modifier=".cg")
-    key = w.to(tl.int64) * 4294967296 + (4294967295 - b.to(tl.int64))
-    return w.to(tl.uint32, bitcast=True) ^ 0x80000000, key
-
-
-@triton.jit
-def _pick_digit(hd, need, prefix, SH: tl.constexpr, NB: tl.constexpr):
-    """From the counts hd [NB] of the candidates' digit at SH: the digit d holding the need-th
-    largest, the new prefix (prefix | d << SH) and need minus the candidates above d."""
-    dig = tl.arange(0, NB)
-    ge = tl.sum(hd, 0) - tl.cumsum(hd, 0) + hd                    # candidates with digit >= d
-    d = tl.max(tl.where(ge >= need, dig, 0), 0)
-    return prefix | (d.to(tl.uint32) << SH), need - tl.sum(tl.where(dig > d, hd, 0), 0)
-
-
-@triton.jit
-def _write_ranked(run, sel_ptr, cnt_ptr, KP: tl.constexpr):
-    """Block ids of the picked keys in descending key order, and their count."""
-    nvalid = tl.sum((_score_word(run) > 0).to(tl.int32), 0)
-    ranked = tl.sort(run, descending=True)                          # SENTINEL sorts last
-    k = tl.arange(0, KP)
-    tl.store(sel_ptr + k, -1 - ranked.to(tl.int32), mask=k < nvalid)   # low word = 2^32-1-b
-    tl.store(cnt_ptr, nvalid)
 
 
 @triton.jit(do_not_specialize=["num_splits"])

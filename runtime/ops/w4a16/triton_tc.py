@@ -45,9 +45,8 @@ unroll 1: 168 registers = 3 CTAs per SM, 2.2 SASS/weight: the per-block address 
 barrier work is shared by twice the weights). The 4096-wide shapes also pay a serial split-K
 epilogue (one L2 round trip per split in the last CTA; split 8-32): `reduce`.
 
-Split-K in one launch: each split writes fp32 partials to a workspace and bumps a per-tile
-counter; the last split of a tile adds the partials, writes y in the activation dtype and resets
-the counter. Import lazily: CPU-only installs have no triton.
+Split-K in one launch (runtime/ops/split_k.py): the last split of a tile sums the fp32 partials
+and writes y in the activation dtype. Import lazily: CPU-only installs have no triton.
 """
 
 from __future__ import annotations
@@ -59,7 +58,7 @@ import torch
 import triton
 import triton.language as tl
 
-from salactl.runtime.ops.split_counters import split_counters
+from salactl.runtime.ops.split_k import split_counters, store_split_k
 from salactl.runtime.ops.w4a16.layout import K_BLOCK, TC_ROWS
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -309,31 +308,8 @@ def _w4a16_tc_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stri
                 acc = _mma_block(acc, neg_bias, q4, xt4, s4, s_ptr, kb + 3, kb1, offs_n, N, GROUP, BLOCK_N,
                                  BLOCK_M, USE_ASM, DOT_F32, BIAS_DOT)
 
-    y_off = offs_m[None, :] * stride_ym + offs_n[:, None]
-    mask = m_mask[None, :] & n_mask[:, None]
-    if split_k == 1:
-        tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=mask)
-    else:
-        w_off = offs_m[None, :] * N + offs_n[:, None]
-        tl.store(ws_ptr + pid_k * M * N + w_off, acc, mask=mask)
-        tl.debug_barrier()
-        tile = pid_m * tl.num_programs(0) + pid_n
-        done = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
-        if done == split_k - 1:
-            total = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-            if RED == 1:
-                for sk in range(0, split_k):
-                    total += tl.load(ws_ptr + sk * M * N + w_off, mask=mask, other=0.0, cache_modifier=".cg")
-            else:
-                # RED splits' partials per load, all in flight at once (not one L2 round trip each)
-                sks = tl.arange(0, RED)
-                for sk0 in range(0, split_k, RED):
-                    live = (sk0 + sks) < split_k
-                    part = tl.load(ws_ptr + (sk0 + sks)[:, None, None] * (M * N) + w_off[None, :, :],
-                                   mask=live[:, None, None] & mask[None, :, :], other=0.0, cache_modifier=".cg")
-                    total += tl.sum(part, axis=0)
-            tl.store(y_ptr + y_off, total.to(y_ptr.dtype.element_ty), mask=mask)
-            tl.atomic_xchg(cnt_ptr + tile, 0)
+    store_split_k(acc, y_ptr, ws_ptr, cnt_ptr, pid_m * tl.num_programs(0) + pid_n, pid_k, split_k, offs_m, offs_n,
+                  m_mask[None, :] & n_mask[:, None], M, N, stride_ym, RED)
 
 
 @triton.jit

@@ -1,0 +1,53 @@
+"""Split-K finished in one launch, shared by our GEMM kernels (W4A16 triton_tc.py, the skinny bf16
+GEMM): each split writes its fp32 partial tile to a workspace and takes a per-tile ticket; the last
+split of a tile sums the partials in split order (deterministic) and writes y. No reduction kernel.
+
+The tickets are an int32 buffer per (device, stream), zero between calls because every kernel
+resets the tickets it used; sized once (4096 tiles) so CUDA graphs captured later keep pointing at
+the same buffer. Import lazily: CPU-only installs have no triton."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_BUFFERS: dict[tuple, torch.Tensor] = {}
+
+
+def split_counters(device: torch.device, n: int) -> torch.Tensor:
+    key = (device, torch.cuda.current_stream(device).stream_id if device.type == "cuda" else 0)
+    buf = _BUFFERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _BUFFERS[key] = buf
+    return buf
+
+
+@triton.jit
+def store_split_k(acc, y_ptr, ws_ptr, cnt_ptr, tile, pid_k, split_k, offs_m, offs_n, mask, M, N, stride_ym,
+                  RED: tl.constexpr):
+    """Write acc [BN, BM] (rows offs_n, columns offs_m of y, i.e. yᵀ) to y, through the workspace
+    [split_k, M, N] fp32 and ticket `tile` when split_k > 1. RED > 1: the last split loads RED
+    partials per instruction (all in flight at once, not one L2 round trip each)."""
+    y_off = offs_m[None, :] * stride_ym + offs_n[:, None]
+    if split_k == 1:
+        tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        w_off = offs_m[None, :] * N + offs_n[:, None]
+        tl.store(ws_ptr + pid_k * M * N + w_off, acc, mask=mask)
+        tl.debug_barrier()
+        if tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel") == split_k - 1:
+            total = tl.zeros(acc.shape, tl.float32)
+            if RED == 1:
+                for sk in range(0, split_k):
+                    total += tl.load(ws_ptr + sk * M * N + w_off, mask=mask, other=0.0, cache_modifier=".cg")
+            else:
+                sks = tl.arange(0, RED)
+                for sk0 in range(0, split_k, RED):
+                    live = (sk0 + sks) < split_k
+                    part = tl.load(ws_ptr + (sk0 + sks)[:, None, None] * (M * N) + w_off[None, :, :],
+                                   mask=live[:, None, None] & mask[None, :, :], other=0.0, cache_modifier=".cg")
+                    total += tl.sum(part, axis=0)
+            tl.store(y_ptr + y_off, total.to(y_ptr.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(cnt_ptr + tile, 0)
