@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from salactl.runtime.ops.pdl import launch_args, pdl_wait
+
 DENSE_ONLY = 2 ** 31 - 1
 
 
@@ -62,7 +64,9 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
                   s_qn, s_qh, s_kp, s_kh, s_pt, s_seln, s_selh, s_cntn, s_cnth,
                   sm_scale, ks_ptr, vs_ptr, dense_len, num_splits,
                   HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, BS: tl.constexpr,
-                  D: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr, MAXP: tl.constexpr):
+                  D: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr, MAXP: tl.constexpr,
+                  PDL: tl.constexpr = False):
+    pdl_wait(PDL)
     r = tl.program_id(0)
     sp = tl.program_id(1)
     n = r // HKV
@@ -128,9 +132,10 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
 @triton.jit(do_not_specialize=["num_splits"])
 def _merge_kernel(po_ptr, plse_ptr, o_ptr, num_splits, s_on, s_oh,
                   HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr,
-                  DB: tl.constexpr, SP2: tl.constexpr):
+                  DB: tl.constexpr, SP2: tl.constexpr, PDL: tl.constexpr = False):
     """One program per (row, query head, DB-wide slice of D): every split's partial is loaded
     at once (empty splits, lse = -inf, are masked out and cost no memory traffic)."""
+    pdl_wait(PDL)
     r = tl.program_id(0)
     g = tl.program_id(1)
     d = tl.program_id(2) * DB + tl.arange(0, DB)
@@ -288,17 +293,19 @@ def paged_attention(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=
         *sel_strides, float(sm_scale), scale_tensor(k_scale, hkv, q.device),
         scale_tensor(v_scale, hkv, q.device), int(dense_len), num_splits,
         HKV=hkv, G=G, BG=BG, BS=B, D=d, FP8=fp8, DOT_F32=(q.dtype == torch.float32),
-        MAXP=cfg.max_pages(max_blocks, num_splits), **cfg.launch())
+        MAXP=cfg.max_pages(max_blocks, num_splits), **cfg.launch(), **launch_args(q.device))
     _merge_kernel[(rows, G, d // DB)](po, plse, out, num_splits, out.stride(0), out.stride(1),
                                       HKV=hkv, G=G, BG=BG, D=d, DB=DB,
-                                      SP2=max(2, triton.next_power_of_2(num_splits)), num_warps=4)
+                                      SP2=max(2, triton.next_power_of_2(num_splits)), num_warps=4,
+                                      **launch_args(q.device))
     return out
 
 
 @triton.jit
 def _store_kv_kernel(k_ptr, v_ptr, kp_ptr, vp_ptr, pt_ptr, slot_ptr, seqlen_ptr,
                      s_kn, s_kh, s_vn, s_vh, s_p, s_h, s_pt, ks_ptr, vs_ptr,
-                     BS: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr):
+                     BS: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_wait(PDL)
     r = tl.program_id(0)
     h = tl.program_id(1)
     slot = tl.load(slot_ptr + r).to(tl.int64)
@@ -330,4 +337,4 @@ def store_kv(k_pages, v_pages, k, v, page_table, slots, seq_lens, k_scale=1.0, v
                                scale_tensor(k_scale, hkv, k.device), scale_tensor(v_scale, hkv, k.device),
                                BS=k_pages.shape[2], D=d, FP8=fp8,
                                FP8_MAX=float(torch.finfo(k_pages.dtype).max) if fp8 else 0.0,
-                               num_warps=1)
+                               num_warps=1, **launch_args(k.device))

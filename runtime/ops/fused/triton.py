@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from salactl.runtime.ops.pdl import launch_args, pdl_wait
+
 
 @triton.jit
 def _rms(x, w, eps, N: tl.constexpr, DT: tl.constexpr):
@@ -20,7 +22,8 @@ def _rms(x, w, eps, N: tl.constexpr, DT: tl.constexpr):
 
 @triton.jit
 def _add_rmsnorm_kernel(h_ptr, d_ptr, w_ptr, hout_ptr, y_ptr, s_h, s_d, scale, eps,
-                        N: tl.constexpr, BLOCK: tl.constexpr, HAS_DELTA: tl.constexpr):
+                        N: tl.constexpr, BLOCK: tl.constexpr, HAS_DELTA: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK)
     msk = i < N
@@ -41,14 +44,15 @@ def add_rmsnorm(h, delta, scale: float, weight, eps: float):
     hout = torch.empty_like(y) if delta is not None else h
     _add_rmsnorm_kernel[(n,)](h, delta if delta is not None else h, weight, hout, y, h.stride(0),
                               delta.stride(0) if delta is not None else 0, float(scale), float(eps),
-                              N=N, BLOCK=BLOCK, HAS_DELTA=delta is not None,
+                              N=N, BLOCK=BLOCK, HAS_DELTA=delta is not None, **launch_args(h.device),
                               num_warps=8 if BLOCK >= 2048 else 4)
     return hout, y
 
 
 @triton.jit
 def _qk_norm_rope_kernel(q_ptr, k_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr,
-                         s_qn, s_qh, s_kn, s_kh, s_cn, H, eps, D: tl.constexpr):
+                         s_qn, s_qh, s_kn, s_kh, s_cn, H, eps, D: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_wait(PDL)
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     which = tl.program_id(2)
@@ -80,14 +84,15 @@ def qk_norm_rope(q, k, wq, wk, cos, sin, eps: float):
     qo = torch.empty(n, H, D, device=q.device, dtype=q.dtype)
     ko = torch.empty_like(qo)
     _qk_norm_rope_kernel[(n, H, 2)](q, k, wq, wk, cos, sin, qo, ko, q.stride(0), q.stride(1),
-                                    k.stride(0), k.stride(1), cos.stride(0), H, float(eps), D=D,
+                                    k.stride(0), k.stride(1), cos.stride(0), H, float(eps), D=D, **launch_args(q.device),
                                     num_warps=1)
     return qo, ko
 
 
 @triton.jit
 def _rmsnorm_gate_kernel(o_ptr, w_ptr, z_ptr, y_ptr, s_o, s_z, eps, N: tl.constexpr,
-                         BLOCK: tl.constexpr):
+                         BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK)
     msk = i < N
@@ -105,12 +110,13 @@ def rmsnorm_gate(o, weight, z, eps: float, dtype=None):
     BLOCK = triton.next_power_of_2(N)
     y = torch.empty(n, N, device=o.device, dtype=dtype or z.dtype)
     _rmsnorm_gate_kernel[(n,)](o, weight, z, y, o.stride(0), z.stride(0), float(eps), N=N,
-                               BLOCK=BLOCK, num_warps=8 if BLOCK >= 2048 else 4)
+                               BLOCK=BLOCK, num_warps=8 if BLOCK >= 2048 else 4, **launch_args(o.device))
     return y
 
 
 @triton.jit
-def _sigmoid_gate_kernel(o_ptr, g_ptr, y_ptr, s_o, s_g, N, BLOCK: tl.constexpr):
+def _sigmoid_gate_kernel(o_ptr, g_ptr, y_ptr, s_o, s_g, N, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     msk = i < N
@@ -125,12 +131,13 @@ def sigmoid_gate(o, g):
     y = torch.empty(n, N, device=o.device, dtype=o.dtype)
     BLOCK = 1024
     _sigmoid_gate_kernel[(n, triton.cdiv(N, BLOCK))](o, g, y, o.stride(0), g.stride(0), N,
-                                                      BLOCK=BLOCK, num_warps=4)
+                                                      BLOCK=BLOCK, num_warps=4, **launch_args(o.device))
     return y
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, y_ptr, s_gu, N, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, y_ptr, s_gu, N, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     msk = i < N
@@ -147,5 +154,5 @@ def silu_mul(gate_up):
     y = torch.empty(n, N, device=gate_up.device, dtype=gate_up.dtype)
     BLOCK = 1024
     _silu_mul_kernel[(n, triton.cdiv(N, BLOCK))](gate_up, y, gate_up.stride(0), N, BLOCK=BLOCK,
-                                                 num_warps=4)
+                                                 num_warps=4, **launch_args(gate_up.device))
     return y

@@ -17,11 +17,14 @@ import torch
 import triton
 import triton.language as tl
 
+from salactl.runtime.ops.pdl import launch_args, pdl_wait
+
 
 @triton.jit
 def _gla_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, state_ptr, slot_ptr, g_ptr,
                        s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_on, s_oh, s_ss, s_sh,
-                       scale, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
+                       scale, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_wait(PDL)
     n = tl.program_id(0)
     h = tl.program_id(1)
     iv = tl.program_id(2)
@@ -53,7 +56,7 @@ def gla_decode_(q, k, v, g_gamma, scale, state_pool, slots, out_dtype=None):
         q, k, v, o, state_pool, slots, g_gamma,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         o.stride(0), o.stride(1), state_pool.stride(0), state_pool.stride(1),
-        float(scale), K=K, V=V, BV=BV, num_warps=4)
+        float(scale), K=K, V=V, BV=BV, num_warps=4, **launch_args(q.device))
     return o
 
 

@@ -14,6 +14,7 @@ import triton
 
 from salactl.runtime.config import SparseConfig
 from salactl.runtime.ops.decode_attention.triton import is_fp8, scale_tensor
+from salactl.runtime.ops.pdl import launch_args
 from salactl.runtime.ops.selection import triton as kern
 from salactl.runtime.ops.selection import triton_decode as dkern
 from salactl.runtime.ops.selection import triton_thresh as tkern
@@ -41,7 +42,7 @@ def compress_update(k_pages, k1_pages, page_table, slots, starts, counts, max_co
         k_pages, k1_pages, page_table, slots, starts, counts,
         k_pages.stride(0), k_pages.stride(1), k1_pages.stride(0), k1_pages.stride(1),
         page_table.stride(0), scale_tensor(k_scale, hkv, k_pages.device),
-        BS=B, ST=sc.kernel_stride, KS=sc.kernel_size, D=D, FP8=fp8, num_warps=4)
+        BS=B, ST=sc.kernel_stride, KS=sc.kernel_size, D=D, FP8=fp8, num_warps=4, **launch_args(k_pages.device))
 
 
 def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_max: int,
@@ -147,7 +148,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
         page_table.stride(0), sm_scale, lse_splits,
         HKV=hkv, G=G, BG=BG, D=D, WPP=wpp, KS=sc.kernel_size, ST=sc.kernel_stride, BS=sc.block_size,
         BW=64, NCTR=nctr, NCTR2=triton.next_power_of_2(nctr), FUSE_K1=fuse, FP8=fp8,
-        DOT_F32=dot_f32, num_warps=4)
+        DOT_F32=dot_f32, num_warps=4, **launch_args(dev))
     dkern._block_words_kernel[(rows, triton.cdiv(nb_max, nbc))](
         q, k1_pages, page_table, slots, seq_lens, plse, words, ctr,
         q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), page_table.stride(0),
@@ -155,7 +156,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
         HKV=hkv, G=G, BG=BG, D=D, WPP=wpp, LEFT=sc.kernel_size // sc.kernel_stride - 1,
         KS=sc.kernel_size, ST=sc.kernel_stride, BS=sc.block_size, NBC=nbc, NCTR=nctr,
         INIT=sc.init_blocks, WINB=sc.window_blocks, SP2=max(2, triton.next_power_of_2(lse_splits)),
-        DOT_F32=dot_f32, num_warps=num_warps)
+        DOT_F32=dot_f32, num_warps=num_warps, **launch_args(dev))
     tkern.thresh_launch(seq_lens, words, ctr, sel, cnt, hkv, sc.block_size, K, thresh_chunk,
                         ctile=max(256, 32 * num_warps), num_warps=num_warps)
     return sel, cnt

@@ -20,12 +20,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from salactl.runtime.ops.pdl import pdl_wait
 
 @triton.jit
 def _compress_kernel(k_ptr, k1_ptr, pt_ptr, slot_ptr, start_ptr, count_ptr,
                      s_kp, s_kh, s_1p, s_1h, s_pt, ks_ptr,
                      BS: tl.constexpr, ST: tl.constexpr, KS: tl.constexpr, D: tl.constexpr,
-                     FP8: tl.constexpr):
+                     FP8: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_wait(PDL)
     c = tl.program_id(0)                  # window index first: up to 2^31-1 programs on axis 0
     e = tl.program_id(1)
     h = tl.program_id(2)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from salactl.runtime.ops.pdl import pdl_wait
 from salactl.runtime.ops.selection.triton import _nvis, compress_window, k1_scores
 
 @triton.jit
@@ -52,7 +53,8 @@ def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
                 HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr,
                 WPP: tl.constexpr, KS: tl.constexpr, ST: tl.constexpr, BS: tl.constexpr,
                 BW: tl.constexpr, NCTR: tl.constexpr, NCTR2: tl.constexpr,
-                FUSE_K1: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr):
+                FUSE_K1: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_wait(PDL)
     r = tl.program_id(0)
     sp = tl.program_id(1)
     n = r // HKV
@@ -94,7 +96,9 @@ def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, w
                         HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr,
                         WPP: tl.constexpr, LEFT: tl.constexpr, KS: tl.constexpr, ST: tl.constexpr,
                         BS: tl.constexpr, NBC: tl.constexpr, NCTR: tl.constexpr,
-                        INIT: tl.constexpr, WINB: tl.constexpr, SP2: tl.constexpr, DOT_F32: tl.constexpr):
+                        INIT: tl.constexpr, WINB: tl.constexpr, SP2: tl.constexpr, DOT_F32: tl.constexpr,
+                        PDL: tl.constexpr = False):
+    pdl_wait(PDL)
     r = tl.program_id(0)
     c = tl.program_id(1)
     n = r // HKV

@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from salactl.runtime.ops.pdl import launch_args, pdl_wait
 
 SENTINEL = tl.constexpr(-(2 ** 63))     # "no block": its score word is 0, below every real key
 
@@ -150,7 +151,9 @@ def _thresh_finish(cand_ptr, nc, cand2_ptr, h2, pick_ptr, above, thr, need, CTIL
 def _thresh_kernel(seqlen_ptr, word_ptr, ctr_ptr, pick_ptr, cand_ptr, sel_ptr, cnt_ptr,
                    s_word, s_cand, s_cand2, s_seln, s_selh, s_cntn, s_cnth,
                    HKV: tl.constexpr, BS: tl.constexpr, NCTR: tl.constexpr, K: tl.constexpr,
-                   KP: tl.constexpr, CH: tl.constexpr, CTILE: tl.constexpr, NR: tl.constexpr):
+                   KP: tl.constexpr, CH: tl.constexpr, CTILE: tl.constexpr, NR: tl.constexpr,
+                   PDL: tl.constexpr = False):
+    pdl_wait(PDL)
     r = tl.program_id(0)
     c = tl.program_id(1)
     n = r // HKV
@@ -198,4 +201,5 @@ def thresh_launch(seq_lens, words, ctr, sel, cnt, hkv: int, block_size: int, K: 
     _thresh_kernel[(rows, triton.cdiv(nb_max, chunk))](
         seq_lens, words, ctr, pick, cand, sel, cnt, words.stride(0), cand.stride(0), cand.stride(1),
         sel.stride(0), sel.stride(1), cnt.stride(0), cnt.stride(1),
-        HKV=hkv, BS=block_size, NCTR=NCTR, K=K, KP=KP, CH=chunk, CTILE=ctile, NR=nr, num_warps=num_warps)
+        HKV=hkv, BS=block_size, NCTR=NCTR, K=K, KP=KP, CH=chunk, CTILE=ctile, NR=nr, num_warps=num_warps,
+        **launch_args(words.device))
