@@ -3,6 +3,7 @@ bf16 cuBLAS on the MiniCPM-SALA 9B linear shapes (issue 5). One GPU; table last.
 
     python benchmarks/w4a16_bench.py --fast --out DIR          # <= 60 s incl. JIT: shapes 0,2,3,4,5,
                                                                # M 1/8/32, FAST_GRID (10 configs)
+    python benchmarks/w4a16_bench.py --tma --out DIR           # the TMA variants (TMA_GRID) at M 1/8
     python benchmarks/w4a16_bench.py [--out DIR] [--no-sweep | --quick | --fast]
         [--shapes 0,1,2,3] [--batches 1,8,32,4096] [--configs "bn=64,w=4,bias=0,un=2,pf=1,waves=4,red=4;..."]
 
@@ -132,13 +133,30 @@ FAST_GRID = [
     "bn=128,w=4,bias=0,un=1,pf=1,stages=1,waves=3,fit=1,red=4",  # 168 regs: 3 CTAs/SM, 2.2 SASS/weight
     "bn=128,w=8,bias=0,un=2,pf=1,stages=1,waves=2,red=4",    # 127 regs x 256 threads: 2 CTAs/SM
 ]
+# --tma: the Hopper TMA loop (triton_tma.py: words and scales by TMA, tma=2 activations too, in a
+# `stages`-deep mbarrier pipeline) next to the BLOCK_M 16 default, at M 1/8. Offline sm_90 compile
+# (triton 3.9, M=1): registers, shared memory per CTA, SASS per 64 weights in the loop (default: 164).
+TMA_GRID = [
+    "bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4,red=1",     # TC_DEFAULTS[16] (122 regs, 16 KB, 164)
+    "bn=64,w=4,tma=1,stages=4,waves=4",                      # 71 regs, 29 KB, 229
+    "bn=64,w=4,tma=2,stages=4,waves=4",                      # 71 regs, 29 KB, 236
+    "bn=64,w=4,tma=2,stages=6,waves=2",                      # 71 regs, 46 KB
+    "bn=64,w=4,tma=2,stages=3,waves=8,red=4",
+    "bn=128,w=4,tma=1,stages=4,waves=2",                     # 128 regs, 42 KB, 177
+    "bn=128,w=4,tma=2,stages=4,waves=2",                     # 128 regs, 42 KB, 178
+    "bn=128,w=4,tma=2,stages=6,waves=1",                     # 128 regs, 67 KB
+    "bn=128,w=4,tma=2,stages=3,waves=4,red=4",
+    "bn=128,w=8,tma=2,stages=4,waves=2",                     # 79 regs, 42 KB, 235
+    "bn=128,w=8,tma=2,stages=6,waves=1",
+]
 FAST_SHAPES = "0,2,3,4,5"
 FAST_BATCHES = "1,8,32"
 
 
 def label(cfg: TCConfig) -> str:
     return (f"tc bn{cfg.block_n} w{cfg.num_warps} {'bias-mma' if cfg.bias_dot else 'fma'} un{cfg.unroll}"
-            f"{f' pf{int(cfg.prefetch)}' if cfg.prefetch else ''} st{cfg.num_stages} split{cfg.split_k} red{cfg.reduce}")
+            f"{f' pf{int(cfg.prefetch)}' if cfg.prefetch else ''}{f' tma{cfg.tma}' if cfg.tma else ''} st{cfg.num_stages} "
+            f"split{cfg.split_k} red{cfg.reduce}")
 
 
 def _compile_worker(cfgs: list) -> list[str]:
@@ -322,6 +340,8 @@ def main() -> None:
     ap.add_argument("--no-sweep", action="store_true", help="time only the dispatch")
     ap.add_argument("--fast", action="store_true", help=f"the <= 60 s run: shapes {FAST_SHAPES}, M "
                     f"{FAST_BATCHES}, the {len(FAST_GRID)}-config FAST_GRID (explicit flags still override)")
+    ap.add_argument("--tma", action="store_true", help=f"the TMA variants: shapes {FAST_SHAPES}, M 1,8, the "
+                    f"{len(TMA_GRID)}-config TMA_GRID (explicit flags still override)")
     ap.add_argument("--shapes", default=None, help="comma list of shape indexes (0-5) or 'all'")
     ap.add_argument("--batches", default=None, help="comma list of M values (default 1,8,32,4096)")
     ap.add_argument("--quick", action="store_true", help="an 18-config grid (waves 4 only) instead of 54")
@@ -336,10 +356,11 @@ def main() -> None:
     sms = sm_count(torch.device("cuda"))
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     import triton
-    grid = [] if args.no_sweep else (parse_configs(args.configs) if args.configs else FAST_GRID if args.fast
-                                     else QUICK_GRID if args.quick else DEFAULT_GRID)
-    batches = [int(m) for m in (args.batches or (FAST_BATCHES if args.fast else "1,8,32,4096")).split(",")]
-    shape_arg = args.shapes or (FAST_SHAPES if args.fast else "0,1,2,3")
+    grid = [] if args.no_sweep else (parse_configs(args.configs) if args.configs else TMA_GRID if args.tma
+                                     else FAST_GRID if args.fast else QUICK_GRID if args.quick else DEFAULT_GRID)
+    batches = [int(m) for m in (args.batches or ("1,8" if args.tma else FAST_BATCHES if args.fast
+                                                 else "1,8,32,4096")).split(",")]
+    shape_arg = args.shapes or (FAST_SHAPES if args.fast or args.tma else "0,1,2,3")
     shapes = SHAPES if shape_arg == "all" else [SHAPES[int(i)] for i in shape_arg.split(",")]
     cfgs = [default_tc_config(M, N, K, sms) for _, N, K in shapes for M in batches if M < DEQUANT_MIN_ROWS]
     cfgs += [tc_config_from_spec(spec, M, N, K, sms) for _, N, K in shapes for M in batches if M <= 64
@@ -347,7 +368,7 @@ def main() -> None:
     # the kernel's compile key for M > 1, split_k > 1 (M = 1 / split 1 compile on first use)
     try:
         precompile(list(dict.fromkeys(TCConfig(c.block_n, c.block_m, 2, c.num_warps, c.num_stages, c.bias_dot,
-                                               c.unroll, c.prefetch, c.reduce) for c in cfgs)), log)
+                                               c.unroll, c.prefetch, c.reduce, c.tma) for c in cfgs)), log)
     except Exception as ex:       # the sweep still runs, compiling each kernel when it first runs
         log(f"parallel precompile failed ({type(ex).__name__}: {ex}); compiling serially")
     ceiling = copy_bandwidth()

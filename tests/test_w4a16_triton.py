@@ -34,7 +34,15 @@ _INTERPRETED_TC_CHECK = textwrap.dedent("""
              # register software pipeline over groups of 2/4 blocks, masked tails; chunked split-K sums
              (128, torch.bfloat16, 3, TCConfig(32, 16, 2, bias_dot=False, unroll=2, prefetch=True, reduce=2)),
              (128, torch.float16, 2, TCConfig(16, 16, 3, bias_dot=False, unroll=4, prefetch=True, reduce=4)),
-             (-1, torch.bfloat16, 17, TCConfig(64, 16, 1, bias_dot=True, unroll=4, prefetch=True))]
+             (-1, torch.bfloat16, 17, TCConfig(64, 16, 1, bias_dot=True, unroll=4, prefetch=True)),
+             # TMA words (and scales; tma=2 activations too) in a num_stages-deep loop: split-K with an
+             # odd tail, N not a multiple of BLOCK_N (the tile's extra rows are the next block's words),
+             # small groups, two M tiles (rows >= M of the activation box are TMA's zero fill)
+             (128, torch.bfloat16, 1, TCConfig(16, 16, 1, bias_dot=False, num_stages=3, tma=1)),
+             (128, torch.bfloat16, 5, TCConfig(32, 16, 2, bias_dot=False, num_stages=4, reduce=2, tma=1)),
+             (128, torch.float16, 3, TCConfig(64, 16, 1, bias_dot=True, num_stages=3, tma=2)),
+             (32, torch.bfloat16, 2, TCConfig(32, 16, 3, bias_dot=False, num_stages=2, tma=2)),
+             (-1, torch.bfloat16, 17, TCConfig(16, 16, 2, bias_dot=True, num_stages=3, tma=2))]
     for G, dt, M, cfg in cases:
         ng = 1 if G == -1 else K // G
         q = torch.randint(0, 16, (K, N), generator=gen)
@@ -85,6 +93,10 @@ def test_config_specs_give_the_split_unroll_and_tile_they_describe():
     assert (c.block_m, c.split_k, c.unroll, c.prefetch, c.reduce) == (32, 3, 2, 1, 4)   # 136 tiles x 3 <= 528
     c = tc.tc_config_from_spec("bn=128,w=8,split=5", 1, 48, 4096, 132)
     assert (c.block_n, c.block_m, c.split_k) == (32, 16, 5)
+    # the TMA loop pipelines through shared memory: unroll / prefetch do not apply
+    c = tc.tc_config_from_spec("bn=128,w=4,un=4,pf=1,stages=5,waves=2,tma=2", 1, 16384, 4096, 132)
+    assert (c.block_n, c.split_k, c.unroll, c.prefetch, c.num_stages, c.tma) == (128, 2, 1, 0, 5, 2)
+    assert tc.tc_config_from_spec("bn=64", 1, 16384, 4096, 132).tma == 0
     with pytest.raises(ValueError):
         tc.parse_tc_spec("bn=64,unroll=2")
     for bm, spec in tc.TC_DEFAULTS.items():
@@ -151,7 +163,9 @@ def test_w4a16_linear_on_cuda_matches_reference(G, M):
                                  "bn64 w4 fma pf", "bn128 w8 bias pf", "bn64 w4 fma un4", "bn64 w4 fma st3",
                                  "bn64 w4 fma un2 pf red8", "bn64 w4 fma un4 pf red2", "bn32 w2 fma un2 pf",
                                  "bn16 w1 fma un4", "bn64 w4 fma un2 pf2 red4", "bn128 w4 fma pf2",
-                                 "bn128 w4 fma pf red4"])
+                                 "bn128 w4 fma pf red4", "bn64 w4 fma tma1 st4", "bn64 w4 bias tma2 st3",
+                                 "bn128 w4 fma tma2 st6 red4", "bn128 w8 fma tma1 st5", "bn32 w4 fma tma2 st2",
+                                 "bn16 w1 fma tma1 st3"])
 @pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16])
 def test_tensor_core_kernel_inline_asm_on_cuda(cfg, dt):
     """The inline-PTX dequantization (which the interpreter cannot run) for every kernel variant."""
@@ -167,13 +181,38 @@ def test_tensor_core_kernel_inline_asm_on_cuda(cfg, dt):
     for M in (1, 8, 32, 70):
         x = torch.randn(M, K, generator=gen).to(dt)
         ref = x.float() @ w.t()
+        st = [int(p[2:]) for p in parts if p.startswith("st")]
         c = TCConfig(int(parts[0][2:]), 16 if M <= 16 else 32 if M <= 32 else 64, 3, int(parts[1][1:]),
-                     3 if "st3" in parts else 1, "bias" in parts, 4 if "un4" in parts else 2 if "un2" in parts else 1,
+                     st[0] if st else 1, "bias" in parts, 4 if "un4" in parts else 2 if "un2" in parts else 1,
                      2 if "pf2" in parts else 1 if "pf" in parts else 0,
-                     int(parts[-1][3:]) if parts[-1].startswith("red") else 1)
+                     int(parts[-1][3:]) if parts[-1].startswith("red") else 1,
+                     2 if "tma2" in parts else 1 if "tma1" in parts else 0)
         for _ in range(2):
             y = w4a16_tc(x.cuda(), pack_tc(q).cuda(), s.cuda(), G, c).cpu()
             assert rel_err(y.float(), ref) < 5e-3, (cfg, M)
     wd = w4a16_tc_dequantize(pack_tc(q).cuda(), s.cuda(), G, dt).float().cpu()
     assert bool(((wd - w).abs() <= w.abs() * 2 ** -7 + 1e-7).all())
 
+
+
+@gpu
+@needs_triton
+@pytest.mark.parametrize("spec", ["bn=64,w=4,tma=1,stages=4", "bn=128,w=4,tma=2,stages=6,red=4",
+                                  "bn=128,w=8,tma=1,stages=3,bias=1"])
+def test_tma_kernel_on_cuda_with_ragged_n_and_split_k(spec):
+    """The TMA variant where N is not a multiple of BLOCK_N (the last tile's extra rows read the next
+    block's words or TMA's zero fill and are masked at the store), with split-K and an odd tail."""
+    from salactl.runtime.ops.w4a16.layout import pack_tc
+    from salactl.runtime.ops.w4a16.triton_tc import tc_config_from_spec, w4a16_tc
+
+    gen = torch.Generator().manual_seed(5)
+    K, N, G = 1152, 336, 128                  # 9 K blocks; 336 = 21 row groups
+    q = torch.randint(0, 16, (K, N), generator=gen)
+    s = (torch.rand(K // G, N, generator=gen) * 0.01 + 0.001).half()
+    w = ((q.float() - 8) * s.float()[torch.arange(K) // G]).t()
+    for M, split in ((1, 4), (5, 1), (16, 3)):
+        x = torch.randn(M, K, generator=gen).bfloat16()
+        cfg = tc_config_from_spec(f"{spec},split={split}", M, N, K)
+        for _ in range(2):
+            y = w4a16_tc(x.cuda(), pack_tc(q).cuda(), s.cuda(), G, cfg).cpu()
+            assert rel_err(y.float(), x.float() @ w.t()) < 5e-3, (spec, M, split)

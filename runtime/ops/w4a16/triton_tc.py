@@ -224,6 +224,20 @@ def _mma_block(acc, neg_bias, q, xt, s, s_ptr, kb, kb1, offs_n, N, GROUP: tl.con
 
 
 @triton.jit
+def _tile_setup(M, N, K, split_k, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Program (n tile, split, m tile) -> its rows, columns, masks and 128-row blocks [kb0, kb1)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    per = tl.cdiv(K // 128, split_k)
+    kb0 = pid_k * per
+    kb1 = tl.minimum(kb0 + per, K // 128)
+    return pid_n, pid_k, pid_m, offs_n, offs_m, offs_n < N, offs_m < M, kb0, kb1
+
+
+@triton.jit
 def _w4a16_tc_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym,
                      split_k, bias, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                      USE_ASM: tl.constexpr, DOT_F32: tl.constexpr, WARPS: tl.constexpr,
@@ -231,18 +245,8 @@ def _w4a16_tc_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stri
                      EVEN_N: tl.constexpr, RED: tl.constexpr):
     # M and split_k stay specialised (M = 1 and split 1 compile apart): un-specialising them cost
     # 5-25% at M = 1 on the H200 (session 3: 4096x4096 7.55 -> 8.28 us, 16384x4096 15.7 -> 19.8 us)
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
+    pid_n, pid_k, pid_m, offs_n, offs_m, n_mask, m_mask, kb0, kb1 = _tile_setup(M, N, K, split_k, BLOCK_N, BLOCK_M)
     NG = N // 16
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    n_mask = offs_n < N
-    m_mask = offs_m < M
-    nkb = K // 128
-    per = tl.cdiv(nkb, split_k)
-    kb0 = pid_k * per
-    kb1 = tl.minimum(kb0 + per, nkb)
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     # -(magic + 8) from a runtime argument, so the compiler cannot fold it into per-block constants
     neg_bias = tl.full((BLOCK_N, 128), bias, tl.float32).to(x_ptr.dtype.element_ty)
@@ -343,6 +347,7 @@ class TCConfig:
     unroll: int = 1
     prefetch: int = 0        # 1: register software pipeline
     reduce: int = 1          # split-K partials summed RED at a time by the last split (1: one by one)
+    tma: int = 0             # 1: words by TMA in a num_stages-deep shared-memory pipeline (triton_tma.py)
 
 
 _NEG_BIAS = {torch.bfloat16: -136.0, torch.float16: -1032.0}
@@ -367,7 +372,7 @@ TC_DEFAULTS: dict[int, str] = {
 TC_SHAPE_DEFAULTS: dict[tuple[int, int, int], str] = {}
 
 _SPEC_KEYS = {"bn": 64, "w": 4, "bias": 0, "un": 1, "pf": 0, "stages": 1, "waves": 4.0, "fit": 0, "split": 0,
-              "red": 1}
+              "red": 1, "tma": 0}
 
 
 def parse_tc_spec(text: str) -> dict:
@@ -396,6 +401,8 @@ def tc_config_from_spec(spec: dict | str, M: int, N: int, K: int, sms: int = 132
     split = max(1, min(nkb, spec["split"] or (int(ctas) if spec["fit"] else round(ctas))))
     per_split = triton.cdiv(nkb, split)
     unroll = min(spec["un"], 4 if per_split >= 4 else 2 if per_split >= 2 else 1)
+    if spec["tma"]:                  # the TMA loop pipelines through shared memory: no unroll / prefetch
+        return TCConfig(bn, bm, split, spec["w"], spec["stages"], bool(spec["bias"]), 1, 0, spec["red"], spec["tma"])
     return TCConfig(bn, bm, split, spec["w"], spec["stages"], bool(spec["bias"]), unroll, spec["pf"],
                     spec["red"])
 
@@ -439,6 +446,12 @@ def w4a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group
     ws = torch.empty(split if split > 1 else 1, M, N, device=x.device, dtype=torch.float32)
     grid = (triton.cdiv(N, cfg.block_n), split, triton.cdiv(M, cfg.block_m))
     cnt = split_counters(x.device, grid[0] * grid[2])
+    if cfg.tma:
+        from salactl.runtime.ops.w4a16.triton_tma import launch_tma
+
+        launch_tma(x, qweight, scales, y, ws, cnt, grid, split, _NEG_BIAS[x.dtype], group, cfg,
+                   (not _INTERPRET) if use_asm is None else use_asm, _INTERPRET)
+        return y
     _w4a16_tc_kernel[grid](
         x, qweight, scales, y, ws, cnt, M, N, K, x.stride(0), y.stride(0), split, _NEG_BIAS[x.dtype],
         GROUP=group, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,

@@ -1,0 +1,102 @@
+"""W4A16 tensor-core kernel with the packed words fetched by Hopper TMA (TCConfig `tma=1`; our own
+Triton, the same math as triton_tc.py, whose docstring says why hand-written).
+
+Why a second loop: the default kernel loads its words with per-lane `tl.load`s into registers, so
+the bytes in flight are bounded by registers (127 at unroll 4 -> 4 CTAs/SM) and between load rounds
+DRAM idles (Nsight Compute at M=1: 3.3 warps/scheduler, scoreboard/barrier stalls, ~50% of the copy
+ceiling on gate/up). Here the [BLOCK_N/16, 256] word tile of a 128-row block (4 KB at BLOCK_N 64)
+is one TMA copy (`cp.async.bulk.tensor`) into shared memory, in a `tl.range(num_stages=S)` loop,
+so Triton multi-buffers S tiles behind mbarriers: one instruction per tile instead of one per
+lane, no registers held by the loads in flight, and S-1 tiles (S x 4-8 KB per CTA) outstanding
+while the current one is dequantized and multiplied.
+
+The words are viewed as a 2-D [K/128 * N/16, 256] int32 tensor (row kb*NG + g, NG = N/16: 1 KB
+per row group, contiguous). The tile of (kb, pid_n) is rows kb*NG + pid_n*BLOCK_N/16 .. +
+BLOCK_N/16. When N is not a multiple of BLOCK_N the last tile's extra rows are the next block's
+words (or TMA's zero fill past the end): finite weights in output rows >= N, which are masked
+at the store, so any N % 16 == 0 works. After the load the tile is reshaped to the [BLOCK_N, 16]
+tile `_load_words` gives (row n = 16g + 8n8 + nlo, word 4blk + c; column n8*128 + nlo*16 + 4c +
+blk): only the last two axes swap, and Triton folds the layout the dequantization wants into the
+shared-memory load (checked in the sm_90 TTGIR: a `local_load` straight into the blocked layout,
+lane = 4 words = 16 B, no convert through shared memory).
+
+Activations and scales stay plain `tl.load`s (the pipeliner turns the activation load into a
+cp.async stage beside the TMA). The descriptor is built per call on the host (no sync: CUDA-graph
+capturable; the launcher encodes it at launch). Import lazily: CPU-only installs have no triton.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from salactl.runtime.ops.split_k import store_split_k
+from salactl.runtime.ops.w4a16.triton_tc import _mma_block, _tile_setup
+
+
+@triton.jit
+def _tma_words(qw_desc, kb, pid_n, NG, BLOCK_N: tl.constexpr):
+    """The [BLOCK_N, 16] word tile of block kb (as `_load_words`), from one TMA copy."""
+    q2 = qw_desc.load([kb * NG + pid_n * (BLOCK_N // 16), 0])                 # [BLOCK_N/16, 256]
+    q5 = tl.reshape(q2, (BLOCK_N // 16, 2, 8, 4, 4))                           # (g, n8, nlo, c, blk)
+    return tl.reshape(tl.permute(q5, (0, 1, 2, 4, 3)), (BLOCK_N, 16))
+
+
+@triton.jit
+def _w4a16_tma_kernel(x_ptr, x_desc, qw_desc, s_desc, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym,
+                      split_k, bias, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                      USE_ASM: tl.constexpr, DOT_F32: tl.constexpr, BIAS_DOT: tl.constexpr,
+                      STAGES: tl.constexpr, RED: tl.constexpr, TMA_X: tl.constexpr):
+    pid_n, pid_k, pid_m, offs_n, offs_m, n_mask, m_mask, kb0, kb1 = _tile_setup(M, N, K, split_k, BLOCK_N, BLOCK_M)
+    NG = N // 16
+    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    neg_bias = tl.full((BLOCK_N, 128), bias, tl.float32).to(x_ptr.dtype.element_ty)
+    for kb in tl.range(kb0, kb1, num_stages=STAGES):
+        q = _tma_words(qw_desc, kb, pid_n, NG, BLOCK_N)
+        if TMA_X:
+            # rows >= M of the [BLOCK_M, 128] box are TMA's zero fill (no memory traffic)
+            xt = tl.trans(x_desc.load([pid_m * BLOCK_M, kb * 128]))
+        else:
+            xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + (kb * 128 + tl.arange(0, 128))[:, None],
+                         mask=m_mask[None, :], other=0.0)
+        if GROUP < 128:
+            s = tl.zeros((BLOCK_N,), tl.float32)
+        else:
+            # a [1, BLOCK_N] box of the [groups, N] scales: pipelined with the words (a plain load here
+            # would not be, its use is after the MMA)
+            s = tl.reshape(s_desc.load([(kb * 128) // GROUP, pid_n * BLOCK_N]), (BLOCK_N,)).to(tl.float32)
+        acc = _mma_block(acc, neg_bias, q, xt, s, s_ptr, kb, kb1, offs_n, N, GROUP, BLOCK_N, BLOCK_M,
+                         USE_ASM, DOT_F32, BIAS_DOT)
+    store_split_k(acc, y_ptr, ws_ptr, cnt_ptr, pid_m * tl.num_programs(0) + pid_n, pid_k, split_k, offs_m, offs_n,
+                  m_mask[None, :] & n_mask[:, None], M, N, stride_ym, RED)
+
+
+def word_descriptor(qweight: torch.Tensor, block_n: int) -> TensorDescriptor:
+    """qweight [K/128, N/16, 256] int32 as the 2-D [K/128 * N/16, 256] TMA view, box [block_n/16, 256]."""
+    rows = qweight.shape[0] * qweight.shape[1]
+    return TensorDescriptor(qweight, [rows, 256], [256, 1], [block_n // 16, 256])
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    return t.data_ptr() % 16 == 0 and all((st * t.element_size()) % 16 == 0 for st in t.stride()[:-1])
+
+
+def launch_tma(x, qweight, scales, y, ws, cnt, grid, split, neg_bias, group, cfg, use_asm, dot_f32):
+    """The `tma` launch of triton_tc.w4a16_tc (same arguments and split-K workspace): tma=1 words and
+    scales by TMA, activations by plain loads (cp.async stages); tma=2 activations by TMA too."""
+    M, K = x.shape
+    N = y.shape[1]
+    tma_x = cfg.tma == 2
+    if tma_x and not _aligned(x):          # TMA needs a 16-byte aligned base and row stride
+        x = x.clone()
+    if not _aligned(scales) or scales.stride(-1) != 1:
+        scales = scales.contiguous().clone()
+    x_desc = TensorDescriptor(x, [M, K], [x.stride(0), 1], [cfg.block_m, 128]) if tma_x else x
+    s_desc = TensorDescriptor(scales, list(scales.shape), [scales.stride(0), 1], [1, cfg.block_n])
+    _w4a16_tma_kernel[grid](
+        x, x_desc, word_descriptor(qweight, cfg.block_n), s_desc, scales, y, ws, cnt, M, N, K, x.stride(0),
+        y.stride(0), split, neg_bias, GROUP=group, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, USE_ASM=use_asm,
+        DOT_F32=dot_f32, BIAS_DOT=cfg.bias_dot, STAGES=cfg.num_stages, RED=cfg.reduce, TMA_X=tma_x,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
