@@ -60,3 +60,45 @@ def check_fold_gemv(device, dtype, shapes, configs=None, tol=None) -> list:
             out.append((f"{tag}.y_bf16out", rel_err(y, R.fold_gemv(kind, w, x, a["x2"], a["gamma"],
                                                                     scale=a["scale"], eps=a["eps"])[0]), tol))
     return out
+
+
+def skinny_fold_inputs(kind: str, m: int, n: int, k: int, device, dtype, seed: int = 0) -> dict:
+    """Random inputs of one folded skinny GEMM: o [m, k] at the attention output's scale, z / o_gate
+    a column slice of a wider projection output (row stride 2k, like the engine's views)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def rnd(*shape, s=1.0):
+        return (torch.randn(*shape, device=device, generator=g) * s).to(dtype)
+
+    a = dict(w=rnd(n, k, s=0.02), o=rnd(m, k), x2=rnd(m, 2 * k)[:, k:])
+    if kind == "norm_gate":
+        a.update(gamma=1 + rnd(k, s=0.1), eps=1e-6)
+    return a
+
+
+def check_skinny_fold(device, dtype, shapes, configs=None, tol=None) -> list:
+    """shapes: (M, N, K, kind); configs: block shapes to try (default: the FOLD_SKINNY_CONFIGS entry
+    or the first candidate). Each against the separate kernel (fused.sigmoid_gate /
+    fused.rmsnorm_gate) + skinny_linear with the same block shape, and against the plain-PyTorch
+    reference. "gate" must equal the separate path bit for bit (err 0): its xᵀ tile is the
+    sigmoid_gate kernel's output; "norm_gate" differs by rounding (skinny_fold.py)."""
+    from salactl.runtime.ops.fused import triton as fused
+    from salactl.runtime.ops.gemv import reference as R
+    from salactl.runtime.ops.gemv import skinny
+    from salactl.runtime.ops.gemv import skinny_fold as SF
+    from salactl.runtime.ops.gemv.skinny import block_m
+
+    tol = tol or _tol(dtype)
+    out = []
+    for m, n, k, kind in shapes:
+        a = skinny_fold_inputs(kind, m, n, k, device, dtype, seed=m + n + k)
+        w, o, x2, gamma, eps = a["w"], a["o"], a["x2"], a.get("gamma"), a.get("eps", 0.0)
+        ref = R.fold_gemv(kind, w, o, x2, gamma, eps=eps)
+        for cfg in configs or (SF.FOLD_SKINNY_CONFIGS.get((n, k, block_m(m), kind)) or SF.CANDIDATE_CONFIGS[0],):
+            tag = f"skinny_fold.{kind}.{m}x{n}x{k}.{cfg}"
+            y = SF.skinny_fold_linear(kind, w, o, x2, gamma, eps=eps, config=cfg)
+            sep = fused.sigmoid_gate(o, x2) if kind == "gate" else fused.rmsnorm_gate(o, gamma, x2, eps, w.dtype)
+            y_sep = skinny.skinny_linear(sep, w, cfg)
+            out += [(f"{tag}.vs_separate", rel_err(y, y_sep), 0.0 if kind == "gate" else tol),
+                    (f"{tag}.vs_reference", rel_err(y, ref), tol)]
+    return out
