@@ -140,14 +140,17 @@ TMA_GRID = [
     "bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4,red=1",     # TC_DEFAULTS[16] (122 regs, 16 KB, 164)
     "bn=64,w=4,tma=1,stages=4,waves=4",                      # 71 regs, 29 KB, 229
     "bn=64,w=4,tma=2,stages=4,waves=4",                      # 71 regs, 29 KB, 236
-    "bn=64,w=4,tma=2,stages=6,waves=2",                      # 71 regs, 46 KB
-    "bn=64,w=4,tma=2,stages=3,waves=8,red=4",
+    "bn=64,w=4,tma=2,stages=6,waves=2",                      # 71 regs, 46 KB, 235
+    "bn=64,w=4,tma=2,stages=3,waves=8,red=4",                # 71 regs, 21 KB, 236
     "bn=128,w=4,tma=1,stages=4,waves=2",                     # 128 regs, 42 KB, 177
     "bn=128,w=4,tma=2,stages=4,waves=2",                     # 128 regs, 42 KB, 178
-    "bn=128,w=4,tma=2,stages=6,waves=1",                     # 128 regs, 67 KB
-    "bn=128,w=4,tma=2,stages=3,waves=4,red=4",
+    "bn=128,w=4,tma=2,stages=6,waves=1",                     # 128 regs, 67 KB, 178
+    "bn=128,w=4,tma=2,stages=3,waves=4,red=4",               # 128 regs, 29 KB, 178
     "bn=128,w=8,tma=2,stages=4,waves=2",                     # 79 regs, 42 KB, 235
-    "bn=128,w=8,tma=2,stages=6,waves=1",
+    "bn=64,w=4,tma=1,tkb=2,stages=3,waves=4",                # 95 regs, 42 KB, 192 (two blocks per copy)
+    "bn=64,w=4,tma=2,tkb=2,stages=3,waves=2",                # 80 regs, 42 KB, 208
+    "bn=128,w=4,tma=1,tkb=2,stages=3,waves=2",               # 168 regs, 58 KB, 154
+    "bn=128,w=4,tma=1,tkb=2,stages=2,waves=1",               # 167 regs, 33 KB, 152
 ]
 FAST_SHAPES = "0,2,3,4,5"
 FAST_BATCHES = "1,8,32"
@@ -155,8 +158,9 @@ FAST_BATCHES = "1,8,32"
 
 def label(cfg: TCConfig) -> str:
     return (f"tc bn{cfg.block_n} w{cfg.num_warps} {'bias-mma' if cfg.bias_dot else 'fma'} un{cfg.unroll}"
-            f"{f' pf{int(cfg.prefetch)}' if cfg.prefetch else ''}{f' tma{cfg.tma}' if cfg.tma else ''} st{cfg.num_stages} "
-            f"split{cfg.split_k} red{cfg.reduce}")
+            f"{f' pf{int(cfg.prefetch)}' if cfg.prefetch else ''}"
+            f"{f' tma{cfg.tma} tkb{cfg.tma_blocks}' if cfg.tma else ''} st{cfg.num_stages} split{cfg.split_k} "
+            f"red{cfg.reduce}")
 
 
 def _compile_worker(cfgs: list) -> list[str]:
@@ -368,7 +372,8 @@ def main() -> None:
     # the kernel's compile key for M > 1, split_k > 1 (M = 1 / split 1 compile on first use)
     try:
         precompile(list(dict.fromkeys(TCConfig(c.block_n, c.block_m, 2, c.num_warps, c.num_stages, c.bias_dot,
-                                               c.unroll, c.prefetch, c.reduce, c.tma) for c in cfgs)), log)
+                                               c.unroll, c.prefetch, c.reduce, c.tma, c.tma_blocks) for c in cfgs)),
+                   log)
     except Exception as ex:       # the sweep still runs, compiling each kernel when it first runs
         log(f"parallel precompile failed ({type(ex).__name__}: {ex}); compiling serially")
     ceiling = copy_bandwidth()

@@ -42,8 +42,15 @@ _INTERPRETED_TC_CHECK = textwrap.dedent("""
              (128, torch.bfloat16, 5, TCConfig(32, 16, 2, bias_dot=False, num_stages=4, reduce=2, tma=1)),
              (128, torch.float16, 3, TCConfig(64, 16, 1, bias_dot=True, num_stages=3, tma=2)),
              (32, torch.bfloat16, 2, TCConfig(32, 16, 3, bias_dot=False, num_stages=2, tma=2)),
-             (-1, torch.bfloat16, 17, TCConfig(16, 16, 2, bias_dot=True, num_stages=3, tma=2))]
-    for G, dt, M, cfg in cases:
+             (-1, torch.bfloat16, 17, TCConfig(16, 16, 2, bias_dot=True, num_stages=3, tma=2)),
+             # two blocks per TMA copy (a trailing K: 6 blocks): splits rounded up to whole pairs (split 2:
+             # 4 + 2 blocks; split 4: 2 + 2 + 2 + an empty split), groups of 384 that start inside a pair
+             (384, torch.bfloat16, 1, TCConfig(32, 16, 2, num_stages=3, tma=1, tma_blocks=2), 768),
+             (128, torch.float16, 5, TCConfig(64, 16, 4, bias_dot=True, num_stages=2, reduce=2, tma=2, tma_blocks=2),
+              768),
+             (32, torch.bfloat16, 3, TCConfig(16, 16, 1, num_stages=4, tma=2, tma_blocks=2), 768)]
+    for G, dt, M, cfg, *k in cases:
+        K = k[0] if k else 384
         ng = 1 if G == -1 else K // G
         q = torch.randint(0, 16, (K, N), generator=gen)
         s = (torch.rand(ng, N, generator=gen) * 0.01 + 0.001).half()
@@ -59,6 +66,10 @@ _INTERPRETED_TC_CHECK = textwrap.dedent("""
         if cfg.unroll == 1:
             wd = w4a16_tc_dequantize(pack_tc(q), s, G, dt, block_n=32).float()
             assert bool(((wd - w).abs() <= w.abs() * 2 ** -7 + 1e-7).all()), (G, dt)
+    # tma=2 reads activations by TMA: a column slice (base and row stride not 16-byte aligned) is copied
+    x = torch.randn(3, K + 4, generator=gen).bfloat16()[:, 4:]
+    y = w4a16_tc(x, pack_tc(q), s, G, TCConfig(64, 16, 2, num_stages=3, tma=2))
+    assert float((y.float() - x.float() @ w.t()).norm() / (x.float() @ w.t()).norm()) < tol
     print("ok")
 """)
 
@@ -94,8 +105,9 @@ def test_config_specs_give_the_split_unroll_and_tile_they_describe():
     c = tc.tc_config_from_spec("bn=128,w=8,split=5", 1, 48, 4096, 132)
     assert (c.block_n, c.block_m, c.split_k) == (32, 16, 5)
     # the TMA loop pipelines through shared memory: unroll / prefetch do not apply
-    c = tc.tc_config_from_spec("bn=128,w=4,un=4,pf=1,stages=5,waves=2,tma=2", 1, 16384, 4096, 132)
-    assert (c.block_n, c.split_k, c.unroll, c.prefetch, c.num_stages, c.tma) == (128, 2, 1, 0, 5, 2)
+    c = tc.tc_config_from_spec("bn=128,w=4,un=4,pf=1,stages=5,waves=2,tma=2,tkb=2", 1, 16384, 4096, 132)
+    assert (c.block_n, c.split_k, c.unroll, c.prefetch, c.num_stages, c.tma, c.tma_blocks) == (128, 2, 1, 0, 5, 2, 2)
+    assert tc.tc_config_from_spec("tma=1,tkb=2", 1, 256, 384, 132).tma_blocks == 1     # 3 blocks: no pairs
     assert tc.tc_config_from_spec("bn=64", 1, 16384, 4096, 132).tma == 0
     with pytest.raises(ValueError):
         tc.parse_tc_spec("bn=64,unroll=2")
@@ -165,7 +177,8 @@ def test_w4a16_linear_on_cuda_matches_reference(G, M):
                                  "bn16 w1 fma un4", "bn64 w4 fma un2 pf2 red4", "bn128 w4 fma pf2",
                                  "bn128 w4 fma pf red4", "bn64 w4 fma tma1 st4", "bn64 w4 bias tma2 st3",
                                  "bn128 w4 fma tma2 st6 red4", "bn128 w8 fma tma1 st5", "bn32 w4 fma tma2 st2",
-                                 "bn16 w1 fma tma1 st3"])
+                                 "bn16 w1 fma tma1 st3", "bn64 w4 fma tma1 tkb2 st3",
+                                 "bn128 w4 fma tma2 tkb2 st3 red4"])
 @pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16])
 def test_tensor_core_kernel_inline_asm_on_cuda(cfg, dt):
     """The inline-PTX dequantization (which the interpreter cannot run) for every kernel variant."""
@@ -186,7 +199,7 @@ def test_tensor_core_kernel_inline_asm_on_cuda(cfg, dt):
                      st[0] if st else 1, "bias" in parts, 4 if "un4" in parts else 2 if "un2" in parts else 1,
                      2 if "pf2" in parts else 1 if "pf" in parts else 0,
                      int(parts[-1][3:]) if parts[-1].startswith("red") else 1,
-                     2 if "tma2" in parts else 1 if "tma1" in parts else 0)
+                     2 if "tma2" in parts else 1 if "tma1" in parts else 0, 2 if "tkb2" in parts else 1)
         for _ in range(2):
             y = w4a16_tc(x.cuda(), pack_tc(q).cuda(), s.cuda(), G, c).cpu()
             assert rel_err(y.float(), ref) < 5e-3, (cfg, M)
@@ -198,19 +211,19 @@ def test_tensor_core_kernel_inline_asm_on_cuda(cfg, dt):
 @gpu
 @needs_triton
 @pytest.mark.parametrize("spec", ["bn=64,w=4,tma=1,stages=4", "bn=128,w=4,tma=2,stages=6,red=4",
-                                  "bn=128,w=8,tma=1,stages=3,bias=1"])
+                                  "bn=128,w=8,tma=1,stages=3,bias=1", "bn=64,w=4,tma=2,tkb=2,stages=3"])
 def test_tma_kernel_on_cuda_with_ragged_n_and_split_k(spec):
     """The TMA variant where N is not a multiple of BLOCK_N (the last tile's extra rows read the next
-    block's words or TMA's zero fill and are masked at the store), with split-K and an odd tail."""
+    block's words or TMA's zero fill and are masked at the store), with split-K and an uneven tail."""
     from salactl.runtime.ops.w4a16.layout import pack_tc
     from salactl.runtime.ops.w4a16.triton_tc import tc_config_from_spec, w4a16_tc
 
     gen = torch.Generator().manual_seed(5)
-    K, N, G = 1152, 336, 128                  # 9 K blocks; 336 = 21 row groups
+    K, N, G = 1280, 336, 128                  # 10 K blocks; 336 = 21 row groups
     q = torch.randint(0, 16, (K, N), generator=gen)
     s = (torch.rand(K // G, N, generator=gen) * 0.01 + 0.001).half()
     w = ((q.float() - 8) * s.float()[torch.arange(K) // G]).t()
-    for M, split in ((1, 4), (5, 1), (16, 3)):
+    for M, split in ((1, 4), (5, 1), (16, 3)):     # split 4: 3+3+3+1 blocks (pairs: 4+4+2+0)
         x = torch.randn(M, K, generator=gen).bfloat16()
         cfg = tc_config_from_spec(f"{spec},split={split}", M, N, K)
         for _ in range(2):

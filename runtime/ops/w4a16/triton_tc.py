@@ -224,14 +224,15 @@ def _mma_block(acc, neg_bias, q, xt, s, s_ptr, kb, kb1, offs_n, N, GROUP: tl.con
 
 
 @triton.jit
-def _tile_setup(M, N, K, split_k, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Program (n tile, split, m tile) -> its rows, columns, masks and 128-row blocks [kb0, kb1)."""
+def _tile_setup(M, N, K, split_k, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, KBP: tl.constexpr):
+    """Program (n tile, split, m tile) -> its rows, columns, masks and 128-row blocks [kb0, kb1)
+    (whole groups of KBP blocks per split)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    per = tl.cdiv(K // 128, split_k)
+    per = tl.cdiv(tl.cdiv(K // 128, split_k), KBP) * KBP
     kb0 = pid_k * per
     kb1 = tl.minimum(kb0 + per, K // 128)
     return pid_n, pid_k, pid_m, offs_n, offs_m, offs_n < N, offs_m < M, kb0, kb1
@@ -245,7 +246,7 @@ def _w4a16_tc_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stri
                      EVEN_N: tl.constexpr, RED: tl.constexpr):
     # M and split_k stay specialised (M = 1 and split 1 compile apart): un-specialising them cost
     # 5-25% at M = 1 on the H200 (session 3: 4096x4096 7.55 -> 8.28 us, 16384x4096 15.7 -> 19.8 us)
-    pid_n, pid_k, pid_m, offs_n, offs_m, n_mask, m_mask, kb0, kb1 = _tile_setup(M, N, K, split_k, BLOCK_N, BLOCK_M)
+    pid_n, pid_k, pid_m, offs_n, offs_m, n_mask, m_mask, kb0, kb1 = _tile_setup(M, N, K, split_k, BLOCK_N, BLOCK_M, 1)
     NG = N // 16
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     # -(magic + 8) from a runtime argument, so the compiler cannot fold it into per-block constants
@@ -348,6 +349,7 @@ class TCConfig:
     prefetch: int = 0        # 1: register software pipeline
     reduce: int = 1          # split-K partials summed RED at a time by the last split (1: one by one)
     tma: int = 0             # 1: words by TMA in a num_stages-deep shared-memory pipeline (triton_tma.py)
+    tma_blocks: int = 1      # with tma: 128-row blocks per TMA copy (1 or 2)
 
 
 _NEG_BIAS = {torch.bfloat16: -136.0, torch.float16: -1032.0}
@@ -362,7 +364,9 @@ def tc_block_m(M: int) -> int:
 #   pipeline); stages: Triton cp.async stages; waves: split K until about waves x SMs CTAs exist
 #   (rounded; fit=1 rounds down, so that a grid sized to the CTAs an SM holds has no straggler
 #   wave, e.g. 8704x4096: 136 tiles x split 3 = 408 CTAs, not x 4 = 544 > 4 x 132; split=S fixes
-#   the split); red: split-K partials the last split sums per load.
+#   the split); red: split-K partials the last split sums per load; tma: 1 = words and scales by
+#   Hopper TMA in a `stages`-deep mbarrier pipeline (triton_tma.py), 2 = activations too; tkb: 128-row
+#   blocks per TMA copy (2 needs K/128 even, else 1).
 # Keyed by BLOCK_M (16 for M <= 16, 32, 64); TC_SHAPE_DEFAULTS[(N, K, BLOCK_M)] overrides one shape.
 TC_DEFAULTS: dict[int, str] = {
     16: "bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4,red=1",
@@ -372,7 +376,7 @@ TC_DEFAULTS: dict[int, str] = {
 TC_SHAPE_DEFAULTS: dict[tuple[int, int, int], str] = {}
 
 _SPEC_KEYS = {"bn": 64, "w": 4, "bias": 0, "un": 1, "pf": 0, "stages": 1, "waves": 4.0, "fit": 0, "split": 0,
-              "red": 1, "tma": 0}
+              "red": 1, "tma": 0, "tkb": 1}
 
 
 def parse_tc_spec(text: str) -> dict:
@@ -402,7 +406,9 @@ def tc_config_from_spec(spec: dict | str, M: int, N: int, K: int, sms: int = 132
     per_split = triton.cdiv(nkb, split)
     unroll = min(spec["un"], 4 if per_split >= 4 else 2 if per_split >= 2 else 1)
     if spec["tma"]:                  # the TMA loop pipelines through shared memory: no unroll / prefetch
-        return TCConfig(bn, bm, split, spec["w"], spec["stages"], bool(spec["bias"]), 1, 0, spec["red"], spec["tma"])
+        tkb = spec["tkb"] if nkb % spec["tkb"] == 0 else 1
+        return TCConfig(bn, bm, split, spec["w"], spec["stages"], bool(spec["bias"]), 1, 0, spec["red"], spec["tma"],
+                        tkb)
     return TCConfig(bn, bm, split, spec["w"], spec["stages"], bool(spec["bias"]), unroll, spec["pf"],
                     spec["red"])
 

@@ -45,36 +45,75 @@ def _tma_words(qw_desc, kb, pid_n, NG, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _tma_word_pair(qw3_desc, kb, pid_n, BLOCK_N: tl.constexpr):
+    """The word tiles of blocks kb and kb + 1 from one [2, BLOCK_N/16, 256] TMA copy of the 3-D view."""
+    q3 = qw3_desc.load([kb, pid_n * (BLOCK_N // 16), 0])                       # [2, BLOCK_N/16, 256]
+    q6 = tl.reshape(q3, (2, BLOCK_N // 16, 2, 8, 4, 4))                        # (kb, g, n8, nlo, c, blk)
+    return tl.split(tl.reshape(tl.permute(q6, (1, 2, 3, 5, 4, 0)), (BLOCK_N, 16, 2)))
+
+
+@triton.jit
+def _x_block(x_ptr, x_desc, kb, pid_m, offs_m, m_mask, stride_xm, BLOCK_M: tl.constexpr, TMA_X: tl.constexpr):
+    """Activations of block kb as the MMA's [128, BLOCK_M] operand."""
+    if TMA_X:
+        # rows >= M of the [BLOCK_M, 128] box are TMA's zero fill (no memory traffic)
+        return tl.trans(x_desc.load([pid_m * BLOCK_M, kb * 128]))
+    else:
+        return tl.load(x_ptr + offs_m[None, :] * stride_xm + (kb * 128 + tl.arange(0, 128))[:, None],
+                       mask=m_mask[None, :], other=0.0)
+
+
+@triton.jit
 def _w4a16_tma_kernel(x_ptr, x_desc, qw_desc, s_desc, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym,
                       split_k, bias, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                       USE_ASM: tl.constexpr, DOT_F32: tl.constexpr, BIAS_DOT: tl.constexpr,
-                      STAGES: tl.constexpr, RED: tl.constexpr, TMA_X: tl.constexpr):
-    pid_n, pid_k, pid_m, offs_n, offs_m, n_mask, m_mask, kb0, kb1 = _tile_setup(M, N, K, split_k, BLOCK_N, BLOCK_M)
+                      STAGES: tl.constexpr, RED: tl.constexpr, TMA_X: tl.constexpr, KBP: tl.constexpr):
+    pid_n, pid_k, pid_m, offs_n, offs_m, n_mask, m_mask, kb0, kb1 = _tile_setup(M, N, K, split_k, BLOCK_N, BLOCK_M,
+                                                                                KBP)
     NG = N // 16
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     neg_bias = tl.full((BLOCK_N, 128), bias, tl.float32).to(x_ptr.dtype.element_ty)
-    for kb in tl.range(kb0, kb1, num_stages=STAGES):
-        q = _tma_words(qw_desc, kb, pid_n, NG, BLOCK_N)
-        if TMA_X:
-            # rows >= M of the [BLOCK_M, 128] box are TMA's zero fill (no memory traffic)
-            xt = tl.trans(x_desc.load([pid_m * BLOCK_M, kb * 128]))
+    for kb in tl.range(kb0, kb1, KBP, num_stages=STAGES):
+        if KBP == 1:
+            q = _tma_words(qw_desc, kb, pid_n, NG, BLOCK_N)
+            xt = _x_block(x_ptr, x_desc, kb, pid_m, offs_m, m_mask, stride_xm, BLOCK_M, TMA_X)
+            if GROUP < 128:
+                s = tl.zeros((BLOCK_N,), tl.float32)
+            else:
+                # a [1, BLOCK_N] box of the [groups, N] scales: pipelined with the words (a plain
+                # load here would not be, its use is after the MMA)
+                s = tl.reshape(s_desc.load([(kb * 128) // GROUP, pid_n * BLOCK_N]), (BLOCK_N,)).to(tl.float32)
+            acc = _mma_block(acc, neg_bias, q, xt, s, s_ptr, kb, kb1, offs_n, N, GROUP, BLOCK_N, BLOCK_M,
+                             USE_ASM, DOT_F32, BIAS_DOT)
         else:
-            xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + (kb * 128 + tl.arange(0, 128))[:, None],
-                         mask=m_mask[None, :], other=0.0)
-        if GROUP < 128:
-            s = tl.zeros((BLOCK_N,), tl.float32)
-        else:
-            # a [1, BLOCK_N] box of the [groups, N] scales: pipelined with the words (a plain load here
-            # would not be, its use is after the MMA)
-            s = tl.reshape(s_desc.load([(kb * 128) // GROUP, pid_n * BLOCK_N]), (BLOCK_N,)).to(tl.float32)
-        acc = _mma_block(acc, neg_bias, q, xt, s, s_ptr, kb, kb1, offs_n, N, GROUP, BLOCK_N, BLOCK_M,
-                         USE_ASM, DOT_F32, BIAS_DOT)
+            # two 128-row blocks per copy (K/128 even, splits of whole pairs): half the per-copy
+            # mbarrier / address work per weight
+            qa, qb = _tma_word_pair(qw_desc, kb, pid_n, BLOCK_N)
+            xa = _x_block(x_ptr, x_desc, kb, pid_m, offs_m, m_mask, stride_xm, BLOCK_M, TMA_X)
+            xb = _x_block(x_ptr, x_desc, kb + 1, pid_m, offs_m, m_mask, stride_xm, BLOCK_M, TMA_X)
+            if GROUP < 128:
+                sa = tl.zeros((BLOCK_N,), tl.float32)
+                sb = sa
+            else:
+                # a [2, BLOCK_N] box from block kb's group row; block kb + 1 uses its second row only
+                # when it starts a new group
+                r0 = (kb * 128) // GROUP
+                sa, sb = tl.split(tl.permute(s_desc.load([r0, pid_n * BLOCK_N]), (1, 0)).to(tl.float32))
+                sb = tl.where(((kb + 1) * 128) // GROUP == r0, sa, sb)
+            acc = _mma_block(acc, neg_bias, qa, xa, sa, s_ptr, kb, kb1, offs_n, N, GROUP, BLOCK_N, BLOCK_M,
+                             USE_ASM, DOT_F32, BIAS_DOT)
+            acc = _mma_block(acc, neg_bias, qb, xb, sb, s_ptr, kb + 1, kb1, offs_n, N, GROUP, BLOCK_N, BLOCK_M,
+                             USE_ASM, DOT_F32, BIAS_DOT)
     store_split_k(acc, y_ptr, ws_ptr, cnt_ptr, pid_m * tl.num_programs(0) + pid_n, pid_k, split_k, offs_m, offs_n,
                   m_mask[None, :] & n_mask[:, None], M, N, stride_ym, RED)
 
 
-def word_descriptor(qweight: torch.Tensor, block_n: int) -> TensorDescriptor:
-    """qweight [K/128, N/16, 256] int32 as the 2-D [K/128 * N/16, 256] TMA view, box [block_n/16, 256]."""
+def word_descriptor(qweight: torch.Tensor, block_n: int, blocks: int = 1) -> TensorDescriptor:
+    """qweight [K/128, N/16, 256] int32 as the 2-D [K/128 * N/16, 256] TMA view, box [block_n/16, 256]
+    (blocks = 1), or as itself with box [blocks, block_n/16, 256]."""
+    if blocks > 1:
+        return TensorDescriptor(qweight, list(qweight.shape), list(qweight.stride()),
+                                [blocks, block_n // 16, 256])
     rows = qweight.shape[0] * qweight.shape[1]
     return TensorDescriptor(qweight, [rows, 256], [256, 1], [block_n // 16, 256])
 
@@ -85,18 +124,20 @@ def _aligned(t: torch.Tensor) -> bool:
 
 def launch_tma(x, qweight, scales, y, ws, cnt, grid, split, neg_bias, group, cfg, use_asm, dot_f32):
     """The `tma` launch of triton_tc.w4a16_tc (same arguments and split-K workspace): tma=1 words and
-    scales by TMA, activations by plain loads (cp.async stages); tma=2 activations by TMA too."""
+    scales by TMA, activations by plain loads (cp.async stages); tma=2 activations by TMA too;
+    tma_blocks = 2: two 128-row blocks per copy (K/128 must be even)."""
     M, K = x.shape
+    assert (K // 128) % cfg.tma_blocks == 0, "tma_blocks must divide K/128"
     N = y.shape[1]
     tma_x = cfg.tma == 2
     if tma_x and not _aligned(x):          # TMA needs a 16-byte aligned base and row stride
-        x = x.clone()
+        x = x.clone(memory_format=torch.contiguous_format)
     if not _aligned(scales) or scales.stride(-1) != 1:
-        scales = scales.contiguous().clone()
+        scales = scales.clone(memory_format=torch.contiguous_format)
     x_desc = TensorDescriptor(x, [M, K], [x.stride(0), 1], [cfg.block_m, 128]) if tma_x else x
-    s_desc = TensorDescriptor(scales, list(scales.shape), [scales.stride(0), 1], [1, cfg.block_n])
+    s_desc = TensorDescriptor(scales, list(scales.shape), [scales.stride(0), 1], [cfg.tma_blocks, cfg.block_n])
     _w4a16_tma_kernel[grid](
-        x, x_desc, word_descriptor(qweight, cfg.block_n), s_desc, scales, y, ws, cnt, M, N, K, x.stride(0),
-        y.stride(0), split, neg_bias, GROUP=group, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, USE_ASM=use_asm,
-        DOT_F32=dot_f32, BIAS_DOT=cfg.bias_dot, STAGES=cfg.num_stages, RED=cfg.reduce, TMA_X=tma_x,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        x, x_desc, word_descriptor(qweight, cfg.block_n, cfg.tma_blocks), s_desc, scales, y, ws, cnt, M, N, K,
+        x.stride(0), y.stride(0), split, neg_bias, GROUP=group, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
+        USE_ASM=use_asm, DOT_F32=dot_f32, BIAS_DOT=cfg.bias_dot, STAGES=cfg.num_stages, RED=cfg.reduce,
+        TMA_X=tma_x, KBP=cfg.tma_blocks, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
