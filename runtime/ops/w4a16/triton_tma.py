@@ -1,4 +1,4 @@
-"""W4A16 tensor-core kernel with the packed words fetched by Hopper TMA (TCConfig `tma=1`; our own
+"""W4A16 tensor-core kernel with the packed words fetched by Hopper TMA (TCConfig `tma`; our own
 Triton, the same math as triton_tc.py, whose docstring says why hand-written).
 
 Why a second loop: the default kernel loads its words with per-lane `tl.load`s into registers, so
@@ -7,7 +7,7 @@ DRAM idles (Nsight Compute at M=1: 3.3 warps/scheduler, scoreboard/barrier stall
 ceiling on gate/up). Here the [BLOCK_N/16, 256] word tile of a 128-row block (4 KB at BLOCK_N 64)
 is one TMA copy (`cp.async.bulk.tensor`) into shared memory, in a `tl.range(num_stages=S)` loop,
 so Triton multi-buffers S tiles behind mbarriers: one instruction per tile instead of one per
-lane, no registers held by the loads in flight, and S-1 tiles (S x 4-8 KB per CTA) outstanding
+lane, no registers held by the loads in flight, and S-1 tiles (4-8 KB each) outstanding per CTA
 while the current one is dequantized and multiplied.
 
 The words are viewed as a 2-D [K/128 * N/16, 256] int32 tensor (row kb*NG + g, NG = N/16: 1 KB
@@ -17,12 +17,26 @@ words (or TMA's zero fill past the end): finite weights in output rows >= N, whi
 at the store, so any N % 16 == 0 works. After the load the tile is reshaped to the [BLOCK_N, 16]
 tile `_load_words` gives (row n = 16g + 8n8 + nlo, word 4blk + c; column n8*128 + nlo*16 + 4c +
 blk): only the last two axes swap, and Triton folds the layout the dequantization wants into the
-shared-memory load (checked in the sm_90 TTGIR: a `local_load` straight into the blocked layout,
-lane = 4 words = 16 B, no convert through shared memory).
+shared-memory load (checked in the sm_90 TTGIR of triton 3.6 and 3.9: unswizzled words, one
+`local_load` straight into that layout (two LDS.128 per lane and block at BLOCK_N 64), no
+convert_layout in the loop, no spills).
 
-Activations and scales stay plain `tl.load`s (the pipeliner turns the activation load into a
-cp.async stage beside the TMA). The descriptor is built per call on the host (no sync: CUDA-graph
-capturable; the launcher encodes it at launch). Import lazily: CPU-only installs have no triton.
+Scales (groups >= 128) come by TMA too, a [1, BLOCK_N] box per block: a plain load would not be
+pipelined (its use is after the MMA) and stalls every iteration. Activations: `tma=1` plain loads
+(the pipeliner makes them a cp.async stage), `tma=2` a [BLOCK_M, 128] TMA box (rows >= M are zero
+fill; unaligned activations are copied first). `tma_blocks=2` (spec tkb=2) fetches two 128-row
+blocks per copy through the 3-D view [K/128, N/16, 256] (its N overhang is zero fill): half the
+per-copy mbarrier / address work per weight; splits then hold whole pairs (K/128 even).
+
+Offline sm_90 SASS of the loop per 64 weights and thread (default un4: 164): BLOCK_N 64 / 4 warps
+229 (71 registers), BLOCK_N 128 / 4 warps 177 (128 registers), with two blocks per copy 192 and
+154 (95 / 168 registers); about 90 of them are the dequantization, the rest mbarrier waits,
+block-wide bar.syncs around each TMA issue, and descriptor / MMA address work (benchmarks/
+w4a16_bench.py TMA_GRID lists the specs with registers and shared memory).
+
+The descriptors are built per call on the host (no sync: CUDA-graph capturable; the launcher
+encodes them at launch). `tl.range` over tensor bounds does not run in triton 3.6's interpreter
+(3.9's does). Import lazily: CPU-only installs have no triton.
 """
 
 from __future__ import annotations
