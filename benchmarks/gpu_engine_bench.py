@@ -1,7 +1,7 @@
 """GPU engine: correctness checks + speed on one GPU, in one run (DESIGN.md §3, issue 4).
 
     python benchmarks/gpu_engine_bench.py [--skip-1m] [--only decode,attention,...] [--breakdown]
-        [--selection thresh_chunk=512,num_warps=4]
+        [--selection thresh_chunk=512,num_warps=4] [--skinny "32768x4096x16=64,128,4,4,1"]
 
 1. every GPU kernel against its reference on random inputs (runtime/gpu/selfcheck.py), and the
    whole engine against the reference Engine on sala-nano shapes;
@@ -392,6 +392,9 @@ def main():
                     help="decode: also GPU time per kernel name inside one graph replay (torch.profiler)")
     ap.add_argument("--selection", default="",
                     help="decode selection knobs over selection/gpu.py's DECODE_DEFAULTS, e.g. thresh_chunk=512,num_warps=4")
+    ap.add_argument("--skinny", default="",
+                    help="extra skinny-GEMM routes over gemv/skinny.py's SKINNY_CONFIGS, e.g. "
+                         "32768x4096x16=64,128,4,4,1;4096x16384x32=64,128,4,4,2 (N x K x BM = BN,BK,warps,stages,split)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     global OUT, ARGS
@@ -408,6 +411,12 @@ def main():
             k, v = kv.split("=")
             DECODE_DEFAULTS[k] = int(v) if v.isdigit() else {"true": True, "false": False}.get(v, v)
         RESULTS["selection_knobs"] = dict(DECODE_DEFAULTS)
+    if args.skinny:
+        from salactl.runtime.ops.gemv.skinny import SKINNY_CONFIGS
+        for entry in filter(None, args.skinny.split(";")):
+            key, cfg = entry.split("=")
+            SKINNY_CONFIGS[tuple(int(v) for v in key.split("x"))] = tuple(int(v) for v in cfg.split(","))
+        RESULTS["skinny_configs"] = {str(k): v for k, v in SKINNY_CONFIGS.items()}
     c = ceilings()
     ceil = c.get("copy_tb_s", 4.24)
     tflops = c.get("bf16_tflops", 790.0)
