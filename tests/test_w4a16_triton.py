@@ -48,7 +48,8 @@ _INTERPRETED_TC_CHECK = textwrap.dedent("""
              (384, torch.bfloat16, 1, TCConfig(32, 16, 2, num_stages=3, tma=1, tma_blocks=2), 768),
              (128, torch.float16, 5, TCConfig(64, 16, 4, bias_dot=True, num_stages=2, reduce=2, tma=2, tma_blocks=2),
               768),
-             (32, torch.bfloat16, 3, TCConfig(16, 16, 1, num_stages=4, tma=2, tma_blocks=2), 768)]
+             (32, torch.bfloat16, 3, TCConfig(16, 16, 1, num_stages=4, tma=2, tma_blocks=2), 768),
+             (-1, torch.bfloat16, 2, TCConfig(32, 16, 2, num_stages=3, tma=1, tma_blocks=2), 768)]
     for G, dt, M, cfg, *k in cases:
         K = k[0] if k else 384
         ng = 1 if G == -1 else K // G
@@ -212,17 +213,19 @@ def test_tensor_core_kernel_inline_asm_on_cuda(cfg, dt):
 @needs_triton
 @pytest.mark.parametrize("spec", ["bn=64,w=4,tma=1,stages=4", "bn=128,w=4,tma=2,stages=6,red=4",
                                   "bn=128,w=8,tma=1,stages=3,bias=1", "bn=64,w=4,tma=2,tkb=2,stages=3"])
-def test_tma_kernel_on_cuda_with_ragged_n_and_split_k(spec):
+@pytest.mark.parametrize("G", [128, 256, -1])
+def test_tma_kernel_on_cuda_with_ragged_n_and_split_k(spec, G):
     """The TMA variant where N is not a multiple of BLOCK_N (the last tile's extra rows read the next
     block's words or TMA's zero fill and are masked at the store), with split-K and an uneven tail."""
     from salactl.runtime.ops.w4a16.layout import pack_tc
     from salactl.runtime.ops.w4a16.triton_tc import tc_config_from_spec, w4a16_tc
 
     gen = torch.Generator().manual_seed(5)
-    K, N, G = 1280, 336, 128                  # 10 K blocks; 336 = 21 row groups
+    K, N = 1280, 336                          # 10 K blocks; 336 = 21 row groups
+    group = K if G == -1 else G
     q = torch.randint(0, 16, (K, N), generator=gen)
-    s = (torch.rand(K // G, N, generator=gen) * 0.01 + 0.001).half()
-    w = ((q.float() - 8) * s.float()[torch.arange(K) // G]).t()
+    s = (torch.rand(K // group, N, generator=gen) * 0.01 + 0.001).half()
+    w = ((q.float() - 8) * s.float()[torch.arange(K) // group]).t()
     for M, split in ((1, 4), (5, 1), (16, 3)):     # split 4: 3+3+3+1 blocks (pairs: 4+4+2+0)
         x = torch.randn(M, K, generator=gen).bfloat16()
         cfg = tc_config_from_spec(f"{spec},split={split}", M, N, K)

@@ -148,6 +148,8 @@ def launch_tma(x, qweight, scales, y, ws, cnt, grid, split, neg_bias, group, cfg
         x = x.clone(memory_format=torch.contiguous_format)
     if not _aligned(scales) or scales.stride(-1) != 1:
         scales = scales.clone(memory_format=torch.contiguous_format)
+    if scales.shape[0] < cfg.tma_blocks:   # one group: keep the [2, BLOCK_N] box inside the tensor
+        scales = scales.repeat(cfg.tma_blocks, 1)
     x_desc = TensorDescriptor(x, [M, K], [x.stride(0), 1], [cfg.block_m, 128]) if tma_x else x
     s_desc = TensorDescriptor(scales, list(scales.shape), [scales.stride(0), 1], [cfg.tma_blocks, cfg.block_n])
     _w4a16_tma_kernel[grid](
