@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_engine_bench.py [--skip-1m] [--only decode,attention,...] [--breakdown]
         [--selection thresh_chunk=512,num_warps=4] [--skinny "32768x4096x16=64,128,4,4,1"]
+        [--gemv "32768x4096=16,512,8,3"] [--cases b1_ctx4096,b32_ctx4096]
 
 1. every GPU kernel against its reference on random inputs (runtime/gpu/selfcheck.py), and the
    whole engine against the reference Engine on sala-nano shapes;
@@ -33,7 +34,7 @@ import torch
 from timing import events_time, kernel_breakdown
 
 RESULTS: dict = {}
-ARGS = argparse.Namespace(breakdown=False)
+ARGS = argparse.Namespace(breakdown=False, cases="")
 OUT = Path(os.environ.get("OUT", "out"))
 
 
@@ -210,6 +211,8 @@ def decode(engine, model, ceil):
     for n, ctx, kw in ((1, 4096, dict(eager=True, profile=True, **bd)), (8, 4096, bd), (32, 4096, bd),
                        (1, 131072, bd), (1, 1 << 20, bd)):
         key = f"b{n}_ctx{ctx}"
+        if ARGS.cases and key not in ARGS.cases.split(","):
+            continue
         try:
             cases[key] = decode_case(engine, model, n, ctx, ceil, **kw)
         except Exception as e:
@@ -395,6 +398,10 @@ def main():
     ap.add_argument("--skinny", default="",
                     help="extra skinny-GEMM routes over gemv/skinny.py's SKINNY_CONFIGS, e.g. "
                          "32768x4096x16=64,128,4,4,1;4096x16384x32=64,128,4,4,2 (N x K x BM = BN,BK,warps,stages,split)")
+    ap.add_argument("--gemv", default="",
+                    help="extra batch-1 GEMV routes over gemv/triton.py's GEMV_CONFIGS, e.g. "
+                         "32768x4096=16,512,8,3 (N x K = BN,BK,warps,stages)")
+    ap.add_argument("--cases", default="", help="decode: only these cases, e.g. b1_ctx4096,b32_ctx4096")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     global OUT, ARGS
@@ -417,6 +424,14 @@ def main():
             key, cfg = entry.split("=")
             SKINNY_CONFIGS[tuple(int(v) for v in key.split("x"))] = tuple(int(v) for v in cfg.split(","))
         RESULTS["skinny_configs"] = {str(k): v for k, v in SKINNY_CONFIGS.items()}
+    if args.gemv:
+        from salactl.runtime.ops.gemv.triton import GEMV_CONFIGS, GEMV_SHAPES
+        for entry in filter(None, args.gemv.split(";")):
+            key, cfg = entry.split("=")
+            shape = tuple(int(v) for v in key.split("x"))
+            GEMV_CONFIGS[shape] = tuple(int(v) for v in cfg.split(","))
+            GEMV_SHAPES.add(shape)
+        RESULTS["gemv_configs"] = {str(k): v for k, v in GEMV_CONFIGS.items()}
     c = ceilings()
     ceil = c.get("copy_tb_s", 4.24)
     tflops = c.get("bf16_tflops", 790.0)
