@@ -14,10 +14,6 @@ never completes before any earlier one, and every earlier write is visible after
 The trigger comes right after the wait, so dependents are launched no earlier than this kernel's
 real start (and only once all its CTAs are resident: no starvation).
 
-Weight-streaming kernels may call `pdl_prefetch_rows` before the wait: weights are written by no
-kernel of the step, so an L2 prefetch of their first tiles is safe and overlaps the previous
-kernel's tail (`prefetch_tiles`: how many BK-wide tiles; measured default `PREFETCH_TILES`).
-
 `launch_args(device)` gives the two launch keywords (`PDL` constexpr and `launch_pdl`); off under
 the Triton interpreter, on GPUs before sm_90, and with SALACTL_PDL=0 (for A/B measurements).
 """
@@ -32,7 +28,6 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 _CAPABLE: dict[int, bool] = {}
-PREFETCH_TILES = 0
 
 
 def enabled(device: torch.device) -> bool:
@@ -52,27 +47,9 @@ def launch_args(device: torch.device) -> dict:
     return {"PDL": on, "launch_pdl": on}
 
 
-def prefetch_tiles(device: torch.device) -> int:
-    """How many weight tiles a kernel prefetches into L2 before its `pdl_wait` (0: none);
-    SALACTL_PDL_PREFETCH overrides the measured default."""
-    return int(os.environ.get("SALACTL_PDL_PREFETCH", PREFETCH_TILES)) if enabled(device) else 0
-
-
 @triton.jit
-def pdl_wait(PDL: tl.constexpr):
+def pdl_wait(PDL: tl.constexpr = False):
     """Call first in every program of a kernel launched with `launch_args` (see the module docstring)."""
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
-
-
-@triton.jit
-def pdl_prefetch_rows(w_ptr, rows, N, K, stride, COLS: tl.constexpr, PDL: tl.constexpr):
-    """Call before `pdl_wait`, for weights only (memory no earlier kernel writes): starts pulling
-    the first COLS columns of the 16-bit weight rows `rows` into L2 (one prefetch per 128-byte
-    line), so a weight-streaming kernel's first tiles load while the previous kernel finishes."""
-    if PDL and COLS > 0:
-        lines = tl.arange(0, COLS // 64) * 64
-        ptrs = w_ptr + tl.minimum(rows, N - 1)[:, None].to(tl.int64) * stride + tl.minimum(lines, K - 1)[None, :]
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\nmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                                  is_pure=False, pack=1)

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from salactl.runtime.ops.pdl import launch_args, pdl_prefetch_rows, pdl_wait, prefetch_tiles
+from salactl.runtime.ops.pdl import launch_args, pdl_wait
 
 KINDS = {"norm": 1, "norm_gate": 2, "glu": 3, "gate": 4}
 
@@ -54,13 +54,12 @@ CANDIDATE_CONFIGS = ((4, 1024, 4, 4), (8, 512, 4, 4), (16, 512, 8, 3), (32, 256,
 @triton.jit(do_not_specialize=["N"])       # N only masks rows: one compile for all row counts
 def _fold_gemv_kernel(x_ptr, x2_ptr, g_ptr, w_ptr, y_ptr, hout_ptr, N, K, stride_wn, scale, eps,
                       out_scale, BN: tl.constexpr, BK: tl.constexpr, KIND: tl.constexpr,
-                      HAS_DELTA: tl.constexpr, PDL: tl.constexpr = False, PF: tl.constexpr = 0):
+                      HAS_DELTA: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_wait(PDL)
     pid = tl.program_id(0)
     rn = pid * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
     nmask = rn < N
-    pdl_prefetch_rows(w_ptr, rn, N, K, stride_wn, PF * BK, PDL)
-    pdl_wait(PDL)
     DT = w_ptr.dtype.element_ty
     acc = tl.zeros((BN, BK), tl.float32)
     ss = tl.zeros((BK,), tl.float32)
@@ -117,6 +116,5 @@ def fold_gemv(kind: str, w: torch.Tensor, x: torch.Tensor, x2: torch.Tensor | No
     _fold_gemv_kernel[(triton.cdiv(N, bn),)](
         x, x2 if x2 is not None else x, gamma if gamma is not None else x, w, y, hout, N, K,
         w.stride(0), float(scale), float(eps), float(out_scale), BN=bn, BK=bk, KIND=KINDS[kind],
-        HAS_DELTA=has_delta, num_warps=warps, num_stages=stages, PF=prefetch_tiles(w.device),
-        **launch_args(w.device))
+        HAS_DELTA=has_delta, num_warps=warps, num_stages=stages, **launch_args(w.device))
     return (y, hout) if kind == "norm" else y

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from salactl.runtime.ops.gemv import skinny
-from salactl.runtime.ops.pdl import launch_args, pdl_prefetch_rows, pdl_wait, prefetch_tiles
+from salactl.runtime.ops.pdl import launch_args, pdl_wait
 
 # (BN rows per program, BK, num_warps, num_stages) per (N, K) weight shape routed to this kernel at
 # batch 1; other shapes use cuBLAS through F.linear. Measured on one H200 (commit 59939ab, graph over
@@ -32,13 +32,11 @@ CANDIDATE_CONFIGS = ((8, 512, 4, 4), (16, 256, 4, 4), (16, 512, 8, 3), (32, 256,
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr = False,
-                 PF: tl.constexpr = 0):
+def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_wait(PDL)
     rn = tl.program_id(0) * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
     nmask = rn < N
-    pdl_prefetch_rows(w_ptr, rn, N, K, stride_wn, PF * BK, PDL)
-    pdl_wait(PDL)
     acc = tl.zeros((BN, BK), tl.float32)
     for k0 in range(0, K, BK):
         kmask = k0 + rk < K
@@ -57,7 +55,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | N
     x = x.contiguous()
     y = torch.empty(1, N, device=x.device, dtype=x.dtype)
     _gemv_kernel[(triton.cdiv(N, bn),)](x, w, y, N, K, w.stride(0), BN=bn, BK=bk, num_warps=warps,
-                                        num_stages=stages, PF=prefetch_tiles(x.device), **launch_args(x.device))
+                                        num_stages=stages, **launch_args(x.device))
     return y
 
 
