@@ -58,6 +58,7 @@ import torch
 import triton
 import triton.language as tl
 
+from salactl.runtime.ops.pdl import launch_args, pdl_wait
 from salactl.runtime.ops.split_k import split_counters, store_split_k
 from salactl.runtime.ops.w4a16.layout import K_BLOCK, TC_ROWS
 
@@ -243,7 +244,8 @@ def _w4a16_tc_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stri
                      split_k, bias, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                      USE_ASM: tl.constexpr, DOT_F32: tl.constexpr, WARPS: tl.constexpr,
                      BIAS_DOT: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
-                     EVEN_N: tl.constexpr, RED: tl.constexpr):
+                     EVEN_N: tl.constexpr, RED: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_wait(PDL)
     # M and split_k stay specialised (M = 1 and split 1 compile apart): un-specialising them cost
     # 5-25% at M = 1 on the H200 (session 3: 4096x4096 7.55 -> 8.28 us, 16384x4096 15.7 -> 19.8 us)
     pid_n, pid_k, pid_m, offs_n, offs_m, n_mask, m_mask, kb0, kb1 = _tile_setup(M, N, K, split_k, BLOCK_N, BLOCK_M, 1)
@@ -464,7 +466,7 @@ def w4a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group
         USE_ASM=(not _INTERPRET) if use_asm is None else use_asm, DOT_F32=_INTERPRET,
         WARPS=cfg.num_warps, BIAS_DOT=cfg.bias_dot, UNROLL=cfg.unroll,
         PREFETCH=int(cfg.prefetch), EVEN_N=N % cfg.block_n == 0, RED=cfg.reduce, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        num_stages=cfg.num_stages, **launch_args(x.device))
     return y
 
 

@@ -46,6 +46,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from salactl.runtime.ops.pdl import launch_args, pdl_wait
 from salactl.runtime.ops.split_k import store_split_k
 from salactl.runtime.ops.w4a16.triton_tc import _mma_block, _tile_setup
 
@@ -81,7 +82,9 @@ def _x_block(x_ptr, x_desc, kb, pid_m, offs_m, m_mask, stride_xm, BLOCK_M: tl.co
 def _w4a16_tma_kernel(x_ptr, x_desc, qw_desc, s_desc, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym,
                       split_k, bias, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                       USE_ASM: tl.constexpr, DOT_F32: tl.constexpr, BIAS_DOT: tl.constexpr,
-                      STAGES: tl.constexpr, RED: tl.constexpr, TMA_X: tl.constexpr, KBP: tl.constexpr):
+                      STAGES: tl.constexpr, RED: tl.constexpr, TMA_X: tl.constexpr, KBP: tl.constexpr,
+                      PDL: tl.constexpr = False):
+    pdl_wait(PDL)
     pid_n, pid_k, pid_m, offs_n, offs_m, n_mask, m_mask, kb0, kb1 = _tile_setup(M, N, K, split_k, BLOCK_N, BLOCK_M,
                                                                                 KBP)
     NG = N // 16
@@ -156,4 +159,5 @@ def launch_tma(x, qweight, scales, y, ws, cnt, grid, split, neg_bias, group, cfg
         x, x_desc, word_descriptor(qweight, cfg.block_n, cfg.tma_blocks), s_desc, scales, y, ws, cnt, M, N, K,
         x.stride(0), y.stride(0), split, neg_bias, GROUP=group, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
         USE_ASM=use_asm, DOT_F32=dot_f32, BIAS_DOT=cfg.bias_dot, STAGES=cfg.num_stages, RED=cfg.reduce,
-        TMA_X=tma_x, KBP=cfg.tma_blocks, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        TMA_X=tma_x, KBP=cfg.tma_blocks, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **launch_args(x.device))
