@@ -38,18 +38,18 @@ _INTERPRETED_TC_CHECK = textwrap.dedent("""
              # TMA words (and scales; tma=2 activations too) in a num_stages-deep loop: split-K with an
              # odd tail, N not a multiple of BLOCK_N (the tile's extra rows are the next block's words),
              # small groups, two M tiles (rows >= M of the activation box are TMA's zero fill)
-             (128, torch.bfloat16, 1, TCConfig(16, 16, 1, bias_dot=False, num_stages=3, tma=1)),
-             (128, torch.bfloat16, 5, TCConfig(32, 16, 2, bias_dot=False, num_stages=4, reduce=2, tma=1)),
+             (128, torch.bfloat16, 1, TCConfig(64, 16, 1, bias_dot=False, num_stages=3, tma=1)),
+             (128, torch.bfloat16, 5, TCConfig(64, 16, 2, bias_dot=False, num_stages=4, reduce=2, tma=1)),
              (128, torch.float16, 3, TCConfig(64, 16, 1, bias_dot=True, num_stages=3, tma=2)),
-             (32, torch.bfloat16, 2, TCConfig(32, 16, 3, bias_dot=False, num_stages=2, tma=2)),
-             (-1, torch.bfloat16, 17, TCConfig(16, 16, 2, bias_dot=True, num_stages=3, tma=2)),
+             (32, torch.bfloat16, 2, TCConfig(64, 16, 3, bias_dot=False, num_stages=2, tma=2)),
+             (-1, torch.bfloat16, 17, TCConfig(64, 16, 2, bias_dot=True, num_stages=3, tma=2)),
              # two blocks per TMA copy (a trailing K: 6 blocks): splits rounded up to whole pairs (split 2:
              # 4 + 2 blocks; split 4: 2 + 2 + 2 + an empty split), groups of 384 that start inside a pair
-             (384, torch.bfloat16, 1, TCConfig(32, 16, 2, num_stages=3, tma=1, tma_blocks=2), 768),
+             (384, torch.bfloat16, 1, TCConfig(64, 16, 2, num_stages=3, tma=1, tma_blocks=2), 768),
              (128, torch.float16, 5, TCConfig(64, 16, 4, bias_dot=True, num_stages=2, reduce=2, tma=2, tma_blocks=2),
               768),
-             (32, torch.bfloat16, 3, TCConfig(16, 16, 1, num_stages=4, tma=2, tma_blocks=2), 768),
-             (-1, torch.bfloat16, 2, TCConfig(32, 16, 2, num_stages=3, tma=1, tma_blocks=2), 768)]
+             (32, torch.bfloat16, 3, TCConfig(64, 16, 1, num_stages=4, tma=2, tma_blocks=2), 768),
+             (-1, torch.bfloat16, 2, TCConfig(64, 16, 2, num_stages=3, tma=1, tma_blocks=2), 768)]
     for G, dt, M, cfg, *k in cases:
         K = k[0] if k else 384
         ng = 1 if G == -1 else K // G
@@ -110,15 +110,20 @@ def test_config_specs_give_the_split_unroll_and_tile_they_describe():
     assert (c.block_n, c.split_k, c.unroll, c.prefetch, c.num_stages, c.tma, c.tma_blocks) == (128, 2, 1, 0, 5, 2, 2)
     assert tc.tc_config_from_spec("tma=1,tkb=2", 1, 256, 384, 132).tma_blocks == 1     # 3 blocks: no pairs
     assert tc.tc_config_from_spec("bn=64", 1, 16384, 4096, 132).tma == 0
+    assert tc.tc_config_from_spec("bn=64,tma=1", 1, 48, 4096, 132).tma == 0        # BLOCK_N 32: no TMA
     with pytest.raises(ValueError):
         tc.parse_tc_spec("bn=64,unroll=2")
-    for bm, spec in tc.TC_DEFAULTS.items():
-        assert tc.default_tc_config(bm, 16384, 4096, 132) == tc.tc_config_from_spec(spec, bm, 16384, 4096, 132)
+    for bm, spec in tc.TC_DEFAULTS.items():       # 12288x4096: no per-shape default
+        assert tc.default_tc_config(bm, 12288, 4096, 132) == tc.tc_config_from_spec(spec, bm, 12288, 4096, 132)
+    for (n, k, bm), spec in tc.TC_SHAPE_DEFAULTS.items():
+        assert tc.default_tc_config(bm, n, k, 132) == tc.tc_config_from_spec(spec, bm, n, k, 132)
+    saved = dict(tc.TC_SHAPE_DEFAULTS)
     tc.TC_SHAPE_DEFAULTS[(16384, 4096, 16)] = "bn=128,w=4,un=1,pf=1,waves=3,fit=1,red=4"
     try:
         assert tc.default_tc_config(1, 16384, 4096, 132) == tc.TCConfig(128, 16, 3, 4, 1, False, 1, 1, 4)
     finally:
-        del tc.TC_SHAPE_DEFAULTS[(16384, 4096, 16)]
+        tc.TC_SHAPE_DEFAULTS.clear()
+        tc.TC_SHAPE_DEFAULTS.update(saved)
 
 
 def test_tensor_core_layout_round_trip_and_word_order(rng):
@@ -177,8 +182,8 @@ def test_w4a16_linear_on_cuda_matches_reference(G, M):
                                  "bn64 w4 fma un2 pf red8", "bn64 w4 fma un4 pf red2", "bn32 w2 fma un2 pf",
                                  "bn16 w1 fma un4", "bn64 w4 fma un2 pf2 red4", "bn128 w4 fma pf2",
                                  "bn128 w4 fma pf red4", "bn64 w4 fma tma1 st4", "bn64 w4 bias tma2 st3",
-                                 "bn128 w4 fma tma2 st6 red4", "bn128 w8 fma tma1 st5", "bn32 w4 fma tma2 st2",
-                                 "bn16 w1 fma tma1 st3", "bn64 w4 fma tma1 tkb2 st3",
+                                 "bn128 w4 fma tma2 st6 red4", "bn128 w8 fma tma1 st5", "bn64 w2 fma tma2 st2",
+                                 "bn128 w4 fma tma1 st3", "bn64 w4 fma tma1 tkb2 st3",
                                  "bn128 w4 fma tma2 tkb2 st3 red4"])
 @pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16])
 def test_tensor_core_kernel_inline_asm_on_cuda(cfg, dt):

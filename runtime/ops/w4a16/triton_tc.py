@@ -371,11 +371,20 @@ def tc_block_m(M: int) -> int:
 #   blocks per TMA copy (2 needs K/128 even, else 1).
 # Keyed by BLOCK_M (16 for M <= 16, 32, 64); TC_SHAPE_DEFAULTS[(N, K, BLOCK_M)] overrides one shape.
 TC_DEFAULTS: dict[int, str] = {
-    16: "bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4,red=1",
+    16: "bn=128,w=4,tma=1,stages=4,waves=2",
     32: "bn=64,w=4,bias=0,un=1,pf=0,stages=3,waves=4,red=1",
     64: "bn=64,w=4,bias=0,un=1,pf=0,stages=3,waves=4,red=1",
 }
-TC_SHAPE_DEFAULTS: dict[tuple[int, int, int], str] = {}
+# Session 6 (`python benchmarks/w4a16_bench.py --tma` at ad09115, H200, µs at M=1 / M=8, previous
+# default un4 in brackets): the TMA pipeline won every shape but o/q 4096x4096 (6.91 / 8.65, kept on
+# the register kernel): qkvz 16384x4096 14.82-15.18 / 15.18 (15.03 / 18.99), down 4096x16384 15.27 /
+# 16.85 (15.40 / 19.31), sparse q/k/v/o_gate 8704x4096 11.15 / 11.20 (11.59 / 12.24), gate+up
+# 32768x4096 23.68 / 23.59 (25.23 / 37.95).
+TC_SHAPE_DEFAULTS: dict[tuple[int, int, int], str] = {
+    (4096, 4096, 16): "bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4,red=1",
+    (16384, 4096, 16): "bn=128,w=4,tma=2,stages=4,waves=2",
+    (8704, 4096, 16): "bn=64,w=4,tma=1,tkb=2,stages=3,waves=4",
+}
 
 _SPEC_KEYS = {"bn": 64, "w": 4, "bias": 0, "un": 1, "pf": 0, "stages": 1, "waves": 4.0, "fit": 0, "split": 0,
               "red": 1, "tma": 0, "tkb": 1}
@@ -390,6 +399,11 @@ def parse_tc_spec(text: str) -> dict:
             raise ValueError(f"bad W4A16 config field {part!r}; fields: {', '.join(_SPEC_KEYS)}")
         spec[key] = float(val) if key == "waves" else int(val)
     return spec
+
+
+# The TMA variant needs BLOCK_N >= 64: on the H200 (Triton 3.6) BLOCK_N 16 (a 32-byte scale box) faulted
+# with a misaligned address; 64 and 128 are the measured ones. Narrower tiles use the register kernel.
+TMA_MIN_BLOCK_N = 64
 
 
 def tc_config_from_spec(spec: dict | str, M: int, N: int, K: int, sms: int = 132) -> TCConfig:
@@ -407,7 +421,7 @@ def tc_config_from_spec(spec: dict | str, M: int, N: int, K: int, sms: int = 132
     split = max(1, min(nkb, spec["split"] or (int(ctas) if spec["fit"] else round(ctas))))
     per_split = triton.cdiv(nkb, split)
     unroll = min(spec["un"], 4 if per_split >= 4 else 2 if per_split >= 2 else 1)
-    if spec["tma"]:                  # the TMA loop pipelines through shared memory: no unroll / prefetch
+    if spec["tma"] and bn >= TMA_MIN_BLOCK_N:   # the TMA loop pipelines through smem: no unroll / prefetch
         tkb = spec["tkb"] if nkb % spec["tkb"] == 0 else 1
         return TCConfig(bn, bm, split, spec["w"], spec["stages"], bool(spec["bias"]), 1, 0, spec["red"], spec["tma"],
                         tkb)
@@ -430,6 +444,8 @@ def default_tc_config(M: int, N: int, K: int, sms: int = 132) -> TCConfig:
       16.77 vs 17.98 (all un4); k/v M=1 5.91 vs 6.28, M=8 6.43 vs 6.70 (un1 st1).
     - BLOCK_M 32/64: 3 cp.async stages, unroll 1 (won for gate/up, down and k/v at M=32; qkv's
       10.48 with un2 st1 vs 10.78 is within 3%).
+    - Session 6: BLOCK_M 16 defaults to the TMA pipeline (BLOCK_N 128, 4 stages, 2 waves) except
+      4096x4096 (register kernel, un4) and the per-shape picks above (TC_SHAPE_DEFAULTS).
     """
     bm = tc_block_m(M)
     spec = TC_SHAPE_DEFAULTS.get((N, K, bm)) or TC_DEFAULTS[bm]
@@ -455,6 +471,7 @@ def w4a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group
     grid = (triton.cdiv(N, cfg.block_n), split, triton.cdiv(M, cfg.block_m))
     cnt = split_counters(x.device, grid[0] * grid[2])
     if cfg.tma:
+        assert cfg.block_n >= TMA_MIN_BLOCK_N, f"the TMA variant needs BLOCK_N >= {TMA_MIN_BLOCK_N}"
         from salactl.runtime.ops.w4a16.triton_tma import launch_tma
 
         launch_tma(x, qweight, scales, y, ws, cnt, grid, split, _NEG_BIAS[x.dtype], group, cfg,
