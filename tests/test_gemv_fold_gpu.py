@@ -86,7 +86,7 @@ def test_skinny_fold_candidates_on_uneven_shape():
     from salactl.runtime.ops.gemv.check import check_skinny_fold
 
     shapes = [(m, 100, 700, kind) for m in (3, 17, 64) for kind in SF.KINDS]
-    _assert_rows(check_skinny_fold("cuda", torch.bfloat16, shapes, configs=SF.CANDIDATE_CONFIGS))
+    _assert_rows(check_skinny_fold("cuda", torch.bfloat16, shapes, configs=SF.CANDIDATE_CONFIGS[:3] + SF.CANDIDATE_CONFIGS[-1:]))
 
 
 def test_engine_with_skinny_fold_matches_reference_engine(monkeypatch):

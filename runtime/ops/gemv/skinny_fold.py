@@ -5,9 +5,11 @@ At batch 8-32 the decode step runs a separate o_norm(o)·sigmoid(z) kernel (24 l
 o·sigmoid(o_gate) kernel (8 sparse layers) and then the skinny o_proj 4096x4096: 32 small kernels,
 their launch gaps, and a write + re-read of the [M, 4096] gated activations per step. Here the
 skinny kernel builds its xᵀ tile [BK, BM] from o, z (and γ) while the weights stream, so that
-kernel and its output round trip go away; each program reads o and z instead of x for its K range
-(twice the activation bytes from L2, ~0.5 MB per program at 32 rows next to its 0.5 MB of weights).
-No library has these fusions, hence hand-written.
+kernel and its output round trip go away; each program reads o and z instead of x for its K range:
+twice the activation bytes from L2 (o_proj at 32 rows with BN 64, split 2: 256 KB per program, as
+much as its weights; 32 MB over the 128 programs vs 16 MB for x). Taller tiles with more splits at
+the same program count (BN 128, split 4) halve that, hence such candidates. No library has these
+fusions, hence hand-written.
 
 - "gate":      y = W·round(o·round(sigmoid(g))): the xᵀ tile is exactly the sigmoid_gate kernel's
                output, so y is bit-identical to sigmoid_gate + skinny_linear with the same config.
@@ -19,7 +21,8 @@ No library has these fusions, hence hand-written.
 
 r_m needs Σ_K o_m² but with split-K a program sees 1/SPLIT of K. Two ways were weighed: every
 program re-reading its rows' whole o for the sum (an extra M·K·(1-1/SPLIT)·2 bytes from L2 per
-program: 128 KB at 32 rows, 16 MB over the 128 programs of o_proj, half the weight bytes), or
+program: 128 KB at 32 rows, 16 MB over the 128 programs of o_proj, half the weight bytes, and the
+sum's instructions for the whole K in every program), or
 each split summing the squares of the o it already loads (free: same registers) and the last
 split of a row tile, which already sums the fp32 partials (split_k.store_split_k), also summing
 the SPLIT partial sums of squares (BM floats each) and scaling before rounding. The second is
@@ -39,12 +42,20 @@ from salactl.runtime.ops.split_k import split_counters, store_split_k
 KINDS = {"norm_gate": 2, "gate": 4}          # the same codes as gemv.fused.KINDS
 
 # (N, K, BM, kind) -> (BN, BK, num_warps, num_stages, split), like skinny.SKINNY_CONFIGS; a key not
-# listed keeps the separate gate kernel + skinny GEMM. Session 6: the plain o_proj configs, not yet
-# measured with the fold on the H200 (benchmarks/skinny_gemm_bench.py --fold).
+# listed keeps the separate gate kernel + skinny GEMM. Session 6, not yet measured on the H200
+# (benchmarks/skinny_gemm_bench.py --fold prints the entries to paste here): the plain o_proj
+# tile with 8 warps instead of 4. Offline sm_90 compile (per warp and BK step of the K loop, BM 32):
+# the plain skinny kernel 142 instructions (cp.async -> smem -> wgmma), the fold with 4 warps
+# 603 ("gate") / 810 ("norm_gate": + γ, o², the extra rounding), with 8 warps 471 for
+# "norm_gate" (the xᵀ tile's elementwise work is split over twice the threads; 110 registers).
 FOLD_SKINNY_CONFIGS: dict[tuple[int, int, int, str], tuple[int, int, int, int, int]] = {
-    (4096, 4096, bm, kind): (64, 128, 4, 4, 2) for bm in (16, 32) for kind in KINDS}
-CANDIDATE_CONFIGS = ((64, 128, 4, 4, 2), (32, 128, 4, 4, 2), (64, 128, 4, 3, 2), (64, 128, 8, 4, 2),
-                     (32, 128, 4, 6, 2), (64, 128, 4, 4, 1), (32, 128, 4, 4, 1))
+    (4096, 4096, bm, kind): (64, 128, 8, 4, 2) for bm in (16, 32) for kind in KINDS}
+# Each program's prologue work and o/z reads are BM x K/split elements whatever BN: more warps cut
+# the work per thread, taller tiles with more splits at the same program count (BN 128, split 4)
+# cut both.
+CANDIDATE_CONFIGS = ((64, 128, 8, 4, 2), (64, 128, 4, 4, 2), (128, 128, 8, 3, 4), (128, 64, 4, 4, 4),
+                     (128, 128, 4, 3, 4), (64, 64, 4, 6, 2), (32, 128, 4, 4, 2), (64, 128, 8, 4, 1),
+                     (32, 128, 4, 4, 1))
 
 
 @triton.jit
