@@ -27,7 +27,8 @@ each split summing the squares of the o it already loads (free: same registers) 
 split of a row tile, which already sums the fp32 partials (split_k.store_split_k), also summing
 the SPLIT partial sums of squares (BM floats each) and scaling before rounding. The second is
 used (store_split_k's ROW_RMS). Which (N, K, BM, kind) fold and with which block shape is
-FOLD_SKINNY_CONFIGS, from benchmarks/skinny_gemm_bench.py --fold.
+FOLD_SKINNY_CONFIGS, from benchmarks/skinny_gemm_bench.py --fold. Launched with programmatic
+dependent launch where ops/pdl.py enables it (pdl_wait before the first global access).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import triton
 import triton.language as tl
 
 from salactl.runtime.ops.gemv.skinny import block_m, program_tile
+from salactl.runtime.ops.pdl import launch_args, pdl_wait
 from salactl.runtime.ops.split_k import split_counters, store_split_k
 
 KINDS = {"norm_gate": 2, "gate": 4}          # the same codes as gemv.fused.KINDS
@@ -61,7 +63,9 @@ CANDIDATE_CONFIGS = ((64, 128, 8, 4, 2), (64, 128, 4, 4, 2), (128, 128, 8, 3, 4)
 @triton.jit
 def _skinny_fold_kernel(o_ptr, z_ptr, g_ptr, w_ptr, y_ptr, ws_ptr, ss_ptr, cnt_ptr, M, N, K, stride_om,
                         stride_zm, stride_wn, stride_ym, split_k, eps,
-                        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, KIND: tl.constexpr):
+                        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, KIND: tl.constexpr,
+                        PDL: tl.constexpr = False):
+    pdl_wait(PDL)
     pid_n, pid_k, rn, rm, nmask, mmask, k_lo, k_hi = program_tile(M, N, K, split_k, BM, BN, BK)
     rk = tl.arange(0, BK)
     DT = w_ptr.dtype.element_ty
@@ -117,5 +121,6 @@ def skinny_fold_linear(kind: str, w: torch.Tensor, o: torch.Tensor, x2: torch.Te
     cnt = split_counters(w.device, grid[0])
     _skinny_fold_kernel[grid](o, x2, gamma if gamma is not None else o, w, y, ws, ss, cnt, M, N, K,
                               o.stride(0), x2.stride(0), w.stride(0), y.stride(0), split, float(eps),
-                              BM=bm, BN=bn, BK=bk, KIND=KINDS[kind], num_warps=warps, num_stages=stages)
+                              BM=bm, BN=bn, BK=bk, KIND=KINDS[kind], num_warps=warps, num_stages=stages,
+                              **launch_args(w.device))
     return y
