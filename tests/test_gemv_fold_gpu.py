@@ -1,7 +1,8 @@
 """The folded batch-1 GEMVs (runtime/ops/gemv/fused.py) on the GPU: every committed FOLD_CONFIGS
 entry at the real 9B shapes and the narrowest and widest candidate block shapes at an uneven shape, bf16 and fp32,
 against the plain-PyTorch references; and the fused sala-nano model with the folds on against the
-folds-off path and the reference Engine. Skipped without CUDA; CPU coverage is in
+folds-off path and the reference Engine; the skinny-GEMM gate folds (gemv/skinny_fold.py) at the
+committed shapes and in prefill / batched graph decode. Skipped without CUDA; CPU coverage is in
 test_gemv_fold_interpret.py."""
 
 import pytest

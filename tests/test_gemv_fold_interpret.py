@@ -1,6 +1,7 @@
 """The folded batch-1 GEMVs (runtime/ops/gemv/fused.py) on the CPU through Triton's interpreter
 (fp32, small shapes) against the plain-PyTorch references, and the fused model with every fold
-enabled against the reference Engine. Skipped without triton (CI) and on CUDA machines
+enabled against the reference Engine; the skinny GEMM with o_proj's gate folded in (gemv/skinny_fold.py,
+2-64 rows) against the separate kernels + skinny GEMM and in the engine. Skipped without triton (CI) and on CUDA machines
 (tests/test_gemv_fold_gpu.py covers those)."""
 
 import os
