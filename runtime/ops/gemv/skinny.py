@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from salactl.runtime.ops.pdl import launch_args, pdl_wait
 from salactl.runtime.ops.split_k import split_counters, store_split_k
 
 # (BN, BK, num_warps, num_stages, split) per (N, K, BM) routed here; every other shape uses cuBLAS.
@@ -55,7 +56,8 @@ def program_tile(M, N, K, split_k, BM: tl.constexpr, BN: tl.constexpr, BK: tl.co
 
 @triton.jit
 def _skinny_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_wn, stride_ym, split_k,
-                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_wait(PDL)
     pid_n, pid_k, rn, rm, nmask, mmask, k_lo, k_hi = program_tile(M, N, K, split_k, BM, BN, BK)
     rk = tl.arange(0, BK)
     acc = tl.zeros((BN, BM), tl.float32)
@@ -82,7 +84,8 @@ def skinny_linear(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int,
     grid = (triton.cdiv(N, bn), split)
     cnt = split_counters(x.device, grid[0])
     _skinny_kernel[grid](x, w, y, ws, cnt, M, N, K, x.stride(0), w.stride(0), y.stride(0), split,
-                         BM=block_m(M), BN=bn, BK=bk, num_warps=warps, num_stages=stages)
+                         BM=block_m(M), BN=bn, BK=bk, num_warps=warps, num_stages=stages,
+                         **launch_args(x.device))
     return y
 
 
