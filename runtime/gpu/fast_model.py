@@ -15,9 +15,6 @@ unchanged) so that a forward call does the same math with far fewer kernel launc
   projection's GEMV instead (one kernel fewer each; the norms differ from the reference by
   rounding only). The pending add + norm travels as a NormInput from the layer loop to the
   projection that consumes it.
-- at 2-64 rows, when `model.fold_into_skinny` (default: env SALACTL_SKINNY_FOLD, on) and
-  gemv.skinny_fold.FOLD_SKINNY_CONFIGS lists the shape, o_norm · sigmoid(z) and o · sigmoid(o_gate)
-  run inside o_proj's skinny GEMM instead.
 The attention math still goes through batch.backend, like the reference layers.
 """
 
@@ -34,7 +31,6 @@ from salactl.runtime.layers.model import SalaForCausalLM
 from salactl.runtime.layers.sparse_attention import SparseAttention
 from salactl.runtime.ops.fused import triton as fused
 from salactl.runtime.ops.gemv import fused as fold
-from salactl.runtime.ops.gemv import skinny_fold
 from salactl.runtime.ops.gemv.triton import linear as dense_linear
 
 
@@ -167,14 +163,8 @@ def _out_proj(x, module):
 
 def _out_proj_folded(kind: str, fold_on: bool, module, x, x2=None, gamma=None, eps=0.0):
     """o_proj / down_proj with the op producing its input (`kind`, see gemv.fused) folded into its
-    batch-1 GEMV, or for 2-64 rows o_proj's gate into the skinny GEMM (gemv.skinny_fold); None
-    when it cannot be (the caller runs the separate kernel)."""
+    batch-1 GEMV; None when it cannot be (the caller runs the separate kernel)."""
     w = module.weight if _plain(module) else None
-    if fold_on and w is not None and x.shape[0] > 1:
-        cfg = skinny_fold.fold_config(kind, x.shape[0], w) if kind in skinny_fold.KINDS else None
-        if cfg is None or x.stride(-1) != 1 or x2.stride(-1) != 1:
-            return None
-        return skinny_fold.skinny_fold_linear(kind, w, x, x2, gamma, eps=eps, config=cfg)
     cfg = _fold_config(fold_on, x, w, kind)
     if cfg is None or x.stride(-1) != 1:
         return None
@@ -256,14 +246,12 @@ class FusedSparseAttention(SparseAttention):
 
 class FusedSalaForCausalLM(SalaForCausalLM):
     fold_into_gemv = True
-    fold_into_skinny = True
 
     def _final_input(self, input_ids, batch) -> NormInput:
         """Every layer; returns the final norm's pending input."""
         cfg = self.config
         rs = cfg.residual_scale
-        rows = input_ids.shape[0]
-        fold_on = self.fold_into_gemv if rows == 1 else self.fold_into_skinny and rows <= 64
+        fold_on = self.fold_into_gemv and input_ids.shape[0] == 1
         h = self.model.embed_tokens(input_ids) * cfg.scale_emb
         delta = None
         for layer in self.model.layers:
@@ -304,6 +292,4 @@ def fuse_model(model: SalaForCausalLM) -> SalaForCausalLM:
     model.__class__ = FusedSalaForCausalLM
     if "fold_into_gemv" not in model.__dict__:
         model.fold_into_gemv = os.environ.get("SALACTL_GEMV_FOLD", "1") != "0"
-    if "fold_into_skinny" not in model.__dict__:
-        model.fold_into_skinny = os.environ.get("SALACTL_SKINNY_FOLD", "1") != "0"
     return model

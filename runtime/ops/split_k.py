@@ -26,25 +26,16 @@ def split_counters(device: torch.device, n: int) -> torch.Tensor:
 
 @triton.jit
 def store_split_k(acc, y_ptr, ws_ptr, cnt_ptr, tile, pid_k, split_k, offs_m, offs_n, mask, M, N, stride_ym,
-                  RED: tl.constexpr, ss=0.0, ss_ptr=None, inv_k=1.0, eps=0.0, ROW_RMS: tl.constexpr = False):
+                  RED: tl.constexpr):
     """Write acc [BN, BM] (rows offs_n, columns offs_m of y, i.e. yᵀ) to y, through the workspace
     [split_k, M, N] fp32 and ticket `tile` when split_k > 1. RED > 1: the last split loads RED
-    partials per instruction (all in flight at once, not one L2 round trip each).
-    ROW_RMS (the skinny GEMM with an RMSNorm folded in, gemv/skinny_fold.py): ss [BM] is this
-    split's partial sum of squares per row (column of acc); y column m is scaled by
-    rsqrt(Σ_splits ss[m] · inv_k + eps) before rounding. The partials go through ss_ptr
-    [tiles, split_k, BM] fp32 (per tile, so the tile's ticket orders them) and are summed in
-    split order by the last split."""
+    partials per instruction (all in flight at once, not one L2 round trip each)."""
     y_off = offs_m[None, :] * stride_ym + offs_n[:, None]
     if split_k == 1:
-        if ROW_RMS:
-            acc = acc * tl.rsqrt(ss * inv_k + eps)[None, :]
         tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=mask)
     else:
         w_off = offs_m[None, :] * N + offs_n[:, None]
         tl.store(ws_ptr + pid_k * M * N + w_off, acc, mask=mask)
-        if ROW_RMS:
-            tl.store(ss_ptr + (tile * split_k + pid_k) * acc.shape[1] + offs_m, ss)
         tl.debug_barrier()
         if tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel") == split_k - 1:
             total = tl.zeros(acc.shape, tl.float32)
@@ -58,10 +49,5 @@ def store_split_k(acc, y_ptr, ws_ptr, cnt_ptr, tile, pid_k, split_k, offs_m, off
                     part = tl.load(ws_ptr + (sk0 + sks)[:, None, None] * (M * N) + w_off[None, :, :],
                                    mask=live[:, None, None] & mask[None, :, :], other=0.0, cache_modifier=".cg")
                     total += tl.sum(part, axis=0)
-            if ROW_RMS:
-                ss_all = tl.zeros(offs_m.shape, tl.float32)
-                for sk in range(0, split_k):
-                    ss_all += tl.load(ss_ptr + (tile * split_k + sk) * acc.shape[1] + offs_m, cache_modifier=".cg")
-                total = total * tl.rsqrt(ss_all * inv_k + eps)[None, :]
             tl.store(y_ptr + y_off, total.to(y_ptr.dtype.element_ty), mask=mask)
             tl.atomic_xchg(cnt_ptr + tile, 0)

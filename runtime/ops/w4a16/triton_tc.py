@@ -371,7 +371,7 @@ def tc_block_m(M: int) -> int:
 #   blocks per TMA copy (2 needs K/128 even, else 1).
 # Keyed by BLOCK_M (16 for M <= 16, 32, 64); TC_SHAPE_DEFAULTS[(N, K, BLOCK_M)] overrides one shape.
 TC_DEFAULTS: dict[int, str] = {
-    16: "bn=128,w=4,tma=1,stages=4,waves=2",
+    16: "bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4,red=1",
     32: "bn=64,w=4,bias=0,un=1,pf=0,stages=3,waves=4,red=1",
     64: "bn=64,w=4,bias=0,un=1,pf=0,stages=3,waves=4,red=1",
 }
@@ -379,11 +379,12 @@ TC_DEFAULTS: dict[int, str] = {
 # default un4 in brackets): the TMA pipeline won every shape but o/q 4096x4096 (6.91 / 8.65, kept on
 # the register kernel): qkvz 16384x4096 14.82-15.18 / 15.18 (15.03 / 18.99), down 4096x16384 15.27 /
 # 16.85 (15.40 / 19.31), sparse q/k/v/o_gate 8704x4096 11.15 / 11.20 (11.59 / 12.24), gate+up
-# 32768x4096 23.68 / 23.59 (25.23 / 37.95).
+# 32768x4096 23.68 / 23.59 (25.23 / 37.95). Shapes the sweep did not time keep the register kernel.
 TC_SHAPE_DEFAULTS: dict[tuple[int, int, int], str] = {
-    (4096, 4096, 16): "bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4,red=1",
     (16384, 4096, 16): "bn=128,w=4,tma=2,stages=4,waves=2",
+    (4096, 16384, 16): "bn=128,w=4,tma=1,stages=4,waves=2",
     (8704, 4096, 16): "bn=64,w=4,tma=1,tkb=2,stages=3,waves=4",
+    (32768, 4096, 16): "bn=128,w=4,tma=1,stages=4,waves=2",
 }
 
 _SPEC_KEYS = {"bn": 64, "w": 4, "bias": 0, "un": 1, "pf": 0, "stages": 1, "waves": 4.0, "fit": 0, "split": 0,
@@ -444,8 +445,8 @@ def default_tc_config(M: int, N: int, K: int, sms: int = 132) -> TCConfig:
       16.77 vs 17.98 (all un4); k/v M=1 5.91 vs 6.28, M=8 6.43 vs 6.70 (un1 st1).
     - BLOCK_M 32/64: 3 cp.async stages, unroll 1 (won for gate/up, down and k/v at M=32; qkv's
       10.48 with un2 st1 vs 10.78 is within 3%).
-    - Session 6: BLOCK_M 16 defaults to the TMA pipeline (BLOCK_N 128, 4 stages, 2 waves) except
-      4096x4096 (register kernel, un4) and the per-shape picks above (TC_SHAPE_DEFAULTS).
+    - Session 6: at BLOCK_M 16 the engine's fused projections except 4096x4096 use the TMA
+      pipeline (TC_SHAPE_DEFAULTS); every other shape keeps the register kernel.
     """
     bm = tc_block_m(M)
     spec = TC_SHAPE_DEFAULTS.get((N, K, bm)) or TC_DEFAULTS[bm]
