@@ -34,6 +34,11 @@ Offline sm_90 SASS of the loop per 64 weights and thread (default un4: 164): BLO
 block-wide bar.syncs around each TMA issue, and descriptor / MMA address work (benchmarks/
 w4a16_bench.py TMA_GRID lists the specs with registers and shared memory).
 
+Measured on the H200 (BENCHMARKS.md, W4A16 session 6): faster than the register kernel on the
+engine's 8704/16384/32768-row and 4096x16384 projections (most at M=8, where the register kernel
+runs out of registers for loads in flight), so triton_tc.TC_SHAPE_DEFAULTS routes those here;
+BLOCK_N 16 faulted (misaligned address), hence TMA_MIN_BLOCK_N = 64.
+
 The descriptors are built per call on the host (no sync: CUDA-graph capturable; the launcher
 encodes them at launch). `tl.range` over tensor bounds does not run in triton 3.6's interpreter
 (3.9's does). Import lazily: CPU-only installs have no triton.
