@@ -48,7 +48,7 @@ def launch_args(device: torch.device) -> dict:
 
 
 @triton.jit
-def pdl_wait(PDL: tl.constexpr = False):
+def pdl_wait(PDL: tl.constexpr):
     """Call first in every program of a kernel launched with `launch_args` (see the module docstring)."""
     if PDL:
         gdc_wait()

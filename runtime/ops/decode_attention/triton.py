@@ -304,7 +304,8 @@ def paged_attention(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=
 @triton.jit
 def _store_kv_kernel(k_ptr, v_ptr, kp_ptr, vp_ptr, pt_ptr, slot_ptr, seqlen_ptr,
                      s_kn, s_kh, s_vn, s_vh, s_p, s_h, s_pt, ks_ptr, vs_ptr,
-                     BS: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr, PDL: tl.constexpr = False):
+                     BS: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr,
+                     PDL: tl.constexpr = False):
     pdl_wait(PDL)
     r = tl.program_id(0)
     h = tl.program_id(1)

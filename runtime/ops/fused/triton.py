@@ -84,7 +84,8 @@ def qk_norm_rope(q, k, wq, wk, cos, sin, eps: float):
     qo = torch.empty(n, H, D, device=q.device, dtype=q.dtype)
     ko = torch.empty_like(qo)
     _qk_norm_rope_kernel[(n, H, 2)](q, k, wq, wk, cos, sin, qo, ko, q.stride(0), q.stride(1),
-                                    k.stride(0), k.stride(1), cos.stride(0), H, float(eps), D=D, **launch_args(q.device),
+                                    k.stride(0), k.stride(1), cos.stride(0), H, float(eps), D=D,
+                                    **launch_args(q.device),
                                     num_warps=1)
     return qo, ko
 
