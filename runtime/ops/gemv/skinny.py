@@ -43,23 +43,19 @@ def block_m(m: int) -> int:
 
 
 @triton.jit
-def program_tile(M, N, K, split_k, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    """This program's weight rows rn, x rows rm, their masks and its K range [k_lo, k_hi)."""
+def _skinny_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_wn, stride_ym, split_k,
+                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_wait(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BN + tl.arange(0, BN)
     rm = tl.arange(0, BM)
+    rk = tl.arange(0, BK)
+    nmask = rn < N
+    mmask = rm < M
     per = tl.cdiv(tl.cdiv(K, BK), split_k) * BK
     k_lo = pid_k * per
-    return pid_n, pid_k, rn, rm, rn < N, rm < M, k_lo, tl.minimum(k_lo + per, K)
-
-
-@triton.jit
-def _skinny_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_wn, stride_ym, split_k,
-                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr = False):
-    pdl_wait(PDL)
-    pid_n, pid_k, rn, rm, nmask, mmask, k_lo, k_hi = program_tile(M, N, K, split_k, BM, BN, BK)
-    rk = tl.arange(0, BK)
+    k_hi = tl.minimum(k_lo + per, K)
     acc = tl.zeros((BN, BM), tl.float32)
     for k0 in range(k_lo, k_hi, BK):
         kmask = k0 + rk < K

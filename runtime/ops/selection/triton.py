@@ -22,6 +22,7 @@ import triton.language as tl
 
 from salactl.runtime.ops.pdl import pdl_wait
 
+
 @triton.jit
 def _compress_kernel(k_ptr, k1_ptr, pt_ptr, slot_ptr, start_ptr, count_ptr,
                      s_kp, s_kh, s_1p, s_1h, s_pt, ks_ptr,
