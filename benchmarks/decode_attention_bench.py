@@ -73,13 +73,14 @@ class Case:
         self.pools = {}
 
     def pool(self, dt):
+        from salactl.runtime.ops.decode_attention.reference import pack_v_pages
         if dt not in self.pools:
             if DTYPES[dt] is None:
                 self.pools[dt] = (self.kp, self.vp)
             else:
                 ks, vs = self.scales[dt]
                 self.pools[dt] = ((self.kp.float() / ks[None, :, None, None]).to(DTYPES[dt]),
-                                  (self.vp.float() / vs[None, :, None, None]).to(DTYPES[dt]))
+                                  pack_v_pages((self.vp.float() / vs[None, :, None, None]).to(DTYPES[dt])))
         return self.pools[dt]
 
     def kv_bytes(self, dt) -> int:

@@ -24,8 +24,9 @@ def test_engine_with_flex_sparse_prefill_matches_reference_engine(monkeypatch):
     monkeypatch.setattr(flex_sparse, "SPARSE_PREFILL_DEFAULT", "flex")
     monkeypatch.setattr(flex_sparse, "FLEX_FOLD", True)
     cuda = torch.cuda.is_available()
-    model = micro_model(torch.bfloat16 if cuda else torch.float32)
-    rows = S.check_model(model, "cuda" if cuda else "cpu", prompt_len=58, decode_steps=1, chunk=24,
+    device = "cuda" if cuda else "cpu"
+    model = micro_model(torch.bfloat16 if cuda else torch.float32).to(device)
+    rows = S.check_model(model, device, prompt_len=58, decode_steps=1, chunk=24,
                          tol=2e-2 if cuda else 1e-4)
     bad = [r for r in rows if not r[1] <= r[2]]
     assert not bad, bad

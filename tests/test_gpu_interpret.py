@@ -188,6 +188,21 @@ def test_engine_dense_and_sparse_match_reference_engine():
     _assert_rows(S.check_model(micro_model(), "cpu", prompt_len=58, decode_steps=2, chunk=24, tol=1e-4))
 
 
+@pytest.mark.parametrize("kv", ["fp8_e4m3", "fp8_e5m2"])
+def test_engine_with_fp8_kv_matches_reference_engine(kv):
+    """FP8 pages (token-minor V) through store, dense prefill over a cached prefix, sparse
+    prefill and decode (interpreter fp8 rounding differs a little from torch's: looser tol)."""
+    from salactl.runtime.gpu.selfcheck import check_model
+
+    model = micro_model()
+    for i in model.config.sparse_layers:
+        model.model.layers[i].self_attn.register_buffer("k_scale", torch.tensor(0.01))
+        model.model.layers[i].self_attn.register_buffer("v_scale", torch.tensor([0.004, 0.006]))
+    rows = check_model(model, "cpu", prompt_len=58, decode_steps=2, chunk=24, tol=5e-2, kv_cache_dtype=kv)
+    bad = [r for r in rows if not r[1] <= r[2]]
+    assert not bad, rows
+
+
 def test_continuous_batching_equals_one_at_a_time():
     """Queued requests, shared prefill chunks, mixed dense/sparse decode rows and per-request
     stop conditions give each request the tokens it gets alone."""

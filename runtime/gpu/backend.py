@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from salactl.runtime.config import SalaConfig
 from salactl.runtime.ops.attention import flex_sparse
+from salactl.runtime.ops.decode_attention.reference import v_rows
 from salactl.runtime.ops.decode_attention.triton import choose_splits, paged_attention, store_kv
 from salactl.runtime.ops.gla.triton import gla_decode_, gla_prefill_
 from salactl.runtime.ops.selection import num_windows
@@ -157,8 +158,8 @@ class GPUBackend:
             p, B = self.pools, self.config.sparse_config.block_size
             L = p0 + nd
             pages = p.page_table[slot, :math.ceil(L / B)].long()
-            kh, vh = (self._gather(pool[li], pages, L, scale, q.dtype)
-                      for pool, scale in ((p.k, p.k_scale[li]), (p.v, p.v_scale[li])))
+            kh, vh = (self._gather(pool, pages, L, scale, q.dtype)
+                      for pool, scale in ((p.k[li], p.k_scale[li]), (v_rows(p.v[li]), p.v_scale[li])))
             mask = (torch.arange(L, device=q.device)[None, :]
                     <= (p0 + torch.arange(nd, device=q.device))[:, None])
             g = q.shape[1] // kh.shape[1]          # masked SDPA kernels take no GQA: expand heads

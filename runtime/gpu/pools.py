@@ -19,6 +19,7 @@ import torch
 
 from salactl.errors import CapacityError
 from salactl.runtime.config import SalaConfig
+from salactl.runtime.ops.decode_attention.reference import v_token_minor
 
 
 class IdAllocator:
@@ -122,7 +123,10 @@ class CachePools:
         ls, P = len(config.sparse_layers), plan.pages + 1
         self.trash_page, self.trash_slot = plan.pages, plan.slots
         self.k = torch.zeros(ls, P, hkv, sc.block_size, d, device=device, dtype=self.kv_dtype)
-        self.v = torch.zeros_like(self.k)
+        if v_token_minor(self.kv_dtype):
+            self.v = torch.zeros(ls, P, hkv, d, sc.block_size, device=device, dtype=self.kv_dtype)
+        else:
+            self.v = torch.zeros_like(self.k)
         self.k1 = torch.zeros(ls, P, hkv, sc.block_size // sc.kernel_stride, d, device=device, dtype=act_dtype)
         h, dk = config.lightning_nh, config.lightning_head_dim
         self.state = torch.zeros(len(config.lightning_layers), plan.slots + 1, h, dk, dk,

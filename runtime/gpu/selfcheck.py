@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from salactl.runtime.config import SparseConfig
+from salactl.runtime.ops.decode_attention.reference import pack_v_pages, v_rows
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ def check_decode_attention(device, dtype, sh: Shapes = Shapes(), fp8: bool = Fal
     ks = vs = 1.0
     if fp8:
         ks, vs = 0.02, 0.03
-        kp, vp = (kp.float() / ks).to(torch.float8_e4m3fn), (vp.float() / vs).to(torch.float8_e4m3fn)
+        kp, vp = (kp.float() / ks).to(torch.float8_e4m3fn), pack_v_pages((vp.float() / vs).to(torch.float8_e4m3fn))
     slots = torch.tensor([2, 0, 1, 2], dtype=torch.int32, device=device)
     seq = torch.tensor([lens[2], lens[0], lens[1], 2 * B + 3], dtype=torch.int32, device=device)
     q = torch.randn(4, sh.hq, sh.d, device=device).to(dtype)
@@ -131,12 +132,13 @@ def check_store_kv(device, dtype, sh: Shapes = Shapes(), fp8=None) -> list:
     ks = torch.rand(sh.hkv, device=device) + 0.01
     vs = torch.rand(sh.hkv, device=device) + 0.01
     if fp8 is not None:
-        kp, vp = kp.to(fp8), vp.to(fp8)
+        kp, vp = kp.to(fp8), pack_v_pages(vp.to(fp8))
     slots = torch.tensor([1, 0, 0], dtype=torch.int32, device=device)
     seq = torch.tensor([sh.block + 2, 1, 3 * sh.block], dtype=torch.int32, device=device)
     k, v = (torch.randn(3, sh.hkv, sh.d, device=device).to(dtype) * 300 for _ in range(2))
     kp2, vp2 = kp.clone(), vp.clone()
     store_kv(kp2, vp2, k, v, pt, slots, seq, ks, vs)
+    vp, vp2 = v_rows(vp), v_rows(vp2)              # compare V as [.., B, D] rows
     exp_k, exp_v = kp.clone(), vp.clone()
     for i in range(3):
         t = int(seq[i]) - 1
@@ -235,20 +237,23 @@ def check_fused(device, dtype) -> list:
 
 
 def check_model(model, device, prompt_len: int, decode_steps: int = 3, chunk: int = 128,
-                cuda_graph: bool = False, tol: float = 1e-2, seed: int = 0) -> list:
+                cuda_graph: bool = False, tol: float = 1e-2, seed: int = 0,
+                kv_cache_dtype: str = "bf16") -> list:
     """The GPU engine (fused model, paged caches, GPU backend) against the reference Engine on
-    the same weights: last-token logits after a chunked prefill and after teacher-forced decode."""
+    the same weights: last-token logits after a chunked prefill and after teacher-forced decode
+    (both with `kv_cache_dtype` KV caches)."""
     from salactl.runtime.engine import Engine
     from salactl.runtime.gpu.engine import GPUEngine
+    from salactl.runtime.kv_fp8 import fp8_dtype
 
     g = torch.Generator().manual_seed(seed)
     cfg = model.config
     prompt = torch.randint(0, cfg.vocab_size, (prompt_len,), generator=g).tolist()
     feed = torch.randint(0, cfg.vocab_size, (decode_steps,), generator=g).tolist()
-    ref = Engine(copy.deepcopy(model), device, chunk_size=chunk)
+    ref = Engine(copy.deepcopy(model), device, chunk_size=chunk, kv_cache_dtype=kv_cache_dtype)
     eng = GPUEngine(model, device, max_running_requests=2, chunk_size=chunk,
                     kv_tokens=prompt_len + decode_steps + 2 * cfg.sparse_config.block_size,
-                    cuda_graph=cuda_graph)
+                    cuda_graph=cuda_graph, kv_dtype=fp8_dtype(kv_cache_dtype))
     seq = ref.new_sequence()
     r_logits = [ref.prefill(seq, prompt)[-1]]
     for t in feed:
@@ -262,7 +267,7 @@ def check_model(model, device, prompt_len: int, decode_steps: int = 3, chunk: in
     g_logits.append(last[0])
     for i, t in enumerate(feed):
         g_logits.append(eng.runner.decode([(slot, t, prompt_len + i)])[0])
-    tag = f"model(prompt={prompt_len}, graph={cuda_graph})"
+    tag = f"model(prompt={prompt_len}, graph={cuda_graph}, kv={kv_cache_dtype})"
     out = [(f"{tag}.prefill_logits", rel_err(g_logits[0], r_logits[0]), tol)]
     out += [(f"{tag}.decode{i}_logits", rel_err(a, b), tol) for i, (a, b) in enumerate(zip(g_logits[1:], r_logits[1:]))]
     return out

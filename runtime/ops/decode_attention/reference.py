@@ -1,7 +1,11 @@
 """Paged decode attention, plain PyTorch (the contract for the Triton kernel beside it).
 
-Pools are head-major pages: k_pages, v_pages [num_pages, Hkv, B, D] (bf16, fp32 or FP8 with a
-fp32 scale per layer, scalar or per KV head). A query row n (one token, Hq heads) belongs to the sequence in slot
+Pools are head-major pages: k_pages [num_pages, Hkv, B, D] (bf16, fp32 or FP8 with a fp32 scale
+per layer, scalar or per KV head) and v_pages of the same shape, except that FP8 V pages are
+token-minor, [num_pages, Hkv, D, B] (`v_token_minor`): the decode kernel's P·V MMA contracts over
+tokens and needs token pairs in one register; 16-bit pages get them from a transposing ldmatrix,
+which does not exist for 8-bit data, so FP8 V is stored transposed instead (the sm_90 SASS of the
+kernel otherwise gathers V from shared memory one byte at a time). A query row n (one token, Hq heads) belongs to the sequence in slot
 `slots[n]` whose logical block b lives in page `page_table[slot, b]`; it sees the keys at
 positions < seq_lens[n]. Each (row, KV head) attends either all its blocks (dense) or, when
 seq_lens[n] >= dense_len, only `block_ids[n, h, :num_blocks[n, h]]` (sparse). Computed in fp32;
@@ -13,6 +17,21 @@ from __future__ import annotations
 import math
 
 import torch
+
+
+def v_token_minor(dtype) -> bool:
+    """Whether V pages of this dtype are stored [.., D, B] (FP8) rather than [.., B, D]."""
+    return torch.empty(0, dtype=dtype).element_size() == 1
+
+
+def pack_v_pages(v_pages: torch.Tensor) -> torch.Tensor:
+    """[.., B, D] V pages -> the stored layout of their dtype."""
+    return v_pages.transpose(-1, -2).contiguous() if v_token_minor(v_pages.dtype) else v_pages
+
+
+def v_rows(v_pages: torch.Tensor) -> torch.Tensor:
+    """Stored V pages -> a [.., B, D] view (no copy)."""
+    return v_pages.transpose(-1, -2) if v_token_minor(v_pages.dtype) else v_pages
 
 
 def paged_attention(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=None,
@@ -35,7 +54,7 @@ def paged_attention(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=
                 blocks = list(range(math.ceil(L / B)))
             pages = page_table[slot, blocks].long()
             keys = k_pages[pages, h].float().reshape(-1, d) * ks[h]     # [nb·B, d]
-            vals = v_pages[pages, h].float().reshape(-1, d) * vs[h]
+            vals = v_rows(v_pages)[pages, h].float().reshape(-1, d) * vs[h]
             pos = (torch.tensor(blocks, device=q.device)[:, None] * B
                    + torch.arange(B, device=q.device)[None, :]).reshape(-1)
             scores = q[i, h * g:(h + 1) * g].float() @ keys.T * sm_scale       # [g, nb·B]

@@ -8,7 +8,9 @@ row's list with an fp32 online softmax and writes (o, lse); a second kernel merg
 log-sum-exp. The last partial page is masked by the row's sequence length. FP8 (e4m3/e5m2) pages
 are converted in the kernel (exactly, to fp16: the MMA then runs in fp16 with the query rounded
 to fp16 once, which has more mantissa than bf16) and their per-head fp32 scales multiply the
-scores (K) and the output (V), so no per-element scaling is done. Reference: reference.py beside this.
+scores (K) and the output (V), so no per-element scaling is done. FP8 V pages are token-minor
+(reference.py says why): offline sm_90 SASS of one page's step went from 939 to 739 instructions
+per thread, the 128 one-byte shared loads of V gone. Reference: reference.py beside this.
 
 How many splits, warps and stages the split kernel runs with comes from DEFAULT_CONFIGS (per KV
 dtype), set from benchmarks/decode_attention_bench.py. A multi-page variant (2-4 pages per
@@ -33,11 +35,12 @@ DENSE_ONLY = 2 ** 31 - 1
 
 
 @triton.jit
-def _attend_page(q, k_ptr, v_ptr, base, tile, tok, nvalid, qk_scale, m, l, acc,
+def _attend_page(q, k_ptr, v_ptr, base, tile, vtile, tok, nvalid, qk_scale, m, l, acc,
                  FP8: tl.constexpr, DOT_F32: tl.constexpr):
-    """One page's online-softmax step: tokens tok >= nvalid are masked out."""
+    """One page's online-softmax step: tokens tok >= nvalid are masked out. tile / vtile: the
+    [BS, D] element offsets of a K / V page (vtile transposed for token-minor FP8 V pages)."""
     kt = tl.load(k_ptr + base + tile)
-    vt = tl.load(v_ptr + base + tile)
+    vt = tl.load(v_ptr + base + vtile)
     if FP8:               # exact fp8 -> fp16/fp32; the scales act on scores and output
         kt = kt.to(q.dtype)
         vt = vt.to(q.dtype)
@@ -95,13 +98,16 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
     l = tl.zeros([BG], tl.float32)
     acc = tl.zeros([BG, D], tl.float32)
     tile = tok[:, None] * D + d[None, :]
+    vtile = tile
+    if FP8:
+        vtile = tok[:, None] + d[None, :] * BS     # token-minor V pages (reference.v_token_minor)
     if MAXP == 0:
         for i in range(start, end):
             b = i
             if sparse:
                 b = tl.load(sel_ptr + n * s_seln + kh * s_selh + i)
             page = tl.load(pt_ptr + slot * s_pt + b).to(tl.int64)
-            m, l, acc = _attend_page(q, k_ptr, v_ptr, page * s_kp + kh * s_kh, tile, tok, seqlen - b * BS,
+            m, l, acc = _attend_page(q, k_ptr, v_ptr, page * s_kp + kh * s_kh, tile, vtile, tok, seqlen - b * BS,
                                      qk_scale, m, l, acc, FP8, DOT_F32)
     else:
         # Page ids (and valid token counts) of up to MAXP pages loaded up front: the K/V addresses
@@ -117,7 +123,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
             code = pg * (2 * BS) + tl.minimum(tl.maximum(seqlen - blk * BS, 0), BS)
             for i in range(c0, tl.minimum(c0 + MAXP, end)):
                 c = tl.sum(tl.where(jj == i - c0, code, 0), 0)      # element i - c0, no memory
-                m, l, acc = _attend_page(q, k_ptr, v_ptr, (c // (2 * BS)) * s_kp + kh * s_kh, tile, tok,
+                m, l, acc = _attend_page(q, k_ptr, v_ptr, (c // (2 * BS)) * s_kp + kh * s_kh, tile, vtile, tok,
                                          (c % (2 * BS)).to(tl.int32), qk_scale, m, l, acc, FP8, DOT_F32)
     ok = l > 0
     if FP8:
@@ -227,6 +233,11 @@ SWEEP_CONFIGS = (
     DecodeConfig(warps=1, stages=4, programs_per_sm=6, max_splits=512, preload=16),
     # session 5: capping registers for 5-8 CTAs per SM (the fp8 default's 239 registers allow 4)
     # was 0.76-0.91x of the default for fp8 and 0.87-0.93x for bf16 at 128K (BENCHMARKS.md)
+    # session 7, token-minor FP8 V: offline sm_90 fp8 regs w2 s3 134 (was 203), w4 s3 98 (was
+    # 144); smem (39 KB at 3 stages, 26 KB at 2) then limits CTAs per SM to 5 / 8
+    DecodeConfig(warps=2, stages=2, programs_per_sm=8, max_splits=512, preload=16),
+    DecodeConfig(warps=4, stages=3, programs_per_sm=5, max_splits=512, preload=16),
+    DecodeConfig(warps=2, stages=3, programs_per_sm=6, max_splits=512, preload=16),
 )
 
 
@@ -268,6 +279,8 @@ def paged_attention(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=
     G = hq // hkv
     BG = max(16, triton.next_power_of_2(G))
     assert k_pages.is_contiguous() and v_pages.is_contiguous() and q.stride(-1) == 1
+    assert v_pages.shape == k_pages.shape[:2] + ((d, B) if is_fp8(v_pages.dtype) else (B, d)), \
+        "V pages must be [P, Hkv, B, D], or [P, Hkv, D, B] for FP8 (reference.pack_v_pages)"
     sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
     if block_ids is None or dense_len is None:
         block_ids, num_blocks, dense_len = slots, slots, DENSE_ONLY      # never read
@@ -322,12 +335,14 @@ def _store_kv_kernel(k_ptr, v_ptr, kp_ptr, vp_ptr, pt_ptr, slot_ptr, seqlen_ptr,
         v = tl.minimum(tl.maximum(v, -FP8_MAX), FP8_MAX)
     dst = page * s_p + h * s_h + (t % BS) * D + d
     tl.store(kp_ptr + dst, k.to(kp_ptr.dtype.element_ty))
+    if FP8:
+        dst = page * s_p + h * s_h + d * BS + t % BS      # token-minor V pages
     tl.store(vp_ptr + dst, v.to(vp_ptr.dtype.element_ty))
 
 
 def store_kv(k_pages, v_pages, k, v, page_table, slots, seq_lens, k_scale=1.0, v_scale=1.0) -> None:
     """Write row r's k, v [n, Hkv, D] at position seq_lens[r]-1 of the sequence in slots[r]
-    (FP8 pages: saturate(x / scale), kv_fp8's policy)."""
+    (FP8 pages: saturate(x / scale), kv_fp8's policy; FP8 V pages are token-minor)."""
     n, hkv, d = k.shape
     if n == 0:
         return
