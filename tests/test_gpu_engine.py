@@ -36,7 +36,9 @@ def test_engine_with_fp8_kv_matches_reference(kv):
         attn = model.model.layers[i].self_attn
         attn.register_buffer("k_scale", torch.tensor(0.05, device="cuda"))
         attn.register_buffer("v_scale", torch.linspace(0.02, 0.04, model.config.num_key_value_heads, device="cuda"))
-    rows = check_model(model, "cuda", prompt_len=400, decode_steps=3, chunk=100, tol=3e-2, kv_cache_dtype=kv)
+    # bf16 noise (3e-2 above) plus K/V values that round to neighbouring FP8 codes in the two
+    # engines (H200, e6087d9: 3.0-3.6e-2); a misplaced V layout gives O(1)
+    rows = check_model(model, "cuda", prompt_len=400, decode_steps=3, chunk=100, tol=5e-2, kv_cache_dtype=kv)
     bad = [r for r in rows if not r[1] <= r[2]]
     assert not bad, rows
 

@@ -36,7 +36,7 @@ DENSE_ONLY = 2 ** 31 - 1
 
 @triton.jit
 def _attend_page(q, k_ptr, v_ptr, base, tile, vtile, tok, nvalid, qk_scale, m, l, acc,
-                 FP8: tl.constexpr, DOT_F32: tl.constexpr):
+                 BS: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr):
     """One page's online-softmax step: tokens tok >= nvalid are masked out. tile / vtile: the
     [BS, D] element offsets of a K / V page (vtile transposed for token-minor FP8 V pages)."""
     kt = tl.load(k_ptr + base + tile)
@@ -48,11 +48,13 @@ def _attend_page(q, k_ptr, v_ptr, base, tile, vtile, tok, nvalid, qk_scale, m, l
         s = tl.dot(q, tl.trans(kt), input_precision="ieee")
     else:
         s = tl.dot(q, tl.trans(kt))
-    s = s * qk_scale
-    s = tl.where((tok < nvalid)[None, :], s, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, 1))
-    alpha = tl.exp(m - m_new)
-    p = tl.exp(s - m_new[:, None])
+    if nvalid < BS:       # only a sequence's last page is partial
+        s = tl.where((tok < nvalid)[None, :], s, float("-inf"))
+    # base-2 online softmax on unscaled scores: m is max(s)·qk_scale, qk_scale (> 0) carries
+    # log2(e), so each score costs one FFMA and one EX2
+    m_new = tl.maximum(m, tl.max(s, 1) * qk_scale)
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(s * qk_scale - m_new[:, None])
     l = l * alpha + tl.sum(p, 1)
     if DOT_F32:
         pv = tl.dot(p, vt, input_precision="ieee")
@@ -91,9 +93,9 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
                 mask=gmask[:, None], other=0.0)
     if FP8 and not DOT_F32:
         q = q.to(tl.float16)     # fp8 -> fp16 is one packed cvt per 2 values (bf16 needs three)
-    qk_scale = sm_scale
+    qk_scale = sm_scale * 1.4426950408889634           # log2(e): _attend_page works in base 2
     if FP8:
-        qk_scale = sm_scale * tl.load(ks_ptr + kh)
+        qk_scale = qk_scale * tl.load(ks_ptr + kh)
     m = tl.full([BG], -1e30, tl.float32)
     l = tl.zeros([BG], tl.float32)
     acc = tl.zeros([BG, D], tl.float32)
@@ -108,7 +110,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
                 b = tl.load(sel_ptr + n * s_seln + kh * s_selh + i)
             page = tl.load(pt_ptr + slot * s_pt + b).to(tl.int64)
             m, l, acc = _attend_page(q, k_ptr, v_ptr, page * s_kp + kh * s_kh, tile, vtile, tok, seqlen - b * BS,
-                                     qk_scale, m, l, acc, FP8, DOT_F32)
+                                     qk_scale, m, l, acc, BS, FP8, DOT_F32)
     else:
         # Page ids (and valid token counts) of up to MAXP pages loaded up front: the K/V addresses
         # of the inner loop then depend on no load of the same iteration, so the pipeliner keeps
@@ -124,12 +126,12 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
             for i in range(c0, tl.minimum(c0 + MAXP, end)):
                 c = tl.sum(tl.where(jj == i - c0, code, 0), 0)      # element i - c0, no memory
                 m, l, acc = _attend_page(q, k_ptr, v_ptr, (c // (2 * BS)) * s_kp + kh * s_kh, tile, vtile, tok,
-                                         (c % (2 * BS)).to(tl.int32), qk_scale, m, l, acc, FP8, DOT_F32)
+                                         (c % (2 * BS)).to(tl.int32), qk_scale, m, l, acc, BS, FP8, DOT_F32)
     ok = l > 0
     if FP8:
         acc = acc * tl.load(vs_ptr + kh)
     o = tl.where(ok[:, None], acc / tl.where(ok, l, 1.0)[:, None], 0.0)
-    lse = tl.where(ok, m + tl.log(tl.where(ok, l, 1.0)), float("-inf"))
+    lse = tl.where(ok, m * 0.6931471805599453 + tl.log(tl.where(ok, l, 1.0)), float("-inf"))   # natural log
     pbase = (r * num_splits + sp).to(tl.int64)
     tl.store(po_ptr + pbase * BG * D + g[:, None] * D + d[None, :], o)
     tl.store(plse_ptr + pbase * BG + g, lse)
