@@ -101,6 +101,7 @@ def gemv_section():
 
 @G.section("fp8")
 def fp8_attention(cfg):
+    from salactl.runtime.ops.decode_attention.reference import pack_v_pages
     from salactl.runtime.ops.decode_attention.triton import choose_splits, paged_attention
 
     sc, hkv, hq, d = cfg.sparse_config, cfg.num_key_value_heads, cfg.num_attention_heads, cfg.head_dim
@@ -117,7 +118,7 @@ def fp8_attention(cfg):
         ref = paged_attention(q, kp, vp, pt, one, seq, num_splits=choose_splits(hkv, P))
         row = {}
         for name, dt in (("bf16", None), ("fp8_e4m3", torch.float8_e4m3fn)):
-            k, v = (kp, vp) if dt is None else (kp.to(dt), vp.to(dt))
+            k, v = (kp, vp) if dt is None else (kp.to(dt), pack_v_pages(vp.to(dt)))
             kw = {} if dt is None else dict(k_scale=1.0, v_scale=1.0)
             splits = choose_splits(hkv, P, kv_dtype=k.dtype)
             o = paged_attention(q, k, v, pt, one, seq, num_splits=splits, **kw)
