@@ -44,20 +44,12 @@ def test_paged_decode_attention_dense_and_sparse(fp8):
     _assert_rows(S.check_decode_attention("cpu", torch.float32, SMALL, fp8=fp8))
 
 
-@pytest.mark.parametrize("preload,fp8,ppi", [(2, True, 1), (8, False, 1), (2, True, 2), (4, False, 2)])
-def test_paged_decode_attention_page_id_preload(preload, fp8, ppi):
+@pytest.mark.parametrize("preload,fp8", [(2, True), (8, False)])
+def test_paged_decode_attention_page_id_preload(preload, fp8):
     """The split kernel with the split's page ids preloaded: in chunks of 2 pages (several chunks
-    per split, a partial last chunk) and of 8 (one chunk); one or two pages per softmax step
-    (odd page counts leave a step with no second page)."""
+    per split, a partial last chunk) and of 8 (one chunk)."""
     from salactl.runtime.ops.decode_attention.triton import DecodeConfig
-    cfg = DecodeConfig(preload=preload, pages_per_iter=ppi)
-    _assert_rows(S.check_decode_attention("cpu", torch.float32, SMALL, fp8=fp8, config=cfg))
-
-
-def test_two_pages_per_step_needs_preload():
-    from salactl.runtime.ops.decode_attention.triton import DecodeConfig
-    with pytest.raises(ValueError, match="pages_per_iter"):
-        DecodeConfig(pages_per_iter=2)
+    _assert_rows(S.check_decode_attention("cpu", torch.float32, SMALL, fp8=fp8, config=DecodeConfig(preload=preload)))
 
 
 def test_selection_matches_reference():

@@ -15,7 +15,9 @@ per thread, the 128 one-byte shared loads of V gone. Reference: reference.py bes
 How many splits, warps and stages the split kernel runs with comes from DEFAULT_CONFIGS (per KV
 dtype), set from benchmarks/decode_attention_bench.py. A multi-page variant (2-4 pages per
 iteration, with and without register prefetch) measured slower than the best one-page config in
-every case on the H200 (session 3) and was removed. DecodeConfig.preload loads a split's page
+every case on the H200 (session 3) and was removed; so was (session 7) a two-page step with one
+softmax rescale and two MMA chains per step over preloaded ids (fp8 128K 25.2 vs 25.4 us, sparse
+rows 0.85x: an odd page count re-reads a page). DecodeConfig.preload loads a split's page
 ids before its loop (see _split_kernel): with the page id loaded inside the loop, Triton's
 pipeliner keeps one K/V buffer, so a page's loads wait for the previous page's math.
 """
@@ -35,33 +37,19 @@ DENSE_ONLY = 2 ** 31 - 1
 
 
 @triton.jit
-def _scores(q, k_ptr, kofs, FP8: tl.constexpr, DOT_F32: tl.constexpr):
-    """q·Kᵀ [BG, BS] for the K page at element offsets kofs (unscaled)."""
-    kt = tl.load(k_ptr + kofs)
+def _attend_page(q, k_ptr, v_ptr, base, tile, vtile, tok, nvalid, qk_scale, m, l, acc,
+                 BS: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr):
+    """One page's online-softmax step: tokens tok >= nvalid are masked out. tile / vtile: the
+    [BS, D] element offsets of a K / V page (vtile transposed for token-minor FP8 V pages)."""
+    kt = tl.load(k_ptr + base + tile)
+    vt = tl.load(v_ptr + base + vtile)
     if FP8:               # exact fp8 -> fp16/fp32; the scales act on scores and output
         kt = kt.to(q.dtype)
-    if DOT_F32:
-        return tl.dot(q, tl.trans(kt), input_precision="ieee")
-    return tl.dot(q, tl.trans(kt))
-
-
-@triton.jit
-def _weighted_v(q, p, v_ptr, vofs, FP8: tl.constexpr, DOT_F32: tl.constexpr):
-    """p·V [BG, D] for the V page at element offsets vofs (q: only its dtype)."""
-    vt = tl.load(v_ptr + vofs)
-    if FP8:
         vt = vt.to(q.dtype)
     if DOT_F32:
-        return tl.dot(p, vt, input_precision="ieee")
-    return tl.dot(p.to(vt.dtype), vt)
-
-
-@triton.jit
-def _attend_page(q, k_ptr, v_ptr, base, ktile, vtile, tok, nvalid, qk_scale, m, l, acc,
-                 BS: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr):
-    """One page's online-softmax step: tokens tok >= nvalid are masked out. ktile / vtile: the
-    [BS, D] element offsets of a K / V page (vtile transposed for token-minor FP8 V pages)."""
-    s = _scores(q, k_ptr, base + ktile, FP8, DOT_F32)
+        s = tl.dot(q, tl.trans(kt), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(kt))
     if nvalid < BS:       # only a sequence's last page is partial
         s = tl.where((tok < nvalid)[None, :], s, float("-inf"))
     # base-2 online softmax on unscaled scores: m is max(s)·qk_scale, qk_scale (> 0) carries
@@ -70,25 +58,10 @@ def _attend_page(q, k_ptr, v_ptr, base, ktile, vtile, tok, nvalid, qk_scale, m, 
     alpha = tl.exp2(m - m_new)
     p = tl.exp2(s * qk_scale - m_new[:, None])
     l = l * alpha + tl.sum(p, 1)
-    return m_new, l, acc * alpha[:, None] + _weighted_v(q, p, v_ptr, base + vtile, FP8, DOT_F32)
-
-
-@triton.jit
-def _attend_two_pages(q, k_ptr, v_ptr, base_a, base_b, ktile, vtile, tok, na, nb, qk_scale, m, l, acc,
-                      BS: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr):
-    """Pages a and b in one step: one rescale of acc and one softmax reduction for two pages, and
-    two independent MMA chains to interleave (the FP8 kernel is latency-bound: ncu, session 7)."""
-    sa = _scores(q, k_ptr, base_a + ktile, FP8, DOT_F32)
-    sb = _scores(q, k_ptr, base_b + ktile, FP8, DOT_F32)
-    if na + nb < 2 * BS:
-        sa = tl.where((tok < na)[None, :], sa, float("-inf"))
-        sb = tl.where((tok < nb)[None, :], sb, float("-inf"))
-    m_new = tl.maximum(m, tl.maximum(tl.max(sa, 1), tl.max(sb, 1)) * qk_scale)
-    alpha = tl.exp2(m - m_new)
-    pa = tl.exp2(sa * qk_scale - m_new[:, None])
-    pb = tl.exp2(sb * qk_scale - m_new[:, None])
-    l = l * alpha + tl.sum(pa, 1) + tl.sum(pb, 1)
-    pv = _weighted_v(q, pa, v_ptr, base_a + vtile, FP8, DOT_F32) + _weighted_v(q, pb, v_ptr, base_b + vtile, FP8, DOT_F32)
+    if DOT_F32:
+        pv = tl.dot(p, vt, input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(vt.dtype), vt)
     return m_new, l, acc * alpha[:, None] + pv
 
 
@@ -99,7 +72,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
                   sm_scale, ks_ptr, vs_ptr, dense_len, num_splits,
                   HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, BS: tl.constexpr,
                   D: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr, MAXP: tl.constexpr,
-                  PPI: tl.constexpr = 1, PDL: tl.constexpr = False):
+                  PDL: tl.constexpr = False):
     pdl_wait(PDL)
     r = tl.program_id(0)
     sp = tl.program_id(1)
@@ -128,8 +101,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
     m = tl.full([BG], -1e30, tl.float32)
     l = tl.zeros([BG], tl.float32)
     acc = tl.zeros([BG, D], tl.float32)
-    ktile = tok[:, None] * D + d[None, :]
-    vtile = ktile
+    tile = tok[:, None] * D + d[None, :]
+    vtile = tile
     if FP8:
         vtile = tok[:, None] + d[None, :] * BS     # token-minor V pages (reference.v_token_minor)
     if MAXP == 0:
@@ -138,13 +111,12 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
             if sparse:
                 b = tl.load(sel_ptr + n * s_seln + kh * s_selh + i)
             page = tl.load(pt_ptr + slot * s_pt + b).to(tl.int64)
-            m, l, acc = _attend_page(q, k_ptr, v_ptr, page * s_kp + kh * s_kh, ktile, vtile, tok, seqlen - b * BS,
+            m, l, acc = _attend_page(q, k_ptr, v_ptr, page * s_kp + kh * s_kh, tile, vtile, tok, seqlen - b * BS,
                                      qk_scale, m, l, acc, BS, FP8, DOT_F32)
     else:
         # Page ids (and valid token counts) of up to MAXP pages loaded up front: the K/V addresses
         # of the inner loop then depend on no load of the same iteration, so the pipeliner keeps
-        # num_stages - 1 steps (of PPI pages) in flight (cp.async into multi-buffered shared
-        # memory). Slots past the split's end hold no valid token.
+        # num_stages - 1 pages in flight (cp.async into multi-buffered shared memory).
         jj = tl.arange(0, MAXP)
         for c0 in range(start, end, MAXP):
             blk = c0 + jj
@@ -152,20 +124,11 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
             if sparse:
                 blk = tl.load(sel_ptr + n * s_seln + kh * s_selh + blk, mask=live, other=0)
             pg = tl.load(pt_ptr + slot * s_pt + blk, mask=live, other=0).to(tl.int64)
-            code = tl.where(live, pg * (2 * BS) + tl.minimum(tl.maximum(seqlen - blk * BS, 0), BS), 0)
-            for i in range(c0, tl.minimum(c0 + MAXP, end), PPI):
-                ca = tl.sum(tl.where(jj == i - c0, code, 0), 0)      # element i - c0, no memory
-                na = (ca % (2 * BS)).to(tl.int32)
-                if PPI == 1:
-                    m, l, acc = _attend_page(q, k_ptr, v_ptr, (ca // (2 * BS)) * s_kp + kh * s_kh, ktile, vtile,
-                                             tok, na, qk_scale, m, l, acc, BS, FP8, DOT_F32)
-                else:
-                    cb = tl.sum(tl.where(jj == i + 1 - c0, code, 0), 0)
-                    nb = (cb % (2 * BS)).to(tl.int32)
-                    cb = tl.where(nb > 0, cb, ca)      # no second page: re-read the first (L2), all masked
-                    m, l, acc = _attend_two_pages(q, k_ptr, v_ptr, (ca // (2 * BS)) * s_kp + kh * s_kh,
-                                                  (cb // (2 * BS)) * s_kp + kh * s_kh, ktile, vtile, tok, na, nb,
-                                                  qk_scale, m, l, acc, BS, FP8, DOT_F32)
+            code = pg * (2 * BS) + tl.minimum(tl.maximum(seqlen - blk * BS, 0), BS)
+            for i in range(c0, tl.minimum(c0 + MAXP, end)):
+                c = tl.sum(tl.where(jj == i - c0, code, 0), 0)      # element i - c0, no memory
+                m, l, acc = _attend_page(q, k_ptr, v_ptr, (c // (2 * BS)) * s_kp + kh * s_kh, tile, vtile, tok,
+                                         (c % (2 * BS)).to(tl.int32), qk_scale, m, l, acc, BS, FP8, DOT_F32)
     ok = l > 0
     if FP8:
         acc = acc * tl.load(vs_ptr + kh)
@@ -212,19 +175,12 @@ class DecodeConfig:
     # > 0: each program preloads the page ids of its split, at most this many (a power of 2) at a
     # time, so `stages - 1` pages' K/V are in flight per program (0: one page, after the math)
     preload: int = 0
-    # pages per online-softmax step (1 or 2; 2 needs preload)
-    pages_per_iter: int = 1
-
-    def __post_init__(self):
-        if self.pages_per_iter not in (1, 2) or (self.pages_per_iter == 2 and not self.preload):
-            raise ValueError(f"pages_per_iter must be 1, or 2 with preload > 0; got {self}")
 
     @property
     def name(self) -> str:
         reg = f" r{self.maxnreg}" if self.maxnreg else ""
         pre = f" pre{self.preload}" if self.preload else ""
-        ppi = f" x{self.pages_per_iter}" if self.pages_per_iter > 1 else ""
-        return f"page w{self.warps} s{self.stages}{reg}{pre}{ppi} pps{self.programs_per_sm} max{self.max_splits}"
+        return f"page w{self.warps} s{self.stages}{reg}{pre} pps{self.programs_per_sm} max{self.max_splits}"
 
     def max_pages(self, max_blocks: int, num_splits: int) -> int:
         """The split kernel's MAXP: 0 (no preload) or the power of 2 >= the longest split (pages
@@ -286,12 +242,6 @@ SWEEP_CONFIGS = (
     DecodeConfig(warps=2, stages=2, programs_per_sm=8, max_splits=512, preload=16),
     DecodeConfig(warps=4, stages=3, programs_per_sm=5, max_splits=512, preload=16),
     DecodeConfig(warps=2, stages=3, programs_per_sm=6, max_splits=512, preload=16),
-    # two pages per step (offline sm_90 fp8: 548 SASS per page instead of 651; w2 s2 212 regs,
-    # w4 s2 130, 39 KB smem; s3 72 KB)
-    DecodeConfig(warps=2, stages=2, programs_per_sm=4, max_splits=256, preload=16, pages_per_iter=2),
-    DecodeConfig(warps=4, stages=2, programs_per_sm=4, max_splits=256, preload=16, pages_per_iter=2),
-    DecodeConfig(warps=2, stages=3, programs_per_sm=3, max_splits=256, preload=16, pages_per_iter=2),
-    DecodeConfig(warps=4, stages=3, programs_per_sm=3, max_splits=256, preload=16, pages_per_iter=2),
 )
 
 
@@ -360,8 +310,7 @@ def paged_attention(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=
         *sel_strides, float(sm_scale), scale_tensor(k_scale, hkv, q.device),
         scale_tensor(v_scale, hkv, q.device), int(dense_len), num_splits,
         HKV=hkv, G=G, BG=BG, BS=B, D=d, FP8=fp8, DOT_F32=(q.dtype == torch.float32),
-        MAXP=cfg.max_pages(max_blocks, num_splits), PPI=cfg.pages_per_iter, **cfg.launch(),
-        **launch_args(q.device))
+        MAXP=cfg.max_pages(max_blocks, num_splits), **cfg.launch(), **launch_args(q.device))
     _merge_kernel[(rows, G, d // DB)](po, plse, out, num_splits, out.stride(0), out.stride(1),
                                       HKV=hkv, G=G, BG=BG, D=d, DB=DB,
                                       SP2=max(2, triton.next_power_of_2(num_splits)), num_warps=4,
