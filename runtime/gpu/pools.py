@@ -2,7 +2,8 @@
 and the device tensors.
 
 - KV pool of the sparse layers: head-major pages [layers, P+1, Hkv, B, D] (B = InfLLM block, so a
-  selected block is exactly one page); compressed keys K1 [layers, P+1, Hkv, B/stride, D] beside
+  selected block is exactly one page; FP8 V pages are token-minor, [.., D, B]: see
+  ops/decode_attention/reference.py); compressed keys K1 [layers, P+1, Hkv, B/stride, D] beside
   them (window j lives in the page of its first token).
 - fp32 GLA state pool [lightning layers, S+1, H, K, V]: one slot per running request.
 - page table [S+1, max_pages] int32: logical block b of the request in slot s is page_table[s, b].

@@ -5,11 +5,12 @@ per layer, scalar or per KV head) and v_pages of the same shape, except that FP8
 token-minor, [num_pages, Hkv, D, B] (`v_token_minor`): the decode kernel's P·V MMA contracts over
 tokens and needs token pairs in one register; 16-bit pages get them from a transposing ldmatrix,
 which does not exist for 8-bit data, so FP8 V is stored transposed instead (the sm_90 SASS of the
-kernel otherwise gathers V from shared memory one byte at a time). A query row n (one token, Hq heads) belongs to the sequence in slot
-`slots[n]` whose logical block b lives in page `page_table[slot, b]`; it sees the keys at
-positions < seq_lens[n]. Each (row, KV head) attends either all its blocks (dense) or, when
-seq_lens[n] >= dense_len, only `block_ids[n, h, :num_blocks[n, h]]` (sparse). Computed in fp32;
-returns o [n, Hq, D] in q's dtype.
+kernel otherwise gathers V from shared memory one byte at a time).
+
+A query row n (one token, Hq heads) belongs to the sequence in slot `slots[n]` whose logical block
+b lives in page `page_table[slot, b]`; it sees the keys at positions < seq_lens[n]. Each (row, KV
+head) attends either all its blocks (dense) or, when seq_lens[n] >= dense_len, only
+`block_ids[n, h, :num_blocks[n, h]]` (sparse). Computed in fp32; returns o [n, Hq, D] in q's dtype.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 
 def v_token_minor(dtype) -> bool:
     """Whether V pages of this dtype are stored [.., D, B] (FP8) rather than [.., B, D]."""
-    return torch.empty(0, dtype=dtype).element_size() == 1
+    return dtype.itemsize == 1
 
 
 def pack_v_pages(v_pages: torch.Tensor) -> torch.Tensor:
