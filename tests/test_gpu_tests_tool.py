@@ -1,0 +1,29 @@
+"""tools/gpu_tests.py: collects test ids, runs them in parallel shards, summarizes, and fails when
+a shard fails or nothing is collected (run here on CPU-passing tests)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOL = ROOT / "tools" / "gpu_tests.py"
+
+
+def _run(tmp_path, *args):
+    return subprocess.run([sys.executable, str(TOOL), "--out", str(tmp_path / "logs"), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_shards_run_every_collected_test(tmp_path):
+    r = _run(tmp_path, "--shards", "3", "tests/test_memory_report.py")
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert [ln.split()[0] for ln in lines[:3]] == ["shard0", "shard1", "shard2"]
+    per_shard = [int(ln.split("(")[1].split()[0]) for ln in lines[:3]]
+    assert sum(per_shard) == int(lines[-1].split()[0]) > 3
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["shard0.txt", "shard1.txt", "shard2.txt"]
+
+
+def test_nothing_collected_is_an_error(tmp_path):
+    r = _run(tmp_path, "tests/no_such_file.py")
+    assert r.returncode != 0 and "no tests collected" in r.stderr + r.stdout

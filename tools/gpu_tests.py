@@ -1,0 +1,72 @@
+"""Run the GPU test files in parallel pytest shards (for the GPU machine).
+
+    python tools/gpu_tests.py [--shards 10] [--timeout 530] [--out DIR] [FILE ...]
+
+FILE: test files of this repository (default: every file with GPU tests); run from the repo root.
+
+Cold Triton compilation dominates these tests (one file took > 200 s alone); compiling in N
+processes at once uses the host's cores, and the kernels themselves share the GPU. Test ids are
+collected once and dealt round-robin, so parametrized variants of one kernel spread over shards.
+A shard past --timeout gets SIGINT, so pytest still prints its summary. Each shard's log goes to
+DIR/shardI.txt; stdout gets one summary line per shard, then every FAILED/ERROR line. Exit status:
+1 if any shard failed or timed out, else 0.
+
+pytest-xdist would do the same but is not installed on the GPU machine (no network); this needs
+nothing beyond pytest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+GPU_FILES = ("tests/test_gpu_kernels.py", "tests/test_w4a16_triton.py", "tests/test_pdl.py",
+             "tests/test_gemv_fold_gpu.py", "tests/test_gpu_engine.py", "tests/test_flex_sparse.py",
+             "tests/test_flex_sparse_engine.py")
+
+
+def collect(files: list[str]) -> list[str]:
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files],
+                       capture_output=True, text=True)
+    ids = [ln for ln in r.stdout.splitlines() if "::" in ln]
+    if not ids:
+        raise SystemExit(f"no tests collected from {' '.join(files)}:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+    return ids
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="*", default=list(GPU_FILES))
+    ap.add_argument("--shards", type=int, default=10)
+    ap.add_argument("--timeout", type=float, default=530.0, help="seconds per shard before SIGINT")
+    ap.add_argument("--out", default="out/gpu-tests")
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ids = collect(a.files)
+    shards = [ids[i::a.shards] for i in range(min(a.shards, len(ids)))]
+    procs = []
+    for i, shard in enumerate(shards):
+        log = open(out / f"shard{i}.txt", "w")
+        cmd = ["timeout", "-s", "INT", str(a.timeout), sys.executable, "-m", "pytest", "-q", "-rfE",
+               "-p", "no:cacheprovider", *shard]
+        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
+    bad = False
+    for i, (p, log) in enumerate(procs):
+        rc = p.wait()
+        log.close()
+        bad |= rc not in (0, 5)
+        lines = (out / f"shard{i}.txt").read_text().splitlines()
+        print(f"shard{i} ({len(shards[i])} tests, rc {rc}): {lines[-1] if lines else '(no output)'}")
+    for i in range(len(shards)):
+        for ln in (out / f"shard{i}.txt").read_text().splitlines():
+            if ln.startswith(("FAILED", "ERROR")):
+                print(ln)
+    print(f"{len(ids)} tests in {len(shards)} shards; logs in {out}/")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
