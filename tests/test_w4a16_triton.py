@@ -213,7 +213,6 @@ def test_tensor_core_kernel_inline_asm_on_cuda(cfg, dt):
     assert bool(((wd - w).abs() <= w.abs() * 2 ** -7 + 1e-7).all())
 
 
-
 @gpu
 @needs_triton
 @pytest.mark.parametrize("spec", ["bn=64,w=4,tma=1,stages=4", "bn=128,w=4,tma=2,stages=6,red=4",

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from salactl.runtime.config import SalaConfig
 from salactl.runtime.ops.attention import flex_sparse
-from salactl.runtime.ops.decode_attention.reference import v_rows
+from salactl.runtime.ops.decode_attention.reference import is_fp8, v_rows
 from salactl.runtime.ops.decode_attention.triton import choose_splits, paged_attention, store_kv
 from salactl.runtime.ops.gla.triton import gla_decode_, gla_prefill_
 from salactl.runtime.ops.selection import num_windows
@@ -36,7 +36,7 @@ class GPUBackend:
         self.sparse_prefill = sparse_prefill or flex_sparse.SPARSE_PREFILL_DEFAULT
         if self.sparse_prefill not in ("triton", "flex"):
             raise ValueError(f"sparse_prefill must be 'triton' or 'flex', got {self.sparse_prefill!r}")
-        if self.sparse_prefill == "flex" and pools.k.dtype.itemsize == 1:
+        if self.sparse_prefill == "flex" and is_fp8(pools.k.dtype):
             raise ValueError("sparse_prefill='flex' needs bf16/fp16/fp32 KV pages; use 'triton' with FP8 KV")
         self.config, self.pools = config, pools
         self.sparse_index = {l: i for i, l in enumerate(config.sparse_layers)}

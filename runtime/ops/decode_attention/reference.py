@@ -20,9 +20,14 @@ import math
 import torch
 
 
+def is_fp8(dtype) -> bool:
+    """Whether KV pages of this dtype are FP8 (e4m3 or e5m2)."""
+    return dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
 def v_token_minor(dtype) -> bool:
     """Whether V pages of this dtype are stored [.., D, B] (FP8) rather than [.., B, D]."""
-    return dtype.itemsize == 1
+    return is_fp8(dtype)
 
 
 def pack_v_pages(v_pages: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from salactl.runtime.ops.decode_attention.reference import is_fp8, v_token_minor
 from salactl.runtime.ops.pdl import launch_args, pdl_wait
 
 DENSE_ONLY = 2 ** 31 - 1
@@ -250,10 +251,6 @@ SWEEP_CONFIGS = (
 )
 
 
-def is_fp8(dtype) -> bool:
-    return dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
-
-
 def default_config(kv_dtype=None) -> DecodeConfig:
     if is_fp8(kv_dtype):
         return DEFAULT_CONFIGS["fp8"]
@@ -288,7 +285,7 @@ def paged_attention(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=
     G = hq // hkv
     BG = max(16, triton.next_power_of_2(G))
     assert k_pages.is_contiguous() and v_pages.is_contiguous() and q.stride(-1) == 1
-    assert v_pages.shape == k_pages.shape[:2] + ((d, B) if is_fp8(v_pages.dtype) else (B, d)), \
+    assert v_pages.shape == k_pages.shape[:2] + ((d, B) if v_token_minor(v_pages.dtype) else (B, d)), \
         "V pages must be [P, Hkv, B, D], or [P, Hkv, D, B] for FP8 (reference.pack_v_pages)"
     sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
     if block_ids is None or dense_len is None:

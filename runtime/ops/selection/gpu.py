@@ -13,7 +13,8 @@ import torch
 import triton
 
 from salactl.runtime.config import SparseConfig
-from salactl.runtime.ops.decode_attention.triton import is_fp8, scale_tensor
+from salactl.runtime.ops.decode_attention.reference import is_fp8
+from salactl.runtime.ops.decode_attention.triton import scale_tensor
 from salactl.runtime.ops.pdl import launch_args
 from salactl.runtime.ops.selection import triton as kern
 from salactl.runtime.ops.selection import triton_decode as dkern
