@@ -361,3 +361,13 @@ def test_run_profile_times_the_real_generation_and_profiles_ops_eagerly():
     assert {"qkv", "mlp", "attention", "gla"} <= set(res.decode.op_seconds)
     assert "2 decode steps scaled to 5" in note["op_times"]
     assert engine.runner.cuda_graph is False and engine.profile_ops is False     # restored (CPU: no graphs)
+
+
+def test_kernel_scales_builds_tensors_for_fp8_pages_only():
+    """bf16 pages with float scales launch no fill kernel (the kernels read scales for FP8 only)."""
+    from salactl.runtime.ops.decode_attention.triton import kernel_scales
+    unused = torch.empty(1)
+    assert all(t is unused for t in kernel_scales(torch.bfloat16, 2, "cpu", 1.0, 0.5, unused=unused))
+    ks, vs = kernel_scales(torch.float8_e4m3fn, 2, "cpu", 0.5, torch.tensor([0.25, 2.0]), unused=unused)
+    assert torch.equal(ks, torch.tensor([0.5, 0.5])) and torch.equal(vs, torch.tensor([0.25, 2.0]))
+    assert ks.dtype == vs.dtype == torch.float32

@@ -272,6 +272,15 @@ def scale_tensor(scale, heads: int, device) -> torch.Tensor:
     return torch.full((heads,), float(scale), device=device, dtype=torch.float32)
 
 
+def kernel_scales(pages_dtype, heads: int, device, *scales, unused: torch.Tensor) -> list:
+    """The scale pointers a kernel reads for FP8 pages only: fp32 [Hkv] tensors for FP8 pages,
+    else `unused` in their place, so a float scale launches no fill kernel (in a CUDA-graph decode
+    step each would cost about a microsecond, and the kernels never read them)."""
+    if is_fp8(pages_dtype):
+        return [scale_tensor(s, heads, device) for s in scales]
+    return [unused] * len(scales)
+
+
 def paged_attention(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=None,
                     num_blocks=None, dense_len: int | None = None, k_scale=1.0, v_scale=1.0,
                     sm_scale: float | None = None, num_splits: int = 8, out=None,
@@ -309,8 +318,8 @@ def paged_attention(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=
     _split_kernel[(rows, num_splits)](
         q, k_pages, v_pages, page_table, slots, seq_lens, block_ids, num_blocks, po, plse,
         q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1), page_table.stride(0),
-        *sel_strides, float(sm_scale), scale_tensor(k_scale, hkv, q.device),
-        scale_tensor(v_scale, hkv, q.device), int(dense_len), num_splits,
+        *sel_strides, float(sm_scale), *kernel_scales(k_pages.dtype, hkv, q.device, k_scale, v_scale, unused=plse),
+        int(dense_len), num_splits,
         HKV=hkv, G=G, BG=BG, BS=B, D=d, FP8=fp8, DOT_F32=(q.dtype == torch.float32),
         MAXP=cfg.max_pages(max_blocks, num_splits), **cfg.launch(), **launch_args(q.device))
     _merge_kernel[(rows, G, d // DB)](po, plse, out, num_splits, out.stride(0), out.stride(1),
@@ -356,7 +365,7 @@ def store_kv(k_pages, v_pages, k, v, page_table, slots, seq_lens, k_scale=1.0, v
     _store_kv_kernel[(n, hkv)](k, v, k_pages, v_pages, page_table, slots, seq_lens,
                                k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                                k_pages.stride(0), k_pages.stride(1), page_table.stride(0),
-                               scale_tensor(k_scale, hkv, k.device), scale_tensor(v_scale, hkv, k.device),
+                               *kernel_scales(k_pages.dtype, hkv, k.device, k_scale, v_scale, unused=seq_lens),
                                BS=k_pages.shape[2], D=d, FP8=fp8,
                                FP8_MAX=float(torch.finfo(k_pages.dtype).max) if fp8 else 0.0,
                                num_warps=1, **launch_args(k.device))

@@ -14,7 +14,7 @@ import triton
 
 from salactl.runtime.config import SparseConfig
 from salactl.runtime.ops.decode_attention.reference import is_fp8
-from salactl.runtime.ops.decode_attention.triton import scale_tensor
+from salactl.runtime.ops.decode_attention.triton import kernel_scales
 from salactl.runtime.ops.pdl import launch_args
 from salactl.runtime.ops.selection import triton as kern
 from salactl.runtime.ops.selection import triton_decode as dkern
@@ -42,7 +42,7 @@ def compress_update(k_pages, k1_pages, page_table, slots, starts, counts, max_co
     kern._compress_kernel[(max_count, slots.numel(), hkv)](
         k_pages, k1_pages, page_table, slots, starts, counts,
         k_pages.stride(0), k_pages.stride(1), k1_pages.stride(0), k1_pages.stride(1),
-        page_table.stride(0), scale_tensor(k_scale, hkv, k_pages.device),
+        page_table.stride(0), *kernel_scales(k_pages.dtype, hkv, k_pages.device, k_scale, unused=counts),
         BS=B, ST=sc.kernel_stride, KS=sc.kernel_size, D=D, FP8=fp8, num_warps=4, **launch_args(k_pages.device))
 
 
@@ -144,7 +144,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     js, jc = (k1_start, k1_count) if fuse else (slots, slots)
     dkern._lse_kernel[(rows, lse_splits)](
         q, k1_pages, page_table, slots, seq_lens, plse, ctr, kp, js, jc,
-        scale_tensor(k_scale, hkv, dev) if fp8 else plse,     # read only for FP8 pages
+        *kernel_scales(kp.dtype, hkv, dev, k_scale, unused=plse),
         q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), kp.stride(0), kp.stride(1),
         page_table.stride(0), sm_scale, lse_splits,
         HKV=hkv, G=G, BG=BG, D=D, WPP=wpp, KS=sc.kernel_size, ST=sc.kernel_stride, BS=sc.block_size,
