@@ -38,12 +38,13 @@ DENSE_ONLY = 2 ** 31 - 1
 
 
 @triton.jit
-def _attend_page(q, k_ptr, v_ptr, base, tile, vtile, tok, nvalid, qk_scale, m, l, acc,
-                 BS: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr):
-    """One page's online-softmax step: tokens tok >= nvalid are masked out. tile / vtile: the
-    [BS, D] element offsets of a K / V page (vtile transposed for token-minor FP8 V pages)."""
-    kt = tl.load(k_ptr + base + tile)
-    vt = tl.load(v_ptr + base + vtile)
+def _attend_page(q, k_ptr, v_ptr, kbase, vbase, tile, vtile, tok, nvalid, qk_scale, m, l, acc,
+                 SUB: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr):
+    """One step of the online softmax over SUB tokens of a page: tokens tok >= nvalid are masked
+    out. tile / vtile: the [SUB, D] element offsets of K / V (vtile transposed for token-minor FP8
+    V pages) from kbase / vbase."""
+    kt = tl.load(k_ptr + kbase + tile)
+    vt = tl.load(v_ptr + vbase + vtile)
     if FP8:               # exact fp8 -> fp16/fp32; the scales act on scores and output
         kt = kt.to(q.dtype)
         vt = vt.to(q.dtype)
@@ -51,7 +52,7 @@ def _attend_page(q, k_ptr, v_ptr, base, tile, vtile, tok, nvalid, qk_scale, m, l
         s = tl.dot(q, tl.trans(kt), input_precision="ieee")
     else:
         s = tl.dot(q, tl.trans(kt))
-    if nvalid < BS:       # only a sequence's last page is partial
+    if nvalid < SUB:      # only a sequence's last page is partial
         s = tl.where((tok < nvalid)[None, :], s, float("-inf"))
     # base-2 online softmax on unscaled scores: m is max(s)·qk_scale, qk_scale (> 0) carries
     # log2(e), so each score costs one FFMA and one EX2
@@ -73,14 +74,22 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
                   sm_scale, ks_ptr, vs_ptr, dense_len, num_splits,
                   HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, BS: tl.constexpr,
                   D: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr, MAXP: tl.constexpr,
-                  PDL: tl.constexpr = False):
-    pdl_wait(PDL)
+                  SUB: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr = False):
     r = tl.program_id(0)
     sp = tl.program_id(1)
     n = r // HKV
     kh = r % HKV
-    slot = tl.load(slot_ptr + n).to(tl.int64)
-    seqlen = tl.load(seqlen_ptr + n)
+    if EARLY:
+        # slots and seq_lens are never written by the kernel launched just before this one
+        # (store_kv or the selection), whose completion is all pdl_wait waits for: every older
+        # kernel has completed before this one is launched (pdl.py)
+        slot = tl.load(slot_ptr + n).to(tl.int64)
+        seqlen = tl.load(seqlen_ptr + n)
+        pdl_wait(PDL)
+    else:
+        pdl_wait(PDL)
+        slot = tl.load(slot_ptr + n).to(tl.int64)
+        seqlen = tl.load(seqlen_ptr + n)
     sparse = seqlen >= dense_len
     cnt = (seqlen + BS - 1) // BS
     if sparse:
@@ -90,7 +99,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
     end = tl.minimum(start + per, cnt)
     g = tl.arange(0, BG)
     d = tl.arange(0, D)
-    tok = tl.arange(0, BS)
+    tok = tl.arange(0, SUB)
+    NSUB: tl.constexpr = BS // SUB          # steps per page
     gmask = g < G
     q = tl.load(q_ptr + n * s_qn + (kh * G + g)[:, None] * s_qh + d[None, :],
                 mask=gmask[:, None], other=0.0)
@@ -104,20 +114,24 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
     acc = tl.zeros([BG, D], tl.float32)
     tile = tok[:, None] * D + d[None, :]
     vtile = tile
+    vsub = SUB * D                          # element offset of a page's next SUB tokens in V
     if FP8:
         vtile = tok[:, None] + d[None, :] * BS     # token-minor V pages (reference.v_token_minor)
+        vsub = SUB
     if MAXP == 0:
-        for i in range(start, end):
-            b = i
+        for i in range(start * NSUB, end * NSUB):
+            b = i // NSUB
+            h = i % NSUB
             if sparse:
-                b = tl.load(sel_ptr + n * s_seln + kh * s_selh + i)
+                b = tl.load(sel_ptr + n * s_seln + kh * s_selh + b)
             page = tl.load(pt_ptr + slot * s_pt + b).to(tl.int64)
-            m, l, acc = _attend_page(q, k_ptr, v_ptr, page * s_kp + kh * s_kh, tile, vtile, tok, seqlen - b * BS,
-                                     qk_scale, m, l, acc, BS, FP8, DOT_F32)
+            base = page * s_kp + kh * s_kh
+            m, l, acc = _attend_page(q, k_ptr, v_ptr, base + h * (SUB * D), base + h * vsub, tile, vtile,
+                                     tok, seqlen - b * BS - h * SUB, qk_scale, m, l, acc, SUB, FP8, DOT_F32)
     else:
         # Page ids (and valid token counts) of up to MAXP pages loaded up front: the K/V addresses
         # of the inner loop then depend on no load of the same iteration, so the pipeliner keeps
-        # num_stages - 1 pages in flight (cp.async into multi-buffered shared memory).
+        # num_stages - 1 steps in flight (cp.async into multi-buffered shared memory).
         jj = tl.arange(0, MAXP)
         for c0 in range(start, end, MAXP):
             blk = c0 + jj
@@ -126,10 +140,13 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
                 blk = tl.load(sel_ptr + n * s_seln + kh * s_selh + blk, mask=live, other=0)
             pg = tl.load(pt_ptr + slot * s_pt + blk, mask=live, other=0).to(tl.int64)
             code = pg * (2 * BS) + tl.minimum(tl.maximum(seqlen - blk * BS, 0), BS)
-            for i in range(c0, tl.minimum(c0 + MAXP, end)):
-                c = tl.sum(tl.where(jj == i - c0, code, 0), 0)      # element i - c0, no memory
-                m, l, acc = _attend_page(q, k_ptr, v_ptr, (c // (2 * BS)) * s_kp + kh * s_kh, tile, vtile, tok,
-                                         (c % (2 * BS)).to(tl.int32), qk_scale, m, l, acc, BS, FP8, DOT_F32)
+            for i in range(c0 * NSUB, tl.minimum(c0 + MAXP, end) * NSUB):
+                h = i % NSUB
+                c = tl.sum(tl.where(jj == i // NSUB - c0, code, 0), 0)      # element i // NSUB - c0, no memory
+                base = (c // (2 * BS)) * s_kp + kh * s_kh
+                m, l, acc = _attend_page(q, k_ptr, v_ptr, base + h * (SUB * D), base + h * vsub, tile, vtile,
+                                         tok, (c % (2 * BS)).to(tl.int32) - h * SUB, qk_scale, m, l, acc,
+                                         SUB, FP8, DOT_F32)
     ok = l > 0
     if FP8:
         acc = acc * tl.load(vs_ptr + kh)
@@ -176,12 +193,17 @@ class DecodeConfig:
     # > 0: each program preloads the page ids of its split, at most this many (a power of 2) at a
     # time, so `stages - 1` pages' K/V are in flight per program (0: one page, after the math)
     preload: int = 0
+    sub: int = 0           # tokens per online-softmax step (a divisor of the page; 0: the page)
+    early: bool = False    # load slots and seq_lens before the PDL wait (see _split_kernel)
 
     @property
     def name(self) -> str:
         reg = f" r{self.maxnreg}" if self.maxnreg else ""
         pre = f" pre{self.preload}" if self.preload else ""
-        return f"page w{self.warps} s{self.stages}{reg}{pre} pps{self.programs_per_sm} max{self.max_splits}"
+        sub = f" sub{self.sub}" if self.sub else ""
+        early = " early" if self.early else ""
+        return (f"page w{self.warps} s{self.stages}{reg}{pre}{sub}{early} pps{self.programs_per_sm} "
+                f"max{self.max_splits}")
 
     def max_pages(self, max_blocks: int, num_splits: int) -> int:
         """The split kernel's MAXP: 0 (no preload) or the power of 2 >= the longest split (pages
@@ -248,6 +270,17 @@ SWEEP_CONFIGS = (
     DecodeConfig(warps=2, stages=3, programs_per_sm=3, max_splits=256, preload=16),
     DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=192, preload=16),
     DecodeConfig(warps=2, stages=4, programs_per_sm=3, max_splits=256, preload=16),
+    # session 8: half a page per softmax step (half the shared memory per stage: more CTAs per
+    # SM for the latency-bound fp8 kernel), and slots / seq_lens loaded before the PDL wait
+    DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16, sub=32),
+    DecodeConfig(warps=2, stages=3, programs_per_sm=6, max_splits=512, preload=16, sub=32),
+    DecodeConfig(warps=2, stages=4, programs_per_sm=6, max_splits=512, preload=16, sub=32),
+    DecodeConfig(warps=2, stages=5, programs_per_sm=4, max_splits=256, preload=16, sub=32),
+    DecodeConfig(warps=2, stages=3, programs_per_sm=8, max_splits=512, preload=16, sub=32),
+    DecodeConfig(warps=2, programs_per_sm=4, max_splits=256, sub=32),
+    DecodeConfig(warps=2, stages=4, programs_per_sm=4, max_splits=256, sub=32),
+    DecodeConfig(warps=2, programs_per_sm=4, max_splits=256, early=True),
+    DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16, early=True),
 )
 
 
@@ -321,7 +354,8 @@ def paged_attention(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=
         *sel_strides, float(sm_scale), *kernel_scales(k_pages.dtype, hkv, q.device, k_scale, v_scale, unused=plse),
         int(dense_len), num_splits,
         HKV=hkv, G=G, BG=BG, BS=B, D=d, FP8=fp8, DOT_F32=(q.dtype == torch.float32),
-        MAXP=cfg.max_pages(max_blocks, num_splits), **cfg.launch(), **launch_args(q.device))
+        MAXP=cfg.max_pages(max_blocks, num_splits), SUB=cfg.sub or B, EARLY=cfg.early,
+        **cfg.launch(), **launch_args(q.device))
     _merge_kernel[(rows, G, d // DB)](po, plse, out, num_splits, out.stride(0), out.stride(1),
                                       HKV=hkv, G=G, BG=BG, D=d, DB=DB,
                                       SP2=max(2, triton.next_power_of_2(num_splits)), num_warps=4,
