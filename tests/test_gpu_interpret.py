@@ -98,13 +98,14 @@ def test_threshold_select_kernel_exact_order_with_heavy_ties():
     programs per row, heavy ties (taken lowest index first), forced blocks, all-equal rows,
     narrow bands (hundreds of blocks in the threshold's 12-bit bin, exact ties in its 24-bit
     bin); the second-level histogram the chunk programs build with atomics is the threshold
-    bin's counts of word bits 8-19."""
+    bin's counts of word bits 8-19. SMALL 256 / 512: rows up to that long take the one-program
+    radix select instead (256: both paths in one launch)."""
     W, K, KP = 300, 96, 128
     lens = [1, 5, 95, 96, 97, 200, 300, 250, 300, 290, 299]
     f, words = _tied_words(lens, W)
     u = (words.to(torch.int64) & 0xFFFFFFFF) ^ 0x80000000
     seq = torch.tensor(lens, dtype=torch.int32)
-    for ch, ctile in ((16, 16), (64, 256), (512, 64)):
+    for ch, ctile, small in ((16, 16, 0), (64, 256, 0), (512, 64, 0), (64, 64, 512), (16, 16, 256)):
         ctr = torch.zeros(len(lens), NCTR, dtype=torch.int32)
         for i, L in enumerate(lens):
             ctr[i, 1:4097] = torch.bincount(u[i, :L] >> 20, minlength=4096)
@@ -115,10 +116,12 @@ def test_threshold_select_kernel_exact_order_with_heavy_ties():
         _thresh_kernel[(len(lens), triton.cdiv(W, ch))](
             seq, words, ctr, pick, cand, sel, cnt, words.stride(0), cand.stride(0), cand.stride(1),
             sel.stride(0), sel.stride(1), cnt.stride(0), cnt.stride(1), HKV=1, BS=1, NCTR=NCTR, K=K, KP=KP,
-            CH=ch, CTILE=ctile, NR=2)
+            CH=ch, CTILE=ctile, NR=2, SMALL=small)
         for i, L in enumerate(lens):
             want = torch.sort(f[i, :L], descending=True, stable=True).indices[:K].tolist()
-            assert sel[i, 0, :int(cnt[i, 0])].tolist() == want, (ch, ctile, L)
+            assert sel[i, 0, :int(cnt[i, 0])].tolist() == want, (ch, ctile, small, L)
+            if L <= small:                                       # the one-program path
+                continue
             assert int(ctr[i, 0]) == triton.cdiv(L, ch)          # every live program took a ticket
             ur = u[i, :L]
             tbin = int(torch.sort(ur, descending=True).values[min(K, L) - 1]) >> 20

@@ -148,11 +148,40 @@ def _thresh_finish(cand_ptr, nc, cand2_ptr, h2, pick_ptr, above, thr, need, CTIL
 
 
 @triton.jit
+def _thresh_one_program(word_row, h1_ptr, ncand, pick_row, sel_row, cnt_ptr, K: tl.constexpr,
+                        KP: tl.constexpr, SMALL: tl.constexpr):
+    """The whole top-k of a row with ncand <= SMALL blocks in one program, its words in
+    registers: radix select on the unsigned score word (the top 12 bits from pass 2's histogram,
+    then digits of 8, 8 and 4 bits, each one tl.histogram over the tile), ties taken lowest block
+    first by their running count in block order; the picks go through pick_row to _write_ranked.
+    No atomics and no serial pass over a candidate buffer (the grid-parallel path's finish)."""
+    b = tl.arange(0, SMALL)
+    m = b < ncand
+    u, key = _unsigned_word(word_row, b, m)
+    h1 = tl.load(h1_ptr + tl.arange(0, 4096), cache_modifier=".cg")
+    pre, need = _pick_digit(h1, tl.minimum(ncand, K), tl.zeros([], tl.uint32), 20, 4096)
+    live = m & ((u >> 20) == (pre >> 20))
+    pre, need = _pick_digit(tl.histogram(((u >> 12) & 255).to(tl.int32), 256, mask=live), need, pre, 12, 256)
+    live = live & ((u >> 12) == (pre >> 12))
+    pre, need = _pick_digit(tl.histogram(((u >> 4) & 255).to(tl.int32), 256, mask=live), need, pre, 4, 256)
+    live = live & ((u >> 4) == (pre >> 4))
+    pre, need = _pick_digit(tl.histogram((u & 15).to(tl.int32), 16, mask=live), need, pre, 0, 16)
+    tie = m & (u == pre)
+    pick = m & ((u > pre) | (tie & (tl.cumsum(tie.to(tl.int32), 0) <= need)))
+    total = tl.sum(pick.to(tl.int32), 0)
+    tl.store(pick_row + tl.cumsum(pick.to(tl.int32), 0) - 1, key, mask=pick)
+    tl.debug_barrier()                                    # every thread's picks, then read by all
+    k = tl.arange(0, KP)
+    run = tl.load(pick_row + k, mask=k < total, other=SENTINEL, cache_modifier=".cg")
+    _write_ranked(run, sel_row, cnt_ptr, KP)
+
+
+@triton.jit
 def _thresh_kernel(seqlen_ptr, word_ptr, ctr_ptr, pick_ptr, cand_ptr, sel_ptr, cnt_ptr,
                    s_word, s_cand, s_cand2, s_seln, s_selh, s_cntn, s_cnth,
                    HKV: tl.constexpr, BS: tl.constexpr, NCTR: tl.constexpr, K: tl.constexpr,
                    KP: tl.constexpr, CH: tl.constexpr, CTILE: tl.constexpr, NR: tl.constexpr,
-                   PDL: tl.constexpr = False):
+                   SMALL: tl.constexpr = 0, PDL: tl.constexpr = False):
     pdl_wait(PDL)
     r = tl.program_id(0)
     c = tl.program_id(1)
@@ -160,7 +189,15 @@ def _thresh_kernel(seqlen_ptr, word_ptr, ctr_ptr, pick_ptr, cand_ptr, sel_ptr, c
     kh = r % HKV
     ncand = (tl.load(seqlen_ptr + n) - 1) // BS + 1       # blocks 0..own are candidates
     b0 = c * CH
-    if b0 < ncand:
+    one_program = False
+    if SMALL > 0:
+        one_program = ncand <= SMALL
+    if one_program:
+        if c == 0:
+            _thresh_one_program(word_ptr + r.to(tl.int64) * s_word, ctr_ptr + r * NCTR + 1, ncand,
+                                pick_ptr + r.to(tl.int64) * KP, sel_ptr + n * s_seln + kh * s_selh,
+                                cnt_ptr + n * s_cntn + kh * s_cnth, K, KP, SMALL)
+    elif b0 < ncand:
         row_ctr = ctr_ptr + r * NCTR                       # [ticket, bins, #picks, #candidates, bins2]
         h1 = tl.load(row_ctr + 1 + tl.arange(0, 4096), cache_modifier=".cg")
         thr, need = _pick_digit(h1, tl.minimum(ncand, K), tl.zeros([], tl.uint32), 20, 4096)
@@ -190,9 +227,11 @@ def _thresh_kernel(seqlen_ptr, word_ptr, ctr_ptr, pick_ptr, cand_ptr, sel_ptr, c
 
 
 def thresh_launch(seq_lens, words, ctr, sel, cnt, hkv: int, block_size: int, K: int, chunk: int,
-                  ctile: int, num_warps: int) -> None:
+                  ctile: int, num_warps: int, small: int = 0) -> None:
     """The third launch (the top-k) over pass 2's words [rows, nb_max] int32 and counters
-    [rows * NCTR] int32 (top-12-bit histogram built, the other slots zero); writes sel/cnt."""
+    [rows * NCTR] int32 (top-12-bit histogram built, the other slots zero); writes sel/cnt.
+    small (0 or a power of 2): rows of at most this many candidate blocks take the one-program
+    path (_thresh_one_program)."""
     rows, nb_max = words.shape
     KP = triton.next_power_of_2(K)
     nr = max(1, triton.cdiv(max(1, (nb_max - 1).bit_length()), 8))
@@ -201,5 +240,5 @@ def thresh_launch(seq_lens, words, ctr, sel, cnt, hkv: int, block_size: int, K: 
     _thresh_kernel[(rows, triton.cdiv(nb_max, chunk))](
         seq_lens, words, ctr, pick, cand, sel, cnt, words.stride(0), cand.stride(0), cand.stride(1),
         sel.stride(0), sel.stride(1), cnt.stride(0), cnt.stride(1),
-        HKV=hkv, BS=block_size, NCTR=NCTR, K=K, KP=KP, CH=chunk, CTILE=ctile, NR=nr, num_warps=num_warps,
-        **launch_args(words.device))
+        HKV=hkv, BS=block_size, NCTR=NCTR, K=K, KP=KP, CH=chunk, CTILE=ctile, NR=nr, SMALL=small,
+        num_warps=num_warps, **launch_args(words.device))
