@@ -180,7 +180,12 @@ VARIANTS = [("default", {}),
             ("thresh ch512 w8", dict(thresh_chunk=512)),
             ("thresh ch512 w4", dict(thresh_chunk=512, num_warps=4)),
             ("thresh ch1024 w16", dict(num_warps=16)),
-            ("thresh ch256 w4", dict(thresh_chunk=256, num_warps=4))]
+            ("thresh ch256 w4", dict(thresh_chunk=256, num_warps=4)),
+            # session 8: the one-program top-k for rows of at most `thresh_small` blocks
+            ("small off", dict(thresh_small=0)),
+            ("small 8192", dict(thresh_small=8192)),
+            ("small 16384", dict(thresh_small=16384)),
+            ("small 16384 tw16", dict(thresh_small=16384, thresh_warps=16))]
 
 
 def _compile_worker(tunes: list) -> list[str]:

@@ -225,10 +225,12 @@ class DecodeConfig:
 DEFAULT_CONFIGS = {
     # H200, session 4 sweep: 128K b1 42.8 vs 45.0 us (w4); 1.01-1.10x of w4 on every other case
     # (32K, 1M, 4K b8/b32, sparse 128K). Preloading page ids loses for bf16 at b8/b32 (0.88-0.96x).
-    "bf16": DecodeConfig(warps=2, programs_per_sm=4, max_splits=256),
+    # Session 8: early loads 1.00-1.03x on every case (128K 38.3 vs 38.7 us).
+    "bf16": DecodeConfig(warps=2, programs_per_sm=4, max_splits=256, early=True),
     # H200, session 4 sweep: 128K b1 27.2 vs 30.6 us without preload, 1M 143 vs 167 us, 4K b32
-    # 30.3 vs 33.7; sparse 128K 8.6 vs 8.4 (the one case it is not faster)
-    "fp8": DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16),
+    # 30.3 vs 33.7; sparse 128K 8.6 vs 8.4 (the one case it is not faster). Session 8: early
+    # loads 1.00-1.03x on every case (128K 24.4 vs 24.9 us).
+    "fp8": DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16, early=True),
     "fp32": DecodeConfig(),
 }
 
@@ -270,17 +272,18 @@ SWEEP_CONFIGS = (
     DecodeConfig(warps=2, stages=3, programs_per_sm=3, max_splits=256, preload=16),
     DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=192, preload=16),
     DecodeConfig(warps=2, stages=4, programs_per_sm=3, max_splits=256, preload=16),
-    # session 8: half a page per softmax step (half the shared memory per stage: more CTAs per
-    # SM for the latency-bound fp8 kernel), and slots / seq_lens loaded before the PDL wait
+    # session 8: half a page per softmax step (half the shared memory per stage: fp8 s3 21.5
+    # instead of 39 KB per CTA, bf16 38 instead of 72). H200 at f0acdae (fills fixed), 128K b1:
+    # fp8 28.5-33.5 us vs 24.9 (more CTAs per SM did not help: per-step costs doubled); bf16
+    # 39.1-46.9 vs 38.7, but 4K b8 15.5-15.7 vs 18.7 (the other sub32 configs measured, s4-s5
+    # and 6-8 programs per SM, were slower still and are not kept)
     DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16, sub=32),
-    DecodeConfig(warps=2, stages=3, programs_per_sm=6, max_splits=512, preload=16, sub=32),
-    DecodeConfig(warps=2, stages=4, programs_per_sm=6, max_splits=512, preload=16, sub=32),
-    DecodeConfig(warps=2, stages=5, programs_per_sm=4, max_splits=256, preload=16, sub=32),
-    DecodeConfig(warps=2, stages=3, programs_per_sm=8, max_splits=512, preload=16, sub=32),
     DecodeConfig(warps=2, programs_per_sm=4, max_splits=256, sub=32),
-    DecodeConfig(warps=2, stages=4, programs_per_sm=4, max_splits=256, sub=32),
-    DecodeConfig(warps=2, programs_per_sm=4, max_splits=256, early=True),
-    DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16, early=True),
+    # the defaults before slots / seq_lens were loaded ahead of the PDL wait (early)
+    DecodeConfig(warps=2, programs_per_sm=4, max_splits=256),
+    DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16),
+    DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16, sub=32, early=True),
+    DecodeConfig(warps=2, programs_per_sm=4, max_splits=256, sub=32, early=True),
 )
 
 
@@ -321,7 +324,9 @@ def paged_attention(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=
     """Same contract as reference.paged_attention. q [n, Hq, D] (unit last stride);
     block_ids [n, Hkv, maxsel] int32 and num_blocks [n, Hkv] int32 (any strides, e.g. 0);
     k_scale/v_scale: float or fp32 [Hkv] (used for FP8 pages only); config: kernel and launch
-    knobs (default: DEFAULT_CONFIGS for the page dtype; num_splits is the caller's)."""
+    knobs (default: DEFAULT_CONFIGS for the page dtype; num_splits is the caller's). With PDL on
+    and config.early (the defaults), slots and seq_lens are read before the PDL wait, so they must
+    not be written by the kernel launched just before this call (older kernels are fine)."""
     n, hq, d = q.shape
     _, hkv, B, _ = k_pages.shape
     G = hq // hkv

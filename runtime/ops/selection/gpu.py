@@ -101,13 +101,17 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # at 1M: pass 2 + thresh 37 us per layer vs hist ~62), so radix and hist were removed. With the
 # second-level histogram (9281cda): 55.6 / 35.4 us; 256 lse splits instead of 128 at batch 1
 # (the cap was 128): lse pass 18.3 -> 14.2 us at 1M, selection 53.0 us; 128K unchanged (35.3).
-DECODE_DEFAULTS = dict(nbc=64, nbc_fp32=32, num_warps=8, lse_splits=None, thresh_chunk=1024)
+# Session 8: rows of at most `thresh_small` blocks (128K context: 2049) take the top-k in one
+# program of `thresh_warps` warps (None: num_warps), radix select in registers (triton_thresh.py).
+DECODE_DEFAULTS = dict(nbc=64, nbc_fp32=32, num_warps=8, lse_splits=None, thresh_chunk=1024,
+                       thresh_small=4096, thresh_warps=None)
 
 
 def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_max: int,
                   k_pages=None, k1_start=None, k1_count=None, k_scale=1.0,
                   lse_splits: int | None = None, nbc: int | None = None, num_warps: int | None = None,
-                  thresh_chunk: int | None = None):
+                  thresh_chunk: int | None = None, thresh_small: int | None = None,
+                  thresh_warps: int | None = None):
     """One query per row (decode): three launches (triton_decode.py's lse and score-word passes,
     triton_thresh.py's top-k). With k_pages, k1_start and k1_count given, the window completed
     by each row's token (k1_count 0/1) is compressed into k1_pages by the first launch (replaces
@@ -128,8 +132,10 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
         nbc = dflt["nbc_fp32"] if q.dtype == torch.float32 else dflt["nbc"]
     num_warps = dflt["num_warps"] if num_warps is None else num_warps
     thresh_chunk = dflt["thresh_chunk"] if thresh_chunk is None else thresh_chunk
+    thresh_small = dflt["thresh_small"] if thresh_small is None else thresh_small
+    thresh_warps = thresh_warps or dflt["thresh_warps"] or num_warps
     K = min(sc.selected_blocks, nb_max)
-    assert nbc & (nbc - 1) == 0 and thresh_chunk & (thresh_chunk - 1) == 0
+    assert nbc & (nbc - 1) == 0 and thresh_chunk & (thresh_chunk - 1) == 0 and thresh_small & (thresh_small - 1) == 0
     nctr = tkern.NCTR                     # the ticket, both histograms, the reservation counters
     sm_scale = 1.0 / math.sqrt(D)
     dot_f32 = q.dtype == torch.float32
@@ -159,5 +165,6 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
         INIT=sc.init_blocks, WINB=sc.window_blocks, SP2=max(2, triton.next_power_of_2(lse_splits)),
         DOT_F32=dot_f32, num_warps=num_warps, **launch_args(dev))
     tkern.thresh_launch(seq_lens, words, ctr, sel, cnt, hkv, sc.block_size, K, thresh_chunk,
-                        ctile=max(256, 32 * num_warps), num_warps=num_warps)
+                        ctile=max(256, 32 * thresh_warps), num_warps=thresh_warps,
+                        small=min(thresh_small, triton.next_power_of_2(nb_max)))
     return sel, cnt

@@ -157,7 +157,7 @@ def _thresh_one_program(word_row, h1_ptr, ncand, pick_row, sel_row, cnt_ptr, K: 
     No atomics and no serial pass over a candidate buffer (the grid-parallel path's finish)."""
     b = tl.arange(0, SMALL)
     m = b < ncand
-    u, key = _unsigned_word(word_row, b, m)
+    u, _ = _unsigned_word(word_row, b, m)     # the keys are rebuilt for the picks only
     h1 = tl.load(h1_ptr + tl.arange(0, 4096), cache_modifier=".cg")
     pre, need = _pick_digit(h1, tl.minimum(ncand, K), tl.zeros([], tl.uint32), 20, 4096)
     live = m & ((u >> 20) == (pre >> 20))
@@ -169,6 +169,7 @@ def _thresh_one_program(word_row, h1_ptr, ncand, pick_row, sel_row, cnt_ptr, K: 
     tie = m & (u == pre)
     pick = m & ((u > pre) | (tie & (tl.cumsum(tie.to(tl.int32), 0) <= need)))
     total = tl.sum(pick.to(tl.int32), 0)
+    key = (u ^ 0x80000000).to(tl.int32, bitcast=True).to(tl.int64) * 4294967296 + (4294967295 - b.to(tl.int64))
     tl.store(pick_row + tl.cumsum(pick.to(tl.int32), 0) - 1, key, mask=pick)
     tl.debug_barrier()                                    # every thread's picks, then read by all
     k = tl.arange(0, KP)
