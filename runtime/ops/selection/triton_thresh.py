@@ -178,6 +178,36 @@ def _thresh_one_program(word_row, h1_ptr, ncand, pick_row, sel_row, cnt_ptr, K: 
 
 
 @triton.jit
+def _thresh_chunk(word_row, row_ctr, ncand, b0, pick_row, cand_row, s_cand2, sel_row, cnt_ptr,
+                  K: tl.constexpr, KP: tl.constexpr, CH: tl.constexpr, CTILE: tl.constexpr, NR: tl.constexpr):
+    """The grid-parallel path: one chunk program's part (see the module docstring); the row's
+    last program (atomic ticket) finishes. row_ctr: [ticket, bins, #picks, #candidates, bins2]."""
+    h1 = tl.load(row_ctr + 1 + tl.arange(0, 4096), cache_modifier=".cg")
+    thr, need = _pick_digit(h1, tl.minimum(ncand, K), tl.zeros([], tl.uint32), 20, 4096)
+    b = b0 + tl.arange(0, CH)
+    m = b < ncand
+    u, key = _unsigned_word(word_row, b, m)
+    hi = m & ((u >> 20) > (thr >> 20))
+    eq = m & ((u >> 20) == (thr >> 20))
+    at_hi = tl.atomic_add(row_ctr + PICKS, tl.sum(hi.to(tl.int32), 0), sem="relaxed")
+    at_eq = tl.atomic_add(row_ctr + CANDS, tl.sum(eq.to(tl.int32), 0), sem="relaxed")
+    tl.store(pick_row + at_hi + tl.cumsum(hi.to(tl.int32), 0) - 1, key, mask=hi)
+    tl.store(cand_row + at_eq + tl.cumsum(eq.to(tl.int32), 0) - 1, key, mask=eq)
+    tl.atomic_add(row_ctr + BINS2 + ((u >> 8) & 4095).to(tl.int32), tl.full([CH], 1, tl.int32), mask=eq,
+                  sem="relaxed")
+    tl.debug_barrier()                                     # all of this program's keys, then the ticket
+    if tl.atomic_add(row_ctr, 1) == tl.cdiv(ncand, CH) - 1:      # the row's last program
+        above = tl.atomic_add(row_ctr + PICKS, 0)
+        nc = tl.atomic_add(row_ctr + CANDS, 0)
+        h2 = tl.load(row_ctr + BINS2 + tl.arange(0, 4096), cache_modifier=".cg")
+        total = _thresh_finish(cand_row, nc, cand_row + s_cand2, h2, pick_row, above, thr, need, CTILE, NR)
+        tl.debug_barrier()
+        k = tl.arange(0, KP)
+        run = tl.load(pick_row + k, mask=k < total, other=SENTINEL, cache_modifier=".cg")
+        _write_ranked(run, sel_row, cnt_ptr, KP)
+
+
+@triton.jit
 def _thresh_kernel(seqlen_ptr, word_ptr, ctr_ptr, pick_ptr, cand_ptr, sel_ptr, cnt_ptr,
                    s_word, s_cand, s_cand2, s_seln, s_selh, s_cntn, s_cnth,
                    HKV: tl.constexpr, BS: tl.constexpr, NCTR: tl.constexpr, K: tl.constexpr,
@@ -190,41 +220,22 @@ def _thresh_kernel(seqlen_ptr, word_ptr, ctr_ptr, pick_ptr, cand_ptr, sel_ptr, c
     kh = r % HKV
     ncand = (tl.load(seqlen_ptr + n) - 1) // BS + 1       # blocks 0..own are candidates
     b0 = c * CH
-    one_program = False
+    word_row = word_ptr + r.to(tl.int64) * s_word
+    row_ctr = ctr_ptr + r * NCTR
+    pick_row = pick_ptr + r.to(tl.int64) * KP
+    cand_row = cand_ptr + r.to(tl.int64) * s_cand
+    sel_row = sel_ptr + n * s_seln + kh * s_selh
+    cnt_row = cnt_ptr + n * s_cntn + kh * s_cnth
     if SMALL > 0:
-        one_program = ncand <= SMALL
-    if one_program:
-        if c == 0:
-            _thresh_one_program(word_ptr + r.to(tl.int64) * s_word, ctr_ptr + r * NCTR + 1, ncand,
-                                pick_ptr + r.to(tl.int64) * KP, sel_ptr + n * s_seln + kh * s_selh,
-                                cnt_ptr + n * s_cntn + kh * s_cnth, K, KP, SMALL)
+        if ncand <= SMALL:
+            if c == 0:
+                _thresh_one_program(word_row, row_ctr + 1, ncand, pick_row, sel_row, cnt_row, K, KP, SMALL)
+        elif b0 < ncand:
+            _thresh_chunk(word_row, row_ctr, ncand, b0, pick_row, cand_row, s_cand2, sel_row, cnt_row,
+                          K, KP, CH, CTILE, NR)
     elif b0 < ncand:
-        row_ctr = ctr_ptr + r * NCTR                       # [ticket, bins, #picks, #candidates, bins2]
-        h1 = tl.load(row_ctr + 1 + tl.arange(0, 4096), cache_modifier=".cg")
-        thr, need = _pick_digit(h1, tl.minimum(ncand, K), tl.zeros([], tl.uint32), 20, 4096)
-        b = b0 + tl.arange(0, CH)
-        m = b < ncand
-        u, key = _unsigned_word(word_ptr + r.to(tl.int64) * s_word, b, m)
-        hi = m & ((u >> 20) > (thr >> 20))
-        eq = m & ((u >> 20) == (thr >> 20))
-        pick_row = pick_ptr + r.to(tl.int64) * KP
-        cand_row = cand_ptr + r.to(tl.int64) * s_cand
-        at_hi = tl.atomic_add(row_ctr + PICKS, tl.sum(hi.to(tl.int32), 0), sem="relaxed")
-        at_eq = tl.atomic_add(row_ctr + CANDS, tl.sum(eq.to(tl.int32), 0), sem="relaxed")
-        tl.store(pick_row + at_hi + tl.cumsum(hi.to(tl.int32), 0) - 1, key, mask=hi)
-        tl.store(cand_row + at_eq + tl.cumsum(eq.to(tl.int32), 0) - 1, key, mask=eq)
-        tl.atomic_add(row_ctr + BINS2 + ((u >> 8) & 4095).to(tl.int32), tl.full([CH], 1, tl.int32), mask=eq,
-                      sem="relaxed")
-        tl.debug_barrier()                                 # all of this program's keys, then the ticket
-        if tl.atomic_add(row_ctr, 1) == tl.cdiv(ncand, CH) - 1:      # the row's last program
-            above = tl.atomic_add(row_ctr + PICKS, 0)
-            nc = tl.atomic_add(row_ctr + CANDS, 0)
-            h2 = tl.load(row_ctr + BINS2 + tl.arange(0, 4096), cache_modifier=".cg")
-            total = _thresh_finish(cand_row, nc, cand_row + s_cand2, h2, pick_row, above, thr, need, CTILE, NR)
-            tl.debug_barrier()
-            k = tl.arange(0, KP)
-            run = tl.load(pick_row + k, mask=k < total, other=SENTINEL, cache_modifier=".cg")
-            _write_ranked(run, sel_ptr + n * s_seln + kh * s_selh, cnt_ptr + n * s_cntn + kh * s_cnth, KP)
+        _thresh_chunk(word_row, row_ctr, ncand, b0, pick_row, cand_row, s_cand2, sel_row, cnt_row,
+                      K, KP, CH, CTILE, NR)
 
 
 def thresh_launch(seq_lens, words, ctr, sel, cnt, hkv: int, block_size: int, K: int, chunk: int,
