@@ -20,7 +20,7 @@ import triton.language as tl  # noqa: E402
 
 from salactl.runtime.gpu import selfcheck as S  # noqa: E402
 from salactl.runtime.ops.selection.triton_thresh import _pick_digit, _write_ranked  # noqa: E402
-from salactl.runtime.ops.selection.triton_thresh import NCTR, _thresh_finish, _thresh_kernel  # noqa: E402
+from salactl.runtime.ops.selection.triton_thresh import NCTR, _thresh_finish, thresh_launch  # noqa: E402
 
 SMALL = S.Shapes.small()
 
@@ -95,14 +95,14 @@ def _tied_words(lens, W, seed=0):
 
 
 def test_threshold_select_kernel_exact_order_with_heavy_ties():
-    """triton_thresh._thresh_kernel (the top-k's third launch) on raw score words and their
+    """triton_thresh.thresh_launch (the top-k after pass 2) on raw score words and their
     top-12-bit histogram: rows shorter than, equal to and longer than K, one and many chunk
     programs per row, heavy ties (taken lowest index first), forced blocks, all-equal rows,
     narrow bands (hundreds of blocks in the threshold's 12-bit bin, exact ties in its 24-bit
     bin); the second-level histogram the chunk programs build with atomics is the threshold
-    bin's counts of word bits 8-19. SMALL 256 / 512: rows up to that long take the one-program
-    radix select instead (256: both paths in one launch)."""
-    W, K, KP = 300, 96, 128
+    bin's counts of word bits 8-19. small 256 / 512: rows up to that long take the one-program
+    radix select instead (256: both kernels, each skipping the other's rows)."""
+    W, K = 300, 96
     lens = [1, 5, 95, 96, 97, 200, 300, 250, 300, 290, 299]
     f, words = _tied_words(lens, W)
     u = (words.to(torch.int64) & 0xFFFFFFFF) ^ 0x80000000
@@ -111,14 +111,9 @@ def test_threshold_select_kernel_exact_order_with_heavy_ties():
         ctr = torch.zeros(len(lens), NCTR, dtype=torch.int32)
         for i, L in enumerate(lens):
             ctr[i, 1:4097] = torch.bincount(u[i, :L] >> 20, minlength=4096)
-        cand = torch.full((len(lens), 2, W), -5, dtype=torch.int64)
-        pick = torch.empty(len(lens) * KP, dtype=torch.int64)
         sel = torch.full((len(lens), 1, K), -7, dtype=torch.int32)
         cnt = torch.empty(len(lens), 1, dtype=torch.int32)
-        _thresh_kernel[(len(lens), triton.cdiv(W, ch))](
-            seq, words, ctr, pick, cand, sel, cnt, words.stride(0), cand.stride(0), cand.stride(1),
-            sel.stride(0), sel.stride(1), cnt.stride(0), cnt.stride(1), HKV=1, BS=1, NCTR=NCTR, K=K, KP=KP,
-            CH=ch, CTILE=ctile, NR=2, SMALL=small)
+        thresh_launch(seq, words, ctr, sel, cnt, 1, 1, K, ch, ctile, num_warps=4, small=small)
         for i, L in enumerate(lens):
             want = torch.sort(f[i, :L], descending=True, stable=True).indices[:K].tolist()
             assert sel[i, 0, :int(cnt[i, 0])].tolist() == want, (ch, ctile, small, L)

@@ -213,6 +213,7 @@ def _thresh_kernel(seqlen_ptr, word_ptr, ctr_ptr, pick_ptr, cand_ptr, sel_ptr, c
                    HKV: tl.constexpr, BS: tl.constexpr, NCTR: tl.constexpr, K: tl.constexpr,
                    KP: tl.constexpr, CH: tl.constexpr, CTILE: tl.constexpr, NR: tl.constexpr,
                    SMALL: tl.constexpr = 0, PDL: tl.constexpr = False):
+    """The grid-parallel path for rows of more than SMALL candidate blocks."""
     pdl_wait(PDL)
     r = tl.program_id(0)
     c = tl.program_id(1)
@@ -220,37 +221,50 @@ def _thresh_kernel(seqlen_ptr, word_ptr, ctr_ptr, pick_ptr, cand_ptr, sel_ptr, c
     kh = r % HKV
     ncand = (tl.load(seqlen_ptr + n) - 1) // BS + 1       # blocks 0..own are candidates
     b0 = c * CH
-    word_row = word_ptr + r.to(tl.int64) * s_word
-    row_ctr = ctr_ptr + r * NCTR
-    pick_row = pick_ptr + r.to(tl.int64) * KP
-    cand_row = cand_ptr + r.to(tl.int64) * s_cand
-    sel_row = sel_ptr + n * s_seln + kh * s_selh
-    cnt_row = cnt_ptr + n * s_cntn + kh * s_cnth
-    if SMALL > 0:
-        if ncand <= SMALL:
-            if c == 0:
-                _thresh_one_program(word_row, row_ctr + 1, ncand, pick_row, sel_row, cnt_row, K, KP, SMALL)
-        elif b0 < ncand:
-            _thresh_chunk(word_row, row_ctr, ncand, b0, pick_row, cand_row, s_cand2, sel_row, cnt_row,
-                          K, KP, CH, CTILE, NR)
-    elif b0 < ncand:
-        _thresh_chunk(word_row, row_ctr, ncand, b0, pick_row, cand_row, s_cand2, sel_row, cnt_row,
+    if (ncand > SMALL) & (b0 < ncand):
+        _thresh_chunk(word_ptr + r.to(tl.int64) * s_word, ctr_ptr + r * NCTR, ncand, b0,
+                      pick_ptr + r.to(tl.int64) * KP, cand_ptr + r.to(tl.int64) * s_cand, s_cand2,
+                      sel_ptr + n * s_seln + kh * s_selh, cnt_ptr + n * s_cntn + kh * s_cnth,
                       K, KP, CH, CTILE, NR)
+
+
+@triton.jit
+def _thresh_one_kernel(seqlen_ptr, word_ptr, ctr_ptr, pick_ptr, sel_ptr, cnt_ptr,
+                       s_word, s_seln, s_selh, s_cntn, s_cnth,
+                       HKV: tl.constexpr, BS: tl.constexpr, NCTR: tl.constexpr, K: tl.constexpr,
+                       KP: tl.constexpr, SMALL: tl.constexpr, PDL: tl.constexpr = False):
+    """The one-program path for rows of at most SMALL candidate blocks (grid: rows). A kernel of
+    its own: compiled into _thresh_kernel it made the grid path 1.6-7 us slower at 1M context."""
+    pdl_wait(PDL)
+    r = tl.program_id(0)
+    n = r // HKV
+    kh = r % HKV
+    ncand = (tl.load(seqlen_ptr + n) - 1) // BS + 1
+    if ncand <= SMALL:
+        _thresh_one_program(word_ptr + r.to(tl.int64) * s_word, ctr_ptr + r * NCTR + 1, ncand,
+                            pick_ptr + r.to(tl.int64) * KP, sel_ptr + n * s_seln + kh * s_selh,
+                            cnt_ptr + n * s_cntn + kh * s_cnth, K, KP, SMALL)
 
 
 def thresh_launch(seq_lens, words, ctr, sel, cnt, hkv: int, block_size: int, K: int, chunk: int,
                   ctile: int, num_warps: int, small: int = 0) -> None:
-    """The third launch (the top-k) over pass 2's words [rows, nb_max] int32 and counters
-    [rows * NCTR] int32 (top-12-bit histogram built, the other slots zero); writes sel/cnt.
-    small (0 or a power of 2): rows of at most this many candidate blocks take the one-program
-    path (_thresh_one_program)."""
+    """The top-k over pass 2's words [rows, nb_max] int32 and counters [rows * NCTR] int32
+    (top-12-bit histogram built, the other slots zero); writes sel/cnt. small (0 or a power of
+    2): rows of at most this many candidate blocks are done by _thresh_one_kernel, the others by
+    the grid-parallel _thresh_kernel (two launches; small 0: the grid path only)."""
     rows, nb_max = words.shape
     KP = triton.next_power_of_2(K)
     nr = max(1, triton.cdiv(max(1, (nb_max - 1).bit_length()), 8))
     pick = words.new_empty(rows * KP, dtype=torch.int64)
+    sel_strides = (sel.stride(0), sel.stride(1), cnt.stride(0), cnt.stride(1))
+    if small:
+        _thresh_one_kernel[(rows,)](seq_lens, words, ctr, pick, sel, cnt, words.stride(0), *sel_strides,
+                                    HKV=hkv, BS=block_size, NCTR=NCTR, K=K, KP=KP, SMALL=small,
+                                    num_warps=num_warps, **launch_args(words.device))
+        if nb_max <= small:
+            return
     cand = words.new_empty(rows, 2, nb_max, dtype=torch.int64)      # the bin's keys, then T2's
     _thresh_kernel[(rows, triton.cdiv(nb_max, chunk))](
         seq_lens, words, ctr, pick, cand, sel, cnt, words.stride(0), cand.stride(0), cand.stride(1),
-        sel.stride(0), sel.stride(1), cnt.stride(0), cnt.stride(1),
-        HKV=hkv, BS=block_size, NCTR=NCTR, K=K, KP=KP, CH=chunk, CTILE=ctile, NR=nr, SMALL=small,
+        *sel_strides, HKV=hkv, BS=block_size, NCTR=NCTR, K=K, KP=KP, CH=chunk, CTILE=ctile, NR=nr, SMALL=small,
         num_warps=num_warps, **launch_args(words.device))
