@@ -183,12 +183,10 @@ VARIANTS = [("default", {}),
             ("thresh ch256 w4", dict(thresh_chunk=256, num_warps=4)),
             # session 8: the one-program top-k for rows of at most `thresh_small` blocks (H200 at
             # 4b7474f, thresh kernel at 128K + 100: 13.3 us, off 20.6; one program for 1M rows was
-            # slower than the grid path: small 16384 w8 / w16 53.3 / 43.6 us at 128K, 16384-wide;
-            # 4 warps: selection 36.6 / 61.1 us at 128K / 1M against 27.2 / 55.4)
+            # slower than the grid path: small 16384 w8 / w16 53.3 / 43.6 us at 128K, 16384-wide)
             ("small off", dict(thresh_small=0)),
-            ("small tw16", dict(thresh_warps=16)),
-            # session 8: pass 2 from pass 1's stored scores (the default at batch 1) or from K1
-            ("scores off", dict(stored_scores=False))]
+            ("small tw4", dict(thresh_warps=4)),
+            ("small tw16", dict(thresh_warps=16))]
 
 
 def _compile_worker(tunes: list) -> list[str]:

@@ -61,8 +61,7 @@ def test_selection_matches_reference():
 @pytest.mark.parametrize("ties", [False, True])
 @pytest.mark.parametrize("knobs", [dict(lse_splits=3),
                                    dict(nbc=4, lse_splits=2, thresh_chunk=8, thresh_small=0),
-                                   dict(nbc=8, lse_splits=5, thresh_chunk=16, num_warps=4, thresh_small=0,
-                                        stored_scores=False),
+                                   dict(nbc=8, lse_splits=5, thresh_chunk=16, num_warps=4, thresh_small=0),
                                    dict(thresh_chunk=64, thresh_small=0),
                                    dict(thresh_chunk=16, thresh_small=32, thresh_warps=2)])
 def test_decode_selection_exact_set_and_order(ties, knobs):
@@ -70,8 +69,7 @@ def test_decode_selection_exact_set_and_order(ties, knobs):
     at/just past dense_len, not multiples of the block, shorter than topk, one and many
     threshold-select chunk programs per row, several rows in one batch; tied blocks must break
     by lower index. By default every row here takes the one-program top-k (thresh_small); 0
-    forces the grid-parallel one, 32 mixes both. Pass 2 reads pass 1's stored scores unless
-    stored_scores=False (recomputed from K1)."""
+    forces the grid-parallel one, 32 mixes both in one launch."""
     from salactl.runtime.ops.selection.check import check_decode_selection
 
     sc = SMALL.sparse

@@ -103,17 +103,15 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # (the cap was 128): lse pass 18.3 -> 14.2 us at 1M, selection 53.0 us; 128K unchanged (35.3).
 # Session 8: rows of at most `thresh_small` blocks (128K context: 2049) take the top-k in one
 # program of `thresh_warps` warps (None: num_warps), radix select in registers (triton_thresh.py).
-# stored_scores: pass 1 stores the scores for pass 2 (K1 read once) when the buffer, rows x BG x
-# the table's windows x 4 B, is at most `stored_scores_bytes` (else pass 2 recomputes from K1).
 DECODE_DEFAULTS = dict(nbc=64, nbc_fp32=32, num_warps=8, lse_splits=None, thresh_chunk=1024,
-                       thresh_small=4096, thresh_warps=None, stored_scores=True, stored_scores_bytes=64 << 20)
+                       thresh_small=4096, thresh_warps=None)
 
 
 def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_max: int,
                   k_pages=None, k1_start=None, k1_count=None, k_scale=1.0,
                   lse_splits: int | None = None, nbc: int | None = None, num_warps: int | None = None,
                   thresh_chunk: int | None = None, thresh_small: int | None = None,
-                  thresh_warps: int | None = None, stored_scores: bool | None = None):
+                  thresh_warps: int | None = None):
     """One query per row (decode): three launches (triton_decode.py's lse and score-word passes,
     triton_thresh.py's top-k). With k_pages, k1_start and k1_count given, the window completed
     by each row's token (k1_count 0/1) is compressed into k1_pages by the first launch (replaces
@@ -150,25 +148,22 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     cnt = torch.empty(n, hkv, device=dev, dtype=torch.int32)
     kp = k_pages if fuse else k1_pages
     js, jc = (k1_start, k1_count) if fuse else (slots, slots)
-    if stored_scores is None:
-        stored_scores = dflt["stored_scores"] and rows * BG * nb_max * wpp * 4 <= dflt["stored_scores_bytes"]
-    scores = torch.empty(rows, BG, nb_max * wpp if stored_scores else 1, device=dev, dtype=torch.float32)
     dkern._lse_kernel[(rows, lse_splits)](
         q, k1_pages, page_table, slots, seq_lens, plse, ctr, kp, js, jc,
-        *kernel_scales(kp.dtype, hkv, dev, k_scale, unused=plse), scores,
+        *kernel_scales(kp.dtype, hkv, dev, k_scale, unused=plse),
         q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), kp.stride(0), kp.stride(1),
-        page_table.stride(0), scores.stride(0), scores.stride(1), sm_scale, lse_splits,
+        page_table.stride(0), sm_scale, lse_splits,
         HKV=hkv, G=G, BG=BG, D=D, WPP=wpp, KS=sc.kernel_size, ST=sc.kernel_stride, BS=sc.block_size,
         BW=64, NCTR=nctr, NCTR2=triton.next_power_of_2(nctr), FUSE_K1=fuse, FP8=fp8,
-        DOT_F32=dot_f32, STORE_S=stored_scores, num_warps=4, **launch_args(dev))
+        DOT_F32=dot_f32, num_warps=4, **launch_args(dev))
     dkern._block_words_kernel[(rows, triton.cdiv(nb_max, nbc))](
-        q, k1_pages, page_table, slots, seq_lens, plse, words, ctr, scores,
+        q, k1_pages, page_table, slots, seq_lens, plse, words, ctr,
         q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), page_table.stride(0),
-        words.stride(0), scores.stride(0), scores.stride(1), sm_scale, lse_splits,
+        words.stride(0), sm_scale, lse_splits,
         HKV=hkv, G=G, BG=BG, D=D, WPP=wpp, LEFT=sc.kernel_size // sc.kernel_stride - 1,
         KS=sc.kernel_size, ST=sc.kernel_stride, BS=sc.block_size, NBC=nbc, NCTR=nctr,
         INIT=sc.init_blocks, WINB=sc.window_blocks, SP2=max(2, triton.next_power_of_2(lse_splits)),
-        DOT_F32=dot_f32, FROM_S=stored_scores, num_warps=num_warps, **launch_args(dev))
+        DOT_F32=dot_f32, num_warps=num_warps, **launch_args(dev))
     tkern.thresh_launch(seq_lens, words, ctr, sel, cnt, hkv, sc.block_size, K, thresh_chunk,
                         ctile=max(256, 32 * thresh_warps), num_warps=thresh_warps,
                         small=min(thresh_small, triton.next_power_of_2(nb_max)))

@@ -9,10 +9,8 @@ no library has a graph-safe top-k whose cost follows a length read on the device
 Bytes floor (sala-9b: Hkv 2, d 128, bf16, stride 16, block 64, 96 selected blocks), one layer:
 K1 = windows x Hkv x d x 2 B = 8,191 x 512 B = 4.19 MB at 128K and 65,535 x 512 B = 33.6 MB at
 1M (1.0 / 8.0 us at 4.2 TB/s); the selected K/V is 96 x 64 x 2 x 128 x 2 x 2 B = 6.3 MB (1.5 us).
-Dense K/V is 134 MB at 128K (32 us) and 1.07 GB at 1M (255 us). With STORE_S / FROM_S pass 1
-also stores its scaled scores (fp32 [rows, BG, windows]: 4.2 MB per row at 1M) and pass 2 reads
-them instead of recomputing them from K1 (K1 is then read once); otherwise pass 2 recomputes the
-scores from K1 (K1 read twice, mostly from L2 the second time).
+Dense K/V is 134 MB at 128K (32 us) and 1.07 GB at 1M (255 us). Pass 2 recomputes the scores
+from K1 (K1 read twice, mostly from L2 the second time).
 
 1. `_lse_kernel` (grid rows x splits): each split walks its share of the row's *visible*
    windows (share computed from seq_lens on the device, so splits past the end do nothing) and
@@ -50,13 +48,12 @@ def _load_q(q_ptr, n, kh, s_qn, s_qh, G: tl.constexpr, BG: tl.constexpr, D: tl.c
 
 @triton.jit(do_not_specialize=["num_splits"])
 def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
-                k_ptr, jstart_ptr, jcount_ptr, ks_ptr, sc_ptr,
-                s_qn, s_qh, s_1p, s_1h, s_kp, s_kh, s_pt, s_sc, s_sg, sm_scale, num_splits,
+                k_ptr, jstart_ptr, jcount_ptr, ks_ptr,
+                s_qn, s_qh, s_1p, s_1h, s_kp, s_kh, s_pt, sm_scale, num_splits,
                 HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr,
                 WPP: tl.constexpr, KS: tl.constexpr, ST: tl.constexpr, BS: tl.constexpr,
                 BW: tl.constexpr, NCTR: tl.constexpr, NCTR2: tl.constexpr,
-                FUSE_K1: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr,
-                STORE_S: tl.constexpr = False, PDL: tl.constexpr = False):
+                FUSE_K1: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr = False):
     pdl_wait(PDL)
     r = tl.program_id(0)
     sp = tl.program_id(1)
@@ -85,10 +82,6 @@ def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
         jm = j < end
         s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
         s = s * sm_scale
-        if STORE_S:                     # pass 2 reads these instead of K1 ([rows, BG, windows])
-            g = tl.arange(0, BG)
-            tl.store(sc_ptr + r.to(tl.int64) * s_sc + g[:, None] * s_sg + j[None, :], s,
-                     mask=jm[None, :] & (g < G)[:, None])
         s = tl.where(jm[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         l = l * tl.exp(m - m_new) + tl.sum(tl.exp(s - m_new[:, None]), 1)
@@ -98,13 +91,13 @@ def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
 
 
 @triton.jit(do_not_specialize=["num_splits"])
-def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, word_ptr, ctr_ptr, sc_ptr,
-                        s_qn, s_qh, s_1p, s_1h, s_pt, s_word, s_sc, s_sg, sm_scale, num_splits,
+def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, word_ptr, ctr_ptr,
+                        s_qn, s_qh, s_1p, s_1h, s_pt, s_word, sm_scale, num_splits,
                         HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr,
                         WPP: tl.constexpr, LEFT: tl.constexpr, KS: tl.constexpr, ST: tl.constexpr,
                         BS: tl.constexpr, NBC: tl.constexpr, NCTR: tl.constexpr,
                         INIT: tl.constexpr, WINB: tl.constexpr, SP2: tl.constexpr, DOT_F32: tl.constexpr,
-                        FROM_S: tl.constexpr = False, PDL: tl.constexpr = False):
+                        PDL: tl.constexpr = False):
     pdl_wait(PDL)
     r = tl.program_id(0)
     c = tl.program_id(1)
@@ -126,18 +119,13 @@ def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, w
         lse = tl.where(den > 0, mx + tl.log(tl.where(den > 0, den, 1.0)), 0.0)
         b = b0 + tl.arange(0, NBC)
         pooled = tl.full([NBC], float("-inf"), tl.float32)
-        if not FROM_S:
-            q = _load_q(q_ptr, n, kh, s_qn, s_qh, G, BG, D)
+        q = _load_q(q_ptr, n, kh, s_qn, s_qh, G, BG, D)
         for w in tl.static_range(WPP + LEFT):
             j = b * WPP - LEFT + w                    # windows overlapping block b
             jm = (j >= 0) & (j < nvis)
             hm = jm[None, :] & (g < G)[:, None]
-            if FROM_S:                                # pass 1's scaled scores: the same values
-                s = tl.load(sc_ptr + r.to(tl.int64) * s_sc + g[:, None] * s_sg + j[None, :],
-                            mask=hm, other=0.0)
-            else:
-                s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
-                s = s * sm_scale
+            s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
+            s = s * sm_scale
             p = tl.where(hm, tl.exp(s - lse[:, None]), 0.0)
             pooled = tl.maximum(pooled, tl.where(jm, tl.sum(p, 0), float("-inf")))
         cand = b < ncand

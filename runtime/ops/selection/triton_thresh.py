@@ -64,13 +64,12 @@ def _pick_digit(hd, need, prefix, SH: tl.constexpr, NB: tl.constexpr):
 
 @triton.jit
 def _write_ranked(run, sel_ptr, cnt_ptr, KP: tl.constexpr):
-    """Block ids of the picked keys [KP] (SENTINEL: none) in descending key order, and their
-    count. The keys are unique, so a key's place is how many keys exceed it: one [KP, KP]
-    comparison and a row sum instead of tl.sort's 28 bitonic stages."""
-    valid = _score_word(run) > 0
-    rank = tl.sum((run[None, :] > run[:, None]).to(tl.int32), 1)
-    tl.store(sel_ptr + rank, -1 - run.to(tl.int32), mask=valid)     # low word = 2^32-1-b
-    tl.store(cnt_ptr, tl.sum(valid.to(tl.int32), 0))
+    """Block ids of the picked keys in descending key order, and their count."""
+    nvalid = tl.sum((_score_word(run) > 0).to(tl.int32), 0)
+    ranked = tl.sort(run, descending=True)                          # SENTINEL sorts last
+    k = tl.arange(0, KP)
+    tl.store(sel_ptr + k, -1 - ranked.to(tl.int32), mask=k < nvalid)   # low word = 2^32-1-b
+    tl.store(cnt_ptr, nvalid)
 
 
 # Counter slots per row: [0] ticket, [1:4097] the top-12-bit bins (pass 2), [4097] keys above
