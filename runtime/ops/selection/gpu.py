@@ -103,6 +103,10 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # (the cap was 128): lse pass 18.3 -> 14.2 us at 1M, selection 53.0 us; 128K unchanged (35.3).
 # Session 8: rows of at most `thresh_small` blocks (128K context: 2049) take the top-k in one
 # program of `thresh_warps` warps (None: num_warps), radix select in registers (triton_thresh.py).
+# Tried and reverted in session 8 (H200, 45e94ab): pass 1 storing its scores for pass 2 (K1
+# read once): at 1M pass 1 14.2 -> 18.3 us, pass 2 only 20.8 -> 18.0 (so pass 2 is not bound by
+# its K1 reads), selection 53.3 -> 55.7 us; and ranking the picks by one [KP, KP] comparison
+# instead of tl.sort: the top-k 1-3 us slower.
 DECODE_DEFAULTS = dict(nbc=64, nbc_fp32=32, num_warps=8, lse_splits=None, thresh_chunk=1024,
                        thresh_small=4096, thresh_warps=None)
 
