@@ -62,7 +62,7 @@ def test_selection_matches_reference():
 @pytest.mark.parametrize("knobs", [dict(lse_splits=3),
                                    dict(nbc=4, lse_splits=2, thresh_chunk=8, thresh_small=0),
                                    dict(nbc=8, lse_splits=5, thresh_chunk=16, num_warps=4, thresh_small=0),
-                                   dict(thresh_chunk=64, thresh_small=0, hist_local=True),
+                                   dict(thresh_chunk=64, thresh_small=0),
                                    dict(thresh_chunk=16, thresh_small=32, thresh_warps=2)])
 def test_decode_selection_exact_set_and_order(ties, knobs):
     """select_decode (fused K1 update, top-k in the kernel) = reference.select_blocks: contexts

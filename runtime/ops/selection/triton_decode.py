@@ -97,7 +97,7 @@ def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, w
                         WPP: tl.constexpr, LEFT: tl.constexpr, KS: tl.constexpr, ST: tl.constexpr,
                         BS: tl.constexpr, NBC: tl.constexpr, NCTR: tl.constexpr,
                         INIT: tl.constexpr, WINB: tl.constexpr, SP2: tl.constexpr, DOT_F32: tl.constexpr,
-                        HIST_LOCAL: tl.constexpr = False, PDL: tl.constexpr = False):
+                        PDL: tl.constexpr = False):
     pdl_wait(PDL)
     r = tl.program_id(0)
     c = tl.program_id(1)
@@ -136,8 +136,4 @@ def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, w
         word = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
         tl.store(word_ptr + r.to(tl.int64) * s_word + b, word, mask=cand)
         top = ((word.to(tl.uint32, bitcast=True) ^ 0x80000000) >> 20).to(tl.int32)
-        if HIST_LOCAL:      # one atomic per distinct bin (scores crowd a few bins: less contention)
-            h = tl.histogram(top, 4096, mask=cand)
-            tl.atomic_add(ctr_ptr + r * NCTR + 1 + tl.arange(0, 4096), h, mask=h > 0, sem="relaxed")
-        else:
-            tl.atomic_add(ctr_ptr + r * NCTR + 1 + top, tl.full([NBC], 1, tl.int32), mask=cand, sem="relaxed")
+        tl.atomic_add(ctr_ptr + r * NCTR + 1 + top, tl.full([NBC], 1, tl.int32), mask=cand, sem="relaxed")
