@@ -186,9 +186,7 @@ VARIANTS = [("default", {}),
             # slower than the grid path: small 16384 w8 / w16 53.3 / 43.6 us at 128K, 16384-wide)
             ("small off", dict(thresh_small=0)),
             ("small tw4", dict(thresh_warps=4)),
-            ("small tw16", dict(thresh_warps=16)),
-            ("small dig4", dict(thresh_dig4=True)),
-            ("small dig4 tw4", dict(thresh_dig4=True, thresh_warps=4))]
+            ("small tw16", dict(thresh_warps=16))]
 
 
 def _compile_worker(tunes: list) -> list[str]:

@@ -63,8 +63,7 @@ def test_selection_matches_reference():
                                    dict(nbc=4, lse_splits=2, thresh_chunk=8, thresh_small=0),
                                    dict(nbc=8, lse_splits=5, thresh_chunk=16, num_warps=4, thresh_small=0),
                                    dict(thresh_chunk=64, thresh_small=0),
-                                   dict(thresh_chunk=16, thresh_small=32, thresh_warps=2),
-                                   dict(thresh_dig4=True)])
+                                   dict(thresh_chunk=16, thresh_small=32, thresh_warps=2)])
 def test_decode_selection_exact_set_and_order(ties, knobs):
     """select_decode (fused K1 update, top-k in the kernel) = reference.select_blocks: contexts
     at/just past dense_len, not multiples of the block, shorter than topk, one and many
@@ -102,24 +101,22 @@ def test_threshold_select_kernel_exact_order_with_heavy_ties():
     narrow bands (hundreds of blocks in the threshold's 12-bit bin, exact ties in its 24-bit
     bin); the second-level histogram the chunk programs build with atomics is the threshold
     bin's counts of word bits 8-19. small 256 / 512: rows up to that long take the one-program
-    radix select instead (256: both kernels, each skipping the other's rows; dig4: its 4-bit
-    digits)."""
+    radix select instead (256: both kernels, each skipping the other's rows)."""
     W, K = 300, 96
     lens = [1, 5, 95, 96, 97, 200, 300, 250, 300, 290, 299]
     f, words = _tied_words(lens, W)
     u = (words.to(torch.int64) & 0xFFFFFFFF) ^ 0x80000000
     seq = torch.tensor(lens, dtype=torch.int32)
-    for ch, ctile, small, dig4 in ((16, 16, 0, False), (64, 256, 0, False), (512, 64, 0, False),
-                                   (64, 64, 512, False), (16, 16, 256, False), (64, 64, 512, True)):
+    for ch, ctile, small in ((16, 16, 0), (64, 256, 0), (512, 64, 0), (64, 64, 512), (16, 16, 256)):
         ctr = torch.zeros(len(lens), NCTR, dtype=torch.int32)
         for i, L in enumerate(lens):
             ctr[i, 1:4097] = torch.bincount(u[i, :L] >> 20, minlength=4096)
         sel = torch.full((len(lens), 1, K), -7, dtype=torch.int32)
         cnt = torch.empty(len(lens), 1, dtype=torch.int32)
-        thresh_launch(seq, words, ctr, sel, cnt, 1, 1, K, ch, ctile, num_warps=4, small=small, dig4=dig4)
+        thresh_launch(seq, words, ctr, sel, cnt, 1, 1, K, ch, ctile, num_warps=4, small=small)
         for i, L in enumerate(lens):
             want = torch.sort(f[i, :L], descending=True, stable=True).indices[:K].tolist()
-            assert sel[i, 0, :int(cnt[i, 0])].tolist() == want, (ch, ctile, small, dig4, L)
+            assert sel[i, 0, :int(cnt[i, 0])].tolist() == want, (ch, ctile, small, L)
             if L <= small:                                       # the one-program path
                 continue
             assert int(ctr[i, 0]) == triton.cdiv(L, ch)          # every live program took a ticket
