@@ -276,14 +276,13 @@ SWEEP_CONFIGS = (
     # instead of 39 KB per CTA, bf16 38 instead of 72). H200 at f0acdae (fills fixed), 128K b1:
     # fp8 28.5-33.5 us vs 24.9 (more CTAs per SM did not help: per-step costs doubled); bf16
     # 39.1-46.9 vs 38.7, but 4K b8 15.5-15.7 vs 18.7 (the other sub32 configs measured, s4-s5
-    # and 6-8 programs per SM, were slower still and are not kept)
+    # and 6-8 programs per SM, were slower still and are not kept; with early loads too, e4f46fe:
+    # the same picture, fp8 28.3 / 33.3 us, bf16 39.2 / 40.0 us)
     DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16, sub=32),
     DecodeConfig(warps=2, programs_per_sm=4, max_splits=256, sub=32),
     # the defaults before slots / seq_lens were loaded ahead of the PDL wait (early)
     DecodeConfig(warps=2, programs_per_sm=4, max_splits=256),
     DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16),
-    DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16, sub=32, early=True),
-    DecodeConfig(warps=2, programs_per_sm=4, max_splits=256, sub=32, early=True),
 )
 
 

@@ -1,8 +1,8 @@
 """InfLLM-V2 selection on the GPU over paged caches: launchers for the Triton kernels in
 triton.py (compression; prefill selection, several queries of one sequence per tile, + torch.topk)
-and triton_decode.py + triton_thresh.py (decode selection: three launches, work proportional to
-each row's length, top-k in the kernel). Static shapes throughout (graph-safe); exactly DESIGN.md §2, checked
-against reference.select_blocks on random inputs."""
+and triton_decode.py + triton_thresh.py (decode selection: three or four launches, work
+proportional to each row's length, top-k in the kernel). Static shapes throughout (graph-safe);
+exactly DESIGN.md §2, checked against reference.select_blocks on random inputs."""
 
 from __future__ import annotations
 
@@ -118,11 +118,12 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
                   lse_splits: int | None = None, nbc: int | None = None, num_warps: int | None = None,
                   thresh_chunk: int | None = None, thresh_small: int | None = None,
                   thresh_warps: int | None = None):
-    """One query per row (decode): three launches (triton_decode.py's lse and score-word passes,
-    triton_thresh.py's top-k). With k_pages, k1_start and k1_count given, the window completed
-    by each row's token (k1_count 0/1) is compressed into k1_pages by the first launch (replaces
-    compress_update). nb_max: the static block width (launch grid); each row's work follows its
-    own seq_len. Knobs left None take DECODE_DEFAULTS. Same result as select_paged."""
+    """One query per row (decode): triton_decode.py's lse and score-word passes, then
+    triton_thresh.py's top-k (one launch, or two when the table is wider than thresh_small).
+    With k_pages, k1_start and k1_count given, the window completed by each row's token
+    (k1_count 0/1) is compressed into k1_pages by the first launch (replaces compress_update).
+    nb_max: the static block width (launch grid); each row's work follows its own seq_len.
+    Knobs left None take DECODE_DEFAULTS. Same result as select_paged."""
     dflt = DECODE_DEFAULTS
     n, hq, D = q.shape
     _, hkv, wpp, _ = k1_pages.shape

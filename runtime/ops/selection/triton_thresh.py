@@ -1,10 +1,13 @@
-"""Decode selection's top-k as a grid-parallel threshold select: the third launch after
-triton_decode's `_lse_kernel` and `_block_words_kernel` (every pass-2 program stores its blocks'
-int32 score words and adds them to the row's 4096-bin histogram of the top 12 word bits).
+"""Decode selection's top-k, launched after triton_decode's `_lse_kernel` and
+`_block_words_kernel` (every pass-2 program stores its blocks' int32 score words and adds them to
+the row's 4096-bin histogram of the top 12 word bits).
 
 Hand-written for the reason triton_decode.py gives (a graph-safe top-k whose cost follows each
-row's length, read on the device). A single program reading all the row's words (16,384 at 1M
-context; the removed topk="hist") was slower on the H200; here that read is spread over the grid:
+row's length, read on the device). Rows of at most SMALL candidate blocks (4096: contexts up to
+256K) are done by `_thresh_one_kernel`, one program per row with the words in registers
+(`_thresh_one_program`). For longer rows one program reading all the row's words (16,384 at 1M
+context; the removed topk="hist", and one-program variants of 8192-16384 words in session 8) was
+slower on the H200; there the read is spread over the grid:
 
 `_thresh_kernel` (grid rows x chunks of CH blocks; chunks past the row's ncand exit at once):
 each program loads the row's histogram, finds with one cumsum the bin T holding the K-th largest
