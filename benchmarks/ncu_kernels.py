@@ -9,7 +9,8 @@ with the SpeedOfLight, Occupancy, LaunchStats, WarpStateStats, SchedulerStats an
 MemoryWorkloadAnalysis sections (ncu flushes the caches before each pass: DRAM-cold, like the
 rotating benchmarks), and prints the metrics that decide between latency-, issue- and
 bandwidth-bound (stall reasons: warps stalled per issued instruction, by reason). Inputs: random, the 9B shapes (W4A16 GPTQ g128 at one row, decode attention of
-one layer at 128K / batch 1, the skinny o_proj at 32 rows).
+one layer at 128K / batch 1, the skinny o_proj at 32 rows, the decode selection's passes at 1M + 100
+and its one-program top-k at 128K + 100 over compressed random keys, as sparse_decode_bench.py).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 KERNELS = {"w4a16_gateup": "_w4a16_tc_kernel", "w4a16_o": "_w4a16_tc_kernel", "attn_fp8": "_split_kernel",
-           "attn_bf16": "_split_kernel", "skinny_o32": "_skinny_kernel"}
+           "attn_bf16": "_split_kernel", "skinny_o32": "_skinny_kernel",
+           "sel_words_1m": "_block_words_kernel", "sel_lse_1m": "_lse_kernel", "sel_top_128k": "_thresh_one_kernel"}
 SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats", "SchedulerStats", "MemoryWorkloadAnalysis")
 KEEP = ("Duration", "DRAM Throughput", "Memory Throughput", "Compute (SM) Throughput", "Registers Per Thread",
         "Achieved Occupancy", "Theoretical Occupancy", "Block Limit", "Issue Slots Busy", "Issued Warp Per Scheduler",
@@ -61,6 +63,26 @@ def run_case(name: str, reps: int = 10) -> None:
         dt, cfg = ("fp8_e4m3", DEFAULT_CONFIGS["fp8"]) if name == "attn_fp8" else ("bf16", DEFAULT_CONFIGS["bf16"])
         for _ in range(reps):
             case.call(dt, cfg)
+    elif name.startswith("sel"):            # decode selection of one sala-9b layer, batch 1
+        from salactl.runtime.presets import sala_9b
+        from salactl.runtime.ops.selection.check import contiguous_keys, paged_keys, window_slots
+        from salactl.runtime.ops.selection.gpu import select_decode
+        from salactl.runtime.ops.selection.reference import compress_keys, num_windows
+
+        cfg = sala_9b()
+        sc, hkv, d = cfg.sparse_config, cfg.num_key_value_heads, cfg.head_dim
+        ctx = (1 << 20) + 100 if name.endswith("1m") else (1 << 17) + 100
+        pt, kp = paged_keys([ctx], hkv, d, sc.block_size, torch.bfloat16, "cuda", gen=torch.Generator().manual_seed(5),
+                            width=(1 << 20) // sc.block_size + 4)
+        nw = num_windows(ctx, sc)
+        k1p = torch.zeros(kp.shape[0], hkv, sc.block_size // sc.kernel_stride, d, device="cuda", dtype=kp.dtype)
+        pg, sl = window_slots(pt[0], nw, sc)
+        k1p[pg, :, sl] = compress_keys(contiguous_keys(kp, pt[0], ctx, sc.block_size), sc, 0, nw)
+        q = torch.randn(1, cfg.num_attention_heads, d, device="cuda", dtype=torch.bfloat16)
+        one = torch.zeros(1, dtype=torch.int32, device="cuda")
+        seq = torch.tensor([ctx], dtype=torch.int32, device="cuda")
+        for _ in range(reps):
+            select_decode(q, k1p, pt, one, seq, sc, pt.shape[1])
     elif name == "skinny_o32":
         from salactl.runtime.ops.gemv.triton import linear
 
