@@ -64,21 +64,15 @@ def run_case(name: str, reps: int = 10) -> None:
         for _ in range(reps):
             case.call(dt, cfg)
     elif name.startswith("sel"):            # decode selection of one sala-9b layer, batch 1
-        from salactl.runtime.presets import sala_9b
-        from salactl.runtime.ops.selection.check import contiguous_keys, paged_keys, window_slots
         from salactl.runtime.ops.selection.gpu import select_decode
-        from salactl.runtime.ops.selection.reference import compress_keys, num_windows
+        from salactl.runtime.presets import sala_9b
+        from sparse_decode_bench import one_row_keys
 
         cfg = sala_9b()
-        sc, hkv, d = cfg.sparse_config, cfg.num_key_value_heads, cfg.head_dim
         ctx = (1 << 20) + 100 if name.endswith("1m") else (1 << 17) + 100
-        pt, kp = paged_keys([ctx], hkv, d, sc.block_size, torch.bfloat16, "cuda", gen=torch.Generator().manual_seed(5),
-                            width=(1 << 20) // sc.block_size + 4)
-        nw = num_windows(ctx, sc)
-        k1p = torch.zeros(kp.shape[0], hkv, sc.block_size // sc.kernel_stride, d, device="cuda", dtype=kp.dtype)
-        pg, sl = window_slots(pt[0], nw, sc)
-        k1p[pg, :, sl] = compress_keys(contiguous_keys(kp, pt[0], ctx, sc.block_size), sc, 0, nw)
-        q = torch.randn(1, cfg.num_attention_heads, d, device="cuda", dtype=torch.bfloat16)
+        pt, _, k1p, _ = one_row_keys(cfg, ctx)
+        sc = cfg.sparse_config
+        q = torch.randn(1, cfg.num_attention_heads, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
         one = torch.zeros(1, dtype=torch.int32, device="cuda")
         seq = torch.tensor([ctx], dtype=torch.int32, device="cuda")
         for _ in range(reps):

@@ -69,23 +69,32 @@ def checks(cfg, quick):
     return rows
 
 
-def end_to_end(cfg, ctx, device="cuda", dtype=torch.bfloat16) -> float:
-    from salactl.runtime.ops.decode_attention.reference import paged_attention as ref_attention
-    from salactl.runtime.ops.decode_attention.triton import choose_splits, paged_attention
+def one_row_keys(cfg, ctx, device="cuda", dtype=torch.bfloat16):
+    """One sequence of ctx random keys in a 1M-wide page table (the precompiled specialisation)
+    with its compressed keys from the reference: (pt, k_pages, k1_pages, K1 [windows, Hkv, d])."""
     from salactl.runtime.ops.selection.check import contiguous_keys, paged_keys, window_slots
-    from salactl.runtime.ops.selection.gpu import select_decode
-    from salactl.runtime.ops.selection.reference import compress_keys, num_windows, select_blocks
+    from salactl.runtime.ops.selection.reference import compress_keys, num_windows
 
-    sc, hq, hkv, d = cfg.sparse_config, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    gen = torch.Generator().manual_seed(5)
-    pt, kp = paged_keys([ctx], hkv, d, sc.block_size, dtype, device, gen=gen,
-                        width=(1 << 20) // sc.block_size + 4)     # the precompiled specialisation
-    vp = torch.randn_like(kp)
+    sc, hkv, d = cfg.sparse_config, cfg.num_key_value_heads, cfg.head_dim
+    pt, kp = paged_keys([ctx], hkv, d, sc.block_size, dtype, device, gen=torch.Generator().manual_seed(5),
+                        width=(1 << 20) // sc.block_size + 4)
     nw = num_windows(ctx, sc)
     k1p = torch.zeros(kp.shape[0], hkv, sc.block_size // sc.kernel_stride, d, device=device, dtype=kp.dtype)
     K1 = compress_keys(contiguous_keys(kp, pt[0], ctx, sc.block_size), sc, 0, nw)
     pg, sl = window_slots(pt[0], nw, sc)
     k1p[pg, :, sl] = K1
+    return pt, kp, k1p, K1
+
+
+def end_to_end(cfg, ctx, device="cuda", dtype=torch.bfloat16) -> float:
+    from salactl.runtime.ops.decode_attention.reference import paged_attention as ref_attention
+    from salactl.runtime.ops.decode_attention.triton import choose_splits, paged_attention
+    from salactl.runtime.ops.selection.gpu import select_decode
+    from salactl.runtime.ops.selection.reference import select_blocks
+
+    sc, hq, hkv, d = cfg.sparse_config, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    pt, kp, k1p, K1 = one_row_keys(cfg, ctx, device, dtype)
+    vp = torch.randn_like(kp)
     q = torch.randn(1, hq, d, device=device, dtype=dtype)
     one = torch.zeros(1, dtype=torch.int32, device=device)
     seq = torch.tensor([ctx], dtype=torch.int32, device=device)

@@ -13,6 +13,10 @@ completed and its writes are visible; since that grid itself waited on its prede
 never completes before any earlier one, and every earlier write is visible after the wait.
 The trigger comes right after the wait, so dependents are launched no earlier than this kernel's
 real start (and only once all its CTAs are resident: no starvation).
+One exception follows from the same ordering: a kernel is launched only once every CTA of its
+predecessor has passed that predecessor's wait, so every kernel before the predecessor has
+completed. Loads of data that the immediately preceding kernel does not write may therefore come
+before the wait (decode attention's `DecodeConfig.early` reads slots and seq_lens this way).
 
 `launch_args(device)` gives the two launch keywords (`PDL` constexpr and `launch_pdl`); off under
 the Triton interpreter, on GPUs before sm_90, and with SALACTL_PDL=0 (for A/B measurements).

@@ -79,17 +79,14 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
     sp = tl.program_id(1)
     n = r // HKV
     kh = r % HKV
+    # EARLY: slots and seq_lens are never written by the kernel launched just before this one
+    # (store_kv or the selection), so they may be read before the wait (pdl.py's exception)
+    if not EARLY:
+        pdl_wait(PDL)
+    slot = tl.load(slot_ptr + n).to(tl.int64)
+    seqlen = tl.load(seqlen_ptr + n)
     if EARLY:
-        # slots and seq_lens are never written by the kernel launched just before this one
-        # (store_kv or the selection), whose completion is all pdl_wait waits for: every older
-        # kernel has completed before this one is launched (pdl.py)
-        slot = tl.load(slot_ptr + n).to(tl.int64)
-        seqlen = tl.load(seqlen_ptr + n)
         pdl_wait(PDL)
-    else:
-        pdl_wait(PDL)
-        slot = tl.load(slot_ptr + n).to(tl.int64)
-        seqlen = tl.load(seqlen_ptr + n)
     sparse = seqlen >= dense_len
     cnt = (seqlen + BS - 1) // BS
     if sparse:

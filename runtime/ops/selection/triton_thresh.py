@@ -47,12 +47,18 @@ def _score_word(key):
 
 
 @triton.jit
+def _sort_key(w, b):
+    """int64 sort key of block b with int32 score word w: word high, 2^32-1-b low (unique;
+    larger = higher score, then lower b)."""
+    return w.to(tl.int64) * 4294967296 + (4294967295 - b.to(tl.int64))
+
+
+@triton.jit
 def _unsigned_word(word_ptr, b, m):
     """(u, key64) of blocks b from their int32 score words: u = word ^ 2^31 (unsigned order =
-    score order), key = word high, 2^32-1-b low (unique; larger = higher score, then lower b)."""
+    score order), key = _sort_key."""
     w = tl.load(word_ptr + b, mask=m, other=0, cache_modifier=".cg")
-    key = w.to(tl.int64) * 4294967296 + (4294967295 - b.to(tl.int64))
-    return w.to(tl.uint32, bitcast=True) ^ 0x80000000, key
+    return w.to(tl.uint32, bitcast=True) ^ 0x80000000, _sort_key(w, b)
 
 
 @triton.jit
@@ -173,7 +179,7 @@ def _thresh_one_program(word_row, h1_ptr, ncand, pick_row, sel_row, cnt_ptr, K: 
     tie = m & (u == pre)
     pick = m & ((u > pre) | (tie & (tl.cumsum(tie.to(tl.int32), 0) <= need)))
     total = tl.sum(pick.to(tl.int32), 0)
-    key = (u ^ 0x80000000).to(tl.int32, bitcast=True).to(tl.int64) * 4294967296 + (4294967295 - b.to(tl.int64))
+    key = _sort_key((u ^ 0x80000000).to(tl.int32, bitcast=True), b)
     tl.store(pick_row + tl.cumsum(pick.to(tl.int32), 0) - 1, key, mask=pick)
     tl.debug_barrier()                                    # every thread's picks, then read by all
     k = tl.arange(0, KP)
