@@ -2,7 +2,7 @@
 pages): bf16 vs fp8_e4m3 pages, the current defaults vs the launch configs of SWEEP_CONFIGS
 (runtime/ops/decode_attention/triton.py). Issue 5's target: fp8 >= 1.7x bf16 at 128K, batch 1.
 
-    python benchmarks/decode_attention_bench.py [--out FILE.json] [--quick] [--configs 0,3,5]
+    python benchmarks/decode_attention_bench.py [--out FILE.json] [--quick] [--configs 0,3,5] [--split-only]
 
 1. correctness (fails loudly, exit 1): every config x {bf16, fp8_e4m3 with per-head scales} on
    dense 4K batch 8, dense 128K batch 1 and a sparse-selected row set (128K, 96 random blocks
@@ -10,6 +10,8 @@ pages): bf16 vs fp8_e4m3 pages, the current defaults vs the launch configs of SW
 2. timing: dense 32K/128K/1M batch 1, dense 4K batch 8/32, sparse-selected 128K batch 1; each a
    CUDA graph of calls that rotate over R disjoint page ranges of one pool (R x KV bytes >= 150 MB,
    so KV is not served from the 50 MB L2); median of replays; the time includes the merge kernel.
+--split-only adds, per dtype, the default config's split kernel alone (`split_partials`, no merge
+kernel): what the merge launch costs in a graph of calls.
 Table (stdout, last): case, dtype, config, us per call, GB/s (KV bytes read / time), x default (the
 dtype's current default time / this time), fp8/bf16 (bf16 default time / this time, fp8 rows).
 """
@@ -88,13 +90,16 @@ class Case:
         tokens = self.batch * (self.blocks * B if self.sparse else self.ctx)
         return 2 * tokens * HKV * D * el
 
-    def call(self, dt, cfg, rot=0, out=None):
-        from salactl.runtime.ops.decode_attention.triton import choose_splits, paged_attention
+    def call(self, dt, cfg, rot=0, out=None, split_only=False):
+        from salactl.runtime.ops.decode_attention.triton import choose_splits, paged_attention, split_partials
         kp, vp = self.pool(dt)
         ks, vs = self.scales[dt]
         splits = choose_splits(self.batch * HKV, self.blocks, torch.cuda.get_device_properties(0).multi_processor_count,
                                config=cfg)
         kw = dict(block_ids=self.sel, num_blocks=self.cnt, dense_len=1) if self.sparse else {}
+        if split_only:
+            return split_partials(self.q, kp, vp, self.tables[rot], self.slots, self.seq, k_scale=ks, v_scale=vs,
+                                  num_splits=splits, config=cfg, **kw)
         return paged_attention(self.q, kp, vp, self.tables[rot], self.slots, self.seq, k_scale=ks, v_scale=vs,
                                num_splits=splits, config=cfg, out=out, **kw)
 
@@ -107,7 +112,7 @@ class Case:
                    **kw)
 
 
-def time_case(case, dt, cfg, rot) -> float:
+def time_case(case, dt, cfg, rot, split_only=False) -> float:
     """Seconds per call: replays of a graph of calls cycling over the `rot` page ranges."""
     out = torch.empty(case.batch, HQ, D, device="cuda", dtype=torch.bfloat16)
     calls = rot * max(1, math.ceil(12 / rot))
@@ -115,12 +120,12 @@ def time_case(case, dt, cfg, rot) -> float:
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         for r in range(rot):
-            case.call(dt, cfg, r, out)
+            case.call(dt, cfg, r, out, split_only)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for i in range(calls):
-            case.call(dt, cfg, i % rot, out)
+            case.call(dt, cfg, i % rot, out, split_only)
     return events_time(g.replay, reps=11, warm=2) / calls
 
 
@@ -130,6 +135,7 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="also write the rows as JSON here")
     ap.add_argument("--quick", action="store_true", help="only 128K batch 1")
     ap.add_argument("--configs", default=None, help="comma-separated indices into SWEEP_CONFIGS (defaults always run)")
+    ap.add_argument("--split-only", action="store_true", help="also time each default's split kernel alone")
     a = ap.parse_args()
     t0 = time.time()
     defaults = {"bf16": DEFAULT_CONFIGS["bf16"], "fp8_e4m3": DEFAULT_CONFIGS["fp8"]}
@@ -171,6 +177,10 @@ def main() -> int:
                                  us=t * 1e6, gb_s=case.kv_bytes(dt) / t / 1e9))
                 if cfg == defaults[dt]:
                     base[dt] = t * 1e6
+                    if a.split_only:
+                        t = time_case(case, dt, cfg, rot, split_only=True)
+                        rows.append(dict(case=name, dtype=dt, config=cfg.name + " split-only", default=False,
+                                         us=t * 1e6, gb_s=case.kv_bytes(dt) / t / 1e9))
         for r in rows:
             if r["case"] == name:
                 r["x_default"] = base[r["dtype"]] / r["us"]
@@ -190,7 +200,7 @@ def main() -> int:
     # the best config per dtype at 128K b1, and its worst ratio to the default over every case
     print("\nbest at 128K b1 (x default there; worst x default over all cases):")
     for dt in DTYPES:
-        at = [r for r in rows if r["dtype"] == dt and r["case"] == "128K b1"]
+        at = [r for r in rows if r["dtype"] == dt and r["case"] == "128K b1" and "split-only" not in r["config"]]
         best = min(at, key=lambda r: r["us"])
         worst = min(r["x_default"] for r in rows if r["dtype"] == dt and r["config"] == best["config"])
         f8 = f", {best['fp8_vs_bf16']:.2f}x bf16 default" if best["fp8_vs_bf16"] else ""

@@ -5,7 +5,7 @@ bf16 cuBLAS on the MiniCPM-SALA 9B linear shapes (issue 5). One GPU; table last.
                                                                # M 1/8/32, FAST_GRID (10 configs)
     python benchmarks/w4a16_bench.py --tma --out DIR           # the TMA variants (TMA_GRID) at M 1/8
     python benchmarks/w4a16_bench.py [--out DIR] [--no-sweep | --quick | --fast]
-        [--shapes 0,1,2,3] [--batches 1,8,32,4096] [--configs "bn=64,w=4,bias=0,un=2,pf=1,waves=4,red=4;..."]
+        [--shapes 0,1,2,3|NxK,...] [--batches 1,8,32,4096] [--configs "bn=64,w=4,bias=0,un=2,pf=1,waves=4,red=4;..."]
 
 "ours" is the runtime dispatch (`triton.py` `w4a16_linear` over the `pack_tc` layout: the
 register-operand tensor-core kernel `triton_tc.py` below 512 rows, dequantize + cuBLAS above;
@@ -99,6 +99,16 @@ def graph_time_us(calls: list, replays: int = 7) -> float:
 def n_calls(bytes_per_call: int, m: int) -> int:
     copies = max(1, math.ceil(ROTATE_BYTES / bytes_per_call))
     return max(copies, 8 if m >= 1024 else 64)
+
+
+def parse_shape(text: str) -> tuple[str, int, int]:
+    """'3' -> SHAPES[3]; '16384x2048' -> an N x K shape of its own (K % 128 == 0, N % 16 == 0)."""
+    if "x" not in text:
+        return SHAPES[int(text)]
+    N, K = (int(v) for v in text.split("x"))
+    if K % 128 or N % 16:
+        sys.exit(f"shape {text}: the W4A16 kernel needs K % 128 == 0 and N % 16 == 0")
+    return (text, N, K)
 
 
 def parse_configs(text: str) -> list[str]:
@@ -346,7 +356,8 @@ def main() -> None:
                     f"{FAST_BATCHES}, the {len(FAST_GRID)}-config FAST_GRID (explicit flags still override)")
     ap.add_argument("--tma", action="store_true", help=f"the TMA variants: shapes {FAST_SHAPES}, M 1,8, the "
                     f"{len(TMA_GRID)}-config TMA_GRID (explicit flags still override)")
-    ap.add_argument("--shapes", default=None, help="comma list of shape indexes (0-5) or 'all'")
+    ap.add_argument("--shapes", default=None, help="comma list of shape indexes (0-5) or NxK (e.g. 16384x2048), "
+                    "or 'all'")
     ap.add_argument("--batches", default=None, help="comma list of M values (default 1,8,32,4096)")
     ap.add_argument("--quick", action="store_true", help="an 18-config grid (waves 4 only) instead of 54")
     ap.add_argument("--configs", default="", help="tensor-core configs to sweep instead of the default grid: "
@@ -365,7 +376,7 @@ def main() -> None:
     batches = [int(m) for m in (args.batches or ("1,8" if args.tma else FAST_BATCHES if args.fast
                                                  else "1,8,32,4096")).split(",")]
     shape_arg = args.shapes or (FAST_SHAPES if args.fast or args.tma else "0,1,2,3")
-    shapes = SHAPES if shape_arg == "all" else [SHAPES[int(i)] for i in shape_arg.split(",")]
+    shapes = SHAPES if shape_arg == "all" else [parse_shape(t) for t in shape_arg.split(",")]
     cfgs = [default_tc_config(M, N, K, sms) for _, N, K in shapes for M in batches if M < DEQUANT_MIN_ROWS]
     cfgs += [tc_config_from_spec(spec, M, N, K, sms) for _, N, K in shapes for M in batches if M <= 64
              for spec in grid]

@@ -91,6 +91,7 @@ def check_decode_attention(device, dtype, sh: Shapes = Shapes(), fp8: bool = Fal
     a decode_attention.triton.DecodeConfig (None: the default for the page dtype)."""
     from salactl.runtime.ops.decode_attention.reference import paged_attention as ref
     from salactl.runtime.ops.decode_attention.triton import paged_attention as fast
+    from salactl.runtime.ops.decode_attention.triton import split_partials
 
     B = sh.block
     lens = [3 * B + 5, B, 7 * B - 1]
@@ -121,6 +122,12 @@ def check_decode_attention(device, dtype, sh: Shapes = Shapes(), fp8: bool = Fal
         for splits in (1, 3, 16):
             f = fast(q, kp, vp, pt, slots, seq, k_scale=ks, v_scale=vs, num_splits=splits, config=config, **kw)
             out.append((f"{name}.{mode}.splits{splits}", rel_err(f, r), _tol(dtype)))
+        # split_partials' contract, merged here by log-sum-exp in torch (empty splits: lse -inf)
+        po, plse = split_partials(q, kp, vp, pt, slots, seq, k_scale=ks, v_scale=vs, num_splits=3, config=config, **kw)
+        G = sh.hq // sh.hkv
+        w = torch.softmax(plse[:, :, :G], dim=1).nan_to_num(0.0)             # [rows, splits, G]
+        merged = (w[..., None] * po[:, :, :G]).sum(1).reshape(q.shape)
+        out.append((f"{name}.{mode}.partials", rel_err(merged, r), _tol(dtype)))
     return out
 
 

@@ -323,6 +323,19 @@ def paged_attention(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=
     knobs (default: DEFAULT_CONFIGS for the page dtype; num_splits is the caller's). With PDL on
     and config.early (the defaults), slots and seq_lens are read before the PDL wait, so they must
     not be written by the kernel launched just before this call (older kernels are fine)."""
+    po, plse = split_partials(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids, num_blocks,
+                              dense_len, k_scale, v_scale, sm_scale, num_splits, config)
+    if out is None:
+        out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    return merge_partials(po, plse, out)
+
+
+def split_partials(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=None, num_blocks=None,
+                   dense_len: int | None = None, k_scale=1.0, v_scale=1.0, sm_scale: float | None = None,
+                   num_splits: int = 8, config: DecodeConfig | None = None):
+    """The split kernel alone (paged_attention's arguments): po fp32 [n·Hkv, num_splits, BG, D],
+    each split's softmax-normalised output per query head of the group (rows >= G padding), and
+    plse fp32 [n·Hkv, num_splits, BG], its natural-log sum of exp(scaled scores) (-inf: empty)."""
     n, hq, d = q.shape
     _, hkv, B, _ = k_pages.shape
     G = hq // hkv
@@ -337,13 +350,9 @@ def paged_attention(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=
     else:
         sel_strides = (block_ids.stride(0), block_ids.stride(1), num_blocks.stride(0), num_blocks.stride(1))
     rows = n * hkv
-    po = torch.empty(rows * num_splits * BG * d, device=q.device, dtype=torch.float32)
-    plse = torch.empty(rows * num_splits * BG, device=q.device, dtype=torch.float32)
-    fp8 = is_fp8(k_pages.dtype)
+    po = torch.empty(rows, num_splits, BG, d, device=q.device, dtype=torch.float32)
+    plse = torch.empty(rows, num_splits, BG, device=q.device, dtype=torch.float32)
     cfg = config or default_config(k_pages.dtype)
-    if out is None:
-        out = torch.empty(n, hq, d, device=q.device, dtype=q.dtype)
-    DB = min(d, 32)
     # the longest row: dense rows have at most page_table.shape[1] blocks (sparse calls: below
     # dense_len), sparse rows at most block_ids.shape[-1]
     max_blocks = page_table.shape[1]
@@ -354,13 +363,22 @@ def paged_attention(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=
         q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1), page_table.stride(0),
         *sel_strides, float(sm_scale), *kernel_scales(k_pages.dtype, hkv, q.device, k_scale, v_scale, unused=plse),
         int(dense_len), num_splits,
-        HKV=hkv, G=G, BG=BG, BS=B, D=d, FP8=fp8, DOT_F32=(q.dtype == torch.float32),
+        HKV=hkv, G=G, BG=BG, BS=B, D=d, FP8=is_fp8(k_pages.dtype), DOT_F32=(q.dtype == torch.float32),
         MAXP=cfg.max_pages(max_blocks, num_splits), SUB=cfg.sub or B, EARLY=cfg.early,
         **cfg.launch(), **launch_args(q.device))
-    _merge_kernel[(rows, G, d // DB)](po, plse, out, num_splits, out.stride(0), out.stride(1),
-                                      HKV=hkv, G=G, BG=BG, D=d, DB=DB,
-                                      SP2=max(2, triton.next_power_of_2(num_splits)), num_warps=4,
-                                      **launch_args(q.device))
+    return po, plse
+
+
+def merge_partials(po, plse, out):
+    """out [n, Hq, D] from split_partials' (po, plse) by log-sum-exp over the splits."""
+    n, hq, d = out.shape
+    rows, num_splits, BG, _ = po.shape
+    hkv = rows // n
+    DB = min(d, 32)
+    _merge_kernel[(rows, hq // hkv, d // DB)](po, plse, out, num_splits, out.stride(0), out.stride(1),
+                                              HKV=hkv, G=hq // hkv, BG=BG, D=d, DB=DB,
+                                              SP2=max(2, triton.next_power_of_2(num_splits)), num_warps=4,
+                                              **launch_args(out.device))
     return out
 
 
