@@ -380,8 +380,10 @@ TC_DEFAULTS: dict[int, str] = {
 # the register kernel): qkvz 16384x4096 14.82-15.18 / 15.18 (15.03 / 18.99), down 4096x16384 15.27 /
 # 16.85 (15.40 / 19.31), sparse q/k/v/o_gate 8704x4096 11.15 / 11.20 (11.59 / 12.24), gate+up
 # 32768x4096 23.68 / 23.59 (25.23 / 37.95). Shapes the sweep did not time keep the register kernel.
+# Session 9 (`--shapes 0,2,3,4,5 --batches 1,8 --configs ...` at 7a1346e): qkvz 16384x4096 split 4
+# (waves 4, words by TMA, activations by plain loads) 14.41 / 15.35 vs 15.07 / 15.71 for tma2 split 2.
 TC_SHAPE_DEFAULTS: dict[tuple[int, int, int], str] = {
-    (16384, 4096, 16): "bn=128,w=4,tma=2,stages=4,waves=2",
+    (16384, 4096, 16): "bn=128,w=4,tma=1,stages=4,waves=4",
     (4096, 16384, 16): "bn=128,w=4,tma=1,stages=4,waves=2",
     (8704, 4096, 16): "bn=64,w=4,tma=1,tkb=2,stages=3,waves=4",
     (32768, 4096, 16): "bn=128,w=4,tma=1,stages=4,waves=2",
