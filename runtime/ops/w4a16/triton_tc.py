@@ -369,7 +369,8 @@ def tc_block_m(M: int) -> int:
 #   the split); red: split-K partials the last split sums per load; tma: 1 = words and scales by
 #   Hopper TMA in a `stages`-deep mbarrier pipeline (triton_tma.py), 2 = activations too; tkb: 128-row
 #   blocks per TMA copy (2 needs K/128 even, else 1).
-# Keyed by BLOCK_M (16 for M <= 16, 32, 64); TC_SHAPE_DEFAULTS[(N, K, BLOCK_M)] overrides one shape.
+# Keyed by BLOCK_M (16 for M <= 16, 32, 64); TC_SHAPE_DEFAULTS[(N, K, BLOCK_M)] overrides one shape,
+# and TC_SHAPE_DEFAULTS[(N, K, 1)] overrides it for exactly one row (batch-1 decode), checked first.
 TC_DEFAULTS: dict[int, str] = {
     16: "bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4,red=1",
     32: "bn=64,w=4,bias=0,un=1,pf=0,stages=3,waves=4,red=1",
@@ -387,6 +388,10 @@ TC_SHAPE_DEFAULTS: dict[tuple[int, int, int], str] = {
     (4096, 16384, 16): "bn=128,w=4,tma=1,stages=4,waves=2",
     (8704, 4096, 16): "bn=64,w=4,tma=1,tkb=2,stages=3,waves=4",
     (32768, 4096, 16): "bn=128,w=4,tma=1,stages=4,waves=2",
+    # Session 9 (same sweep at 7a1346e / ac8878e), o_proj 4096x4096: the bias-MMA dequantization
+    # wins at M = 8 (7.63 vs 8.78 us) and loses at M = 1 (7.5 vs 6.9 us), so M = 1 keeps the fma
+    (4096, 4096, 1): "bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4",
+    (4096, 4096, 16): "bn=64,w=4,bias=1,un=4,pf=0,stages=1,waves=4",
 }
 
 _SPEC_KEYS = {"bn": 64, "w": 4, "bias": 0, "un": 1, "pf": 0, "stages": 1, "waves": 4.0, "fit": 0, "split": 0,
@@ -451,7 +456,7 @@ def default_tc_config(M: int, N: int, K: int, sms: int = 132) -> TCConfig:
       pipeline (TC_SHAPE_DEFAULTS); every other shape keeps the register kernel.
     """
     bm = tc_block_m(M)
-    spec = TC_SHAPE_DEFAULTS.get((N, K, bm)) or TC_DEFAULTS[bm]
+    spec = (M == 1 and TC_SHAPE_DEFAULTS.get((N, K, 1))) or TC_SHAPE_DEFAULTS.get((N, K, bm)) or TC_DEFAULTS[bm]
     return tc_config_from_spec(spec, M, N, K, sms)
 
 
