@@ -373,7 +373,7 @@ def tc_block_m(M: int) -> int:
 # and TC_SHAPE_DEFAULTS[(N, K, 1)] overrides it for exactly one row (batch-1 decode), checked first.
 TC_DEFAULTS: dict[int, str] = {
     16: "bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4,red=1",
-    32: "bn=64,w=4,bias=0,un=1,pf=0,stages=3,waves=4,red=1",
+    32: "bn=64,w=4,bias=0,un=2,pf=0,stages=1,waves=4",
     64: "bn=64,w=4,bias=0,un=1,pf=0,stages=3,waves=4,red=1",
 }
 # Session 6 (`python benchmarks/w4a16_bench.py --tma` at ad09115, H200, µs at M=1 / M=8, previous
@@ -392,6 +392,11 @@ TC_SHAPE_DEFAULTS: dict[tuple[int, int, int], str] = {
     # wins at M = 8 (7.63 vs 8.78 us) and loses at M = 1 (7.5 vs 6.9 us), so M = 1 keeps the fma
     (4096, 4096, 1): "bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4",
     (4096, 4096, 16): "bn=64,w=4,bias=1,un=4,pf=0,stages=1,waves=4",
+    # Session 9, M = 32 (`--shapes 0,2,3,4,5 --batches 32 --configs ...` at ce385bb), us: TC_DEFAULTS[32]
+    # became unroll 2 without cp.async stages (4096x4096 9.97 vs 10.64, qkvz 20.27 vs 22.47, down
+    # 21.90 vs 23.69); the sparse projection keeps the old default (14.21); gate+up: TMA pairs 32.33 vs 35.66
+    (8704, 4096, 32): "bn=64,w=4,bias=0,un=1,pf=0,stages=3,waves=4",
+    (32768, 4096, 32): "bn=64,w=4,tma=1,tkb=2,stages=3,waves=4",
 }
 
 _SPEC_KEYS = {"bn": 64, "w": 4, "bias": 0, "un": 1, "pf": 0, "stages": 1, "waves": 4.0, "fit": 0, "split": 0,
@@ -454,6 +459,8 @@ def default_tc_config(M: int, N: int, K: int, sms: int = 132) -> TCConfig:
       10.48 with un2 st1 vs 10.78 is within 3%).
     - Session 6: at BLOCK_M 16 the engine's fused projections except 4096x4096 use the TMA
       pipeline (TC_SHAPE_DEFAULTS); every other shape keeps the register kernel.
+    - Session 9: BLOCK_M 32 unroll 2 without stages (the 3-stage unroll-1 kernel stays for the
+      sparse projection); o_proj at 2-16 rows the bias MMA, M = 1 the fma (TC_SHAPE_DEFAULTS).
     """
     bm = tc_block_m(M)
     spec = (M == 1 and TC_SHAPE_DEFAULTS.get((N, K, 1))) or TC_SHAPE_DEFAULTS.get((N, K, bm)) or TC_DEFAULTS[bm]
