@@ -97,11 +97,11 @@ class Case:
         splits = choose_splits(self.batch * HKV, self.blocks, torch.cuda.get_device_properties(0).multi_processor_count,
                                config=cfg)
         kw = dict(block_ids=self.sel, num_blocks=self.cnt, dense_len=1) if self.sparse else {}
-        if split_only:
-            return split_partials(self.q, kp, vp, self.tables[rot], self.slots, self.seq, k_scale=ks, v_scale=vs,
-                                  num_splits=splits, config=cfg, **kw)
-        return paged_attention(self.q, kp, vp, self.tables[rot], self.slots, self.seq, k_scale=ks, v_scale=vs,
-                               num_splits=splits, config=cfg, out=out, **kw)
+        if not split_only:
+            kw["out"] = out
+        return (split_partials if split_only else paged_attention)(
+            self.q, kp, vp, self.tables[rot], self.slots, self.seq, k_scale=ks, v_scale=vs, num_splits=splits,
+            config=cfg, **kw)
 
     def reference(self, dt):
         from salactl.runtime.ops.decode_attention.reference import paged_attention as ref

@@ -54,16 +54,16 @@ def main() -> int:
                "-p", "no:cacheprovider", *shard]
         procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
     bad = False
+    failures = []
     for i, (p, log) in enumerate(procs):
         rc = p.wait()
         log.close()
         bad |= rc not in (0, 5)
         lines = (out / f"shard{i}.txt").read_text().splitlines()
         print(f"shard{i} ({len(shards[i])} tests, rc {rc}): {lines[-1] if lines else '(no output)'}")
-    for i in range(len(shards)):
-        for ln in (out / f"shard{i}.txt").read_text().splitlines():
-            if ln.startswith(("FAILED", "ERROR")):
-                print(ln)
+        failures += [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))]
+    for ln in failures:
+        print(ln)
     print(f"{len(ids)} tests in {len(shards)} shards; logs in {out}/")
     return 1 if bad else 0
 

@@ -374,11 +374,12 @@ def merge_partials(po, plse, out):
     n, hq, d = out.shape
     rows, num_splits, BG, _ = po.shape
     hkv = rows // n
+    G = hq // hkv
     DB = min(d, 32)
-    _merge_kernel[(rows, hq // hkv, d // DB)](po, plse, out, num_splits, out.stride(0), out.stride(1),
-                                              HKV=hkv, G=hq // hkv, BG=BG, D=d, DB=DB,
-                                              SP2=max(2, triton.next_power_of_2(num_splits)), num_warps=4,
-                                              **launch_args(out.device))
+    _merge_kernel[(rows, G, d // DB)](po, plse, out, num_splits, out.stride(0), out.stride(1),
+                                      HKV=hkv, G=G, BG=BG, D=d, DB=DB,
+                                      SP2=max(2, triton.next_power_of_2(num_splits)), num_warps=4,
+                                      **launch_args(out.device))
     return out
 
 
