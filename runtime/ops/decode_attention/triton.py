@@ -17,7 +17,10 @@ dtype), set from benchmarks/decode_attention_bench.py. A multi-page variant (2-4
 iteration, with and without register prefetch) measured slower than the best one-page config in
 every case on the H200 (session 3) and was removed; so was (session 7) a two-page step with one
 softmax rescale and two MMA chains per step over preloaded ids (fp8 128K 25.2 vs 25.4 us, sparse
-rows 0.85x: an odd page count re-reads a page). DecodeConfig.preload loads a split's page
+rows 0.85x: an odd page count re-reads a page); and (session 10) two token groups per step with
+one softmax state each, as batched 3-D dots so each warp owns a group and no P or row max crosses
+warps (offline 520 vs 635 instructions per fp8 page, but 202 registers): slower on every case,
+fp8 128K 32.8 vs 25.1 us, bf16 44.7 vs 39.5, sparse 128K 9.1 vs 6.5. DecodeConfig.preload loads a split's page
 ids before its loop (see _split_kernel): with the page id loaded inside the loop, Triton's
 pipeliner keeps one K/V buffer, so a page's loads wait for the previous page's math.
 """
@@ -67,34 +70,6 @@ def _attend_page(q, k_ptr, v_ptr, kbase, vbase, tile, vtile, tok, nvalid, qk_sca
     return m_new, l, acc * alpha[:, None] + pv
 
 
-@triton.jit
-def _attend_page_groups(q, k_ptr, v_ptr, kbase, vbase, tile, vtile, tok, nvalid, qk_scale, m, l, acc,
-                        SUB: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr):
-    """_attend_page with the step's tokens cut into TG groups, each with its own online softmax:
-    q [TG, BG, D] (the query repeated), tile / vtile / tok [TG, SUB/TG, ...], m / l [TG, BG], acc
-    [TG, BG, D]. The batched dots put one group per warp, so no score, max or P crosses warps."""
-    kt = tl.load(k_ptr + kbase + tile)
-    vt = tl.load(v_ptr + vbase + vtile)
-    if FP8:
-        kt = kt.to(q.dtype)
-        vt = vt.to(q.dtype)
-    if DOT_F32:
-        s = tl.dot(q, tl.permute(kt, (0, 2, 1)), input_precision="ieee")
-    else:
-        s = tl.dot(q, tl.permute(kt, (0, 2, 1)))
-    if nvalid < SUB:
-        s = tl.where((tok < nvalid)[:, None, :], s, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, 2) * qk_scale)
-    alpha = tl.exp2(m - m_new)
-    p = tl.exp2(s * qk_scale - m_new[:, :, None])
-    l = l * alpha + tl.sum(p, 2)
-    if DOT_F32:
-        pv = tl.dot(p, vt, input_precision="ieee")
-    else:
-        pv = tl.dot(p.to(vt.dtype), vt)
-    return m_new, l, acc * alpha[:, :, None] + pv
-
-
 @triton.jit(do_not_specialize=["dense_len", "num_splits", "s_seln", "s_selh", "s_cntn", "s_cnth"])
 def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cnt_ptr,
                   po_ptr, plse_ptr,
@@ -102,7 +77,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
                   sm_scale, ks_ptr, vs_ptr, dense_len, num_splits,
                   HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, BS: tl.constexpr,
                   D: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr, MAXP: tl.constexpr,
-                  SUB: tl.constexpr, EARLY: tl.constexpr, TG: tl.constexpr = 1, PDL: tl.constexpr = False):
+                  SUB: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr = False):
     r = tl.program_id(0)
     sp = tl.program_id(1)
     n = r // HKV
@@ -134,28 +109,15 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
     qk_scale = sm_scale * 1.4426950408889634           # log2(e): _attend_page works in base 2
     if FP8:
         qk_scale = qk_scale * tl.load(ks_ptr + kh)
+    m = tl.full([BG], -1e30, tl.float32)
+    l = tl.zeros([BG], tl.float32)
+    acc = tl.zeros([BG, D], tl.float32)
+    tile = tok[:, None] * D + d[None, :]
+    vtile = tile
     vsub = SUB * D                          # element offset of a page's next SUB tokens in V
     if FP8:
+        vtile = tok[:, None] + d[None, :] * BS     # token-minor V pages (reference.v_token_minor)
         vsub = SUB
-    if TG == 1:
-        m = tl.full([BG], -1e30, tl.float32)
-        l = tl.zeros([BG], tl.float32)
-        acc = tl.zeros([BG, D], tl.float32)
-        tile = tok[:, None] * D + d[None, :]
-        vtile = tile
-        if FP8:
-            vtile = tok[:, None] + d[None, :] * BS     # token-minor V pages (reference.v_token_minor)
-    else:
-        # TG token groups per step, each with its own softmax state (merged after the loop)
-        tok = tl.arange(0, TG)[:, None] * (SUB // TG) + tl.arange(0, SUB // TG)[None, :]
-        q = tl.broadcast_to(q[None, :, :], (TG, BG, D))
-        m = tl.full([TG, BG], -1e30, tl.float32)
-        l = tl.zeros([TG, BG], tl.float32)
-        acc = tl.zeros([TG, BG, D], tl.float32)
-        tile = tok[:, :, None] * D + d[None, None, :]
-        vtile = tile
-        if FP8:
-            vtile = tok[:, :, None] + d[None, None, :] * BS
     if MAXP == 0:
         for i in range(start * NSUB, end * NSUB):
             b = i // NSUB
@@ -164,13 +126,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
                 b = tl.load(sel_ptr + n * s_seln + kh * s_selh + b)
             page = tl.load(pt_ptr + slot * s_pt + b).to(tl.int64)
             base = page * s_kp + kh * s_kh
-            if TG == 1:
-                m, l, acc = _attend_page(q, k_ptr, v_ptr, base + h * (SUB * D), base + h * vsub, tile, vtile,
-                                         tok, seqlen - b * BS - h * SUB, qk_scale, m, l, acc, SUB, FP8, DOT_F32)
-            else:
-                m, l, acc = _attend_page_groups(q, k_ptr, v_ptr, base + h * (SUB * D), base + h * vsub, tile,
-                                                vtile, tok, seqlen - b * BS - h * SUB, qk_scale, m, l, acc,
-                                                SUB, FP8, DOT_F32)
+            m, l, acc = _attend_page(q, k_ptr, v_ptr, base + h * (SUB * D), base + h * vsub, tile, vtile,
+                                     tok, seqlen - b * BS - h * SUB, qk_scale, m, l, acc, SUB, FP8, DOT_F32)
     else:
         # Page ids (and valid token counts) of up to MAXP pages loaded up front: the K/V addresses
         # of the inner loop then depend on no load of the same iteration, so the pipeliner keeps
@@ -187,19 +144,9 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
                 h = i % NSUB
                 c = tl.sum(tl.where(jj == i // NSUB - c0, code, 0), 0)      # element i // NSUB - c0, no memory
                 base = (c // (2 * BS)) * s_kp + kh * s_kh
-                nvalid = (c % (2 * BS)).to(tl.int32) - h * SUB
-                if TG == 1:
-                    m, l, acc = _attend_page(q, k_ptr, v_ptr, base + h * (SUB * D), base + h * vsub, tile, vtile,
-                                             tok, nvalid, qk_scale, m, l, acc, SUB, FP8, DOT_F32)
-                else:
-                    m, l, acc = _attend_page_groups(q, k_ptr, v_ptr, base + h * (SUB * D), base + h * vsub, tile,
-                                                    vtile, tok, nvalid, qk_scale, m, l, acc, SUB, FP8, DOT_F32)
-    if TG > 1:
-        mt = tl.max(m, 0)
-        w = tl.exp2(m - mt[None, :])
-        l = tl.sum(l * w, 0)
-        acc = tl.sum(acc * w[:, :, None], 0)
-        m = mt
+                m, l, acc = _attend_page(q, k_ptr, v_ptr, base + h * (SUB * D), base + h * vsub, tile, vtile,
+                                         tok, (c % (2 * BS)).to(tl.int32) - h * SUB, qk_scale, m, l, acc,
+                                         SUB, FP8, DOT_F32)
     ok = l > 0
     if FP8:
         acc = acc * tl.load(vs_ptr + kh)
@@ -248,7 +195,6 @@ class DecodeConfig:
     preload: int = 0
     sub: int = 0           # tokens per online-softmax step (a divisor of the page; 0: the page)
     early: bool = False    # load slots and seq_lens before the PDL wait (see _split_kernel)
-    groups: int = 1        # token groups per step with their own softmax state (one per warp)
 
     @property
     def name(self) -> str:
@@ -256,7 +202,6 @@ class DecodeConfig:
         pre = f" pre{self.preload}" if self.preload else ""
         sub = f" sub{self.sub}" if self.sub else ""
         early = " early" if self.early else ""
-        early += f" tg{self.groups}" if self.groups > 1 else ""
         return (f"page w{self.warps} s{self.stages}{reg}{pre}{sub}{early} pps{self.programs_per_sm} "
                 f"max{self.max_splits}")
 
@@ -338,17 +283,6 @@ SWEEP_CONFIGS = (
     # the defaults before slots / seq_lens were loaded ahead of the PDL wait (early)
     DecodeConfig(warps=2, programs_per_sm=4, max_splits=256),
     DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16),
-    # session 10: two token groups per step, one per warp (offline sm_90, fp8 w2 s3: 520 instead of
-    # 635 instructions per page, no shared-memory exchange of P or the row max; 202 registers)
-    DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16, early=True, groups=2),
-    DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16, early=True, groups=2,
-                 maxnreg=168),
-    DecodeConfig(warps=4, stages=3, programs_per_sm=3, max_splits=256, preload=16, early=True, groups=2),
-    DecodeConfig(warps=4, stages=3, programs_per_sm=4, max_splits=256, preload=16, early=True, groups=2),
-    DecodeConfig(warps=2, stages=4, programs_per_sm=4, max_splits=256, preload=16, early=True, groups=2),
-    DecodeConfig(warps=2, stages=3, programs_per_sm=5, max_splits=512, preload=16, early=True, groups=2),
-    DecodeConfig(warps=2, programs_per_sm=4, max_splits=256, early=True, groups=2),
-    DecodeConfig(warps=4, programs_per_sm=4, max_splits=256, early=True, groups=2),
 )
 
 
@@ -433,7 +367,7 @@ def split_partials(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=N
         *sel_strides, float(sm_scale), *kernel_scales(k_pages.dtype, hkv, q.device, k_scale, v_scale, unused=plse),
         int(dense_len), num_splits,
         HKV=hkv, G=G, BG=BG, BS=B, D=d, FP8=is_fp8(k_pages.dtype), DOT_F32=(q.dtype == torch.float32),
-        MAXP=cfg.max_pages(max_blocks, num_splits), SUB=cfg.sub or B, EARLY=cfg.early, TG=cfg.groups,
+        MAXP=cfg.max_pages(max_blocks, num_splits), SUB=cfg.sub or B, EARLY=cfg.early,
         **cfg.launch(), **launch_args(q.device))
     return po, plse
 
