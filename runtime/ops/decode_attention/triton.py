@@ -77,7 +77,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
                   sm_scale, ks_ptr, vs_ptr, dense_len, num_splits,
                   HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, BS: tl.constexpr,
                   D: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr, MAXP: tl.constexpr,
-                  SUB: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr = False):
+                  SUB: tl.constexpr, EARLY: tl.constexpr, LATE: tl.constexpr = False, PDL: tl.constexpr = False):
     r = tl.program_id(0)
     sp = tl.program_id(1)
     n = r // HKV
@@ -88,7 +88,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
         pdl_wait(PDL)
     slot = tl.load(slot_ptr + n).to(tl.int64)
     seqlen = tl.load(seqlen_ptr + n)
-    if EARLY:
+    if EARLY and not LATE:
         pdl_wait(PDL)
     sparse = seqlen >= dense_len
     cnt = (seqlen + BS - 1) // BS
@@ -152,6 +152,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
         acc = acc * tl.load(vs_ptr + kh)
     o = tl.where(ok[:, None], acc / tl.where(ok, l, 1.0)[:, None], 0.0)
     lse = tl.where(ok, m * 0.6931471805599453 + tl.log(tl.where(ok, l, 1.0)), float("-inf"))   # natural log
+    if LATE:
+        pdl_wait(PDL)
     pbase = (r * num_splits + sp).to(tl.int64)
     tl.store(po_ptr + pbase * BG * D + g[:, None] * D + d[None, :], o)
     tl.store(plse_ptr + pbase * BG + g, lse)
@@ -195,6 +197,7 @@ class DecodeConfig:
     preload: int = 0
     sub: int = 0           # tokens per online-softmax step (a divisor of the page; 0: the page)
     early: bool = False    # load slots and seq_lens before the PDL wait (see _split_kernel)
+    late: bool = False     # EXPERIMENT: everything before the wait but the stores (unsafe in the engine)
 
     @property
     def name(self) -> str:
@@ -202,6 +205,7 @@ class DecodeConfig:
         pre = f" pre{self.preload}" if self.preload else ""
         sub = f" sub{self.sub}" if self.sub else ""
         early = " early" if self.early else ""
+        early += " late" if self.late else ""
         return (f"page w{self.warps} s{self.stages}{reg}{pre}{sub}{early} pps{self.programs_per_sm} "
                 f"max{self.max_splits}")
 
@@ -283,6 +287,8 @@ SWEEP_CONFIGS = (
     # the defaults before slots / seq_lens were loaded ahead of the PDL wait (early)
     DecodeConfig(warps=2, programs_per_sm=4, max_splits=256),
     DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16),
+    DecodeConfig(warps=2, programs_per_sm=4, max_splits=256, early=True, late=True),
+    DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16, early=True, late=True),
 )
 
 
@@ -367,7 +373,7 @@ def split_partials(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=N
         *sel_strides, float(sm_scale), *kernel_scales(k_pages.dtype, hkv, q.device, k_scale, v_scale, unused=plse),
         int(dense_len), num_splits,
         HKV=hkv, G=G, BG=BG, BS=B, D=d, FP8=is_fp8(k_pages.dtype), DOT_F32=(q.dtype == torch.float32),
-        MAXP=cfg.max_pages(max_blocks, num_splits), SUB=cfg.sub or B, EARLY=cfg.early,
+        MAXP=cfg.max_pages(max_blocks, num_splits), SUB=cfg.sub or B, EARLY=cfg.early, LATE=cfg.late,
         **cfg.launch(), **launch_args(q.device))
     return po, plse
 
