@@ -49,7 +49,10 @@ _INTERPRETED_TC_CHECK = textwrap.dedent("""
              (128, torch.float16, 5, TCConfig(64, 16, 4, bias_dot=True, num_stages=2, reduce=2, tma=2, tma_blocks=2),
               768),
              (32, torch.bfloat16, 3, TCConfig(64, 16, 1, num_stages=4, tma=2, tma_blocks=2), 768),
-             (-1, torch.bfloat16, 2, TCConfig(64, 16, 2, num_stages=3, tma=1, tma_blocks=2), 768)]
+             (-1, torch.bfloat16, 2, TCConfig(64, 16, 2, num_stages=3, tma=1, tma_blocks=2), 768),
+             # the first blocks' weights before the PDL wait (register kernel; TMA: an L2 prefetch)
+             (128, torch.bfloat16, 3, TCConfig(32, 16, 2, bias_dot=False, unroll=4, early=True)),
+             (128, torch.bfloat16, 2, TCConfig(64, 16, 2, num_stages=3, tma=1, early=True))]
     for G, dt, M, cfg, *k in cases:
         K = k[0] if k else 384
         ng = 1 if G == -1 else K // G
@@ -184,7 +187,8 @@ def test_w4a16_linear_on_cuda_matches_reference(G, M):
                                  "bn128 w4 fma pf red4", "bn64 w4 fma tma1 st4", "bn64 w4 bias tma2 st3",
                                  "bn128 w4 fma tma2 st6 red4", "bn128 w8 fma tma1 st5", "bn64 w2 fma tma2 st2",
                                  "bn128 w4 fma tma1 st3", "bn64 w4 fma tma1 tkb2 st3",
-                                 "bn128 w4 fma tma2 tkb2 st3 red4"])
+                                 "bn128 w4 fma tma2 tkb2 st3 red4", "bn64 w4 fma un4 ew", "bn64 w4 bias un4 ew",
+                                 "bn128 w4 fma tma1 st4 ew", "bn64 w4 fma tma1 tkb2 st3 ew"])
 @pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16])
 def test_tensor_core_kernel_inline_asm_on_cuda(cfg, dt):
     """The inline-PTX dequantization (which the interpreter cannot run) for every kernel variant."""
@@ -205,7 +209,8 @@ def test_tensor_core_kernel_inline_asm_on_cuda(cfg, dt):
                      st[0] if st else 1, "bias" in parts, 4 if "un4" in parts else 2 if "un2" in parts else 1,
                      2 if "pf2" in parts else 1 if "pf" in parts else 0,
                      int(parts[-1][3:]) if parts[-1].startswith("red") else 1,
-                     2 if "tma2" in parts else 1 if "tma1" in parts else 0, 2 if "tkb2" in parts else 1)
+                     2 if "tma2" in parts else 1 if "tma1" in parts else 0, 2 if "tkb2" in parts else 1,
+                     "ew" in parts)
         for _ in range(2):
             y = w4a16_tc(x.cuda(), pack_tc(q).cuda(), s.cuda(), G, c).cpu()
             assert rel_err(y.float(), ref) < 5e-3, (cfg, M)

@@ -20,7 +20,10 @@ softmax rescale and two MMA chains per step over preloaded ids (fp8 128K 25.2 vs
 rows 0.85x: an odd page count re-reads a page); and (session 10) two token groups per step with
 one softmax state each, as batched 3-D dots so each warp owns a group and no P or row max crosses
 warps (offline 520 vs 635 instructions per fp8 page, but 202 registers): slower on every case,
-fp8 128K 32.8 vs 25.1 us, bf16 44.7 vs 39.5, sparse 128K 9.1 vs 6.5. DecodeConfig.preload loads a split's page
+fp8 128K 32.8 vs 25.1 us, bf16 44.7 vs 39.5, sparse 128K 9.1 vs 6.5. Nor does the split kernel
+gain from streaming before its PDL wait: with everything but its stores ahead of the wait (an
+upper bound, not exact in the engine) fp8 128K took 25.4-27.1 us and bf16 42.4-43.5 (4K b8 was
+faster, 11.5 vs 13.4 us fp8): the fixed cost at 128K is inside the split kernel's own run. DecodeConfig.preload loads a split's page
 ids before its loop (see _split_kernel): with the page id loaded inside the loop, Triton's
 pipeliner keeps one K/V buffer, so a page's loads wait for the previous page's math.
 """
@@ -77,7 +80,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
                   sm_scale, ks_ptr, vs_ptr, dense_len, num_splits,
                   HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, BS: tl.constexpr,
                   D: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr, MAXP: tl.constexpr,
-                  SUB: tl.constexpr, EARLY: tl.constexpr, LATE: tl.constexpr = False, PDL: tl.constexpr = False):
+                  SUB: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr = False):
     r = tl.program_id(0)
     sp = tl.program_id(1)
     n = r // HKV
@@ -88,7 +91,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
         pdl_wait(PDL)
     slot = tl.load(slot_ptr + n).to(tl.int64)
     seqlen = tl.load(seqlen_ptr + n)
-    if EARLY and not LATE:
+    if EARLY:
         pdl_wait(PDL)
     sparse = seqlen >= dense_len
     cnt = (seqlen + BS - 1) // BS
@@ -152,8 +155,6 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
         acc = acc * tl.load(vs_ptr + kh)
     o = tl.where(ok[:, None], acc / tl.where(ok, l, 1.0)[:, None], 0.0)
     lse = tl.where(ok, m * 0.6931471805599453 + tl.log(tl.where(ok, l, 1.0)), float("-inf"))   # natural log
-    if LATE:
-        pdl_wait(PDL)
     pbase = (r * num_splits + sp).to(tl.int64)
     tl.store(po_ptr + pbase * BG * D + g[:, None] * D + d[None, :], o)
     tl.store(plse_ptr + pbase * BG + g, lse)
@@ -197,7 +198,6 @@ class DecodeConfig:
     preload: int = 0
     sub: int = 0           # tokens per online-softmax step (a divisor of the page; 0: the page)
     early: bool = False    # load slots and seq_lens before the PDL wait (see _split_kernel)
-    late: bool = False     # EXPERIMENT: everything before the wait but the stores (unsafe in the engine)
 
     @property
     def name(self) -> str:
@@ -205,7 +205,6 @@ class DecodeConfig:
         pre = f" pre{self.preload}" if self.preload else ""
         sub = f" sub{self.sub}" if self.sub else ""
         early = " early" if self.early else ""
-        early += " late" if self.late else ""
         return (f"page w{self.warps} s{self.stages}{reg}{pre}{sub}{early} pps{self.programs_per_sm} "
                 f"max{self.max_splits}")
 
@@ -287,8 +286,6 @@ SWEEP_CONFIGS = (
     # the defaults before slots / seq_lens were loaded ahead of the PDL wait (early)
     DecodeConfig(warps=2, programs_per_sm=4, max_splits=256),
     DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16),
-    DecodeConfig(warps=2, programs_per_sm=4, max_splits=256, early=True, late=True),
-    DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16, early=True, late=True),
 )
 
 
@@ -373,7 +370,7 @@ def split_partials(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=N
         *sel_strides, float(sm_scale), *kernel_scales(k_pages.dtype, hkv, q.device, k_scale, v_scale, unused=plse),
         int(dense_len), num_splits,
         HKV=hkv, G=G, BG=BG, BS=B, D=d, FP8=is_fp8(k_pages.dtype), DOT_F32=(q.dtype == torch.float32),
-        MAXP=cfg.max_pages(max_blocks, num_splits), SUB=cfg.sub or B, EARLY=cfg.early, LATE=cfg.late,
+        MAXP=cfg.max_pages(max_blocks, num_splits), SUB=cfg.sub or B, EARLY=cfg.early,
         **cfg.launch(), **launch_args(q.device))
     return po, plse
 

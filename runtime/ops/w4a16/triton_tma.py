@@ -73,6 +73,20 @@ def _tma_word_pair(qw3_desc, kb, pid_n, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _prefetch_words_l2(qw_ptr, kb0, kb1, pid_n, NG, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr):
+    """L2 prefetch of the word tiles of blocks kb0 .. kb0 + BLOCKS - 1 (< kb1): each tile is BLOCK_N/16
+    contiguous 1 KB rows of the 2-D view, one `prefetch.global.L2` per 128-byte line. Called before
+    the PDL wait (no kernel writes weights, pdl.py): the pipeline's first TMA copies then hit L2."""
+    LINES: tl.constexpr = BLOCK_N // 16 * 8
+    i = tl.arange(0, triton.next_power_of_2(BLOCKS * LINES))
+    kb = kb0 + i // LINES
+    ptrs = qw_ptr + ((tl.minimum(kb, kb1 - 1) * NG + pid_n * (BLOCK_N // 16)) * 256 + (i % LINES) * 32).to(tl.int64)
+    live = (i < BLOCKS * LINES) & (kb < kb1)
+    tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+                              "=r,l,r", [ptrs, live.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _x_block(x_ptr, x_desc, kb, pid_m, offs_m, m_mask, stride_xm, BLOCK_M: tl.constexpr, TMA_X: tl.constexpr):
     """Activations of block kb as the MMA's [128, BLOCK_M] operand."""
     if TMA_X:
@@ -88,10 +102,12 @@ def _w4a16_tma_kernel(x_ptr, x_desc, qw_desc, s_desc, s_ptr, y_ptr, ws_ptr, cnt_
                       split_k, bias, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                       USE_ASM: tl.constexpr, DOT_F32: tl.constexpr, BIAS_DOT: tl.constexpr,
                       STAGES: tl.constexpr, RED: tl.constexpr, TMA_X: tl.constexpr, KBP: tl.constexpr,
-                      PDL: tl.constexpr = False):
-    pdl_wait(PDL)
+                      qw_ptr, EARLY: tl.constexpr = 0, PDL: tl.constexpr = False):
     pid_n, pid_k, pid_m, offs_n, offs_m, n_mask, m_mask, kb0, kb1 = _tile_setup(M, N, K, split_k, BLOCK_N, BLOCK_M,
                                                                                 KBP)
+    if EARLY > 0 and PDL:       # EARLY: how many blocks' words to prefetch into L2 before the wait
+        _prefetch_words_l2(qw_ptr, kb0, kb1, pid_n, N // 16, BLOCK_N, EARLY)
+    pdl_wait(PDL)
     NG = N // 16
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     neg_bias = tl.full((BLOCK_N, 128), bias, tl.float32).to(x_ptr.dtype.element_ty)
@@ -164,5 +180,6 @@ def launch_tma(x, qweight, scales, y, ws, cnt, grid, split, neg_bias, group, cfg
         x, x_desc, word_descriptor(qweight, cfg.block_n, cfg.tma_blocks), s_desc, scales, y, ws, cnt, M, N, K,
         x.stride(0), y.stride(0), split, neg_bias, GROUP=group, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
         USE_ASM=use_asm, DOT_F32=dot_f32, BIAS_DOT=cfg.bias_dot, STAGES=cfg.num_stages, RED=cfg.reduce,
-        TMA_X=tma_x, KBP=cfg.tma_blocks, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **launch_args(x.device))
+        TMA_X=tma_x, KBP=cfg.tma_blocks, qw_ptr=qweight,
+        EARLY=max(cfg.num_stages - 1, 1) * cfg.tma_blocks if cfg.early else 0, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **launch_args(x.device))
