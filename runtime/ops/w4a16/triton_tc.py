@@ -186,32 +186,19 @@ def _group_scales6(s_ptr, kb, kb1, offs_n, N, GROUP: tl.constexpr):
 
 
 @triton.jit
-def _load_weights(qw_ptr, s_ptr, kb, kb1, pid_n, offs_n, N, NG, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
-                  WARPS: tl.constexpr, EVEN_N: tl.constexpr):
-    """Words and (for groups >= 128) scales of block kb; for kb >= kb1 (unroll and prefetch tails)
-    masked: words 0 and s zero, so the block adds nothing."""
+def _load_block(x_ptr, qw_ptr, s_ptr, kb, kb1, pid_n, offs_n, offs_m, M, N, NG, stride_xm, GROUP: tl.constexpr,
+                BLOCK_N: tl.constexpr, WARPS: tl.constexpr, EVEN_N: tl.constexpr):
+    """Words, activations and (for groups >= 128) scales of block kb. For kb >= kb1 (unroll and
+    prefetch tails) everything is masked (words 0, x and s zero), so the block adds nothing."""
     q = _load_words(qw_ptr, kb, kb1, pid_n, NG, BLOCK_N, WARPS, EVEN_N)
+    xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + (kb * 128 + tl.arange(0, 128))[:, None],
+                 mask=(offs_m < M)[None, :] & (kb * 128 + tl.arange(0, 128) < kb1 * 128)[:, None], other=0.0)
     if GROUP < 128:
         s = tl.zeros((BLOCK_N,), tl.float32)
     else:
         s = tl.load(s_ptr + ((kb * 128) // GROUP) * N + offs_n, mask=(offs_n < N) & (offs_n * 0 + kb < kb1),
                     other=0.0).to(tl.float32)
-    return q, s
-
-
-@triton.jit
-def _load_x(x_ptr, kb, kb1, offs_m, M, stride_xm):
-    """Activations of block kb as the MMA's [128, BLOCK_M] operand (zero for kb >= kb1)."""
-    return tl.load(x_ptr + offs_m[None, :] * stride_xm + (kb * 128 + tl.arange(0, 128))[:, None],
-                   mask=(offs_m < M)[None, :] & (kb * 128 + tl.arange(0, 128) < kb1 * 128)[:, None], other=0.0)
-
-
-@triton.jit
-def _load_block(x_ptr, qw_ptr, s_ptr, kb, kb1, pid_n, offs_n, offs_m, M, N, NG, stride_xm, GROUP: tl.constexpr,
-                BLOCK_N: tl.constexpr, WARPS: tl.constexpr, EVEN_N: tl.constexpr):
-    """Words, activations and scales of block kb (_load_weights and _load_x)."""
-    q, s = _load_weights(qw_ptr, s_ptr, kb, kb1, pid_n, offs_n, N, NG, GROUP, BLOCK_N, WARPS, EVEN_N)
-    return q, _load_x(x_ptr, kb, kb1, offs_m, M, stride_xm), s
+    return q, xt, s
 
 
 @triton.jit
@@ -257,12 +244,8 @@ def _w4a16_tc_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stri
                      split_k, bias, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                      USE_ASM: tl.constexpr, DOT_F32: tl.constexpr, WARPS: tl.constexpr,
                      BIAS_DOT: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
-                     EVEN_N: tl.constexpr, RED: tl.constexpr, EARLY: tl.constexpr = False,
-                     PDL: tl.constexpr = False):
-    # EARLY: the first UNROLL blocks' words and scales are loaded before the PDL wait (no kernel
-    # writes weights, pdl.py), so they stream while the previous kernel drains
-    if not EARLY:
-        pdl_wait(PDL)
+                     EVEN_N: tl.constexpr, RED: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_wait(PDL)
     # M and split_k stay specialised (M = 1 and split 1 compile apart): un-specialising them cost
     # 5-25% at M = 1 on the H200 (session 3: 4096x4096 7.55 -> 8.28 us, 16384x4096 15.7 -> 19.8 us)
     pid_n, pid_k, pid_m, offs_n, offs_m, n_mask, m_mask, kb0, kb1 = _tile_setup(M, N, K, split_k, BLOCK_N, BLOCK_M, 1)
@@ -270,24 +253,19 @@ def _w4a16_tc_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stri
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     # -(magic + 8) from a runtime argument, so the compiler cannot fold it into per-block constants
     neg_bias = tl.full((BLOCK_N, 128), bias, tl.float32).to(x_ptr.dtype.element_ty)
-    # the first group's weights (before the wait with EARLY), then its activations
-    q, s = _load_weights(qw_ptr, s_ptr, kb0, kb1, pid_n, offs_n, N, NG, GROUP, BLOCK_N, WARPS, EVEN_N)
-    if UNROLL >= 2:
-        q2, s2 = _load_weights(qw_ptr, s_ptr, kb0 + 1, kb1, pid_n, offs_n, N, NG, GROUP, BLOCK_N, WARPS, EVEN_N)
-    if UNROLL == 4:
-        q3, s3 = _load_weights(qw_ptr, s_ptr, kb0 + 2, kb1, pid_n, offs_n, N, NG, GROUP, BLOCK_N, WARPS, EVEN_N)
-        q4, s4 = _load_weights(qw_ptr, s_ptr, kb0 + 3, kb1, pid_n, offs_n, N, NG, GROUP, BLOCK_N, WARPS, EVEN_N)
-    if EARLY:
-        pdl_wait(PDL)
-    xt = _load_x(x_ptr, kb0, kb1, offs_m, M, stride_xm)
-    if UNROLL >= 2:
-        xt2 = _load_x(x_ptr, kb0 + 1, kb1, offs_m, M, stride_xm)
-    if UNROLL == 4:
-        xt3 = _load_x(x_ptr, kb0 + 2, kb1, offs_m, M, stride_xm)
-        xt4 = _load_x(x_ptr, kb0 + 3, kb1, offs_m, M, stride_xm)
     if PREFETCH == 1:
         # software pipeline over groups of UNROLL blocks: the loads of group g + 1 are issued
         # before the dequantization and MMAs of group g, so every warp always has loads in flight
+        q, xt, s = _load_block(x_ptr, qw_ptr, s_ptr, kb0, kb1, pid_n, offs_n, offs_m, M, N, NG, stride_xm,
+                               GROUP, BLOCK_N, WARPS, EVEN_N)
+        if UNROLL >= 2:
+            q2, xt2, s2 = _load_block(x_ptr, qw_ptr, s_ptr, kb0 + 1, kb1, pid_n, offs_n, offs_m, M, N, NG,
+                                      stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
+        if UNROLL == 4:
+            q3, xt3, s3 = _load_block(x_ptr, qw_ptr, s_ptr, kb0 + 2, kb1, pid_n, offs_n, offs_m, M, N, NG,
+                                      stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
+            q4, xt4, s4 = _load_block(x_ptr, qw_ptr, s_ptr, kb0 + 3, kb1, pid_n, offs_n, offs_m, M, N, NG,
+                                      stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
         for kb in range(kb0, kb1, UNROLL):
             qn, xtn, sn = _load_block(x_ptr, qw_ptr, s_ptr, kb + UNROLL, kb1, pid_n, offs_n, offs_m, M, N, NG,
                                       stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
@@ -314,18 +292,8 @@ def _w4a16_tc_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stri
                 q3, xt3, s3 = qn3, xtn3, sn3
                 q4, xt4, s4 = qn4, xtn4, sn4
     else:
-        # the first group (loaded above), then every load of a group before its first MMA
-        acc = _mma_block(acc, neg_bias, q, xt, s, s_ptr, kb0, kb1, offs_n, N, GROUP, BLOCK_N, BLOCK_M,
-                         USE_ASM, DOT_F32, BIAS_DOT)
-        if UNROLL >= 2:
-            acc = _mma_block(acc, neg_bias, q2, xt2, s2, s_ptr, kb0 + 1, kb1, offs_n, N, GROUP, BLOCK_N,
-                             BLOCK_M, USE_ASM, DOT_F32, BIAS_DOT)
-        if UNROLL == 4:
-            acc = _mma_block(acc, neg_bias, q3, xt3, s3, s_ptr, kb0 + 2, kb1, offs_n, N, GROUP, BLOCK_N,
-                             BLOCK_M, USE_ASM, DOT_F32, BIAS_DOT)
-            acc = _mma_block(acc, neg_bias, q4, xt4, s4, s_ptr, kb0 + 3, kb1, offs_n, N, GROUP, BLOCK_N,
-                             BLOCK_M, USE_ASM, DOT_F32, BIAS_DOT)
-        for kb in range(kb0 + UNROLL, kb1, UNROLL):
+        for kb in range(kb0, kb1, UNROLL):
+            # every load of the UNROLL blocks is issued before the first MMA
             q, xt, s = _load_block(x_ptr, qw_ptr, s_ptr, kb, kb1, pid_n, offs_n, offs_m, M, N, NG, stride_xm,
                                    GROUP, BLOCK_N, WARPS, EVEN_N)
             if UNROLL >= 2:
@@ -384,7 +352,7 @@ class TCConfig:
     reduce: int = 1          # split-K partials summed RED at a time by the last split (1: one by one)
     tma: int = 0             # 1: words by TMA in a num_stages-deep shared-memory pipeline (triton_tma.py)
     tma_blocks: int = 1      # with tma: 128-row blocks per TMA copy (1 or 2)
-    early: bool = False      # the first blocks' weights fetched before the PDL wait
+    early: bool = False      # with tma: an L2 prefetch of the first stages' words before the PDL wait
 
 
 _NEG_BIAS = {torch.bfloat16: -136.0, torch.float16: -1032.0}
@@ -401,8 +369,9 @@ def tc_block_m(M: int) -> int:
 #   wave, e.g. 8704x4096: 136 tiles x split 3 = 408 CTAs, not x 4 = 544 > 4 x 132; split=S fixes
 #   the split); red: split-K partials the last split sums per load; tma: 1 = words and scales by
 #   Hopper TMA in a `stages`-deep mbarrier pipeline (triton_tma.py), 2 = activations too; tkb: 128-row
-#   blocks per TMA copy (2 needs K/128 even, else 1); ew: 1 = the first blocks' words and scales are
-#   fetched before the PDL wait (registers; TMA: an L2 prefetch), overlapping the previous kernel's tail.
+#   blocks per TMA copy (2 needs K/128 even, else 1); ew: 1 = with tma, an L2 prefetch of the first
+#   stages' words before the PDL wait (triton_tma.py; the register kernel's words loaded before the
+#   wait measured slower, session 10).
 # Keyed by BLOCK_M (16 for M <= 16, 32, 64); TC_SHAPE_DEFAULTS[(N, K, BLOCK_M)] overrides one shape,
 # and TC_SHAPE_DEFAULTS[(N, K, 1)] overrides it for exactly one row (batch-1 decode), checked first.
 TC_DEFAULTS: dict[int, str] = {
@@ -417,10 +386,13 @@ TC_DEFAULTS: dict[int, str] = {
 # 32768x4096 23.68 / 23.59 (25.23 / 37.95). Shapes the sweep did not time keep the register kernel.
 # Session 9 (`--shapes 0,2,3,4,5 --batches 1,8 --configs ...` at 7a1346e): qkvz 16384x4096 split 4
 # (waves 4, words by TMA, activations by plain loads) 14.41 / 15.35 vs 15.07 / 15.71 for tma2 split 2.
+# Session 10 (`--shapes 0,2,3,4,5 --batches 1,8 --configs ...` at 96cdbef): the L2 prefetch before the
+# PDL wait (ew=1) for qkvz (M=1 / 8: 2.34x / 2.22x vs 2.29x / 2.13x) and the sparse projection
+# (2.26x / 2.31x vs 2.11x / 2.20x); down and gate+up were no faster with it.
 TC_SHAPE_DEFAULTS: dict[tuple[int, int, int], str] = {
-    (16384, 4096, 16): "bn=128,w=4,tma=1,stages=4,waves=4",
+    (16384, 4096, 16): "bn=128,w=4,tma=1,stages=4,waves=4,ew=1",
     (4096, 16384, 16): "bn=128,w=4,tma=1,stages=4,waves=2",
-    (8704, 4096, 16): "bn=64,w=4,tma=1,tkb=2,stages=3,waves=4",
+    (8704, 4096, 16): "bn=64,w=4,tma=1,tkb=2,stages=3,waves=4,ew=1",
     (32768, 4096, 16): "bn=128,w=4,tma=1,stages=4,waves=2",
     # Session 9 (same sweep at 7a1346e / ac8878e), o_proj 4096x4096: the bias-MMA dequantization
     # wins at M = 8 (7.63 vs 8.78 us) and loses at M = 1 (7.5 vs 6.9 us), so M = 1 keeps the fma
@@ -473,7 +445,7 @@ def tc_config_from_spec(spec: dict | str, M: int, N: int, K: int, sms: int = 132
         return TCConfig(bn, bm, split, spec["w"], spec["stages"], bool(spec["bias"]), 1, 0, spec["red"], spec["tma"],
                         tkb, bool(spec["ew"]))
     return TCConfig(bn, bm, split, spec["w"], spec["stages"], bool(spec["bias"]), unroll, spec["pf"],
-                    spec["red"], early=bool(spec["ew"]))
+                    spec["red"])
 
 
 def default_tc_config(M: int, N: int, K: int, sms: int = 132) -> TCConfig:
@@ -531,8 +503,7 @@ def w4a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group
         GROUP=group, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
         USE_ASM=(not _INTERPRET) if use_asm is None else use_asm, DOT_F32=_INTERPRET,
         WARPS=cfg.num_warps, BIAS_DOT=cfg.bias_dot, UNROLL=cfg.unroll,
-        PREFETCH=int(cfg.prefetch), EVEN_N=N % cfg.block_n == 0, RED=cfg.reduce, EARLY=cfg.early,
-        num_warps=cfg.num_warps,
+        PREFETCH=int(cfg.prefetch), EVEN_N=N % cfg.block_n == 0, RED=cfg.reduce, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **launch_args(x.device))
     return y
 
