@@ -51,7 +51,8 @@ _INTERPRETED_TC_CHECK = textwrap.dedent("""
              (32, torch.bfloat16, 3, TCConfig(64, 16, 1, num_stages=4, tma=2, tma_blocks=2), 768),
              (-1, torch.bfloat16, 2, TCConfig(64, 16, 2, num_stages=3, tma=1, tma_blocks=2), 768),
              # an L2 prefetch of the first stages' words before the PDL wait (a no-op without PDL)
-             (128, torch.bfloat16, 2, TCConfig(64, 16, 2, num_stages=3, tma=1, early=True))]
+             (128, torch.bfloat16, 2, TCConfig(64, 16, 2, num_stages=3, tma=1, early=True)),
+             (128, torch.bfloat16, 3, TCConfig(32, 16, 2, bias_dot=False, unroll=4, early=True))]
     for G, dt, M, cfg, *k in cases:
         K = k[0] if k else 384
         ng = 1 if G == -1 else K // G
@@ -113,7 +114,7 @@ def test_config_specs_give_the_split_unroll_and_tile_they_describe():
     assert tc.tc_config_from_spec("tma=1,tkb=2", 1, 256, 384, 132).tma_blocks == 1     # 3 blocks: no pairs
     assert tc.tc_config_from_spec("bn=64", 1, 16384, 4096, 132).tma == 0
     assert tc.tc_config_from_spec("bn=64,tma=1,ew=1", 1, 16384, 4096, 132).early
-    assert not tc.tc_config_from_spec("bn=64,un=4,ew=1", 1, 16384, 4096, 132).early      # TMA kernels only
+    assert tc.tc_config_from_spec("bn=64,un=4,ew=1", 1, 16384, 4096, 132).early
     assert tc.tc_config_from_spec("bn=64,tma=1", 1, 48, 4096, 132).tma == 0        # BLOCK_N 32: no TMA
     with pytest.raises(ValueError):
         tc.parse_tc_spec("bn=64,unroll=2")
@@ -189,7 +190,8 @@ def test_w4a16_linear_on_cuda_matches_reference(G, M):
                                  "bn128 w4 fma tma2 st6 red4", "bn128 w8 fma tma1 st5", "bn64 w2 fma tma2 st2",
                                  "bn128 w4 fma tma1 st3", "bn64 w4 fma tma1 tkb2 st3",
                                  "bn128 w4 fma tma2 tkb2 st3 red4", "bn128 w4 fma tma1 st4 ew",
-                                 "bn64 w4 fma tma1 tkb2 st3 ew"])
+                                 "bn64 w4 fma tma1 tkb2 st3 ew", "bn64 w4 fma un4 ew", "bn64 w4 bias un4 ew",
+                                 "bn64 w4 fma un2 pf ew"])
 @pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16])
 def test_tensor_core_kernel_inline_asm_on_cuda(cfg, dt):
     """The inline-PTX dequantization (which the interpreter cannot run) for every kernel variant."""

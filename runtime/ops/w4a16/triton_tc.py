@@ -186,6 +186,20 @@ def _group_scales6(s_ptr, kb, kb1, offs_n, N, GROUP: tl.constexpr):
 
 
 @triton.jit
+def _prefetch_words_l2(qw_ptr, kb0, kb1, pid_n, NG, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr):
+    """L2 prefetch of the word tiles of blocks kb0 .. kb0 + BLOCKS - 1 (< kb1): in the pack_tc layout
+    a tile is BLOCK_N/16 contiguous 1 KB rows, one `prefetch.global.L2` per 128-byte line. Called
+    before the PDL wait (no kernel writes weights, pdl.py), so the first loads after it hit L2."""
+    LINES: tl.constexpr = BLOCK_N // 16 * 8
+    i = tl.arange(0, triton.next_power_of_2(BLOCKS * LINES))
+    kb = kb0 + i // LINES
+    ptrs = qw_ptr + ((tl.minimum(kb, kb1 - 1) * NG + pid_n * (BLOCK_N // 16)) * 256 + (i % LINES) * 32).to(tl.int64)
+    live = (i < BLOCKS * LINES) & (kb < kb1)
+    tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+                              "=r,l,r", [ptrs, live.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _load_block(x_ptr, qw_ptr, s_ptr, kb, kb1, pid_n, offs_n, offs_m, M, N, NG, stride_xm, GROUP: tl.constexpr,
                 BLOCK_N: tl.constexpr, WARPS: tl.constexpr, EVEN_N: tl.constexpr):
     """Words, activations and (for groups >= 128) scales of block kb. For kb >= kb1 (unroll and
@@ -244,11 +258,13 @@ def _w4a16_tc_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stri
                      split_k, bias, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                      USE_ASM: tl.constexpr, DOT_F32: tl.constexpr, WARPS: tl.constexpr,
                      BIAS_DOT: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
-                     EVEN_N: tl.constexpr, RED: tl.constexpr, PDL: tl.constexpr = False):
-    pdl_wait(PDL)
+                     EVEN_N: tl.constexpr, RED: tl.constexpr, EARLY: tl.constexpr = 0, PDL: tl.constexpr = False):
     # M and split_k stay specialised (M = 1 and split 1 compile apart): un-specialising them cost
     # 5-25% at M = 1 on the H200 (session 3: 4096x4096 7.55 -> 8.28 us, 16384x4096 15.7 -> 19.8 us)
     pid_n, pid_k, pid_m, offs_n, offs_m, n_mask, m_mask, kb0, kb1 = _tile_setup(M, N, K, split_k, BLOCK_N, BLOCK_M, 1)
+    if EARLY > 0 and PDL:       # EARLY: how many blocks' words to prefetch into L2 before the wait
+        _prefetch_words_l2(qw_ptr, kb0, kb1, pid_n, N // 16, BLOCK_N, EARLY)
+    pdl_wait(PDL)
     NG = N // 16
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     # -(magic + 8) from a runtime argument, so the compiler cannot fold it into per-block constants
@@ -352,7 +368,7 @@ class TCConfig:
     reduce: int = 1          # split-K partials summed RED at a time by the last split (1: one by one)
     tma: int = 0             # 1: words by TMA in a num_stages-deep shared-memory pipeline (triton_tma.py)
     tma_blocks: int = 1      # with tma: 128-row blocks per TMA copy (1 or 2)
-    early: bool = False      # with tma: an L2 prefetch of the first stages' words before the PDL wait
+    early: bool = False      # an L2 prefetch of the first blocks' words before the PDL wait
 
 
 _NEG_BIAS = {torch.bfloat16: -136.0, torch.float16: -1032.0}
@@ -369,9 +385,9 @@ def tc_block_m(M: int) -> int:
 #   wave, e.g. 8704x4096: 136 tiles x split 3 = 408 CTAs, not x 4 = 544 > 4 x 132; split=S fixes
 #   the split); red: split-K partials the last split sums per load; tma: 1 = words and scales by
 #   Hopper TMA in a `stages`-deep mbarrier pipeline (triton_tma.py), 2 = activations too; tkb: 128-row
-#   blocks per TMA copy (2 needs K/128 even, else 1); ew: 1 = with tma, an L2 prefetch of the first
-#   stages' words before the PDL wait (triton_tma.py; the register kernel's words loaded before the
-#   wait measured slower, session 10).
+#   blocks per TMA copy (2 needs K/128 even, else 1); ew: 1 = an L2 prefetch of the first blocks'
+#   words before the PDL wait (the first unroll or two groups, or the TMA pipeline's first stages; the
+#   register kernel's words *loaded* before the wait needed a peeled first step: slower, session 10).
 # Keyed by BLOCK_M (16 for M <= 16, 32, 64); TC_SHAPE_DEFAULTS[(N, K, BLOCK_M)] overrides one shape,
 # and TC_SHAPE_DEFAULTS[(N, K, 1)] overrides it for exactly one row (batch-1 decode), checked first.
 TC_DEFAULTS: dict[int, str] = {
@@ -445,7 +461,7 @@ def tc_config_from_spec(spec: dict | str, M: int, N: int, K: int, sms: int = 132
         return TCConfig(bn, bm, split, spec["w"], spec["stages"], bool(spec["bias"]), 1, 0, spec["red"], spec["tma"],
                         tkb, bool(spec["ew"]))
     return TCConfig(bn, bm, split, spec["w"], spec["stages"], bool(spec["bias"]), unroll, spec["pf"],
-                    spec["red"])
+                    spec["red"], early=bool(spec["ew"]))
 
 
 def default_tc_config(M: int, N: int, K: int, sms: int = 132) -> TCConfig:
@@ -503,7 +519,8 @@ def w4a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group
         GROUP=group, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
         USE_ASM=(not _INTERPRET) if use_asm is None else use_asm, DOT_F32=_INTERPRET,
         WARPS=cfg.num_warps, BIAS_DOT=cfg.bias_dot, UNROLL=cfg.unroll,
-        PREFETCH=int(cfg.prefetch), EVEN_N=N % cfg.block_n == 0, RED=cfg.reduce, num_warps=cfg.num_warps,
+        PREFETCH=int(cfg.prefetch), EVEN_N=N % cfg.block_n == 0, RED=cfg.reduce,
+        EARLY=cfg.unroll * (2 if cfg.prefetch else 1) if cfg.early else 0, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **launch_args(x.device))
     return y
 

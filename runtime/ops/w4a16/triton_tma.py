@@ -53,7 +53,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from salactl.runtime.ops.pdl import launch_args, pdl_wait
 from salactl.runtime.ops.split_k import store_split_k
-from salactl.runtime.ops.w4a16.triton_tc import _mma_block, _tile_setup
+from salactl.runtime.ops.w4a16.triton_tc import _mma_block, _prefetch_words_l2, _tile_setup
 
 
 @triton.jit
@@ -70,20 +70,6 @@ def _tma_word_pair(qw3_desc, kb, pid_n, BLOCK_N: tl.constexpr):
     q3 = qw3_desc.load([kb, pid_n * (BLOCK_N // 16), 0])                       # [2, BLOCK_N/16, 256]
     q6 = tl.reshape(q3, (2, BLOCK_N // 16, 2, 8, 4, 4))                        # (kb, g, n8, nlo, c, blk)
     return tl.split(tl.reshape(tl.permute(q6, (1, 2, 3, 5, 4, 0)), (BLOCK_N, 16, 2)))
-
-
-@triton.jit
-def _prefetch_words_l2(qw_ptr, kb0, kb1, pid_n, NG, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr):
-    """L2 prefetch of the word tiles of blocks kb0 .. kb0 + BLOCKS - 1 (< kb1): each tile is BLOCK_N/16
-    contiguous 1 KB rows of the 2-D view, one `prefetch.global.L2` per 128-byte line. Called before
-    the PDL wait (no kernel writes weights, pdl.py): the pipeline's first TMA copies then hit L2."""
-    LINES: tl.constexpr = BLOCK_N // 16 * 8
-    i = tl.arange(0, triton.next_power_of_2(BLOCKS * LINES))
-    kb = kb0 + i // LINES
-    ptrs = qw_ptr + ((tl.minimum(kb, kb1 - 1) * NG + pid_n * (BLOCK_N // 16)) * 256 + (i % LINES) * 32).to(tl.int64)
-    live = (i < BLOCKS * LINES) & (kb < kb1)
-    tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-                              "=r,l,r", [ptrs, live.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
