@@ -391,8 +391,8 @@ def tc_block_m(M: int) -> int:
 # Keyed by BLOCK_M (16 for M <= 16, 32, 64); TC_SHAPE_DEFAULTS[(N, K, BLOCK_M)] overrides one shape,
 # and TC_SHAPE_DEFAULTS[(N, K, 1)] overrides it for exactly one row (batch-1 decode), checked first.
 TC_DEFAULTS: dict[int, str] = {
-    16: "bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4,red=1",
-    32: "bn=64,w=4,bias=0,un=2,pf=0,stages=1,waves=4",
+    16: "bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4,red=1,ew=1",
+    32: "bn=64,w=4,bias=0,un=2,pf=0,stages=1,waves=4,ew=1",
     64: "bn=64,w=4,bias=0,un=1,pf=0,stages=3,waves=4,red=1",
 }
 # Session 6 (`python benchmarks/w4a16_bench.py --tma` at ad09115, H200, µs at M=1 / M=8, previous
@@ -412,8 +412,11 @@ TC_SHAPE_DEFAULTS: dict[tuple[int, int, int], str] = {
     (32768, 4096, 16): "bn=128,w=4,tma=1,stages=4,waves=2",
     # Session 9 (same sweep at 7a1346e / ac8878e), o_proj 4096x4096: the bias-MMA dequantization
     # wins at M = 8 (7.63 vs 8.78 us) and loses at M = 1 (7.5 vs 6.9 us), so M = 1 keeps the fma
-    (4096, 4096, 1): "bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4",
-    (4096, 4096, 16): "bn=64,w=4,bias=1,un=4,pf=0,stages=1,waves=4",
+    # Session 10 (`--shapes 0 --batches 1,8,32 --configs ...` at b83df2c): the L2 prefetch before the
+    # PDL wait (ew=1) in the register kernel: M = 1 6.05 vs 6.83 us (2.05x), M = 8 unroll 2 fma 6.96
+    # vs 7.53 us for the bias MMA (1.87x vs 1.73x), M = 32 9.27 vs 9.73 us (1.49x vs 1.42x)
+    (4096, 4096, 1): "bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4,ew=1",
+    (4096, 4096, 16): "bn=64,w=4,bias=0,un=2,pf=0,stages=1,waves=4,ew=1",
     # Session 9, M = 32 (`--shapes 0,2,3,4,5 --batches 32 --configs ...` at ce385bb), us: TC_DEFAULTS[32]
     # became unroll 2 without cp.async stages (4096x4096 9.97 vs 10.64, qkvz 20.27 vs 22.47, down
     # 21.90 vs 23.69); the sparse projection keeps the old default (14.21); gate+up: TMA pairs 32.33 vs 35.66
