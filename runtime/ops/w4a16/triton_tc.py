@@ -413,10 +413,11 @@ TC_SHAPE_DEFAULTS: dict[tuple[int, int, int], str] = {
     # Session 9 (same sweep at 7a1346e / ac8878e), o_proj 4096x4096: the bias-MMA dequantization
     # wins at M = 8 (7.63 vs 8.78 us) and loses at M = 1 (7.5 vs 6.9 us), so M = 1 keeps the fma
     # Session 10 (`--shapes 0 --batches 1,8,32 --configs ...` at b83df2c): the L2 prefetch before the
-    # PDL wait (ew=1) in the register kernel: M = 1 6.05 vs 6.83 us (2.05x), M = 8 unroll 2 fma 6.96
-    # vs 7.53 us for the bias MMA (1.87x vs 1.73x), M = 32 9.27 vs 9.73 us (1.49x vs 1.42x)
+    # PDL wait (ew=1) in the register kernel: M = 1 6.05 vs 6.83 us (2.05x), M = 32 9.27 vs 9.73 us
+    # (1.49x vs 1.42x). At M = 8 unroll 2 fma with it was faster alone (6.96 vs 7.53 us) but the b8
+    # engine step slower in three A/B pairs (3.27-3.39 vs 3.17-3.25 ms), so 2-16 rows keep the bias MMA
     (4096, 4096, 1): "bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4,ew=1",
-    (4096, 4096, 16): "bn=64,w=4,bias=0,un=2,pf=0,stages=1,waves=4,ew=1",
+    (4096, 4096, 16): "bn=64,w=4,bias=1,un=4,pf=0,stages=1,waves=4",
     # Session 9, M = 32 (`--shapes 0,2,3,4,5 --batches 32 --configs ...` at ce385bb), us: TC_DEFAULTS[32]
     # became unroll 2 without cp.async stages (4096x4096 9.97 vs 10.64, qkvz 20.27 vs 22.47, down
     # 21.90 vs 23.69); the sparse projection keeps the old default (14.21); gate+up: TMA pairs 32.33 vs 35.66
