@@ -39,6 +39,9 @@ engine's 8704/16384/32768-row and 4096x16384 projections (most at M=8, where the
 runs out of registers for loads in flight), so triton_tc.TC_SHAPE_DEFAULTS routes those here;
 BLOCK_N 16 faulted (misaligned address), hence TMA_MIN_BLOCK_N = 64.
 
+`early` (spec ew=1): the first `stages - 1` word tiles are prefetched into L2 before the PDL wait
+(triton_tc._prefetch_words_l2), so the pipeline's first copies hit L2.
+
 The descriptors are built per call on the host (no sync: CUDA-graph capturable; the launcher
 encodes them at launch). `tl.range` over tensor bounds does not run in triton 3.6's interpreter
 (3.9's does). Import lazily: CPU-only installs have no triton.
