@@ -50,7 +50,8 @@ _INTERPRETED_TC_CHECK = textwrap.dedent("""
               768),
              (32, torch.bfloat16, 3, TCConfig(64, 16, 1, num_stages=4, tma=2, tma_blocks=2), 768),
              (-1, torch.bfloat16, 2, TCConfig(64, 16, 2, num_stages=3, tma=1, tma_blocks=2), 768),
-             # an L2 prefetch of the first stages' words before the PDL wait (a no-op without PDL)
+             # an L2 prefetch of the first blocks' words before the PDL wait (TMA and register kernels;
+             # a no-op without PDL, so this checks that the rest of the kernel is unchanged)
              (128, torch.bfloat16, 2, TCConfig(64, 16, 2, num_stages=3, tma=1, early=True)),
              (128, torch.bfloat16, 3, TCConfig(32, 16, 2, bias_dot=False, unroll=4, early=True))]
     for G, dt, M, cfg, *k in cases:

@@ -16,7 +16,9 @@ real start (and only once all its CTAs are resident: no starvation).
 One exception follows from the same ordering: a kernel is launched only once every CTA of its
 predecessor has passed that predecessor's wait, so every kernel before the predecessor has
 completed. Loads of data that the immediately preceding kernel does not write may therefore come
-before the wait (decode attention's `DecodeConfig.early` reads slots and seq_lens this way).
+before the wait (decode attention's `DecodeConfig.early` reads slots and seq_lens this way), and
+data no kernel of the step writes may always be read early (the W4A16 kernels' `early` L2 prefetch
+of their first weight tiles).
 
 `launch_args(device)` gives the two launch keywords (`PDL` constexpr and `launch_pdl`); off under
 the Triton interpreter, on GPUs before sm_90, and with SALACTL_PDL=0 (for A/B measurements).

@@ -23,9 +23,10 @@ warps (offline 520 vs 635 instructions per fp8 page, but 202 registers): slower 
 fp8 128K 32.8 vs 25.1 us, bf16 44.7 vs 39.5, sparse 128K 9.1 vs 6.5. Nor does the split kernel
 gain from streaming before its PDL wait: with everything but its stores ahead of the wait (an
 upper bound, not exact in the engine) fp8 128K took 25.4-27.1 us and bf16 42.4-43.5 (4K b8 was
-faster, 11.5 vs 13.4 us fp8): the fixed cost at 128K is inside the split kernel's own run. DecodeConfig.preload loads a split's page
-ids before its loop (see _split_kernel): with the page id loaded inside the loop, Triton's
-pipeliner keeps one K/V buffer, so a page's loads wait for the previous page's math.
+faster, 11.5 vs 13.4 us fp8): the fixed cost at 128K is inside the split kernel's own run.
+DecodeConfig.preload loads a split's page ids before its loop (see _split_kernel): with the page
+id loaded inside the loop, Triton's pipeliner keeps one K/V buffer, so a page's loads wait for the
+previous page's math.
 """
 
 from __future__ import annotations
