@@ -1,0 +1,141 @@
+"""Offline sm_90 SASS of our hot Triton kernels: registers, spills, shared memory and the
+instruction mix of every loop that issues MMAs (no GPU needed).
+
+    python tools/sass_loops.py decode-split [--kv fp8|bf16] [--warps 2] [--stages 3] [--preload 16]
+    python tools/sass_loops.py w4a16 [--spec "bn=64,w=4,un=4"] [--m 1] [--n 4096] [--k 4096]
+    ... [--arch 90] [--json]
+
+BENCHMARKS.md and the kernel docstrings quote "offline sm_90 SASS" counts (instructions per page or
+per 128-row block, registers); this is the command that reproduces them. It compiles through
+`triton.compile` for the target (Triton's bundled ptxas) and disassembles with Triton's bundled
+cuobjdump; a loop is a backward branch, and a loop's count is the instructions from its target to
+the branch (an outer loop includes its inner ones). Hand-written because neither Triton nor any
+installed tool reports per-loop SASS of a Triton kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+
+def _pointer_attrs(sig: dict, aligned: tuple[str, ...]) -> dict:
+    """16-byte divisibility hints for every pointer and the given integer arguments, as at launch."""
+    names = list(sig)
+    return {(names.index(a),): [["tt.divisibility", 16]] for a in names
+            if sig[a].startswith("*") or a in aligned}
+
+
+def decode_split_source(kv: str, preload: int):
+    from triton.compiler import ASTSource
+
+    from salactl.runtime.ops.decode_attention.triton import _split_kernel
+    page = "fp8e4nv" if kv == "fp8" else "bf16"
+    sig = {"q_ptr": "*bf16", "k_ptr": f"*{page}", "v_ptr": f"*{page}", "pt_ptr": "*i32", "slot_ptr": "*i32",
+           "seqlen_ptr": "*i32", "sel_ptr": "*i32", "cnt_ptr": "*i32", "po_ptr": "*fp32", "plse_ptr": "*fp32",
+           **{s: "i32" for s in ("s_qn", "s_qh", "s_kp", "s_kh", "s_pt", "s_seln", "s_selh", "s_cntn", "s_cnth")},
+           "sm_scale": "fp32", "ks_ptr": "*fp32", "vs_ptr": "*fp32", "dense_len": "i32", "num_splits": "i32"}
+    const = {"HKV": 2, "G": 16, "BG": 16, "BS": 64, "D": 128, "FP8": kv == "fp8", "DOT_F32": False,
+             "MAXP": preload, "SUB": 64, "EARLY": True, "PDL": True}
+    sig.update({c: "constexpr" for c in const})
+    return ASTSource(_split_kernel, sig, const, _pointer_attrs(sig, ("s_qn", "s_qh", "s_kp", "s_kh", "s_pt")))
+
+
+def w4a16_source(spec: str, M: int, N: int, K: int):
+    """The register kernel (`_w4a16_tc_kernel`) as the dispatch would launch it for this spec."""
+    from triton.compiler import ASTSource
+
+    from salactl.runtime.ops.w4a16.triton_tc import _w4a16_tc_kernel, tc_config_from_spec
+    cfg = tc_config_from_spec(spec, M, N, K)
+    if cfg.tma:
+        raise SystemExit("tools/sass_loops.py: only the register kernel is supported (drop tma= from --spec)")
+    sig = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*fp16", "y_ptr": "*bf16", "ws_ptr": "*fp32",
+           "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32",
+           "split_k": "i32", "bias": "fp32"}
+    const = {"GROUP": 128, "BLOCK_N": cfg.block_n, "BLOCK_M": cfg.block_m, "USE_ASM": True, "DOT_F32": False,
+             "WARPS": cfg.num_warps, "BIAS_DOT": cfg.bias_dot, "UNROLL": cfg.unroll, "PREFETCH": int(cfg.prefetch),
+             "EVEN_N": N % cfg.block_n == 0, "RED": cfg.reduce,
+             "EARLY": cfg.unroll * (2 if cfg.prefetch else 1) if cfg.early else 0, "PDL": True}
+    for name, value in (("M", M), ("split_k", cfg.split_k)):
+        if value == 1:                     # Triton specialises integer arguments equal to 1
+            const[name] = 1
+    sig.update({c: "constexpr" for c in const})
+    src = ASTSource(_w4a16_tc_kernel, sig, const, _pointer_attrs(sig, ("N", "K", "stride_xm", "stride_ym")))
+    return src, cfg
+
+
+def loops(sass: str) -> list[dict]:
+    """Every backward-branch loop with an MMA in it: its instruction count and opcode histogram."""
+    lines = re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)
+    addr = [int(a, 16) for a, _ in lines]
+    out = []
+    for i, (_, ins) in enumerate(lines):
+        m = re.search(r"\bBRA\s+(?:`\()?[^0-9]*(0x[0-9a-f]+)", ins)
+        if not m or int(m.group(1), 16) >= addr[i] or int(m.group(1), 16) not in addr:
+            continue
+        body = [re.sub(r"^@!?U?P[T0-9]+\s+", "", x[1]).split()[0].split(".")[0] for x in lines[addr.index(int(m.group(1), 16)):i + 1]]
+        ops = Counter(body)
+        if any(op.endswith("MMA") for op in ops):
+            out.append({"instructions": len(body), "ops": dict(ops.most_common())})
+    return out
+
+
+def analyse(src, options: dict, arch: int) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "kernel.cubin"
+        cubin.write_bytes(k.asm["cubin"])
+        tool = triton.knobs.nvidia.cuobjdump.path
+        res = subprocess.run([tool, "-res-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    usage = {key.lower(): int(val) for key, val in re.findall(r"(REG|STACK|SHARED):(\d+)", res)}
+    return {"registers": usage.get("reg"), "stack_bytes": usage.get("stack"),
+            "shared_bytes": k.metadata.shared, "loops": loops(sass)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("kernel", choices=["decode-split", "w4a16"])
+    ap.add_argument("--kv", choices=["fp8", "bf16"], default="fp8", help="decode-split: page dtype")
+    ap.add_argument("--warps", type=int, default=2, help="decode-split: num_warps")
+    ap.add_argument("--stages", type=int, default=3, help="decode-split: num_stages")
+    ap.add_argument("--preload", type=int, default=16, help="decode-split: page ids preloaded (0: none)")
+    ap.add_argument("--spec", default="bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4",
+                    help="w4a16: a register-kernel config spec (triton_tc.parse_tc_spec)")
+    ap.add_argument("--m", type=int, default=1)
+    ap.add_argument("--n", type=int, default=4096)
+    ap.add_argument("--k", type=int, default=4096)
+    ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 for sm_90")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    if a.kernel == "decode-split":
+        src = decode_split_source(a.kv, a.preload)
+        options = {"num_warps": a.warps, "num_stages": a.stages}
+        what = f"decode split kernel, {a.kv} pages, w{a.warps} s{a.stages} preload {a.preload}"
+    else:
+        src, cfg = w4a16_source(a.spec, a.m, a.n, a.k)
+        options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+        what = f"W4A16 register kernel {a.spec}, M={a.m} {a.n}x{a.k} (split {cfg.split_k}, unroll {cfg.unroll})"
+    r = {"kernel": what, "arch": f"sm_{a.arch}", **analyse(src, options, a.arch)}
+    if a.json:
+        print(json.dumps(r, indent=1))
+        return 0
+    print(f"{what}, sm_{a.arch}: {r['registers']} registers, {r['stack_bytes']} B stack, "
+          f"{r['shared_bytes']} B shared")
+    for lp in r["loops"]:
+        ops = ", ".join(f"{op} {n}" for op, n in list(lp["ops"].items())[:12])
+        print(f"  loop of {lp['instructions']} instructions: {ops}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
