@@ -114,8 +114,12 @@ def test_config_specs_give_the_split_unroll_and_tile_they_describe():
     assert (c.block_n, c.split_k, c.unroll, c.prefetch, c.num_stages, c.tma, c.tma_blocks) == (128, 2, 1, 0, 5, 2, 2)
     assert tc.tc_config_from_spec("tma=1,tkb=2", 1, 256, 384, 132).tma_blocks == 1     # 3 blocks: no pairs
     assert tc.tc_config_from_spec("bn=64", 1, 16384, 4096, 132).tma == 0
-    assert tc.tc_config_from_spec("bn=64,tma=1,ew=1", 1, 16384, 4096, 132).early
-    assert tc.tc_config_from_spec("bn=64,un=4,ew=1", 1, 16384, 4096, 132).early
+    # ew=E: E x the first unroll group (x 2 with the register prefetch) or E x the TMA pipeline's first stages
+    assert tc.tc_config_from_spec("bn=64,tma=1,stages=4,ew=1", 1, 16384, 4096, 132).prefetch_blocks() == 3
+    assert tc.tc_config_from_spec("bn=64,tma=1,tkb=2,stages=3,ew=2", 1, 16384, 4096, 132).prefetch_blocks() == 8
+    assert tc.tc_config_from_spec("bn=64,un=4,ew=1", 1, 16384, 4096, 132).prefetch_blocks() == 4
+    assert tc.tc_config_from_spec("bn=64,un=2,pf=1,ew=2", 1, 16384, 4096, 132).prefetch_blocks() == 8
+    assert tc.tc_config_from_spec("bn=64,un=4", 1, 16384, 4096, 132).prefetch_blocks() == 0
     assert tc.tc_config_from_spec("bn=64,tma=1", 1, 48, 4096, 132).tma == 0        # BLOCK_N 32: no TMA
     with pytest.raises(ValueError):
         tc.parse_tc_spec("bn=64,unroll=2")

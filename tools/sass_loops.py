@@ -61,7 +61,7 @@ def w4a16_source(spec: str, M: int, N: int, K: int):
     const = {"GROUP": 128, "BLOCK_N": cfg.block_n, "BLOCK_M": cfg.block_m, "USE_ASM": True, "DOT_F32": False,
              "WARPS": cfg.num_warps, "BIAS_DOT": cfg.bias_dot, "UNROLL": cfg.unroll, "PREFETCH": int(cfg.prefetch),
              "EVEN_N": N % cfg.block_n == 0, "RED": cfg.reduce,
-             "EARLY": cfg.unroll * (2 if cfg.prefetch else 1) if cfg.early else 0, "PDL": True}
+             "EARLY": cfg.prefetch_blocks(), "PDL": True}
     for name, value in (("M", M), ("split_k", cfg.split_k)):
         if value == 1:                     # Triton specialises integer arguments equal to 1
             const[name] = 1

@@ -370,7 +370,16 @@ class TCConfig:
     reduce: int = 1          # split-K partials summed RED at a time by the last split (1: one by one)
     tma: int = 0             # 1: words by TMA in a num_stages-deep shared-memory pipeline (triton_tma.py)
     tma_blocks: int = 1      # with tma: 128-row blocks per TMA copy (1 or 2)
-    early: bool = False      # an L2 prefetch of the first blocks' words before the PDL wait
+    early: int = 0           # E > 0: an L2 prefetch of the words of the first E unroll groups (TMA: E
+                             # times the pipeline's first stages) before the PDL wait
+
+    def prefetch_blocks(self) -> int:
+        """128-row blocks whose words the kernel prefetches into L2 before its PDL wait (0: none)."""
+        if not self.early:
+            return 0
+        if self.tma:
+            return int(self.early) * max(self.num_stages - 1, 1) * self.tma_blocks
+        return int(self.early) * self.unroll * (2 if self.prefetch else 1)
 
 
 _NEG_BIAS = {torch.bfloat16: -136.0, torch.float16: -1032.0}
@@ -387,9 +396,10 @@ def tc_block_m(M: int) -> int:
 #   wave, e.g. 8704x4096: 136 tiles x split 3 = 408 CTAs, not x 4 = 544 > 4 x 132; split=S fixes
 #   the split); red: split-K partials the last split sums per load; tma: 1 = words and scales by
 #   Hopper TMA in a `stages`-deep mbarrier pipeline (triton_tma.py), 2 = activations too; tkb: 128-row
-#   blocks per TMA copy (2 needs K/128 even, else 1); ew: 1 = an L2 prefetch of the first blocks'
-#   words before the PDL wait (the first unroll or two groups, or the TMA pipeline's first stages; the
-#   register kernel's words *loaded* before the wait needed a peeled first step: slower, session 10).
+#   blocks per TMA copy (2 needs K/128 even, else 1); ew: E > 0 = an L2 prefetch before the PDL wait of
+#   the words of the first E unroll groups (E x 2 with pf=1), or E times the TMA pipeline's first
+#   stages (the register kernel's words *loaded* before the wait needed a peeled first step: slower,
+#   session 10). Only ew=1 has been measured (session 10).
 # Keyed by BLOCK_M (16 for M <= 16, 32, 64); TC_SHAPE_DEFAULTS[(N, K, BLOCK_M)] overrides one shape,
 # and TC_SHAPE_DEFAULTS[(N, K, 1)] overrides it for exactly one row (batch-1 decode), checked first.
 TC_DEFAULTS: dict[int, str] = {
@@ -465,9 +475,9 @@ def tc_config_from_spec(spec: dict | str, M: int, N: int, K: int, sms: int = 132
     if spec["tma"] and bn >= TMA_MIN_BLOCK_N:   # the TMA loop pipelines through smem: no unroll / prefetch
         tkb = spec["tkb"] if nkb % spec["tkb"] == 0 else 1
         return TCConfig(bn, bm, split, spec["w"], spec["stages"], bool(spec["bias"]), 1, 0, spec["red"], spec["tma"],
-                        tkb, bool(spec["ew"]))
+                        tkb, spec["ew"])
     return TCConfig(bn, bm, split, spec["w"], spec["stages"], bool(spec["bias"]), unroll, spec["pf"],
-                    spec["red"], early=bool(spec["ew"]))
+                    spec["red"], early=spec["ew"])
 
 
 def default_tc_config(M: int, N: int, K: int, sms: int = 132) -> TCConfig:
@@ -526,7 +536,7 @@ def w4a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group
         USE_ASM=(not _INTERPRET) if use_asm is None else use_asm, DOT_F32=_INTERPRET,
         WARPS=cfg.num_warps, BIAS_DOT=cfg.bias_dot, UNROLL=cfg.unroll,
         PREFETCH=int(cfg.prefetch), EVEN_N=N % cfg.block_n == 0, RED=cfg.reduce,
-        EARLY=cfg.unroll * (2 if cfg.prefetch else 1) if cfg.early else 0, num_warps=cfg.num_warps,
+        EARLY=cfg.prefetch_blocks(), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **launch_args(x.device))
     return y
 

@@ -39,7 +39,7 @@ engine's 8704/16384/32768-row and 4096x16384 projections (most at M=8, where the
 runs out of registers for loads in flight), so triton_tc.TC_SHAPE_DEFAULTS routes those here;
 BLOCK_N 16 faulted (misaligned address), hence TMA_MIN_BLOCK_N = 64.
 
-`early` (spec ew=1): the first `stages - 1` word tiles are prefetched into L2 before the PDL wait
+`early` (spec ew=E): E times the first `stages - 1` word tiles are prefetched into L2 before the PDL wait
 (triton_tc._prefetch_words_l2), so the pipeline's first copies hit L2.
 
 The descriptors are built per call on the host (no sync: CUDA-graph capturable; the launcher
@@ -170,5 +170,5 @@ def launch_tma(x, qweight, scales, y, ws, cnt, grid, split, neg_bias, group, cfg
         x.stride(0), y.stride(0), split, neg_bias, GROUP=group, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
         USE_ASM=use_asm, DOT_F32=dot_f32, BIAS_DOT=cfg.bias_dot, STAGES=cfg.num_stages, RED=cfg.reduce,
         TMA_X=tma_x, KBP=cfg.tma_blocks, qw_ptr=qweight,
-        EARLY=max(cfg.num_stages - 1, 1) * cfg.tma_blocks if cfg.early else 0, num_warps=cfg.num_warps,
+        EARLY=cfg.prefetch_blocks(), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **launch_args(x.device))
