@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -103,6 +104,9 @@ def analyse(src, options: dict, arch: int) -> dict:
 
 
 def main() -> int:
+    # under TRITON_INTERPRET=1 (e.g. inherited from the CPU tests) @triton.jit gives interpreter
+    # functions, which cannot be compiled; this tool only ever compiles
+    os.environ.pop("TRITON_INTERPRET", None)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("kernel", choices=["decode-split", "w4a16"])
     ap.add_argument("--kv", choices=["fp8", "bf16"], default="fp8", help="decode-split: page dtype")
