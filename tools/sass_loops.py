@@ -52,17 +52,14 @@ def w4a16_source(spec: str, M: int, N: int, K: int):
     """The register kernel (`_w4a16_tc_kernel`) as the dispatch would launch it for this spec."""
     from triton.compiler import ASTSource
 
-    from salactl.runtime.ops.w4a16.triton_tc import _w4a16_tc_kernel, tc_config_from_spec
+    from salactl.runtime.ops.w4a16.triton_tc import _w4a16_tc_kernel, tc_config_from_spec, tc_kernel_constexprs
     cfg = tc_config_from_spec(spec, M, N, K)
     if cfg.tma:
         raise SystemExit("tools/sass_loops.py: only the register kernel is supported (drop tma= from --spec)")
     sig = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*fp16", "y_ptr": "*bf16", "ws_ptr": "*fp32",
            "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32",
            "split_k": "i32", "bias": "fp32"}
-    const = {"GROUP": 128, "BLOCK_N": cfg.block_n, "BLOCK_M": cfg.block_m, "USE_ASM": True, "DOT_F32": False,
-             "WARPS": cfg.num_warps, "BIAS_DOT": cfg.bias_dot, "UNROLL": cfg.unroll, "PREFETCH": int(cfg.prefetch),
-             "EVEN_N": N % cfg.block_n == 0, "RED": cfg.reduce,
-             "EARLY": cfg.prefetch_blocks(), "PDL": True}
+    const = {**tc_kernel_constexprs(cfg, N, 128, use_asm=True, dot_f32=False), "PDL": True}
     for name, value in (("M", M), ("split_k", cfg.split_k)):
         if value == 1:                     # Triton specialises integer arguments equal to 1
             const[name] = 1
@@ -78,9 +75,11 @@ def loops(sass: str) -> list[dict]:
     out = []
     for i, (_, ins) in enumerate(lines):
         m = re.search(r"\bBRA\s+(?:`\()?[^0-9]*(0x[0-9a-f]+)", ins)
-        if not m or int(m.group(1), 16) >= addr[i] or int(m.group(1), 16) not in addr:
+        target = int(m.group(1), 16) if m else addr[i]
+        if target >= addr[i] or target not in addr:
             continue
-        body = [re.sub(r"^@!?U?P[T0-9]+\s+", "", x[1]).split()[0].split(".")[0] for x in lines[addr.index(int(m.group(1), 16)):i + 1]]
+        start = addr.index(target)
+        body = [re.sub(r"^@!?U?P[T0-9]+\s+", "", x[1]).split()[0].split(".")[0] for x in lines[start:i + 1]]
         ops = Counter(body)
         if any(op.endswith("MMA") for op in ops):
             out.append({"instructions": len(body), "ops": dict(ops.most_common())})

@@ -188,17 +188,21 @@ def _group_scales6(s_ptr, kb, kb1, offs_n, N, GROUP: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_words_l2(qw_ptr, kb0, kb1, pid_n, NG, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr):
-    """L2 prefetch of the word tiles of blocks kb0 .. kb0 + BLOCKS - 1 (< kb1): in the pack_tc layout
-    a tile is BLOCK_N/16 contiguous 1 KB rows, one `prefetch.global.L2` per 128-byte line. Called
-    before the PDL wait (no kernel writes weights, pdl.py), so the first loads after it hit L2."""
-    LINES: tl.constexpr = BLOCK_N // 16 * 8
-    i = tl.arange(0, triton.next_power_of_2(BLOCKS * LINES))
-    kb = kb0 + i // LINES
-    ptrs = qw_ptr + ((tl.minimum(kb, kb1 - 1) * NG + pid_n * (BLOCK_N // 16)) * 256 + (i % LINES) * 32).to(tl.int64)
-    live = (i < BLOCKS * LINES) & (kb < kb1)
-    tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-                              "=r,l,r", [ptrs, live.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+def _prefetch_then_wait(qw_ptr, kb0, kb1, pid_n, NG, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr,
+                        PDL: tl.constexpr):
+    """The PDL wait, preceded (BLOCKS > 0, PDL on) by an L2 prefetch of the word tiles of blocks
+    kb0 .. kb0 + BLOCKS - 1 (< kb1): in the pack_tc layout a tile is BLOCK_N/16 contiguous 1 KB rows,
+    one `prefetch.global.L2` per 128-byte line. No kernel writes weights (pdl.py), so they may be
+    read before the wait; the first loads after it then hit L2."""
+    if BLOCKS > 0 and PDL:
+        LINES: tl.constexpr = BLOCK_N // 16 * 8
+        i = tl.arange(0, triton.next_power_of_2(BLOCKS * LINES))
+        kb = kb0 + i // LINES
+        ptrs = qw_ptr + ((tl.minimum(kb, kb1 - 1) * NG + pid_n * (BLOCK_N // 16)) * 256 + (i % LINES) * 32).to(tl.int64)
+        live = (i < BLOCKS * LINES) & (kb < kb1)
+        tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+                                  "=r,l,r", [ptrs, live.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+    pdl_wait(PDL)
 
 
 @triton.jit
@@ -264,9 +268,7 @@ def _w4a16_tc_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stri
     # M and split_k stay specialised (M = 1 and split 1 compile apart): un-specialising them cost
     # 5-25% at M = 1 on the H200 (session 3: 4096x4096 7.55 -> 8.28 us, 16384x4096 15.7 -> 19.8 us)
     pid_n, pid_k, pid_m, offs_n, offs_m, n_mask, m_mask, kb0, kb1 = _tile_setup(M, N, K, split_k, BLOCK_N, BLOCK_M, 1)
-    if EARLY > 0 and PDL:       # EARLY: how many blocks' words to prefetch into L2 before the wait
-        _prefetch_words_l2(qw_ptr, kb0, kb1, pid_n, N // 16, BLOCK_N, EARLY)
-    pdl_wait(PDL)
+    _prefetch_then_wait(qw_ptr, kb0, kb1, pid_n, N // 16, BLOCK_N, EARLY, PDL)   # EARLY: blocks to prefetch
     NG = N // 16
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     # -(magic + 8) from a runtime argument, so the compiler cannot fold it into per-block constants
@@ -532,13 +534,17 @@ def w4a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group
         return y
     _w4a16_tc_kernel[grid](
         x, qweight, scales, y, ws, cnt, M, N, K, x.stride(0), y.stride(0), split, _NEG_BIAS[x.dtype],
-        GROUP=group, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
-        USE_ASM=(not _INTERPRET) if use_asm is None else use_asm, DOT_F32=_INTERPRET,
-        WARPS=cfg.num_warps, BIAS_DOT=cfg.bias_dot, UNROLL=cfg.unroll,
-        PREFETCH=int(cfg.prefetch), EVEN_N=N % cfg.block_n == 0, RED=cfg.reduce,
-        EARLY=cfg.prefetch_blocks(), num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **launch_args(x.device))
+        **tc_kernel_constexprs(cfg, N, group, (not _INTERPRET) if use_asm is None else use_asm, _INTERPRET),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args(x.device))
     return y
+
+
+def tc_kernel_constexprs(cfg: TCConfig, N: int, group: int, use_asm: bool, dot_f32: bool) -> dict:
+    """The compile-time arguments `_w4a16_tc_kernel` is launched with (also what
+    tools/sass_loops.py compiles offline)."""
+    return dict(GROUP=group, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, USE_ASM=use_asm, DOT_F32=dot_f32,
+                WARPS=cfg.num_warps, BIAS_DOT=cfg.bias_dot, UNROLL=cfg.unroll, PREFETCH=int(cfg.prefetch),
+                EVEN_N=N % cfg.block_n == 0, RED=cfg.reduce, EARLY=cfg.prefetch_blocks())
 
 
 def w4a16_tc_dequantize(qweight: torch.Tensor, scales: torch.Tensor, group_size: int,

@@ -40,7 +40,7 @@ runs out of registers for loads in flight), so triton_tc.TC_SHAPE_DEFAULTS route
 BLOCK_N 16 faulted (misaligned address), hence TMA_MIN_BLOCK_N = 64.
 
 `early` (spec ew=E): E times the first `stages - 1` word tiles are prefetched into L2 before the PDL wait
-(triton_tc._prefetch_words_l2), so the pipeline's first copies hit L2.
+(triton_tc._prefetch_then_wait), so the pipeline's first copies hit L2.
 
 The descriptors are built per call on the host (no sync: CUDA-graph capturable; the launcher
 encodes them at launch). `tl.range` over tensor bounds does not run in triton 3.6's interpreter
@@ -54,9 +54,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from salactl.runtime.ops.pdl import launch_args, pdl_wait
+from salactl.runtime.ops.pdl import launch_args
 from salactl.runtime.ops.split_k import store_split_k
-from salactl.runtime.ops.w4a16.triton_tc import _mma_block, _prefetch_words_l2, _tile_setup
+from salactl.runtime.ops.w4a16.triton_tc import _mma_block, _prefetch_then_wait, _tile_setup
 
 
 @triton.jit
@@ -94,9 +94,7 @@ def _w4a16_tma_kernel(x_ptr, x_desc, qw_desc, s_desc, s_ptr, y_ptr, ws_ptr, cnt_
                       qw_ptr, EARLY: tl.constexpr = 0, PDL: tl.constexpr = False):
     pid_n, pid_k, pid_m, offs_n, offs_m, n_mask, m_mask, kb0, kb1 = _tile_setup(M, N, K, split_k, BLOCK_N, BLOCK_M,
                                                                                 KBP)
-    if EARLY > 0 and PDL:       # EARLY: how many blocks' words to prefetch into L2 before the wait
-        _prefetch_words_l2(qw_ptr, kb0, kb1, pid_n, N // 16, BLOCK_N, EARLY)
-    pdl_wait(PDL)
+    _prefetch_then_wait(qw_ptr, kb0, kb1, pid_n, N // 16, BLOCK_N, EARLY, PDL)   # EARLY: blocks to prefetch
     NG = N // 16
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     neg_bias = tl.full((BLOCK_N, 128), bias, tl.float32).to(x_ptr.dtype.element_ty)
