@@ -13,12 +13,16 @@ breakdown of the CUDA-graph replay).
 3. decode: sala-9b random weights, b1/b8 at 4K: bf16 engine, then the same model quantized
    W4A16 in memory (the modules a GPTQ checkpoint loads into); speedup of graph replays and a
    torch.profiler table of the kernels inside one replay (GPU time per step by kernel).
+   `--w4a16-variants "label:fields;label2:fields"` then times the W4A16 engine again per variant,
+   with `fields` (spec text, e.g. `ew=-1`) appended to every W4A16 dispatch-table entry, in two
+   interleaved rounds (base, variants..., base, variants...) so drift shows as base-vs-base.
 Results: OUT/gpu_bench.json, a short table last.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import sys
@@ -133,7 +137,7 @@ def fp8_attention(cfg):
     return out
 
 
-def engine_decode(model, ceil, label):
+def engine_decode(model, ceil, label, breakdown=True):
     from salactl.runtime.gpu.engine import GPUEngine
 
     engine = GPUEngine(model, "cuda", max_running_requests=8, chunk_size=4096, max_context=8192)
@@ -152,7 +156,7 @@ def engine_decode(model, ceil, label):
             floor = G.decode_bytes(engine.config, model, n, 4096) / (ceil * 1e12)
             out[f"b{n}"] = {"replay_ms": t * 1e3, "tok_s": n / t, "floor_ms": floor * 1e3,
                             "pct_of_floor": 100 * floor / t}
-            if n == 1:
+            if n == 1 and breakdown:
                 out["b1"]["kernels"] = kernel_breakdown(graph)
         finally:
             syn.close()
@@ -161,6 +165,38 @@ def engine_decode(model, ceil, label):
     torch.cuda.empty_cache()
     print(f"   {label}: {json.dumps(out)[:2000]}", flush=True)
     return out
+
+
+def parse_variants(text: str) -> list[tuple[str, str]]:
+    """'label:fields;label2:fields' -> [(label, fields)] (fields appended to every table spec)."""
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        label, sep, fields = part.partition(":")
+        if not sep or not label:
+            raise SystemExit(f"quant_engine_bench.py: bad --w4a16-variants entry {part!r}; want label:fields")
+        out.append((label, fields))
+    return out
+
+
+@contextlib.contextmanager
+def table_variant(fields: str):
+    """The W4A16 dispatch tables with `fields` appended to every spec (later fields win)."""
+    from salactl.runtime.ops.w4a16 import triton_tc as tc
+
+    saved = dict(tc.TC_DEFAULTS), dict(tc.TC_SHAPE_DEFAULTS)
+    for table in (tc.TC_DEFAULTS, tc.TC_SHAPE_DEFAULTS):
+        for key in table:
+            table[key] = f"{table[key]},{fields}" if fields else table[key]
+            tc.parse_tc_spec(table[key])
+    try:
+        yield
+    finally:
+        for table, old in zip((tc.TC_DEFAULTS, tc.TC_SHAPE_DEFAULTS), saved):
+            table.clear()
+            table.update(old)
+
+
+VARIANTS: list[tuple[str, str]] = []
 
 
 @G.section("decode")
@@ -185,6 +221,13 @@ def decode(ceil):
     gc.collect()
     torch.cuda.empty_cache()
     out["w4a16"] = engine_decode(model, ceil, "w4a16")
+    if VARIANTS:
+        out["variants"] = {}
+        for rnd in (1, 2):
+            for label, fields in [("base", "")] + VARIANTS:
+                with table_variant(fields):
+                    r = engine_decode(model, ceil, f"w4a16 {label} (round {rnd})", breakdown=False)
+                out["variants"].setdefault(label, []).append({n: r[n]["replay_ms"] for n in ("b1", "b8") if n in r})
     for n in ("b1", "b8"):
         if "replay_ms" in out["bf16"].get(n, {}) and "replay_ms" in out["w4a16"].get(n, {}):
             out[f"speedup_{n}"] = out["bf16"][n]["replay_ms"] / out["w4a16"][n]["replay_ms"]
@@ -214,6 +257,9 @@ def table():
             if "replay_ms" in x:
                 lines.append(f"| decode {w} {n} 4K | {x['tok_s']:.0f} tok/s ({x['replay_ms']:.2f} ms, "
                              f"{x['pct_of_floor']:.0f}% of {x['floor_ms']:.2f} ms floor) | |")
+    for label, runs in d.get("variants", {}).items():
+        cells = " / ".join(f"b1 {r.get('b1', float('nan')):.3f} b8 {r.get('b8', float('nan')):.3f}" for r in runs)
+        lines.append(f"| W4A16 table variant {label} (ms, two rounds) | {cells} | |")
     for n in ("b1", "b8"):
         if f"speedup_{n}" in d:
             lines.append(f"| W4A16 / bf16 decode {n} | {d[f'speedup_{n}']:.2f}x | >= 2.6x (b1) |")
@@ -233,7 +279,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="check,gemv,fp8,decode")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--w4a16-variants", default="",
+                    help="'label:fields;...': W4A16 engine decode again with fields appended to every table spec")
     args = ap.parse_args()
+    VARIANTS.extend(parse_variants(args.w4a16_variants))
     if args.out:
         G.OUT = Path(args.out)
     only = set(args.only.split(","))

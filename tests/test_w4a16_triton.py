@@ -114,12 +114,17 @@ def test_config_specs_give_the_split_unroll_and_tile_they_describe():
     assert (c.block_n, c.split_k, c.unroll, c.prefetch, c.num_stages, c.tma, c.tma_blocks) == (128, 2, 1, 0, 5, 2, 2)
     assert tc.tc_config_from_spec("tma=1,tkb=2", 1, 256, 384, 132).tma_blocks == 1     # 3 blocks: no pairs
     assert tc.tc_config_from_spec("bn=64", 1, 16384, 4096, 132).tma == 0
-    # ew=E: E x the first unroll group (x 2 with the register prefetch) or E x the TMA pipeline's first stages
-    assert tc.tc_config_from_spec("bn=64,tma=1,stages=4,ew=1", 1, 16384, 4096, 132).prefetch_blocks() == 3
-    assert tc.tc_config_from_spec("bn=64,tma=1,tkb=2,stages=3,ew=2", 1, 16384, 4096, 132).prefetch_blocks() == 8
-    assert tc.tc_config_from_spec("bn=64,un=4,ew=1", 1, 16384, 4096, 132).prefetch_blocks() == 4
-    assert tc.tc_config_from_spec("bn=64,un=2,pf=1,ew=2", 1, 16384, 4096, 132).prefetch_blocks() == 8
-    assert tc.tc_config_from_spec("bn=64,un=4", 1, 16384, 4096, 132).prefetch_blocks() == 0
+    # ew=E: E x the first unroll group (x 2 with the register prefetch) or E x the TMA pipeline's first
+    # stages, at most the split's blocks; ew=-1: all of them
+    assert tc.tc_config_from_spec("bn=64,tma=1,stages=4,ew=1", 1, 16384, 4096, 132).prefetch_blocks(32) == 3
+    assert tc.tc_config_from_spec("bn=64,tma=1,tkb=2,stages=3,ew=2", 1, 16384, 4096, 132).prefetch_blocks(32) == 8
+    assert tc.tc_config_from_spec("bn=64,un=4,ew=1", 1, 16384, 4096, 132).prefetch_blocks(32) == 4
+    assert tc.tc_config_from_spec("bn=64,un=2,pf=1,ew=2", 1, 16384, 4096, 132).prefetch_blocks(32) == 8
+    assert tc.tc_config_from_spec("bn=64,un=2,pf=1,ew=2", 1, 16384, 4096, 132).prefetch_blocks(6) == 6
+    assert tc.tc_config_from_spec("bn=64,un=4", 1, 16384, 4096, 132).prefetch_blocks(32) == 0
+    assert tc.tc_config_from_spec("bn=128,tma=1,ew=-1", 1, 16384, 4096, 132).prefetch_blocks(8) == 8
+    assert [tc.split_blocks(4096, s) for s in (1, 3, 4, 5)] == [32, 11, 8, 7]
+    assert tc.split_blocks(4096, 3, 2) == 12 and tc.split_blocks(384, 2, 2) == 2
     assert tc.tc_config_from_spec("bn=64,tma=1", 1, 48, 4096, 132).tma == 0        # BLOCK_N 32: no TMA
     with pytest.raises(ValueError):
         tc.parse_tc_spec("bn=64,unroll=2")
@@ -196,7 +201,7 @@ def test_w4a16_linear_on_cuda_matches_reference(G, M):
                                  "bn128 w4 fma tma1 st3", "bn64 w4 fma tma1 tkb2 st3",
                                  "bn128 w4 fma tma2 tkb2 st3 red4", "bn128 w4 fma tma1 st4 ew",
                                  "bn64 w4 fma tma1 tkb2 st3 ew", "bn64 w4 fma un4 ew", "bn64 w4 bias un4 ew",
-                                 "bn64 w4 fma un2 pf ew"])
+                                 "bn64 w4 fma un2 pf ew", "bn128 w4 fma tma1 st4 ewall", "bn64 w4 fma un4 ewall"])
 @pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16])
 def test_tensor_core_kernel_inline_asm_on_cuda(cfg, dt):
     """The inline-PTX dequantization (which the interpreter cannot run) for every kernel variant."""
@@ -218,7 +223,7 @@ def test_tensor_core_kernel_inline_asm_on_cuda(cfg, dt):
                      2 if "pf2" in parts else 1 if "pf" in parts else 0,
                      int(parts[-1][3:]) if parts[-1].startswith("red") else 1,
                      2 if "tma2" in parts else 1 if "tma1" in parts else 0, 2 if "tkb2" in parts else 1,
-                     "ew" in parts)
+                     -1 if "ewall" in parts else int("ew" in parts))
         for _ in range(2):
             y = w4a16_tc(x.cuda(), pack_tc(q).cuda(), s.cuda(), G, c).cpu()
             assert rel_err(y.float(), ref) < 5e-3, (cfg, M)
@@ -229,7 +234,10 @@ def test_tensor_core_kernel_inline_asm_on_cuda(cfg, dt):
 @gpu
 @needs_triton
 @pytest.mark.parametrize("spec", ["bn=64,w=4,tma=1,stages=4", "bn=128,w=4,tma=2,stages=6,red=4",
-                                  "bn=128,w=8,tma=1,stages=3,bias=1", "bn=64,w=4,tma=2,tkb=2,stages=3"])
+                                  "bn=128,w=8,tma=1,stages=3,bias=1", "bn=64,w=4,tma=2,tkb=2,stages=3",
+                                  # every word of the split prefetched into L2 first: 10 blocks at split 1
+                                  # are three 128-line prefetch steps, the last one partly masked
+                                  "bn=64,w=4,tma=1,stages=3,ew=-1", "bn=64,w=4,un=2,ew=-1"])
 @pytest.mark.parametrize("G", [128, 256, -1])
 def test_tma_kernel_on_cuda_with_ragged_n_and_split_k(spec, G):
     """The TMA variant where N is not a multiple of BLOCK_N (the last tile's extra rows read the next

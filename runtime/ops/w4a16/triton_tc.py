@@ -192,16 +192,19 @@ def _prefetch_then_wait(qw_ptr, kb0, kb1, pid_n, NG, BLOCK_N: tl.constexpr, BLOC
                         PDL: tl.constexpr):
     """The PDL wait, preceded (BLOCKS > 0, PDL on) by an L2 prefetch of the word tiles of blocks
     kb0 .. kb0 + BLOCKS - 1 (< kb1): in the pack_tc layout a tile is BLOCK_N/16 contiguous 1 KB rows,
-    one `prefetch.global.L2` per 128-byte line. No kernel writes weights (pdl.py), so they may be
-    read before the wait; the first loads after it then hit L2."""
+    one `prefetch.global.L2` per 128-byte line, 128 lines per loop step (bounded registers for any
+    BLOCKS). No kernel writes weights (pdl.py), so they may be read before the wait; the loads after
+    it then hit L2."""
     if BLOCKS > 0 and PDL:
         LINES: tl.constexpr = BLOCK_N // 16 * 8
-        i = tl.arange(0, triton.next_power_of_2(BLOCKS * LINES))
-        kb = kb0 + i // LINES
-        ptrs = qw_ptr + ((tl.minimum(kb, kb1 - 1) * NG + pid_n * (BLOCK_N // 16)) * 256 + (i % LINES) * 32).to(tl.int64)
-        live = (i < BLOCKS * LINES) & (kb < kb1)
-        tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-                                  "=r,l,r", [ptrs, live.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+        STEP: tl.constexpr = triton.next_power_of_2(max(LINES, min(BLOCKS * LINES, 128)))
+        for c in tl.range(0, BLOCKS * LINES, STEP):
+            i = c + tl.arange(0, STEP)
+            kb = kb0 + i // LINES
+            ptrs = qw_ptr + ((tl.minimum(kb, kb1 - 1) * NG + pid_n * (BLOCK_N // 16)) * 256 + (i % LINES) * 32).to(tl.int64)
+            live = (i < BLOCKS * LINES) & (kb < kb1)
+            tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+                                      "=r,l,r", [ptrs, live.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
     pdl_wait(PDL)
 
 
@@ -373,15 +376,20 @@ class TCConfig:
     tma: int = 0             # 1: words by TMA in a num_stages-deep shared-memory pipeline (triton_tma.py)
     tma_blocks: int = 1      # with tma: 128-row blocks per TMA copy (1 or 2)
     early: int = 0           # E > 0: an L2 prefetch of the words of the first E unroll groups (TMA: E
-                             # times the pipeline's first stages) before the PDL wait
+                             # times the pipeline's first stages) before the PDL wait; -1: all the split's
 
-    def prefetch_blocks(self) -> int:
-        """128-row blocks whose words the kernel prefetches into L2 before its PDL wait (0: none)."""
+    def prefetch_blocks(self, split_blocks: int) -> int:
+        """128-row blocks whose words the kernel prefetches into L2 before its PDL wait (0: none),
+        at most the `split_blocks` one split owns."""
         if not self.early:
             return 0
+        if self.early < 0:
+            return split_blocks
         if self.tma:
-            return int(self.early) * max(self.num_stages - 1, 1) * self.tma_blocks
-        return int(self.early) * self.unroll * (2 if self.prefetch else 1)
+            group = max(self.num_stages - 1, 1) * self.tma_blocks
+        else:
+            group = self.unroll * (2 if self.prefetch else 1)
+        return min(int(self.early) * group, split_blocks)
 
 
 _NEG_BIAS = {torch.bfloat16: -136.0, torch.float16: -1032.0}
@@ -534,17 +542,24 @@ def w4a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group
         return y
     _w4a16_tc_kernel[grid](
         x, qweight, scales, y, ws, cnt, M, N, K, x.stride(0), y.stride(0), split, _NEG_BIAS[x.dtype],
-        **tc_kernel_constexprs(cfg, N, group, (not _INTERPRET) if use_asm is None else use_asm, _INTERPRET),
+        **tc_kernel_constexprs(cfg, N, K, split, group, (not _INTERPRET) if use_asm is None else use_asm, _INTERPRET),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args(x.device))
     return y
 
 
-def tc_kernel_constexprs(cfg: TCConfig, N: int, group: int, use_asm: bool, dot_f32: bool) -> dict:
+def split_blocks(K: int, split: int, kbp: int = 1) -> int:
+    """128-row blocks one split owns (the kernels' `_tile_setup`: whole groups of `kbp` blocks)."""
+    return triton.cdiv(triton.cdiv(K // K_BLOCK, split), kbp) * kbp
+
+
+def tc_kernel_constexprs(cfg: TCConfig, N: int, K: int, split: int, group: int, use_asm: bool,
+                         dot_f32: bool) -> dict:
     """The compile-time arguments `_w4a16_tc_kernel` is launched with (also what
     tools/sass_loops.py compiles offline)."""
     return dict(GROUP=group, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, USE_ASM=use_asm, DOT_F32=dot_f32,
                 WARPS=cfg.num_warps, BIAS_DOT=cfg.bias_dot, UNROLL=cfg.unroll, PREFETCH=int(cfg.prefetch),
-                EVEN_N=N % cfg.block_n == 0, RED=cfg.reduce, EARLY=cfg.prefetch_blocks())
+                EVEN_N=N % cfg.block_n == 0, RED=cfg.reduce,
+                EARLY=cfg.prefetch_blocks(split_blocks(K, split)))
 
 
 def w4a16_tc_dequantize(qweight: torch.Tensor, scales: torch.Tensor, group_size: int,

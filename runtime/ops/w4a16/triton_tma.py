@@ -56,7 +56,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from salactl.runtime.ops.pdl import launch_args
 from salactl.runtime.ops.split_k import store_split_k
-from salactl.runtime.ops.w4a16.triton_tc import _mma_block, _prefetch_then_wait, _tile_setup
+from salactl.runtime.ops.w4a16.triton_tc import _mma_block, _prefetch_then_wait, _tile_setup, split_blocks
 
 
 @triton.jit
@@ -168,5 +168,5 @@ def launch_tma(x, qweight, scales, y, ws, cnt, grid, split, neg_bias, group, cfg
         x.stride(0), y.stride(0), split, neg_bias, GROUP=group, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
         USE_ASM=use_asm, DOT_F32=dot_f32, BIAS_DOT=cfg.bias_dot, STAGES=cfg.num_stages, RED=cfg.reduce,
         TMA_X=tma_x, KBP=cfg.tma_blocks, qw_ptr=qweight,
-        EARLY=cfg.prefetch_blocks(), num_warps=cfg.num_warps,
+        EARLY=cfg.prefetch_blocks(split_blocks(K, split, cfg.tma_blocks)), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **launch_args(x.device))
