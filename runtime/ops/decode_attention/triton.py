@@ -47,17 +47,20 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 # e4m3 -> fp16 by bit moves, four values per word: PRMT puts two bytes at the top of two 16-bit
-# halves, then (h & 0x80008000) | ((h >> 1) & ~0x80008000) keeps each sign on top and slides the 7
-# exponent-mantissa bits under fp16's. The fp16 then holds value · 2^-8 exactly, normals and
-# subnormals alike (fp16's exponent bias is 8 more than e4m3's); the caller's scales carry the 2^8.
+# halves (h), then (h & 0x80008000) | ((h & 0x7F007F00) >> 1) keeps each sign on top and slides the
+# 7 exponent-mantissa bits under fp16's (the sign must not slide into fp16's top exponent bit).
+# The fp16 then holds value · 2^-8 exactly, normals and subnormals alike (fp16's exponent bias is 8
+# more than e4m3's); the caller's scales carry the 2^8.
 _E4M3_F16_ASM = tl.constexpr("""{
 .reg .b32 a, b, t;
 prmt.b32 a, $2, 0, 0x1404;
 prmt.b32 b, $2, 0, 0x3424;
-shr.b32 t, a, 1;
-lop3.b32 $0, a, 0x80008000, t, 0xE2;
-shr.b32 t, b, 1;
-lop3.b32 $1, b, 0x80008000, t, 0xE2;
+and.b32 t, a, 0x7F007F00;
+shr.b32 t, t, 1;
+lop3.b32 $0, a, 0x80008000, t, 0xF8;
+and.b32 t, b, 0x7F007F00;
+shr.b32 t, t, 1;
+lop3.b32 $1, b, 0x80008000, t, 0xF8;
 }""")
 E4M3_BITS_SCALE = tl.constexpr(256.0)
 
