@@ -57,10 +57,10 @@ prmt.b32 a, $2, 0, 0x1404;
 prmt.b32 b, $2, 0, 0x3424;
 and.b32 t, a, 0x7F007F00;
 shr.b32 t, t, 1;
-lop3.b32 $0, a, 0x80008000, t, 0xF8;
+lop3.b32 $0, a, 0x80008000, t, 0xEA;
 and.b32 t, b, 0x7F007F00;
 shr.b32 t, t, 1;
-lop3.b32 $1, b, 0x80008000, t, 0xF8;
+lop3.b32 $1, b, 0x80008000, t, 0xEA;
 }""")
 E4M3_BITS_SCALE = tl.constexpr(256.0)
 
