@@ -44,15 +44,13 @@ def test_paged_decode_attention_dense_and_sparse(fp8):
     _assert_rows(S.check_decode_attention("cpu", torch.float32, SMALL, fp8=fp8))
 
 
-@pytest.mark.parametrize("preload,fp8,sub,bits", [(2, True, 0, False), (8, False, 0, False), (2, True, 16, False),
-                                                  (0, False, 16, False), (2, True, 0, True), (0, True, 16, True)])
-def test_paged_decode_attention_page_id_preload(preload, fp8, sub, bits):
+@pytest.mark.parametrize("preload,fp8,sub", [(2, True, 0), (8, False, 0), (2, True, 16), (0, False, 16)])
+def test_paged_decode_attention_page_id_preload(preload, fp8, sub):
     """The split kernel with the split's page ids preloaded: in chunks of 2 pages (several chunks
     per split, a partial last chunk) and of 8 (one chunk); sub 16: half a page per softmax step
-    (the check's partial last pages leave the second half empty or partly masked); bits: e4m3
-    pages converted by bit moves (the plain-Triton twin of the kernel's PTX) with the 2^8 in the scales."""
+    (the check's partial last pages leave the second half empty or partly masked)."""
     from salactl.runtime.ops.decode_attention.triton import DecodeConfig
-    cfg = DecodeConfig(preload=preload, sub=sub, early=bool(sub), bits=bits)
+    cfg = DecodeConfig(preload=preload, sub=sub, early=bool(sub))
     _assert_rows(S.check_decode_attention("cpu", torch.float32, SMALL, fp8=fp8, config=cfg))
 
 

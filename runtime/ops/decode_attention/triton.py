@@ -24,6 +24,10 @@ fp8 128K 32.8 vs 25.1 us, bf16 44.7 vs 39.5, sparse 128K 9.1 vs 6.5. Nor does th
 gain from streaming before its PDL wait: with everything but its stores ahead of the wait (an
 upper bound, not exact in the engine) fp8 128K took 25.4-27.1 us and bf16 42.4-43.5 (4K b8 was
 faster, 11.5 vs 13.4 us fp8): the fixed cost at 128K is inside the split kernel's own run.
+Nor (session 11) does converting e4m3 pages by bit moves instead of cvt pay: PRMT, AND, SHR and
+LOP3 per two values (value·2^-8 exactly, the 2^8 in the scales; 1023 instead of 635 instructions
+per page) ran fp8 128K in 26.4 vs 24.7 us and lost on every case (0.88-0.94x): F2FP's cvt of two
+values costs no more issue time than four integer instructions.
 DecodeConfig.preload loads a split's page ids before its loop (see _split_kernel): with the page
 id loaded inside the loop, Triton's pipeliner keeps one K/V buffer, so a page's loads wait for the
 previous page's math.
@@ -32,7 +36,6 @@ previous page's math.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
@@ -43,52 +46,17 @@ from salactl.runtime.ops.decode_attention.reference import is_fp8, v_token_minor
 from salactl.runtime.ops.pdl import launch_args, pdl_wait
 
 DENSE_ONLY = 2 ** 31 - 1
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-# e4m3 -> fp16 by bit moves, four values per word: PRMT puts two bytes at the top of two 16-bit
-# halves (h), then (h & 0x80008000) | ((h & 0x7F007F00) >> 1) keeps each sign on top and slides the
-# 7 exponent-mantissa bits under fp16's (the sign must not slide into fp16's top exponent bit).
-# The fp16 then holds value · 2^-8 exactly, normals and subnormals alike (fp16's exponent bias is 8
-# more than e4m3's); the caller's scales carry the 2^8.
-_E4M3_F16_ASM = tl.constexpr("""{
-.reg .b32 a, b, t;
-prmt.b32 a, $2, 0, 0x1404;
-prmt.b32 b, $2, 0, 0x3424;
-and.b32 t, a, 0x7F007F00;
-shr.b32 t, t, 1;
-lop3.b32 $0, a, 0x80008000, t, 0xEA;
-and.b32 t, b, 0x7F007F00;
-shr.b32 t, t, 1;
-lop3.b32 $1, b, 0x80008000, t, 0xEA;
-}""")
-E4M3_BITS_SCALE = tl.constexpr(256.0)
-
-
-@triton.jit
-def _e4m3_bits_to_f16(x, USE_ASM: tl.constexpr):
-    """e4m3 tile -> fp16 tile of x · 2^-8 (exact), without cvt instructions (see _E4M3_F16_ASM);
-    the plain-Triton twin of the same bit moves runs in the interpreter."""
-    b = x.to(tl.uint8, bitcast=True)
-    if USE_ASM:
-        return tl.inline_asm_elementwise(_E4M3_F16_ASM, "=r,=r,r", [b], dtype=tl.float16, is_pure=True, pack=4)
-    h = b.to(tl.uint16)
-    return (((h & 0x80) << 8) | ((h & 0x7F) << 7)).to(tl.float16, bitcast=True)
 
 
 @triton.jit
 def _attend_page(q, k_ptr, v_ptr, kbase, vbase, tile, vtile, tok, nvalid, qk_scale, m, l, acc,
-                 SUB: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr, BITS: tl.constexpr = 0):
+                 SUB: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr):
     """One step of the online softmax over SUB tokens of a page: tokens tok >= nvalid are masked
     out. tile / vtile: the [SUB, D] element offsets of K / V (vtile transposed for token-minor FP8
-    V pages) from kbase / vbase. BITS (e4m3 pages): 1 converts by bit moves in inline PTX, 2 by
-    the same moves in plain Triton (K and V come out 2^-8 too small: the scales make up for it)."""
+    V pages) from kbase / vbase."""
     kt = tl.load(k_ptr + kbase + tile)
     vt = tl.load(v_ptr + vbase + vtile)
-    if BITS:
-        kt = _e4m3_bits_to_f16(kt, BITS == 1).to(q.dtype)
-        vt = _e4m3_bits_to_f16(vt, BITS == 1).to(q.dtype)
-    elif FP8:             # exact fp8 -> fp16/fp32; the scales act on scores and output
+    if FP8:               # exact fp8 -> fp16/fp32; the scales act on scores and output
         kt = kt.to(q.dtype)
         vt = vt.to(q.dtype)
     if DOT_F32:
@@ -117,7 +85,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
                   sm_scale, ks_ptr, vs_ptr, dense_len, num_splits,
                   HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, BS: tl.constexpr,
                   D: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr, MAXP: tl.constexpr,
-                  SUB: tl.constexpr, EARLY: tl.constexpr, BITS: tl.constexpr = 0, PDL: tl.constexpr = False):
+                  SUB: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr = False):
     r = tl.program_id(0)
     sp = tl.program_id(1)
     n = r // HKV
@@ -149,8 +117,6 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
     qk_scale = sm_scale * 1.4426950408889634           # log2(e): _attend_page works in base 2
     if FP8:
         qk_scale = qk_scale * tl.load(ks_ptr + kh)
-        if BITS:
-            qk_scale = qk_scale * E4M3_BITS_SCALE
     m = tl.full([BG], -1e30, tl.float32)
     l = tl.zeros([BG], tl.float32)
     acc = tl.zeros([BG, D], tl.float32)
@@ -169,8 +135,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
             page = tl.load(pt_ptr + slot * s_pt + b).to(tl.int64)
             base = page * s_kp + kh * s_kh
             m, l, acc = _attend_page(q, k_ptr, v_ptr, base + h * (SUB * D), base + h * vsub, tile, vtile,
-                                     tok, seqlen - b * BS - h * SUB, qk_scale, m, l, acc, SUB, FP8, DOT_F32,
-                                     BITS)
+                                     tok, seqlen - b * BS - h * SUB, qk_scale, m, l, acc, SUB, FP8, DOT_F32)
     else:
         # Page ids (and valid token counts) of up to MAXP pages loaded up front: the K/V addresses
         # of the inner loop then depend on no load of the same iteration, so the pipeliner keeps
@@ -189,12 +154,10 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
                 base = (c // (2 * BS)) * s_kp + kh * s_kh
                 m, l, acc = _attend_page(q, k_ptr, v_ptr, base + h * (SUB * D), base + h * vsub, tile, vtile,
                                          tok, (c % (2 * BS)).to(tl.int32) - h * SUB, qk_scale, m, l, acc,
-                                         SUB, FP8, DOT_F32, BITS)
+                                         SUB, FP8, DOT_F32)
     ok = l > 0
     if FP8:
         acc = acc * tl.load(vs_ptr + kh)
-        if BITS:
-            acc = acc * E4M3_BITS_SCALE
     o = tl.where(ok[:, None], acc / tl.where(ok, l, 1.0)[:, None], 0.0)
     lse = tl.where(ok, m * 0.6931471805599453 + tl.log(tl.where(ok, l, 1.0)), float("-inf"))   # natural log
     pbase = (r * num_splits + sp).to(tl.int64)
@@ -240,7 +203,6 @@ class DecodeConfig:
     preload: int = 0
     sub: int = 0           # tokens per online-softmax step (a divisor of the page; 0: the page)
     early: bool = False    # load slots and seq_lens before the PDL wait (see _split_kernel)
-    bits: bool = False     # e4m3 pages converted by bit moves instead of cvt (_E4M3_F16_ASM)
 
     @property
     def name(self) -> str:
@@ -248,7 +210,6 @@ class DecodeConfig:
         pre = f" pre{self.preload}" if self.preload else ""
         sub = f" sub{self.sub}" if self.sub else ""
         early = " early" if self.early else ""
-        early += " bits" if self.bits else ""
         return (f"page w{self.warps} s{self.stages}{reg}{pre}{sub}{early} pps{self.programs_per_sm} "
                 f"max{self.max_splits}")
 
@@ -330,10 +291,6 @@ SWEEP_CONFIGS = (
     # the defaults before slots / seq_lens were loaded ahead of the PDL wait (early)
     DecodeConfig(warps=2, programs_per_sm=4, max_splits=256),
     DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16),
-    # session 11: e4m3 pages converted by bit moves (PRMT/SHF/LOP3) instead of cvt (F2FP)
-    DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16, early=True, bits=True),
-    DecodeConfig(warps=2, stages=3, programs_per_sm=5, max_splits=512, preload=16, early=True, bits=True),
-    DecodeConfig(warps=4, stages=3, programs_per_sm=4, max_splits=256, preload=16, early=True, bits=True),
 )
 
 
@@ -419,7 +376,6 @@ def split_partials(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=N
         int(dense_len), num_splits,
         HKV=hkv, G=G, BG=BG, BS=B, D=d, FP8=is_fp8(k_pages.dtype), DOT_F32=(q.dtype == torch.float32),
         MAXP=cfg.max_pages(max_blocks, num_splits), SUB=cfg.sub or B, EARLY=cfg.early,
-        BITS=(1 if not _INTERPRET else 2) if cfg.bits and k_pages.dtype == torch.float8_e4m3fn else 0,
         **cfg.launch(), **launch_args(q.device))
     return po, plse
 

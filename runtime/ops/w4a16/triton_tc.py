@@ -409,7 +409,10 @@ def tc_block_m(M: int) -> int:
 #   blocks per TMA copy (2 needs K/128 even, else 1); ew: E > 0 = an L2 prefetch before the PDL wait of
 #   the words of the first E unroll groups (E x 2 with pf=1), or E times the TMA pipeline's first
 #   stages (the register kernel's words *loaded* before the wait needed a peeled first step: slower,
-#   session 10). Only ew=1 has been measured (session 10).
+#   session 10); ew=-1: all of the split's words. Session 11 (H200, 5f8b3b3): more than ew=1 is
+#   slower, alone and in the engine (ew=2 / ew=-1: qkvz M=1 2.28x / 2.16x vs 2.34x, gate+up 2.72x /
+#   2.45x vs 2.77x; W4A16 decode b1 2.60-2.69 / 2.90-2.93 ms vs 2.50-2.57): a prefetch of every
+#   block reaches DRAM ahead of the loop's own loads in no useful order.
 # Keyed by BLOCK_M (16 for M <= 16, 32, 64); TC_SHAPE_DEFAULTS[(N, K, BLOCK_M)] overrides one shape,
 # and TC_SHAPE_DEFAULTS[(N, K, 1)] overrides it for exactly one row (batch-1 decode), checked first.
 TC_DEFAULTS: dict[int, str] = {
