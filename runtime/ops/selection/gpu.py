@@ -110,14 +110,14 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # tl.histogram then one atomic per distinct bin: pass 2 21 -> 86 us at 1M (tl.histogram's cost
 # grows with the bin count).
 DECODE_DEFAULTS = dict(nbc=64, nbc_fp32=32, num_warps=8, lse_splits=None, thresh_chunk=1024,
-                       thresh_small=4096, thresh_warps=None)
+                       thresh_small=4096, thresh_warps=None, dedup=False)
 
 
 def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_max: int,
                   k_pages=None, k1_start=None, k1_count=None, k_scale=1.0,
                   lse_splits: int | None = None, nbc: int | None = None, num_warps: int | None = None,
                   thresh_chunk: int | None = None, thresh_small: int | None = None,
-                  thresh_warps: int | None = None):
+                  thresh_warps: int | None = None, dedup: bool | None = None):
     """One query per row (decode): triton_decode.py's lse and score-word passes, then
     triton_thresh.py's top-k (one launch, or two when the table is wider than thresh_small).
     With k_pages, k1_start and k1_count given, the window completed by each row's token
@@ -141,6 +141,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     thresh_chunk = dflt["thresh_chunk"] if thresh_chunk is None else thresh_chunk
     thresh_small = dflt["thresh_small"] if thresh_small is None else thresh_small
     thresh_warps = thresh_warps or dflt["thresh_warps"] or num_warps
+    dedup = dflt["dedup"] if dedup is None else dedup
     K = min(sc.selected_blocks, nb_max)
     assert nbc & (nbc - 1) == 0 and thresh_chunk & (thresh_chunk - 1) == 0 and thresh_small & (thresh_small - 1) == 0
     nctr = tkern.NCTR                     # the ticket, both histograms, the reservation counters
@@ -170,7 +171,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
         HKV=hkv, G=G, BG=BG, D=D, WPP=wpp, LEFT=sc.kernel_size // sc.kernel_stride - 1,
         KS=sc.kernel_size, ST=sc.kernel_stride, BS=sc.block_size, NBC=nbc, NCTR=nctr,
         INIT=sc.init_blocks, WINB=sc.window_blocks, SP2=max(2, triton.next_power_of_2(lse_splits)),
-        DOT_F32=dot_f32, num_warps=num_warps, **launch_args(dev))
+        DOT_F32=dot_f32, DEDUP=dedup, num_warps=num_warps, **launch_args(dev))
     tkern.thresh_launch(seq_lens, words, ctr, sel, cnt, hkv, sc.block_size, K, thresh_chunk,
                         ctile=max(256, 32 * thresh_warps), num_warps=thresh_warps,
                         small=min(thresh_small, triton.next_power_of_2(nb_max)))

@@ -97,7 +97,7 @@ def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, w
                         WPP: tl.constexpr, LEFT: tl.constexpr, KS: tl.constexpr, ST: tl.constexpr,
                         BS: tl.constexpr, NBC: tl.constexpr, NCTR: tl.constexpr,
                         INIT: tl.constexpr, WINB: tl.constexpr, SP2: tl.constexpr, DOT_F32: tl.constexpr,
-                        PDL: tl.constexpr = False):
+                        DEDUP: tl.constexpr = False, PDL: tl.constexpr = False):
     pdl_wait(PDL)
     r = tl.program_id(0)
     c = tl.program_id(1)
@@ -136,4 +136,14 @@ def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, w
         word = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
         tl.store(word_ptr + r.to(tl.int64) * s_word + b, word, mask=cand)
         top = ((word.to(tl.uint32, bitcast=True) ^ 0x80000000) >> 20).to(tl.int32)
-        tl.atomic_add(ctr_ptr + r * NCTR + 1 + top, tl.full([NBC], 1, tl.int32), mask=cand, sem="relaxed")
+        if DEDUP:
+            # one atomic per distinct bin of this program's blocks, adding its count, from the
+            # bin's first block: scores crowd into a few bins, whose atomics otherwise serialise
+            top = tl.where(cand, top, -1)
+            same = top[:, None] == top[None, :]                       # [NBC, NBC]
+            i = tl.arange(0, NBC)
+            count = tl.sum(same.to(tl.int32), 1)
+            first = tl.sum((same & (i[None, :] < i[:, None])).to(tl.int32), 1) == 0
+            tl.atomic_add(ctr_ptr + r * NCTR + 1 + top, count, mask=cand & first, sem="relaxed")
+        else:
+            tl.atomic_add(ctr_ptr + r * NCTR + 1 + top, tl.full([NBC], 1, tl.int32), mask=cand, sem="relaxed")
