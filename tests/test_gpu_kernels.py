@@ -53,7 +53,7 @@ def test_selection(dtype):
 @pytest.mark.parametrize("knobs", [{},
                                    dict(thresh_chunk=256, num_warps=4),
                                    dict(nbc=32, thresh_chunk=2048, num_warps=16),
-                                   dict(dedup=True), dict(nbc=32, thresh_chunk=256, dedup=True)])
+                                   dict(dedup=False), dict(nbc=32, thresh_chunk=256)])
 def test_decode_selection_exact_set_and_order(dtype, ties, knobs):
     """select_decode at 9B shapes vs reference.select_blocks (set and order; near-ties only):
     default knobs (threshold select, one and several chunk programs per row) and two other

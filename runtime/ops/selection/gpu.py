@@ -109,8 +109,12 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # instead of tl.sort: the top-k 1-3 us slower. At d277004, pass 2's histogram as a local 4096-bin
 # tl.histogram then one atomic per distinct bin: pass 2 21 -> 86 us at 1M (tl.histogram's cost
 # grows with the bin count).
+# Session 11 (H200 at aa0a557, sparse_decode_bench.py --quick --breakdown --variants dedup): pass 2
+# adding one histogram atomic per distinct bin of its program (dedup) instead of one per block:
+# pass 2 21.0 -> 16.7 us at 1M + 100 (random keys put its 16,384 blocks in 4 of the 4096 bins, so
+# the per-block atomics serialised on 4 addresses), selection 51.2 -> 48.0; 128K unchanged (6.6 us).
 DECODE_DEFAULTS = dict(nbc=64, nbc_fp32=32, num_warps=8, lse_splits=None, thresh_chunk=1024,
-                       thresh_small=4096, thresh_warps=None, dedup=False)
+                       thresh_small=4096, thresh_warps=None, dedup=True)
 
 
 def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_max: int,

@@ -21,8 +21,9 @@ from K1 (K1 read twice, mostly from L2 the second time).
 2. `_block_words_kernel` (grid rows x chunks of NBC blocks; chunks past the row's own block exit
    at once): merges the lse, recomputes p_j from K1, sums over the group's heads, max-pools to
    blocks, applies the forced/candidate rules and stores one int32 order-preserving score word
-   per block (4 B per block: 64 KB per row at 1M), adding each block to the row's 4096-bin
-   histogram of the word's top 12 bits (global atomics in the row's counter slots). Nobody
+   per block (4 B per block: 64 KB per row at 1M), adding its blocks to the row's 4096-bin
+   histogram of the word's top 12 bits (global atomics in the row's counter slots; DEDUP: one
+   per distinct bin of the program, as scores crowd into a few bins). Nobody
    selects here: triton_thresh.py's third launch finds the top K from the histogram and the
    words, spread over the grid (keys "higher score first, ties -> lower block index").
    Removed (slower on the H200, session 5): the "radix" top-k (the last program of each
