@@ -198,7 +198,15 @@ VARIANTS = [("default", {}),
             ("small tw16", dict(thresh_warps=16)),
             # session 11: pass 2 adds one atomic per distinct histogram bin of its program (now
             # the default); "no dedup" is the one atomic per block before it
-            ("no dedup", dict(dedup=False))]
+            ("no dedup", dict(dedup=False)),
+            # session 11: the lse pass's windows per step, warps and pipeline stages (64, 4, 3)
+            ("lse bw128", dict(lse_bw=128)),
+            ("lse bw128 w8", dict(lse_bw=128, lse_warps=8)),
+            ("lse bw64 w8", dict(lse_warps=8)),
+            ("lse bw32", dict(lse_bw=32)),
+            ("lse st2", dict(lse_stages=2)),
+            ("lse st4", dict(lse_stages=4)),
+            ("lse bw32 st4", dict(lse_bw=32, lse_stages=4))]
 # (session 8: pass 2 with 128 blocks per program, one wave at 1M instead of 1.3: 21.0 us at 1M as
 # before, 9.3 instead of 6.6 at 128K; b315dad)
 

@@ -65,7 +65,7 @@ def test_selection_matches_reference():
                                    dict(thresh_chunk=64, thresh_small=0),
                                    dict(thresh_chunk=16, thresh_small=32, thresh_warps=2),
                                    dict(nbc=8, lse_splits=2, thresh_chunk=16, thresh_small=0, dedup=False),
-                                   dict(dedup=False)])
+                                   dict(dedup=False), dict(lse_bw=16, lse_splits=2)])
 def test_decode_selection_exact_set_and_order(ties, knobs):
     """select_decode (fused K1 update, top-k in the kernel) = reference.select_blocks: contexts
     at/just past dense_len, not multiples of the block, shorter than topk, one and many

@@ -114,14 +114,15 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # pass 2 21.0 -> 16.7 us at 1M + 100 (random keys put its 16,384 blocks in 4 of the 4096 bins, so
 # the per-block atomics serialised on 4 addresses), selection 51.2 -> 48.0; 128K unchanged (6.6 us).
 DECODE_DEFAULTS = dict(nbc=64, nbc_fp32=32, num_warps=8, lse_splits=None, thresh_chunk=1024,
-                       thresh_small=4096, thresh_warps=None, dedup=True)
+                       thresh_small=4096, thresh_warps=None, dedup=True, lse_bw=64, lse_warps=4, lse_stages=3)
 
 
 def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_max: int,
                   k_pages=None, k1_start=None, k1_count=None, k_scale=1.0,
                   lse_splits: int | None = None, nbc: int | None = None, num_warps: int | None = None,
                   thresh_chunk: int | None = None, thresh_small: int | None = None,
-                  thresh_warps: int | None = None, dedup: bool | None = None):
+                  thresh_warps: int | None = None, dedup: bool | None = None, lse_bw: int | None = None,
+                  lse_warps: int | None = None, lse_stages: int | None = None):
     """One query per row (decode): triton_decode.py's lse and score-word passes, then
     triton_thresh.py's top-k (one launch, or two when the table is wider than thresh_small).
     With k_pages, k1_start and k1_count given, the window completed by each row's token
@@ -146,8 +147,10 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     thresh_small = dflt["thresh_small"] if thresh_small is None else thresh_small
     thresh_warps = thresh_warps or dflt["thresh_warps"] or num_warps
     dedup = dflt["dedup"] if dedup is None else dedup
+    lse_bw, lse_warps, lse_stages = (dflt[k] if v is None else v for k, v in
+                                     (("lse_bw", lse_bw), ("lse_warps", lse_warps), ("lse_stages", lse_stages)))
     K = min(sc.selected_blocks, nb_max)
-    assert nbc & (nbc - 1) == 0 and thresh_chunk & (thresh_chunk - 1) == 0 and thresh_small & (thresh_small - 1) == 0
+    assert lse_bw & (lse_bw - 1) == 0 and nbc & (nbc - 1) == 0 and thresh_chunk & (thresh_chunk - 1) == 0 and thresh_small & (thresh_small - 1) == 0
     nctr = tkern.NCTR                     # the ticket, both histograms, the reservation counters
     sm_scale = 1.0 / math.sqrt(D)
     dot_f32 = q.dtype == torch.float32
@@ -166,8 +169,8 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
         q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), kp.stride(0), kp.stride(1),
         page_table.stride(0), sm_scale, lse_splits,
         HKV=hkv, G=G, BG=BG, D=D, WPP=wpp, KS=sc.kernel_size, ST=sc.kernel_stride, BS=sc.block_size,
-        BW=64, NCTR=nctr, NCTR2=triton.next_power_of_2(nctr), FUSE_K1=fuse, FP8=fp8,
-        DOT_F32=dot_f32, num_warps=4, **launch_args(dev))
+        BW=lse_bw, NCTR=nctr, NCTR2=triton.next_power_of_2(nctr), FUSE_K1=fuse, FP8=fp8,
+        DOT_F32=dot_f32, num_warps=lse_warps, num_stages=lse_stages, **launch_args(dev))
     dkern._block_words_kernel[(rows, triton.cdiv(nb_max, nbc))](
         q, k1_pages, page_table, slots, seq_lens, plse, words, ctr,
         q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), page_table.stride(0),
