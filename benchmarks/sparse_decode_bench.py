@@ -206,7 +206,15 @@ VARIANTS = [("default", {}),
             ("lse bw32", dict(lse_bw=32)),
             ("lse st2", dict(lse_stages=2)),
             ("lse st4", dict(lse_stages=4)),
-            ("lse bw32 st4", dict(lse_bw=32, lse_stages=4))]
+            ("lse bw32 st4", dict(lse_bw=32, lse_stages=4)),
+            ("lse bw128 st2", dict(lse_bw=128, lse_stages=2)),
+            ("lse bw128 st4", dict(lse_bw=128, lse_stages=4)),
+            ("lse bw256 w8", dict(lse_bw=256, lse_warps=8)),
+            ("lse bw256 w8 st2", dict(lse_bw=256, lse_warps=8, lse_stages=2)),
+            # pass 2's warps and blocks per program with the top-k's warps unchanged (8)
+            ("p2 w4", dict(num_warps=4, thresh_warps=8)),
+            ("p2 nbc32 w4", dict(nbc=32, num_warps=4, thresh_warps=8)),
+            ("p2 nbc128 w8", dict(nbc=128))]
 # (session 8: pass 2 with 128 blocks per program, one wave at 1M instead of 1.3: 21.0 us at 1M as
 # before, 9.3 instead of 6.6 at 128K; b315dad)
 
