@@ -187,9 +187,9 @@ VARIANTS = [("default", {}),
             ("lse splits 128", dict(lse_splits=128)),   # the batch-1 default before 256
             ("thresh ch2048 w8", dict(thresh_chunk=2048)),
             ("thresh ch512 w8", dict(thresh_chunk=512)),
-            ("thresh ch512 w4", dict(thresh_chunk=512, num_warps=4)),
-            ("thresh ch1024 w16", dict(num_warps=16)),
-            ("thresh ch256 w4", dict(thresh_chunk=256, num_warps=4)),
+            ("thresh ch512 w4", dict(thresh_chunk=512, thresh_warps=4)),
+            ("thresh ch1024 w16", dict(thresh_warps=16)),
+            ("thresh ch256 w4", dict(thresh_chunk=256, thresh_warps=4)),
             # session 8: the one-program top-k for rows of at most `thresh_small` blocks (H200 at
             # 4b7474f, thresh kernel at 128K + 100: 13.3 us, off 20.6; one program for 1M rows was
             # slower than the grid path: small 16384 w8 / w16 53.3 / 43.6 us at 128K, 16384-wide)
@@ -199,22 +199,22 @@ VARIANTS = [("default", {}),
             # session 11: pass 2 adds one atomic per distinct histogram bin of its program (now
             # the default); "no dedup" is the one atomic per block before it
             ("no dedup", dict(dedup=False)),
-            # session 11: the lse pass's windows per step, warps and pipeline stages (64, 4, 3)
-            ("lse bw128", dict(lse_bw=128)),
-            ("lse bw128 w8", dict(lse_bw=128, lse_warps=8)),
-            ("lse bw64 w8", dict(lse_warps=8)),
+            # session 11: the lse pass's windows per step, warps and pipeline stages (now 128, 4, 3)
+            ("lse bw64", dict(lse_bw=64)),                    # the default before session 11
+            ("lse bw128 w8", dict(lse_warps=8)),
+            ("lse bw64 w8", dict(lse_bw=64, lse_warps=8)),
             ("lse bw32", dict(lse_bw=32)),
-            ("lse st2", dict(lse_stages=2)),
-            ("lse st4", dict(lse_stages=4)),
+            ("lse bw64 st2", dict(lse_bw=64, lse_stages=2)),
+            ("lse bw64 st4", dict(lse_bw=64, lse_stages=4)),
             ("lse bw32 st4", dict(lse_bw=32, lse_stages=4)),
-            ("lse bw128 st2", dict(lse_bw=128, lse_stages=2)),
-            ("lse bw128 st4", dict(lse_bw=128, lse_stages=4)),
+            ("lse bw128 st2", dict(lse_stages=2)),
+            ("lse bw128 st4", dict(lse_stages=4)),
             ("lse bw256 w8", dict(lse_bw=256, lse_warps=8)),
             ("lse bw256 w8 st2", dict(lse_bw=256, lse_warps=8, lse_stages=2)),
             # pass 2's warps and blocks per program with the top-k's warps unchanged (8)
-            ("p2 w4", dict(num_warps=4, thresh_warps=8)),
-            ("p2 nbc32 w4", dict(nbc=32, num_warps=4, thresh_warps=8)),
-            ("p2 nbc128 w8", dict(nbc=128))]
+            ("p2 nbc64 w4", dict(nbc=64)),
+            ("p2 nbc64 w8", dict(nbc=64, num_warps=8)),       # the default before session 11
+            ("p2 nbc128 w8", dict(nbc=128, num_warps=8))]
 # (session 8: pass 2 with 128 blocks per program, one wave at 1M instead of 1.3: 21.0 us at 1M as
 # before, 9.3 instead of 6.6 at 128K; b315dad)
 

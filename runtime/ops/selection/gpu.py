@@ -113,8 +113,12 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # adding one histogram atomic per distinct bin of its program (dedup) instead of one per block:
 # pass 2 21.0 -> 16.7 us at 1M + 100 (random keys put its 16,384 blocks in 4 of the 4096 bins, so
 # the per-block atomics serialised on 4 addresses), selection 51.2 -> 48.0; 128K unchanged (6.6 us).
-DECODE_DEFAULTS = dict(nbc=64, nbc_fp32=32, num_warps=8, lse_splits=None, thresh_chunk=1024,
-                       thresh_small=4096, thresh_warps=None, dedup=True, lse_bw=64, lse_warps=4, lse_stages=3)
+# Same session, `--variants "lse bw128,lse bw256,lse st2,p2 "` at 0acba0e (us per kernel, 1M + 100 /
+# 128K + 100): the lse pass with 128 windows per step, 11.0 / 5.1 against 14.3 / 5.2 (bw256 w8
+# 13.0 / 6.1, 64 with 2 stages 14.0 / 4.6); pass 2 with 32 blocks per program on 4 warps, 16.5 /
+# 6.1 against 16.9 / 6.5 (64 on 4 warps 17.9 / 6.9, 128 on 8 warps 20.2 / 9.5); the top-k keeps 8.
+DECODE_DEFAULTS = dict(nbc=32, nbc_fp32=32, num_warps=4, lse_splits=None, thresh_chunk=1024,
+                       thresh_small=4096, thresh_warps=8, dedup=True, lse_bw=128, lse_warps=4, lse_stages=3)
 
 
 def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_max: int,
@@ -140,7 +144,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
         lse_splits = dflt["lse_splits"]
     if lse_splits is None:                # about four programs per SM
         lse_splits = max(1, min(256, math.ceil(528 / rows)))
-    if nbc is None:                       # blocks per program: 64 spills nothing in 16 bits
+    if nbc is None:                       # blocks per program of pass 2
         nbc = dflt["nbc_fp32"] if q.dtype == torch.float32 else dflt["nbc"]
     num_warps = dflt["num_warps"] if num_warps is None else num_warps
     thresh_chunk = dflt["thresh_chunk"] if thresh_chunk is None else thresh_chunk
