@@ -185,6 +185,7 @@ def layer_case(cfg, ctx, width, flush_buf, variants, breakdown=False):
 # Selection variants swept (and checked): knobs of select_decode over gpu.DECODE_DEFAULTS.
 VARIANTS = [("default", {}),
             ("lse splits 128", dict(lse_splits=128)),   # the batch-1 default before 256
+            ("lse splits 64", dict(lse_splits=64)),
             ("thresh ch2048 w8", dict(thresh_chunk=2048)),
             ("thresh ch512 w8", dict(thresh_chunk=512)),
             ("thresh ch512 w4", dict(thresh_chunk=512, thresh_warps=4)),
