@@ -14,7 +14,8 @@ breakdown of the CUDA-graph replay).
    W4A16 in memory (the modules a GPTQ checkpoint loads into); speedup of graph replays and a
    torch.profiler table of the kernels inside one replay (GPU time per step by kernel).
    `--w4a16-variants "label:fields;label2:fields"` then times the W4A16 engine again per variant,
-   with `fields` (spec text, e.g. `ew=-1`) appended to every W4A16 dispatch-table entry, in two
+   with `fields` (spec text, e.g. `ew=-1`) appended to every W4A16 dispatch-table entry and
+   SALACTL_NAME=VALUE fields set in the environment (e.g. `noglu:SALACTL_W4A16_GLU=0`), in two
    interleaved rounds (base, variants..., base, variants...) so drift shows as base-vs-base.
 Results: OUT/gpu_bench.json, a short table last.
 """
@@ -180,20 +181,32 @@ def parse_variants(text: str) -> list[tuple[str, str]]:
 
 @contextlib.contextmanager
 def table_variant(fields: str):
-    """The W4A16 dispatch tables with `fields` appended to every spec (later fields win)."""
+    """The W4A16 dispatch tables with `fields` appended to every spec (later fields win); fields of
+    the form SALACTL_NAME=VALUE are set in the environment instead (e.g. SALACTL_W4A16_GLU=0)."""
+    import os
+
     from salactl.runtime.ops.w4a16 import triton_tc as tc
 
-    saved = dict(tc.TC_DEFAULTS), dict(tc.TC_SHAPE_DEFAULTS)
+    parts = [f for f in fields.split(",") if f]
+    env = dict(f.split("=", 1) for f in parts if f.startswith("SALACTL_"))
+    spec = ",".join(f for f in parts if not f.startswith("SALACTL_"))
+    saved = dict(tc.TC_DEFAULTS), dict(tc.TC_SHAPE_DEFAULTS), {k: os.environ.get(k) for k in env}
     for table in (tc.TC_DEFAULTS, tc.TC_SHAPE_DEFAULTS):
         for key in table:
-            table[key] = f"{table[key]},{fields}" if fields else table[key]
+            table[key] = f"{table[key]},{spec}" if spec else table[key]
             tc.parse_tc_spec(table[key])
+    os.environ.update(env)
     try:
         yield
     finally:
         for table, old in zip((tc.TC_DEFAULTS, tc.TC_SHAPE_DEFAULTS), saved):
             table.clear()
             table.update(old)
+        for k, v in saved[2].items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 VARIANTS: list[tuple[str, str]] = []
