@@ -125,17 +125,6 @@ class W4A16Linear(nn.Module):
             return w_t.float().t()
         return reference.dequantize(self.qweight, self.scales, self.g_idx, self.bits)
 
-    def forward_glu(self, gu: torch.Tensor) -> torch.Tensor:
-        """self(silu(g)·u) for gu = [g | u] [..., 2·in_features], with the silu·mul folded into the
-        Triton kernel's activation loads (layout "triton" without an act-order permutation)."""
-        assert self.layout == "triton" and self.perm is None, "forward_glu needs the triton layout"
-        from salactl.runtime.ops.w4a16.triton import w4a16_linear
-
-        shape = gu.shape
-        y = w4a16_linear(gu.reshape(-1, 2 * self.in_features), self.qweight.contiguous(), self.scales.contiguous(),
-                         self.group_size, glu=True)
-        return y.reshape(*shape[:-1], self.out_features)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)

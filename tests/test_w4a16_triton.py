@@ -90,40 +90,6 @@ def test_tensor_core_kernel_matches_reference_in_the_interpreter():
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
 
 
-_INTERPRETED_GLU_CHECK = textwrap.dedent("""
-    import torch
-    from salactl.runtime.ops.fused.triton import silu_mul
-    from salactl.runtime.ops.w4a16.layout import pack_tc
-    from salactl.runtime.ops.w4a16.triton_tc import TCConfig, w4a16_tc
-    gen = torch.Generator().manual_seed(9)
-    K, N = 512, 48
-    q = pack_tc(torch.randint(0, 16, (K, N), generator=gen))
-    s = (torch.rand(K // 128, N, generator=gen) * 0.01 + 0.001).half()
-    for dt, M, cfg in [(torch.bfloat16, 1, TCConfig(32, 16, 2, bias_dot=False, unroll=2)),
-                       (torch.float16, 3, TCConfig(16, 16, 1, bias_dot=True, unroll=4, prefetch=True)),
-                       (torch.bfloat16, 17, TCConfig(64, 16, 2, num_stages=3, tma=1)),
-                       (torch.bfloat16, 2, TCConfig(64, 16, 1, num_stages=3, tma=1, tma_blocks=2)) ]:
-        gu = (torch.randn(M, 2 * K + 8, generator=gen) * 3).to(dt)[:, 8:]      # a row stride of 2K + 8
-        y = w4a16_tc(gu, q, s, 128, cfg, glu=True)
-        ref = w4a16_tc(silu_mul(gu.contiguous()), q, s, 128, cfg)
-        assert torch.equal(y, ref), (dt, M, cfg, (y.float() - ref.float()).abs().max())
-    print("ok")
-""")
-
-
-@needs_triton
-@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter check is for CPU-only machines")
-def test_glu_activations_equal_the_silu_mul_kernel_in_the_interpreter():
-    """glu=True (silu(g)·u computed in the kernel's activation loads) gives bit for bit what the
-    separate silu_mul kernel followed by the same W4A16 kernel gives: register and TMA kernels,
-    split-K, a strided input."""
-    root = Path(__file__).resolve().parent.parent
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(root))
-    r = subprocess.run([sys.executable, "-c", _INTERPRETED_GLU_CHECK], env=env, capture_output=True, text=True,
-                       timeout=600, cwd=root)
-    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
-
-
 @needs_triton
 def test_config_specs_give_the_split_unroll_and_tile_they_describe():
     """tc_config_from_spec on the 9B shapes (132 SMs): split from waves (rounded, or down with fit),
@@ -222,28 +188,6 @@ def test_w4a16_linear_on_cuda_matches_reference(G, M):
     y = mod(x.cuda())
     assert torch.isfinite(y).all()
     assert rel_err(y.float().cpu(), ref) < 1e-2
-
-
-@gpu
-@needs_triton
-@pytest.mark.parametrize("M", [1, 8, 32, 600])
-def test_w4a16_down_projection_with_glu_on_cuda_equals_silu_mul_then_the_module(M):
-    """W4A16Linear.forward_glu on the 9B down_proj shape (the dispatch's TMA kernel at M <= 16, the
-    register kernel at 32, dequant + cuBLAS at 600) is bit for bit the silu_mul kernel then the
-    module, which is what the engine ran before the fold."""
-    from salactl.quant.linear import W4A16Linear
-    from salactl.quant.packing import default_g_idx, to_gptq_tensors
-    from salactl.runtime.ops.fused.triton import silu_mul
-
-    gen = torch.Generator().manual_seed(M)
-    K, N = 16384, 4096
-    codes = torch.randint(0, 16, (N, K), generator=gen)
-    scales = (torch.rand(K // 128, N, generator=gen) * 0.01 + 0.001).half()
-    t = to_gptq_tensors(codes, scales, default_g_idx(K, 128), 4)
-    mod = W4A16Linear.from_gptq(t["qweight"], t["scales"], t["g_idx"], 4, 128, "cuda", torch.bfloat16)
-    gu = (torch.randn(M, 2 * K, generator=gen) * 3).bfloat16().cuda()
-    for _ in range(2):                                   # the second call reuses the split-K counters
-        assert torch.equal(mod.forward_glu(gu), mod(silu_mul(gu)))
 
 
 @gpu

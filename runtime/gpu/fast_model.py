@@ -14,10 +14,10 @@ unchanged) so that a forward call does the same math with far fewer kernel launc
   gate/up and lm_head, and the gates / silu·mul before o_proj and down_proj, run inside the
   projection's GEMV instead (one kernel fewer each; the norms differ from the reference by
   rounding only). The pending add + norm travels as a NormInput from the layer loop to the
-  projection that consumes it.
-- a W4A16 down_proj (Triton layout, no act-order permutation) takes gate/up's output itself: its
-  kernel computes silu(g)·u, rounded like the silu_mul kernel, as it loads each activation block
-  (bit-identical to the separate kernel; off with SALACTL_W4A16_GLU=0).
+  projection that consumes it. Not done for W4A16 (session 11, H200): silu·mul computed in the
+  down projection's activation loads made the W4A16 b1 step 3.07-3.12 instead of 2.50-2.55 ms;
+  its [128, 16]-row activation tiles evaluate the sigmoid for all 16 rows of one real row, in every
+  one of the 32 column tiles.
 The attention math still goes through batch.backend, like the reference layers.
 """
 
@@ -184,21 +184,11 @@ def _project(inp: NormInput, w, linears):
     return w(inp.normed())
 
 
-def _w4a16_glu(module) -> bool:
-    """Whether down_proj takes gate_up's output straight (silu·mul in the W4A16 kernel's loads);
-    SALACTL_W4A16_GLU=0 keeps the separate silu_mul kernel (for A/B measurements)."""
-    from salactl.quant.linear import W4A16Linear
-    return (isinstance(module, W4A16Linear) and module.layout == "triton" and module.perm is None
-            and os.environ.get("SALACTL_W4A16_GLU", "1") != "0")
-
-
 class FusedMLP(MLP):
     def forward(self, x, timer):
         inp = NormInput.of(x)
         with timer("mlp"):
             gu = _project(inp, self._w_gate_up, (self.gate_proj, self.up_proj))
-            if _w4a16_glu(self.down_proj):
-                return self.down_proj.forward_glu(gu)
             y = _out_proj_folded("glu", inp.fold_on, self.down_proj, gu)
             return y if y is not None else _out_proj(fused.silu_mul(gu), self.down_proj)
 

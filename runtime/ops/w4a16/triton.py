@@ -32,16 +32,11 @@ def sm_count(device: torch.device) -> int:
 
 
 def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                 group_size: int, glu: bool = False) -> torch.Tensor:
+                 group_size: int) -> torch.Tensor:
     """x [M, K] (bf16/fp16) · Wᵀ -> [M, N] in x's dtype; qweight = `pack_tc(q)`, scales fp16
-    [groups, N], group_size -1 for one group over K. glu: x is [M, 2K] = [g | u] and the product is
-    with silu(g)·u (the MLP's down projection; folded into the kernel's activation loads)."""
+    [groups, N], group_size -1 for one group over K."""
     from salactl.runtime.ops.w4a16.triton_tc import w4a16_tc, w4a16_tc_dequantize
 
     if x.shape[0] >= DEQUANT_MIN_ROWS:
-        if glu:
-            from salactl.runtime.ops.fused.triton import silu_mul
-
-            x = silu_mul(x)
         return torch.nn.functional.linear(x, w4a16_tc_dequantize(qweight, scales, group_size, x.dtype))
-    return w4a16_tc(x, qweight, scales, group_size, sms=sm_count(x.device), glu=glu)
+    return w4a16_tc(x, qweight, scales, group_size, sms=sm_count(x.device))

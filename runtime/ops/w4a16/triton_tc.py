@@ -209,27 +209,13 @@ def _prefetch_then_wait(qw_ptr, kb0, kb1, pid_n, NG, BLOCK_N: tl.constexpr, BLOC
 
 
 @triton.jit
-def x_tile(x_ptr, offs_m, stride_xm, kb, K, mask, GLU: tl.constexpr):
-    """Activations of block kb as the MMA's [128, BLOCK_M] operand (zero where masked). GLU: x_ptr
-    rows are gu = [g | u] (2K wide) and x = round(round(silu(g))·u), exactly the rounding of the
-    silu_mul kernel (fused/triton.py), so the MLP's down projection needs no kernel before it."""
-    ptr = x_ptr + offs_m[None, :] * stride_xm + (kb * 128 + tl.arange(0, 128))[:, None]
-    if GLU:
-        DT: tl.constexpr = x_ptr.dtype.element_ty
-        g = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
-        u = tl.load(ptr + K, mask=mask, other=0.0).to(tl.float32)
-        return ((g * tl.sigmoid(g)).to(DT).to(tl.float32) * u).to(DT)
-    return tl.load(ptr, mask=mask, other=0.0)
-
-
-@triton.jit
 def _load_block(x_ptr, qw_ptr, s_ptr, kb, kb1, pid_n, offs_n, offs_m, M, N, NG, stride_xm, GROUP: tl.constexpr,
-                BLOCK_N: tl.constexpr, WARPS: tl.constexpr, EVEN_N: tl.constexpr, K, GLU: tl.constexpr):
+                BLOCK_N: tl.constexpr, WARPS: tl.constexpr, EVEN_N: tl.constexpr):
     """Words, activations and (for groups >= 128) scales of block kb. For kb >= kb1 (unroll and
     prefetch tails) everything is masked (words 0, x and s zero), so the block adds nothing."""
     q = _load_words(qw_ptr, kb, kb1, pid_n, NG, BLOCK_N, WARPS, EVEN_N)
-    xt = x_tile(x_ptr, offs_m, stride_xm, kb, K,
-                (offs_m < M)[None, :] & (kb * 128 + tl.arange(0, 128) < kb1 * 128)[:, None], GLU)
+    xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + (kb * 128 + tl.arange(0, 128))[:, None],
+                 mask=(offs_m < M)[None, :] & (kb * 128 + tl.arange(0, 128) < kb1 * 128)[:, None], other=0.0)
     if GROUP < 128:
         s = tl.zeros((BLOCK_N,), tl.float32)
     else:
@@ -281,8 +267,7 @@ def _w4a16_tc_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stri
                      split_k, bias, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                      USE_ASM: tl.constexpr, DOT_F32: tl.constexpr, WARPS: tl.constexpr,
                      BIAS_DOT: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
-                     EVEN_N: tl.constexpr, RED: tl.constexpr, EARLY: tl.constexpr = 0, GLU: tl.constexpr = False,
-                     PDL: tl.constexpr = False):
+                     EVEN_N: tl.constexpr, RED: tl.constexpr, EARLY: tl.constexpr = 0, PDL: tl.constexpr = False):
     # M and split_k stay specialised (M = 1 and split 1 compile apart): un-specialising them cost
     # 5-25% at M = 1 on the H200 (session 3: 4096x4096 7.55 -> 8.28 us, 16384x4096 15.7 -> 19.8 us)
     pid_n, pid_k, pid_m, offs_n, offs_m, n_mask, m_mask, kb0, kb1 = _tile_setup(M, N, K, split_k, BLOCK_N, BLOCK_M, 1)
@@ -295,26 +280,26 @@ def _w4a16_tc_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stri
         # software pipeline over groups of UNROLL blocks: the loads of group g + 1 are issued
         # before the dequantization and MMAs of group g, so every warp always has loads in flight
         q, xt, s = _load_block(x_ptr, qw_ptr, s_ptr, kb0, kb1, pid_n, offs_n, offs_m, M, N, NG, stride_xm,
-                               GROUP, BLOCK_N, WARPS, EVEN_N, K, GLU)
+                               GROUP, BLOCK_N, WARPS, EVEN_N)
         if UNROLL >= 2:
             q2, xt2, s2 = _load_block(x_ptr, qw_ptr, s_ptr, kb0 + 1, kb1, pid_n, offs_n, offs_m, M, N, NG,
-                                      stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N, K, GLU)
+                                      stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
         if UNROLL == 4:
             q3, xt3, s3 = _load_block(x_ptr, qw_ptr, s_ptr, kb0 + 2, kb1, pid_n, offs_n, offs_m, M, N, NG,
-                                      stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N, K, GLU)
+                                      stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
             q4, xt4, s4 = _load_block(x_ptr, qw_ptr, s_ptr, kb0 + 3, kb1, pid_n, offs_n, offs_m, M, N, NG,
-                                      stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N, K, GLU)
+                                      stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
         for kb in range(kb0, kb1, UNROLL):
             qn, xtn, sn = _load_block(x_ptr, qw_ptr, s_ptr, kb + UNROLL, kb1, pid_n, offs_n, offs_m, M, N, NG,
-                                      stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N, K, GLU)
+                                      stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
             if UNROLL >= 2:
                 qn2, xtn2, sn2 = _load_block(x_ptr, qw_ptr, s_ptr, kb + UNROLL + 1, kb1, pid_n, offs_n, offs_m,
-                                             M, N, NG, stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N, K, GLU)
+                                             M, N, NG, stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
             if UNROLL == 4:
                 qn3, xtn3, sn3 = _load_block(x_ptr, qw_ptr, s_ptr, kb + UNROLL + 2, kb1, pid_n, offs_n, offs_m,
-                                             M, N, NG, stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N, K, GLU)
+                                             M, N, NG, stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
                 qn4, xtn4, sn4 = _load_block(x_ptr, qw_ptr, s_ptr, kb + UNROLL + 3, kb1, pid_n, offs_n, offs_m,
-                                             M, N, NG, stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N, K, GLU)
+                                             M, N, NG, stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
             acc = _mma_block(acc, neg_bias, q, xt, s, s_ptr, kb, kb1, offs_n, N, GROUP, BLOCK_N, BLOCK_M,
                              USE_ASM, DOT_F32, BIAS_DOT)
             q, xt, s = qn, xtn, sn
@@ -333,15 +318,15 @@ def _w4a16_tc_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stri
         for kb in range(kb0, kb1, UNROLL):
             # every load of the UNROLL blocks is issued before the first MMA
             q, xt, s = _load_block(x_ptr, qw_ptr, s_ptr, kb, kb1, pid_n, offs_n, offs_m, M, N, NG, stride_xm,
-                                   GROUP, BLOCK_N, WARPS, EVEN_N, K, GLU)
+                                   GROUP, BLOCK_N, WARPS, EVEN_N)
             if UNROLL >= 2:
                 q2, xt2, s2 = _load_block(x_ptr, qw_ptr, s_ptr, kb + 1, kb1, pid_n, offs_n, offs_m, M, N, NG,
-                                          stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N, K, GLU)
+                                          stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
             if UNROLL == 4:
                 q3, xt3, s3 = _load_block(x_ptr, qw_ptr, s_ptr, kb + 2, kb1, pid_n, offs_n, offs_m, M, N, NG,
-                                          stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N, K, GLU)
+                                          stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
                 q4, xt4, s4 = _load_block(x_ptr, qw_ptr, s_ptr, kb + 3, kb1, pid_n, offs_n, offs_m, M, N, NG,
-                                          stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N, K, GLU)
+                                          stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
             acc = _mma_block(acc, neg_bias, q, xt, s, s_ptr, kb, kb1, offs_n, N, GROUP, BLOCK_N, BLOCK_M,
                              USE_ASM, DOT_F32, BIAS_DOT)
             if UNROLL >= 2:
@@ -534,14 +519,10 @@ def default_tc_config(M: int, N: int, K: int, sms: int = 132) -> TCConfig:
 
 
 def w4a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int,
-             config: TCConfig | None = None, use_asm: bool | None = None, sms: int = 132,
-             glu: bool = False) -> torch.Tensor:
+             config: TCConfig | None = None, use_asm: bool | None = None, sms: int = 132) -> torch.Tensor:
     """x [M, K] (bf16/fp16) · Wᵀ -> [M, N] in x's dtype. qweight int32 [K/128, N/16, 256] (layout.py
-    `pack_tc`), scales fp16 [groups, N]; group_size -1 means one group over K. glu: x is [M, 2K] =
-    [g | u] and the kernel multiplies by silu(g)·u, rounded as the silu_mul kernel rounds it."""
+    `pack_tc`), scales fp16 [groups, N]; group_size -1 means one group over K."""
     M, K = x.shape
-    if glu:
-        K //= 2
     N = qweight.shape[1] * TC_ROWS
     assert qweight.shape[0] * K_BLOCK == K and qweight.shape[2] == 256, "qweight must be pack_tc(q) of a [K, N] weight"
     assert x.dtype in _NEG_BIAS, "the W4A16 kernel takes bf16 or fp16 activations"
@@ -550,7 +531,6 @@ def w4a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group
     if x.stride(-1) != 1:
         x = x.contiguous()
     cfg = config or default_tc_config(M, N, K, sms)
-    assert not (glu and cfg.tma == 2), "glu reads the activations with plain loads (tma=2 would use TMA)"
     split = max(1, min(cfg.split_k, K // K_BLOCK))
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
     ws = torch.empty(split if split > 1 else 1, M, N, device=x.device, dtype=torch.float32)
@@ -561,12 +541,12 @@ def w4a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group
         from salactl.runtime.ops.w4a16.triton_tma import launch_tma
 
         launch_tma(x, qweight, scales, y, ws, cnt, grid, split, _NEG_BIAS[x.dtype], group, cfg,
-                   (not _INTERPRET) if use_asm is None else use_asm, _INTERPRET, glu)
+                   (not _INTERPRET) if use_asm is None else use_asm, _INTERPRET)
         return y
     _w4a16_tc_kernel[grid](
         x, qweight, scales, y, ws, cnt, M, N, K, x.stride(0), y.stride(0), split, _NEG_BIAS[x.dtype],
         **tc_kernel_constexprs(cfg, N, K, split, group, (not _INTERPRET) if use_asm is None else use_asm, _INTERPRET),
-        GLU=glu, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args(x.device))
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args(x.device))
     return y
 
 

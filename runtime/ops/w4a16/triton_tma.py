@@ -56,7 +56,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from salactl.runtime.ops.pdl import launch_args
 from salactl.runtime.ops.split_k import store_split_k
-from salactl.runtime.ops.w4a16.triton_tc import _mma_block, _prefetch_then_wait, _tile_setup, split_blocks, x_tile
+from salactl.runtime.ops.w4a16.triton_tc import _mma_block, _prefetch_then_wait, _tile_setup, split_blocks
 
 
 @triton.jit
@@ -76,14 +76,14 @@ def _tma_word_pair(qw3_desc, kb, pid_n, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _x_block(x_ptr, x_desc, kb, pid_m, offs_m, m_mask, stride_xm, BLOCK_M: tl.constexpr, TMA_X: tl.constexpr,
-             K, GLU: tl.constexpr):
-    """Activations of block kb as the MMA's [128, BLOCK_M] operand (GLU: see triton_tc.x_tile)."""
+def _x_block(x_ptr, x_desc, kb, pid_m, offs_m, m_mask, stride_xm, BLOCK_M: tl.constexpr, TMA_X: tl.constexpr):
+    """Activations of block kb as the MMA's [128, BLOCK_M] operand."""
     if TMA_X:
         # rows >= M of the [BLOCK_M, 128] box are TMA's zero fill (no memory traffic)
         return tl.trans(x_desc.load([pid_m * BLOCK_M, kb * 128]))
     else:
-        return x_tile(x_ptr, offs_m, stride_xm, kb, K, m_mask[None, :], GLU)
+        return tl.load(x_ptr + offs_m[None, :] * stride_xm + (kb * 128 + tl.arange(0, 128))[:, None],
+                       mask=m_mask[None, :], other=0.0)
 
 
 @triton.jit
@@ -91,7 +91,7 @@ def _w4a16_tma_kernel(x_ptr, x_desc, qw_desc, s_desc, s_ptr, y_ptr, ws_ptr, cnt_
                       split_k, bias, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                       USE_ASM: tl.constexpr, DOT_F32: tl.constexpr, BIAS_DOT: tl.constexpr,
                       STAGES: tl.constexpr, RED: tl.constexpr, TMA_X: tl.constexpr, KBP: tl.constexpr,
-                      qw_ptr, EARLY: tl.constexpr = 0, GLU: tl.constexpr = False, PDL: tl.constexpr = False):
+                      qw_ptr, EARLY: tl.constexpr = 0, PDL: tl.constexpr = False):
     pid_n, pid_k, pid_m, offs_n, offs_m, n_mask, m_mask, kb0, kb1 = _tile_setup(M, N, K, split_k, BLOCK_N, BLOCK_M,
                                                                                 KBP)
     _prefetch_then_wait(qw_ptr, kb0, kb1, pid_n, N // 16, BLOCK_N, EARLY, PDL)   # EARLY: blocks to prefetch
@@ -101,7 +101,7 @@ def _w4a16_tma_kernel(x_ptr, x_desc, qw_desc, s_desc, s_ptr, y_ptr, ws_ptr, cnt_
     for kb in tl.range(kb0, kb1, KBP, num_stages=STAGES):
         if KBP == 1:
             q = _tma_words(qw_desc, kb, pid_n, NG, BLOCK_N)
-            xt = _x_block(x_ptr, x_desc, kb, pid_m, offs_m, m_mask, stride_xm, BLOCK_M, TMA_X, K, GLU)
+            xt = _x_block(x_ptr, x_desc, kb, pid_m, offs_m, m_mask, stride_xm, BLOCK_M, TMA_X)
             if GROUP < 128:
                 s = tl.zeros((BLOCK_N,), tl.float32)
             else:
@@ -114,8 +114,8 @@ def _w4a16_tma_kernel(x_ptr, x_desc, qw_desc, s_desc, s_ptr, y_ptr, ws_ptr, cnt_
             # two 128-row blocks per copy (K/128 even, splits of whole pairs): half the per-copy
             # mbarrier / address work per weight
             qa, qb = _tma_word_pair(qw_desc, kb, pid_n, BLOCK_N)
-            xa = _x_block(x_ptr, x_desc, kb, pid_m, offs_m, m_mask, stride_xm, BLOCK_M, TMA_X, K, GLU)
-            xb = _x_block(x_ptr, x_desc, kb + 1, pid_m, offs_m, m_mask, stride_xm, BLOCK_M, TMA_X, K, GLU)
+            xa = _x_block(x_ptr, x_desc, kb, pid_m, offs_m, m_mask, stride_xm, BLOCK_M, TMA_X)
+            xb = _x_block(x_ptr, x_desc, kb + 1, pid_m, offs_m, m_mask, stride_xm, BLOCK_M, TMA_X)
             if GROUP < 128:
                 sa = tl.zeros((BLOCK_N,), tl.float32)
                 sb = sa
@@ -147,13 +147,11 @@ def _aligned(t: torch.Tensor) -> bool:
     return t.data_ptr() % 16 == 0 and all((st * t.element_size()) % 16 == 0 for st in t.stride()[:-1])
 
 
-def launch_tma(x, qweight, scales, y, ws, cnt, grid, split, neg_bias, group, cfg, use_asm, dot_f32, glu=False):
+def launch_tma(x, qweight, scales, y, ws, cnt, grid, split, neg_bias, group, cfg, use_asm, dot_f32):
     """The `tma` launch of triton_tc.w4a16_tc (same arguments and split-K workspace): tma=1 words and
     scales by TMA, activations by plain loads (cp.async stages); tma=2 activations by TMA too;
-    tma_blocks = 2: two 128-row blocks per copy (K/128 must be even); glu: x is [M, 2K] = [g | u]."""
+    tma_blocks = 2: two 128-row blocks per copy (K/128 must be even)."""
     M, K = x.shape
-    if glu:
-        K //= 2
     assert (K // 128) % cfg.tma_blocks == 0, "tma_blocks must divide K/128"
     N = y.shape[1]
     tma_x = cfg.tma == 2
@@ -170,5 +168,5 @@ def launch_tma(x, qweight, scales, y, ws, cnt, grid, split, neg_bias, group, cfg
         x.stride(0), y.stride(0), split, neg_bias, GROUP=group, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
         USE_ASM=use_asm, DOT_F32=dot_f32, BIAS_DOT=cfg.bias_dot, STAGES=cfg.num_stages, RED=cfg.reduce,
         TMA_X=tma_x, KBP=cfg.tma_blocks, qw_ptr=qweight,
-        EARLY=cfg.prefetch_blocks(split_blocks(K, split, cfg.tma_blocks)), GLU=glu, num_warps=cfg.num_warps,
+        EARLY=cfg.prefetch_blocks(split_blocks(K, split, cfg.tma_blocks)), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **launch_args(x.device))
