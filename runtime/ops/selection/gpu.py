@@ -154,7 +154,8 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     lse_bw, lse_warps, lse_stages = (dflt[k] if v is None else v for k, v in
                                      (("lse_bw", lse_bw), ("lse_warps", lse_warps), ("lse_stages", lse_stages)))
     K = min(sc.selected_blocks, nb_max)
-    assert lse_bw & (lse_bw - 1) == 0 and nbc & (nbc - 1) == 0 and thresh_chunk & (thresh_chunk - 1) == 0 and thresh_small & (thresh_small - 1) == 0
+    assert all(v > 0 and v & (v - 1) == 0 for v in (lse_bw, nbc, thresh_chunk)), "powers of 2 expected"
+    assert thresh_small & (thresh_small - 1) == 0
     nctr = tkern.NCTR                     # the ticket, both histograms, the reservation counters
     sm_scale = 1.0 / math.sqrt(D)
     dot_f32 = q.dtype == torch.float32
