@@ -213,10 +213,10 @@ VARIANTS = [("default", {}),
             ("lse bw256 w8", dict(lse_bw=256, lse_warps=8)),
             ("lse bw256 w8 st2", dict(lse_bw=256, lse_warps=8, lse_stages=2)),
             # pass 2's warps and blocks per program with the top-k's warps unchanged (8)
-            ("p2 nbc64 w4", dict(nbc=64)),
+            ("p2 nbc64 w4", dict(nbc=64, num_warps=4)),
             ("p2 nbc16 w2", dict(nbc=16, num_warps=2)),
-            ("p2 nbc16 w4", dict(nbc=16)),
-            ("p2 nbc32 w2", dict(num_warps=2)),
+            ("p2 nbc16 w4", dict(nbc=16, num_warps=4)),
+            ("p2 nbc32 w4", dict(num_warps=4)),        # the default for tables of <= 4096 blocks
             ("p2 nbc64 w8", dict(nbc=64, num_warps=8)),       # the default before session 11
             ("p2 nbc128 w8", dict(nbc=128, num_warps=8))]
 # (session 8: pass 2 with 128 blocks per program, one wave at 1M instead of 1.3: 21.0 us at 1M as

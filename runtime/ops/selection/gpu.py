@@ -117,7 +117,10 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # 128K + 100): the lse pass with 128 windows per step, 11.0 / 5.1 against 14.3 / 5.2 (bw256 w8
 # 13.0 / 6.1, 64 with 2 stages 14.0 / 4.6); pass 2 with 32 blocks per program on 4 warps, 16.5 /
 # 6.1 against 16.9 / 6.5 (64 on 4 warps 17.9 / 6.9, 128 on 8 warps 20.2 / 9.5); the top-k keeps 8.
-DECODE_DEFAULTS = dict(nbc=32, nbc_fp32=32, num_warps=4, lse_splits=None, thresh_chunk=1024,
+# Then (add0847, `--variants "p2 "`): pass 2 on 2 warps, 13.3 against 16.3 us at 1M but 7.1 against
+# 6.1 at 128K (both in the 1M-wide table): 2 warps for tables wider than thresh_small blocks (256K
+# tokens, where rows that long exist), 4 otherwise; 16 blocks per program lost (20.1 / 26.8 at 1M).
+DECODE_DEFAULTS = dict(nbc=32, nbc_fp32=32, num_warps=4, num_warps_wide=2, lse_splits=None, thresh_chunk=1024,
                        thresh_small=4096, thresh_warps=8, dedup=True, lse_bw=128, lse_warps=4, lse_stages=3)
 
 
@@ -146,7 +149,8 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
         lse_splits = max(1, min(256, math.ceil(528 / rows)))
     if nbc is None:                       # blocks per program of pass 2
         nbc = dflt["nbc_fp32"] if q.dtype == torch.float32 else dflt["nbc"]
-    num_warps = dflt["num_warps"] if num_warps is None else num_warps
+    if num_warps is None:                 # pass 2's warps (and the top-k's when thresh_warps is None)
+        num_warps = dflt["num_warps_wide"] if nb_max > dflt["thresh_small"] else dflt["num_warps"]
     thresh_chunk = dflt["thresh_chunk"] if thresh_chunk is None else thresh_chunk
     thresh_small = dflt["thresh_small"] if thresh_small is None else thresh_small
     thresh_warps = thresh_warps or dflt["thresh_warps"] or num_warps
