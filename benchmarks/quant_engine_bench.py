@@ -15,7 +15,7 @@ breakdown of the CUDA-graph replay).
    torch.profiler table of the kernels inside one replay (GPU time per step by kernel).
    `--w4a16-variants "label:fields;label2:fields"` then times the W4A16 engine again per variant,
    with `fields` (spec text, e.g. `ew=-1`) appended to every W4A16 dispatch-table entry and
-   SALACTL_NAME=VALUE fields set in the environment (e.g. `noglu:SALACTL_W4A16_GLU=0`), in two
+   SALACTL_NAME=VALUE fields set in the environment (e.g. `nopdl:SALACTL_PDL=0`), in two
    interleaved rounds (base, variants..., base, variants...) so drift shows as base-vs-base.
 Results: OUT/gpu_bench.json, a short table last.
 """
@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import gc
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -182,9 +183,7 @@ def parse_variants(text: str) -> list[tuple[str, str]]:
 @contextlib.contextmanager
 def table_variant(fields: str):
     """The W4A16 dispatch tables with `fields` appended to every spec (later fields win); fields of
-    the form SALACTL_NAME=VALUE are set in the environment instead (e.g. SALACTL_W4A16_GLU=0)."""
-    import os
-
+    the form SALACTL_NAME=VALUE are set in the environment instead (e.g. SALACTL_PDL=0)."""
     from salactl.runtime.ops.w4a16 import triton_tc as tc
 
     parts = [f for f in fields.split(",") if f]
@@ -209,11 +208,8 @@ def table_variant(fields: str):
                 os.environ[k] = v
 
 
-VARIANTS: list[tuple[str, str]] = []
-
-
 @G.section("decode")
-def decode(ceil):
+def decode(ceil, variants=()):
     from salactl.profiling.weights import quantize_rtn_in_memory
     from salactl.runtime.loader import load_model
 
@@ -234,10 +230,10 @@ def decode(ceil):
     gc.collect()
     torch.cuda.empty_cache()
     out["w4a16"] = engine_decode(model, ceil, "w4a16")
-    if VARIANTS:
+    if variants:
         out["variants"] = {}
         for rnd in (1, 2):
-            for label, fields in [("base", "")] + VARIANTS:
+            for label, fields in [("base", ""), *variants]:
                 with table_variant(fields):
                     r = engine_decode(model, ceil, f"w4a16 {label} (round {rnd})", breakdown=False)
                 out["variants"].setdefault(label, []).append({n: r[n]["replay_ms"] for n in ("b1", "b8") if n in r})
@@ -295,7 +291,7 @@ def main():
     ap.add_argument("--w4a16-variants", default="",
                     help="'label:fields;...': W4A16 engine decode again with fields appended to every table spec")
     args = ap.parse_args()
-    VARIANTS.extend(parse_variants(args.w4a16_variants))
+    variants = parse_variants(args.w4a16_variants)
     if args.out:
         G.OUT = Path(args.out)
     only = set(args.only.split(","))
@@ -309,7 +305,7 @@ def main():
         from salactl.runtime.presets import sala_9b
         fp8_attention(sala_9b())
     if "decode" in only:
-        decode(ceil)
+        decode(ceil, variants)
     G.save()
     table()
 

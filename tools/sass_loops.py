@@ -59,7 +59,7 @@ def w4a16_source(spec: str, M: int, N: int, K: int):
     sig = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*fp16", "y_ptr": "*bf16", "ws_ptr": "*fp32",
            "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32",
            "split_k": "i32", "bias": "fp32"}
-    const = {**tc_kernel_constexprs(cfg, N, K, max(1, min(cfg.split_k, K // 128)), 128, use_asm=True, dot_f32=False), "PDL": True}
+    const = {**tc_kernel_constexprs(cfg, N, K, 128, use_asm=True, dot_f32=False), "PDL": True}
     for name, value in (("M", M), ("split_k", cfg.split_k)):
         if value == 1:                     # Triton specialises integer arguments equal to 1
             const[name] = 1

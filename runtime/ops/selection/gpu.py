@@ -143,20 +143,22 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     BG = max(16, triton.next_power_of_2(G))
     rows = n * hkv
     dev = q.device
-    if lse_splits is None:
-        lse_splits = dflt["lse_splits"]
+
+    def knob(value, name):
+        return dflt[name] if value is None else value
+
+    lse_splits = knob(lse_splits, "lse_splits")
     if lse_splits is None:                # about four programs per SM
         lse_splits = max(1, min(256, math.ceil(528 / rows)))
     if nbc is None:                       # blocks per program of pass 2
         nbc = dflt["nbc_fp32"] if q.dtype == torch.float32 else dflt["nbc"]
-    if num_warps is None:                 # pass 2's warps (and the top-k's when thresh_warps is None)
+    if num_warps is None:                 # pass 2's warps
         num_warps = dflt["num_warps_wide"] if nb_max > dflt["thresh_small"] else dflt["num_warps"]
-    thresh_chunk = dflt["thresh_chunk"] if thresh_chunk is None else thresh_chunk
-    thresh_small = dflt["thresh_small"] if thresh_small is None else thresh_small
-    thresh_warps = thresh_warps or dflt["thresh_warps"] or num_warps
-    dedup = dflt["dedup"] if dedup is None else dedup
-    lse_bw, lse_warps, lse_stages = (dflt[k] if v is None else v for k, v in
-                                     (("lse_bw", lse_bw), ("lse_warps", lse_warps), ("lse_stages", lse_stages)))
+    thresh_chunk = knob(thresh_chunk, "thresh_chunk")
+    thresh_small = knob(thresh_small, "thresh_small")
+    thresh_warps = knob(thresh_warps, "thresh_warps")
+    dedup = knob(dedup, "dedup")
+    lse_bw, lse_warps, lse_stages = knob(lse_bw, "lse_bw"), knob(lse_warps, "lse_warps"), knob(lse_stages, "lse_stages")
     K = min(sc.selected_blocks, nb_max)
     assert all(v > 0 and v & (v - 1) == 0 for v in (lse_bw, nbc, thresh_chunk)), "powers of 2 expected"
     assert thresh_small & (thresh_small - 1) == 0

@@ -531,7 +531,7 @@ def w4a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group
     if x.stride(-1) != 1:
         x = x.contiguous()
     cfg = config or default_tc_config(M, N, K, sms)
-    split = max(1, min(cfg.split_k, K // K_BLOCK))
+    split = launch_split(cfg, K)
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
     ws = torch.empty(split if split > 1 else 1, M, N, device=x.device, dtype=torch.float32)
     grid = (triton.cdiv(N, cfg.block_n), split, triton.cdiv(M, cfg.block_m))
@@ -545,9 +545,14 @@ def w4a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group
         return y
     _w4a16_tc_kernel[grid](
         x, qweight, scales, y, ws, cnt, M, N, K, x.stride(0), y.stride(0), split, _NEG_BIAS[x.dtype],
-        **tc_kernel_constexprs(cfg, N, K, split, group, (not _INTERPRET) if use_asm is None else use_asm, _INTERPRET),
+        **tc_kernel_constexprs(cfg, N, K, group, (not _INTERPRET) if use_asm is None else use_asm, _INTERPRET),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args(x.device))
     return y
+
+
+def launch_split(cfg: TCConfig, K: int) -> int:
+    """The split-K factor a launch uses: cfg.split_k, at most one 128-row block per split."""
+    return max(1, min(cfg.split_k, K // K_BLOCK))
 
 
 def split_blocks(K: int, split: int, kbp: int = 1) -> int:
@@ -555,14 +560,13 @@ def split_blocks(K: int, split: int, kbp: int = 1) -> int:
     return triton.cdiv(triton.cdiv(K // K_BLOCK, split), kbp) * kbp
 
 
-def tc_kernel_constexprs(cfg: TCConfig, N: int, K: int, split: int, group: int, use_asm: bool,
-                         dot_f32: bool) -> dict:
+def tc_kernel_constexprs(cfg: TCConfig, N: int, K: int, group: int, use_asm: bool, dot_f32: bool) -> dict:
     """The compile-time arguments `_w4a16_tc_kernel` is launched with (also what
     tools/sass_loops.py compiles offline)."""
     return dict(GROUP=group, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, USE_ASM=use_asm, DOT_F32=dot_f32,
                 WARPS=cfg.num_warps, BIAS_DOT=cfg.bias_dot, UNROLL=cfg.unroll, PREFETCH=int(cfg.prefetch),
                 EVEN_N=N % cfg.block_n == 0, RED=cfg.reduce,
-                EARLY=cfg.prefetch_blocks(split_blocks(K, split)))
+                EARLY=cfg.prefetch_blocks(split_blocks(K, launch_split(cfg, K))))
 
 
 def w4a16_tc_dequantize(qweight: torch.Tensor, scales: torch.Tensor, group_size: int,
