@@ -218,16 +218,7 @@ VARIANTS = [("default", {}),
             ("p2 nbc16 w4", dict(nbc=16, num_warps=4)),
             ("p2 nbc32 w4", dict(num_warps=4)),        # the default for tables of <= 4096 blocks
             ("p2 nbc64 w8", dict(nbc=64, num_warps=8)),       # the default before session 11
-            ("p2 nbc128 w8", dict(nbc=128, num_warps=8)),
-            # session 12: loads before the PDL wait, pass 2's lse merge after its window scores,
-            # the lse pass's L2 prefetch of its K1 rows, the grid top-k launched early
-            ("new early", dict(early=True)),
-            ("new late", dict(late_lse=True)),
-            ("new late w4", dict(late_lse=True, num_warps=4)),
-            ("new early late", dict(early=True, late_lse=True)),
-            ("new early late pf", dict(early=True, late_lse=True, lse_prefetch=True)),
-            ("new trig", dict(early_trigger=True)),
-            ("new all", dict(early=True, late_lse=True, lse_prefetch=True, early_trigger=True))]
+            ("p2 nbc128 w8", dict(nbc=128, num_warps=8))]
 # (session 8: pass 2 with 128 blocks per program, one wave at 1M instead of 1.3: 21.0 us at 1M as
 # before, 9.3 instead of 6.6 at 128K; b315dad)
 

@@ -20,13 +20,6 @@ before the wait (decode attention's `DecodeConfig.early` reads slots and seq_len
 data no kernel of the step writes may always be read early (the W4A16 kernels' `early` L2 prefetch
 of their first weight tiles).
 
-A kernel whose immediate successor touches no memory before its own wait may instead trigger
-before its wait (`pdl_trigger_then_wait`): the successor's CTAs are then launched, and wait, while
-this kernel still waits on its predecessor, which hides the successor's launch. Its writes stay
-ordered (the successor's wait returns only once this kernel, and so its predecessor, completed).
-What the successor loses is the guarantee above that lets a kernel load early (its predecessor's
-predecessor may still run when it starts), hence the condition; the kernels after it keep theirs.
-
 `launch_args(device)` gives the two launch keywords (`PDL` constexpr and `launch_pdl`); off under
 the Triton interpreter, on GPUs before sm_90, and with SALACTL_PDL=0 (for A/B measurements).
 """
@@ -66,12 +59,3 @@ def pdl_wait(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
-
-
-@triton.jit
-def pdl_trigger_then_wait(PDL: tl.constexpr):
-    """`pdl_wait` with the trigger first: only for kernels whose successor does nothing before its
-    own wait (see the module docstring)."""
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()

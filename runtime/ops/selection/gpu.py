@@ -120,13 +120,8 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # Then (add0847, `--variants "p2 "`): pass 2 on 2 warps, 13.3 against 16.3 us at 1M but 7.1 against
 # 6.1 at 128K (both in the 1M-wide table): 2 warps for tables wider than thresh_small blocks (256K
 # tokens, where rows that long exist), 4 otherwise; 16 blocks per program lost (20.1 / 26.8 at 1M).
-# early: slots, seq_lens (both passes), q and the page-table entries (pass 2) read before the PDL
-# wait; late_lse: pass 2 computes all its raw window scores before merging the lse partials;
-# lse_prefetch: the lse pass prefetches its K1 rows into L2 before the wait (needs early);
-# early_trigger: the one-program top-k lets the grid top-k launch before its own wait.
 DECODE_DEFAULTS = dict(nbc=32, nbc_fp32=32, num_warps=4, num_warps_wide=2, lse_splits=None, thresh_chunk=1024,
-                       thresh_small=4096, thresh_warps=8, dedup=True, lse_bw=128, lse_warps=4, lse_stages=3,
-                       early=False, late_lse=False, lse_prefetch=False, early_trigger=False)
+                       thresh_small=4096, thresh_warps=8, dedup=True, lse_bw=128, lse_warps=4, lse_stages=3)
 
 
 def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_max: int,
@@ -134,9 +129,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
                   lse_splits: int | None = None, nbc: int | None = None, num_warps: int | None = None,
                   thresh_chunk: int | None = None, thresh_small: int | None = None,
                   thresh_warps: int | None = None, dedup: bool | None = None, lse_bw: int | None = None,
-                  lse_warps: int | None = None, lse_stages: int | None = None, early: bool | None = None,
-                  late_lse: bool | None = None, lse_prefetch: bool | None = None,
-                  early_trigger: bool | None = None):
+                  lse_warps: int | None = None, lse_stages: int | None = None):
     """One query per row (decode): triton_decode.py's lse and score-word passes, then
     triton_thresh.py's top-k (one launch, or two when the table is wider than thresh_small).
     With k_pages, k1_start and k1_count given, the window completed by each row's token
@@ -166,12 +159,6 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     thresh_warps = knob(thresh_warps, "thresh_warps")
     dedup = knob(dedup, "dedup")
     lse_bw, lse_warps, lse_stages = knob(lse_bw, "lse_bw"), knob(lse_warps, "lse_warps"), knob(lse_stages, "lse_stages")
-    early, late_lse = knob(early, "early"), knob(late_lse, "late_lse")
-    lse_prefetch, early_trigger = knob(lse_prefetch, "lse_prefetch"), knob(early_trigger, "early_trigger")
-    left = sc.kernel_size // sc.kernel_stride - 1
-    assert left <= wpp, "a window overlaps at most two blocks (kernel_size <= block_size + kernel_stride)"
-    line_el = 128 // k1_pages.element_size()
-    pf_lines = wpp * D // line_el if early and lse_prefetch and wpp * D % line_el == 0 else 0
     K = min(sc.selected_blocks, nb_max)
     assert all(v > 0 and v & (v - 1) == 0 for v in (lse_bw, nbc, thresh_chunk)), "powers of 2 expected"
     assert thresh_small & (thresh_small - 1) == 0
@@ -194,18 +181,16 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
         page_table.stride(0), sm_scale, lse_splits,
         HKV=hkv, G=G, BG=BG, D=D, WPP=wpp, KS=sc.kernel_size, ST=sc.kernel_stride, BS=sc.block_size,
         BW=lse_bw, NCTR=nctr, NCTR2=triton.next_power_of_2(nctr), FUSE_K1=fuse, FP8=fp8,
-        DOT_F32=dot_f32, EARLY=early, PF_LINES=pf_lines, PF_LINE_EL=line_el,
-        num_warps=lse_warps, num_stages=lse_stages, **launch_args(dev))
+        DOT_F32=dot_f32, num_warps=lse_warps, num_stages=lse_stages, **launch_args(dev))
     dkern._block_words_kernel[(rows, triton.cdiv(nb_max, nbc))](
         q, k1_pages, page_table, slots, seq_lens, plse, words, ctr,
         q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), page_table.stride(0),
         words.stride(0), sm_scale, lse_splits,
-        HKV=hkv, G=G, BG=BG, D=D, WPP=wpp, LEFT=left,
+        HKV=hkv, G=G, BG=BG, D=D, WPP=wpp, LEFT=sc.kernel_size // sc.kernel_stride - 1,
         KS=sc.kernel_size, ST=sc.kernel_stride, BS=sc.block_size, NBC=nbc, NCTR=nctr,
         INIT=sc.init_blocks, WINB=sc.window_blocks, SP2=max(2, triton.next_power_of_2(lse_splits)),
-        DOT_F32=dot_f32, DEDUP=dedup, EARLY=early, LATE=late_lse, LP=triton.next_power_of_2(max(1, left)),
-        num_warps=num_warps, **launch_args(dev))
+        DOT_F32=dot_f32, DEDUP=dedup, num_warps=num_warps, **launch_args(dev))
     tkern.thresh_launch(seq_lens, words, ctr, sel, cnt, hkv, sc.block_size, K, thresh_chunk,
                         ctile=max(256, 32 * thresh_warps), num_warps=thresh_warps,
-                        small=min(thresh_small, triton.next_power_of_2(nb_max)), early_trigger=early_trigger)
+                        small=min(thresh_small, triton.next_power_of_2(nb_max)))
     return sel, cnt

@@ -42,15 +42,8 @@ def _compress_kernel(k_ptr, k1_ptr, pt_ptr, slot_ptr, start_ptr, count_ptr,
 def k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt,
               WPP: tl.constexpr, D: tl.constexpr, DOT_F32: tl.constexpr):
     """q [M, D] · K1_jᵀ of KV head kh for windows j (where jm is false K1 reads as 0): [M, len(j)]."""
-    page = tl.load(pt_ptr + slot * s_pt + j // WPP, mask=jm, other=0).to(tl.int64)
-    return k1_scores_at(q, k1_ptr, page, j, jm, kh, s_1p, s_1h, WPP, D, DOT_F32)
-
-
-@triton.jit
-def k1_scores_at(q, k1_ptr, page, j, jm, kh, s_1p, s_1h, WPP: tl.constexpr, D: tl.constexpr,
-                 DOT_F32: tl.constexpr):
-    """k1_scores with each window's page (int64, from the page table) already loaded."""
     d = tl.arange(0, D)
+    page = tl.load(pt_ptr + slot * s_pt + j // WPP, mask=jm, other=0).to(tl.int64)
     k1 = tl.load(k1_ptr + page[:, None] * s_1p + kh * s_1h + (j % WPP)[:, None] * D + d[None, :],
                  mask=jm[:, None], other=0.0)
     if DOT_F32:
@@ -129,19 +122,6 @@ def _score_lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr,
     tl.store(plse_ptr + (r * num_splits + sp).to(tl.int64) * (QG * BG) + tl.arange(0, QG * BG), lse)
 
 
-@triton.jit
-def merged_lse(plse_ptr, r, num_splits, BG: tl.constexpr, SP2: tl.constexpr):
-    """[BG] log-sum-exp of row r's split partials plse [rows, num_splits, BG] (0 where none is
-    finite)."""
-    g = tl.arange(0, BG)
-    sp = tl.arange(0, SP2)                            # merge every split's lse at once
-    part = tl.load(plse_ptr + ((r * num_splits).to(tl.int64) + sp[:, None]) * BG + g[None, :],
-                   mask=(sp < num_splits)[:, None], other=float("-inf"))
-    mx = tl.maximum(tl.max(part, 0), -1e30)
-    den = tl.sum(tl.exp(part - mx[None, :]), 0)
-    return tl.where(den > 0, mx + tl.log(tl.where(den > 0, den, 1.0)), 0.0)
-
-
 @triton.jit(do_not_specialize=["n", "nb_max", "num_splits"])
 def _block_score_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, key_ptr,
                         n, nb_max, s_qn, s_qh, s_1p, s_1h, s_pt, s_keyn, s_keyh, sm_scale, num_splits,
@@ -167,7 +147,13 @@ def _block_score_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, k
         t = tl.load(seqlen_ptr + qi, mask=qi < n, other=0) - 1
         nvis = tl.where(qi < n, _nvis(t, KS, ST), 0)
         nmax = tl.max(nvis, 0)
-        lse = merged_lse(plse_ptr, r, num_splits, M, SP2)
+        mrow = tl.arange(0, M)
+        sp = tl.arange(0, SP2)                       # merge every split's lse at once
+        part = tl.load(plse_ptr + ((r * num_splits).to(tl.int64) + sp[:, None]) * M + mrow[None, :],
+                       mask=(sp < num_splits)[:, None], other=float("-inf"))
+        m = tl.maximum(tl.max(part, 0), -1e30)
+        den = tl.sum(tl.exp(part - m[None, :]), 0)
+        lse = tl.where(den > 0, m + tl.log(tl.where(den > 0, den, 1.0)), 0.0)
         nvis_q = tl.where(qv < n, _nvis(tq, KS, ST), 0)     # [QG]
         for w in tl.static_range(WPP + LEFT):
             j = b * WPP - LEFT + w                          # [NB]

@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from salactl.runtime.ops.pdl import pdl_wait
-from salactl.runtime.ops.selection.triton import _nvis, compress_window, k1_scores, k1_scores_at, merged_lse
+from salactl.runtime.ops.selection.triton import _nvis, compress_window, k1_scores
 
 @triton.jit
 def _load_q(q_ptr, n, kh, s_qn, s_qh, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr):
@@ -47,35 +47,6 @@ def _load_q(q_ptr, n, kh, s_qn, s_qh, G: tl.constexpr, BG: tl.constexpr, D: tl.c
                    mask=(g < G)[:, None], other=0.0)
 
 
-@triton.jit
-def _split_range(t, sp, num_splits, KS: tl.constexpr, ST: tl.constexpr, BW: tl.constexpr):
-    """[start, end) of the visible windows that lse split sp of a query at position t walks."""
-    nvis = _nvis(t, KS, ST)
-    per = tl.cdiv(tl.cdiv(nvis, num_splits), BW) * BW
-    start = sp * per
-    return start, tl.minimum(start + per, nvis)
-
-
-@triton.jit
-def _prefetch_windows(k1_ptr, pt_ptr, slot, s_pt, s_1p, s_1h, kh, t, sp, num_splits,
-                      KS: tl.constexpr, ST: tl.constexpr, BW: tl.constexpr, WPP: tl.constexpr,
-                      LINES: tl.constexpr, LINE_EL: tl.constexpr):
-    """`prefetch.global.L2` of the K1 rows split sp will read: a page's WPP windows of head kh
-    are LINES contiguous 128-byte lines. K1 of earlier steps is written by no kernel of this one
-    and the window this step compresses is only a hint's miss, so this may precede the wait."""
-    start, end = _split_range(t, sp, num_splits, KS, ST, BW)
-    p0 = start // WPP
-    total = (tl.cdiv(end, WPP) - p0) * LINES
-    STEP: tl.constexpr = 128
-    for c0 in range(0, total, STEP):
-        i = c0 + tl.arange(0, STEP)
-        live = i < total
-        pg = tl.load(pt_ptr + slot * s_pt + p0 + i // LINES, mask=live, other=0).to(tl.int64)
-        ptrs = k1_ptr + pg * s_1p + kh * s_1h + (i % LINES) * LINE_EL
-        tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-                                  "=r,l,r", [ptrs, live.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-
-
 @triton.jit(do_not_specialize=["num_splits"])
 def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
                 k_ptr, jstart_ptr, jcount_ptr, ks_ptr,
@@ -83,26 +54,21 @@ def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
                 HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr,
                 WPP: tl.constexpr, KS: tl.constexpr, ST: tl.constexpr, BS: tl.constexpr,
                 BW: tl.constexpr, NCTR: tl.constexpr, NCTR2: tl.constexpr,
-                FUSE_K1: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr, EARLY: tl.constexpr = False,
-                PF_LINES: tl.constexpr = 0, PF_LINE_EL: tl.constexpr = 64, PDL: tl.constexpr = False):
+                FUSE_K1: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_wait(PDL)
     r = tl.program_id(0)
     sp = tl.program_id(1)
     n = r // HKV
     kh = r % HKV
-    if EARLY:       # written by no kernel of the step (pdl.py): loaded before the wait
-        slot = tl.load(slot_ptr + n).to(tl.int64)
-        t = tl.load(seqlen_ptr + n) - 1
-        if PF_LINES > 0 and PDL:
-            _prefetch_windows(k1_ptr, pt_ptr, slot, s_pt, s_1p, s_1h, kh, t, sp, num_splits,
-                              KS, ST, BW, WPP, PF_LINES, PF_LINE_EL)
-    pdl_wait(PDL)
     if sp == 0:
         c = tl.arange(0, NCTR2)
         tl.store(ctr_ptr + r * NCTR + c, tl.zeros([NCTR2], tl.int32), mask=c < NCTR)
-    if not EARLY:
-        slot = tl.load(slot_ptr + n).to(tl.int64)
-        t = tl.load(seqlen_ptr + n) - 1
-    start, end = _split_range(t, sp, num_splits, KS, ST, BW)
+    slot = tl.load(slot_ptr + n).to(tl.int64)
+    t = tl.load(seqlen_ptr + n) - 1
+    nvis = _nvis(t, KS, ST)
+    per = tl.cdiv(tl.cdiv(nvis, num_splits), BW) * BW
+    start = sp * per
+    end = tl.minimum(start + per, nvis)
     if FUSE_K1:
         jn = tl.load(jstart_ptr + n)
         if (tl.load(jcount_ptr + n) > 0) & (jn >= start) & (jn < end):
@@ -125,31 +91,6 @@ def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
     tl.store(plse_ptr + (r * num_splits + sp).to(tl.int64) * BG + tl.arange(0, BG), lse)
 
 
-@triton.jit
-def _window_pages(pt_ptr, slot, s_pt, b0, b, nvis, WPP: tl.constexpr, LEFT: tl.constexpr,
-                  NBC: tl.constexpr, LP: tl.constexpr):
-    """The windows overlapping blocks b (= b0 + arange(NBC)), their masks and pages: the blocks'
-    own NBC*WPP windows in block order, then the LEFT windows before each block as [NBC*LP]
-    (LP = LEFT padded to a power of two; the padding masked)."""
-    jo = b0 * WPP + tl.arange(0, NBC * WPP)
-    mo = jo < nvis
-    w = tl.arange(0, LP)
-    jl = tl.reshape(b[:, None] * WPP - LEFT + w[None, :], (NBC * LP,))
-    ml = tl.reshape((w[None, :] < LEFT) & (b[:, None] * WPP - LEFT + w[None, :] >= 0), (NBC * LP,)) & (jl < nvis)
-    po = tl.load(pt_ptr + slot * s_pt + jo // WPP, mask=mo, other=0).to(tl.int64)
-    pl = tl.load(pt_ptr + slot * s_pt + jl // WPP, mask=ml, other=0).to(tl.int64)
-    return jo, mo, po, jl, ml, pl
-
-
-@triton.jit
-def _pool_windows(s, lse, jm, g, sm_scale, G: tl.constexpr, NBC: tl.constexpr, W: tl.constexpr):
-    """Max over each block's W windows of sum over heads of p = exp(s·scale - lse) (raw scores s
-    [BG, NBC*W], block-major); -inf where a block has no visible window."""
-    p = tl.where(jm[None, :] & (g < G)[:, None], tl.exp(s * sm_scale - lse[:, None]), 0.0)
-    hsum = tl.where(jm, tl.sum(p, 0), float("-inf"))
-    return tl.max(tl.reshape(hsum, (NBC, W)), 1)
-
-
 @triton.jit(do_not_specialize=["num_splits"])
 def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, word_ptr, ctr_ptr,
                         s_qn, s_qh, s_1p, s_1h, s_pt, s_word, sm_scale, num_splits,
@@ -157,52 +98,37 @@ def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, w
                         WPP: tl.constexpr, LEFT: tl.constexpr, KS: tl.constexpr, ST: tl.constexpr,
                         BS: tl.constexpr, NBC: tl.constexpr, NCTR: tl.constexpr,
                         INIT: tl.constexpr, WINB: tl.constexpr, SP2: tl.constexpr, DOT_F32: tl.constexpr,
-                        DEDUP: tl.constexpr = False, EARLY: tl.constexpr = False, LATE: tl.constexpr = False,
-                        LP: tl.constexpr = 1, PDL: tl.constexpr = False):
+                        DEDUP: tl.constexpr = False, PDL: tl.constexpr = False):
+    pdl_wait(PDL)
     r = tl.program_id(0)
     c = tl.program_id(1)
     n = r // HKV
     kh = r % HKV
-    b0 = c * NBC
-    b = b0 + tl.arange(0, NBC)
-    g = tl.arange(0, BG)
-    if EARLY:       # nothing here is written by the lse pass (pdl.py): loaded before the wait
-        t = tl.load(seqlen_ptr + n) - 1
-        slot = tl.load(slot_ptr + n).to(tl.int64)
-        q = _load_q(q_ptr, n, kh, s_qn, s_qh, G, BG, D)
-        nvis = _nvis(t, KS, ST)
-        if LATE:
-            jo, mo, po, jl, ml, pl = _window_pages(pt_ptr, slot, s_pt, b0, b, nvis, WPP, LEFT, NBC, LP)
-    pdl_wait(PDL)
-    if not EARLY:
-        t = tl.load(seqlen_ptr + n) - 1
+    t = tl.load(seqlen_ptr + n) - 1
     own = t // BS
     ncand = own + 1                                   # blocks 0..own are candidates
+    b0 = c * NBC
     if b0 < ncand:
-        if not EARLY:
-            slot = tl.load(slot_ptr + n).to(tl.int64)
-            nvis = _nvis(t, KS, ST)
-            q = _load_q(q_ptr, n, kh, s_qn, s_qh, G, BG, D)
-        if LATE:
-            # raw scores of all the windows first, so the K1 loads do not wait on the lse merge
-            if not EARLY:
-                jo, mo, po, jl, ml, pl = _window_pages(pt_ptr, slot, s_pt, b0, b, nvis, WPP, LEFT, NBC, LP)
-            so = k1_scores_at(q, k1_ptr, po, jo, mo, kh, s_1p, s_1h, WPP, D, DOT_F32)     # [BG, NBC*WPP]
-            sl = k1_scores_at(q, k1_ptr, pl, jl, ml, kh, s_1p, s_1h, WPP, D, DOT_F32)     # [BG, NBC*LP]
-            lse = merged_lse(plse_ptr, r, num_splits, BG, SP2)
-            pooled = tl.maximum(_pool_windows(so, lse, mo, g, sm_scale, G, NBC, WPP),
-                                _pool_windows(sl, lse, ml, g, sm_scale, G, NBC, LP))
-        else:
-            lse = merged_lse(plse_ptr, r, num_splits, BG, SP2)
-            pooled = tl.full([NBC], float("-inf"), tl.float32)
-            for w in tl.static_range(WPP + LEFT):
-                j = b * WPP - LEFT + w                    # windows overlapping block b
-                jm = (j >= 0) & (j < nvis)
-                hm = jm[None, :] & (g < G)[:, None]
-                s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
-                s = s * sm_scale
-                p = tl.where(hm, tl.exp(s - lse[:, None]), 0.0)
-                pooled = tl.maximum(pooled, tl.where(jm, tl.sum(p, 0), float("-inf")))
+        slot = tl.load(slot_ptr + n).to(tl.int64)
+        nvis = _nvis(t, KS, ST)
+        g = tl.arange(0, BG)
+        sp = tl.arange(0, SP2)                        # merge every split's lse at once
+        part = tl.load(plse_ptr + ((r * num_splits).to(tl.int64) + sp[:, None]) * BG + g[None, :],
+                       mask=(sp < num_splits)[:, None], other=float("-inf"))
+        mx = tl.maximum(tl.max(part, 0), -1e30)
+        den = tl.sum(tl.exp(part - mx[None, :]), 0)
+        lse = tl.where(den > 0, mx + tl.log(tl.where(den > 0, den, 1.0)), 0.0)
+        b = b0 + tl.arange(0, NBC)
+        pooled = tl.full([NBC], float("-inf"), tl.float32)
+        q = _load_q(q_ptr, n, kh, s_qn, s_qh, G, BG, D)
+        for w in tl.static_range(WPP + LEFT):
+            j = b * WPP - LEFT + w                    # windows overlapping block b
+            jm = (j >= 0) & (j < nvis)
+            hm = jm[None, :] & (g < G)[:, None]
+            s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
+            s = s * sm_scale
+            p = tl.where(hm, tl.exp(s - lse[:, None]), 0.0)
+            pooled = tl.maximum(pooled, tl.where(jm, tl.sum(p, 0), float("-inf")))
         cand = b < ncand
         forced = (b < INIT) | ((b >= own - WINB) & cand)
         score = tl.where(pooled == float("-inf"), -1.0, pooled)

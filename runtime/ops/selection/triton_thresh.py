@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from salactl.runtime.ops.pdl import launch_args, pdl_trigger_then_wait, pdl_wait
+from salactl.runtime.ops.pdl import launch_args, pdl_wait
 
 SENTINEL = tl.constexpr(-(2 ** 63))     # "no block": its score word is 0, below every real key
 
@@ -242,16 +242,10 @@ def _thresh_kernel(seqlen_ptr, word_ptr, ctr_ptr, pick_ptr, cand_ptr, sel_ptr, c
 def _thresh_one_kernel(seqlen_ptr, word_ptr, ctr_ptr, pick_ptr, sel_ptr, cnt_ptr,
                        s_word, s_seln, s_selh, s_cntn, s_cnth,
                        HKV: tl.constexpr, BS: tl.constexpr, NCTR: tl.constexpr, K: tl.constexpr,
-                       KP: tl.constexpr, SMALL: tl.constexpr, TRIGGER_FIRST: tl.constexpr = False,
-                       PDL: tl.constexpr = False):
+                       KP: tl.constexpr, SMALL: tl.constexpr, PDL: tl.constexpr = False):
     """The one-program path for rows of at most SMALL candidate blocks (grid: rows). A kernel of
-    its own: compiled into _thresh_kernel it made the grid path 1.6-7 us slower at 1M context.
-    TRIGGER_FIRST: _thresh_kernel follows (it reads nothing before its wait), so it is launched
-    before this kernel's wait (pdl.py)."""
-    if TRIGGER_FIRST:
-        pdl_trigger_then_wait(PDL)
-    else:
-        pdl_wait(PDL)
+    its own: compiled into _thresh_kernel it made the grid path 1.6-7 us slower at 1M context."""
+    pdl_wait(PDL)
     r = tl.program_id(0)
     n = r // HKV
     kh = r % HKV
@@ -263,12 +257,11 @@ def _thresh_one_kernel(seqlen_ptr, word_ptr, ctr_ptr, pick_ptr, sel_ptr, cnt_ptr
 
 
 def thresh_launch(seq_lens, words, ctr, sel, cnt, hkv: int, block_size: int, K: int, chunk: int,
-                  ctile: int, num_warps: int, small: int = 0, early_trigger: bool = False) -> None:
+                  ctile: int, num_warps: int, small: int = 0) -> None:
     """The top-k over pass 2's words [rows, nb_max] int32 and counters [rows * NCTR] int32
     (top-12-bit histogram built, the other slots zero); writes sel/cnt. small (0 or a power of
     2): rows of at most this many candidate blocks are done by _thresh_one_kernel, the others by
-    the grid-parallel _thresh_kernel (two launches; small 0: the grid path only). early_trigger:
-    with two launches, the second is launched before the first one's wait."""
+    the grid-parallel _thresh_kernel (two launches; small 0: the grid path only)."""
     rows, nb_max = words.shape
     KP = triton.next_power_of_2(K)
     nr = max(1, triton.cdiv(max(1, (nb_max - 1).bit_length()), 8))
@@ -277,7 +270,6 @@ def thresh_launch(seq_lens, words, ctr, sel, cnt, hkv: int, block_size: int, K: 
     if small:
         _thresh_one_kernel[(rows,)](seq_lens, words, ctr, pick, sel, cnt, words.stride(0), *sel_strides,
                                     HKV=hkv, BS=block_size, NCTR=NCTR, K=K, KP=KP, SMALL=small,
-                                    TRIGGER_FIRST=early_trigger and nb_max > small,
                                     num_warps=num_warps, **launch_args(words.device))
         if nb_max <= small:
             return
