@@ -218,12 +218,7 @@ VARIANTS = [("default", {}),
             ("p2 nbc16 w4", dict(nbc=16, num_warps=4)),
             ("p2 nbc32 w4", dict(num_warps=4)),        # the default for tables of <= 4096 blocks
             ("p2 nbc64 w8", dict(nbc=64, num_warps=8)),       # the default before session 11
-            ("p2 nbc128 w8", dict(nbc=128, num_warps=8)),
-            # session 12: the one-program top-k with less straight-line code (its rounds as a loop;
-            # the picks placed by rank instead of tl.sort)
-            ("one loop", dict(one_loop=True)),
-            ("one rank", dict(one_rank=True)),
-            ("one loop rank", dict(one_loop=True, one_rank=True))]
+            ("p2 nbc128 w8", dict(nbc=128, num_warps=8))]
 # (session 8: pass 2 with 128 blocks per program, one wave at 1M instead of 1.3: 21.0 us at 1M as
 # before, 9.3 instead of 6.6 at 128K; b315dad)
 

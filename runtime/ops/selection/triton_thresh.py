@@ -81,20 +81,6 @@ def _write_ranked(run, sel_ptr, cnt_ptr, KP: tl.constexpr):
     tl.store(cnt_ptr, nvalid)
 
 
-@triton.jit
-def _write_by_rank(run, pick_row, total, sel_ptr, cnt_ptr, KP: tl.constexpr):
-    """_write_ranked for the `total` keys run = pick_row[:KP] (SENTINEL past total): each key is
-    stored at its rank (the keys are unique), counted in a loop over pick_row in steps of 16 keys
-    (compact code; tl.sort's network is unrolled)."""
-    rank = tl.zeros([KP], tl.int32)
-    for j0 in range(0, total, 16):
-        j = j0 + tl.arange(0, 16)
-        other = tl.load(pick_row + j, mask=j < total, other=SENTINEL, cache_modifier=".cg")
-        rank += tl.sum((other[None, :] > run[:, None]).to(tl.int32), 1)
-    tl.store(sel_ptr + rank, -1 - run.to(tl.int32), mask=_score_word(run) > 0)
-    tl.store(cnt_ptr, total)
-
-
 # Counter slots per row: [0] ticket, [1:4097] the top-12-bit bins (pass 2), [4097] keys above
 # the threshold bin (the pick buffer's length), [4098] keys inside it (the candidates' length),
 # [4099:8195] the candidates' bins of word bits 8-19 (this launch).
@@ -172,8 +158,7 @@ def _thresh_finish(cand_ptr, nc, cand2_ptr, h2, pick_ptr, above, thr, need, CTIL
 
 @triton.jit
 def _thresh_one_program(word_row, h1_ptr, ncand, pick_row, sel_row, cnt_ptr, K: tl.constexpr,
-                        KP: tl.constexpr, SMALL: tl.constexpr, LOOP: tl.constexpr = False,
-                        RANK: tl.constexpr = False):
+                        KP: tl.constexpr, SMALL: tl.constexpr):
     """The whole top-k of a row with ncand <= SMALL blocks in one program, its words in
     registers: radix select on the unsigned score word (the top 12 bits from pass 2's histogram,
     then five 4-bit digits, each one 16-bin tl.histogram over the tile: on the H200 13.0 us per
@@ -187,21 +172,10 @@ def _thresh_one_program(word_row, h1_ptr, ncand, pick_row, sel_row, cnt_ptr, K: 
     h1 = tl.load(h1_ptr + tl.arange(0, 4096), cache_modifier=".cg")
     pre, need = _pick_digit(h1, tl.minimum(ncand, K), tl.zeros([], tl.uint32), 20, 4096)
     live = m & ((u >> 20) == (pre >> 20))
-    if LOOP:
-        sh = tl.full([], 16, tl.uint32)
-        for _ in range(5):                        # a loop, not unrolled: less code to fetch
-            dig = tl.arange(0, 16)
-            hd = tl.histogram(((u >> sh) & 15).to(tl.int32), 16, mask=live)
-            d = tl.max(tl.where(tl.sum(hd, 0) - tl.cumsum(hd, 0) + hd >= need, dig, 0), 0)
-            pre = pre | (d.to(tl.uint32) << sh)
-            need = need - tl.sum(tl.where(dig > d, hd, 0), 0)
-            live = live & ((u >> sh) == (pre >> sh))
-            sh -= 4
-    else:
-        for i in tl.static_range(5):                  # word bits 19..0 as five 4-bit digits
-            pre, need = _pick_digit(tl.histogram(((u >> (16 - 4 * i)) & 15).to(tl.int32), 16, mask=live),
-                                    need, pre, 16 - 4 * i, 16)
-            live = live & ((u >> (16 - 4 * i)) == (pre >> (16 - 4 * i)))
+    for i in tl.static_range(5):                  # word bits 19..0 as five 4-bit digits
+        pre, need = _pick_digit(tl.histogram(((u >> (16 - 4 * i)) & 15).to(tl.int32), 16, mask=live),
+                                need, pre, 16 - 4 * i, 16)
+        live = live & ((u >> (16 - 4 * i)) == (pre >> (16 - 4 * i)))
     tie = m & (u == pre)
     pick = m & ((u > pre) | (tie & (tl.cumsum(tie.to(tl.int32), 0) <= need)))
     total = tl.sum(pick.to(tl.int32), 0)
@@ -210,10 +184,7 @@ def _thresh_one_program(word_row, h1_ptr, ncand, pick_row, sel_row, cnt_ptr, K: 
     tl.debug_barrier()                                    # every thread's picks, then read by all
     k = tl.arange(0, KP)
     run = tl.load(pick_row + k, mask=k < total, other=SENTINEL, cache_modifier=".cg")
-    if RANK:
-        _write_by_rank(run, pick_row, total, sel_row, cnt_ptr, KP)
-    else:
-        _write_ranked(run, sel_row, cnt_ptr, KP)
+    _write_ranked(run, sel_row, cnt_ptr, KP)
 
 
 @triton.jit
@@ -271,8 +242,7 @@ def _thresh_kernel(seqlen_ptr, word_ptr, ctr_ptr, pick_ptr, cand_ptr, sel_ptr, c
 def _thresh_one_kernel(seqlen_ptr, word_ptr, ctr_ptr, pick_ptr, sel_ptr, cnt_ptr,
                        s_word, s_seln, s_selh, s_cntn, s_cnth,
                        HKV: tl.constexpr, BS: tl.constexpr, NCTR: tl.constexpr, K: tl.constexpr,
-                       KP: tl.constexpr, SMALL: tl.constexpr, LOOP: tl.constexpr = False,
-                       RANK: tl.constexpr = False, PDL: tl.constexpr = False):
+                       KP: tl.constexpr, SMALL: tl.constexpr, PDL: tl.constexpr = False):
     """The one-program path for rows of at most SMALL candidate blocks (grid: rows). A kernel of
     its own: compiled into _thresh_kernel it made the grid path 1.6-7 us slower at 1M context."""
     pdl_wait(PDL)
@@ -283,12 +253,11 @@ def _thresh_one_kernel(seqlen_ptr, word_ptr, ctr_ptr, pick_ptr, sel_ptr, cnt_ptr
     if ncand <= SMALL:
         _thresh_one_program(word_ptr + r.to(tl.int64) * s_word, ctr_ptr + r * NCTR + 1, ncand,
                             pick_ptr + r.to(tl.int64) * KP, sel_ptr + n * s_seln + kh * s_selh,
-                            cnt_ptr + n * s_cntn + kh * s_cnth, K, KP, SMALL, LOOP, RANK)
+                            cnt_ptr + n * s_cntn + kh * s_cnth, K, KP, SMALL)
 
 
 def thresh_launch(seq_lens, words, ctr, sel, cnt, hkv: int, block_size: int, K: int, chunk: int,
-                  ctile: int, num_warps: int, small: int = 0, one_loop: bool = False,
-                  one_rank: bool = False) -> None:
+                  ctile: int, num_warps: int, small: int = 0) -> None:
     """The top-k over pass 2's words [rows, nb_max] int32 and counters [rows * NCTR] int32
     (top-12-bit histogram built, the other slots zero); writes sel/cnt. small (0 or a power of
     2): rows of at most this many candidate blocks are done by _thresh_one_kernel, the others by
@@ -301,7 +270,7 @@ def thresh_launch(seq_lens, words, ctr, sel, cnt, hkv: int, block_size: int, K: 
     if small:
         _thresh_one_kernel[(rows,)](seq_lens, words, ctr, pick, sel, cnt, words.stride(0), *sel_strides,
                                     HKV=hkv, BS=block_size, NCTR=NCTR, K=K, KP=KP, SMALL=small,
-                                    LOOP=one_loop, RANK=one_rank, num_warps=num_warps, **launch_args(words.device))
+                                    num_warps=num_warps, **launch_args(words.device))
         if nb_max <= small:
             return
     cand = words.new_empty(rows, 2, nb_max, dtype=torch.int64)      # the bin's keys, then T2's
