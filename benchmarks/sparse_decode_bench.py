@@ -218,13 +218,7 @@ VARIANTS = [("default", {}),
             ("p2 nbc16 w4", dict(nbc=16, num_warps=4)),
             ("p2 nbc32 w4", dict(num_warps=4)),        # the default for tables of <= 4096 blocks
             ("p2 nbc64 w8", dict(nbc=64, num_warps=8)),       # the default before session 11
-            ("p2 nbc128 w8", dict(nbc=128, num_warps=8)),
-            # session 12: pass 2's registers capped (2 warps at 146 registers fit 6 programs per
-            # SM, 1.3 waves at 1M; 128 fit 8, one wave, without spills offline)
-            ("p2 reg128", dict(p2_maxnreg=128)),
-            ("p2 reg128 w4", dict(p2_maxnreg=128, num_warps=4)),
-            ("p2 reg96 w4", dict(p2_maxnreg=96, num_warps=4)),
-            ("p2 reg104", dict(p2_maxnreg=104))]
+            ("p2 nbc128 w8", dict(nbc=128, num_warps=8))]
 # (session 8: pass 2 with 128 blocks per program, one wave at 1M instead of 1.3: 21.0 us at 1M as
 # before, 9.3 instead of 6.6 at 128K; b315dad)
 
