@@ -121,8 +121,7 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # 6.1 at 128K (both in the 1M-wide table): 2 warps for tables wider than thresh_small blocks (256K
 # tokens, where rows that long exist), 4 otherwise; 16 blocks per program lost (20.1 / 26.8 at 1M).
 DECODE_DEFAULTS = dict(nbc=32, nbc_fp32=32, num_warps=4, num_warps_wide=2, lse_splits=None, thresh_chunk=1024,
-                       thresh_small=4096, thresh_warps=8, dedup=True, lse_bw=128, lse_warps=4, lse_stages=3,
-                       packed_hist=False)
+                       thresh_small=4096, thresh_warps=8, dedup=True, lse_bw=128, lse_warps=4, lse_stages=3)
 
 
 def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_max: int,
@@ -130,7 +129,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
                   lse_splits: int | None = None, nbc: int | None = None, num_warps: int | None = None,
                   thresh_chunk: int | None = None, thresh_small: int | None = None,
                   thresh_warps: int | None = None, dedup: bool | None = None, lse_bw: int | None = None,
-                  lse_warps: int | None = None, lse_stages: int | None = None, packed_hist: bool | None = None):
+                  lse_warps: int | None = None, lse_stages: int | None = None):
     """One query per row (decode): triton_decode.py's lse and score-word passes, then
     triton_thresh.py's top-k (one launch, or two when the table is wider than thresh_small).
     With k_pages, k1_start and k1_count given, the window completed by each row's token
@@ -193,6 +192,5 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
         DOT_F32=dot_f32, DEDUP=dedup, num_warps=num_warps, **launch_args(dev))
     tkern.thresh_launch(seq_lens, words, ctr, sel, cnt, hkv, sc.block_size, K, thresh_chunk,
                         ctile=max(256, 32 * thresh_warps), num_warps=thresh_warps,
-                        small=min(thresh_small, triton.next_power_of_2(nb_max)),
-                        packed=knob(packed_hist, "packed_hist"))
+                        small=min(thresh_small, triton.next_power_of_2(nb_max)))
     return sel, cnt

@@ -157,24 +157,8 @@ def _thresh_finish(cand_ptr, nc, cand2_ptr, h2, pick_ptr, above, thr, need, CTIL
 
 
 @triton.jit
-def _hist16_packed(d, m):
-    """[16] counts of the 4-bit digits d (int32, any shape, counted where m), as four sums of int64
-    words holding four 16-bit counters each (counts <= 65535): plain register adds and four
-    reductions instead of tl.histogram's shared-memory atomics."""
-    one = tl.full(d.shape, 1, tl.int64) << ((d & 3) * 16).to(tl.int64)
-    grp = tl.where(m, d >> 2, -1)
-    p0 = tl.sum(tl.where(grp == 0, one, 0), 0)
-    p1 = tl.sum(tl.where(grp == 1, one, 0), 0)
-    p2 = tl.sum(tl.where(grp == 2, one, 0), 0)
-    p3 = tl.sum(tl.where(grp == 3, one, 0), 0)
-    i = tl.arange(0, 16)
-    word = tl.where(i < 4, p0, tl.where(i < 8, p1, tl.where(i < 12, p2, p3)))
-    return ((word >> ((i & 3) * 16).to(tl.int64)) & 0xFFFF).to(tl.int32)
-
-
-@triton.jit
 def _thresh_one_program(word_row, h1_ptr, ncand, pick_row, sel_row, cnt_ptr, K: tl.constexpr,
-                        KP: tl.constexpr, SMALL: tl.constexpr, PACKED: tl.constexpr = False):
+                        KP: tl.constexpr, SMALL: tl.constexpr):
     """The whole top-k of a row with ncand <= SMALL blocks in one program, its words in
     registers: radix select on the unsigned score word (the top 12 bits from pass 2's histogram,
     then five 4-bit digits, each one 16-bin tl.histogram over the tile: on the H200 13.0 us per
@@ -189,12 +173,8 @@ def _thresh_one_program(word_row, h1_ptr, ncand, pick_row, sel_row, cnt_ptr, K: 
     pre, need = _pick_digit(h1, tl.minimum(ncand, K), tl.zeros([], tl.uint32), 20, 4096)
     live = m & ((u >> 20) == (pre >> 20))
     for i in tl.static_range(5):                  # word bits 19..0 as five 4-bit digits
-        dig = ((u >> (16 - 4 * i)) & 15).to(tl.int32)
-        if PACKED:
-            hd = _hist16_packed(dig, live)
-        else:
-            hd = tl.histogram(dig, 16, mask=live)
-        pre, need = _pick_digit(hd, need, pre, 16 - 4 * i, 16)
+        pre, need = _pick_digit(tl.histogram(((u >> (16 - 4 * i)) & 15).to(tl.int32), 16, mask=live),
+                                need, pre, 16 - 4 * i, 16)
         live = live & ((u >> (16 - 4 * i)) == (pre >> (16 - 4 * i)))
     tie = m & (u == pre)
     pick = m & ((u > pre) | (tie & (tl.cumsum(tie.to(tl.int32), 0) <= need)))
@@ -262,8 +242,7 @@ def _thresh_kernel(seqlen_ptr, word_ptr, ctr_ptr, pick_ptr, cand_ptr, sel_ptr, c
 def _thresh_one_kernel(seqlen_ptr, word_ptr, ctr_ptr, pick_ptr, sel_ptr, cnt_ptr,
                        s_word, s_seln, s_selh, s_cntn, s_cnth,
                        HKV: tl.constexpr, BS: tl.constexpr, NCTR: tl.constexpr, K: tl.constexpr,
-                       KP: tl.constexpr, SMALL: tl.constexpr, PACKED: tl.constexpr = False,
-                       PDL: tl.constexpr = False):
+                       KP: tl.constexpr, SMALL: tl.constexpr, PDL: tl.constexpr = False):
     """The one-program path for rows of at most SMALL candidate blocks (grid: rows). A kernel of
     its own: compiled into _thresh_kernel it made the grid path 1.6-7 us slower at 1M context."""
     pdl_wait(PDL)
@@ -274,11 +253,11 @@ def _thresh_one_kernel(seqlen_ptr, word_ptr, ctr_ptr, pick_ptr, sel_ptr, cnt_ptr
     if ncand <= SMALL:
         _thresh_one_program(word_ptr + r.to(tl.int64) * s_word, ctr_ptr + r * NCTR + 1, ncand,
                             pick_ptr + r.to(tl.int64) * KP, sel_ptr + n * s_seln + kh * s_selh,
-                            cnt_ptr + n * s_cntn + kh * s_cnth, K, KP, SMALL, PACKED)
+                            cnt_ptr + n * s_cntn + kh * s_cnth, K, KP, SMALL)
 
 
 def thresh_launch(seq_lens, words, ctr, sel, cnt, hkv: int, block_size: int, K: int, chunk: int,
-                  ctile: int, num_warps: int, small: int = 0, packed: bool = False) -> None:
+                  ctile: int, num_warps: int, small: int = 0) -> None:
     """The top-k over pass 2's words [rows, nb_max] int32 and counters [rows * NCTR] int32
     (top-12-bit histogram built, the other slots zero); writes sel/cnt. small (0 or a power of
     2): rows of at most this many candidate blocks are done by _thresh_one_kernel, the others by
@@ -291,7 +270,7 @@ def thresh_launch(seq_lens, words, ctr, sel, cnt, hkv: int, block_size: int, K: 
     if small:
         _thresh_one_kernel[(rows,)](seq_lens, words, ctr, pick, sel, cnt, words.stride(0), *sel_strides,
                                     HKV=hkv, BS=block_size, NCTR=NCTR, K=K, KP=KP, SMALL=small,
-                                    PACKED=packed, num_warps=num_warps, **launch_args(words.device))
+                                    num_warps=num_warps, **launch_args(words.device))
         if nb_max <= small:
             return
     cand = words.new_empty(rows, 2, nb_max, dtype=torch.int64)      # the bin's keys, then T2's
