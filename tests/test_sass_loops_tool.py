@@ -70,3 +70,19 @@ def test_w4a16_register_kernel_and_tma_spec_refused():
     assert any(op.endswith("MMA") for op in rep["loops"][0]["ops"])
     bad = _run("w4a16", "--spec", "bn=64,tma=1")
     assert bad.returncode != 0 and "only the register kernel" in bad.stderr
+
+
+@needs_triton
+def test_selection_kernels_compile_offline_with_their_default_knobs():
+    """Pass 2 and the one-program top-k, as select_decode launches them for sala-9b: no MMA loop
+    (pass 2's five windows are unrolled), so the whole kernel's count and mix are reported."""
+    words = _run("select-words")
+    assert words.returncode == 0, words.stderr[-2000:]
+    rep = json.loads(words.stdout)
+    assert "w2" in rep["kernel"] and rep["registers"] > 32 and rep["loops"] == []
+    # 32 blocks x 5 windows of 16 heads x 128 dims: 5 dots of [16, 128] x [128, 32], 16 m16n8k16 each
+    assert rep["kernel_ops"]["HMMA"] == 80 and rep["instructions"] > rep["kernel_ops"]["HMMA"]
+    top = _run("select-top")
+    assert top.returncode == 0, top.stderr[-2000:]
+    rep = json.loads(top.stdout)
+    assert "w8" in rep["kernel"] and rep["instructions"] > 1000 and "HMMA" not in rep["kernel_ops"]

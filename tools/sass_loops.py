@@ -3,7 +3,13 @@ instruction mix of every loop that issues MMAs (no GPU needed).
 
     python tools/sass_loops.py decode-split [--kv fp8|bf16] [--warps 2] [--stages 3] [--preload 16]
     python tools/sass_loops.py w4a16 [--spec "bn=64,w=4,un=4"] [--m 1] [--n 4096] [--k 4096]
+    python tools/sass_loops.py select-words [--warps 2]     # decode selection's pass 2
+    python tools/sass_loops.py select-top [--warps 8]       # its one-program top-k
     ... [--arch 90] [--json]
+
+The selection kernels are compiled as select_decode launches them for sala-9b at batch 1 in the
+1M-wide page table of benchmarks/sparse_decode_bench.py (DECODE_DEFAULTS); they have no MMA loop
+(pass 2's windows are unrolled), so the whole kernel's instruction count and opcode mix are given.
 
 BENCHMARKS.md and the kernel docstrings quote "offline sm_90 SASS" counts (instructions per page or
 per 128-row block, registers); this is the command that reproduces them. It compiles through
@@ -68,6 +74,49 @@ def w4a16_source(spec: str, M: int, N: int, K: int):
     return src, cfg
 
 
+def _sala_9b_selection():
+    from salactl.runtime.ops.selection import gpu
+    from salactl.runtime.presets import sala_9b
+    cfg = sala_9b()
+    return cfg, cfg.sparse_config, gpu.DECODE_DEFAULTS
+
+
+def select_words_source():
+    """Pass 2 (`_block_words_kernel`) with the default knobs, 256 lse splits (batch 1)."""
+    from triton.compiler import ASTSource
+
+    from salactl.runtime.ops.selection import triton_thresh
+    from salactl.runtime.ops.selection.triton_decode import _block_words_kernel
+    cfg, sc, dflt = _sala_9b_selection()
+    sig = {"q_ptr": "*bf16", "k1_ptr": "*bf16", "pt_ptr": "*i32", "slot_ptr": "*i32", "seqlen_ptr": "*i32",
+           "plse_ptr": "*fp32", "word_ptr": "*i32", "ctr_ptr": "*i32",
+           **{s: "i32" for s in ("s_qn", "s_qh", "s_1p", "s_1h", "s_pt", "s_word")}, "sm_scale": "fp32",
+           "num_splits": "i32"}
+    hkv = cfg.num_key_value_heads
+    const = {"HKV": hkv, "G": cfg.num_attention_heads // hkv, "BG": 16, "D": cfg.head_dim,
+             "WPP": sc.block_size // sc.kernel_stride, "LEFT": sc.kernel_size // sc.kernel_stride - 1,
+             "KS": sc.kernel_size, "ST": sc.kernel_stride, "BS": sc.block_size, "NBC": dflt["nbc"],
+             "NCTR": triton_thresh.NCTR, "INIT": sc.init_blocks, "WINB": sc.window_blocks, "SP2": 256,
+             "DOT_F32": False, "DEDUP": dflt["dedup"], "PDL": True}
+    sig.update({c: "constexpr" for c in const})
+    return ASTSource(_block_words_kernel, sig, const, _pointer_attrs(sig, ("s_qn", "s_qh", "s_1p", "s_1h")))
+
+
+def select_top_source():
+    """The one-program top-k (`_thresh_one_kernel`) of rows up to DECODE_DEFAULTS thresh_small blocks."""
+    from triton.compiler import ASTSource
+
+    from salactl.runtime.ops.selection import triton_thresh
+    cfg, sc, dflt = _sala_9b_selection()
+    sig = {"seqlen_ptr": "*i32", "word_ptr": "*i32", "ctr_ptr": "*i32", "pick_ptr": "*i64", "sel_ptr": "*i32",
+           "cnt_ptr": "*i32", **{s: "i32" for s in ("s_word", "s_seln", "s_selh", "s_cntn", "s_cnth")}}
+    K = sc.selected_blocks
+    const = {"HKV": cfg.num_key_value_heads, "BS": sc.block_size, "NCTR": triton_thresh.NCTR, "K": K,
+             "KP": 1 << (K - 1).bit_length(), "SMALL": dflt["thresh_small"], "PDL": True}
+    sig.update({c: "constexpr" for c in const})
+    return ASTSource(triton_thresh._thresh_one_kernel, sig, const, _pointer_attrs(sig, ()))
+
+
 def loops(sass: str) -> list[dict]:
     """Every backward-branch loop with an MMA in it: its instruction count and opcode histogram."""
     lines = re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)
@@ -98,8 +147,11 @@ def analyse(src, options: dict, arch: int) -> dict:
         res = subprocess.run([tool, "-res-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
         sass = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
     usage = {key.lower(): int(val) for key, val in re.findall(r"(REG|STACK|SHARED):(\d+)", res)}
+    ops = [re.sub(r"^@!?U?P[T0-9]+\s+", "", x).split()[0].split(".")[0]
+           for x in re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)]
     return {"registers": usage.get("reg"), "stack_bytes": usage.get("stack"),
-            "shared_bytes": k.metadata.shared, "loops": loops(sass)}
+            "shared_bytes": k.metadata.shared, "instructions": len(ops),
+            "kernel_ops": dict(Counter(ops).most_common(16)), "loops": loops(sass)}
 
 
 def main() -> int:
@@ -107,9 +159,10 @@ def main() -> int:
     # functions, which cannot be compiled; this tool only ever compiles
     os.environ.pop("TRITON_INTERPRET", None)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kernel", choices=["decode-split", "w4a16"])
+    ap.add_argument("kernel", choices=["decode-split", "w4a16", "select-words", "select-top"])
     ap.add_argument("--kv", choices=["fp8", "bf16"], default="fp8", help="decode-split: page dtype")
-    ap.add_argument("--warps", type=int, default=2, help="decode-split: num_warps")
+    ap.add_argument("--warps", type=int, default=None,
+                    help="num_warps (decode-split and select-words: 2, select-top: DECODE_DEFAULTS thresh_warps)")
     ap.add_argument("--stages", type=int, default=3, help="decode-split: num_stages")
     ap.add_argument("--preload", type=int, default=16, help="decode-split: page ids preloaded (0: none)")
     ap.add_argument("--spec", default="bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4",
@@ -121,9 +174,18 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     if a.kernel == "decode-split":
+        warps = a.warps or 2
         src = decode_split_source(a.kv, a.preload)
-        options = {"num_warps": a.warps, "num_stages": a.stages}
-        what = f"decode split kernel, {a.kv} pages, w{a.warps} s{a.stages} preload {a.preload}"
+        options = {"num_warps": warps, "num_stages": a.stages}
+        what = f"decode split kernel, {a.kv} pages, w{warps} s{a.stages} preload {a.preload}"
+    elif a.kernel == "select-words":
+        warps = a.warps or 2
+        src, options = select_words_source(), {"num_warps": warps}
+        what = f"decode selection pass 2 (sala-9b, batch 1), w{warps}"
+    elif a.kernel == "select-top":
+        warps = a.warps or _sala_9b_selection()[2]["thresh_warps"]
+        src, options = select_top_source(), {"num_warps": warps}
+        what = f"decode selection one-program top-k (sala-9b), w{warps}"
     else:
         src, cfg = w4a16_source(a.spec, a.m, a.n, a.k)
         options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
@@ -133,7 +195,9 @@ def main() -> int:
         print(json.dumps(r, indent=1))
         return 0
     print(f"{what}, sm_{a.arch}: {r['registers']} registers, {r['stack_bytes']} B stack, "
-          f"{r['shared_bytes']} B shared")
+          f"{r['shared_bytes']} B shared, {r['instructions']} instructions")
+    if not r["loops"]:
+        print("  kernel: " + ", ".join(f"{op} {n}" for op, n in r["kernel_ops"].items()))
     for lp in r["loops"]:
         ops = ", ".join(f"{op} {n}" for op, n in list(lp["ops"].items())[:12])
         print(f"  loop of {lp['instructions']} instructions: {ops}")

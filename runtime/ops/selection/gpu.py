@@ -120,6 +120,14 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # Then (add0847, `--variants "p2 "`): pass 2 on 2 warps, 13.3 against 16.3 us at 1M but 7.1 against
 # 6.1 at 128K (both in the 1M-wide table): 2 warps for tables wider than thresh_small blocks (256K
 # tokens, where rows that long exist), 4 otherwise; 16 blocks per program lost (20.1 / 26.8 at 1M).
+# Session 12 (H200, all reverted; BENCHMARKS.md): pass 2 with its raw window scores first (two dots)
+# and the lse merge after them, slots / seq_lens / q / page-table entries read before the PDL
+# wait, the lse pass prefetching its K1 rows into L2 before the wait (lse 10.9 -> 12.5 us at 1M),
+# the grid top-k launched before the one-program kernel's wait (selection +5 us at 1M), pass 2's
+# registers capped at 128 for one wave at 1M (13.1-13.2 against 13.2-13.3 us): none faster.
+# With the knobs off, only reordering pass 2's index math and q load (ahead of the lse merge) took
+# it from 146 to 154 registers and from 13.4 to 18.2 us at 1M (`python tools/sass_loops.py
+# select-words` gives the registers).
 DECODE_DEFAULTS = dict(nbc=32, nbc_fp32=32, num_warps=4, num_warps_wide=2, lse_splits=None, thresh_chunk=1024,
                        thresh_small=4096, thresh_warps=8, dedup=True, lse_bw=128, lse_warps=4, lse_stages=3)
 

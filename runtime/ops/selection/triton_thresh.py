@@ -165,7 +165,10 @@ def _thresh_one_program(word_row, h1_ptr, ncand, pick_row, sel_row, cnt_ptr, K: 
     call at 128K against 14.7 for 8-, 8- and 4-bit digits, since tl.histogram's cost grows with
     its bins), ties taken lowest block first by their running count in block order; the picks go
     through pick_row to _write_ranked. No atomics and no serial pass over a candidate buffer (the
-    grid-parallel path's finish)."""
+    grid-parallel path's finish). Session 12 (H200, 128K, 12.9 us): the rounds as a loop (3,400
+    instead of 4,232 SASS instructions) 13.7 us, the picks placed by rank instead of tl.sort 14.5,
+    the digit counts from packed int64 register sums instead of tl.histogram 17.1: less code is
+    not faster, and tl.histogram is the cheapest count."""
     b = tl.arange(0, SMALL)
     m = b < ncand
     u, _ = _unsigned_word(word_row, b, m)     # the keys are rebuilt for the picks only
