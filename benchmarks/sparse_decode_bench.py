@@ -218,14 +218,7 @@ VARIANTS = [("default", {}),
             ("p2 nbc16 w4", dict(nbc=16, num_warps=4)),
             ("p2 nbc32 w4", dict(num_warps=4)),        # the default for tables of <= 4096 blocks
             ("p2 nbc64 w8", dict(nbc=64, num_warps=8)),       # the default before session 11
-            ("p2 nbc128 w8", dict(nbc=128, num_warps=8)),
-            # session 12: pass 1 stores its scaled scores, pass 2 reads them as contiguous tiles
-            # (session 8's version read them strided per window and lost, when pass 2 was bound by
-            # its histogram atomics)
-            ("stored", dict(stored_scores=True)),
-            ("stored p2 w4", dict(stored_scores=True, num_warps=4)),
-            ("stored p2 nbc64 w4", dict(stored_scores=True, nbc=64, num_warps=4)),
-            ("stored lse bw64", dict(stored_scores=True, lse_bw=64))]
+            ("p2 nbc128 w8", dict(nbc=128, num_warps=8))]
 # (session 8: pass 2 with 128 blocks per program, one wave at 1M instead of 1.3: 21.0 us at 1M as
 # before, 9.3 instead of 6.6 at 128K; b315dad)
 

@@ -53,12 +53,11 @@ def test_selection(dtype):
 @pytest.mark.parametrize("knobs", [{},
                                    dict(thresh_chunk=256, num_warps=4),
                                    dict(nbc=32, thresh_chunk=2048, num_warps=16),
-                                   dict(dedup=False), dict(nbc=32, thresh_chunk=256),
-                                   dict(stored_scores=True), dict(stored_scores=True, num_warps=2, thresh_small=1024)])
+                                   dict(dedup=False), dict(nbc=32, thresh_chunk=256)])
 def test_decode_selection_exact_set_and_order(dtype, ties, knobs):
     """select_decode at 9B shapes vs reference.select_blocks (set and order; near-ties only):
-    default knobs (threshold select, one and several chunk programs per row), other pass-2 /
-    threshold-select launch shapes, and pass 2 reading pass 1's stored scores."""
+    default knobs (threshold select, one and several chunk programs per row) and two other
+    pass-2 / threshold-select launch shapes."""
     from salactl.runtime.gpu import selfcheck as S
     from salactl.runtime.ops.selection.check import check_decode_selection
 

@@ -81,24 +81,23 @@ def _sala_9b_selection():
     return cfg, cfg.sparse_config, gpu.DECODE_DEFAULTS
 
 
-def select_words_source(stored: bool):
-    """Pass 2 (`_block_words_kernel`) with the default knobs, 256 lse splits (batch 1); stored: it
-    reads pass 1's stored scores instead of K1."""
+def select_words_source():
+    """Pass 2 (`_block_words_kernel`) with the default knobs, 256 lse splits (batch 1)."""
     from triton.compiler import ASTSource
 
     from salactl.runtime.ops.selection import triton_thresh
     from salactl.runtime.ops.selection.triton_decode import _block_words_kernel
     cfg, sc, dflt = _sala_9b_selection()
     sig = {"q_ptr": "*bf16", "k1_ptr": "*bf16", "pt_ptr": "*i32", "slot_ptr": "*i32", "seqlen_ptr": "*i32",
-           "plse_ptr": "*fp32", "word_ptr": "*i32", "ctr_ptr": "*i32", "sc_ptr": "*fp32",
-           **{s: "i32" for s in ("s_qn", "s_qh", "s_1p", "s_1h", "s_pt", "s_word", "s_sc", "s_sg")},
-           "sm_scale": "fp32", "num_splits": "i32"}
+           "plse_ptr": "*fp32", "word_ptr": "*i32", "ctr_ptr": "*i32",
+           **{s: "i32" for s in ("s_qn", "s_qh", "s_1p", "s_1h", "s_pt", "s_word")}, "sm_scale": "fp32",
+           "num_splits": "i32"}
     hkv = cfg.num_key_value_heads
     const = {"HKV": hkv, "G": cfg.num_attention_heads // hkv, "BG": 16, "D": cfg.head_dim,
              "WPP": sc.block_size // sc.kernel_stride, "LEFT": sc.kernel_size // sc.kernel_stride - 1,
              "KS": sc.kernel_size, "ST": sc.kernel_stride, "BS": sc.block_size, "NBC": dflt["nbc"],
              "NCTR": triton_thresh.NCTR, "INIT": sc.init_blocks, "WINB": sc.window_blocks, "SP2": 256,
-             "DOT_F32": False, "DEDUP": dflt["dedup"], "FROM_S": stored, "LP": 1, "PDL": True}
+             "DOT_F32": False, "DEDUP": dflt["dedup"], "PDL": True}
     sig.update({c: "constexpr" for c in const})
     return ASTSource(_block_words_kernel, sig, const, _pointer_attrs(sig, ("s_qn", "s_qh", "s_1p", "s_1h")))
 
@@ -171,7 +170,6 @@ def main() -> int:
     ap.add_argument("--m", type=int, default=1)
     ap.add_argument("--n", type=int, default=4096)
     ap.add_argument("--k", type=int, default=4096)
-    ap.add_argument("--stored", action="store_true", help="select-words: from pass 1's stored scores")
     ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 for sm_90")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
@@ -182,8 +180,8 @@ def main() -> int:
         what = f"decode split kernel, {a.kv} pages, w{warps} s{a.stages} preload {a.preload}"
     elif a.kernel == "select-words":
         warps = a.warps or 2
-        src, options = select_words_source(a.stored), {"num_warps": warps}
-        what = f"decode selection pass 2 (sala-9b, batch 1){' from stored scores' if a.stored else ''}, w{warps}"
+        src, options = select_words_source(), {"num_warps": warps}
+        what = f"decode selection pass 2 (sala-9b, batch 1), w{warps}"
     elif a.kernel == "select-top":
         warps = a.warps or _sala_9b_selection()[2]["thresh_warps"]
         src, options = select_top_source(), {"num_warps": warps}

@@ -128,11 +128,8 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # With the knobs off, only reordering pass 2's index math and q load (ahead of the lse merge) took
 # it from 146 to 154 registers and from 13.4 to 18.2 us at 1M (`python tools/sass_loops.py
 # select-words` gives the registers).
-# stored_scores: pass 1 also stores its scaled scores (fp32 [rows, BG, windows]) and pass 2 reads
-# them instead of recomputing them from K1, when that buffer is at most stored_scores_bytes.
 DECODE_DEFAULTS = dict(nbc=32, nbc_fp32=32, num_warps=4, num_warps_wide=2, lse_splits=None, thresh_chunk=1024,
-                       thresh_small=4096, thresh_warps=8, dedup=True, lse_bw=128, lse_warps=4, lse_stages=3,
-                       stored_scores=False, stored_scores_bytes=64 << 20)
+                       thresh_small=4096, thresh_warps=8, dedup=True, lse_bw=128, lse_warps=4, lse_stages=3)
 
 
 def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_max: int,
@@ -140,8 +137,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
                   lse_splits: int | None = None, nbc: int | None = None, num_warps: int | None = None,
                   thresh_chunk: int | None = None, thresh_small: int | None = None,
                   thresh_warps: int | None = None, dedup: bool | None = None, lse_bw: int | None = None,
-                  lse_warps: int | None = None, lse_stages: int | None = None,
-                  stored_scores: bool | None = None):
+                  lse_warps: int | None = None, lse_stages: int | None = None):
     """One query per row (decode): triton_decode.py's lse and score-word passes, then
     triton_thresh.py's top-k (one launch, or two when the table is wider than thresh_small).
     With k_pages, k1_start and k1_count given, the window completed by each row's token
@@ -185,30 +181,23 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     sel = torch.empty(n, hkv, K, device=dev, dtype=torch.int32)
     cnt = torch.empty(n, hkv, device=dev, dtype=torch.int32)
     kp = k_pages if fuse else k1_pages
-    left = sc.kernel_size // sc.kernel_stride - 1
-    nw = nb_max * wpp                     # windows of the table width
-    stored = knob(stored_scores, "stored_scores") and rows * BG * nw * 4 <= dflt["stored_scores_bytes"]
-    assert not stored or left <= wpp, "a window overlaps at most two blocks"
-    scores = torch.empty(rows, BG, nw, device=dev, dtype=torch.float32) if stored else plse
-    s_sc, s_sg = (scores.stride(0), scores.stride(1)) if stored else (0, 0)
     js, jc = (k1_start, k1_count) if fuse else (slots, slots)
     dkern._lse_kernel[(rows, lse_splits)](
         q, k1_pages, page_table, slots, seq_lens, plse, ctr, kp, js, jc,
-        *kernel_scales(kp.dtype, hkv, dev, k_scale, unused=plse), scores,
+        *kernel_scales(kp.dtype, hkv, dev, k_scale, unused=plse),
         q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), kp.stride(0), kp.stride(1),
-        page_table.stride(0), s_sc, s_sg, sm_scale, lse_splits,
+        page_table.stride(0), sm_scale, lse_splits,
         HKV=hkv, G=G, BG=BG, D=D, WPP=wpp, KS=sc.kernel_size, ST=sc.kernel_stride, BS=sc.block_size,
         BW=lse_bw, NCTR=nctr, NCTR2=triton.next_power_of_2(nctr), FUSE_K1=fuse, FP8=fp8,
-        DOT_F32=dot_f32, STORE_S=stored, num_warps=lse_warps, num_stages=lse_stages, **launch_args(dev))
+        DOT_F32=dot_f32, num_warps=lse_warps, num_stages=lse_stages, **launch_args(dev))
     dkern._block_words_kernel[(rows, triton.cdiv(nb_max, nbc))](
-        q, k1_pages, page_table, slots, seq_lens, plse, words, ctr, scores,
+        q, k1_pages, page_table, slots, seq_lens, plse, words, ctr,
         q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), page_table.stride(0),
-        words.stride(0), s_sc, s_sg, sm_scale, lse_splits,
-        HKV=hkv, G=G, BG=BG, D=D, WPP=wpp, LEFT=left,
+        words.stride(0), sm_scale, lse_splits,
+        HKV=hkv, G=G, BG=BG, D=D, WPP=wpp, LEFT=sc.kernel_size // sc.kernel_stride - 1,
         KS=sc.kernel_size, ST=sc.kernel_stride, BS=sc.block_size, NBC=nbc, NCTR=nctr,
         INIT=sc.init_blocks, WINB=sc.window_blocks, SP2=max(2, triton.next_power_of_2(lse_splits)),
-        DOT_F32=dot_f32, DEDUP=dedup, FROM_S=stored, LP=triton.next_power_of_2(max(1, left)),
-        num_warps=num_warps, **launch_args(dev))
+        DOT_F32=dot_f32, DEDUP=dedup, num_warps=num_warps, **launch_args(dev))
     tkern.thresh_launch(seq_lens, words, ctr, sel, cnt, hkv, sc.block_size, K, thresh_chunk,
                         ctile=max(256, 32 * thresh_warps), num_warps=thresh_warps,
                         small=min(thresh_small, triton.next_power_of_2(nb_max)))

@@ -49,13 +49,12 @@ def _load_q(q_ptr, n, kh, s_qn, s_qh, G: tl.constexpr, BG: tl.constexpr, D: tl.c
 
 @triton.jit(do_not_specialize=["num_splits"])
 def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
-                k_ptr, jstart_ptr, jcount_ptr, ks_ptr, sc_ptr,
-                s_qn, s_qh, s_1p, s_1h, s_kp, s_kh, s_pt, s_sc, s_sg, sm_scale, num_splits,
+                k_ptr, jstart_ptr, jcount_ptr, ks_ptr,
+                s_qn, s_qh, s_1p, s_1h, s_kp, s_kh, s_pt, sm_scale, num_splits,
                 HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr,
                 WPP: tl.constexpr, KS: tl.constexpr, ST: tl.constexpr, BS: tl.constexpr,
                 BW: tl.constexpr, NCTR: tl.constexpr, NCTR2: tl.constexpr,
-                FUSE_K1: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr,
-                STORE_S: tl.constexpr = False, PDL: tl.constexpr = False):
+                FUSE_K1: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr = False):
     pdl_wait(PDL)
     r = tl.program_id(0)
     sp = tl.program_id(1)
@@ -84,10 +83,6 @@ def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
         jm = j < end
         s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
         s = s * sm_scale
-        if STORE_S:                     # pass 2 reads these instead of recomputing them from K1
-            g = tl.arange(0, BG)
-            tl.store(sc_ptr + r.to(tl.int64) * s_sc + g[:, None] * s_sg + j[None, :], s,
-                     mask=jm[None, :] & (g < G)[:, None])
         s = tl.where(jm[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         l = l * tl.exp(m - m_new) + tl.sum(tl.exp(s - m_new[:, None]), 1)
@@ -96,40 +91,14 @@ def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
     tl.store(plse_ptr + (r * num_splits + sp).to(tl.int64) * BG + tl.arange(0, BG), lse)
 
 
-@triton.jit
-def _pool_stored(s, lse, jm, hm, NBC: tl.constexpr, W: tl.constexpr):
-    """Max over each block's W windows of sum over heads of exp(s - lse): s [BG, NBC*W] stored
-    (scaled) scores, block-major; -inf where a block has no visible window."""
-    p = tl.where(jm[None, :] & hm, tl.exp(s - lse[:, None]), 0.0)
-    return tl.max(tl.reshape(tl.where(jm, tl.sum(p, 0), float("-inf")), (NBC, W)), 1)
-
-
-@triton.jit
-def _pooled_from_stored(sc_row, s_sg, b0, b, nvis, lse, g, G: tl.constexpr, WPP: tl.constexpr,
-                        LEFT: tl.constexpr, NBC: tl.constexpr, LP: tl.constexpr):
-    """Pass 2's pooled scores of blocks b (= b0 + arange(NBC)) from pass 1's stored scaled scores
-    (sc_row [BG, windows]): the blocks' own NBC*WPP windows as one contiguous tile per head, and
-    the LEFT windows before each block (LP: LEFT padded to a power of two, the padding masked)."""
-    hm = (g < G)[:, None]
-    jo = b0 * WPP + tl.arange(0, NBC * WPP)
-    mo = jo < nvis
-    so = tl.load(sc_row + g[:, None] * s_sg + jo[None, :], mask=hm & mo[None, :], other=0.0)
-    w = tl.arange(0, LP)
-    jl = tl.reshape(b[:, None] * WPP - LEFT + w[None, :], (NBC * LP,))
-    ml = tl.reshape((w[None, :] < LEFT) & (b[:, None] * WPP - LEFT + w[None, :] >= 0), (NBC * LP,)) & (jl < nvis)
-    sl = tl.load(sc_row + g[:, None] * s_sg + jl[None, :], mask=hm & ml[None, :], other=0.0)
-    return tl.maximum(_pool_stored(so, lse, mo, hm, NBC, WPP), _pool_stored(sl, lse, ml, hm, NBC, LP))
-
-
 @triton.jit(do_not_specialize=["num_splits"])
-def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, word_ptr, ctr_ptr, sc_ptr,
-                        s_qn, s_qh, s_1p, s_1h, s_pt, s_word, s_sc, s_sg, sm_scale, num_splits,
+def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, word_ptr, ctr_ptr,
+                        s_qn, s_qh, s_1p, s_1h, s_pt, s_word, sm_scale, num_splits,
                         HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr,
                         WPP: tl.constexpr, LEFT: tl.constexpr, KS: tl.constexpr, ST: tl.constexpr,
                         BS: tl.constexpr, NBC: tl.constexpr, NCTR: tl.constexpr,
                         INIT: tl.constexpr, WINB: tl.constexpr, SP2: tl.constexpr, DOT_F32: tl.constexpr,
-                        DEDUP: tl.constexpr = False, FROM_S: tl.constexpr = False, LP: tl.constexpr = 1,
-                        PDL: tl.constexpr = False):
+                        DEDUP: tl.constexpr = False, PDL: tl.constexpr = False):
     pdl_wait(PDL)
     r = tl.program_id(0)
     c = tl.program_id(1)
@@ -150,20 +119,16 @@ def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, w
         den = tl.sum(tl.exp(part - mx[None, :]), 0)
         lse = tl.where(den > 0, mx + tl.log(tl.where(den > 0, den, 1.0)), 0.0)
         b = b0 + tl.arange(0, NBC)
-        if FROM_S:
-            pooled = _pooled_from_stored(sc_ptr + r.to(tl.int64) * s_sc, s_sg, b0, b, nvis, lse, g,
-                                         G, WPP, LEFT, NBC, LP)
-        else:
-            pooled = tl.full([NBC], float("-inf"), tl.float32)
-            q = _load_q(q_ptr, n, kh, s_qn, s_qh, G, BG, D)
-            for w in tl.static_range(WPP + LEFT):
-                j = b * WPP - LEFT + w                    # windows overlapping block b
-                jm = (j >= 0) & (j < nvis)
-                hm = jm[None, :] & (g < G)[:, None]
-                s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
-                s = s * sm_scale
-                p = tl.where(hm, tl.exp(s - lse[:, None]), 0.0)
-                pooled = tl.maximum(pooled, tl.where(jm, tl.sum(p, 0), float("-inf")))
+        pooled = tl.full([NBC], float("-inf"), tl.float32)
+        q = _load_q(q_ptr, n, kh, s_qn, s_qh, G, BG, D)
+        for w in tl.static_range(WPP + LEFT):
+            j = b * WPP - LEFT + w                    # windows overlapping block b
+            jm = (j >= 0) & (j < nvis)
+            hm = jm[None, :] & (g < G)[:, None]
+            s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
+            s = s * sm_scale
+            p = tl.where(hm, tl.exp(s - lse[:, None]), 0.0)
+            pooled = tl.maximum(pooled, tl.where(jm, tl.sum(p, 0), float("-inf")))
         cand = b < ncand
         forced = (b < INIT) | ((b >= own - WINB) & cand)
         score = tl.where(pooled == float("-inf"), -1.0, pooled)
