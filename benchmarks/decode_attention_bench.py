@@ -3,11 +3,13 @@ pages): bf16 vs fp8_e4m3 pages, the current defaults vs the launch configs of SW
 (runtime/ops/decode_attention/triton.py). Issue 5's target: fp8 >= 1.7x bf16 at 128K, batch 1.
 
     python benchmarks/decode_attention_bench.py [--out FILE.json] [--quick] [--configs 0,3,5] [--split-only]
+        [--cases "128K b1,128K b4,128K b8"]
 
 1. correctness (fails loudly, exit 1): every config x {bf16, fp8_e4m3 with per-head scales} on
    dense 4K batch 8, dense 128K batch 1 and a sparse-selected row set (128K, 96 random blocks
    per KV head, the own block included) against reference.paged_attention; rel err <= 1e-2.
-2. timing: dense 32K/128K/1M batch 1, dense 4K batch 8/32, sparse-selected 128K batch 1; each a
+2. timing: dense 32K/128K/1M batch 1, dense 4K batch 8/32, sparse-selected 128K batch 1 (and with
+   --cases, dense 128K at batch 4 and 8: the same FP8 question when several requests share a step); each a
    CUDA graph of calls that rotate over R disjoint page ranges of one pool (R x KV bytes >= 150 MB,
    so KV is not served from the 50 MB L2); median of replays; the time includes the merge kernel.
 --split-only adds, per dtype, the default config's split kernel alone (`split_partials`, no merge
@@ -134,12 +136,15 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None, help="also write the rows as JSON here")
     ap.add_argument("--quick", action="store_true", help="only 128K batch 1")
-    ap.add_argument("--configs", default=None, help="comma-separated indices into SWEEP_CONFIGS (defaults always run)")
+    ap.add_argument("--configs", default=None, help="comma-separated indices into SWEEP_CONFIGS ('': the defaults only, which always run)")
     ap.add_argument("--split-only", action="store_true", help="also time each default's split kernel alone")
+    ap.add_argument("--cases", default=None,
+                    help="comma-separated timing cases to run, e.g. '128K b1,128K b8' (default: all but the "
+                         "batched 128K ones; --quick: 128K b1)")
     a = ap.parse_args()
     t0 = time.time()
     defaults = {"bf16": DEFAULT_CONFIGS["bf16"], "fp8_e4m3": DEFAULT_CONFIGS["fp8"]}
-    sweep = SWEEP_CONFIGS if a.configs is None else [SWEEP_CONFIGS[int(i)] for i in a.configs.split(",")]
+    sweep = SWEEP_CONFIGS if a.configs is None else [SWEEP_CONFIGS[int(i)] for i in a.configs.split(",") if i.strip()]
     configs = list(dict.fromkeys([DEFAULT_CONFIGS["bf16"], DEFAULT_CONFIGS["fp8"], *sweep]))
 
     # 1. correctness
@@ -161,9 +166,17 @@ def main() -> int:
         return 1
 
     # 2. timing
-    specs = [("128K b1", 131072, 1, False)] if a.quick else [
-        ("32K b1", 32768, 1, False), ("128K b1", 131072, 1, False), ("1M b1", 1 << 20, 1, False),
-        ("4K b8", 4096, 8, False), ("4K b32", 4096, 32, False), ("sparse 128K b1", 131072, 1, True)]
+    every = [("32K b1", 32768, 1, False), ("128K b1", 131072, 1, False), ("1M b1", 1 << 20, 1, False),
+             ("4K b8", 4096, 8, False), ("4K b32", 4096, 32, False), ("sparse 128K b1", 131072, 1, True),
+             ("128K b4", 131072, 4, False), ("128K b8", 131072, 8, False)]
+    if a.cases:
+        wanted = [c.strip() for c in a.cases.split(",")]
+        unknown = set(wanted) - {name for name, *_ in every}
+        if unknown:
+            ap.error(f"unknown case(s) {sorted(unknown)}; choose from {[name for name, *_ in every]}")
+        specs = [sp for sp in every if sp[0] in wanted]
+    else:
+        specs = [every[1]] if a.quick else every[:6]
     rows = []
     for name, ctx, batch, sparse in specs:
         per_rot = 2 * batch * (SELECTED * B if sparse else ctx) * HKV * D   # fp8 bytes of one rotation
