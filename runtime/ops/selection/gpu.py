@@ -127,7 +127,9 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # registers capped at 128 for one wave at 1M (13.1-13.2 against 13.2-13.3 us): none faster.
 # With the knobs off, only reordering pass 2's index math and q load (ahead of the lse merge) took
 # it from 146 to 154 registers and from 13.4 to 18.2 us at 1M (`python tools/sass_loops.py
-# select-words` gives the registers).
+# select-words` gives the registers). Pass 1 storing its scaled scores for pass 2 to read as
+# contiguous tiles (d2424d1; session 8 read them strided): pass 2 10.7 us without any K1 read,
+# but pass 1 +4 us, selection 46.6-51.9 against 40.9-43.3 us.
 DECODE_DEFAULTS = dict(nbc=32, nbc_fp32=32, num_warps=4, num_warps_wide=2, lse_splits=None, thresh_chunk=1024,
                        thresh_small=4096, thresh_warps=8, dedup=True, lse_bw=128, lse_warps=4, lse_stages=3)
 
