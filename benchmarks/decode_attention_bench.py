@@ -219,6 +219,8 @@ def main() -> int:
     print("\nbest at 128K b1 (x default there; worst x default over all cases):")
     for dt in DTYPES:
         at = [r for r in rows if r["dtype"] == dt and r["case"] == "128K b1" and "split-only" not in r["config"]]
+        if not at:
+            break
         best = min(at, key=lambda r: r["us"])
         worst = min(r["x_default"] for r in rows if r["dtype"] == dt and r["config"] == best["config"])
         f8 = f", {best['fp8_vs_bf16']:.2f}x bf16 default" if best["fp8_vs_bf16"] else ""

@@ -304,10 +304,11 @@ def default_config(kv_dtype=None) -> DecodeConfig:
 
 def choose_splits(rows: int, max_blocks: int, sms: int = 132, kv_dtype=None,
                   config: DecodeConfig | None = None) -> int:
-    """Enough programs for `programs_per_sm` per SM (memory parallelism), never more splits than
-    blocks (the config: `config`, else the default for the KV dtype)."""
+    """Enough programs for `programs_per_sm` per SM (memory parallelism) and never more (rows x
+    splits <= programs_per_sm x sms), never more splits than blocks (the config: `config`, else the
+    default for the KV dtype)."""
     c = config or default_config(kv_dtype)
-    return max(1, min(c.max_splits, math.ceil(c.programs_per_sm * sms / max(rows, 1)), max_blocks))
+    return max(1, min(c.max_splits, c.programs_per_sm * sms // max(rows, 1), max_blocks))
 
 
 def scale_tensor(scale, heads: int, device) -> torch.Tensor:
