@@ -142,7 +142,7 @@ def parse_case(name: str, ap):
 
 
 def main() -> int:
-    from salactl.runtime.ops.decode_attention.triton import DEFAULT_CONFIGS, SWEEP_CONFIGS
+    from salactl.runtime.ops.decode_attention.triton import DEFAULT_CONFIGS, SWEEP_CONFIGS, default_config
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None, help="also write the rows as JSON here")
     ap.add_argument("--quick", action="store_true", help="only 128K batch 1")
@@ -153,9 +153,8 @@ def main() -> int:
                          "sparse 128K b1' (--quick: 128K b1)")
     a = ap.parse_args()
     t0 = time.time()
-    defaults = {"bf16": DEFAULT_CONFIGS["bf16"], "fp8_e4m3": DEFAULT_CONFIGS["fp8"]}
     sweep = SWEEP_CONFIGS if a.configs is None else [SWEEP_CONFIGS[int(i)] for i in a.configs.split(",") if i.strip()]
-    configs = list(dict.fromkeys([DEFAULT_CONFIGS["bf16"], DEFAULT_CONFIGS["fp8"], *sweep]))
+    configs = list(dict.fromkeys([DEFAULT_CONFIGS[k] for k in ("bf16", "fp8", "fp8_mid")] + list(sweep)))
 
     # 1. correctness
     bad = []
@@ -188,6 +187,7 @@ def main() -> int:
         rot = min(16, max(1, math.ceil(L2_BYTES / per_rot)))
         case = Case(name, ctx, batch, sparse, rot=rot)
         base = {}
+        defaults = {dt: default_config(DTYPES[dt] or torch.bfloat16, batch * HKV) for dt in DTYPES}
         for dt in DTYPES:
             for cfg in configs:
                 t = time_case(case, dt, cfg, rot)

@@ -241,8 +241,14 @@ DEFAULT_CONFIGS = {
     # 1-32): without the preload fp8 is 3-11% faster at 4-64 rows of up to 64 pages per split, but
     # 2-7% slower at 2-4 rows and 35% slower at 128K b16 (121 pages per split), so no rule yet.
     "fp8": DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16, early=True),
+    # Session 12, FP8 pages at 8-32 rows (batch 4-16: FP8_MID_ROWS): the bf16 config (no
+    # preload) was 1.00-1.11x the preload over 4K-512K contexts (decode_attention_bench.py
+    # --cases, once choose_splits stopped launching a partial second wave); at 2-4 rows and at
+    # 64-128 the preload stays ahead (1.02-1.08x).
+    "fp8_mid": DecodeConfig(warps=2, programs_per_sm=4, max_splits=256, early=True),
     "fp32": DecodeConfig(),
 }
+FP8_MID_ROWS = (8, 32)
 
 # What benchmarks/decode_attention_bench.py times besides the defaults (and the GPU test checks).
 # The split count is a runtime argument: rows differing only in programs_per_sm/max_splits share a
@@ -296,9 +302,11 @@ SWEEP_CONFIGS = (
 )
 
 
-def default_config(kv_dtype=None) -> DecodeConfig:
+def default_config(kv_dtype=None, rows: int | None = None) -> DecodeConfig:
+    """The launch config for a KV page dtype and (FP8 only) the row count (batch x KV heads)."""
     if is_fp8(kv_dtype):
-        return DEFAULT_CONFIGS["fp8"]
+        mid = rows is not None and FP8_MID_ROWS[0] <= rows <= FP8_MID_ROWS[1]
+        return DEFAULT_CONFIGS["fp8_mid" if mid else "fp8"]
     return DEFAULT_CONFIGS["fp32" if kv_dtype == torch.float32 else "bf16"]
 
 
@@ -307,7 +315,7 @@ def choose_splits(rows: int, max_blocks: int, sms: int = 132, kv_dtype=None,
     """Enough programs for `programs_per_sm` per SM (memory parallelism) and never more (rows x
     splits <= programs_per_sm x sms), never more splits than blocks (the config: `config`, else the
     default for the KV dtype)."""
-    c = config or default_config(kv_dtype)
+    c = config or default_config(kv_dtype, rows)
     return max(1, min(c.max_splits, c.programs_per_sm * sms // max(rows, 1), max_blocks))
 
 
@@ -366,7 +374,7 @@ def split_partials(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=N
     rows = n * hkv
     po = torch.empty(rows, num_splits, BG, d, device=q.device, dtype=torch.float32)
     plse = torch.empty(rows, num_splits, BG, device=q.device, dtype=torch.float32)
-    cfg = config or default_config(k_pages.dtype)
+    cfg = config or default_config(k_pages.dtype, rows)
     # the longest row: dense rows have at most page_table.shape[1] blocks (sparse calls: below
     # dense_len), sparse rows at most block_ids.shape[-1]
     max_blocks = page_table.shape[1]
