@@ -237,14 +237,12 @@ DEFAULT_CONFIGS = {
     "bf16": DecodeConfig(warps=2, programs_per_sm=4, max_splits=256, early=True),
     # H200, session 4 sweep: 128K b1 27.2 vs 30.6 us without preload, 1M 143 vs 167 us, 4K b32
     # 30.3 vs 33.7; sparse 128K 8.6 vs 8.4 (the one case it is not faster). Session 8: early
-    # loads 1.00-1.03x on every case (128K 24.4 vs 24.9 us). Session 12 (`--cases`, batches
-    # 1-32): without the preload fp8 is 3-11% faster at 4-64 rows of up to 64 pages per split, but
-    # 2-7% slower at 2-4 rows and 35% slower at 128K b16 (121 pages per split), so no rule yet.
+    # loads 1.00-1.03x on every case (128K 24.4 vs 24.9 us). Session 12: see "fp8_mid".
     "fp8": DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16, early=True),
     # Session 12, FP8 pages at 8-32 rows (batch 4-16: FP8_MID_ROWS): the bf16 config (no
     # preload) was 1.00-1.11x the preload over 4K-512K contexts (decode_attention_bench.py
-    # --cases, once choose_splits stopped launching a partial second wave); at 2-4 rows and at
-    # 64-128 the preload stays ahead (1.02-1.08x).
+    # --cases); at 2-4 rows and at 64-128 the preload stays ahead (1.02-1.08x). Before
+    # choose_splits rounded down, 540 programs (128K b10) instead of 528 made it 1.5x slower.
     "fp8_mid": DecodeConfig(warps=2, programs_per_sm=4, max_splits=256, early=True),
     "fp32": DecodeConfig(),
 }
