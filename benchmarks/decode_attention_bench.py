@@ -132,6 +132,9 @@ def time_case(case, dt, cfg, rot, split_only=False) -> float:
     return events_time(g.replay, reps=11, warm=2) / calls
 
 
+DEFAULT_CASES = "32K b1,128K b1,1M b1,4K b8,4K b32,sparse 128K b1"
+
+
 def parse_case(name: str, ap):
     """A timing case from its name: "[sparse ]<n>K b<batch>" or "<n>M b<batch>" (e.g. "128K b8")."""
     m = re.fullmatch(r"(sparse )?(\d+)([KM]) b(\d+)", name)
@@ -149,9 +152,11 @@ def main() -> int:
     ap.add_argument("--configs", default=None, help="comma-separated indices into SWEEP_CONFIGS ('': the defaults only, which always run)")
     ap.add_argument("--split-only", action="store_true", help="also time each default's split kernel alone")
     ap.add_argument("--cases", default=None,
-                    help="comma-separated timing cases instead of the built-in six, e.g. '128K b1,128K b8,"
+                    help="comma-separated timing cases instead of DEFAULT_CASES, e.g. '128K b1,128K b8,"
                          "sparse 128K b1' (--quick: 128K b1)")
     a = ap.parse_args()
+    cases = a.cases or ("128K b1" if a.quick else DEFAULT_CASES)
+    specs = [parse_case(c.strip(), ap) for c in cases.split(",") if c.strip()]
     t0 = time.time()
     sweep = SWEEP_CONFIGS if a.configs is None else [SWEEP_CONFIGS[int(i)] for i in a.configs.split(",") if i.strip()]
     configs = list(dict.fromkeys([DEFAULT_CONFIGS[k] for k in ("bf16", "fp8", "fp8_mid")] + list(sweep)))
@@ -175,12 +180,6 @@ def main() -> int:
         return 1
 
     # 2. timing
-    every = [("32K b1", 32768, 1, False), ("128K b1", 131072, 1, False), ("1M b1", 1 << 20, 1, False),
-             ("4K b8", 4096, 8, False), ("4K b32", 4096, 32, False), ("sparse 128K b1", 131072, 1, True)]
-    if a.cases:
-        specs = [parse_case(c.strip(), ap) for c in a.cases.split(",") if c.strip()]
-    else:
-        specs = [every[1]] if a.quick else every[:6]
     rows = []
     for name, ctx, batch, sparse in specs:
         per_rot = 2 * batch * (SELECTED * B if sparse else ctx) * HKV * D   # fp8 bytes of one rotation
