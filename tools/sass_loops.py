@@ -85,19 +85,15 @@ def select_words_source():
     """Pass 2 (`_block_words_kernel`) with the default knobs, 256 lse splits (batch 1)."""
     from triton.compiler import ASTSource
 
-    from salactl.runtime.ops.selection import triton_thresh
+    from salactl.runtime.ops.selection.gpu import words_constexprs
     from salactl.runtime.ops.selection.triton_decode import _block_words_kernel
     cfg, sc, dflt = _sala_9b_selection()
     sig = {"q_ptr": "*bf16", "k1_ptr": "*bf16", "pt_ptr": "*i32", "slot_ptr": "*i32", "seqlen_ptr": "*i32",
            "plse_ptr": "*fp32", "word_ptr": "*i32", "ctr_ptr": "*i32",
            **{s: "i32" for s in ("s_qn", "s_qh", "s_1p", "s_1h", "s_pt", "s_word")}, "sm_scale": "fp32",
            "num_splits": "i32"}
-    hkv = cfg.num_key_value_heads
-    const = {"HKV": hkv, "G": cfg.num_attention_heads // hkv, "BG": 16, "D": cfg.head_dim,
-             "WPP": sc.block_size // sc.kernel_stride, "LEFT": sc.kernel_size // sc.kernel_stride - 1,
-             "KS": sc.kernel_size, "ST": sc.kernel_stride, "BS": sc.block_size, "NBC": dflt["nbc"],
-             "NCTR": triton_thresh.NCTR, "INIT": sc.init_blocks, "WINB": sc.window_blocks, "SP2": 256,
-             "DOT_F32": False, "DEDUP": dflt["dedup"], "PDL": True}
+    const = {**words_constexprs(sc, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, dflt["nbc"],
+                                256, dot_f32=False, dedup=dflt["dedup"]), "PDL": True}
     sig.update({c: "constexpr" for c in const})
     return ASTSource(_block_words_kernel, sig, const, _pointer_attrs(sig, ("s_qn", "s_qh", "s_1p", "s_1h")))
 
@@ -106,29 +102,37 @@ def select_top_source():
     """The one-program top-k (`_thresh_one_kernel`) of rows up to DECODE_DEFAULTS thresh_small blocks."""
     from triton.compiler import ASTSource
 
-    from salactl.runtime.ops.selection import triton_thresh
+    from salactl.runtime.ops.selection.triton_thresh import _thresh_one_kernel, one_program_constexprs
     cfg, sc, dflt = _sala_9b_selection()
     sig = {"seqlen_ptr": "*i32", "word_ptr": "*i32", "ctr_ptr": "*i32", "pick_ptr": "*i64", "sel_ptr": "*i32",
            "cnt_ptr": "*i32", **{s: "i32" for s in ("s_word", "s_seln", "s_selh", "s_cntn", "s_cnth")}}
-    K = sc.selected_blocks
-    const = {"HKV": cfg.num_key_value_heads, "BS": sc.block_size, "NCTR": triton_thresh.NCTR, "K": K,
-             "KP": 1 << (K - 1).bit_length(), "SMALL": dflt["thresh_small"], "PDL": True}
+    const = {**one_program_constexprs(cfg.num_key_value_heads, sc.block_size, sc.selected_blocks,
+                                      dflt["thresh_small"]), "PDL": True}
     sig.update({c: "constexpr" for c in const})
-    return ASTSource(triton_thresh._thresh_one_kernel, sig, const, _pointer_attrs(sig, ()))
+    return ASTSource(_thresh_one_kernel, sig, const, _pointer_attrs(sig, ()))
+
+
+def _instructions(sass: str) -> list[tuple[int, str]]:
+    """(address, text) of every instruction of a cuobjdump disassembly."""
+    return [(int(a, 16), ins) for a, ins in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+
+
+def _opcode(ins: str) -> str:
+    """An instruction's opcode without its predicate or modifiers (`@!P0 LDG.E.128 ...` -> LDG)."""
+    return re.sub(r"^@!?U?P[T0-9]+\s+", "", ins).split()[0].split(".")[0]
 
 
 def loops(sass: str) -> list[dict]:
     """Every backward-branch loop with an MMA in it: its instruction count and opcode histogram."""
-    lines = re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)
-    addr = [int(a, 16) for a, _ in lines]
+    lines = _instructions(sass)
+    addr = [a for a, _ in lines]
     out = []
     for i, (_, ins) in enumerate(lines):
         m = re.search(r"\bBRA\s+(?:`\()?[^0-9]*(0x[0-9a-f]+)", ins)
         target = int(m.group(1), 16) if m else addr[i]
         if target >= addr[i] or target not in addr:
             continue
-        start = addr.index(target)
-        body = [re.sub(r"^@!?U?P[T0-9]+\s+", "", x[1]).split()[0].split(".")[0] for x in lines[start:i + 1]]
+        body = [_opcode(x) for _, x in lines[addr.index(target):i + 1]]
         ops = Counter(body)
         if any(op.endswith("MMA") for op in ops):
             out.append({"instructions": len(body), "ops": dict(ops.most_common())})
@@ -147,8 +151,7 @@ def analyse(src, options: dict, arch: int) -> dict:
         res = subprocess.run([tool, "-res-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
         sass = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
     usage = {key.lower(): int(val) for key, val in re.findall(r"(REG|STACK|SHARED):(\d+)", res)}
-    ops = [re.sub(r"^@!?U?P[T0-9]+\s+", "", x).split()[0].split(".")[0]
-           for x in re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)]
+    ops = [_opcode(ins) for _, ins in _instructions(sass)]
     return {"registers": usage.get("reg"), "stack_bytes": usage.get("stack"),
             "shared_bytes": k.metadata.shared, "instructions": len(ops),
             "kernel_ops": dict(Counter(ops).most_common(16)), "loops": loops(sass)}

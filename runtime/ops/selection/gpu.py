@@ -134,6 +134,22 @@ DECODE_DEFAULTS = dict(nbc=32, nbc_fp32=32, num_warps=4, num_warps_wide=2, lse_s
                        thresh_small=4096, thresh_warps=8, dedup=True, lse_bw=128, lse_warps=4, lse_stages=3)
 
 
+def group_rows(G: int) -> int:
+    """Rows of the decode kernels' M tile for a group of G query heads (tl.dot needs >= 16)."""
+    return max(16, triton.next_power_of_2(G))
+
+
+def words_constexprs(sc: SparseConfig, hq: int, hkv: int, D: int, nbc: int, lse_splits: int,
+                     dot_f32: bool, dedup: bool) -> dict:
+    """The compile-time arguments `_block_words_kernel` (pass 2) is launched with (also what
+    tools/sass_loops.py compiles offline)."""
+    G = hq // hkv
+    return dict(HKV=hkv, G=G, BG=group_rows(G), D=D, WPP=sc.block_size // sc.kernel_stride,
+                LEFT=sc.kernel_size // sc.kernel_stride - 1, KS=sc.kernel_size, ST=sc.kernel_stride,
+                BS=sc.block_size, NBC=nbc, NCTR=tkern.NCTR, INIT=sc.init_blocks, WINB=sc.window_blocks,
+                SP2=max(2, triton.next_power_of_2(lse_splits)), DOT_F32=dot_f32, DEDUP=dedup)
+
+
 def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_max: int,
                   k_pages=None, k1_start=None, k1_count=None, k_scale=1.0,
                   lse_splits: int | None = None, nbc: int | None = None, num_warps: int | None = None,
@@ -150,7 +166,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     n, hq, D = q.shape
     _, hkv, wpp, _ = k1_pages.shape
     G = hq // hkv
-    BG = max(16, triton.next_power_of_2(G))
+    BG = group_rows(G)
     rows = n * hkv
     dev = q.device
 
@@ -195,11 +211,8 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     dkern._block_words_kernel[(rows, triton.cdiv(nb_max, nbc))](
         q, k1_pages, page_table, slots, seq_lens, plse, words, ctr,
         q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), page_table.stride(0),
-        words.stride(0), sm_scale, lse_splits,
-        HKV=hkv, G=G, BG=BG, D=D, WPP=wpp, LEFT=sc.kernel_size // sc.kernel_stride - 1,
-        KS=sc.kernel_size, ST=sc.kernel_stride, BS=sc.block_size, NBC=nbc, NCTR=nctr,
-        INIT=sc.init_blocks, WINB=sc.window_blocks, SP2=max(2, triton.next_power_of_2(lse_splits)),
-        DOT_F32=dot_f32, DEDUP=dedup, num_warps=num_warps, **launch_args(dev))
+        words.stride(0), sm_scale, lse_splits, **words_constexprs(sc, hq, hkv, D, nbc, lse_splits, dot_f32, dedup),
+        num_warps=num_warps, **launch_args(dev))
     tkern.thresh_launch(seq_lens, words, ctr, sel, cnt, hkv, sc.block_size, K, thresh_chunk,
                         ctile=max(256, 32 * thresh_warps), num_warps=thresh_warps,
                         small=min(thresh_small, triton.next_power_of_2(nb_max)))

@@ -259,6 +259,12 @@ def _thresh_one_kernel(seqlen_ptr, word_ptr, ctr_ptr, pick_ptr, sel_ptr, cnt_ptr
                             cnt_ptr + n * s_cntn + kh * s_cnth, K, KP, SMALL)
 
 
+def one_program_constexprs(hkv: int, block_size: int, K: int, small: int) -> dict:
+    """The compile-time arguments `_thresh_one_kernel` is launched with (also what
+    tools/sass_loops.py compiles offline)."""
+    return dict(HKV=hkv, BS=block_size, NCTR=NCTR, K=K, KP=triton.next_power_of_2(K), SMALL=small)
+
+
 def thresh_launch(seq_lens, words, ctr, sel, cnt, hkv: int, block_size: int, K: int, chunk: int,
                   ctile: int, num_warps: int, small: int = 0) -> None:
     """The top-k over pass 2's words [rows, nb_max] int32 and counters [rows * NCTR] int32
@@ -272,7 +278,7 @@ def thresh_launch(seq_lens, words, ctr, sel, cnt, hkv: int, block_size: int, K: 
     sel_strides = (sel.stride(0), sel.stride(1), cnt.stride(0), cnt.stride(1))
     if small:
         _thresh_one_kernel[(rows,)](seq_lens, words, ctr, pick, sel, cnt, words.stride(0), *sel_strides,
-                                    HKV=hkv, BS=block_size, NCTR=NCTR, K=K, KP=KP, SMALL=small,
+                                    **one_program_constexprs(hkv, block_size, K, small),
                                     num_warps=num_warps, **launch_args(words.device))
         if nb_max <= small:
             return
