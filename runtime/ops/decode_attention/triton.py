@@ -270,7 +270,10 @@ SWEEP_CONFIGS = (
     DecodeConfig(warps=2, stages=4, programs_per_sm=2, max_splits=256, preload=16),
     DecodeConfig(warps=4, stages=4, programs_per_sm=3, max_splits=256, preload=16),
     DecodeConfig(warps=4, stages=3, programs_per_sm=4, preload=16),
-    # session 4: more programs per SM for fp8 (w2 s3 fits 5 CTAs/SM by smem; w1 more by regs)
+    # session 4: more programs per SM for fp8 (w2 s3 fits 5 CTAs/SM by smem; w1 more by regs).
+    # Session 13 (token-minor V, no P exchange across warps at w1; offline 999 instructions per
+    # page for the one warp against 2 x 635 at w2, 229 registers): 128K b1 fp8 33.3 / 32.9 us
+    # and bf16 46.6 / 48.8 against the defaults' 24.5 / 38.5, so one warp per program stays out
     DecodeConfig(warps=2, stages=3, programs_per_sm=5, max_splits=512, preload=16),
     DecodeConfig(warps=1, stages=3, programs_per_sm=8, max_splits=512, preload=16),
     DecodeConfig(warps=1, stages=4, programs_per_sm=6, max_splits=512, preload=16),

@@ -446,6 +446,9 @@ TC_SHAPE_DEFAULTS: dict[tuple[int, int, int], str] = {
     # Session 9, M = 32 (`--shapes 0,2,3,4,5 --batches 32 --configs ...` at ce385bb), us: TC_DEFAULTS[32]
     # became unroll 2 without cp.async stages (4096x4096 9.97 vs 10.64, qkvz 20.27 vs 22.47, down
     # 21.90 vs 23.69); the sparse projection keeps the old default (14.21); gate+up: TMA pairs 32.33 vs 35.66
+    # Session 13 (`--shapes 0 --batches 32 --configs ...` at 539bd47, 12 specs), o_proj 4096x4096:
+    # every TMA spec lost (0.59-1.27x bf16 against the default's 1.39x; the 128-row TMA tile 0.59x),
+    # and the best register spec, ew=2 with red=2, reached 1.46x (8.86 against 9.32 us): not 1.5x
     (8704, 4096, 32): "bn=64,w=4,bias=0,un=1,pf=0,stages=3,waves=4",
     (32768, 4096, 32): "bn=64,w=4,tma=1,tkb=2,stages=3,waves=4",
 }
