@@ -226,11 +226,7 @@ VARIANTS = [("default", {}),
             ("one launch w4 nbc64", dict(one_launch=True, nbc=64)),
             ("one launch w4 bw64", dict(one_launch=True, lse_bw=64)),
             ("one launch w4 st2", dict(one_launch=True, lse_stages=2)),
-            ("one launch w2 st2", dict(one_launch=True, one_launch_warps=2, lse_stages=2)),
-            ("one launch w4 r128", dict(one_launch=True, one_launch_maxnreg=128)),
-            ("one launch w4 st2 r128", dict(one_launch=True, lse_stages=2, one_launch_maxnreg=128)),
-            ("one launch w4 st1 r128", dict(one_launch=True, lse_stages=1, one_launch_maxnreg=128)),
-            ("one launch w4 st2 r128 bw64", dict(one_launch=True, lse_stages=2, lse_bw=64, one_launch_maxnreg=128))]
+            ("one launch w2 st2", dict(one_launch=True, one_launch_warps=2, lse_stages=2))]
 # (session 8: pass 2 with 128 blocks per program, one wave at 1M instead of 1.3: 21.0 us at 1M as
 # before, 9.3 instead of 6.6 at 128K; b315dad)
 

@@ -159,7 +159,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
                   thresh_chunk: int | None = None, thresh_small: int | None = None,
                   thresh_warps: int | None = None, dedup: bool | None = None, lse_bw: int | None = None,
                   lse_warps: int | None = None, lse_stages: int | None = None, one_launch: bool | None = None,
-                  one_launch_warps: int | None = None, one_launch_maxnreg: int | None = None):
+                  one_launch_warps: int | None = None):
     """One query per row (decode): triton_decode.py's lse and score-word passes, then
     triton_thresh.py's top-k (one launch, or two when the table is wider than thresh_small).
     With k_pages, k1_start and k1_count given, the window completed by each row's token
@@ -210,7 +210,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
                      BW=lse_bw, NCTR=nctr, NCTR2=triton.next_power_of_2(nctr), FUSE_K1=fuse, FP8=fp8, DOT_F32=dot_f32)
     launched = knob(one_launch, "one_launch") and _one_launch(
         q, k1_pages, page_table, slots, seq_lens, words, ctr, kp, js, jc, k_scale, sm_scale, sc, hq, nbc, dedup,
-        lse_const, lse_stages, knob(one_launch_warps, "one_launch_warps"), one_launch_maxnreg)
+        lse_const, lse_stages, knob(one_launch_warps, "one_launch_warps"))
     if not launched:
         plse = torch.empty(rows * lse_splits * BG, device=dev, dtype=torch.float32)
         dkern._lse_kernel[(rows, lse_splits)](
@@ -234,7 +234,7 @@ _ONE_LAUNCH_SPLITS: dict[tuple, int] = {}
 
 
 def _one_launch(q, k1_pages, page_table, slots, seq_lens, words, ctr, kp, js, jc, k_scale, sm_scale, sc, hq, nbc,
-                dedup, lse_const, stages, warps, maxnreg=None) -> bool:
+                dedup, lse_const, stages, warps) -> bool:
     """Launch `_lse_words_kernel` with the most splits per row (a power of 2, at most 256) whose
     grid the GPU holds at once; False (nothing launched) when not even one program per row fits."""
     dev = q.device
@@ -250,10 +250,9 @@ def _one_launch(q, k1_pages, page_table, slots, seq_lens, words, ctr, kp, js, jc
         return ((q, k1_pages, page_table, slots, seq_lens, plse, words, ctr, bar, kp, js, jc, *scales,
                  q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), kp.stride(0), kp.stride(1),
                  page_table.stride(0), words.stride(0), sm_scale, splits),
-                dict(const, SP2=max(2, splits), num_warps=warps, num_stages=stages, **launch_args(dev),
-                     **({"maxnreg": maxnreg} if maxnreg else {})))
+                dict(const, SP2=max(2, splits), num_warps=warps, num_stages=stages, **launch_args(dev)))
 
-    key = (dev, q.dtype, kp.dtype, rows, warps, stages, maxnreg, tuple(sorted(const.items())))
+    key = (dev, q.dtype, kp.dtype, rows, warps, stages, tuple(sorted(const.items())))
     # the interpreter runs programs one after another: one per row, whose barrier has one arrival
     splits = 1 if interpreted else _ONE_LAUNCH_SPLITS.get(key)
     if splits is None:
