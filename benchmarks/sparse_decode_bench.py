@@ -218,15 +218,7 @@ VARIANTS = [("default", {}),
             ("p2 nbc16 w4", dict(nbc=16, num_warps=4)),
             ("p2 nbc32 w4", dict(num_warps=4)),        # the default for tables of <= 4096 blocks
             ("p2 nbc64 w8", dict(nbc=64, num_warps=8)),       # the default before session 11
-            ("p2 nbc128 w8", dict(nbc=128, num_warps=8)),
-            # session 13: both passes as one launch whose programs meet at a barrier per row
-            ("one launch w4", dict(one_launch=True)),
-            ("one launch w2", dict(one_launch=True, one_launch_warps=2)),
-            ("one launch w8", dict(one_launch=True, one_launch_warps=8)),
-            ("one launch w4 nbc64", dict(one_launch=True, nbc=64)),
-            ("one launch w4 bw64", dict(one_launch=True, lse_bw=64)),
-            ("one launch w4 st2", dict(one_launch=True, lse_stages=2)),
-            ("one launch w2 st2", dict(one_launch=True, one_launch_warps=2, lse_stages=2))]
+            ("p2 nbc128 w8", dict(nbc=128, num_warps=8))]
 # (session 8: pass 2 with 128 blocks per program, one wave at 1M instead of 1.3: 21.0 us at 1M as
 # before, 9.3 instead of 6.6 at 128K; b315dad)
 

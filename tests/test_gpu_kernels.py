@@ -68,68 +68,6 @@ def test_decode_selection_exact_set_and_order(dtype, ties, knobs):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("knobs", [dict(one_launch=True), dict(one_launch=True, one_launch_warps=2, nbc=64)])
-def test_decode_selection_one_launch(dtype, knobs):
-    """Both selection passes as one launch, its programs meeting at a barrier per row: the same
-    sets and order as the reference at 9B shapes (with near-ties), launched with more than one
-    program per row."""
-    from salactl.runtime.gpu import selfcheck as S
-    from salactl.runtime.ops.selection import gpu as G
-    from salactl.runtime.ops.selection.check import check_decode_selection
-
-    sh = S.Shapes()
-    sc = sh.sparse
-    lens = [sc.dense_len, sc.dense_len + 37, 20 * sh.block - 1, 50001, 140001]
-    G._ONE_LAUNCH_SPLITS.clear()
-    _assert_rows(check_decode_selection("cuda", dtype, sh.hq, sh.hkv, sh.d, sc, lens, ties=True, **knobs))
-    assert G._ONE_LAUNCH_SPLITS and min(G._ONE_LAUNCH_SPLITS.values()) > 1, G._ONE_LAUNCH_SPLITS
-
-
-def test_decode_selection_one_launch_in_cuda_graph():
-    """The one-launch selection replayed from a CUDA graph (its barrier counters must reset
-    themselves): every replay gives the eager result, for a 1M-token row and a short one."""
-    from salactl.runtime.gpu import selfcheck as S
-    from salactl.runtime.ops.selection.check import paged_keys
-    from salactl.runtime.ops.selection.gpu import compress_update, select_decode
-
-    sh = S.Shapes()
-    sc = sh.sparse
-    lens = [(1 << 20) - 5, sc.dense_len + 100]
-    gen = torch.Generator(device="cpu").manual_seed(3)
-    pt, kp = paged_keys(lens, sh.hkv, sh.d, sc.block_size, torch.bfloat16, "cuda", gen=gen)
-    k1p = torch.zeros(kp.shape[0], sh.hkv, sc.block_size // sc.kernel_stride, sh.d, device="cuda",
-                      dtype=torch.bfloat16)
-    slots = torch.arange(len(lens), dtype=torch.int32, device="cuda")
-    nw = [(L - sc.kernel_size) // sc.kernel_stride + 1 for L in lens]
-    compress_update(kp, k1p, pt, slots, torch.zeros_like(slots), torch.tensor(nw, dtype=torch.int32, device="cuda"),
-                    max(nw), sc)
-    q = torch.randn(len(lens), sh.hq, sh.d, device="cuda", dtype=torch.bfloat16)
-    seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
-
-    def run():
-        return select_decode(q, k1p, pt, slots, seq, sc, pt.shape[1], one_launch=True)
-
-    want_sel, want_cnt = (t.clone() for t in select_decode(q, k1p, pt, slots, seq, sc, pt.shape[1],
-                                                           one_launch=False))
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        run()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        sel, cnt = run()
-    for _ in range(3):
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(cnt, want_cnt)
-        for r in range(len(lens)):
-            for h in range(sh.hkv):
-                c = int(cnt[r, h])
-                assert torch.equal(sel[r, h, :c], want_sel[r, h, :c])
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_fused_ops(dtype):
     from salactl.runtime.gpu import selfcheck as S
     _assert_rows(S.check_fused("cuda", dtype))

@@ -7,7 +7,6 @@ exactly DESIGN.md §2, checked against reference.select_blocks on random inputs.
 from __future__ import annotations
 
 import math
-import os
 import struct
 
 import torch
@@ -16,7 +15,6 @@ import triton
 from salactl.runtime.config import SparseConfig
 from salactl.runtime.ops.decode_attention.reference import is_fp8
 from salactl.runtime.ops.decode_attention.triton import kernel_scales
-from salactl.runtime.ops.grid_barrier import barrier_counters, resident_programs
 from salactl.runtime.ops.pdl import launch_args
 from salactl.runtime.ops.selection import triton as kern
 from salactl.runtime.ops.selection import triton_decode as dkern
@@ -133,8 +131,7 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # contiguous tiles (d2424d1; session 8 read them strided): pass 2 10.7 us without any K1 read,
 # but pass 1 +4 us, selection 46.6-51.9 against 40.9-43.3 us.
 DECODE_DEFAULTS = dict(nbc=32, nbc_fp32=32, num_warps=4, num_warps_wide=2, lse_splits=None, thresh_chunk=1024,
-                       thresh_small=4096, thresh_warps=8, dedup=True, lse_bw=128, lse_warps=4, lse_stages=3,
-                       one_launch=False, one_launch_warps=4)
+                       thresh_small=4096, thresh_warps=8, dedup=True, lse_bw=128, lse_warps=4, lse_stages=3)
 
 
 def group_rows(G: int) -> int:
@@ -158,15 +155,11 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
                   lse_splits: int | None = None, nbc: int | None = None, num_warps: int | None = None,
                   thresh_chunk: int | None = None, thresh_small: int | None = None,
                   thresh_warps: int | None = None, dedup: bool | None = None, lse_bw: int | None = None,
-                  lse_warps: int | None = None, lse_stages: int | None = None, one_launch: bool | None = None,
-                  one_launch_warps: int | None = None):
+                  lse_warps: int | None = None, lse_stages: int | None = None):
     """One query per row (decode): triton_decode.py's lse and score-word passes, then
     triton_thresh.py's top-k (one launch, or two when the table is wider than thresh_small).
     With k_pages, k1_start and k1_count given, the window completed by each row's token
     (k1_count 0/1) is compressed into k1_pages by the first launch (replaces compress_update).
-    one_launch: both passes as one launch whose programs all run at once and meet at a barrier
-    per row (`_lse_words_kernel`, `one_launch_warps` warps; the two launches where not even one
-    program per row fits; under the Triton interpreter one program per row).
     nb_max: the static block width (launch grid); each row's work follows its own seq_len.
     Knobs left None take DECODE_DEFAULTS. Same result as select_paged."""
     dflt = DECODE_DEFAULTS
@@ -200,70 +193,27 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     dot_f32 = q.dtype == torch.float32
     fuse = k_pages is not None and k1_start is not None and k1_count is not None
     fp8 = fuse and is_fp8(k_pages.dtype)
+    plse = torch.empty(rows * lse_splits * BG, device=dev, dtype=torch.float32)
     ctr = torch.empty(rows * nctr, device=dev, dtype=torch.int32)
     words = torch.empty(rows, nb_max, device=dev, dtype=torch.int32)
     sel = torch.empty(n, hkv, K, device=dev, dtype=torch.int32)
     cnt = torch.empty(n, hkv, device=dev, dtype=torch.int32)
     kp = k_pages if fuse else k1_pages
     js, jc = (k1_start, k1_count) if fuse else (slots, slots)
-    lse_const = dict(HKV=hkv, G=G, BG=BG, D=D, WPP=wpp, KS=sc.kernel_size, ST=sc.kernel_stride, BS=sc.block_size,
-                     BW=lse_bw, NCTR=nctr, NCTR2=triton.next_power_of_2(nctr), FUSE_K1=fuse, FP8=fp8, DOT_F32=dot_f32)
-    launched = knob(one_launch, "one_launch") and _one_launch(
-        q, k1_pages, page_table, slots, seq_lens, words, ctr, kp, js, jc, k_scale, sm_scale, sc, hq, nbc, dedup,
-        lse_const, lse_stages, knob(one_launch_warps, "one_launch_warps"))
-    if not launched:
-        plse = torch.empty(rows * lse_splits * BG, device=dev, dtype=torch.float32)
-        dkern._lse_kernel[(rows, lse_splits)](
-            q, k1_pages, page_table, slots, seq_lens, plse, ctr, kp, js, jc,
-            *kernel_scales(kp.dtype, hkv, dev, k_scale, unused=plse),
-            q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), kp.stride(0), kp.stride(1),
-            page_table.stride(0), sm_scale, lse_splits, **lse_const,
-            num_warps=lse_warps, num_stages=lse_stages, **launch_args(dev))
-        dkern._block_words_kernel[(rows, triton.cdiv(nb_max, nbc))](
-            q, k1_pages, page_table, slots, seq_lens, plse, words, ctr,
-            q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), page_table.stride(0),
-            words.stride(0), sm_scale, lse_splits, **words_constexprs(sc, hq, hkv, D, nbc, lse_splits, dot_f32, dedup),
-            num_warps=num_warps, **launch_args(dev))
+    dkern._lse_kernel[(rows, lse_splits)](
+        q, k1_pages, page_table, slots, seq_lens, plse, ctr, kp, js, jc,
+        *kernel_scales(kp.dtype, hkv, dev, k_scale, unused=plse),
+        q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), kp.stride(0), kp.stride(1),
+        page_table.stride(0), sm_scale, lse_splits,
+        HKV=hkv, G=G, BG=BG, D=D, WPP=wpp, KS=sc.kernel_size, ST=sc.kernel_stride, BS=sc.block_size,
+        BW=lse_bw, NCTR=nctr, NCTR2=triton.next_power_of_2(nctr), FUSE_K1=fuse, FP8=fp8,
+        DOT_F32=dot_f32, num_warps=lse_warps, num_stages=lse_stages, **launch_args(dev))
+    dkern._block_words_kernel[(rows, triton.cdiv(nb_max, nbc))](
+        q, k1_pages, page_table, slots, seq_lens, plse, words, ctr,
+        q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), page_table.stride(0),
+        words.stride(0), sm_scale, lse_splits, **words_constexprs(sc, hq, hkv, D, nbc, lse_splits, dot_f32, dedup),
+        num_warps=num_warps, **launch_args(dev))
     tkern.thresh_launch(seq_lens, words, ctr, sel, cnt, hkv, sc.block_size, K, thresh_chunk,
                         ctile=max(256, 32 * thresh_warps), num_warps=thresh_warps,
                         small=min(thresh_small, triton.next_power_of_2(nb_max)))
     return sel, cnt
-
-
-_ONE_LAUNCH_SPLITS: dict[tuple, int] = {}
-
-
-def _one_launch(q, k1_pages, page_table, slots, seq_lens, words, ctr, kp, js, jc, k_scale, sm_scale, sc, hq, nbc,
-                dedup, lse_const, stages, warps) -> bool:
-    """Launch `_lse_words_kernel` with the most splits per row (a power of 2, at most 256) whose
-    grid the GPU holds at once; False (nothing launched) when not even one program per row fits."""
-    dev = q.device
-    rows = q.shape[0] * lse_const["HKV"]
-    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    words_const = words_constexprs(sc, hq, lse_const["HKV"], lse_const["D"], nbc, 2, lse_const["DOT_F32"], dedup)
-    const = {**lse_const, **{k: v for k, v in words_const.items() if k not in lse_const and k != "SP2"}}
-    bar = barrier_counters(dev, rows)
-
-    def args(splits):
-        plse = torch.empty(rows * splits * lse_const["BG"], device=dev, dtype=torch.float32)
-        scales = kernel_scales(kp.dtype, lse_const["HKV"], dev, k_scale, unused=plse)
-        return ((q, k1_pages, page_table, slots, seq_lens, plse, words, ctr, bar, kp, js, jc, *scales,
-                 q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), kp.stride(0), kp.stride(1),
-                 page_table.stride(0), words.stride(0), sm_scale, splits),
-                dict(const, SP2=max(2, splits), num_warps=warps, num_stages=stages, **launch_args(dev)))
-
-    key = (dev, q.dtype, kp.dtype, rows, warps, stages, tuple(sorted(const.items())))
-    # the interpreter runs programs one after another: one per row, whose barrier has one arrival
-    splits = 1 if interpreted else _ONE_LAUNCH_SPLITS.get(key)
-    if splits is None:
-        sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        splits = min(256, 1 << max(0, (32 * sms // rows).bit_length() - 1))
-        while splits and rows * splits > resident_programs(
-                dkern._lse_words_kernel.warmup(*args(splits)[0], grid=(rows, splits), **args(splits)[1]), dev):
-            splits //= 2
-        _ONE_LAUNCH_SPLITS[key] = splits
-    if not splits:
-        return False
-    a, kw = args(splits)
-    dkern._lse_words_kernel[(rows, splits)](*a, **kw)
-    return True

@@ -36,7 +36,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from salactl.runtime.ops.grid_barrier import row_barrier
 from salactl.runtime.ops.pdl import pdl_wait
 from salactl.runtime.ops.selection.triton import _nvis, compress_window, k1_scores
 
@@ -48,14 +47,17 @@ def _load_q(q_ptr, n, kh, s_qn, s_qh, G: tl.constexpr, BG: tl.constexpr, D: tl.c
                    mask=(g < G)[:, None], other=0.0)
 
 
-@triton.jit
-def _lse_split(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr, k_ptr, jstart_ptr, jcount_ptr,
-               ks_ptr, r, sp, s_qn, s_qh, s_1p, s_1h, s_kp, s_kh, s_pt, sm_scale, num_splits,
-               HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr, WPP: tl.constexpr,
-               KS: tl.constexpr, ST: tl.constexpr, BS: tl.constexpr, BW: tl.constexpr, NCTR: tl.constexpr,
-               NCTR2: tl.constexpr, FUSE_K1: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr):
-    """Split sp of row r: the per-head log-sum-exp of its share of the visible windows, stored in
-    plse (split 0 also zeroes the row's counters; FUSE_K1: compresses the row's new window)."""
+@triton.jit(do_not_specialize=["num_splits"])
+def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
+                k_ptr, jstart_ptr, jcount_ptr, ks_ptr,
+                s_qn, s_qh, s_1p, s_1h, s_kp, s_kh, s_pt, sm_scale, num_splits,
+                HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr,
+                WPP: tl.constexpr, KS: tl.constexpr, ST: tl.constexpr, BS: tl.constexpr,
+                BW: tl.constexpr, NCTR: tl.constexpr, NCTR2: tl.constexpr,
+                FUSE_K1: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_wait(PDL)
+    r = tl.program_id(0)
+    sp = tl.program_id(1)
     n = r // HKV
     kh = r % HKV
     if sp == 0:
@@ -90,72 +92,6 @@ def _lse_split(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr, k
 
 
 @triton.jit(do_not_specialize=["num_splits"])
-def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
-                k_ptr, jstart_ptr, jcount_ptr, ks_ptr,
-                s_qn, s_qh, s_1p, s_1h, s_kp, s_kh, s_pt, sm_scale, num_splits,
-                HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr,
-                WPP: tl.constexpr, KS: tl.constexpr, ST: tl.constexpr, BS: tl.constexpr,
-                BW: tl.constexpr, NCTR: tl.constexpr, NCTR2: tl.constexpr,
-                FUSE_K1: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr = False):
-    pdl_wait(PDL)
-    _lse_split(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr, k_ptr, jstart_ptr, jcount_ptr,
-               ks_ptr, tl.program_id(0), tl.program_id(1), s_qn, s_qh, s_1p, s_1h, s_kp, s_kh, s_pt, sm_scale,
-               num_splits, HKV, G, BG, D, WPP, KS, ST, BS, BW, NCTR, NCTR2, FUSE_K1, FP8, DOT_F32)
-
-
-@triton.jit
-def _merged_lse(plse_ptr, r, num_splits, BG: tl.constexpr, SP2: tl.constexpr):
-    """Row r's per-head log-sum-exp [BG] from every split's (0 where no window is visible)."""
-    g = tl.arange(0, BG)
-    sp = tl.arange(0, SP2)                        # merge every split's lse at once
-    part = tl.load(plse_ptr + ((r * num_splits).to(tl.int64) + sp[:, None]) * BG + g[None, :],
-                   mask=(sp < num_splits)[:, None], other=float("-inf"))
-    mx = tl.maximum(tl.max(part, 0), -1e30)
-    den = tl.sum(tl.exp(part - mx[None, :]), 0)
-    return tl.where(den > 0, mx + tl.log(tl.where(den > 0, den, 1.0)), 0.0)
-
-
-@triton.jit
-def _words_chunk(q_ptr, k1_ptr, pt_ptr, word_ptr, ctr_ptr, lse, r, b0, n, kh, slot, own, ncand, nvis,
-                 s_qn, s_qh, s_1p, s_1h, s_pt, s_word, sm_scale,
-                 G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr, WPP: tl.constexpr, LEFT: tl.constexpr,
-                 NBC: tl.constexpr, NCTR: tl.constexpr, INIT: tl.constexpr, WINB: tl.constexpr,
-                 DOT_F32: tl.constexpr, DEDUP: tl.constexpr):
-    """Blocks [b0, b0 + NBC) of row r: score words stored, added to the row's histogram."""
-    g = tl.arange(0, BG)
-    b = b0 + tl.arange(0, NBC)
-    pooled = tl.full([NBC], float("-inf"), tl.float32)
-    q = _load_q(q_ptr, n, kh, s_qn, s_qh, G, BG, D)
-    for w in tl.static_range(WPP + LEFT):
-        j = b * WPP - LEFT + w                    # windows overlapping block b
-        jm = (j >= 0) & (j < nvis)
-        hm = jm[None, :] & (g < G)[:, None]
-        s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
-        s = s * sm_scale
-        p = tl.where(hm, tl.exp(s - lse[:, None]), 0.0)
-        pooled = tl.maximum(pooled, tl.where(jm, tl.sum(p, 0), float("-inf")))
-    cand = b < ncand
-    forced = (b < INIT) | ((b >= own - WINB) & cand)
-    score = tl.where(pooled == float("-inf"), -1.0, pooled)
-    score = tl.where(forced, float("inf"), score)
-    bits = score.to(tl.int32, bitcast=True)
-    word = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-    tl.store(word_ptr + r.to(tl.int64) * s_word + b, word, mask=cand)
-    top = ((word.to(tl.uint32, bitcast=True) ^ 0x80000000) >> 20).to(tl.int32)
-    if DEDUP:
-        # one atomic per distinct bin of this program's blocks, adding its count, from the
-        # bin's first block: scores crowd into a few bins, whose atomics otherwise serialise
-        top = tl.where(cand, top, -1)
-        same = top[:, None] == top[None, :]                       # [NBC, NBC]
-        i = tl.arange(0, NBC)
-        count = tl.sum(same.to(tl.int32), 1)
-        first = tl.sum((same & (i[None, :] < i[:, None])).to(tl.int32), 1) == 0
-        tl.atomic_add(ctr_ptr + r * NCTR + 1 + top, count, mask=cand & first, sem="relaxed")
-    else:
-        tl.atomic_add(ctr_ptr + r * NCTR + 1 + top, tl.full([NBC], 1, tl.int32), mask=cand, sem="relaxed")
-
-
-@triton.jit(do_not_specialize=["num_splits"])
 def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, word_ptr, ctr_ptr,
                         s_qn, s_qh, s_1p, s_1h, s_pt, s_word, sm_scale, num_splits,
                         HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr,
@@ -175,45 +111,40 @@ def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, w
     if b0 < ncand:
         slot = tl.load(slot_ptr + n).to(tl.int64)
         nvis = _nvis(t, KS, ST)
-        lse = _merged_lse(plse_ptr, r, num_splits, BG, SP2)
-        _words_chunk(q_ptr, k1_ptr, pt_ptr, word_ptr, ctr_ptr, lse, r, b0, n, kh, slot, own, ncand, nvis,
-                     s_qn, s_qh, s_1p, s_1h, s_pt, s_word, sm_scale, G, BG, D, WPP, LEFT, NBC, NCTR, INIT, WINB,
-                     DOT_F32, DEDUP)
-
-
-@triton.jit(do_not_specialize=["num_splits"])
-def _lse_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, word_ptr, ctr_ptr, bar_ptr,
-                      k_ptr, jstart_ptr, jcount_ptr, ks_ptr,
-                      s_qn, s_qh, s_1p, s_1h, s_kp, s_kh, s_pt, s_word, sm_scale, num_splits,
-                      HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr,
-                      WPP: tl.constexpr, LEFT: tl.constexpr, KS: tl.constexpr, ST: tl.constexpr,
-                      BS: tl.constexpr, BW: tl.constexpr, NBC: tl.constexpr, NCTR: tl.constexpr,
-                      NCTR2: tl.constexpr, INIT: tl.constexpr, WINB: tl.constexpr, SP2: tl.constexpr,
-                      FUSE_K1: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr,
-                      DEDUP: tl.constexpr = False, PDL: tl.constexpr = False):
-    """Both passes in one launch (grid rows x num_splits, every program resident): split sp's lse
-    over its windows, then a barrier per row, then the score words of its share of the row's
-    blocks (its K1 rows mostly still in L2 from the first half)."""
-    pdl_wait(PDL)
-    r = tl.program_id(0)
-    sp = tl.program_id(1)
-    _lse_split(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr, k_ptr, jstart_ptr, jcount_ptr,
-               ks_ptr, r, sp, s_qn, s_qh, s_1p, s_1h, s_kp, s_kh, s_pt, sm_scale, num_splits,
-               HKV, G, BG, D, WPP, KS, ST, BS, BW, NCTR, NCTR2, FUSE_K1, FP8, DOT_F32)
-    row_barrier(bar_ptr + 2 * r, bar_ptr + 2 * r + 1, num_splits)
-    n = r // HKV
-    kh = r % HKV
-    t = tl.load(seqlen_ptr + n) - 1
-    own = t // BS
-    ncand = own + 1
-    per = tl.cdiv(tl.cdiv(ncand, num_splits), NBC) * NBC
-    lo = sp * per
-    hi = tl.minimum(lo + per, ncand)
-    if lo < hi:
-        slot = tl.load(slot_ptr + n).to(tl.int64)
-        nvis = _nvis(t, KS, ST)
-        lse = _merged_lse(plse_ptr, r, num_splits, BG, SP2)
-        for b0 in range(lo, hi, NBC):
-            _words_chunk(q_ptr, k1_ptr, pt_ptr, word_ptr, ctr_ptr, lse, r, b0, n, kh, slot, own, ncand, nvis,
-                         s_qn, s_qh, s_1p, s_1h, s_pt, s_word, sm_scale, G, BG, D, WPP, LEFT, NBC, NCTR, INIT,
-                         WINB, DOT_F32, DEDUP)
+        g = tl.arange(0, BG)
+        sp = tl.arange(0, SP2)                        # merge every split's lse at once
+        part = tl.load(plse_ptr + ((r * num_splits).to(tl.int64) + sp[:, None]) * BG + g[None, :],
+                       mask=(sp < num_splits)[:, None], other=float("-inf"))
+        mx = tl.maximum(tl.max(part, 0), -1e30)
+        den = tl.sum(tl.exp(part - mx[None, :]), 0)
+        lse = tl.where(den > 0, mx + tl.log(tl.where(den > 0, den, 1.0)), 0.0)
+        b = b0 + tl.arange(0, NBC)
+        pooled = tl.full([NBC], float("-inf"), tl.float32)
+        q = _load_q(q_ptr, n, kh, s_qn, s_qh, G, BG, D)
+        for w in tl.static_range(WPP + LEFT):
+            j = b * WPP - LEFT + w                    # windows overlapping block b
+            jm = (j >= 0) & (j < nvis)
+            hm = jm[None, :] & (g < G)[:, None]
+            s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
+            s = s * sm_scale
+            p = tl.where(hm, tl.exp(s - lse[:, None]), 0.0)
+            pooled = tl.maximum(pooled, tl.where(jm, tl.sum(p, 0), float("-inf")))
+        cand = b < ncand
+        forced = (b < INIT) | ((b >= own - WINB) & cand)
+        score = tl.where(pooled == float("-inf"), -1.0, pooled)
+        score = tl.where(forced, float("inf"), score)
+        bits = score.to(tl.int32, bitcast=True)
+        word = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+        tl.store(word_ptr + r.to(tl.int64) * s_word + b, word, mask=cand)
+        top = ((word.to(tl.uint32, bitcast=True) ^ 0x80000000) >> 20).to(tl.int32)
+        if DEDUP:
+            # one atomic per distinct bin of this program's blocks, adding its count, from the
+            # bin's first block: scores crowd into a few bins, whose atomics otherwise serialise
+            top = tl.where(cand, top, -1)
+            same = top[:, None] == top[None, :]                       # [NBC, NBC]
+            i = tl.arange(0, NBC)
+            count = tl.sum(same.to(tl.int32), 1)
+            first = tl.sum((same & (i[None, :] < i[:, None])).to(tl.int32), 1) == 0
+            tl.atomic_add(ctr_ptr + r * NCTR + 1 + top, count, mask=cand & first, sem="relaxed")
+        else:
+            tl.atomic_add(ctr_ptr + r * NCTR + 1 + top, tl.full([NBC], 1, tl.int32), mask=cand, sem="relaxed")
