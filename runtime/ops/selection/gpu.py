@@ -130,6 +130,13 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # select-words` gives the registers). Pass 1 storing its scaled scores for pass 2 to read as
 # contiguous tiles (d2424d1; session 8 read them strided): pass 2 10.7 us without any K1 read,
 # but pass 1 +4 us, selection 46.6-51.9 against 40.9-43.3 us.
+# Session 13 (H200, 3a7d11d / 70f3126, reverted): both passes as one launch, every program resident,
+# the lse split then a barrier per row (atomic count + flag, self-resetting under graph replay)
+# then the words of its share of the row's blocks. Exact (every GPU check and a CUDA-graph replay
+# test passed), but at 1M the selection took 48.6-71.6 us against 39.9-40.6 (128K: 28.6-42.2
+# against 29.1-30.7): 146 registers and 46 KB of shared memory hold 128 programs per row resident,
+# not 256, and each then walks its 2-4 chunks of blocks one after another, where pass 2's 1,024
+# short programs overlap their latency chains.
 DECODE_DEFAULTS = dict(nbc=32, nbc_fp32=32, num_warps=4, num_warps_wide=2, lse_splits=None, thresh_chunk=1024,
                        thresh_small=4096, thresh_warps=8, dedup=True, lse_bw=128, lse_warps=4, lse_stages=3)
 
