@@ -182,17 +182,27 @@ def parse_variants(text: str) -> list[tuple[str, str]]:
 
 @contextlib.contextmanager
 def table_variant(fields: str):
-    """The W4A16 dispatch tables with `fields` appended to every spec (later fields win); fields of
-    the form SALACTL_NAME=VALUE are set in the environment instead (e.g. SALACTL_PDL=0)."""
+    """The W4A16 dispatch tables with `fields` appended to every spec (later fields win); a field
+    NxK/FIELD (e.g. 32768x4096/tkb=2) is appended only to TC_SHAPE_DEFAULTS entries of that shape;
+    fields SALACTL_NAME=VALUE are set in the environment instead (e.g. SALACTL_PDL=0)."""
     from salactl.runtime.ops.w4a16 import triton_tc as tc
 
     parts = [f for f in fields.split(",") if f]
     env = dict(f.split("=", 1) for f in parts if f.startswith("SALACTL_"))
-    spec = ",".join(f for f in parts if not f.startswith("SALACTL_"))
+    scoped: dict[tuple[int, int], list[str]] = {}
+    for f in parts:
+        if "/" in f:
+            shape, field = f.split("/", 1)
+            n, k = (int(v) for v in shape.lower().split("x"))
+            scoped.setdefault((n, k), []).append(field)
+    spec = ",".join(f for f in parts if not f.startswith("SALACTL_") and "/" not in f)
     saved = dict(tc.TC_DEFAULTS), dict(tc.TC_SHAPE_DEFAULTS), {k: os.environ.get(k) for k in env}
     for table in (tc.TC_DEFAULTS, tc.TC_SHAPE_DEFAULTS):
         for key in table:
-            table[key] = f"{table[key]},{spec}" if spec else table[key]
+            extra = [spec] if spec else []
+            if table is tc.TC_SHAPE_DEFAULTS:
+                extra += scoped.get(key[:2], [])
+            table[key] = ",".join([table[key], *extra])
             tc.parse_tc_spec(table[key])
     os.environ.update(env)
     try:

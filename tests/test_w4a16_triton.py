@@ -199,7 +199,7 @@ def test_w4a16_linear_on_cuda_matches_reference(G, M):
                                  "bn128 w4 fma pf red4", "bn64 w4 fma tma1 st4", "bn64 w4 bias tma2 st3",
                                  "bn128 w4 fma tma2 st6 red4", "bn128 w8 fma tma1 st5", "bn64 w2 fma tma2 st2",
                                  "bn128 w4 fma tma1 st3", "bn64 w4 fma tma1 tkb2 st3",
-                                 "bn128 w4 fma tma2 tkb2 st3 red4", "bn128 w4 fma tma1 st4 ew",
+                                 "bn128 w4 fma tma2 tkb2 st3 red4", "bn128 w4 fma tma1 tkb2 st4", "bn128 w4 fma tma1 st4 ew",
                                  "bn64 w4 fma tma1 tkb2 st3 ew", "bn64 w4 fma un4 ew", "bn64 w4 bias un4 ew",
                                  "bn64 w4 fma un2 pf ew", "bn128 w4 fma tma1 st4 ewall", "bn64 w4 fma un4 ewall"])
 @pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16])

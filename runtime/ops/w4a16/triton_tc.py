@@ -432,9 +432,9 @@ TC_DEFAULTS: dict[int, str] = {
 # (2.26x / 2.31x vs 2.11x / 2.20x); down and gate+up were no faster with it.
 TC_SHAPE_DEFAULTS: dict[tuple[int, int, int], str] = {
     (16384, 4096, 16): "bn=128,w=4,tma=1,stages=4,waves=4,ew=1",
-    (4096, 16384, 16): "bn=128,w=4,tma=1,stages=4,waves=2",
+    (4096, 16384, 16): "bn=128,w=4,tma=1,tkb=2,stages=4,waves=2",
     (8704, 4096, 16): "bn=64,w=4,tma=1,tkb=2,stages=3,waves=4,ew=1",
-    (32768, 4096, 16): "bn=128,w=4,tma=1,stages=4,waves=2",
+    (32768, 4096, 16): "bn=128,w=4,tma=1,tkb=2,stages=4,waves=2",
     # Session 9 (same sweep at 7a1346e / ac8878e), o_proj 4096x4096: the bias-MMA dequantization
     # wins at M = 8 (7.63 vs 8.78 us) and loses at M = 1 (7.5 vs 6.9 us), so M = 1 keeps the fma
     # Session 10 (`--shapes 0 --batches 1,8,32 --configs ...` at b83df2c): the L2 prefetch before the
