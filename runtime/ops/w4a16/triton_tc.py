@@ -430,6 +430,12 @@ TC_DEFAULTS: dict[int, str] = {
 # Session 10 (`--shapes 0,2,3,4,5 --batches 1,8 --configs ...` at 96cdbef): the L2 prefetch before the
 # PDL wait (ew=1) for qkvz (M=1 / 8: 2.34x / 2.22x vs 2.29x / 2.13x) and the sparse projection
 # (2.26x / 2.31x vs 2.11x / 2.20x); down and gate+up were no faster with it.
+# Session 13 (`--shapes 2,3,4,5 --batches 1,8 --configs ...` at e8183ec and da43f01): down and gate+up
+# copy two 128-row blocks per TMA load (tkb=2): gate+up 22.4 / 22.0 vs 23.4 / 23.3 us at M = 1 / 8,
+# down 14.9 / 16.2 vs 15.2 / 16.6 (qkvz and the sparse projection were slower with it); the engine
+# step agreed (quant_engine_bench.py, two rounds: b8 2.88-2.96 vs 3.04-3.06 ms, b1 2.46-2.52 vs
+# 2.50). Deeper pipelines lost: 6 or 8 stages at BLOCK_N 128 (gate+up 24-33 us), tkb=2 with 3
+# stages (29.2 us) or 5 (22.5, no gain).
 TC_SHAPE_DEFAULTS: dict[tuple[int, int, int], str] = {
     (16384, 4096, 16): "bn=128,w=4,tma=1,stages=4,waves=4,ew=1",
     (4096, 16384, 16): "bn=128,w=4,tma=1,tkb=2,stages=4,waves=2",
