@@ -185,7 +185,7 @@ def table_variant(fields: str):
     """The W4A16 dispatch tables with `fields` appended to every spec (later fields win); a field
     NxK/FIELD (e.g. 32768x4096/tkb=2) is appended only to TC_SHAPE_DEFAULTS entries of that shape;
     fields SALACTL_NAME=VALUE are set in the environment instead (e.g. SALACTL_PDL=0)."""
-    from salactl.runtime.ops.w4a16 import triton_tc as tc
+    from salactl.runtime.ops.w4a16 import tc_config as tc
 
     parts = [f for f in fields.split(",") if f]
     env = dict(f.split("=", 1) for f in parts if f.startswith("SALACTL_"))

@@ -10,7 +10,7 @@ bf16 cuBLAS on the MiniCPM-SALA 9B linear shapes (issue 5). One GPU; table last.
 "ours" is the runtime dispatch (`triton.py` `w4a16_linear` over the `pack_tc` layout: the
 register-operand tensor-core kernel `triton_tc.py` below 512 rows, dequantize + cuBLAS above;
 its configs come from `TC_DEFAULTS` / `TC_SHAPE_DEFAULTS` there, in the spec syntax below).
-For M <= 64 every candidate config spec (`triton_tc.parse_tc_spec`: BLOCK_N x warps, bias-MMA vs
+For M <= 64 every candidate config spec (`tc_config.parse_tc_spec`: BLOCK_N x warps, bias-MMA vs
 fma dequant, unroll, register software pipeline pf, cp.async stages, split-K by waves of CTAs or
 a fixed `split=S`, chunked split-K sums red) is first checked against the reference (a wrong or
 failing variant is listed at the end and makes the exit status non-zero), then timed. Every
@@ -40,8 +40,8 @@ import torch
 
 from salactl.runtime.ops.w4a16.layout import pack_tc
 from salactl.runtime.ops.w4a16.triton import DEQUANT_MIN_ROWS, sm_count, w4a16_linear
-from salactl.runtime.ops.w4a16.triton_tc import (TCConfig, default_tc_config, parse_tc_spec,
-                                                 tc_config_from_spec, w4a16_tc)
+from salactl.runtime.ops.w4a16.tc_config import TCConfig, default_tc_config, parse_tc_spec, tc_config_from_spec
+from salactl.runtime.ops.w4a16.triton_tc import w4a16_tc
 
 # 0-3: the 9B's separate projections; 4-5: what the engine runs since it fuses projections along N
 # (q/k/v/z of a lightning layer = 16384x4096 like gate/up; sparse q/k/v/o_gate 8704x4096; gate+up)
@@ -112,7 +112,7 @@ def parse_shape(text: str) -> tuple[str, int, int]:
 
 
 def parse_configs(text: str) -> list[str]:
-    """'bn=64,w=4,un=4,pf=1,waves=4;...' -> spec strings (triton_tc.parse_tc_spec checks every field)."""
+    """'bn=64,w=4,un=4,pf=1,waves=4;...' -> spec strings (tc_config.parse_tc_spec checks every field)."""
     specs = [t.strip() for t in text.split(";") if t.strip()]
     for spec in specs:
         parse_tc_spec(spec)
@@ -289,7 +289,7 @@ def suggest_defaults(rows: list[dict]) -> None:
     """Paste-ready dispatch table lines: per (N, K, BLOCK_M) the spec with the least summed time over
     that BLOCK_M's batches, and per BLOCK_M the spec with the least summed (time / best time) over
     all shapes (specs timed everywhere only)."""
-    from salactl.runtime.ops.w4a16.triton_tc import tc_block_m
+    from salactl.runtime.ops.w4a16.tc_config import tc_block_m
 
     groups: dict = {}
     for r in rows:

@@ -19,7 +19,8 @@ needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, re
 _INTERPRETED_TC_CHECK = textwrap.dedent("""
     import torch
     from salactl.runtime.ops.w4a16.layout import pack_tc
-    from salactl.runtime.ops.w4a16.triton_tc import TCConfig, w4a16_tc, w4a16_tc_dequantize
+    from salactl.runtime.ops.w4a16.tc_config import TCConfig
+    from salactl.runtime.ops.w4a16.triton_tc import w4a16_tc, w4a16_tc_dequantize
     gen = torch.Generator().manual_seed(7)
     K, N = 384, 48                       # 3 K blocks; N = 3 row groups: masked groups when BLOCK_N = 32/64
     cases = [(128, torch.bfloat16, 1, TCConfig(16, 16, 1, bias_dot=True)),
@@ -90,12 +91,11 @@ def test_tensor_core_kernel_matches_reference_in_the_interpreter():
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
 
 
-@needs_triton
 def test_config_specs_give_the_split_unroll_and_tile_they_describe():
     """tc_config_from_spec on the 9B shapes (132 SMs): split from waves (rounded, or down with fit),
     unroll cut to the blocks a split has, BLOCK_N halved for
-    narrow N; the dispatch reads TC_SHAPE_DEFAULTS before TC_DEFAULTS."""
-    from salactl.runtime.ops.w4a16 import triton_tc as tc
+    narrow N; the dispatch reads TC_SHAPE_DEFAULTS before TC_DEFAULTS. Needs no triton."""
+    from salactl.runtime.ops.w4a16 import tc_config as tc
 
     spec = "bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4,red=1"         # TC_DEFAULTS[16] at 59939ab
     # (N, K, M) -> (split, unroll)
@@ -206,7 +206,8 @@ def test_w4a16_linear_on_cuda_matches_reference(G, M):
 def test_tensor_core_kernel_inline_asm_on_cuda(cfg, dt):
     """The inline-PTX dequantization (which the interpreter cannot run) for every kernel variant."""
     from salactl.runtime.ops.w4a16.layout import pack_tc
-    from salactl.runtime.ops.w4a16.triton_tc import TCConfig, w4a16_tc, w4a16_tc_dequantize
+    from salactl.runtime.ops.w4a16.tc_config import TCConfig
+    from salactl.runtime.ops.w4a16.triton_tc import w4a16_tc, w4a16_tc_dequantize
 
     parts = cfg.split()
     gen = torch.Generator().manual_seed(3)
@@ -243,7 +244,8 @@ def test_tma_kernel_on_cuda_with_ragged_n_and_split_k(spec, G):
     """The TMA variant where N is not a multiple of BLOCK_N (the last tile's extra rows read the next
     block's words or TMA's zero fill and are masked at the store), with split-K and an uneven tail."""
     from salactl.runtime.ops.w4a16.layout import pack_tc
-    from salactl.runtime.ops.w4a16.triton_tc import tc_config_from_spec, w4a16_tc
+    from salactl.runtime.ops.w4a16.tc_config import tc_config_from_spec
+    from salactl.runtime.ops.w4a16.triton_tc import w4a16_tc
 
     gen = torch.Generator().manual_seed(5)
     K, N = 1280, 336                          # 10 K blocks; 336 = 21 row groups

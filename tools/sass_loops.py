@@ -58,7 +58,8 @@ def w4a16_source(spec: str, M: int, N: int, K: int):
     """The register kernel (`_w4a16_tc_kernel`) as the dispatch would launch it for this spec."""
     from triton.compiler import ASTSource
 
-    from salactl.runtime.ops.w4a16.triton_tc import _w4a16_tc_kernel, tc_config_from_spec, tc_kernel_constexprs
+    from salactl.runtime.ops.w4a16.tc_config import tc_config_from_spec
+    from salactl.runtime.ops.w4a16.triton_tc import _w4a16_tc_kernel, tc_kernel_constexprs
     cfg = tc_config_from_spec(spec, M, N, K)
     if cfg.tma:
         raise SystemExit("tools/sass_loops.py: only the register kernel is supported (drop tma= from --spec)")
@@ -169,7 +170,7 @@ def main() -> int:
     ap.add_argument("--stages", type=int, default=3, help="decode-split: num_stages")
     ap.add_argument("--preload", type=int, default=16, help="decode-split: page ids preloaded (0: none)")
     ap.add_argument("--spec", default="bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4",
-                    help="w4a16: a register-kernel config spec (triton_tc.parse_tc_spec)")
+                    help="w4a16: a register-kernel config spec (tc_config.parse_tc_spec)")
     ap.add_argument("--m", type=int, default=1)
     ap.add_argument("--n", type=int, default=4096)
     ap.add_argument("--k", type=int, default=4096)

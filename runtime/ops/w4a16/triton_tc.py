@@ -54,8 +54,6 @@ and writes y in the activation dtype. Import lazily: CPU-only installs have no t
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
@@ -63,6 +61,8 @@ import triton.language as tl
 from salactl.runtime.ops.pdl import launch_args, pdl_wait
 from salactl.runtime.ops.split_k import split_counters, store_split_k
 from salactl.runtime.ops.w4a16.layout import K_BLOCK, TC_ROWS
+from salactl.runtime.ops.w4a16.tc_config import (TMA_MIN_BLOCK_N, TCConfig, default_tc_config,
+                                                 launch_split, split_blocks)
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -362,169 +362,7 @@ def _w4a16_tc_dequant_kernel(qw_ptr, s_ptr, w_ptr, N, K, GROUP: tl.constexpr, BL
     tl.store(w_ptr + offs_n[:, None].to(tl.int64) * K + k[None, :], w, mask=(offs_n < N)[:, None])
 
 
-@dataclass(frozen=True)
-class TCConfig:
-    block_n: int = 64
-    block_m: int = 16
-    split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 1
-    bias_dot: bool = True
-    unroll: int = 1
-    prefetch: int = 0        # 1: register software pipeline
-    reduce: int = 1          # split-K partials summed RED at a time by the last split (1: one by one)
-    tma: int = 0             # 1: words by TMA in a num_stages-deep shared-memory pipeline (triton_tma.py)
-    tma_blocks: int = 1      # with tma: 128-row blocks per TMA copy (1 or 2)
-    early: int = 0           # E > 0: an L2 prefetch of the words of the first E unroll groups (TMA: E
-                             # times the pipeline's first stages) before the PDL wait; -1: all the split's
-
-    def prefetch_blocks(self, split_blocks: int) -> int:
-        """128-row blocks whose words the kernel prefetches into L2 before its PDL wait (0: none),
-        at most the `split_blocks` one split owns."""
-        if not self.early:
-            return 0
-        if self.early < 0:
-            return split_blocks
-        if self.tma:
-            group = max(self.num_stages - 1, 1) * self.tma_blocks
-        else:
-            group = self.unroll * (2 if self.prefetch else 1)
-        return min(int(self.early) * group, split_blocks)
-
-
 _NEG_BIAS = {torch.bfloat16: -136.0, torch.float16: -1032.0}
-def tc_block_m(M: int) -> int:
-    return 16 if M <= 16 else 32 if M <= 32 else 64
-
-
-# The dispatch defaults, as config specs (the same text `benchmarks/w4a16_bench.py --configs` takes
-# and its table prints per shape and M): edit them from that benchmark's results.
-#   bn/w: BLOCK_N and warps; bias: 1 = bias MMA, 0 = fma dequant; un: blocks per loop step (cut to the
-#   blocks one split has); pf: 1 = the next step's loads are issued before this step's MMAs (software
-#   pipeline); stages: Triton cp.async stages; waves: split K until about waves x SMs CTAs exist
-#   (rounded; fit=1 rounds down, so that a grid sized to the CTAs an SM holds has no straggler
-#   wave, e.g. 8704x4096: 136 tiles x split 3 = 408 CTAs, not x 4 = 544 > 4 x 132; split=S fixes
-#   the split); red: split-K partials the last split sums per load; tma: 1 = words and scales by
-#   Hopper TMA in a `stages`-deep mbarrier pipeline (triton_tma.py), 2 = activations too; tkb: 128-row
-#   blocks per TMA copy (2 needs K/128 even, else 1); ew: E > 0 = an L2 prefetch before the PDL wait of
-#   the words of the first E unroll groups (E x 2 with pf=1), or E times the TMA pipeline's first
-#   stages (the register kernel's words *loaded* before the wait needed a peeled first step: slower,
-#   session 10); ew=-1: all of the split's words. Session 11 (H200, 5f8b3b3): more than ew=1 is
-#   slower, alone and in the engine (ew=2 / ew=-1: qkvz M=1 2.28x / 2.16x vs 2.34x, gate+up 2.72x /
-#   2.45x vs 2.77x; W4A16 decode b1 2.60-2.69 / 2.90-2.93 ms vs 2.50-2.57): a prefetch of every
-#   block reaches DRAM ahead of the loop's own loads in no useful order.
-# Keyed by BLOCK_M (16 for M <= 16, 32, 64); TC_SHAPE_DEFAULTS[(N, K, BLOCK_M)] overrides one shape,
-# and TC_SHAPE_DEFAULTS[(N, K, 1)] overrides it for exactly one row (batch-1 decode), checked first.
-TC_DEFAULTS: dict[int, str] = {
-    16: "bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4,red=1,ew=1",
-    32: "bn=64,w=4,bias=0,un=2,pf=0,stages=1,waves=4,ew=1",
-    64: "bn=64,w=4,bias=0,un=1,pf=0,stages=3,waves=4,red=1",
-}
-# Session 6 (`python benchmarks/w4a16_bench.py --tma` at ad09115, H200, µs at M=1 / M=8, previous
-# default un4 in brackets): the TMA pipeline won every shape but o/q 4096x4096 (6.91 / 8.65, kept on
-# the register kernel): qkvz 16384x4096 14.82-15.18 / 15.18 (15.03 / 18.99), down 4096x16384 15.27 /
-# 16.85 (15.40 / 19.31), sparse q/k/v/o_gate 8704x4096 11.15 / 11.20 (11.59 / 12.24), gate+up
-# 32768x4096 23.68 / 23.59 (25.23 / 37.95). Shapes the sweep did not time keep the register kernel.
-# Session 9 (`--shapes 0,2,3,4,5 --batches 1,8 --configs ...` at 7a1346e): qkvz 16384x4096 split 4
-# (waves 4, words by TMA, activations by plain loads) 14.41 / 15.35 vs 15.07 / 15.71 for tma2 split 2.
-# Session 10 (`--shapes 0,2,3,4,5 --batches 1,8 --configs ...` at 96cdbef): the L2 prefetch before the
-# PDL wait (ew=1) for qkvz (M=1 / 8: 2.34x / 2.22x vs 2.29x / 2.13x) and the sparse projection
-# (2.26x / 2.31x vs 2.11x / 2.20x); down and gate+up were no faster with it.
-# Session 13 (`--shapes 2,3,4,5 --batches 1,8 --configs ...` at e8183ec and da43f01): down and gate+up
-# copy two 128-row blocks per TMA load (tkb=2): gate+up 22.4 / 22.0 vs 23.4 / 23.3 us at M = 1 / 8,
-# down 14.9 / 16.2 vs 15.2 / 16.6 (qkvz and the sparse projection were slower with it); the engine
-# step agreed (quant_engine_bench.py, two rounds: b8 2.88-2.96 vs 3.04-3.06 ms, b1 2.46-2.52 vs
-# 2.50). Deeper pipelines lost: 6 or 8 stages at BLOCK_N 128 (gate+up 24-33 us), tkb=2 with 3
-# stages (29.2 us) or 5 (22.5, no gain).
-TC_SHAPE_DEFAULTS: dict[tuple[int, int, int], str] = {
-    (16384, 4096, 16): "bn=128,w=4,tma=1,stages=4,waves=4,ew=1",
-    (4096, 16384, 16): "bn=128,w=4,tma=1,tkb=2,stages=4,waves=2",
-    (8704, 4096, 16): "bn=64,w=4,tma=1,tkb=2,stages=3,waves=4,ew=1",
-    (32768, 4096, 16): "bn=128,w=4,tma=1,tkb=2,stages=4,waves=2",
-    # Session 9 (same sweep at 7a1346e / ac8878e), o_proj 4096x4096: the bias-MMA dequantization
-    # wins at M = 8 (7.63 vs 8.78 us) and loses at M = 1 (7.5 vs 6.9 us), so M = 1 keeps the fma
-    # Session 10 (`--shapes 0 --batches 1,8,32 --configs ...` at b83df2c): the L2 prefetch before the
-    # PDL wait (ew=1) in the register kernel: M = 1 6.05 vs 6.83 us (2.05x), M = 32 9.27 vs 9.73 us
-    # (1.49x vs 1.42x). At M = 8 unroll 2 fma with it was faster alone (6.96 vs 7.53 us) but the b8
-    # engine step slower in three A/B pairs (3.27-3.39 vs 3.17-3.25 ms), so 2-16 rows keep the bias MMA
-    (4096, 4096, 1): "bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4,ew=1",
-    (4096, 4096, 16): "bn=64,w=4,bias=1,un=4,pf=0,stages=1,waves=4",
-    # Session 9, M = 32 (`--shapes 0,2,3,4,5 --batches 32 --configs ...` at ce385bb), us: TC_DEFAULTS[32]
-    # became unroll 2 without cp.async stages (4096x4096 9.97 vs 10.64, qkvz 20.27 vs 22.47, down
-    # 21.90 vs 23.69); the sparse projection keeps the old default (14.21); gate+up: TMA pairs 32.33 vs 35.66
-    # Session 13 (`--shapes 0 --batches 32 --configs ...` at 539bd47, 12 specs), o_proj 4096x4096:
-    # every TMA spec lost (0.59-1.27x bf16 against the default's 1.39x; the 128-row TMA tile 0.59x),
-    # and the best register spec, ew=2 with red=2, reached 1.46x (8.86 against 9.32 us): not 1.5x
-    (8704, 4096, 32): "bn=64,w=4,bias=0,un=1,pf=0,stages=3,waves=4",
-    (32768, 4096, 32): "bn=64,w=4,tma=1,tkb=2,stages=3,waves=4",
-}
-
-_SPEC_KEYS = {"bn": 64, "w": 4, "bias": 0, "un": 1, "pf": 0, "stages": 1, "waves": 4.0, "fit": 0, "split": 0,
-              "red": 1, "tma": 0, "tkb": 1, "ew": 0}
-
-
-def parse_tc_spec(text: str) -> dict:
-    """'bn=64,w=4,un=4,pf=1,...' -> every spec field (missing ones at their defaults)."""
-    spec = dict(_SPEC_KEYS)
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, _, val = part.partition("=")
-        if key not in spec or not val:
-            raise ValueError(f"bad W4A16 config field {part!r}; fields: {', '.join(_SPEC_KEYS)}")
-        spec[key] = float(val) if key == "waves" else int(val)
-    return spec
-
-
-# The TMA variant needs BLOCK_N >= 64: on the H200 (Triton 3.6) BLOCK_N 16 (a 32-byte scale box) faulted
-# with a misaligned address; 64 and 128 are the measured ones. Narrower tiles use the register kernel.
-TMA_MIN_BLOCK_N = 64
-
-
-def tc_config_from_spec(spec: dict | str, M: int, N: int, K: int, sms: int = 132) -> TCConfig:
-    """The TCConfig a spec gives for an [M, K] x [K, N] call (split from waves, unroll cut to the
-    blocks per split, BLOCK_N halved down to 16 for narrow N)."""
-    if isinstance(spec, str):
-        spec = parse_tc_spec(spec)
-    bm = tc_block_m(M)
-    bn = spec["bn"]
-    while bn > 16 and N < bn:
-        bn //= 2
-    tiles = triton.cdiv(N, bn) * triton.cdiv(M, bm)
-    nkb = K // K_BLOCK
-    ctas = spec["waves"] * sms / tiles
-    split = max(1, min(nkb, spec["split"] or (int(ctas) if spec["fit"] else round(ctas))))
-    per_split = triton.cdiv(nkb, split)
-    unroll = min(spec["un"], 4 if per_split >= 4 else 2 if per_split >= 2 else 1)
-    if spec["tma"] and bn >= TMA_MIN_BLOCK_N:   # the TMA loop pipelines through smem: no unroll / prefetch
-        tkb = spec["tkb"] if nkb % spec["tkb"] == 0 else 1
-        return TCConfig(bn, bm, split, spec["w"], spec["stages"], bool(spec["bias"]), 1, 0, spec["red"], spec["tma"],
-                        tkb, spec["ew"])
-    return TCConfig(bn, bm, split, spec["w"], spec["stages"], bool(spec["bias"]), unroll, spec["pf"],
-                    spec["red"], early=spec["ew"])
-
-
-def default_tc_config(M: int, N: int, K: int, sms: int = 132) -> TCConfig:
-    """The dispatch's choice: TC_SHAPE_DEFAULTS / TC_DEFAULTS. History of the table (H200 sweep,
-    benchmarks/w4a16_bench.py --quick, torch 2.11, triton 3.6, 9B shapes, GPTQ g128; µs, best
-    variant vs the previous default bn64 fma un1 st3):
-
-    - BLOCK_N 64, 4 warps, fma dequant, split K until about `waves` = 4 CTAs per SM exist: every
-      winner (qkv/o/z 4096x4096 and down 4096x16384 split 8, gate/up 16384x4096 split 2, k/v
-      256x4096 split 32, i.e. one 128-row block per split).
-    - BLOCK_M 16 (M <= 16; the kernel does the same work for any M up to 16): no cp.async stages,
-      and the loads of up to 4 blocks in flight before the first MMA (unroll = 4, or fewer when a
-      split has fewer blocks, so k/v runs unroll 1): qkv M=1 7.38 (un2) vs 8.28, M=8 7.79 (un4)
-      vs 8.31; gate/up M=1 15.72 vs 17.05, M=8 16.36 vs 17.48; down M=1 16.32 vs 18.32, M=8
-      16.77 vs 17.98 (all un4); k/v M=1 5.91 vs 6.28, M=8 6.43 vs 6.70 (un1 st1).
-    - BLOCK_M 32/64: 3 cp.async stages, unroll 1 (won for gate/up, down and k/v at M=32; qkv's
-      10.48 with un2 st1 vs 10.78 is within 3%).
-    - Session 6: at BLOCK_M 16 the engine's fused projections except 4096x4096 use the TMA
-      pipeline (TC_SHAPE_DEFAULTS); every other shape keeps the register kernel.
-    - Session 9: BLOCK_M 32 unroll 2 without stages (the 3-stage unroll-1 kernel stays for the
-      sparse projection); o_proj at 2-16 rows the bias MMA, M = 1 the fma (TC_SHAPE_DEFAULTS).
-    """
-    bm = tc_block_m(M)
-    spec = (M == 1 and TC_SHAPE_DEFAULTS.get((N, K, 1))) or TC_SHAPE_DEFAULTS.get((N, K, bm)) or TC_DEFAULTS[bm]
-    return tc_config_from_spec(spec, M, N, K, sms)
 
 
 def w4a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int,
@@ -557,16 +395,6 @@ def w4a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group
         **tc_kernel_constexprs(cfg, N, K, group, (not _INTERPRET) if use_asm is None else use_asm, _INTERPRET),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args(x.device))
     return y
-
-
-def launch_split(cfg: TCConfig, K: int) -> int:
-    """The split-K factor a launch uses: cfg.split_k, at most one 128-row block per split."""
-    return max(1, min(cfg.split_k, K // K_BLOCK))
-
-
-def split_blocks(K: int, split: int, kbp: int = 1) -> int:
-    """128-row blocks one split owns (the kernels' `_tile_setup`: whole groups of `kbp` blocks)."""
-    return triton.cdiv(triton.cdiv(K // K_BLOCK, split), kbp) * kbp
 
 
 def tc_kernel_constexprs(cfg: TCConfig, N: int, K: int, group: int, use_asm: bool, dot_f32: bool) -> dict:

@@ -36,7 +36,7 @@ w4a16_bench.py TMA_GRID lists the specs with registers and shared memory).
 
 Measured on the H200 (BENCHMARKS.md, W4A16 session 6): faster than the register kernel on the
 engine's 8704/16384/32768-row and 4096x16384 projections (most at M=8, where the register kernel
-runs out of registers for loads in flight), so triton_tc.TC_SHAPE_DEFAULTS routes those here;
+runs out of registers for loads in flight), so tc_config.TC_SHAPE_DEFAULTS routes those here;
 BLOCK_N 16 faulted (misaligned address), hence TMA_MIN_BLOCK_N = 64.
 
 `early` (spec ew=E): E times the first `stages - 1` word tiles are prefetched into L2 before the PDL wait
@@ -56,7 +56,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from salactl.runtime.ops.pdl import launch_args
 from salactl.runtime.ops.split_k import store_split_k
-from salactl.runtime.ops.w4a16.triton_tc import _mma_block, _prefetch_then_wait, _tile_setup, split_blocks
+from salactl.runtime.ops.w4a16.tc_config import split_blocks
+from salactl.runtime.ops.w4a16.triton_tc import _mma_block, _prefetch_then_wait, _tile_setup
 
 
 @triton.jit
