@@ -94,7 +94,8 @@ class Case:
         return 2 * tokens * HKV * D * el
 
     def call(self, dt, cfg, rot=0, out=None, split_only=False):
-        from salactl.runtime.ops.decode_attention.triton import choose_splits, paged_attention, split_partials
+        from salactl.runtime.ops.decode_attention.config import choose_splits
+        from salactl.runtime.ops.decode_attention.triton import paged_attention, split_partials
         kp, vp = self.pool(dt)
         ks, vs = self.scales[dt]
         splits = choose_splits(self.batch * HKV, self.blocks, torch.cuda.get_device_properties(0).multi_processor_count,
@@ -145,7 +146,7 @@ def parse_case(name: str, ap):
 
 
 def main() -> int:
-    from salactl.runtime.ops.decode_attention.triton import DEFAULT_CONFIGS, SWEEP_CONFIGS, default_config
+    from salactl.runtime.ops.decode_attention.config import DEFAULT_CONFIGS, SWEEP_CONFIGS, default_config
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None, help="also write the rows as JSON here")
     ap.add_argument("--quick", action="store_true", help="only 128K batch 1")

@@ -57,7 +57,7 @@ def run_case(name: str, reps: int = 10) -> None:
             w4a16_linear(x, q, s, 128)
     elif name.startswith("attn"):
         from decode_attention_bench import Case
-        from salactl.runtime.ops.decode_attention.triton import DEFAULT_CONFIGS
+        from salactl.runtime.ops.decode_attention.config import DEFAULT_CONFIGS
 
         case = Case("128K b1", 131072, 1, seed=2)
         dt, cfg = ("fp8_e4m3", DEFAULT_CONFIGS["fp8"]) if name == "attn_fp8" else ("bf16", DEFAULT_CONFIGS["bf16"])

@@ -108,7 +108,8 @@ def gemv_section():
 @G.section("fp8")
 def fp8_attention(cfg):
     from salactl.runtime.ops.decode_attention.reference import pack_v_pages
-    from salactl.runtime.ops.decode_attention.triton import choose_splits, paged_attention
+    from salactl.runtime.ops.decode_attention.config import choose_splits
+    from salactl.runtime.ops.decode_attention.triton import paged_attention
 
     sc, hkv, hq, d = cfg.sparse_config, cfg.num_key_value_heads, cfg.num_attention_heads, cfg.head_dim
     B = sc.block_size

@@ -88,7 +88,8 @@ def one_row_keys(cfg, ctx, device="cuda", dtype=torch.bfloat16):
 
 def end_to_end(cfg, ctx, device="cuda", dtype=torch.bfloat16) -> float:
     from salactl.runtime.ops.decode_attention.reference import paged_attention as ref_attention
-    from salactl.runtime.ops.decode_attention.triton import choose_splits, paged_attention
+    from salactl.runtime.ops.decode_attention.config import choose_splits
+    from salactl.runtime.ops.decode_attention.triton import paged_attention
     from salactl.runtime.ops.selection.gpu import select_decode
     from salactl.runtime.ops.selection.reference import select_blocks
 
@@ -115,7 +116,8 @@ def end_to_end(cfg, ctx, device="cuda", dtype=torch.bfloat16) -> float:
 
 def layer_case(cfg, ctx, width, flush_buf, variants, breakdown=False):
     """Timings (us) of one layer's decode attention at context `ctx`, page table `width` wide."""
-    from salactl.runtime.ops.decode_attention.triton import choose_splits, paged_attention
+    from salactl.runtime.ops.decode_attention.config import choose_splits
+    from salactl.runtime.ops.decode_attention.triton import paged_attention
     from salactl.runtime.ops.selection.gpu import compress_update, select_decode
 
     sc, hq, hkv, d = cfg.sparse_config, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim

@@ -49,7 +49,7 @@ def test_paged_decode_attention_page_id_preload(preload, fp8, sub):
     """The split kernel with the split's page ids preloaded: in chunks of 2 pages (several chunks
     per split, a partial last chunk) and of 8 (one chunk); sub 16: half a page per softmax step
     (the check's partial last pages leave the second half empty or partly masked)."""
-    from salactl.runtime.ops.decode_attention.triton import DecodeConfig
+    from salactl.runtime.ops.decode_attention.config import DecodeConfig
     cfg = DecodeConfig(preload=preload, sub=sub, early=bool(sub))
     _assert_rows(S.check_decode_attention("cpu", torch.float32, SMALL, fp8=fp8, config=cfg))
 
@@ -377,25 +377,3 @@ def test_kernel_scales_builds_tensors_for_fp8_pages_only():
     ks, vs = kernel_scales(torch.float8_e4m3fn, 2, "cpu", 0.5, torch.tensor([0.25, 2.0]), unused=unused)
     assert torch.equal(ks, torch.tensor([0.5, 0.5])) and torch.equal(vs, torch.tensor([0.25, 2.0]))
     assert ks.dtype == vs.dtype == torch.float32
-
-
-def test_decode_attention_launch_rules():
-    """choose_splits never launches more programs than programs_per_sm x SMs (a partial second
-    wave made the no-preload config 1.5x slower on the H200), and FP8 pages take the
-    no-preload config at 8-32 rows only (the split count is the same under both configs)."""
-    from salactl.runtime.ops.decode_attention.triton import (DEFAULT_CONFIGS, FP8_MID_ROWS, choose_splits,
-                                                             default_config)
-    fp8 = torch.float8_e4m3fn
-    for rows in (1, 2, 4, 8, 16, 20, 28, 32, 64, 128, 600):
-        for kv in (torch.bfloat16, fp8):
-            cfg = default_config(kv, rows)
-            splits = choose_splits(rows, 4096, 132, kv)
-            assert 1 <= splits <= cfg.max_splits
-            assert rows * splits <= cfg.programs_per_sm * 132 or splits == 1
-        mid = FP8_MID_ROWS[0] <= rows <= FP8_MID_ROWS[1]
-        assert default_config(fp8, rows) is DEFAULT_CONFIGS["fp8_mid" if mid else "fp8"]
-        assert default_config(torch.bfloat16, rows) is DEFAULT_CONFIGS["bf16"]
-    assert default_config(fp8, 16).preload == 0 and default_config(fp8, 2).preload > 0
-    assert choose_splits(20, 4096, 132, fp8) == 26          # 520 programs, not 27 x 20 = 540
-    assert choose_splits(2, 4096, 132, fp8) == 256           # capped by max_splits
-    assert choose_splits(2, 5, 132, fp8) == 5                # never more splits than blocks

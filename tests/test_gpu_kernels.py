@@ -37,7 +37,7 @@ def test_paged_decode_attention_every_config(fp8):
     """Every default and every swept launch config of benchmarks/decode_attention_bench.py, bf16
     and fp8 pages (fp32 pages: the defaults only, above; 4-page fp32 tiles exceed shared memory)."""
     from salactl.runtime.gpu import selfcheck as S
-    from salactl.runtime.ops.decode_attention.triton import DEFAULT_CONFIGS, SWEEP_CONFIGS
+    from salactl.runtime.ops.decode_attention.config import DEFAULT_CONFIGS, SWEEP_CONFIGS
     for cfg in dict.fromkeys([*DEFAULT_CONFIGS.values(), *SWEEP_CONFIGS]):
         _assert_rows(S.check_decode_attention("cuda", torch.bfloat16, fp8=fp8, config=cfg))
 

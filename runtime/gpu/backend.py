@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from salactl.runtime.config import SalaConfig
 from salactl.runtime.ops.attention import flex_sparse
 from salactl.runtime.ops.decode_attention.reference import is_fp8, v_rows
-from salactl.runtime.ops.decode_attention.triton import choose_splits, paged_attention, store_kv
+from salactl.runtime.ops.decode_attention.config import choose_splits
+from salactl.runtime.ops.decode_attention.triton import paged_attention, store_kv
 from salactl.runtime.ops.gla.triton import gla_decode_, gla_prefill_
 from salactl.runtime.ops.selection import num_windows
 from salactl.runtime.ops.selection.gpu import check_shapes, compress_update, select_decode, select_paged

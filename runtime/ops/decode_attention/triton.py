@@ -12,8 +12,8 @@ scores (K) and the output (V), so no per-element scaling is done. FP8 V pages ar
 (reference.py says why): offline sm_90 SASS of one page's step went from 939 to 739 instructions
 per thread, the 128 one-byte shared loads of V gone. Reference: reference.py beside this.
 
-How many splits, warps and stages the split kernel runs with comes from DEFAULT_CONFIGS (per KV
-dtype), set from benchmarks/decode_attention_bench.py. A multi-page variant (2-4 pages per
+How many splits, warps and stages the split kernel runs with comes from config.py's DEFAULT_CONFIGS
+(per KV dtype), set from benchmarks/decode_attention_bench.py. A multi-page variant (2-4 pages per
 iteration, with and without register prefetch) measured slower than the best one-page config in
 every case on the H200 (session 3) and was removed; so was (session 7) a two-page step with one
 softmax rescale and two MMA chains per step over preloaded ids (fp8 128K 25.2 vs 25.4 us, sparse
@@ -36,12 +36,12 @@ previous page's math.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from salactl.runtime.ops.decode_attention.config import DecodeConfig, default_config
 from salactl.runtime.ops.decode_attention.reference import is_fp8, v_token_minor
 from salactl.runtime.ops.pdl import launch_args, pdl_wait
 
@@ -187,137 +187,6 @@ def _merge_kernel(po_ptr, plse_ptr, o_ptr, num_splits, s_on, s_oh,
     o = tl.load(po_ptr + (idx * BG + g)[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
     out = tl.sum(o * w[:, None], 0) / tl.where(den > 0, den, 1.0)
     tl.store(o_ptr + n * s_on + (kh * G + g) * s_oh + d, out.to(o_ptr.dtype.element_ty))
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    """Launch policy of paged_attention: splits = min(max_splits, programs_per_sm * SMs / rows,
-    blocks)."""
-    warps: int = 4
-    stages: int = 3
-    programs_per_sm: int = 4
-    max_splits: int = 128
-    maxnreg: int | None = None  # register cap per thread (more CTAs per SM, maybe spills)
-    # > 0: each program preloads the page ids of its split, at most this many (a power of 2) at a
-    # time, so `stages - 1` pages' K/V are in flight per program (0: one page, after the math)
-    preload: int = 0
-    sub: int = 0           # tokens per online-softmax step (a divisor of the page; 0: the page)
-    early: bool = False    # load slots and seq_lens before the PDL wait (see _split_kernel)
-
-    @property
-    def name(self) -> str:
-        reg = f" r{self.maxnreg}" if self.maxnreg else ""
-        pre = f" pre{self.preload}" if self.preload else ""
-        sub = f" sub{self.sub}" if self.sub else ""
-        early = " early" if self.early else ""
-        return (f"page w{self.warps} s{self.stages}{reg}{pre}{sub}{early} pps{self.programs_per_sm} "
-                f"max{self.max_splits}")
-
-    def max_pages(self, max_blocks: int, num_splits: int) -> int:
-        """The split kernel's MAXP: 0 (no preload) or the power of 2 >= the longest split (pages
-        ceil(max_blocks / num_splits)), capped by `preload` (longer splits preload in chunks)."""
-        if not self.preload:
-            return 0
-        return max(2, min(self.preload, triton.next_power_of_2(math.ceil(max_blocks / max(num_splits, 1)))))
-
-    def launch(self) -> dict:
-        kw = dict(num_warps=self.warps, num_stages=self.stages)
-        if self.maxnreg:
-            kw["maxnreg"] = self.maxnreg
-        return kw
-
-
-# The defaults per KV page dtype ("bf16" also covers fp16 pages; "fp8" both FP8 formats; fp32
-# pages: tests and reference runs only). Edit "bf16"/"fp8" from the table of benchmarks/decode_attention_bench.py: the
-# fastest config per dtype at 128K b1 that is no slower (x default >= ~0.98) on the other cases.
-DEFAULT_CONFIGS = {
-    # H200, session 4 sweep: 128K b1 42.8 vs 45.0 us (w4); 1.01-1.10x of w4 on every other case
-    # (32K, 1M, 4K b8/b32, sparse 128K). Preloading page ids loses for bf16 at b8/b32 (0.88-0.96x).
-    # Session 8: early loads 1.00-1.03x on every case (128K 38.3 vs 38.7 us).
-    "bf16": DecodeConfig(warps=2, programs_per_sm=4, max_splits=256, early=True),
-    # H200, session 4 sweep: 128K b1 27.2 vs 30.6 us without preload, 1M 143 vs 167 us, 4K b32
-    # 30.3 vs 33.7; sparse 128K 8.6 vs 8.4 (the one case it is not faster). Session 8: early
-    # loads 1.00-1.03x on every case (128K 24.4 vs 24.9 us). Session 12: see "fp8_mid".
-    "fp8": DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16, early=True),
-    # Session 12, FP8 pages at 8-32 rows (batch 4-16: FP8_MID_ROWS): the bf16 config (no
-    # preload) was 1.00-1.11x the preload over 4K-512K contexts (decode_attention_bench.py
-    # --cases); at 2-4 rows and at 64-128 the preload stays ahead (1.02-1.08x). Before
-    # choose_splits rounded down, 540 programs (128K b10) instead of 528 made it 1.5x slower.
-    "fp8_mid": DecodeConfig(warps=2, programs_per_sm=4, max_splits=256, early=True),
-    "fp32": DecodeConfig(),
-}
-FP8_MID_ROWS = (8, 32)
-
-# What benchmarks/decode_attention_bench.py times besides the defaults (and the GPU test checks).
-# The split count is a runtime argument: rows differing only in programs_per_sm/max_splits share a
-# compile. Offline sm_90 compiles (Triton 3.9, fp8 / bf16 regs per thread -> CTAs per SM by
-# registers): w4 146/96 (3/5); w4 r128 fp8 4 CTAs with 6 spilled words; w2 201/134 (5/7, no
-# spills; smem 22/39 KB per CTA).
-# A page's loads are issued after the previous page's math (one buffer): the bytes in flight per
-# SM are CTAs/SM x bytes per iteration, which is what fp8 (half the bytes per page) lacks.
-SWEEP_CONFIGS = (
-    DecodeConfig(),
-    DecodeConfig(programs_per_sm=8, max_splits=256),
-    DecodeConfig(maxnreg=128, programs_per_sm=3, max_splits=256),
-    DecodeConfig(maxnreg=128, programs_per_sm=4, max_splits=256),
-    DecodeConfig(warps=2, programs_per_sm=4, max_splits=256),
-    DecodeConfig(warps=2, programs_per_sm=5, max_splits=512),
-    # page ids preloaded (session 3): `stages - 1` pages in flight per program. Offline
-    # sm_90 (Triton 3.9 / 3.6) fp8 regs, smem per CTA: w2 s3 203/239, 39 KB; w2 s4 241/238, 55 KB;
-    # w4 s4 144/147, 55 KB; bf16 w4 s3 120/96, 72 KB; no spills
-    DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16),
-    DecodeConfig(warps=2, stages=4, programs_per_sm=4, max_splits=256, preload=16),
-    DecodeConfig(warps=2, stages=4, programs_per_sm=2, max_splits=256, preload=16),
-    DecodeConfig(warps=4, stages=4, programs_per_sm=3, max_splits=256, preload=16),
-    DecodeConfig(warps=4, stages=3, programs_per_sm=4, preload=16),
-    # session 4: more programs per SM for fp8 (w2 s3 fits 5 CTAs/SM by smem; w1 more by regs).
-    # Session 13 (token-minor V, no P exchange across warps at w1; offline 999 instructions per
-    # page for the one warp against 2 x 635 at w2, 229 registers): 128K b1 fp8 33.3 / 32.9 us
-    # and bf16 46.6 / 48.8 against the defaults' 24.5 / 38.5, so one warp per program stays out
-    DecodeConfig(warps=2, stages=3, programs_per_sm=5, max_splits=512, preload=16),
-    DecodeConfig(warps=1, stages=3, programs_per_sm=8, max_splits=512, preload=16),
-    DecodeConfig(warps=1, stages=4, programs_per_sm=6, max_splits=512, preload=16),
-    # session 5: capping registers for 5-8 CTAs per SM (the fp8 default's 239 registers allow 4)
-    # was 0.76-0.91x of the default for fp8 and 0.87-0.93x for bf16 at 128K (BENCHMARKS.md)
-    # session 7, token-minor FP8 V: offline sm_90 fp8 regs w2 s3 134 (was 203), w4 s3 98 (was
-    # 144); smem (39 KB at 3 stages, 26 KB at 2) then limits CTAs per SM to 5 / 8
-    DecodeConfig(warps=2, stages=2, programs_per_sm=8, max_splits=512, preload=16),
-    DecodeConfig(warps=4, stages=3, programs_per_sm=5, max_splits=512, preload=16),
-    DecodeConfig(warps=2, stages=3, programs_per_sm=6, max_splits=512, preload=16),
-    # fewer, longer splits than the default (396 / 384 programs at 128K b1 instead of 512); H200
-    # at f0a77c8, fp8 128K: 25.4-25.8 / 25.4-25.7 / 26.5-26.6 vs the default's 24.9-25.1 us
-    DecodeConfig(warps=2, stages=3, programs_per_sm=3, max_splits=256, preload=16),
-    DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=192, preload=16),
-    DecodeConfig(warps=2, stages=4, programs_per_sm=3, max_splits=256, preload=16),
-    # session 8: half a page per softmax step (half the shared memory per stage: fp8 s3 21.5
-    # instead of 39 KB per CTA, bf16 38 instead of 72). H200 at f0acdae (fills fixed), 128K b1:
-    # fp8 28.5-33.5 us vs 24.9 (more CTAs per SM did not help: per-step costs doubled); bf16
-    # 39.1-46.9 vs 38.7, but 4K b8 15.5-15.7 vs 18.7 (the other sub32 configs measured, s4-s5
-    # and 6-8 programs per SM, were slower still and are not kept; with early loads too, e4f46fe:
-    # the same picture, fp8 28.3 / 33.3 us, bf16 39.2 / 40.0 us)
-    DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16, sub=32),
-    DecodeConfig(warps=2, programs_per_sm=4, max_splits=256, sub=32),
-    # the defaults before slots / seq_lens were loaded ahead of the PDL wait (early)
-    DecodeConfig(warps=2, programs_per_sm=4, max_splits=256),
-    DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16),
-)
-
-
-def default_config(kv_dtype=None, rows: int | None = None) -> DecodeConfig:
-    """The launch config for a KV page dtype and (FP8 only) the row count (batch x KV heads)."""
-    if is_fp8(kv_dtype):
-        mid = rows is not None and FP8_MID_ROWS[0] <= rows <= FP8_MID_ROWS[1]
-        return DEFAULT_CONFIGS["fp8_mid" if mid else "fp8"]
-    return DEFAULT_CONFIGS["fp32" if kv_dtype == torch.float32 else "bf16"]
-
-
-def choose_splits(rows: int, max_blocks: int, sms: int = 132, kv_dtype=None,
-                  config: DecodeConfig | None = None) -> int:
-    """Enough programs for `programs_per_sm` per SM (memory parallelism) and never more (rows x
-    splits <= programs_per_sm x sms), never more splits than blocks (the config: `config`, else the
-    default for the KV dtype)."""
-    c = config or default_config(kv_dtype, rows)
-    return max(1, min(c.max_splits, c.programs_per_sm * sms // max(rows, 1), max_blocks))
 
 
 def scale_tensor(scale, heads: int, device) -> torch.Tensor:
