@@ -1,6 +1,6 @@
 """Paged decode attention, one sala-9b layer (2 KV heads x 16 query heads, head_dim 128, 64-token
 pages): bf16 vs fp8_e4m3 pages, the current defaults vs the launch configs of SWEEP_CONFIGS
-(runtime/ops/decode_attention/triton.py). Issue 5's target: fp8 >= 1.7x bf16 at 128K, batch 1.
+(runtime/ops/decode_attention/config.py). Issue 5's target: fp8 >= 1.7x bf16 at 128K, batch 1.
 
     python benchmarks/decode_attention_bench.py [--out FILE.json] [--quick] [--configs 0,3,5] [--split-only]
         [--cases "128K b1,128K b4,128K b8"]
@@ -16,6 +16,9 @@ pages): bf16 vs fp8_e4m3 pages, the current defaults vs the launch configs of SW
 kernel): what the merge launch costs in a graph of calls.
 Table (stdout, last): case, dtype, config, us per call, GB/s (KV bytes read / time), x default (the
 dtype's current default time / this time), fp8/bf16 (bf16 default time / this time, fp8 rows).
+With 3+ dense contexts at one batch (e.g. --cases "32K b1,128K b1,512K b1,1M b1"), the defaults'
+times are then split into streaming (the rate between the two longest contexts) and a fixed cost
+per call, with the fixed cost fp8 would need at each context for 1.7x bf16.
 """
 
 from __future__ import annotations
@@ -145,6 +148,38 @@ def parse_case(name: str, ap):
     return name, ctx, int(m.group(4)), bool(m.group(1))
 
 
+def streaming_fit(points):
+    """points [(ctx, us, kv_bytes)] of one dtype's default at one batch, 3 contexts or more. The two
+    longest give the streaming rate (bytes per us); what each context's time has beyond its bytes at
+    that rate is its fixed cost. Returns (TB/s, [(ctx, fixed us)]) in context order."""
+    pts = sorted(points)
+    (_, t1, b1), (_, t2, b2) = pts[-2], pts[-1]
+    bytes_per_us = (b2 - b1) / (t2 - t1)
+    return bytes_per_us / 1e6, [(c, t - b / bytes_per_us) for c, t, b in pts]
+
+
+def print_fits(rows, specs, kv_bytes):
+    """Per batch with 3+ dense contexts: each dtype's streaming rate and fixed cost per context
+    (from the defaults), and the fixed cost fp8 would need at each context for 1.7x bf16."""
+    dense = [(n, c, b) for n, c, b, sparse in specs if not sparse]
+    for batch in sorted({b for _, _, b in dense}):
+        cases = [(n, c) for n, c, b in dense if b == batch]
+        if len({c for _, c in cases}) < 3:
+            continue
+        fits, times = {}, {}
+        for dt in DTYPES:
+            t = {c: r["us"] for n, c in cases for r in rows
+                 if r["case"] == n and r["dtype"] == dt and r["default"] and "split-only" not in r["config"]}
+            times[dt] = t
+            fits[dt] = streaming_fit([(c, us, kv_bytes(c, batch, dt)) for c, us in t.items()])
+        print(f"\nbatch {batch}: streaming rate from the two longest contexts, fixed cost = time - bytes / rate (us)")
+        for dt, (tbs, fixed) in fits.items():
+            print(f"  {dt:8} {tbs:.2f} TB/s; " + ", ".join(f"{c >> 10}K {f:.1f}" for c, f in fixed))
+        tbs8 = fits["fp8_e4m3"][0]
+        need = [(c, times["bf16"][c] / 1.7 - kv_bytes(c, batch, "fp8_e4m3") / (tbs8 * 1e6)) for c, _ in fits["bf16"][1]]
+        print("  fp8 fixed cost for 1.7x bf16: " + ", ".join(f"{c >> 10}K {f:.1f}" for c, f in need))
+
+
 def main() -> int:
     from salactl.runtime.ops.decode_attention.config import DEFAULT_CONFIGS, SWEEP_CONFIGS, default_config
     ap = argparse.ArgumentParser()
@@ -225,6 +260,7 @@ def main() -> int:
         worst = min(r["x_default"] for r in rows if r["dtype"] == dt and r["config"] == best["config"])
         f8 = f", {best['fp8_vs_bf16']:.2f}x bf16 default" if best["fp8_vs_bf16"] else ""
         print(f"  {dt:8} {best['config']:35} {best['us']:.1f} us ({best['x_default']:.2f}x{f8}; worst {worst:.2f}x)")
+    print_fits(rows, specs, lambda ctx, batch, dt: 2 * batch * ctx * HKV * D * (2 if DTYPES[dt] is None else 1))
     print(f"total {time.time() - t0:.0f} s")
     return 0
 

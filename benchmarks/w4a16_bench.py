@@ -9,7 +9,7 @@ bf16 cuBLAS on the MiniCPM-SALA 9B linear shapes (issue 5). One GPU; table last.
 
 "ours" is the runtime dispatch (`triton.py` `w4a16_linear` over the `pack_tc` layout: the
 register-operand tensor-core kernel `triton_tc.py` below 512 rows, dequantize + cuBLAS above;
-its configs come from `TC_DEFAULTS` / `TC_SHAPE_DEFAULTS` there, in the spec syntax below).
+its configs come from `TC_DEFAULTS` / `TC_SHAPE_DEFAULTS` in `tc_config.py`, in the spec syntax below).
 For M <= 64 every candidate config spec (`tc_config.parse_tc_spec`: BLOCK_N x warps, bias-MMA vs
 fma dequant, unroll, register software pipeline pf, cp.async stages, split-K by waves of CTAs or
 a fixed `split=S`, chunked split-K sums red) is first checked against the reference (a wrong or

@@ -5,9 +5,9 @@ Why hand-written: on an H200, torch's `_weight_int4pack_mm` was 1.74x faster tha
 but slower from batch 8, and gemlite 1.3-1.55x at batch 1 and slower from batch 8 (issue 5).
 
 `w4a16_linear` dispatches by row count: below DEQUANT_MIN_ROWS the register-operand tensor-core
-kernel (triton_tc.py, tile/split/unroll/stages from tc_config.py's `default_tc_config`); above, one dequantization
-pass to the bf16/fp16 weight and cuBLAS (`F.linear`, the bf16 path's own GEMM), because for prefill
-shapes cuBLAS on the dequantized weight beats a custom GEMM (BENCHMARKS.md). Triton is imported
+kernel (triton_tc.py; tile, split, unroll and stages from tc_config.py's `default_tc_config`); above,
+one dequantization pass to the bf16/fp16 weight and cuBLAS (`F.linear`, the bf16 path's own GEMM),
+because for prefill shapes cuBLAS on the dequantized weight beats a custom GEMM (BENCHMARKS.md). Triton is imported
 lazily inside the call, so CPU-only installs can import this module.
 """
 
