@@ -45,6 +45,11 @@ L2_BYTES = 150e6
 DTYPES = {"bf16": None, "fp8_e4m3": torch.float8_e4m3fn}
 
 
+def kv_bytes(tokens: int, dt: str) -> int:
+    """K and V bytes of `tokens` tokens of one layer in page dtype `dt`."""
+    return 2 * tokens * HKV * D * (2 if DTYPES[dt] is None else 1)
+
+
 class Case:
     """n rows of length ctx; `rot` copies of the page set (pool, page tables) for L2 rotation."""
 
@@ -92,9 +97,7 @@ class Case:
         return self.pools[dt]
 
     def kv_bytes(self, dt) -> int:
-        el = 2 if DTYPES[dt] is None else 1
-        tokens = self.batch * (self.blocks * B if self.sparse else self.ctx)
-        return 2 * tokens * HKV * D * el
+        return kv_bytes(self.batch * (self.blocks * B if self.sparse else self.ctx), dt)
 
     def call(self, dt, cfg, rot=0, out=None, split_only=False):
         from salactl.runtime.ops.decode_attention.config import choose_splits
@@ -158,7 +161,7 @@ def streaming_fit(points):
     return bytes_per_us / 1e6, [(c, t - b / bytes_per_us) for c, t, b in pts]
 
 
-def print_fits(rows, specs, kv_bytes):
+def print_fits(rows, specs):
     """Per batch with 3+ dense contexts: each dtype's streaming rate and fixed cost per context
     (from the defaults), and the fixed cost fp8 would need at each context for 1.7x bf16."""
     dense = [(n, c, b) for n, c, b, sparse in specs if not sparse]
@@ -171,12 +174,12 @@ def print_fits(rows, specs, kv_bytes):
             t = {c: r["us"] for n, c in cases for r in rows
                  if r["case"] == n and r["dtype"] == dt and r["default"] and "split-only" not in r["config"]}
             times[dt] = t
-            fits[dt] = streaming_fit([(c, us, kv_bytes(c, batch, dt)) for c, us in t.items()])
+            fits[dt] = streaming_fit([(c, us, kv_bytes(batch * c, dt)) for c, us in t.items()])
         print(f"\nbatch {batch}: streaming rate from the two longest contexts, fixed cost = time - bytes / rate (us)")
         for dt, (tbs, fixed) in fits.items():
             print(f"  {dt:8} {tbs:.2f} TB/s; " + ", ".join(f"{c >> 10}K {f:.1f}" for c, f in fixed))
         tbs8 = fits["fp8_e4m3"][0]
-        need = [(c, times["bf16"][c] / 1.7 - kv_bytes(c, batch, "fp8_e4m3") / (tbs8 * 1e6)) for c, _ in fits["bf16"][1]]
+        need = [(c, times["bf16"][c] / 1.7 - kv_bytes(batch * c, "fp8_e4m3") / (tbs8 * 1e6)) for c, _ in fits["bf16"][1]]
         print("  fp8 fixed cost for 1.7x bf16: " + ", ".join(f"{c >> 10}K {f:.1f}" for c, f in need))
 
 
@@ -218,7 +221,7 @@ def main() -> int:
     # 2. timing
     rows = []
     for name, ctx, batch, sparse in specs:
-        per_rot = 2 * batch * (SELECTED * B if sparse else ctx) * HKV * D   # fp8 bytes of one rotation
+        per_rot = kv_bytes(batch * (SELECTED * B if sparse else ctx), "fp8_e4m3")   # bytes of one rotation
         rot = min(16, max(1, math.ceil(L2_BYTES / per_rot)))
         case = Case(name, ctx, batch, sparse, rot=rot)
         base = {}
@@ -260,7 +263,7 @@ def main() -> int:
         worst = min(r["x_default"] for r in rows if r["dtype"] == dt and r["config"] == best["config"])
         f8 = f", {best['fp8_vs_bf16']:.2f}x bf16 default" if best["fp8_vs_bf16"] else ""
         print(f"  {dt:8} {best['config']:35} {best['us']:.1f} us ({best['x_default']:.2f}x{f8}; worst {worst:.2f}x)")
-    print_fits(rows, specs, lambda ctx, batch, dt: 2 * batch * ctx * HKV * D * (2 if DTYPES[dt] is None else 1))
+    print_fits(rows, specs)
     print(f"total {time.time() - t0:.0f} s")
     return 0
 
