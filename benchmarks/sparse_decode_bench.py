@@ -13,7 +13,8 @@ paged attention over the selected blocks) vs dense paged attention, sala-9b shap
    contexts are) inside a 1M-wide page table (and, without --quick, exactly 128K,
    and 128K + 100 in a table as wide as the context): dense us; sparse total us = fused selection + attention, and its
    parts (compress alone, selection without / with the fused compress, attention over the
-   selected blocks); ratio to dense; the selection with every score tied (zero compressed keys).
+   selected blocks); ratio to dense; the selection with every score tied (zero compressed keys)
+   and with scores varying smoothly along the row (smooth_keys).
    Each timing is the median over replays of a CUDA graph of 20 calls ("warm": K1 may sit in
    L2; "cold", without --quick: a 64 MB L2 flush before each call, its own time subtracted).
 3. the selection (fused K1) of every variant in VARIANTS (select_decode knobs; "default" =
@@ -114,6 +115,18 @@ def end_to_end(cfg, ctx, device="cuda", dtype=torch.bfloat16) -> float:
     return float((out.float() - ref).norm() / ref.norm())
 
 
+def smooth_keys(k1p, pages, sc):
+    """K1 pages whose scores vary slowly along the row (window j: sin(j / 3200) times one
+    direction): the K-th best blocks sit among thousands of near neighbours, the top-k's
+    worst case for a bound from per-program maxima (random keys are its best)."""
+    wpp = k1p.shape[2]
+    j = torch.arange(len(pages), device=k1p.device)[:, None] * wpp + torch.arange(wpp, device=k1p.device)
+    v = torch.randn(k1p.shape[-1], device=k1p.device)
+    out = torch.zeros_like(k1p)
+    out[pages.long()] = (torch.sin(j / 3200.0)[:, None, :, None] * 4 * v / v.norm()).to(k1p.dtype)
+    return out
+
+
 def layer_case(cfg, ctx, width, flush_buf, variants, breakdown=False):
     """Timings (us) of one layer's decode attention at context `ctx`, page table `width` wide."""
     from salactl.runtime.ops.decode_attention.config import choose_splits
@@ -174,6 +187,8 @@ def layer_case(cfg, ctx, width, flush_buf, variants, breakdown=False):
             out[f"ratio{tag}"] = out[f"sparse_total{tag}_us"] / out[f"dense{tag}_us"]
     k1z = torch.zeros_like(k1p)       # every score equal: the top-k's tie path on every block
     out["selection_all_tied_us"] = graph_time(lambda: select_decode(q, k1z, pt, one, seq, sc, nb)) * 1e6
+    k1s = smooth_keys(k1p, pt[0, :P], sc)
+    out["selection_smooth_us"] = graph_time(lambda: select_decode(q, k1s, pt, one, seq, sc, nb)) * 1e6
     for name, kw in [("default", {})] + variants:
         def sel(kw=kw):
             return select_decode(q, k1p, pt, one, seq, sc, nb, k_pages=kp, k1_start=jstart, k1_count=jcount, **kw)
@@ -220,7 +235,13 @@ VARIANTS = [("default", {}),
             ("p2 nbc16 w4", dict(nbc=16, num_warps=4)),
             ("p2 nbc32 w4", dict(num_warps=4)),        # the default for tables of <= 4096 blocks
             ("p2 nbc64 w8", dict(nbc=64, num_warps=8)),       # the default before session 11
-            ("p2 nbc128 w8", dict(nbc=128, num_warps=8))]
+            ("p2 nbc128 w8", dict(nbc=128, num_warps=8)),
+            # session 14: the top-k's chunk programs keep only keys >= the K-th largest pass-2
+            # program maximum (bound, now the default); the last program sorts up to bound_tile
+            # kept keys at once (256 the default), more through the second-level histogram
+            ("no bound", dict(bound=False)),
+            ("bound tile128", dict(bound_tile=128)),
+            ("bound tile512", dict(bound_tile=512))]
 # (session 8: pass 2 with 128 blocks per program, one wave at 1M instead of 1.3: 21.0 us at 1M as
 # before, 9.3 instead of 6.6 at 128K; b315dad)
 
