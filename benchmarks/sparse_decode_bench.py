@@ -235,13 +235,7 @@ VARIANTS = [("default", {}),
             ("p2 nbc16 w4", dict(nbc=16, num_warps=4)),
             ("p2 nbc32 w4", dict(num_warps=4)),        # the default for tables of <= 4096 blocks
             ("p2 nbc64 w8", dict(nbc=64, num_warps=8)),       # the default before session 11
-            ("p2 nbc128 w8", dict(nbc=128, num_warps=8)),
-            # session 14: the top-k's chunk programs keep only keys >= the K-th largest pass-2
-            # program maximum (bound, now the default); the last program sorts up to bound_tile
-            # kept keys at once (256 the default), more through the second-level histogram
-            ("no bound", dict(bound=False)),
-            ("bound tile128", dict(bound_tile=128)),
-            ("bound tile512", dict(bound_tile=512))]
+            ("p2 nbc128 w8", dict(nbc=128, num_warps=8))]
 # (session 8: pass 2 with 128 blocks per program, one wave at 1M instead of 1.3: 21.0 us at 1M as
 # before, 9.3 instead of 6.6 at 128K; b315dad)
 

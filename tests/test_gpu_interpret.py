@@ -20,7 +20,7 @@ import triton.language as tl  # noqa: E402
 
 from salactl.runtime.gpu import selfcheck as S  # noqa: E402
 from salactl.runtime.ops.selection.triton_thresh import _pick_digit, _write_ranked  # noqa: E402
-from salactl.runtime.ops.selection.triton_thresh import CANDS, NCTR, _thresh_finish, thresh_launch  # noqa: E402
+from salactl.runtime.ops.selection.triton_thresh import NCTR, _thresh_finish, thresh_launch  # noqa: E402
 
 SMALL = S.Shapes.small()
 
@@ -65,9 +65,7 @@ def test_selection_matches_reference():
                                    dict(thresh_chunk=64, thresh_small=0),
                                    dict(thresh_chunk=16, thresh_small=32, thresh_warps=2),
                                    dict(nbc=8, lse_splits=2, thresh_chunk=16, thresh_small=0, dedup=False),
-                                   dict(dedup=False), dict(lse_bw=16, lse_splits=2),
-                                   dict(nbc=4, thresh_chunk=16, thresh_small=0, bound_tile=16),
-                                   dict(nbc=8, thresh_chunk=32, thresh_small=0, bound=False)])
+                                   dict(dedup=False), dict(lse_bw=16, lse_splits=2)])
 def test_decode_selection_exact_set_and_order(ties, knobs):
     """select_decode (fused K1 update, top-k in the kernel) = reference.select_blocks: contexts
     at/just past dense_len, not multiples of the block, shorter than topk, one and many
@@ -100,59 +98,35 @@ def _tied_words(lens, W, seed=0):
     return f, torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
 
 
-def _program_maxima(words, nbc):
-    """pmax as pass 2 stores it: each nbc-block program's largest sort key (word high, 2^32-1-b low)."""
-    rows, W = words.shape
-    keys = words.to(torch.int64) * 2 ** 32 + (2 ** 32 - 1 - torch.arange(W))
-    pad = torch.full((rows, triton.cdiv(W, nbc) * nbc), -(2 ** 63), dtype=torch.int64)
-    pad[:, :W] = keys
-    return pad.view(rows, -1, nbc).max(-1).values
-
-
-@pytest.mark.parametrize("bound", [None, 4, 32])
-def test_threshold_select_kernel_exact_order_with_heavy_ties(bound):
+def test_threshold_select_kernel_exact_order_with_heavy_ties():
     """triton_thresh.thresh_launch (the top-k after pass 2) on raw score words and their
     top-12-bit histogram: rows shorter than, equal to and longer than K, one and many chunk
     programs per row, heavy ties (taken lowest index first), forced blocks, all-equal rows,
     narrow bands (hundreds of blocks in the threshold's 12-bit bin, exact ties in its 24-bit
-    bin). The chunk programs keep the keys in or above the threshold's 12-bit bin (and, with
-    `bound` = pass 2's blocks per program, at least the K-th largest program maximum); the last
-    program sorts them at once when at most `tile`, else refines through the second-level
-    histogram of the bin's kept keys by word bits 8-19 (tile 16 forces that on most rows).
-    small 256 / 512: rows up to that long take the one-program radix select instead (256: both
-    kernels, each skipping the other's rows)."""
+    bin); the second-level histogram the chunk programs build with atomics is the threshold
+    bin's counts of word bits 8-19. small 256 / 512: rows up to that long take the one-program
+    radix select instead (256: both kernels, each skipping the other's rows)."""
     W, K = 300, 96
     lens = [1, 5, 95, 96, 97, 200, 300, 250, 300, 290, 299]
     f, words = _tied_words(lens, W)
     u = (words.to(torch.int64) & 0xFFFFFFFF) ^ 0x80000000
-    keys = words.to(torch.int64) * 2 ** 32 + (2 ** 32 - 1 - torch.arange(W))
-    pmax = _program_maxima(words, bound) if bound else None
     seq = torch.tensor(lens, dtype=torch.int32)
-    for ch, ctile, small, tile in ((16, 16, 0, 16), (64, 256, 0, 16), (512, 64, 0, 512), (64, 64, 512, 16),
-                                   (16, 16, 256, 256), (64, 16, 0, 128)):
+    for ch, ctile, small in ((16, 16, 0), (64, 256, 0), (512, 64, 0), (64, 64, 512), (16, 16, 256)):
         ctr = torch.zeros(len(lens), NCTR, dtype=torch.int32)
         for i, L in enumerate(lens):
             ctr[i, 1:4097] = torch.bincount(u[i, :L] >> 20, minlength=4096)
         sel = torch.full((len(lens), 1, K), -7, dtype=torch.int32)
         cnt = torch.empty(len(lens), 1, dtype=torch.int32)
-        thresh_launch(seq, words, ctr, sel, cnt, 1, 1, K, ch, ctile, num_warps=4, small=small, pmax=pmax,
-                      nbc=bound or 0, tile=tile)
+        thresh_launch(seq, words, ctr, sel, cnt, 1, 1, K, ch, ctile, num_warps=4, small=small)
         for i, L in enumerate(lens):
             want = torch.sort(f[i, :L], descending=True, stable=True).indices[:K].tolist()
-            assert sel[i, 0, :int(cnt[i, 0])].tolist() == want, (ch, ctile, small, tile, L)
+            assert sel[i, 0, :int(cnt[i, 0])].tolist() == want, (ch, ctile, small, L)
             if L <= small:                                       # the one-program path
                 continue
             assert int(ctr[i, 0]) == triton.cdiv(L, ch)          # every live program took a ticket
-            ur, kr = u[i, :L], keys[i, :L]
-            kth = torch.sort(ur, descending=True).values[min(K, L) - 1]
-            kept = ur >> 20 >= int(kth) >> 20
-            if bound:
-                maxima = torch.sort(pmax[i, :triton.cdiv(L, bound)], descending=True).values
-                if len(maxima) >= min(K, L):
-                    kept &= kr >= maxima[min(K, L) - 1]
-                assert int(kept.sum()) <= min(K, L) * bound
-            assert int(ctr[i, CANDS.value]) == int(kept.sum())         # the keys the chunk programs kept
-            in_bin = ur[kept & (ur >> 20 == int(kth) >> 20)]
+            ur = u[i, :L]
+            tbin = int(torch.sort(ur, descending=True).values[min(K, L) - 1]) >> 20
+            in_bin = ur[ur >> 20 == tbin]
             assert torch.equal(ctr[i, NCTR - 4096:].long(), torch.bincount((in_bin >> 8) & 4095, minlength=4096))
 
 

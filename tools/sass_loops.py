@@ -90,8 +90,8 @@ def select_words_source():
     from salactl.runtime.ops.selection.triton_decode import _block_words_kernel
     cfg, sc, dflt = _sala_9b_selection()
     sig = {"q_ptr": "*bf16", "k1_ptr": "*bf16", "pt_ptr": "*i32", "slot_ptr": "*i32", "seqlen_ptr": "*i32",
-           "plse_ptr": "*fp32", "word_ptr": "*i32", "ctr_ptr": "*i32", "pmax_ptr": "*i64",
-           **{s: "i32" for s in ("s_qn", "s_qh", "s_1p", "s_1h", "s_pt", "s_word", "s_pmax")}, "sm_scale": "fp32",
+           "plse_ptr": "*fp32", "word_ptr": "*i32", "ctr_ptr": "*i32",
+           **{s: "i32" for s in ("s_qn", "s_qh", "s_1p", "s_1h", "s_pt", "s_word")}, "sm_scale": "fp32",
            "num_splits": "i32"}
     const = {**words_constexprs(sc, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, dflt["nbc"],
                                 256, dot_f32=False, dedup=dflt["dedup"]), "PDL": True}

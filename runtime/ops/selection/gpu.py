@@ -137,9 +137,13 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # against 29.1-30.7): 146 registers and 46 KB of shared memory hold 128 programs per row resident,
 # not 256, and each then walks its 2-4 chunks of blocks one after another, where pass 2's 1,024
 # short programs overlap their latency chains.
+# Session 14 (H200, 4187728, reverted): pass 2 storing each program's largest sort key and the
+# top-k's chunk programs keeping only keys >= the K-th largest of those (tl.sort of the row's 1,024
+# maxima in every chunk program), the last program sorting up to 256 kept keys at once: at 1M + 100
+# the selection took 53.4 us against 45.3 without the bound in the same build and 41.8 before it
+# (the 1,024-key sort alone +6 us in the top-k; pass 2 +3-5 us for its maximum).
 DECODE_DEFAULTS = dict(nbc=32, nbc_fp32=32, num_warps=4, num_warps_wide=2, lse_splits=None, thresh_chunk=1024,
-                       thresh_small=4096, thresh_warps=8, dedup=True, lse_bw=128, lse_warps=4, lse_stages=3,
-                       bound=True, bound_tile=256)
+                       thresh_small=4096, thresh_warps=8, dedup=True, lse_bw=128, lse_warps=4, lse_stages=3)
 
 
 def group_rows(G: int) -> int:
@@ -163,8 +167,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
                   lse_splits: int | None = None, nbc: int | None = None, num_warps: int | None = None,
                   thresh_chunk: int | None = None, thresh_small: int | None = None,
                   thresh_warps: int | None = None, dedup: bool | None = None, lse_bw: int | None = None,
-                  lse_warps: int | None = None, lse_stages: int | None = None, bound: bool | None = None,
-                  bound_tile: int | None = None):
+                  lse_warps: int | None = None, lse_stages: int | None = None):
     """One query per row (decode): triton_decode.py's lse and score-word passes, then
     triton_thresh.py's top-k (one launch, or two when the table is wider than thresh_small).
     With k_pages, k1_start and k1_count given, the window completed by each row's token
@@ -194,9 +197,8 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     thresh_warps = knob(thresh_warps, "thresh_warps")
     dedup = knob(dedup, "dedup")
     lse_bw, lse_warps, lse_stages = knob(lse_bw, "lse_bw"), knob(lse_warps, "lse_warps"), knob(lse_stages, "lse_stages")
-    bound, bound_tile = knob(bound, "bound"), knob(bound_tile, "bound_tile")
     K = min(sc.selected_blocks, nb_max)
-    assert all(v > 0 and v & (v - 1) == 0 for v in (lse_bw, nbc, thresh_chunk, bound_tile)), "powers of 2 expected"
+    assert all(v > 0 and v & (v - 1) == 0 for v in (lse_bw, nbc, thresh_chunk)), "powers of 2 expected"
     assert thresh_small & (thresh_small - 1) == 0
     nctr = tkern.NCTR                     # the ticket, both histograms, the reservation counters
     sm_scale = 1.0 / math.sqrt(D)
@@ -206,7 +208,6 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     plse = torch.empty(rows * lse_splits * BG, device=dev, dtype=torch.float32)
     ctr = torch.empty(rows * nctr, device=dev, dtype=torch.int32)
     words = torch.empty(rows, nb_max, device=dev, dtype=torch.int32)
-    pmax = torch.empty(rows, triton.cdiv(nb_max, nbc), device=dev, dtype=torch.int64)
     sel = torch.empty(n, hkv, K, device=dev, dtype=torch.int32)
     cnt = torch.empty(n, hkv, device=dev, dtype=torch.int32)
     kp = k_pages if fuse else k1_pages
@@ -220,12 +221,11 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
         BW=lse_bw, NCTR=nctr, NCTR2=triton.next_power_of_2(nctr), FUSE_K1=fuse, FP8=fp8,
         DOT_F32=dot_f32, num_warps=lse_warps, num_stages=lse_stages, **launch_args(dev))
     dkern._block_words_kernel[(rows, triton.cdiv(nb_max, nbc))](
-        q, k1_pages, page_table, slots, seq_lens, plse, words, ctr, pmax,
+        q, k1_pages, page_table, slots, seq_lens, plse, words, ctr,
         q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), page_table.stride(0),
-        words.stride(0), pmax.stride(0), sm_scale, lse_splits, **words_constexprs(sc, hq, hkv, D, nbc, lse_splits, dot_f32, dedup),
+        words.stride(0), sm_scale, lse_splits, **words_constexprs(sc, hq, hkv, D, nbc, lse_splits, dot_f32, dedup),
         num_warps=num_warps, **launch_args(dev))
     tkern.thresh_launch(seq_lens, words, ctr, sel, cnt, hkv, sc.block_size, K, thresh_chunk,
                         ctile=max(256, 32 * thresh_warps), num_warps=thresh_warps,
-                        small=min(thresh_small, triton.next_power_of_2(nb_max)),
-                        pmax=pmax if bound else None, nbc=nbc, tile=bound_tile)
+                        small=min(thresh_small, triton.next_power_of_2(nb_max)))
     return sel, cnt

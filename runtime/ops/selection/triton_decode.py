@@ -38,7 +38,6 @@ import triton.language as tl
 
 from salactl.runtime.ops.pdl import pdl_wait
 from salactl.runtime.ops.selection.triton import _nvis, compress_window, k1_scores
-from salactl.runtime.ops.selection.triton_thresh import SENTINEL, _sort_key
 
 @triton.jit
 def _load_q(q_ptr, n, kh, s_qn, s_qh, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr):
@@ -93,8 +92,8 @@ def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
 
 
 @triton.jit(do_not_specialize=["num_splits"])
-def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, word_ptr, ctr_ptr, pmax_ptr,
-                        s_qn, s_qh, s_1p, s_1h, s_pt, s_word, s_pmax, sm_scale, num_splits,
+def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, word_ptr, ctr_ptr,
+                        s_qn, s_qh, s_1p, s_1h, s_pt, s_word, sm_scale, num_splits,
                         HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr,
                         WPP: tl.constexpr, LEFT: tl.constexpr, KS: tl.constexpr, ST: tl.constexpr,
                         BS: tl.constexpr, NBC: tl.constexpr, NCTR: tl.constexpr,
@@ -137,8 +136,6 @@ def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, w
         bits = score.to(tl.int32, bitcast=True)
         word = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
         tl.store(word_ptr + r.to(tl.int64) * s_word + b, word, mask=cand)
-        # the program's largest sort key: the top-k's bound (triton_thresh._bound_key)
-        tl.store(pmax_ptr + r.to(tl.int64) * s_pmax + c, tl.max(tl.where(cand, _sort_key(word, b), SENTINEL), 0))
         top = ((word.to(tl.uint32, bitcast=True) ^ 0x80000000) >> 20).to(tl.int32)
         if DEDUP:
             # one atomic per distinct bin of this program's blocks, adding its count, from the

@@ -81,10 +81,11 @@ def _write_ranked(run, sel_ptr, cnt_ptr, KP: tl.constexpr):
     tl.store(cnt_ptr, nvalid)
 
 
-# Counter slots per row: [0] ticket, [1:4097] the top-12-bit bins (pass 2), [4097] the candidates'
-# length, [4098:8194] the threshold bin's candidates by word bits 8-19 (this launch).
-CANDS, BINS2 = tl.constexpr(4097), tl.constexpr(4098)
-NCTR = 4098 + 4096
+# Counter slots per row: [0] ticket, [1:4097] the top-12-bit bins (pass 2), [4097] keys above
+# the threshold bin (the pick buffer's length), [4098] keys inside it (the candidates' length),
+# [4099:8195] the candidates' bins of word bits 8-19 (this launch).
+PICKS, CANDS, BINS2 = tl.constexpr(4097), tl.constexpr(4098), tl.constexpr(4099)
+NCTR = 4099 + 4096
 
 
 @triton.jit
@@ -190,64 +191,40 @@ def _thresh_one_program(word_row, h1_ptr, ncand, pick_row, sel_row, cnt_ptr, K: 
 
 
 @triton.jit
-def _bound_key(pmax_row, ncand, need, NBC: tl.constexpr, PP: tl.constexpr):
-    """The need-th largest of the row's pass-2 program maxima (SENTINEL when there are fewer):
-    exactly `need` programs hold a key >= it, so the top `need` keys are all >= it and at most
-    need * NBC keys are."""
-    p = tl.arange(0, PP)
-    mx = tl.load(pmax_row + p, mask=p < tl.cdiv(ncand, NBC), other=SENTINEL, cache_modifier=".cg")
-    return tl.max(tl.where(p == need - 1, tl.sort(mx, descending=True), SENTINEL), 0)
-
-
-@triton.jit
-def _write_top(cand_row, nc, need, sel_row, cnt_ptr, T: tl.constexpr):
-    """The need largest of the nc (>= need, <= T) keys in cand_row, in descending order, as block ids."""
-    i = tl.arange(0, T)
-    ranked = tl.sort(tl.load(cand_row + i, mask=i < nc, other=SENTINEL, cache_modifier=".cg"), descending=True)
-    tl.store(sel_row + i, -1 - ranked.to(tl.int32), mask=i < need)     # low word = 2^32-1-b
-    tl.store(cnt_ptr, need)
-
-
-@triton.jit
-def _thresh_chunk(word_row, row_ctr, pmax_row, ncand, b0, pick_row, cand_row, s_cand2, sel_row, cnt_ptr,
-                  K: tl.constexpr, KP: tl.constexpr, CH: tl.constexpr, CTILE: tl.constexpr, NR: tl.constexpr,
-                  NBC: tl.constexpr, PP: tl.constexpr, CT: tl.constexpr):
+def _thresh_chunk(word_row, row_ctr, ncand, b0, pick_row, cand_row, s_cand2, sel_row, cnt_ptr,
+                  K: tl.constexpr, KP: tl.constexpr, CH: tl.constexpr, CTILE: tl.constexpr, NR: tl.constexpr):
     """The grid-parallel path: one chunk program's part (see the module docstring); the row's
-    last program (atomic ticket) finishes. row_ctr: [ticket, bins, #candidates, bins2]."""
+    last program (atomic ticket) finishes. row_ctr: [ticket, bins, #picks, #candidates, bins2]."""
+    h1 = tl.load(row_ctr + 1 + tl.arange(0, 4096), cache_modifier=".cg")
+    thr, need = _pick_digit(h1, tl.minimum(ncand, K), tl.zeros([], tl.uint32), 20, 4096)
     b = b0 + tl.arange(0, CH)
     m = b < ncand
     u, key = _unsigned_word(word_row, b, m)
-    h1 = tl.load(row_ctr + 1 + tl.arange(0, 4096), cache_modifier=".cg")
-    need = tl.minimum(ncand, K)
-    thr, need_in = _pick_digit(h1, need, tl.zeros([], tl.uint32), 20, 4096)
-    take = m & ((u >> 20) >= (thr >> 20))
-    if PP > 0:
-        take = take & (key >= _bound_key(pmax_row, ncand, need, NBC, PP))
-    eq = take & ((u >> 20) == (thr >> 20))
-    at = tl.atomic_add(row_ctr + CANDS, tl.sum(take.to(tl.int32), 0), sem="relaxed")
-    tl.store(cand_row + at + tl.cumsum(take.to(tl.int32), 0) - 1, key, mask=take)
+    hi = m & ((u >> 20) > (thr >> 20))
+    eq = m & ((u >> 20) == (thr >> 20))
+    at_hi = tl.atomic_add(row_ctr + PICKS, tl.sum(hi.to(tl.int32), 0), sem="relaxed")
+    at_eq = tl.atomic_add(row_ctr + CANDS, tl.sum(eq.to(tl.int32), 0), sem="relaxed")
+    tl.store(pick_row + at_hi + tl.cumsum(hi.to(tl.int32), 0) - 1, key, mask=hi)
+    tl.store(cand_row + at_eq + tl.cumsum(eq.to(tl.int32), 0) - 1, key, mask=eq)
     tl.atomic_add(row_ctr + BINS2 + ((u >> 8) & 4095).to(tl.int32), tl.full([CH], 1, tl.int32), mask=eq,
                   sem="relaxed")
     tl.debug_barrier()                                     # all of this program's keys, then the ticket
     if tl.atomic_add(row_ctr, 1) == tl.cdiv(ncand, CH) - 1:      # the row's last program
+        above = tl.atomic_add(row_ctr + PICKS, 0)
         nc = tl.atomic_add(row_ctr + CANDS, 0)
-        if nc <= CT:                                      # few enough for one sort
-            _write_top(cand_row, nc, need, sel_row, cnt_ptr, CT)
-        else:
-            h2 = tl.load(row_ctr + BINS2 + tl.arange(0, 4096), cache_modifier=".cg")
-            total = _thresh_finish(cand_row, nc, cand_row + s_cand2, h2, pick_row, 0, thr, need_in, CTILE, NR)
-            tl.debug_barrier()
-            k = tl.arange(0, KP)
-            run = tl.load(pick_row + k, mask=k < total, other=SENTINEL, cache_modifier=".cg")
-            _write_ranked(run, sel_row, cnt_ptr, KP)
+        h2 = tl.load(row_ctr + BINS2 + tl.arange(0, 4096), cache_modifier=".cg")
+        total = _thresh_finish(cand_row, nc, cand_row + s_cand2, h2, pick_row, above, thr, need, CTILE, NR)
+        tl.debug_barrier()
+        k = tl.arange(0, KP)
+        run = tl.load(pick_row + k, mask=k < total, other=SENTINEL, cache_modifier=".cg")
+        _write_ranked(run, sel_row, cnt_ptr, KP)
 
 
 @triton.jit
-def _thresh_kernel(seqlen_ptr, word_ptr, ctr_ptr, pmax_ptr, pick_ptr, cand_ptr, sel_ptr, cnt_ptr,
-                   s_word, s_pmax, s_cand, s_cand2, s_seln, s_selh, s_cntn, s_cnth,
+def _thresh_kernel(seqlen_ptr, word_ptr, ctr_ptr, pick_ptr, cand_ptr, sel_ptr, cnt_ptr,
+                   s_word, s_cand, s_cand2, s_seln, s_selh, s_cntn, s_cnth,
                    HKV: tl.constexpr, BS: tl.constexpr, NCTR: tl.constexpr, K: tl.constexpr,
                    KP: tl.constexpr, CH: tl.constexpr, CTILE: tl.constexpr, NR: tl.constexpr,
-                   NBC: tl.constexpr, PP: tl.constexpr, CT: tl.constexpr,
                    SMALL: tl.constexpr = 0, PDL: tl.constexpr = False):
     """The grid-parallel path for rows of more than SMALL candidate blocks."""
     pdl_wait(PDL)
@@ -258,10 +235,10 @@ def _thresh_kernel(seqlen_ptr, word_ptr, ctr_ptr, pmax_ptr, pick_ptr, cand_ptr, 
     ncand = (tl.load(seqlen_ptr + n) - 1) // BS + 1       # blocks 0..own are candidates
     b0 = c * CH
     if (ncand > SMALL) & (b0 < ncand):
-        _thresh_chunk(word_ptr + r.to(tl.int64) * s_word, ctr_ptr + r * NCTR, pmax_ptr + r.to(tl.int64) * s_pmax,
-                      ncand, b0, pick_ptr + r.to(tl.int64) * KP, cand_ptr + r.to(tl.int64) * s_cand, s_cand2,
+        _thresh_chunk(word_ptr + r.to(tl.int64) * s_word, ctr_ptr + r * NCTR, ncand, b0,
+                      pick_ptr + r.to(tl.int64) * KP, cand_ptr + r.to(tl.int64) * s_cand, s_cand2,
                       sel_ptr + n * s_seln + kh * s_selh, cnt_ptr + n * s_cntn + kh * s_cnth,
-                      K, KP, CH, CTILE, NR, NBC, PP, CT)
+                      K, KP, CH, CTILE, NR)
 
 
 @triton.jit
@@ -289,14 +266,11 @@ def one_program_constexprs(hkv: int, block_size: int, K: int, small: int) -> dic
 
 
 def thresh_launch(seq_lens, words, ctr, sel, cnt, hkv: int, block_size: int, K: int, chunk: int,
-                  ctile: int, num_warps: int, small: int = 0, pmax=None, nbc: int = 0, tile: int = 256) -> None:
+                  ctile: int, num_warps: int, small: int = 0) -> None:
     """The top-k over pass 2's words [rows, nb_max] int32 and counters [rows * NCTR] int32
     (top-12-bit histogram built, the other slots zero); writes sel/cnt. small (0 or a power of
     2): rows of at most this many candidate blocks are done by _thresh_one_kernel, the others by
-    the grid-parallel _thresh_kernel (two launches; small 0: the grid path only). pmax [rows,
-    >= cdiv(nb_max, nbc)] int64: the max sort key of each pass-2 program's nbc blocks (None: no
-    bound); tile: candidates the last program sorts at once (a power of 2; more go through the
-    second-level histogram)."""
+    the grid-parallel _thresh_kernel (two launches; small 0: the grid path only)."""
     rows, nb_max = words.shape
     KP = triton.next_power_of_2(K)
     nr = max(1, triton.cdiv(max(1, (nb_max - 1).bit_length()), 8))
@@ -308,10 +282,8 @@ def thresh_launch(seq_lens, words, ctr, sel, cnt, hkv: int, block_size: int, K: 
                                     num_warps=num_warps, **launch_args(words.device))
         if nb_max <= small:
             return
-    cand = words.new_empty(rows, 2, nb_max, dtype=torch.int64)      # the candidates, then T2's
-    pp = triton.next_power_of_2(triton.cdiv(nb_max, nbc)) if pmax is not None else 0
+    cand = words.new_empty(rows, 2, nb_max, dtype=torch.int64)      # the bin's keys, then T2's
     _thresh_kernel[(rows, triton.cdiv(nb_max, chunk))](
-        seq_lens, words, ctr, pmax if pmax is not None else words, pick, cand, sel, cnt, words.stride(0),
-        pmax.stride(0) if pmax is not None else 0, cand.stride(0), cand.stride(1), *sel_strides,
-        HKV=hkv, BS=block_size, NCTR=NCTR, K=K, KP=KP, CH=chunk, CTILE=ctile, NR=nr, NBC=max(nbc, 1), PP=pp,
-        CT=tile, SMALL=small, num_warps=num_warps, **launch_args(words.device))
+        seq_lens, words, ctr, pick, cand, sel, cnt, words.stride(0), cand.stride(0), cand.stride(1),
+        *sel_strides, HKV=hkv, BS=block_size, NCTR=NCTR, K=K, KP=KP, CH=chunk, CTILE=ctile, NR=nr, SMALL=small,
+        num_warps=num_warps, **launch_args(words.device))
