@@ -1,7 +1,9 @@
 """One sparse layer's decode attention on one GPU (issue 4): InfLLM-V2 (K1 update + selection +
-paged attention over the selected blocks) vs dense paged attention, sala-9b shapes, bf16, batch 1.
+paged attention over the selected blocks) vs dense paged attention, sala-9b shapes, bf16,
+batch 1 (and more rows of the same context with --batch).
 
-    python benchmarks/sparse_decode_bench.py [--quick] [--variants ch512,w16] [--breakdown] [--out DIR]
+    python benchmarks/sparse_decode_bench.py [--quick] [--variants ch512,w16] [--breakdown] [--batch 1,4]
+        [--out DIR]
 
 1. correctness, every swept variant (VARIANTS) on the same inputs: select_decode (fused K1
    update) against reference.select_blocks -- exact set and order, random and tied keys,
@@ -20,6 +22,8 @@ paged attention over the selected blocks) vs dense paged attention, sala-9b shap
 3. the selection (fused K1) of every variant in VARIANTS (select_decode knobs; "default" =
    gpu.DECODE_DEFAULTS) at both contexts -- the numbers to set DECODE_DEFAULTS from.
 --quick: bf16 checks only, no cold timings, no context-wide-table case (< 60 s on an H200).
+--batch: batch sizes; each size > 1 adds the 1M + 100 and 128K + 100 cases with that many rows
+(dense, sparse and its parts only).
 --variants: comma-separated substrings; only VARIANTS whose name holds one are compiled, checked
 and timed ("default" always is). --breakdown: also each variant's device time per kernel
 (torch.profiler over eager calls), printed as "kernels[variant]" in the JSON lines.
@@ -115,67 +119,70 @@ def end_to_end(cfg, ctx, device="cuda", dtype=torch.bfloat16) -> float:
     return float((out.float() - ref).norm() / ref.norm())
 
 
-def smooth_keys(k1p, pages, sc):
-    """K1 pages whose scores vary slowly along the row (window j: sin(j / 3200) times one
-    direction): the K-th best blocks sit among thousands of near neighbours, the top-k's
-    worst case for a bound from per-program maxima (random keys are its best)."""
+def smooth_keys(k1p, pages):
+    """K1 pages whose scores vary slowly along each row (window j: sin(j / 3200) times one
+    direction; pages [rows, P] in row order): the K-th best blocks sit among thousands of near
+    neighbours, the second-level histogram's case; random keys crowd into a few 12-bit bins instead."""
     wpp = k1p.shape[2]
-    j = torch.arange(len(pages), device=k1p.device)[:, None] * wpp + torch.arange(wpp, device=k1p.device)
+    j = torch.arange(pages.shape[1], device=k1p.device)[:, None] * wpp + torch.arange(wpp, device=k1p.device)
     v = torch.randn(k1p.shape[-1], device=k1p.device)
     out = torch.zeros_like(k1p)
-    out[pages.long()] = (torch.sin(j / 3200.0)[:, None, :, None] * 4 * v / v.norm()).to(k1p.dtype)
+    out[pages.long().flatten()] = (torch.sin(j / 3200.0)[:, None, :, None] * 4 * v / v.norm()).to(k1p.dtype).repeat(
+        pages.shape[0], 1, 1, 1)
     return out
 
 
-def layer_case(cfg, ctx, width, flush_buf, variants, breakdown=False):
-    """Timings (us) of one layer's decode attention at context `ctx`, page table `width` wide."""
+def layer_case(cfg, ctx, width, flush_buf, variants, breakdown=False, batch=1):
+    """Timings (us) of one layer's decode attention for `batch` rows at context `ctx` each, page
+    table `width` wide (variants and the tied / smooth selections at batch 1 only)."""
     from salactl.runtime.ops.decode_attention.config import choose_splits
     from salactl.runtime.ops.decode_attention.triton import paged_attention
     from salactl.runtime.ops.selection.gpu import compress_update, select_decode
 
     sc, hq, hkv, d = cfg.sparse_config, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    B = sc.block_size
+    B, n = sc.block_size, batch
     P = ctx // B + 2
-    kp = torch.randn(P + 1, hkv, B, d, device="cuda", dtype=torch.bfloat16)
+    pool = n * P
+    kp = torch.randn(pool + 1, hkv, B, d, device="cuda", dtype=torch.bfloat16)
     vp = torch.randn_like(kp)
-    k1p = torch.zeros(P + 1, hkv, B // sc.kernel_stride, d, device="cuda", dtype=torch.bfloat16)
-    pt = torch.full((1, width), P, dtype=torch.int32, device="cuda")
-    pt[0, :P] = torch.randperm(P, device="cuda").to(torch.int32)
-    one = torch.zeros(1, dtype=torch.int32, device="cuda")
-    seq = torch.tensor([ctx], dtype=torch.int32, device="cuda")
+    k1p = torch.zeros(pool + 1, hkv, B // sc.kernel_stride, d, device="cuda", dtype=torch.bfloat16)
+    pt = torch.full((n, width), pool, dtype=torch.int32, device="cuda")
+    pt[:, :P] = torch.randperm(pool, device="cuda").to(torch.int32).view(n, P)
+    slots = torch.arange(n, dtype=torch.int32, device="cuda")
+    seq = torch.full((n,), ctx, dtype=torch.int32, device="cuda")
     nw = (ctx - sc.kernel_size) // sc.kernel_stride + 1
     done = int((ctx - sc.kernel_size) % sc.kernel_stride == 0)
-    compress_update(kp, k1p, pt, one, one, torch.tensor([nw], dtype=torch.int32, device="cuda"), nw, sc)
-    q = torch.randn(1, hq, d, device="cuda", dtype=torch.bfloat16)
-    jstart = torch.tensor([nw - done], dtype=torch.int32, device="cuda")
-    jcount = torch.tensor([done], dtype=torch.int32, device="cuda")
+    rows_of = lambda v: torch.full((n,), v, dtype=torch.int32, device="cuda")  # noqa: E731
+    compress_update(kp, k1p, pt, slots, rows_of(0), rows_of(nw), nw, sc)
+    q = torch.randn(n, hq, d, device="cuda", dtype=torch.bfloat16)
+    jstart, jcount = rows_of(nw - done), rows_of(done)
     nb = pt.shape[1]
-    dense_splits = choose_splits(hkv, P)
-    sparse_splits = choose_splits(hkv, sc.selected_blocks)
-    sel0, cnt0 = select_decode(q, k1p, pt, one, seq, sc, nb)
+    dense_splits = choose_splits(n * hkv, P)
+    sparse_splits = choose_splits(n * hkv, sc.selected_blocks)
+    sel0, cnt0 = select_decode(q, k1p, pt, slots, seq, sc, nb)
 
     fns = {
-        "dense": lambda: paged_attention(q, kp, vp, pt, one, seq, num_splits=dense_splits),
-        "compress": lambda: compress_update(kp, k1p, pt, one, jstart, jcount, 1, sc),
-        "selection": lambda: select_decode(q, k1p, pt, one, seq, sc, nb),
-        "selection_fused_k1": lambda: select_decode(q, k1p, pt, one, seq, sc, nb, k_pages=kp,
+        "dense": lambda: paged_attention(q, kp, vp, pt, slots, seq, num_splits=dense_splits),
+        "compress": lambda: compress_update(kp, k1p, pt, slots, jstart, jcount, 1, sc),
+        "selection": lambda: select_decode(q, k1p, pt, slots, seq, sc, nb),
+        "selection_fused_k1": lambda: select_decode(q, k1p, pt, slots, seq, sc, nb, k_pages=kp,
                                                     k1_start=jstart, k1_count=jcount),
-        "attention": lambda: paged_attention(q, kp, vp, pt, one, seq, sel0, cnt0, sc.dense_len,
+        "attention": lambda: paged_attention(q, kp, vp, pt, slots, seq, sel0, cnt0, sc.dense_len,
                                              num_splits=sparse_splits),
     }
 
     def sparse_total():
         sel, cnt = fns["selection_fused_k1"]()
-        paged_attention(q, kp, vp, pt, one, seq, sel, cnt, sc.dense_len, num_splits=sparse_splits)
+        paged_attention(q, kp, vp, pt, slots, seq, sel, cnt, sc.dense_len, num_splits=sparse_splits)
 
     def sparse_unfused():
         fns["compress"]()
         sel, cnt = fns["selection"]()
-        paged_attention(q, kp, vp, pt, one, seq, sel, cnt, sc.dense_len, num_splits=sparse_splits)
+        paged_attention(q, kp, vp, pt, slots, seq, sel, cnt, sc.dense_len, num_splits=sparse_splits)
 
     fns["sparse_total"] = sparse_total
     fns["sparse_unfused"] = sparse_unfused
-    out = {"ctx": ctx, "table_blocks": width}
+    out = {"ctx": ctx, "batch": n, "table_blocks": width}
     flush = (lambda: flush_buf.zero_()) if flush_buf is not None else None
     t_flush = graph_time(flush) if flush else 0.0
     for name, fn in fns.items():
@@ -185,13 +192,15 @@ def layer_case(cfg, ctx, width, flush_buf, variants, breakdown=False):
     for tag in ("", "_cold"):
         if f"dense{tag}_us" in out:
             out[f"ratio{tag}"] = out[f"sparse_total{tag}_us"] / out[f"dense{tag}_us"]
+    if n > 1:
+        return out
     k1z = torch.zeros_like(k1p)       # every score equal: the top-k's tie path on every block
-    out["selection_all_tied_us"] = graph_time(lambda: select_decode(q, k1z, pt, one, seq, sc, nb)) * 1e6
-    k1s = smooth_keys(k1p, pt[0, :P], sc)
-    out["selection_smooth_us"] = graph_time(lambda: select_decode(q, k1s, pt, one, seq, sc, nb)) * 1e6
+    out["selection_all_tied_us"] = graph_time(lambda: select_decode(q, k1z, pt, slots, seq, sc, nb)) * 1e6
+    k1s = smooth_keys(k1p, pt[:, :P])
+    out["selection_smooth_us"] = graph_time(lambda: select_decode(q, k1s, pt, slots, seq, sc, nb)) * 1e6
     for name, kw in [("default", {})] + variants:
         def sel(kw=kw):
-            return select_decode(q, k1p, pt, one, seq, sc, nb, k_pages=kp, k1_start=jstart, k1_count=jcount, **kw)
+            return select_decode(q, k1p, pt, slots, seq, sc, nb, k_pages=kp, k1_start=jstart, k1_count=jcount, **kw)
         if name != "default":
             out[f"sel[{name}]_us"] = graph_time(sel) * 1e6
         if breakdown:
@@ -296,6 +305,8 @@ def main():
                     help="comma-separated name substrings: sweep only those VARIANTS (default: all)")
     ap.add_argument("--breakdown", action="store_true",
                     help="also each selection variant's time per kernel (torch.profiler, eager calls)")
+    ap.add_argument("--batch", default="1",
+                    help="comma-separated batch sizes for the per-layer cases (rows of equal context)")
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
     args = ap.parse_args()
     from salactl.runtime.presets import sala_9b
@@ -323,34 +334,39 @@ def main():
     B = cfg.sparse_config.block_size
     # a context just past a power-of-two block count, as most are
     off = 100
-    cases = [((1 << 20) + off, (1 << 20) // B + 4), (131072 + off, (1 << 20) // B + 4)]
+    cases = [((1 << 20) + off, (1 << 20) // B + 4, 1), (131072 + off, (1 << 20) // B + 4, 1)]
     if not args.quick:
-        cases += [(131072, (1 << 20) // B + 4), (131072 + off, 131072 // B + 4)]
+        cases += [(131072, (1 << 20) // B + 4, 1), (131072 + off, 131072 // B + 4, 1)]
+    for n in (int(b) for b in args.batch.split(",") if int(b) > 1):
+        cases += [((1 << 20) + off, (1 << 20) // B + 4, n), (131072 + off, (1 << 20) // B + 4, n)]
+    if "1" not in args.batch.split(","):
+        cases = [c for c in cases if c[2] > 1]
     res["cases"] = []
-    for ctx, width in cases:
-        c = layer_case(cfg, ctx, width, flush_buf, variants, args.breakdown)
+    for ctx, width, n in cases:
+        c = layer_case(cfg, ctx, width, flush_buf, variants if n == 1 else [], args.breakdown and n == 1, n)
         torch.cuda.empty_cache()
         res["cases"].append(c)
         print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in c.items()}), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "sparse_decode_bench.json").write_text(json.dumps(res, indent=1, default=str))
-    if variants:
+    single = [c for c in res["cases"] if c["batch"] == 1]
+    if variants and single:
         print("\n| selection variant (fused K1), us | " + " | ".join(
-            f"{c['ctx'] // 1024}K in {c['table_blocks']}" for c in res["cases"]) + " |")
-        print("|---|" + "---|" * len(res["cases"]))
-        print("| default | " + " | ".join(f"{c['selection_fused_k1_us']:.1f}" for c in res["cases"]) + " |")
+            f"{c['ctx'] // 1024}K in {c['table_blocks']}" for c in single) + " |")
+        print("|---|" + "---|" * len(single))
+        print("| default | " + " | ".join(f"{c['selection_fused_k1_us']:.1f}" for c in single) + " |")
         for name, _ in variants:
             print(f"| {name} | " + " | ".join(f"{c.get(f'sel[{name}]_us', float('nan')):.1f}"
-                                             for c in res["cases"]) + " |")
-    print("\n| ctx | table blocks | dense us | sparse total us | compress | selection (fused K1) "
+                                             for c in single) + " |")
+    print("\n| ctx | batch | table blocks | dense us | sparse total us | compress | selection (fused K1) "
           "| selection alone | attention | sparse/dense | cold: dense / sparse / ratio |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for c in res["cases"]:
         cold = "-"
         if "ratio_cold" in c:
             cold = f"{c['dense_cold_us']:.1f} / {c['sparse_total_cold_us']:.1f} / {100 * c['ratio_cold']:.0f}%"
-        print(f"| {c['ctx']} | {c['table_blocks']} | {c['dense_us']:.1f} | {c['sparse_total_us']:.1f} | "
+        print(f"| {c['ctx']} | {c['batch']} | {c['table_blocks']} | {c['dense_us']:.1f} | {c['sparse_total_us']:.1f} | "
               f"{c['compress_us']:.1f} | {c['selection_fused_k1_us']:.1f} | {c['selection_us']:.1f} | "
               f"{c['attention_us']:.1f} | {100 * c['ratio']:.1f}% | {cold} |")
     print(f"\ntotal {time.perf_counter() - t0:.0f} s; checks {'FAILED' if bad else 'ok'}")
