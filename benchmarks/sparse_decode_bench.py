@@ -193,6 +193,8 @@ def layer_case(cfg, ctx, width, flush_buf, variants, breakdown=False, batch=1):
         if f"dense{tag}_us" in out:
             out[f"ratio{tag}"] = out[f"sparse_total{tag}_us"] / out[f"dense{tag}_us"]
     if n > 1:
+        if breakdown:
+            out["kernels[default]_us"] = {k: round(v, 2) for k, v in timing.kernel_times(fns["selection_fused_k1"]).items()}
         return out
     k1z = torch.zeros_like(k1p)       # every score equal: the top-k's tie path on every block
     out["selection_all_tied_us"] = graph_time(lambda: select_decode(q, k1z, pt, slots, seq, sc, nb)) * 1e6
@@ -343,7 +345,7 @@ def main():
         cases = [c for c in cases if c[2] > 1]
     res["cases"] = []
     for ctx, width, n in cases:
-        c = layer_case(cfg, ctx, width, flush_buf, variants if n == 1 else [], args.breakdown and n == 1, n)
+        c = layer_case(cfg, ctx, width, flush_buf, variants if n == 1 else [], args.breakdown, n)
         torch.cuda.empty_cache()
         res["cases"].append(c)
         print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in c.items()}), flush=True)
