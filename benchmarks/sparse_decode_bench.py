@@ -23,7 +23,7 @@ batch 1 (and more rows of the same context with --batch).
    gpu.DECODE_DEFAULTS) at both contexts -- the numbers to set DECODE_DEFAULTS from.
 --quick: bf16 checks only, no cold timings, no context-wide-table case (< 60 s on an H200).
 --batch: batch sizes; each size > 1 adds the 1M + 100 and 128K + 100 cases with that many rows
-(dense, sparse and its parts only).
+(everything but the tied and smooth selections).
 --variants: comma-separated substrings; only VARIANTS whose name holds one are compiled, checked
 and timed ("default" always is). --breakdown: also each variant's device time per kernel
 (torch.profiler over eager calls), printed as "kernels[variant]" in the JSON lines.
@@ -134,7 +134,7 @@ def smooth_keys(k1p, pages):
 
 def layer_case(cfg, ctx, width, flush_buf, variants, breakdown=False, batch=1):
     """Timings (us) of one layer's decode attention for `batch` rows at context `ctx` each, page
-    table `width` wide (variants and the tied / smooth selections at batch 1 only)."""
+    table `width` wide (the tied / smooth selections at batch 1 only)."""
     from salactl.runtime.ops.decode_attention.config import choose_splits
     from salactl.runtime.ops.decode_attention.triton import paged_attention
     from salactl.runtime.ops.selection.gpu import compress_update, select_decode
@@ -192,14 +192,11 @@ def layer_case(cfg, ctx, width, flush_buf, variants, breakdown=False, batch=1):
     for tag in ("", "_cold"):
         if f"dense{tag}_us" in out:
             out[f"ratio{tag}"] = out[f"sparse_total{tag}_us"] / out[f"dense{tag}_us"]
-    if n > 1:
-        if breakdown:
-            out["kernels[default]_us"] = {k: round(v, 2) for k, v in timing.kernel_times(fns["selection_fused_k1"]).items()}
-        return out
-    k1z = torch.zeros_like(k1p)       # every score equal: the top-k's tie path on every block
-    out["selection_all_tied_us"] = graph_time(lambda: select_decode(q, k1z, pt, slots, seq, sc, nb)) * 1e6
-    k1s = smooth_keys(k1p, pt[:, :P])
-    out["selection_smooth_us"] = graph_time(lambda: select_decode(q, k1s, pt, slots, seq, sc, nb)) * 1e6
+    if n == 1:
+        k1z = torch.zeros_like(k1p)       # every score equal: the top-k's tie path on every block
+        out["selection_all_tied_us"] = graph_time(lambda: select_decode(q, k1z, pt, slots, seq, sc, nb)) * 1e6
+        k1s = smooth_keys(k1p, pt[:, :P])
+        out["selection_smooth_us"] = graph_time(lambda: select_decode(q, k1s, pt, slots, seq, sc, nb)) * 1e6
     for name, kw in [("default", {})] + variants:
         def sel(kw=kw):
             return select_decode(q, k1p, pt, slots, seq, sc, nb, k_pages=kp, k1_start=jstart, k1_count=jcount, **kw)
@@ -246,7 +243,12 @@ VARIANTS = [("default", {}),
             ("p2 nbc16 w4", dict(nbc=16, num_warps=4)),
             ("p2 nbc32 w4", dict(num_warps=4)),        # the default for tables of <= 4096 blocks
             ("p2 nbc64 w8", dict(nbc=64, num_warps=8)),       # the default before session 11
-            ("p2 nbc128 w8", dict(nbc=128, num_warps=8))]
+            ("p2 nbc128 w8", dict(nbc=128, num_warps=8)),
+            # session 14: pass 2 with about p2_programs programs (default 1056), each looping over
+            # its row's chunks, against one program per chunk of the table ("p2 grid all")
+            ("p2 grid all", dict(p2_programs=1 << 30)),
+            ("p2 grid 528", dict(p2_programs=528)),
+            ("p2 grid 2112", dict(p2_programs=2112))]
 # (session 8: pass 2 with 128 blocks per program, one wave at 1M instead of 1.3: 21.0 us at 1M as
 # before, 9.3 instead of 6.6 at 128K; b315dad)
 
@@ -345,22 +347,21 @@ def main():
         cases = [c for c in cases if c[2] > 1]
     res["cases"] = []
     for ctx, width, n in cases:
-        c = layer_case(cfg, ctx, width, flush_buf, variants if n == 1 else [], args.breakdown, n)
+        c = layer_case(cfg, ctx, width, flush_buf, variants, args.breakdown, n)
         torch.cuda.empty_cache()
         res["cases"].append(c)
         print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in c.items()}), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "sparse_decode_bench.json").write_text(json.dumps(res, indent=1, default=str))
-    single = [c for c in res["cases"] if c["batch"] == 1]
-    if variants and single:
+    if variants:
+        cs = res["cases"]
         print("\n| selection variant (fused K1), us | " + " | ".join(
-            f"{c['ctx'] // 1024}K in {c['table_blocks']}" for c in single) + " |")
-        print("|---|" + "---|" * len(single))
-        print("| default | " + " | ".join(f"{c['selection_fused_k1_us']:.1f}" for c in single) + " |")
+            f"{c['ctx'] // 1024}K b{c['batch']} in {c['table_blocks']}" for c in cs) + " |")
+        print("|---|" + "---|" * len(cs))
+        print("| default | " + " | ".join(f"{c['selection_fused_k1_us']:.1f}" for c in cs) + " |")
         for name, _ in variants:
-            print(f"| {name} | " + " | ".join(f"{c.get(f'sel[{name}]_us', float('nan')):.1f}"
-                                             for c in single) + " |")
+            print(f"| {name} | " + " | ".join(f"{c.get(f'sel[{name}]_us', float('nan')):.1f}" for c in cs) + " |")
     print("\n| ctx | batch | table blocks | dense us | sparse total us | compress | selection (fused K1) "
           "| selection alone | attention | sparse/dense | cold: dense / sparse / ratio |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
