@@ -121,7 +121,7 @@ def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, w
         q = _load_q(q_ptr, n, kh, s_qn, s_qh, G, BG, D)
         # the row's chunks c0, c0 + grid, ...: a grid narrower than the table's chunks (wide
         # tables at large batch) still covers every row's own blocks, with no empty programs
-        for c in range(c0, tl.cdiv(ncand, NBC), tl.num_programs(1)):
+        for c in tl.range(c0, tl.cdiv(ncand, NBC), tl.num_programs(1), num_stages=1):   # not pipelined: 46 KB smem
             b = c * NBC + tl.arange(0, NBC)
             pooled = tl.full([NBC], float("-inf"), tl.float32)
             for w in tl.static_range(WPP + LEFT):
