@@ -243,12 +243,7 @@ VARIANTS = [("default", {}),
             ("p2 nbc16 w4", dict(nbc=16, num_warps=4)),
             ("p2 nbc32 w4", dict(num_warps=4)),        # the default for tables of <= 4096 blocks
             ("p2 nbc64 w8", dict(nbc=64, num_warps=8)),       # the default before session 11
-            ("p2 nbc128 w8", dict(nbc=128, num_warps=8)),
-            # session 14: pass 2 with about p2_programs programs (default 1056), each looping over
-            # its row's chunks, against one program per chunk of the table ("p2 grid all")
-            ("p2 grid all", dict(p2_programs=1 << 30)),
-            ("p2 grid 528", dict(p2_programs=528)),
-            ("p2 grid 2112", dict(p2_programs=2112))]
+            ("p2 nbc128 w8", dict(nbc=128, num_warps=8))]
 # (session 8: pass 2 with 128 blocks per program, one wave at 1M instead of 1.3: 21.0 us at 1M as
 # before, 9.3 instead of 6.6 at 128K; b315dad)
 

@@ -65,8 +65,7 @@ def test_selection_matches_reference():
                                    dict(thresh_chunk=64, thresh_small=0),
                                    dict(thresh_chunk=16, thresh_small=32, thresh_warps=2),
                                    dict(nbc=8, lse_splits=2, thresh_chunk=16, thresh_small=0, dedup=False),
-                                   dict(dedup=False), dict(lse_bw=16, lse_splits=2),
-                                   dict(nbc=4, p2_programs=30, thresh_chunk=16, thresh_small=0)])
+                                   dict(dedup=False), dict(lse_bw=16, lse_splits=2)])
 def test_decode_selection_exact_set_and_order(ties, knobs):
     """select_decode (fused K1 update, top-k in the kernel) = reference.select_blocks: contexts
     at/just past dense_len, not multiples of the block, shorter than topk, one and many
@@ -74,8 +73,7 @@ def test_decode_selection_exact_set_and_order(ties, knobs):
     by lower index. By default every row here takes the one-program top-k (thresh_small); 0
     forces the grid-parallel one, 32 mixes both in one launch; pass 2 adds one histogram atomic
     per distinct bin of its program (with ties, many blocks share a bin), or with dedup=False one
-    per block; p2_programs 30: pass 2 runs 3 programs per row (12 rows), each looping over its
-    row's chunks."""
+    per block."""
     from salactl.runtime.ops.selection.check import check_decode_selection
 
     sc = SMALL.sparse

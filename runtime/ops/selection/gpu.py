@@ -142,15 +142,13 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # maxima in every chunk program), the last program sorting up to 256 kept keys at once: at 1M + 100
 # the selection took 53.4 us against 45.3 without the bound in the same build and 41.8 before it
 # (the 1,024-key sort alone +6 us in the top-k; pass 2 +3-5 us for its maximum).
+# Same session (c5dda73, reverted): pass 2 with about 1,056 programs, each looping over its row's
+# chunks (no empty programs when a wide table meets a large batch), the loop not software-pipelined
+# (pipelined it took 46 KB of shared memory): selection 50.7 against 39.0 us at 1M + 100 batch 1
+# even with one chunk per program (52.7), 143.9 against 139.2 at 128K + 100 batch 32 (130.5 with
+# 2,112 programs, but 803 against 673 at 1M batch 32).
 DECODE_DEFAULTS = dict(nbc=32, nbc_fp32=32, num_warps=4, num_warps_wide=2, lse_splits=None, thresh_chunk=1024,
-                       thresh_small=4096, thresh_warps=8, dedup=True, lse_bw=128, lse_warps=4, lse_stages=3,
-                       p2_programs=1056)
-
-
-def p2_chunks(rows: int, chunks: int, programs: int) -> int:
-    """Pass 2's programs per row: every chunk of the table (one program each) when rows x chunks
-    <= `programs`, else about programs / rows, each looping over its row's chunks."""
-    return max(1, min(chunks, -(-programs // rows)))
+                       thresh_small=4096, thresh_warps=8, dedup=True, lse_bw=128, lse_warps=4, lse_stages=3)
 
 
 def group_rows(G: int) -> int:
@@ -174,7 +172,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
                   lse_splits: int | None = None, nbc: int | None = None, num_warps: int | None = None,
                   thresh_chunk: int | None = None, thresh_small: int | None = None,
                   thresh_warps: int | None = None, dedup: bool | None = None, lse_bw: int | None = None,
-                  lse_warps: int | None = None, lse_stages: int | None = None, p2_programs: int | None = None):
+                  lse_warps: int | None = None, lse_stages: int | None = None):
     """One query per row (decode): triton_decode.py's lse and score-word passes, then
     triton_thresh.py's top-k (one launch, or two when the table is wider than thresh_small).
     With k_pages, k1_start and k1_count given, the window completed by each row's token
@@ -227,7 +225,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
         HKV=hkv, G=G, BG=BG, D=D, WPP=wpp, KS=sc.kernel_size, ST=sc.kernel_stride, BS=sc.block_size,
         BW=lse_bw, NCTR=nctr, NCTR2=triton.next_power_of_2(nctr), FUSE_K1=fuse, FP8=fp8,
         DOT_F32=dot_f32, num_warps=lse_warps, num_stages=lse_stages, **launch_args(dev))
-    dkern._block_words_kernel[(rows, p2_chunks(rows, triton.cdiv(nb_max, nbc), knob(p2_programs, "p2_programs")))](
+    dkern._block_words_kernel[(rows, triton.cdiv(nb_max, nbc))](
         q, k1_pages, page_table, slots, seq_lens, plse, words, ctr,
         q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), page_table.stride(0),
         words.stride(0), sm_scale, lse_splits, **words_constexprs(sc, hq, hkv, D, nbc, lse_splits, dot_f32, dedup),

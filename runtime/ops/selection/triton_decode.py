@@ -18,9 +18,8 @@ from K1 (K1 read twice, mostly from L2 the second time).
    Split 0 zeroes the row's counters. With FUSE_K1 the split holding the window completed by
    this token first compresses it (mean of its keys) into the K1 pool, so no separate compress
    launch is needed.
-2. `_block_words_kernel` (grid rows x up to one program per chunk of NBC blocks; a program loops
-   over its row's chunks c, c + grid, ... up to the row's own block, so a wide table at large batch
-   launches no empty programs): merges the lse once, recomputes p_j from K1, sums over the group's heads, max-pools to
+2. `_block_words_kernel` (grid rows x chunks of NBC blocks; chunks past the row's own block exit
+   at once): merges the lse, recomputes p_j from K1, sums over the group's heads, max-pools to
    blocks, applies the forced/candidate rules and stores one int32 order-preserving score word
    per block (4 B per block: 64 KB per row at 1M), adding its blocks to the row's 4096-bin
    histogram of the word's top 12 bits (global atomics in the row's counter slots; DEDUP: one
@@ -102,13 +101,14 @@ def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, w
                         DEDUP: tl.constexpr = False, PDL: tl.constexpr = False):
     pdl_wait(PDL)
     r = tl.program_id(0)
-    c0 = tl.program_id(1)
+    c = tl.program_id(1)
     n = r // HKV
     kh = r % HKV
     t = tl.load(seqlen_ptr + n) - 1
     own = t // BS
     ncand = own + 1                                   # blocks 0..own are candidates
-    if c0 * NBC < ncand:
+    b0 = c * NBC
+    if b0 < ncand:
         slot = tl.load(slot_ptr + n).to(tl.int64)
         nvis = _nvis(t, KS, ST)
         g = tl.arange(0, BG)
@@ -118,36 +118,33 @@ def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, w
         mx = tl.maximum(tl.max(part, 0), -1e30)
         den = tl.sum(tl.exp(part - mx[None, :]), 0)
         lse = tl.where(den > 0, mx + tl.log(tl.where(den > 0, den, 1.0)), 0.0)
+        b = b0 + tl.arange(0, NBC)
+        pooled = tl.full([NBC], float("-inf"), tl.float32)
         q = _load_q(q_ptr, n, kh, s_qn, s_qh, G, BG, D)
-        # the row's chunks c0, c0 + grid, ...: a grid narrower than the table's chunks (wide
-        # tables at large batch) still covers every row's own blocks, with no empty programs
-        for c in tl.range(c0, tl.cdiv(ncand, NBC), tl.num_programs(1), num_stages=1):   # not pipelined: 46 KB smem
-            b = c * NBC + tl.arange(0, NBC)
-            pooled = tl.full([NBC], float("-inf"), tl.float32)
-            for w in tl.static_range(WPP + LEFT):
-                j = b * WPP - LEFT + w                # windows overlapping block b
-                jm = (j >= 0) & (j < nvis)
-                hm = jm[None, :] & (g < G)[:, None]
-                s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
-                s = s * sm_scale
-                p = tl.where(hm, tl.exp(s - lse[:, None]), 0.0)
-                pooled = tl.maximum(pooled, tl.where(jm, tl.sum(p, 0), float("-inf")))
-            cand = b < ncand
-            forced = (b < INIT) | ((b >= own - WINB) & cand)
-            score = tl.where(pooled == float("-inf"), -1.0, pooled)
-            score = tl.where(forced, float("inf"), score)
-            bits = score.to(tl.int32, bitcast=True)
-            word = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-            tl.store(word_ptr + r.to(tl.int64) * s_word + b, word, mask=cand)
-            top = ((word.to(tl.uint32, bitcast=True) ^ 0x80000000) >> 20).to(tl.int32)
-            if DEDUP:
-                # one atomic per distinct bin of this chunk's blocks, adding its count, from the
-                # bin's first block: scores crowd into a few bins, whose atomics otherwise serialise
-                top = tl.where(cand, top, -1)
-                same = top[:, None] == top[None, :]                       # [NBC, NBC]
-                i = tl.arange(0, NBC)
-                count = tl.sum(same.to(tl.int32), 1)
-                first = tl.sum((same & (i[None, :] < i[:, None])).to(tl.int32), 1) == 0
-                tl.atomic_add(ctr_ptr + r * NCTR + 1 + top, count, mask=cand & first, sem="relaxed")
-            else:
-                tl.atomic_add(ctr_ptr + r * NCTR + 1 + top, tl.full([NBC], 1, tl.int32), mask=cand, sem="relaxed")
+        for w in tl.static_range(WPP + LEFT):
+            j = b * WPP - LEFT + w                    # windows overlapping block b
+            jm = (j >= 0) & (j < nvis)
+            hm = jm[None, :] & (g < G)[:, None]
+            s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
+            s = s * sm_scale
+            p = tl.where(hm, tl.exp(s - lse[:, None]), 0.0)
+            pooled = tl.maximum(pooled, tl.where(jm, tl.sum(p, 0), float("-inf")))
+        cand = b < ncand
+        forced = (b < INIT) | ((b >= own - WINB) & cand)
+        score = tl.where(pooled == float("-inf"), -1.0, pooled)
+        score = tl.where(forced, float("inf"), score)
+        bits = score.to(tl.int32, bitcast=True)
+        word = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+        tl.store(word_ptr + r.to(tl.int64) * s_word + b, word, mask=cand)
+        top = ((word.to(tl.uint32, bitcast=True) ^ 0x80000000) >> 20).to(tl.int32)
+        if DEDUP:
+            # one atomic per distinct bin of this program's blocks, adding its count, from the
+            # bin's first block: scores crowd into a few bins, whose atomics otherwise serialise
+            top = tl.where(cand, top, -1)
+            same = top[:, None] == top[None, :]                       # [NBC, NBC]
+            i = tl.arange(0, NBC)
+            count = tl.sum(same.to(tl.int32), 1)
+            first = tl.sum((same & (i[None, :] < i[:, None])).to(tl.int32), 1) == 0
+            tl.atomic_add(ctr_ptr + r * NCTR + 1 + top, count, mask=cand & first, sem="relaxed")
+        else:
+            tl.atomic_add(ctr_ptr + r * NCTR + 1 + top, tl.full([NBC], 1, tl.int32), mask=cand, sem="relaxed")
