@@ -3,7 +3,7 @@ pages): bf16 vs fp8_e4m3 pages, the current defaults vs the launch configs of SW
 (runtime/ops/decode_attention/config.py). Issue 5's target: fp8 >= 1.7x bf16 at 128K, batch 1.
 
     python benchmarks/decode_attention_bench.py [--out FILE.json] [--quick] [--configs 0,3,5] [--split-only]
-        [--cases "128K b1,128K b4,128K b8"]
+        [--cases "128K b1,128K b4,128K b8"] [--read-floor]
 
 1. correctness (fails loudly, exit 1): every config x {bf16, fp8_e4m3 with per-head scales} on
    dense 4K batch 8, dense 128K batch 1 and a sparse-selected row set (128K, 96 random blocks
@@ -13,7 +13,9 @@ pages): bf16 vs fp8_e4m3 pages, the current defaults vs the launch configs of SW
    CUDA graph of calls that rotate over R disjoint page ranges of one pool (R x KV bytes >= 150 MB,
    so KV is not served from the 50 MB L2); median of replays; the time includes the merge kernel.
 --split-only adds, per dtype, the default config's split kernel alone (`split_partials`, no merge
-kernel): what the merge launch costs in a graph of calls.
+kernel): what the merge launch costs in a graph of calls. --read-floor adds, per dense case and
+dtype, the fastest kernel that only reads the KV bytes once (read_floor.py) in the same rotation:
+the floors' fp8/bf16 is the most any FP8 kernel could gain over bf16 there.
 Table (stdout, last): case, dtype, config, us per call, GB/s (KV bytes read / time), x default (the
 dtype's current default time / this time), fp8/bf16 (bf16 default time / this time, fp8 rows).
 With 3+ dense contexts at one batch (e.g. --cases "32K b1,128K b1,512K b1,1M b1"), the defaults'
@@ -183,6 +185,38 @@ def print_fits(rows, specs):
         print("  fp8 fixed cost for 1.7x bf16: " + ", ".join(f"{c >> 10}K {f:.1f}" for c, f in need))
 
 
+def graph_us(calls) -> float:
+    """Microseconds per call of `calls` captured back to back in one CUDA graph (median of replays)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for c in calls:
+            c()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    return events_time(g.replay, reps=11, warm=2) / len(calls) * 1e6
+
+
+def print_floors(floors) -> None:
+    """Per dense case: each dtype's read floor (a kernel that only reads the KV bytes once) beside
+    the default's time, and fp8/bf16 of the floors: the most any FP8 kernel could gain there."""
+    if not floors:
+        return
+    print("\nread floor (read_floor.py: the fastest kernel that only reads the KV bytes once):")
+    print(f"{'case':15} {'dtype':8} {'default us':>10} {'floor us':>9} {'default/floor':>13}  floor config")
+    for f in floors:
+        print(f"{f['case']:15} {f['dtype']:8} {f['default_us']:10.1f} {f['us']:9.1f} {f['default_us'] / f['us']:13.2f}  "
+              f"{f['config']}")
+    for case in dict.fromkeys(f["case"] for f in floors):
+        by = {f["dtype"]: f for f in floors if f["case"] == case}
+        if "bf16" in by and "fp8_e4m3" in by:
+            print(f"  {case}: fp8/bf16 of the floors {by['bf16']['us'] / by['fp8_e4m3']['us']:.2f}x, of the defaults "
+                  f"{by['bf16']['default_us'] / by['fp8_e4m3']['default_us']:.2f}x")
+
+
 def main() -> int:
     from salactl.runtime.ops.decode_attention.config import DEFAULT_CONFIGS, SWEEP_CONFIGS, default_config
     ap = argparse.ArgumentParser()
@@ -190,6 +224,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="only 128K batch 1")
     ap.add_argument("--configs", default=None, help="comma-separated indices into SWEEP_CONFIGS ('': the defaults only, which always run)")
     ap.add_argument("--split-only", action="store_true", help="also time each default's split kernel alone")
+    ap.add_argument("--read-floor", action="store_true",
+                    help="also, per dense case, the fastest kernel that only reads its KV bytes (read_floor.py)")
     ap.add_argument("--cases", default=None,
                     help="comma-separated timing cases instead of DEFAULT_CASES, e.g. '128K b1,128K b8,"
                          "sparse 128K b1' (--quick: 128K b1)")
@@ -219,7 +255,7 @@ def main() -> int:
         return 1
 
     # 2. timing
-    rows = []
+    rows, floors = [], []
     for name, ctx, batch, sparse in specs:
         per_rot = kv_bytes(batch * (SELECTED * B if sparse else ctx), "fp8_e4m3")   # bytes of one rotation
         rot = min(16, max(1, math.ceil(L2_BYTES / per_rot)))
@@ -241,12 +277,18 @@ def main() -> int:
             if r["case"] == name:
                 r["x_default"] = base[r["dtype"]] / r["us"]
                 r["fp8_vs_bf16"] = base["bf16"] / r["us"] if r["dtype"] != "bf16" else None
+        if a.read_floor and not sparse:
+            from read_floor import read_floor_us          # triton: GPU runs only (CPU tests import this file)
+            for dt in DTYPES:
+                us, how = read_floor_us(case.kv_bytes(dt), rot, rot * max(1, math.ceil(12 / rot)), graph_us,
+                                        torch.cuda.get_device_properties(0).multi_processor_count)
+                floors.append(dict(case=name, dtype=dt, us=us, config=how, default_us=base[dt]))
         print(f"timed {name} (rot {rot}, {time.time() - t0:.0f} s)", file=sys.stderr)
         del case
         torch.cuda.empty_cache()
 
     if a.out:
-        Path(a.out).write_text(json.dumps(rows, indent=1))
+        Path(a.out).write_text(json.dumps(rows + floors, indent=1))
     print(f"\n{'case':15} {'dtype':8} {'config':36} {'us':>8} {'GB/s':>7} {'x default':>9} {'fp8/bf16':>8}")
     for r in rows:
         mark = "*" if r["default"] else " "
@@ -264,6 +306,7 @@ def main() -> int:
         f8 = f", {best['fp8_vs_bf16']:.2f}x bf16 default" if best["fp8_vs_bf16"] else ""
         print(f"  {dt:8} {best['config']:35} {best['us']:.1f} us ({best['x_default']:.2f}x{f8}; worst {worst:.2f}x)")
     print_fits(rows, specs)
+    print_floors(floors)
     print(f"total {time.time() - t0:.0f} s")
     return 0
 

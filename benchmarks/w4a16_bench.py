@@ -6,6 +6,7 @@ bf16 cuBLAS on the MiniCPM-SALA 9B linear shapes (issue 5). One GPU; table last.
     python benchmarks/w4a16_bench.py --tma --out DIR           # the TMA variants (TMA_GRID) at M 1/8
     python benchmarks/w4a16_bench.py [--out DIR] [--no-sweep | --quick | --fast]
         [--shapes 0,1,2,3|NxK,...] [--batches 1,8,32,4096] [--configs "bn=64,w=4,bias=0,un=2,pf=1,waves=4,red=4;..."]
+        [--read-floor]
 
 "ours" is the runtime dispatch (`triton.py` `w4a16_linear` over the `pack_tc` layout: the
 register-operand tensor-core kernel `triton_tc.py` below 512 rows, dequantize + cuBLAS above;
@@ -19,7 +20,9 @@ distinct kernel is JIT-compiled first in parallel processes (Triton's disk cache
 Output (stdout): the speedup of every variant on every (shape, M); per (shape, M) the dispatch's
 config and the best spec (paste it into TC_SHAPE_DEFAULTS / TC_DEFAULTS); last the summary table:
 bf16 cuBLAS µs, ours (dispatch) µs and speedup, best variant µs and speedup, GB/s and % of the
-copy ceiling on the packed bytes for the dispatch and for the best variant, dispatch rel err.
+copy ceiling on the packed bytes for the dispatch and for the best variant, dispatch rel err; with
+--read-floor a last table: per shape the read floor (read_floor.py: the fastest kernel that only
+reads the packed bytes once) and bf16 / read floor, the most any W4A16 kernel could reach there.
 
 Method (the device README's METHOD.md): random codes, scales and activations (never zeros); every
 timed call sits in a CUDA graph whose calls rotate over > 200 MB of weight copies (no L2 reuse);
@@ -42,6 +45,7 @@ from salactl.runtime.ops.w4a16.layout import pack_tc
 from salactl.runtime.ops.w4a16.triton import DEQUANT_MIN_ROWS, sm_count, w4a16_linear
 from salactl.runtime.ops.w4a16.tc_config import TCConfig, default_tc_config, parse_tc_spec, tc_config_from_spec
 from salactl.runtime.ops.w4a16.triton_tc import w4a16_tc
+from read_floor import read_floor_us
 
 # 0-3: the 9B's separate projections; 4-5: what the engine runs since it fuses projections along N
 # (q/k/v/z of a lightning layer = 16384x4096 like gate/up; sparse q/k/v/o_gate 8704x4096; gate+up)
@@ -219,7 +223,8 @@ def make_shape(N: int, K: int, gen) -> dict:
     return {"q": pack_tc(q), "s": s, "w_ref": w_ref}
 
 
-def bench_shape(name: str, N: int, K: int, batches, gen, sms: int, grid: list, log) -> list[dict]:
+def bench_shape(name: str, N: int, K: int, batches, gen, sms: int, grid: list, log,
+                read_floor: bool = False) -> list[dict]:
     rows = []
     d = make_shape(N, K, gen)
     qt, s, w_ref = d["q"], d["s"], d["w_ref"]
@@ -278,6 +283,9 @@ def bench_shape(name: str, N: int, K: int, batches, gen, sms: int, grid: list, l
             if "same_as" in v:
                 v.update({k: row["variants"][v["same_as"]].get(k) for k in ("us", "err")})
         row["best_us"], row["best_cfg"], row["best_err"] = best
+        if read_floor:
+            row["read_us"], row["read_cfg"] = (rows[-1]["read_us"], rows[-1]["read_cfg"]) if rows else \
+                read_floor_us(packed_bytes, ncopy, calls, graph_time_us, sms)
         rows.append(row)
         log(f"{name} M={M}: bf16 {t_bf16:.2f} us, ours {t_ours:.2f} us ({t_bf16 / t_ours:.2f}x, err {err:.1e}), "
             f"best {best[0]:.2f} us ({t_bf16 / best[0]:.2f}x) {best[1]}")
@@ -346,6 +354,15 @@ def print_tables(rows: list[dict], ceiling: float, t_lm: float) -> None:
               f"{r['ours_us']:8.2f} {r['bf16_us'] / r['ours_us']:5.2f} {b:8.2f} {r['bf16_us'] / b:5.2f} "
               f"{r['packed_GBps']:5.0f} {100 * r['packed_GBps'] / ceiling:5.1f} {best_gbps:6.0f} "
               f"{100 * best_gbps / ceiling:5.1f} {r['rel_err']:7.1e}")
+    if any("read_us" in r for r in rows):
+        print("\nread floor: the fastest kernel that only reads the packed bytes once (read_floor.py); "
+              "bf16 / read floor bounds any W4A16 kernel's speedup")
+        print(f"{'shape':13} {'N x K':>11} {'M':>5} {'bf16 us':>8} {'read us':>8} {'max x':>6} {'best x':>6}  read config")
+        for r in rows:
+            if "read_us" in r:
+                print(f"{r['shape']:13} {str(r['N']) + 'x' + str(r['K']):>11} {r['M']:>5} {r['bf16_us']:8.2f} "
+                      f"{r['read_us']:8.2f} {r['bf16_us'] / r['read_us']:6.2f} {r['bf16_us'] / r['best_us']:6.2f}  "
+                      f"{r['read_cfg']}")
 
 
 def main() -> None:
@@ -360,6 +377,8 @@ def main() -> None:
                     "or 'all'")
     ap.add_argument("--batches", default=None, help="comma list of M values (default 1,8,32,4096)")
     ap.add_argument("--quick", action="store_true", help="an 18-config grid (waves 4 only) instead of 54")
+    ap.add_argument("--read-floor", action="store_true",
+                    help="also time the fastest kernel that only reads each shape's packed bytes (read_floor.py)")
     ap.add_argument("--configs", default="", help="tensor-core configs to sweep instead of the default grid: "
                     "'bn=64,w=4,bias=0,un=2,pf=1,waves=4,stages=1,red=4[,split=8];...'")
     args = ap.parse_args()
@@ -392,7 +411,7 @@ def main() -> None:
         f"| triton {triton.__version__}")
     rows = []
     for name, N, K in shapes:
-        rows += bench_shape(name, N, K, batches, gen, sms, grid, log)
+        rows += bench_shape(name, N, K, batches, gen, sms, grid, log, args.read_floor)
         torch.cuda.empty_cache()
     _, N, K = LM_HEAD
     w = torch.randn(N, K, device="cuda", generator=gen).bfloat16()
