@@ -1,12 +1,13 @@
 """The read floor of a weight-streaming kernel: the time per call of a kernel that only reads the
 same bytes once (and xors them into one word per program), launched like ours (PDL, its wait first)
-and timed in the same harness (a CUDA graph of back-to-back calls rotating over copies). No kernel
-that reads those bytes, from DRAM, after its PDL wait, can be faster than the fastest such reader, so
-bf16 time / read floor bounds the speedup any W4A16 kernel can reach on a shape of this GPU.
+and timed in the same harness (a CUDA graph of back-to-back calls rotating over copies); the
+fastest of READ_CONFIGS' launch shapes. A kernel that must read the same bytes after its PDL wait
+and also compute should not expect to beat it, so bf16 time / read floor is, in practice, the most
+a W4A16 kernel can gain on a shape of this GPU (an empirical floor, not a proof).
 
 Hand-written because the floor must be a plain Triton kernel with our launch path (PDL), not a
 library copy (cudaMemcpy writes as many bytes as it reads, and torch reductions add their own
-passes). Several launch shapes are timed and the fastest is the floor."""
+passes)."""
 
 from __future__ import annotations
 

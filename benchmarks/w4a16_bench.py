@@ -356,7 +356,7 @@ def print_tables(rows: list[dict], ceiling: float, t_lm: float) -> None:
               f"{100 * best_gbps / ceiling:5.1f} {r['rel_err']:7.1e}")
     if any("read_us" in r for r in rows):
         print("\nread floor: the fastest kernel that only reads the packed bytes once (read_floor.py); "
-              "bf16 / read floor bounds any W4A16 kernel's speedup")
+              "bf16 / read floor: about the most any W4A16 kernel can reach")
         print(f"{'shape':13} {'N x K':>11} {'M':>5} {'bf16 us':>8} {'read us':>8} {'max x':>6} {'best x':>6}  read config")
         for r in rows:
             if "read_us" in r:
