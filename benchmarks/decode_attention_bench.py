@@ -185,21 +185,6 @@ def print_fits(rows, specs):
         print("  fp8 fixed cost for 1.7x bf16: " + ", ".join(f"{c >> 10}K {f:.1f}" for c, f in need))
 
 
-def graph_us(calls) -> float:
-    """Microseconds per call of `calls` captured back to back in one CUDA graph (median of replays)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for c in calls:
-            c()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for c in calls:
-            c()
-    return events_time(g.replay, reps=11, warm=2) / len(calls) * 1e6
-
-
 def print_floors(floors) -> None:
     """Per dense case: each dtype's read floor (a kernel that only reads the KV bytes once) beside
     the default's time, and fp8/bf16 of the floors: the most any FP8 kernel could gain there."""
@@ -280,8 +265,7 @@ def main() -> int:
         if a.read_floor and not sparse:
             from read_floor import read_floor_us          # triton: GPU runs only (CPU tests import this file)
             for dt in DTYPES:
-                us, how = read_floor_us(case.kv_bytes(dt), rot, rot * max(1, math.ceil(12 / rot)), graph_us,
-                                        torch.cuda.get_device_properties(0).multi_processor_count)
+                us, how = read_floor_us(case.kv_bytes(dt), rot, rot * max(1, math.ceil(12 / rot)))
                 floors.append(dict(case=name, dtype=dt, us=us, config=how, default_us=base[dt]))
         print(f"timed {name} (rot {rot}, {time.time() - t0:.0f} s)", file=sys.stderr)
         del case

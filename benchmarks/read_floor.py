@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from salactl.runtime.ops.pdl import launch_args, pdl_wait
+from timing import graph_time_us
 
 # (programs per SM, int32 words per program and step, warps, pipeline stages)
 READ_CONFIGS = ((2, 4096, 8, 3), (4, 4096, 8, 3), (4, 2048, 4, 3), (8, 1024, 4, 3), (4, 4096, 8, 1),
@@ -41,11 +42,12 @@ def read_once(buf: torch.Tensor, out: torch.Tensor, config, sms: int) -> None:
                           **launch_args(buf.device))
 
 
-def read_floor_us(nbytes: int, copies: int, calls: int, graph_time_us, sms: int) -> tuple[float, str]:
+def read_floor_us(nbytes: int, copies: int, calls: int) -> tuple[float, str]:
     """(fastest us per call over READ_CONFIGS, its config) of reading `nbytes` (rounded up to whole
     words) from `copies` rotating buffers, `calls` calls per graph."""
     bufs = [torch.randint(-2 ** 31, 2 ** 31 - 1, (triton.cdiv(nbytes, 4),), dtype=torch.int32, device="cuda")
             for _ in range(copies)]
+    sms = torch.cuda.get_device_properties(bufs[0].device).multi_processor_count
     out = torch.empty(16 * sms, dtype=torch.int32, device="cuda")
     best = (float("inf"), "")
     for cfg in READ_CONFIGS:

@@ -21,7 +21,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from w4a16_bench import copy_bandwidth, graph_time_us  # noqa: E402
+from timing import graph_time_us  # noqa: E402
+from w4a16_bench import copy_bandwidth  # noqa: E402
 
 # (N, K, what): the bf16 engine's fused decode projections
 SHAPES = ((4096, 4096, "o_proj"), (8704, 4096, "sparse q/k/v/o_gate"), (16384, 4096, "lightning q/k/v/z"),

@@ -77,3 +77,31 @@ def kernel_breakdown(graph, reps=5, top=14) -> dict:
     return {"kernel_us_per_step": sum(v[0] for v in per.values()),
             "kernels_per_step": round(sum(v[1] for v in per.values())),
             "top": [(n[:70], round(v[0], 1), round(v[1])) for n, v in rows[:top]]}
+
+
+def graph_time_us(calls: list, replays: int = 7) -> float:
+    """Median time per call (µs) of `calls` captured back to back in one CUDA graph."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            for c in calls:
+                c()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        g.replay()
+        e1.record()
+        torch.cuda.synchronize()
+        times.append(e0.elapsed_time(e1) * 1e3 / len(calls))
+    del g
+    return statistics.median(times)

@@ -36,7 +36,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 
 import torch
@@ -46,6 +45,7 @@ from salactl.runtime.ops.w4a16.triton import DEQUANT_MIN_ROWS, sm_count, w4a16_l
 from salactl.runtime.ops.w4a16.tc_config import TCConfig, default_tc_config, parse_tc_spec, tc_config_from_spec
 from salactl.runtime.ops.w4a16.triton_tc import w4a16_tc
 from read_floor import read_floor_us
+from timing import graph_time_us
 
 # 0-3: the 9B's separate projections; 4-5: what the engine runs since it fuses projections along N
 # (q/k/v/z of a lightning layer = 16384x4096 like gate/up; sparse q/k/v/o_gate 8704x4096; gate+up)
@@ -70,34 +70,6 @@ def copy_bandwidth() -> float:
     e1.record()
     torch.cuda.synchronize()
     return 2 * a.numel() * 10 / (e0.elapsed_time(e1) / 1e3) / 1e9
-
-
-def graph_time_us(calls: list, replays: int = 7) -> float:
-    """Median time per call (µs) of `calls` captured back to back in one CUDA graph."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            for c in calls:
-                c()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for c in calls:
-            c()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        torch.cuda.synchronize()
-        times.append(e0.elapsed_time(e1) * 1e3 / len(calls))
-    del g
-    return statistics.median(times)
 
 
 def n_calls(bytes_per_call: int, m: int) -> int:
@@ -285,7 +257,7 @@ def bench_shape(name: str, N: int, K: int, batches, gen, sms: int, grid: list, l
         row["best_us"], row["best_cfg"], row["best_err"] = best
         if read_floor:
             row["read_us"], row["read_cfg"] = (rows[-1]["read_us"], rows[-1]["read_cfg"]) if rows else \
-                read_floor_us(packed_bytes, ncopy, calls, graph_time_us, sms)
+                read_floor_us(packed_bytes, ncopy, calls)
         rows.append(row)
         log(f"{name} M={M}: bf16 {t_bf16:.2f} us, ours {t_ours:.2f} us ({t_bf16 / t_ours:.2f}x, err {err:.1e}), "
             f"best {best[0]:.2f} us ({t_bf16 / best[0]:.2f}x) {best[1]}")
