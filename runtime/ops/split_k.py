@@ -29,7 +29,7 @@ def store_split_k(acc, y_ptr, ws_ptr, cnt_ptr, tile, pid_k, split_k, offs_m, off
                   RED: tl.constexpr):
     """Write acc [BN, BM] (rows offs_n, columns offs_m of y, i.e. yᵀ) to y, through the workspace
     [split_k, M, N] fp32 and ticket `tile` when split_k > 1. RED > 1: the last split loads RED
-    partials per instruction (all in flight at once, not one L2 round trip each)."""
+    partials at a time (all in flight at once, not one L2 round trip each)."""
     y_off = offs_m[None, :] * stride_ym + offs_n[:, None]
     if split_k == 1:
         tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=mask)
@@ -43,11 +43,13 @@ def store_split_k(acc, y_ptr, ws_ptr, cnt_ptr, tile, pid_k, split_k, offs_m, off
                 for sk in range(0, split_k):
                     total += tl.load(ws_ptr + sk * M * N + w_off, mask=mask, other=0.0, cache_modifier=".cg")
             else:
-                sks = tl.arange(0, RED)
+                # RED independent loads in acc's own layout, then the adds in split order (the same
+                # sums as RED = 1). A [RED, BN, BM] load reduced over its first axis instead made
+                # Triton stage the reduction through shared memory, which cut every CTA's occupancy
+                # (H200, session 15: 0.3-0.9x of RED = 1)
                 for sk0 in range(0, split_k, RED):
-                    live = (sk0 + sks) < split_k
-                    part = tl.load(ws_ptr + (sk0 + sks)[:, None, None] * (M * N) + w_off[None, :, :],
-                                   mask=live[:, None, None] & mask[None, :, :], other=0.0, cache_modifier=".cg")
-                    total += tl.sum(part, axis=0)
+                    for j in tl.static_range(RED):
+                        total += tl.load(ws_ptr + (sk0 + j) * M * N + w_off, mask=mask & (w_off * 0 + sk0 + j < split_k),
+                                         other=0.0, cache_modifier=".cg")
             tl.store(y_ptr + y_off, total.to(y_ptr.dtype.element_ty), mask=mask)
             tl.atomic_xchg(cnt_ptr + tile, 0)

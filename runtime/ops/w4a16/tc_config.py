@@ -88,10 +88,15 @@ TC_DEFAULTS: dict[int, str] = {
 # step agreed (quant_engine_bench.py, two rounds: b8 2.88-2.96 vs 3.04-3.06 ms, b1 2.46-2.52 vs
 # 2.50). Deeper pipelines lost: 6 or 8 stages at BLOCK_N 128 (gate+up 24-33 us), tkb=2 with 3
 # stages (29.2 us) or 5 (22.5, no gain).
+# Session 15 (`--shapes 0,2,3,4 --batches 1,8 --configs ...` at this commit): after split_k.py's RED > 1 path
+# became RED plain loads in the accumulator's layout (the old [RED, BN, BM] load ran 0.3-0.9x of RED = 1),
+# the last split summing every partial at once (red = split) is 1.00-1.08x of one by one: o M = 1 5.76
+# vs 6.08 us, o M = 8 (bias MMA) 7.25 vs 7.59, down 14.51 / 15.10 vs 14.83 / 16.30, qkvz M = 8 14.66
+# vs 15.18 (red=4); sparse and qkvz M = 1 within 1%.
 TC_SHAPE_DEFAULTS: dict[tuple[int, int, int], str] = {
-    (16384, 4096, 16): "bn=128,w=4,tma=1,stages=4,waves=4,ew=1",
-    (4096, 16384, 16): "bn=128,w=4,tma=1,tkb=2,stages=4,waves=2",
-    (8704, 4096, 16): "bn=64,w=4,tma=1,tkb=2,stages=3,waves=4,ew=1",
+    (16384, 4096, 16): "bn=128,w=4,tma=1,stages=4,waves=4,ew=1,red=4",
+    (4096, 16384, 16): "bn=128,w=4,tma=1,tkb=2,stages=4,waves=2,red=8",
+    (8704, 4096, 16): "bn=64,w=4,tma=1,tkb=2,stages=3,waves=4,ew=1,red=4",
     (32768, 4096, 16): "bn=128,w=4,tma=1,tkb=2,stages=4,waves=2",
     # Session 9 (same sweep at 7a1346e / ac8878e), o_proj 4096x4096: the bias-MMA dequantization
     # wins at M = 8 (7.63 vs 8.78 us) and loses at M = 1 (7.5 vs 6.9 us), so M = 1 keeps the fma
@@ -99,8 +104,8 @@ TC_SHAPE_DEFAULTS: dict[tuple[int, int, int], str] = {
     # PDL wait (ew=1) in the register kernel: M = 1 6.05 vs 6.83 us (2.05x), M = 32 9.27 vs 9.73 us
     # (1.49x vs 1.42x). At M = 8 unroll 2 fma with it was faster alone (6.96 vs 7.53 us) but the b8
     # engine step slower in three A/B pairs (3.27-3.39 vs 3.17-3.25 ms), so 2-16 rows keep the bias MMA
-    (4096, 4096, 1): "bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4,ew=1",
-    (4096, 4096, 16): "bn=64,w=4,bias=1,un=4,pf=0,stages=1,waves=4",
+    (4096, 4096, 1): "bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4,ew=1,red=8",
+    (4096, 4096, 16): "bn=64,w=4,bias=1,un=4,pf=0,stages=1,waves=4,red=8",
     # Session 9, M = 32 (`--shapes 0,2,3,4,5 --batches 32 --configs ...` at ce385bb), us: TC_DEFAULTS[32]
     # became unroll 2 without cp.async stages (4096x4096 9.97 vs 10.64, qkvz 20.27 vs 22.47, down
     # 21.90 vs 23.69); the sparse projection keeps the old default (14.21); gate+up: TMA pairs 32.33 vs 35.66
