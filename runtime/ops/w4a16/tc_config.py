@@ -69,7 +69,7 @@ def tc_block_m(M: int) -> int:
 # and TC_SHAPE_DEFAULTS[(N, K, 1)] overrides it for exactly one row (batch-1 decode), checked first.
 TC_DEFAULTS: dict[int, str] = {
     16: "bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4,red=1,ew=1",
-    32: "bn=64,w=4,bias=0,un=2,pf=0,stages=1,waves=4,ew=1",
+    32: "bn=64,w=4,bias=0,un=1,pf=0,stages=3,waves=4,red=4",
     64: "bn=64,w=4,bias=0,un=1,pf=0,stages=3,waves=4,red=1",
 }
 # Session 6 (`python benchmarks/w4a16_bench.py --tma` at ad09115, H200, µs at M=1 / M=8, previous
@@ -112,6 +112,11 @@ TC_SHAPE_DEFAULTS: dict[tuple[int, int, int], str] = {
     # Session 13 (`--shapes 0 --batches 32 --configs ...` at 539bd47, 12 specs), o_proj 4096x4096:
     # every TMA spec lost (0.59-1.27x bf16 against the default's 1.39x; the 128-row TMA tile 0.59x),
     # and the best register spec, ew=2 with red=2, reached 1.46x (8.86 against 9.32 us): not 1.5x
+    # Session 15 (`--shapes 0,2,3,4 --batches 32 --configs ...` after the new RED path): o_proj at
+    # M = 32 with every split summed at once and ew=2, 8.63 vs 9.48 us = 1.50x; qkvz and down take
+    # TC_DEFAULTS[32]'s 3-stage unroll-1 kernel with red=4 (18.91 / 19.42 vs 19.89 / 21.59 us); the
+    # sparse projection keeps no red (1.79x against 1.66x with red=4)
+    (4096, 4096, 32): "bn=64,w=4,bias=0,un=2,pf=0,stages=1,waves=4,ew=2,red=8",
     (8704, 4096, 32): "bn=64,w=4,bias=0,un=1,pf=0,stages=3,waves=4",
     (32768, 4096, 32): "bn=64,w=4,tma=1,tkb=2,stages=3,waves=4",
 }
