@@ -26,7 +26,7 @@ registers while this step's are dequantized and multiplied (a register software 
 it a warp has no loads in flight during its MMAs, and all CTAs of a one-wave grid start in phase,
 so DRAM idles during the compute phases); `num_stages` > 1 lets Triton pipeline words and
 activations through shared memory (cp.async); `reduce` R > 1 lets the last split load R partials
-per instruction instead of one L2 round trip per split (split 8-32 on the 4096-wide shapes); `early`
+at once instead of one L2 round trip per split (split 8-32 on the 4096-wide shapes); `early`
 prefetches the first blocks' words into L2 before the PDL wait (no kernel writes weights), so
 they stream while the previous kernel drains (o_proj M=1 6.05 vs 6.83 us). Offline sm_90
 SASS per 128-row block and thread (64 weights at BLOCK_N 64, 4 warps): 163 instructions with the
