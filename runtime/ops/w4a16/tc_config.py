@@ -88,7 +88,7 @@ TC_DEFAULTS: dict[int, str] = {
 # step agreed (quant_engine_bench.py, two rounds: b8 2.88-2.96 vs 3.04-3.06 ms, b1 2.46-2.52 vs
 # 2.50). Deeper pipelines lost: 6 or 8 stages at BLOCK_N 128 (gate+up 24-33 us), tkb=2 with 3
 # stages (29.2 us) or 5 (22.5, no gain).
-# Session 15 (`--shapes 0,2,3,4 --batches 1,8 --configs ...` at this commit): after split_k.py's RED > 1 path
+# Session 15 (`--shapes 0,2,3,4 --batches 1,8 --configs ...` at 65a2285): after split_k.py's RED > 1 path
 # became RED plain loads in the accumulator's layout (the old [RED, BN, BM] load ran 0.3-0.9x of RED = 1),
 # the last split summing every partial at once (red = split) is 1.00-1.08x of one by one: o M = 1 5.76
 # vs 6.08 us, o M = 8 (bias MMA) 7.25 vs 7.59, down 14.51 / 15.10 vs 14.83 / 16.30, qkvz M = 8 14.66
@@ -112,8 +112,8 @@ TC_SHAPE_DEFAULTS: dict[tuple[int, int, int], str] = {
     # Session 13 (`--shapes 0 --batches 32 --configs ...` at 539bd47, 12 specs), o_proj 4096x4096:
     # every TMA spec lost (0.59-1.27x bf16 against the default's 1.39x; the 128-row TMA tile 0.59x),
     # and the best register spec, ew=2 with red=2, reached 1.46x (8.86 against 9.32 us): not 1.5x
-    # Session 15 (`--shapes 0,2,3,4 --batches 32 --configs ...` after the new RED path): o_proj at
-    # M = 32 with every split summed at once and ew=2, 8.63 vs 9.48 us = 1.50x; qkvz and down take
+    # Session 15 (`--shapes 0,2,3,4 --batches 32 --configs ...` at 65a2285): o_proj at M = 32 with
+    # every split summed at once and ew=2, 8.63 vs 9.48 us = 1.50x (the dispatch at 1b6e6a9: 1.51-1.61x); qkvz and down take
     # TC_DEFAULTS[32]'s 3-stage unroll-1 kernel with red=4 (18.91 / 19.42 vs 19.89 / 21.59 us); the
     # sparse projection keeps no red (1.79x against 1.66x with red=4)
     (4096, 4096, 32): "bn=64,w=4,bias=0,un=2,pf=0,stages=1,waves=4,ew=2,red=8",
