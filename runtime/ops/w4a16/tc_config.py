@@ -113,9 +113,9 @@ TC_SHAPE_DEFAULTS: dict[tuple[int, int, int], str] = {
     # every TMA spec lost (0.59-1.27x bf16 against the default's 1.39x; the 128-row TMA tile 0.59x),
     # and the best register spec, ew=2 with red=2, reached 1.46x (8.86 against 9.32 us): not 1.5x
     # Session 15 (`--shapes 0,2,3,4 --batches 32 --configs ...` at 65a2285): o_proj at M = 32 with
-    # every split summed at once and ew=2, 8.63 vs 9.48 us = 1.50x (the dispatch at 1b6e6a9: 1.51-1.61x); qkvz and down take
-    # TC_DEFAULTS[32]'s 3-stage unroll-1 kernel with red=4 (18.91 / 19.42 vs 19.89 / 21.59 us); the
-    # sparse projection keeps no red (1.79x against 1.66x with red=4)
+    # every split summed at once and ew=2, 8.63 vs 9.48 us = 1.50x (the dispatch at 1b6e6a9:
+    # 1.51-1.61x); qkvz and down take TC_DEFAULTS[32]'s 3-stage unroll-1 kernel with red=4 (18.91 /
+    # 19.42 vs 19.89 / 21.59 us); the sparse projection keeps no red (1.79x against 1.66x with red=4)
     (4096, 4096, 32): "bn=64,w=4,bias=0,un=2,pf=0,stages=1,waves=4,ew=2,red=8",
     (8704, 4096, 32): "bn=64,w=4,bias=0,un=1,pf=0,stages=3,waves=4",
     (32768, 4096, 32): "bn=64,w=4,tma=1,tkb=2,stages=3,waves=4",
