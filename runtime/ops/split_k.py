@@ -44,12 +44,12 @@ def store_split_k(acc, y_ptr, ws_ptr, cnt_ptr, tile, pid_k, split_k, offs_m, off
                     total += tl.load(ws_ptr + sk * M * N + w_off, mask=mask, other=0.0, cache_modifier=".cg")
             else:
                 # RED independent loads in acc's own layout, then the adds in split order (the same
-                # sums as RED = 1). A [RED, BN, BM] load reduced over its first axis instead made
-                # Triton stage the reduction through shared memory, which cut every CTA's occupancy
-                # (H200, session 15: 0.3-0.9x of RED = 1)
+                # sums as RED = 1). One [RED, BN, BM] load summed over its first axis, the earlier
+                # form, ran at 0.3-0.9x of RED = 1 on the H200 (session 15; its cause not isolated:
+                # offline it used no more registers or shared memory)
                 for sk0 in range(0, split_k, RED):
                     for j in tl.static_range(RED):
-                        total += tl.load(ws_ptr + (sk0 + j) * M * N + w_off, mask=mask & (w_off * 0 + sk0 + j < split_k),
-                                         other=0.0, cache_modifier=".cg")
+                        live = mask & (w_off * 0 + sk0 + j < split_k)
+                        total += tl.load(ws_ptr + (sk0 + j) * M * N + w_off, mask=live, other=0.0, cache_modifier=".cg")
             tl.store(y_ptr + y_off, total.to(y_ptr.dtype.element_ty), mask=mask)
             tl.atomic_xchg(cnt_ptr + tile, 0)
