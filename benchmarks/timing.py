@@ -23,6 +23,22 @@ def events_time(fn, reps: int = 20, warm: int = 3) -> float:
     return statistics.median(ts)
 
 
+def _captured(calls: list) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of `calls` back to back, each distinct call warmed twice on a side stream first."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            for c in dict.fromkeys(calls):
+                c()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    return g
+
+
 def graph_time(fn, inner: int = 10, reps: int = 10, flush=None) -> float:
     """Median seconds per fn() from replays of a CUDA graph of `inner` calls, each after flush()
     when given (subtract graph_time(flush) for the call alone)."""
@@ -30,17 +46,7 @@ def graph_time(fn, inner: int = 10, reps: int = 10, flush=None) -> float:
         if flush is not None:
             flush()
         fn()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        body()
-        body()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(inner):
-            body()
-    return events_time(g.replay, reps) / inner
+    return events_time(_captured([body] * inner).replay, reps) / inner
 
 
 def _per_kernel(fn, reps: int, warm: int) -> dict[str, list[float]]:
@@ -81,27 +87,4 @@ def kernel_breakdown(graph, reps=5, top=14) -> dict:
 
 def graph_time_us(calls: list, replays: int = 7) -> float:
     """Median time per call (µs) of `calls` captured back to back in one CUDA graph."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            for c in calls:
-                c()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for c in calls:
-            c()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        torch.cuda.synchronize()
-        times.append(e0.elapsed_time(e1) * 1e3 / len(calls))
-    del g
-    return statistics.median(times)
+    return events_time(_captured(calls).replay, reps=replays) * 1e6 / len(calls)
