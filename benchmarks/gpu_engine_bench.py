@@ -1,7 +1,7 @@
 """GPU engine: correctness checks + speed on one GPU, in one run (DESIGN.md §3, issue 4).
 
     python benchmarks/gpu_engine_bench.py [--skip-1m] [--only decode,attention,...] [--breakdown]
-        [--selection thresh_chunk=512,num_warps=4] [--skinny "32768x4096x16=64,128,4,4,1"]
+        [--selection gather_chunk=512,num_warps=4] [--skinny "32768x4096x16=64,128,4,4,1"]
         [--gemv "32768x4096=16,512,8,3"] [--cases b1_ctx4096,b32_ctx4096]
 
 1. every GPU kernel against its reference on random inputs (runtime/gpu/selfcheck.py), and the
@@ -394,7 +394,7 @@ def main():
     ap.add_argument("--breakdown", action="store_true",
                     help="decode: also GPU time per kernel name inside one graph replay (torch.profiler)")
     ap.add_argument("--selection", default="",
-                    help="decode selection knobs over selection/gpu.py's DECODE_DEFAULTS, e.g. thresh_chunk=512,num_warps=4")
+                    help="decode selection knobs over selection/gpu.py's DECODE_DEFAULTS, e.g. gather_chunk=512,num_warps=4")
     ap.add_argument("--skinny", default="",
                     help="extra skinny-GEMM routes over gemv/skinny.py's SKINNY_CONFIGS, e.g. "
                          "32768x4096x16=64,128,4,4,1;4096x16384x32=64,128,4,4,2 (N x K x BM = BN,BK,warps,stages,split)")

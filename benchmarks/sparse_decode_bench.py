@@ -2,13 +2,13 @@
 paged attention over the selected blocks) vs dense paged attention, sala-9b shapes, bf16,
 batch 1 (and more rows of the same context with --batch).
 
-    python benchmarks/sparse_decode_bench.py [--quick] [--variants ch512,w16] [--breakdown] [--batch 1,4]
+    python benchmarks/sparse_decode_bench.py [--quick] [--variants rank,gather] [--breakdown] [--batch 1,4]
         [--out DIR]
 
 1. correctness, every swept variant (VARIANTS) on the same inputs: select_decode (fused K1
    update) against reference.select_blocks -- exact set and order, random and tied keys,
-   contexts just past dense_len, lengths not multiple of the block, one and many threshold-select
-   chunks, up to 1M, all in a page table as wide as the timed 1M one (so the checks compile the kernels
+   contexts just past dense_len, lengths not multiple of the block, one and many gather
+   chunks, short rows ranked and radix-selected, up to 1M, all in a page table as wide as the timed 1M one (so the checks compile the kernels
    the timings use); and the whole sparse decode output at 128K against the reference paged
    attention over the reference selection;
 2. per layer at 1M + 100 and 128K + 100 tokens (not a power-of-two block count, as most
@@ -56,7 +56,7 @@ def checks(cfg, quick):
     sc, hq, hkv, d = cfg.sparse_config, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     dl, B = sc.dense_len, sc.block_size
     width = (1 << 20) // B + 4                   # the timed 1M table: same compiled kernels
-    tunes = [kw for _, kw in VARIANTS]
+    tunes = [kw for _, kw in VARIANTS] + [dict(rank_short_rows=64)]     # short rows ranked too
     rows = []
     lens = [dl, dl + 1, dl + 37, 3 * dl + B - 1, 50001, 140001]
     for ties in (False, True):
@@ -66,10 +66,10 @@ def checks(cfg, quick):
                                    width=width, tunes=tunes)
     if not quick:
         rows += check_decode_selection("cuda", torch.bfloat16, hq, hkv, d, sc, lens[:5], ties=True, seed=2,
-                                       nbc=32, thresh_chunk=128, num_warps=4)
+                                       nbc=32, gather_chunk=128, num_warps=4)
         for ties in (False, True):
             rows += check_decode_selection("cuda", torch.float32, hq, hkv, d, sc, lens, ties=ties, seed=3,
-                                           tunes=[{}, dict(thresh_chunk=256)])
+                                           tunes=[{}, dict(gather_chunk=256, short_blocks=0)])
     rows.append(("sparse decode output at 128K vs reference (rel err)", end_to_end(cfg, 131072), 1e-2))
     return rows
 
@@ -211,17 +211,24 @@ def layer_case(cfg, ctx, width, flush_buf, variants, breakdown=False, batch=1):
 VARIANTS = [("default", {}),
             ("lse splits 128", dict(lse_splits=128)),   # the batch-1 default before 256
             ("lse splits 64", dict(lse_splits=64)),
-            ("thresh ch2048 w8", dict(thresh_chunk=2048)),
-            ("thresh ch512 w8", dict(thresh_chunk=512)),
-            ("thresh ch512 w4", dict(thresh_chunk=512, thresh_warps=4)),
-            ("thresh ch1024 w16", dict(thresh_warps=16)),
-            ("thresh ch256 w4", dict(thresh_chunk=256, thresh_warps=4)),
-            # session 8: the one-program top-k for rows of at most `thresh_small` blocks (H200 at
-            # 4b7474f, thresh kernel at 128K + 100: 13.3 us, off 20.6; one program for 1M rows was
-            # slower than the grid path: small 16384 w8 / w16 53.3 / 43.6 us at 128K, 16384-wide)
-            ("small off", dict(thresh_small=0)),
-            ("small tw4", dict(thresh_warps=4)),
-            ("small tw16", dict(thresh_warps=16)),
+            # session 16: the top-k by counting ranks (triton_rank.py; before it, a grid threshold
+            # select: 1M + 100 batch 1 40.5 us against 33.9 for the selection). RB keys per
+            # program and step against CT-wide tiles; long rows gathered first (gather_chunk
+            # blocks per program); short rows ranked up to rank_short_rows rows (default 4),
+            # else the one-program radix select (triton_radix.py)
+            ("small off", dict(short_blocks=0)),            # every row gathered, then ranked
+            ("rank short rows", dict(rank_short_rows=64)),
+            ("radix short rows", dict(rank_short_rows=0)),
+            ("radix w4", dict(rank_short_rows=0, radix_warps=4)),
+            ("radix w16", dict(rank_short_rows=0, radix_warps=16)),
+            ("rank rb16 w4", dict(rank_rb=16, rank_warps=4)),
+            ("rank rb16 w4 short rows", dict(rank_rb=16, rank_warps=4, rank_short_rows=64)),
+            ("rank rb8 w4", dict(rank_rb=8, rank_warps=4)),
+            ("rank rb64", dict(rank_rb=64)),
+            ("rank ct512", dict(rank_ct=512)),
+            ("rank ct128 rb16", dict(rank_ct=128, rank_rb=16)),
+            ("gather ch512", dict(gather_chunk=512)),
+            ("gather ch2048", dict(gather_chunk=2048)),
             # session 11: pass 2 adds one atomic per distinct histogram bin of its program (now
             # the default); "no dedup" is the one atomic per block before it
             ("no dedup", dict(dedup=False)),

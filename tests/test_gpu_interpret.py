@@ -15,12 +15,9 @@ if torch.cuda.is_available():
 os.environ["TRITON_INTERPRET"] = "1"     # must be set before triton is first imported
 pytest.importorskip("triton")
 
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
 from salactl.runtime.gpu import selfcheck as S  # noqa: E402
-from salactl.runtime.ops.selection.triton_thresh import _pick_digit, _write_ranked  # noqa: E402
-from salactl.runtime.ops.selection.triton_thresh import NCTR, _thresh_finish, thresh_launch  # noqa: E402
+from salactl.runtime.ops.selection.triton_rank import KEPT, NCTR, _rank_kernel, topk_launch  # noqa: E402
 
 SMALL = S.Shapes.small()
 
@@ -60,20 +57,22 @@ def test_selection_matches_reference():
 
 @pytest.mark.parametrize("ties", [False, True])
 @pytest.mark.parametrize("knobs", [dict(lse_splits=3),
-                                   dict(nbc=4, lse_splits=2, thresh_chunk=8, thresh_small=0),
-                                   dict(nbc=8, lse_splits=5, thresh_chunk=16, num_warps=4, thresh_small=0),
-                                   dict(thresh_chunk=64, thresh_small=0),
-                                   dict(thresh_chunk=16, thresh_small=32, thresh_warps=2),
-                                   dict(nbc=8, lse_splits=2, thresh_chunk=16, thresh_small=0, dedup=False),
+                                   dict(nbc=4, lse_splits=2, gather_chunk=8, short_blocks=0, rank_rb=4, rank_ct=8),
+                                   dict(nbc=8, lse_splits=5, gather_chunk=16, num_warps=4, short_blocks=0),
+                                   dict(gather_chunk=64, short_blocks=0, rank_rb=16, rank_ct=32),
+                                   dict(gather_chunk=16, short_blocks=32, radix_warps=2, rank_short_rows=0),
+                                   dict(gather_chunk=64, short_blocks=32, rank_rb=4, rank_ct=8),
+                                   dict(rank_short_rows=0), dict(rank_rb=8, rank_ct=16),
+                                   dict(nbc=8, lse_splits=2, gather_chunk=16, short_blocks=0, dedup=False),
                                    dict(dedup=False), dict(lse_bw=16, lse_splits=2)])
 def test_decode_selection_exact_set_and_order(ties, knobs):
     """select_decode (fused K1 update, top-k in the kernel) = reference.select_blocks: contexts
-    at/just past dense_len, not multiples of the block, shorter than topk, one and many
-    threshold-select chunk programs per row, several rows in one batch; tied blocks must break
-    by lower index. By default every row here takes the one-program top-k (thresh_small); 0
-    forces the grid-parallel one, 32 mixes both in one launch; pass 2 adds one histogram atomic
-    per distinct bin of its program (with ties, many blocks share a bin), or with dedup=False one
-    per block."""
+    at/just past dense_len, not multiples of the block, shorter than topk, one and many gather
+    programs per row, several rows in one batch; tied blocks must break by lower index. By
+    default every row here is short (short_blocks) and ranked directly; short_blocks 0 gathers
+    and ranks every row, 32 mixes both in one launch; rank_short_rows 0 sends short rows to the
+    one-program radix select; pass 2 adds one histogram atomic per distinct bin of its program
+    (with ties, many blocks share a bin), or with dedup=False one per block."""
     from salactl.runtime.ops.selection.check import check_decode_selection
 
     sc = SMALL.sparse
@@ -98,90 +97,63 @@ def _tied_words(lens, W, seed=0):
     return f, torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
 
 
-def test_threshold_select_kernel_exact_order_with_heavy_ties():
-    """triton_thresh.thresh_launch (the top-k after pass 2) on raw score words and their
-    top-12-bit histogram: rows shorter than, equal to and longer than K, one and many chunk
-    programs per row, heavy ties (taken lowest index first), forced blocks, all-equal rows,
-    narrow bands (hundreds of blocks in the threshold's 12-bit bin, exact ties in its 24-bit
-    bin); the second-level histogram the chunk programs build with atomics is the threshold
-    bin's counts of word bits 8-19. small 256 / 512: rows up to that long take the one-program
-    radix select instead (256: both kernels, each skipping the other's rows)."""
+def test_topk_exact_order_with_heavy_ties():
+    """triton_rank.topk_launch (the top-k after pass 2) on raw score words and their top-12-bit
+    histogram: rows shorter than, equal to and longer than K, heavy ties (taken lowest index
+    first), forced blocks, all-equal rows, narrow bands (hundreds of blocks in the threshold's
+    12-bit bin, exact ties in its 24-bit bin). small 0: every row gathered then ranked (one and
+    many gather programs, one and several rank steps per program); 512: every row short,
+    ranked directly or (short_rows 0) radix-selected; 256: both kinds in one batch."""
     W, K = 300, 96
     lens = [1, 5, 95, 96, 97, 200, 300, 250, 300, 290, 299]
     f, words = _tied_words(lens, W)
     u = (words.to(torch.int64) & 0xFFFFFFFF) ^ 0x80000000
     seq = torch.tensor(lens, dtype=torch.int32)
-    for ch, ctile, small in ((16, 16, 0), (64, 256, 0), (512, 64, 0), (64, 64, 512), (16, 16, 256)):
+    for small, ch, rb, ct, short_rows in ((0, 16, 8, 16, 64), (0, 512, 32, 64, 64), (512, 64, 16, 64, 64),
+                                          (512, 64, 16, 64, 0), (256, 64, 4, 8, 64), (256, 32, 8, 8, 0)):
         ctr = torch.zeros(len(lens), NCTR, dtype=torch.int32)
         for i, L in enumerate(lens):
             ctr[i, 1:4097] = torch.bincount(u[i, :L] >> 20, minlength=4096)
         sel = torch.full((len(lens), 1, K), -7, dtype=torch.int32)
         cnt = torch.empty(len(lens), 1, dtype=torch.int32)
-        thresh_launch(seq, words, ctr, sel, cnt, 1, 1, K, ch, ctile, num_warps=4, small=small)
+        topk_launch(seq, words, ctr, sel, cnt, 1, 1, K, small=small, chunk=ch, rb=rb, ct=ct, rank_warps=4,
+                    short_rows=short_rows, radix_warps=4)
         for i, L in enumerate(lens):
             want = torch.sort(f[i, :L], descending=True, stable=True).indices[:K].tolist()
-            assert sel[i, 0, :int(cnt[i, 0])].tolist() == want, (ch, ctile, small, L)
-            if L <= small:                                       # the one-program path
-                continue
-            assert int(ctr[i, 0]) == triton.cdiv(L, ch)          # every live program took a ticket
-            ur = u[i, :L]
-            tbin = int(torch.sort(ur, descending=True).values[min(K, L) - 1]) >> 20
-            in_bin = ur[ur >> 20 == tbin]
-            assert torch.equal(ctr[i, NCTR - 4096:].long(), torch.bincount((in_bin >> 8) & 4095, minlength=4096))
+            assert sel[i, 0, :int(cnt[i, 0])].tolist() == want, (small, ch, rb, ct, short_rows, L)
+            if L > small:                   # gathered: every key in or above the threshold's bin
+                tbin = int(torch.sort(u[i, :L], descending=True).values[min(K, L) - 1]) >> 20
+                assert int(ctr[i, KEPT.value]) == int((u[i, :L] >> 20 >= tbin).sum())
 
 
-@triton.jit
-def _finish_rows(hist, hist2, cand, nc_ptr, pick, above_ptr, sel, cnt, W: tl.constexpr, K: tl.constexpr,
-                 KP: tl.constexpr, CTILE: tl.constexpr, NR: tl.constexpr):
-    """One program per row: threshold bin from the histogram, then _thresh_finish over the given
-    candidate buffer (any order; cand [rows, 2, W]) appending to the picks already in
-    pick[0:above]."""
-    r = tl.program_id(0)
-    h1 = tl.load(hist + r * 4096 + tl.arange(0, 4096))
-    h2 = tl.load(hist2 + r * 4096 + tl.arange(0, 4096))
-    nc = tl.load(nc_ptr + r)
-    thr, need = _pick_digit(h1, tl.minimum(tl.sum(h1, 0), K), tl.zeros([], tl.uint32), 20, 4096)
-    total = _thresh_finish(cand + r * 2 * W, nc, cand + r * 2 * W + W, h2, pick + r * KP, tl.load(above_ptr + r),
-                           thr, need, CTILE, NR)
-    k = tl.arange(0, KP)
-    run = tl.load(pick + r * KP + k, mask=k < total, other=-(2 ** 63))
-    _write_ranked(run, sel + r * KP, cnt + r, KP)
-
-
-def test_threshold_refinement_ignores_candidate_order():
-    """The row's last thresh program sees the threshold bin's keys in whatever order the chunk
-    programs reserved their ranges: given them reversed and shuffled, the selection (ties at the
-    exact threshold score -> lower block index) is still the reference order."""
-    W, K, KP = 300, 96, 128
+def test_rank_ignores_gathered_order():
+    """The gather programs reserve their ranges in whatever order they run: given the kept keys
+    reversed and shuffled (and only those in or above the threshold bin), the rank launch still
+    writes the reference order (ties at the exact threshold score -> lower block index)."""
+    W, K = 300, 96
     lens = [5, 96, 97, 200, 300, 250, 180, 260, 300, 280]
     f, words = _tied_words(lens, W, seed=1)
     u = (words.to(torch.int64) & 0xFFFFFFFF) ^ 0x80000000
     keys = words.to(torch.int64) * 2 ** 32 + (2 ** 32 - 1 - torch.arange(W))
     g = torch.Generator().manual_seed(2)
-    hist = torch.zeros(len(lens), 4096, dtype=torch.int32)
-    hist2 = torch.zeros(len(lens), 4096, dtype=torch.int32)
-    cand = torch.zeros(len(lens), 2, W, dtype=torch.int64)
-    pick = torch.zeros(len(lens) * KP, dtype=torch.int64)
-    nc = torch.zeros(len(lens), dtype=torch.int32)
-    above = torch.zeros(len(lens), dtype=torch.int32)
+    ctr = torch.zeros(len(lens), NCTR, dtype=torch.int32)
+    kept = torch.zeros(len(lens), W, dtype=torch.int64)
     for i, L in enumerate(lens):
-        ur = u[i, :L]
-        hist[i] = torch.bincount(ur >> 20, minlength=4096).to(torch.int32)
-        tbin = int(torch.sort(ur, descending=True).values[min(K, L) - 1]) >> 20
-        hi, eq = torch.nonzero(ur >> 20 > tbin).flatten(), torch.nonzero(ur >> 20 == tbin).flatten()
-        eq = eq.flip(0) if i % 2 else eq[torch.randperm(len(eq), generator=g)]
-        pick[i * KP:i * KP + len(hi)] = keys[i, hi.flip(0)]
-        cand[i, 0, :len(eq)] = keys[i, eq]
-        hist2[i] = torch.bincount((ur[eq] >> 8) & 4095, minlength=4096).to(torch.int32)
-        nc[i], above[i] = len(eq), len(hi)
-    sel = torch.full((len(lens), KP), -7, dtype=torch.int32)
-    cnt = torch.empty(len(lens), dtype=torch.int32)
-    for ctile, nr in ((16, 2), (256, 4)):
-        _finish_rows[(len(lens),)](hist, hist2, cand, nc, pick.clone(), above, sel, cnt, W=W, K=K, KP=KP,
-                                   CTILE=ctile, NR=nr)
+        tbin = int(torch.sort(u[i, :L], descending=True).values[min(K, L) - 1]) >> 20
+        idx = torch.nonzero(u[i, :L] >> 20 >= tbin).flatten()
+        idx = idx.flip(0) if i % 2 else idx[torch.randperm(len(idx), generator=g)]
+        kept[i, :len(idx)] = keys[i, idx]
+        ctr[i, KEPT.value] = len(idx)
+    seq = torch.tensor(lens, dtype=torch.int32)
+    for rb, ct in ((4, 16), (32, 256)):
+        sel = torch.full((len(lens), 1, K), -7, dtype=torch.int32)
+        cnt = torch.empty(len(lens), 1, dtype=torch.int32)
+        _rank_kernel[(len(lens), 3)](seq, words, ctr, kept, sel, cnt, words.stride(0), kept.stride(0),
+                                     sel.stride(0), sel.stride(1), cnt.stride(0), cnt.stride(1),
+                                     HKV=1, BS=1, NCTR=NCTR, K=K, RB=rb, CT=ct, SMALL=0, SHORT=True)
         for i, L in enumerate(lens):
             want = torch.sort(f[i, :L], descending=True, stable=True).indices[:K].tolist()
-            assert sel[i, :int(cnt[i])].tolist() == want, (ctile, nr, L)
+            assert sel[i, 0, :int(cnt[i, 0])].tolist() == want, (rb, ct, L)
 
 
 def test_fused_ops():

@@ -50,14 +50,14 @@ def test_selection(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("ties", [False, True])
-@pytest.mark.parametrize("knobs", [{},
-                                   dict(thresh_chunk=256, num_warps=4),
-                                   dict(nbc=32, thresh_chunk=2048, num_warps=16),
-                                   dict(dedup=False), dict(nbc=32, thresh_chunk=256)])
+@pytest.mark.parametrize("knobs", [{}, dict(rank_short_rows=64),
+                                   dict(gather_chunk=256, num_warps=4, short_blocks=0),
+                                   dict(nbc=32, gather_chunk=2048, num_warps=16, short_blocks=0, rank_rb=16),
+                                   dict(dedup=False), dict(rank_rb=8, rank_ct=512, rank_warps=4, rank_short_rows=64)])
 def test_decode_selection_exact_set_and_order(dtype, ties, knobs):
     """select_decode at 9B shapes vs reference.select_blocks (set and order; near-ties only):
-    default knobs (threshold select, one and several chunk programs per row) and two other
-    pass-2 / threshold-select launch shapes."""
+    default knobs (10 rows: short rows radix-selected), short rows ranked, every row gathered and
+    ranked (one and several gather programs per row), and other pass-2 / rank launch shapes."""
     from salactl.runtime.gpu import selfcheck as S
     from salactl.runtime.ops.selection.check import check_decode_selection
 

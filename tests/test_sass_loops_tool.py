@@ -74,7 +74,7 @@ def test_w4a16_register_kernel_and_tma_spec_refused():
 
 @needs_triton
 def test_selection_kernels_compile_offline_with_their_default_knobs():
-    """Pass 2 and the one-program top-k, as select_decode launches them for sala-9b: no MMA loop
+    """Pass 2 and both top-k kernels, as select_decode launches them for sala-9b: no MMA loop
     (pass 2's five windows are unrolled), so the whole kernel's count and mix are reported."""
     words = _run("select-words")
     assert words.returncode == 0, words.stderr[-2000:]
@@ -86,3 +86,8 @@ def test_selection_kernels_compile_offline_with_their_default_knobs():
     assert top.returncode == 0, top.stderr[-2000:]
     rep = json.loads(top.stdout)
     assert "w8" in rep["kernel"] and rep["instructions"] > 1000 and "HMMA" not in rep["kernel_ops"]
+    rank = _run("select-rank")
+    assert rank.returncode == 0, rank.stderr[-2000:]
+    rep = json.loads(rank.stdout)
+    # one unsigned compare per (key, word) pair: the rank loops are mostly ISETP
+    assert "rank" in rep["kernel"] and rep["kernel_ops"]["ISETP"] > 100 and "HMMA" not in rep["kernel_ops"]

@@ -4,7 +4,8 @@ instruction mix of every loop that issues MMAs (no GPU needed).
     python tools/sass_loops.py decode-split [--kv fp8|bf16] [--warps 2] [--stages 3] [--preload 16]
     python tools/sass_loops.py w4a16 [--spec "bn=64,w=4,un=4"] [--m 1] [--n 4096] [--k 4096]
     python tools/sass_loops.py select-words [--warps 2]     # decode selection's pass 2
-    python tools/sass_loops.py select-top [--warps 8]       # its one-program top-k
+    python tools/sass_loops.py select-top [--warps 8]       # its one-program radix top-k
+    python tools/sass_loops.py select-rank [--warps 8]      # its rank top-k
     ... [--arch 90] [--json]
 
 The selection kernels are compiled as select_decode launches them for sala-9b at batch 1 in the
@@ -100,17 +101,32 @@ def select_words_source():
 
 
 def select_top_source():
-    """The one-program top-k (`_thresh_one_kernel`) of rows up to DECODE_DEFAULTS thresh_small blocks."""
+    """The one-program radix top-k (`_radix_kernel`) of rows up to DECODE_DEFAULTS short_blocks blocks."""
     from triton.compiler import ASTSource
 
-    from salactl.runtime.ops.selection.triton_thresh import _thresh_one_kernel, one_program_constexprs
+    from salactl.runtime.ops.selection.triton_radix import _radix_kernel, radix_constexprs
+    from salactl.runtime.ops.selection.triton_rank import NCTR
     cfg, sc, dflt = _sala_9b_selection()
     sig = {"seqlen_ptr": "*i32", "word_ptr": "*i32", "ctr_ptr": "*i32", "pick_ptr": "*i64", "sel_ptr": "*i32",
            "cnt_ptr": "*i32", **{s: "i32" for s in ("s_word", "s_seln", "s_selh", "s_cntn", "s_cnth")}}
-    const = {**one_program_constexprs(cfg.num_key_value_heads, sc.block_size, sc.selected_blocks,
-                                      dflt["thresh_small"]), "PDL": True}
+    const = {**radix_constexprs(cfg.num_key_value_heads, sc.block_size, sc.selected_blocks,
+                                dflt["short_blocks"], NCTR), "PDL": True}
     sig.update({c: "constexpr" for c in const})
-    return ASTSource(_thresh_one_kernel, sig, const, _pointer_attrs(sig, ()))
+    return ASTSource(_radix_kernel, sig, const, _pointer_attrs(sig, ()))
+
+
+def select_rank_source():
+    """The rank top-k (`_rank_kernel`) with DECODE_DEFAULTS' tiles, short rows ranked too."""
+    from triton.compiler import ASTSource
+
+    from salactl.runtime.ops.selection.triton_rank import NCTR, _rank_kernel
+    cfg, sc, dflt = _sala_9b_selection()
+    sig = {"seqlen_ptr": "*i32", "word_ptr": "*i32", "ctr_ptr": "*i32", "kept_ptr": "*i64", "sel_ptr": "*i32",
+           "cnt_ptr": "*i32", **{s: "i32" for s in ("s_word", "s_kept", "s_seln", "s_selh", "s_cntn", "s_cnth")}}
+    const = {"HKV": cfg.num_key_value_heads, "BS": sc.block_size, "NCTR": NCTR, "K": sc.selected_blocks,
+             "RB": dflt["rank_rb"], "CT": dflt["rank_ct"], "SMALL": dflt["short_blocks"], "SHORT": True, "PDL": True}
+    sig.update({c: "constexpr" for c in const})
+    return ASTSource(_rank_kernel, sig, const, _pointer_attrs(sig, ()))
 
 
 def _instructions(sass: str) -> list[tuple[int, str]]:
@@ -163,10 +179,11 @@ def main() -> int:
     # functions, which cannot be compiled; this tool only ever compiles
     os.environ.pop("TRITON_INTERPRET", None)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kernel", choices=["decode-split", "w4a16", "select-words", "select-top"])
+    ap.add_argument("kernel", choices=["decode-split", "w4a16", "select-words", "select-top", "select-rank"])
     ap.add_argument("--kv", choices=["fp8", "bf16"], default="fp8", help="decode-split: page dtype")
     ap.add_argument("--warps", type=int, default=None,
-                    help="num_warps (decode-split and select-words: 2, select-top: DECODE_DEFAULTS thresh_warps)")
+                    help="num_warps (decode-split and select-words: 2, select-top / select-rank: DECODE_DEFAULTS "
+                         "radix_warps / rank_warps)")
     ap.add_argument("--stages", type=int, default=3, help="decode-split: num_stages")
     ap.add_argument("--preload", type=int, default=16, help="decode-split: page ids preloaded (0: none)")
     ap.add_argument("--spec", default="bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4",
@@ -187,9 +204,13 @@ def main() -> int:
         src, options = select_words_source(), {"num_warps": warps}
         what = f"decode selection pass 2 (sala-9b, batch 1), w{warps}"
     elif a.kernel == "select-top":
-        warps = a.warps or _sala_9b_selection()[2]["thresh_warps"]
+        warps = a.warps or _sala_9b_selection()[2]["radix_warps"]
         src, options = select_top_source(), {"num_warps": warps}
-        what = f"decode selection one-program top-k (sala-9b), w{warps}"
+        what = f"decode selection one-program radix top-k (sala-9b), w{warps}"
+    elif a.kernel == "select-rank":
+        warps = a.warps or _sala_9b_selection()[2]["rank_warps"]
+        src, options = select_rank_source(), {"num_warps": warps}
+        what = f"decode selection rank top-k (sala-9b), w{warps}"
     else:
         src, cfg = w4a16_source(a.spec, a.m, a.n, a.k)
         options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}

@@ -1,7 +1,7 @@
 """InfLLM-V2 selection on the GPU over paged caches: launchers for the Triton kernels in
 triton.py (compression; prefill selection, several queries of one sequence per tile, + torch.topk)
-and triton_decode.py + triton_thresh.py (decode selection: three or four launches, work
-proportional to each row's length, top-k in the kernel). Static shapes throughout (graph-safe);
+and triton_decode.py + triton_rank.py / triton_radix.py (decode selection: three to five
+launches, work proportional to each row's length, top-k in the kernel). Static shapes throughout (graph-safe);
 exactly DESIGN.md §2, checked against reference.select_blocks on random inputs."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from salactl.runtime.ops.decode_attention.triton import kernel_scales
 from salactl.runtime.ops.pdl import launch_args
 from salactl.runtime.ops.selection import triton as kern
 from salactl.runtime.ops.selection import triton_decode as dkern
-from salactl.runtime.ops.selection import triton_thresh as tkern
+from salactl.runtime.ops.selection import triton_rank as rkern
 
 _NEG_INF_BITS = struct.unpack("<i", struct.pack("<f", float("-inf")))[0]
 # Largest key whose score is -inf (not a candidate): everything above it is selectable.
@@ -89,20 +89,27 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 
 
 # Launch defaults of select_decode (edit from benchmarks/sparse_decode_bench.py's sweep).
-# The top-k is a grid-parallel threshold select: pass 2 (`nbc` blocks per program) stores int32
-# score words and the row's top-12-bit histogram; a third launch (triton_thresh.py, grid rows x
-# chunks of `thresh_chunk` blocks) has each program find the threshold bin, append its chunk's
-# keys above / inside it and count the inside ones by the next 12 bits (second-level histogram);
-# the row's last program finds the 24-bit bin from that and refines over its keys only.
+# Pass 2 (`nbc` blocks per program) stores int32 score words and the row's top-12-bit histogram;
+# the top-k (triton_rank.topk_launch) then ranks them: rows longer than `short_blocks` blocks are
+# first gathered down to the histogram's threshold bin (`gather_chunk` blocks per program), then
+# ranked (`rank_rb` keys per program and step against `rank_ct`-wide tiles, `rank_warps`); shorter
+# rows are ranked the same way when the batch has at most `rank_short_rows` rows, else take the
+# one-program radix select (triton_radix.py, `radix_warps`).
 # lse_splits: pass-1 programs per row (None: about four per SM, at most 256).
+# Session 16 (H200, `sparse_decode_bench.py --quick --breakdown --variants rank --batch
+# 1,2,4,8,32`), selection with the fused K1 in us, the grid threshold select before -> ranks
+# (rb32 ct256 w8): 1M + 100 batch 1 40.5 -> 33.9, batch 2 66.3 -> 59.0, batch 4 115.1 -> 102.6,
+# batch 8 199.5 -> 189.8, batch 32 676.9 -> 687.2 (rb16 w4: 675.8); 128K + 100 batch 1 29.6 ->
+# 19.3, batch 2 29.9 -> 25.1, batch 4 35.5 -> 36.9 (rb8 w4: 30.3), batch 8 47.1 -> 68.9 (rb16 w4:
+# 52.0), batch 32 140.3 -> 273.4 (rb16 w4: 206.3): short rows ranked up to 4 rows (batch 2).
 # H200 history: sessions 3-4 measured a radix top-k (per 2048-block group + merge) and "hist"
 # (the row's last pass-2 program selecting over the whole row); session 5's threshold select
 # beat both (1M + 100: 59.1 vs hist 69.6 us per layer; 128K + 100: 38.5 vs 41.1; engine 9B step
 # at 1M: pass 2 + thresh 37 us per layer vs hist ~62), so radix and hist were removed. With the
 # second-level histogram (9281cda): 55.6 / 35.4 us; 256 lse splits instead of 128 at batch 1
 # (the cap was 128): lse pass 18.3 -> 14.2 us at 1M, selection 53.0 us; 128K unchanged (35.3).
-# Session 8: rows of at most `thresh_small` blocks (128K context: 2049) take the top-k in one
-# program of `thresh_warps` warps (None: num_warps), radix select in registers (triton_thresh.py).
+# Session 8: rows of at most `short_blocks` blocks (128K context: 2049) take the top-k in one
+# program of `radix_warps` warps, radix select in registers (triton_radix.py).
 # Tried and reverted in session 8 (H200, 45e94ab): pass 1 storing its scores for pass 2 (K1
 # read once): at 1M pass 1 14.2 -> 18.3 us, pass 2 only 20.8 -> 18.0 (so pass 2 is not bound by
 # its K1 reads), selection 53.3 -> 55.7 us; and ranking the picks by one [KP, KP] comparison
@@ -118,7 +125,7 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # 13.0 / 6.1, 64 with 2 stages 14.0 / 4.6); pass 2 with 32 blocks per program on 4 warps, 16.5 /
 # 6.1 against 16.9 / 6.5 (64 on 4 warps 17.9 / 6.9, 128 on 8 warps 20.2 / 9.5); the top-k keeps 8.
 # Then (add0847, `--variants "p2 "`): pass 2 on 2 warps, 13.3 against 16.3 us at 1M but 7.1 against
-# 6.1 at 128K (both in the 1M-wide table): 2 warps for tables wider than thresh_small blocks (256K
+# 6.1 at 128K (both in the 1M-wide table): 2 warps for tables wider than short_blocks blocks (256K
 # tokens, where rows that long exist), 4 otherwise; 16 blocks per program lost (20.1 / 26.8 at 1M).
 # Session 12 (H200, all reverted; BENCHMARKS.md): pass 2 with its raw window scores first (two dots)
 # and the lse merge after them, slots / seq_lens / q / page-table entries read before the PDL
@@ -147,8 +154,9 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # (pipelined it took 46 KB of shared memory): selection 50.7 against 39.0 us at 1M + 100 batch 1
 # even with one chunk per program (52.7), 143.9 against 139.2 at 128K + 100 batch 32 (130.5 with
 # 2,112 programs, but 803 against 673 at 1M batch 32).
-DECODE_DEFAULTS = dict(nbc=32, nbc_fp32=32, num_warps=4, num_warps_wide=2, lse_splits=None, thresh_chunk=1024,
-                       thresh_small=4096, thresh_warps=8, dedup=True, lse_bw=128, lse_warps=4, lse_stages=3)
+DECODE_DEFAULTS = dict(nbc=32, nbc_fp32=32, num_warps=4, num_warps_wide=2, lse_splits=None, dedup=True,
+                       lse_bw=128, lse_warps=4, lse_stages=3, short_blocks=4096, gather_chunk=1024,
+                       rank_rb=32, rank_ct=256, rank_warps=8, rank_short_rows=4, radix_warps=8)
 
 
 def group_rows(G: int) -> int:
@@ -163,22 +171,22 @@ def words_constexprs(sc: SparseConfig, hq: int, hkv: int, D: int, nbc: int, lse_
     G = hq // hkv
     return dict(HKV=hkv, G=G, BG=group_rows(G), D=D, WPP=sc.block_size // sc.kernel_stride,
                 LEFT=sc.kernel_size // sc.kernel_stride - 1, KS=sc.kernel_size, ST=sc.kernel_stride,
-                BS=sc.block_size, NBC=nbc, NCTR=tkern.NCTR, INIT=sc.init_blocks, WINB=sc.window_blocks,
+                BS=sc.block_size, NBC=nbc, NCTR=rkern.NCTR, INIT=sc.init_blocks, WINB=sc.window_blocks,
                 SP2=max(2, triton.next_power_of_2(lse_splits)), DOT_F32=dot_f32, DEDUP=dedup)
 
 
 def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_max: int,
                   k_pages=None, k1_start=None, k1_count=None, k_scale=1.0,
                   lse_splits: int | None = None, nbc: int | None = None, num_warps: int | None = None,
-                  thresh_chunk: int | None = None, thresh_small: int | None = None,
-                  thresh_warps: int | None = None, dedup: bool | None = None, lse_bw: int | None = None,
-                  lse_warps: int | None = None, lse_stages: int | None = None):
+                  **knobs):
     """One query per row (decode): triton_decode.py's lse and score-word passes, then
-    triton_thresh.py's top-k (one launch, or two when the table is wider than thresh_small).
+    triton_rank.topk_launch's top-k (one to three launches, fixed by the batch and table width).
     With k_pages, k1_start and k1_count given, the window completed by each row's token
     (k1_count 0/1) is compressed into k1_pages by the first launch (replaces compress_update).
     nb_max: the static block width (launch grid); each row's work follows its own seq_len.
-    Knobs left None take DECODE_DEFAULTS. Same result as select_paged."""
+    knobs: the other DECODE_DEFAULTS entries (dedup, lse_bw, lse_warps, lse_stages, short_blocks,
+    gather_chunk, rank_rb, rank_ct, rank_warps, rank_short_rows, radix_warps); knobs left out or
+    None take DECODE_DEFAULTS. Same result as select_paged."""
     dflt = DECODE_DEFAULTS
     n, hq, D = q.shape
     _, hkv, wpp, _ = k1_pages.shape
@@ -187,25 +195,25 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     rows = n * hkv
     dev = q.device
 
+    unknown = set(knobs) - set(dflt)
+    if unknown:
+        raise TypeError(f"select_decode: unknown knobs {sorted(unknown)}; valid: {sorted(dflt)}")
+
     def knob(value, name):
         return dflt[name] if value is None else value
 
+    k = {name: knob(knobs.get(name), name) for name in dflt}
     lse_splits = knob(lse_splits, "lse_splits")
     if lse_splits is None:                # about four programs per SM
         lse_splits = max(1, min(256, math.ceil(528 / rows)))
     if nbc is None:                       # blocks per program of pass 2
         nbc = dflt["nbc_fp32"] if q.dtype == torch.float32 else dflt["nbc"]
     if num_warps is None:                 # pass 2's warps
-        num_warps = dflt["num_warps_wide"] if nb_max > dflt["thresh_small"] else dflt["num_warps"]
-    thresh_chunk = knob(thresh_chunk, "thresh_chunk")
-    thresh_small = knob(thresh_small, "thresh_small")
-    thresh_warps = knob(thresh_warps, "thresh_warps")
-    dedup = knob(dedup, "dedup")
-    lse_bw, lse_warps, lse_stages = knob(lse_bw, "lse_bw"), knob(lse_warps, "lse_warps"), knob(lse_stages, "lse_stages")
+        num_warps = dflt["num_warps_wide"] if nb_max > dflt["short_blocks"] else dflt["num_warps"]
+    dedup, lse_bw, lse_warps, lse_stages = k["dedup"], k["lse_bw"], k["lse_warps"], k["lse_stages"]
     K = min(sc.selected_blocks, nb_max)
-    assert all(v > 0 and v & (v - 1) == 0 for v in (lse_bw, nbc, thresh_chunk)), "powers of 2 expected"
-    assert thresh_small & (thresh_small - 1) == 0
-    nctr = tkern.NCTR                     # the ticket, both histograms, the reservation counters
+    assert all(v > 0 and v & (v - 1) == 0 for v in (lse_bw, nbc)), "powers of 2 expected"
+    nctr = rkern.NCTR                     # the gather count and the top-12-bit histogram
     sm_scale = 1.0 / math.sqrt(D)
     dot_f32 = q.dtype == torch.float32
     fuse = k_pages is not None and k1_start is not None and k1_count is not None
@@ -230,7 +238,8 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
         q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), page_table.stride(0),
         words.stride(0), sm_scale, lse_splits, **words_constexprs(sc, hq, hkv, D, nbc, lse_splits, dot_f32, dedup),
         num_warps=num_warps, **launch_args(dev))
-    tkern.thresh_launch(seq_lens, words, ctr, sel, cnt, hkv, sc.block_size, K, thresh_chunk,
-                        ctile=max(256, 32 * thresh_warps), num_warps=thresh_warps,
-                        small=min(thresh_small, triton.next_power_of_2(nb_max)))
+    rkern.topk_launch(seq_lens, words, ctr, sel, cnt, hkv, sc.block_size, K,
+                      small=min(k["short_blocks"], triton.next_power_of_2(nb_max)), chunk=k["gather_chunk"],
+                      rb=k["rank_rb"], ct=k["rank_ct"], rank_warps=k["rank_warps"],
+                      short_rows=k["rank_short_rows"], radix_warps=k["radix_warps"])
     return sel, cnt

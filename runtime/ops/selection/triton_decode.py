@@ -1,5 +1,5 @@
 """InfLLM-V2 decode selection's first two Triton launches (the third, the top-k, is in
-triton_thresh.py), work proportional to each row's length.
+triton_rank.py / triton_radix.py), work proportional to each row's length.
 
 Hand-written because the selection runs inside the decode CUDA graph at the static width of the
 page table (sized for the longest context) while a row only has `t//B + 1` candidate blocks, and
@@ -24,7 +24,7 @@ from K1 (K1 read twice, mostly from L2 the second time).
    per block (4 B per block: 64 KB per row at 1M), adding its blocks to the row's 4096-bin
    histogram of the word's top 12 bits (global atomics in the row's counter slots; DEDUP: one
    per distinct bin of the program, as scores crowd into a few bins). Nobody
-   selects here: triton_thresh.py's third launch finds the top K from the histogram and the
+   selects here: triton_rank.topk_launch finds the top K from the histogram and the
    words, spread over the grid (keys "higher score first, ties -> lower block index").
    Removed (slower on the H200, session 5): the "radix" top-k (the last program of each
    2048-block group radix-selected its keys, the last group merged) and "hist" (the row's last
