@@ -158,7 +158,7 @@ def topk_launch(seq_lens, words, ctr, sel, cnt, hkv: int, block_size: int, K: in
     score, ties -> lower block) and cnt [n, Hkv]. Rows of more than `small` (a power of 2)
     candidate blocks: gathered (only when the table is that wide), then ranked. Shorter rows:
     ranked when the batch has at most `short_rows` rows, else triton_radix.py's one-program
-    select. One to three launches, fixed by the shapes (graph-safe)."""
+    select (small 0: no row is short). One to three launches, fixed by the shapes (graph-safe)."""
     rows, nb_max = words.shape
     assert ct % rb == 0 and all(v & (v - 1) == 0 for v in (rb, ct, chunk, small))
     long_rows = nb_max > small
@@ -166,7 +166,7 @@ def topk_launch(seq_lens, words, ctr, sel, cnt, hkv: int, block_size: int, K: in
     kept = words.new_empty((rows, nb_max) if long_rows else (1, 1), dtype=torch.int64)
     sel_strides = (sel.stride(0), sel.stride(1), cnt.stride(0), cnt.stride(1))
     pdl = launch_args(words.device)
-    if not rank_short:
+    if not rank_short and small > 0:
         pick = words.new_empty(rows * triton.next_power_of_2(K), dtype=torch.int64)
         _radix_kernel[(rows,)](seq_lens, words, ctr, pick, sel, cnt, words.stride(0), *sel_strides,
                                **radix_constexprs(hkv, block_size, K, small, NCTR), num_warps=radix_warps, **pdl)
