@@ -3,7 +3,7 @@ paged attention over the selected blocks) vs dense paged attention, sala-9b shap
 batch 1 (and more rows of the same context with --batch).
 
     python benchmarks/sparse_decode_bench.py [--quick] [--variants rank,gather] [--breakdown] [--batch 1,4]
-        [--out DIR]
+        [--attn-splits 96,32,16] [--out DIR]
 
 1. correctness, every swept variant (VARIANTS) on the same inputs: select_decode (fused K1
    update) against reference.select_blocks -- exact set and order, random and tied keys,
@@ -27,6 +27,8 @@ batch 1 (and more rows of the same context with --batch).
 --variants: comma-separated substrings; only VARIANTS whose name holds one are compiled, checked
 and timed ("default" always is). --breakdown: also each variant's device time per kernel
 (torch.profiler over eager calls), printed as "kernels[variant]" in the JSON lines.
+--attn-splits: the sparse total again with the attention over the selected blocks split that many
+ways (the engine uses choose_splits: 96 at batch 1), as "sparse_total[splits N]_us".
 Results: tables on stdout (last) and DIR/sparse_decode_bench.json ($OUT or ./out).
 """
 
@@ -132,9 +134,10 @@ def smooth_keys(k1p, pages):
     return out
 
 
-def layer_case(cfg, ctx, width, flush_buf, variants, breakdown=False, batch=1):
+def layer_case(cfg, ctx, width, flush_buf, variants, breakdown=False, batch=1, attn_splits=()):
     """Timings (us) of one layer's decode attention for `batch` rows at context `ctx` each, page
-    table `width` wide (the tied / smooth selections at batch 1 only)."""
+    table `width` wide (the tied / smooth selections at batch 1 only); attn_splits: also the
+    sparse total with the attention split that many ways (the engine: choose_splits)."""
     from salactl.runtime.ops.decode_attention.config import choose_splits
     from salactl.runtime.ops.decode_attention.triton import paged_attention
     from salactl.runtime.ops.selection.gpu import compress_update, select_decode
@@ -181,6 +184,11 @@ def layer_case(cfg, ctx, width, flush_buf, variants, breakdown=False, batch=1):
         paged_attention(q, kp, vp, pt, slots, seq, sel, cnt, sc.dense_len, num_splits=sparse_splits)
 
     fns["sparse_total"] = sparse_total
+    for sp in attn_splits:
+        def split_total(sp=sp):
+            sel, cnt = fns["selection_fused_k1"]()
+            paged_attention(q, kp, vp, pt, slots, seq, sel, cnt, sc.dense_len, num_splits=sp)
+        fns[f"sparse_total[splits {sp}]"] = split_total
     fns["sparse_unfused"] = sparse_unfused
     out = {"ctx": ctx, "batch": n, "table_blocks": width}
     flush = (lambda: flush_buf.zero_()) if flush_buf is not None else None
@@ -313,6 +321,8 @@ def main():
                     help="also each selection variant's time per kernel (torch.profiler, eager calls)")
     ap.add_argument("--batch", default="1",
                     help="comma-separated batch sizes for the per-layer cases (rows of equal context)")
+    ap.add_argument("--attn-splits", default="",
+                    help="comma-separated split counts: also the sparse total with the attention split that way")
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
     args = ap.parse_args()
     from salactl.runtime.presets import sala_9b
@@ -349,7 +359,8 @@ def main():
         cases = [c for c in cases if c[2] > 1]
     res["cases"] = []
     for ctx, width, n in cases:
-        c = layer_case(cfg, ctx, width, flush_buf, variants, args.breakdown, n)
+        c = layer_case(cfg, ctx, width, flush_buf, variants, args.breakdown, n,
+                       [int(v) for v in args.attn_splits.split(",") if v.strip()])
         torch.cuda.empty_cache()
         res["cases"].append(c)
         print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in c.items()}), flush=True)
@@ -374,6 +385,13 @@ def main():
         print(f"| {c['ctx']} | {c['batch']} | {c['table_blocks']} | {c['dense_us']:.1f} | {c['sparse_total_us']:.1f} | "
               f"{c['compress_us']:.1f} | {c['selection_fused_k1_us']:.1f} | {c['selection_us']:.1f} | "
               f"{c['attention_us']:.1f} | {100 * c['ratio']:.1f}% | {cold} |")
+    splits = [int(v) for v in args.attn_splits.split(",") if v.strip()]
+    if splits:
+        print("\n| ctx | batch | " + " | ".join(f"sparse total, {sp} splits" for sp in splits) + " |")
+        print("|---|---|" + "---|" * len(splits))
+        for c in res["cases"]:
+            print(f"| {c['ctx']} | {c['batch']} | " + " | ".join(
+                f"{c[f'sparse_total[splits {sp}]_us']:.1f}" for sp in splits) + " |")
     print(f"\ntotal {time.perf_counter() - t0:.0f} s; checks {'FAILED' if bad else 'ok'}")
     return 1 if bad else 0
 
