@@ -10,7 +10,7 @@ MemoryWorkloadAnalysis sections (ncu flushes the caches before each pass: DRAM-c
 rotating benchmarks), and prints the metrics that decide between latency-, issue- and
 bandwidth-bound (stall reasons: warps stalled per issued instruction, by reason). Inputs: random, the 9B shapes (W4A16 GPTQ g128 at one row, decode attention of
 one layer at 128K / batch 1, the skinny o_proj at 32 rows, the decode selection's passes at 1M + 100
-and its one-program top-k at 128K + 100 over compressed random keys, as sparse_decode_bench.py).
+and its rank top-k at 128K + 100 over compressed random keys, as sparse_decode_bench.py).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 KERNELS = {"w4a16_gateup": "_w4a16_tc_kernel", "w4a16_o": "_w4a16_tc_kernel", "attn_fp8": "_split_kernel",
            "attn_bf16": "_split_kernel", "skinny_o32": "_skinny_kernel",
-           "sel_words_1m": "_block_words_kernel", "sel_lse_1m": "_lse_kernel", "sel_top_128k": "_thresh_one_kernel"}
+           "sel_words_1m": "_block_words_kernel", "sel_lse_1m": "_lse_kernel", "sel_rank_128k": "_rank_kernel"}
 SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats", "SchedulerStats", "MemoryWorkloadAnalysis")
 KEEP = ("Duration", "DRAM Throughput", "Memory Throughput", "Compute (SM) Throughput", "Registers Per Thread",
         "Achieved Occupancy", "Theoretical Occupancy", "Block Limit", "Issue Slots Busy", "Issued Warp Per Scheduler",
