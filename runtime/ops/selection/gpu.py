@@ -1,8 +1,8 @@
 """InfLLM-V2 selection on the GPU over paged caches: launchers for the Triton kernels in
 triton.py (compression; prefill selection, several queries of one sequence per tile, + torch.topk)
 and triton_decode.py + triton_rank.py / triton_radix.py (decode selection: three to five
-launches, work proportional to each row's length, top-k in the kernel). Static shapes throughout (graph-safe);
-exactly DESIGN.md §2, checked against reference.select_blocks on random inputs."""
+launches, work proportional to each row's length, top-k in the kernel). Static shapes throughout
+(graph-safe); exactly DESIGN.md §2, checked against reference.select_blocks on random inputs."""
 
 from __future__ import annotations
 
@@ -184,9 +184,9 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     With k_pages, k1_start and k1_count given, the window completed by each row's token
     (k1_count 0/1) is compressed into k1_pages by the first launch (replaces compress_update).
     nb_max: the static block width (launch grid); each row's work follows its own seq_len.
-    knobs: the other DECODE_DEFAULTS entries (dedup, lse_bw, lse_warps, lse_stages, short_blocks,
-    gather_chunk, rank_rb, rank_ct, rank_warps, rank_short_rows, radix_warps); knobs left out or
-    None take DECODE_DEFAULTS. Same result as select_paged."""
+    knobs: the other DECODE_DEFAULTS entries (nbc_fp32, num_warps_wide, dedup, lse_bw, lse_warps,
+    lse_stages, short_blocks, gather_chunk, rank_rb, rank_ct, rank_warps, rank_short_rows,
+    radix_warps); knobs left out or None take DECODE_DEFAULTS. Same result as select_paged."""
     dflt = DECODE_DEFAULTS
     n, hq, D = q.shape
     _, hkv, wpp, _ = k1_pages.shape
@@ -207,9 +207,9 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     if lse_splits is None:                # about four programs per SM
         lse_splits = max(1, min(256, math.ceil(528 / rows)))
     if nbc is None:                       # blocks per program of pass 2
-        nbc = dflt["nbc_fp32"] if q.dtype == torch.float32 else dflt["nbc"]
+        nbc = k["nbc_fp32"] if q.dtype == torch.float32 else dflt["nbc"]
     if num_warps is None:                 # pass 2's warps
-        num_warps = dflt["num_warps_wide"] if nb_max > dflt["short_blocks"] else dflt["num_warps"]
+        num_warps = k["num_warps_wide"] if nb_max > k["short_blocks"] else dflt["num_warps"]
     dedup, lse_bw, lse_warps, lse_stages = k["dedup"], k["lse_bw"], k["lse_warps"], k["lse_stages"]
     K = min(sc.selected_blocks, nb_max)
     assert all(v > 0 and v & (v - 1) == 0 for v in (lse_bw, nbc)), "powers of 2 expected"
