@@ -357,10 +357,10 @@ def main():
         cases += [((1 << 20) + off, (1 << 20) // B + 4, n), (131072 + off, (1 << 20) // B + 4, n)]
     if "1" not in args.batch.split(","):
         cases = [c for c in cases if c[2] > 1]
+    splits = [int(v) for v in args.attn_splits.split(",") if v.strip()]
     res["cases"] = []
     for ctx, width, n in cases:
-        c = layer_case(cfg, ctx, width, flush_buf, variants, args.breakdown, n,
-                       [int(v) for v in args.attn_splits.split(",") if v.strip()])
+        c = layer_case(cfg, ctx, width, flush_buf, variants, args.breakdown, n, splits)
         torch.cuda.empty_cache()
         res["cases"].append(c)
         print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in c.items()}), flush=True)
@@ -385,7 +385,6 @@ def main():
         print(f"| {c['ctx']} | {c['batch']} | {c['table_blocks']} | {c['dense_us']:.1f} | {c['sparse_total_us']:.1f} | "
               f"{c['compress_us']:.1f} | {c['selection_fused_k1_us']:.1f} | {c['selection_us']:.1f} | "
               f"{c['attention_us']:.1f} | {100 * c['ratio']:.1f}% | {cold} |")
-    splits = [int(v) for v in args.attn_splits.split(",") if v.strip()]
     if splits:
         print("\n| ctx | batch | " + " | ".join(f"sparse total, {sp} splits" for sp in splits) + " |")
         print("|---|---|" + "---|" * len(splits))

@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from salactl.runtime.ops.pdl import launch_args, pdl_wait
-from salactl.runtime.ops.selection.triton_radix import _radix_kernel, radix_constexprs
+from salactl.runtime.ops.selection.triton_radix import _pick_digit, _radix_kernel, _sort_key, radix_constexprs
 
 # Counter slots per row: [0] the gather buffer's length, [1:4097] the top-12-bit bins (pass 2).
 KEPT = tl.constexpr(0)
@@ -53,14 +53,6 @@ def _score_u(word_row, b, m):
 
 
 @triton.jit
-def _threshold_bin(h1_ptr, need):
-    """The top-12-bit bin holding the need-th largest word (need >= 1)."""
-    h = tl.load(h1_ptr + tl.arange(0, 4096))
-    ge = tl.sum(h, 0) - tl.cumsum(h, 0) + h                        # words in bins >= d
-    return tl.max(tl.where(ge >= need, tl.arange(0, 4096), 0), 0)
-
-
-@triton.jit
 def _gather_kernel(seqlen_ptr, word_ptr, ctr_ptr, kept_ptr, s_word, s_kept,
                    HKV: tl.constexpr, BS: tl.constexpr, NCTR: tl.constexpr, K: tl.constexpr,
                    CH: tl.constexpr, SMALL: tl.constexpr, PDL: tl.constexpr = False):
@@ -73,11 +65,13 @@ def _gather_kernel(seqlen_ptr, word_ptr, ctr_ptr, kept_ptr, s_word, s_kept,
     if (ncand > SMALL) & (c * CH < ncand):
         w = tl.load(word_ptr + r.to(tl.int64) * s_word + b, mask=b < ncand, other=0)
         row_ctr = ctr_ptr + r * NCTR
-        tbin = _threshold_bin(row_ctr + 1, tl.minimum(ncand, K))
+        # the top-12-bit bin holding the K-th largest word, as prefix << 20
+        thr, _ = _pick_digit(tl.load(row_ctr + 1 + tl.arange(0, 4096)), tl.minimum(ncand, K),
+                             tl.zeros([], tl.uint32), 20, 4096)
         u = w.to(tl.uint32, bitcast=True) ^ 0x80000000
-        keep = (b < ncand) & ((u >> 20).to(tl.int32) >= tbin)
+        keep = (b < ncand) & ((u >> 20) >= (thr >> 20))
         at = tl.atomic_add(row_ctr + KEPT, tl.sum(keep.to(tl.int32), 0), sem="relaxed")
-        key = w.to(tl.int64) * 4294967296 + (4294967295 - b.to(tl.int64))
+        key = _sort_key(w, b)
         tl.store(kept_ptr + r.to(tl.int64) * s_kept + at + tl.cumsum(keep.to(tl.int32), 0) - 1, key, mask=keep)
 
 
