@@ -3,7 +3,7 @@ pages): bf16 vs fp8_e4m3 pages, the current defaults vs the launch configs of SW
 (runtime/ops/decode_attention/config.py). Issue 5's target: fp8 >= 1.7x bf16 at 128K, batch 1.
 
     python benchmarks/decode_attention_bench.py [--out FILE.json] [--quick] [--configs 0,3,5] [--split-only]
-        [--cases "128K b1,128K b4,128K b8"] [--read-floor]
+        [--cases "128K b1,128K b4,128K b8"] [--read-floor] [--rounds 5]
 
 1. correctness (fails loudly, exit 1): every config x {bf16, fp8_e4m3 with per-head scales} on
    dense 4K batch 8, dense 128K batch 1 and a sparse-selected row set (128K, 96 random blocks
@@ -12,6 +12,7 @@ pages): bf16 vs fp8_e4m3 pages, the current defaults vs the launch configs of SW
    --cases given, e.g. 128K at batch 8: the FP8 question when several requests share a step); each a
    CUDA graph of calls that rotate over R disjoint page ranges of one pool (R x KV bytes >= 150 MB,
    so KV is not served from the 50 MB L2); median of replays; the time includes the merge kernel.
+   --rounds N: every (dtype, config) of a case timed N times, odd rounds in reverse order, median.
 --split-only adds, per dtype, the default config's split kernel alone (`split_partials`, no merge
 kernel): what the merge launch costs in a graph of calls. --read-floor adds, per dense case and
 dtype, the fastest kernel that only reads the KV bytes once (read_floor.py) in the same rotation:
@@ -29,6 +30,7 @@ import argparse
 import json
 import math
 import re
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -211,6 +213,9 @@ def main() -> int:
     ap.add_argument("--split-only", action="store_true", help="also time each default's split kernel alone")
     ap.add_argument("--read-floor", action="store_true",
                     help="also, per dense case, the fastest kernel that only reads its KV bytes (read_floor.py)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time every (dtype, config) of a case this many times, in alternating order, and "
+                         "take the median (order effects between configs are ~2-3%%)")
     ap.add_argument("--cases", default=None,
                     help="comma-separated timing cases instead of DEFAULT_CASES, e.g. '128K b1,128K b8,"
                          "sparse 128K b1' (--quick: 128K b1)")
@@ -247,17 +252,21 @@ def main() -> int:
         case = Case(name, ctx, batch, sparse, rot=rot)
         base = {}
         defaults = {dt: default_config(DTYPES[dt] or torch.bfloat16, batch * HKV) for dt in DTYPES}
-        for dt in DTYPES:
-            for cfg in configs:
-                t = time_case(case, dt, cfg, rot)
-                rows.append(dict(case=name, dtype=dt, config=cfg.name, default=cfg == defaults[dt],
-                                 us=t * 1e6, gb_s=case.kv_bytes(dt) / t / 1e9))
-                if cfg == defaults[dt]:
-                    base[dt] = t * 1e6
-                    if a.split_only:
-                        t = time_case(case, dt, cfg, rot, split_only=True)
-                        rows.append(dict(case=name, dtype=dt, config=cfg.name + " split-only", default=False,
-                                         us=t * 1e6, gb_s=case.kv_bytes(dt) / t / 1e9))
+        pairs = [(dt, cfg) for dt in DTYPES for cfg in configs]
+        times = {p: [] for p in pairs}
+        for r in range(a.rounds):         # odd rounds reversed: no config always runs first
+            for dt, cfg in (pairs if r % 2 == 0 else pairs[::-1]):
+                times[(dt, cfg)].append(time_case(case, dt, cfg, rot))
+        for dt, cfg in pairs:
+            t = statistics.median(times[(dt, cfg)])
+            rows.append(dict(case=name, dtype=dt, config=cfg.name, default=cfg == defaults[dt],
+                             us=t * 1e6, gb_s=case.kv_bytes(dt) / t / 1e9))
+            if cfg == defaults[dt]:
+                base[dt] = t * 1e6
+                if a.split_only:
+                    t = time_case(case, dt, cfg, rot, split_only=True)
+                    rows.append(dict(case=name, dtype=dt, config=cfg.name + " split-only", default=False,
+                                     us=t * 1e6, gb_s=case.kv_bytes(dt) / t / 1e9))
         for r in rows:
             if r["case"] == name:
                 r["x_default"] = base[r["dtype"]] / r["us"]
