@@ -41,16 +41,13 @@ def test_paged_decode_attention_dense_and_sparse(fp8):
     _assert_rows(S.check_decode_attention("cpu", torch.float32, SMALL, fp8=fp8))
 
 
-@pytest.mark.parametrize("preload,fp8,sub,trans", [(2, True, 0, False), (8, False, 0, False), (2, True, 16, False),
-                                                   (0, False, 16, False), (2, True, 0, True), (0, False, 0, True),
-                                                   (0, True, 16, True)])
-def test_paged_decode_attention_page_id_preload(preload, fp8, sub, trans):
+@pytest.mark.parametrize("preload,fp8,sub", [(2, True, 0), (8, False, 0), (2, True, 16), (0, False, 16)])
+def test_paged_decode_attention_page_id_preload(preload, fp8, sub):
     """The split kernel with the split's page ids preloaded: in chunks of 2 pages (several chunks
     per split, a partial last chunk) and of 8 (one chunk); sub 16: half a page per softmax step
-    (the check's partial last pages leave the second half empty or partly masked); trans: the
-    transposed page math."""
+    (the check's partial last pages leave the second half empty or partly masked)."""
     from salactl.runtime.ops.decode_attention.config import DecodeConfig
-    cfg = DecodeConfig(preload=preload, sub=sub, early=bool(sub), trans=trans)
+    cfg = DecodeConfig(preload=preload, sub=sub, early=bool(sub))
     _assert_rows(S.check_decode_attention("cpu", torch.float32, SMALL, fp8=fp8, config=cfg))
 
 

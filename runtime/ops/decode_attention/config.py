@@ -32,7 +32,6 @@ class DecodeConfig:
     preload: int = 0
     sub: int = 0           # tokens per online-softmax step (a divisor of the page; 0: the page)
     early: bool = False    # load slots and seq_lens before the PDL wait (see _split_kernel)
-    trans: bool = False    # transposed page math (triton._attend_page_t): the page is the MMA's M side
 
     @property
     def name(self) -> str:
@@ -40,7 +39,6 @@ class DecodeConfig:
         pre = f" pre{self.preload}" if self.preload else ""
         sub = f" sub{self.sub}" if self.sub else ""
         early = " early" if self.early else ""
-        early += " T" if self.trans else ""
         return (f"page w{self.warps} s{self.stages}{reg}{pre}{sub}{early} pps{self.programs_per_sm} "
                 f"max{self.max_splits}")
 
@@ -131,16 +129,6 @@ SWEEP_CONFIGS = (
     # the defaults before slots / seq_lens were loaded ahead of the PDL wait (early)
     DecodeConfig(warps=2, programs_per_sm=4, max_splits=256),
     DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16),
-    # transposed page math (one warpgroup, wgmma m64n16 with the page as the A operand). Offline
-    # sm_90 (Triton 3.6) w4 s3: fp8 167 registers, 39 KB smem; bf16 80 registers, 102 KB smem
-    DecodeConfig(warps=4, stages=3, programs_per_sm=3, max_splits=256, preload=16, early=True, trans=True),
-    DecodeConfig(warps=4, stages=3, programs_per_sm=4, max_splits=256, preload=16, early=True, trans=True,
-                 maxnreg=128),
-    DecodeConfig(warps=4, stages=4, programs_per_sm=3, max_splits=256, preload=16, early=True, trans=True),
-    DecodeConfig(warps=4, stages=2, programs_per_sm=4, max_splits=256, preload=16, early=True, trans=True,
-                 maxnreg=128),
-    DecodeConfig(warps=4, stages=2, programs_per_sm=3, max_splits=256, preload=16, early=True, trans=True),
-    DecodeConfig(warps=4, stages=3, programs_per_sm=2, max_splits=256, preload=16, early=True, trans=True),
 )
 
 

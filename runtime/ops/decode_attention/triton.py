@@ -28,6 +28,9 @@ Nor (session 11) does converting e4m3 pages by bit moves instead of cvt pay: PRM
 LOP3 per two values (value·2^-8 exactly, the 2^8 in the scales; 1023 instead of 635 instructions
 per page) ran fp8 128K in 26.4 vs 24.7 us and lost on every case (0.88-0.94x): F2FP's cvt of two
 values costs no more issue time than four integer instructions.
+Nor (session 17, c64dde7) does transposed page math (sᵀ = K·qᵀ, accᵀ += Vᵀ·pᵀ: the page as the M
+side of one warpgroup's wgmma m64n16): fp8 loads its converted pages with 16-bit LDS (69 per page)
+at 167 registers, 128K b1 26.6-32.5 us against 25.2; bf16 was even at 128K and 1M (w4 s3 pps2).
 DecodeConfig.preload loads a split's page ids before its loop (see _split_kernel): with the page
 id loaded inside the loop, Triton's pipeliner keeps one K/V buffer, so a page's loads wait for the
 previous page's math.
@@ -78,46 +81,6 @@ def _attend_page(q, k_ptr, v_ptr, kbase, vbase, tile, vtile, tok, nvalid, qk_sca
     return m_new, l, acc * alpha[:, None] + pv
 
 
-@triton.jit
-def _attend_page_t(qt, k_ptr, v_ptr, kbase, vbase, tile, vtile, tok, nvalid, qk_scale, m, l, acc,
-                   SUB: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr):
-    """_attend_page transposed: scores sᵀ = K·qᵀ [SUB, BG] and accᵀ [D, BG] += Vᵀ·pᵀ, so the page
-    (SUB = 64 tokens, D = 128) is the MMA's M side: one warpgroup's wgmma m64n16 with K / Vᵀ as the
-    A operand (converted FP8 pages straight from registers), instead of 16-row mma.sync tiles.
-    vtile: the [D, SUB] element offsets of Vᵀ; l: [SUB, BG], summed over tokens at the end."""
-    kt = tl.load(k_ptr + kbase + tile)
-    vt = tl.load(v_ptr + vbase + vtile)
-    if FP8:
-        kt = kt.to(qt.dtype)
-        vt = vt.to(qt.dtype)
-    if DOT_F32:
-        s = tl.dot(kt, qt, input_precision="ieee")
-    else:
-        s = tl.dot(kt, qt)
-    if nvalid < SUB:
-        s = tl.where((tok < nvalid)[:, None], s, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, 0) * qk_scale)
-    alpha = tl.exp2(m - m_new)
-    p = tl.exp2(s * qk_scale - m_new[None, :])
-    l = l * alpha[None, :] + p
-    if DOT_F32:
-        pv = tl.dot(vt, p, input_precision="ieee")
-    else:
-        pv = tl.dot(vt, p.to(vt.dtype))
-    return m_new, l, acc * alpha[None, :] + pv
-
-
-@triton.jit
-def _attend(q, k_ptr, v_ptr, kbase, vbase, tile, vtile, tok, nvalid, qk_scale, m, l, acc,
-            SUB: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr, TRANS: tl.constexpr):
-    if TRANS:
-        return _attend_page_t(q, k_ptr, v_ptr, kbase, vbase, tile, vtile, tok, nvalid, qk_scale, m, l, acc,
-                              SUB, FP8, DOT_F32)
-    else:
-        return _attend_page(q, k_ptr, v_ptr, kbase, vbase, tile, vtile, tok, nvalid, qk_scale, m, l, acc,
-                            SUB, FP8, DOT_F32)
-
-
 @triton.jit(do_not_specialize=["dense_len", "num_splits", "s_seln", "s_selh", "s_cntn", "s_cnth"])
 def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cnt_ptr,
                   po_ptr, plse_ptr,
@@ -125,8 +88,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
                   sm_scale, ks_ptr, vs_ptr, dense_len, num_splits,
                   HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, BS: tl.constexpr,
                   D: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr, MAXP: tl.constexpr,
-                  SUB: tl.constexpr, EARLY: tl.constexpr, TRANS: tl.constexpr = False,
-                  PDL: tl.constexpr = False):
+                  SUB: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr = False):
     r = tl.program_id(0)
     sp = tl.program_id(1)
     n = r // HKV
@@ -159,20 +121,14 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
     if FP8:
         qk_scale = qk_scale * tl.load(ks_ptr + kh)
     m = tl.full([BG], -1e30, tl.float32)
+    l = tl.zeros([BG], tl.float32)
+    acc = tl.zeros([BG, D], tl.float32)
     tile = tok[:, None] * D + d[None, :]
     vtile = tile
     vsub = SUB * D                          # element offset of a page's next SUB tokens in V
     if FP8:
         vtile = tok[:, None] + d[None, :] * BS     # token-minor V pages (reference.v_token_minor)
         vsub = SUB
-    if TRANS:                               # accᵀ [D, BG], qᵀ [D, BG], Vᵀ tiles [D, SUB]
-        acc = tl.zeros([D, BG], tl.float32)
-        l = tl.zeros([SUB, BG], tl.float32)
-        q = tl.trans(q)
-        vtile = tl.trans(vtile)
-    else:
-        acc = tl.zeros([BG, D], tl.float32)
-        l = tl.zeros([BG], tl.float32)
     if MAXP == 0:
         for i in range(start * NSUB, end * NSUB):
             b = i // NSUB
@@ -181,8 +137,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
                 b = tl.load(sel_ptr + n * s_seln + kh * s_selh + b)
             page = tl.load(pt_ptr + slot * s_pt + b).to(tl.int64)
             base = page * s_kp + kh * s_kh
-            m, l, acc = _attend(q, k_ptr, v_ptr, base + h * (SUB * D), base + h * vsub, tile, vtile,
-                                tok, seqlen - b * BS - h * SUB, qk_scale, m, l, acc, SUB, FP8, DOT_F32, TRANS)
+            m, l, acc = _attend_page(q, k_ptr, v_ptr, base + h * (SUB * D), base + h * vsub, tile, vtile,
+                                     tok, seqlen - b * BS - h * SUB, qk_scale, m, l, acc, SUB, FP8, DOT_F32)
     else:
         # Page ids (and valid token counts) of up to MAXP pages loaded up front: the K/V addresses
         # of the inner loop then depend on no load of the same iteration, so the pipeliner keeps
@@ -199,12 +155,9 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
                 h = i % NSUB
                 c = tl.sum(tl.where(jj == i // NSUB - c0, code, 0), 0)      # element i // NSUB - c0, no memory
                 base = (c // (2 * BS)) * s_kp + kh * s_kh
-                m, l, acc = _attend(q, k_ptr, v_ptr, base + h * (SUB * D), base + h * vsub, tile, vtile,
-                                    tok, (c % (2 * BS)).to(tl.int32) - h * SUB, qk_scale, m, l, acc,
-                                    SUB, FP8, DOT_F32, TRANS)
-    if TRANS:
-        acc = tl.trans(acc)
-        l = tl.sum(l, 0)
+                m, l, acc = _attend_page(q, k_ptr, v_ptr, base + h * (SUB * D), base + h * vsub, tile, vtile,
+                                         tok, (c % (2 * BS)).to(tl.int32) - h * SUB, qk_scale, m, l, acc,
+                                         SUB, FP8, DOT_F32)
     ok = l > 0
     if FP8:
         acc = acc * tl.load(vs_ptr + kh)
@@ -306,7 +259,7 @@ def split_partials(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=N
         *sel_strides, float(sm_scale), *kernel_scales(k_pages.dtype, hkv, q.device, k_scale, v_scale, unused=plse),
         int(dense_len), num_splits,
         HKV=hkv, G=G, BG=BG, BS=B, D=d, FP8=is_fp8(k_pages.dtype), DOT_F32=(q.dtype == torch.float32),
-        MAXP=cfg.max_pages(max_blocks, num_splits), SUB=cfg.sub or B, EARLY=cfg.early, TRANS=cfg.trans,
+        MAXP=cfg.max_pages(max_blocks, num_splits), SUB=cfg.sub or B, EARLY=cfg.early,
         **cfg.launch(), **launch_args(q.device))
     return po, plse
 
