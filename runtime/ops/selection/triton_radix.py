@@ -41,11 +41,11 @@ def _sort_key(w, b):
 
 
 @triton.jit
-def _unsigned_word(word_ptr, b, m):
-    """(u, key64) of blocks b from their int32 score words: u = word ^ 2^31 (unsigned order =
-    score order), key = _sort_key."""
-    w = tl.load(word_ptr + b, mask=m, other=0, cache_modifier=".cg")
-    return w.to(tl.uint32, bitcast=True) ^ 0x80000000, _sort_key(w, b)
+def _score_u(word_row, b, m):
+    """Unsigned order-preserving score words of blocks b (0 where not m: below every real word).
+    Plain loads: the words come from an earlier kernel."""
+    w = tl.load(word_row + b, mask=m, other=0)
+    return tl.where(m, w.to(tl.uint32, bitcast=True) ^ 0x80000000, 0)
 
 
 @triton.jit
@@ -83,7 +83,7 @@ def _radix_row(word_row, h1_ptr, ncand, pick_row, sel_row, cnt_ptr, K: tl.conste
     not faster, and tl.histogram is the cheapest count."""
     b = tl.arange(0, SMALL)
     m = b < ncand
-    u, _ = _unsigned_word(word_row, b, m)     # the keys are rebuilt for the picks only
+    u = _score_u(word_row, b, m)              # the keys are built for the picks only
     h1 = tl.load(h1_ptr + tl.arange(0, 4096), cache_modifier=".cg")
     pre, need = _pick_digit(h1, tl.minimum(ncand, K), tl.zeros([], tl.uint32), 20, 4096)
     live = m & ((u >> 20) == (pre >> 20))

@@ -37,19 +37,12 @@ import triton
 import triton.language as tl
 
 from salactl.runtime.ops.pdl import launch_args, pdl_wait
-from salactl.runtime.ops.selection.triton_radix import _pick_digit, _radix_kernel, _sort_key, radix_constexprs
+from salactl.runtime.ops.selection.triton_radix import (_pick_digit, _radix_kernel, _score_u, _sort_key,
+                                                      radix_constexprs)
 
 # Counter slots per row: [0] the gather buffer's length, [1:4097] the top-12-bit bins (pass 2).
 KEPT = tl.constexpr(0)
 NCTR = 4097
-
-
-@triton.jit
-def _score_u(word_row, b, m):
-    """Unsigned order-preserving score words of blocks b (0 where not m: below every real word).
-    Plain loads: the words come from an earlier kernel."""
-    w = tl.load(word_row + b, mask=m, other=0)
-    return tl.where(m, w.to(tl.uint32, bitcast=True) ^ 0x80000000, 0)
 
 
 @triton.jit
