@@ -3,7 +3,7 @@ pages): bf16 vs fp8_e4m3 pages, the current defaults vs the launch configs of SW
 (runtime/ops/decode_attention/config.py). Issue 5's target: fp8 >= 1.7x bf16 at 128K, batch 1.
 
     python benchmarks/decode_attention_bench.py [--out FILE.json] [--quick] [--configs 0,3,5] [--split-only]
-        [--cases "128K b1,128K b4,128K b8"] [--read-floor] [--rounds 5]
+        [--cases "128K b1,128K b4,128K b8"] [--read-floor] [--rounds 5] [--layout sequential]
 
 1. correctness (fails loudly, exit 1): every config x {bf16, fp8_e4m3 with per-head scales} on
    dense 4K batch 8, dense 128K batch 1 and a sparse-selected row set (128K, 96 random blocks
@@ -13,6 +13,8 @@ pages): bf16 vs fp8_e4m3 pages, the current defaults vs the launch configs of SW
    CUDA graph of calls that rotate over R disjoint page ranges of one pool (R x KV bytes >= 150 MB,
    so KV is not served from the 50 MB L2); median of replays; the time includes the merge kernel.
    --rounds N: every (dtype, config) of a case timed N times, odd rounds in reverse order, median.
+   --layout: the pages of each rotation in random order (default: a pool after much churn) or
+   consecutive (what the engine's allocator gives a request in a fresh pool: one contiguous range).
 --split-only adds, per dtype, the default config's split kernel alone (`split_partials`, no merge
 kernel): what the merge launch costs in a graph of calls. --read-floor adds, per dense case and
 dtype, the fastest kernel that only reads the KV bytes once (read_floor.py) in the same rotation:
@@ -57,7 +59,7 @@ def kv_bytes(tokens: int, dt: str) -> int:
 class Case:
     """n rows of length ctx; `rot` copies of the page set (pool, page tables) for L2 rotation."""
 
-    def __init__(self, name, ctx, batch, sparse=False, rot=1, seed=0):
+    def __init__(self, name, ctx, batch, sparse=False, rot=1, seed=0, layout="random"):
         self.name, self.ctx, self.batch, self.sparse = name, ctx, batch, sparse
         g = torch.Generator(device="cuda").manual_seed(seed)
         per = math.ceil(ctx / B)
@@ -71,7 +73,8 @@ class Case:
         self.seq[-1] = ctx - 17 if batch > 1 else ctx       # one partial last page
         self.tables = []
         for r in range(rot):
-            perm = torch.randperm(self.pages_per_rot, device="cuda", generator=g) + r * self.pages_per_rot
+            perm = (torch.randperm(self.pages_per_rot, device="cuda", generator=g) if layout == "random"
+                    else torch.arange(self.pages_per_rot, device="cuda")) + r * self.pages_per_rot
             self.tables.append(perm.to(torch.int32).reshape(batch, per).contiguous())
         self.sel = self.cnt = None
         self.blocks = per
@@ -216,6 +219,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1,
                     help="time every (dtype, config) of a case this many times, in alternating order, and "
                          "take the median (order effects between configs are ~2-3%%)")
+    ap.add_argument("--layout", choices=("random", "sequential"), default="random",
+                    help="page order in the timed page tables (sequential: one contiguous range per row)")
     ap.add_argument("--cases", default=None,
                     help="comma-separated timing cases instead of DEFAULT_CASES, e.g. '128K b1,128K b8,"
                          "sparse 128K b1' (--quick: 128K b1)")
@@ -249,7 +254,7 @@ def main() -> int:
     for name, ctx, batch, sparse in specs:
         per_rot = kv_bytes(batch * (SELECTED * B if sparse else ctx), "fp8_e4m3")   # bytes of one rotation
         rot = min(16, max(1, math.ceil(L2_BYTES / per_rot)))
-        case = Case(name, ctx, batch, sparse, rot=rot)
+        case = Case(name, ctx, batch, sparse, rot=rot, layout=a.layout)
         base = {}
         defaults = {dt: default_config(DTYPES[dt] or torch.bfloat16, batch * HKV) for dt in DTYPES}
         pairs = [(dt, cfg) for dt in DTYPES for cfg in configs]

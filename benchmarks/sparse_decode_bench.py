@@ -3,7 +3,7 @@ paged attention over the selected blocks) vs dense paged attention, sala-9b shap
 batch 1 (and more rows of the same context with --batch).
 
     python benchmarks/sparse_decode_bench.py [--quick] [--variants rank,gather] [--breakdown] [--batch 1,4]
-        [--attn-splits 96,32,16] [--out DIR]
+        [--attn-splits 96,32,16] [--layout sequential] [--out DIR]
 
 1. correctness, every swept variant (VARIANTS) on the same inputs: select_decode (fused K1
    update) against reference.select_blocks -- exact set and order, random and tied keys,
@@ -29,6 +29,8 @@ and timed ("default" always is). --breakdown: also each variant's device time pe
 (torch.profiler over eager calls), printed as "kernels[variant]" in the JSON lines.
 --attn-splits: the sparse total again with the attention over the selected blocks split that many
 ways (the engine uses choose_splits: 96 at batch 1), as "sparse_total[splits N]_us".
+--layout: the timed page tables' pages in random order (default) or consecutive (each row one
+contiguous range, as the engine's allocator gives a request in a fresh pool).
 Results: tables on stdout (last) and DIR/sparse_decode_bench.json ($OUT or ./out).
 """
 
@@ -134,7 +136,7 @@ def smooth_keys(k1p, pages):
     return out
 
 
-def layer_case(cfg, ctx, width, flush_buf, variants, breakdown=False, batch=1, attn_splits=()):
+def layer_case(cfg, ctx, width, flush_buf, variants, breakdown=False, batch=1, attn_splits=(), layout="random"):
     """Timings (us) of one layer's decode attention for `batch` rows at context `ctx` each, page
     table `width` wide (the tied / smooth selections at batch 1 only); attn_splits: also the
     sparse total with the attention split that many ways (the engine: choose_splits)."""
@@ -150,7 +152,8 @@ def layer_case(cfg, ctx, width, flush_buf, variants, breakdown=False, batch=1, a
     vp = torch.randn_like(kp)
     k1p = torch.zeros(pool + 1, hkv, B // sc.kernel_stride, d, device="cuda", dtype=torch.bfloat16)
     pt = torch.full((n, width), pool, dtype=torch.int32, device="cuda")
-    pt[:, :P] = torch.randperm(pool, device="cuda").to(torch.int32).view(n, P)
+    order = torch.randperm(pool, device="cuda") if layout == "random" else torch.arange(pool, device="cuda")
+    pt[:, :P] = order.to(torch.int32).view(n, P)
     slots = torch.arange(n, dtype=torch.int32, device="cuda")
     seq = torch.full((n,), ctx, dtype=torch.int32, device="cuda")
     nw = (ctx - sc.kernel_size) // sc.kernel_stride + 1
@@ -323,6 +326,8 @@ def main():
                     help="comma-separated batch sizes for the per-layer cases (rows of equal context)")
     ap.add_argument("--attn-splits", default="",
                     help="comma-separated split counts: also the sparse total with the attention split that way")
+    ap.add_argument("--layout", choices=("random", "sequential"), default="random",
+                    help="page order of the timed page tables (sequential: one contiguous range per row)")
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
     args = ap.parse_args()
     from salactl.runtime.presets import sala_9b
@@ -360,7 +365,7 @@ def main():
     splits = [int(v) for v in args.attn_splits.split(",") if v.strip()]
     res["cases"] = []
     for ctx, width, n in cases:
-        c = layer_case(cfg, ctx, width, flush_buf, variants, args.breakdown, n, splits)
+        c = layer_case(cfg, ctx, width, flush_buf, variants, args.breakdown, n, splits, args.layout)
         torch.cuda.empty_cache()
         res["cases"].append(c)
         print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in c.items()}), flush=True)
