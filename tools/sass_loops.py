@@ -1,7 +1,7 @@
 """Offline sm_90 SASS of our hot Triton kernels: registers, spills, shared memory and the
 instruction mix of every loop that issues MMAs (no GPU needed).
 
-    python tools/sass_loops.py decode-split [--kv fp8|bf16] [--warps 2] [--stages 3] [--preload 16]
+    python tools/sass_loops.py decode-split [--kv fp8|bf16] [--warps 2] [--stages 3] [--preload 16] [--tma]
     python tools/sass_loops.py w4a16 [--spec "bn=64,w=4,un=4"] [--m 1] [--n 4096] [--k 4096]
     python tools/sass_loops.py select-words [--warps 2]     # decode selection's pass 2
     python tools/sass_loops.py select-top [--warps 8]       # its one-program radix top-k
@@ -40,17 +40,20 @@ def _pointer_attrs(sig: dict, aligned: tuple[str, ...]) -> dict:
             if sig[a].startswith("*") or a in aligned}
 
 
-def decode_split_source(kv: str, preload: int):
+def decode_split_source(kv: str, preload: int, tma: bool = False):
     from triton.compiler import ASTSource
 
     from salactl.runtime.ops.decode_attention.triton import _split_kernel
     page = "fp8e4nv" if kv == "fp8" else "bf16"
     sig = {"q_ptr": "*bf16", "k_ptr": f"*{page}", "v_ptr": f"*{page}", "pt_ptr": "*i32", "slot_ptr": "*i32",
            "seqlen_ptr": "*i32", "sel_ptr": "*i32", "cnt_ptr": "*i32", "po_ptr": "*fp32", "plse_ptr": "*fp32",
+           **({"k_desc": f"tensordesc<{page}[64, 128]>",
+               "v_desc": f"tensordesc<{page}[{'128, 64' if kv == 'fp8' else '64, 128'}]>"} if tma
+              else {"k_desc": f"*{page}", "v_desc": f"*{page}"}),
            **{s: "i32" for s in ("s_qn", "s_qh", "s_kp", "s_kh", "s_pt", "s_seln", "s_selh", "s_cntn", "s_cnth")},
            "sm_scale": "fp32", "ks_ptr": "*fp32", "vs_ptr": "*fp32", "dense_len": "i32", "num_splits": "i32"}
     const = {"HKV": 2, "G": 16, "BG": 16, "BS": 64, "D": 128, "FP8": kv == "fp8", "DOT_F32": False,
-             "MAXP": preload, "SUB": 64, "EARLY": True, "PDL": True}
+             "MAXP": preload, "SUB": 64, "EARLY": True, "TMA": tma, "PDL": True}
     sig.update({c: "constexpr" for c in const})
     return ASTSource(_split_kernel, sig, const, _pointer_attrs(sig, ("s_qn", "s_qh", "s_kp", "s_kh", "s_pt")))
 
@@ -186,6 +189,7 @@ def main() -> int:
                          "radix_warps / rank_warps)")
     ap.add_argument("--stages", type=int, default=3, help="decode-split: num_stages")
     ap.add_argument("--preload", type=int, default=16, help="decode-split: page ids preloaded (0: none)")
+    ap.add_argument("--tma", action="store_true", help="decode-split: K/V pages by TMA copies")
     ap.add_argument("--spec", default="bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4",
                     help="w4a16: a register-kernel config spec (tc_config.parse_tc_spec)")
     ap.add_argument("--m", type=int, default=1)
@@ -196,9 +200,9 @@ def main() -> int:
     a = ap.parse_args()
     if a.kernel == "decode-split":
         warps = a.warps or 2
-        src = decode_split_source(a.kv, a.preload)
+        src = decode_split_source(a.kv, a.preload, a.tma)
         options = {"num_warps": warps, "num_stages": a.stages}
-        what = f"decode split kernel, {a.kv} pages, w{warps} s{a.stages} preload {a.preload}"
+        what = f"decode split kernel, {a.kv} pages, w{warps} s{a.stages} preload {a.preload}{' tma' if a.tma else ''}"
     elif a.kernel == "select-words":
         warps = a.warps or 2
         src, options = select_words_source(), {"num_warps": warps}

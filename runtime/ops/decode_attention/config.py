@@ -32,13 +32,14 @@ class DecodeConfig:
     preload: int = 0
     sub: int = 0           # tokens per online-softmax step (a divisor of the page; 0: the page)
     early: bool = False    # load slots and seq_lens before the PDL wait (see _split_kernel)
+    tma: bool = False      # K/V pages by Hopper TMA copies (one per page and operand; whole pages)
 
     @property
     def name(self) -> str:
         reg = f" r{self.maxnreg}" if self.maxnreg else ""
         pre = f" pre{self.preload}" if self.preload else ""
         sub = f" sub{self.sub}" if self.sub else ""
-        early = " early" if self.early else ""
+        early = (" early" if self.early else "") + (" tma" if self.tma else "")
         return (f"page w{self.warps} s{self.stages}{reg}{pre}{sub}{early} pps{self.programs_per_sm} "
                 f"max{self.max_splits}")
 
@@ -63,7 +64,9 @@ DEFAULT_CONFIGS = {
     # H200, session 4 sweep: 128K b1 42.8 vs 45.0 us (w4); 1.01-1.10x of w4 on every other case
     # (32K, 1M, 4K b8/b32, sparse 128K). Preloading page ids loses for bf16 at b8/b32 (0.88-0.96x).
     # Session 8: early loads 1.00-1.03x on every case (128K 38.3 vs 38.7 us).
-    "bf16": DecodeConfig(warps=2, programs_per_sm=4, max_splits=256, early=True),
+    # Session 19: pages by TMA (one bulk copy per page and operand), 1.00-1.10x on every case
+    # (4K b8 16.3 vs 18.0 us, 32K 14.1 vs 15.0, 128K 37.9 vs 38.4; sweep config "cp.async" below).
+    "bf16": DecodeConfig(warps=2, programs_per_sm=4, max_splits=256, early=True, tma=True),
     # H200, session 4 sweep: 128K b1 27.2 vs 30.6 us without preload, 1M 143 vs 167 us, 4K b32
     # 30.3 vs 33.7; sparse 128K 8.6 vs 8.4 (the one case it is not faster). Session 8: early
     # loads 1.00-1.03x on every case (128K 24.4 vs 24.9 us). Session 12: see "fp8_mid".
@@ -129,6 +132,14 @@ SWEEP_CONFIGS = (
     # the defaults before slots / seq_lens were loaded ahead of the PDL wait (early)
     DecodeConfig(warps=2, programs_per_sm=4, max_splits=256),
     DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16),
+    # session 19: pages by TMA (one bulk copy per page and operand instead of 16-byte cp.async);
+    # the first is the bf16 default before (cp.async pages)
+    DecodeConfig(warps=2, programs_per_sm=4, max_splits=256, early=True),
+    DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16, early=True, tma=True),
+    DecodeConfig(warps=2, stages=4, programs_per_sm=4, max_splits=256, preload=16, early=True, tma=True),
+    DecodeConfig(warps=2, stages=3, programs_per_sm=5, max_splits=512, preload=16, early=True, tma=True),
+    DecodeConfig(warps=4, stages=3, programs_per_sm=4, max_splits=256, preload=16, early=True, tma=True),
+    DecodeConfig(warps=2, stages=2, programs_per_sm=6, max_splits=512, preload=16, early=True, tma=True),
 )
 
 

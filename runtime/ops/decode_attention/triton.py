@@ -31,6 +31,12 @@ values costs no more issue time than four integer instructions.
 Nor (session 17, c64dde7) does transposed page math (sᵀ = K·qᵀ, accᵀ += Vᵀ·pᵀ: the page as the M
 side of one warpgroup's wgmma m64n16): fp8 loads its converted pages with 16-bit LDS (69 per page)
 at 167 registers, 128K b1 26.6-32.5 us against 25.2; bf16 was even at 128K and 1M (w4 s3 pps2).
+Nor (session 19) does FP8 page math on FP8 tensor cores pay (transposed, q and p each split into
+two e4m3 terms for bf16-level precision, no per-element conversion; 4 warps, 16 QGMMA per page):
+fp8 128K b1 26.3-28.9 us against 24.9, 1M 137-160 against 134. DecodeConfig.tma loads whole pages
+by TMA copies (one per page and operand): 1.00-1.10x for bf16 pages (its default since session 19),
+and no gain for FP8 pages (128K b1 24.9-25.9 us against 24.6-24.7), so FP8's per-page time is not
+in its cp.async issue either.
 DecodeConfig.preload loads a split's page ids before its loop (see _split_kernel): with the page
 id loaded inside the loop, Triton's pipeliner keeps one K/V buffer, so a page's loads wait for the
 previous page's math.
@@ -38,6 +44,7 @@ previous page's math.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -52,13 +59,21 @@ DENSE_ONLY = 2 ** 31 - 1
 
 
 @triton.jit
-def _attend_page(q, k_ptr, v_ptr, kbase, vbase, tile, vtile, tok, nvalid, qk_scale, m, l, acc,
-                 SUB: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr):
+def _attend_page(q, k_ptr, v_ptr, k_desc, v_desc, kbase, vbase, tile, vtile, tok, nvalid, qk_scale, m, l, acc,
+                 SUB: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr, TMA: tl.constexpr):
     """One step of the online softmax over SUB tokens of a page: tokens tok >= nvalid are masked
     out. tile / vtile: the [SUB, D] element offsets of K / V (vtile transposed for token-minor FP8
-    V pages) from kbase / vbase."""
-    kt = tl.load(k_ptr + kbase + tile)
-    vt = tl.load(v_ptr + vbase + vtile)
+    V pages) from kbase / vbase. TMA: the pages by bulk copies instead (whole pages: SUB = BS)."""
+    if TMA:
+        D: tl.constexpr = tile.shape[1]
+        kt = k_desc.load([(kbase // D).to(tl.int32), 0])
+        if FP8:           # token-minor V: a [D, SUB] box, used as [SUB, D]
+            vt = tl.trans(v_desc.load([(vbase // SUB).to(tl.int32), 0]))
+        else:
+            vt = v_desc.load([(vbase // D).to(tl.int32), 0])
+    else:
+        kt = tl.load(k_ptr + kbase + tile)
+        vt = tl.load(v_ptr + vbase + vtile)
     if FP8:               # exact fp8 -> fp16/fp32; the scales act on scores and output
         kt = kt.to(q.dtype)
         vt = vt.to(q.dtype)
@@ -83,12 +98,12 @@ def _attend_page(q, k_ptr, v_ptr, kbase, vbase, tile, vtile, tok, nvalid, qk_sca
 
 @triton.jit(do_not_specialize=["dense_len", "num_splits", "s_seln", "s_selh", "s_cntn", "s_cnth"])
 def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cnt_ptr,
-                  po_ptr, plse_ptr,
+                  po_ptr, plse_ptr, k_desc, v_desc,
                   s_qn, s_qh, s_kp, s_kh, s_pt, s_seln, s_selh, s_cntn, s_cnth,
                   sm_scale, ks_ptr, vs_ptr, dense_len, num_splits,
                   HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, BS: tl.constexpr,
                   D: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr, MAXP: tl.constexpr,
-                  SUB: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr = False):
+                  SUB: tl.constexpr, EARLY: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr = False):
     r = tl.program_id(0)
     sp = tl.program_id(1)
     n = r // HKV
@@ -137,8 +152,9 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
                 b = tl.load(sel_ptr + n * s_seln + kh * s_selh + b)
             page = tl.load(pt_ptr + slot * s_pt + b).to(tl.int64)
             base = page * s_kp + kh * s_kh
-            m, l, acc = _attend_page(q, k_ptr, v_ptr, base + h * (SUB * D), base + h * vsub, tile, vtile,
-                                     tok, seqlen - b * BS - h * SUB, qk_scale, m, l, acc, SUB, FP8, DOT_F32)
+            m, l, acc = _attend_page(q, k_ptr, v_ptr, k_desc, v_desc, base + h * (SUB * D), base + h * vsub, tile,
+                                     vtile, tok, seqlen - b * BS - h * SUB, qk_scale, m, l, acc, SUB, FP8, DOT_F32,
+                                     TMA)
     else:
         # Page ids (and valid token counts) of up to MAXP pages loaded up front: the K/V addresses
         # of the inner loop then depend on no load of the same iteration, so the pipeliner keeps
@@ -155,9 +171,9 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
                 h = i % NSUB
                 c = tl.sum(tl.where(jj == i // NSUB - c0, code, 0), 0)      # element i // NSUB - c0, no memory
                 base = (c // (2 * BS)) * s_kp + kh * s_kh
-                m, l, acc = _attend_page(q, k_ptr, v_ptr, base + h * (SUB * D), base + h * vsub, tile, vtile,
-                                         tok, (c % (2 * BS)).to(tl.int32) - h * SUB, qk_scale, m, l, acc,
-                                         SUB, FP8, DOT_F32)
+                m, l, acc = _attend_page(q, k_ptr, v_ptr, k_desc, v_desc, base + h * (SUB * D), base + h * vsub,
+                                         tile, vtile, tok, (c % (2 * BS)).to(tl.int32) - h * SUB, qk_scale, m,
+                                         l, acc, SUB, FP8, DOT_F32, TMA)
     ok = l > 0
     if FP8:
         acc = acc * tl.load(vs_ptr + kh)
@@ -253,15 +269,35 @@ def split_partials(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=N
     max_blocks = page_table.shape[1]
     if dense_len != DENSE_ONLY:
         max_blocks = max(min(max_blocks, math.ceil(dense_len / B)), block_ids.shape[-1])
+    tma = cfg.tma and has_tma(q.device)
+    k_desc, v_desc = page_descriptors(k_pages, v_pages) if tma else (k_pages, v_pages)
+    assert not tma or not cfg.sub or cfg.sub == B, "TMA pages take whole pages per step (sub 0)"
     _split_kernel[(rows, num_splits)](
-        q, k_pages, v_pages, page_table, slots, seq_lens, block_ids, num_blocks, po, plse,
+        q, k_pages, v_pages, page_table, slots, seq_lens, block_ids, num_blocks, po, plse, k_desc, v_desc,
         q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1), page_table.stride(0),
         *sel_strides, float(sm_scale), *kernel_scales(k_pages.dtype, hkv, q.device, k_scale, v_scale, unused=plse),
         int(dense_len), num_splits,
         HKV=hkv, G=G, BG=BG, BS=B, D=d, FP8=is_fp8(k_pages.dtype), DOT_F32=(q.dtype == torch.float32),
-        MAXP=cfg.max_pages(max_blocks, num_splits), SUB=cfg.sub or B, EARLY=cfg.early,
+        MAXP=cfg.max_pages(max_blocks, num_splits), SUB=cfg.sub or B, EARLY=cfg.early, TMA=tma,
         **cfg.launch(), **launch_args(q.device))
     return po, plse
+
+
+@functools.cache
+def has_tma(device: torch.device) -> bool:
+    """Hopper or newer (or the interpreter's CPU tensors): other GPUs load pages by cp.async."""
+    return device.type != "cuda" or torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def page_descriptors(k_pages, v_pages):
+    """TMA descriptors of the page pools as 2-D row views with one page (of one KV head) per box:
+    K [P·Hkv·B, D] in [B, D] boxes; V likewise, or token-minor FP8 V [P·Hkv·D, B] in [D, B] boxes."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    B, d = k_pages.shape[2], k_pages.shape[3]
+    k_desc = TensorDescriptor(k_pages, [k_pages.numel() // d, d], [d, 1], [B, d])
+    vr, vc = v_pages.shape[2], v_pages.shape[3]
+    v_desc = TensorDescriptor(v_pages, [v_pages.numel() // vc, vc], [vc, 1], [vr, vc])
+    return k_desc, v_desc
 
 
 def merge_partials(po, plse, out):
