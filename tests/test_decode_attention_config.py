@@ -35,3 +35,15 @@ def test_max_pages_is_the_preloaded_page_ids_per_chunk():
     pre = DecodeConfig(preload=16)
     assert [pre.max_pages(2048, s) for s in (256, 200, 128, 64, 2048)] == [8, 16, 16, 16, 2]
     assert DecodeConfig(preload=4).max_pages(96, 3) == 4
+
+
+def test_tma_pages_take_whole_pages():
+    """TMA copies one whole page per operand, so a TMA config with sub-page softmax steps is
+    refused when it is made, with the fix in the message."""
+    import pytest
+
+    from salactl.runtime.ops.decode_attention.config import DecodeConfig
+
+    assert DecodeConfig(tma=True).name.endswith("tma pps4 max128")
+    with pytest.raises(ValueError, match="sub=0"):
+        DecodeConfig(tma=True, sub=32)

@@ -34,6 +34,10 @@ class DecodeConfig:
     early: bool = False    # load slots and seq_lens before the PDL wait (see _split_kernel)
     tma: bool = False      # K/V pages by Hopper TMA copies (one per page and operand; whole pages)
 
+    def __post_init__(self):
+        if self.tma and self.sub:
+            raise ValueError("DecodeConfig: TMA pages are whole pages per softmax step; set sub=0 or tma=False")
+
     @property
     def name(self) -> str:
         reg = f" r{self.maxnreg}" if self.maxnreg else ""
@@ -65,7 +69,7 @@ DEFAULT_CONFIGS = {
     # (32K, 1M, 4K b8/b32, sparse 128K). Preloading page ids loses for bf16 at b8/b32 (0.88-0.96x).
     # Session 8: early loads 1.00-1.03x on every case (128K 38.3 vs 38.7 us).
     # Session 19: pages by TMA (one bulk copy per page and operand), 1.00-1.10x on every case
-    # (4K b8 16.3 vs 18.0 us, 32K 14.1 vs 15.0, 128K 37.9 vs 38.4; sweep config "cp.async" below).
+    # (4K b8 16.3 vs 18.0 us, 32K 14.1 vs 15.0, 128K 37.9 vs 38.4; the cp.async one is SWEEP_CONFIGS[24]).
     "bf16": DecodeConfig(warps=2, programs_per_sm=4, max_splits=256, early=True, tma=True),
     # H200, session 4 sweep: 128K b1 27.2 vs 30.6 us without preload, 1M 143 vs 167 us, 4K b32
     # 30.3 vs 33.7; sparse 128K 8.6 vs 8.4 (the one case it is not faster). Session 8: early

@@ -271,7 +271,6 @@ def split_partials(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=N
         max_blocks = max(min(max_blocks, math.ceil(dense_len / B)), block_ids.shape[-1])
     tma = cfg.tma and has_tma(q.device)
     k_desc, v_desc = page_descriptors(k_pages, v_pages) if tma else (k_pages, v_pages)
-    assert not tma or not cfg.sub or cfg.sub == B, "TMA pages take whole pages per step (sub 0)"
     _split_kernel[(rows, num_splits)](
         q, k_pages, v_pages, page_table, slots, seq_lens, block_ids, num_blocks, po, plse, k_desc, v_desc,
         q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1), page_table.stride(0),
