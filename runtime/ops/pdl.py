@@ -36,15 +36,20 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 _CAPABLE: dict[int, bool] = {}
 
 
+def is_sm90(device: torch.device) -> bool:
+    """A CUDA device of compute capability 9.0 or newer (Hopper: PDL, TMA), cached per device."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _CAPABLE:
+        _CAPABLE[idx] = torch.cuda.get_device_capability(idx)[0] >= 9
+    return _CAPABLE[idx]
+
+
 def enabled(device: torch.device) -> bool:
     if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return False
     if os.environ.get("SALACTL_PDL", "1") == "0":
         return False
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _CAPABLE:
-        _CAPABLE[idx] = torch.cuda.get_device_capability(idx)[0] >= 9
-    return _CAPABLE[idx]
+    return is_sm90(device)
 
 
 def launch_args(device: torch.device) -> dict:

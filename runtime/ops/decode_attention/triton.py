@@ -44,7 +44,6 @@ previous page's math.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -53,7 +52,7 @@ import triton.language as tl
 
 from salactl.runtime.ops.decode_attention.config import DecodeConfig, default_config
 from salactl.runtime.ops.decode_attention.reference import is_fp8, v_token_minor
-from salactl.runtime.ops.pdl import launch_args, pdl_wait
+from salactl.runtime.ops.pdl import is_sm90, launch_args, pdl_wait
 
 DENSE_ONLY = 2 ** 31 - 1
 
@@ -270,7 +269,7 @@ def split_partials(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=N
     if dense_len != DENSE_ONLY:
         max_blocks = max(min(max_blocks, math.ceil(dense_len / B)), block_ids.shape[-1])
     tma = cfg.tma and has_tma(q.device)
-    k_desc, v_desc = page_descriptors(k_pages, v_pages) if tma else (k_pages, v_pages)
+    k_desc, v_desc = (page_descriptor(k_pages), page_descriptor(v_pages)) if tma else (k_pages, v_pages)
     _split_kernel[(rows, num_splits)](
         q, k_pages, v_pages, page_table, slots, seq_lens, block_ids, num_blocks, po, plse, k_desc, v_desc,
         q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1), page_table.stride(0),
@@ -282,21 +281,17 @@ def split_partials(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=N
     return po, plse
 
 
-@functools.cache
 def has_tma(device: torch.device) -> bool:
     """Hopper or newer (or the interpreter's CPU tensors): other GPUs load pages by cp.async."""
-    return device.type != "cuda" or torch.cuda.get_device_capability(device)[0] >= 9
+    return device.type != "cuda" or is_sm90(device)
 
 
-def page_descriptors(k_pages, v_pages):
-    """TMA descriptors of the page pools as 2-D row views with one page (of one KV head) per box:
-    K [P·Hkv·B, D] in [B, D] boxes; V likewise, or token-minor FP8 V [P·Hkv·D, B] in [D, B] boxes."""
+def page_descriptor(pages):
+    """TMA descriptor of a page pool [P, Hkv, R, C] as a 2-D [P·Hkv·R, C] row view with one page
+    of one KV head per [R, C] box (K and bf16 V: [B, D]; token-minor FP8 V: [D, B])."""
     from triton.tools.tensor_descriptor import TensorDescriptor
-    B, d = k_pages.shape[2], k_pages.shape[3]
-    k_desc = TensorDescriptor(k_pages, [k_pages.numel() // d, d], [d, 1], [B, d])
-    vr, vc = v_pages.shape[2], v_pages.shape[3]
-    v_desc = TensorDescriptor(v_pages, [v_pages.numel() // vc, vc], [vc, 1], [vr, vc])
-    return k_desc, v_desc
+    r, c = pages.shape[2], pages.shape[3]
+    return TensorDescriptor(pages, [pages.numel() // c, c], [c, 1], [r, c])
 
 
 def merge_partials(po, plse, out):
