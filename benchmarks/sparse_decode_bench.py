@@ -3,7 +3,7 @@ paged attention over the selected blocks) vs dense paged attention, sala-9b shap
 batch 1 (and more rows of the same context with --batch).
 
     python benchmarks/sparse_decode_bench.py [--quick] [--variants rank,gather] [--breakdown] [--batch 1,4]
-        [--attn-splits 96,32,16] [--layout sequential] [--out DIR]
+        [--attn-splits 96,32,16] [--layout sequential] [--cold] [--defaults k=v,..] [--out DIR]
 
 1. correctness, every swept variant (VARIANTS) on the same inputs: select_decode (fused K1
    update) against reference.select_blocks -- exact set and order, random and tied keys,
@@ -18,7 +18,8 @@ batch 1 (and more rows of the same context with --batch).
    selected blocks); ratio to dense; the selection with every score tied (zero compressed keys)
    and with scores varying smoothly along the row (smooth_keys).
    Each timing is the median over replays of a CUDA graph of 20 calls ("warm": K1 may sit in
-   L2; "cold", without --quick: a 64 MB L2 flush before each call, its own time subtracted).
+   L2; "cold", without --quick or with --cold: a 64 MB L2 flush before each call, its own time
+   subtracted; the engine's layers run between a layer's calls, so cold is what a step sees).
 3. the selection (fused K1) of every variant in VARIANTS (select_decode knobs; "default" =
    gpu.DECODE_DEFAULTS) at both contexts -- the numbers to set DECODE_DEFAULTS from.
 --quick: bf16 checks only, no cold timings, no context-wide-table case (< 60 s on an H200).
@@ -213,6 +214,8 @@ def layer_case(cfg, ctx, width, flush_buf, variants, breakdown=False, batch=1, a
             return select_decode(q, k1p, pt, slots, seq, sc, nb, k_pages=kp, k1_start=jstart, k1_count=jcount, **kw)
         if name != "default":
             out[f"sel[{name}]_us"] = graph_time(sel) * 1e6
+            if flush:
+                out[f"sel[{name}]_cold_us"] = (graph_time(sel, flush=flush) - t_flush) * 1e6
         if breakdown:
             out[f"kernels[{name}]_us"] = {k: round(v, 2) for k, v in timing.kernel_times(sel).items()}
     return out
@@ -313,6 +316,19 @@ def precompile(tunes: list) -> None:
           f"({time.perf_counter() - t0:.0f} s)", flush=True)
 
 
+def set_defaults(text: str) -> None:
+    """'name=value,...' into gpu.DECODE_DEFAULTS (ints where the default is an int or bool)."""
+    from salactl.runtime.ops.selection import gpu
+
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, val = part.partition("=")
+        if name not in gpu.DECODE_DEFAULTS:
+            raise SystemExit(f"--defaults: unknown knob {name!r}; known: {', '.join(gpu.DECODE_DEFAULTS)}")
+        old = gpu.DECODE_DEFAULTS[name]
+        gpu.DECODE_DEFAULTS[name] = bool(int(val)) if isinstance(old, bool) else int(val) if isinstance(old, int) else val
+    print(f"defaults: {gpu.DECODE_DEFAULTS}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true",
@@ -328,10 +344,16 @@ def main():
                     help="comma-separated split counts: also the sparse total with the attention split that way")
     ap.add_argument("--layout", choices=("random", "sequential"), default="random",
                     help="page order of the timed page tables (sequential: one contiguous range per row)")
+    ap.add_argument("--defaults", default="",
+                    help="select_decode knobs to use as the defaults of this run, e.g. lse_bw=64,nbc=16")
+    ap.add_argument("--cold", action="store_true",
+                    help="with --quick: the cold timings too (a 64 MB L2 flush before each call), variants included")
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
     args = ap.parse_args()
     from salactl.runtime.presets import sala_9b
 
+    if args.defaults:
+        set_defaults(args.defaults)
     global VARIANTS
     if args.variants:
         wanted = [w.strip() for w in args.variants.split(",") if w.strip()]
@@ -350,7 +372,8 @@ def main():
             print(f"{ok} {r[0][:150]:150s} {r[1]:.3e} (tol {r[2]:.0e})", flush=True)
         res["checks"] = {"passed": len(rows) - len(bad), "failed": bad}
         print(f"checks: {len(rows) - len(bad)} ok, {len(bad)} failed ({time.perf_counter() - t0:.0f} s)", flush=True)
-    flush_buf = None if args.quick else torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    cold = args.cold or not args.quick
+    flush_buf = torch.empty(64 << 20, dtype=torch.uint8, device="cuda") if cold else None
     variants = VARIANTS[1:]
     B = cfg.sparse_config.block_size
     # a context just past a power-of-two block count, as most are
@@ -377,9 +400,12 @@ def main():
         print("\n| selection variant (fused K1), us | " + " | ".join(
             f"{c['ctx'] // 1024}K b{c['batch']} in {c['table_blocks']}" for c in cs) + " |")
         print("|---|" + "---|" * len(cs))
-        print("| default | " + " | ".join(f"{c['selection_fused_k1_us']:.1f}" for c in cs) + " |")
+        def cell(c, key):
+            warm = f"{c.get(key + '_us', float('nan')):.1f}"
+            return warm + (f" / {c[key + '_cold_us']:.1f} cold" if key + "_cold_us" in c else "")
+        print("| default | " + " | ".join(cell(c, "selection_fused_k1") for c in cs) + " |")
         for name, _ in variants:
-            print(f"| {name} | " + " | ".join(f"{c.get(f'sel[{name}]_us', float('nan')):.1f}" for c in cs) + " |")
+            print(f"| {name} | " + " | ".join(cell(c, f"sel[{name}]") for c in cs) + " |")
     print("\n| ctx | batch | table blocks | dense us | sparse total us | compress | selection (fused K1) "
           "| selection alone | attention | sparse/dense | cold: dense / sparse / ratio |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
