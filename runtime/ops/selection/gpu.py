@@ -157,6 +157,12 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # Session 20 (H200, uncommitted knobs): keeping more of K1 in L2 for pass 2's re-read (pass 2's
 # chunks last to first, evict_first / evict_last K1 loads in either pass, the lse splits reversed):
 # the cold selection at 1M + 100 within 1.5% of the default, reversing pass 2 4-5 us slower.
+# Session 20 (H200, uncommitted knobs, BENCHMARKS.md): keeping more of K1 in L2 for pass 2's re-read
+# (its chunks last to first, evict_first / evict_last K1 loads in either pass, the lse splits
+# reversed): the cold selection at 1M + 100 within 1.5% of the default, pass 2 reversed 4-5 us
+# slower; the lse merged once per row by the lse pass's last split (a ticket): lse pass +2.4 us,
+# pass 2 +1.5 us at 1M (5.1 against 6.9 at 128K), selection 35.3 against 33.1 us. Pass 2's
+# histogram atomics cost it 0.6 us at 1M.
 DECODE_DEFAULTS = dict(nbc=32, nbc_fp32=32, num_warps=4, num_warps_wide=2, lse_splits=None, dedup=True,
                        lse_bw=128, lse_warps=4, lse_stages=3, short_blocks=4096, gather_chunk=1024,
                        rank_rb=32, rank_ct=256, rank_warps=8, rank_short_rows=4, radix_warps=8)
