@@ -327,7 +327,8 @@ def precompile(tunes: list) -> None:
 
 
 def set_defaults(text: str) -> None:
-    """'name=value,...' into gpu.DECODE_DEFAULTS (ints where the default is an int or bool)."""
+    """'name=value,...' into gpu.DECODE_DEFAULTS (bools where the default is one, else ints where
+    the value is a number)."""
     from salactl.runtime.ops.selection import gpu
 
     for part in filter(None, (p.strip() for p in text.split(","))):
@@ -335,7 +336,8 @@ def set_defaults(text: str) -> None:
         if name not in gpu.DECODE_DEFAULTS:
             raise SystemExit(f"--defaults: unknown knob {name!r}; known: {', '.join(gpu.DECODE_DEFAULTS)}")
         old = gpu.DECODE_DEFAULTS[name]
-        gpu.DECODE_DEFAULTS[name] = bool(int(val)) if isinstance(old, bool) else int(val) if isinstance(old, int) else val
+        number = val.lstrip("-").isdigit()
+        gpu.DECODE_DEFAULTS[name] = bool(int(val)) if isinstance(old, bool) else int(val) if number else val
     print(f"defaults: {gpu.DECODE_DEFAULTS}", flush=True)
 
 
