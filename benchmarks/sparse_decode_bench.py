@@ -147,7 +147,7 @@ def rotating_read(bufs):
     return lambda: bufs[next(calls) % len(bufs)].amax()
 
 
-def layer_case(cfg, ctx, width, flush_buf, variants, breakdown=False, batch=1, attn_splits=(), layout="random"):
+def layer_case(cfg, ctx, width, flush_bufs, variants, breakdown=False, batch=1, attn_splits=(), layout="random"):
     """Timings (us) of one layer's decode attention for `batch` rows at context `ctx` each, page
     table `width` wide (the tied / smooth selections at batch 1 only); attn_splits: also the
     sparse total with the attention split that many ways (the engine: choose_splits)."""
@@ -205,7 +205,7 @@ def layer_case(cfg, ctx, width, flush_buf, variants, breakdown=False, batch=1, a
         fns[f"sparse_total[splits {sp}]"] = split_total
     fns["sparse_unfused"] = sparse_unfused
     out = {"ctx": ctx, "batch": n, "table_blocks": width}
-    flush = rotating_read(flush_buf) if flush_buf is not None else None
+    flush = rotating_read(flush_bufs) if flush_bufs is not None else None
     t_flush = graph_time(flush) if flush else 0.0
     for name, fn in fns.items():
         out[f"{name}_us"] = graph_time(fn) * 1e6
@@ -385,7 +385,7 @@ def main():
         res["checks"] = {"passed": len(rows) - len(bad), "failed": bad}
         print(f"checks: {len(rows) - len(bad)} ok, {len(bad)} failed ({time.perf_counter() - t0:.0f} s)", flush=True)
     cold = args.cold or not args.quick
-    flush_buf = [torch.ones(64 << 20, dtype=torch.uint8, device="cuda") for _ in range(4)] if cold else None
+    flush_bufs = [torch.ones(64 << 20, dtype=torch.uint8, device="cuda") for _ in range(4)] if cold else None
     variants = VARIANTS[1:]
     B = cfg.sparse_config.block_size
     # a context just past a power-of-two block count, as most are
@@ -400,7 +400,7 @@ def main():
     splits = [int(v) for v in args.attn_splits.split(",") if v.strip()]
     res["cases"] = []
     for ctx, width, n in cases:
-        c = layer_case(cfg, ctx, width, flush_buf, variants, args.breakdown, n, splits, args.layout)
+        c = layer_case(cfg, ctx, width, flush_bufs, variants, args.breakdown, n, splits, args.layout)
         torch.cuda.empty_cache()
         res["cases"].append(c)
         print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in c.items()}), flush=True)

@@ -154,9 +154,6 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # (pipelined it took 46 KB of shared memory): selection 50.7 against 39.0 us at 1M + 100 batch 1
 # even with one chunk per program (52.7), 143.9 against 139.2 at 128K + 100 batch 32 (130.5 with
 # 2,112 programs, but 803 against 673 at 1M batch 32).
-# Session 20 (H200, uncommitted knobs): keeping more of K1 in L2 for pass 2's re-read (pass 2's
-# chunks last to first, evict_first / evict_last K1 loads in either pass, the lse splits reversed):
-# the cold selection at 1M + 100 within 1.5% of the default, reversing pass 2 4-5 us slower.
 # Session 20 (H200, uncommitted knobs, BENCHMARKS.md): keeping more of K1 in L2 for pass 2's re-read
 # (its chunks last to first, evict_first / evict_last K1 loads in either pass, the lse splits
 # reversed): the cold selection at 1M + 100 within 1.5% of the default, pass 2 reversed 4-5 us
