@@ -272,9 +272,17 @@ VARIANTS = [("default", {}),
             ("p2 nbc64 w4", dict(nbc=64, num_warps=4)),
             ("p2 nbc16 w2", dict(nbc=16, num_warps=2)),
             ("p2 nbc16 w4", dict(nbc=16, num_warps=4)),
-            ("p2 nbc32 w4", dict(num_warps=4)),        # the default for tables of <= 4096 blocks
             ("p2 nbc64 w8", dict(nbc=64, num_warps=8)),       # the default before session 11
-            ("p2 nbc128 w8", dict(nbc=128, num_warps=8))]
+            ("p2 nbc128 w8", dict(nbc=128, num_warps=8)),
+            # session 21: pass 2's K1 scores before its PDL wait (p2_early, now the default, with
+            # 4 warps in wide tables too); "late" is pass 2 as before, "late w2" the wide-table
+            # default before it
+            ("late", dict(p2_early=False)),
+            ("late w2", dict(p2_early=False, num_warps=2)),
+            ("early w2", dict(num_warps=2)),
+            ("early lse st2", dict(lse_stages=2)),
+            ("early lse192", dict(lse_splits=192)),
+            ("early nbc64 w8", dict(nbc=64, num_warps=8))]
 # (session 8: pass 2 with 128 blocks per program, one wave at 1M instead of 1.3: 21.0 us at 1M as
 # before, 9.3 instead of 6.6 at 128K; b315dad)
 

@@ -76,12 +76,15 @@ def test_w4a16_register_kernel_and_tma_spec_refused():
 def test_selection_kernels_compile_offline_with_their_default_knobs():
     """Pass 2 and both top-k kernels, as select_decode launches them for sala-9b: no MMA loop
     (pass 2's five windows are unrolled), so the whole kernel's count and mix are reported."""
-    words = _run("select-words")
-    assert words.returncode == 0, words.stderr[-2000:]
-    rep = json.loads(words.stdout)
-    assert "w2" in rep["kernel"] and rep["registers"] > 32 and rep["loops"] == []
-    # 32 blocks x 5 windows of 16 heads x 128 dims: 5 dots of [16, 128] x [128, 32], 16 m16n8k16 each
-    assert rep["kernel_ops"]["HMMA"] == 80 and rep["instructions"] > rep["kernel_ops"]["HMMA"]
+    for extra in ([], ["--late"]):         # K1 scores before the PDL wait (default) or after it
+        words = _run("select-words", *extra)
+        assert words.returncode == 0, words.stderr[-2000:]
+        rep = json.loads(words.stdout)
+        assert "w4" in rep["kernel"] and rep["registers"] > 32 and rep["loops"] == []
+        assert rep["kernel"].endswith("late") == bool(extra)
+        # 32 blocks x 5 windows of 16 heads x 128 dims: 5 dots of [16, 128] x [128, 32]; each of the
+        # 4 warps takes 8 of the 32 columns: one m16n8k16 per 16 of the 128 dims, 8 per dot
+        assert rep["kernel_ops"]["HMMA"] == 40 and rep["instructions"] > rep["kernel_ops"]["HMMA"]
     top = _run("select-top")
     assert top.returncode == 0, top.stderr[-2000:]
     rep = json.loads(top.stdout)

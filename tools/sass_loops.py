@@ -3,7 +3,7 @@ instruction mix of every loop that issues MMAs (no GPU needed).
 
     python tools/sass_loops.py decode-split [--kv fp8|bf16] [--warps 2] [--stages 3] [--preload 16] [--tma]
     python tools/sass_loops.py w4a16 [--spec "bn=64,w=4,un=4"] [--m 1] [--n 4096] [--k 4096]
-    python tools/sass_loops.py select-words [--warps 2]     # decode selection's pass 2
+    python tools/sass_loops.py select-words [--warps 4] [--late]    # decode selection's pass 2
     python tools/sass_loops.py select-top [--warps 8]       # its one-program radix top-k
     python tools/sass_loops.py select-rank [--warps 8]      # its rank top-k
     ... [--arch 90] [--json]
@@ -86,19 +86,20 @@ def _sala_9b_selection():
     return cfg, cfg.sparse_config, gpu.DECODE_DEFAULTS
 
 
-def select_words_source():
-    """Pass 2 (`_block_words_kernel`) with the default knobs, 256 lse splits (batch 1)."""
+def select_words_source(late: bool = False):
+    """Pass 2 (`_block_words_kernel`) with the default knobs, 256 lse splits (batch 1), fused K1
+    (as the engine launches it); late: its K1 scores after the PDL wait (p2_early=False)."""
     from triton.compiler import ASTSource
 
     from salactl.runtime.ops.selection.gpu import words_constexprs
     from salactl.runtime.ops.selection.triton_decode import _block_words_kernel
     cfg, sc, dflt = _sala_9b_selection()
     sig = {"q_ptr": "*bf16", "k1_ptr": "*bf16", "pt_ptr": "*i32", "slot_ptr": "*i32", "seqlen_ptr": "*i32",
-           "plse_ptr": "*fp32", "word_ptr": "*i32", "ctr_ptr": "*i32",
+           "plse_ptr": "*fp32", "word_ptr": "*i32", "ctr_ptr": "*i32", "jstart_ptr": "*i32", "jcount_ptr": "*i32",
            **{s: "i32" for s in ("s_qn", "s_qh", "s_1p", "s_1h", "s_pt", "s_word")}, "sm_scale": "fp32",
            "num_splits": "i32"}
     const = {**words_constexprs(sc, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, dflt["nbc"],
-                                256, dot_f32=False, dedup=dflt["dedup"]), "PDL": True}
+                                256, dot_f32=False, dedup=dflt["dedup"], early=dflt["p2_early"] and not late, fuse=True), "PDL": True}
     sig.update({c: "constexpr" for c in const})
     return ASTSource(_block_words_kernel, sig, const, _pointer_attrs(sig, ("s_qn", "s_qh", "s_1p", "s_1h")))
 
@@ -185,11 +186,12 @@ def main() -> int:
     ap.add_argument("kernel", choices=["decode-split", "w4a16", "select-words", "select-top", "select-rank"])
     ap.add_argument("--kv", choices=["fp8", "bf16"], default="fp8", help="decode-split: page dtype")
     ap.add_argument("--warps", type=int, default=None,
-                    help="num_warps (decode-split and select-words: 2, select-top / select-rank: DECODE_DEFAULTS "
+                    help="num_warps (decode-split: 2, select-words: DECODE_DEFAULTS num_warps_wide, select-top / select-rank: DECODE_DEFAULTS "
                          "radix_warps / rank_warps)")
     ap.add_argument("--stages", type=int, default=3, help="decode-split: num_stages")
     ap.add_argument("--preload", type=int, default=16, help="decode-split: page ids preloaded (0: none)")
     ap.add_argument("--tma", action="store_true", help="decode-split: K/V pages by TMA copies")
+    ap.add_argument("--late", action="store_true", help="select-words: the K1 scores after the PDL wait")
     ap.add_argument("--spec", default="bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4",
                     help="w4a16: a register-kernel config spec (tc_config.parse_tc_spec)")
     ap.add_argument("--m", type=int, default=1)
@@ -204,9 +206,9 @@ def main() -> int:
         options = {"num_warps": warps, "num_stages": a.stages}
         what = f"decode split kernel, {a.kv} pages, w{warps} s{a.stages} preload {a.preload}{' tma' if a.tma else ''}"
     elif a.kernel == "select-words":
-        warps = a.warps or 2
-        src, options = select_words_source(), {"num_warps": warps}
-        what = f"decode selection pass 2 (sala-9b, batch 1), w{warps}"
+        warps = a.warps or _sala_9b_selection()[2]["num_warps_wide"]
+        src, options = select_words_source(a.late), {"num_warps": warps}
+        what = f"decode selection pass 2 (sala-9b, batch 1), w{warps}{' late' if a.late else ''}"
     elif a.kernel == "select-top":
         warps = a.warps or _sala_9b_selection()[2]["radix_warps"]
         src, options = select_top_source(), {"num_warps": warps}

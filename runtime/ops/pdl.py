@@ -16,7 +16,8 @@ real start (and only once all its CTAs are resident: no starvation).
 One exception follows from the same ordering: a kernel is launched only once every CTA of its
 predecessor has passed that predecessor's wait, so every kernel before the predecessor has
 completed. Loads of data that the immediately preceding kernel does not write may therefore come
-before the wait (decode attention's `DecodeConfig.early` reads slots and seq_lens this way), and
+before the wait (decode attention's `DecodeConfig.early` reads slots and seq_lens this way, and
+the selection's pass 2 q, the page table and all of K1 but the window the lse pass writes), and
 data no kernel of the step writes may always be read early (the W4A16 kernels' `early` L2 prefetch
 of their first weight tiles).
 

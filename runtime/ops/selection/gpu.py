@@ -89,7 +89,9 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 
 
 # Launch defaults of select_decode (edit from benchmarks/sparse_decode_bench.py's sweep).
-# Pass 2 (`nbc` blocks per program) stores int32 score words and the row's top-12-bit histogram;
+# Pass 2 (`nbc` blocks per program, `num_warps`, `num_warps_wide` in tables wider than
+# `short_blocks`; `p2_early`: its K1 scores before the PDL wait) stores int32 score words and the
+# row's top-12-bit histogram;
 # the top-k (triton_rank.topk_launch) then ranks them: rows longer than `short_blocks` blocks are
 # first gathered down to the histogram's threshold bin (`gather_chunk` blocks per program), then
 # ranked (`rank_rb` keys per program and step against `rank_ct`-wide tiles, `rank_warps`); shorter
@@ -160,8 +162,16 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # slower; the lse merged once per row by the lse pass's last split (a ticket): lse pass +2.4 us,
 # pass 2 +1.5 us at 1M (5.1 against 6.9 at 128K), selection 35.3 against 33.1 us. Pass 2's
 # histogram atomics cost it 0.6 us at 1M.
-DECODE_DEFAULTS = dict(nbc=32, nbc_fp32=32, num_warps=4, num_warps_wide=2, lse_splits=None, dedup=True,
-                       lse_bw=128, lse_warps=4, lse_stages=3, short_blocks=4096, gather_chunk=1024,
+# Session 21 (H200, `sparse_decode_bench.py --quick --cold --batch 1,2,4 --variants early`): pass 2
+# computing its K1 scores before its PDL wait (p2_early; its programs start while the lse pass runs
+# and only merge the lse, pool and store after it), selection warm / cold us, late w2 (the wide
+# default before) -> early w4: 1M + 100 batch 1 32.9 / 37.2 -> 31.3 / 35.1, batch 2 58.7 / 60.3 ->
+# 53.8 / 56.2, batch 4 101.0 -> 100.8; 128K + 100 batch 1 18.5 / 21.3 -> 15.0 / 16.9, batch 2
+# 23.1 -> 20.1, batch 4 30.7 -> 28.5; in a 2052-block table 128K + 100 batch 1 20.1 -> 16.6 (late w4,
+# that table's default before). Early on 2 warps 32.3 / 16.2 (1M / 128K batch 1), lse splits
+# 128 / 192 or 2 stages, 16 or 64 blocks per program, 8 warps: none better everywhere.
+DECODE_DEFAULTS = dict(nbc=32, nbc_fp32=32, num_warps=4, num_warps_wide=4, lse_splits=None, dedup=True,
+                       p2_early=True, lse_bw=128, lse_warps=4, lse_stages=3, short_blocks=4096, gather_chunk=1024,
                        rank_rb=32, rank_ct=256, rank_warps=8, rank_short_rows=4, radix_warps=8)
 
 
@@ -171,14 +181,15 @@ def group_rows(G: int) -> int:
 
 
 def words_constexprs(sc: SparseConfig, hq: int, hkv: int, D: int, nbc: int, lse_splits: int,
-                     dot_f32: bool, dedup: bool) -> dict:
+                     dot_f32: bool, dedup: bool, early: bool = False, fuse: bool = False) -> dict:
     """The compile-time arguments `_block_words_kernel` (pass 2) is launched with (also what
     tools/sass_loops.py compiles offline)."""
     G = hq // hkv
     return dict(HKV=hkv, G=G, BG=group_rows(G), D=D, WPP=sc.block_size // sc.kernel_stride,
                 LEFT=sc.kernel_size // sc.kernel_stride - 1, KS=sc.kernel_size, ST=sc.kernel_stride,
                 BS=sc.block_size, NBC=nbc, NCTR=rkern.NCTR, INIT=sc.init_blocks, WINB=sc.window_blocks,
-                SP2=max(2, triton.next_power_of_2(lse_splits)), DOT_F32=dot_f32, DEDUP=dedup)
+                SP2=max(2, triton.next_power_of_2(lse_splits)), DOT_F32=dot_f32, DEDUP=dedup,
+                EARLY=early, FUSE_K1=fuse)
 
 
 def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_max: int,
@@ -190,7 +201,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     With k_pages, k1_start and k1_count given, the window completed by each row's token
     (k1_count 0/1) is compressed into k1_pages by the first launch (replaces compress_update).
     nb_max: the static block width (launch grid); each row's work follows its own seq_len.
-    knobs: the other DECODE_DEFAULTS entries (nbc_fp32, num_warps_wide, dedup, lse_bw, lse_warps,
+    knobs: the other DECODE_DEFAULTS entries (nbc_fp32, num_warps_wide, dedup, p2_early, lse_bw, lse_warps,
     lse_stages, short_blocks, gather_chunk, rank_rb, rank_ct, rank_warps, rank_short_rows,
     radix_warps); knobs left out or None take DECODE_DEFAULTS. Same result as select_paged."""
     dflt = DECODE_DEFAULTS
@@ -240,9 +251,10 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
         BW=lse_bw, NCTR=nctr, NCTR2=triton.next_power_of_2(nctr), FUSE_K1=fuse, FP8=fp8,
         DOT_F32=dot_f32, num_warps=lse_warps, num_stages=lse_stages, **launch_args(dev))
     dkern._block_words_kernel[(rows, triton.cdiv(nb_max, nbc))](
-        q, k1_pages, page_table, slots, seq_lens, plse, words, ctr,
+        q, k1_pages, page_table, slots, seq_lens, plse, words, ctr, js, jc,
         q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), page_table.stride(0),
-        words.stride(0), sm_scale, lse_splits, **words_constexprs(sc, hq, hkv, D, nbc, lse_splits, dot_f32, dedup),
+        words.stride(0), sm_scale, lse_splits,
+        **words_constexprs(sc, hq, hkv, D, nbc, lse_splits, dot_f32, dedup, k["p2_early"], fuse),
         num_warps=num_warps, **launch_args(dev))
     rkern.topk_launch(seq_lens, words, ctr, sel, cnt, hkv, sc.block_size, K,
                       small=min(k["short_blocks"], triton.next_power_of_2(nb_max)), chunk=k["gather_chunk"],

@@ -30,11 +30,13 @@ def compress_keys(k: torch.Tensor, sc: SparseConfig, first: int, last: int) -> t
 
 def window_scores(q, k1, q_pos, sc: SparseConfig) -> torch.Tensor:
     """s[h, n, j] = Σ over KV head h's query heads of softmax_j(q·K1_j/√d) over visible windows;
-    -inf where window j is not visible to the query (j·st+ks-1 > t)."""
+    -inf where window j is not visible to the query (j·st+ks-1 > t). In fp32 (fp64 for fp64
+    inputs: the checks' reference, where only identical inputs tie exactly)."""
     n, hq, d = q.shape
     nwin, hkv, _ = k1.shape
-    qg = q.float().view(n, hkv, hq // hkv, d)
-    logits = torch.einsum("nhgd,jhd->hgnj", qg, k1.float()) / math.sqrt(d)
+    acc = torch.promote_types(q.dtype, torch.float32)
+    qg = q.to(acc).view(n, hkv, hq // hkv, d)
+    logits = torch.einsum("nhgd,jhd->hgnj", qg, k1.to(acc)) / math.sqrt(d)
     last_key = torch.arange(nwin, device=q.device) * sc.kernel_stride + sc.kernel_size - 1
     visible = last_key[None, :] <= q_pos[:, None]                      # [n, W]
     logits = logits.masked_fill(~visible, float("-inf"))
@@ -51,7 +53,7 @@ def block_scores(s: torch.Tensor, q_pos, sc: SparseConfig, num_blocks: int) -> t
     per_block, left = B // st, ks // st - 1
     kernel = per_block + left                                          # windows overlapping a block
     width = (num_blocks - 1) * per_block + kernel
-    padded = torch.full((hkv * n, 1, max(width, left + nwin)), float("-inf"), device=s.device)
+    padded = torch.full((hkv * n, 1, max(width, left + nwin)), float("-inf"), device=s.device, dtype=s.dtype)
     padded[:, 0, left:left + nwin] = s.reshape(hkv * n, nwin)
     pooled = F.max_pool1d(padded[:, :, :width], kernel, stride=per_block).view(hkv, n, num_blocks)
     b = torch.arange(num_blocks, device=s.device)

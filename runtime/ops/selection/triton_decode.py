@@ -19,7 +19,9 @@ from K1 (K1 read twice, mostly from L2 the second time).
    this token first compresses it (mean of its keys) into the K1 pool, so no separate compress
    launch is needed.
 2. `_block_words_kernel` (grid rows x chunks of NBC blocks; chunks past the row's own block exit
-   at once): merges the lse, recomputes p_j from K1, sums over the group's heads, max-pools to
+   at once): recomputes the scores q.K1_j -- with EARLY before its PDL wait, so they overlap
+   the lse pass (only the chunk holding the window that pass compresses reads K1 after it) --
+   then merges the lse, turns the scores into p_j, sums over the group's heads, max-pools to
    blocks, applies the forced/candidate rules and stores one int32 order-preserving score word
    per block (4 B per block: 64 KB per row at 1M), adding its blocks to the row's 4096-bin
    histogram of the word's top 12 bits (global atomics in the row's counter slots; DEDUP: one
@@ -35,6 +37,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from salactl.runtime.ops.pdl import pdl_wait
 from salactl.runtime.ops.selection.triton import _nvis, compress_window, k1_scores
@@ -91,15 +95,32 @@ def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
     tl.store(plse_ptr + (r * num_splits + sp).to(tl.int64) * BG + tl.arange(0, BG), lse)
 
 
+@triton.jit
+def _merged_lse(plse_ptr, r, num_splits, g, BG: tl.constexpr, SP2: tl.constexpr):
+    """The row's per-head log-sum-exp from the lse pass's splits, merged at once: [BG]."""
+    sp = tl.arange(0, SP2)
+    part = tl.load(plse_ptr + ((r * num_splits).to(tl.int64) + sp[:, None]) * BG + g[None, :],
+                   mask=(sp < num_splits)[:, None], other=float("-inf"))
+    mx = tl.maximum(tl.max(part, 0), -1e30)
+    den = tl.sum(tl.exp(part - mx[None, :]), 0)
+    return tl.where(den > 0, mx + tl.log(tl.where(den > 0, den, 1.0)), 0.0)
+
+
 @triton.jit(do_not_specialize=["num_splits"])
 def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, word_ptr, ctr_ptr,
+                        jstart_ptr, jcount_ptr,
                         s_qn, s_qh, s_1p, s_1h, s_pt, s_word, sm_scale, num_splits,
                         HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr,
                         WPP: tl.constexpr, LEFT: tl.constexpr, KS: tl.constexpr, ST: tl.constexpr,
                         BS: tl.constexpr, NBC: tl.constexpr, NCTR: tl.constexpr,
                         INIT: tl.constexpr, WINB: tl.constexpr, SP2: tl.constexpr, DOT_F32: tl.constexpr,
-                        DEDUP: tl.constexpr = False, PDL: tl.constexpr = False):
-    pdl_wait(PDL)
+                        DEDUP: tl.constexpr = False, EARLY: tl.constexpr = False, FUSE_K1: tl.constexpr = False,
+                        PDL: tl.constexpr = False):
+    # EARLY (under PDL): the K1 scores before the wait, overlapping the lse pass; only the lse
+    # partials, the counters and the K1 window the lse pass compresses (FUSE_K1) are its writes
+    EW: tl.constexpr = EARLY and PDL
+    if not EW:
+        pdl_wait(PDL)
     r = tl.program_id(0)
     c = tl.program_id(1)
     n = r // HKV
@@ -112,23 +133,50 @@ def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, w
         slot = tl.load(slot_ptr + n).to(tl.int64)
         nvis = _nvis(t, KS, ST)
         g = tl.arange(0, BG)
-        sp = tl.arange(0, SP2)                        # merge every split's lse at once
-        part = tl.load(plse_ptr + ((r * num_splits).to(tl.int64) + sp[:, None]) * BG + g[None, :],
-                       mask=(sp < num_splits)[:, None], other=float("-inf"))
-        mx = tl.maximum(tl.max(part, 0), -1e30)
-        den = tl.sum(tl.exp(part - mx[None, :]), 0)
-        lse = tl.where(den > 0, mx + tl.log(tl.where(den > 0, den, 1.0)), 0.0)
-        b = b0 + tl.arange(0, NBC)
-        pooled = tl.full([NBC], float("-inf"), tl.float32)
-        q = _load_q(q_ptr, n, kh, s_qn, s_qh, G, BG, D)
-        for w in tl.static_range(WPP + LEFT):
-            j = b * WPP - LEFT + w                    # windows overlapping block b
-            jm = (j >= 0) & (j < nvis)
-            hm = jm[None, :] & (g < G)[:, None]
-            s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
-            s = s * sm_scale
-            p = tl.where(hm, tl.exp(s - lse[:, None]), 0.0)
-            pooled = tl.maximum(pooled, tl.where(jm, tl.sum(p, 0), float("-inf")))
+        if EARLY:
+            b = b0 + tl.arange(0, NBC)
+            q = _load_q(q_ptr, n, kh, s_qn, s_qh, G, BG, D)
+            late = False
+            if EW:
+                if FUSE_K1:   # this chunk reads the window being compressed: its scores after the wait
+                    jn = tl.load(jstart_ptr + n)
+                    late = (tl.load(jcount_ptr + n) > 0) & (jn >= b0 * WPP - LEFT) & (jn < (b0 + NBC) * WPP)
+                    if late:
+                        gdc_wait()
+            scores = ()
+            for w in tl.static_range(WPP + LEFT):
+                j = b * WPP - LEFT + w                # windows overlapping block b
+                jm = (j >= 0) & (j < nvis)
+                s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
+                scores = scores + (s,)
+            if EW:
+                if not late:
+                    gdc_wait()
+                gdc_launch_dependents()
+            lse = _merged_lse(plse_ptr, r, num_splits, g, BG, SP2)
+            pooled = tl.full([NBC], float("-inf"), tl.float32)
+            for w in tl.static_range(WPP + LEFT):
+                j = b * WPP - LEFT + w
+                jm = (j >= 0) & (j < nvis)
+                hm = jm[None, :] & (g < G)[:, None]
+                s = scores[w] * sm_scale
+                p = tl.where(hm, tl.exp(s - lse[:, None]), 0.0)
+                pooled = tl.maximum(pooled, tl.where(jm, tl.sum(p, 0), float("-inf")))
+        else:
+            # this order (lse merge, then q) keeps 146 registers at 2 warps (session 12: q first took
+            # 154 and pass 2 at 1M from 13.4 to 18 us)
+            lse = _merged_lse(plse_ptr, r, num_splits, g, BG, SP2)
+            b = b0 + tl.arange(0, NBC)
+            pooled = tl.full([NBC], float("-inf"), tl.float32)
+            q = _load_q(q_ptr, n, kh, s_qn, s_qh, G, BG, D)
+            for w in tl.static_range(WPP + LEFT):
+                j = b * WPP - LEFT + w                # windows overlapping block b
+                jm = (j >= 0) & (j < nvis)
+                hm = jm[None, :] & (g < G)[:, None]
+                s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
+                s = s * sm_scale
+                p = tl.where(hm, tl.exp(s - lse[:, None]), 0.0)
+                pooled = tl.maximum(pooled, tl.where(jm, tl.sum(p, 0), float("-inf")))
         cand = b < ncand
         forced = (b < INIT) | ((b >= own - WINB) & cand)
         score = tl.where(pooled == float("-inf"), -1.0, pooled)
