@@ -169,7 +169,9 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # 53.8 / 56.2, batch 4 101.0 -> 100.8; 128K + 100 batch 1 18.5 / 21.3 -> 15.0 / 16.9, batch 2
 # 23.1 -> 20.1, batch 4 30.7 -> 28.5; in a 2052-block table 128K + 100 batch 1 20.1 -> 16.6 (late w4,
 # that table's default before). Early on 2 warps 32.3 / 16.2 (1M / 128K batch 1), lse splits
-# 128 / 192 or 2 stages, 16 or 64 blocks per program, 8 warps: none better everywhere.
+# 128 / 192 or 2 stages, 16 or 64 blocks per program, 8 warps: none better everywhere. Reverted:
+# the lse pass triggering at once and running its dots before its own wait (store_kv before it
+# writes neither q nor K1): 1M b1 31.7 against 32.6, 128K 15.2 against 15.0 (noise).
 DECODE_DEFAULTS = dict(nbc=32, nbc_fp32=32, num_warps=4, num_warps_wide=4, lse_splits=None, dedup=True,
                        p2_early=True, lse_bw=128, lse_warps=4, lse_stages=3, short_blocks=4096, gather_chunk=1024,
                        rank_rb=32, rank_ct=256, rank_warps=8, rank_short_rows=4, radix_warps=8)
