@@ -106,6 +106,22 @@ def _merged_lse(plse_ptr, r, num_splits, g, BG: tl.constexpr, SP2: tl.constexpr)
     return tl.where(den > 0, mx + tl.log(tl.where(den > 0, den, 1.0)), 0.0)
 
 
+@triton.jit
+def _window_mask(b, w, nvis, WPP: tl.constexpr, LEFT: tl.constexpr):
+    """Whether window b·WPP - LEFT + w (the w-th window overlapping block b) is visible."""
+    j = b * WPP - LEFT + w
+    return (j >= 0) & (j < nvis)
+
+
+@triton.jit
+def _pool_window(pooled, s, jm, lse, g, sm_scale, G: tl.constexpr):
+    """Max-pool one window per block: raw scores s [BG, NBC] -> sum over the group's heads of
+    exp(s·sm_scale - lse), taken where jm (visible) holds."""
+    hm = jm[None, :] & (g < G)[:, None]
+    p = tl.where(hm, tl.exp(s * sm_scale - lse[:, None]), 0.0)
+    return tl.maximum(pooled, tl.where(jm, tl.sum(p, 0), float("-inf")))
+
+
 @triton.jit(do_not_specialize=["num_splits"])
 def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, word_ptr, ctr_ptr,
                         jstart_ptr, jcount_ptr,
@@ -146,9 +162,8 @@ def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, w
             scores = ()
             for w in tl.static_range(WPP + LEFT):
                 j = b * WPP - LEFT + w                # windows overlapping block b
-                jm = (j >= 0) & (j < nvis)
-                s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
-                scores = scores + (s,)
+                jm = _window_mask(b, w, nvis, WPP, LEFT)
+                scores = scores + (k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32),)
             if EW:
                 if not late:
                     gdc_wait()
@@ -156,12 +171,8 @@ def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, w
             lse = _merged_lse(plse_ptr, r, num_splits, g, BG, SP2)
             pooled = tl.full([NBC], float("-inf"), tl.float32)
             for w in tl.static_range(WPP + LEFT):
-                j = b * WPP - LEFT + w
-                jm = (j >= 0) & (j < nvis)
-                hm = jm[None, :] & (g < G)[:, None]
-                s = scores[w] * sm_scale
-                p = tl.where(hm, tl.exp(s - lse[:, None]), 0.0)
-                pooled = tl.maximum(pooled, tl.where(jm, tl.sum(p, 0), float("-inf")))
+                jm = _window_mask(b, w, nvis, WPP, LEFT)
+                pooled = _pool_window(pooled, scores[w], jm, lse, g, sm_scale, G)
         else:
             # this order (lse merge, then q) keeps 146 registers at 2 warps (session 12: q first took
             # 154 and pass 2 at 1M from 13.4 to 18 us)
@@ -171,12 +182,9 @@ def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, w
             q = _load_q(q_ptr, n, kh, s_qn, s_qh, G, BG, D)
             for w in tl.static_range(WPP + LEFT):
                 j = b * WPP - LEFT + w                # windows overlapping block b
-                jm = (j >= 0) & (j < nvis)
-                hm = jm[None, :] & (g < G)[:, None]
+                jm = _window_mask(b, w, nvis, WPP, LEFT)
                 s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
-                s = s * sm_scale
-                p = tl.where(hm, tl.exp(s - lse[:, None]), 0.0)
-                pooled = tl.maximum(pooled, tl.where(jm, tl.sum(p, 0), float("-inf")))
+                pooled = _pool_window(pooled, s, jm, lse, g, sm_scale, G)
         cand = b < ncand
         forced = (b < INIT) | ((b >= own - WINB) & cand)
         score = tl.where(pooled == float("-inf"), -1.0, pooled)
