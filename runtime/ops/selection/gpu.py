@@ -174,6 +174,9 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # writes neither q nor K1): 1M b1 31.7 against 32.6, 128K 15.2 against 15.0 (noise); register caps
 # for more early pass-2 programs beside the lse pass (pass 2 at 80 / 64, the lse pass at 80 / 64):
 # 31.9-32.9 against 32.1 at 1M b1, 15.1-16.1 against 15.1 at 128K.
+# Session 22 (H200, reverted): long rows gathered inside the rank launch (each rank program of the
+# row compacting all its words, no gather launch, no atomics): exact, but the rank launch took
+# 14.9-24 us at 1M + 100 batch 1 against gather 3.7 + rank 3.1; selection 44.6-47.8 against 31.2.
 DECODE_DEFAULTS = dict(nbc=32, nbc_fp32=32, num_warps=4, num_warps_wide=4, lse_splits=None, dedup=True,
                        p2_early=True, lse_bw=128, lse_warps=4, lse_stages=3, short_blocks=4096, gather_chunk=1024,
                        rank_rb=32, rank_ct=256, rank_warps=8, rank_short_rows=4, radix_warps=8)
