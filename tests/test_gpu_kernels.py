@@ -69,6 +69,71 @@ def test_decode_selection_exact_set_and_order(dtype, ties, knobs):
     _assert_rows(check_decode_selection("cuda", dtype, sh.hq, sh.hkv, sh.d, sc, lens, ties=ties, **knobs))
 
 
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("knobs", [dict(one_pass=True), dict(one_pass=True, one_pass_nbc=32, one_pass_warps=2),
+                                   dict(one_pass=True, one_pass_nbc=128, one_pass_warps=8)])
+def test_decode_selection_one_pass(ties, knobs):
+    """The lse and words passes as one launch (scores kept across a barrier per row) vs
+    reference.select_blocks, set and order; the test fails if the grid did not fit (then the two
+    passes would have run)."""
+    from salactl.runtime.gpu import selfcheck as S
+    from salactl.runtime.ops.selection import gpu
+    from salactl.runtime.ops.selection.check import check_decode_selection
+
+    sh = S.Shapes()
+    sc = sh.sparse
+    gpu._ONE_PASS_FITS.clear()
+    lens = [sc.dense_len, sc.dense_len + 37, 20 * sh.block - 1, 50001, 140001]
+    rows = check_decode_selection("cuda", torch.bfloat16, sh.hq, sh.hkv, sh.d, sc, lens, ties=ties, **knobs)
+    assert gpu._ONE_PASS_FITS and all(gpu._ONE_PASS_FITS.values()), "the one-pass grid did not fit"
+    _assert_rows(rows)
+
+
+def test_decode_selection_one_pass_graph_replay():
+    """Replays of a CUDA graph of one-pass selections give the eager result every time (the row
+    barriers' counters return to zero and their flags move on), and the two passes' result."""
+    from salactl.runtime.gpu import selfcheck as S
+    from salactl.runtime.ops.selection.check import paged_keys
+    from salactl.runtime.ops.selection.gpu import compress_update, select_decode
+
+    sh = S.Shapes()
+    sc = sh.sparse
+    lens = [50001, 9000, 70000]
+    gen = torch.Generator().manual_seed(5)
+    pt, kp = paged_keys(lens, sh.hkv, sh.d, sh.block, torch.bfloat16, "cuda", gen=gen)
+    k1p = torch.zeros(kp.shape[0], sh.hkv, sh.block // sc.kernel_stride, sh.d, device="cuda", dtype=torch.bfloat16)
+    n = len(lens)
+    slots = torch.arange(n, dtype=torch.int32, device="cuda")
+    seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    nw = [(L - sc.kernel_size) // sc.kernel_stride + 1 for L in lens]
+    compress_update(kp, k1p, pt, slots, torch.zeros_like(slots), torch.tensor(nw, dtype=torch.int32, device="cuda"),
+                    max(nw), sc)
+    q = torch.randn(n, sh.hq, sh.d, generator=gen).to("cuda", torch.bfloat16)
+
+    def run(**kw):
+        return select_decode(q, k1p, pt, slots, seq, sc, pt.shape[1], **kw)
+
+    sel2, cnt2 = run()
+    sel1, cnt1 = run(one_pass=True)
+    torch.cuda.synchronize()
+    for i in range(n):                    # the same sets (the order may differ between near-ties)
+        for h in range(sh.hkv):
+            c = int(cnt2[i, h])
+            assert int(cnt1[i, h]) == c and sorted(sel1[i, h, :c].tolist()) == sorted(sel2[i, h, :c].tolist())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [run(one_pass=True) for _ in range(3)]
+    for _ in range(4):
+        graph.replay()
+        torch.cuda.synchronize()
+        for s, c in outs:
+            assert torch.equal(c, cnt1)
+            for i in range(n):
+                for h in range(sh.hkv):
+                    k = int(cnt1[i, h])
+                    assert s[i, h, :k].tolist() == sel1[i, h, :k].tolist()
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_fused_ops(dtype):
     from salactl.runtime.gpu import selfcheck as S
