@@ -238,10 +238,7 @@ def main() -> int:
         dflt = _sala_9b_selection()[2]
         warps, nbc = a.warps or dflt["one_pass_warps"], a.nbc or dflt["one_pass_nbc"]
         src, options = select_one_pass_source(nbc), {"num_warps": warps}
-        if dflt["one_pass_maxnreg"]:
-            options["maxnreg"] = dflt["one_pass_maxnreg"]
-        what = (f"decode selection lse + pass 2 in one launch (sala-9b, batch 1), w{warps} nbc {nbc}, "
-                f"maxnreg {dflt['one_pass_maxnreg']}")
+        what = f"decode selection lse + pass 2 in one launch (sala-9b, batch 1), w{warps} nbc {nbc}"
     elif a.kernel == "select-top":
         warps = a.warps or _sala_9b_selection()[2]["radix_warps"]
         src, options = select_top_source(), {"num_warps": warps}

@@ -47,30 +47,17 @@ def resident_programs(compiled, device: torch.device) -> int:
 
 
 @triton.jit
-def barrier_arrive(cnt_ptr, flag_ptr, arrivals):
-    """Arrive at the row's barrier of `arrivals` programs: (whether this is the last arrival, the
-    flag before it). The last arrival may do work every other program then sees, and must call
-    barrier_release; the others call barrier_wait. A program reads the flag before it arrives,
-    and the flag moves only after every arrival, so no program can miss it."""
+def row_barrier(cnt_ptr, flag_ptr, arrivals):
+    """Every one of the row's `arrivals` programs waits here until all have arrived; the stores
+    each made before it are then visible to all. A program reads the flag before it arrives, and
+    the last arrival moves the flag only after every other arrival, so no program can miss it."""
     tl.debug_barrier()                                # every warp's stores issued before the release
     flag0 = tl.atomic_add(flag_ptr, 0, sem="acquire")
-    return tl.atomic_add(cnt_ptr, 1, sem="acq_rel") == arrivals - 1, flag0
-
-
-@triton.jit
-def barrier_release(cnt_ptr, flag_ptr):
-    """The last arrival: the count back to 0, then the flag moved (every store before is visible
-    to the programs that saw it move)."""
-    tl.debug_barrier()
-    tl.atomic_xchg(cnt_ptr, 0, sem="relaxed")
-    tl.atomic_add(flag_ptr, 1, sem="release")
-    tl.debug_barrier()
-
-
-@triton.jit
-def barrier_wait(flag_ptr, flag0):
-    """Every other arrival: spin until the flag moves on from flag0."""
-    cur = tl.atomic_add(flag_ptr, 0, sem="acquire")
-    while cur == flag0:
+    if tl.atomic_add(cnt_ptr, 1, sem="acq_rel") == arrivals - 1:
+        tl.atomic_xchg(cnt_ptr, 0, sem="relaxed")
+        tl.atomic_add(flag_ptr, 1, sem="release")
+    else:
         cur = tl.atomic_add(flag_ptr, 0, sem="acquire")
+        while cur == flag0:
+            cur = tl.atomic_add(flag_ptr, 0, sem="acquire")
     tl.debug_barrier()

@@ -107,18 +107,6 @@ def _merged_lse(plse_ptr, r, num_splits, g, BG: tl.constexpr, SP2: tl.constexpr)
 
 
 @triton.jit
-def chunk_of(seqlen_ptr, HKV: tl.constexpr, BS: tl.constexpr, NBC: tl.constexpr):
-    """A (row, chunk of NBC blocks) program's row r, chunk c, query n, KV head kh, position t, own
-    block, candidate blocks 0..own and first block b0."""
-    r = tl.program_id(0)
-    c = tl.program_id(1)
-    n = r // HKV
-    t = tl.load(seqlen_ptr + n) - 1
-    own = t // BS
-    return r, c, n, r % HKV, t, own, own + 1, c * NBC
-
-
-@triton.jit
 def _window_mask(b, w, nvis, WPP: tl.constexpr, LEFT: tl.constexpr):
     """Whether window b·WPP - LEFT + w (the w-th window overlapping block b) is visible."""
     j = b * WPP - LEFT + w
@@ -149,7 +137,14 @@ def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, w
     EW: tl.constexpr = EARLY and PDL
     if not EW:
         pdl_wait(PDL)
-    r, c, n, kh, t, own, ncand, b0 = chunk_of(seqlen_ptr, HKV, BS, NBC)
+    r = tl.program_id(0)
+    c = tl.program_id(1)
+    n = r // HKV
+    kh = r % HKV
+    t = tl.load(seqlen_ptr + n) - 1
+    own = t // BS
+    ncand = own + 1                                   # blocks 0..own are candidates
+    b0 = c * NBC
     if b0 < ncand:
         slot = tl.load(slot_ptr + n).to(tl.int64)
         nvis = _nvis(t, KS, ST)

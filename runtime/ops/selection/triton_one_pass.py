@@ -21,10 +21,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from salactl.runtime.ops.grid_barrier import barrier_arrive, barrier_release, barrier_wait
 from salactl.runtime.ops.pdl import pdl_wait
 from salactl.runtime.ops.selection.triton import _nvis, compress_window, k1_scores
-from salactl.runtime.ops.selection.triton_decode import _load_q, _pool_window, _store_words, _window_mask, chunk_of
+from salactl.runtime.ops.selection.triton_decode import _load_q, _pool_window, _store_words, _window_mask
 
 
 @triton.jit
@@ -56,7 +55,14 @@ def _one_pass_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, part_ptr, lse_
     """Grid rows x chunks; part [rows, chunks, 2, BG] fp32, lse [rows, BG] fp32 (scratch);
     bar: grid_barrier.barrier_counters (count, flag per row)."""
     pdl_wait(PDL)
-    r, c, n, kh, t, own, ncand, b0 = chunk_of(seqlen_ptr, HKV, BS, NBC)
+    r = tl.program_id(0)
+    c = tl.program_id(1)
+    n = r // HKV
+    kh = r % HKV
+    t = tl.load(seqlen_ptr + n) - 1
+    own = t // BS
+    ncand = own + 1                                   # blocks 0..own are candidates
+    b0 = c * NBC
     if b0 < ncand:
         nch = tl.cdiv(ncand, NBC)                     # the row's live programs (barrier arrivals)
         slot = tl.load(slot_ptr + n).to(tl.int64)
@@ -89,14 +95,23 @@ def _one_pass_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, part_ptr, lse_
         part_row = part_ptr + (r * tl.num_programs(1)).to(tl.int64) * (2 * BG)
         tl.store(part_row + c * (2 * BG) + g, m)
         tl.store(part_row + c * (2 * BG) + BG + g, l)
-        # the row's barrier; its last arrival merges the lse and zeroes the counters first
-        last, flag0 = barrier_arrive(bar_ptr + 2 * r, bar_ptr + 2 * r + 1, nch)
-        if last:
+        # barrier per row (grid_barrier.row_barrier, with the last arrival's merge inside it)
+        cnt_ptr = bar_ptr + 2 * r
+        flag_ptr = bar_ptr + 2 * r + 1
+        tl.debug_barrier()                            # every warp's stores issued before the release
+        flag0 = tl.atomic_add(flag_ptr, 0, sem="acquire")
+        if tl.atomic_add(cnt_ptr, 1, sem="acq_rel") == nch - 1:
             tl.store(lse_ptr + r * BG + g, _merge_partials(part_row, nch, g, BG, CM))
-            _zero_counters(ctr_ptr + r * NCTR, NCTR, NCTR2)
-            barrier_release(bar_ptr + 2 * r, bar_ptr + 2 * r + 1)
+            cz = tl.arange(0, NCTR2)
+            tl.store(ctr_ptr + r * NCTR + cz, tl.zeros([NCTR2], tl.int32), mask=cz < NCTR)
+            tl.debug_barrier()
+            tl.atomic_xchg(cnt_ptr, 0, sem="relaxed")
+            tl.atomic_add(flag_ptr, 1, sem="release")
         else:
-            barrier_wait(bar_ptr + 2 * r + 1, flag0)
+            cur = tl.atomic_add(flag_ptr, 0, sem="acquire")
+            while cur == flag0:
+                cur = tl.atomic_add(flag_ptr, 0, sem="acquire")
+        tl.debug_barrier()
         lse = tl.load(lse_ptr + r * BG + g, cache_modifier=".cg")
         pooled = tl.full([NBC], float("-inf"), tl.float32)
         for w in tl.static_range(WPP + LEFT):
@@ -105,13 +120,8 @@ def _one_pass_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, part_ptr, lse_
         _store_words(pooled, b, ncand, own, word_ptr + r.to(tl.int64) * s_word, ctr_ptr + r * NCTR + 1,
                      NBC, INIT, WINB, DEDUP)
     elif c == 0:                                      # an empty row: its counters still start at zero
-        _zero_counters(ctr_ptr + r * NCTR, NCTR, NCTR2)
-
-
-@triton.jit
-def _zero_counters(row_ctr, NCTR: tl.constexpr, NCTR2: tl.constexpr):
-    cz = tl.arange(0, NCTR2)
-    tl.store(row_ctr + cz, tl.zeros([NCTR2], tl.int32), mask=cz < NCTR)
+        cz = tl.arange(0, NCTR2)
+        tl.store(ctr_ptr + r * NCTR + cz, tl.zeros([NCTR2], tl.int32), mask=cz < NCTR)
 
 
 def one_pass_constexprs(words_const: dict, fuse: bool, fp8: bool, nctr: int) -> dict:
