@@ -282,13 +282,7 @@ VARIANTS = [("default", {}),
             ("early w2", dict(num_warps=2)),
             ("early lse st2", dict(lse_stages=2)),
             ("early lse192", dict(lse_splits=192)),
-            ("early nbc64 w8", dict(nbc=64, num_warps=8)),
-            # session 22: the lse and words passes as one launch, scores kept in registers across
-            # a barrier per row (where the whole grid is resident: 1M batch 1)
-            ("one pass", dict(one_pass=True)),
-            ("one pass nbc32 w2", dict(one_pass=True, one_pass_nbc=32, one_pass_warps=2)),
-            ("one pass nbc128 w8", dict(one_pass=True, one_pass_nbc=128, one_pass_warps=8)),
-            ("one pass nbc32 w4 r64", dict(one_pass=True, one_pass_nbc=32, one_pass_maxnreg=64))]
+            ("early nbc64 w8", dict(nbc=64, num_warps=8))]
 # (session 8: pass 2 with 128 blocks per program, one wave at 1M instead of 1.3: 21.0 us at 1M as
 # before, 9.3 instead of 6.6 at 128K; b315dad)
 

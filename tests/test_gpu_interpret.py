@@ -74,8 +74,7 @@ def test_selection_matches_reference():
                                    dict(rank_short_rows=0), dict(rank_rb=8, rank_ct=16),
                                    dict(nbc=8, lse_splits=2, gather_chunk=16, short_blocks=0, dedup=False),
                                    dict(dedup=False), dict(lse_bw=16, lse_splits=2),
-                                   dict(p2_early=False), dict(p2_early=False, nbc=8, lse_splits=2),
-                                   dict(one_pass=True)])
+                                   dict(p2_early=False), dict(p2_early=False, nbc=8, lse_splits=2)])
 def test_decode_selection_exact_set_and_order(ties, knobs):
     """select_decode (fused K1 update, top-k in the kernel) = reference.select_blocks: contexts
     at/just past dense_len, not multiples of the block, shorter than topk, one and many gather
@@ -83,8 +82,7 @@ def test_decode_selection_exact_set_and_order(ties, knobs):
     default every row here is short (short_blocks) and ranked directly; short_blocks 0 gathers
     and ranks every row, 32 mixes both in one launch; rank_short_rows 0 sends short rows to the
     one-program radix select; pass 2 adds one histogram atomic per distinct bin of its program
-    (with ties, many blocks share a bin), or with dedup=False one per block. one_pass (its
-    barrier cannot run in the interpreter) falls back to the two passes."""
+    (with ties, many blocks share a bin), or with dedup=False one per block."""
     from salactl.runtime.ops.selection.check import check_decode_selection
 
     sc = SMALL.sparse

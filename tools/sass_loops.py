@@ -4,7 +4,6 @@ instruction mix of every loop that issues MMAs (no GPU needed).
     python tools/sass_loops.py decode-split [--kv fp8|bf16] [--warps 2] [--stages 3] [--preload 16] [--tma]
     python tools/sass_loops.py w4a16 [--spec "bn=64,w=4,un=4"] [--m 1] [--n 4096] [--k 4096]
     python tools/sass_loops.py select-words [--warps 4] [--late]    # decode selection's pass 2
-    python tools/sass_loops.py select-one-pass [--warps 4] [--nbc 64]  # its lse + pass 2 as one launch
     python tools/sass_loops.py select-top [--warps 8]       # its one-program radix top-k
     python tools/sass_loops.py select-rank [--warps 8]      # its rank top-k
     ... [--arch 90] [--json]
@@ -105,27 +104,6 @@ def select_words_source(late: bool = False):
     return ASTSource(_block_words_kernel, sig, const, _pointer_attrs(sig, ("s_qn", "s_qh", "s_1p", "s_1h")))
 
 
-def select_one_pass_source(nbc: int):
-    """The lse and words passes as one launch (`_one_pass_kernel`), fused K1, bf16 pages."""
-    from triton.compiler import ASTSource
-
-    from salactl.runtime.ops.selection.gpu import words_constexprs
-    from salactl.runtime.ops.selection.triton_one_pass import _one_pass_kernel, one_pass_constexprs
-    from salactl.runtime.ops.selection.triton_rank import NCTR
-    cfg, sc, dflt = _sala_9b_selection()
-    sig = {"q_ptr": "*bf16", "k1_ptr": "*bf16", "pt_ptr": "*i32", "slot_ptr": "*i32", "seqlen_ptr": "*i32",
-           "part_ptr": "*fp32", "lse_ptr": "*fp32", "word_ptr": "*i32", "ctr_ptr": "*i32", "bar_ptr": "*i32",
-           "k_ptr": "*bf16", "jstart_ptr": "*i32", "jcount_ptr": "*i32", "ks_ptr": "*fp32",
-           **{s: "i32" for s in ("s_qn", "s_qh", "s_1p", "s_1h", "s_kp", "s_kh", "s_pt", "s_word")},
-           "sm_scale": "fp32"}
-    words = words_constexprs(sc, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, nbc, 2,
-                             dot_f32=False, dedup=dflt["dedup"])
-    const = {**one_pass_constexprs(words, fuse=True, fp8=False, nctr=NCTR), "PDL": True}
-    sig.update({c: "constexpr" for c in const})
-    return ASTSource(_one_pass_kernel, sig, const,
-                     _pointer_attrs(sig, ("s_qn", "s_qh", "s_1p", "s_1h", "s_kp", "s_kh")))
-
-
 def select_top_source():
     """The one-program radix top-k (`_radix_kernel`) of rows up to DECODE_DEFAULTS short_blocks blocks."""
     from triton.compiler import ASTSource
@@ -205,8 +183,7 @@ def main() -> int:
     # functions, which cannot be compiled; this tool only ever compiles
     os.environ.pop("TRITON_INTERPRET", None)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kernel", choices=["decode-split", "w4a16", "select-words", "select-one-pass", "select-top",
-                                           "select-rank"])
+    ap.add_argument("kernel", choices=["decode-split", "w4a16", "select-words", "select-top", "select-rank"])
     ap.add_argument("--kv", choices=["fp8", "bf16"], default="fp8", help="decode-split: page dtype")
     ap.add_argument("--warps", type=int, default=None,
                     help="num_warps (decode-split: 2, select-words: DECODE_DEFAULTS num_warps_wide, select-top / select-rank: DECODE_DEFAULTS "
@@ -215,8 +192,6 @@ def main() -> int:
     ap.add_argument("--preload", type=int, default=16, help="decode-split: page ids preloaded (0: none)")
     ap.add_argument("--tma", action="store_true", help="decode-split: K/V pages by TMA copies")
     ap.add_argument("--late", action="store_true", help="select-words: the K1 scores after the PDL wait")
-    ap.add_argument("--nbc", type=int, default=None, help="select-one-pass: blocks per program "
-                                                          "(DECODE_DEFAULTS one_pass_nbc)")
     ap.add_argument("--spec", default="bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4",
                     help="w4a16: a register-kernel config spec (tc_config.parse_tc_spec)")
     ap.add_argument("--m", type=int, default=1)
@@ -234,11 +209,6 @@ def main() -> int:
         warps = a.warps or _sala_9b_selection()[2]["num_warps_wide"]
         src, options = select_words_source(a.late), {"num_warps": warps}
         what = f"decode selection pass 2 (sala-9b, batch 1), w{warps}{' late' if a.late else ''}"
-    elif a.kernel == "select-one-pass":
-        dflt = _sala_9b_selection()[2]
-        warps, nbc = a.warps or dflt["one_pass_warps"], a.nbc or dflt["one_pass_nbc"]
-        src, options = select_one_pass_source(nbc), {"num_warps": warps}
-        what = f"decode selection lse + pass 2 in one launch (sala-9b, batch 1), w{warps} nbc {nbc}"
     elif a.kernel == "select-top":
         warps = a.warps or _sala_9b_selection()[2]["radix_warps"]
         src, options = select_top_source(), {"num_warps": warps}

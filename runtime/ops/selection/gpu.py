@@ -7,7 +7,6 @@ launches, work proportional to each row's length, top-k in the kernel). Static s
 from __future__ import annotations
 
 import math
-import os
 import struct
 
 import torch
@@ -16,11 +15,9 @@ import triton
 from salactl.runtime.config import SparseConfig
 from salactl.runtime.ops.decode_attention.reference import is_fp8
 from salactl.runtime.ops.decode_attention.triton import kernel_scales
-from salactl.runtime.ops.grid_barrier import barrier_counters, resident_programs
 from salactl.runtime.ops.pdl import launch_args
 from salactl.runtime.ops.selection import triton as kern
 from salactl.runtime.ops.selection import triton_decode as dkern
-from salactl.runtime.ops.selection import triton_one_pass as okern
 from salactl.runtime.ops.selection import triton_rank as rkern
 
 _NEG_INF_BITS = struct.unpack("<i", struct.pack("<f", float("-inf")))[0]
@@ -99,10 +96,7 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # first gathered down to the histogram's threshold bin (`gather_chunk` blocks per program), then
 # ranked (`rank_rb` keys per program and step against `rank_ct`-wide tiles, `rank_warps`); shorter
 # rows are ranked the same way when the batch has at most `rank_short_rows` rows, else take the
-# one-program radix select (triton_radix.py, `radix_warps`). `one_pass`: the lse and words passes
-# as one launch (triton_one_pass.py, `one_pass_nbc` blocks per program on `one_pass_warps` warps,
-# registers capped at `one_pass_maxnreg`: more programs resident) wherever its whole grid is
-# resident at once.
+# one-program radix select (triton_radix.py, `radix_warps`).
 # lse_splits: pass-1 programs per row (None: about four per SM, at most 256).
 # Session 16 (H200, `sparse_decode_bench.py --quick --breakdown --variants rank --batch
 # 1,2,4,8,32`), selection with the fused K1 in us, the grid threshold select before -> ranks
@@ -185,8 +179,7 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # 14.9-24 us at 1M + 100 batch 1 against gather 3.7 + rank 3.1; selection 44.6-47.8 against 31.2.
 DECODE_DEFAULTS = dict(nbc=32, nbc_fp32=32, num_warps=4, num_warps_wide=4, lse_splits=None, dedup=True,
                        p2_early=True, lse_bw=128, lse_warps=4, lse_stages=3, short_blocks=4096, gather_chunk=1024,
-                       rank_rb=32, rank_ct=256, rank_warps=8, rank_short_rows=4, radix_warps=8,
-                       one_pass=False, one_pass_nbc=64, one_pass_warps=4, one_pass_maxnreg=128)
+                       rank_rb=32, rank_ct=256, rank_warps=8, rank_short_rows=4, radix_warps=8)
 
 
 def group_rows(G: int) -> int:
@@ -217,8 +210,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     nb_max: the static block width (launch grid); each row's work follows its own seq_len.
     knobs: the other DECODE_DEFAULTS entries (nbc_fp32, num_warps_wide, dedup, p2_early, lse_bw, lse_warps,
     lse_stages, short_blocks, gather_chunk, rank_rb, rank_ct, rank_warps, rank_short_rows,
-    radix_warps, one_pass, one_pass_nbc, one_pass_warps, one_pass_maxnreg); knobs left out or None take DECODE_DEFAULTS.
-    Same result as select_paged."""
+    radix_warps); knobs left out or None take DECODE_DEFAULTS. Same result as select_paged."""
     dflt = DECODE_DEFAULTS
     n, hq, D = q.shape
     _, hkv, wpp, _ = k1_pages.shape
@@ -244,40 +236,19 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
         num_warps = k["num_warps_wide"] if nb_max > k["short_blocks"] else dflt["num_warps"]
     dedup, lse_bw, lse_warps, lse_stages = k["dedup"], k["lse_bw"], k["lse_warps"], k["lse_stages"]
     K = min(sc.selected_blocks, nb_max)
-    assert all(v > 0 and v & (v - 1) == 0 for v in (lse_bw, nbc, k["one_pass_nbc"])), "powers of 2 expected"
+    assert all(v > 0 and v & (v - 1) == 0 for v in (lse_bw, nbc)), "powers of 2 expected"
     nctr = rkern.NCTR                     # the gather count and the top-12-bit histogram
     sm_scale = 1.0 / math.sqrt(D)
     dot_f32 = q.dtype == torch.float32
     fuse = k_pages is not None and k1_start is not None and k1_count is not None
     fp8 = fuse and is_fp8(k_pages.dtype)
+    plse = torch.empty(rows * lse_splits * BG, device=dev, dtype=torch.float32)
     ctr = torch.empty(rows * nctr, device=dev, dtype=torch.int32)
     words = torch.empty(rows, nb_max, device=dev, dtype=torch.int32)
     sel = torch.empty(n, hkv, K, device=dev, dtype=torch.int32)
     cnt = torch.empty(n, hkv, device=dev, dtype=torch.int32)
     kp = k_pages if fuse else k1_pages
     js, jc = (k1_start, k1_count) if fuse else (slots, slots)
-    launched = k["one_pass"] and _launch_one_pass(
-        q, k1_pages, page_table, slots, seq_lens, words, ctr, kp, js, jc, k_scale, sm_scale, sc, hkv, nb_max,
-        words_constexprs(sc, hq, hkv, D, k["one_pass_nbc"], 2, dot_f32, dedup), fuse, fp8, k["one_pass_warps"],
-        k["one_pass_maxnreg"])
-    if not launched:
-        _two_passes(q, k1_pages, page_table, slots, seq_lens, words, ctr, kp, js, jc, k_scale, sm_scale, sc, hq,
-                    hkv, G, BG, D, wpp, nb_max, lse_splits, nbc, num_warps, dedup, lse_bw, lse_warps, lse_stages,
-                    k["p2_early"], dot_f32, fuse, fp8)
-    rkern.topk_launch(seq_lens, words, ctr, sel, cnt, hkv, sc.block_size, K,
-                      small=min(k["short_blocks"], triton.next_power_of_2(nb_max)), chunk=k["gather_chunk"],
-                      rb=k["rank_rb"], ct=k["rank_ct"], rank_warps=k["rank_warps"],
-                      short_rows=k["rank_short_rows"], radix_warps=k["radix_warps"])
-    return sel, cnt
-
-
-def _two_passes(q, k1_pages, page_table, slots, seq_lens, words, ctr, kp, js, jc, k_scale, sm_scale, sc, hq, hkv,
-                G, BG, D, wpp, nb_max, lse_splits, nbc, num_warps, dedup, lse_bw, lse_warps, lse_stages, early,
-                dot_f32, fuse, fp8) -> None:
-    """triton_decode.py's `_lse_kernel` then `_block_words_kernel`."""
-    rows, dev = words.shape[0], q.device
-    plse = torch.empty(rows * lse_splits * BG, device=dev, dtype=torch.float32)
-    nctr = rkern.NCTR
     dkern._lse_kernel[(rows, lse_splits)](
         q, k1_pages, page_table, slots, seq_lens, plse, ctr, kp, js, jc,
         *kernel_scales(kp.dtype, hkv, dev, k_scale, unused=plse),
@@ -290,37 +261,10 @@ def _two_passes(q, k1_pages, page_table, slots, seq_lens, words, ctr, kp, js, jc
         q, k1_pages, page_table, slots, seq_lens, plse, words, ctr, js, jc,
         q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), page_table.stride(0),
         words.stride(0), sm_scale, lse_splits,
-        **words_constexprs(sc, hq, hkv, D, nbc, lse_splits, dot_f32, dedup, early, fuse),
+        **words_constexprs(sc, hq, hkv, D, nbc, lse_splits, dot_f32, dedup, k["p2_early"], fuse),
         num_warps=num_warps, **launch_args(dev))
-
-
-_ONE_PASS_FITS: dict[tuple, bool] = {}
-
-
-def _launch_one_pass(q, k1_pages, page_table, slots, seq_lens, words, ctr, kp, js, jc, k_scale, sm_scale, sc,
-                     hkv, nb_max, words_const, fuse, fp8, warps, maxnreg) -> bool:
-    """triton_one_pass.py's kernel over (rows, chunks of the table) when the GPU holds that whole
-    grid at once (checked once per compiled shape); False (nothing launched) otherwise, and
-    under the Triton interpreter (programs one at a time never pass a barrier)."""
-    if os.environ.get("TRITON_INTERPRET") == "1" or q.device.type != "cuda":
-        return False
-    dev = q.device
-    rows = words.shape[0]
-    const = okern.one_pass_constexprs(words_const, fuse, fp8, rkern.NCTR)
-    grid = (rows, triton.cdiv(nb_max, const["NBC"]))
-    part = torch.empty(rows * grid[1] * 2 * const["BG"], device=dev, dtype=torch.float32)
-    lse = torch.empty(rows * const["BG"], device=dev, dtype=torch.float32)
-    bar = barrier_counters(dev, rows)
-    args = (q, k1_pages, page_table, slots, seq_lens, part, lse, words, ctr, bar, kp, js, jc,
-            *kernel_scales(kp.dtype, hkv, dev, k_scale, unused=lse),
-            q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), kp.stride(0), kp.stride(1),
-            page_table.stride(0), words.stride(0), sm_scale)
-    kw = dict(const, num_warps=warps, **({"maxnreg": maxnreg} if maxnreg else {}), **launch_args(dev))
-    key = (dev, q.dtype, kp.dtype, grid, warps, maxnreg, tuple(sorted(const.items())))
-    fits = _ONE_PASS_FITS.get(key)
-    if fits is None:
-        compiled = okern._one_pass_kernel.warmup(*args, grid=grid, **kw)
-        fits = _ONE_PASS_FITS[key] = grid[0] * grid[1] <= resident_programs(compiled, dev)
-    if fits:
-        okern._one_pass_kernel[grid](*args, **kw)
-    return fits
+    rkern.topk_launch(seq_lens, words, ctr, sel, cnt, hkv, sc.block_size, K,
+                      small=min(k["short_blocks"], triton.next_power_of_2(nb_max)), chunk=k["gather_chunk"],
+                      rb=k["rank_rb"], ct=k["rank_ct"], rank_warps=k["rank_warps"],
+                      short_rows=k["rank_short_rows"], radix_warps=k["radix_warps"])
+    return sel, cnt

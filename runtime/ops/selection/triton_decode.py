@@ -185,31 +185,22 @@ def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, w
                 jm = _window_mask(b, w, nvis, WPP, LEFT)
                 s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
                 pooled = _pool_window(pooled, s, jm, lse, g, sm_scale, G)
-        _store_words(pooled, b, ncand, own, word_ptr + r.to(tl.int64) * s_word, ctr_ptr + r * NCTR + 1,
-                     NBC, INIT, WINB, DEDUP)
-
-
-@triton.jit
-def _store_words(pooled, b, ncand, own, word_row, hist_row, NBC: tl.constexpr, INIT: tl.constexpr,
-                 WINB: tl.constexpr, DEDUP: tl.constexpr):
-    """Blocks b's pooled scores -> forced / candidate rules -> int32 order-preserving score words
-    (stored), added to the row's 4096-bin histogram of their top 12 bits (hist_row)."""
-    cand = b < ncand
-    forced = (b < INIT) | ((b >= own - WINB) & cand)
-    score = tl.where(pooled == float("-inf"), -1.0, pooled)
-    score = tl.where(forced, float("inf"), score)
-    bits = score.to(tl.int32, bitcast=True)
-    word = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-    tl.store(word_row + b, word, mask=cand)
-    top = ((word.to(tl.uint32, bitcast=True) ^ 0x80000000) >> 20).to(tl.int32)
-    if DEDUP:
-        # one atomic per distinct bin of this program's blocks, adding its count, from the
-        # bin's first block: scores crowd into a few bins, whose atomics otherwise serialise
-        top = tl.where(cand, top, -1)
-        same = top[:, None] == top[None, :]                       # [NBC, NBC]
-        i = tl.arange(0, NBC)
-        count = tl.sum(same.to(tl.int32), 1)
-        first = tl.sum((same & (i[None, :] < i[:, None])).to(tl.int32), 1) == 0
-        tl.atomic_add(hist_row + top, count, mask=cand & first, sem="relaxed")
-    else:
-        tl.atomic_add(hist_row + top, tl.full([NBC], 1, tl.int32), mask=cand, sem="relaxed")
+        cand = b < ncand
+        forced = (b < INIT) | ((b >= own - WINB) & cand)
+        score = tl.where(pooled == float("-inf"), -1.0, pooled)
+        score = tl.where(forced, float("inf"), score)
+        bits = score.to(tl.int32, bitcast=True)
+        word = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+        tl.store(word_ptr + r.to(tl.int64) * s_word + b, word, mask=cand)
+        top = ((word.to(tl.uint32, bitcast=True) ^ 0x80000000) >> 20).to(tl.int32)
+        if DEDUP:
+            # one atomic per distinct bin of this program's blocks, adding its count, from the
+            # bin's first block: scores crowd into a few bins, whose atomics otherwise serialise
+            top = tl.where(cand, top, -1)
+            same = top[:, None] == top[None, :]                       # [NBC, NBC]
+            i = tl.arange(0, NBC)
+            count = tl.sum(same.to(tl.int32), 1)
+            first = tl.sum((same & (i[None, :] < i[:, None])).to(tl.int32), 1) == 0
+            tl.atomic_add(ctr_ptr + r * NCTR + 1 + top, count, mask=cand & first, sem="relaxed")
+        else:
+            tl.atomic_add(ctr_ptr + r * NCTR + 1 + top, tl.full([NBC], 1, tl.int32), mask=cand, sem="relaxed")
