@@ -177,6 +177,10 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # Session 22 (H200, reverted): long rows gathered inside the rank launch (each rank program of the
 # row compacting all its words, no gather launch, no atomics): exact, but the rank launch took
 # 14.9-24 us at 1M + 100 batch 1 against gather 3.7 + rank 3.1; selection 44.6-47.8 against 31.2.
+# Same session (870b4bf, reverted): the lse and words passes as one launch, the scores kept in
+# registers across a barrier per row (whole grid resident, registers capped at 128; K1 read once):
+# 24-29 us against lse 10.5 + pass 2 15.9 at 1M batch 1, selection 33.1-38.0 / 39.5-41.9 cold
+# against 32.6 / 35.4; 128K 19.9-23.1 against 15.5.
 DECODE_DEFAULTS = dict(nbc=32, nbc_fp32=32, num_warps=4, num_warps_wide=4, lse_splits=None, dedup=True,
                        p2_early=True, lse_bw=128, lse_warps=4, lse_stages=3, short_blocks=4096, gather_chunk=1024,
                        rank_rb=32, rank_ct=256, rank_warps=8, rank_short_rows=4, radix_warps=8)
