@@ -7,6 +7,7 @@ bf16 cuBLAS on the MiniCPM-SALA 9B linear shapes (issue 5). One GPU; table last.
     python benchmarks/w4a16_bench.py [--out DIR] [--no-sweep | --quick | --fast]
         [--shapes 0,1,2,3|NxK,...] [--batches 1,8,32,4096] [--configs "bn=64,w=4,bias=0,un=2,pf=1,waves=4,red=4;..."]
         [--read-floor]
+    python benchmarks/w4a16_bench.py --glu [--batches 1,8,32]   # gate+up then silu_mul vs the GLU epilogue
 
 "ours" is the runtime dispatch (`triton.py` `w4a16_linear` over the `pack_tc` layout: the
 register-operand tensor-core kernel `triton_tc.py` below 512 rows, dequantize + cuBLAS above;
@@ -21,6 +22,8 @@ Output (stdout): the speedup of every variant on every (shape, M); per (shape, M
 config and the best spec (paste it into TC_SHAPE_DEFAULTS / TC_DEFAULTS); last the summary table:
 bf16 cuBLAS µs, ours (dispatch) µs and speedup, best variant µs and speedup, GB/s and % of the
 copy ceiling on the packed bytes for the dispatch and for the best variant, dispatch rel err; with
+--glu only the engine's gate+up (32768x4096, [gate | up]) as the dispatch GEMM then the silu_mul kernel
+against `w4a16_glu` (silu(gate)·up in the GEMM's epilogue), checked equal first; with
 --read-floor a last table: per shape the read floor (read_floor.py: the fastest kernel that only
 reads the packed bytes once) and bf16 / read floor, the most any W4A16 kernel could reach there.
 
@@ -265,6 +268,32 @@ def bench_shape(name: str, N: int, K: int, batches, gen, sms: int, grid: list, l
     return rows
 
 
+def bench_glu(batches, gen, log) -> list[dict]:
+    """gate+up (32768x4096) then silu_mul against w4a16_glu at each M: us per call (same rotation)."""
+    from salactl.runtime.ops.fused.triton import silu_mul
+    from salactl.runtime.ops.w4a16.triton import w4a16_glu
+
+    _, N, K = SHAPES[5]
+    d = make_shape(N, K, gen)
+    packed_bytes = d["q"].numel() * 4 + d["s"].numel() * 2
+    ncopy = max(1, math.ceil(ROTATE_BYTES / packed_bytes))
+    tcs = [(d["q"].clone(), d["s"].clone()) for _ in range(ncopy)]
+    rows = []
+    for M in batches:
+        x = torch.randn(M, K, device="cuda", generator=gen).bfloat16()
+        same = torch.equal(w4a16_glu(x, d["q"], d["s"], GROUP), silu_mul(w4a16_linear(x, d["q"], d["s"], GROUP)))
+        calls = n_calls(packed_bytes, M)
+        sep = graph_time_us([lambda i=i: silu_mul(w4a16_linear(x, *tcs[i % ncopy], GROUP)) for i in range(calls)])
+        fused = graph_time_us([lambda i=i: w4a16_glu(x, *tcs[i % ncopy], GROUP) for i in range(calls)])
+        rows.append({"M": M, "separate_us": sep, "glu_us": fused, "equal": same})
+        log(f"gate+up + silu_mul M={M}: separate {sep:.2f} us, GLU epilogue {fused:.2f} us, equal {same}")
+    print("\n| M | gate+up GEMM + silu_mul us | GLU epilogue us | separate / GLU | bit-equal |\n|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['M']} | {r['separate_us']:.2f} | {r['glu_us']:.2f} | {r['separate_us'] / r['glu_us']:.3f}x | "
+              f"{r['equal']} |")
+    return rows
+
+
 def suggest_defaults(rows: list[dict]) -> None:
     """Paste-ready dispatch table lines: per (N, K, BLOCK_M) the spec with the least summed time over
     that BLOCK_M's batches, and per BLOCK_M the spec with the least summed (time / best time) over
@@ -353,6 +382,7 @@ def main() -> None:
                     help="also time the fastest kernel that only reads each shape's packed bytes (read_floor.py)")
     ap.add_argument("--configs", default="", help="tensor-core configs to sweep instead of the default grid: "
                     "'bn=64,w=4,bias=0,un=2,pf=1,waves=4,stages=1,red=4[,split=8];...'")
+    ap.add_argument("--glu", action="store_true", help="only gate+up + silu_mul vs the GLU epilogue (--batches)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
@@ -361,6 +391,15 @@ def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
     sms = sm_count(torch.device("cuda"))
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    if args.glu:
+        rows = bench_glu([int(m) for m in (args.batches or "1,8,32").split(",")], gen, log)
+        out = os.path.join(args.out, "w4a16_glu_bench.json")
+        with open(out + ".tmp", "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+        os.replace(out + ".tmp", out)
+        if not all(r["equal"] for r in rows):
+            sys.exit("the GLU epilogue differs from gate+up then silu_mul")
+        return
     import triton
     grid = [] if args.no_sweep else (parse_configs(args.configs) if args.configs else TMA_GRID if args.tma
                                      else FAST_GRID if args.fast else QUICK_GRID if args.quick else DEFAULT_GRID)

@@ -125,6 +125,24 @@ class W4A16Linear(nn.Module):
             return w_t.float().t()
         return reference.dequantize(self.qweight, self.scales, self.g_idx, self.bits)
 
+    def forward_glu(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate)·up for a module whose output rows are [gate | up] (the GPU engine's fused MLP
+        projection): on the Triton layout one GEMM with the product in its epilogue where the
+        dispatch allows it (runtime/ops/w4a16/triton.py `w4a16_glu`); elsewhere the forward, then
+        silu·mul."""
+        if self.layout != "triton":
+            from salactl.runtime.ops.fused.reference import silu_mul
+
+            return silu_mul(self(x))
+        from salactl.runtime.ops.w4a16.triton import w4a16_glu
+
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features)
+        if self.perm is not None:
+            x2 = x2[:, self.perm]
+        y = w4a16_glu(x2, self.qweight.contiguous(), self.scales.contiguous(), self.group_size)
+        return y.reshape(*shape[:-1], self.out_features // 2)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)

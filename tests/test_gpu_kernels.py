@@ -106,6 +106,36 @@ def test_skinny_gemm(shape):
             assert ((y - ref).norm() / ref.norm()).item() < 1e-2, (m, cfg)
 
 
+def test_w4a16_mlp_silu_mul_epilogue_in_the_fused_model(monkeypatch):
+    """The fused MLP at 9B shapes with W4A16 weights: gate/up's GEMM storing silu(gate)·up equals the
+    separate silu_mul kernel bit for bit (SALACTL_W4A16_GLU=0) and the plain MLP to bf16 noise."""
+    import contextlib
+
+    from salactl.quant.linear import W4A16Linear
+    from salactl.quant.packing import pack_qweight
+    from salactl.runtime.gpu.fast_model import FusedMLP, _concat
+    from salactl.runtime.layers.mlp import MLP
+
+    g = torch.Generator().manual_seed(1)
+    hidden, inter = 4096, 16384
+    mlp = MLP(hidden, inter)
+    for name, (k, n) in (("gate_proj", (hidden, inter)), ("up_proj", (hidden, inter)), ("down_proj", (inter, hidden))):
+        codes = torch.randint(0, 16, (k, n), generator=g, dtype=torch.int32)
+        scales = torch.rand(k // 128, n, generator=g) * 2e-3 + 1e-4
+        setattr(mlp, name, W4A16Linear.from_gptq(pack_qweight(codes, 4), scales, None, 4, 128, "cuda", torch.bfloat16))
+    timer = lambda name: contextlib.nullcontext()   # noqa: E731
+    xs = [torch.randn(m, hidden, device="cuda").bfloat16() for m in (1, 8, 32)]
+    plain = [mlp(x, timer) for x in xs]
+    mlp.__class__ = FusedMLP
+    mlp._w_gate_up = _concat([mlp.gate_proj, mlp.up_proj])
+    fused = [mlp(x, timer) for x in xs]
+    monkeypatch.setenv("SALACTL_W4A16_GLU", "0")
+    separate = [mlp(x, timer) for x in xs]
+    for x, a, b, c in zip(xs, plain, fused, separate):
+        assert torch.equal(b, c), x.shape
+        assert ((b.float() - a.float()).norm() / a.float().norm()).item() < 1e-2, x.shape
+
+
 def test_fused_w4a16_projection_on_gpu():
     """W4A16 projections concatenated along N (the engine's fusion) equal the separate modules."""
     from salactl.quant.linear import W4A16Linear

@@ -17,7 +17,8 @@ unchanged) so that a forward call does the same math with far fewer kernel launc
   projection that consumes it. Not done for W4A16 (session 11, H200): silu·mul computed in the
   down projection's activation loads made the W4A16 b1 step 3.07-3.12 instead of 2.50-2.55 ms;
   its [128, 16]-row activation tiles evaluate the sigmoid for all 16 rows of one real row, in every
-  one of the 32 column tiles.
+  one of the 32 column tiles. W4A16 instead stores silu(gate)·up from the gate/up GEMM's epilogue
+  (W4A16Linear.forward_glu; SALACTL_W4A16_GLU=0 turns it off), bit for bit the separate kernel's.
 The attention math still goes through batch.backend, like the reference layers.
 """
 
@@ -184,11 +185,19 @@ def _project(inp: NormInput, w, linears):
     return w(inp.normed())
 
 
+def _glu_epilogue_on() -> bool:
+    """SALACTL_W4A16_GLU=0 turns the W4A16 gate/up GEMM's silu·mul epilogue off (for A/B timing)."""
+    return os.environ.get("SALACTL_W4A16_GLU", "1") != "0"
+
+
 class FusedMLP(MLP):
     def forward(self, x, timer):
         inp = NormInput.of(x)
         with timer("mlp"):
-            gu = _project(inp, self._w_gate_up, (self.gate_proj, self.up_proj))
+            w = self._w_gate_up
+            if isinstance(w, _Unregistered) and _glu_epilogue_on():
+                return _out_proj(w.module.forward_glu(inp.normed()), self.down_proj)
+            gu = _project(inp, w, (self.gate_proj, self.up_proj))
             y = _out_proj_folded("glu", inp.fold_on, self.down_proj, gu)
             return y if y is not None else _out_proj(fused.silu_mul(gu), self.down_proj)
 

@@ -1,6 +1,8 @@
 """Split-K finished in one launch, shared by our GEMM kernels (W4A16 triton_tc.py, the skinny bf16
 GEMM): each split writes its fp32 partial tile to a workspace and takes a per-tile ticket; the last
 split of a tile sums the partials in split order (deterministic) and writes y. No reduction kernel.
+With GLU the tile's first half of rows is the gate and its second half the up projection of the
+same outputs, and the store is silu(gate)·up (the MLP's silu·mul as an epilogue, `_store_y`).
 
 The tickets are an int32 buffer per (device, stream), zero between calls because every kernel
 resets the tickets it used; sized once (4096 tiles) so CUDA graphs captured later keep pointing at
@@ -25,14 +27,33 @@ def split_counters(device: torch.device, n: int) -> torch.Tensor:
 
 
 @triton.jit
+def _store_y(total, y_ptr, offs_m, offs_n, mask, M, N, stride_ym, glu_n0, GLU: tl.constexpr):
+    """y = total, or (GLU) silu(gate)·up of y's rows glu_n0 .. glu_n0 + BN/2 from total's two row
+    halves, with the rounding points of the separate kernels (runtime/ops/fused silu_mul on the
+    GEMM's bf16 output), so the result is the unfused path's bit for bit."""
+    DT = y_ptr.dtype.element_ty
+    if GLU:
+        BN: tl.constexpr = total.shape[0]
+        BM: tl.constexpr = total.shape[1]
+        g, u = tl.split(tl.permute(tl.reshape(total, (2, BN // 2, BM)), (1, 2, 0)))
+        g = g.to(DT).to(tl.float32)
+        a = (g * tl.sigmoid(g)).to(DT).to(tl.float32)
+        rn = glu_n0 + tl.arange(0, BN // 2)
+        tl.store(y_ptr + offs_m[None, :] * stride_ym + rn[:, None], (a * u.to(DT).to(tl.float32)).to(DT),
+                 mask=(offs_m < M)[None, :] & (rn < N // 2)[:, None])
+    else:
+        tl.store(y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None], total.to(DT), mask=mask)
+
+
+@triton.jit
 def store_split_k(acc, y_ptr, ws_ptr, cnt_ptr, tile, pid_k, split_k, offs_m, offs_n, mask, M, N, stride_ym,
-                  RED: tl.constexpr):
+                  RED: tl.constexpr, glu_n0=0, GLU: tl.constexpr = False):
     """Write acc [BN, BM] (rows offs_n, columns offs_m of y, i.e. yᵀ) to y, through the workspace
     [split_k, M, N] fp32 and ticket `tile` when split_k > 1. RED > 1: the last split loads RED
-    partials at a time (all in flight at once, not one L2 round trip each)."""
-    y_off = offs_m[None, :] * stride_ym + offs_n[:, None]
+    partials at a time (all in flight at once, not one L2 round trip each). GLU: y is [M, N/2] and
+    gets silu(gate)·up (`_store_y`; N counts both halves)."""
     if split_k == 1:
-        tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=mask)
+        _store_y(acc, y_ptr, offs_m, offs_n, mask, M, N, stride_ym, glu_n0, GLU)
     else:
         w_off = offs_m[None, :] * N + offs_n[:, None]
         tl.store(ws_ptr + pid_k * M * N + w_off, acc, mask=mask)
@@ -51,5 +72,5 @@ def store_split_k(acc, y_ptr, ws_ptr, cnt_ptr, tile, pid_k, split_k, offs_m, off
                     for j in tl.static_range(RED):
                         live = mask & (w_off * 0 + sk0 + j < split_k)
                         total += tl.load(ws_ptr + (sk0 + j) * M * N + w_off, mask=live, other=0.0, cache_modifier=".cg")
-            tl.store(y_ptr + y_off, total.to(y_ptr.dtype.element_ty), mask=mask)
+            _store_y(total, y_ptr, offs_m, offs_n, mask, M, N, stride_ym, glu_n0, GLU)
             tl.atomic_xchg(cnt_ptr + tile, 0)

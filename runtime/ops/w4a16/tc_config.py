@@ -189,6 +189,16 @@ def default_tc_config(M: int, N: int, K: int, sms: int = 132) -> TCConfig:
     return tc_config_from_spec(spec, M, N, K, sms)
 
 
+def glu_epilogue_ok(cfg: TCConfig, N: int, K: int, group_size: int) -> bool:
+    """Whether a launch of `cfg` over a [gate | up] weight with N rows in all can store silu(gate)·up
+    itself (triton_tma.py GLU): the TMA kernel only (its 4-D word box takes each tile's gate and up
+    row groups), groups of >= 128 rows (smaller groups scale the weights by row index before the
+    MMA), and whole tiles (N/2 a multiple of BLOCK_N/2, so a tile's halves are row groups of each)."""
+    group = K if group_size == -1 else group_size
+    return (bool(cfg.tma) and cfg.block_n >= TMA_MIN_BLOCK_N and group % 128 == 0
+            and N % cfg.block_n == 0)
+
+
 def launch_split(cfg: TCConfig, K: int) -> int:
     """The split-K factor a launch uses: cfg.split_k, at most one 128-row block per split."""
     return max(1, min(cfg.split_k, K // K_BLOCK))

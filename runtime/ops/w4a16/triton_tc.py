@@ -62,7 +62,7 @@ from salactl.runtime.ops.pdl import launch_args, pdl_wait
 from salactl.runtime.ops.split_k import split_counters, store_split_k
 from salactl.runtime.ops.w4a16.layout import K_BLOCK, TC_ROWS
 from salactl.runtime.ops.w4a16.tc_config import (TMA_MIN_BLOCK_N, TCConfig, default_tc_config,
-                                                 launch_split, split_blocks)
+                                                 glu_epilogue_ok, launch_split, split_blocks)
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -366,9 +366,12 @@ _NEG_BIAS = {torch.bfloat16: -136.0, torch.float16: -1032.0}
 
 
 def w4a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int,
-             config: TCConfig | None = None, use_asm: bool | None = None, sms: int = 132) -> torch.Tensor:
+             config: TCConfig | None = None, use_asm: bool | None = None, sms: int = 132,
+             glu: bool = False) -> torch.Tensor:
     """x [M, K] (bf16/fp16) · Wᵀ -> [M, N] in x's dtype. qweight int32 [K/128, N/16, 256] (layout.py
-    `pack_tc`), scales fp16 [groups, N]; group_size -1 means one group over K."""
+    `pack_tc`), scales fp16 [groups, N]; group_size -1 means one group over K. glu: W is [gate | up]
+    (N/2 rows each) and the result is silu(x·gateᵀ)·(x·upᵀ) [M, N/2], stored by the GEMM itself
+    (the config must pass tc_config.glu_epilogue_ok)."""
     M, K = x.shape
     N = qweight.shape[1] * TC_ROWS
     assert qweight.shape[0] * K_BLOCK == K and qweight.shape[2] == 256, "qweight must be pack_tc(q) of a [K, N] weight"
@@ -379,7 +382,8 @@ def w4a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group
         x = x.contiguous()
     cfg = config or default_tc_config(M, N, K, sms)
     split = launch_split(cfg, K)
-    y = torch.empty(M, N, device=x.device, dtype=x.dtype)
+    assert not glu or glu_epilogue_ok(cfg, N, K, group_size), f"no silu·mul epilogue for {cfg} at N = {N}"
+    y = torch.empty(M, N // 2 if glu else N, device=x.device, dtype=x.dtype)
     ws = torch.empty(split if split > 1 else 1, M, N, device=x.device, dtype=torch.float32)
     grid = (triton.cdiv(N, cfg.block_n), split, triton.cdiv(M, cfg.block_m))
     cnt = split_counters(x.device, grid[0] * grid[2])
@@ -388,7 +392,7 @@ def w4a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group
         from salactl.runtime.ops.w4a16.triton_tma import launch_tma
 
         launch_tma(x, qweight, scales, y, ws, cnt, grid, split, _NEG_BIAS[x.dtype], group, cfg,
-                   (not _INTERPRET) if use_asm is None else use_asm, _INTERPRET)
+                   (not _INTERPRET) if use_asm is None else use_asm, _INTERPRET, glu)
         return y
     _w4a16_tc_kernel[grid](
         x, qweight, scales, y, ws, cnt, M, N, K, x.stride(0), y.stride(0), split, _NEG_BIAS[x.dtype],
