@@ -136,18 +136,17 @@ class W4A16Linear(nn.Module):
             return silu_mul(self(x))
         from salactl.runtime.ops.w4a16.triton import w4a16_glu
 
-        shape = x.shape
+        y = w4a16_glu(self._rows(x), self.qweight.contiguous(), self.scales.contiguous(), self.group_size)
+        return y.reshape(*x.shape[:-1], self.out_features // 2)
+
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
+        """x as [rows, in_features], gathered by the act-order permutation when there is one."""
         x2 = x.reshape(-1, self.in_features)
-        if self.perm is not None:
-            x2 = x2[:, self.perm]
-        y = w4a16_glu(x2, self.qweight.contiguous(), self.scales.contiguous(), self.group_size)
-        return y.reshape(*shape[:-1], self.out_features // 2)
+        return x2 if self.perm is None else x2[:, self.perm]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        x2 = x.reshape(-1, self.in_features)
-        if self.perm is not None:
-            x2 = x2[:, self.perm]
+        x2 = self._rows(x)
         if self.layout == "triton":
             from salactl.runtime.ops.w4a16.triton import w4a16_linear
 

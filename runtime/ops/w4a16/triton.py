@@ -49,11 +49,12 @@ def w4a16_glu(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, grou
     dispatch's config allows it (tc_config.glu_epilogue_ok), the GEMM stores silu(gate)·up itself:
     one kernel and one [M, N/2] store instead of two kernels and the [M, N] round trip."""
     from salactl.runtime.ops.fused.triton import silu_mul
+    from salactl.runtime.ops.w4a16.layout import TC_ROWS
     from salactl.runtime.ops.w4a16.tc_config import default_tc_config, glu_epilogue_ok
     from salactl.runtime.ops.w4a16.triton_tc import w4a16_tc
 
     M, K = x.shape
-    N = qweight.shape[1] * 16
+    N = qweight.shape[1] * TC_ROWS
     if M < DEQUANT_MIN_ROWS:
         cfg = default_tc_config(M, N, K, sm_count(x.device))
         if glu_epilogue_ok(cfg, N, K, group_size):
