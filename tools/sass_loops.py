@@ -175,7 +175,7 @@ def analyse(src, options: dict, arch: int) -> dict:
     ops = [_opcode(ins) for _, ins in _instructions(sass)]
     return {"registers": usage.get("reg"), "stack_bytes": usage.get("stack"),
             "shared_bytes": k.metadata.shared, "instructions": len(ops),
-            "kernel_ops": dict(Counter(ops).most_common(16)), "loops": loops(sass)}
+            "kernel_ops": dict(Counter(ops).most_common()), "loops": loops(sass)}
 
 
 def main() -> int:
@@ -228,7 +228,7 @@ def main() -> int:
     print(f"{what}, sm_{a.arch}: {r['registers']} registers, {r['stack_bytes']} B stack, "
           f"{r['shared_bytes']} B shared, {r['instructions']} instructions")
     if not r["loops"]:
-        print("  kernel: " + ", ".join(f"{op} {n}" for op, n in r["kernel_ops"].items()))
+        print("  kernel: " + ", ".join(f"{op} {n}" for op, n in list(r["kernel_ops"].items())[:16]))
     for lp in r["loops"]:
         ops = ", ".join(f"{op} {n}" for op, n in list(lp["ops"].items())[:12])
         print(f"  loop of {lp['instructions']} instructions: {ops}")
