@@ -143,7 +143,7 @@ def test_config_specs_give_the_split_unroll_and_tile_they_describe():
     assert tc.tc_config_from_spec("bn=64,tma=1", 1, 48, 4096, 132).tma == 0        # BLOCK_N 32: no TMA
     # wk: warps along K (no unroll / stages / TMA / prefetch); its split holds whole steps
     c = tc.tc_config_from_spec("bn=16,w=8,wk=16,un=4,stages=3,tma=1,ew=1,split=4", 1, 4096, 4096, 132)
-    assert (c.block_n, c.num_warps, c.wk, c.split_k, c.unroll, c.num_stages, c.tma, c.early) == (16, 8, 16, 2, 1, 1, 0, 0)
+    assert (c.block_n, c.num_warps, c.wk, c.split_k, c.unroll, c.num_stages, c.tma, c.early) == (16, 8, 16, 2, 1, 3, 0, 0)
     for bad in ("wk=12,w=4", "wk=4,w=8", "wk=8,w=3"):
         with pytest.raises(ValueError):
             tc.tc_config_from_spec(bad, 1, 4096, 4096, 132)
@@ -256,6 +256,7 @@ def test_tensor_core_kernel_inline_asm_on_cuda(cfg, dt):
 @gpu
 @needs_triton
 @pytest.mark.parametrize("spec", ["bn=16,w=8,wk=16,split=1", "bn=16,w=4,wk=8,split=1", "bn=32,w=8,wk=16,split=2",
+                                  "bn=16,w=4,wk=4,stages=3,split=1", "bn=32,w=4,wk=8,stages=2,split=2",
                                   "bn=64,w=4,wk=8,split=1", "bn=16,w=8,wk=8,split=3,red=4"])
 @pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16])
 def test_warp_split_k_kernel_on_cuda(spec, dt):

@@ -68,7 +68,8 @@ def tc_block_m(M: int) -> int:
 #   2.45x vs 2.77x; W4A16 decode b1 2.60-2.69 / 2.90-2.93 ms vs 2.50-2.57): a prefetch of every
 #   block reaches DRAM ahead of the loop's own loads in no useful order. wk: B > 0 = split-K across
 #   the warps of one program (triton_wk.py): B 128-row blocks per step, block b on warp b % w, the
-#   partials summed in shared memory (split=S still splits across programs; no un/pf/stages/tma/ew).
+#   partials summed in shared memory (split=S still splits across programs; stages as above; no
+#   un/pf/tma/ew).
 # Keyed by BLOCK_M (16 for M <= 16, 32, 64); TC_SHAPE_DEFAULTS[(N, K, BLOCK_M)] overrides one shape,
 # and TC_SHAPE_DEFAULTS[(N, K, 1)] overrides it for exactly one row (batch-1 decode), checked first.
 TC_DEFAULTS: dict[int, str] = {
@@ -160,12 +161,12 @@ def tc_config_from_spec(spec: dict | str, M: int, N: int, K: int, sms: int = 132
     split = max(1, min(nkb, spec["split"] or (int(ctas) if spec["fit"] else round(ctas))))
     per_split = _cdiv(nkb, split)
     unroll = min(spec["un"], 4 if per_split >= 4 else 2 if per_split >= 2 else 1)
-    if spec["wk"]:                              # warps along K: no unroll, stages, TMA or L2 prefetch
+    if spec["wk"]:                              # warps along K: no unroll, TMA or L2 prefetch
         wk, w = spec["wk"], spec["w"]
         if wk & (wk - 1) or w & (w - 1) or wk % w:
             raise ValueError(f"wk={wk} needs a power of 2 that is a multiple of w={w}")
         split = max(1, min(_cdiv(nkb, wk), split))
-        return TCConfig(bn, bm, split, w, 1, False, 1, 0, spec["red"], wk=wk)
+        return TCConfig(bn, bm, split, w, spec["stages"], False, 1, 0, spec["red"], wk=wk)
     if spec["tma"] and bn >= TMA_MIN_BLOCK_N:   # the TMA loop pipelines through smem: no unroll / prefetch
         tkb = spec["tkb"] if nkb % spec["tkb"] == 0 else 1
         return TCConfig(bn, bm, split, spec["w"], spec["stages"], bool(spec["bias"]), 1, 0, spec["red"], spec["tma"],

@@ -95,33 +95,47 @@ def _x_virtual_k(x_ptr, kb, kb1, offs_m, M, stride_xm, B: tl.constexpr, BLOCK_M:
 
 
 @triton.jit
+def _wk_step(acc3, x_ptr, qw_ptr, s_ptr, kb, kb1, pid_n, offs_n, offs_m, M, N, NG, stride_xm, GROUP: tl.constexpr,
+             BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, B: tl.constexpr, W: tl.constexpr, USE_ASM: tl.constexpr,
+             DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+    """acc3 [B, BLOCK_N, BLOCK_M] plus blocks kb .. kb + B - 1 (block b on warp b % W), each scaled."""
+    bb = tl.arange(0, B)
+    q3 = _wk_words(qw_ptr, kb, kb1, pid_n, NG, B, BLOCK_N, W, EVEN_K, EVEN_N)
+    xt = _x_virtual_k(x_ptr, kb, kb1, offs_m, M, stride_xm, B, BLOCK_M, EVEN_K)
+    s_mask = (offs_n < N)[None, :]
+    if not EVEN_K:
+        s_mask = s_mask & ((kb + bb) < kb1)[:, None]
+    s = tl.load(s_ptr + (((kb + bb) * 128) // GROUP)[:, None] * N + offs_n[None, :], mask=s_mask,
+                other=0.0).to(tl.float32)
+    w = _dequant_virtual_k(q3, B, BLOCK_N, USE_ASM, tl.constexpr(x_ptr.dtype.element_ty == tl.float16))
+    if DOT_F32:
+        part = tl.dot(w.to(tl.float32), xt.to(tl.float32))
+    else:
+        part = tl.dot(w, xt)
+    return acc3 + part * s[:, :, None]
+
+
+@triton.jit
 def _w4a16_wk_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym, split_k,
                      GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, B: tl.constexpr,
                      W: tl.constexpr, USE_ASM: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
-                     EVEN_N: tl.constexpr, ONE_M_TILE: tl.constexpr, RED: tl.constexpr, PDL: tl.constexpr = False):
+                     EVEN_N: tl.constexpr, ONE_M_TILE: tl.constexpr, RED: tl.constexpr, STAGES: tl.constexpr,
+                     PDL: tl.constexpr = False):
     pid_n, pid_k, pid_m, offs_n, offs_m, n_mask, m_mask, kb0, kb1 = _tile_setup(M, N, K, split_k, BLOCK_N, BLOCK_M, B)
     if ONE_M_TILE:        # M <= BLOCK_M: with M specialised to 1, the masks of columns >= 1 fold away
         offs_m = tl.arange(0, BLOCK_M)
         m_mask = offs_m < M
     pdl_wait(PDL)
     NG = N // 16
-    FP16: tl.constexpr = x_ptr.dtype.element_ty == tl.float16
     acc3 = tl.zeros((B, BLOCK_N, BLOCK_M), tl.float32)
-    bb = tl.arange(0, B)
-    for kb in range(kb0, kb1, B):
-        q3 = _wk_words(qw_ptr, kb, kb1, pid_n, NG, B, BLOCK_N, W, EVEN_K, EVEN_N)
-        xt = _x_virtual_k(x_ptr, kb, kb1, offs_m, M, stride_xm, B, BLOCK_M, EVEN_K)
-        s_mask = (offs_n < N)[None, :]
-        if not EVEN_K:
-            s_mask = s_mask & ((kb + bb) < kb1)[:, None]
-        s = tl.load(s_ptr + (((kb + bb) * 128) // GROUP)[:, None] * N + offs_n[None, :], mask=s_mask,
-                    other=0.0).to(tl.float32)
-        w = _dequant_virtual_k(q3, B, BLOCK_N, USE_ASM, FP16)
-        if DOT_F32:
-            part = tl.dot(w.to(tl.float32), xt.to(tl.float32))
-        else:
-            part = tl.dot(w, xt)
-        acc3 += part * s[:, :, None]
+    if STAGES > 1:        # Triton's software pipeline: STAGES - 1 steps of loads in flight (cp.async)
+        for kb in tl.range(kb0, kb1, B, num_stages=STAGES):
+            acc3 = _wk_step(acc3, x_ptr, qw_ptr, s_ptr, kb, kb1, pid_n, offs_n, offs_m, M, N, NG, stride_xm, GROUP,
+                            BLOCK_N, BLOCK_M, B, W, USE_ASM, DOT_F32, EVEN_K, EVEN_N)
+    else:
+        for kb in range(kb0, kb1, B):
+            acc3 = _wk_step(acc3, x_ptr, qw_ptr, s_ptr, kb, kb1, pid_n, offs_n, offs_m, M, N, NG, stride_xm, GROUP,
+                            BLOCK_N, BLOCK_M, B, W, USE_ASM, DOT_F32, EVEN_K, EVEN_N)
     store_split_k(tl.sum(acc3, 0), y_ptr, ws_ptr, cnt_ptr, pid_m * tl.num_programs(0) + pid_n, pid_k, split_k,
                   offs_m, offs_n, m_mask[None, :] & n_mask[:, None], M, N, stride_ym, RED)
 
@@ -133,7 +147,7 @@ def wk_kernel_constexprs(cfg, M: int, N: int, K: int, group: int, use_asm: bool,
     per = split_blocks(K, launch_split(cfg, K), cfg.wk)
     return dict(GROUP=group, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, B=cfg.wk, W=cfg.num_warps, USE_ASM=use_asm,
                 DOT_F32=dot_f32, EVEN_K=nkb % per == 0, EVEN_N=N % cfg.block_n == 0, ONE_M_TILE=M <= cfg.block_m,
-                RED=cfg.reduce)
+                RED=cfg.reduce, STAGES=cfg.num_stages)
 
 
 def launch_wk(x, qweight, scales, y, ws, cnt, grid, split, group, cfg, use_asm, dot_f32):
@@ -143,5 +157,6 @@ def launch_wk(x, qweight, scales, y, ws, cnt, grid, split, group, cfg, use_asm, 
     assert group % 128 == 0, "the warp-split-K kernel takes groups of 128 rows or more"
     _w4a16_wk_kernel[grid](
         x, qweight, scales, y, ws, cnt, M, N, K, x.stride(0), y.stride(0), split,
-        **wk_kernel_constexprs(cfg, M, N, K, group, use_asm, dot_f32), num_warps=cfg.num_warps, num_stages=1,
+        **wk_kernel_constexprs(cfg, M, N, K, group, use_asm, dot_f32), num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
         **launch_args(x.device))
