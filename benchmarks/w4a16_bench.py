@@ -36,7 +36,6 @@ Error = ||y - ref|| / ||ref|| with ref = x.float() @ W_fp32ᵀ.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -149,8 +148,7 @@ FAST_BATCHES = "1,8,32"
 def label(cfg: TCConfig) -> str:
     return (f"tc bn{cfg.block_n} w{cfg.num_warps} {'bias-mma' if cfg.bias_dot else 'fma'} un{cfg.unroll}"
             f"{f' pf{int(cfg.prefetch)}' if cfg.prefetch else ''}"
-            f"{f' tma{cfg.tma} tkb{cfg.tma_blocks}' if cfg.tma else ''}{f' wk{cfg.wk}' if cfg.wk else ''}"
-            f" st{cfg.num_stages} split{cfg.split_k} "
+            f"{f' tma{cfg.tma} tkb{cfg.tma_blocks}' if cfg.tma else ''} st{cfg.num_stages} split{cfg.split_k} "
             f"red{cfg.reduce}")
 
 
@@ -414,7 +412,9 @@ def main() -> None:
              for spec in grid]
     # the kernel's compile key for M > 1, split_k > 1 (M = 1 / split 1 compile on first use)
     try:
-        precompile(list(dict.fromkeys(dataclasses.replace(c, split_k=2, early=0) for c in cfgs)), log)
+        precompile(list(dict.fromkeys(TCConfig(c.block_n, c.block_m, 2, c.num_warps, c.num_stages, c.bias_dot,
+                                               c.unroll, c.prefetch, c.reduce, c.tma, c.tma_blocks) for c in cfgs)),
+                   log)
     except Exception as ex:       # the sweep still runs, compiling each kernel when it first runs
         log(f"parallel precompile failed ({type(ex).__name__}: {ex}); compiling serially")
     ceiling = copy_bandwidth()

@@ -54,15 +54,7 @@ _INTERPRETED_TC_CHECK = textwrap.dedent("""
              # an L2 prefetch of the first blocks' words before the PDL wait (TMA and register kernels;
              # a no-op without PDL, so this checks that the rest of the kernel is unchanged)
              (128, torch.bfloat16, 2, TCConfig(64, 16, 2, num_stages=3, tma=1, early=True)),
-             (128, torch.bfloat16, 3, TCConfig(32, 16, 2, bias_dot=False, unroll=4, early=True)),
-             # split-K across the warps of a program (triton_wk.py): 2 or 4 blocks per step over 3 or 6
-             # blocks (masked tails), a global split on top, fp16, one group, two M tiles, BLOCK_N 32 / 64
-             # with masked row groups (N = 48); groups of 32 fall back to the register kernel
-             (128, torch.bfloat16, 1, TCConfig(16, 16, 1, num_warps=2, wk=2)),
-             (128, torch.bfloat16, 5, TCConfig(32, 16, 1, num_warps=2, wk=4), 768),
-             (384, torch.float16, 3, TCConfig(64, 16, 2, num_warps=2, wk=2, reduce=2), 768),
-             (-1, torch.bfloat16, 17, TCConfig(16, 16, 1, num_warps=4, wk=4)),
-             (32, torch.bfloat16, 2, TCConfig(16, 16, 1, num_warps=2, wk=2))]
+             (128, torch.bfloat16, 3, TCConfig(32, 16, 2, bias_dot=False, unroll=4, early=True))]
     for G, dt, M, cfg, *k in cases:
         K = k[0] if k else 384
         ng = 1 if G == -1 else K // G
@@ -77,7 +69,7 @@ _INTERPRETED_TC_CHECK = textwrap.dedent("""
             assert y.dtype == dt and y.shape == (M, N)
             err = float((y.float() - ref).norm() / ref.norm())
             assert err < tol, (G, dt, M, cfg, err)
-        if cfg.unroll == 1 and not cfg.wk:
+        if cfg.unroll == 1:
             wd = w4a16_tc_dequantize(pack_tc(q), s, G, dt, block_n=32).float()
             assert bool(((wd - w).abs() <= w.abs() * 2 ** -7 + 1e-7).all()), (G, dt)
     # tma=2 reads activations by TMA: a column slice (base and row stride not 16-byte aligned) is copied
@@ -141,12 +133,6 @@ def test_config_specs_give_the_split_unroll_and_tile_they_describe():
     assert [tc.split_blocks(4096, s) for s in (1, 3, 4, 5)] == [32, 11, 8, 7]
     assert tc.split_blocks(4096, 3, 2) == 12 and tc.split_blocks(384, 2, 2) == 2
     assert tc.tc_config_from_spec("bn=64,tma=1", 1, 48, 4096, 132).tma == 0        # BLOCK_N 32: no TMA
-    # wk: warps along K (no unroll / stages / TMA / prefetch); its split holds whole steps
-    c = tc.tc_config_from_spec("bn=16,w=8,wk=16,un=4,stages=3,tma=1,ew=1,split=4", 1, 4096, 4096, 132)
-    assert (c.block_n, c.num_warps, c.wk, c.split_k, c.unroll, c.num_stages, c.tma, c.early) == (16, 8, 16, 2, 1, 3, 0, 0)
-    for bad in ("wk=12,w=4", "wk=4,w=8", "wk=8,w=3"):
-        with pytest.raises(ValueError):
-            tc.tc_config_from_spec(bad, 1, 4096, 4096, 132)
     with pytest.raises(ValueError):
         tc.parse_tc_spec("bn=64,unroll=2")
     for bm, spec in tc.TC_DEFAULTS.items():       # 12288x4096: no per-shape default
@@ -251,35 +237,6 @@ def test_tensor_core_kernel_inline_asm_on_cuda(cfg, dt):
             assert rel_err(y.float(), ref) < 5e-3, (cfg, M)
     wd = w4a16_tc_dequantize(pack_tc(q).cuda(), s.cuda(), G, dt).float().cpu()
     assert bool(((wd - w).abs() <= w.abs() * 2 ** -7 + 1e-7).all())
-
-
-@gpu
-@needs_triton
-@pytest.mark.parametrize("spec", ["bn=16,w=8,wk=16,split=1", "bn=16,w=4,wk=8,split=1", "bn=32,w=8,wk=16,split=2",
-                                  "bn=16,w=4,wk=4,stages=3,split=1", "bn=32,w=4,wk=8,stages=2,split=2",
-                                  "bn=64,w=4,wk=8,split=1", "bn=16,w=8,wk=8,split=3,red=4"])
-@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16])
-def test_warp_split_k_kernel_on_cuda(spec, dt):
-    """triton_wk.py with its inline-PTX dequantization: ragged N (masked row groups), K not a multiple
-    of the blocks per step, splits across programs on top, M from 1 to 64, groups of 128 / 256 / one."""
-    from salactl.runtime.ops.w4a16.layout import pack_tc
-    from salactl.runtime.ops.w4a16.tc_config import tc_config_from_spec
-    from salactl.runtime.ops.w4a16.triton_tc import w4a16_tc
-
-    gen = torch.Generator().manual_seed(9)
-    K, N = 2560, 336                          # 20 K blocks; 21 row groups
-    for G in (128, 256, -1):
-        group = K if G == -1 else G
-        q = torch.randint(0, 16, (K, N), generator=gen)
-        s = (torch.rand(K // group, N, generator=gen) * 0.01 + 0.001).half()
-        w = ((q.float() - 8) * s.float()[torch.arange(K) // group]).t()
-        for M in (1, 3, 16, 40, 64):
-            x = torch.randn(M, K, generator=gen).to(dt)
-            cfg = tc_config_from_spec(spec, M, N, K)
-            assert cfg.wk
-            for _ in range(2):
-                y = w4a16_tc(x.cuda(), pack_tc(q).cuda(), s.cuda(), G, cfg).cpu()
-                assert y.dtype == dt and rel_err(y.float(), x.float() @ w.t()) < 5e-3, (spec, G, M)
 
 
 @gpu

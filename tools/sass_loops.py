@@ -2,7 +2,7 @@
 instruction mix of every loop that issues MMAs (no GPU needed).
 
     python tools/sass_loops.py decode-split [--kv fp8|bf16] [--warps 2] [--stages 3] [--preload 16] [--tma]
-    python tools/sass_loops.py w4a16 [--spec "bn=64,w=4,un=4"] [--m 1] [--n 4096] [--k 4096]   # or wk=B
+    python tools/sass_loops.py w4a16 [--spec "bn=64,w=4,un=4"] [--m 1] [--n 4096] [--k 4096]
     python tools/sass_loops.py select-words [--warps 4] [--late]    # decode selection's pass 2
     python tools/sass_loops.py select-top [--warps 8]       # its one-program radix top-k
     python tools/sass_loops.py select-rank [--warps 8]      # its rank top-k
@@ -59,30 +59,23 @@ def decode_split_source(kv: str, preload: int, tma: bool = False):
 
 
 def w4a16_source(spec: str, M: int, N: int, K: int):
-    """The register kernel (`_w4a16_tc_kernel`), or with wk= the warp-split-K kernel
-    (`_w4a16_wk_kernel`), as the dispatch would launch it for this spec."""
+    """The register kernel (`_w4a16_tc_kernel`) as the dispatch would launch it for this spec."""
     from triton.compiler import ASTSource
 
     from salactl.runtime.ops.w4a16.tc_config import tc_config_from_spec
     from salactl.runtime.ops.w4a16.triton_tc import _w4a16_tc_kernel, tc_kernel_constexprs
-    from salactl.runtime.ops.w4a16.triton_wk import _w4a16_wk_kernel, wk_kernel_constexprs
     cfg = tc_config_from_spec(spec, M, N, K)
     if cfg.tma:
-        raise SystemExit("tools/sass_loops.py: only the register and wk kernels are supported (drop tma= from --spec)")
+        raise SystemExit("tools/sass_loops.py: only the register kernel is supported (drop tma= from --spec)")
     sig = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*fp16", "y_ptr": "*bf16", "ws_ptr": "*fp32",
            "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32",
            "split_k": "i32", "bias": "fp32"}
-    kernel = _w4a16_tc_kernel
     const = {**tc_kernel_constexprs(cfg, N, K, 128, use_asm=True, dot_f32=False), "PDL": True}
-    if cfg.wk:
-        del sig["bias"]
-        kernel = _w4a16_wk_kernel
-        const = {**wk_kernel_constexprs(cfg, M, N, K, 128, use_asm=True, dot_f32=False), "PDL": True}
     for name, value in (("M", M), ("split_k", cfg.split_k)):
         if value == 1:                     # Triton specialises integer arguments equal to 1
             const[name] = 1
     sig.update({c: "constexpr" for c in const})
-    src = ASTSource(kernel, sig, const, _pointer_attrs(sig, ("N", "K", "stride_xm", "stride_ym")))
+    src = ASTSource(_w4a16_tc_kernel, sig, const, _pointer_attrs(sig, ("N", "K", "stride_xm", "stride_ym")))
     return src, cfg
 
 
@@ -227,8 +220,7 @@ def main() -> int:
     else:
         src, cfg = w4a16_source(a.spec, a.m, a.n, a.k)
         options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-        kind, step = ("warp-split-K", f"wk {cfg.wk}") if cfg.wk else ("register", f"unroll {cfg.unroll}")
-        what = f"W4A16 {kind} kernel {a.spec}, M={a.m} {a.n}x{a.k} (split {cfg.split_k}, {step})"
+        what = f"W4A16 register kernel {a.spec}, M={a.m} {a.n}x{a.k} (split {cfg.split_k}, unroll {cfg.unroll})"
     r = {"kernel": what, "arch": f"sm_{a.arch}", **analyse(src, options, a.arch)}
     if a.json:
         print(json.dumps(r, indent=1))

@@ -30,8 +30,6 @@ class TCConfig:
     tma_blocks: int = 1      # with tma: 128-row blocks per TMA copy (1 or 2)
     early: int = 0           # E > 0: an L2 prefetch of the words of the first E unroll groups (TMA: E
                              # times the pipeline's first stages) before the PDL wait; -1: all the split's
-    wk: int = 0              # B > 0: split-K across the warps of a program, B 128-row blocks per step
-                             # (triton_wk.py; a power of 2, a multiple of num_warps)
 
     def prefetch_blocks(self, split_blocks: int) -> int:
         """128-row blocks whose words the kernel prefetches into L2 before its PDL wait (0: none),
@@ -66,10 +64,7 @@ def tc_block_m(M: int) -> int:
 #   session 10); ew=-1: all of the split's words. Session 11 (H200, 5f8b3b3): more than ew=1 is
 #   slower, alone and in the engine (ew=2 / ew=-1: qkvz M=1 2.28x / 2.16x vs 2.34x, gate+up 2.72x /
 #   2.45x vs 2.77x; W4A16 decode b1 2.60-2.69 / 2.90-2.93 ms vs 2.50-2.57): a prefetch of every
-#   block reaches DRAM ahead of the loop's own loads in no useful order. wk: B > 0 = split-K across
-#   the warps of one program (triton_wk.py): B 128-row blocks per step, block b on warp b % w, the
-#   partials summed in shared memory (split=S still splits across programs; stages as above; no
-#   un/pf/tma/ew).
+#   block reaches DRAM ahead of the loop's own loads in no useful order.
 # Keyed by BLOCK_M (16 for M <= 16, 32, 64); TC_SHAPE_DEFAULTS[(N, K, BLOCK_M)] overrides one shape,
 # and TC_SHAPE_DEFAULTS[(N, K, 1)] overrides it for exactly one row (batch-1 decode), checked first.
 TC_DEFAULTS: dict[int, str] = {
@@ -127,7 +122,7 @@ TC_SHAPE_DEFAULTS: dict[tuple[int, int, int], str] = {
 }
 
 _SPEC_KEYS = {"bn": 64, "w": 4, "bias": 0, "un": 1, "pf": 0, "stages": 1, "waves": 4.0, "fit": 0, "split": 0,
-              "red": 1, "tma": 0, "tkb": 1, "ew": 0, "wk": 0}
+              "red": 1, "tma": 0, "tkb": 1, "ew": 0}
 
 
 def parse_tc_spec(text: str) -> dict:
@@ -161,12 +156,6 @@ def tc_config_from_spec(spec: dict | str, M: int, N: int, K: int, sms: int = 132
     split = max(1, min(nkb, spec["split"] or (int(ctas) if spec["fit"] else round(ctas))))
     per_split = _cdiv(nkb, split)
     unroll = min(spec["un"], 4 if per_split >= 4 else 2 if per_split >= 2 else 1)
-    if spec["wk"]:                              # warps along K: no unroll, TMA or L2 prefetch
-        wk, w = spec["wk"], spec["w"]
-        if wk & (wk - 1) or w & (w - 1) or wk % w:
-            raise ValueError(f"wk={wk} needs a power of 2 that is a multiple of w={w}")
-        split = max(1, min(_cdiv(nkb, wk), split))
-        return TCConfig(bn, bm, split, w, spec["stages"], False, 1, 0, spec["red"], wk=wk)
     if spec["tma"] and bn >= TMA_MIN_BLOCK_N:   # the TMA loop pipelines through smem: no unroll / prefetch
         tkb = spec["tkb"] if nkb % spec["tkb"] == 0 else 1
         return TCConfig(bn, bm, split, spec["w"], spec["stages"], bool(spec["bias"]), 1, 0, spec["red"], spec["tma"],

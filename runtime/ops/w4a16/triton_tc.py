@@ -61,8 +61,8 @@ import triton.language as tl
 from salactl.runtime.ops.pdl import launch_args, pdl_wait
 from salactl.runtime.ops.split_k import split_counters, store_split_k
 from salactl.runtime.ops.w4a16.layout import K_BLOCK, TC_ROWS
-from salactl.runtime.ops.w4a16.tc_config import (TC_DEFAULTS, TMA_MIN_BLOCK_N, TCConfig, default_tc_config,
-                                                 glu_epilogue_ok, launch_split, split_blocks, tc_config_from_spec)
+from salactl.runtime.ops.w4a16.tc_config import (TMA_MIN_BLOCK_N, TCConfig, default_tc_config,
+                                                 glu_epilogue_ok, launch_split, split_blocks)
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -381,30 +381,22 @@ def w4a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group
     if x.stride(-1) != 1:
         x = x.contiguous()
     cfg = config or default_tc_config(M, N, K, sms)
-    if cfg.wk and group % 128:          # the warp-split-K kernel scales per 128-row block only
-        cfg = tc_config_from_spec(TC_DEFAULTS[cfg.block_m], M, N, K, sms)
     split = launch_split(cfg, K)
     assert not glu or glu_epilogue_ok(cfg, N, K, group_size), f"no silu·mul epilogue for {cfg} at N = {N}"
     y = torch.empty(M, N // 2 if glu else N, device=x.device, dtype=x.dtype)
     ws = torch.empty(split if split > 1 else 1, M, N, device=x.device, dtype=torch.float32)
     grid = (triton.cdiv(N, cfg.block_n), split, triton.cdiv(M, cfg.block_m))
     cnt = split_counters(x.device, grid[0] * grid[2])
-    use_asm = (not _INTERPRET) if use_asm is None else use_asm
-    if cfg.wk:
-        from salactl.runtime.ops.w4a16.triton_wk import launch_wk
-
-        launch_wk(x, qweight, scales, y, ws, cnt, grid, split, group, cfg, use_asm, _INTERPRET)
-        return y
     if cfg.tma:
         assert cfg.block_n >= TMA_MIN_BLOCK_N, f"the TMA variant needs BLOCK_N >= {TMA_MIN_BLOCK_N}"
         from salactl.runtime.ops.w4a16.triton_tma import launch_tma
 
-        launch_tma(x, qweight, scales, y, ws, cnt, grid, split, _NEG_BIAS[x.dtype], group, cfg, use_asm, _INTERPRET,
-                   glu)
+        launch_tma(x, qweight, scales, y, ws, cnt, grid, split, _NEG_BIAS[x.dtype], group, cfg,
+                   (not _INTERPRET) if use_asm is None else use_asm, _INTERPRET, glu)
         return y
     _w4a16_tc_kernel[grid](
         x, qweight, scales, y, ws, cnt, M, N, K, x.stride(0), y.stride(0), split, _NEG_BIAS[x.dtype],
-        **tc_kernel_constexprs(cfg, N, K, group, use_asm, _INTERPRET),
+        **tc_kernel_constexprs(cfg, N, K, group, (not _INTERPRET) if use_asm is None else use_asm, _INTERPRET),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args(x.device))
     return y
 
