@@ -20,15 +20,22 @@ from salactl.runtime.ops.w4a16.triton import w4a16_linear
 from timing import graph_time_us
 from w4a16_bench import GROUP, MAX_ERR, ROTATE_BYTES, SHAPES, make_shape, n_calls, parse_shape, rel_err
 
-DEFAULT_CONFIGS = "1,8,1,0;1,8,1,1;1,8,2,1;1,8,4,1;1,4,2,1;1,4,4,1;2,8,1,1;2,8,2,1;2,4,2,1;4,8,1,1;4,4,1,1"
+# R slabs of 16 rows, W warps, U blocks per warp and step, bias MMA, register prefetch, cp.async stages
+DEFAULT_CONFIGS = ("1,8,1,1,0,3;1,8,1,1,0,4;1,8,1,0,0,3;1,8,2,1,0,3;1,4,1,1,0,4;2,8,1,1,0,3;2,4,1,1,0,4;"
+                   "4,4,1,1,0,3;1,8,4,1,0,0;1,8,1,1,1,0;2,8,1,1,0,0")
 
 
-def parse(text: str) -> list[tuple[int, int, int, bool]]:
-    out = []
-    for spec in filter(None, text.split(";")):
-        r, w, u, b = (int(v) for v in spec.split(","))
-        out.append((r, w, u, bool(b)))
-    return out
+def parse(text: str) -> list[tuple]:
+    return [tuple(int(v) for v in spec.split(",")) for spec in filter(None, text.split(";"))]
+
+
+def run(x, q, s, group, c, pdl=False):
+    r, w, u, b, pf, st = c
+    return w4a16_mma(x, q, s, group, R=r, W=w, U=u, bias_mma=bool(b), pf=bool(pf), stages=st, pdl=pdl)
+
+
+def name(c) -> str:
+    return "R{}W{}U{}b{}pf{}S{}".format(*c)
 
 
 def check_edges(configs, gen) -> list[str]:
@@ -42,10 +49,10 @@ def check_edges(configs, gen) -> list[str]:
         w = ((q.float() - 8) * s.float().repeat_interleave(gs, 0)).t()
         x = torch.randn(M, K, device="cuda", generator=gen).to(dtype)
         ref = x.float() @ w.t()
-        for r, wa, u, b in configs:
-            e = rel_err(w4a16_mma(x, pack_tc(q), s, group, R=r, W=wa, U=u, bias_mma=b), ref)
+        for c in configs:
+            e = rel_err(run(x, pack_tc(q), s, group, c), ref)
             if e > MAX_ERR:
-                bad.append(f"N={N} K={K} M={M} group={group} {dtype} R{r} W{wa} U{u} bias{int(b)}: rel err {e:.3g}")
+                bad.append(f"N={N} K={K} M={M} group={group} {dtype} {name(c)}: rel err {e:.3g}")
     return bad
 
 
@@ -64,7 +71,7 @@ def main() -> int:
         print("WRONG", b, flush=True)
     rows = []
     for spec in args.shapes.split(","):
-        name, N, K = SHAPES[int(spec)] if spec.isdigit() else parse_shape(spec)
+        sname, N, K = SHAPES[int(spec)] if spec.isdigit() else parse_shape(spec)
         d = make_shape(N, K, gen)
         qt, s, w_ref = d["q"], d["s"], d["w_ref"]
         packed = qt.numel() * 4 + s.numel() * 2
@@ -82,26 +89,24 @@ def main() -> int:
             t_disp = graph_time_us([lambda i=i: w4a16_linear(x, *tcs[i % ncopy], GROUP) for i in range(calls)])
             res = {}
             for cfg in configs:
-                r, w, u, b = cfg
-                e = rel_err(w4a16_mma(x, qt, s, GROUP, R=r, W=w, U=u, bias_mma=b, pdl=pdl), ref)
+                e = rel_err(run(x, qt, s, GROUP, cfg, pdl), ref)
                 if e > MAX_ERR:
-                    bad.append(f"{name} M={M} R{r} W{w} U{u} bias{int(b)}: rel err {e:.3g}")
+                    bad.append(f"{sname} M={M} {name(cfg)}: rel err {e:.3g}")
                     print("WRONG", bad[-1], flush=True)
                     continue
-                res[cfg] = graph_time_us([lambda i=i, c=cfg: w4a16_mma(x, *tcs[i % ncopy], GROUP, R=c[0], W=c[1], U=c[2],
-                                                                       bias_mma=c[3], pdl=pdl)
+                res[cfg] = graph_time_us([lambda i=i, c=cfg: run(x, *tcs[i % ncopy], GROUP, c, pdl)
                                           for i in range(calls)], replays=5)
             best = min(res.items(), key=lambda kv: kv[1]) if res else (None, float("nan"))
-            rows.append((name, N, K, M, t_bf16, t_disp, best, res))
-            print(f"{name} M={M}: bf16 {t_bf16:.2f} dispatch {t_disp:.2f} ({t_bf16 / t_disp:.2f}x) gluon best "
+            rows.append((sname, N, K, M, t_bf16, t_disp, best, res))
+            print(f"{sname} M={M}: bf16 {t_bf16:.2f} dispatch {t_disp:.2f} ({t_bf16 / t_disp:.2f}x) gluon best "
                   f"{best[1]:.2f} ({t_bf16 / best[1]:.2f}x) {best[0]}  | " +
-                  " ".join(f"R{c[0]}W{c[1]}U{c[2]}b{int(c[3])}={t:.2f}" for c, t in res.items()), flush=True)
+                  " ".join(f"{name(c)}={t:.2f}" for c, t in res.items()), flush=True)
         tcs.clear()
     print("\n| shape | M | bf16 us | dispatch us (x) | gluon best us (x) | config |")
     print("|---|---|---|---|---|---|")
-    for name, N, K, M, tb, td, (cfg, tg), _ in rows:
-        print(f"| {name} {N}x{K} | {M} | {tb:.2f} | {td:.2f} ({tb / td:.2f}x) | {tg:.2f} ({tb / tg:.2f}x) | "
-              f"R{cfg[0]} W{cfg[1]} U{cfg[2]} bias{int(cfg[3])} |" if cfg else f"| {name} | {M} | - | - | - | none |")
+    for sname, N, K, M, tb, td, (cfg, tg), _ in rows:
+        print(f"| {sname} {N}x{K} | {M} | {tb:.2f} | {td:.2f} ({tb / td:.2f}x) | {tg:.2f} ({tb / tg:.2f}x) | "
+              f"{name(cfg)} |" if cfg else f"| {sname} | {M} | - | - | - | none |")
     return 1 if bad else 0
 
 

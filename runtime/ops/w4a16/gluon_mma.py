@@ -24,6 +24,7 @@ from __future__ import annotations
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from salactl.runtime.ops.w4a16.layout import K_BLOCK, TC_ROWS
 
@@ -105,9 +106,86 @@ def _split8(v):
 
 
 @gluon.jit
+def _ld_v4(ptrs):
+    """16-byte loads of 4 consecutive int32 per thread (volatile asm: issued where written, so a
+    prefetch stays ahead of the MMAs it overlaps; a plain load was sunk to its use)."""
+    return gl.inline_asm_elementwise("ld.global.nc.L1::no_allocate.v4.b32 {$0, $1, $2, $3}, [$4];",
+                                     "=r,=r,=r,=r,l,l,l,l", [ptrs], dtype=gl.int32, is_pure=False, pack=4)
+
+
+@gluon.jit
+def _ld_b32(ptrs):
+    return gl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptrs], dtype=gl.int32,
+                                     is_pure=False, pack=1)
+
+
+@gluon.jit
+def _ld_scale(ptrs, ok):
+    """fp16 scale as fp32 bits' source: the int32 holding the 16 bits (0 where not ok)."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred p; .reg .b16 h; setp.ne.b32 p, $2, 0; mov.b16 h, 0; @p ld.global.nc.b16 h, [$1]; "
+        "cvt.u32.u16 $0, h; }", "=r,l,r", [ptrs, ok.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _loads(kb0, w_base, word_c, x_base, x_c, s_ptr, kb6, kbx, kb4, row4, NG, N, KB, GROUP: gl.constexpr):
+    """Words, activation registers and scales of blocks kb0 + (kb6 / kbx / kb4: each register's block
+    offset). Blocks past the last one are clamped, not masked (no select per register): they get
+    scale 0. Tokens >= M and slabs >= NG were clamped by the caller and are never stored."""
+    words = _ld_v4(w_base + gl.minimum(kb0 + kb6, KB - 1) * (NG * 256) + word_c)
+    xv = _ld_b32(x_base + gl.minimum(kb0 + kbx, KB - 1) * 64 + x_c)
+    kb = kb0 + kb4
+    s_off = ((gl.minimum(kb, KB - 1) * 128) // GROUP) * N + row4
+    s_lo = _ld_scale(s_ptr + s_off, kb < KB)
+    s_hi = _ld_scale(s_ptr + s_off + 8, kb < KB)
+    return words, xv, s_lo, s_hi
+
+
+@gluon.jit
+def _issue(kb0, wdst, sdst, w_base, word_c, s32, kb6, kbs, rows, NG, N, KB, GROUP: gl.constexpr):
+    """cp.async of blocks kb0 + kb6's words (16 bytes per lane and (u, r, n8)) and of the 4-byte scale
+    words holding rows nlo / nlo + 8 (blocks past the last are clamped; their scale is zeroed later)."""
+    async_copy.async_copy_global_to_shared(wdst, w_base + gl.minimum(kb0 + kb6, KB - 1) * (NG * 256) + word_c)
+    grp = (gl.minimum(kb0 + kbs, KB - 1) * 128) // GROUP
+    async_copy.async_copy_global_to_shared(sdst, s32 + (grp * N + rows) // 2)
+
+
+@gluon.jit
+def _scale_bits(sw, lanes):
+    """The fp16 bits of row nlo (+ 8 for n8 = 1) from its 4-byte scale word (row parity = nlo parity)."""
+    return (sw >> ((lanes // 4) % 2 * 16)) & 0xFFFF
+
+
+@gluon.jit
+def _f16_bits_to_f32(v):
+    return v.to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+
+
+@gluon.jit
+def _block_mmas(words, xv, W: gl.constexpr, U: gl.constexpr, R: gl.constexpr, L4: gl.constexpr, L3: gl.constexpr,
+                FP16: gl.constexpr, BIAS_MMA: gl.constexpr):
+    """d0..d3 [W, 32, U, R] of each (block, slab): the inline-PTX block (_block_asm) per lane."""
+    q0, q1, q2, q3, q4, q5, q6, q7 = _split8(gl.reshape(words, [W, 32, U, R, 2, 2, 2]))
+    xh0, xh1 = gl.split(gl.reshape(xv, [W, 32, U, 2, 2, 2, 2]))         # h = 0 / 1, then t = 4a + 2b + c
+    a0, a1, a2, a3, a4, a5, a6, a7 = _split8(xh0)
+    b0, b1, b2, b3, b4, b5, b6, b7 = _split8(xh1)
+    if BIAS_MMA:
+        ASM: gl.constexpr = BIASED_ASM_FP16 if FP16 else BIASED_ASM_BF16
+    else:
+        ASM: gl.constexpr = BLOCK_ASM_FP16 if FP16 else BLOCK_ASM_BF16
+    return gl.inline_asm_elementwise(
+        ASM, "=f,=f,=f,=f" + ",r" * 24,
+        [_l4(q0, L4), _l4(q1, L4), _l4(q2, L4), _l4(q3, L4), _l4(q4, L4), _l4(q5, L4), _l4(q6, L4), _l4(q7, L4),
+         _x4(a0, L3), _x4(b0, L3), _x4(a1, L3), _x4(b1, L3), _x4(a2, L3), _x4(b2, L3), _x4(a3, L3), _x4(b3, L3),
+         _x4(a4, L3), _x4(b4, L3), _x4(a5, L3), _x4(b5, L3), _x4(a6, L3), _x4(b6, L3), _x4(a7, L3), _x4(b7, L3)],
+        dtype=(gl.float32, gl.float32, gl.float32, gl.float32), is_pure=False, pack=1)
+
+
+@gluon.jit
 def _w4a16_mma_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
                       GROUP: gl.constexpr, R: gl.constexpr, W: gl.constexpr, U: gl.constexpr,
-                      FP16: gl.constexpr, BIAS_MMA: gl.constexpr, PDL: gl.constexpr):
+                      FP16: gl.constexpr, BIAS_MMA: gl.constexpr, PF: gl.constexpr, S: gl.constexpr,
+                      PDL: gl.constexpr):
     # [warp, lane, block u, slab r, n8, blk]: one 16-byte words load per (u, r, n8) and lane
     L6: gl.constexpr = gl.BlockedLayout([1, 1, U, R, 2, 4], [1, 32, 1, 1, 1, 1], [W, 1, 1, 1, 1, 1], [5, 4, 3, 2, 1, 0])
     # [warp, lane, block u, k16 tile t, half h]: the activation registers
@@ -144,42 +222,71 @@ def _w4a16_mma_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_ym
     row4 = gl.minimum(pid * R + _axis(R, 3, L4, 4), NG - 1) * 16 + lane4 // 4
 
     x32 = x_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
+    w_base = qw_ptr + (g6 * 256 + lane6 * 4)
+    x_base = x32 + x_lane
     acc0 = gl.zeros([W, 32, U, R], gl.float32, L4)
     acc1 = gl.zeros([W, 32, U, R], gl.float32, L4)
     acc2 = gl.zeros([W, 32, U, R], gl.float32, L4)
     acc3 = gl.zeros([W, 32, U, R], gl.float32, L4)
-    for kb0 in range(0, KB, U * W):
-        # loads past the last block / slab / token are clamped, not masked (no select per register):
-        # a clamped block gets scale 0, and tokens >= M and slabs >= NG are never stored
-        kb6 = gl.minimum(kb0 + u6 * W + w6, KB - 1)
-        words = gl.load((qw_ptr + ((kb6 * NG + g6) * 256 + lane6 * 4)) + word_c)
-        kbx = gl.minimum(kb0 + ux * W + wx, KB - 1)
-        xv = gl.load((x32 + (kbx * 64 + x_lane)) + x_c)
-        kb4 = kb0 + u4 * W + w4
-        s_off = ((kb4 * 128) // GROUP) * N + row4
-        s_ok = kb4 < KB
-        s_lo = gl.load(s_ptr + s_off, mask=s_ok, other=0.0).to(gl.float32)
-        s_hi = gl.load(s_ptr + s_off + 8, mask=s_ok, other=0.0).to(gl.float32)
-
-        q0, q1, q2, q3, q4, q5, q6, q7 = _split8(gl.reshape(words, [W, 32, U, R, 2, 2, 2]))
-        xh0, xh1 = gl.split(gl.reshape(xv, [W, 32, U, 2, 2, 2, 2]))         # h = 0 / 1, then t = 4a + 2b + c
-        a0, a1, a2, a3, a4, a5, a6, a7 = _split8(xh0)
-        b0, b1, b2, b3, b4, b5, b6, b7 = _split8(xh1)
-        if BIAS_MMA:
-            ASM: gl.constexpr = BIASED_ASM_FP16 if FP16 else BIASED_ASM_BF16
-        else:
-            ASM: gl.constexpr = BLOCK_ASM_FP16 if FP16 else BLOCK_ASM_BF16
-        d0, d1, d2, d3 = gl.inline_asm_elementwise(
-            ASM,
-            "=f,=f,=f,=f" + ",r" * 24,
-            [_l4(q0, L4), _l4(q1, L4), _l4(q2, L4), _l4(q3, L4), _l4(q4, L4), _l4(q5, L4), _l4(q6, L4), _l4(q7, L4),
-             _x4(a0, L3), _x4(b0, L3), _x4(a1, L3), _x4(b1, L3), _x4(a2, L3), _x4(b2, L3), _x4(a3, L3), _x4(b3, L3),
-             _x4(a4, L3), _x4(b4, L3), _x4(a5, L3), _x4(b5, L3), _x4(a6, L3), _x4(b6, L3), _x4(a7, L3), _x4(b7, L3)],
-            dtype=(gl.float32, gl.float32, gl.float32, gl.float32), is_pure=True, pack=1)
-        acc0 += d0 * s_lo
-        acc1 += d1 * s_lo
-        acc2 += d2 * s_hi
-        acc3 += d3 * s_hi
+    if S > 0:
+        # words and scales through a per-warp ring of S cp.async stages in shared memory: each lane
+        # reads back only the bytes it copied (no barrier), and ptxas cannot sink these copies to
+        # their use the way it sinks plain loads (it issued them one block at a time)
+        SW: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [5, 4, 3, 2, 1, 0])   # per stage
+        SS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [4, 3, 2, 1, 0])
+        LS: gl.constexpr = gl.SliceLayout(5, L6)                                   # [warp, lane, u, r, n8]
+        wring = gl.allocate_shared_memory(gl.int32, [S, W, 32, U, R, 2, 4], SW)
+        sring = gl.allocate_shared_memory(gl.int32, [S, W, 32, U, R, 2], SS)
+        kbs = _axis(U, 2, LS, 5) * W + _axis(W, 0, LS, 5)
+        lanes = _axis(32, 1, LS, 5)
+        rows = gl.minimum(pid * R + _axis(R, 3, LS, 5), NG - 1) * 16 + _axis(2, 4, LS, 5) * 8 + lanes // 4
+        s32 = s_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
+        steps = gl.cdiv(KB, U * W)
+        for j in gl.static_range(S - 1):
+            _issue(j * U * W, wring.index(j), sring.index(j), w_base, word_c, s32, u6 * W + w6, kbs, rows, NG, N, KB, GROUP)
+            async_copy.commit_group()
+        for it in range(steps):
+            nxt = it + S - 1
+            _issue(nxt * U * W, wring.index(nxt % S), sring.index(nxt % S), w_base, word_c, s32, u6 * W + w6, kbs,
+                   rows, NG, N, KB, GROUP)
+            async_copy.commit_group()
+            kb0 = it * U * W
+            xv = gl.load(x_base + gl.minimum(kb0 + ux * W + wx, KB - 1) * 64 + x_c)
+            async_copy.wait_group(S - 1)
+            words = wring.index(it % S).load(L6)
+            sw = sring.index(it % S).load(LS)
+            d0, d1, d2, d3 = _block_mmas(words, xv, W, U, R, L4, L3, FP16, BIAS_MMA)
+            lo, hi = gl.split(_scale_bits(sw, lanes))
+            live = (kb0 + u4 * W + w4 < KB).to(gl.float32)
+            s_lo = gl.convert_layout(lo.to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32), L4) * live
+            s_hi = gl.convert_layout(hi.to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32), L4) * live
+            acc0 += d0 * s_lo
+            acc1 += d1 * s_lo
+            acc2 += d2 * s_hi
+            acc3 += d3 * s_hi
+        async_copy.wait_group(0)
+    elif PF:
+        # register software pipeline: the next step's loads are in flight during this step's MMAs
+        words, xv, s_lo, s_hi = _loads(0, w_base, word_c, x_base, x_c, s_ptr, u6 * W + w6, ux * W + wx, u4 * W + w4,
+                                       row4, NG, N, KB, GROUP)
+        for kb0 in range(0, KB, U * W):
+            nwords, nxv, ns_lo, ns_hi = _loads(kb0 + U * W, w_base, word_c, x_base, x_c, s_ptr, u6 * W + w6,
+                                               ux * W + wx, u4 * W + w4, row4, NG, N, KB, GROUP)
+            d0, d1, d2, d3 = _block_mmas(words, xv, W, U, R, L4, L3, FP16, BIAS_MMA)
+            acc0 += d0 * _f16_bits_to_f32(s_lo)
+            acc1 += d1 * _f16_bits_to_f32(s_lo)
+            acc2 += d2 * _f16_bits_to_f32(s_hi)
+            acc3 += d3 * _f16_bits_to_f32(s_hi)
+            words, xv, s_lo, s_hi = nwords, nxv, ns_lo, ns_hi
+    else:
+        for kb0 in range(0, KB, U * W):
+            words, xv, s_lo, s_hi = _loads(kb0, w_base, word_c, x_base, x_c, s_ptr, u6 * W + w6, ux * W + wx,
+                                           u4 * W + w4, row4, NG, N, KB, GROUP)
+            d0, d1, d2, d3 = _block_mmas(words, xv, W, U, R, L4, L3, FP16, BIAS_MMA)
+            acc0 += d0 * _f16_bits_to_f32(s_lo)
+            acc1 += d1 * _f16_bits_to_f32(s_lo)
+            acc2 += d2 * _f16_bits_to_f32(s_hi)
+            acc3 += d3 * _f16_bits_to_f32(s_hi)
 
     # sum over the blocks u, then over the warps; lane (nlo, c) holds rows nlo / nlo + 8, tokens 2c / 2c + 1
     LO: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, L4))                 # [lane, r]
@@ -211,7 +318,7 @@ def _x4(v, L3: gl.constexpr):
 
 
 def w4a16_mma(x, qweight, scales, group_size: int, R: int = 1, W: int = 8, U: int = 1, bias_mma: bool = False,
-              pdl: bool = False):
+              pf: bool = False, stages: int = 0, pdl: bool = False):
     """x [M <= 8, K] (bf16/fp16) · Wᵀ -> [M, N]; qweight = pack_tc(q) int32 [K/128, N/16, 256], scales
     fp16 [groups, N] with groups of >= 128 rows (group_size -1: one group over K)."""
     import torch
@@ -226,5 +333,5 @@ def w4a16_mma(x, qweight, scales, group_size: int, R: int = 1, W: int = 8, U: in
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
     grid = (triton.cdiv(N // 16, R),)
     _w4a16_mma_kernel[grid](x, qweight, scales, y, M, N, K, x.stride(0), y.stride(0), GROUP=group, R=R, W=W, U=U,
-                            FP16=x.dtype == torch.float16, BIAS_MMA=bias_mma, PDL=pdl, num_warps=W, launch_pdl=pdl)
+                            FP16=x.dtype == torch.float16, BIAS_MMA=bias_mma, PF=pf, S=stages, PDL=pdl, num_warps=W, launch_pdl=pdl)
     return y
