@@ -182,10 +182,29 @@ def _block_mmas(words, xv, W: gl.constexpr, U: gl.constexpr, R: gl.constexpr, L4
 
 
 @gluon.jit
+def _prefetch_tiles(qw_ptr, pid, NG, KB, R: gl.constexpr, W: gl.constexpr):
+    """One bulk L2 prefetch per K block of this CTA's slabs (R contiguous 1 KB tiles), spread over
+    the lanes (block kb = w + W·lane, as the warps' loops take them): every byte the CTA will read is
+    requested from DRAM at once. ptxas issues the loads themselves just before their MMAs (one
+    DRAM round trip per block and warp otherwise); with this they hit L2."""
+    LP: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [W, 1], [1, 0])
+    w = gl.expand_dims(gl.arange(0, W, layout=gl.SliceLayout(1, LP)), 1)
+    lane = gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(0, LP)), 0)
+    slabs = gl.minimum(NG - pid * R, R)
+    for j in gl.static_range(0, 4):
+        kb = w + W * (lane + 32 * j)
+        ok = kb < KB
+        ptr = qw_ptr + (gl.minimum(kb, KB - 1) * NG + pid * R) * 256
+        gl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $3; mov.u32 $0, 0; }",
+            "=r,l,r,r", [ptr, ok.to(gl.int32), kb * 0 + slabs * 1024], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _w4a16_mma_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
                       GROUP: gl.constexpr, R: gl.constexpr, W: gl.constexpr, U: gl.constexpr,
                       FP16: gl.constexpr, BIAS_MMA: gl.constexpr, PF: gl.constexpr, S: gl.constexpr,
-                      PDL: gl.constexpr):
+                      L2PF: gl.constexpr, PDL: gl.constexpr):
     # [warp, lane, block u, slab r, n8, blk]: one 16-byte words load per (u, r, n8) and lane
     L6: gl.constexpr = gl.BlockedLayout([1, 1, U, R, 2, 4], [1, 32, 1, 1, 1, 1], [W, 1, 1, 1, 1, 1], [5, 4, 3, 2, 1, 0])
     # [warp, lane, block u, k16 tile t, half h]: the activation registers
@@ -201,6 +220,8 @@ def _w4a16_mma_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_ym
         gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
                                   is_pure=False, pack=1)
+    if L2PF:
+        _prefetch_tiles(qw_ptr, pid, NG, KB, R, W)
 
     # per-lane base addresses plus per-register constants (so the constants become immediate offsets)
     w6 = _axis(W, 0, L6, 6)
@@ -318,7 +339,7 @@ def _x4(v, L3: gl.constexpr):
 
 
 def w4a16_mma(x, qweight, scales, group_size: int, R: int = 1, W: int = 8, U: int = 1, bias_mma: bool = False,
-              pf: bool = False, stages: int = 0, pdl: bool = False):
+              pf: bool = False, stages: int = 0, l2pf: bool = False, pdl: bool = False):
     """x [M <= 8, K] (bf16/fp16) · Wᵀ -> [M, N]; qweight = pack_tc(q) int32 [K/128, N/16, 256], scales
     fp16 [groups, N] with groups of >= 128 rows (group_size -1: one group over K)."""
     import torch
@@ -333,5 +354,5 @@ def w4a16_mma(x, qweight, scales, group_size: int, R: int = 1, W: int = 8, U: in
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
     grid = (triton.cdiv(N // 16, R),)
     _w4a16_mma_kernel[grid](x, qweight, scales, y, M, N, K, x.stride(0), y.stride(0), GROUP=group, R=R, W=W, U=U,
-                            FP16=x.dtype == torch.float16, BIAS_MMA=bias_mma, PF=pf, S=stages, PDL=pdl, num_warps=W, launch_pdl=pdl)
+                            FP16=x.dtype == torch.float16, BIAS_MMA=bias_mma, PF=pf, S=stages, L2PF=l2pf, PDL=pdl, num_warps=W, launch_pdl=pdl)
     return y
