@@ -21,9 +21,10 @@ from timing import graph_time_us
 from w4a16_bench import GROUP, MAX_ERR, ROTATE_BYTES, SHAPES, make_shape, n_calls, parse_shape, rel_err
 
 # R slabs of 16 rows, W warps, U blocks per warp and step, bias MMA, register prefetch, cp.async stages,
-# bulk L2 prefetch of every tile up front
-DEFAULT_CONFIGS = ("1,8,4,1,0,0,0;1,8,1,1,1,0,0;2,8,1,1,0,0,0;1,8,4,1,0,0,1;1,8,1,1,1,0,1;1,8,2,1,1,0,1;"
-                   "2,8,1,1,1,0,1;1,4,2,1,0,0,1;1,8,2,1,0,0,1;2,4,2,1,1,0,1;1,8,1,1,0,3,1")
+# bulk L2 prefetch of every tile up front, volatile loads (words issued before the activations)
+DEFAULT_CONFIGS = ("1,8,4,1,0,0,0,0;1,8,4,1,0,0,0,1;1,8,4,1,0,0,1,1;1,8,1,1,1,0,0,1;1,8,2,1,1,0,0,1;"
+                   "2,8,1,1,1,0,0,1;1,4,2,1,1,0,0,1;1,8,1,1,1,0,1,1;1,8,1,1,1,0,0,0;2,8,1,1,0,0,0,0;"
+                   "1,8,2,1,0,0,0,1;2,4,2,1,1,0,0,1")
 
 
 def parse(text: str) -> list[tuple]:
@@ -31,12 +32,13 @@ def parse(text: str) -> list[tuple]:
 
 
 def run(x, q, s, group, c, pdl=False):
-    r, w, u, b, pf, st, l2 = (tuple(c) + (0,))[:7]
-    return w4a16_mma(x, q, s, group, R=r, W=w, U=u, bias_mma=bool(b), pf=bool(pf), stages=st, l2pf=bool(l2), pdl=pdl)
+    r, w, u, b, pf, st, l2, vol = (tuple(c) + (0, 0))[:8]
+    return w4a16_mma(x, q, s, group, R=r, W=w, U=u, bias_mma=bool(b), pf=bool(pf), stages=st, l2pf=bool(l2),
+                     vol=bool(vol), pdl=pdl)
 
 
 def name(c) -> str:
-    return "R{}W{}U{}b{}pf{}S{}L{}".format(*(tuple(c) + (0,))[:7])
+    return "R{}W{}U{}b{}pf{}S{}L{}V{}".format(*(tuple(c) + (0, 0))[:8])
 
 
 def check_edges(configs, gen) -> list[str]:

@@ -106,17 +106,27 @@ def _split8(v):
 
 
 @gluon.jit
-def _ld_v4(ptrs):
-    """16-byte loads of 4 consecutive int32 per thread (volatile asm: issued where written, so a
-    prefetch stays ahead of the MMAs it overlaps; a plain load was sunk to its use)."""
-    return gl.inline_asm_elementwise("ld.global.nc.L1::no_allocate.v4.b32 {$0, $1, $2, $3}, [$4];",
-                                     "=r,=r,=r,=r,l,l,l,l", [ptrs], dtype=gl.int32, is_pure=False, pack=4)
+def _ld_v4(ptrs, VOL: gl.constexpr):
+    """16-byte loads of 4 consecutive int32 per thread. VOL: ld.volatile, which ptxas keeps in program
+    order with the other volatile loads; placed before the activation loads that the MMAs need, the
+    words of every block are then issued first (ptxas otherwise sinks each load to its use: one
+    DRAM round trip per block and warp)."""
+    if VOL:
+        return gl.inline_asm_elementwise("ld.volatile.global.v4.b32 {$0, $1, $2, $3}, [$4];",
+                                         "=r,=r,=r,=r,l,l,l,l", [ptrs], dtype=gl.int32, is_pure=False, pack=4)
+    else:
+        return gl.inline_asm_elementwise("ld.global.nc.L1::no_allocate.v4.b32 {$0, $1, $2, $3}, [$4];",
+                                         "=r,=r,=r,=r,l,l,l,l", [ptrs], dtype=gl.int32, is_pure=False, pack=4)
 
 
 @gluon.jit
-def _ld_b32(ptrs):
-    return gl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptrs], dtype=gl.int32,
-                                     is_pure=False, pack=1)
+def _ld_b32(ptrs, VOL: gl.constexpr):
+    if VOL:
+        return gl.inline_asm_elementwise("ld.volatile.global.b32 $0, [$1];", "=r,l", [ptrs], dtype=gl.int32,
+                                         is_pure=False, pack=1)
+    else:
+        return gl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptrs], dtype=gl.int32,
+                                         is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -128,32 +138,20 @@ def _ld_scale(ptrs, ok):
 
 
 @gluon.jit
-def _loads(kb0, w_base, word_c, x_base, x_c, s_ptr, kb6, kbx, kb4, row4, NG, N, KB, GROUP: gl.constexpr):
-    """Words, activation registers and scales of blocks kb0 + (kb6 / kbx / kb4: each register's block
-    offset). Blocks past the last one are clamped, not masked (no select per register): they get
-    scale 0. Tokens >= M and slabs >= NG were clamped by the caller and are never stored."""
-    words = _ld_v4(w_base + gl.minimum(kb0 + kb6, KB - 1) * (NG * 256) + word_c)
-    xv = _ld_b32(x_base + gl.minimum(kb0 + kbx, KB - 1) * 64 + x_c)
+def _words_scales(kb0, w_base, word_c, s_ptr, kb6, kb4, row4, NG, N, KB, GROUP: gl.constexpr, VOL: gl.constexpr):
+    """Words and scales of blocks kb0 + (kb6 / kb4: each register's block offset). Blocks past the
+    last one are clamped, not masked (no select per register): they get scale 0. Slabs >= NG were
+    clamped by the caller and are never stored."""
+    words = _ld_v4(w_base + gl.minimum(kb0 + kb6, KB - 1) * (NG * 256) + word_c, VOL)
     kb = kb0 + kb4
     s_off = ((gl.minimum(kb, KB - 1) * 128) // GROUP) * N + row4
-    s_lo = _ld_scale(s_ptr + s_off, kb < KB)
-    s_hi = _ld_scale(s_ptr + s_off + 8, kb < KB)
-    return words, xv, s_lo, s_hi
+    return words, _ld_scale(s_ptr + s_off, kb < KB), _ld_scale(s_ptr + s_off + 8, kb < KB)
 
 
 @gluon.jit
-def _issue(kb0, wdst, sdst, w_base, word_c, s32, kb6, kbs, rows, NG, N, KB, GROUP: gl.constexpr):
-    """cp.async of blocks kb0 + kb6's words (16 bytes per lane and (u, r, n8)) and of the 4-byte scale
-    words holding rows nlo / nlo + 8 (blocks past the last are clamped; their scale is zeroed later)."""
-    async_copy.async_copy_global_to_shared(wdst, w_base + gl.minimum(kb0 + kb6, KB - 1) * (NG * 256) + word_c)
-    grp = (gl.minimum(kb0 + kbs, KB - 1) * 128) // GROUP
-    async_copy.async_copy_global_to_shared(sdst, s32 + (grp * N + rows) // 2)
-
-
-@gluon.jit
-def _scale_bits(sw, lanes):
-    """The fp16 bits of row nlo (+ 8 for n8 = 1) from its 4-byte scale word (row parity = nlo parity)."""
-    return (sw >> ((lanes // 4) % 2 * 16)) & 0xFFFF
+def _acts(kb0, x_base, x_c, kbx, KB, VOL: gl.constexpr):
+    """The activation registers of blocks kb0 + kbx (tokens >= M were clamped by the caller)."""
+    return _ld_b32(x_base + gl.minimum(kb0 + kbx, KB - 1) * 64 + x_c, VOL)
 
 
 @gluon.jit
@@ -204,7 +202,7 @@ def _prefetch_tiles(qw_ptr, pid, NG, KB, R: gl.constexpr, W: gl.constexpr):
 def _w4a16_mma_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
                       GROUP: gl.constexpr, R: gl.constexpr, W: gl.constexpr, U: gl.constexpr,
                       FP16: gl.constexpr, BIAS_MMA: gl.constexpr, PF: gl.constexpr, S: gl.constexpr,
-                      L2PF: gl.constexpr, PDL: gl.constexpr):
+                      L2PF: gl.constexpr, VOL: gl.constexpr, PDL: gl.constexpr):
     # [warp, lane, block u, slab r, n8, blk]: one 16-byte words load per (u, r, n8) and lane
     L6: gl.constexpr = gl.BlockedLayout([1, 1, U, R, 2, 4], [1, 32, 1, 1, 1, 1], [W, 1, 1, 1, 1, 1], [5, 4, 3, 2, 1, 0])
     # [warp, lane, block u, k16 tile t, half h]: the activation registers
@@ -287,22 +285,25 @@ def _w4a16_mma_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_ym
             acc3 += d3 * s_hi
         async_copy.wait_group(0)
     elif PF:
-        # register software pipeline: the next step's loads are in flight during this step's MMAs
-        words, xv, s_lo, s_hi = _loads(0, w_base, word_c, x_base, x_c, s_ptr, u6 * W + w6, ux * W + wx, u4 * W + w4,
-                                       row4, NG, N, KB, GROUP)
+        # register software pipeline: the next step's words are loaded before this step's
+        # activations (with VOL, ptxas keeps that order), so they are in flight during its MMAs
+        words, s_lo, s_hi = _words_scales(0, w_base, word_c, s_ptr, u6 * W + w6, u4 * W + w4, row4, NG, N, KB,
+                                          GROUP, VOL)
         for kb0 in range(0, KB, U * W):
-            nwords, nxv, ns_lo, ns_hi = _loads(kb0 + U * W, w_base, word_c, x_base, x_c, s_ptr, u6 * W + w6,
-                                               ux * W + wx, u4 * W + w4, row4, NG, N, KB, GROUP)
+            nwords, ns_lo, ns_hi = _words_scales(kb0 + U * W, w_base, word_c, s_ptr, u6 * W + w6, u4 * W + w4,
+                                                 row4, NG, N, KB, GROUP, VOL)
+            xv = _acts(kb0, x_base, x_c, ux * W + wx, KB, VOL)
             d0, d1, d2, d3 = _block_mmas(words, xv, W, U, R, L4, L3, FP16, BIAS_MMA)
             acc0 += d0 * _f16_bits_to_f32(s_lo)
             acc1 += d1 * _f16_bits_to_f32(s_lo)
             acc2 += d2 * _f16_bits_to_f32(s_hi)
             acc3 += d3 * _f16_bits_to_f32(s_hi)
-            words, xv, s_lo, s_hi = nwords, nxv, ns_lo, ns_hi
+            words, s_lo, s_hi = nwords, ns_lo, ns_hi
     else:
         for kb0 in range(0, KB, U * W):
-            words, xv, s_lo, s_hi = _loads(kb0, w_base, word_c, x_base, x_c, s_ptr, u6 * W + w6, ux * W + wx,
-                                           u4 * W + w4, row4, NG, N, KB, GROUP)
+            words, s_lo, s_hi = _words_scales(kb0, w_base, word_c, s_ptr, u6 * W + w6, u4 * W + w4, row4, NG, N, KB,
+                                              GROUP, VOL)
+            xv = _acts(kb0, x_base, x_c, ux * W + wx, KB, VOL)
             d0, d1, d2, d3 = _block_mmas(words, xv, W, U, R, L4, L3, FP16, BIAS_MMA)
             acc0 += d0 * _f16_bits_to_f32(s_lo)
             acc1 += d1 * _f16_bits_to_f32(s_lo)
@@ -339,7 +340,7 @@ def _x4(v, L3: gl.constexpr):
 
 
 def w4a16_mma(x, qweight, scales, group_size: int, R: int = 1, W: int = 8, U: int = 1, bias_mma: bool = False,
-              pf: bool = False, stages: int = 0, l2pf: bool = False, pdl: bool = False):
+              pf: bool = False, stages: int = 0, l2pf: bool = False, vol: bool = False, pdl: bool = False):
     """x [M <= 8, K] (bf16/fp16) · Wᵀ -> [M, N]; qweight = pack_tc(q) int32 [K/128, N/16, 256], scales
     fp16 [groups, N] with groups of >= 128 rows (group_size -1: one group over K)."""
     import torch
@@ -354,5 +355,5 @@ def w4a16_mma(x, qweight, scales, group_size: int, R: int = 1, W: int = 8, U: in
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
     grid = (triton.cdiv(N // 16, R),)
     _w4a16_mma_kernel[grid](x, qweight, scales, y, M, N, K, x.stride(0), y.stride(0), GROUP=group, R=R, W=W, U=U,
-                            FP16=x.dtype == torch.float16, BIAS_MMA=bias_mma, PF=pf, S=stages, L2PF=l2pf, PDL=pdl, num_warps=W, launch_pdl=pdl)
+                            FP16=x.dtype == torch.float16, BIAS_MMA=bias_mma, PF=pf, S=stages, L2PF=l2pf, VOL=vol, PDL=pdl, num_warps=W, launch_pdl=pdl)
     return y
