@@ -20,11 +20,9 @@ from salactl.runtime.ops.w4a16.triton import w4a16_linear
 from timing import graph_time_us
 from w4a16_bench import GROUP, MAX_ERR, ROTATE_BYTES, SHAPES, make_shape, n_calls, parse_shape, rel_err
 
-# R slabs of 16 rows, W warps, U blocks per warp and step, bias MMA, register prefetch, cp.async stages,
-# bulk L2 prefetch of every tile up front, volatile loads (words issued before the activations)
-DEFAULT_CONFIGS = ("1,8,4,1,0,0,0,0;1,8,4,1,0,0,0,1;1,8,4,1,0,0,1,1;1,8,1,1,1,0,0,1;1,8,2,1,1,0,0,1;"
-                   "2,8,1,1,1,0,0,1;1,4,2,1,1,0,0,1;1,8,1,1,1,0,1,1;1,8,1,1,1,0,0,0;2,8,1,1,0,0,0,0;"
-                   "1,8,2,1,0,0,0,1;2,4,2,1,1,0,0,1")
+# R slabs of 16 rows, W warps, U blocks per warp and step, bias MMA, register prefetch depth (0-2)
+DEFAULT_CONFIGS = ("1,8,4,1,0;1,8,1,1,2;1,8,2,1,2;2,8,1,1,2;1,4,2,1,2;2,4,1,1,2;1,4,1,1,2;4,4,1,1,2;2,8,1,1,0;"
+                   "1,8,1,1,1;1,8,2,1,1;2,4,2,1,2")
 
 
 def parse(text: str) -> list[tuple]:
@@ -32,13 +30,12 @@ def parse(text: str) -> list[tuple]:
 
 
 def run(x, q, s, group, c, pdl=False):
-    r, w, u, b, pf, st, l2, vol = (tuple(c) + (0, 0))[:8]
-    return w4a16_mma(x, q, s, group, R=r, W=w, U=u, bias_mma=bool(b), pf=bool(pf), stages=st, l2pf=bool(l2),
-                     vol=bool(vol), pdl=pdl)
+    r, w, u, b, pf = c
+    return w4a16_mma(x, q, s, group, R=r, W=w, U=u, bias_mma=bool(b), pf=pf, pdl=pdl)
 
 
 def name(c) -> str:
-    return "R{}W{}U{}b{}pf{}S{}L{}V{}".format(*(tuple(c) + (0, 0))[:8])
+    return "R{}W{}U{}b{}pf{}".format(*c)
 
 
 def check_edges(configs, gen) -> list[str]:

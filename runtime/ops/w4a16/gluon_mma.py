@@ -24,7 +24,6 @@ from __future__ import annotations
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from salactl.runtime.ops.w4a16.layout import K_BLOCK, TC_ROWS
 
@@ -106,57 +105,49 @@ def _split8(v):
 
 
 @gluon.jit
-def _ld_v4(ptrs, VOL: gl.constexpr):
-    """16-byte loads of 4 consecutive int32 per thread. VOL: ld.volatile, which ptxas keeps in program
-    order with the other volatile loads; placed before the activation loads that the MMAs need, the
-    words of every block are then issued first (ptxas otherwise sinks each load to its use: one
-    DRAM round trip per block and warp)."""
-    if VOL:
-        return gl.inline_asm_elementwise("ld.volatile.global.v4.b32 {$0, $1, $2, $3}, [$4];",
-                                         "=r,=r,=r,=r,l,l,l,l", [ptrs], dtype=gl.int32, is_pure=False, pack=4)
-    else:
-        return gl.inline_asm_elementwise("ld.global.nc.L1::no_allocate.v4.b32 {$0, $1, $2, $3}, [$4];",
-                                         "=r,=r,=r,=r,l,l,l,l", [ptrs], dtype=gl.int32, is_pure=False, pack=4)
-
-
-@gluon.jit
-def _ld_b32(ptrs, VOL: gl.constexpr):
-    if VOL:
-        return gl.inline_asm_elementwise("ld.volatile.global.b32 $0, [$1];", "=r,l", [ptrs], dtype=gl.int32,
-                                         is_pure=False, pack=1)
-    else:
-        return gl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptrs], dtype=gl.int32,
-                                         is_pure=False, pack=1)
+def _ld_v4(ptrs):
+    """16-byte loads of 4 consecutive int32 per thread, not allocated in L1 (streamed once)."""
+    return gl.inline_asm_elementwise("ld.global.nc.L1::no_allocate.v4.b32 {$0, $1, $2, $3}, [$4];",
+                                     "=r,=r,=r,=r,l,l,l,l", [ptrs], dtype=gl.int32, is_pure=False, pack=4)
 
 
 @gluon.jit
 def _ld_scale(ptrs, ok):
-    """fp16 scale as fp32 bits' source: the int32 holding the 16 bits (0 where not ok)."""
+    """The int32 holding an fp16 scale's 16 bits (0 where not ok)."""
     return gl.inline_asm_elementwise(
         "{ .reg .pred p; .reg .b16 h; setp.ne.b32 p, $2, 0; mov.b16 h, 0; @p ld.global.nc.b16 h, [$1]; "
         "cvt.u32.u16 $0, h; }", "=r,l,r", [ptrs, ok.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
-def _words_scales(kb0, w_base, word_c, s_ptr, kb6, kb4, row4, NG, N, KB, GROUP: gl.constexpr, VOL: gl.constexpr):
+def _words_scales(kb0, w_base, word_c, s_ptr, kb6, kb4, row4, NG, N, KB, GROUP: gl.constexpr):
     """Words and scales of blocks kb0 + (kb6 / kb4: each register's block offset). Blocks past the
     last one are clamped, not masked (no select per register): they get scale 0. Slabs >= NG were
     clamped by the caller and are never stored."""
-    words = _ld_v4(w_base + gl.minimum(kb0 + kb6, KB - 1) * (NG * 256) + word_c, VOL)
+    words = _ld_v4(w_base + gl.minimum(kb0 + kb6, KB - 1) * (NG * 256) + word_c)
     kb = kb0 + kb4
     s_off = ((gl.minimum(kb, KB - 1) * 128) // GROUP) * N + row4
     return words, _ld_scale(s_ptr + s_off, kb < KB), _ld_scale(s_ptr + s_off + 8, kb < KB)
 
 
 @gluon.jit
-def _acts(kb0, x_base, x_c, kbx, KB, VOL: gl.constexpr):
+def _acts(kb0, x_base, x_c, kbx, KB):
     """The activation registers of blocks kb0 + kbx (tokens >= M were clamped by the caller)."""
-    return _ld_b32(x_base + gl.minimum(kb0 + kbx, KB - 1) * 64 + x_c, VOL)
+    return gl.load(x_base + gl.minimum(kb0 + kbx, KB - 1) * 64 + x_c)
 
 
 @gluon.jit
 def _f16_bits_to_f32(v):
     return v.to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+
+
+@gluon.jit
+def _step(acc0, acc1, acc2, acc3, words, xv, s_lo, s_hi, W: gl.constexpr, U: gl.constexpr, R: gl.constexpr,
+          L4: gl.constexpr, L3: gl.constexpr, FP16: gl.constexpr, BIAS_MMA: gl.constexpr):
+    d0, d1, d2, d3 = _block_mmas(words, xv, W, U, R, L4, L3, FP16, BIAS_MMA)
+    lo = _f16_bits_to_f32(s_lo)
+    hi = _f16_bits_to_f32(s_hi)
+    return acc0 + d0 * lo, acc1 + d1 * lo, acc2 + d2 * hi, acc3 + d3 * hi
 
 
 @gluon.jit
@@ -201,8 +192,7 @@ def _prefetch_tiles(qw_ptr, pid, NG, KB, R: gl.constexpr, W: gl.constexpr):
 @gluon.jit
 def _w4a16_mma_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
                       GROUP: gl.constexpr, R: gl.constexpr, W: gl.constexpr, U: gl.constexpr,
-                      FP16: gl.constexpr, BIAS_MMA: gl.constexpr, PF: gl.constexpr, S: gl.constexpr,
-                      L2PF: gl.constexpr, VOL: gl.constexpr, PDL: gl.constexpr):
+                      FP16: gl.constexpr, BIAS_MMA: gl.constexpr, PF: gl.constexpr, PDL: gl.constexpr):
     # [warp, lane, block u, slab r, n8, blk]: one 16-byte words load per (u, r, n8) and lane
     L6: gl.constexpr = gl.BlockedLayout([1, 1, U, R, 2, 4], [1, 32, 1, 1, 1, 1], [W, 1, 1, 1, 1, 1], [5, 4, 3, 2, 1, 0])
     # [warp, lane, block u, k16 tile t, half h]: the activation registers
@@ -218,97 +208,56 @@ def _w4a16_mma_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_ym
         gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
                                   is_pure=False, pack=1)
-    if L2PF:
-        _prefetch_tiles(qw_ptr, pid, NG, KB, R, W)
 
-    # per-lane base addresses plus per-register constants (so the constants become immediate offsets)
-    w6 = _axis(W, 0, L6, 6)
-    lane6 = _axis(32, 1, L6, 6)
-    u6 = _axis(U, 2, L6, 6)
+    # per-lane base addresses plus per-register constants (so the constants become immediate offsets);
+    # warp w takes blocks kb0 + u·W + w of each step
+    kb6 = _axis(U, 2, L6, 6) * W + _axis(W, 0, L6, 6)
     g6 = gl.minimum(pid * R + _axis(R, 3, L6, 6), NG - 1)
     word_c = _axis(2, 4, L6, 6) * 128 + _axis(4, 5, L6, 6)                     # n8 * 128 + blk
+    w_base = qw_ptr + (g6 * 256 + _axis(32, 1, L6, 6) * 4)
 
-    wx = _axis(W, 0, LX, 5)
     lanex = _axis(32, 1, LX, 5)
-    ux = _axis(U, 2, LX, 5)
+    kbx = _axis(U, 2, LX, 5) * W + _axis(W, 0, LX, 5)
     # int32 index of the pair (k, k + 1), k = 16 t + 8 h + 2c within the block (stride_xm is even)
     x_c = _axis(8, 3, LX, 5) * 8 + _axis(2, 4, LX, 5) * 4
-    x_lane = gl.minimum(lanex // 4, M - 1) * (stride_xm // 2) + lanex % 4
+    x_base = x_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + \
+        (gl.minimum(lanex // 4, M - 1) * (stride_xm // 2) + lanex % 4)
 
-    w4 = _axis(W, 0, L4, 4)
-    lane4 = _axis(32, 1, L4, 4)
-    u4 = _axis(U, 2, L4, 4)
-    row4 = gl.minimum(pid * R + _axis(R, 3, L4, 4), NG - 1) * 16 + lane4 // 4
+    kb4 = _axis(U, 2, L4, 4) * W + _axis(W, 0, L4, 4)
+    row4 = gl.minimum(pid * R + _axis(R, 3, L4, 4), NG - 1) * 16 + _axis(32, 1, L4, 4) // 4
 
-    x32 = x_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
-    w_base = qw_ptr + (g6 * 256 + lane6 * 4)
-    x_base = x32 + x_lane
     acc0 = gl.zeros([W, 32, U, R], gl.float32, L4)
     acc1 = gl.zeros([W, 32, U, R], gl.float32, L4)
     acc2 = gl.zeros([W, 32, U, R], gl.float32, L4)
     acc3 = gl.zeros([W, 32, U, R], gl.float32, L4)
-    if S > 0:
-        # words and scales through a per-warp ring of S cp.async stages in shared memory: each lane
-        # reads back only the bytes it copied (no barrier), and ptxas cannot sink these copies to
-        # their use the way it sinks plain loads (it issued them one block at a time)
-        SW: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [5, 4, 3, 2, 1, 0])   # per stage
-        SS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [4, 3, 2, 1, 0])
-        LS: gl.constexpr = gl.SliceLayout(5, L6)                                   # [warp, lane, u, r, n8]
-        wring = gl.allocate_shared_memory(gl.int32, [S, W, 32, U, R, 2, 4], SW)
-        sring = gl.allocate_shared_memory(gl.int32, [S, W, 32, U, R, 2], SS)
-        kbs = _axis(U, 2, LS, 5) * W + _axis(W, 0, LS, 5)
-        lanes = _axis(32, 1, LS, 5)
-        rows = gl.minimum(pid * R + _axis(R, 3, LS, 5), NG - 1) * 16 + _axis(2, 4, LS, 5) * 8 + lanes // 4
-        s32 = s_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
-        steps = gl.cdiv(KB, U * W)
-        for j in gl.static_range(S - 1):
-            _issue(j * U * W, wring.index(j), sring.index(j), w_base, word_c, s32, u6 * W + w6, kbs, rows, NG, N, KB, GROUP)
-            async_copy.commit_group()
-        for it in range(steps):
-            nxt = it + S - 1
-            _issue(nxt * U * W, wring.index(nxt % S), sring.index(nxt % S), w_base, word_c, s32, u6 * W + w6, kbs,
-                   rows, NG, N, KB, GROUP)
-            async_copy.commit_group()
-            kb0 = it * U * W
-            xv = gl.load(x_base + gl.minimum(kb0 + ux * W + wx, KB - 1) * 64 + x_c)
-            async_copy.wait_group(S - 1)
-            words = wring.index(it % S).load(L6)
-            sw = sring.index(it % S).load(LS)
-            d0, d1, d2, d3 = _block_mmas(words, xv, W, U, R, L4, L3, FP16, BIAS_MMA)
-            lo, hi = gl.split(_scale_bits(sw, lanes))
-            live = (kb0 + u4 * W + w4 < KB).to(gl.float32)
-            s_lo = gl.convert_layout(lo.to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32), L4) * live
-            s_hi = gl.convert_layout(hi.to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32), L4) * live
-            acc0 += d0 * s_lo
-            acc1 += d1 * s_lo
-            acc2 += d2 * s_hi
-            acc3 += d3 * s_hi
-        async_copy.wait_group(0)
-    elif PF:
-        # register software pipeline: the next step's words are loaded before this step's
-        # activations (with VOL, ptxas keeps that order), so they are in flight during its MMAs
-        words, s_lo, s_hi = _words_scales(0, w_base, word_c, s_ptr, u6 * W + w6, u4 * W + w4, row4, NG, N, KB,
-                                          GROUP, VOL)
-        for kb0 in range(0, KB, U * W):
-            nwords, ns_lo, ns_hi = _words_scales(kb0 + U * W, w_base, word_c, s_ptr, u6 * W + w6, u4 * W + w4,
-                                                 row4, NG, N, KB, GROUP, VOL)
-            xv = _acts(kb0, x_base, x_c, ux * W + wx, KB, VOL)
-            d0, d1, d2, d3 = _block_mmas(words, xv, W, U, R, L4, L3, FP16, BIAS_MMA)
-            acc0 += d0 * _f16_bits_to_f32(s_lo)
-            acc1 += d1 * _f16_bits_to_f32(s_lo)
-            acc2 += d2 * _f16_bits_to_f32(s_hi)
-            acc3 += d3 * _f16_bits_to_f32(s_hi)
-            words, s_lo, s_hi = nwords, ns_lo, ns_hi
+    STEP: gl.constexpr = U * W
+    if PF == 2:
+        # register software pipeline two steps deep: ptxas sinks each load to just before its use
+        # within a loop body, but not across the back edge, so the loads of step i + 2 issued in
+        # step i are in flight during at least the MMAs of step i + 1
+        wa, sa_lo, sa_hi = _words_scales(0, w_base, word_c, s_ptr, kb6, kb4, row4, NG, N, KB, GROUP)
+        xa = _acts(0, x_base, x_c, kbx, KB)
+        wb, sb_lo, sb_hi = _words_scales(STEP, w_base, word_c, s_ptr, kb6, kb4, row4, NG, N, KB, GROUP)
+        xb = _acts(STEP, x_base, x_c, kbx, KB)
+        for kb0 in range(0, KB, STEP):
+            wc, sc_lo, sc_hi = _words_scales(kb0 + 2 * STEP, w_base, word_c, s_ptr, kb6, kb4, row4, NG, N, KB, GROUP)
+            xc = _acts(kb0 + 2 * STEP, x_base, x_c, kbx, KB)
+            acc0, acc1, acc2, acc3 = _step(acc0, acc1, acc2, acc3, wa, xa, sa_lo, sa_hi, W, U, R, L4, L3, FP16, BIAS_MMA)
+            wa, sa_lo, sa_hi, xa = wb, sb_lo, sb_hi, xb
+            wb, sb_lo, sb_hi, xb = wc, sc_lo, sc_hi, xc
+    elif PF == 1:
+        wa, sa_lo, sa_hi = _words_scales(0, w_base, word_c, s_ptr, kb6, kb4, row4, NG, N, KB, GROUP)
+        xa = _acts(0, x_base, x_c, kbx, KB)
+        for kb0 in range(0, KB, STEP):
+            wb, sb_lo, sb_hi = _words_scales(kb0 + STEP, w_base, word_c, s_ptr, kb6, kb4, row4, NG, N, KB, GROUP)
+            xb = _acts(kb0 + STEP, x_base, x_c, kbx, KB)
+            acc0, acc1, acc2, acc3 = _step(acc0, acc1, acc2, acc3, wa, xa, sa_lo, sa_hi, W, U, R, L4, L3, FP16, BIAS_MMA)
+            wa, sa_lo, sa_hi, xa = wb, sb_lo, sb_hi, xb
     else:
-        for kb0 in range(0, KB, U * W):
-            words, s_lo, s_hi = _words_scales(kb0, w_base, word_c, s_ptr, u6 * W + w6, u4 * W + w4, row4, NG, N, KB,
-                                              GROUP, VOL)
-            xv = _acts(kb0, x_base, x_c, ux * W + wx, KB, VOL)
-            d0, d1, d2, d3 = _block_mmas(words, xv, W, U, R, L4, L3, FP16, BIAS_MMA)
-            acc0 += d0 * _f16_bits_to_f32(s_lo)
-            acc1 += d1 * _f16_bits_to_f32(s_lo)
-            acc2 += d2 * _f16_bits_to_f32(s_hi)
-            acc3 += d3 * _f16_bits_to_f32(s_hi)
+        for kb0 in range(0, KB, STEP):
+            wa, sa_lo, sa_hi = _words_scales(kb0, w_base, word_c, s_ptr, kb6, kb4, row4, NG, N, KB, GROUP)
+            xa = _acts(kb0, x_base, x_c, kbx, KB)
+            acc0, acc1, acc2, acc3 = _step(acc0, acc1, acc2, acc3, wa, xa, sa_lo, sa_hi, W, U, R, L4, L3, FP16, BIAS_MMA)
 
     # sum over the blocks u, then over the warps; lane (nlo, c) holds rows nlo / nlo + 8, tokens 2c / 2c + 1
     LO: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, L4))                 # [lane, r]
@@ -340,7 +289,7 @@ def _x4(v, L3: gl.constexpr):
 
 
 def w4a16_mma(x, qweight, scales, group_size: int, R: int = 1, W: int = 8, U: int = 1, bias_mma: bool = False,
-              pf: bool = False, stages: int = 0, l2pf: bool = False, vol: bool = False, pdl: bool = False):
+              pf: int = 0, pdl: bool = False):
     """x [M <= 8, K] (bf16/fp16) · Wᵀ -> [M, N]; qweight = pack_tc(q) int32 [K/128, N/16, 256], scales
     fp16 [groups, N] with groups of >= 128 rows (group_size -1: one group over K)."""
     import torch
@@ -355,5 +304,5 @@ def w4a16_mma(x, qweight, scales, group_size: int, R: int = 1, W: int = 8, U: in
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
     grid = (triton.cdiv(N // 16, R),)
     _w4a16_mma_kernel[grid](x, qweight, scales, y, M, N, K, x.stride(0), y.stride(0), GROUP=group, R=R, W=W, U=U,
-                            FP16=x.dtype == torch.float16, BIAS_MMA=bias_mma, PF=pf, S=stages, L2PF=l2pf, VOL=vol, PDL=pdl, num_warps=W, launch_pdl=pdl)
+                            FP16=x.dtype == torch.float16, BIAS_MMA=bias_mma, PF=int(pf), PDL=pdl, num_warps=W, launch_pdl=pdl)
     return y
