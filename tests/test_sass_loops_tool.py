@@ -42,6 +42,11 @@ def test_loops_are_backward_branches_with_an_mma():
     assert out == [{"instructions": 3, "ops": {"HMMA": 1, "IADD3": 1, "BRA": 1}}]
 
 
+def test_issue_order_lists_loads_mmas_and_backward_branches_in_program_order():
+    # the LDG, the HMMA, two backward branches (0x40 -> 0x20, 0x60 -> 0x50); the forward one is not listed
+    assert _tool_module().issue_order(SASS) == "GM||"
+
+
 def _run(*args):
     # TRITON_INTERPRET=1 as the CPU kernel tests set it: the tool must compile anyway
     env = dict(os.environ, TRITON_INTERPRET="1")
@@ -68,6 +73,11 @@ def test_w4a16_register_kernel_and_tma_spec_refused():
     rep = json.loads(r.stdout)
     assert "split 8, unroll 4" in rep["kernel"] and rep["loops"]
     assert any(op.endswith("MMA") for op in rep["loops"][0]["ops"])
+    # unroll 4: the barrier of the shared-memory activation tile keeps ptxas from sinking the word
+    # loads, so every block's words (4 blocks x 2 loads of 16 bytes per lane at BLOCK_N 64 / 4
+    # warps) are issued before the first MMA
+    order = rep["issue_order"]
+    assert order.count("M") > 0 and order[:order.index("M")].count("G") >= 8, order
     bad = _run("w4a16", "--spec", "bn=64,tma=1")
     assert bad.returncode != 0 and "only the register kernel" in bad.stderr
 

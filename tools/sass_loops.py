@@ -6,7 +6,7 @@ instruction mix of every loop that issues MMAs (no GPU needed).
     python tools/sass_loops.py select-words [--warps 4] [--late]    # decode selection's pass 2
     python tools/sass_loops.py select-top [--warps 8]       # its one-program radix top-k
     python tools/sass_loops.py select-rank [--warps 8]      # its rank top-k
-    ... [--arch 90] [--json]
+    ... [--arch 90] [--json] [--order]
 
 The selection kernels are compiled as select_decode launches them for sala-9b at batch 1 in the
 1M-wide page table of benchmarks/sparse_decode_bench.py (DECODE_DEFAULTS); they have no MMA loop
@@ -18,6 +18,12 @@ per 128-row block, registers); this is the command that reproduces them. It comp
 cuobjdump; a loop is a backward branch, and a loop's count is the instructions from its target to
 the branch (an outer loop includes its inner ones). Hand-written because neither Triton nor any
 installed tool reports per-loop SASS of a Triton kernel.
+
+`--order` also prints the issue order of the kernel's memory, barrier and MMA instructions (G global
+load, A async copy to shared memory, S / s shared store / load, b barrier, M MMA, | backward branch):
+ptxas places each global load just before its first use unless a barrier or the data flow pins it
+earlier (BENCHMARKS.md, W4A16 session 26), so this is how to see how many loads a warp really has in
+flight before its math.
 """
 
 from __future__ import annotations
@@ -160,6 +166,27 @@ def loops(sass: str) -> list[dict]:
     return out
 
 
+_ORDER = {"LDGSTS": "A", "UTMALDG": "A", "LDG": "G", "STS": "S", "LDS": "s", "BAR": "b"}
+
+
+def issue_order(sass: str) -> str:
+    """The kernel's global loads, async copies, shared stores / loads, barriers and MMAs in program
+    order, one letter each (see the module docstring), with | for every backward branch."""
+    lines = _instructions(sass)
+    out = []
+    for addr, ins in lines:
+        op = _opcode(ins)
+        if op.endswith("MMA"):
+            out.append("M")
+        elif op == "BRA":
+            m = re.search(r"\bBRA\s+(?:`\()?[^0-9]*(0x[0-9a-f]+)", ins)
+            if m and int(m.group(1), 16) < addr:
+                out.append("|")
+        elif op in _ORDER:
+            out.append(_ORDER[op])
+    return "".join(out)
+
+
 def analyse(src, options: dict, arch: int) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
@@ -175,7 +202,7 @@ def analyse(src, options: dict, arch: int) -> dict:
     ops = [_opcode(ins) for _, ins in _instructions(sass)]
     return {"registers": usage.get("reg"), "stack_bytes": usage.get("stack"),
             "shared_bytes": k.metadata.shared, "instructions": len(ops),
-            "kernel_ops": dict(Counter(ops).most_common()), "loops": loops(sass)}
+            "kernel_ops": dict(Counter(ops).most_common()), "loops": loops(sass), "issue_order": issue_order(sass)}
 
 
 def main() -> int:
@@ -199,6 +226,7 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=4096)
     ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 for sm_90")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--order", action="store_true", help="also print the issue order (see the module docstring)")
     a = ap.parse_args()
     if a.kernel == "decode-split":
         warps = a.warps or 2
@@ -232,6 +260,8 @@ def main() -> int:
     for lp in r["loops"]:
         ops = ", ".join(f"{op} {n}" for op, n in list(lp["ops"].items())[:12])
         print(f"  loop of {lp['instructions']} instructions: {ops}")
+    if a.order:
+        print(f"  issue order: {r['issue_order']}")
     return 0
 
 
