@@ -149,15 +149,20 @@ def _opcode(ins: str) -> str:
     return re.sub(r"^@!?U?P[T0-9]+\s+", "", ins).split()[0].split(".")[0]
 
 
+def _branch_target(ins: str) -> int | None:
+    """The address a BRA instruction jumps to (None for any other instruction)."""
+    m = re.search(r"\bBRA\s+(?:`\()?[^0-9]*(0x[0-9a-f]+)", ins)
+    return int(m.group(1), 16) if m else None
+
+
 def loops(sass: str) -> list[dict]:
     """Every backward-branch loop with an MMA in it: its instruction count and opcode histogram."""
     lines = _instructions(sass)
     addr = [a for a, _ in lines]
     out = []
     for i, (_, ins) in enumerate(lines):
-        m = re.search(r"\bBRA\s+(?:`\()?[^0-9]*(0x[0-9a-f]+)", ins)
-        target = int(m.group(1), 16) if m else addr[i]
-        if target >= addr[i] or target not in addr:
+        target = _branch_target(ins)
+        if target is None or target >= addr[i] or target not in addr:
             continue
         body = [_opcode(x) for _, x in lines[addr.index(target):i + 1]]
         ops = Counter(body)
@@ -179,8 +184,8 @@ def issue_order(sass: str) -> str:
         if op.endswith("MMA"):
             out.append("M")
         elif op == "BRA":
-            m = re.search(r"\bBRA\s+(?:`\()?[^0-9]*(0x[0-9a-f]+)", ins)
-            if m and int(m.group(1), 16) < addr:
+            target = _branch_target(ins)
+            if target is not None and target < addr:
                 out.append("|")
         elif op in _ORDER:
             out.append(_ORDER[op])
