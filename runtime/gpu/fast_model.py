@@ -33,7 +33,6 @@ from salactl.runtime.layers.lightning import LightningAttention
 from salactl.runtime.layers.mlp import MLP
 from salactl.runtime.layers.model import SalaForCausalLM
 from salactl.runtime.layers.sparse_attention import SparseAttention
-from salactl.runtime.ops import l2_ahead
 from salactl.runtime.ops.fused import triton as fused
 from salactl.runtime.ops.gemv import fused as fold
 from salactl.runtime.ops.gemv.triton import linear as dense_linear
@@ -194,8 +193,6 @@ def _glu_epilogue_on() -> bool:
 class FusedMLP(MLP):
     def forward(self, x, timer):
         inp = NormInput.of(x)
-        l2_ahead.ahead(self._w_gate_up, "gu", inp.rows, inp.h.device)
-        l2_ahead.ahead(self.down_proj, "down", inp.rows, inp.h.device)
         with timer("mlp"):
             w = self._w_gate_up
             if isinstance(w, _Unregistered) and _glu_epilogue_on():
@@ -211,10 +208,8 @@ class FusedLightningAttention(LightningAttention):
         n, H, D = inp.rows, self.heads, self.head_dim
         hd = H * D
         dtype = inp.h.dtype
-        l2_ahead.ahead(self._w_qkvz, "qkv", n, inp.h.device)
         with batch.timer("qkv"):
             p = _project(inp, self._w_qkvz, (self.q_proj, self.k_proj, self.v_proj, self.z_proj))
-            l2_ahead.ahead(self.o_proj, "o", n, p.device)
             q, k = p[:, :hd].view(n, H, D), p[:, hd:2 * hd].view(n, H, D)
             v, z = p[:, 2 * hd:3 * hd].view(n, H, D), p[:, 3 * hd:]
             if self.use_rope:
@@ -242,10 +237,8 @@ class FusedSparseAttention(SparseAttention):
         inp = NormInput.of(x)
         n, d = inp.rows, self.head_dim
         qd, kd = self.hq * d, self.hkv * d
-        l2_ahead.ahead(self._w_qkvg, "qkv", n, inp.h.device)
         with batch.timer("qkv"):
             p = _project(inp, self._w_qkvg, (self.q_proj, self.k_proj, self.v_proj, self.o_gate))
-            l2_ahead.ahead(self.o_proj, "o", n, p.device)
             q = p[:, :qd].view(n, self.hq, d)
             k = p[:, qd:qd + kd].view(n, self.hkv, d)
             v = p[:, qd + kd:qd + 2 * kd].view(n, self.hkv, d)
@@ -279,7 +272,6 @@ class FusedSalaForCausalLM(SalaForCausalLM):
             inp = NormInput(inp.residual(), a, rs, layer.post_attention_layernorm, fold_on)
             delta = layer.mlp(inp, batch.timer)
             h = inp.residual()
-        l2_ahead.join(h.device)
         return NormInput(h, delta, rs, self.model.norm, fold_on)
 
     def hidden_states(self, input_ids, batch):
