@@ -33,12 +33,17 @@ and timed ("default" always is). --breakdown: also each variant's device time pe
 ways (the engine uses choose_splits: 96 at batch 1), as "sparse_total[splits N]_us".
 --layout: the timed page tables' pages in random order (default) or consecutive (each row one
 contiguous range, as the engine's allocator gives a request in a fresh pool).
+--phases: also the sparse total with only its first k kernels launched (k = 1..6: lse + K1 update,
+score words, gather, rank, attention split, merge; the later ones skipped), warm and cold, as
+"phases_us" / "phases_cold_us": T(k) - T(k-1) is what phase k adds inside the graph, PDL overlap
+included (a phase timed alone does not show that).
 Results: tables on stdout (last) and DIR/sparse_decode_bench.json ($OUT or ./out).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import math
@@ -147,7 +152,37 @@ def rotating_read(bufs):
     return lambda: bufs[next(calls) % len(bufs)].amax()
 
 
-def layer_case(cfg, ctx, width, flush_bufs, variants, breakdown=False, batch=1, attn_splits=(), layout="random"):
+class _Skipped:
+    """Stands in for a Triton kernel whose launches are skipped."""
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+def sparse_phases():
+    """(name, module, kernel attribute) of the sparse decode path's launches in order."""
+    from salactl.runtime.ops.decode_attention import triton as attn
+    from salactl.runtime.ops.selection import triton_decode as dkern
+    from salactl.runtime.ops.selection import triton_rank as rkern
+    return [("lse + K1", dkern, "_lse_kernel"), ("score words", dkern, "_block_words_kernel"),
+            ("gather", rkern, "_gather_kernel"), ("rank", rkern, "_rank_kernel"),
+            ("attention split", attn, "_split_kernel"), ("merge", attn, "_merge_kernel")]
+
+
+@contextlib.contextmanager
+def first_phases(k: int):
+    """Launch only the first k kernels of sparse_phases() inside the block."""
+    later = [(mod, name, getattr(mod, name)) for _, mod, name in sparse_phases()[k:]]
+    for mod, name, _ in later:
+        setattr(mod, name, _Skipped())
+    try:
+        yield
+    finally:
+        for mod, name, kernel in later:
+            setattr(mod, name, kernel)
+
+
+def layer_case(cfg, ctx, width, flush_bufs, variants, breakdown=False, batch=1, attn_splits=(), layout="random",
+               phases=False):
     """Timings (us) of one layer's decode attention for `batch` rows at context `ctx` each, page
     table `width` wide (the tied / smooth selections at batch 1 only); attn_splits: also the
     sparse total with the attention split that many ways (the engine: choose_splits)."""
@@ -214,6 +249,13 @@ def layer_case(cfg, ctx, width, flush_bufs, variants, breakdown=False, batch=1, 
     for tag in ("", "_cold"):
         if f"dense{tag}_us" in out:
             out[f"ratio{tag}"] = out[f"sparse_total{tag}_us"] / out[f"dense{tag}_us"]
+    if phases:
+        for tag, fl in (("", None), ("_cold", flush)) if flush else (("", None),):
+            ts = []
+            for k in range(1, len(sparse_phases()) + 1):
+                with first_phases(k):
+                    ts.append((graph_time(sparse_total, flush=fl) - (t_flush if fl else 0.0)) * 1e6)
+            out[f"phases{tag}_us"] = [round(t, 2) for t in ts]
     if n == 1:
         k1z = torch.zeros_like(k1p)       # every score equal: the top-k's tie path on every block
         out["selection_all_tied_us"] = graph_time(lambda: select_decode(q, k1z, pt, slots, seq, sc, nb)) * 1e6
@@ -366,6 +408,8 @@ def main():
                     help="page order of the timed page tables (sequential: one contiguous range per row)")
     ap.add_argument("--defaults", default="",
                     help="select_decode knobs to use as the defaults of this run, e.g. lse_bw=64,nbc=16")
+    ap.add_argument("--phases", action="store_true",
+                    help="also the sparse total with only its first k kernels launched (what each phase adds)")
     ap.add_argument("--cold", action="store_true",
                     help="with --quick: the cold timings too (64 MB read before each call), variants included")
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
@@ -408,7 +452,7 @@ def main():
     splits = [int(v) for v in args.attn_splits.split(",") if v.strip()]
     res["cases"] = []
     for ctx, width, n in cases:
-        c = layer_case(cfg, ctx, width, flush_bufs, variants, args.breakdown, n, splits, args.layout)
+        c = layer_case(cfg, ctx, width, flush_bufs, variants, args.breakdown, n, splits, args.layout, args.phases)
         torch.cuda.empty_cache()
         res["cases"].append(c)
         print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in c.items()}), flush=True)
@@ -442,6 +486,16 @@ def main():
         for c in res["cases"]:
             print(f"| {c['ctx']} | {c['batch']} | " + " | ".join(
                 f"{c[f'sparse_total[splits {sp}]_us']:.1f}" for sp in splits) + " |")
+    if args.phases:
+        names = [p[0] for p in sparse_phases()]
+        print("\n| ctx | batch | " + " | ".join(f"+ {nm}" for nm in names) + " |")
+        print("|---|---|" + "---|" * len(names))
+        for c in res["cases"]:
+            for tag in ("", "_cold"):
+                if f"phases{tag}_us" in c:
+                    ts = c[f"phases{tag}_us"]
+                    cells = [f"{t:.1f} (+{t - (ts[i - 1] if i else 0.0):.1f})" for i, t in enumerate(ts)]
+                    print(f"| {c['ctx']}{' cold' if tag else ''} | {c['batch']} | " + " | ".join(cells) + " |")
     print(f"\ntotal {time.perf_counter() - t0:.0f} s; checks {'FAILED' if bad else 'ok'}")
     return 1 if bad else 0
 
