@@ -325,6 +325,8 @@ VARIANTS = [("default", {}),
             ("early lse st2", dict(lse_stages=2)),
             ("early lse192", dict(lse_splits=192)),
             ("early nbc64 w8", dict(nbc=64, num_warps=8))]
+# (session 29: the lse pass loading the next step's page ids during each step, at 128 or 64 windows
+# per step and 2-4 stages: within 1 us of the default everywhere, BENCHMARKS.md; removed)
 # (session 8: pass 2 with 128 blocks per program, one wave at 1M instead of 1.3: 21.0 us at 1M as
 # before, 9.3 instead of 6.6 at 128K; b315dad)
 

@@ -84,7 +84,7 @@ def test_w4a16_register_kernel_and_tma_spec_refused():
 
 @needs_triton
 def test_selection_kernels_compile_offline_with_their_default_knobs():
-    """Pass 2 and both top-k kernels, as select_decode launches them for sala-9b: no MMA loop
+    """Pass 1 (at 64 windows per step), pass 2 and both top-k kernels, as select_decode launches them for sala-9b: no MMA loop
     (pass 2's five windows are unrolled), so the whole kernel's count and mix are reported."""
     for extra in ([], ["--late"]):         # K1 scores before the PDL wait (default) or after it
         words = _run("select-words", *extra)
@@ -95,6 +95,11 @@ def test_selection_kernels_compile_offline_with_their_default_knobs():
         # 32 blocks x 5 windows of 16 heads x 128 dims: 5 dots of [16, 128] x [128, 32]; each of the
         # 4 warps takes 8 of the 32 columns: one m16n8k16 per 16 of the 128 dims, 8 per dot
         assert rep["kernel_ops"]["HMMA"] == 40 and rep["instructions"] > rep["kernel_ops"]["HMMA"]
+    lse = _run("select-lse", "--bw", "64")
+    assert lse.returncode == 0, lse.stderr[-2000:]
+    rep = json.loads(lse.stdout)
+    # pass 1's loop: one [16, 128] x [128, 64] dot per step, 4 warps of 16 columns: 2 x 8 m16n8k16
+    assert "w4 s3 bw64" in rep["kernel"] and len(rep["loops"]) == 1 and rep["loops"][0]["ops"]["HMMA"] == 16
     top = _run("select-top")
     assert top.returncode == 0, top.stderr[-2000:]
     rep = json.loads(top.stdout)

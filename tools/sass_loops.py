@@ -3,6 +3,7 @@ instruction mix of every loop that issues MMAs (no GPU needed).
 
     python tools/sass_loops.py decode-split [--kv fp8|bf16] [--warps 2] [--stages 3] [--preload 16] [--tma]
     python tools/sass_loops.py w4a16 [--spec "bn=64,w=4,un=4"] [--m 1] [--n 4096] [--k 4096]
+    python tools/sass_loops.py select-lse [--warps 4] [--stages 3] [--bw 128]   # decode selection's pass 1
     python tools/sass_loops.py select-words [--warps 4] [--late]    # decode selection's pass 2
     python tools/sass_loops.py select-top [--warps 8]       # its one-program radix top-k
     python tools/sass_loops.py select-rank [--warps 8]      # its rank top-k
@@ -110,6 +111,27 @@ def select_words_source(late: bool = False):
     return ASTSource(_block_words_kernel, sig, const, _pointer_attrs(sig, ("s_qn", "s_qh", "s_1p", "s_1h")))
 
 
+def select_lse_source(bw: int | None = None):
+    """Pass 1 (`_lse_kernel`) with the default knobs (or `bw` windows per step) and fused K1 (as
+    the engine launches it)."""
+    from triton.compiler import ASTSource
+
+    from salactl.runtime.ops.selection.triton_decode import _lse_kernel
+    from salactl.runtime.ops.selection.triton_rank import NCTR
+    cfg, sc, dflt = _sala_9b_selection()
+    sig = {"q_ptr": "*bf16", "k1_ptr": "*bf16", "pt_ptr": "*i32", "slot_ptr": "*i32", "seqlen_ptr": "*i32",
+           "plse_ptr": "*fp32", "ctr_ptr": "*i32", "k_ptr": "*bf16", "jstart_ptr": "*i32", "jcount_ptr": "*i32",
+           "ks_ptr": "*fp32", **{s: "i32" for s in ("s_qn", "s_qh", "s_1p", "s_1h", "s_kp", "s_kh", "s_pt")},
+           "sm_scale": "fp32", "num_splits": "i32"}
+    G = cfg.num_attention_heads // cfg.num_key_value_heads
+    const = {"HKV": cfg.num_key_value_heads, "G": G, "BG": max(16, G), "D": cfg.head_dim,
+             "WPP": sc.block_size // sc.kernel_stride, "KS": sc.kernel_size, "ST": sc.kernel_stride,
+             "BS": sc.block_size, "BW": bw or dflt["lse_bw"], "NCTR": NCTR, "NCTR2": 8192, "FUSE_K1": True,
+             "FP8": False, "DOT_F32": False, "PDL": True}
+    sig.update({c: "constexpr" for c in const})
+    return ASTSource(_lse_kernel, sig, const, _pointer_attrs(sig, ("s_qn", "s_qh", "s_1p", "s_1h", "s_kp", "s_kh")))
+
+
 def select_top_source():
     """The one-program radix top-k (`_radix_kernel`) of rows up to DECODE_DEFAULTS short_blocks blocks."""
     from triton.compiler import ASTSource
@@ -215,12 +237,13 @@ def main() -> int:
     # functions, which cannot be compiled; this tool only ever compiles
     os.environ.pop("TRITON_INTERPRET", None)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kernel", choices=["decode-split", "w4a16", "select-words", "select-top", "select-rank"])
+    ap.add_argument("kernel", choices=["decode-split", "w4a16", "select-lse", "select-words", "select-top", "select-rank"])
     ap.add_argument("--kv", choices=["fp8", "bf16"], default="fp8", help="decode-split: page dtype")
     ap.add_argument("--warps", type=int, default=None,
                     help="num_warps (decode-split: 2, select-words: DECODE_DEFAULTS num_warps_wide, select-top / select-rank: DECODE_DEFAULTS "
                          "radix_warps / rank_warps)")
-    ap.add_argument("--stages", type=int, default=3, help="decode-split: num_stages")
+    ap.add_argument("--stages", type=int, default=None, help="decode-split (default 3), select-lse: num_stages")
+    ap.add_argument("--bw", type=int, default=None, help="select-lse: windows per step")
     ap.add_argument("--preload", type=int, default=16, help="decode-split: page ids preloaded (0: none)")
     ap.add_argument("--tma", action="store_true", help="decode-split: K/V pages by TMA copies")
     ap.add_argument("--late", action="store_true", help="select-words: the K1 scores after the PDL wait")
@@ -233,11 +256,19 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--order", action="store_true", help="also print the issue order (see the module docstring)")
     a = ap.parse_args()
+    a.stages_given = a.stages is not None
+    a.stages = 3 if a.stages is None else a.stages
     if a.kernel == "decode-split":
         warps = a.warps or 2
         src = decode_split_source(a.kv, a.preload, a.tma)
         options = {"num_warps": warps, "num_stages": a.stages}
         what = f"decode split kernel, {a.kv} pages, w{warps} s{a.stages} preload {a.preload}{' tma' if a.tma else ''}"
+    elif a.kernel == "select-lse":
+        warps = a.warps or _sala_9b_selection()[2]["lse_warps"]
+        src = select_lse_source(a.bw)
+        stages = a.stages if a.stages_given else _sala_9b_selection()[2]["lse_stages"]
+        options = {"num_warps": warps, "num_stages": stages}
+        what = f"decode selection pass 1 (sala-9b), w{warps} s{stages}{f' bw{a.bw}' if a.bw else ''}"
     elif a.kernel == "select-words":
         warps = a.warps or _sala_9b_selection()[2]["num_warps_wide"]
         src, options = select_words_source(a.late), {"num_warps": warps}

@@ -97,7 +97,8 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # ranked (`rank_rb` keys per program and step against `rank_ct`-wide tiles, `rank_warps`); shorter
 # rows are ranked the same way when the batch has at most `rank_short_rows` rows, else take the
 # one-program radix select (triton_radix.py, `radix_warps`).
-# lse_splits: pass-1 programs per row (None: about four per SM, at most 256).
+# lse_splits: pass-1 programs per row (None: about four per SM, at most 256), with the fused K1
+# update the last of them the compress split (so at least 2).
 # Session 16 (H200, `sparse_decode_bench.py --quick --breakdown --variants rank --batch
 # 1,2,4,8,32`), selection with the fused K1 in us, the grid threshold select before -> ranks
 # (rb32 ct256 w8): 1M + 100 batch 1 40.5 -> 33.9, batch 2 66.3 -> 59.0, batch 4 115.1 -> 102.6,
@@ -210,7 +211,9 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     """One query per row (decode): triton_decode.py's lse and score-word passes, then
     triton_rank.topk_launch's top-k (one to three launches, fixed by the batch and table width).
     With k_pages, k1_start and k1_count given, the window completed by each row's token
-    (k1_count 0/1) is compressed into k1_pages by the first launch (replaces compress_update).
+    (k1_count 0/1) is compressed into k1_pages by the first launch (replaces compress_update);
+    k1_start must be the row's last visible window, (seq_len - kernel_size) // kernel_stride, as
+    GPUBatch.build gives it (the window a decode token completes).
     nb_max: the static block width (launch grid); each row's work follows its own seq_len.
     knobs: the other DECODE_DEFAULTS entries (nbc_fp32, num_warps_wide, dedup, p2_early, lse_bw, lse_warps,
     lse_stages, short_blocks, gather_chunk, rank_rb, rank_ct, rank_warps, rank_short_rows,
@@ -234,6 +237,9 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     lse_splits = knob(lse_splits, "lse_splits")
     if lse_splits is None:                # about four programs per SM
         lse_splits = max(1, min(256, math.ceil(528 / rows)))
+    fuse = k_pages is not None and k1_start is not None and k1_count is not None
+    if fuse:                              # the last split only compresses (triton_decode.py)
+        lse_splits = max(2, lse_splits)
     if nbc is None:                       # blocks per program of pass 2
         nbc = k["nbc_fp32"] if q.dtype == torch.float32 else dflt["nbc"]
     if num_warps is None:                 # pass 2's warps
@@ -244,7 +250,6 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     nctr = rkern.NCTR                     # the gather count and the top-12-bit histogram
     sm_scale = 1.0 / math.sqrt(D)
     dot_f32 = q.dtype == torch.float32
-    fuse = k_pages is not None and k1_start is not None and k1_count is not None
     fp8 = fuse and is_fp8(k_pages.dtype)
     plse = torch.empty(rows * lse_splits * BG, device=dev, dtype=torch.float32)
     ctr = torch.empty(rows * nctr, device=dev, dtype=torch.int32)

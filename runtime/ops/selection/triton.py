@@ -56,7 +56,8 @@ def k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt,
 @triton.jit
 def compress_window(k_ptr, k1_ptr, pt_ptr, slot, j, h, s_kp, s_kh, s_1p, s_1h, s_pt, ks_ptr,
                     BS: tl.constexpr, ST: tl.constexpr, KS: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr):
-    """K1_j of KV head h = fp32 mean of keys [j·ST, j·ST+KS), stored in the page of its first token."""
+    """K1_j of KV head h = fp32 mean of keys [j·ST, j·ST+KS), stored in the page of its first token
+    (and returned, [D] in the K1 dtype)."""
     tok = j * ST + tl.arange(0, KS)
     d = tl.arange(0, D)
     page = tl.load(pt_ptr + slot * s_pt + tok // BS).to(tl.int64)
@@ -67,8 +68,9 @@ def compress_window(k_ptr, k1_ptr, pt_ptr, slot, j, h, s_kp, s_kh, s_1p, s_1h, s
     mean = tl.sum(keys, axis=0) / KS
     first = j * ST
     dst_page = tl.load(pt_ptr + slot * s_pt + first // BS).to(tl.int64)
-    tl.store(k1_ptr + dst_page * s_1p + h * s_1h + ((first % BS) // ST) * D + d,
-             mean.to(k1_ptr.dtype.element_ty))
+    k1 = mean.to(k1_ptr.dtype.element_ty)
+    tl.store(k1_ptr + dst_page * s_1p + h * s_1h + ((first % BS) // ST) * D + d, k1)
+    return k1
 
 
 @triton.jit

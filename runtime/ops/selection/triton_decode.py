@@ -15,9 +15,11 @@ from K1 (K1 read twice, mostly from L2 the second time).
 1. `_lse_kernel` (grid rows x splits): each split walks its share of the row's *visible*
    windows (share computed from seq_lens on the device, so splits past the end do nothing) and
    writes the per-head log-sum-exp of q.K1_j/sqrt(d).
-   Split 0 zeroes the row's counters. With FUSE_K1 the split holding the window completed by
-   this token first compresses it (mean of its keys) into the K1 pool, so no separate compress
-   launch is needed.
+   Split 0 zeroes the row's counters. With FUSE_K1 the last split only compresses the window
+   completed by this token (mean of its keys) into the K1 pool and writes that window's score as
+   its partial lse; the other splits share the rest of the windows. So no separate compress launch
+   is needed, and no split waits on the compress before its own windows (session 29: when the split
+   holding the window compressed it first, that split was the lse pass's critical path).
 2. `_block_words_kernel` (grid rows x chunks of NBC blocks; chunks past the row's own block exit
    at once): recomputes the scores q.K1_j -- with EARLY before its PDL wait, so they overlap
    the lse pass (only the chunk holding the window that pass compresses reads K1 after it) --
@@ -70,29 +72,49 @@ def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
     slot = tl.load(slot_ptr + n).to(tl.int64)
     t = tl.load(seqlen_ptr + n) - 1
     nvis = _nvis(t, KS, ST)
-    per = tl.cdiv(tl.cdiv(nvis, num_splits), BW) * BW
-    start = sp * per
-    end = tl.minimum(start + per, nvis)
-    if FUSE_K1:
-        jn = tl.load(jstart_ptr + n)
-        if (tl.load(jcount_ptr + n) > 0) & (jn >= start) & (jn < end):
-            compress_window(k_ptr, k1_ptr, pt_ptr, slot, jn, kh, s_kp, s_kh, s_1p, s_1h, s_pt, ks_ptr,
-                            BS, ST, KS, D, FP8)
-            tl.debug_barrier()              # the loop below reads it back (same program)
-    q = _load_q(q_ptr, n, kh, s_qn, s_qh, G, BG, D)
-    m = tl.full([BG], -1e30, tl.float32)
-    l = tl.zeros([BG], tl.float32)
-    for j0 in range(start, end, BW):
-        j = j0 + tl.arange(0, BW)
-        jm = j < end
-        s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
-        s = s * sm_scale
-        s = tl.where(jm[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        l = l * tl.exp(m - m_new) + tl.sum(tl.exp(s - m_new[:, None]), 1)
-        m = m_new
-    lse = tl.where(l > 0, m + tl.log(tl.where(l > 0, l, 1.0)), float("-inf"))
-    tl.store(plse_ptr + (r * num_splits + sp).to(tl.int64) * BG + tl.arange(0, BG), lse)
+    g = tl.arange(0, BG)
+    jnew = -1                               # FUSE_K1: the window this token completes, if any
+    if FUSE_K1:                             # (always nvis - 1: select_decode's contract)
+        jnew = tl.where(tl.load(jcount_ptr + n) > 0, tl.load(jstart_ptr + n), -1)
+    if (sp == num_splits - 1) and FUSE_K1:
+        # the compress split: K1_jnew into the pool, and its score as a partial lse of its own,
+        # beside the other splits (which leave that window out) instead of ahead of one of them
+        lse = tl.full([BG], float("-inf"), tl.float32)
+        if jnew >= 0:
+            k1 = compress_window(k_ptr, k1_ptr, pt_ptr, slot, jnew, kh, s_kp, s_kh, s_1p, s_1h, s_pt, ks_ptr,
+                                 BS, ST, KS, D, FP8)
+            q = _load_q(q_ptr, n, kh, s_qn, s_qh, G, BG, D)
+            row = tl.arange(0, 16)                          # K1_jnew as row 0 of an MMA tile
+            kt = tl.where((row == 0)[:, None], k1[None, :], tl.zeros_like(k1)[None, :])
+            if DOT_F32:
+                s = tl.dot(q, tl.trans(kt), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(kt))
+            lse = tl.sum(tl.where((row == 0)[None, :], s, 0.0), 1) * sm_scale
+    else:
+        # jnew is the last visible window (the one this token completes): the others share the rest
+        # (a mask for jnew instead cost the loop 32 registers and pass 2 its place beside this pass)
+        nreg = num_splits - 1 if FUSE_K1 else num_splits
+        nv = nvis
+        if FUSE_K1:
+            nv = nvis - (jnew >= 0).to(tl.int32)
+        per = tl.cdiv(tl.cdiv(nv, nreg), BW) * BW
+        start = sp * per
+        end = tl.minimum(start + per, nv)
+        q = _load_q(q_ptr, n, kh, s_qn, s_qh, G, BG, D)
+        m = tl.full([BG], -1e30, tl.float32)
+        l = tl.zeros([BG], tl.float32)
+        for j0 in range(start, end, BW):
+            j = j0 + tl.arange(0, BW)
+            jm = (j < end)
+            s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
+            s = s * sm_scale
+            s = tl.where(jm[None, :], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 1))
+            l = l * tl.exp(m - m_new) + tl.sum(tl.exp(s - m_new[:, None]), 1)
+            m = m_new
+        lse = tl.where(l > 0, m + tl.log(tl.where(l > 0, l, 1.0)), float("-inf"))
+    tl.store(plse_ptr + (r * num_splits + sp).to(tl.int64) * BG + g, lse)
 
 
 @triton.jit
