@@ -218,7 +218,7 @@ def layer_case(cfg, ctx, width, flush_bufs, variants, breakdown=False, batch=1, 
         "compress": lambda: compress_update(kp, k1p, pt, slots, jstart, jcount, 1, sc),
         "selection": lambda: select_decode(q, k1p, pt, slots, seq, sc, nb),
         "selection_fused_k1": lambda: select_decode(q, k1p, pt, slots, seq, sc, nb, k_pages=kp,
-                                                    k1_start=jstart, k1_count=jcount, v_pages=vp),
+                                                    k1_start=jstart, k1_count=jcount),
         "attention": lambda: paged_attention(q, kp, vp, pt, slots, seq, sel0, cnt0, sc.dense_len,
                                              num_splits=sparse_splits),
     }

@@ -158,9 +158,8 @@ def test_rank_ignores_gathered_order():
     for rb, ct in ((4, 16), (32, 256)):
         sel = torch.full((len(lens), 1, K), -7, dtype=torch.int32)
         cnt = torch.empty(len(lens), 1, dtype=torch.int32)
-        _rank_kernel[(len(lens), 3)](seq, words, ctr, kept, sel, cnt, words, words, words, seq,
-                                     words.stride(0), kept.stride(0),
-                                     sel.stride(0), sel.stride(1), cnt.stride(0), cnt.stride(1), 0, 0, 0,
+        _rank_kernel[(len(lens), 3)](seq, words, ctr, kept, sel, cnt, words.stride(0), kept.stride(0),
+                                     sel.stride(0), sel.stride(1), cnt.stride(0), cnt.stride(1),
                                      HKV=1, BS=1, NCTR=NCTR, K=K, RB=rb, CT=ct, SMALL=0, SHORT=True)
         for i, L in enumerate(lens):
             want = torch.sort(f[i, :L], descending=True, stable=True).indices[:K].tolist()

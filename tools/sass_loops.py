@@ -148,18 +148,15 @@ def select_top_source():
 
 
 def select_rank_source():
-    """The rank top-k (`_rank_kernel`) with DECODE_DEFAULTS' tiles and K/V prefetch, short rows ranked too."""
+    """The rank top-k (`_rank_kernel`) with DECODE_DEFAULTS' tiles, short rows ranked too."""
     from triton.compiler import ASTSource
 
     from salactl.runtime.ops.selection.triton_rank import NCTR, _rank_kernel
     cfg, sc, dflt = _sala_9b_selection()
     sig = {"seqlen_ptr": "*i32", "word_ptr": "*i32", "ctr_ptr": "*i32", "kept_ptr": "*i64", "sel_ptr": "*i32",
-           "cnt_ptr": "*i32", "kp_ptr": "*bf16", "vp_ptr": "*bf16", "pt_ptr": "*i32", "slot_ptr": "*i32",
-           **{s: "i32" for s in ("s_word", "s_kept", "s_seln", "s_selh", "s_cntn", "s_cnth", "s_kp", "s_kh", "s_pt")}}
-    kvb = sc.block_size * cfg.head_dim * 2 if dflt["kv_prefetch"] else 0      # bf16 pages
+           "cnt_ptr": "*i32", **{s: "i32" for s in ("s_word", "s_kept", "s_seln", "s_selh", "s_cntn", "s_cnth")}}
     const = {"HKV": cfg.num_key_value_heads, "BS": sc.block_size, "NCTR": NCTR, "K": sc.selected_blocks,
-             "RB": dflt["rank_rb"], "CT": dflt["rank_ct"], "SMALL": dflt["short_blocks"], "SHORT": True,
-             "KVB": kvb, "PDL": True}
+             "RB": dflt["rank_rb"], "CT": dflt["rank_ct"], "SMALL": dflt["short_blocks"], "SHORT": True, "PDL": True}
     sig.update({c: "constexpr" for c in const})
     return ASTSource(_rank_kernel, sig, const, _pointer_attrs(sig, ()))
 

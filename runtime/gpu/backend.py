@@ -80,8 +80,7 @@ class GPUBackend:
         kw = dict(k_scale=p.k_scale[li], v_scale=p.v_scale[li])
         if batch.sparse:
             sel, cnt = select_decode(q, k1p, pt, batch.slots, batch.seq_lens, sc, pt.shape[1], k_pages=kp,
-                                     k1_start=batch.k1_start, k1_count=batch.k1_count, k_scale=p.k_scale[li],
-                                     v_pages=vp)
+                                     k1_start=batch.k1_start, k1_count=batch.k1_count, k_scale=p.k_scale[li])
             return paged_attention(q, kp, vp, pt, batch.slots, batch.seq_lens, sel, cnt, sc.dense_len,
                                    num_splits=choose_splits(rows, sc.selected_blocks, self.num_sms, kp.dtype), **kw)
         return paged_attention(q, kp, vp, pt, batch.slots, batch.seq_lens,

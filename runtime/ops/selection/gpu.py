@@ -15,7 +15,6 @@ import triton
 from salactl.runtime.config import SparseConfig
 from salactl.runtime.ops.decode_attention.reference import is_fp8
 from salactl.runtime.ops.decode_attention.triton import kernel_scales
-from salactl.runtime.ops import l2_prefetch
 from salactl.runtime.ops.pdl import launch_args
 from salactl.runtime.ops.selection import triton as kern
 from salactl.runtime.ops.selection import triton_decode as dkern
@@ -185,7 +184,7 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # against 32.6 / 35.4; 128K 19.9-23.1 against 15.5.
 DECODE_DEFAULTS = dict(nbc=32, nbc_fp32=32, num_warps=4, num_warps_wide=4, lse_splits=None, dedup=True,
                        p2_early=True, lse_bw=128, lse_warps=4, lse_stages=3, short_blocks=4096, gather_chunk=1024,
-                       rank_rb=32, rank_ct=256, rank_warps=8, rank_short_rows=4, radix_warps=8, kv_prefetch=False)
+                       rank_rb=32, rank_ct=256, rank_warps=8, rank_short_rows=4, radix_warps=8)
 
 
 def group_rows(G: int) -> int:
@@ -206,7 +205,7 @@ def words_constexprs(sc: SparseConfig, hq: int, hkv: int, D: int, nbc: int, lse_
 
 
 def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_max: int,
-                  k_pages=None, k1_start=None, k1_count=None, k_scale=1.0, v_pages=None,
+                  k_pages=None, k1_start=None, k1_count=None, k_scale=1.0,
                   lse_splits: int | None = None, nbc: int | None = None, num_warps: int | None = None,
                   **knobs):
     """One query per row (decode): triton_decode.py's lse and score-word passes, then
@@ -215,12 +214,10 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     (k1_count 0/1) is compressed into k1_pages by the first launch (replaces compress_update);
     k1_start must be the row's last visible window, (seq_len - kernel_size) // kernel_stride, as
     GPUBatch.build gives it (the window a decode token completes).
-    With k_pages and v_pages given (and the `kv_prefetch` knob on, on sm_90+), the rank top-k
-    prefetches the selected blocks' K/V pages into L2 for the attention launched next.
     nb_max: the static block width (launch grid); each row's work follows its own seq_len.
     knobs: the other DECODE_DEFAULTS entries (nbc_fp32, num_warps_wide, dedup, p2_early, lse_bw, lse_warps,
     lse_stages, short_blocks, gather_chunk, rank_rb, rank_ct, rank_warps, rank_short_rows,
-    radix_warps, kv_prefetch); knobs left out or None take DECODE_DEFAULTS. Same result as select_paged."""
+    radix_warps); knobs left out or None take DECODE_DEFAULTS. Same result as select_paged."""
     dflt = DECODE_DEFAULTS
     n, hq, D = q.shape
     _, hkv, wpp, _ = k1_pages.shape
@@ -278,8 +275,5 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     rkern.topk_launch(seq_lens, words, ctr, sel, cnt, hkv, sc.block_size, K,
                       small=min(k["short_blocks"], triton.next_power_of_2(nb_max)), chunk=k["gather_chunk"],
                       rb=k["rank_rb"], ct=k["rank_ct"], rank_warps=k["rank_warps"],
-                      short_rows=k["rank_short_rows"], radix_warps=k["radix_warps"],
-                      kv_prefetch=((k_pages, v_pages, page_table, slots)
-                                   if k["kv_prefetch"] and k_pages is not None and v_pages is not None
-                                   and l2_prefetch.available(dev) else None))
+                      short_rows=k["rank_short_rows"], radix_warps=k["radix_warps"])
     return sel, cnt

@@ -36,7 +36,6 @@ import torch
 import triton
 import triton.language as tl
 
-from salactl.runtime.ops.l2_prefetch import prefetch_l2
 from salactl.runtime.ops.pdl import launch_args, pdl_wait
 from salactl.runtime.ops.selection.triton_radix import (_pick_digit, _radix_kernel, _score_u, _sort_key,
                                                       radix_constexprs)
@@ -82,18 +81,7 @@ def _count_above(word_row, ncand, j0, j1, thr, acc, CT: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_pages(kv, b, m, KVB: tl.constexpr):
-    """L2 prefetch of the K and V pages (KVB bytes each) of blocks b where m; kv = (K, V page
-    pointers of the row's KV head, the row's page-table row). KVB 0: nothing."""
-    if KVB > 0:
-        kp, vp, pt_row, s_kp = kv
-        page = tl.load(pt_row + b, mask=m, other=0).to(tl.int64) * s_kp
-        prefetch_l2(kp + page, KVB, m)
-        prefetch_l2(vp + page, KVB, m)
-
-
-@triton.jit
-def _rank_words(word_row, ncand, i0, sel_row, K, kv, RB: tl.constexpr, CT: tl.constexpr, KVB: tl.constexpr):
+def _rank_words(word_row, ncand, i0, sel_row, K, RB: tl.constexpr, CT: tl.constexpr):
     """Place blocks [i0, i0 + RB) of a short row by their rank among all its words."""
     i = i0 + tl.arange(0, RB)
     ui = _score_u(word_row, i, i < ncand)
@@ -106,11 +94,10 @@ def _rank_words(word_row, ncand, i0, sel_row, K, kv, RB: tl.constexpr, CT: tl.co
     acc = _count_above(word_row, ncand, diag + CT, ncand, ui, acc, CT)                  # after: they do not
     rank = tl.sum(acc, 1)
     tl.store(sel_row + rank, i, mask=(i < ncand) & (rank < K))
-    _prefetch_pages(kv, i, (i < ncand) & (rank < K), KVB)
 
 
 @triton.jit
-def _rank_kept(kept_row, nkept, i0, sel_row, K, kv, RB: tl.constexpr, CT: tl.constexpr, KVB: tl.constexpr):
+def _rank_kept(kept_row, nkept, i0, sel_row, K, RB: tl.constexpr, CT: tl.constexpr):
     """Place kept keys [i0, i0 + RB) (any order in the buffer) by their rank among all kept keys."""
     i = i0 + tl.arange(0, RB)
     ki = tl.load(kept_row + i, mask=i < nkept, other=0)
@@ -120,19 +107,16 @@ def _rank_kept(kept_row, nkept, i0, sel_row, K, kv, RB: tl.constexpr, CT: tl.con
         kj = tl.load(kept_row + j, mask=j < nkept, other=-(2 ** 63))
         acc += (kj[None, :] > ki[:, None]).to(tl.int32)
     rank = tl.sum(acc, 1)
-    b = -1 - ki.to(tl.int32)                         # low word = 2^32-1-b
-    tl.store(sel_row + rank, b, mask=(i < nkept) & (rank < K))
-    _prefetch_pages(kv, b, (i < nkept) & (rank < K), KVB)
+    tl.store(sel_row + rank, -1 - ki.to(tl.int32), mask=(i < nkept) & (rank < K))   # low word = 2^32-1-b
 
 
 @triton.jit
-def _rank_kernel(seqlen_ptr, word_ptr, ctr_ptr, kept_ptr, sel_ptr, cnt_ptr, kp_ptr, vp_ptr, pt_ptr, slot_ptr,
-                 s_word, s_kept, s_seln, s_selh, s_cntn, s_cnth, s_kp, s_kh, s_pt,
+def _rank_kernel(seqlen_ptr, word_ptr, ctr_ptr, kept_ptr, sel_ptr, cnt_ptr,
+                 s_word, s_kept, s_seln, s_selh, s_cntn, s_cnth,
                  HKV: tl.constexpr, BS: tl.constexpr, NCTR: tl.constexpr, K: tl.constexpr,
                  RB: tl.constexpr, CT: tl.constexpr, SMALL: tl.constexpr, SHORT: tl.constexpr,
-                 KVB: tl.constexpr = 0, PDL: tl.constexpr = False):
-    """SHORT: rows of at most SMALL blocks are ranked here too (else triton_radix.py does them).
-    KVB > 0: each selected block's K and V pages (KVB bytes per KV head) are prefetched into L2."""
+                 PDL: tl.constexpr = False):
+    """SHORT: rows of at most SMALL blocks are ranked here too (else triton_radix.py does them)."""
     pdl_wait(PDL)
     r = tl.program_id(0)
     p = tl.program_id(1)
@@ -141,33 +125,27 @@ def _rank_kernel(seqlen_ptr, word_ptr, ctr_ptr, kept_ptr, sel_ptr, cnt_ptr, kp_p
     kh = r % HKV
     ncand = (tl.load(seqlen_ptr + n) - 1) // BS + 1
     sel_row = sel_ptr + n * s_seln + kh * s_selh
-    kv = (kp_ptr + kh * s_kh, vp_ptr + kh * s_kh, pt_ptr, s_kp)
-    if KVB > 0:
-        kv = (kp_ptr + kh * s_kh, vp_ptr + kh * s_kh, pt_ptr + tl.load(slot_ptr + n).to(tl.int64) * s_pt, s_kp)
     if ncand > SMALL:
         if p == 0:
             tl.store(cnt_ptr + n * s_cntn + kh * s_cnth, tl.minimum(ncand, K))
         nkept = tl.load(ctr_ptr + r * NCTR + KEPT)
         for i0 in range(p * RB, nkept, P * RB):
-            _rank_kept(kept_ptr + r.to(tl.int64) * s_kept, nkept, i0, sel_row, K, kv, RB, CT, KVB)
+            _rank_kept(kept_ptr + r.to(tl.int64) * s_kept, nkept, i0, sel_row, K, RB, CT)
     elif SHORT:
         if p == 0:
             tl.store(cnt_ptr + n * s_cntn + kh * s_cnth, tl.minimum(ncand, K))
         for i0 in range(p * RB, ncand, P * RB):
-            _rank_words(word_ptr + r.to(tl.int64) * s_word, ncand, i0, sel_row, K, kv, RB, CT, KVB)
+            _rank_words(word_ptr + r.to(tl.int64) * s_word, ncand, i0, sel_row, K, RB, CT)
 
 
 def topk_launch(seq_lens, words, ctr, sel, cnt, hkv: int, block_size: int, K: int, *, small: int,
-                chunk: int, rb: int, ct: int, rank_warps: int, short_rows: int, radix_warps: int,
-                kv_prefetch=None) -> None:
+                chunk: int, rb: int, ct: int, rank_warps: int, short_rows: int, radix_warps: int) -> None:
     """The top-k over pass 2's words [rows, nb_max] int32 and counters [rows * NCTR] int32
     (top-12-bit histogram built, the gather count zero); writes sel [n, Hkv, >= K] (descending
     score, ties -> lower block) and cnt [n, Hkv]. Rows of more than `small` (a power of 2)
     candidate blocks: gathered (only when the table is that wide), then ranked. Shorter rows:
     ranked when the batch has at most `short_rows` rows, else triton_radix.py's one-program
-    select (small 0: no row is short). One to three launches, fixed by the shapes (graph-safe).
-    kv_prefetch: (k_pages, v_pages, page_table, slots): the rank launch prefetches the selected
-    blocks' K/V pages into L2 (the radix select does not)."""
+    select (small 0: no row is short). One to three launches, fixed by the shapes (graph-safe)."""
     rows, nb_max = words.shape
     assert ct % rb == 0 and all(v & (v - 1) == 0 for v in (rb, ct, chunk, small))
     long_rows = nb_max > small
@@ -186,11 +164,7 @@ def topk_launch(seq_lens, words, ctr, sel, cnt, hkv: int, block_size: int, K: in
     if long_rows or rank_short:
         # enough programs for a short row or a typical gathered set; larger sets loop
         programs = max(1, triton.cdiv(min(nb_max, max(small if rank_short else 0, 1024)), rb))
-        kp, vp, pt, slots = kv_prefetch if kv_prefetch is not None else (words, words, words, seq_lens)
-        kvb = kp.stride(1) * kp.element_size() if kv_prefetch is not None else 0
-        assert kv_prefetch is None or (vp.stride(1) * vp.element_size() == kvb and kvb % 16 == 0)
         _rank_kernel[(rows, programs)](
-            seq_lens, words, ctr, kept, sel, cnt, kp, vp, pt, slots, words.stride(0), kept.stride(0), *sel_strides,
-            kp.stride(0), kp.stride(1), pt.stride(0),
-            HKV=hkv, BS=block_size, NCTR=NCTR, K=K, RB=rb, CT=ct, SMALL=small, SHORT=rank_short, KVB=kvb,
+            seq_lens, words, ctr, kept, sel, cnt, words.stride(0), kept.stride(0), *sel_strides,
+            HKV=hkv, BS=block_size, NCTR=NCTR, K=K, RB=rb, CT=ct, SMALL=small, SHORT=rank_short,
             num_warps=rank_warps, **pdl)
