@@ -18,8 +18,9 @@ from K1 (K1 read twice, mostly from L2 the second time).
    Split 0 zeroes the row's counters. With FUSE_K1 the last split only compresses the window
    completed by this token (mean of its keys) into the K1 pool and writes that window's score as
    its partial lse; the other splits share the rest of the windows. So no separate compress launch
-   is needed, and no split waits on the compress before its own windows (session 29: when the split
-   holding the window compressed it first, that split was the lse pass's critical path).
+   is needed, and no split waits on the compress before its own windows (session 29, before: the
+   split holding the window compressed it first and read it back; 1M b1 now about 1 us faster
+   warm, the same cold).
 2. `_block_words_kernel` (grid rows x chunks of NBC blocks; chunks past the row's own block exit
    at once): recomputes the scores q.K1_j -- with EARLY before its PDL wait, so they overlap
    the lse pass (only the chunk holding the window that pass compresses reads K1 after it) --
@@ -106,7 +107,7 @@ def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
         l = tl.zeros([BG], tl.float32)
         for j0 in range(start, end, BW):
             j = j0 + tl.arange(0, BW)
-            jm = (j < end)
+            jm = j < end
             s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
             s = s * sm_scale
             s = tl.where(jm[None, :], s, float("-inf"))
