@@ -116,6 +116,9 @@ def select_lse_source(bw: int | None = None):
     the engine launches it)."""
     from triton.compiler import ASTSource
 
+    import triton
+
+    from salactl.runtime.ops.selection.gpu import group_rows
     from salactl.runtime.ops.selection.triton_decode import _lse_kernel
     from salactl.runtime.ops.selection.triton_rank import NCTR
     cfg, sc, dflt = _sala_9b_selection()
@@ -124,9 +127,10 @@ def select_lse_source(bw: int | None = None):
            "ks_ptr": "*fp32", **{s: "i32" for s in ("s_qn", "s_qh", "s_1p", "s_1h", "s_kp", "s_kh", "s_pt")},
            "sm_scale": "fp32", "num_splits": "i32"}
     G = cfg.num_attention_heads // cfg.num_key_value_heads
-    const = {"HKV": cfg.num_key_value_heads, "G": G, "BG": max(16, G), "D": cfg.head_dim,
+    const = {"HKV": cfg.num_key_value_heads, "G": G, "BG": group_rows(G), "D": cfg.head_dim,
              "WPP": sc.block_size // sc.kernel_stride, "KS": sc.kernel_size, "ST": sc.kernel_stride,
-             "BS": sc.block_size, "BW": bw or dflt["lse_bw"], "NCTR": NCTR, "NCTR2": 8192, "FUSE_K1": True,
+             "BS": sc.block_size, "BW": bw or dflt["lse_bw"], "NCTR": NCTR,
+             "NCTR2": triton.next_power_of_2(NCTR), "FUSE_K1": True,
              "FP8": False, "DOT_F32": False, "PDL": True}
     sig.update({c: "constexpr" for c in const})
     return ASTSource(_lse_kernel, sig, const, _pointer_attrs(sig, ("s_qn", "s_qh", "s_1p", "s_1h", "s_kp", "s_kh")))
@@ -256,17 +260,16 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--order", action="store_true", help="also print the issue order (see the module docstring)")
     a = ap.parse_args()
-    a.stages_given = a.stages is not None
-    a.stages = 3 if a.stages is None else a.stages
     if a.kernel == "decode-split":
         warps = a.warps or 2
         src = decode_split_source(a.kv, a.preload, a.tma)
-        options = {"num_warps": warps, "num_stages": a.stages}
-        what = f"decode split kernel, {a.kv} pages, w{warps} s{a.stages} preload {a.preload}{' tma' if a.tma else ''}"
+        stages = a.stages or 3
+        options = {"num_warps": warps, "num_stages": stages}
+        what = f"decode split kernel, {a.kv} pages, w{warps} s{stages} preload {a.preload}{' tma' if a.tma else ''}"
     elif a.kernel == "select-lse":
         warps = a.warps or _sala_9b_selection()[2]["lse_warps"]
         src = select_lse_source(a.bw)
-        stages = a.stages if a.stages_given else _sala_9b_selection()[2]["lse_stages"]
+        stages = a.stages or _sala_9b_selection()[2]["lse_stages"]
         options = {"num_warps": warps, "num_stages": stages}
         what = f"decode selection pass 1 (sala-9b), w{warps} s{stages}{f' bw{a.bw}' if a.bw else ''}"
     elif a.kernel == "select-words":
