@@ -97,8 +97,9 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # ranked (`rank_rb` keys per program and step against `rank_ct`-wide tiles, `rank_warps`); shorter
 # rows are ranked the same way when the batch has at most `rank_short_rows` rows, else take the
 # one-program radix select (triton_radix.py, `radix_warps`).
-# lse_splits: pass-1 programs per row (None: about four per SM, at most 256), with the fused K1
-# update the last of them the compress split (so at least 2).
+# lse_splits: pass-1 programs per row (None: about four per SM, at most 256, plus the compress
+# split of the fused K1 update where that keeps pass 2's merge tile; given: the compress split
+# included, so at least 2).
 # Session 16 (H200, `sparse_decode_bench.py --quick --breakdown --variants rank --batch
 # 1,2,4,8,32`), selection with the fused K1 in us, the grid threshold select before -> ranks
 # (rb32 ct256 w8): 1M + 100 batch 1 40.5 -> 33.9, batch 2 66.3 -> 59.0, batch 4 115.1 -> 102.6,
@@ -234,11 +235,15 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
         return dflt[name] if value is None else value
 
     k = {name: knob(knobs.get(name), name) for name in dflt}
+    fuse = k_pages is not None and k1_start is not None and k1_count is not None
     lse_splits = knob(lse_splits, "lse_splits")
     if lse_splits is None:                # about four programs per SM
         lse_splits = max(1, min(256, math.ceil(528 / rows)))
-    fuse = k_pages is not None and k1_start is not None and k1_count is not None
-    if fuse:                              # the last split only compresses (triton_decode.py)
+        # with the K1 update the last split only compresses (triton_decode.py): one more split,
+        # unless that would double pass 2's merge tile (SP2, a power of 2)
+        if fuse and triton.next_power_of_2(lse_splits + 1) == triton.next_power_of_2(lse_splits):
+            lse_splits += 1
+    if fuse:
         lse_splits = max(2, lse_splits)
     if nbc is None:                       # blocks per program of pass 2
         nbc = k["nbc_fp32"] if q.dtype == torch.float32 else dflt["nbc"]
