@@ -116,22 +116,15 @@ def select_lse_source(bw: int | None = None):
     the engine launches it)."""
     from triton.compiler import ASTSource
 
-    import triton
-
-    from salactl.runtime.ops.selection.gpu import group_rows
+    from salactl.runtime.ops.selection.gpu import lse_constexprs
     from salactl.runtime.ops.selection.triton_decode import _lse_kernel
-    from salactl.runtime.ops.selection.triton_rank import NCTR
     cfg, sc, dflt = _sala_9b_selection()
     sig = {"q_ptr": "*bf16", "k1_ptr": "*bf16", "pt_ptr": "*i32", "slot_ptr": "*i32", "seqlen_ptr": "*i32",
            "plse_ptr": "*fp32", "ctr_ptr": "*i32", "k_ptr": "*bf16", "jstart_ptr": "*i32", "jcount_ptr": "*i32",
            "ks_ptr": "*fp32", **{s: "i32" for s in ("s_qn", "s_qh", "s_1p", "s_1h", "s_kp", "s_kh", "s_pt")},
            "sm_scale": "fp32", "num_splits": "i32"}
-    G = cfg.num_attention_heads // cfg.num_key_value_heads
-    const = {"HKV": cfg.num_key_value_heads, "G": G, "BG": group_rows(G), "D": cfg.head_dim,
-             "WPP": sc.block_size // sc.kernel_stride, "KS": sc.kernel_size, "ST": sc.kernel_stride,
-             "BS": sc.block_size, "BW": bw or dflt["lse_bw"], "NCTR": NCTR,
-             "NCTR2": triton.next_power_of_2(NCTR), "FUSE_K1": True,
-             "FP8": False, "DOT_F32": False, "PDL": True}
+    const = {**lse_constexprs(sc, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                              bw or dflt["lse_bw"], dot_f32=False, fuse=True, fp8=False), "PDL": True}
     sig.update({c: "constexpr" for c in const})
     return ASTSource(_lse_kernel, sig, const, _pointer_attrs(sig, ("s_qn", "s_qh", "s_1p", "s_1h", "s_kp", "s_kh")))
 

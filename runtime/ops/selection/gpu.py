@@ -193,6 +193,16 @@ def group_rows(G: int) -> int:
     return max(16, triton.next_power_of_2(G))
 
 
+def lse_constexprs(sc: SparseConfig, hq: int, hkv: int, D: int, bw: int, dot_f32: bool, fuse: bool,
+                   fp8: bool) -> dict:
+    """The compile-time arguments `_lse_kernel` (pass 1) is launched with (also what
+    tools/sass_loops.py compiles offline)."""
+    G = hq // hkv
+    return dict(HKV=hkv, G=G, BG=group_rows(G), D=D, WPP=sc.block_size // sc.kernel_stride, KS=sc.kernel_size,
+                ST=sc.kernel_stride, BS=sc.block_size, BW=bw, NCTR=rkern.NCTR,
+                NCTR2=triton.next_power_of_2(rkern.NCTR), FUSE_K1=fuse, FP8=fp8, DOT_F32=dot_f32)
+
+
 def words_constexprs(sc: SparseConfig, hq: int, hkv: int, D: int, nbc: int, lse_splits: int,
                      dot_f32: bool, dedup: bool, early: bool = False, fuse: bool = False) -> dict:
     """The compile-time arguments `_block_words_kernel` (pass 2) is launched with (also what
@@ -221,9 +231,8 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     radix_warps); knobs left out or None take DECODE_DEFAULTS. Same result as select_paged."""
     dflt = DECODE_DEFAULTS
     n, hq, D = q.shape
-    _, hkv, wpp, _ = k1_pages.shape
-    G = hq // hkv
-    BG = group_rows(G)
+    hkv = k1_pages.shape[1]
+    BG = group_rows(hq // hkv)
     rows = n * hkv
     dev = q.device
 
@@ -268,9 +277,8 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
         *kernel_scales(kp.dtype, hkv, dev, k_scale, unused=plse),
         q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), kp.stride(0), kp.stride(1),
         page_table.stride(0), sm_scale, lse_splits,
-        HKV=hkv, G=G, BG=BG, D=D, WPP=wpp, KS=sc.kernel_size, ST=sc.kernel_stride, BS=sc.block_size,
-        BW=lse_bw, NCTR=nctr, NCTR2=triton.next_power_of_2(nctr), FUSE_K1=fuse, FP8=fp8,
-        DOT_F32=dot_f32, num_warps=lse_warps, num_stages=lse_stages, **launch_args(dev))
+        **lse_constexprs(sc, hq, hkv, D, lse_bw, dot_f32, fuse, fp8),
+        num_warps=lse_warps, num_stages=lse_stages, **launch_args(dev))
     dkern._block_words_kernel[(rows, triton.cdiv(nb_max, nbc))](
         q, k1_pages, page_table, slots, seq_lens, plse, words, ctr, js, jc,
         q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), page_table.stride(0),
