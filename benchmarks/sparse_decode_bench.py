@@ -310,6 +310,13 @@ VARIANTS = [("default", {}),
             ("lse bw128 st4", dict(lse_stages=4)),
             ("lse bw256 w8", dict(lse_bw=256, lse_warps=8)),
             ("lse bw256 w8 st2", dict(lse_bw=256, lse_warps=8, lse_stages=2)),
+            # session 30: each split's share of windows a multiple of lse_align instead of the step
+            # (1M + 100 b1: 255 shares of 384 windows left 84 splits idle; of 260, every split works)
+            ("lse al4", dict(lse_align=4)),
+            ("lse al16", dict(lse_align=16)),
+            ("lse al64", dict(lse_align=64)),
+            ("lse bw64 al4", dict(lse_bw=64, lse_align=4)),
+            ("lse bw256 w8 al4", dict(lse_bw=256, lse_warps=8, lse_align=4)),
             # pass 2's warps and blocks per program with the top-k's warps unchanged (8)
             ("p2 nbc64 w4", dict(nbc=64, num_warps=4)),
             ("p2 nbc16 w2", dict(nbc=16, num_warps=2)),

@@ -60,7 +60,7 @@ def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
                 s_qn, s_qh, s_1p, s_1h, s_kp, s_kh, s_pt, sm_scale, num_splits,
                 HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr,
                 WPP: tl.constexpr, KS: tl.constexpr, ST: tl.constexpr, BS: tl.constexpr,
-                BW: tl.constexpr, NCTR: tl.constexpr, NCTR2: tl.constexpr,
+                BW: tl.constexpr, ALIGN: tl.constexpr, NCTR: tl.constexpr, NCTR2: tl.constexpr,
                 FUSE_K1: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr = False):
     pdl_wait(PDL)
     r = tl.program_id(0)
@@ -99,7 +99,7 @@ def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
         nv = nvis
         if FUSE_K1:
             nv = nvis - (jnew >= 0).to(tl.int32)
-        per = tl.cdiv(tl.cdiv(nv, nreg), BW) * BW
+        per = tl.cdiv(tl.cdiv(nv, nreg), ALIGN) * ALIGN     # a share not a multiple of BW ends in a short step
         start = sp * per
         end = tl.minimum(start + per, nv)
         q = _load_q(q_ptr, n, kh, s_qn, s_qh, G, BG, D)
