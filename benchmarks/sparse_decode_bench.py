@@ -317,6 +317,14 @@ VARIANTS = [("default", {}),
             ("lse al64", dict(lse_align=64)),
             ("lse bw64 al4", dict(lse_bw=64, lse_align=4)),
             ("lse bw256 w8 al4", dict(lse_bw=256, lse_warps=8, lse_align=4)),
+            # session 30: K1 loaded page by page (one address per 1 KB page, not per window), and
+            # the online softmax in base 2
+            ("lse pages", dict(lse_pages=True)),
+            ("lse pages st2", dict(lse_pages=True, lse_stages=2)),
+            ("lse exp2", dict(lse_exp2=True)),
+            ("lse pages exp2", dict(lse_pages=True, lse_exp2=True)),
+            ("lse pages st2 exp2", dict(lse_pages=True, lse_stages=2, lse_exp2=True)),
+            ("lse pages bw256 w8", dict(lse_pages=True, lse_bw=256, lse_warps=8)),
             # pass 2's warps and blocks per program with the top-k's warps unchanged (8)
             ("p2 nbc64 w4", dict(nbc=64, num_warps=4)),
             ("p2 nbc16 w2", dict(nbc=16, num_warps=2)),
