@@ -310,21 +310,6 @@ VARIANTS = [("default", {}),
             ("lse bw128 st4", dict(lse_stages=4)),
             ("lse bw256 w8", dict(lse_bw=256, lse_warps=8)),
             ("lse bw256 w8 st2", dict(lse_bw=256, lse_warps=8, lse_stages=2)),
-            # session 30: each split's share of windows a multiple of lse_align instead of the step
-            # (1M + 100 b1: 255 shares of 384 windows left 84 splits idle; of 260, every split works)
-            ("lse al4", dict(lse_align=4)),
-            ("lse al16", dict(lse_align=16)),
-            ("lse al64", dict(lse_align=64)),
-            ("lse bw64 al4", dict(lse_bw=64, lse_align=4)),
-            ("lse bw256 w8 al4", dict(lse_bw=256, lse_warps=8, lse_align=4)),
-            # session 30: K1 loaded page by page (one address per 1 KB page, not per window), and
-            # the online softmax in base 2
-            ("lse pages", dict(lse_pages=True)),
-            ("lse pages st2", dict(lse_pages=True, lse_stages=2)),
-            ("lse exp2", dict(lse_exp2=True)),
-            ("lse pages exp2", dict(lse_pages=True, lse_exp2=True)),
-            ("lse pages st2 exp2", dict(lse_pages=True, lse_stages=2, lse_exp2=True)),
-            ("lse pages bw256 w8", dict(lse_pages=True, lse_bw=256, lse_warps=8)),
             # pass 2's warps and blocks per program with the top-k's warps unchanged (8)
             ("p2 nbc64 w4", dict(nbc=64, num_warps=4)),
             ("p2 nbc16 w2", dict(nbc=16, num_warps=2)),
@@ -340,6 +325,9 @@ VARIANTS = [("default", {}),
             ("early lse st2", dict(lse_stages=2)),
             ("early lse192", dict(lse_splits=192)),
             ("early nbc64 w8", dict(nbc=64, num_warps=8))]
+# (session 30: each lse split's share rounded to 4-64 windows instead of the step, so no split sits
+# idle; K1 loaded page by page, one address per 1 KB page: a third fewer loop instructions but
+# 43 against 32 us at 1M b1; none faster, removed. The base-2 softmax was kept: BENCHMARKS.md)
 # (session 29: the lse pass loading the next step's page ids during each step, at 128 or 64 windows
 # per step and 2-4 stages: within 1 us of the default everywhere, BENCHMARKS.md; removed)
 # (session 8: pass 2 with 128 blocks per program, one wave at 1M instead of 1.3: 21.0 us at 1M as

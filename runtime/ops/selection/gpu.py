@@ -99,8 +99,7 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # one-program radix select (triton_radix.py, `radix_warps`).
 # lse_splits: pass-1 programs per row (None: about four per SM, at most 256, plus the compress
 # split of the fused K1 update where that keeps pass 2's merge tile; given: the compress split
-# included, so at least 2); lse_align: each split's share of windows is rounded up to a multiple of
-# it (None: lse_bw, so the last split may be left with nothing).
+# included, so at least 2).
 # Session 16 (H200, `sparse_decode_bench.py --quick --breakdown --variants rank --batch
 # 1,2,4,8,32`), selection with the fused K1 in us, the grid threshold select before -> ranks
 # (rb32 ct256 w8): 1M + 100 batch 1 40.5 -> 33.9, batch 2 66.3 -> 59.0, batch 4 115.1 -> 102.6,
@@ -185,7 +184,7 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # 24-29 us against lse 10.5 + pass 2 15.9 at 1M batch 1, selection 33.1-38.0 / 39.5-41.9 cold
 # against 32.6 / 35.4; 128K 19.9-23.1 against 15.5.
 DECODE_DEFAULTS = dict(nbc=32, nbc_fp32=32, num_warps=4, num_warps_wide=4, lse_splits=None, dedup=True,
-                       p2_early=True, lse_bw=128, lse_align=None, lse_pages=False, lse_exp2=False, lse_warps=4, lse_stages=3, short_blocks=4096, gather_chunk=1024,
+                       p2_early=True, lse_bw=128, lse_warps=4, lse_stages=3, short_blocks=4096, gather_chunk=1024,
                        rank_rb=32, rank_ct=256, rank_warps=8, rank_short_rows=4, radix_warps=8)
 
 
@@ -195,12 +194,12 @@ def group_rows(G: int) -> int:
 
 
 def lse_constexprs(sc: SparseConfig, hq: int, hkv: int, D: int, bw: int, dot_f32: bool, fuse: bool,
-                   fp8: bool, align: int | None = None, pages: bool = False, exp2: bool = False) -> dict:
+                   fp8: bool) -> dict:
     """The compile-time arguments `_lse_kernel` (pass 1) is launched with (also what
     tools/sass_loops.py compiles offline)."""
     G = hq // hkv
     return dict(HKV=hkv, G=G, BG=group_rows(G), D=D, WPP=sc.block_size // sc.kernel_stride, KS=sc.kernel_size,
-                ST=sc.kernel_stride, BS=sc.block_size, BW=bw, ALIGN=align or bw, PAGES=pages, EXP2=exp2, NCTR=rkern.NCTR,
+                ST=sc.kernel_stride, BS=sc.block_size, BW=bw, NCTR=rkern.NCTR,
                 NCTR2=triton.next_power_of_2(rkern.NCTR), FUSE_K1=fuse, FP8=fp8, DOT_F32=dot_f32)
 
 
@@ -227,7 +226,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     k1_start must be the row's last visible window, (seq_len - kernel_size) // kernel_stride, as
     GPUBatch.build gives it (the window a decode token completes).
     nb_max: the static block width (launch grid); each row's work follows its own seq_len.
-    knobs: the other DECODE_DEFAULTS entries (nbc_fp32, num_warps_wide, dedup, p2_early, lse_bw, lse_align, lse_warps,
+    knobs: the other DECODE_DEFAULTS entries (nbc_fp32, num_warps_wide, dedup, p2_early, lse_bw, lse_warps,
     lse_stages, short_blocks, gather_chunk, rank_rb, rank_ct, rank_warps, rank_short_rows,
     radix_warps); knobs left out or None take DECODE_DEFAULTS. Same result as select_paged."""
     dflt = DECODE_DEFAULTS
@@ -278,7 +277,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
         *kernel_scales(kp.dtype, hkv, dev, k_scale, unused=plse),
         q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), kp.stride(0), kp.stride(1),
         page_table.stride(0), sm_scale, lse_splits,
-        **lse_constexprs(sc, hq, hkv, D, lse_bw, dot_f32, fuse, fp8, k["lse_align"], k["lse_pages"], k["lse_exp2"]),
+        **lse_constexprs(sc, hq, hkv, D, lse_bw, dot_f32, fuse, fp8),
         num_warps=lse_warps, num_stages=lse_stages, **launch_args(dev))
     dkern._block_words_kernel[(rows, triton.cdiv(nb_max, nbc))](
         q, k1_pages, page_table, slots, seq_lens, plse, words, ctr, js, jc,

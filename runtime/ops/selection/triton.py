@@ -54,27 +54,6 @@ def k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt,
 
 
 @triton.jit
-def k1_page_scores(q, k1_ptr, pt_ptr, slot, j0, end, kh, s_1p, s_1h, s_pt,
-                   BW: tl.constexpr, WPP: tl.constexpr, D: tl.constexpr, DOT_F32: tl.constexpr):
-    """k1_scores of windows j0 .. j0+BW-1 (j0 a multiple of WPP), loaded page by page: one
-    address per page's WPP·D contiguous elements instead of one per window. Pages past `end` read
-    as 0; windows past `end` inside a page that is read hold whatever the pool holds there (the
-    caller masks their scores). [M, BW]"""
-    BP: tl.constexpr = BW // WPP
-    p = j0 // WPP + tl.arange(0, BP)
-    pm = p * WPP < end
-    page = tl.load(pt_ptr + slot * s_pt + p, mask=pm, other=0).to(tl.int64)
-    e = tl.arange(0, WPP * D)
-    k1 = tl.load(k1_ptr + page[:, None] * s_1p + kh * s_1h + e[None, :], mask=pm[:, None], other=0.0)
-    k1 = tl.reshape(k1, [BW, D])
-    if DOT_F32:
-        s = tl.dot(q, tl.trans(k1), input_precision="ieee")
-    else:
-        s = tl.dot(q, tl.trans(k1))
-    return s
-
-
-@triton.jit
 def compress_window(k_ptr, k1_ptr, pt_ptr, slot, j, h, s_kp, s_kh, s_1p, s_1h, s_pt, ks_ptr,
                     BS: tl.constexpr, ST: tl.constexpr, KS: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr):
     """K1_j of KV head h = fp32 mean of keys [j·ST, j·ST+KS), stored in the page of its first token

@@ -44,7 +44,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from salactl.runtime.ops.pdl import pdl_wait
-from salactl.runtime.ops.selection.triton import _nvis, compress_window, k1_page_scores, k1_scores
+from salactl.runtime.ops.selection.triton import _nvis, compress_window, k1_scores
 
 @triton.jit
 def _load_q(q_ptr, n, kh, s_qn, s_qh, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr):
@@ -60,7 +60,7 @@ def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
                 s_qn, s_qh, s_1p, s_1h, s_kp, s_kh, s_pt, sm_scale, num_splits,
                 HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr,
                 WPP: tl.constexpr, KS: tl.constexpr, ST: tl.constexpr, BS: tl.constexpr,
-                BW: tl.constexpr, ALIGN: tl.constexpr, PAGES: tl.constexpr, EXP2: tl.constexpr, NCTR: tl.constexpr, NCTR2: tl.constexpr,
+                BW: tl.constexpr, NCTR: tl.constexpr, NCTR2: tl.constexpr,
                 FUSE_K1: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr = False):
     pdl_wait(PDL)
     r = tl.program_id(0)
@@ -99,7 +99,7 @@ def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
         nv = nvis
         if FUSE_K1:
             nv = nvis - (jnew >= 0).to(tl.int32)
-        per = tl.cdiv(tl.cdiv(nv, nreg), ALIGN) * ALIGN     # a share not a multiple of BW ends in a short step
+        per = tl.cdiv(tl.cdiv(nv, nreg), BW) * BW
         start = sp * per
         end = tl.minimum(start + per, nv)
         q = _load_q(q_ptr, n, kh, s_qn, s_qh, G, BG, D)
@@ -108,25 +108,14 @@ def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
         for j0 in range(start, end, BW):
             j = j0 + tl.arange(0, BW)
             jm = j < end
-            if PAGES:
-                s = k1_page_scores(q, k1_ptr, pt_ptr, slot, j0, end, kh, s_1p, s_1h, s_pt, BW, WPP, D, DOT_F32)
-            else:
-                s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
-            if EXP2:      # m, s in log2 units: one FMUL and one EX2 per score
-                s = s * (sm_scale * 1.4426950408889634)
-            else:
-                s = s * sm_scale
+            s = k1_scores(q, k1_ptr, pt_ptr, slot, j, jm, kh, s_1p, s_1h, s_pt, WPP, D, DOT_F32)
+            # m and s in log2 units: one FMUL and one EX2 per score (tl.exp adds an FMUL by log2 e)
+            s = s * (sm_scale * 1.4426950408889634)
             s = tl.where(jm[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, 1))
-            if EXP2:
-                l = l * tl.exp2(m - m_new) + tl.sum(tl.exp2(s - m_new[:, None]), 1)
-            else:
-                l = l * tl.exp(m - m_new) + tl.sum(tl.exp(s - m_new[:, None]), 1)
+            l = l * tl.exp2(m - m_new) + tl.sum(tl.exp2(s - m_new[:, None]), 1)
             m = m_new
-        if EXP2:
-            lse = tl.where(l > 0, (m + tl.log2(tl.where(l > 0, l, 1.0))) * 0.6931471805599453, float("-inf"))
-        else:
-            lse = tl.where(l > 0, m + tl.log(tl.where(l > 0, l, 1.0)), float("-inf"))
+        lse = tl.where(l > 0, (m + tl.log2(tl.where(l > 0, l, 1.0))) * 0.6931471805599453, float("-inf"))
     tl.store(plse_ptr + (r * num_splits + sp).to(tl.int64) * BG + g, lse)
 
 
