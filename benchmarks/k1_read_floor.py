@@ -2,7 +2,8 @@
 compressed keys (K1) through the page table, against the lse pass itself (issue 4's sparse /
 dense target, whose 1M batch-1 gap is mostly the two K1 passes).
 
-    cd benchmarks && python k1_read_floor.py [--contexts 1048676,131172] [--batch 1,2] [--out DIR]
+    cd benchmarks && python k1_read_floor.py [--contexts 1048676,131172] [--batch 1,2]
+        [--layout random|sequential] [--pool page-major|head-major] [--out DIR]
 
 Per context and batch (sala-9b: Hkv 2, d 128, bf16 K1, pages of 64 tokens in random order in a
 1M-wide table, as sparse_decode_bench.py), warm and cold (a 64 MB read of another buffer before
@@ -13,10 +14,14 @@ each call, its own time subtracted), us per call from CUDA-graph replays of 20 c
   PDL-launched with its wait first, like the lse pass;
 - `contiguous floor`: read_floor.py's floor for the same bytes in one flat buffer.
 If the paged floor is close to the lse pass, the pass is at what its access pattern allows.
+--layout sequential: each row's pages in order (random by default, as a long-running pool gives);
+--pool head-major: the floor reads a [Hkv, P, windows, d] pool instead of the engine's
+[P, Hkv, windows, d] (so one KV head's K1 of consecutive pages is contiguous; the lse pass
+still reads the engine's layout): what a K1 layout of long contiguous runs would allow.
 
 Hand-written because the floor must be a plain Triton kernel with our launch path and page-table
 indirection (no library reads through a page table).
-Results: a table on stdout (last) and DIR/k1_read_floor.json ($OUT or ./out).
+Results: a table on stdout (last) and DIR/k1_read_floor_LAYOUT_POOL.json ($OUT or ./out).
 """
 
 from __future__ import annotations
@@ -75,7 +80,7 @@ def paged_read(k1w, pt, npages, out, config):
                                        **launch_args(k1w.device))
 
 
-def case(cfg, ctx: int, batch: int, flush) -> dict:
+def case(cfg, ctx: int, batch: int, flush, layout: str = "random", pool_order: str = "page-major") -> dict:
     from salactl.runtime.ops.selection.gpu import select_decode
 
     sc, hq, hkv, d = cfg.sparse_config, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -86,7 +91,8 @@ def case(cfg, ctx: int, batch: int, flush) -> dict:
     kp = torch.randn(pool + 1, hkv, B, d, device="cuda", dtype=torch.bfloat16)
     k1p = torch.randn(pool + 1, hkv, B // sc.kernel_stride, d, device="cuda", dtype=torch.bfloat16)
     pt = torch.full((batch, width), pool, dtype=torch.int32, device="cuda")
-    pt[:, :P] = torch.randperm(pool, device="cuda").to(torch.int32).view(batch, P)
+    order = torch.randperm(pool, device="cuda") if layout == "random" else torch.arange(pool, device="cuda")
+    pt[:, :P] = order.to(torch.int32).view(batch, P)
     slots = torch.arange(batch, dtype=torch.int32, device="cuda")
     seq = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     nw = (ctx - sc.kernel_size) // sc.kernel_stride + 1
@@ -97,6 +103,8 @@ def case(cfg, ctx: int, batch: int, flush) -> dict:
     wpp = B // sc.kernel_stride
     npages = triton.cdiv(nw, wpp)                       # pages holding the row's visible windows
     k1w = k1p.view(torch.int32).view(pool + 1, hkv, wpp * d // 2)
+    if pool_order == "head-major":       # same bytes, [Hkv, P, W] in memory, indexed as [P, Hkv, W]
+        k1w = k1w.transpose(0, 1).contiguous().transpose(0, 1)
     nbytes = batch * hkv * npages * wpp * d * k1p.element_size()
     out = torch.empty(batch * hkv * max(c[0] for c in PAGED_CONFIGS), dtype=torch.int32, device="cuda")
 
@@ -105,7 +113,7 @@ def case(cfg, ctx: int, batch: int, flush) -> dict:
             select_decode(q, k1p, pt, slots, seq, sc, pt.shape[1], k_pages=kp, k1_start=jstart, k1_count=jcount)
 
     t_flush = graph_time(flush)
-    res = {"ctx": ctx, "batch": batch, "k1_mb": nbytes / 1e6}
+    res = {"ctx": ctx, "batch": batch, "k1_mb": nbytes / 1e6, "layout": layout, "pool": pool_order}
     for tag, fl in (("", None), ("_cold", flush)):
         sub = t_flush if fl else 0.0
         res[f"lse_pass{tag}_us"] = (graph_time(lse_pass, flush=fl) - sub) * 1e6
@@ -124,6 +132,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--contexts", default="1048676,131172")
     ap.add_argument("--batch", default="1,2")
+    ap.add_argument("--layout", choices=("random", "sequential"), default="random")
+    ap.add_argument("--pool", choices=("page-major", "head-major"), default="page-major")
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
     args = ap.parse_args()
     from salactl.runtime.presets import sala_9b
@@ -133,15 +143,17 @@ def main():
     rows = []
     for ctx in map(int, args.contexts.split(",")):
         for batch in map(int, args.batch.split(",")):
-            r = case(cfg, ctx, batch, flush)
+            r = case(cfg, ctx, batch, flush, args.layout, args.pool)
             print(json.dumps(r), flush=True)
             rows.append(r)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "k1_read_floor.json.tmp"
+    name = f"k1_read_floor_{args.layout}_{args.pool}.json"
+    tmp = out / (name + ".tmp")
     tmp.write_text(json.dumps(rows, indent=1))
-    tmp.replace(out / "k1_read_floor.json")
-    print("\n| ctx | batch | K1 MB | lse pass us (warm / cold) | paged floor us (warm / cold) | config (cold) "
+    tmp.replace(out / name)
+    print(f"\nlayout {args.layout}, pool {args.pool}")
+    print("| ctx | batch | K1 MB | lse pass us (warm / cold) | paged floor us (warm / cold) | config (cold) "
           "| contiguous floor us | lse pass TB/s cold | paged floor TB/s cold |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
