@@ -298,7 +298,7 @@ VARIANTS = [("default", {}),
             # session 11: pass 2 adds one atomic per distinct histogram bin of its program (now
             # the default); "no dedup" is the one atomic per block before it
             ("no dedup", dict(dedup=False)),
-            # session 11: the lse pass's windows per step, warps and pipeline stages (now 128, 4, 3)
+            # session 11: the lse pass's windows per step, warps and pipeline stages (now 128, 4, 2: session 30)
             ("lse bw64", dict(lse_bw=64)),                    # the default before session 11
             ("lse bw128 w8", dict(lse_warps=8)),
             ("lse bw64 w8", dict(lse_bw=64, lse_warps=8)),
@@ -306,7 +306,7 @@ VARIANTS = [("default", {}),
             ("lse bw64 st2", dict(lse_bw=64, lse_stages=2)),
             ("lse bw64 st4", dict(lse_bw=64, lse_stages=4)),
             ("lse bw32 st4", dict(lse_bw=32, lse_stages=4)),
-            ("lse bw128 st2", dict(lse_stages=2)),
+            ("lse bw128 st3", dict(lse_stages=3)),          # the default before session 30
             ("lse bw128 st4", dict(lse_stages=4)),
             ("lse bw256 w8", dict(lse_bw=256, lse_warps=8)),
             ("lse bw256 w8 st2", dict(lse_bw=256, lse_warps=8, lse_stages=2)),
@@ -322,7 +322,6 @@ VARIANTS = [("default", {}),
             ("late", dict(p2_early=False)),
             ("late w2", dict(p2_early=False, num_warps=2)),
             ("early w2", dict(num_warps=2)),
-            ("early lse st2", dict(lse_stages=2)),
             ("early lse192", dict(lse_splits=192)),
             ("early nbc64 w8", dict(nbc=64, num_warps=8))]
 # (session 30: each lse split's share rounded to 4-64 windows instead of the step, so no split sits

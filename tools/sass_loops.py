@@ -3,7 +3,7 @@ instruction mix of every loop that issues MMAs (no GPU needed).
 
     python tools/sass_loops.py decode-split [--kv fp8|bf16] [--warps 2] [--stages 3] [--preload 16] [--tma]
     python tools/sass_loops.py w4a16 [--spec "bn=64,w=4,un=4"] [--m 1] [--n 4096] [--k 4096]
-    python tools/sass_loops.py select-lse [--warps 4] [--stages 3] [--bw 128]   # decode selection's pass 1
+    python tools/sass_loops.py select-lse [--warps 4] [--stages 2] [--bw 128]   # decode selection's pass 1
     python tools/sass_loops.py select-words [--warps 4] [--late]    # decode selection's pass 2
     python tools/sass_loops.py select-top [--warps 8]       # its one-program radix top-k
     python tools/sass_loops.py select-rank [--warps 8]      # its rank top-k

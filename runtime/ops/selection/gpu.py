@@ -183,8 +183,13 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # registers across a barrier per row (whole grid resident, registers capped at 128; K1 read once):
 # 24-29 us against lse 10.5 + pass 2 15.9 at 1M batch 1, selection 33.1-38.0 / 39.5-41.9 cold
 # against 32.6 / 35.4; 128K 19.9-23.1 against 15.5.
+# Session 30 (H200, after the lse pass's base-2 softmax): lse_stages 2 instead of 3, three alternating
+# pairs of `sparse_decode_bench.py --quick --cold --skip-checks --variants none --defaults lse_stages=2`,
+# sparse total warm / cold us: 1M + 100 b1 40.0-41.3 / 43.2-43.7 against 41.0-41.3 / 43.6-44.0,
+# 128K + 100 b1 22.9-23.0 / 24.7-25.1 against 23.0-23.2 / 24.9-25.2, 1M b2 64.3-64.7 / 65.8-66.4
+# against 64.9-65.9 / 66.3-67.4, 128K b2 30.9-31.0 / 33.6-33.7 against 31.3 / 34.5-34.7.
 DECODE_DEFAULTS = dict(nbc=32, nbc_fp32=32, num_warps=4, num_warps_wide=4, lse_splits=None, dedup=True,
-                       p2_early=True, lse_bw=128, lse_warps=4, lse_stages=3, short_blocks=4096, gather_chunk=1024,
+                       p2_early=True, lse_bw=128, lse_warps=4, lse_stages=2, short_blocks=4096, gather_chunk=1024,
                        rank_rb=32, rank_ct=256, rank_warps=8, rank_short_rows=4, radix_warps=8)
 
 
