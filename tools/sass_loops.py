@@ -124,7 +124,8 @@ def select_lse_source(bw: int | None = None):
            "ks_ptr": "*fp32", **{s: "i32" for s in ("s_qn", "s_qh", "s_1p", "s_1h", "s_kp", "s_kh", "s_pt")},
            "sm_scale": "fp32", "num_splits": "i32"}
     const = {**lse_constexprs(sc, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-                              bw or dflt["lse_bw"], dot_f32=False, fuse=True, fp8=False), "PDL": True}
+                              bw or dflt["lse_bw"], dot_f32=False, fuse=True, fp8=False,
+                              elem=os.environ.get("LSE_ELEM") == "1"), "PDL": True}
     sig.update({c: "constexpr" for c in const})
     return ASTSource(_lse_kernel, sig, const, _pointer_attrs(sig, ("s_qn", "s_qh", "s_1p", "s_1h", "s_kp", "s_kh")))
 

@@ -189,7 +189,7 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # 128K + 100 b1 22.9-23.0 / 24.7-25.1 against 23.0-23.2 / 24.9-25.2, 1M b2 64.3-64.7 / 65.8-66.4
 # against 64.9-65.9 / 66.3-67.4, 128K b2 30.9-31.0 / 33.6-33.7 against 31.3 / 34.5-34.7.
 DECODE_DEFAULTS = dict(nbc=32, nbc_fp32=32, num_warps=4, num_warps_wide=4, lse_splits=None, dedup=True,
-                       p2_early=True, lse_bw=128, lse_warps=4, lse_stages=2, short_blocks=4096, gather_chunk=1024,
+                       p2_early=True, lse_bw=128, lse_elem=False, lse_warps=4, lse_stages=2, short_blocks=4096, gather_chunk=1024,
                        rank_rb=32, rank_ct=256, rank_warps=8, rank_short_rows=4, radix_warps=8)
 
 
@@ -199,12 +199,12 @@ def group_rows(G: int) -> int:
 
 
 def lse_constexprs(sc: SparseConfig, hq: int, hkv: int, D: int, bw: int, dot_f32: bool, fuse: bool,
-                   fp8: bool) -> dict:
+                   fp8: bool, elem: bool = False) -> dict:
     """The compile-time arguments `_lse_kernel` (pass 1) is launched with (also what
     tools/sass_loops.py compiles offline)."""
     G = hq // hkv
     return dict(HKV=hkv, G=G, BG=group_rows(G), D=D, WPP=sc.block_size // sc.kernel_stride, KS=sc.kernel_size,
-                ST=sc.kernel_stride, BS=sc.block_size, BW=bw, NCTR=rkern.NCTR,
+                ST=sc.kernel_stride, BS=sc.block_size, BW=bw, ELEM=elem, NCTR=rkern.NCTR,
                 NCTR2=triton.next_power_of_2(rkern.NCTR), FUSE_K1=fuse, FP8=fp8, DOT_F32=dot_f32)
 
 
@@ -231,7 +231,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     k1_start must be the row's last visible window, (seq_len - kernel_size) // kernel_stride, as
     GPUBatch.build gives it (the window a decode token completes).
     nb_max: the static block width (launch grid); each row's work follows its own seq_len.
-    knobs: the other DECODE_DEFAULTS entries (nbc_fp32, num_warps_wide, dedup, p2_early, lse_bw, lse_warps,
+    knobs: the other DECODE_DEFAULTS entries (nbc_fp32, num_warps_wide, dedup, p2_early, lse_bw, lse_elem, lse_warps,
     lse_stages, short_blocks, gather_chunk, rank_rb, rank_ct, rank_warps, rank_short_rows,
     radix_warps); knobs left out or None take DECODE_DEFAULTS. Same result as select_paged."""
     dflt = DECODE_DEFAULTS
@@ -282,7 +282,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
         *kernel_scales(kp.dtype, hkv, dev, k_scale, unused=plse),
         q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), kp.stride(0), kp.stride(1),
         page_table.stride(0), sm_scale, lse_splits,
-        **lse_constexprs(sc, hq, hkv, D, lse_bw, dot_f32, fuse, fp8),
+        **lse_constexprs(sc, hq, hkv, D, lse_bw, dot_f32, fuse, fp8, k["lse_elem"]),
         num_warps=lse_warps, num_stages=lse_stages, **launch_args(dev))
     dkern._block_words_kernel[(rows, triton.cdiv(nb_max, nbc))](
         q, k1_pages, page_table, slots, seq_lens, plse, words, ctr, js, jc,

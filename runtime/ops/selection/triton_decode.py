@@ -60,7 +60,7 @@ def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
                 s_qn, s_qh, s_1p, s_1h, s_kp, s_kh, s_pt, sm_scale, num_splits,
                 HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr,
                 WPP: tl.constexpr, KS: tl.constexpr, ST: tl.constexpr, BS: tl.constexpr,
-                BW: tl.constexpr, NCTR: tl.constexpr, NCTR2: tl.constexpr,
+                BW: tl.constexpr, ELEM: tl.constexpr, NCTR: tl.constexpr, NCTR2: tl.constexpr,
                 FUSE_K1: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr = False):
     pdl_wait(PDL)
     r = tl.program_id(0)
@@ -103,8 +103,14 @@ def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
         start = sp * per
         end = tl.minimum(start + per, nv)
         q = _load_q(q_ptr, n, kh, s_qn, s_qh, G, BG, D)
-        m = tl.full([BG], -1e30, tl.float32)
-        l = tl.zeros([BG], tl.float32)
+        if ELEM:
+            # one online softmax per (head, window slot): no reduction across lanes and warps (nor
+            # its barriers) per step, one EX2 more per score; the slots are merged once at the end
+            me = tl.full([BG, BW], -1e30, tl.float32)
+            le = tl.zeros([BG, BW], tl.float32)
+        else:
+            m = tl.full([BG], -1e30, tl.float32)
+            l = tl.zeros([BG], tl.float32)
         for j0 in range(start, end, BW):
             j = j0 + tl.arange(0, BW)
             jm = j < end
@@ -112,9 +118,17 @@ def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
             # m and s in log2 units: one FMUL and one EX2 per score (tl.exp adds an FMUL by log2 e)
             s = s * (sm_scale * 1.4426950408889634)
             s = tl.where(jm[None, :], s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, 1))
-            l = l * tl.exp2(m - m_new) + tl.sum(tl.exp2(s - m_new[:, None]), 1)
-            m = m_new
+            if ELEM:
+                me_new = tl.maximum(me, s)
+                le = le * tl.exp2(me - me_new) + tl.exp2(s - me_new)
+                me = me_new
+            else:
+                m_new = tl.maximum(m, tl.max(s, 1))
+                l = l * tl.exp2(m - m_new) + tl.sum(tl.exp2(s - m_new[:, None]), 1)
+                m = m_new
+        if ELEM:
+            m = tl.max(me, 1)
+            l = tl.sum(le * tl.exp2(me - m[:, None]), 1)
         lse = tl.where(l > 0, (m + tl.log2(tl.where(l > 0, l, 1.0))) * 0.6931471805599453, float("-inf"))
     tl.store(plse_ptr + (r * num_splits + sp).to(tl.int64) * BG + g, lse)
 
