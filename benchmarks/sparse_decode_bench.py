@@ -312,9 +312,10 @@ VARIANTS = [("default", {}),
             ("lse bw256 w8 st2", dict(lse_bw=256, lse_warps=8, lse_stages=2)),
             # session 30: one online softmax per (head, window slot), merged at the end: no
             # reduction across warps per step (the loop's barriers 8 -> 2, shuffles 12 -> 0)
-            ("lse elem", dict(lse_elem=True)),
-            ("lse elem st3", dict(lse_elem=True, lse_stages=3)),
-            ("lse elem bw64", dict(lse_elem=True, lse_bw=64)),
+            # (now the default); "lse per row" is the default before it
+            ("lse per row", dict(lse_elem=False)),
+            ("lse elem st3", dict(lse_stages=3)),
+            ("lse elem bw64", dict(lse_bw=64)),
             # pass 2's warps and blocks per program with the top-k's warps unchanged (8)
             ("p2 nbc64 w4", dict(nbc=64, num_warps=4)),
             ("p2 nbc16 w2", dict(nbc=16, num_warps=2)),

@@ -73,7 +73,7 @@ def test_selection_matches_reference():
                                    dict(gather_chunk=64, short_blocks=32, rank_rb=4, rank_ct=8),
                                    dict(rank_short_rows=0), dict(rank_rb=8, rank_ct=16),
                                    dict(nbc=8, lse_splits=2, gather_chunk=16, short_blocks=0, dedup=False),
-                                   dict(dedup=False), dict(lse_bw=16, lse_splits=2), dict(lse_bw=16, lse_elem=True, lse_splits=3),
+                                   dict(dedup=False), dict(lse_bw=16, lse_splits=2), dict(lse_bw=16, lse_elem=False, lse_splits=3),
                                    dict(p2_early=False), dict(p2_early=False, nbc=8, lse_splits=2)])
 def test_decode_selection_exact_set_and_order(ties, knobs):
     """select_decode (fused K1 update, top-k in the kernel) = reference.select_blocks: contexts

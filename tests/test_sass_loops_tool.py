@@ -98,8 +98,14 @@ def test_selection_kernels_compile_offline_with_their_default_knobs():
     lse = _run("select-lse", "--bw", "64")
     assert lse.returncode == 0, lse.stderr[-2000:]
     rep = json.loads(lse.stdout)
-    # pass 1's loop: one [16, 128] x [128, 64] dot per step, 4 warps of 16 columns: 2 x 8 m16n8k16
-    assert "w4 s3 bw64" in rep["kernel"] and len(rep["loops"]) == 1 and rep["loops"][0]["ops"]["HMMA"] == 16
+    # pass 1's loop: one [16, 128] x [128, 64] dot per step, 4 warps of 16 columns: 2 x 8 m16n8k16;
+    # its softmax per (head, window slot) reduces nothing across lanes in the loop, per row it does
+    assert "w4 s2 bw64" in rep["kernel"] and len(rep["loops"]) == 1 and rep["loops"][0]["ops"]["HMMA"] == 16
+    assert "SHFL" not in rep["loops"][0]["ops"]
+    per_row = _run("select-lse", "--bw", "64", "--per-row")
+    assert per_row.returncode == 0, per_row.stderr[-2000:]
+    rep = json.loads(per_row.stdout)
+    assert rep["kernel"].endswith("per-row") and rep["loops"][0]["ops"]["SHFL"] > 0
     top = _run("select-top")
     assert top.returncode == 0, top.stderr[-2000:]
     rep = json.loads(top.stdout)

@@ -3,7 +3,7 @@ instruction mix of every loop that issues MMAs (no GPU needed).
 
     python tools/sass_loops.py decode-split [--kv fp8|bf16] [--warps 2] [--stages 3] [--preload 16] [--tma]
     python tools/sass_loops.py w4a16 [--spec "bn=64,w=4,un=4"] [--m 1] [--n 4096] [--k 4096]
-    python tools/sass_loops.py select-lse [--warps 4] [--stages 2] [--bw 128]   # decode selection's pass 1
+    python tools/sass_loops.py select-lse [--warps 4] [--stages 2] [--bw 128] [--per-row]   # decode selection's pass 1
     python tools/sass_loops.py select-words [--warps 4] [--late]    # decode selection's pass 2
     python tools/sass_loops.py select-top [--warps 8]       # its one-program radix top-k
     python tools/sass_loops.py select-rank [--warps 8]      # its rank top-k
@@ -111,9 +111,9 @@ def select_words_source(late: bool = False):
     return ASTSource(_block_words_kernel, sig, const, _pointer_attrs(sig, ("s_qn", "s_qh", "s_1p", "s_1h")))
 
 
-def select_lse_source(bw: int | None = None):
-    """Pass 1 (`_lse_kernel`) with the default knobs (or `bw` windows per step) and fused K1 (as
-    the engine launches it)."""
+def select_lse_source(bw: int | None = None, per_row: bool = False):
+    """Pass 1 (`_lse_kernel`) with the default knobs (or `bw` windows per step; per_row: the online
+    softmax reduced per row at every step, lse_elem=False) and fused K1 (as the engine launches it)."""
     from triton.compiler import ASTSource
 
     from salactl.runtime.ops.selection.gpu import lse_constexprs
@@ -125,7 +125,7 @@ def select_lse_source(bw: int | None = None):
            "sm_scale": "fp32", "num_splits": "i32"}
     const = {**lse_constexprs(sc, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
                               bw or dflt["lse_bw"], dot_f32=False, fuse=True, fp8=False,
-                              elem=os.environ.get("LSE_ELEM") == "1"), "PDL": True}
+                              elem=dflt["lse_elem"] and not per_row), "PDL": True}
     sig.update({c: "constexpr" for c in const})
     return ASTSource(_lse_kernel, sig, const, _pointer_attrs(sig, ("s_qn", "s_qh", "s_1p", "s_1h", "s_kp", "s_kh")))
 
@@ -242,6 +242,8 @@ def main() -> int:
                          "radix_warps / rank_warps)")
     ap.add_argument("--stages", type=int, default=None, help="decode-split (default 3), select-lse: num_stages")
     ap.add_argument("--bw", type=int, default=None, help="select-lse: windows per step")
+    ap.add_argument("--per-row", action="store_true",
+                    help="select-lse: the softmax reduced per row at every step (lse_elem=False)")
     ap.add_argument("--preload", type=int, default=16, help="decode-split: page ids preloaded (0: none)")
     ap.add_argument("--tma", action="store_true", help="decode-split: K/V pages by TMA copies")
     ap.add_argument("--late", action="store_true", help="select-words: the K1 scores after the PDL wait")
@@ -262,10 +264,11 @@ def main() -> int:
         what = f"decode split kernel, {a.kv} pages, w{warps} s{stages} preload {a.preload}{' tma' if a.tma else ''}"
     elif a.kernel == "select-lse":
         warps = a.warps or _sala_9b_selection()[2]["lse_warps"]
-        src = select_lse_source(a.bw)
+        src = select_lse_source(a.bw, a.per_row)
         stages = a.stages or _sala_9b_selection()[2]["lse_stages"]
         options = {"num_warps": warps, "num_stages": stages}
-        what = f"decode selection pass 1 (sala-9b), w{warps} s{stages}{f' bw{a.bw}' if a.bw else ''}"
+        what = (f"decode selection pass 1 (sala-9b), w{warps} s{stages}{f' bw{a.bw}' if a.bw else ''}"
+                f"{' per-row' if a.per_row else ''}")
     elif a.kernel == "select-words":
         warps = a.warps or _sala_9b_selection()[2]["num_warps_wide"]
         src, options = select_words_source(a.late), {"num_warps": warps}

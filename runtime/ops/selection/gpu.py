@@ -188,8 +188,14 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # sparse total warm / cold us: 1M + 100 b1 40.0-41.3 / 43.2-43.7 against 41.0-41.3 / 43.6-44.0,
 # 128K + 100 b1 22.9-23.0 / 24.7-25.1 against 23.0-23.2 / 24.9-25.2, 1M b2 64.3-64.7 / 65.8-66.4
 # against 64.9-65.9 / 66.3-67.4, 128K b2 30.9-31.0 / 33.6-33.7 against 31.3 / 34.5-34.7.
+# Same session: lse_elem, one online softmax per (head, window slot) merged once at the end instead
+# of a row max and sum across the warps at every step (the loop's barriers 8 -> 2, no shuffles, 96
+# registers against 67). Two alternating pairs (`--batch 1`, `--defaults lse_elem=1`), sparse total
+# warm / cold us: 1M + 100 b1 39.4-39.5 / 42.4-42.7 against 40.1-41.5 / 43.1-43.2, 128K + 100 b1
+# 23.0-23.1 / 24.5-24.6 against 22.8-23.2 / 25.0-25.6; at batch 2 (one pair and a half) 1M 63.1-63.5
+# / 65.5-65.9 against 64.3 / 66.3, but 128K cold 35.8 against 34.1 (warm 31.0 against 31.2).
 DECODE_DEFAULTS = dict(nbc=32, nbc_fp32=32, num_warps=4, num_warps_wide=4, lse_splits=None, dedup=True,
-                       p2_early=True, lse_bw=128, lse_elem=False, lse_warps=4, lse_stages=2, short_blocks=4096, gather_chunk=1024,
+                       p2_early=True, lse_bw=128, lse_elem=True, lse_warps=4, lse_stages=2, short_blocks=4096, gather_chunk=1024,
                        rank_rb=32, rank_ct=256, rank_warps=8, rank_short_rows=4, radix_warps=8)
 
 
