@@ -41,7 +41,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from read_floor import read_floor_us  # noqa: E402
-from sparse_decode_bench import first_phases, graph_time, rotating_read  # noqa: E402
+from sparse_decode_bench import first_phases, graph_time, paged_rows, rotating_read  # noqa: E402
 
 from salactl.runtime.ops.pdl import launch_args, pdl_wait  # noqa: E402
 
@@ -85,26 +85,12 @@ def paged_read(k1w, pt, npages, out, config):
 def case(cfg, ctx: int, batch: int, flush, layout: str = "random", pool_order: str = "page-major") -> dict:
     from salactl.runtime.ops.selection.gpu import select_decode
 
-    sc, hq, hkv, d = cfg.sparse_config, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    B = sc.block_size
-    P = ctx // B + 2
-    pool = batch * P
-    width = (1 << 20) // B + 4
-    kp = torch.randn(pool + 1, hkv, B, d, device="cuda", dtype=torch.bfloat16)
-    k1p = torch.randn(pool + 1, hkv, B // sc.kernel_stride, d, device="cuda", dtype=torch.bfloat16)
-    pt = torch.full((batch, width), pool, dtype=torch.int32, device="cuda")
-    order = torch.randperm(pool, device="cuda") if layout == "random" else torch.arange(pool, device="cuda")
-    pt[:, :P] = order.to(torch.int32).view(batch, P)
-    slots = torch.arange(batch, dtype=torch.int32, device="cuda")
-    seq = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
-    nw = (ctx - sc.kernel_size) // sc.kernel_stride + 1
-    done = int((ctx - sc.kernel_size) % sc.kernel_stride == 0)
-    jstart = torch.full((batch,), nw - done, dtype=torch.int32, device="cuda")
-    jcount = torch.full((batch,), done, dtype=torch.int32, device="cuda")
-    q = torch.randn(batch, hq, d, device="cuda", dtype=torch.bfloat16)
-    wpp = B // sc.kernel_stride
-    npages = triton.cdiv(nw, wpp)                       # pages holding the row's visible windows
-    k1w = k1p.view(torch.int32).view(pool + 1, hkv, wpp * d // 2)
+    sc, hkv, d = cfg.sparse_config, cfg.num_key_value_heads, cfg.head_dim
+    rows = paged_rows(cfg, ctx, batch, (1 << 20) // sc.block_size + 4, layout)
+    kp, k1p, pt, slots, seq, q = rows.kp, rows.k1p, rows.pt, rows.slots, rows.seq, rows.q
+    wpp = sc.block_size // sc.kernel_stride
+    npages = triton.cdiv(rows.nw, wpp)                  # pages holding the row's visible windows
+    k1w = k1p.view(torch.int32).view(rows.pool + 1, hkv, wpp * d // 2)
     if pool_order == "head-major":       # same bytes, [Hkv, P, W] in memory, indexed as [P, Hkv, W]
         k1w = k1w.transpose(0, 1).contiguous().transpose(0, 1)
     nbytes = batch * hkv * npages * wpp * d * k1p.element_size()
@@ -112,7 +98,8 @@ def case(cfg, ctx: int, batch: int, flush, layout: str = "random", pool_order: s
 
     def lse_pass():
         with first_phases(1):
-            select_decode(q, k1p, pt, slots, seq, sc, pt.shape[1], k_pages=kp, k1_start=jstart, k1_count=jcount)
+            select_decode(q, k1p, pt, slots, seq, sc, pt.shape[1], k_pages=kp, k1_start=rows.jstart,
+                          k1_count=rows.jcount)
 
     t_flush = graph_time(flush)
     res = {"ctx": ctx, "batch": batch, "k1_mb": nbytes / 1e6, "layout": layout, "pool": pool_order}

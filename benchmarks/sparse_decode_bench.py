@@ -51,6 +51,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import timing
 import torch
@@ -181,6 +182,33 @@ def first_phases(k: int):
             setattr(mod, name, kernel)
 
 
+def paged_rows(cfg, ctx, batch, width, layout="random"):
+    """`batch` rows of ctx random bf16 keys each in a page table `width` blocks wide (pages in
+    random or consecutive order), their K1 compressed by the GPU kernel, a random q and the K1
+    update a decode token at ctx makes (jstart, jcount): a SimpleNamespace (P: pages per row,
+    pool: pages in all; the pool's last page is the table's filler)."""
+    from salactl.runtime.ops.selection.gpu import compress_update
+
+    sc, hq, hkv, d = cfg.sparse_config, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    B = sc.block_size
+    P = ctx // B + 2
+    pool = batch * P
+    kp = torch.randn(pool + 1, hkv, B, d, device="cuda", dtype=torch.bfloat16)
+    k1p = torch.zeros(pool + 1, hkv, B // sc.kernel_stride, d, device="cuda", dtype=torch.bfloat16)
+    pt = torch.full((batch, width), pool, dtype=torch.int32, device="cuda")
+    order = torch.randperm(pool, device="cuda") if layout == "random" else torch.arange(pool, device="cuda")
+    pt[:, :P] = order.to(torch.int32).view(batch, P)
+    slots = torch.arange(batch, dtype=torch.int32, device="cuda")
+    seq = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    nw = (ctx - sc.kernel_size) // sc.kernel_stride + 1
+    done = int((ctx - sc.kernel_size) % sc.kernel_stride == 0)
+    rows_of = lambda v: torch.full((batch,), v, dtype=torch.int32, device="cuda")  # noqa: E731
+    compress_update(kp, k1p, pt, slots, rows_of(0), rows_of(nw), nw, sc)
+    q = torch.randn(batch, hq, d, device="cuda", dtype=torch.bfloat16)
+    return SimpleNamespace(kp=kp, k1p=k1p, pt=pt, slots=slots, seq=seq, q=q, jstart=rows_of(nw - done),
+                           jcount=rows_of(done), nw=nw, P=P, pool=pool)
+
+
 def layer_case(cfg, ctx, width, flush_bufs, variants, breakdown=False, batch=1, attn_splits=(), layout="random",
                phases=False):
     """Timings (us) of one layer's decode attention for `batch` rows at context `ctx` each, page
@@ -190,24 +218,12 @@ def layer_case(cfg, ctx, width, flush_bufs, variants, breakdown=False, batch=1, 
     from salactl.runtime.ops.decode_attention.triton import paged_attention
     from salactl.runtime.ops.selection.gpu import compress_update, select_decode
 
-    sc, hq, hkv, d = cfg.sparse_config, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    B, n = sc.block_size, batch
-    P = ctx // B + 2
-    pool = n * P
-    kp = torch.randn(pool + 1, hkv, B, d, device="cuda", dtype=torch.bfloat16)
+    sc, hkv = cfg.sparse_config, cfg.num_key_value_heads
+    n = batch
+    rows = paged_rows(cfg, ctx, n, width, layout)
+    kp, k1p, pt, slots, seq, q, jstart, jcount, P = (rows.kp, rows.k1p, rows.pt, rows.slots, rows.seq, rows.q,
+                                                     rows.jstart, rows.jcount, rows.P)
     vp = torch.randn_like(kp)
-    k1p = torch.zeros(pool + 1, hkv, B // sc.kernel_stride, d, device="cuda", dtype=torch.bfloat16)
-    pt = torch.full((n, width), pool, dtype=torch.int32, device="cuda")
-    order = torch.randperm(pool, device="cuda") if layout == "random" else torch.arange(pool, device="cuda")
-    pt[:, :P] = order.to(torch.int32).view(n, P)
-    slots = torch.arange(n, dtype=torch.int32, device="cuda")
-    seq = torch.full((n,), ctx, dtype=torch.int32, device="cuda")
-    nw = (ctx - sc.kernel_size) // sc.kernel_stride + 1
-    done = int((ctx - sc.kernel_size) % sc.kernel_stride == 0)
-    rows_of = lambda v: torch.full((n,), v, dtype=torch.int32, device="cuda")  # noqa: E731
-    compress_update(kp, k1p, pt, slots, rows_of(0), rows_of(nw), nw, sc)
-    q = torch.randn(n, hq, d, device="cuda", dtype=torch.bfloat16)
-    jstart, jcount = rows_of(nw - done), rows_of(done)
     nb = pt.shape[1]
     dense_splits = choose_splits(n * hkv, P)
     sparse_splits = choose_splits(n * hkv, sc.selected_blocks)
