@@ -206,7 +206,7 @@ def group_rows(G: int) -> int:
 
 
 def lse_constexprs(sc: SparseConfig, hq: int, hkv: int, D: int, bw: int, dot_f32: bool, fuse: bool,
-                   fp8: bool, elem: bool = False) -> dict:
+                   fp8: bool, elem: bool) -> dict:
     """The compile-time arguments `_lse_kernel` (pass 1) is launched with (also what
     tools/sass_loops.py compiles offline)."""
     G = hq // hkv
@@ -217,7 +217,7 @@ def lse_constexprs(sc: SparseConfig, hq: int, hkv: int, D: int, bw: int, dot_f32
 
 def words_constexprs(sc: SparseConfig, hq: int, hkv: int, D: int, nbc: int, lse_splits: int,
                      dot_f32: bool, dedup: bool, early: bool = False, fuse: bool = False,
-                     rounds: bool = False, lse_bw: int = 128) -> dict:
+                     rounds: bool = False, lse_bw: int | None = None) -> dict:
     """The compile-time arguments `_block_words_kernel` (pass 2) is launched with (also what
     tools/sass_loops.py compiles offline)."""
     G = hq // hkv
@@ -225,7 +225,7 @@ def words_constexprs(sc: SparseConfig, hq: int, hkv: int, D: int, nbc: int, lse_
                 LEFT=sc.kernel_size // sc.kernel_stride - 1, KS=sc.kernel_size, ST=sc.kernel_stride,
                 BS=sc.block_size, NBC=nbc, NCTR=rkern.NCTR, INIT=sc.init_blocks, WINB=sc.window_blocks,
                 SP2=max(2, triton.next_power_of_2(lse_splits)), DOT_F32=dot_f32, DEDUP=dedup,
-                EARLY=early, FUSE_K1=fuse, ROUNDS=rounds, LBW=lse_bw)
+                EARLY=early, FUSE_K1=fuse, ROUNDS=rounds, LBW=lse_bw or DECODE_DEFAULTS["lse_bw"])
 
 
 def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_max: int,

@@ -56,6 +56,12 @@ def _load_q(q_ptr, n, kh, s_qn, s_qh, G: tl.constexpr, BG: tl.constexpr, D: tl.c
                    mask=(g < G)[:, None], other=0.0)
 
 
+@triton.jit
+def _lse_share(nv, nreg, BW: tl.constexpr):
+    """Windows per lse split: nv windows over nreg splits, in whole steps of BW."""
+    return tl.cdiv(tl.cdiv(nv, nreg), BW) * BW
+
+
 @triton.jit(do_not_specialize=["num_splits"])
 def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
                 k_ptr, jstart_ptr, jcount_ptr, ks_ptr,
@@ -101,7 +107,7 @@ def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
         nv = nvis
         if FUSE_K1:
             nv = nvis - (jnew >= 0).to(tl.int32)
-        per = tl.cdiv(tl.cdiv(nv, nreg), BW) * BW
+        per = _lse_share(nv, nreg, BW)
         start = sp * per
         end = tl.minimum(start + per, nv)
         q = _load_q(q_ptr, n, kh, s_qn, s_qh, G, BG, D)
@@ -170,7 +176,7 @@ def _chunk_in_lse_order(c, nchunks, nvis, nreg, LBW: tl.constexpr, CW: tl.conste
     0, 1, ...; early pass-2 programs then read the K1 the lse pass is reading at the same time (L2
     hits instead of a second DRAM read). A bijection on [0, nchunks): with nchunks = q·T + r, the
     first r steps have q + 1 chunks, the others q. Programs c >= nchunks keep c (they exit)."""
-    per = tl.cdiv(tl.cdiv(nvis, nreg), LBW) * LBW
+    per = _lse_share(nvis, nreg, LBW)        # nvis, not the lse pass's nvis - 1: at worst one window off
     T = tl.minimum(tl.maximum(per // CW, 1), tl.maximum(nchunks, 1))
     q = nchunks // T
     r = nchunks % T
