@@ -345,10 +345,6 @@ VARIANTS = [("default", {}),
             ("late w2", dict(p2_early=False, num_warps=2)),
             ("early w2", dict(num_warps=2)),
             ("early lse192", dict(lse_splits=192)),
-            # session 30 (not yet measured on a GPU): pass 2's chunks in the order the lse pass reads
-            # them, so its early programs find that K1 in L2 (offline: 96 registers against 80)
-            ("p2 rounds", dict(p2_rounds=True)),
-            ("p2 rounds st3", dict(p2_rounds=True, lse_stages=3)),
             ("early nbc64 w8", dict(nbc=64, num_warps=8))]
 # (session 30: each lse split's share rounded to 4-64 windows instead of the step, so no split sits
 # idle; K1 loaded page by page, one address per 1 KB page: a third fewer loop instructions but

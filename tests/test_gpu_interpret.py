@@ -13,12 +13,10 @@ from conftest import micro_model
 if torch.cuda.is_available():
     pytest.skip("CUDA present: the GPU tests cover these kernels", allow_module_level=True)
 os.environ["TRITON_INTERPRET"] = "1"     # must be set before triton is first imported
-triton = pytest.importorskip("triton")
-tl = triton.language
+pytest.importorskip("triton")
 
 
 from salactl.runtime.gpu import selfcheck as S  # noqa: E402
-from salactl.runtime.ops.selection.triton_decode import _chunk_in_lse_order  # noqa: E402
 from salactl.runtime.ops.selection.triton_rank import KEPT, NCTR, _rank_kernel, topk_launch  # noqa: E402
 
 SMALL = S.Shapes.small()
@@ -75,9 +73,7 @@ def test_selection_matches_reference():
                                    dict(gather_chunk=64, short_blocks=32, rank_rb=4, rank_ct=8),
                                    dict(rank_short_rows=0), dict(rank_rb=8, rank_ct=16),
                                    dict(nbc=8, lse_splits=2, gather_chunk=16, short_blocks=0, dedup=False),
-                                   dict(dedup=False), dict(lse_bw=16, lse_splits=2),
-                                   dict(lse_bw=16, lse_elem=False, lse_splits=3),
-                                   dict(lse_bw=16, lse_splits=3, nbc=4, p2_rounds=True), dict(lse_bw=16, nbc=2, p2_rounds=True),
+                                   dict(dedup=False), dict(lse_bw=16, lse_splits=2), dict(lse_bw=16, lse_elem=False, lse_splits=3),
                                    dict(p2_early=False), dict(p2_early=False, nbc=8, lse_splits=2)])
 def test_decode_selection_exact_set_and_order(ties, knobs):
     """select_decode (fused K1 update, top-k in the kernel) = reference.select_blocks: contexts
@@ -93,28 +89,6 @@ def test_decode_selection_exact_set_and_order(ties, knobs):
     lens = [sc.dense_len, sc.dense_len + 1, 9 * 32 + 5, 31, 1000, 2050]
     _assert_rows(check_decode_selection("cpu", torch.float32, SMALL.hq, SMALL.hkv, SMALL.d, sc, lens,
                                         ties=ties, seed=7, **knobs))
-
-
-@triton.jit
-def _chunk_order_kernel(out_ptr, nchunks, nvis, nreg, LBW: tl.constexpr, CW: tl.constexpr):
-    c = tl.program_id(0)
-    tl.store(out_ptr + c, _chunk_in_lse_order(c, nchunks, nvis, nreg, LBW, CW))
-
-
-def test_pass2_chunk_order_is_a_permutation():
-    """p2_rounds: pass 2's program -> chunk map (the lse pass's step order) covers every chunk of
-    the row once, whatever the row's length and the split count, and leaves programs past the
-    row's chunks where they are (they exit)."""
-    for nchunks, nvis, nreg, lbw, cw in [(17, 255, 2, 16, 16), (513, 65540, 255, 128, 128), (65, 8199, 255, 128, 128),
-                                         (10, 150, 3, 16, 16), (9, 150, 1, 64, 16), (1, 3, 4, 16, 16),
-                                         (40, 600, 7, 32, 16), (7, 100, 2, 16, 64)]:
-        grid = nchunks + 3
-        out = torch.empty(grid, dtype=torch.int32)
-        _chunk_order_kernel[(grid,)](out, nchunks, nvis, nreg, LBW=lbw, CW=cw)
-        assert sorted(out[:nchunks].tolist()) == list(range(nchunks)), (nchunks, nvis, nreg, out.tolist())
-        assert out[nchunks:].tolist() == list(range(nchunks, grid))
-        if (nchunks, nvis, nreg) == (17, 255, 2):       # 2 splits of 128 windows: 8 steps of one chunk
-            assert out[:nchunks].tolist() == [0, 8, 16, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15]
 
 
 def _tied_words(lens, W, seed=0):

@@ -55,14 +55,13 @@ def test_selection(dtype):
                                    dict(nbc=32, gather_chunk=2048, num_warps=16, short_blocks=0, rank_rb=16),
                                    dict(dedup=False), dict(rank_rb=8, rank_ct=512, rank_warps=4, rank_short_rows=64),
                                    dict(p2_early=False), dict(p2_early=False, num_warps=2), dict(nbc=16, lse_splits=128),
-                                   dict(lse_elem=False, lse_stages=3), dict(p2_rounds=True)])
+                                   dict(lse_elem=False, lse_stages=3)])
 def test_decode_selection_exact_set_and_order(dtype, ties, knobs):
     """select_decode at 9B shapes vs reference.select_blocks (set and order; near-ties only):
     default knobs (10 rows: short rows radix-selected), short rows ranked, every row gathered and
     ranked (one and several gather programs per row), other pass-2 / rank launch shapes, pass 2
     with its K1 scores after the PDL wait (p2_early=False; the default computes them before it),
-    the lse pass reducing per row at each step (the default before session 30) and pass 2's chunks
-    in the lse pass's order (p2_rounds)."""
+    the lse pass reducing per row at each step (the default before session 30)."""
     from salactl.runtime.gpu import selfcheck as S
     from salactl.runtime.ops.selection.check import check_decode_selection
 

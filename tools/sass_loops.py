@@ -4,7 +4,7 @@ instruction mix of every loop that issues MMAs (no GPU needed).
     python tools/sass_loops.py decode-split [--kv fp8|bf16] [--warps 2] [--stages 3] [--preload 16] [--tma]
     python tools/sass_loops.py w4a16 [--spec "bn=64,w=4,un=4"] [--m 1] [--n 4096] [--k 4096]
     python tools/sass_loops.py select-lse [--warps 4] [--stages 2] [--bw 128] [--per-row]   # decode selection's pass 1
-    python tools/sass_loops.py select-words [--warps 4] [--rounds] [--late]    # decode selection's pass 2
+    python tools/sass_loops.py select-words [--warps 4] [--late]    # decode selection's pass 2
     python tools/sass_loops.py select-top [--warps 8]       # its one-program radix top-k
     python tools/sass_loops.py select-rank [--warps 8]      # its rank top-k
     ... [--arch 90] [--json] [--order]
@@ -93,10 +93,9 @@ def _sala_9b_selection():
     return cfg, cfg.sparse_config, gpu.DECODE_DEFAULTS
 
 
-def select_words_source(late: bool = False, rounds: bool = False):
+def select_words_source(late: bool = False):
     """Pass 2 (`_block_words_kernel`) with the default knobs, 256 lse splits (batch 1), fused K1
-    (as the engine launches it); late: its K1 scores after the PDL wait (p2_early=False); rounds:
-    its chunks in the lse pass's order (p2_rounds=True)."""
+    (as the engine launches it); late: its K1 scores after the PDL wait (p2_early=False)."""
     from triton.compiler import ASTSource
 
     from salactl.runtime.ops.selection.gpu import words_constexprs
@@ -107,8 +106,7 @@ def select_words_source(late: bool = False, rounds: bool = False):
            **{s: "i32" for s in ("s_qn", "s_qh", "s_1p", "s_1h", "s_pt", "s_word")}, "sm_scale": "fp32",
            "num_splits": "i32"}
     const = {**words_constexprs(sc, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, dflt["nbc"],
-                                256, dot_f32=False, dedup=dflt["dedup"], early=dflt["p2_early"] and not late, fuse=True,
-                                rounds=dflt["p2_rounds"] or rounds, lse_bw=dflt["lse_bw"]), "PDL": True}
+                                256, dot_f32=False, dedup=dflt["dedup"], early=dflt["p2_early"] and not late, fuse=True), "PDL": True}
     sig.update({c: "constexpr" for c in const})
     return ASTSource(_block_words_kernel, sig, const, _pointer_attrs(sig, ("s_qn", "s_qh", "s_1p", "s_1h")))
 
@@ -249,7 +247,6 @@ def main() -> int:
     ap.add_argument("--preload", type=int, default=16, help="decode-split: page ids preloaded (0: none)")
     ap.add_argument("--tma", action="store_true", help="decode-split: K/V pages by TMA copies")
     ap.add_argument("--late", action="store_true", help="select-words: the K1 scores after the PDL wait")
-    ap.add_argument("--rounds", action="store_true", help="select-words: chunks in the lse pass's order")
     ap.add_argument("--spec", default="bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4",
                     help="w4a16: a register-kernel config spec (tc_config.parse_tc_spec)")
     ap.add_argument("--m", type=int, default=1)
@@ -274,9 +271,8 @@ def main() -> int:
                 f"{' per-row' if a.per_row else ''}")
     elif a.kernel == "select-words":
         warps = a.warps or _sala_9b_selection()[2]["num_warps_wide"]
-        src, options = select_words_source(a.late, a.rounds), {"num_warps": warps}
-        what = (f"decode selection pass 2 (sala-9b, batch 1), w{warps}{' rounds' if a.rounds else ''}"
-                f"{' late' if a.late else ''}")
+        src, options = select_words_source(a.late), {"num_warps": warps}
+        what = f"decode selection pass 2 (sala-9b, batch 1), w{warps}{' late' if a.late else ''}"
     elif a.kernel == "select-top":
         warps = a.warps or _sala_9b_selection()[2]["radix_warps"]
         src, options = select_top_source(), {"num_warps": warps}

@@ -90,8 +90,7 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 
 # Launch defaults of select_decode (edit from benchmarks/sparse_decode_bench.py's sweep).
 # Pass 2 (`nbc` blocks per program, `num_warps`, `num_warps_wide` in tables wider than
-# `short_blocks`; `p2_early`: its K1 scores before the PDL wait; `p2_rounds`: its programs take the
-# chunks in the order the lse pass reads them) stores int32 score words and the
+# `short_blocks`; `p2_early`: its K1 scores before the PDL wait) stores int32 score words and the
 # row's top-12-bit histogram;
 # the top-k (triton_rank.topk_launch) then ranks them: rows longer than `short_blocks` blocks are
 # first gathered down to the histogram's threshold bin (`gather_chunk` blocks per program), then
@@ -196,7 +195,7 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # 23.0-23.1 / 24.5-24.6 against 22.8-23.2 / 25.0-25.6; at batch 2 (one pair and a half) 1M 63.1-63.5
 # / 65.5-65.9 against 64.3 / 66.3, but 128K cold 35.8 against 34.1 (warm 31.0 against 31.2).
 DECODE_DEFAULTS = dict(nbc=32, nbc_fp32=32, num_warps=4, num_warps_wide=4, lse_splits=None, dedup=True,
-                       p2_early=True, p2_rounds=False, lse_bw=128, lse_elem=True, lse_warps=4, lse_stages=2, short_blocks=4096, gather_chunk=1024,
+                       p2_early=True, lse_bw=128, lse_elem=True, lse_warps=4, lse_stages=2, short_blocks=4096, gather_chunk=1024,
                        rank_rb=32, rank_ct=256, rank_warps=8, rank_short_rows=4, radix_warps=8)
 
 
@@ -216,8 +215,7 @@ def lse_constexprs(sc: SparseConfig, hq: int, hkv: int, D: int, bw: int, dot_f32
 
 
 def words_constexprs(sc: SparseConfig, hq: int, hkv: int, D: int, nbc: int, lse_splits: int,
-                     dot_f32: bool, dedup: bool, early: bool = False, fuse: bool = False,
-                     rounds: bool = False, lse_bw: int | None = None) -> dict:
+                     dot_f32: bool, dedup: bool, early: bool = False, fuse: bool = False) -> dict:
     """The compile-time arguments `_block_words_kernel` (pass 2) is launched with (also what
     tools/sass_loops.py compiles offline)."""
     G = hq // hkv
@@ -225,7 +223,7 @@ def words_constexprs(sc: SparseConfig, hq: int, hkv: int, D: int, nbc: int, lse_
                 LEFT=sc.kernel_size // sc.kernel_stride - 1, KS=sc.kernel_size, ST=sc.kernel_stride,
                 BS=sc.block_size, NBC=nbc, NCTR=rkern.NCTR, INIT=sc.init_blocks, WINB=sc.window_blocks,
                 SP2=max(2, triton.next_power_of_2(lse_splits)), DOT_F32=dot_f32, DEDUP=dedup,
-                EARLY=early, FUSE_K1=fuse, ROUNDS=rounds, LBW=lse_bw or DECODE_DEFAULTS["lse_bw"])
+                EARLY=early, FUSE_K1=fuse)
 
 
 def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_max: int,
@@ -239,7 +237,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     k1_start must be the row's last visible window, (seq_len - kernel_size) // kernel_stride, as
     GPUBatch.build gives it (the window a decode token completes).
     nb_max: the static block width (launch grid); each row's work follows its own seq_len.
-    knobs: the other DECODE_DEFAULTS entries (nbc_fp32, num_warps_wide, dedup, p2_early, p2_rounds, lse_bw, lse_elem, lse_warps,
+    knobs: the other DECODE_DEFAULTS entries (nbc_fp32, num_warps_wide, dedup, p2_early, lse_bw, lse_elem, lse_warps,
     lse_stages, short_blocks, gather_chunk, rank_rb, rank_ct, rank_warps, rank_short_rows,
     radix_warps); knobs left out or None take DECODE_DEFAULTS. Same result as select_paged."""
     dflt = DECODE_DEFAULTS
@@ -296,8 +294,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
         q, k1_pages, page_table, slots, seq_lens, plse, words, ctr, js, jc,
         q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), page_table.stride(0),
         words.stride(0), sm_scale, lse_splits,
-        **words_constexprs(sc, hq, hkv, D, nbc, lse_splits, dot_f32, dedup, k["p2_early"], fuse,
-                           k["p2_rounds"], lse_bw),
+        **words_constexprs(sc, hq, hkv, D, nbc, lse_splits, dot_f32, dedup, k["p2_early"], fuse),
         num_warps=num_warps, **launch_args(dev))
     rkern.topk_launch(seq_lens, words, ctr, sel, cnt, hkv, sc.block_size, K,
                       small=min(k["short_blocks"], triton.next_power_of_2(nb_max)), chunk=k["gather_chunk"],

@@ -168,27 +168,6 @@ def _pool_window(pooled, s, jm, lse, g, sm_scale, G: tl.constexpr):
     return tl.maximum(pooled, tl.where(jm, tl.sum(p, 0), float("-inf")))
 
 
-@triton.jit
-def _chunk_in_lse_order(c, nchunks, nvis, nreg, LBW: tl.constexpr, CW: tl.constexpr):
-    """ROUNDS: program c's chunk (of CW windows) in the order the lse pass reads them. Its nreg
-    splits each walk `per` windows in steps of LBW, all at once: split s's step t is chunk s·T + t
-    (T = per / CW chunks per split). So programs go through t = 0, 1, ... and, within each, s =
-    0, 1, ...; early pass-2 programs then read the K1 the lse pass is reading at the same time (L2
-    hits instead of a second DRAM read). A bijection on [0, nchunks): with nchunks = q·T + r, the
-    first r steps have q + 1 chunks, the others q. Programs c >= nchunks keep c (they exit)."""
-    per = _lse_share(nvis, nreg, LBW)        # nvis, not the lse pass's nvis - 1: at worst one window off
-    T = tl.minimum(tl.maximum(per // CW, 1), tl.maximum(nchunks, 1))
-    q = nchunks // T
-    r = nchunks % T
-    head = r * (q + 1)                         # programs of the r longer steps
-    chunk = c
-    if c < head:
-        chunk = (c % (q + 1)) * T + c // (q + 1)
-    elif c < nchunks:
-        chunk = ((c - head) % q) * T + r + (c - head) // q
-    return chunk
-
-
 @triton.jit(do_not_specialize=["num_splits"])
 def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, word_ptr, ctr_ptr,
                         jstart_ptr, jcount_ptr,
@@ -198,7 +177,7 @@ def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, w
                         BS: tl.constexpr, NBC: tl.constexpr, NCTR: tl.constexpr,
                         INIT: tl.constexpr, WINB: tl.constexpr, SP2: tl.constexpr, DOT_F32: tl.constexpr,
                         DEDUP: tl.constexpr = False, EARLY: tl.constexpr = False, FUSE_K1: tl.constexpr = False,
-                        ROUNDS: tl.constexpr = False, LBW: tl.constexpr = 128, PDL: tl.constexpr = False):
+                        PDL: tl.constexpr = False):
     # EARLY (under PDL): the K1 scores before the wait, overlapping the lse pass; only the lse
     # partials, the counters and the K1 window the lse pass compresses (FUSE_K1) are its writes
     EW: tl.constexpr = EARLY and PDL
@@ -211,9 +190,6 @@ def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, w
     t = tl.load(seqlen_ptr + n) - 1
     own = t // BS
     ncand = own + 1                                   # blocks 0..own are candidates
-    if ROUNDS:
-        c = _chunk_in_lse_order(c, tl.cdiv(ncand, NBC), _nvis(t, KS, ST), num_splits - (1 if FUSE_K1 else 0), LBW,
-                                NBC * WPP)
     b0 = c * NBC
     if b0 < ncand:
         slot = tl.load(slot_ptr + n).to(tl.int64)
