@@ -3,7 +3,8 @@ paged attention over the selected blocks) vs dense paged attention, sala-9b shap
 batch 1 (and more rows of the same context with --batch).
 
     python benchmarks/sparse_decode_bench.py [--quick] [--variants rank,gather] [--breakdown] [--batch 1,4]
-        [--attn-splits 96,32,16] [--layout sequential] [--cold] [--defaults k=v,..] [--out DIR]
+        [--attn-splits 96,32,16] [--layout sequential] [--cold] [--defaults k=v,..] [--attn-defaults k=v,..]
+        [--out DIR]
 
 1. correctness, every swept variant (VARIANTS) on the same inputs: select_decode (fused K1
    update) against reference.select_blocks -- exact set and order, random and tied keys,
@@ -33,6 +34,7 @@ and timed ("default" always is). --breakdown: also each variant's device time pe
 ways (the engine uses choose_splits: 96 at batch 1), as "sparse_total[splits N]_us".
 --layout: the timed page tables' pages in random order (default) or consecutive (each row one
 contiguous range, as the engine's allocator gives a request in a fresh pool).
+--attn-defaults: DecodeConfig fields over every default config of the attention (dense and sparse).
 --phases: also the sparse total with only its first k kernels launched (k = 1..6: lse + K1 update,
 score words, gather, rank, attention split, merge; the later ones skipped), warm and cold, as
 "phases_us" / "phases_cold_us": T(k) - T(k-1) is what phase k adds inside the graph, PDL overlap
@@ -417,6 +419,25 @@ def set_defaults(text: str) -> None:
     print(f"defaults: {gpu.DECODE_DEFAULTS}", flush=True)
 
 
+def set_attn_defaults(text: str) -> None:
+    """'field=value,...' into every DecodeConfig of decode_attention.config.DEFAULT_CONFIGS (the
+    split kernel's launch config for dense and sparse rows)."""
+    import dataclasses
+
+    from salactl.runtime.ops.decode_attention import config
+
+    fields = {f.name: f for f in dataclasses.fields(config.DecodeConfig)}
+    kw = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, val = part.partition("=")
+        if name not in fields:
+            raise SystemExit(f"--attn-defaults: unknown field {name!r}; known: {', '.join(fields)}")
+        kw[name] = bool(int(val)) if isinstance(getattr(config.DecodeConfig(), name), bool) else int(val)
+    for key, cfg in config.DEFAULT_CONFIGS.items():
+        config.DEFAULT_CONFIGS[key] = dataclasses.replace(cfg, **kw)
+    print(f"attention defaults: {config.DEFAULT_CONFIGS}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true",
@@ -434,6 +455,8 @@ def main():
                     help="page order of the timed page tables (sequential: one contiguous range per row)")
     ap.add_argument("--defaults", default="",
                     help="select_decode knobs to use as the defaults of this run, e.g. lse_bw=64,nbc=16")
+    ap.add_argument("--attn-defaults", default="",
+                    help="DecodeConfig fields for every default attention config of this run, e.g. sel_static=1")
     ap.add_argument("--phases", action="store_true",
                     help="also the sparse total with only its first k kernels launched (what each phase adds)")
     ap.add_argument("--cold", action="store_true",
@@ -444,6 +467,8 @@ def main():
 
     if args.defaults:
         set_defaults(args.defaults)
+    if args.attn_defaults:
+        set_attn_defaults(args.attn_defaults)
     global VARIANTS
     if args.variants:
         wanted = [w.strip() for w in args.variants.split(",") if w.strip()]

@@ -103,7 +103,8 @@ def check_decode_attention(device, dtype, sh: Shapes = Shapes(), fp8: bool = Fal
     slots = torch.tensor([2, 0, 1, 2], dtype=torch.int32, device=device)
     seq = torch.tensor([lens[2], lens[0], lens[1], 2 * B + 3], dtype=torch.int32, device=device)
     q = torch.randn(4, sh.hq, sh.d, device=device).to(dtype)
-    sel = torch.zeros(4, sh.hkv, 4, dtype=torch.int32)
+    # entries past a row's count are never valid blocks: a kernel that read them would fail
+    sel = torch.full((4, sh.hkv, 4), 12345, dtype=torch.int32)
     cnt = torch.zeros(4, sh.hkv, dtype=torch.int32)
     rnd = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,))))
     for i, L in enumerate(seq.tolist()):
