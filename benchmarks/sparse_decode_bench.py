@@ -456,7 +456,7 @@ def main():
     ap.add_argument("--defaults", default="",
                     help="select_decode knobs to use as the defaults of this run, e.g. lse_bw=64,nbc=16")
     ap.add_argument("--attn-defaults", default="",
-                    help="DecodeConfig fields for every default attention config of this run, e.g. sel_static=1")
+                    help="DecodeConfig fields for every default attention config of this run, e.g. preload=16")
     ap.add_argument("--phases", action="store_true",
                     help="also the sparse total with only its first k kernels launched (what each phase adds)")
     ap.add_argument("--cold", action="store_true",

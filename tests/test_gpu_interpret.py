@@ -51,15 +51,6 @@ def test_paged_decode_attention_page_id_preload(preload, fp8, sub):
     _assert_rows(S.check_decode_attention("cpu", torch.float32, SMALL, fp8=fp8, config=cfg))
 
 
-@pytest.mark.parametrize("preload,fp8,tma", [(0, False, True), (2, True, False)])
-def test_paged_decode_attention_static_sparse_shares(preload, fp8, tma):
-    """sel_static: sparse rows split by the selection's width, counts below it (the check's
-    entries past a row's count are out-of-range block ids that must never be read)."""
-    from salactl.runtime.ops.decode_attention.config import DecodeConfig
-    cfg = DecodeConfig(warps=2, preload=preload, early=True, tma=tma, sel_static=True)
-    _assert_rows(S.check_decode_attention("cpu", torch.float32, SMALL, fp8=fp8, config=cfg))
-
-
 @pytest.mark.parametrize("preload,fp8", [(0, False), (2, False), (0, True), (2, True)])
 def test_paged_decode_attention_tma_pages(preload, fp8):
     """K/V pages by TMA descriptors (bf16's default; token-minor [D, B] boxes for FP8 V) against

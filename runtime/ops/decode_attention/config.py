@@ -33,8 +33,6 @@ class DecodeConfig:
     sub: int = 0           # tokens per online-softmax step (a divisor of the page; 0: the page)
     early: bool = False    # load slots and seq_lens before the PDL wait (see _split_kernel)
     tma: bool = False      # K/V pages by Hopper TMA copies (one per page and operand; whole pages)
-    # sparse rows split by the selection's static width, so the block ids load beside the count
-    sel_static: bool = False
 
     def __post_init__(self):
         if self.tma and self.sub:
@@ -45,7 +43,7 @@ class DecodeConfig:
         reg = f" r{self.maxnreg}" if self.maxnreg else ""
         pre = f" pre{self.preload}" if self.preload else ""
         sub = f" sub{self.sub}" if self.sub else ""
-        early = (" early" if self.early else "") + (" tma" if self.tma else "") + (" sst" if self.sel_static else "")
+        early = (" early" if self.early else "") + (" tma" if self.tma else "")
         return (f"page w{self.warps} s{self.stages}{reg}{pre}{sub}{early} pps{self.programs_per_sm} "
                 f"max{self.max_splits}")
 
@@ -146,9 +144,6 @@ SWEEP_CONFIGS = (
     DecodeConfig(warps=2, stages=3, programs_per_sm=5, max_splits=512, preload=16, early=True, tma=True),
     DecodeConfig(warps=4, stages=3, programs_per_sm=4, max_splits=256, preload=16, early=True, tma=True),
     DecodeConfig(warps=2, stages=2, programs_per_sm=6, max_splits=512, preload=16, early=True, tma=True),
-    # session 31: the bf16 and fp8 defaults with sparse rows split by the selection's static width
-    DecodeConfig(warps=2, programs_per_sm=4, max_splits=256, early=True, tma=True, sel_static=True),
-    DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16, early=True, sel_static=True),
 )
 
 

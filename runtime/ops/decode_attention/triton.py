@@ -95,15 +95,14 @@ def _attend_page(q, k_ptr, v_ptr, k_desc, v_desc, kbase, vbase, tile, vtile, tok
     return m_new, l, acc * alpha[:, None] + pv
 
 
-@triton.jit(do_not_specialize=["dense_len", "num_splits", "sel_width", "s_seln", "s_selh", "s_cntn", "s_cnth"])
+@triton.jit(do_not_specialize=["dense_len", "num_splits", "s_seln", "s_selh", "s_cntn", "s_cnth"])
 def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cnt_ptr,
                   po_ptr, plse_ptr, k_desc, v_desc,
                   s_qn, s_qh, s_kp, s_kh, s_pt, s_seln, s_selh, s_cntn, s_cnth,
-                  sm_scale, ks_ptr, vs_ptr, dense_len, num_splits, sel_width,
+                  sm_scale, ks_ptr, vs_ptr, dense_len, num_splits,
                   HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, BS: tl.constexpr,
                   D: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr, MAXP: tl.constexpr,
-                  SUB: tl.constexpr, EARLY: tl.constexpr, TMA: tl.constexpr, SEL_STATIC: tl.constexpr = False,
-                  PDL: tl.constexpr = False):
+                  SUB: tl.constexpr, EARLY: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr = False):
     r = tl.program_id(0)
     sp = tl.program_id(1)
     n = r // HKV
@@ -118,20 +117,11 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
         pdl_wait(PDL)
     sparse = seqlen >= dense_len
     cnt = (seqlen + BS - 1) // BS
-    # SEL_STATIC: a sparse row's shares follow the selection's static width (sel_width), not its
-    # count, so the block-id loads need not wait for the count: both loads are in flight at once
-    # (the count only masks). The same shares whenever the selection is full (count = width).
-    width = cnt
-    if SEL_STATIC and sparse:
-        width = sel_width
     if sparse:
         cnt = tl.load(cnt_ptr + n * s_cntn + kh * s_cnth)
-    if not SEL_STATIC:
-        width = cnt
-    per = (width + num_splits - 1) // num_splits
+    per = (cnt + num_splits - 1) // num_splits
     start = sp * per
-    stop = tl.minimum(start + per, width)          # the loops' bound
-    end = tl.minimum(stop, cnt)                    # blocks past it are masked out (SEL_STATIC)
+    end = tl.minimum(start + per, cnt)
     g = tl.arange(0, BG)
     d = tl.arange(0, D)
     tok = tl.arange(0, SUB)
@@ -154,31 +144,26 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, slot_ptr, seqlen_ptr, sel_ptr, cn
         vtile = tok[:, None] + d[None, :] * BS     # token-minor V pages (reference.v_token_minor)
         vsub = SUB
     if MAXP == 0:
-        for i in range(start * NSUB, stop * NSUB):
+        for i in range(start * NSUB, end * NSUB):
             b = i // NSUB
             h = i % NSUB
-            live = b < end
             if sparse:
                 b = tl.load(sel_ptr + n * s_seln + kh * s_selh + b)
-            if SEL_STATIC:     # a masked block: block 0's page, no valid token (adds nothing)
-                b = tl.where(live, b, 0)
             page = tl.load(pt_ptr + slot * s_pt + b).to(tl.int64)
             base = page * s_kp + kh * s_kh
-            nvalid = seqlen - b * BS - h * SUB
-            if SEL_STATIC:
-                nvalid = tl.where(live, nvalid, 0)
             m, l, acc = _attend_page(q, k_ptr, v_ptr, k_desc, v_desc, base + h * (SUB * D), base + h * vsub, tile,
-                                     vtile, tok, nvalid, qk_scale, m, l, acc, SUB, FP8, DOT_F32, TMA)
+                                     vtile, tok, seqlen - b * BS - h * SUB, qk_scale, m, l, acc, SUB, FP8, DOT_F32,
+                                     TMA)
     else:
         # Page ids (and valid token counts) of up to MAXP pages loaded up front: the K/V addresses
         # of the inner loop then depend on no load of the same iteration, so the pipeliner keeps
         # num_stages - 1 steps in flight (cp.async into multi-buffered shared memory).
         jj = tl.arange(0, MAXP)
-        for c0 in range(start, stop, MAXP):
+        for c0 in range(start, end, MAXP):
             blk = c0 + jj
             live = blk < end
             if sparse:
-                blk = tl.load(sel_ptr + n * s_seln + kh * s_selh + blk, mask=blk < stop, other=0)
+                blk = tl.load(sel_ptr + n * s_seln + kh * s_selh + blk, mask=live, other=0)
             pg = tl.load(pt_ptr + slot * s_pt + blk, mask=live, other=0).to(tl.int64)
             code = pg * (2 * BS) + tl.minimum(tl.maximum(seqlen - blk * BS, 0), BS)
             for i in range(c0 * NSUB, tl.minimum(c0 + MAXP, end) * NSUB):
@@ -289,10 +274,9 @@ def split_partials(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=N
         q, k_pages, v_pages, page_table, slots, seq_lens, block_ids, num_blocks, po, plse, k_desc, v_desc,
         q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1), page_table.stride(0),
         *sel_strides, float(sm_scale), *kernel_scales(k_pages.dtype, hkv, q.device, k_scale, v_scale, unused=plse),
-        int(dense_len), num_splits, block_ids.shape[-1],
+        int(dense_len), num_splits,
         HKV=hkv, G=G, BG=BG, BS=B, D=d, FP8=is_fp8(k_pages.dtype), DOT_F32=(q.dtype == torch.float32),
         MAXP=cfg.max_pages(max_blocks, num_splits), SUB=cfg.sub or B, EARLY=cfg.early, TMA=tma,
-        SEL_STATIC=cfg.sel_static and dense_len != DENSE_ONLY,
         **cfg.launch(), **launch_args(q.device))
     return po, plse
 
