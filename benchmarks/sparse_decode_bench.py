@@ -348,6 +348,8 @@ VARIANTS = [("default", {}),
             ("early w2", dict(num_warps=2)),
             ("early lse192", dict(lse_splits=192)),
             ("early nbc64 w8", dict(nbc=64, num_warps=8))]
+# (session 31: pass 2's chunks in the order the lse pass reads them, so its early programs find
+# that K1 in L2: slower everywhere, 1M b1 33.1 against 32.0 us, 1M b2 59.1 against 51.5; removed)
 # (session 30: each lse split's share rounded to 4-64 windows instead of the step, so no split sits
 # idle; K1 loaded page by page, one address per 1 KB page: a third fewer loop instructions but
 # 43 against 32 us at 1M b1; none faster, removed. The base-2 softmax was kept: BENCHMARKS.md)
@@ -426,7 +428,7 @@ def set_attn_defaults(text: str) -> None:
 
     from salactl.runtime.ops.decode_attention import config
 
-    fields = {f.name: f for f in dataclasses.fields(config.DecodeConfig)}
+    fields = [f.name for f in dataclasses.fields(config.DecodeConfig)]
     kw = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, _, val = part.partition("=")
