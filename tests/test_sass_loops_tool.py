@@ -86,13 +86,12 @@ def test_w4a16_register_kernel_and_tma_spec_refused():
 def test_selection_kernels_compile_offline_with_their_default_knobs():
     """Pass 1 (at 64 windows per step), pass 2 and both top-k kernels, as select_decode launches them for sala-9b: no MMA loop
     (pass 2's five windows are unrolled), so the whole kernel's count and mix are reported."""
-    # K1 scores before the PDL wait (default) or after it
-    for extra in ([], ["--late"]):
+    for extra in ([], ["--late"]):         # K1 scores before the PDL wait (default) or after it
         words = _run("select-words", *extra)
         assert words.returncode == 0, words.stderr[-2000:]
         rep = json.loads(words.stdout)
         assert "w4" in rep["kernel"] and rep["registers"] > 32 and rep["loops"] == []
-        assert rep["kernel"].endswith("late") == ("--late" in extra)
+        assert rep["kernel"].endswith("late") == bool(extra)
         # 32 blocks x 5 windows of 16 heads x 128 dims: 5 dots of [16, 128] x [128, 32]; each of the
         # 4 warps takes 8 of the 32 columns: one m16n8k16 per 16 of the 128 dims, 8 per dot
         assert rep["kernel_ops"]["HMMA"] == 40 and rep["instructions"] > rep["kernel_ops"]["HMMA"]

@@ -263,9 +263,9 @@ def main() -> int:
         options = {"num_warps": warps, "num_stages": stages}
         what = f"decode split kernel, {a.kv} pages, w{warps} s{stages} preload {a.preload}{' tma' if a.tma else ''}"
     elif a.kernel == "select-lse":
-        warps = a.warps or _sala_9b_selection()[2]["lse_warps"]
+        dflt = _sala_9b_selection()[2]
+        warps, stages = a.warps or dflt["lse_warps"], a.stages or dflt["lse_stages"]
         src = select_lse_source(a.bw, a.per_row)
-        stages = a.stages or _sala_9b_selection()[2]["lse_stages"]
         options = {"num_warps": warps, "num_stages": stages}
         what = (f"decode selection pass 1 (sala-9b), w{warps} s{stages}{f' bw{a.bw}' if a.bw else ''}"
                 f"{' per-row' if a.per_row else ''}")

@@ -56,12 +56,6 @@ def _load_q(q_ptr, n, kh, s_qn, s_qh, G: tl.constexpr, BG: tl.constexpr, D: tl.c
                    mask=(g < G)[:, None], other=0.0)
 
 
-@triton.jit
-def _lse_share(nv, nreg, BW: tl.constexpr):
-    """Windows per lse split: nv windows over nreg splits, in whole steps of BW."""
-    return tl.cdiv(tl.cdiv(nv, nreg), BW) * BW
-
-
 @triton.jit(do_not_specialize=["num_splits"])
 def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
                 k_ptr, jstart_ptr, jcount_ptr, ks_ptr,
@@ -107,7 +101,7 @@ def _lse_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, ctr_ptr,
         nv = nvis
         if FUSE_K1:
             nv = nvis - (jnew >= 0).to(tl.int32)
-        per = _lse_share(nv, nreg, BW)
+        per = tl.cdiv(tl.cdiv(nv, nreg), BW) * BW       # whole steps of BW windows per split
         start = sp * per
         end = tl.minimum(start + per, nv)
         q = _load_q(q_ptr, n, kh, s_qn, s_qh, G, BG, D)
