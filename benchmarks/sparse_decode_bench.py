@@ -348,6 +348,8 @@ VARIANTS = [("default", {}),
             ("early w2", dict(num_warps=2)),
             ("early lse192", dict(lse_splits=192)),
             ("early nbc64 w8", dict(nbc=64, num_warps=8))]
+# (session 32: 2-8 keys per program against 1,024-4,096-wide tiles, the whole 128K row in one
+# or two L2 round trips: 128K b1 15.6-27.5 against 14.2 us, 1M b1 30.4-34.0 against 30.4; removed)
 # (session 31: pass 2's chunks in the order the lse pass reads them, so its early programs find
 # that K1 in L2: slower everywhere, 1M b1 33.1 against 32.0 us, 1M b2 59.1 against 51.5; removed)
 # (session 30: each lse split's share rounded to 4-64 windows instead of the step, so no split sits
