@@ -27,7 +27,9 @@ faster, 11.5 vs 13.4 us fp8): the fixed cost at 128K is inside the split kernel'
 Nor (session 11) does converting e4m3 pages by bit moves instead of cvt pay: PRMT, AND, SHR and
 LOP3 per two values (value·2^-8 exactly, the 2^8 in the scales; 1023 instead of 635 instructions
 per page) ran fp8 128K in 26.4 vs 24.7 us and lost on every case (0.88-0.94x): F2FP's cvt of two
-values costs no more issue time than four integer instructions.
+values costs no more issue time than four integer instructions. Nor (session 33) does taking the
+conversion off F2FP: e5m2 pages by two byte permutes per four values (exact) ran 128K b1 in 25.2
+against e4m3's 25.1 us, so the per-page time is not the conversion's pipe.
 Nor (session 17, c64dde7) does transposed page math (sᵀ = K·qᵀ, accᵀ += Vᵀ·pᵀ: the page as the M
 side of one warpgroup's wgmma m64n16): fp8 loads its converted pages with 16-bit LDS (69 per page)
 at 167 registers, 128K b1 26.6-32.5 us against 25.2; bf16 was even at 128K and 1M (w4 s3 pps2).
