@@ -5,10 +5,14 @@ The packed weights are *buffers* in the layout of the device's fast path, so the
 - "triton"   (CUDA, 4-bit, K % 128 == 0, N % 16 == 0): int32 [K/128, N/16, 256] in the MMA
               register order (runtime/ops/w4a16/layout.py `pack_tc`) + fp16 scales [groups, N];
               our Triton kernels (runtime/ops/w4a16/triton.py `w4a16_linear`).
-- "cpu_int4" (CPU, 4-bit, bf16 activations, groups 32/64/128 or per-channel with K % 128 == 0):
-              torch's `_weight_int4pack_mm_for_cpu` (uint8 [N, K/2] + bf16 [groups, N, 2]).
-- "dequant"  (everything else, e.g. 8-bit or fp32 activations): GPTQ v1 tensors, dequantized on
-              every call by the plain reference.
+- "cpu_int4" (CPU, 4-bit, groups 32/64/128/256 or per-channel with K % 128 == 0): torch's
+              `_weight_int4pack_mm_for_cpu` (uint8 [N, K/2] + bf16 scales and zeros [groups, N, 2])
+              on bf16 activations, whatever the model's dtype: fp32 and fp16 activations are
+              rounded to bf16 for the product (W4A16: 16-bit activations), because torch only
+              vectorizes the bf16 kernel (2-core AVX-512 CPU, 768x2048 at one row: bf16 0.04 ms, fp32
+              1.37, fp16 2.2, against a dense fp32 matmul's 0.12).
+- "dequant"  (everything else, e.g. 8-bit): GPTQ v1 tensors, dequantized on every call by the
+              plain reference.
 Act-order checkpoints (g_idx not k // group) are repacked in sorted-group order at load time and
 carry a `perm` buffer that gathers the activations.
 """
@@ -23,6 +27,7 @@ from salactl.quant.packing import default_g_idx, pack_qweight, unpack_qweight
 from salactl.runtime.ops.w4a16 import reference
 
 _CPU_INT4_GROUPS = (32, 64, 128, 256)
+_CPU_INT4_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _triton_available() -> bool:
@@ -46,7 +51,7 @@ def choose_layout(device: torch.device, bits: int, in_features: int, group_size:
             and dtype in (torch.bfloat16, torch.float16) \
             and (group_size == -1 or group_size % 128 == 0 or group_size in (16, 32, 64)) and _triton_available():
         return "triton"
-    if device.type == "cpu" and dtype == torch.bfloat16 and _cpu_int4_available():
+    if device.type == "cpu" and dtype in _CPU_INT4_DTYPES and _cpu_int4_available():
         if group_size in _CPU_INT4_GROUPS or (group_size == -1 and in_features % 128 == 0):
             return "cpu_int4"
     return "dequant"
@@ -153,8 +158,8 @@ class W4A16Linear(nn.Module):
             # .contiguous(): no copy, except for the views the GPU engine's fused projections leave
             y = w4a16_linear(x2, self.qweight.contiguous(), self.scales.contiguous(), self.group_size)
         elif self.layout == "cpu_int4":
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.contiguous(), self.qweight, self.kernel_group,
-                                                            self.scales_and_zeros)
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(torch.bfloat16).contiguous(), self.qweight,
+                                                            self.kernel_group, self.scales_and_zeros).to(x.dtype)
         else:
             y = reference.w4a16_matmul(x2, self.qweight, self.scales, self.g_idx, self.bits)
         return y.reshape(*shape[:-1], self.out_features)
