@@ -16,9 +16,11 @@ from salactl.runtime.ops.selection import select_blocks, sparse_token_mask
 class ReferenceBackend:
     name = "reference"
 
-    def __init__(self, config: SalaConfig, gla_chunk: int = 64):
+    def __init__(self, config: SalaConfig, gla_chunk: int = 64, attention_op=attention):
+        """attention_op: reference.attention's contract (calibration passes ops/attention/sdpa.py's)."""
         self.config = config
         self.gla_chunk = gla_chunk
+        self.attention_op = attention_op
 
     def _slices(self, batch):
         off = 0
@@ -40,7 +42,7 @@ class ReferenceBackend:
                 k1 = seq.compressed_keys(layer, keys)
                 blocks = select_blocks(q[s][sparse_rows], k1, pos[sparse_rows], sc, math.ceil(L / sc.block_size))
                 allowed[:, sparse_rows] = sparse_token_mask(blocks, pos[sparse_rows], L, sc.block_size)
-            outs.append(attention(q[s], keys, values, pos, allowed))
+            outs.append(self.attention_op(q[s], keys, values, pos, allowed))
         return torch.cat(outs)
 
     def linear_attention(self, layer, q, k, v, g_gamma, scale, batch):
