@@ -9,8 +9,10 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-stdout = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
-stderr = Console(stderr=True, soft_wrap=True)
+# markup off: messages and table cells carry user text and install hints ("pip install
+# 'salactl[plots]'", paths, list reprs) that rich would otherwise read as style tags and drop
+stdout = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160, markup=False)
+stderr = Console(stderr=True, soft_wrap=True, markup=False)
 
 
 def jsonable(obj):
