@@ -52,6 +52,13 @@ def test_run_json_with_text_prompt(ckpt):
     assert set(out["timing"]) == {"phase_times", "op_times"}
 
 
+@pytest.mark.parametrize("n", ["0", "1"])
+def test_run_without_decode_steps_prints_a_dash(ckpt, n):
+    r = salactl("run", "--model", str(ckpt), "--prompt-ids", "1,5,9", "-n", n, "--device", "cpu", "--ignore-eos")
+    assert r.returncode == 0, r.stderr
+    assert "decode - tok/s" in r.stdout and "prefill roofline" in r.stdout and "decode roofline" not in r.stdout
+
+
 def test_run_human_output_has_roofline(ckpt):
     r = salactl("run", "--model", str(ckpt), "--prompt-ids", "1,5,9,12", "-n", "4", "--device", "cpu",
                 "--temperature", "0.8", "--top-p", "0.9", "--seed", "3")
