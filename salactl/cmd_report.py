@@ -74,8 +74,8 @@ def _ints(text: str, name: str) -> tuple[int, ...]:
         vals = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise UsageError(f"{name} takes comma-separated integers, got {text!r}") from None
-    if not vals or min(vals) < 0:
-        raise UsageError(f"{name} needs non-negative values, got {text!r}")
+    if not vals or min(vals) < 1:
+        raise UsageError(f"{name} needs positive values (tokens), got {text!r}")
     return vals
 
 

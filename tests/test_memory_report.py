@@ -106,6 +106,7 @@ def test_cli_memory_bad_input_is_one_line(monkeypatch, capsys):
     from salactl.cli import main
 
     for args, needle in ((["--gpu", "Voodoo 5"], "--gpu-mem"), (["--context", "4096,x"], "--context"),
+                         (["--context", "0"], "positive"),
                          (["--mem-fraction", "1.5"], "--mem-fraction"), (["--model", "nope"], "preset")):
         monkeypatch.setattr(sys, "argv", ["salactl", "report", "memory", "--model", "sala-9b", *args])
         with pytest.raises(SystemExit) as e:
