@@ -42,7 +42,7 @@ def test_fp8_cache_halves_kv_bytes_and_returns_dequantized_values(rng):
 def _calibrated_scales(model, cfg, prompt):
     from salactl.quant.sequential import _KVAmaxBackend
 
-    backend = _KVAmaxBackend(cfg)
+    backend = _KVAmaxBackend(cfg, torch.device("cpu"))
     eng = Engine(model, "cpu", backend=backend)
     eng.prefill(eng.new_sequence(), prompt)
     return scales_from_amax(backend.amax, "fp8_e4m3", per_head=False)
