@@ -56,10 +56,21 @@ def main() -> None:
         sys.exit(e.exit_code)
     except (typer.Abort,):
         sys.exit(130)
-    except Exception as e:  # click usage errors arrive here with standalone_mode=False
-        import click
-
-        if isinstance(e, click.ClickException):
-            e.show()
+    except Exception as e:  # click usage errors (unknown option, bad value) arrive here
+        if isinstance(e, _click_errors()):
+            ctx = getattr(e, "ctx", None)
+            hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+            print(f"error: {e.format_message()}{hint}", file=sys.stderr)
             sys.exit(e.exit_code)
         raise
+
+
+def _click_errors() -> tuple[type, ...]:
+    """click's exception base: recent typer vendors click as typer._click; older typer imports click."""
+    types = []
+    for module in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            types.append(__import__(module, fromlist=["ClickException"]).ClickException)
+        except ImportError:
+            pass
+    return tuple(types)

@@ -52,6 +52,16 @@ def test_run_json_with_text_prompt(ckpt):
     assert set(out["timing"]) == {"phase_times", "op_times"}
 
 
+@pytest.mark.parametrize("args,needle", [(["run", "--bogus"], "No such option: --bogus"),
+                                         (["run", "-n", "abc"], "'--max-new-tokens'"),
+                                         (["report", "latency"], "Missing argument"),
+                                         (["nope"], "No such command")])
+def test_click_usage_errors_are_one_line_with_exit_2(args, needle):
+    r = salactl(*args)
+    assert r.returncode == 2 and needle in r.stderr and "--help" in r.stderr
+    assert r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr
+
+
 @pytest.mark.parametrize("n", ["0", "1"])
 def test_run_without_decode_steps_prints_a_dash(ckpt, n):
     r = salactl("run", "--model", str(ckpt), "--prompt-ids", "1,5,9", "-n", n, "--device", "cpu", "--ignore-eos")
