@@ -87,12 +87,9 @@ def render(r: dict) -> None:
     output.stdout.print(
         f"model {r['model']} on {r['device']} ({r['dtype']}): prompt {len(r['prompt_token_ids'])} tok, "
         f"generated {len(r['output_token_ids'])} tok ({r['finish_reason']})")
-    def num(v, scale=1.0):            # None: the phase did not run (decode needs 2+ new tokens)
-        return "-" if v is None else f"{v * scale:.1f}"
-
-    output.stdout.print(
-        f"TTFT {num(r['ttft_s'], 1e3)} ms | prefill {num(r['prefill_tok_s'])} tok/s | "
-        f"decode {num(r['decode_tok_s'])} tok/s")
+    ttft_ms = r["ttft_s"] and r["ttft_s"] * 1e3          # rates are None when the phase did not run
+    output.stdout.print(f"TTFT {output.fmt(ttft_ms)} ms | prefill {output.fmt(r['prefill_tok_s'])} tok/s | "
+                        f"decode {output.fmt(r['decode_tok_s'])} tok/s")
     p = r["peaks"]
     output.stdout.print(f"ceilings: {p['mem_gbps']:.0f} GB/s, {p['bf16_tflops']:.1f} TFLOP/s ({p['source']})")
     if r.get("timing"):
