@@ -71,7 +71,7 @@ def profile(
         if launch_skip < 0 or (launch_count is not None and launch_count <= 0):
             raise UsageError("--launch-skip must be >= 0 and --launch-count positive")
         mode = "ncu" if ncu else "torch" if torch_mode else "auto"
-        out_dir = out or Path(f"salactl-profile-{time.strftime('%Y%m%d-%H%M%S')}")
+        out_dir = output.directory_option(out) or Path(f"salactl-profile-{time.strftime('%Y%m%d-%H%M%S')}")
         opts = SessionOptions(mode=mode, nvml=nvml, out_dir=out_dir, ncu_path=ncu_path,
                               ncu=NcuOptions(launch_skip, launch_count, metric_set=ncu_metrics), top=top)
         result = run(spec, opts)

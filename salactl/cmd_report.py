@@ -56,8 +56,7 @@ def latency(
     report = model.build(load_records(list(records)))
     written: list[str] = []
     if out is not None:
-        if out.exists() and not out.is_dir():
-            raise UsageError(f"--out {out} exists and is not a directory")
+        output.directory_option(out)
         renderers = {"md": lambda: markdown(report, title), "csv": lambda: csv_text(report),
                      "html": lambda: html(report, title, not no_plots)}
         written = [str(p) for p in write_all({out / f"report.{f}": renderers[f]() for f in fmts})]

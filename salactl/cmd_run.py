@@ -52,8 +52,7 @@ def run(
     """Generate text with the embedded runtime; print TTFT, tok/s and a roofline table."""
     from salactl.run_job import RunRequest, execute
 
-    if out is not None and out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file; give a directory for records.jsonl")
+    output.directory_option(out)
     given = [x is not None for x in (prompt, prompt_ids, prompt_file)]
     if sum(given) != 1:
         raise UsageError("give exactly one of --prompt, --prompt-ids or --prompt-file")

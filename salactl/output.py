@@ -5,14 +5,25 @@ from __future__ import annotations
 import json
 import math
 import sys
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+
+from salactl.errors import UsageError
 
 # markup off: messages and table cells carry user text and install hints ("pip install
 # 'salactl[plots]'", paths, list reprs) that rich would otherwise read as style tags and drop
 stdout = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160, markup=False)
 stderr = Console(stderr=True, soft_wrap=True, markup=False)
+
+
+def directory_option(path: Path | None, flag: str = "--out") -> Path | None:
+    """A directory option's path (None passes); an existing file there is a usage error, raised before
+    any work starts."""
+    if path is not None and path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {path} is a file; give a directory")
+    return path
 
 
 def jsonable(obj):

@@ -1,3 +1,8 @@
+import subprocess
+import sys
+
+import pytest
+
 from salactl import output
 
 
@@ -9,3 +14,15 @@ def test_consoles_print_brackets_verbatim(capsys):
     got = capsys.readouterr()
     assert "pip install 'salactl[plots]'" in got.err and "runs/[/x]" in got.err
     assert "model.layers[0].mlp[gate]" in got.out
+
+
+@pytest.mark.parametrize("args", [["run", "--prompt", "hi", "-n", "2"], ["sweep", "--topk", "2"],
+                                  ["profile", "--torch", "--phase", "decode"],
+                                  ["bench", "--profile", "decode", "--scale", "0.002"]])
+def test_out_naming_a_file_is_a_one_line_usage_error(tmp_path, args):
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    r = subprocess.run([sys.executable, "-m", "salactl", *args, "--out", str(afile)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 2 and f"--out {afile} is a file" in r.stderr, r.stderr
+    assert r.stderr.strip().count("\n") == 0 and afile.read_text() == "keep me"
