@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from salactl.errors import CheckpointError, ConfigError, DeviceError
+from salactl.errors import CapacityError, CheckpointError, ConfigError, DeviceError
 from salactl.runtime.checkpoint import (expected_tensor_shapes, load_state_dict, random_state_dict,
                                         tensor_files)
 from salactl.runtime.config import SalaConfig
@@ -82,6 +83,32 @@ def build_model(config: SalaConfig, state: dict[str, torch.Tensor]) -> SalaForCa
     return model.eval().requires_grad_(False)
 
 
+def available_host_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux); None where the kernel does not say."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_host_memory(config: SalaConfig, dtype: torch.dtype, device: torch.device, name: str) -> None:
+    """On CPU, refuse unquantized weights larger than the available host memory before allocating
+    them: otherwise the kernel's OOM killer ends the process mid-load, with no message."""
+    avail = available_host_bytes() if device.type == "cpu" else None
+    if avail is None:
+        return
+    params = sum(math.prod(s) for s in expected_tensor_shapes(config).values())
+    need = params * torch.finfo(dtype).bits // 8
+    if need > avail:
+        half = "" if dtype.itemsize <= 2 else f"--dtype bf16 ({params * 2 / 1e9:.1f} GB), "
+        raise CapacityError(f"{name} in {str(dtype).removeprefix('torch.')} needs {need / 1e9:.1f} GB for its "
+                            f"weights, but this machine has {avail / 1e9:.1f} GB available; use {half}a GPU "
+                            "(--device cuda) or a W4A16 checkpoint (salactl quantize)")
+
+
 def load_model(model: str | None, device=None, dtype: str | None = None,
                random_weights: bool = False, seed: int = 0) -> LoadedModel:
     dev = resolve_device(device)
@@ -93,6 +120,7 @@ def load_model(model: str | None, device=None, dtype: str | None = None,
                               f"directory with config.json, got {name!r}")
         config = preset(name) if name in PRESETS else SalaConfig.from_file(path / "config.json")
         dt = resolve_dtype(dtype, config, dev)
+        check_host_memory(config, dt, dev, name)
         state = random_state_dict(config, dev, dt, seed)
         model_dir = EMBEDDED_DIR if name == "sala-nano" and EMBEDDED_DIR.exists() else (
             path if path.is_dir() else None)
@@ -116,6 +144,8 @@ def load_model(model: str | None, device=None, dtype: str | None = None,
 
         return LoadedModel(load_gptq_model(path, config, quant, dev, dt), config, path, str(path))
     from salactl.quant.loading import KV_SCALE_SUFFIXES, attach_kv_scales
+
+    check_host_memory(config, dt, dev, str(path))
 
     state = load_state_dict(path, expected_tensor_shapes(config), dev, dt, allow_extra=KV_SCALE_SUFFIXES)
     model = build_model(config, state)

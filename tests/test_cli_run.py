@@ -3,12 +3,14 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
 
 from salactl.runtime.checkpoint import random_state_dict, save_checkpoint
+from salactl.runtime.presets import sala_nano
 from conftest import tiny_config
 
 
@@ -60,6 +62,15 @@ def test_click_usage_errors_are_one_line_with_exit_2(args, needle):
     r = salactl(*args)
     assert r.returncode == 2 and needle in r.stderr and "--help" in r.stderr
     assert r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr
+
+
+@pytest.mark.skipif(not Path("/proc/meminfo").exists(), reason="reads Linux's MemAvailable")
+def test_weights_larger_than_host_memory_are_refused_before_allocating(tmp_path):
+    cfg = sala_nano(vocab_size=2 ** 36)           # embeddings + lm_head alone: 2**36 x 256 x 2 x 4 B = 140 TB
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_hf_dict()))
+    r = salactl("run", "--model", str(tmp_path), "--random-weights", "--device", "cpu", "--prompt-ids", "1")
+    assert r.returncode == 11 and "GB available; use --dtype bf16" in r.stderr, r.stderr
+    assert r.stderr.strip().count("\n") == 0
 
 
 @pytest.mark.parametrize("n", ["0", "1"])
