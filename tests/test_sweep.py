@@ -130,6 +130,8 @@ def test_sweep_cli_end_to_end_and_resume(tmp_path):
     ({"kv_dtype": "fp8"}, UsageError, "supported today: bf16, fp8_e5m2, fp8_e4m3"),
     ({"topk": "2,x"}, UsageError, "comma-separated integers"),
     ({"window": "48", "random_weights": True}, ConfigError, "no valid point"),
+    ({"kv_dtype": "fp8_e4m3", "kl": False, "passkey": False, "requests": 1, "input_len": 8, "output_len": 2},
+     ConfigError, "no point could be measured .*needs calibrated k/v scales"),   # every point fails to build
 ])
 def test_sweep_rejects_unsupported_knobs(tmp_path, kw, err, message):
     with pytest.raises(err, match=message):

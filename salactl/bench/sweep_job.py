@@ -242,6 +242,8 @@ def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
         if progress:
             progress.end()
         _finish(run, s, out)
+    if not run.points:                   # every point failed to build (e.g. FP8 KV without scales)
+        raise ConfigError(f"no point could be measured ({run.invalid[-1]['reason']}); nothing was recorded")
     return run
 
 
