@@ -48,7 +48,7 @@ def main() -> None:
     torch.set_num_threads(max(1, torch.get_num_threads()))
 
     from salactl.data.corpus import corpus_text
-    from salactl.evaluation.passkey import run_passkey
+    from salactl.evaluation.passkey import passkey_trials, run_passkey
     from salactl.runtime.kv_fp8 import model_kv_scales
     from salactl.runtime.loader import load_model
     from salactl.runtime.tokenizer import find_tokenizer
@@ -74,7 +74,7 @@ def main() -> None:
     depths = [0.1, 0.3, 0.5, 0.7, 0.9]
     for name in ("bf16", "gptq", "rtn"):
         t = time.perf_counter()
-        rows = run_passkey(models[name].model, tok, lengths, depths, args.passkey_trials, seed=0)
+        rows = run_passkey(models[name].model, tok, passkey_trials(tok, lengths, depths, args.passkey_trials, 0))
         acc = sum(r["correct"] for r in rows) / sum(r["trials"] for r in rows)
         res["passkey"][name] = {"accuracy": acc, "rows": rows}
         log(f"passkey {name}: {acc:.3f} ({time.perf_counter() - t:.0f} s)")

@@ -121,7 +121,7 @@ def passkey(
 ) -> None:
     """Passkey retrieval accuracy (greedy) per context length and needle depth."""
     from salactl.env import environment
-    from salactl.evaluation.passkey import run_passkey
+    from salactl.evaluation.passkey import passkey_trials, run_passkey
 
     length_list = parse_list(lengths, int, "--lengths")
     depth_list = parse_list(depths, float, "--depths")
@@ -132,8 +132,9 @@ def passkey(
     if trials <= 0:
         raise UsageError(f"--trials must be positive, got {trials}")
     lm, tok = _load(model, device, dtype, tokenizer)
+    prompts = passkey_trials(tok, length_list, depth_list, trials, seed)
     with progress_bar("passkey") as update:
-        rows = run_passkey(lm.model, tok, length_list, depth_list, trials, seed, chunk_size, progress=update)
+        rows = run_passkey(lm.model, tok, prompts, chunk_size, progress=update)
     by_length = {}
     for n in length_list:
         mine = [r for r in rows if r["length"] == n]

@@ -42,6 +42,9 @@ def test_eval_passkey_json_and_errors():
     assert row["correct"] in (0, 1) and rec["accuracy_by_length"]["128"] == row["accuracy"]
     bad = salactl("eval", "passkey", "--depths", "1.5", "--device", "cpu")
     assert bad.returncode == 2 and "--depths" in bad.stderr and "Traceback" not in bad.stderr
+    short = salactl("eval", "passkey", "--lengths", "512,8", "--device", "cpu")
+    assert short.returncode == 2 and "too short" in short.stderr
+    assert len(short.stderr.strip().splitlines()) == 1, short.stderr   # no progress bar before the error
     missing = salactl("eval", "ppl", "--file", "/nonexistent.txt", "--device", "cpu")
     assert missing.returncode == 7 and "cannot read" in missing.stderr
 

@@ -78,9 +78,10 @@ def kl_prompt(tokenizer, length: int, vocab_size: int, seed: int) -> list[int]:
 
 
 def passkey_accuracy(model, tokenizer, lengths, depths, trials, seed, chunk_size) -> dict:
-    from salactl.evaluation.passkey import run_passkey
+    from salactl.evaluation.passkey import passkey_trials, run_passkey
 
-    rows = run_passkey(model, tokenizer, list(lengths), list(depths), trials, seed, chunk_size, None)
+    rows = run_passkey(model, tokenizer, passkey_trials(tokenizer, list(lengths), list(depths), trials, seed),
+                       chunk_size)
     correct = sum(r["correct"] for r in rows)
     total = sum(r["trials"] for r in rows)
     return {"passkey_accuracy": correct / total if total else None, "passkey_results": rows}

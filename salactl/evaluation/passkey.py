@@ -93,29 +93,35 @@ def _model_device(model):
     raise UsageError("the model has no parameters or buffers; cannot tell its device")
 
 
-def run_passkey(model, tokenizer, lengths: list[int], depths: list[float], trials: int, seed: int,
-                chunk_size: int = 512, progress: Callable[[int, int], None] | None = None) -> list[dict]:
-    """Greedy-decode the answer for `trials` prompts per (length, depth) through the runtime Engine;
-    a trial is correct when the first number generated equals the passkey."""
+def passkey_trials(tokenizer, lengths: list[int], depths: list[float], trials: int, seed: int) -> list[dict]:
+    """Every prompt of a passkey run, built before any generation so that a length too short for the
+    prompt is an error up front: one {length, depth, ids, key} per trial, in run order."""
+    if trials <= 0:
+        raise UsageError(f"--trials must be positive, got {trials}")
+    out = []
+    for length in lengths:
+        for depth in depths:
+            for trial in range(trials):
+                ids, key = make_passkey_prompt(tokenizer, length, depth, trial_rng(seed, length, depth, trial))
+                out.append({"length": length, "depth": depth, "ids": ids, "key": key})
+    return out
+
+
+def run_passkey(model, tokenizer, prompts: list[dict], chunk_size: int = 512,
+                progress: Callable[[int, int], None] | None = None) -> list[dict]:
+    """Greedy-decode the answer of every prompt of `passkey_trials` through the runtime Engine; a
+    trial is correct when the first number generated equals the passkey. One row per (length, depth)."""
     from salactl.runtime.engine import Engine
     from salactl.runtime.sampling import SamplingParams
 
-    if trials <= 0:
-        raise UsageError(f"--trials must be positive, got {trials}")
     engine = Engine(model, _model_device(model), chunk_size=chunk_size)
     params = SamplingParams(max_new_tokens=KEY_DIGITS + 3, temperature=0.0)
     eos = tuple(model.config.eos_token_id) + tuple(tokenizer.eos_ids)
-    total, done, results = len(lengths) * len(depths) * trials, 0, []
-    for length in lengths:
-        for depth in depths:
-            correct = 0
-            for trial in range(trials):
-                ids, key = make_passkey_prompt(tokenizer, length, depth, trial_rng(seed, length, depth, trial))
-                out = engine.generate(ids, params, eos_ids=eos).output_token_ids
-                correct += extract_answer(tokenizer.decode(out)) == key
-                done += 1
-                if progress:
-                    progress(done, total)
-            results.append({"length": length, "depth": depth, "trials": trials, "correct": correct,
-                            "accuracy": correct / trials})
-    return results
+    cells: dict[tuple[int, float], list[int]] = {}
+    for done, p in enumerate(prompts, 1):
+        out = engine.generate(p["ids"], params, eos_ids=eos).output_token_ids
+        cells.setdefault((p["length"], p["depth"]), []).append(extract_answer(tokenizer.decode(out)) == p["key"])
+        if progress:
+            progress(done, len(prompts))
+    return [{"length": n, "depth": d, "trials": len(ok), "correct": sum(ok), "accuracy": sum(ok) / len(ok)}
+            for (n, d), ok in cells.items()]
