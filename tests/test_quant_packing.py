@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from conftest import rel_err
+from conftest import gpu, rel_err
 from salactl.errors import QuantizationError
 from salactl.quant.linear import W4A16Linear
 from salactl.quant.packing import (default_g_idx, pack_qweight, pack_qzeros, symmetric_qzeros_word,
@@ -64,17 +64,19 @@ def test_dequant_matmul_equivalence(bits, G, rng):
 @pytest.mark.parametrize("dtype,G,bits,layout", [
     (torch.float32, 128, 4, "cpu_int4"), (torch.float32, -1, 4, "cpu_int4"), (torch.float16, 64, 4, "cpu_int4"),
     (torch.bfloat16, 128, 4, "cpu_int4"), (torch.bfloat16, 32, 4, "cpu_int4"), (torch.bfloat16, -1, 4, "cpu_int4"),
-    (torch.float32, 128, 8, "dequant"), (torch.float32, 16, 4, "dequant")])
-def test_w4a16_linear_cpu_layouts_match_reference(dtype, G, bits, layout, rng):
+    (torch.float32, 128, 8, "int8"), (torch.bfloat16, 64, 8, "int8"), (torch.float16, -1, 8, "int8"),
+    (torch.float32, 16, 4, "dequant")])
+@pytest.mark.parametrize("rows", [1, 21])       # int8: one op per group / dequantized once
+def test_w4a16_linear_cpu_layouts_match_reference(dtype, G, bits, layout, rows, rng):
     K, N = 256, 128
     codes, scales, t = _random_gptq(K, N, G, bits, rng)
     mod = W4A16Linear.from_gptq(t["qweight"], t["scales"], t["g_idx"], bits, G, "cpu", dtype)
     assert mod.layout == layout and mod.in_features == K and mod.out_features == N
-    x = torch.randn(3, 7, K, generator=rng).to(dtype)
+    x = torch.randn(rows, 1, K, generator=rng).to(dtype)
     ref = reference.w4a16_matmul(x.float(), t["qweight"], t["scales"], t["g_idx"], bits)
     y = mod(x)
-    assert y.shape == (3, 7, N) and y.dtype == dtype
-    exact = layout == "dequant"          # cpu_int4: bf16 activations and scales
+    assert y.shape == (rows, 1, N) and y.dtype == dtype
+    exact = layout == "dequant"          # cpu_int4 / int8: bf16 activations and scales
     assert rel_err(y.float(), ref) < (1e-6 if exact else 1e-2)
     assert rel_err(mod.dequantized_weight(), reference.dequantize(t["qweight"], t["scales"], t["g_idx"], bits)) \
         < (1e-6 if exact else 4e-3)
@@ -94,3 +96,18 @@ def test_w4a16_linear_act_order_g_idx_is_repacked(rng):
     x = torch.randn(4, K, generator=rng)
     ref = reference.w4a16_matmul(x, t["qweight"], t["scales"], t["g_idx"], 4)
     assert mod.perm is not None and rel_err(mod(x), ref) < 1e-2       # cpu_int4: bf16 activations
+
+
+@gpu
+@pytest.mark.parametrize("G", [128, -1])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_w8a16_linear_on_cuda_matches_reference(G, dtype, rng):
+    K, N = 512, 192
+    codes, scales, t = _random_gptq(K, N, G, 8, rng)
+    mod = W4A16Linear.from_gptq(t["qweight"], t["scales"], t["g_idx"], 8, G, "cuda", dtype)
+    assert mod.layout == "int8" and mod.qweight.dtype == torch.int8 and mod.qweight.is_cuda
+    for rows in (1, 33):
+        x = torch.randn(rows, K, generator=rng).to(dtype)
+        ref = reference.w4a16_matmul(x.float(), t["qweight"], t["scales"], t["g_idx"], 8)
+        y = mod(x.cuda())
+        assert y.dtype == dtype and rel_err(y.float().cpu(), ref) < 1e-2

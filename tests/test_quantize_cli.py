@@ -15,6 +15,7 @@ from conftest import rel_err
 from salactl.runtime.checkpoint import random_state_dict, save_checkpoint
 from salactl.runtime.loader import EMBEDDED_DIR, load_model
 from salactl.runtime.config import LIGHTNING, SPARSE
+from salactl.runtime.ops.w4a16 import reference
 from salactl.runtime.presets import sala_nano
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -212,7 +213,13 @@ def test_rtn_and_act_order_options(ckpt, tmp_path, capsys):
     assert torch.equal(t["model.layers.3.mlp.down_proj.g_idx"], torch.arange(256, dtype=torch.int32) // 32)
     assert bool((t["model.layers.3.mlp.down_proj.qzeros"] == 0x7F7F7F7F).all())
     lm = load_model(str(tmp_path / "a"), "cpu", "float32")
-    assert lm.model.model.layers[3].mlp.down_proj.bits == 8
+    down = lm.model.model.layers[3].mlp.down_proj
+    assert down.bits == 8 and down.layout == "int8"
+    want = reference.dequantize(t["model.layers.3.mlp.down_proj.qweight"], t["model.layers.3.mlp.down_proj.scales"],
+                                t["model.layers.3.mlp.down_proj.g_idx"], 8)
+    assert rel_err(down.dequantized_weight(), want) < 4e-3           # bf16 scales
+    x = torch.randn(2, 256, generator=torch.Generator().manual_seed(0))
+    assert rel_err(down(x), x @ want.t()) < 1e-2                     # bf16 activations
     code, stdout, err = run_cli(["quantize", "--model", ckpt, "--out", tmp_path / "r", "--method", "rtn",
                                  "--calib", "random", "--nsamples", 2, "--seqlen", 64, "--device", "cpu"], capsys)
     assert code == 0 and "RTN 4-bit g128" in stdout

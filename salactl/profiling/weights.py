@@ -1,5 +1,5 @@
 """--weights w4a16 for a bf16 model (random weights or a bf16 checkpoint): round-to-nearest
-symmetric 4-bit, group 128, through salactl.quant's own pieces (the same W4A16Linear a GPTQ
+symmetric 4-bit (8-bit for tests), group 128, through salactl.quant's own pieces (the same W4A16Linear a GPTQ
 checkpoint loads into), so the profiled step reads exactly the packed bytes of a real one."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from salactl.errors import UsageError
 
 
-def quantize_rtn_in_memory(model, config, group_size: int = 128):
+def quantize_rtn_in_memory(model, config, group_size: int = 128, bits: int = 4):
     try:
         from salactl.quant.linear import W4A16Linear
         from salactl.quant.packing import to_gptq_tensors
@@ -17,7 +17,7 @@ def quantize_rtn_in_memory(model, config, group_size: int = 128):
     except ImportError as e:
         raise UsageError(f"--weights w4a16 needs salactl.quant, which this build lacks ({e}); use "
                          "--weights bf16") from None
-    spec = QuantSpec(4, group_size)
+    spec = QuantSpec(bits, group_size)
     skipped = plan_skips(model, config, group_size)
     device = model.model.embed_tokens.weight.device
     dtype = model.model.embed_tokens.weight.dtype
@@ -28,8 +28,8 @@ def quantize_rtn_in_memory(model, config, group_size: int = 128):
                     continue
                 lin = layer.get_submodule(name)
                 q = rtn_quantize(lin.weight, spec)
-                t = to_gptq_tensors(q.codes, q.scales, q.g_idx, 4)
-                new = W4A16Linear.from_gptq(t["qweight"], t["scales"], t["g_idx"], 4, group_size, device,
+                t = to_gptq_tensors(q.codes, q.scales, q.g_idx, bits)
+                new = W4A16Linear.from_gptq(t["qweight"], t["scales"], t["g_idx"], bits, group_size, device,
                                             dtype, f"model.layers.{i}.{name}")
                 parent, _, attr = name.rpartition(".")
                 setattr(layer.get_submodule(parent) if parent else layer, attr, new)
