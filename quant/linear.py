@@ -4,7 +4,8 @@ The packed weights are *buffers* in the layout of the device's fast path, so the
 (which sums a module's parameters + buffers) counts exactly the bytes a forward reads:
 - "triton"   (CUDA, 4-bit, K % 128 == 0, N % 16 == 0): int32 [K/128, N/16, 256] in the MMA
               register order (runtime/ops/w4a16/layout.py `pack_tc`) + fp16 scales [groups, N];
-              our Triton kernels (runtime/ops/w4a16/triton.py `w4a16_linear`).
+              our Triton kernels (runtime/ops/w4a16/triton.py `w4a16_linear`), on bf16 activations
+              in a float32 model (the kernels take 16-bit activations, as on CPU below).
 - "cpu_int4" (CPU, 4-bit, groups 32/64/128/256 or per-channel with K % 128 == 0): torch's
               `_weight_int4pack_mm_for_cpu` (uint8 [N, K/2] + bf16 scales and zeros [groups, N, 2])
               on bf16 activations, whatever the model's dtype: fp32 and fp16 activations are
@@ -52,6 +53,11 @@ def _cpu_int4_available() -> bool:
         torch.ops.aten, "_convert_weight_to_int4pack_for_cpu")
 
 
+def _sixteen_bit(x: torch.Tensor) -> torch.Tensor:
+    """Activations for the Triton kernels, which take 16-bit ones: bf16 when the model is float32."""
+    return x.to(torch.bfloat16) if x.dtype == torch.float32 else x
+
+
 def _cpu_int8_available() -> bool:
     return hasattr(torch.ops.aten, "_weight_int8pack_mm")
 
@@ -64,7 +70,7 @@ def choose_layout(device: torch.device, bits: int, in_features: int, group_size:
     if bits != 4:
         return "dequant"
     if device.type == "cuda" and in_features % 128 == 0 and out_features % 16 == 0 \
-            and dtype in (torch.bfloat16, torch.float16) \
+            and dtype in _CPU_DTYPES \
             and (group_size == -1 or group_size % 128 == 0 or group_size in (16, 32, 64)) and _triton_available():
         return "triton"
     if device.type == "cpu" and dtype in _CPU_DTYPES and _cpu_int4_available():
@@ -183,8 +189,8 @@ class W4A16Linear(nn.Module):
             return silu_mul(self(x))
         from salactl.runtime.ops.w4a16.triton import w4a16_glu
 
-        y = w4a16_glu(self._rows(x), self.qweight.contiguous(), self.scales.contiguous(), self.group_size)
-        return y.reshape(*x.shape[:-1], self.out_features // 2)
+        y = w4a16_glu(_sixteen_bit(self._rows(x)), self.qweight.contiguous(), self.scales.contiguous(), self.group_size)
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features // 2)
 
     def _rows(self, x: torch.Tensor) -> torch.Tensor:
         """x as [rows, in_features], gathered by the act-order permutation when there is one."""
@@ -198,7 +204,8 @@ class W4A16Linear(nn.Module):
             from salactl.runtime.ops.w4a16.triton import w4a16_linear
 
             # .contiguous(): no copy, except for the views the GPU engine's fused projections leave
-            y = w4a16_linear(x2, self.qweight.contiguous(), self.scales.contiguous(), self.group_size)
+            y = w4a16_linear(_sixteen_bit(x2), self.qweight.contiguous(), self.scales.contiguous(),
+                             self.group_size).to(x.dtype)
         elif self.layout == "cpu_int4":
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(torch.bfloat16).contiguous(), self.qweight,
                                                             self.kernel_group, self.scales_and_zeros).to(x.dtype)

@@ -111,3 +111,17 @@ def test_w8a16_linear_on_cuda_matches_reference(G, dtype, rng):
         ref = reference.w4a16_matmul(x.float(), t["qweight"], t["scales"], t["g_idx"], 8)
         y = mod(x.cuda())
         assert y.dtype == dtype and rel_err(y.float().cpu(), ref) < 1e-2
+
+
+def test_layout_choice_by_device_bits_and_dtype(monkeypatch):
+    from salactl.quant import linear
+
+    monkeypatch.setattr(linear, "_triton_available", lambda: True)
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):       # float32: bf16 activations
+        assert linear.choose_layout(cuda, 4, 4096, 128, dtype, 4096) == "triton"
+        assert linear.choose_layout(cuda, 8, 4096, 128, dtype, 4096) == "int8"
+        assert linear.choose_layout(cpu, 8, 4096, 128, dtype, 4096) == "int8"
+    assert linear.choose_layout(cuda, 4, 4160, 128, torch.bfloat16, 4096) == "dequant"     # K % 128
+    assert linear.choose_layout(cuda, 4, 4096, 128, torch.bfloat16, 4104) == "dequant"     # N % 16
+    assert linear.choose_layout(cpu, 4, 4096, 16, torch.float32, 4096) == "dequant"        # torch's int4 groups

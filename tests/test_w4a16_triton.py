@@ -178,7 +178,8 @@ def test_tensor_core_layout_rejects_bad_shapes():
 @needs_triton
 @pytest.mark.parametrize("G", [128, 64, -1])
 @pytest.mark.parametrize("M", [1, 2, 8, 33, 600])
-def test_w4a16_linear_on_cuda_matches_reference(G, M):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])      # float32: bf16 activations
+def test_w4a16_linear_on_cuda_matches_reference(G, M, dtype):
     from salactl.quant.linear import W4A16Linear
     from salactl.quant.packing import default_g_idx, to_gptq_tensors
     from salactl.runtime.ops.w4a16 import reference
@@ -188,12 +189,15 @@ def test_w4a16_linear_on_cuda_matches_reference(G, M):
     codes = torch.randint(0, 16, (N, K), generator=gen)
     scales = (torch.rand(1 if G == -1 else K // G, N, generator=gen) * 0.01 + 0.001).half()
     t = to_gptq_tensors(codes, scales, default_g_idx(K, G), 4)
-    mod = W4A16Linear.from_gptq(t["qweight"], t["scales"], t["g_idx"], 4, G, "cuda", torch.bfloat16)
+    mod = W4A16Linear.from_gptq(t["qweight"], t["scales"], t["g_idx"], 4, G, "cuda", dtype)
     assert mod.layout == "triton"
-    x = torch.randn(M, K, generator=gen).bfloat16()
+    x = torch.randn(M, K, generator=gen).to(dtype)
     ref = reference.w4a16_matmul(x.float(), t["qweight"], t["scales"], t["g_idx"], 4)
     y = mod(x.cuda())
-    assert torch.isfinite(y).all()
+    assert torch.isfinite(y).all() and y.dtype == dtype
+    if dtype == torch.float32:
+        assert rel_err(mod.forward_glu(x.cuda()).float().cpu(),
+                       torch.nn.functional.silu(ref[:, :N // 2]) * ref[:, N // 2:]) < 2e-2
     assert rel_err(y.float().cpu(), ref) < 1e-2
 
 
