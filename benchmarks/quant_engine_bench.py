@@ -13,6 +13,7 @@ breakdown of the CUDA-graph replay).
 3. decode: sala-9b random weights, b1/b8 at 4K: bf16 engine, then the same model quantized
    W4A16 in memory (the modules a GPTQ checkpoint loads into); speedup of graph replays and a
    torch.profiler table of the kernels inside one replay (GPU time per step by kernel).
+   `--bits 8` quantizes to W8A16 instead (runtime/ops/w8a16).
    `--w4a16-variants "label:fields;label2:fields"` then times the W4A16 engine again per variant,
    with `fields` (spec text, e.g. `ew=-1`) appended to every W4A16 dispatch-table entry and
    SALACTL_NAME=VALUE fields set in the environment (e.g. `nopdl:SALACTL_PDL=0`), in two
@@ -220,7 +221,7 @@ def table_variant(fields: str):
 
 
 @G.section("decode")
-def decode(ceil, variants=()):
+def decode(ceil, variants=(), bits=4):
     from salactl.profiling.weights import quantize_rtn_in_memory
     from salactl.runtime.loader import load_model
 
@@ -236,11 +237,12 @@ def decode(ceil, variants=()):
         out["bf16_gemv"] = engine_decode(model, ceil, "bf16 + batch-1 GEMV")
         out["gemv_shapes"] = sorted(enabled)
     t0 = time.perf_counter()
-    model = quantize_rtn_in_memory(model, lm.config)
+    model = quantize_rtn_in_memory(model, lm.config, bits=bits)
     out["quantize_in_memory_s"] = time.perf_counter() - t0
     gc.collect()
     torch.cuda.empty_cache()
-    out["w4a16"] = engine_decode(model, ceil, "w4a16")
+    q = f"w{bits}a16"
+    out[q] = engine_decode(model, ceil, q)
     if variants:
         out["variants"] = {}
         for rnd in (1, 2):
@@ -249,8 +251,8 @@ def decode(ceil, variants=()):
                     r = engine_decode(model, ceil, f"w4a16 {label} (round {rnd})", breakdown=False)
                 out["variants"].setdefault(label, []).append({n: r[n]["replay_ms"] for n in ("b1", "b8") if n in r})
     for n in ("b1", "b8"):
-        if "replay_ms" in out["bf16"].get(n, {}) and "replay_ms" in out["w4a16"].get(n, {}):
-            out[f"speedup_{n}"] = out["bf16"][n]["replay_ms"] / out["w4a16"][n]["replay_ms"]
+        if "replay_ms" in out["bf16"].get(n, {}) and "replay_ms" in out[q].get(n, {}):
+            out[f"speedup_{n}"] = out["bf16"][n]["replay_ms"] / out[q][n]["replay_ms"]
     return out
 
 
@@ -271,7 +273,7 @@ def table():
         if isinstance(r, dict) and "best_us" in r:
             lines.append(f"| batch-1 GEMV {name}: cuBLAS / ours | {r['cublas_us']:.1f} / {r['best_us']:.1f} us = "
                          f"{r['speedup']:.2f}x ({r['cublas_gb_s']:.0f} / {r['gb_s']:.0f} GB/s, {r['best']}) | |")
-    for w in ("bf16", "bf16_gemv", "w4a16"):
+    for w in ("bf16", "bf16_gemv", "w4a16", "w8a16"):
         for n in ("b1", "b8"):
             x = d.get(w, {}).get(n, {})
             if "replay_ms" in x:
@@ -282,12 +284,13 @@ def table():
         lines.append(f"| W4A16 table variant {label} (ms, two rounds) | {cells} | |")
     for n in ("b1", "b8"):
         if f"speedup_{n}" in d:
-            lines.append(f"| W4A16 / bf16 decode {n} | {d[f'speedup_{n}']:.2f}x | >= 2.6x (b1) |")
+            q = "W8A16" if "w8a16" in d else "W4A16"
+            lines.append(f"| {q} / bf16 decode {n} | {d[f'speedup_{n}']:.2f}x | >= 2.6x (b1, W4A16) |")
     for name, r in RESULTS.items():
         if isinstance(r, dict) and "error" in r:
             lines.append(f"| {name} | ERROR {r['error'][:80]} | |")
     print("\n".join(lines))
-    for w in ("bf16", "w4a16"):
+    for w in ("bf16", "w4a16", "w8a16"):
         k = d.get(w, {}).get("b1", {}).get("kernels")
         if k:
             print(f"\n{w} b1 4K: {k['kernels_per_step']} kernels, {k['kernel_us_per_step']:.0f} us GPU time per step")
@@ -301,6 +304,8 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--w4a16-variants", default="",
                     help="'label:fields;...': W4A16 engine decode again with fields appended to every table spec")
+    ap.add_argument("--bits", type=int, choices=(4, 8), default=4,
+                    help="decode: quantize the 9B to W4A16 (default) or W8A16 (RTN g128)")
     args = ap.parse_args()
     variants = parse_variants(args.w4a16_variants)
     if args.out:
@@ -316,7 +321,7 @@ def main():
         from salactl.runtime.presets import sala_9b
         fp8_attention(sala_9b())
     if "decode" in only:
-        decode(ceil, variants)
+        decode(ceil, variants, args.bits)
     G.save()
     table()
 

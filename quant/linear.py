@@ -18,9 +18,9 @@ The packed weights are *buffers* in the layout of the device's fast path, so the
               fp32; above, the weight dequantized to bf16 once per call and one bf16 matmul, because
               that op is not blocked for many rows (768x2048, group 128: 1 row 0.12 ms against fp32
               dense 0.11 and the per-call fp32 dequantization 2.5; 512 rows 24 ms against 1.3
-              dequantized). On CUDA (fp16 scales) the weight is dequantized to the activations'
-              dtype on every call and multiplied by cuBLAS: correct and 8-bit in memory, not a fast
-              kernel (ours are 4-bit).
+              dequantized). On CUDA (fp16 scales) up to 64 rows our Triton W8A16 kernel
+              (runtime/ops/w8a16/triton.py, 16-bit activations), above it the weight dequantized to
+              the activations' dtype and cuBLAS.
 - "dequant"  (everything else): GPTQ v1 tensors, dequantized on every call by the plain reference.
 Act-order checkpoints (g_idx not k // group) are repacked in sorted-group order at load time and
 carry a `perm` buffer that gathers the activations.
@@ -165,8 +165,17 @@ class W4A16Linear(nn.Module):
         return w.transpose(0, 1).reshape(self.out_features, self.in_features)
 
     def _int8_forward(self, x2: torch.Tensor) -> torch.Tensor:
-        if x2.device.type != "cpu":
-            return x2 @ self._int8_weight(x2.dtype).t()
+        if x2.device.type == "cpu":
+            return self._int8_forward_cpu(x2)
+        if _triton_available():
+            from salactl.runtime.ops.w4a16.triton import sm_count
+            from salactl.runtime.ops.w8a16.triton import MAX_ROWS, w8a16_linear
+
+            if x2.shape[0] <= MAX_ROWS:
+                return w8a16_linear(_sixteen_bit(x2).contiguous(), self.qweight, self.scales, sm_count(x2.device))
+        return x2 @ self._int8_weight(x2.dtype).t()
+
+    def _int8_forward_cpu(self, x2: torch.Tensor) -> torch.Tensor:
         xb = x2.to(torch.bfloat16)
         if xb.shape[0] > CPU_INT8_GEMV_ROWS:
             return xb @ self._int8_weight(torch.bfloat16).t()

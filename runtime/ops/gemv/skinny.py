@@ -49,16 +49,21 @@ def block_m(m: int) -> int:
 
 
 @triton.jit
+def skinny_tile(M, N, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """A program's (row tile, split) of a split-K skinny GEMM over grid (N tiles, splits): its
+    output rows rn, activation rows rm, step columns rk and the row masks."""
+    rn = tl.program_id(0) * BN + tl.arange(0, BN)
+    rm = tl.arange(0, BM)
+    return rn, rm, tl.arange(0, BK), rn < N, rm < M
+
+
+@triton.jit
 def _skinny_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_wn, stride_ym, split_k,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr = False):
     pdl_wait(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    rn = pid_n * BN + tl.arange(0, BN)
-    rm = tl.arange(0, BM)
-    rk = tl.arange(0, BK)
-    nmask = rn < N
-    mmask = rm < M
+    rn, rm, rk, nmask, mmask = skinny_tile(M, N, BM, BN, BK)
     per = tl.cdiv(tl.cdiv(K, BK), split_k) * BK
     k_lo = pid_k * per
     k_hi = tl.minimum(k_lo + per, K)

@@ -1,0 +1,103 @@
+"""W8A16 linear (8-bit symmetric GPTQ, group 128) against bf16 cuBLAS on the 9B's projection shapes.
+
+For each shape and row count: checks our Triton kernel (runtime/ops/w8a16/triton.py) and every
+`--configs` variant against the fp32 product of the dequantized weight, then times bf16 cuBLAS, the
+kernel, the variants and the per-call dequantization + cuBLAS (the path above 64 rows) as CUDA-graph
+replays over rotating weight copies (> 200 MB, so no call finds its weight in L2). Prints a table.
+
+    cd benchmarks && python w8a16_bench.py --batches 1,8,32 --configs "bn=32,pps=4;stages=6"
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+
+import torch
+
+from timing import graph_time_us
+from w4a16_bench import GROUP, ROTATE_BYTES, SHAPES, copy_bandwidth, n_calls, rel_err
+
+from salactl.runtime.ops.w8a16.triton import DEFAULT, W8Config, w8a16_linear
+
+MAX_ERR = 1e-2
+_KEYS = {"bn": "block_n", "bk": "block_k", "w": "warps", "stages": "stages", "pps": "programs_per_sm"}
+
+
+def parse_config(spec: str) -> W8Config:
+    """'bn=32,pps=4' -> DEFAULT with those fields replaced."""
+    fields = {}
+    for item in filter(None, spec.replace(" ", "").split(",")):
+        key, _, value = item.partition("=")
+        if key not in _KEYS:
+            sys.exit(f"config {spec!r}: unknown key {key!r} (known: {', '.join(_KEYS)})")
+        fields[_KEYS[key]] = int(value)
+    return dataclasses.replace(DEFAULT, **fields)
+
+
+def bench_shape(name, N, K, batches, configs, gen, sms, log) -> list[dict]:
+    codes = torch.randint(-128, 128, (K // GROUP, N, GROUP), device="cuda", generator=gen, dtype=torch.int8)
+    s = (torch.rand(K // GROUP, N, device="cuda", generator=gen) * 2e-3 + 1e-3).half()
+    w_ref = (codes.float() * s.float()[:, :, None]).transpose(0, 1).reshape(N, K)      # [N, K] fp32
+    w_bf16 = w_ref.bfloat16()
+    nbytes = codes.numel() + s.numel() * 2
+    copies = [(codes.clone(), s.clone()) for _ in range(max(1, math.ceil(ROTATE_BYTES / nbytes)))]
+    rows = []
+    for M in batches:
+        x = torch.randn(M, K, device="cuda", generator=gen).bfloat16()
+        ref = x.float() @ w_ref.t()
+        row = {"shape": name, "N": N, "K": K, "M": M}
+        ok = {}
+        for label, cfg in [("default", DEFAULT)] + configs:
+            errs = [rel_err(w8a16_linear(x, codes, s, sms, cfg), ref) for _ in range(2)]   # 2nd: ticket reset
+            if max(errs) > MAX_ERR:
+                log(f"  {name} M={M} {label}: WRONG rel err {max(errs):.3g}")
+            else:
+                ok[label] = cfg
+        calls = n_calls(N * K * 2, M)
+        bw = [w_bf16.clone() for _ in range(min(calls, max(1, math.ceil(ROTATE_BYTES / (N * K * 2)))))]
+        row["bf16_us"] = graph_time_us([lambda i=i: torch.nn.functional.linear(x, bw[i % len(bw)])
+                                        for i in range(calls)])
+        bw.clear()
+        calls = n_calls(nbytes, M)
+        for label, cfg in ok.items():
+            row[label] = graph_time_us([lambda i=i, c=cfg: w8a16_linear(x, *copies[i % len(copies)], sms, c)
+                                        for i in range(calls)])
+        row["dequant_us"] = graph_time_us(
+            [lambda i=i: x @ (copies[i % len(copies)][0].bfloat16() * copies[i % len(copies)][1].bfloat16()[:, :, None])
+             .transpose(0, 1).reshape(N, K).t() for i in range(min(calls, 16))])
+        row["bytes"] = nbytes
+        rows.append(row)
+        log(f"{name} M={M}: bf16 {row['bf16_us']:.2f} us, W8A16 {row.get('default', float('nan')):.2f} us")
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", default="0,2,3,4,5", help="indices into w4a16_bench.SHAPES")
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--configs", default="", help="';'-separated variants, e.g. 'bn=32,pps=4;stages=6'")
+    args = ap.parse_args()
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    configs = [(spec, parse_config(spec)) for spec in filter(None, args.configs.split(";"))]
+    bw = copy_bandwidth()
+    rows = []
+    for i in args.shapes.split(","):
+        name, N, K = SHAPES[int(i)]
+        rows += bench_shape(name, N, K, [int(m) for m in args.batches.split(",")], configs, gen, sms, log)
+    labels = ["default"] + [c for c, _ in configs]
+    print(f"{torch.cuda.get_device_name(0)}, copy {bw:.0f} GB/s; us per call, x = bf16 / ours")
+    print("| shape | M | bf16 | dequant+cuBLAS | " + " | ".join(labels) + " | read floor |")
+    print("|---|---|---|---|" + "---|" * len(labels) + "---|")
+    for r in rows:
+        cells = [f"{r[c]:.2f} ({r['bf16_us'] / r[c]:.2f}x)" if c in r else "wrong" for c in labels]
+        print(f"| {r['shape']} | {r['M']} | {r['bf16_us']:.2f} | {r['dequant_us']:.2f} | " + " | ".join(cells)
+              + f" | {r['bytes'] / bw / 1e3:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
