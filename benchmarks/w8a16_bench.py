@@ -23,7 +23,8 @@ from w4a16_bench import GROUP, ROTATE_BYTES, SHAPES, copy_bandwidth, n_calls, re
 from salactl.runtime.ops.w8a16.triton import DEFAULT, W8Config, w8a16_linear
 
 MAX_ERR = 1e-2
-_KEYS = {"bn": "block_n", "bk": "block_k", "w": "warps", "stages": "stages", "pps": "programs_per_sm"}
+_KEYS = {"bn": "block_n", "bk": "block_k", "w": "warps", "stages": "stages", "pps": "programs_per_sm",
+         "magic": "magic"}
 
 
 def parse_config(spec: str) -> W8Config:

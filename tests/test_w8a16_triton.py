@@ -12,6 +12,7 @@ import torch
 from salactl.quant.linear import W4A16Linear
 from salactl.quant.packing import default_g_idx, to_gptq_tensors
 from salactl.runtime.ops.w4a16 import reference
+import dataclasses
 from salactl.runtime.ops.w8a16.triton import DEFAULT, w8a16_linear
 
 def check(K, N, G, M, dtype, sms, device):
@@ -23,11 +24,12 @@ def check(K, N, G, M, dtype, sms, device):
     qweight = mod.qweight.to(device)              # the int8 layout [groups, N, group], codes - 128
     x = torch.randn(M, K, generator=gen).to(dtype)
     ref = reference.w4a16_matmul(x.float(), t["qweight"], t["scales"], t["g_idx"], 8)
-    for _ in range(2):                            # the second call checks the split-K tickets were reset
-        y = w8a16_linear(x.to(device), qweight, scales.to(device), sms)
-        assert y.dtype == dtype and y.shape == (M, N)
-        err = float((y.float().cpu() - ref).norm() / ref.norm())
-        assert err < 5e-3, (K, N, G, M, dtype, sms, err)
+    for cfg in (DEFAULT, dataclasses.replace(DEFAULT, magic=1 - DEFAULT.magic)):
+        for _ in range(2):                        # the second call checks the split-K tickets were reset
+            y = w8a16_linear(x.to(device), qweight, scales.to(device), sms, cfg)
+            assert y.dtype == dtype and y.shape == (M, N)
+            err = float((y.float().cpu() - ref).norm() / ref.norm())
+            assert err < 5e-3, (K, N, G, M, dtype, sms, cfg, err)
     return DEFAULT.split(N, K, K if G == -1 else G, sms)
 
 def run(device, cases):

@@ -8,8 +8,9 @@ as int8 [groups, N, group] with scales [groups, N]: each program owns BN output 
 (or 1/SPLIT of it) in BK-column steps inside one group, multiplying the converted codes
 W[BN, BK]·xᵀ[BK, BM] on tensor cores (int8 values are exact in bf16/fp16) and scaling each step's
 fp32 product by its group's scales. Splits are summed by the last split of a row tile
-(runtime/ops/split_k.py). Under the Triton interpreter (CPU tests) the product runs in fp32: its
-int-to-bf16 conversion is wrong there (int8 1 -> 260096 in Triton 3.6). Floor: N·K bytes + scales; 4096x4096 = 16.8 MB = 4.0 µs at 4.2 TB/s.
+(runtime/ops/split_k.py). Under the Triton interpreter (CPU tests) the converting variant
+(magic=0) multiplies in fp32: its int-to-bf16 conversion is wrong there (int8 1 -> 260096 in
+Triton 3.6). Floor: N·K bytes + scales; 4096x4096 = 16.8 MB = 4.0 µs at 4.2 TB/s.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ from salactl.runtime.ops.pdl import launch_args, pdl_wait
 from salactl.runtime.ops.split_k import split_counters, store_split_k
 
 MAX_ROWS = 64
+# bf16 activations enter the fp16 product times 2^-8 (and the result is scaled back): fp16's
+# range then covers |x| up to 2^24, and what falls below its normal range is < 2^-16 in absolute
+# terms, far under the bf16 rounding of the activations themselves.
+BF16_X_SCALE = 2.0 ** -8
 
 
 @dataclass(frozen=True)
@@ -36,7 +41,8 @@ class W8Config:
     block_k: int = 128
     warps: int = 4
     stages: int = 4
-    programs_per_sm: int = 3
+    programs_per_sm: int = 4
+    magic: int = 1          # 1: codes to fp16 by the exponent trick (see the kernel), 0: converted
 
     def step(self, group: int) -> int:
         return min(self.block_k, group)
@@ -53,7 +59,7 @@ DEFAULT = W8Config()
 @triton.jit
 def _w8a16_kernel(x_ptr, q_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, GS, stride_xm, stride_ym, split_k,
                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, F32_DOT: tl.constexpr,
-                  PDL: tl.constexpr = False):
+                  MAGIC: tl.constexpr, XS: tl.constexpr, PDL: tl.constexpr = False):
     pdl_wait(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -68,11 +74,19 @@ def _w8a16_kernel(x_ptr, q_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, GS, stri
         q = tl.load(q_ptr + (g * N + rn[:, None]).to(tl.int64) * GS + (k0 - g * GS) + rk[None, :],
                     mask=nmask[:, None], other=0)
         xt = tl.load(x_ptr + rm[None, :] * stride_xm + (k0 + rk)[:, None], mask=mmask[None, :], other=0.0)
-        if F32_DOT:
+        if MAGIC:
+            # the byte under fp16's exponent of 1024: 0x6400 | (q + 128) = 1152 + q exactly, one
+            # integer op instead of a quarter-rate int-to-float convert; x enters as fp16 times XS
+            w16 = ((q.to(tl.int16) & 0xFF) ^ 0x6480).to(tl.float16, bitcast=True)
+            x16 = (xt.to(tl.float32) * XS).to(tl.float16)
+            part = tl.dot(w16, x16) - 1152.0 * tl.sum(x16.to(tl.float32), 0)[None, :]
+        elif F32_DOT:
             part = tl.dot(q.to(tl.float32), xt.to(tl.float32))
         else:
             part = tl.dot(q.to(xt.dtype), xt)
         scale = tl.load(s_ptr + g * N + rn, mask=nmask, other=0.0).to(tl.float32)
+        if MAGIC:
+            scale = scale * (1.0 / XS)
         acc += part * scale[:, None]
     store_split_k(acc, y_ptr, ws_ptr, cnt_ptr, pid_n, pid_k, split_k, rm, rn, nmask[:, None] & mmask[None, :],
                   M, N, stride_ym, 1)
@@ -93,6 +107,7 @@ def w8a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, s
     grid = (triton.cdiv(N, config.block_n), split)
     cnt = split_counters(x.device, grid[0])
     _w8a16_kernel[grid](x, qweight, scales.contiguous(), y, ws, cnt, M, N, K, gs, x.stride(0), y.stride(0), split,
-                        BM=block_m(M), BN=config.block_n, BK=bk, F32_DOT=os.environ.get("TRITON_INTERPRET") == "1",
+                        BM=block_m(M), BN=config.block_n, BK=bk, F32_DOT=not config.magic and os.environ.get("TRITON_INTERPRET") == "1",
+                        MAGIC=bool(config.magic), XS=BF16_X_SCALE if x.dtype == torch.bfloat16 else 1.0,
                         num_warps=config.warps, num_stages=config.stages, **launch_args(x.device))
     return y
