@@ -39,7 +39,7 @@ def run(device, cases):
 """
 
 # K, N, group, rows, dtype, SMs (the split count follows from N and the SMs)
-_CPU_CASES = [(256, 192, 128, 1, torch.bfloat16, 1), (256, 64, 64, 5, torch.float16, 8),
+_CPU_CASES = [(256, 256, 128, 1, torch.bfloat16, 1), (256, 64, 64, 5, torch.float16, 8),
               (384, 48, 32, 3, torch.bfloat16, 4), (512, 80, -1, 17, torch.bfloat16, 2)]
 _GPU_CASES = [(4096, 4096, 128, 1, torch.bfloat16, 132), (4096, 4096, 128, 8, torch.float16, 132),
               (4096, 16384, 128, 1, torch.bfloat16, 132), (1024, 320, 32, 33, torch.bfloat16, 132),
