@@ -20,22 +20,22 @@ import torch
 from timing import graph_time_us
 from w4a16_bench import GROUP, ROTATE_BYTES, SHAPES, copy_bandwidth, n_calls, rel_err
 
-from salactl.runtime.ops.w8a16.triton import DEFAULT, W8Config, w8a16_linear
+from salactl.runtime.ops.w8a16.triton import DEFAULT, DEFAULT_GEMV, W8Config, w8a16_linear
 
 MAX_ERR = 1e-2
 _KEYS = {"bn": "block_n", "bk": "block_k", "w": "warps", "stages": "stages", "pps": "programs_per_sm",
-         "magic": "magic"}
+         "gemv": "gemv"}
 
 
-def parse_config(spec: str) -> W8Config:
-    """'bn=32,pps=4' -> DEFAULT with those fields replaced."""
+def parse_config(spec: str, rows: int) -> W8Config:
+    """'bn=32,pps=4' -> the dispatch's default for `rows` with those fields replaced."""
     fields = {}
     for item in filter(None, spec.replace(" ", "").split(",")):
         key, _, value = item.partition("=")
         if key not in _KEYS:
             sys.exit(f"config {spec!r}: unknown key {key!r} (known: {', '.join(_KEYS)})")
         fields[_KEYS[key]] = int(value)
-    return dataclasses.replace(DEFAULT, **fields)
+    return dataclasses.replace(DEFAULT_GEMV if rows == 1 else DEFAULT, **fields)
 
 
 def bench_shape(name, N, K, batches, configs, gen, sms, log) -> list[dict]:
@@ -51,7 +51,7 @@ def bench_shape(name, N, K, batches, configs, gen, sms, log) -> list[dict]:
         ref = x.float() @ w_ref.t()
         row = {"shape": name, "N": N, "K": K, "M": M}
         ok = {}
-        for label, cfg in [("default", DEFAULT)] + configs:
+        for label, cfg in [("default", None)] + [(c, parse_config(c, M)) for c in configs]:
             errs = [rel_err(w8a16_linear(x, codes, s, sms, cfg), ref) for _ in range(2)]   # 2nd: ticket reset
             if max(errs) > MAX_ERR:
                 log(f"  {name} M={M} {label}: WRONG rel err {max(errs):.3g}")
@@ -84,13 +84,15 @@ def main() -> None:
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     gen = torch.Generator(device="cuda").manual_seed(0)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    configs = [(spec, parse_config(spec)) for spec in filter(None, args.configs.split(";"))]
+    configs = list(filter(None, args.configs.split(";")))
+    for spec in configs:
+        parse_config(spec, 1)                   # a bad spec stops here, before any GPU work
     bw = copy_bandwidth()
     rows = []
     for i in args.shapes.split(","):
         name, N, K = SHAPES[int(i)]
         rows += bench_shape(name, N, K, [int(m) for m in args.batches.split(",")], configs, gen, sms, log)
-    labels = ["default"] + [c for c, _ in configs]
+    labels = ["default"] + configs
     print(f"{torch.cuda.get_device_name(0)}, copy {bw:.0f} GB/s; us per call, x = bf16 / ours")
     print("| shape | M | bf16 | dequant+cuBLAS | " + " | ".join(labels) + " | read floor |")
     print("|---|---|---|---|" + "---|" * len(labels) + "---|")

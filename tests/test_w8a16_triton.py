@@ -12,8 +12,7 @@ import torch
 from salactl.quant.linear import W4A16Linear
 from salactl.quant.packing import default_g_idx, to_gptq_tensors
 from salactl.runtime.ops.w4a16 import reference
-import dataclasses
-from salactl.runtime.ops.w8a16.triton import DEFAULT, w8a16_linear
+from salactl.runtime.ops.w8a16.triton import DEFAULT, DEFAULT_GEMV, W8Config, w8a16_linear
 
 def check(K, N, G, M, dtype, sms, device):
     gen = torch.Generator().manual_seed(K + N + M)
@@ -24,23 +23,27 @@ def check(K, N, G, M, dtype, sms, device):
     qweight = mod.qweight.to(device)              # the int8 layout [groups, N, group], codes - 128
     x = torch.randn(M, K, generator=gen).to(dtype)
     ref = reference.w4a16_matmul(x.float(), t["qweight"], t["scales"], t["g_idx"], 8)
-    for cfg in (DEFAULT, dataclasses.replace(DEFAULT, magic=1 - DEFAULT.magic)):
+    splits = set()
+    for cfg in (None, W8Config(gemv=0)):         # the dispatch's kernel; one row on tensor cores too
         for _ in range(2):                        # the second call checks the split-K tickets were reset
             y = w8a16_linear(x.to(device), qweight, scales.to(device), sms, cfg)
             assert y.dtype == dtype and y.shape == (M, N)
             err = float((y.float().cpu() - ref).norm() / ref.norm())
             assert err < 5e-3, (K, N, G, M, dtype, sms, cfg, err)
-    return DEFAULT.split(N, K, K if G == -1 else G, sms)
+        splits.add((cfg or (DEFAULT_GEMV if M == 1 else DEFAULT)).split(N, K, K if G == -1 else G, sms))
+    return splits
 
 def run(device, cases):
-    splits = {check(*c, device) for c in cases}
+    splits = set().union(*(check(*c, device) for c in cases))
     assert 1 in splits and max(splits) > 2, splits     # unsplit and split-K launches both checked
     print("ok")
+
 """
 
 # K, N, group, rows, dtype, SMs (the split count follows from N and the SMs)
 _CPU_CASES = [(256, 256, 128, 1, torch.bfloat16, 1), (256, 64, 64, 5, torch.float16, 8),
-              (384, 48, 32, 3, torch.bfloat16, 4), (512, 80, -1, 17, torch.bfloat16, 2)]
+              (384, 48, 32, 3, torch.bfloat16, 4), (512, 80, -1, 17, torch.bfloat16, 2),
+              (512, 64, 128, 1, torch.float16, 4)]
 _GPU_CASES = [(4096, 4096, 128, 1, torch.bfloat16, 132), (4096, 4096, 128, 8, torch.float16, 132),
               (4096, 16384, 128, 1, torch.bfloat16, 132), (1024, 320, 32, 33, torch.bfloat16, 132),
               (2048, 192, -1, 64, torch.bfloat16, 132), (1024, 8192, 64, 2, torch.float16, 1)]
