@@ -172,7 +172,9 @@ class W4A16Linear(nn.Module):
             from salactl.runtime.ops.w8a16.triton import MAX_ROWS, w8a16_linear
 
             if x2.shape[0] <= MAX_ROWS:
-                return w8a16_linear(_sixteen_bit(x2).contiguous(), self.qweight, self.scales, sm_count(x2.device))
+                # .contiguous(): no copy, except for the views the GPU engine's fused projections leave
+                return w8a16_linear(_sixteen_bit(x2).contiguous(), self.qweight.contiguous(), self.scales,
+                                    sm_count(x2.device))
         return x2 @ self._int8_weight(x2.dtype).t()
 
     def _int8_forward_cpu(self, x2: torch.Tensor) -> torch.Tensor:
@@ -191,11 +193,16 @@ class W4A16Linear(nn.Module):
         """silu(gate)·up for a module whose output rows are [gate | up] (the GPU engine's fused MLP
         projection): on the Triton layout one GEMM with the product in its epilogue where the
         dispatch allows it (runtime/ops/w4a16/triton.py `w4a16_glu`); elsewhere the forward, then
-        silu·mul."""
+        silu·mul (the fused kernel on CUDA)."""
         if self.layout != "triton":
-            from salactl.runtime.ops.fused.reference import silu_mul
+            if not (x.is_cuda and _triton_available()):
+                from salactl.runtime.ops.fused.reference import silu_mul
 
-            return silu_mul(self(x))
+                return silu_mul(self(x))
+            from salactl.runtime.ops.fused.triton import silu_mul
+
+            y = silu_mul(self(x).reshape(-1, self.out_features))
+            return y.reshape(*x.shape[:-1], self.out_features // 2)
         from salactl.runtime.ops.w4a16.triton import w4a16_glu
 
         y = w4a16_glu(_sixteen_bit(self._rows(x)), self.qweight.contiguous(), self.scales.contiguous(), self.group_size)
