@@ -26,7 +26,8 @@ from salactl.runtime.config import SalaConfig
 
 KV_DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "auto": 2,
                   "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8": 1}
-WEIGHT_DTYPES = ("bf16", "w4a16")
+WEIGHT_DTYPES = ("bf16", "w4a16", "w8a16")
+_WEIGHT_BITS = {"w4a16": 4, "w8a16": 8}
 COMPRESSED_KEY_MODES = ("k1", "k1k2")
 K2_FACTOR = 4                       # K2 kernel and stride are 4x K1's (hard-coded in HF/SGLang)
 CUDA_CONTEXT_ESTIMATE = 512 << 20   # driver + cuBLAS/cuDNN handles + allocator slack (estimate)
@@ -70,10 +71,11 @@ def _marlin_ok(n_out: int, k_in: int, group: int) -> bool:
     return n_out % 64 == 0 and k_in % 128 == 0 and k_in % g == 0
 
 
-def w4a16_linear_bytes(k_in: int, n_out: int, group: int = 128, scale_bytes: int = 2) -> dict:
-    """GPTQ v1 tensors of one Linear (reference/quantization.md §2)."""
+def gptq_linear_bytes(k_in: int, n_out: int, group: int = 128, scale_bytes: int = 2, bits: int = 4) -> dict:
+    """GPTQ v1 tensors of one Linear (reference/quantization.md §2): 32 // bits values per int32."""
     groups = 1 if group == -1 else math.ceil(k_in / group)
-    return {"qweight": k_in // 8 * n_out * 4, "qzeros": groups * (n_out // 8) * 4,
+    per_word = 32 // bits
+    return {"qweight": k_in // per_word * n_out * 4, "qzeros": groups * (n_out // per_word) * 4,
             "scales": groups * n_out * scale_bytes, "g_idx": k_in * 4}
 
 
@@ -101,11 +103,11 @@ def weight_bytes(config: SalaConfig, weights: str = "bf16", group_size: int = 12
         quantizable = (name.startswith("model.layers.") and len(shape) == 2
                        and _marlin_ok(shape[0], shape[1], group_size))
         if quantizable:
-            for k, v in w4a16_linear_bytes(shape[1], shape[0], group_size, act_bytes).items():
+            for k, v in gptq_linear_bytes(shape[1], shape[0], group_size, act_bytes, _WEIGHT_BITS[weights]).items():
                 parts[k] += v
         else:
             parts["bf16"] += math.prod(shape) * act_bytes
-    return WeightBytes("w4a16", sum(parts.values()), params, parts)
+    return WeightBytes(weights, sum(parts.values()), params, parts)
 
 
 # ---- per request -----------------------------------------------------------------------------

@@ -98,7 +98,7 @@ def memory(
     = "4096,32768,131072,524288",
     kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="Comma list: bf16, fp8_e4m3, "
                                                 "fp8_e5m2.")] = "bf16,fp8_e4m3",
-    weights: Annotated[str, typer.Option("--weights", help="Comma list: bf16, w4a16.")] = "bf16,w4a16",
+    weights: Annotated[str, typer.Option("--weights", help="Comma list: bf16, w4a16, w8a16.")] = "bf16,w4a16",
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU names (peaks table), comma list.")] = None,
     gpu_mem: Annotated[Optional[float], typer.Option("--gpu-mem", help="GPU memory in GB instead.")] = None,
     mem_fraction: Annotated[float, typer.Option("--mem-fraction", help="Share of GPU memory usable.")] = 0.9,

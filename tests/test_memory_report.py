@@ -40,6 +40,9 @@ def test_w4a16_weight_bytes_by_part():
     assert w.by_part == {"qweight": q // 2, "qzeros": q // 256, "scales": q // 64, "g_idx": 4 * k_sum,
                          "bf16": 2 * plain}
     assert w.total == 5_820_796_928
+    w8 = mem.weight_bytes(CFG, "w8a16", group_size=128)
+    assert w8.by_part == {"qweight": q, "qzeros": q // 128, "scales": q // 64, "g_idx": 4 * k_sum,
+                          "bf16": 2 * plain}
 
 
 def test_kv_cache_per_token_and_gla_state():

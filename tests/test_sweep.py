@@ -30,7 +30,7 @@ def test_logit_kl_against_dense_reference():
     assert own["logit_kl_mean"] > 0 and own["kl_sparse_positions"] == 160 - 63
     # queries that still see every block (t < 96) agree with the dense reference
     early = logit_kl(ref[:96], q[:96], 10**9)
-    assert early["logit_kl_max"] < 1e-9 and early["top1_agreement"] == 1.0
+    assert early["logit_kl_max"] < 1e-7 and early["top1_agreement"] == 1.0      # fp32 summation order only
     assert own["logit_kl_sparse_mean"] == pytest.approx(own["logit_kl_mean"] * 160 / 97)
     # KL matches torch's definition
     want = torch.nn.functional.kl_div(torch.log_softmax(q, -1), torch.log_softmax(ref, -1), log_target=True,
@@ -145,12 +145,13 @@ def test_sweep_cli_error_is_one_line(tmp_path):
     assert "--batch-size 4 is not supported" in r.stderr
 
 
-def test_sweep_weight_dtype_w4a16_in_memory(tmp_path):
+def test_sweep_weight_dtype_w4a16_and_w8a16_in_memory(tmp_path):
     run = run_sweep(SweepSettings(device="cpu", dtype="float32", input_len=16, output_len=2, requests=1,
-                                  kl_len=64, passkey=False, dense_len="4096", weight_dtype="fp32,w4a16",
+                                  kl_len=64, passkey=False, dense_len="4096", weight_dtype="fp32,w4a16,w8a16",
                                   out=tmp_path)).to_dict()
     pts = {p["knobs"]["weight_dtype"]: p for p in run["points"]}
     assert pts["fp32"]["logit_kl_mean"] == 0.0                   # dense attention, same weights: the reference
     assert 0 < pts["w4a16"]["logit_kl_mean"] < 1.0                 # RTN 4-bit group 128 moves the logits a little
-    assert pts["w4a16"]["top1_agreement"] > 0.5
+    assert 0 < pts["w8a16"]["logit_kl_mean"] < pts["w4a16"]["logit_kl_mean"]     # 8-bit moves them less
+    assert pts["w4a16"]["top1_agreement"] > 0.5 and pts["w8a16"]["completed"] == 1
     assert pts["w4a16"]["completed"] == 1

@@ -4,7 +4,8 @@ key (`--resume` skips points whose key is already recorded).
 Knobs: sparse `dense_len`, `topk`, `window` (window_size), `block` (block_size) — checked by the
 same SparseConfig validation the runtime uses — `chunk_size`, `batch_size`, `kv_dtype`
 (bf16 | fp8_e5m2 | fp8_e4m3, the latter with calibrated scales) and `weight_dtype`
-(bf16 | fp16 | fp32 | w4a16 = RTN 4-bit group 128 in memory, or the checkpoint's own GPTQ)."""
+(bf16 | fp16 | fp32 | w4a16 / w8a16 = RTN 4-/8-bit group 128 in memory, or the checkpoint's own
+GPTQ)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from salactl.errors import ConfigError, UsageError
 
 KV_DTYPES = ("bf16", "fp8_e5m2", "fp8_e4m3")
-WEIGHT_DTYPES = ("bf16", "fp16", "fp32", "w4a16")
+WEIGHT_DTYPES = ("bf16", "fp16", "fp32", "w4a16", "w8a16")
 LABEL_ABBR = {"dense_len": "dl", "topk": "tk", "window": "w", "block": "b", "chunk_size": "cs",
               "batch_size": "bs", "kv_dtype": "kv", "weight_dtype": "wt"}
 

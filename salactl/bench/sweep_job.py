@@ -79,25 +79,31 @@ def _floats(text: str, name: str) -> list[float]:
     return vals
 
 
+def _quantized_as(model) -> str | None:
+    """"w4a16" / "w8a16" for a GPTQ checkpoint's model (its linears' bits), None for a float one."""
+    bits = {m.bits for m in model.modules() if hasattr(m, "qweight")}
+    return f"w{max(bits)}a16" if bits else None
+
+
 def _weights_model(base, config, weight_dtype: str, base_dtype: torch.dtype, cache: dict):
-    """The base weights in `weight_dtype` (built once per dtype; bf16/fp16/fp32 casts, w4a16 RTN)."""
+    """The base weights in `weight_dtype` (built once per dtype; bf16/fp16/fp32 casts, w4a16/w8a16 RTN)."""
     from salactl.runtime.loader import DTYPES, build_model
 
     if weight_dtype in cache:
         return cache[weight_dtype]
-    quantized = any(hasattr(m, "qweight") for m in base.modules())
-    if weight_dtype == "w4a16":
-        if quantized:
-            model = base
-        else:
-            from salactl.profiling.weights import quantize_rtn_in_memory
+    quantized = _quantized_as(base)
+    if quantized and weight_dtype != quantized:
+        raise UsageError(f"--weight-dtype {weight_dtype}: the checkpoint is GPTQ-quantized; "
+                         f"supported for it: {quantized}")
+    if quantized:
+        model = base
+    elif weight_dtype in ("w4a16", "w8a16"):
+        from salactl.profiling.weights import quantize_rtn_in_memory
 
-            model = quantize_rtn_in_memory(build_model(config, dict(base.state_dict())), config, 128)
+        model = quantize_rtn_in_memory(build_model(config, dict(base.state_dict())), config, 128,
+                                       bits=4 if weight_dtype == "w4a16" else 8)
     else:
         dt = DTYPES[weight_dtype]
-        if quantized:
-            raise UsageError(f"--weight-dtype {weight_dtype}: the checkpoint is GPTQ-quantized; "
-                             "supported for it today: w4a16")
         model = base if dt == base_dtype else build_model(
             config, {k: (v.to(dt) if v.is_floating_point() else v) for k, v in base.state_dict().items()})
     cache[weight_dtype] = model
@@ -164,9 +170,8 @@ def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
     config, base = lm.config, lm.model
     device = base.model.embed_tokens.weight.device
     base_dtype = base.model.embed_tokens.weight.dtype
-    quantized = any(hasattr(m, "qweight") for m in base.modules())
-    default_weight = "w4a16" if quantized else {torch.bfloat16: "bf16", torch.float16: "fp16",
-                                                torch.float32: "fp32"}[base_dtype]
+    default_weight = _quantized_as(base) or {torch.bfloat16: "bf16", torch.float16: "fp16",
+                                             torch.float32: "fp32"}[base_dtype]
     engine_kind = resolve_engine(s.engine, device)
     axes = _axes(s, config, default_weight, DEFAULT_CHUNK[engine_kind])
     points, varying, invalid = build_points(axes, config.sparse_config)
