@@ -25,7 +25,7 @@ def profile(
     model: ModelOpt = "sala-nano",
     random_weights: RandomWeightsOpt = False,
     seed: SeedOpt = 0,
-    weights: Annotated[str, typer.Option("--weights", help="bf16 or w4a16.")] = "bf16",
+    weights: Annotated[str, typer.Option("--weights", help="bf16, w4a16 or w8a16 (RTN g128 in memory).")] = "bf16",
     kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="auto, bf16, fp8_e4m3, "
                                                 "fp8_e5m2.")] = "auto",
     device: DeviceOpt = "auto",

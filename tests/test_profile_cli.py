@@ -78,6 +78,11 @@ def test_w4a16_and_fp8_kv_profile_on_cpu(tmp_path):
     # sala-nano MLP: 8 layers x 3 x 256 x 768 weights; W4A16 reads ~0.5 B/weight (+ scales) < bf16's 2
     assert ops["mlp"]["analytic_bytes"] < 0.4 * 2 * 8 * 3 * 256 * 768
     assert d["manifest"]["kv_dtype"] == "fp8_e5m2" and d["manifest"]["weights"] == "w4a16"
+    p8 = salactl("profile", "--torch", "--model", "sala-nano", "--random-weights", "--context", "64",
+                 "--device", "cpu", "--weights", "w8a16", "--out", str(tmp_path / "q8"), "--json")
+    assert p8.returncode == 0, p8.stderr
+    mlp8 = {r["op"]: r for r in json.loads(p8.stdout)["ops"]}["mlp"]["analytic_bytes"]
+    assert ops["mlp"]["analytic_bytes"] < mlp8 < 0.6 * 2 * 8 * 3 * 256 * 768       # ~1 B/weight + scales
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")

@@ -268,3 +268,14 @@ def test_bad_quantize_inputs_are_one_line_errors_and_write_nothing(case, ckpt, t
     else:
         assert not out.exists()
     assert not list(tmp_path.glob(".out.tmp-*"))
+
+
+def test_profile_of_a_gptq_checkpoint_needs_its_own_weights_flag(quantized, tmp_path, capsys):
+    code, _, err = run_cli(["profile", "--torch", "--model", quantized, "--device", "cpu", "--context", 16,
+                            "--weights", "w8a16", "--out", tmp_path / "p"], capsys)
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 3 and len(errors) == 1 and "pass --weights w4a16" in errors[0], err
+    assert not (tmp_path / "p").exists()
+    code, out, err = run_cli(["profile", "--torch", "--model", quantized, "--device", "cpu", "--context", 16,
+                              "--weights", "w4a16", "--out", tmp_path / "p", "--json"], capsys)
+    assert code == 0, err

@@ -15,6 +15,7 @@ from salactl.bench.grid_memory import cache_bytes_per_request
 from salactl.bench.sweep_grid import (KV_DTYPES, WEIGHT_DTYPES, build_points, parse_ints, parse_names,
                                       point_key)
 from salactl.errors import ConfigError, OutputExistsError, SalactlError, UsageError
+from salactl.profiling.weights import quantized_as
 
 PARETO_X = {"e2e": "mean_e2e_latency_ms", "ttft": "mean_ttft_ms", "tpot": "mean_tpot_ms"}
 PARETO_Y = "logit_kl_mean"
@@ -79,19 +80,13 @@ def _floats(text: str, name: str) -> list[float]:
     return vals
 
 
-def _quantized_as(model) -> str | None:
-    """"w4a16" / "w8a16" for a GPTQ checkpoint's model (its linears' bits), None for a float one."""
-    bits = {m.bits for m in model.modules() if hasattr(m, "qweight")}
-    return f"w{max(bits)}a16" if bits else None
-
-
 def _weights_model(base, config, weight_dtype: str, base_dtype: torch.dtype, cache: dict):
     """The base weights in `weight_dtype` (built once per dtype; bf16/fp16/fp32 casts, w4a16/w8a16 RTN)."""
     from salactl.runtime.loader import DTYPES, build_model
 
     if weight_dtype in cache:
         return cache[weight_dtype]
-    quantized = _quantized_as(base)
+    quantized = quantized_as(base)
     if quantized and weight_dtype != quantized:
         raise UsageError(f"--weight-dtype {weight_dtype}: the checkpoint is GPTQ-quantized; "
                          f"supported for it: {quantized}")
@@ -170,7 +165,7 @@ def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
     config, base = lm.config, lm.model
     device = base.model.embed_tokens.weight.device
     base_dtype = base.model.embed_tokens.weight.dtype
-    default_weight = _quantized_as(base) or {torch.bfloat16: "bf16", torch.float16: "fp16",
+    default_weight = quantized_as(base) or {torch.bfloat16: "bf16", torch.float16: "fp16",
                                              torch.float32: "fp32"}[base_dtype]
     engine_kind = resolve_engine(s.engine, device)
     axes = _axes(s, config, default_weight, DEFAULT_CHUNK[engine_kind])

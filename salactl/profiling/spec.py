@@ -10,7 +10,7 @@ from pathlib import Path
 from salactl.errors import UsageError
 
 PHASES = ("prefill", "decode")
-WEIGHTS = ("bf16", "w4a16")
+WEIGHTS = ("bf16", "w4a16", "w8a16")
 KV_DTYPES = ("auto", "bf16", "fp8_e4m3", "fp8_e5m2")
 BACKENDS = ("auto", "engine", "reference")
 

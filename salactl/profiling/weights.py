@@ -1,10 +1,16 @@
-"""--weights w4a16 for a bf16 model (random weights or a bf16 checkpoint): round-to-nearest
-symmetric 4-bit (8-bit for tests), group 128, through salactl.quant's own pieces (the same W4A16Linear a GPTQ
+"""--weights w4a16 / w8a16 for a bf16 model (random weights or a bf16 checkpoint): round-to-nearest
+symmetric 4-bit (or 8-bit), group 128, through salactl.quant's own pieces (the same W4A16Linear a GPTQ
 checkpoint loads into), so the profiled step reads exactly the packed bytes of a real one."""
 
 from __future__ import annotations
 
 from salactl.errors import UsageError
+
+
+def quantized_as(model) -> str | None:
+    """"w4a16" / "w8a16" for a GPTQ checkpoint's model (its linears' bits), None for a float one."""
+    bits = {m.bits for m in model.modules() if hasattr(m, "qweight")}
+    return f"w{max(bits)}a16" if bits else None
 
 
 def quantize_rtn_in_memory(model, config, group_size: int = 128, bits: int = 4):

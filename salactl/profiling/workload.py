@@ -14,15 +14,12 @@ from salactl.errors import ConfigError, UsageError
 from salactl.profiling.analytic import scoped_costs, sum_scopes
 from salactl.profiling.ranges import add_layer_ranges
 from salactl.profiling.spec import ProfileSpec
+from salactl.profiling.weights import quantized_as
 from salactl.runtime.backend_reference import ReferenceBackend
 from salactl.runtime.batch import ForwardBatch
 from salactl.runtime.cache import SequenceCache
 from salactl.runtime.loader import load_model
 from salactl.runtime.op_timer import NULL_TIMER
-
-
-def is_w4a16(model) -> bool:
-    return any(hasattr(m, "qweight") for m in model.modules())
 
 
 def _cache_kwargs(spec: ProfileSpec, model, config, device) -> dict:
@@ -111,13 +108,13 @@ def build(spec: ProfileSpec) -> Workload:
     if spec.layers and max(spec.layers) >= config.num_hidden_layers:
         raise UsageError(f"--layers {max(spec.layers)} is out of range; the model has "
                          f"{config.num_hidden_layers} layers (0..{config.num_hidden_layers - 1})")
-    quantized = is_w4a16(model)
-    if spec.weights == "w4a16" and not quantized:
+    quantized = quantized_as(model)
+    if quantized and spec.weights != quantized:
+        raise ConfigError(f"{spec.model} is a {quantized.upper()} checkpoint; pass --weights {quantized}")
+    if not quantized and spec.weights != "bf16":
         from salactl.profiling.weights import quantize_rtn_in_memory
 
-        model = quantize_rtn_in_memory(model, config)
-    elif spec.weights == "bf16" and quantized:
-        raise ConfigError(f"{spec.model} is a W4A16 checkpoint; pass --weights w4a16")
+        model = quantize_rtn_in_memory(model, config, bits=4 if spec.weights == "w4a16" else 8)
     device = model.model.embed_tokens.weight.device
     dtype = model.model.embed_tokens.weight.dtype
     cache_kw = _cache_kwargs(spec, model, config, device)
