@@ -36,7 +36,7 @@ from salactl.quant.packing import default_g_idx, pack_qweight, unpack_qweight
 from salactl.runtime.ops.w4a16 import reference
 
 _CPU_INT4_GROUPS = (32, 64, 128, 256)
-_CPU_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_MODEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 CPU_INT8_GEMV_ROWS = 8
 
 
@@ -64,16 +64,16 @@ def _cpu_int8_available() -> bool:
 
 def choose_layout(device: torch.device, bits: int, in_features: int, group_size: int, dtype: torch.dtype,
                   out_features: int = 16) -> str:
-    if bits == 8 and (group_size == -1 or in_features % group_size == 0) and dtype in _CPU_DTYPES \
+    if bits == 8 and (group_size == -1 or in_features % group_size == 0) and dtype in _MODEL_DTYPES \
             and (device.type == "cuda" or (device.type == "cpu" and _cpu_int8_available())):
         return "int8"
     if bits != 4:
         return "dequant"
     if device.type == "cuda" and in_features % 128 == 0 and out_features % 16 == 0 \
-            and dtype in _CPU_DTYPES \
+            and dtype in _MODEL_DTYPES \
             and (group_size == -1 or group_size % 128 == 0 or group_size in (16, 32, 64)) and _triton_available():
         return "triton"
-    if device.type == "cpu" and dtype in _CPU_DTYPES and _cpu_int4_available():
+    if device.type == "cpu" and dtype in _MODEL_DTYPES and _cpu_int4_available():
         if group_size in _CPU_INT4_GROUPS or (group_size == -1 and in_features % 128 == 0):
             return "cpu_int4"
     return "dequant"
