@@ -103,7 +103,8 @@ def weight_bytes(config: SalaConfig, weights: str = "bf16", group_size: int = 12
         quantizable = (name.startswith("model.layers.") and len(shape) == 2
                        and _marlin_ok(shape[0], shape[1], group_size))
         if quantizable:
-            for k, v in gptq_linear_bytes(shape[1], shape[0], group_size, act_bytes, _WEIGHT_BITS[weights]).items():
+            linear = gptq_linear_bytes(shape[1], shape[0], group_size, act_bytes, _WEIGHT_BITS[weights])
+            for k, v in linear.items():
                 parts[k] += v
         else:
             parts["bf16"] += math.prod(shape) * act_bytes

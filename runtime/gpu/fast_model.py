@@ -6,7 +6,8 @@ unchanged) so that a forward call does the same math with far fewer kernel launc
   concatenated weight; the original Linear weights become views into it (no extra memory).
   W4A16 projections (Triton layout, same group size and act-order permutation) are concatenated
   the same way along N into one W4A16Linear (its packed layout is tiled per 16 output rows, so
-  concatenating tiles is the packing of the concatenated weight); so are W8A16 ones (int8 layout). Other modules keep their calls.
+  concatenating tiles is the packing of the concatenated weight); so are W8A16 ones (int8
+  layout). Other modules keep their calls.
 - residual add + RMSNorm, per-head qk-norm + RoPE, o_norm · sigmoid(z), o · sigmoid(o_gate) and
   silu·mul are single Triton kernels (runtime/ops/fused) with the reference rounding points.
 - at one row (batch-1 decode), when `model.fold_into_gemv` (default: env SALACTL_GEMV_FOLD, on)
