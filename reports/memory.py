@@ -21,13 +21,13 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from salactl.errors import UsageError
+from salactl.profiling.weights import QUANTIZED_BITS
 from salactl.runtime.checkpoint import expected_tensor_shapes
 from salactl.runtime.config import SalaConfig
 
 KV_DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "auto": 2,
                   "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8": 1}
-WEIGHT_DTYPES = ("bf16", "w4a16", "w8a16")
-_WEIGHT_BITS = {"w4a16": 4, "w8a16": 8}
+WEIGHT_DTYPES = ("bf16", *QUANTIZED_BITS)
 COMPRESSED_KEY_MODES = ("k1", "k1k2")
 K2_FACTOR = 4                       # K2 kernel and stride are 4x K1's (hard-coded in HF/SGLang)
 CUDA_CONTEXT_ESTIMATE = 512 << 20   # driver + cuBLAS/cuDNN handles + allocator slack (estimate)
@@ -103,7 +103,7 @@ def weight_bytes(config: SalaConfig, weights: str = "bf16", group_size: int = 12
         quantizable = (name.startswith("model.layers.") and len(shape) == 2
                        and _marlin_ok(shape[0], shape[1], group_size))
         if quantizable:
-            linear = gptq_linear_bytes(shape[1], shape[0], group_size, act_bytes, _WEIGHT_BITS[weights])
+            linear = gptq_linear_bytes(shape[1], shape[0], group_size, act_bytes, QUANTIZED_BITS[weights])
             for k, v in linear.items():
                 parts[k] += v
         else:

@@ -15,7 +15,7 @@ from salactl.bench.grid_memory import cache_bytes_per_request
 from salactl.bench.sweep_grid import (KV_DTYPES, WEIGHT_DTYPES, build_points, parse_ints, parse_names,
                                       point_key)
 from salactl.errors import ConfigError, OutputExistsError, SalactlError, UsageError
-from salactl.profiling.weights import quantized_as
+from salactl.profiling.weights import QUANTIZED_BITS, quantized_as
 
 PARETO_X = {"e2e": "mean_e2e_latency_ms", "ttft": "mean_ttft_ms", "tpot": "mean_tpot_ms"}
 PARETO_Y = "logit_kl_mean"
@@ -92,11 +92,11 @@ def _weights_model(base, config, weight_dtype: str, base_dtype: torch.dtype, cac
                          f"supported for it: {quantized}")
     if quantized:
         model = base
-    elif weight_dtype in ("w4a16", "w8a16"):
+    elif weight_dtype in QUANTIZED_BITS:
         from salactl.profiling.weights import quantize_rtn_in_memory
 
         model = quantize_rtn_in_memory(build_model(config, dict(base.state_dict())), config, 128,
-                                       bits=4 if weight_dtype == "w4a16" else 8)
+                                       bits=QUANTIZED_BITS[weight_dtype])
     else:
         dt = DTYPES[weight_dtype]
         model = base if dt == base_dtype else build_model(

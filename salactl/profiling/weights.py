@@ -7,6 +7,10 @@ from __future__ import annotations
 from salactl.errors import UsageError
 
 
+# the quantized weight names of the CLI (--weights, --weight-dtype) and their bits
+QUANTIZED_BITS = {"w4a16": 4, "w8a16": 8}
+
+
 def quantized_as(model) -> str | None:
     """"w4a16" / "w8a16" for a GPTQ checkpoint's model (its linears' bits), None for a float one."""
     bits = {m.bits for m in model.modules() if hasattr(m, "qweight")}

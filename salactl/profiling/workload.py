@@ -14,7 +14,7 @@ from salactl.errors import ConfigError, UsageError
 from salactl.profiling.analytic import scoped_costs, sum_scopes
 from salactl.profiling.ranges import add_layer_ranges
 from salactl.profiling.spec import ProfileSpec
-from salactl.profiling.weights import quantized_as
+from salactl.profiling.weights import QUANTIZED_BITS, quantized_as
 from salactl.runtime.backend_reference import ReferenceBackend
 from salactl.runtime.batch import ForwardBatch
 from salactl.runtime.cache import SequenceCache
@@ -114,7 +114,7 @@ def build(spec: ProfileSpec) -> Workload:
     if not quantized and spec.weights != "bf16":
         from salactl.profiling.weights import quantize_rtn_in_memory
 
-        model = quantize_rtn_in_memory(model, config, bits=4 if spec.weights == "w4a16" else 8)
+        model = quantize_rtn_in_memory(model, config, bits=QUANTIZED_BITS[spec.weights])
     device = model.model.embed_tokens.weight.device
     dtype = model.model.embed_tokens.weight.dtype
     cache_kw = _cache_kwargs(spec, model, config, device)
