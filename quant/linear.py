@@ -12,7 +12,12 @@ The packed weights are *buffers* in the layout of the device's fast path, so the
               rounded to bf16 for the product (W4A16: 16-bit activations), because torch only
               vectorizes the bf16 kernel (2-core AVX-512 CPU, 768x2048 at one row: bf16 0.04 ms, fp32
               1.37, fp16 2.2, against a dense fp32 matmul's 0.12).
-- "int8"     (CPU or CUDA, 8-bit): int8 [groups, N, group] codes − 128 + scales [groups, N]. On
+- "triton8"  (CUDA, 8-bit, K % 64 == 0, N % 16 == 0, groups of 64k rows or per-channel): int32
+              [K/64, N/16, 256] in the MMA register order (runtime/ops/w8a16/layout.py `pack_tc8`)
+              + fp16 scales [groups, N]; up to 64 rows our tensor-core kernel
+              (runtime/ops/w8a16/triton_tc.py), above it the weight dequantized by our kernel and
+              cuBLAS; bf16 activations in a float32 model.
+- "int8"     (CPU, or CUDA where triton8 does not fit, 8-bit): int8 [groups, N, group] codes − 128 + scales [groups, N]. On
               CPU (bf16 scales) on bf16 activations: up to CPU_INT8_GEMV_ROWS rows one
               `_weight_int8pack_mm` per group (its per-channel scale is the group's), summed in
               fp32; above, the weight dequantized to bf16 once per call and one bf16 matmul, because
@@ -62,8 +67,16 @@ def _cpu_int8_available() -> bool:
     return hasattr(torch.ops.aten, "_weight_int8pack_mm")
 
 
+def _tc8_fits(in_features: int, out_features: int, group_size: int) -> bool:
+    return in_features % 64 == 0 and out_features % 16 == 0 and (
+        group_size == -1 or (group_size % 64 == 0 and in_features % group_size == 0))
+
+
 def choose_layout(device: torch.device, bits: int, in_features: int, group_size: int, dtype: torch.dtype,
                   out_features: int = 16) -> str:
+    if bits == 8 and device.type == "cuda" and dtype in _MODEL_DTYPES and _triton_available() \
+            and _tc8_fits(in_features, out_features, group_size):
+        return "triton8"
     if bits == 8 and (group_size == -1 or in_features % group_size == 0) and dtype in _MODEL_DTYPES \
             and (device.type == "cuda" or (device.type == "cpu" and _cpu_int8_available())):
         return "int8"
@@ -127,6 +140,10 @@ class W4A16Linear(nn.Module):
             sz = torch.stack([s, torch.zeros_like(s)], dim=-1).to(torch.bfloat16).contiguous()
             buffers = {"qweight": packed, "scales_and_zeros": sz}
             group_size_kernel = gq
+        elif layout == "triton8":
+            from salactl.runtime.ops.w8a16.layout import pack_tc8
+
+            buffers = {"qweight": pack_tc8(unpack_qweight(qweight.to(device), 8)), "scales": scales16.to(device)}
         elif layout == "int8":
             codes = unpack_qweight(qweight.cpu(), 8) - 128                  # [K, N], symmetric zero 128
             codes = codes.to(torch.int8).t().reshape(N, K // g, g).transpose(0, 1).contiguous()
@@ -150,6 +167,12 @@ class W4A16Linear(nn.Module):
             codes = unpack_tc(self.qweight).float()
             g = default_g_idx(self.in_features, self.group_size, codes.device).long()
             return ((codes - 8) * self.scales.float()[g]).t()
+        if self.layout == "triton8":
+            from salactl.runtime.ops.w8a16.layout import unpack_tc8
+
+            codes = unpack_tc8(self.qweight).float()
+            g = default_g_idx(self.in_features, self.group_size, codes.device).long()
+            return ((codes - 128) * self.scales.float()[g]).t()
         if self.layout == "cpu_int4":
             eye = torch.eye(self.in_features, dtype=torch.bfloat16)
             w_t = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.qweight, self.kernel_group,
@@ -163,6 +186,17 @@ class W4A16Linear(nn.Module):
         """The int8 layout's weight [N, K] in `dtype` (each code times its scale, rounded once)."""
         w = self.qweight.to(dtype) * self.scales.to(dtype)[:, :, None]          # [groups, N, group]
         return w.transpose(0, 1).reshape(self.out_features, self.in_features)
+
+    def _triton8_forward(self, x2: torch.Tensor) -> torch.Tensor:
+        from salactl.runtime.ops.w4a16.triton import sm_count
+        from salactl.runtime.ops.w8a16.triton_tc import MAX_ROWS, w8a16_tc, w8a16_tc_dequantize
+
+        x16 = _sixteen_bit(x2)
+        # .contiguous(): no copy, except for the views the GPU engine's fused projections leave
+        qweight, scales = self.qweight.contiguous(), self.scales.contiguous()
+        if x16.shape[0] <= MAX_ROWS:
+            return w8a16_tc(x16, qweight, scales, self.group_size, sms=sm_count(x16.device))
+        return x16 @ w8a16_tc_dequantize(qweight, scales, self.group_size, x16.dtype).t()
 
     def _int8_forward(self, x2: torch.Tensor) -> torch.Tensor:
         if x2.device.type == "cpu":
@@ -225,6 +259,8 @@ class W4A16Linear(nn.Module):
         elif self.layout == "cpu_int4":
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(torch.bfloat16).contiguous(), self.qweight,
                                                             self.kernel_group, self.scales_and_zeros).to(x.dtype)
+        elif self.layout == "triton8":
+            y = self._triton8_forward(x2).to(x.dtype)
         elif self.layout == "int8":
             y = self._int8_forward(x2).to(x.dtype)
         else:

@@ -77,10 +77,10 @@ def test_stop_tokens_and_streaming_order():
     assert all(a[2] <= b[2] for a, b in zip(events, events[1:]))
 
 
-@pytest.mark.parametrize("bits,layout", [(4, "triton"), (8, "int8")])
+@pytest.mark.parametrize("bits,layout", [(4, "triton"), (8, "triton8")])
 def test_w4a16_engine_matches_reference(bits, layout):
-    """A sala-nano-shaped model quantized W4A16 (RTN g128, Triton layout; or W8A16, dequantized per
-    call) through the GPU engine with CUDA graphs against the reference Engine on the same weights."""
+    """A sala-nano-shaped model quantized W4A16 (RTN g128, Triton layout; or W8A16, its tensor-core
+    layout) through the GPU engine with CUDA graphs against the reference Engine on the same weights."""
     from salactl.profiling.weights import quantize_rtn_in_memory
     from salactl.quant.linear import W4A16Linear
     from salactl.runtime.checkpoint import random_state_dict

@@ -99,14 +99,16 @@ def test_w4a16_linear_act_order_g_idx_is_repacked(rng):
 
 
 @gpu
-@pytest.mark.parametrize("G", [128, -1])
+@pytest.mark.parametrize("G,layout", [(128, "triton8"), (-1, "triton8"), (32, "int8")])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_w8a16_linear_on_cuda_matches_reference(G, dtype, rng):
+def test_w8a16_linear_on_cuda_matches_reference(G, layout, dtype, rng):
     K, N = 512, 192
     codes, scales, t = _random_gptq(K, N, G, 8, rng)
     mod = W4A16Linear.from_gptq(t["qweight"], t["scales"], t["g_idx"], 8, G, "cuda", dtype)
-    assert mod.layout == "int8" and mod.qweight.dtype == torch.int8 and mod.qweight.is_cuda
-    for rows in (1, 33):
+    assert mod.layout == layout and mod.qweight.is_cuda
+    assert mod.qweight.dtype == (torch.int32 if layout == "triton8" else torch.int8)
+    assert rel_err(mod.dequantized_weight().cpu(), reference.dequantize(t["qweight"], t["scales"], t["g_idx"], 8)) < 1e-6
+    for rows in (1, 33, 65):
         x = torch.randn(rows, K, generator=rng).to(dtype)
         ref = reference.w4a16_matmul(x.float(), t["qweight"], t["scales"], t["g_idx"], 8)
         y = mod(x.cuda())
@@ -120,8 +122,15 @@ def test_layout_choice_by_device_bits_and_dtype(monkeypatch):
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     for dtype in (torch.bfloat16, torch.float16, torch.float32):       # float32: bf16 activations
         assert linear.choose_layout(cuda, 4, 4096, 128, dtype, 4096) == "triton"
-        assert linear.choose_layout(cuda, 8, 4096, 128, dtype, 4096) == "int8"
+        assert linear.choose_layout(cuda, 8, 4096, 128, dtype, 4096) == "triton8"
+        assert linear.choose_layout(cuda, 8, 4096, -1, dtype, 4096) == "triton8"
         assert linear.choose_layout(cpu, 8, 4096, 128, dtype, 4096) == "int8"
+    # the 8-bit tensor-core layout needs K % 64, N % 16 and groups of 64k rows; else the int8 one
+    assert linear.choose_layout(cuda, 8, 4096, 32, torch.bfloat16, 4096) == "int8"
+    assert linear.choose_layout(cuda, 8, 4160, 64, torch.bfloat16, 4096) == "triton8"
+    assert linear.choose_layout(cuda, 8, 4128, -1, torch.bfloat16, 4096) == "int8"        # K % 64
+    assert linear.choose_layout(cuda, 8, 4096, 128, torch.bfloat16, 4104) == "int8"       # N % 16
+    assert linear.choose_layout(cuda, 8, 4224, 192, torch.bfloat16, 4096) == "triton8"    # 192 | 4224
     assert linear.choose_layout(cuda, 4, 4160, 128, torch.bfloat16, 4096) == "dequant"     # K % 128
     assert linear.choose_layout(cuda, 4, 4096, 128, torch.bfloat16, 4104) == "dequant"     # N % 16
     assert linear.choose_layout(cpu, 4, 4096, 16, torch.float32, 4096) == "dequant"        # torch's int4 groups

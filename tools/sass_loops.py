@@ -3,6 +3,7 @@ instruction mix of every loop that issues MMAs (no GPU needed).
 
     python tools/sass_loops.py decode-split [--kv fp8|bf16] [--warps 2] [--stages 3] [--preload 16] [--tma]
     python tools/sass_loops.py w4a16 [--spec "bn=64,w=4,un=4"] [--m 1] [--n 4096] [--k 4096]
+    python tools/sass_loops.py w8a16 [--spec8 "un=2,waves=8"] [--m 1] [--n 4096] [--k 4096]
     python tools/sass_loops.py select-lse [--warps 4] [--stages 2] [--bw 128] [--per-row]   # decode selection's pass 1
     python tools/sass_loops.py select-words [--warps 4] [--late]    # decode selection's pass 2
     python tools/sass_loops.py select-top [--warps 8]       # its one-program radix top-k
@@ -84,6 +85,28 @@ def w4a16_source(spec: str, M: int, N: int, K: int):
     sig.update({c: "constexpr" for c in const})
     src = ASTSource(_w4a16_tc_kernel, sig, const, _pointer_attrs(sig, ("N", "K", "stride_xm", "stride_ym")))
     return src, cfg
+
+
+def w8a16_source(spec: str, M: int, N: int, K: int):
+    """The W8A16 tensor-core kernel (`_w8a16_tc_kernel`) as `w8a16_tc` launches it for this spec."""
+    from triton.compiler import ASTSource
+
+    from salactl.runtime.ops.w8a16.triton_tc import (TC8Config, _unroll, _w8a16_tc_kernel, block_m,
+                                                     default_tc8_config)
+    cfg = TC8Config.parse(spec, default_tc8_config(M, N, K))
+    split = cfg.split(M, N, K, 132)
+    sig = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*fp16", "y_ptr": "*bf16", "ws_ptr": "*fp32",
+           "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32",
+           "split_k": "i32"}
+    const = {"GROUP": 128, "BLOCK_N": cfg.block_n, "BLOCK_M": block_m(M), "USE_ASM": True, "DOT_F32": False,
+             "WARPS": cfg.warps, "UNROLL": _unroll(cfg.unroll, -(-K // 64 // split)),
+             "EVEN_N": N % cfg.block_n == 0, "RED": cfg.red, "PDL": True}
+    for name, value in (("M", M), ("split_k", split)):
+        if value == 1:                     # Triton specialises integer arguments equal to 1
+            const[name] = 1
+    sig.update({c: "constexpr" for c in const})
+    src = ASTSource(_w8a16_tc_kernel, sig, const, _pointer_attrs(sig, ("N", "K", "stride_xm", "stride_ym")))
+    return src, cfg, split
 
 
 def _sala_9b_selection():
@@ -235,7 +258,7 @@ def main() -> int:
     # functions, which cannot be compiled; this tool only ever compiles
     os.environ.pop("TRITON_INTERPRET", None)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kernel", choices=["decode-split", "w4a16", "select-lse", "select-words", "select-top", "select-rank"])
+    ap.add_argument("kernel", choices=["decode-split", "w4a16", "w8a16", "select-lse", "select-words", "select-top", "select-rank"])
     ap.add_argument("--kv", choices=["fp8", "bf16"], default="fp8", help="decode-split: page dtype")
     ap.add_argument("--warps", type=int, default=None,
                     help="num_warps (decode-split: 2, select-words: DECODE_DEFAULTS num_warps_wide, select-top / select-rank: DECODE_DEFAULTS "
@@ -249,6 +272,7 @@ def main() -> int:
     ap.add_argument("--late", action="store_true", help="select-words: the K1 scores after the PDL wait")
     ap.add_argument("--spec", default="bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4",
                     help="w4a16: a register-kernel config spec (tc_config.parse_tc_spec)")
+    ap.add_argument("--spec8", default="", help="w8a16: TC8Config fields over the dispatch default, e.g. 'un=2,waves=8'")
     ap.add_argument("--m", type=int, default=1)
     ap.add_argument("--n", type=int, default=4096)
     ap.add_argument("--k", type=int, default=4096)
@@ -281,6 +305,10 @@ def main() -> int:
         warps = a.warps or _sala_9b_selection()[2]["rank_warps"]
         src, options = select_rank_source(), {"num_warps": warps}
         what = f"decode selection rank top-k (sala-9b), w{warps}"
+    elif a.kernel == "w8a16":
+        src, cfg, split = w8a16_source(a.spec8, a.m, a.n, a.k)
+        options = {"num_warps": cfg.warps, "num_stages": cfg.stages}
+        what = f"W8A16 tensor-core kernel {cfg}, M={a.m} {a.n}x{a.k} (split {split})"
     else:
         src, cfg = w4a16_source(a.spec, a.m, a.n, a.k)
         options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}

@@ -6,8 +6,8 @@ unchanged) so that a forward call does the same math with far fewer kernel launc
   concatenated weight; the original Linear weights become views into it (no extra memory).
   W4A16 projections (Triton layout, same group size and act-order permutation) are concatenated
   the same way along N into one W4A16Linear (its packed layout is tiled per 16 output rows, so
-  concatenating tiles is the packing of the concatenated weight); so are W8A16 ones (int8
-  layout). Other modules keep their calls.
+  concatenating tiles is the packing of the concatenated weight); so are W8A16 ones (triton8 and
+  int8 layouts). Other modules keep their calls.
 - residual add + RMSNorm, per-head qk-norm + RoPE, o_norm · sigmoid(z), o · sigmoid(o_gate) and
   silu·mul are single Triton kernels (runtime/ops/fused) with the reference rounding points.
 - at one row (batch-1 decode), when `model.fold_into_gemv` (default: env SALACTL_GEMV_FOLD, on)
@@ -58,7 +58,7 @@ def _concat_w4a16(linears, current):
 
     first = linears[0]
     if not all(type(m) is W4A16Linear and m.layout == first.layout for m in linears) \
-            or first.layout not in ("triton", "int8"):
+            or first.layout not in ("triton", "triton8", "int8"):
         return None
     def key(m):          # what must match to share one input and one kernel call
         perm = None if m.perm is None else tuple(m.perm.tolist())
@@ -69,7 +69,8 @@ def _concat_w4a16(linears, current):
     if isinstance(current, _Unregistered) and all(_same_storage(m.qweight, current.module.qweight)
                                                   for m in linears):
         return current
-    # both layouts keep output rows on dim 1: triton [K/128, N/16, 256] tiles, int8 [groups, N, group]
+    # every layout keeps output rows on dim 1: triton [K/128, N/16, 256] and triton8 [K/64, N/16, 256]
+    # tiles, int8 [groups, N, group]
     qweight = torch.cat([m.qweight for m in linears], dim=1)
     scales = torch.cat([m.scales for m in linears], dim=1)         # [groups, N]
     fused = W4A16Linear(first.in_features, sum(m.out_features for m in linears), first.bits,

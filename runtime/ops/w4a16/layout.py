@@ -38,6 +38,19 @@ def _tc_index(K: int, N: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     return word, shift.expand(K, N)
 
 
+def pack_words(values: torch.Tensor, word: torch.Tensor, shift: torch.Tensor, n_words: int) -> torch.Tensor:
+    """Bit-field packing: values [K, N] (non-negative, each fitting its field) OR-ed into int32
+    words at word[k, n], bit shift[k, n] -> int32 [n_words]."""
+    words = torch.zeros(n_words, dtype=torch.int64, device=values.device)
+    words.index_add_(0, word.reshape(-1), (values.to(torch.int64) << shift).reshape(-1))
+    return torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
+
+
+def unpack_words(words: torch.Tensor, word: torch.Tensor, shift: torch.Tensor, mask: int) -> torch.Tensor:
+    """Inverse of `pack_words`: the [K, N] fields of `mask` bits."""
+    return (words.reshape(-1)[word] >> shift.to(torch.int32)) & mask
+
+
 def pack_tc(q: torch.Tensor) -> torch.Tensor:
     """q: values [K, N] in [0, 16) -> int32 [K/128, N/16, 256] in the tensor-core layout."""
     K, N = q.shape
@@ -45,14 +58,10 @@ def pack_tc(q: torch.Tensor) -> torch.Tensor:
         raise QuantizationError(f"a {N}x{K} weight needs in_features % {K_BLOCK} == 0 and "
                                 f"out_features % {TC_ROWS} == 0 for the W4A16 tensor-core kernel")
     word, shift = _tc_index(K, N, q.device)
-    words = torch.zeros(K * N // 8, dtype=torch.int64, device=q.device)
-    words.index_add_(0, word.reshape(-1), (q.to(torch.int64) << shift).reshape(-1))
-    words = torch.where(words >= 2 ** 31, words - 2 ** 32, words)
-    return words.to(torch.int32).reshape(K // K_BLOCK, N // TC_ROWS, 256)
+    return pack_words(q, word, shift, K * N // 8).reshape(K // K_BLOCK, N // TC_ROWS, 256)
 
 
 def unpack_tc(words: torch.Tensor) -> torch.Tensor:
     """Inverse of `pack_tc`: int32 [K/128, N/16, 256] -> values [K, N]."""
     K, N = words.shape[0] * K_BLOCK, words.shape[1] * TC_ROWS
-    word, shift = _tc_index(K, N, words.device)
-    return (words.reshape(-1)[word] >> shift.to(torch.int32)) & 0xF
+    return unpack_words(words, *_tc_index(K, N, words.device), 0xF)

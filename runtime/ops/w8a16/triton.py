@@ -1,4 +1,6 @@
-"""W8A16 skinny GEMM y = x·dequant(W)ᵀ for 8-bit symmetric GPTQ weights at 1-64 rows, our Triton kernels.
+"""W8A16 skinny GEMM y = x·dequant(W)ᵀ for 8-bit symmetric GPTQ weights at 1-64 rows on the int8
+layout, our Triton kernels. On CUDA they run only where the tensor-core layout (triton_tc.py: K % 64,
+N % 16, groups of 64k rows) does not fit, e.g. groups of 32 rows (quant/linear.py `choose_layout`).
 
 Hand-written because nothing installed multiplies 16-bit activations by grouped int8 weights on
 the GPU without first writing the whole bf16 weight back to memory (torch's `_weight_int8pack_mm`
