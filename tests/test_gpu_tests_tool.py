@@ -27,3 +27,16 @@ def test_shards_run_every_collected_test(tmp_path):
 def test_nothing_collected_is_an_error(tmp_path):
     r = _run(tmp_path, "tests/no_such_file.py")
     assert r.returncode != 0 and "no tests collected" in r.stderr + r.stdout
+
+
+def test_default_files_are_every_test_file_with_gpu_tests():
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import gpu_tests
+    finally:
+        sys.path.pop(0)
+    files = gpu_tests.gpu_test_files(ROOT / "tests")
+    names = {Path(f).name for f in files}
+    assert {"test_gpu_kernels.py", "test_w4a16_triton.py", "test_w8a16_triton.py", "test_quant_packing.py",
+            "test_gpu_engine.py", "test_flex_sparse_engine.py"} <= names
+    assert "test_memory_report.py" not in names

@@ -83,6 +83,20 @@ def test_w4a16_register_kernel_and_tma_spec_refused():
 
 
 @needs_triton
+def test_w8a16_tensor_core_kernel_compiles_offline():
+    r = _run("w8a16", "--m", "1", "--n", "16384")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rep = json.loads(r.stdout)
+    assert "waves=8" in rep["kernel"] and "split 4" in rep["kernel"] and rep["loops"]
+    ops = rep["loops"][0]["ops"]
+    # the words go straight to the MMA's registers: no shared-memory loads of them in the loop beyond
+    # the activation tile's, and the dequantization is LOP3 / shifts / packed 16-bit fmas
+    assert any(op.endswith("MMA") for op in ops) and ops["LOP3"] >= 128 and ops.get("HFMA2", 0) + ops.get("HADD2", 0) >= 128
+    bad = _run("w8a16", "--spec8", "bias=1")
+    assert bad.returncode != 0 and "bad W8A16 config field" in bad.stderr
+
+
+@needs_triton
 def test_selection_kernels_compile_offline_with_their_default_knobs():
     """Pass 1 (at 64 windows per step), pass 2 and both top-k kernels, as select_decode launches them for sala-9b: no MMA loop
     (pass 2's five windows are unrolled), so the whole kernel's count and mix are reported."""

@@ -2,7 +2,8 @@
 
     python tools/gpu_tests.py [--shards 10] [--timeout 530] [--out DIR] [FILE ...]
 
-FILE: test files of this repository (default: every file with GPU tests); run from the repo root.
+FILE: test files of this repository (default: every tests/test_*.py that marks a test `@gpu` or
+`pytest.mark.gpu`, and BOTH_DEVICES); run from the repo root.
 
 Cold Triton compilation dominates these tests (one file took > 200 s alone); compiling in N
 processes at once uses the host's cores, and the kernels themselves share the GPU. Test ids are
@@ -22,9 +23,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-GPU_FILES = ("tests/test_gpu_kernels.py", "tests/test_w4a16_triton.py", "tests/test_pdl.py",
-             "tests/test_gemv_fold_gpu.py", "tests/test_gpu_engine.py", "tests/test_flex_sparse.py",
-             "tests/test_flex_sparse_engine.py")
+# test files that run on whichever device there is, so they carry no GPU marker
+BOTH_DEVICES = ("test_flex_sparse_engine.py",)
+
+
+def gpu_test_files(root: Path = Path("tests")) -> list[str]:
+    """Every test file with a GPU test (the conftest `gpu` skip marker or pytest.mark.gpu)."""
+    return sorted(str(f) for f in root.glob("test_*.py")
+                  if f.name in BOTH_DEVICES or any(m in f.read_text() for m in ("@gpu", "pytest.mark.gpu")))
 
 
 def collect(files: list[str]) -> list[str]:
@@ -38,14 +44,14 @@ def collect(files: list[str]) -> list[str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("files", nargs="*", default=list(GPU_FILES))
+    ap.add_argument("files", nargs="*")
     ap.add_argument("--shards", type=int, default=10)
     ap.add_argument("--timeout", type=float, default=530.0, help="seconds per shard before SIGINT")
     ap.add_argument("--out", default="out/gpu-tests")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    ids = collect(a.files)
+    ids = collect(a.files or gpu_test_files())
     shards = [ids[i::a.shards] for i in range(min(a.shards, len(ids)))]
     procs = []
     for i, shard in enumerate(shards):

@@ -93,7 +93,10 @@ def w8a16_source(spec: str, M: int, N: int, K: int):
 
     from salactl.runtime.ops.w8a16.triton_tc import (TC8Config, _unroll, _w8a16_tc_kernel, block_m,
                                                      default_tc8_config)
-    cfg = TC8Config.parse(spec, default_tc8_config(M, N, K))
+    try:
+        cfg = TC8Config.parse(spec, default_tc8_config(M, N, K))
+    except ValueError as e:
+        raise SystemExit(f"tools/sass_loops.py: {e}") from None
     split = cfg.split(M, N, K, 132)
     sig = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*fp16", "y_ptr": "*bf16", "ws_ptr": "*fp32",
            "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32",
