@@ -194,6 +194,8 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # warm / cold us: 1M + 100 b1 39.4-39.5 / 42.4-42.7 against 40.1-41.5 / 43.1-43.2, 128K + 100 b1
 # 23.0-23.1 / 24.5-24.6 against 22.8-23.2 / 25.0-25.6; at batch 2 (one pair and a half) 1M 63.1-63.5
 # / 65.5-65.9 against 64.3 / 66.3, but 128K cold 35.8 against 34.1 (warm 31.0 against 31.2).
+# Session 35 (H200, `--defaults short_blocks=1024`): 128K rows gathered before their rank, selection
+# 20.5-21.4 against 14.1 us at 128K + 100 batch 1 (sparse total 26.5-27.4 against 23.2): kept 4096.
 DECODE_DEFAULTS = dict(nbc=32, nbc_fp32=32, num_warps=4, num_warps_wide=4, lse_splits=None, dedup=True,
                        p2_early=True, lse_bw=128, lse_elem=True, lse_warps=4, lse_stages=2, short_blocks=4096, gather_chunk=1024,
                        rank_rb=32, rank_ct=256, rank_warps=8, rank_short_rows=4, radix_warps=8)
