@@ -17,7 +17,8 @@ The packed weights are *buffers* in the layout of the device's fast path, so the
               + fp16 scales [groups, N]; up to 64 rows our tensor-core kernel
               (runtime/ops/w8a16/triton_tc.py), above it the weight dequantized by our kernel and
               cuBLAS; bf16 activations in a float32 model.
-- "int8"     (CPU, or CUDA where triton8 does not fit, 8-bit): int8 [groups, N, group] codes − 128 + scales [groups, N]. On
+- "int8"     (CPU, or CUDA where triton8 does not fit, 8-bit): int8 [groups, N, group] codes − 128
+              + scales [groups, N]. On
               CPU (bf16 scales) on bf16 activations: up to CPU_INT8_GEMV_ROWS rows one
               `_weight_int8pack_mm` per group (its per-channel scale is the group's), summed in
               fp32; above, the weight dequantized to bf16 once per call and one bf16 matmul, because

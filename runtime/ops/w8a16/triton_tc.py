@@ -232,7 +232,8 @@ def _w8a16_tc_dequant_kernel(qw_ptr, s_ptr, w_ptr, N, K, GROUP: tl.constexpr, BL
     w = _dequant8(q, BLOCK_N, USE_ASM, FP16)
     s = tl.load(s_ptr + ((kb * 64) // GROUP) * N + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
     k = kb * 64 + tl.arange(0, 64)
-    tl.store(w_ptr + offs_n[:, None].to(tl.int64) * K + k[None, :], (w.to(tl.float32) * s[:, None]).to(w_ptr.dtype.element_ty),
+    w = (w.to(tl.float32) * s[:, None]).to(w_ptr.dtype.element_ty)
+    tl.store(w_ptr + offs_n[:, None].to(tl.int64) * K + k[None, :], w,
              mask=(offs_n < N)[:, None])
 
 
@@ -252,7 +253,8 @@ def w8a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group
     (layout.py `pack_tc8`), scales fp16 [groups, N]; group_size -1 means one group over K."""
     M, K = x.shape
     N = qweight.shape[1] * TC_ROWS
-    assert qweight.shape[0] * K_BLOCK8 == K and qweight.shape[2] == 256, "qweight must be pack_tc8(u) of a [K, N] weight"
+    assert qweight.shape[0] * K_BLOCK8 == K and qweight.shape[2] == 256, \
+        "qweight must be pack_tc8(u) of a [K, N] weight"
     assert x.dtype in (torch.bfloat16, torch.float16) and 1 <= M <= MAX_ROWS and tc8_group_ok(K, group_size)
     if x.stride(-1) != 1:
         x = x.contiguous()
