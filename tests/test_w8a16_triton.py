@@ -121,6 +121,7 @@ def run(device, cases):
 # K, N, group, rows, dtype, SMs, TC8Config fields (None: the dispatch's config). N = 48: one tile of BLOCK_N 32 with a
 # masked row group; K = 448: 7 blocks, so unroll 4 and 2 have masked tails and splits are uneven.
 _TC8_CPU_CASES = [(256, 64, 128, 1, torch.bfloat16, 1, dict(waves=0.25)), (448, 48, 64, 5, torch.float16, 8, None),
+                  (448, 48, 64, 5, torch.bfloat16, 8, dict(f16=1)), (256, 64, -1, 17, torch.float16, 2, dict(f16=1)),
                   (448, 64, -1, 20, torch.bfloat16, 4, dict(unroll=2, red=2)),
                   (448, 32, 64, 3, torch.bfloat16, 64, dict(unroll=4, block_n=32, warps=2)),
                   (256, 80, 128, 40, torch.bfloat16, 2, None), (192, 16, -1, 2, torch.float16, 16, dict(unroll=1))]

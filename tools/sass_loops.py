@@ -103,7 +103,7 @@ def w8a16_source(spec: str, M: int, N: int, K: int):
            "split_k": "i32"}
     const = {"GROUP": 128, "BLOCK_N": cfg.block_n, "BLOCK_M": block_m(M), "USE_ASM": True, "DOT_F32": False,
              "WARPS": cfg.warps, "UNROLL": _unroll(cfg.unroll, -(-K // 64 // split)),
-             "EVEN_N": N % cfg.block_n == 0, "RED": cfg.red, "PDL": True}
+             "EVEN_N": N % cfg.block_n == 0, "RED": cfg.red, "F16": bool(cfg.f16), "PDL": True}
     for name, value in (("M", M), ("split_k", split)):
         if value == 1:                     # Triton specialises integer arguments equal to 1
             const[name] = 1

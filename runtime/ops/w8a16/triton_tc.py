@@ -20,6 +20,11 @@ into the MMA and one MMA of a constant −2304 tile for the offsets (7 instructi
 asm cannot run: the same bits come from plain Triton ops (`USE_ASM=False`) and the products run in
 fp32; everything after is shared.
 
+The F16 variant (`TC8Config.f16`, o_proj's default at up to 16 rows): fp16 weights 1024 + u from one
+PRMT per pair and u − 128 by one sub.f16x2 (4 instructions per 4 weights), fp16 MMA; bf16 activations
+are first scaled per 64-row block and column by a power of two that puts the column's largest |x|
+in [2^14, 2^15) (exact: bf16's 8 significant bits fit fp16's 11), the partial scaled back.
+
 Scales: groups of 64 rows or more (and per-channel): one fp32 multiply per output element and
 64-row block after the MMA. Smaller groups use triton.py's kernels. Split-K in one launch
 (runtime/ops/split_k.py). Launch configs: `TC8Config`; benchmarks/w8a16_bench.py times them.
@@ -55,6 +60,7 @@ class TC8Config:
     stages: int = 1
     waves: float = 4.0
     red: int = 1
+    f16: int = 0
 
     def split(self, M: int, N: int, K: int, sms: int) -> int:
         """Splits of K in whole 64-row blocks, none of them empty."""
@@ -66,7 +72,8 @@ class TC8Config:
     @staticmethod
     def parse(text: str, base: "TC8Config") -> "TC8Config":
         """'bn=64,un=2,stages=3' -> base with those fields (bn, w, un, stages, waves, red)."""
-        keys = {"bn": "block_n", "w": "warps", "un": "unroll", "stages": "stages", "waves": "waves", "red": "red"}
+        keys = {"bn": "block_n", "w": "warps", "un": "unroll", "stages": "stages", "waves": "waves", "red": "red",
+                "f16": "f16"}
         known = {f.name for f in fields(TC8Config)}
         out = {}
         for item in filter(None, text.replace(" ", "").split(",")):
@@ -93,7 +100,11 @@ def block_m(M: int) -> int:
 # - 33-64 rows: unroll 1 over 3 stages (0.77-1.14x: o 0.82x, gate+up 1.14x; unroll 4 0.61-0.93x).
 TC8_DEFAULTS: dict[int, TC8Config] = {16: TC8Config(unroll=4), 32: TC8Config(unroll=4),
                                       64: TC8Config(unroll=1, stages=3)}
+# Same session, `--shapes 0,2,3,4,5 --batches 1,8,32 --tc8 ";f16=1"`: the F16 variant at up to 16 rows,
+# o 4096x4096 1.49x / 1.51x against 1.34x / 1.35x (M = 1 / 8); qkvz, down, gate+up within 1-3%, the
+# sparse projection 1.37x against 1.58x; at 32 rows 0.80-0.99x against 1.23-1.31x. So o_proj only.
 TC8_SHAPE_DEFAULTS: dict[tuple[int, int, int], TC8Config] = {
+    (4096, 4096, 16): TC8Config(unroll=4, f16=1),
     (16384, 4096, 16): TC8Config(unroll=4, waves=8),
     (4096, 16384, 16): TC8Config(unroll=4, waves=8),
     (8704, 4096, 32): TC8Config(unroll=2),
@@ -172,21 +183,56 @@ def _load8(x_ptr, qw_ptr, s_ptr, kb, kb1, pid_n, offs_n, offs_m, M, N, NG, strid
     return q, xt, s
 
 
+# F16 variant: fp16 weights (1024 + u) by one PRMT per pair, minus 1152 by one sub.f16x2 (4
+# instructions per 4 weights); bf16 activations are scaled per 64-row block and column by a power of
+# two into fp16's range (exact), and the MMA's partial scaled back.
+PRMT_FP16_ASM = tl.constexpr("{ .reg .b32 m, c; mov.b32 m, 0x64646464; mov.b32 c, 0x64806480;"
+                             " prmt.b32 $0, $2, m, 0x4240; prmt.b32 $1, $2, m, 0x4341;"
+                             " sub.f16x2 $0, $0, c; sub.f16x2 $1, $1, c; }")
+
+
 @triton.jit
-def _mma8(acc, q, xt, s, BLOCK_N: tl.constexpr, USE_ASM: tl.constexpr, DOT_F32: tl.constexpr):
-    w = _dequant8(q, BLOCK_N, USE_ASM, xt.dtype == tl.float16)
-    if DOT_F32:
-        part = tl.dot(w.to(tl.float32), xt.to(tl.float32))
+def _pow2_scale(xt):
+    """Per column of xt [64, BM]: (2^e, 2^-e) with the column's largest |x|·2^e in [2^14, 2^15)."""
+    amax = tl.max(tl.abs(xt.to(tl.float32)), axis=0)
+    se = tl.minimum(tl.maximum(268 - ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF), 1), 253)
+    return (se << 23).to(tl.float32, bitcast=True), ((254 - se) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _mma8(acc, q, xt, s, BLOCK_N: tl.constexpr, USE_ASM: tl.constexpr, DOT_F32: tl.constexpr,
+          F16: tl.constexpr = False):
+    if F16:
+        if USE_ASM:
+            r0, r1 = tl.inline_asm_elementwise(PRMT_FP16_ASM, "=r,=r,r", [q], dtype=(tl.int32, tl.int32),
+                                               is_pure=True, pack=1)
+        else:
+            r0 = _pair8(q, 0, -128.0, True)
+            r1 = _pair8(q, 8, -128.0, True)
+        w = _k_order8(r0, r1, BLOCK_N, True)
+        if xt.dtype == tl.float16:
+            x16 = xt
+            back = s[:, None]
+        else:
+            up, down = _pow2_scale(xt)
+            x16 = (xt.to(tl.float32) * up[None, :]).to(tl.float16)
+            back = s[:, None] * down[None, :]
     else:
-        part = tl.dot(w, xt)
-    return acc + part * s[:, None]
+        w = _dequant8(q, BLOCK_N, USE_ASM, xt.dtype == tl.float16)
+        x16 = xt
+        back = s[:, None]
+    if DOT_F32:
+        part = tl.dot(w.to(tl.float32), x16.to(tl.float32))
+    else:
+        part = tl.dot(w, x16)
+    return acc + part * back
 
 
 @triton.jit
 def _w8a16_tc_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym, split_k,
                      GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, USE_ASM: tl.constexpr,
                      DOT_F32: tl.constexpr, WARPS: tl.constexpr, UNROLL: tl.constexpr, EVEN_N: tl.constexpr,
-                     RED: tl.constexpr, PDL: tl.constexpr = False):
+                     RED: tl.constexpr, F16: tl.constexpr = False, PDL: tl.constexpr = False):
     pdl_wait(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -210,12 +256,12 @@ def _w8a16_tc_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stri
                                  GROUP, BLOCK_N, WARPS, EVEN_N)
             q4, xt4, s4 = _load8(x_ptr, qw_ptr, s_ptr, kb + 3, kb1, pid_n, offs_n, offs_m, M, N, NG, stride_xm,
                                  GROUP, BLOCK_N, WARPS, EVEN_N)
-        acc = _mma8(acc, q, xt, s, BLOCK_N, USE_ASM, DOT_F32)
+        acc = _mma8(acc, q, xt, s, BLOCK_N, USE_ASM, DOT_F32, F16)
         if UNROLL >= 2:
-            acc = _mma8(acc, q2, xt2, s2, BLOCK_N, USE_ASM, DOT_F32)
+            acc = _mma8(acc, q2, xt2, s2, BLOCK_N, USE_ASM, DOT_F32, F16)
         if UNROLL == 4:
-            acc = _mma8(acc, q3, xt3, s3, BLOCK_N, USE_ASM, DOT_F32)
-            acc = _mma8(acc, q4, xt4, s4, BLOCK_N, USE_ASM, DOT_F32)
+            acc = _mma8(acc, q3, xt3, s3, BLOCK_N, USE_ASM, DOT_F32, F16)
+            acc = _mma8(acc, q4, xt4, s4, BLOCK_N, USE_ASM, DOT_F32, F16)
     store_split_k(acc, y_ptr, ws_ptr, cnt_ptr, pid_m * tl.num_programs(0) + pid_n, pid_k, split_k, offs_m, offs_n,
                   (offs_m < M)[None, :] & (offs_n < N)[:, None], M, N, stride_ym, RED)
 
@@ -273,7 +319,7 @@ def w8a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group
         GROUP=K if group_size == -1 else group_size, BLOCK_N=bn, BLOCK_M=block_m(M),
         USE_ASM=(not _INTERPRET) if use_asm is None else use_asm, DOT_F32=_INTERPRET, WARPS=cfg.warps,
         UNROLL=_unroll(cfg.unroll, triton.cdiv(K // K_BLOCK8, split)),
-        EVEN_N=N % bn == 0, RED=cfg.red, num_warps=cfg.warps, num_stages=cfg.stages, **launch_args(x.device))
+        EVEN_N=N % bn == 0, RED=cfg.red, F16=bool(cfg.f16), num_warps=cfg.warps, num_stages=cfg.stages, **launch_args(x.device))
     return y
 
 
