@@ -319,7 +319,8 @@ def w8a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group
         GROUP=K if group_size == -1 else group_size, BLOCK_N=bn, BLOCK_M=block_m(M),
         USE_ASM=(not _INTERPRET) if use_asm is None else use_asm, DOT_F32=_INTERPRET, WARPS=cfg.warps,
         UNROLL=_unroll(cfg.unroll, triton.cdiv(K // K_BLOCK8, split)),
-        EVEN_N=N % bn == 0, RED=cfg.red, F16=bool(cfg.f16), num_warps=cfg.warps, num_stages=cfg.stages, **launch_args(x.device))
+        EVEN_N=N % bn == 0, RED=cfg.red, F16=bool(cfg.f16), num_warps=cfg.warps, num_stages=cfg.stages,
+        **launch_args(x.device))
     return y
 
 
