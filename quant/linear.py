@@ -40,6 +40,7 @@ from torch import nn
 from salactl.errors import CheckpointError
 from salactl.quant.packing import default_g_idx, pack_qweight, unpack_qweight
 from salactl.runtime.ops.w4a16 import reference
+from salactl.runtime.ops.w8a16.layout import pack_tc8, tc8_fits, unpack_tc8
 
 _CPU_INT4_GROUPS = (32, 64, 128, 256)
 _MODEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -68,15 +69,10 @@ def _cpu_int8_available() -> bool:
     return hasattr(torch.ops.aten, "_weight_int8pack_mm")
 
 
-def _tc8_fits(in_features: int, out_features: int, group_size: int) -> bool:
-    return in_features % 64 == 0 and out_features % 16 == 0 and (
-        group_size == -1 or (group_size % 64 == 0 and in_features % group_size == 0))
-
-
 def choose_layout(device: torch.device, bits: int, in_features: int, group_size: int, dtype: torch.dtype,
                   out_features: int = 16) -> str:
     if bits == 8 and device.type == "cuda" and dtype in _MODEL_DTYPES and _triton_available() \
-            and _tc8_fits(in_features, out_features, group_size):
+            and tc8_fits(in_features, out_features, group_size):
         return "triton8"
     if bits == 8 and (group_size == -1 or in_features % group_size == 0) and dtype in _MODEL_DTYPES \
             and (device.type == "cuda" or (device.type == "cpu" and _cpu_int8_available())):
@@ -142,8 +138,6 @@ class W4A16Linear(nn.Module):
             buffers = {"qweight": packed, "scales_and_zeros": sz}
             group_size_kernel = gq
         elif layout == "triton8":
-            from salactl.runtime.ops.w8a16.layout import pack_tc8
-
             buffers = {"qweight": pack_tc8(unpack_qweight(qweight.to(device), 8)), "scales": scales16.to(device)}
         elif layout == "int8":
             codes = unpack_qweight(qweight.cpu(), 8) - 128                  # [K, N], symmetric zero 128
@@ -162,18 +156,12 @@ class W4A16Linear(nn.Module):
 
     def dequantized_weight(self) -> torch.Tensor:
         """fp32 [N, K] in the module's (possibly act-order-permuted) input order."""
-        if self.layout == "triton":
+        if self.layout in ("triton", "triton8"):
             from salactl.runtime.ops.w4a16.layout import unpack_tc
 
-            codes = unpack_tc(self.qweight).float()
+            codes = (unpack_tc(self.qweight) if self.layout == "triton" else unpack_tc8(self.qweight)).float()
             g = default_g_idx(self.in_features, self.group_size, codes.device).long()
-            return ((codes - 8) * self.scales.float()[g]).t()
-        if self.layout == "triton8":
-            from salactl.runtime.ops.w8a16.layout import unpack_tc8
-
-            codes = unpack_tc8(self.qweight).float()
-            g = default_g_idx(self.in_features, self.group_size, codes.device).long()
-            return ((codes - 128) * self.scales.float()[g]).t()
+            return ((codes - 2 ** (self.bits - 1)) * self.scales.float()[g]).t()
         if self.layout == "cpu_int4":
             eye = torch.eye(self.in_features, dtype=torch.bfloat16)
             w_t = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.qweight, self.kernel_group,

@@ -135,3 +135,19 @@ def test_layout_choice_by_device_bits_and_dtype(monkeypatch):
     assert linear.choose_layout(cuda, 4, 4160, 128, torch.bfloat16, 4096) == "dequant"     # K % 128
     assert linear.choose_layout(cuda, 4, 4096, 128, torch.bfloat16, 4104) == "dequant"     # N % 16
     assert linear.choose_layout(cpu, 4, 4096, 16, torch.float32, 4096) == "dequant"        # torch's int4 groups
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_tensor_core_layouts_dequantize_to_the_definition(bits, rng):
+    """The CUDA layouts' packed words (pack_tc / pack_tc8, pure torch) give back scale · (q − zero)."""
+    from salactl.runtime.ops.w4a16.layout import pack_tc
+    from salactl.runtime.ops.w8a16.layout import pack_tc8
+
+    K, N, G = 256, 32, 128
+    codes, scales, t = _random_gptq(K, N, G, bits, rng)
+    q = unpack_qweight(t["qweight"], bits)                                   # [K, N]
+    words = pack_tc(q) if bits == 4 else pack_tc8(q)
+    mod = W4A16Linear(K, N, bits, G, "triton" if bits == 4 else "triton8",
+                      {"qweight": words, "scales": t["scales"].half()})
+    want = reference.dequantize(t["qweight"], t["scales"], t["g_idx"], bits)
+    assert rel_err(mod.dequantized_weight(), want) < 1e-6

@@ -91,8 +91,8 @@ def w8a16_source(spec: str, M: int, N: int, K: int):
     """The W8A16 tensor-core kernel (`_w8a16_tc_kernel`) as `w8a16_tc` launches it for this spec."""
     from triton.compiler import ASTSource
 
-    from salactl.runtime.ops.w8a16.triton_tc import (TC8Config, _unroll, _w8a16_tc_kernel, block_m,
-                                                     default_tc8_config)
+    from salactl.runtime.ops.w4a16.tc_config import tc_block_m
+    from salactl.runtime.ops.w8a16.triton_tc import TC8Config, _unroll, _w8a16_tc_kernel, default_tc8_config
     try:
         cfg = TC8Config.parse(spec, default_tc8_config(M, N, K))
     except ValueError as e:
@@ -101,7 +101,7 @@ def w8a16_source(spec: str, M: int, N: int, K: int):
     sig = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*fp16", "y_ptr": "*bf16", "ws_ptr": "*fp32",
            "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32",
            "split_k": "i32"}
-    const = {"GROUP": 128, "BLOCK_N": cfg.block_n, "BLOCK_M": block_m(M), "USE_ASM": True, "DOT_F32": False,
+    const = {"GROUP": 128, "BLOCK_N": cfg.block_n, "BLOCK_M": tc_block_m(M), "USE_ASM": True, "DOT_F32": False,
              "WARPS": cfg.warps, "UNROLL": _unroll(cfg.unroll, -(-K // 64 // split)),
              "EVEN_N": N % cfg.block_n == 0, "RED": cfg.red, "F16": bool(cfg.f16), "PDL": True}
     for name, value in (("M", M), ("split_k", split)):

@@ -37,8 +37,12 @@ def _tc8_index(K: int, N: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     return word, shift.expand(K, N)
 
 
-def tc8_fits(K: int, N: int) -> bool:
-    return K % K_BLOCK8 == 0 and N % TC_ROWS == 0
+def tc8_fits(K: int, N: int, group_size: int = -1) -> bool:
+    """Whether a [K, N] weight with this GPTQ group size takes the tensor-core layout: whole 64-row
+    blocks, whole 16-row tiles, and groups the kernel scales per block (per-channel, or a multiple
+    of 64 dividing K)."""
+    return K % K_BLOCK8 == 0 and N % TC_ROWS == 0 and (
+        group_size == -1 or (group_size % K_BLOCK8 == 0 and K % group_size == 0))
 
 
 def pack_tc8(u: torch.Tensor) -> torch.Tensor:

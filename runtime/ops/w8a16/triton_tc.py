@@ -43,7 +43,8 @@ import triton.language as tl
 from salactl.runtime.ops.pdl import launch_args, pdl_wait
 from salactl.runtime.ops.split_k import split_counters, store_split_k
 from salactl.runtime.ops.w4a16.triton_tc import _half_bits, _load_words, _split_halves
-from salactl.runtime.ops.w8a16.layout import K_BLOCK8, TC_ROWS
+from salactl.runtime.ops.w4a16.tc_config import tc_block_m
+from salactl.runtime.ops.w8a16.layout import K_BLOCK8, TC_ROWS, tc8_fits
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 MAX_ROWS = 64
@@ -65,7 +66,7 @@ class TC8Config:
     def split(self, M: int, N: int, K: int, sms: int) -> int:
         """Splits of K in whole 64-row blocks, none of them empty."""
         nkb = K // K_BLOCK8
-        tiles = triton.cdiv(N, self.block_n) * triton.cdiv(M, block_m(M))
+        tiles = triton.cdiv(N, self.block_n) * triton.cdiv(M, tc_block_m(M))
         split = max(1, min(nkb, round(self.waves * sms / tiles)))
         return triton.cdiv(nkb, triton.cdiv(nkb, split))
 
@@ -83,10 +84,6 @@ class TC8Config:
                 raise ValueError(f"bad W8A16 config field {item!r}; fields: {', '.join(keys)}")
             out[name] = float(value) if name == "waves" else int(value)
         return replace(base, **out)
-
-
-def block_m(M: int) -> int:
-    return 16 if M <= 16 else 32 if M <= 32 else 64
 
 
 # Keyed by BLOCK_M; TC8_SHAPE_DEFAULTS[(N, K, BLOCK_M)] overrides one shape. Session 35 (H200,
@@ -113,7 +110,7 @@ TC8_SHAPE_DEFAULTS: dict[tuple[int, int, int], TC8Config] = {
 
 
 def default_tc8_config(M: int, N: int = 0, K: int = 0) -> TC8Config:
-    bm = block_m(M)
+    bm = tc_block_m(M)
     return TC8_SHAPE_DEFAULTS.get((N, K, bm)) or TC8_DEFAULTS[bm]
 
 
@@ -183,9 +180,7 @@ def _load8(x_ptr, qw_ptr, s_ptr, kb, kb1, pid_n, offs_n, offs_m, M, N, NG, strid
     return q, xt, s
 
 
-# F16 variant: fp16 weights (1024 + u) by one PRMT per pair, minus 1152 by one sub.f16x2 (4
-# instructions per 4 weights); bf16 activations are scaled per 64-row block and column by a power of
-# two into fp16's range (exact), and the MMA's partial scaled back.
+# the F16 variant's dequantization (module docstring): fp16 1024 + u pairs by PRMT, minus 1152
 PRMT_FP16_ASM = tl.constexpr("{ .reg .b32 m, c; mov.b32 m, 0x64646464; mov.b32 c, 0x64806480;"
                              " prmt.b32 $0, $2, m, 0x4240; prmt.b32 $1, $2, m, 0x4341;"
                              " sub.f16x2 $0, $0, c; sub.f16x2 $1, $1, c; }")
@@ -283,11 +278,6 @@ def _w8a16_tc_dequant_kernel(qw_ptr, s_ptr, w_ptr, N, K, GROUP: tl.constexpr, BL
              mask=(offs_n < N)[:, None])
 
 
-def tc8_group_ok(K: int, group_size: int) -> bool:
-    """Groups this kernel scales per 64-row block: per-channel, or a multiple of 64 dividing K."""
-    return group_size == -1 or (group_size % K_BLOCK8 == 0 and K % group_size == 0)
-
-
 def _unroll(unroll: int, blocks: int) -> int:
     """The kernel's UNROLL (1, 2 or 4): at most `unroll` and at most the blocks one split owns."""
     return next(u for u in (4, 2, 1) if u <= unroll and u <= blocks)
@@ -301,7 +291,7 @@ def w8a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group
     N = qweight.shape[1] * TC_ROWS
     assert qweight.shape[0] * K_BLOCK8 == K and qweight.shape[2] == 256, \
         "qweight must be pack_tc8(u) of a [K, N] weight"
-    assert x.dtype in (torch.bfloat16, torch.float16) and 1 <= M <= MAX_ROWS and tc8_group_ok(K, group_size)
+    assert x.dtype in (torch.bfloat16, torch.float16) and 1 <= M <= MAX_ROWS and tc8_fits(K, N, group_size)
     if x.stride(-1) != 1:
         x = x.contiguous()
     cfg = config or default_tc8_config(M, N, K)
@@ -312,11 +302,11 @@ def w8a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group
     split = cfg.split(M, N, K, sms)
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
     ws = torch.empty(split if split > 1 else 1, M, N, device=x.device, dtype=torch.float32)
-    grid = (triton.cdiv(N, bn), split, triton.cdiv(M, block_m(M)))
+    grid = (triton.cdiv(N, bn), split, triton.cdiv(M, tc_block_m(M)))
     cnt = split_counters(x.device, grid[0] * grid[2])
     _w8a16_tc_kernel[grid](
         x, qweight, scales, y, ws, cnt, M, N, K, x.stride(0), y.stride(0), split,
-        GROUP=K if group_size == -1 else group_size, BLOCK_N=bn, BLOCK_M=block_m(M),
+        GROUP=K if group_size == -1 else group_size, BLOCK_N=bn, BLOCK_M=tc_block_m(M),
         USE_ASM=(not _INTERPRET) if use_asm is None else use_asm, DOT_F32=_INTERPRET, WARPS=cfg.warps,
         UNROLL=_unroll(cfg.unroll, triton.cdiv(K // K_BLOCK8, split)),
         EVEN_N=N % bn == 0, RED=cfg.red, F16=bool(cfg.f16), num_warps=cfg.warps, num_stages=cfg.stages,
