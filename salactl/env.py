@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import subprocess
@@ -45,6 +46,13 @@ def _gpu() -> dict:
     return info
 
 
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def environment() -> dict:
     try:
         import triton
@@ -57,6 +65,7 @@ def environment() -> dict:
         "salactl": salactl.__version__,
         "torch": torch.__version__,
         "triton": triton_version,
+        "fla_core": _version("fla-core"),
         "python": platform.python_version(),
         "cpu": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),

@@ -18,6 +18,16 @@ stdout = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160, mar
 stderr = Console(stderr=True, soft_wrap=True, markup=False)
 
 
+_warned: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """One `warning: ...` line on stderr per distinct message and process."""
+    if message not in _warned:
+        _warned.add(message)
+        stderr.print(f"warning: {message}")
+
+
 def directory_option(path: Path | None, flag: str = "--out") -> Path | None:
     """A directory option's path (None passes); an existing file there is a usage error, raised before
     any work starts."""

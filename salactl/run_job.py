@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from salactl import output
 from salactl.errors import UsageError
 from salactl.runtime.engine import Engine
 from salactl.runtime.loader import load_model
@@ -71,6 +72,8 @@ def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
 
         engine = GPUEngine(lm.model, device, chunk_size=req.chunk_size, max_running_requests=1,
                            kv_tokens=len(ids) + req.max_new_tokens + 64, kv_dtype=fp8_dtype(req.kv_cache_dtype))
+        for note in engine.fallback_notes():
+            output.warn_once(note)
         if req.op_profile:
             res, timing_note = generate_with_op_profile(engine, ids, params, eos_ids=eos, on_token=on_token)
         else:
@@ -120,6 +123,7 @@ def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
                      "seed": req.seed, "max_new_tokens": req.max_new_tokens},
         "chunk_size": req.chunk_size,
         "kv_cache_dtype": req.kv_cache_dtype,
+        "gla_prefill": getattr(engine, "gla_prefill", "reference"),
         "env": environment(),
     }
 

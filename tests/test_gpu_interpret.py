@@ -3,6 +3,7 @@ interpreter (TRITON_INTERPRET=1), in fp32 at small shapes, against the plain-PyT
 Skipped where triton is not installed (CI) and on CUDA machines (test_gpu_*.py cover those).
 The interpreter rounds bf16/fp8 conversions differently from GPUs, hence fp32 here."""
 
+import importlib.util
 import os
 
 import pytest
@@ -28,7 +29,22 @@ def _assert_rows(rows):
 
 
 def test_gla_decode_in_place_and_prefill():
-    _assert_rows(S.check_gla("cpu", torch.float32, H=4, D=32, n=3, T=70))
+    rows = S.check_gla("cpu", torch.float32, H=4, D=32, n=3, T=70)
+    _assert_rows(rows)
+    assert {"gla_prefill[reference].o", "gla_prefill[reference].state"} <= {r[0] for r in rows}
+
+
+def test_engine_notes_a_cuda_prefill_without_fla_core():
+    """CUDA without fla-core still runs (the exact reference prefill), but says so."""
+    from salactl.runtime.gpu.engine import fallback_notes
+    from salactl.runtime.ops.gla.triton import FLA, REFERENCE, prefill_impl
+
+    has_fla = importlib.util.find_spec("fla") is not None
+    assert prefill_impl("cpu") == REFERENCE and fallback_notes(torch.device("cpu")) == []
+    assert prefill_impl("cuda") == (FLA if has_fla else REFERENCE)
+    notes = fallback_notes(torch.device("cuda"))
+    assert len(notes) == (0 if has_fla else 1)
+    assert all("pip install 'salactl[gpu]'" in n for n in notes)
 
 
 @pytest.mark.parametrize("fp8", [None, torch.float8_e4m3fn, torch.float8_e5m2])

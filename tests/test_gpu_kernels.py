@@ -20,6 +20,18 @@ def test_gla_decode_and_prefill(dtype):
     _assert_rows(S.check_gla("cuda", dtype))
 
 
+def test_gla_prefill_runs_fla_core_on_cuda():
+    """Without fla-core the prefill rows above compare the reference with itself, so this says
+    whether they tested fla's kernel (a skip here means they did not)."""
+    pytest.importorskip("fla.ops.simple_gla", reason="fla-core (the gpu extra) is not installed")
+    from salactl.runtime.gpu import selfcheck as S
+    from salactl.runtime.ops.gla.triton import FLA
+
+    rows = S.check_gla("cuda", torch.float32, T=70)
+    _assert_rows(rows)
+    assert any(name.startswith(f"gla_prefill[{FLA}]") for name, *_ in rows), rows
+
+
 @pytest.mark.parametrize("fp8", [None, torch.float8_e4m3fn, torch.float8_e5m2])
 def test_store_kv(fp8):
     from salactl.runtime.gpu import selfcheck as S

@@ -16,6 +16,14 @@ def test_consoles_print_brackets_verbatim(capsys):
     assert "model.layers[0].mlp[gate]" in got.out
 
 
+def test_warn_once_prints_each_warning_once(capsys):
+    for _ in range(3):
+        output.warn_once("fla-core is missing (test)")
+    output.warn_once("another (test)")
+    err = capsys.readouterr().err
+    assert err.count("warning: fla-core is missing (test)") == 1 and err.count("warning: another (test)") == 1
+
+
 @pytest.mark.parametrize("args", [["run", "--prompt", "hi", "-n", "2"], ["sweep", "--topk", "2"],
                                   ["profile", "--torch", "--phase", "decode"],
                                   ["bench", "--profile", "decode", "--scale", "0.002"]])

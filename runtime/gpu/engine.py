@@ -24,8 +24,17 @@ from salactl.runtime.gpu.fast_model import fuse_model
 from salactl.runtime.gpu.pools import CachePools, IdAllocator, plan_pools
 from salactl.runtime.gpu.runner import ModelRunner
 from salactl.runtime.gpu.scheduler import Request, Scheduler
+from salactl.runtime.ops.gla.triton import FLA, prefill_impl
 from salactl.runtime.op_timer import NULL_TIMER, OpTimer
 from salactl.runtime.sampling import SamplingParams, sample
+
+
+def fallback_notes(device: torch.device) -> list[str]:
+    """Slow paths the engine takes on `device` for want of an optional package (for a warning)."""
+    if device.type == "cuda" and prefill_impl(device) != FLA:
+        return ["fla-core is not installed, so lightning-layer prefill runs the PyTorch reference "
+                "(exact but slow); install it with: pip install 'salactl[gpu]'"]
+    return []
 
 
 class GPUEngine:
@@ -67,6 +76,10 @@ class GPUEngine:
         self._next_id = 0
         self.timers = {"prefill": OpTimer(self.device), "decode": OpTimer(self.device)}
         self.phase_calls = {"prefill": 0, "decode": 0}
+        self.gla_prefill = prefill_impl(self.device)
+
+    def fallback_notes(self) -> list[str]:
+        return fallback_notes(self.device)
 
     def _set_kv_scales(self, model, kv_dtype) -> None:
         """FP8 KV: calibrated per-layer scales from the checkpoint (runtime/kv_fp8.py policy:

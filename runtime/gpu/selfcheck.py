@@ -42,7 +42,7 @@ def _tol(dtype) -> float:
 def check_gla(device, dtype, H=32, D=128, n=5, T=300) -> list:
     from salactl.runtime.layers.lightning import alibi_slopes
     from salactl.runtime.ops.gla.reference import gla_chunked, gla_recurrent
-    from salactl.runtime.ops.gla.triton import gla_decode_, gla_prefill_
+    from salactl.runtime.ops.gla.triton import gla_decode_, gla_prefill_, prefill_impl
 
     g = -torch.tensor(alibi_slopes(H), device=device)
     pool = torch.randn(n + 2, H, D, D, device=device) * 0.1
@@ -65,7 +65,8 @@ def check_gla(device, dtype, H=32, D=128, n=5, T=300) -> list:
     work = pool.clone()
     o = gla_prefill_(qT, kT, vT, g, scale, work, 1, max_chunk=128)
     tol = 1e-4 if (dtype == torch.float32 and not qT.is_cuda) else (2e-3 if dtype == torch.float32 else 1e-2)
-    out += [("gla_prefill.o", rel_err(o, ro), tol), ("gla_prefill.state", rel_err(work[1], rs), tol)]
+    name = f"gla_prefill[{prefill_impl(device)}]"
+    out += [(f"{name}.o", rel_err(o, ro), tol), (f"{name}.state", rel_err(work[1], rs), tol)]
     return out
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from salactl import output
 from salactl.profiling.ranges import LAYER_PREFIX
 from salactl.profiling.workload import Workload
 from salactl.runtime.op_timer import NULL_TIMER
@@ -71,6 +72,8 @@ def build_engine_workload(w: Workload) -> EngineWorkload:
     engine = GPUEngine(w.model, w.device, max_running_requests=rows, cuda_graph=False,
                        chunk_size=min(16384, max(spec.context, spec.chunk_size)), kv_tokens=rows * room,
                        kv_dtype=kv_dtype, eos_ids=())
+    for note in engine.fallback_notes():
+        output.warn_once(note)
     B, step = cfg.sparse_config.block_size, engine.scheduler.chunk_tokens
     gen = torch.Generator().manual_seed(spec.seed)
     slots = {}

@@ -6,8 +6,9 @@
   call and is autotuned, which is why this one is hand-written (after vLLM's in-place variant).
 - `gla_prefill_`: fla-core `chunk_simple_gla` (imported lazily: the `gpu` extra) over bounded
   chunks, so a long prompt never materialises more than `max_chunk/64` per-chunk states; the
-  final fp32 state is written back into the pool. Without fla (CPU tests) it runs the exact
-  reference `gla_chunked`.
+  final fp32 state is written back into the pool. Without fla (CPU, or a CUDA install without the
+  `gpu` extra) it runs the exact reference `gla_chunked`; `prefill_impl` says which, so callers
+  can warn and records can say so.
 Semantics: S_t = exp(g_h)·S_{t-1} + k_tᵀv_t ; o_t = (scale·q_t)·S_t (ops/gla/reference.py).
 """
 
@@ -68,11 +69,22 @@ def _fla_chunk():
     return chunk_simple_gla
 
 
+FLA = "fla-core"
+REFERENCE = "reference"
+
+
+def prefill_impl(device) -> str:
+    """Which implementation `gla_prefill_` runs on `device`: FLA (CUDA with fla-core importable)
+    or REFERENCE (the exact PyTorch `gla_chunked`: CPU, or CUDA without the `gpu` extra, where it
+    is correct but far slower)."""
+    return FLA if torch.device(device).type == "cuda" and _fla_chunk() is not None else REFERENCE
+
+
 def gla_prefill_(q, k, v, g_gamma, scale, state_pool, slot: int, max_chunk: int = 32768):
     """Many tokens of ONE sequence: q, k [T, H, K]; v [T, H, V]. Starts from state_pool[slot]
     and writes the final fp32 state back there. Returns o [T, H, V] in q's dtype."""
     T = q.shape[0]
-    chunk_fn = _fla_chunk() if q.is_cuda else None
+    chunk_fn = _fla_chunk() if prefill_impl(q.device) == FLA else None
     outs = []
     for c0 in range(0, T, max_chunk):
         qc, kc, vc = q[c0:c0 + max_chunk], k[c0:c0 + max_chunk], v[c0:c0 + max_chunk]

@@ -11,6 +11,7 @@ import time
 
 import torch
 
+from salactl import output
 from salactl.bench.requests import BenchRequest
 from salactl.bench.targets.base import Chunk, RequestFailed, Target
 from salactl.runtime.sampling import SamplingParams
@@ -132,6 +133,8 @@ def build_engine(model, device, engine: str, chunk_size: int | None, kv_cache_dt
 
         kw = {"kv_dtype": fp8_dtype(kv_cache_dtype)} if fp8_dtype(kv_cache_dtype) is not None else {}
         gpu = GPUEngine(model, device, chunk_size=chunk_size, max_running_requests=max_running, **kw)
+        for note in gpu.fallback_notes():
+            output.warn_once(note)
         return EngineDriver(GpuStepper(gpu), max_running), "gpu", chunk_size
     from salactl.runtime.engine import Engine
 
