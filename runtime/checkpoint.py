@@ -117,15 +117,38 @@ def random_state_dict(config: SalaConfig, device, dtype, seed: int = 0) -> dict[
     return out
 
 
+def check_output_dir(out_dir: Path, overwrite: bool) -> Path:
+    """The absolute checkpoint directory to write, or a one-line error before any work: an existing
+    path needs `overwrite`, and even then only an empty directory or a checkpoint (config.json)
+    is replaced, never the working directory or one above it; no parent may be a file."""
+    from salactl.errors import OutputExistsError, UsageError
+
+    out_dir = Path(out_dir).expanduser().resolve()
+    for parent in out_dir.parents:
+        if parent.exists() and not parent.is_dir():
+            raise UsageError(f"cannot write {out_dir}: {parent} is a file; choose another --out")
+    if not out_dir.exists():
+        return out_dir
+    if not out_dir.is_dir():
+        raise OutputExistsError(f"{out_dir} exists and is not a directory; choose another --out")
+    if not overwrite:
+        raise OutputExistsError(f"{out_dir} already exists; choose another --out or pass --overwrite")
+    cwd = Path.cwd().resolve()
+    if out_dir == cwd or out_dir in cwd.parents:
+        raise OutputExistsError(f"--overwrite would delete {out_dir}, which holds the working directory; "
+                                "choose a new --out")
+    if any(out_dir.iterdir()) and not (out_dir / "config.json").is_file():
+        raise OutputExistsError(f"--overwrite only replaces a checkpoint, and {out_dir} has files but no "
+                                "config.json; choose a new --out")
+    return out_dir
+
+
 def save_checkpoint(state: dict[str, torch.Tensor], config_dict: dict, out_dir: Path,
                     max_shard_bytes: int = 4 << 30, extra_files: dict[str, Path] | None = None,
                     overwrite: bool = False) -> Path:
     """Write config.json + safetensors (sharded with an index when large) into a temp dir next to
     `out_dir`, then rename: a failure never leaves a partial checkpoint."""
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not overwrite:
-        from salactl.errors import OutputExistsError
-        raise OutputExistsError(f"{out_dir} already exists; choose another path or pass --overwrite")
+    out_dir = check_output_dir(out_dir, overwrite)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
@@ -154,7 +177,13 @@ def save_checkpoint(state: dict[str, torch.Tensor], config_dict: dict, out_dir: 
         (tmp / "config.json").write_text(json.dumps(config_dict, indent=2) + "\n")
         for fname, src in (extra_files or {}).items():
             shutil.copyfile(src, tmp / fname)
-        os.chmod(tmp, 0o755)                     # mkdtemp makes it 0700
+        # mkdtemp makes the directory 0700 and safetensors its files 0600: give them the modes a
+        # plain write would (umask), so a server running as another user can read the checkpoint
+        umask = os.umask(0)
+        os.umask(umask)
+        for f in tmp.iterdir():
+            os.chmod(f, 0o666 & ~umask)
+        os.chmod(tmp, 0o777 & ~umask)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)

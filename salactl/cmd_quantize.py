@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from salactl import output
-from salactl.errors import OutputExistsError, QuantizationError, UsageError
+from salactl.errors import QuantizationError, UsageError
 from salactl.options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, RandomWeightsOpt, SeedOpt, TokenizerOpt
 
 
@@ -50,10 +50,9 @@ def quantize(
     opts = QuantOptions(bits, group_size, method, desc_act, damp, kv_cache_dtype, kv_scales_per_head, batch_tokens)
     if batch_tokens < 1:
         raise UsageError(f"--batch-tokens must be positive, got {batch_tokens}")
-    if out.exists() and not overwrite:
-        raise OutputExistsError(f"{out} already exists; choose another --out or pass --overwrite")
-    if out.exists() and not out.is_dir():
-        raise OutputExistsError(f"{out} exists and is not a directory")
+    from salactl.runtime.checkpoint import check_output_dir
+
+    check_output_dir(out, overwrite)
     record = run_quantize(opts, model, random_weights, seed, out, overwrite, calib, nsamples, seqlen,
                           device, dtype, tokenizer)
     if json_out:

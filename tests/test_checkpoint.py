@@ -1,13 +1,16 @@
 """HF checkpoint round trip (single file and sharded) and strict loading errors."""
 
 import json
+import os
+import stat
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 from salactl.errors import CheckpointError, ConfigError
-from salactl.runtime.checkpoint import expected_tensor_shapes, random_state_dict, save_checkpoint
+from salactl.runtime.checkpoint import check_output_dir, expected_tensor_shapes, random_state_dict, save_checkpoint
 from salactl.runtime.config import SalaConfig
 from salactl.runtime.engine import Engine
 from salactl.runtime.loader import build_model, load_model
@@ -88,6 +91,41 @@ def test_save_refuses_existing_dir_and_leaves_no_temp(tmp_path):
     with pytest.raises(OutputExistsError):
         save_checkpoint(state, cfg.to_hf_dict(), path)
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
+
+
+def test_overwrite_never_deletes_the_working_directory_or_a_non_checkpoint(tmp_path, monkeypatch):
+    from salactl.errors import OutputExistsError, UsageError
+
+    cfg, state, path = write_tiny(tmp_path)
+    work = tmp_path / "work"
+    (work / "sub").mkdir(parents=True)
+    (work / "keep.txt").write_text("mine")
+    monkeypatch.chdir(work / "sub")
+    for target in (".", "..", str(work)):
+        with pytest.raises(OutputExistsError, match="holds the working directory"):
+            save_checkpoint(state, cfg.to_hf_dict(), Path(target), overwrite=True)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(OutputExistsError, match="no config.json"):
+        save_checkpoint(state, cfg.to_hf_dict(), work, overwrite=True)
+    assert (work / "keep.txt").read_text() == "mine" and (work / "sub").is_dir()
+    with pytest.raises(UsageError, match="keep.txt is a file"):
+        check_output_dir(work / "keep.txt" / "ckpt", overwrite=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "work"]
+    save_checkpoint(state, cfg.to_hf_dict(), path, overwrite=True)    # a checkpoint is replaced
+    save_checkpoint(state, cfg.to_hf_dict(), work / "sub", overwrite=True)   # an empty dir too
+    assert (work / "sub" / "config.json").is_file()
+
+
+def test_saved_checkpoint_files_follow_the_umask(tmp_path):
+    cfg, state, _ = write_tiny(tmp_path)
+    old = os.umask(0o022)
+    try:
+        out = save_checkpoint(state, cfg.to_hf_dict(), tmp_path / "out")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    assert {f.name: stat.S_IMODE(f.stat().st_mode) for f in out.iterdir()} == {
+        "config.json": 0o644, "model.safetensors": 0o644}
 
 
 def test_config_round_trip_and_aliases():
