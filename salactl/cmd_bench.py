@@ -38,6 +38,7 @@ def bench(
     out: Annotated[Path, typer.Option("--out", help="Directory for records.jsonl and summaries.")] = Path("salactl-results"),
     label: Annotated[Optional[str], typer.Option("--label", help="A name for this run in the records.")] = None,
     flush_sleep: Annotated[float, typer.Option("--flush-sleep", help="Seconds to wait after a server cache flush (SGLang waits 1).")] = 1.0,
+    request_timeout: Annotated[float, typer.Option("--request-timeout", help="Fail a server request after this many seconds without data (0: wait forever).")] = 600.0,
     json_out: JsonOpt = False,
 ) -> None:
     """Benchmark a profile (SOAR S1/S8/Smax by default) and record SGLang-style metrics."""
@@ -53,7 +54,7 @@ def bench(
         random_weights=random_weights, seed=seed, device=device, dtype=dtype, chunk_size=chunk_size,
         engine=engine, kv_cache_dtype=kv_cache_dtype, max_running_requests=max_running_requests,
         reference=reference, accuracy=accuracy, slo=slo, details=details, out=out, label=label,
-        flush_sleep=flush_sleep)
+        flush_sleep=flush_sleep, request_timeout=request_timeout)
     progress = RichProgress()
     try:
         run = run_bench(settings, progress)

@@ -26,6 +26,7 @@ def chunk_sizes(n: int) -> list[int]:
 class FakeServer:
     def __init__(self, ttft: float = 0.2, per_token: float = 0.02, model: str = "fake-model"):
         self.ttft, self.per_token, self.model = ttft, per_token, model
+        self.edit_event = None          # optional fn(event dict) -> what is streamed instead
         self.requests: list[dict] = []
         self.flushes = 0
         self.lock = threading.Lock()
@@ -92,6 +93,8 @@ class FakeServer:
                                      "choices": [{"index": 0, "text": "x" * g, "finish_reason": None}],
                                      "usage": {"prompt_tokens": 1, "completion_tokens": done,
                                                "total_tokens": 1 + done}}
+                        if owner.edit_event is not None:
+                            event = owner.edit_event(event)
                         self._chunk(f"data: {json.dumps(event)}\n\n".encode())
                     self._chunk(b"data: [DONE]\n\n")
                     self.wfile.write(b"0\r\n\r\n")

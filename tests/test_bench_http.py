@@ -15,7 +15,7 @@ from salactl.bench.profiles import Phase
 from salactl.bench.runner import run_phase
 from salactl.bench.synthetic import random_lengths
 from salactl.bench.targets.http import HttpTarget
-from salactl.errors import EndpointError
+from salactl.errors import EndpointError, UsageError
 
 TTFT, PER_TOKEN, OUT = 0.2, 0.02, 12
 
@@ -96,6 +96,53 @@ def test_unreachable_endpoint_fails_fast():
     with pytest.raises(EndpointError, match="cannot reach .*connection refused"):
         HttpTarget(f"http://127.0.0.1:{port}", "sglang").check()
     assert time.perf_counter() - t < 2.0
+
+
+@pytest.mark.parametrize("endpoint", ["http://127.0.0.1:99999", "http://127.0.0.1:abc", "http://[::1",
+                                      "http://127.0.0.1:0", "ftp://127.0.0.1:30000", "http://"])
+def test_bad_endpoint_urls_are_usage_errors(endpoint):
+    with pytest.raises(UsageError, match="--endpoint must be an http\\(s\\) URL"):
+        HttpTarget(endpoint, "sglang")
+
+
+def test_a_server_that_stops_sending_fails_the_request_after_the_read_timeout():
+    from salactl.bench.runner import run_request
+
+    with FakeServer(ttft=5.0, per_token=PER_TOKEN) as srv:
+        target = HttpTarget(srv.url, "sglang", flush_sleep_s=0.0, read_timeout_s=0.3)
+        t = time.perf_counter()
+        res = run_request(target, random_lengths(1, 4, 4, 1000)[0], 4, "P", threading.Event())
+    assert time.perf_counter() - t < 3.0
+    assert not res.success and "no data from the server for 0.3 s (--request-timeout)" in res.error
+
+
+def _set_count(value, key="meta_info"):
+    def edit(event):
+        if key == "meta_info":
+            event["meta_info"]["completion_tokens"] = value
+        else:
+            event["usage"]["completion_tokens"] = value
+        return event
+    return edit
+
+
+@pytest.mark.parametrize("backend,edit,message", [
+    ("sglang", _set_count(10 ** 9), "meta_info.completion_tokens = 1000000000 for max_tokens 4"),
+    ("sglang", _set_count("abc"), "meta_info.completion_tokens = 'abc', not a token count"),
+    ("sglang", _set_count(2.5), "meta_info.completion_tokens = '2.5', not a token count"),
+    ("sglang", lambda e: {**e, "meta_info": [1, 2]}, "meta_info = '[1, 2]', not an object"),
+    ("openai", _set_count(-1, "usage"), "usage.completion_tokens = -1 for max_tokens 4"),
+    ("openai", lambda e: {**e, "usage": [1]}, "usage = '[1]', not an object"),
+])
+def test_impossible_or_malformed_token_counts_fail_the_request(backend, edit, message):
+    from salactl.bench.runner import run_request
+
+    with FakeServer(0.01, 0.001) as srv:
+        srv.edit_event = edit
+        target = HttpTarget(srv.url, backend, flush_sleep_s=0.0)
+        target.check()
+        res = run_request(target, random_lengths(1, 4, 4, 1000)[0], 4, "P", threading.Event())
+    assert not res.success and message in res.error, res.error
 
 
 def test_http_errors_count_as_failed_requests():

@@ -105,6 +105,38 @@ def test_malformed_row_reports_line_and_writes_nothing(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("flag,value,message", [
+    ("--scale", "nan", "--scale must be a positive number, got nan"),
+    ("--scale", "inf", "--scale must be a positive number, got inf"),
+    ("--chunk-size", "0", "--chunk-size must be a positive token count, got 0"),
+    ("--max-running-requests", "0", "--max-running-requests must be positive, got 0"),
+    ("--request-timeout", "-1", "--request-timeout must be a number of seconds >= 0, got -1.0"),
+    ("--flush-sleep", "nan", "--flush-sleep must be a number of seconds >= 0, got nan"),
+])
+def test_bad_numbers_are_one_line_usage_errors_before_any_work(tmp_path, flag, value, message):
+    out = tmp_path / "o"
+    r = salactl("bench", flag, value, "--endpoint", "http://127.0.0.1:9", "--out", str(out), timeout=60)
+    assert r.returncode == 2 and message in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
+    assert not out.exists()
+
+
+def test_skipped_rows_are_reported_on_stderr(tmp_path):
+    from salactl.bench.plan import read_datasets
+    from salactl.bench.profiles import load_profile
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"question": "a b c", "model_response": "d e f"}\nnot json\n{"question": 1}\n')
+    phases = list(load_profile("soar").phases)
+    r = subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; "
+                        "from salactl.bench.plan import read_datasets; from salactl.bench.profiles import "
+                        "load_profile; read_datasets({None: Path(sys.argv[1])}, "
+                        "list(load_profile('soar').phases), True)", str(data)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and f"warning: skipped 2 malformed rows of {data} (lines 2, 3)" in r.stderr, r.stderr
+    with pytest.raises(Exception, match="d.jsonl:2"):
+        read_datasets({None: data}, phases, False)
+
+
 def _free_port() -> int:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

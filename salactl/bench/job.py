@@ -4,12 +4,13 @@ record per finished phase, and write the per-request CSV and summaries (also on 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from salactl.bench import records as rec
 from salactl.bench.metrics import one_batch_metrics, parse_slo, phase_metrics
-from salactl.bench.plan import parse_dataset_spec, plan_phases, read_datasets, select_phases
+from salactl.bench.plan import check_scale_and_cap, parse_dataset_spec, plan_phases, read_datasets, select_phases
 from salactl.bench.profiles import load_profile
 from salactl.bench.runner import run_phase
 from salactl.bench.scoring import accuracy_coefficient, check_reference, parse_reference, soar_score
@@ -45,6 +46,7 @@ class BenchSettings:
     out: Path = Path("salactl-results")
     label: str | None = None
     flush_sleep: float = 1.0
+    request_timeout: float = 600.0      # seconds without a byte from the server (0: no limit)
 
 
 @dataclass
@@ -97,7 +99,8 @@ def build_target(s: BenchSettings, need_tokenizer: bool):
     if s.endpoint:
         from salactl.bench.targets.http import HttpTarget
 
-        target = HttpTarget(s.endpoint, s.backend or "sglang", s.model, flush_sleep_s=s.flush_sleep)
+        target = HttpTarget(s.endpoint, s.backend or "sglang", s.model, flush_sleep_s=s.flush_sleep,
+                            read_timeout_s=s.request_timeout or None)
         target.check()
         tok = _tokenizer_for_http(s)
         if need_tokenizer and tok is None:
@@ -131,9 +134,22 @@ def _phase_knobs(plan, s: BenchSettings, target, slo) -> dict:
             "target": target.knobs()}
 
 
+def check_settings(s: BenchSettings) -> None:
+    """The numeric options, before any model is loaded or server called (0 is never a default)."""
+    check_scale_and_cap(s.scale, s.num_requests)
+    if s.chunk_size is not None and s.chunk_size < 1:
+        raise UsageError(f"--chunk-size must be a positive token count, got {s.chunk_size}")
+    if s.max_running_requests < 1:
+        raise UsageError(f"--max-running-requests must be positive, got {s.max_running_requests}")
+    for flag, v in (("--flush-sleep", s.flush_sleep), ("--request-timeout", s.request_timeout)):
+        if not (math.isfinite(v) and v >= 0):
+            raise UsageError(f"{flag} must be a number of seconds >= 0, got {v}")
+
+
 def run_bench(s: BenchSettings, progress=None) -> BenchRun:
     from salactl.env import environment
 
+    check_settings(s)
     profile = load_profile(s.profile)
     phases = select_phases(profile, list(s.phases))
     reference = parse_reference(s.reference)

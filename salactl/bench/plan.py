@@ -3,14 +3,16 @@ runs, so bad input fails with nothing written)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from salactl import output
 from salactl.bench.datasets import read_soar_rows, soar_requests
 from salactl.bench.profiles import Phase, Profile
 from salactl.bench.requests import BenchRequest
 from salactl.bench.synthetic import random_lengths, soar_like
-from salactl.errors import UsageError
+from salactl.errors import DatasetError, UsageError
 
 DEFAULT_SYNTHETIC_REQUESTS = 96
 
@@ -28,7 +30,11 @@ def parse_dataset_spec(spec: str | None, phase_names: list[str]) -> dict[str | N
         return {}
     parts = spec.split(",")
     if all("=" in p for p in parts) and all(p.split("=", 1)[0] in phase_names for p in parts):
-        return {p.split("=", 1)[0]: Path(p.split("=", 1)[1]) for p in parts}
+        files = {p.split("=", 1)[0]: p.split("=", 1)[1] for p in parts}
+        empty = next((name for name, f in files.items() if not f.strip()), None)
+        if empty is not None:
+            raise UsageError(f"--dataset {empty}= names no file; give {empty}=PATH")
+        return {name: Path(f) for name, f in files.items()}
     if len(parts) > 1 and any("=" in p for p in parts):
         bad = next(p.split("=", 1)[0] for p in parts if "=" in p and p.split("=", 1)[0] not in phase_names)
         raise UsageError(f"--dataset names phase {bad!r}, which the profile lacks; phases: {', '.join(phase_names)}")
@@ -53,15 +59,24 @@ def read_datasets(spec: dict[str | None, Path], phases: list[Phase], skip_bad_ro
             raise UsageError(f"--dataset gives no file for phase {missing[0]}; give one file for all "
                              "phases or PHASE=FILE for each")
     needed = dict.fromkeys(spec.get(p.name, spec.get(None)) for p in phases) if spec else {}
-    return {path: read_soar_rows(path, skip_bad_rows) for path in needed}
+    parsed = {path: read_soar_rows(path, skip_bad_rows) for path in needed}
+    for path, (_, report) in parsed.items():
+        if report.bad_lines:
+            lines = ", ".join(map(str, report.bad_lines[:10])) + (", ..." if len(report.bad_lines) > 10 else "")
+            output.warn_once(f"skipped {len(report.bad_lines)} malformed rows of {path} (lines {lines})")
+    return parsed
+
+
+def check_scale_and_cap(scale: float, cap: int | None) -> None:
+    if not (math.isfinite(scale) and scale > 0):
+        raise UsageError(f"--scale must be a positive number, got {scale}")
+    if cap is not None and cap < 1:
+        raise UsageError(f"--num-requests must be positive, got {cap}")
 
 
 def plan_phases(profile: Profile, phases: list[Phase], spec: dict[str | None, Path], parsed: dict,
                 tokenizer, vocab_size: int, scale: float, cap: int | None) -> list[PhasePlan]:
-    if scale <= 0:
-        raise UsageError(f"--scale must be positive, got {scale}")
-    if cap is not None and cap < 1:
-        raise UsageError(f"--num-requests must be positive, got {cap}")
+    check_scale_and_cap(scale, cap)
     ds = profile.dataset
     if spec and profile.mode == "one-batch":
         raise UsageError(f"profile {profile.name} is a one-batch grid of random prompts; it takes no --dataset")
@@ -73,7 +88,7 @@ def plan_phases(profile: Profile, phases: list[Phase], spec: dict[str | None, Pa
             rows, report = parsed[path]
             reqs, too_short = soar_requests(rows, tokenizer, seed=profile.seed, limit=cap, prefix=prefix)
             if not reqs:
-                raise UsageError(f"every row of {path} is under 2 tokens; nothing to benchmark")
+                raise DatasetError(f"every row of {path} is under 2 tokens; nothing to benchmark")
             info = {"kind": "soar-jsonl", "path": str(path), "rows": report.rows,
                     "bad_rows_skipped": list(report.bad_lines), "too_short_dropped": too_short}
         elif ds.kind == "soar":

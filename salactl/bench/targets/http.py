@@ -48,15 +48,22 @@ def iter_sse(resp):
 
 class HttpTarget(Target):
     def __init__(self, endpoint: str, backend: str, model: str | None = None,
-                 connect_timeout_s: float = 5.0, flush_sleep_s: float = 1.0):
+                 connect_timeout_s: float = 5.0, flush_sleep_s: float = 1.0,
+                 read_timeout_s: float | None = 600.0):
         if backend not in BACKENDS:
             raise UsageError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-        parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise UsageError(f"--endpoint must be an http(s) URL like http://127.0.0.1:30000, got {endpoint!r}")
+        bad_url = UsageError(f"--endpoint must be an http(s) URL like http://127.0.0.1:30000, got {endpoint!r}")
+        try:
+            parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+            port = parts.port               # parsed lazily: raises on a bad or out-of-range port
+        except ValueError:
+            raise bad_url from None
+        if parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
+            raise bad_url
         self.kind, self.backend = backend, backend
         self.scheme, self.host = parts.scheme, parts.hostname
-        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.port = port or (443 if parts.scheme == "https" else 80)
+        self.read_timeout_s = read_timeout_s
         prefix = parts.path.rstrip("/")
         if prefix.endswith("/v1"):
             prefix = prefix[:-3]
@@ -78,7 +85,7 @@ class HttpTarget(Target):
         except (OSError, http.client.HTTPException) as e:
             raise EndpointError(f"cannot reach {self.url} ({_why(e)}); start the {self.backend} server "
                                 "or fix --endpoint") from None
-        conn.sock.settimeout(None)
+        conn.sock.settimeout(self.read_timeout_s)
         return conn
 
     def _headers(self) -> dict:
@@ -150,7 +157,10 @@ class HttpTarget(Target):
                 if resp.status != 200:
                     text = resp.read(300).decode("utf-8", "replace").strip()
                     raise RequestFailed(f"HTTP {resp.status} {resp.reason}: {text}")
-                yield from self._chunks(iter_sse(resp))
+                yield from self._chunks(iter_sse(resp), max_tokens)
+            except (socket.timeout, TimeoutError):
+                raise RequestFailed(f"no data from the server for {self.read_timeout_s:g} s "
+                                    "(--request-timeout)") from None
             except (OSError, http.client.HTTPException) as e:
                 raise RequestFailed("cancelled" if cancel.is_set() else f"connection lost ({_why(e)})") from None
         finally:
@@ -158,7 +168,7 @@ class HttpTarget(Target):
                 self._active.discard(conn)
             conn.close()
 
-    def _chunks(self, events):
+    def _chunks(self, events, max_tokens: int):
         last = 0
         for data, ts in events:
             if data == "[DONE]":
@@ -172,22 +182,24 @@ class HttpTarget(Target):
             if obj.get("error"):
                 raise RequestFailed(f"server error: {str(obj['error'])[:200]}")
             if self.backend == "sglang":
-                tokens = int((obj.get("meta_info") or {}).get("completion_tokens", last))
+                tokens = _count(_field(obj, "meta_info").get("completion_tokens", last),
+                                "meta_info.completion_tokens", max_tokens)
                 if tokens > last:
                     last = tokens
                     yield Chunk(ts, tokens)
                 continue
             choices = obj.get("choices") or []
             text = choices[0].get("text") if choices and isinstance(choices[0], dict) else ""
-            usage = obj.get("usage") or {}
-            counted = usage.get("completion_tokens")
+            counted = _field(obj, "usage").get("completion_tokens")
+            if counted is not None:
+                counted = _count(counted, "usage.completion_tokens", max_tokens)
             if text:
-                tokens = int(counted) if counted is not None else last + 1
+                tokens = counted if counted is not None else last + 1
                 if tokens > last:
                     last = tokens
                     yield Chunk(ts, tokens)
-            elif counted is not None and int(counted) > last:   # final usage-only chunk
-                last = int(counted)
+            elif counted is not None and counted > last:   # final usage-only chunk
+                last = counted
                 yield Chunk(ts, last, counts_only=True)
 
     def flush_cache(self) -> None:
@@ -210,6 +222,28 @@ class HttpTarget(Target):
 
     def knobs(self) -> dict:
         return {"endpoint": self.url, "backend": self.backend, "flush_sleep_s": self.flush_sleep_s}
+
+
+def _field(obj: dict, key: str) -> dict:
+    """obj[key] as a dict ({} when absent or null); anything else fails the request."""
+    value = obj.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise RequestFailed(f"the server streamed {key} = {str(value)[:60]!r}, not an object")
+    return value
+
+
+def _count(value, name: str, max_tokens: int) -> int:
+    """A token count from the server: an integer in [0, max_tokens] (a request asks for exactly
+    max_tokens with ignore_eos, so more is a server or protocol error, not throughput)."""
+    whole = (isinstance(value, int) and not isinstance(value, bool)) or (
+        isinstance(value, float) and value.is_integer())
+    if not whole:
+        raise RequestFailed(f"the server streamed {name} = {str(value)[:60]!r}, not a token count")
+    if not 0 <= value <= max_tokens:
+        raise RequestFailed(f"the server streamed {name} = {int(value)} for max_tokens {max_tokens}")
+    return int(value)
 
 
 def _why(e: BaseException) -> str:
