@@ -8,12 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from salactl.errors import CheckpointError
 from salactl.quant.linear import W4A16Linear
 from salactl.quant.packing import num_groups, symmetric_qzeros_word
-from salactl.runtime.checkpoint import expected_tensor_shapes, load_state_dict, tensor_files
+from salactl.runtime.checkpoint import expected_tensor_shapes, load_state_dict, open_safetensors, tensor_files
 from salactl.runtime.config import SalaConfig
 from salactl.runtime.layers.model import SalaForCausalLM
 from salactl.runtime.loader import meta_model
@@ -51,7 +50,7 @@ def parse_quant_config(qc: dict) -> dict:
 
 
 def _read(files: dict[str, Path], name: str) -> torch.Tensor:
-    with safe_open(files[name], framework="pt", device="cpu") as f:
+    with open_safetensors(files[name]) as f:
         return f.get_tensor(name)
 
 

@@ -7,10 +7,11 @@ import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from salactl.errors import CheckpointError
@@ -52,6 +53,17 @@ def expected_tensor_shapes(config: SalaConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+@contextmanager
+def open_safetensors(path: Path):
+    """safe_open on CPU; a truncated or corrupt file is a one-line CheckpointError naming it."""
+    try:
+        with safe_open(path, framework="pt", device="cpu") as f:
+            yield f
+    except SafetensorError as e:
+        raise CheckpointError(f"{path} is not a complete safetensors file ({str(e).splitlines()[0]}); "
+                              "re-download or re-save the checkpoint") from None
+
+
 def tensor_files(model_dir: Path) -> dict[str, Path]:
     """Map every tensor name to the safetensors file holding it."""
     index = model_dir / INDEX_NAME
@@ -68,7 +80,7 @@ def tensor_files(model_dir: Path) -> dict[str, Path]:
     single = model_dir / SINGLE_NAME
     if not single.exists():
         raise CheckpointError(f"{model_dir} has neither {SINGLE_NAME} nor {INDEX_NAME}")
-    with safe_open(single, framework="pt") as f:
+    with open_safetensors(single) as f:
         return {name: single for name in f.keys()}
 
 
@@ -92,7 +104,7 @@ def load_state_dict(model_dir: Path, expected: dict[str, tuple[int, ...]], devic
         by_file.setdefault(files[n], []).append(n)
     out: dict[str, torch.Tensor] = {}
     for path, group in by_file.items():
-        with safe_open(path, framework="pt", device="cpu") as f:
+        with open_safetensors(path) as f:
             for n in group:
                 sl = f.get_slice(n)
                 shape = tuple(sl.get_shape())

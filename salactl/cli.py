@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 
 import typer
 
@@ -46,9 +47,15 @@ def main() -> None:
             sys.exit(rv)
     except SalactlError as e:
         if os.environ.get("SALACTL_DEBUG") == "1":
-            raise
+            traceback.print_exc()
         print(f"error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
+    except OSError as e:            # an I/O failure no check foresaw (disk full, a path gone)
+        if os.environ.get("SALACTL_DEBUG") == "1":
+            raise
+        where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+        print(f"error: {e.strerror or e}{where}; SALACTL_DEBUG=1 shows where", file=sys.stderr)
+        sys.exit(1)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)

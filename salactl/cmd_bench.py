@@ -46,7 +46,7 @@ def bench(
     from salactl.bench.live import RichProgress
     from salactl.bench.summary import score_line, table_rows
 
-    output.directory_option(out)
+    output.directory_option(out, files=("records.jsonl",))
     settings = BenchSettings(
         profile=profile, dataset=dataset, skip_bad_rows=skip_bad_rows, scale=scale,
         num_requests=num_requests, phases=tuple(p.strip() for p in phases.split(",") if p.strip()) if phases else (),

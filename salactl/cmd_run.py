@@ -52,7 +52,7 @@ def run(
     """Generate text with the embedded runtime; print TTFT, tok/s and a roofline table."""
     from salactl.run_job import RunRequest, execute
 
-    output.directory_option(out)
+    output.directory_option(out, files=("records.jsonl",))
     given = [x is not None for x in (prompt, prompt_ids, prompt_file)]
     if sum(given) != 1:
         raise UsageError("give exactly one of --prompt, --prompt-ids or --prompt-file")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -28,11 +29,22 @@ def warn_once(message: str) -> None:
         stderr.print(f"warning: {message}")
 
 
-def directory_option(path: Path | None, flag: str = "--out") -> Path | None:
-    """A directory option's path (None passes); an existing file there is a usage error, raised before
-    any work starts."""
-    if path is not None and path.exists() and not path.is_dir():
+def directory_option(path: Path | None, flag: str = "--out", files: tuple[str, ...] = ()) -> Path | None:
+    """A directory option's path (None passes), checked before any work starts: a usage error when
+    it is a file, lies below a file, cannot be created (the nearest existing directory above it is
+    not writable), or holds a directory where one of `files` must be written."""
+    if path is None:
+        return None
+    if path.exists() and not path.is_dir():
         raise UsageError(f"{flag} {path} is a file; give a directory")
+    existing = next((p for p in (path, *path.absolute().parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise UsageError(f"{flag} {path} lies below {existing}, which is a file; give a directory")
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: {existing} is not writable; give a directory you can write")
+    taken = next((name for name in files if (path / name).is_dir()), None)
+    if taken is not None:
+        raise UsageError(f"{flag} {path}: {path / taken} is a directory, where a file must go")
     return path
 
 

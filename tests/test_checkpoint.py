@@ -57,6 +57,19 @@ def _edit_single(path, fn):
     save_file(tensors, f)
 
 
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+@pytest.mark.parametrize("shard_bytes", [4 << 30, 1 << 20])
+def test_corrupt_safetensors_is_a_checkpoint_error_naming_the_file(tmp_path, damage, shard_bytes):
+    _, _, path = write_tiny(tmp_path, shard_bytes=shard_bytes)
+    victim = sorted(path.glob("*.safetensors"))[-1]
+    if damage == "truncated":
+        os.truncate(victim, victim.stat().st_size // 2)
+    else:
+        victim.write_bytes(os.urandom(100))
+    with pytest.raises(CheckpointError, match=f"{victim.name} is not a complete safetensors file"):
+        load_model(str(path), "cpu", "float32")
+
+
 def test_missing_tensor_is_named(tmp_path):
     _, _, path = write_tiny(tmp_path)
     _edit_single(path, lambda t: t.pop("model.layers.3.self_attn.z_proj.weight"))

@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 
@@ -34,3 +35,29 @@ def test_out_naming_a_file_is_a_one_line_usage_error(tmp_path, args):
                        text=True, timeout=300)
     assert r.returncode == 2 and f"--out {afile} is a file" in r.stderr, r.stderr
     assert r.stderr.strip().count("\n") == 0 and afile.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("case", ["below_a_file", "records_is_a_dir", "not_writable"])
+def test_out_that_cannot_be_written_is_a_one_line_usage_error(tmp_path, case):
+    if case == "below_a_file":
+        (tmp_path / "f").write_text("x")
+        out, msg = tmp_path / "f" / "sub", "which is a file"
+    elif case == "records_is_a_dir":
+        out, msg = tmp_path / "o", "records.jsonl is a directory, where a file must go"
+        (out / "records.jsonl").mkdir(parents=True)
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root writes anywhere")
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o555)
+        out, msg = ro / "o", "is not writable"
+    r = subprocess.run([sys.executable, "-m", "salactl", "run", "--prompt", "hi", "-n", "2", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and msg in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
+
+
+def test_debug_mode_shows_the_traceback_and_keeps_the_exit_code(tmp_path):
+    env = dict(os.environ, SALACTL_DEBUG="1")
+    r = subprocess.run([sys.executable, "-m", "salactl", "run", "--model", str(tmp_path / "none"), "--prompt",
+                        "hi"], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 4 and "Traceback" in r.stderr and r.stderr.rstrip().splitlines()[-1].startswith("error:")
