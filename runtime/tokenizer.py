@@ -16,7 +16,8 @@ class Tokenizer:
         path = Path(path)
         file = path / "tokenizer.json" if path.is_dir() else path
         if not file.exists():
-            raise TokenizerError(f"no tokenizer.json at {file}; pass --tokenizer PATH or use --prompt-ids")
+            raise TokenizerError(f"no tokenizer.json at {file}; pass --tokenizer PATH (a tokenizer.json or "
+                                 "its directory)")
         try:
             self.tok = HFTokenizer.from_file(str(file))
         except Exception as e:  # tokenizers raises plain Exceptions for bad files
@@ -77,13 +78,16 @@ def _read_json(path: Path) -> dict:
 
 
 def find_tokenizer(explicit: str | None, model_dir: Path | None) -> Tokenizer:
+    """--tokenizer, else the checkpoint's own tokenizer.json. Only a model without a directory (a
+    preset with random weights) falls back to the embedded sala-nano tokenizer: a checkpoint
+    without its tokenizer is an error, since another vocabulary would silently give wrong ids."""
     if explicit:
         return Tokenizer(Path(explicit))
-    if model_dir is not None and (model_dir / "tokenizer.json").exists():
+    if model_dir is not None:
+        if not (model_dir / "tokenizer.json").exists():
+            raise TokenizerError(f"checkpoint {model_dir} has no tokenizer.json; pass --tokenizer PATH "
+                                 "(the model's tokenizer.json or its directory)")
         return Tokenizer(model_dir)
     from salactl.runtime.loader import EMBEDDED_DIR
 
-    if (EMBEDDED_DIR / "tokenizer.json").exists():
-        return Tokenizer(EMBEDDED_DIR)
-    where = model_dir or "the model"
-    raise TokenizerError(f"no tokenizer.json found for {where}; pass --tokenizer PATH or use --prompt-ids")
+    return Tokenizer(EMBEDDED_DIR)

@@ -39,6 +39,11 @@ def parse_list(text: str, kind, name: str) -> list:
     return values
 
 
+def _check_chunk(chunk_size: int) -> None:
+    if chunk_size < 1:
+        raise UsageError(f"--chunk-size must be a positive token count, got {chunk_size}")
+
+
 def _load(model: str, device: str, dtype: str, tokenizer: str | None):
     from salactl.runtime.loader import load_model
     from salactl.runtime.tokenizer import find_tokenizer
@@ -77,6 +82,7 @@ def ppl(
         raise UsageError(f"--max-tokens must be >= 0 (0 = all), got {max_tokens}")
     if seq_len < 2:
         raise UsageError(f"--seq-len must be at least 2, got {seq_len}")
+    _check_chunk(chunk_size)
     source: dict
     if file is not None:
         try:
@@ -90,6 +96,7 @@ def ppl(
         text = corpus_text(split)
         source = {"split": split, "corpus_sha256": corpus_sha256(split), "python": python_version()}
     lm, tok = _load(model, device, dtype, tokenizer)
+    output.warn_past_trained_length(seq_len, lm.config.max_position_embeddings, "--seq-len")
     ids = tok.encode(text, add_bos=False)
     cap = max_tokens or None
     bos = tok.bos_id if tok.add_bos else None
@@ -123,15 +130,17 @@ def passkey(
     from salactl.env import environment
     from salactl.evaluation.passkey import passkey_trials, run_passkey
 
-    length_list = parse_list(lengths, int, "--lengths")
-    depth_list = parse_list(depths, float, "--depths")
+    length_list = list(dict.fromkeys(parse_list(lengths, int, "--lengths")))
+    depth_list = list(dict.fromkeys(parse_list(depths, float, "--depths")))
     if any(n <= 0 for n in length_list):
         raise UsageError(f"--lengths must be positive, got {lengths!r}")
     if any(not 0.0 <= d <= 1.0 for d in depth_list):
         raise UsageError(f"--depths must lie in [0, 1], got {depths!r}")
     if trials <= 0:
         raise UsageError(f"--trials must be positive, got {trials}")
+    _check_chunk(chunk_size)
     lm, tok = _load(model, device, dtype, tokenizer)
+    output.warn_past_trained_length(max(length_list), lm.config.max_position_embeddings, "the longest --lengths")
     prompts = passkey_trials(tok, length_list, depth_list, trials, seed)
     with progress_bar("passkey") as update:
         rows = run_passkey(lm.model, tok, prompts, chunk_size, progress=update)

@@ -29,6 +29,14 @@ def warn_once(message: str) -> None:
         stderr.print(f"warning: {message}")
 
 
+def warn_past_trained_length(tokens: int, limit: int, what: str) -> None:
+    """The model runs past max_position_embeddings (the 9B is run at 1M tokens on purpose), but
+    the user should know that quality there is not what it was trained for."""
+    if tokens > limit:
+        warn_once(f"{what} is {tokens:,} tokens, past the model's max_position_embeddings ({limit:,}); "
+                  "it runs, but quality beyond the trained length is not guaranteed")
+
+
 def directory_option(path: Path | None, flag: str = "--out", files: tuple[str, ...] = ()) -> Path | None:
     """A directory option's path (None passes), checked before any work starts: a usage error when
     it is a file, lies below a file, cannot be created (the nearest existing directory above it is

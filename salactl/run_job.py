@@ -57,6 +57,8 @@ def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
             tok = find_tokenizer(req.tokenizer, lm.model_dir)
         except Exception:
             tok = None
+    output.warn_past_trained_length(len(ids) + req.max_new_tokens, lm.config.max_position_embeddings,
+                                    "the prompt plus --max-new-tokens")
     if tok is not None and tok.vocab_size > lm.config.vocab_size:
         raise UsageError(f"tokenizer has {tok.vocab_size} tokens but the model only {lm.config.vocab_size}; "
                          "pass the model's own --tokenizer")

@@ -3,6 +3,8 @@
 import json
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -68,6 +70,16 @@ def test_corrupt_safetensors_is_a_checkpoint_error_naming_the_file(tmp_path, dam
         victim.write_bytes(os.urandom(100))
     with pytest.raises(CheckpointError, match=f"{victim.name} is not a complete safetensors file"):
         load_model(str(path), "cpu", "float32")
+
+
+def test_a_checkpoint_without_its_tokenizer_is_a_tokenizer_error(tmp_path):
+    """Text prompts need the checkpoint's own vocabulary; --prompt-ids run without one."""
+    _, _, path = write_tiny(tmp_path)
+    run = [sys.executable, "-m", "salactl", "run", "--model", str(path), "-n", "2", "--json"]
+    r = subprocess.run(run + ["--prompt", "hi"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 5 and f"checkpoint {path} has no tokenizer.json" in r.stderr, r.stderr
+    r = subprocess.run(run + ["--prompt-ids", "1,2,3"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and len(json.loads(r.stdout)["output_token_ids"]) == 2, r.stderr
 
 
 def test_missing_tensor_is_named(tmp_path):

@@ -49,6 +49,18 @@ def test_eval_passkey_json_and_errors():
     assert missing.returncode == 7 and "cannot read" in missing.stderr
 
 
+def test_eval_chunk_size_is_checked_before_the_model_loads():
+    for cmd in (["ppl"], ["passkey", "--lengths", "128"]):
+        r = salactl("eval", *cmd, "--chunk-size", "0", "--device", "cpu")
+        assert r.returncode == 2 and r.stderr.strip() == "error: --chunk-size must be a positive token count, got 0"
+
+
+def test_eval_warns_past_the_trained_length_and_still_runs():
+    r = salactl("eval", "ppl", "--seq-len", "70000", "--max-tokens", "40", "--device", "cpu", "--json")
+    assert r.returncode == 0, r.stderr
+    assert "--seq-len is 70,000 tokens, past the model's max_position_embeddings (65,536)" in r.stderr
+
+
 def test_passkey_prompt_has_exact_length_and_hidden_key():
     tok = Tokenizer(EMBEDDED_DIR)
     for length, depth in [(128, 0.0), (300, 0.5), (1000, 1.0)]:

@@ -61,3 +61,10 @@ def test_debug_mode_shows_the_traceback_and_keeps_the_exit_code(tmp_path):
     r = subprocess.run([sys.executable, "-m", "salactl", "run", "--model", str(tmp_path / "none"), "--prompt",
                         "hi"], capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 4 and "Traceback" in r.stderr and r.stderr.rstrip().splitlines()[-1].startswith("error:")
+
+
+def test_past_the_trained_length_is_a_warning_only_past_it(capsys):
+    output.warn_past_trained_length(65536, 65536, "the prompt (test a)")
+    output.warn_past_trained_length(65537, 65536, "the prompt (test b)")
+    err = capsys.readouterr().err
+    assert "test a" not in err and "the prompt (test b) is 65,537 tokens, past the model's" in err
