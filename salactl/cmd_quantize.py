@@ -82,7 +82,13 @@ def run_quantize(opts, model: str, random_weights: bool, seed: int, out: Path, o
     cfg = lm.config
     calib_src = calib
     tok = None
-    if calib != RANDOM:
+    windows = None
+    # RTN reads no activations: calibrate only for FP8 KV scales or when --calib asks for the errors
+    needs_calib = opts.method != "rtn" or calib is not None or fp8_dtype(opts.kv_cache_dtype) is not None
+    if not needs_calib:
+        output.stderr.print("note: RTN needs no calibration data; pass --calib FILE (or 'random') to also "
+                            "report each module's output error")
+    elif calib != RANDOM:
         try:
             tok = find_tokenizer(tokenizer, lm.model_dir)
         except Exception:
@@ -90,9 +96,10 @@ def run_quantize(opts, model: str, random_weights: bool, seed: int, out: Path, o
                 raise
             calib_src = RANDOM          # random weights without any tokenizer: random ids
             output.stderr.print("note: no tokenizer for random weights; calibrating on random token ids")
-    windows = calibration_windows(calib_src, tok, nsamples, seqlen, cfg.vocab_size, seed,
-                                  eos_id=cfg.eos_token_id[0])
-    if windows.shape[0] < nsamples:
+    if needs_calib:
+        windows = calibration_windows(calib_src, tok, nsamples, seqlen, cfg.vocab_size, seed,
+                                      eos_id=cfg.eos_token_id[0])
+    if windows is not None and windows.shape[0] < nsamples:
         output.stderr.print(f"warning: the calibration text gives {windows.shape[0]} windows of "
                             f"{windows.shape[1]} tokens, fewer than --nsamples {nsamples}")
     total = sum(1 for i in range(cfg.num_hidden_layers) for _ in layer_groups(cfg, i))
@@ -119,8 +126,9 @@ def run_quantize(opts, model: str, random_weights: bool, seed: int, out: Path, o
         "model": lm.source,
         "method": opts.method, "bits": opts.bits, "group_size": opts.group_size, "desc_act": opts.desc_act,
         "damp": opts.damp, "kv_cache_dtype": opts.kv_cache_dtype,
-        "calibration": {"source": calib_src or "builtin-corpus", "samples": int(windows.shape[0]),
-                        "seqlen": int(windows.shape[1]), "tokens": int(windows.numel())},
+        "calibration": None if windows is None else {
+            "source": calib_src or "builtin-corpus", "samples": int(windows.shape[0]),
+            "seqlen": int(windows.shape[1]), "tokens": int(windows.numel())},
         "modules": reports,
         "skipped": result.skipped,
         "damp_raised": result.damp_raised,
@@ -156,7 +164,7 @@ def render(r: dict) -> None:
     c, s = r["calibration"], r["seconds"]
     frac = r["fraction_better_than_rtn"]
     output.stdout.print(
-        f"calibration: {c['samples']} x {c['seqlen']} tokens ({c['source']}); "
+        (f"calibration: {c['samples']} x {c['seqlen']} tokens ({c['source']}); " if c else "calibration: none; ")
         + (f"error below RTN on {frac * 100:.1f}% of modules; " if frac is not None else "")
         + f"time {s['total']:.1f} s (forward {s['forward']:.1f}, solve {s['solve']:.1f}, write {s['write']:.1f})"
         + (f"; peak GPU memory {r['peak_gpu_gib']:.1f} GiB" if r.get("peak_gpu_gib") is not None else ""))

@@ -223,6 +223,13 @@ def test_rtn_and_act_order_options(ckpt, tmp_path, capsys):
     code, stdout, err = run_cli(["quantize", "--model", ckpt, "--out", tmp_path / "r", "--method", "rtn",
                                  "--calib", "random", "--nsamples", 2, "--seqlen", 64, "--device", "cpu"], capsys)
     assert code == 0 and "RTN 4-bit g128" in stdout
+    code, stdout, err = run_cli(["quantize", "--model", ckpt, "--out", tmp_path / "n", "--method", "rtn",
+                                 "--device", "cpu", "--json"], capsys)
+    rec = json.loads(stdout)
+    assert code == 0 and rec["calibration"] is None and "RTN needs no calibration data" in err
+    assert rec["seconds"]["forward"] < 0.01 and all(m["error"] is None for m in rec["modules"])
+    assert torch.equal(_tensors(tmp_path / "n")["model.layers.3.mlp.down_proj.qweight"],
+                       _tensors(tmp_path / "r")["model.layers.3.mlp.down_proj.qweight"])
 
 
 def _nothing_quantizable(tmp: Path) -> Path:
