@@ -31,11 +31,9 @@ def progress_bar(description: str):
 
 def parse_list(text: str, kind, name: str) -> list:
     try:
-        values = [kind(x) for x in text.replace(" ", "").split(",") if x]
+        values = [kind(x) for x in text.replace(" ", "").split(",")]
     except ValueError:
         raise UsageError(f"{name} must be a comma-separated list of numbers, got {text!r}") from None
-    if not values:
-        raise UsageError(f"{name} is empty")
     return values
 
 

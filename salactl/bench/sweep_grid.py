@@ -51,7 +51,7 @@ def parse_ints(text: str | None, name: str, default: int, minimum: int = 1) -> l
     if text is None:
         return [default]
     try:
-        vals = [int(x) for x in str(text).replace(" ", "").split(",") if x]
+        vals = [int(x) for x in str(text).replace(" ", "").split(",")]
     except ValueError:
         raise UsageError(f"--{name} takes comma-separated integers, got {text!r}") from None
     if not vals:

@@ -72,11 +72,9 @@ class SweepRun:
 
 def _floats(text: str, name: str) -> list[float]:
     try:
-        vals = [float(x) for x in text.split(",") if x.strip()]
+        vals = [float(x) for x in text.split(",")]
     except ValueError:
         raise UsageError(f"--{name} takes comma-separated numbers, got {text!r}") from None
-    if not vals:
-        raise UsageError(f"--{name} is empty")
     return vals
 
 
@@ -130,6 +128,11 @@ def _check_before_loading(s: SweepSettings) -> None:
                     ("passkey-trials", s.passkey_trials)):
         if v < 1:
             raise UsageError(f"--{name} must be positive, got {v}")
+    if s.kl_len is not None and s.kl_len < 1:
+        raise UsageError(f"--kl-len must be positive, got {s.kl_len}")
+    if any(not 0.0 <= d <= 1.0 for d in _floats(s.passkey_depths, "passkey-depths")):
+        raise UsageError(f"--passkey-depths must lie in [0, 1], got {s.passkey_depths!r}")
+    parse_ints(s.passkey_lengths, "passkey-lengths", 512)
     for text, name in ((s.dense_len, "dense-len"), (s.window, "window")):
         parse_ints(text, name, 0, minimum=0)
     for text, name in ((s.topk, "topk"), (s.block, "block"), (s.chunk_size, "chunk-size")):
