@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from salactl.errors import CapacityError, CheckpointError, ConfigError, DeviceError
+from salactl.errors import CapacityError, CheckpointError, ConfigError, DeviceError, UsageError
 from salactl.runtime.checkpoint import (expected_tensor_shapes, load_state_dict, random_state_dict,
                                         tensor_files)
 from salactl.runtime.config import SalaConfig
@@ -39,7 +39,10 @@ def resolve_device(device: str | None) -> torch.device:
     except RuntimeError:
         raise DeviceError(f"unknown device {device!r}; use cpu, cuda or cuda:N") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise DeviceError("--device cuda was asked for but no CUDA GPU is visible; use --device cpu")
+        raise DeviceError(f"--device {device} was asked for but no CUDA GPU is visible; use --device cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise DeviceError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA GPU(s), "
+                          f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
     if dev.type not in ("cpu", "cuda"):
         raise DeviceError(f"device type {dev.type!r} is not supported; use cpu or cuda")
     return dev
@@ -53,7 +56,7 @@ def resolve_dtype(name: str | None, config: SalaConfig | None, device: torch.dev
     try:
         return DTYPES[name]
     except KeyError:
-        raise ConfigError(f"unknown dtype {name!r}; valid: {', '.join(sorted(DTYPES))}") from None
+        raise UsageError(f"--dtype {name!r} is unknown; valid: auto, {', '.join(sorted(DTYPES))}") from None
 
 
 @contextmanager
