@@ -66,8 +66,17 @@ def build(config: SalaConfig, q: MemoryQuery, records: list[dict] | None = None)
         "server": {w: s.to_dict() for w, s in servers.items()},
         "per_request": per_request,
         "concurrency": concurrency,
+        "weights_exceed_memory": weights_exceed_memory(servers, q),
         "measured": measured_rows(config, records or [], servers, q),
     }
+
+
+def weights_exceed_memory(servers, q: MemoryQuery) -> list[dict]:
+    """(GPU, weights) pairs whose weights alone exceed the usable memory (all their rows say 0)."""
+    return [{"gpu": gpu, "weights": w, "weights_bytes": srv.weights.total,
+             "usable_bytes": int(gpu_bytes * q.mem_fraction)}
+            for gpu, gpu_bytes in q.gpus for w, srv in servers.items()
+            if srv.weights.total > gpu_bytes * q.mem_fraction]
 
 
 def _knob(rec: dict, names) -> int | None:

@@ -4,6 +4,7 @@ clock), and measured ceilings (`salactl info --measure`) cached per device."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -73,10 +74,34 @@ def nvml_bandwidth_gbps(index: int = 0) -> float | None:
 
 
 def load_measured() -> dict:
+    """The cached measurements by device name; an unreadable cache or an entry without two
+    positive finite ceilings (a hand-edited or truncated file) is left out: defaults apply."""
     try:
-        return json.loads(cache_path().read_text())
-    except (OSError, json.JSONDecodeError):
+        data = json.loads(cache_path().read_text())
+    except (OSError, ValueError):
         return {}
+    if not isinstance(data, dict):
+        return {}
+    return {name: entry for name, entry in data.items() if _valid(entry)}
+
+
+def _valid(entry) -> bool:
+    def positive(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+    return isinstance(entry, dict) and positive(entry.get("mem_gbps")) and positive(entry.get("bf16_tflops"))
+
+
+def check_cache_dir() -> Path:
+    """The cache file's path, or a usage error before measuring when its directory cannot be made."""
+    from salactl.errors import UsageError
+
+    path = cache_path()
+    existing = next(p for p in path.absolute().parents if p.exists())
+    if not existing.is_dir():
+        raise UsageError(f"cannot write the peaks cache {path}: {existing} is a file; "
+                         "set SALACTL_CACHE_DIR to a directory")
+    return path
 
 
 def peaks_for(device: torch.device) -> Peaks:
@@ -118,6 +143,7 @@ def _time(fn, device, reps: int) -> float:
 
 def measure(device: torch.device) -> Peaks:
     """Median device-to-device copy bandwidth (read+write bytes) and bf16 GEMM rate."""
+    path = check_cache_dir()
     gpu = device.type == "cuda"
     n = (1 << 30) if gpu else (64 << 20)                  # bytes per buffer
     src = torch.empty(n // 2, dtype=torch.bfloat16, device=device).normal_()
@@ -132,7 +158,6 @@ def measure(device: torch.device) -> Peaks:
     name = device_name(device)
     data = load_measured()
     data[name] = {"mem_gbps": mem_gbps, "bf16_tflops": tflops, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    path = cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=2))

@@ -48,14 +48,16 @@ def profile(
     warmup: Annotated[int, typer.Option("--warmup", help="Unprofiled steps before.")] = 1,
     top: Annotated[int, typer.Option("--top", help="Kernel rows to show.")] = 20,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Directory for the report files.")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a profile already in --out.")] = False,
     import_dir: Annotated[Optional[Path], typer.Option("--import", help="Re-render a saved --ncu "
                                                        "profile directory.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Profile a prefill/decode step per layer and op against the analytic roofline."""
     from salactl.profiling.ncu_runner import NcuOptions
-    from salactl.profiling.session import SessionOptions, load_saved, run
+    from salactl.profiling.session import OUTPUT_FILES, SessionOptions, load_saved, run
     from salactl.profiling.spec import ProfileSpec, parse_layers
+    from salactl.reports.atomic import check_out_dir
 
     if import_dir is not None:
         result = load_saved(import_dir, top)
@@ -71,7 +73,8 @@ def profile(
         if launch_skip < 0 or (launch_count is not None and launch_count <= 0):
             raise UsageError("--launch-skip must be >= 0 and --launch-count positive")
         mode = "ncu" if ncu else "torch" if torch_mode else "auto"
-        out_dir = output.directory_option(out) or Path(f"salactl-profile-{time.strftime('%Y%m%d-%H%M%S')}")
+        out_dir = check_out_dir(out or Path(f"salactl-profile-{time.strftime('%Y%m%d-%H%M%S')}"),
+                                OUTPUT_FILES, overwrite)
         opts = SessionOptions(mode=mode, nvml=nvml, out_dir=out_dir, ncu_path=ncu_path,
                               ncu=NcuOptions(launch_skip, launch_count, metric_set=ncu_metrics), top=top)
         result = run(spec, opts)
@@ -89,12 +92,17 @@ def _gap(v):
     return None if v is None else f"{(v - 1) * 100:+.0f}%"
 
 
+def _rate(v: float) -> str:
+    """Whole numbers for GPU ceilings, two significant digits for small ones (a CPU's 0.2 TFLOP/s)."""
+    return f"{v:.0f}" if v >= 10 else f"{v:.2g}"
+
+
 def render(r: dict) -> None:
     m, p = r["manifest"], r["peaks"]
     output.stdout.print(
         f"{r['mode']} profile of {m['source']} ({m.get('backend', 'reference')} backend) on {m['device_name']} "
         f"({m['dtype']}, KV {m['kv_dtype']}); "
-        f"ceilings {p['mem_gbps']:.0f} GB/s, {p['bf16_tflops']:.0f} TFLOP/s ({p['source']}); "
+        f"ceilings {_rate(p['mem_gbps'])} GB/s, {_rate(p['bf16_tflops'])} TFLOP/s ({p['source']}); "
         f"{r['kernel_count']} kernels")
     counted = "DRAM" if r["mode"] == "ncu" else "analytic"
     for phase, step in m["steps"].items():

@@ -11,10 +11,11 @@ import typer
 from typer.core import TyperGroup
 
 from salactl import output
-from salactl.errors import UsageError
+from salactl.errors import CheckpointError, UsageError
 from salactl.options import JsonOpt, ModelOpt
 
 FORMATS = ("md", "csv", "html")
+DEFAULT_CONTEXTS = "4096,32768,131072,524288"
 
 
 class _DefaultToLatency(TyperGroup):
@@ -43,23 +44,27 @@ def latency(
     formats: Annotated[str, typer.Option("--format", help="Comma list of md, csv, html.")] = "md,csv,html",
     title: Annotated[str, typer.Option("--title")] = "Latency report",
     no_plots: Annotated[bool, typer.Option("--no-plots", help="HTML without plots.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace report files already in --out.")]
+    = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Render bench/sweep/run records to Markdown, CSV and HTML, runs side by side by label."""
     from salactl.reports import latency as model
-    from salactl.reports.atomic import write_all
+    from salactl.reports.atomic import check_out_dir, write_all
     from salactl.reports.records import load_records
     from salactl.reports.render_html import render as html
     from salactl.reports.render_text import csv_text, markdown
 
     fmts = _formats(formats)
+    if out is not None:
+        check_out_dir(out, tuple(f"report.{f}" for f in fmts), overwrite)
     report = model.build(load_records(list(records)))
     written: list[str] = []
     if out is not None:
-        output.directory_option(out)
         renderers = {"md": lambda: markdown(report, title), "csv": lambda: csv_text(report),
                      "html": lambda: html(report, title, not no_plots)}
-        written = [str(p) for p in write_all({out / f"report.{f}": renderers[f]() for f in fmts})]
+        files = {out / f"report.{f}": renderers[f]() for f in fmts}
+        written = [str(p) for p in write_all(files, overwrite)]
     if json_out:
         output.print_json({**report.to_dict(), "files": written})
     elif out is None:
@@ -85,17 +90,17 @@ def _config(model: str):
     if model in PRESETS:
         return preset(model)
     path = Path(model)
-    if (path / "config.json").exists():
-        return SalaConfig.from_file(path / "config.json")
-    raise UsageError(f"--model {model!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a "
-                     "checkpoint directory with config.json")
+    if not path.is_dir():            # as `salactl run` says it (runtime/loader.py)
+        raise CheckpointError(f"{model!r} is neither a checkpoint directory nor a preset "
+                              f"({', '.join(sorted(PRESETS))})")
+    return SalaConfig.from_file(path / "config.json")
 
 
 @report_app.command("memory")
 def memory(
     model: ModelOpt = "sala-nano",
     context: Annotated[str, typer.Option("--context", help="Context lengths, e.g. 4096,32768,131072.")]
-    = "4096,32768,131072,524288",
+    = DEFAULT_CONTEXTS,
     kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="Comma list: bf16, fp8_e4m3, "
                                                 "fp8_e5m2.")] = "bf16,fp8_e4m3",
     weights: Annotated[str, typer.Option("--weights", help="Comma list: bf16, w4a16, w8a16.")] = "bf16,w4a16",
@@ -120,6 +125,8 @@ def memory(
         raise UsageError(f"--mem-fraction must be in (0, 1], got {mem_fraction}")
     if gpu_mem is not None and gpu_mem <= 0:
         raise UsageError(f"--gpu-mem must be positive GB, got {gpu_mem}")
+    if gpu is not None and gpu_mem is not None:
+        raise UsageError("give --gpu (memory from the GPU table) or --gpu-mem (GB), not both")
     if chunk_size <= 0 or max_batch <= 0:
         raise UsageError("--chunk-size and --max-batch must be positive")
     config = _config(model)
@@ -130,8 +137,14 @@ def memory(
         gpus=mr.gpu_list([g.strip() for g in gpu.split(",")] if gpu else None, gpu_mem),
         mem_fraction=mem_fraction, prefill_chunk=chunk_size, max_batch=max_batch,
         cuda_graphs=not no_cuda_graphs, compressed_keys=compressed_keys)
+    if context != DEFAULT_CONTEXTS:     # the default table spans the 9B's range for any model
+        output.warn_past_trained_length(max(q.contexts), config.max_position_embeddings, "--context")
     recs = load_records(list(records)) if records else None
     result = {"model": model, **mr.build(config, q, recs)}
+    for x in result["weights_exceed_memory"]:
+        output.stderr.print(f"note: {x['weights']} weights ({x['weights_bytes'] / 1e9:.1f} GB) exceed the "
+                            f"usable memory of {x['gpu']} ({x['usable_bytes'] / 1e9:.1f} GB at mem fraction "
+                            f"{q.mem_fraction:g}): 0 requests fit at any context")
     if json_out:
         output.print_json(result)
         return

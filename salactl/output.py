@@ -6,6 +6,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from rich.console import Console
@@ -48,12 +49,24 @@ def directory_option(path: Path | None, flag: str = "--out", files: tuple[str, .
     existing = next((p for p in (path, *path.absolute().parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
         raise UsageError(f"{flag} {path} lies below {existing}, which is a file; give a directory")
-    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {path}: {existing} is not writable; give a directory you can write")
+    if existing is not None:
+        _probe_writable(existing, path, flag)
     taken = next((name for name in files if (path / name).is_dir()), None)
     if taken is not None:
         raise UsageError(f"{flag} {path}: {path / taken} is a directory, where a file must go")
     return path
+
+
+def _probe_writable(existing: Path, path: Path, flag: str) -> None:
+    """Create and remove a file in the nearest existing directory: permission bits alone miss
+    read-only file systems, /proc and root's view of them."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".salactl-probe.", dir=existing)
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot write in {existing} ({e.strerror or e}); "
+                         "give a directory you can write") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def jsonable(obj):

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 
@@ -45,3 +47,13 @@ def rng():
 
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def unwritable_out(tmp_path, case: str) -> str:
+    """An --out no command can write: inside /proc ("proc", even for root) or below a file."""
+    if case == "proc":
+        if not os.path.isdir("/proc/self"):
+            pytest.skip("no /proc")
+        return "/proc/salactl-nope"
+    (tmp_path / "f").write_text("x")
+    return str(tmp_path / "f" / "sub")

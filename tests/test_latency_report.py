@@ -3,14 +3,17 @@
 import csv
 import io
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from salactl.errors import UsageError
+from salactl.errors import OutputExistsError, UsageError
+from salactl.reports.atomic import write_all
 from salactl.reports.latency import build
 from salactl.reports.records import load_records
+from conftest import unwritable_out
 
 
 def salactl(*args):
@@ -108,3 +111,76 @@ def test_bad_record_fails_with_one_line_and_writes_nothing(records_file, tmp_pat
     old.write_text(json.dumps({**RECORDS[0], "schema_version": 99}))
     assert "schema_version" in salactl("report", str(old)).stderr
     assert salactl("report", str(old), "--format", "pdf").returncode == UsageError.exit_code
+
+
+def one_error_line(p, code):
+    assert p.returncode == code, (p.returncode, p.stderr)
+    assert p.stderr.startswith("error: ") and p.stderr.strip().count("\n") == 0, p.stderr
+    return p.stderr
+
+
+def test_directory_in_place_of_a_report_changes_nothing(records_file, tmp_path):
+    out = tmp_path / "out"
+    (out / "report.html").mkdir(parents=True)
+    (out / "report.md").write_text("old md")
+    err = one_error_line(salactl("report", str(records_file), "--out", str(out), "--overwrite"),
+                         UsageError.exit_code)
+    assert "report.html is a directory" in err
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.md"]     # no temps, no csv
+    assert (out / "report.md").read_text() == "old md"
+
+
+def test_existing_report_needs_overwrite(records_file, tmp_path):
+    out = tmp_path / "out"
+    assert salactl("report", str(records_file), "--out", str(out)).returncode == 0
+    (out / "report.csv").write_text("mine")
+    err = one_error_line(salactl("report", str(records_file), "--out", str(out), "--format", "csv,md"),
+                         OutputExistsError.exit_code)
+    assert str(out / "report.csv") in err and "--overwrite" in err
+    assert (out / "report.csv").read_text() == "mine"
+    p = salactl("report", str(records_file), "--out", str(out), "--overwrite", "--format", "csv")
+    assert p.returncode == 0, p.stderr
+    assert (out / "report.csv").read_text().startswith("label,")
+    assert sorted(p.name for p in out.iterdir()) == ["report.csv", "report.html", "report.md"]
+
+
+@pytest.mark.parametrize("case", ["proc", "below_a_file"])
+def test_unwritable_out_is_a_usage_error(records_file, tmp_path, case):
+    out = unwritable_out(tmp_path, case)
+    err = one_error_line(salactl("report", str(records_file), "--out", out), UsageError.exit_code)
+    assert "--out" in err
+
+
+def test_write_all_checks_every_destination_first(tmp_path):
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a").write_text("old a")
+    with pytest.raises(UsageError, match="is a directory"):
+        write_all({tmp_path / "a": "new a", tmp_path / "b": "new b"})
+    with pytest.raises(OutputExistsError, match="--overwrite"):
+        write_all({tmp_path / "c": "c", tmp_path / "a": "new a"}, overwrite=False)
+    assert (tmp_path / "a").read_text() == "old a" and sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+
+
+def test_a_rename_failing_midway_restores_what_it_replaced(tmp_path, monkeypatch):
+    """The second rename fails (as a full disk or a vanished directory would make it): the first
+    file is put back as it was, the new one is removed, and no temp or backup file remains."""
+    (tmp_path / "a").write_text("old a")
+    real_replace, renames = os.replace, []
+
+    def replace(src, dst):
+        if str(src).endswith(".tmp"):
+            renames.append(dst)
+            if len(renames) == 2:
+                raise OSError(28, "No space left on device", str(dst))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(OSError, match="No space"):
+        write_all({tmp_path / "a": "new a", tmp_path / "b": "new b", tmp_path / "c": "new c"})
+    monkeypatch.undo()
+    assert (tmp_path / "a").read_text() == "old a"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+    (tmp_path / "b").write_text("old b")
+    write_all({tmp_path / "a": "new a", tmp_path / "b": "new b"})
+    assert [(tmp_path / n).read_text() for n in "ab"] == ["new a", "new b"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]

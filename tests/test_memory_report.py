@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from salactl.errors import UsageError
+from salactl.errors import CheckpointError, ConfigError, UsageError
 from salactl.reports import memory as mem
 from salactl.reports.memory_report import MemoryQuery, build, gpu_list
 from salactl.runtime.peaks import DATASHEET
@@ -110,9 +110,46 @@ def test_cli_memory_bad_input_is_one_line(monkeypatch, capsys):
 
     for args, needle in ((["--gpu", "Voodoo 5"], "--gpu-mem"), (["--context", "4096,x"], "--context"),
                          (["--context", "0"], "positive"),
-                         (["--mem-fraction", "1.5"], "--mem-fraction"), (["--model", "nope"], "preset")):
+                         (["--mem-fraction", "1.5"], "--mem-fraction"),
+                         (["--gpu", "H200", "--gpu-mem", "80"], "not both")):
         monkeypatch.setattr(sys, "argv", ["salactl", "report", "memory", "--model", "sala-9b", *args])
         with pytest.raises(SystemExit) as e:
             main()
         err = capsys.readouterr().err
         assert e.value.code == UsageError.exit_code and needle in err and err.count("\n") == 1
+
+
+def test_cli_memory_missing_model_is_a_checkpoint_error_as_in_run(tmp_path):
+    for cmd in (["report", "memory"], ["run", "--prompt", "hi"]):
+        p = salactl(*cmd, "--model", str(tmp_path / "nope"))
+        assert p.returncode == CheckpointError.exit_code and "preset" in p.stderr, (cmd, p.stderr)
+        assert p.stderr.strip().count("\n") == 0
+    (tmp_path / "empty").mkdir()
+    p = salactl("report", "memory", "--model", str(tmp_path / "empty"))
+    assert p.returncode == ConfigError.exit_code and "config.json" in p.stderr
+
+
+def test_cli_memory_weights_beyond_the_gpu_are_explained():
+    p = salactl("report", "memory", "--model", "sala-9b", "--gpu-mem", "16", "--context", "4096",
+                "--kv-cache-dtype", "bf16", "--weights", "bf16,w4a16", "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["weights_exceed_memory"] == [{"gpu": "16 GB", "weights": "bf16", "weights_bytes": PARAMS * 2,
+                                           "usable_bytes": int(16e9 * 0.9)}]
+    assert [x["max_requests"] for x in d["concurrency"] if x["weights"] == "bf16"] == [0]
+    (note,) = [line for line in p.stderr.splitlines() if line.startswith("note:")]
+    assert "bf16 weights (19.0 GB) exceed the usable memory" in note and "14.4 GB" in note
+    assert "w4a16" not in p.stderr
+
+
+def test_cli_memory_warns_past_max_position_embeddings():
+    p = salactl("report", "memory", "--model", "sala-9b", "--context", "4096,1048576", "--gpu", "H200",
+                "--kv-cache-dtype", "bf16", "--weights", "bf16", "--json")
+    assert p.returncode == 0, p.stderr
+    assert [x["context"] for x in json.loads(p.stdout)["per_request"]] == [4096, 1048576]   # kept
+    (warning,) = p.stderr.strip().splitlines()
+    assert warning.startswith("warning: --context is 1,048,576 tokens") and "(524,288)" in warning
+    p = salactl("report", "memory", "--model", "sala-9b", "--context", "524288", "--json")
+    assert p.returncode == 0 and p.stderr == ""
+    p = salactl("report", "memory", "--json")      # sala-nano (65,536) with the default contexts
+    assert p.returncode == 0 and "warning" not in p.stderr

@@ -2,19 +2,21 @@
 analytic table it joins with, and the clear errors of the ncu / NVML modes."""
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from salactl.errors import DeviceError, ProfilerPermissionError, ToolMissingError, UsageError
+from salactl.errors import (DeviceError, OutputExistsError, ProfilerPermissionError, ToolMissingError,
+                            UsageError)
 from salactl.profiling.ncu_runner import NcuOptions, classify_failure, find_ncu, nvtx_includes, profile_command
 from salactl.runtime.layers.model import SalaForCausalLM
 from salactl.runtime.presets import sala_nano
 from salactl.runtime.roofline import call_costs, linear_costs
 
-from conftest import gpu
+from conftest import gpu, unwritable_out
 
 
 def salactl(*args, **kw):
@@ -66,6 +68,8 @@ def test_torch_mode_on_cpu_both_phases(tmp_path, capsys):
     render(d)
     table = capsys.readouterr().out
     assert "per op" in table and "lm_head" in table and "top offenders" in table
+    render({**d, "peaks": {"device": "cpu", "mem_gbps": 20.0, "bf16_tflops": 0.2, "source": "cpu-default"}})
+    assert "ceilings 20 GB/s, 0.2 TFLOP/s (cpu-default)" in capsys.readouterr().out
 
 
 def test_w4a16_and_fp8_kv_profile_on_cpu(tmp_path):
@@ -83,6 +87,30 @@ def test_w4a16_and_fp8_kv_profile_on_cpu(tmp_path):
     assert p8.returncode == 0, p8.stderr
     mlp8 = {r["op"]: r for r in json.loads(p8.stdout)["ops"]}["mlp"]["analytic_bytes"]
     assert ops["mlp"]["analytic_bytes"] < mlp8 < 0.6 * 2 * 8 * 3 * 256 * 768       # ~1 B/weight + scales
+
+
+def test_existing_profile_needs_overwrite(tmp_path):
+    out = tmp_path / "p"
+    args = ("profile", "--torch", "--model", "sala-nano", "--random-weights", "--context", "16", "--device",
+            "cpu", "--out", str(out), "--json")
+    assert salactl(*args).returncode == 0
+    before = (out / "result.json").read_text()
+    p = salactl(*args)
+    assert p.returncode == OutputExistsError.exit_code and p.stdout == ""
+    assert p.stderr.strip().count("\n") == 0 and str(out / "result.json") in p.stderr, p.stderr  # before any work
+    assert "--overwrite" in p.stderr and (out / "result.json").read_text() == before
+    p = salactl(*args, "--overwrite")
+    assert p.returncode == 0, p.stderr
+    assert json.loads((out / "result.json").read_text())["elapsed_s"] == json.loads(p.stdout)["elapsed_s"]
+
+
+@pytest.mark.parametrize("case", ["proc", "below_a_file"])
+def test_unwritable_out_is_a_usage_error_before_any_work(tmp_path, case):
+    out = unwritable_out(tmp_path, case)
+    p = salactl("profile", "--torch", "--model", "sala-nano", "--random-weights", "--context", "16", "--device",
+                "cpu", "--out", out)
+    assert p.returncode == UsageError.exit_code, p.stderr
+    assert p.stderr.startswith("error: --out") and p.stderr.strip().count("\n") == 0, p.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")

@@ -18,6 +18,9 @@ from salactl.reports.ncu import parse_csv
 from salactl.reports.profile_table import from_ncu, in_scopes, kernel_rows, op_rows
 
 MODES = ("auto", "ncu", "torch")
+# every file a session may write in its directory (--ncu or --torch)
+OUTPUT_FILES = ("result.json", "step.json", "spec.json", "trace.json", "profile.ncu-rep", "profile.csv",
+                "ncu.log")
 
 
 @dataclass(frozen=True)
