@@ -133,16 +133,15 @@ def check_output_dir(out_dir: Path, overwrite: bool) -> Path:
     """The absolute checkpoint directory to write, or a one-line error before any work: an existing
     path needs `overwrite`, and even then only an empty directory or a checkpoint (config.json)
     is replaced, never the working directory or one above it; no parent may be a file."""
-    from salactl.errors import OutputExistsError, UsageError
+    from salactl.errors import OutputExistsError
+    from salactl.output import directory_option
 
     out_dir = Path(out_dir).expanduser().resolve()
-    for parent in out_dir.parents:
-        if parent.exists() and not parent.is_dir():
-            raise UsageError(f"cannot write {out_dir}: {parent} is a file; choose another --out")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise OutputExistsError(f"{out_dir} exists and is not a directory; choose another --out")
+    directory_option(out_dir)
     if not out_dir.exists():
         return out_dir
-    if not out_dir.is_dir():
-        raise OutputExistsError(f"{out_dir} exists and is not a directory; choose another --out")
     if not overwrite:
         raise OutputExistsError(f"{out_dir} already exists; choose another --out or pass --overwrite")
     cwd = Path.cwd().resolve()

@@ -40,17 +40,16 @@ def warn_past_trained_length(tokens: int, limit: int, what: str) -> None:
 
 def directory_option(path: Path | None, flag: str = "--out", files: tuple[str, ...] = ()) -> Path | None:
     """A directory option's path (None passes), checked before any work starts: a usage error when
-    it is a file, lies below a file, cannot be created (the nearest existing directory above it is
-    not writable), or holds a directory where one of `files` must be written."""
+    it is a file, lies below a file, cannot be created (no file can be made in the nearest existing
+    directory), or holds a directory where one of `files` must be written."""
     if path is None:
         return None
     if path.exists() and not path.is_dir():
         raise UsageError(f"{flag} {path} is a file; give a directory")
-    existing = next((p for p in (path, *path.absolute().parents) if p.exists()), None)
-    if existing is not None and not existing.is_dir():
+    existing = next(p for p in (path, *path.absolute().parents) if p.exists())
+    if not existing.is_dir():
         raise UsageError(f"{flag} {path} lies below {existing}, which is a file; give a directory")
-    if existing is not None:
-        _probe_writable(existing, path, flag)
+    _probe_writable(existing, path, flag)
     taken = next((name for name in files if (path / name).is_dir()), None)
     if taken is not None:
         raise UsageError(f"{flag} {path}: {path / taken} is a directory, where a file must go")

@@ -133,7 +133,7 @@ def test_overwrite_never_deletes_the_working_directory_or_a_non_checkpoint(tmp_p
     with pytest.raises(OutputExistsError, match="no config.json"):
         save_checkpoint(state, cfg.to_hf_dict(), work, overwrite=True)
     assert (work / "keep.txt").read_text() == "mine" and (work / "sub").is_dir()
-    with pytest.raises(UsageError, match="keep.txt is a file"):
+    with pytest.raises(UsageError, match="keep.txt, which is a file"):
         check_output_dir(work / "keep.txt" / "ckpt", overwrite=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "work"]
     save_checkpoint(state, cfg.to_hf_dict(), path, overwrite=True)    # a checkpoint is replaced
