@@ -107,8 +107,16 @@ def run_quantize(opts, model: str, random_weights: bool, seed: int, out: Path, o
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=output.stderr, transient=True, disable=not output.stderr.is_terminal) as bar:
         task = bar.add_task("quantizing", total=total)
-        result = quantize_model(lm.model, cfg, windows, opts,
-                                progress=lambda label: bar.update(task, advance=1, description=label))
+        done = [0]
+
+        def advance(label: str) -> None:
+            bar.update(task, advance=1, description=label)
+            done[0] += 1
+            # no bar off a terminal (CI logs, nohup): a plain line at every tenth instead
+            if not output.stderr.is_terminal and done[0] * 10 // total > (done[0] - 1) * 10 // total:
+                output.stderr.print(f"quantizing: {done[0]}/{total} module groups ({label})")
+
+        result = quantize_model(lm.model, cfg, windows, opts, progress=advance)
     for line in result.damp_raised:
         output.stderr.print(f"note: Cholesky failed at the requested damping; raised {line}")
     t_solved = time.perf_counter()
