@@ -20,17 +20,9 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from salactl import cmd_info, cmd_run
+    from salactl import cmd_bench, cmd_eval, cmd_info, cmd_profile, cmd_quantize, cmd_report, cmd_run, cmd_sweep
 
-    for module in (cmd_run, cmd_info):
-        module.register(app)
-    for name in ("cmd_eval", "cmd_quantize", "cmd_bench", "cmd_sweep", "cmd_profile", "cmd_report"):
-        try:
-            module = __import__(f"salactl.{name}", fromlist=["register"])
-        except ModuleNotFoundError as e:
-            if e.name != f"salactl.{name}":
-                raise
-            continue
+    for module in (cmd_run, cmd_info, cmd_eval, cmd_quantize, cmd_bench, cmd_sweep, cmd_profile, cmd_report):
         module.register(app)
 
 
