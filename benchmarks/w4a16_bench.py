@@ -44,7 +44,8 @@ import sys
 import torch
 
 from salactl.runtime.ops.w4a16.layout import pack_tc
-from salactl.runtime.ops.w4a16.triton import DEQUANT_MIN_ROWS, sm_count, w4a16_linear
+from salactl.runtime.ops.device_props import sm_count
+from salactl.runtime.ops.w4a16.triton import DEQUANT_MIN_ROWS, w4a16_linear
 from salactl.runtime.ops.w4a16.tc_config import TCConfig, default_tc_config, parse_tc_spec, tc_config_from_spec
 from salactl.runtime.ops.w4a16.triton_tc import w4a16_tc
 from read_floor import read_floor_us

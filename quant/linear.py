@@ -177,7 +177,7 @@ class W4A16Linear(nn.Module):
         return w.transpose(0, 1).reshape(self.out_features, self.in_features)
 
     def _triton8_forward(self, x2: torch.Tensor) -> torch.Tensor:
-        from salactl.runtime.ops.w4a16.triton import sm_count
+        from salactl.runtime.ops.device_props import sm_count
         from salactl.runtime.ops.w8a16.triton_tc import MAX_ROWS, w8a16_tc, w8a16_tc_dequantize
 
         x16 = _sixteen_bit(x2)
@@ -191,7 +191,7 @@ class W4A16Linear(nn.Module):
         if x2.device.type == "cpu":
             return self._int8_forward_cpu(x2)
         if _triton_available():
-            from salactl.runtime.ops.w4a16.triton import sm_count
+            from salactl.runtime.ops.device_props import sm_count
             from salactl.runtime.ops.w8a16.triton import MAX_ROWS, w8a16_linear
 
             if x2.shape[0] <= MAX_ROWS:

@@ -82,8 +82,6 @@ class QuantizeOutcome:
     skipped: dict[str, str]                            # prefix -> why it stays unquantized
     reports: list[ModuleReport]
     kv_scales: dict | None
-    calib_samples: int
-    calib_seqlen: int
     forward_seconds: float = 0.0
     solve_seconds: float = 0.0
     damp_raised: list[str] = field(default_factory=list)
@@ -198,8 +196,7 @@ def quantize_model(model, config, calib: torch.Tensor | None, opts: QuantOptions
         raise QuantizationError(f"no linear of this model can be quantized with group size {opts.group_size} "
                                 f"(e.g. {first[0]}: {first[1]}); Marlin needs out % 64, in % 128 and in % group == 0")
     device = model.model.embed_tokens.weight.device
-    outcome = QuantizeOutcome({}, skipped, [], None, 0 if calib is None else calib.shape[0],
-                              0 if calib is None else calib.shape[1])
+    outcome = QuantizeOutcome({}, skipped, [], None)
     backend = _KVAmaxBackend(config, device)
     runner = _LayerRunner(config, opts.batch_tokens, backend)
     inps = outs = None

@@ -29,7 +29,7 @@ class SparseConfig:
     kernel_size: int = 32
     kernel_stride: int = 16
     topk: int = 64
-    use_nope: bool = False
+    use_nope: bool = False    # moot: the sparse layers are NoPE (attn_use_rope must be false), nothing is rotated
     window_size: int = 2048
 
     def __post_init__(self) -> None:
@@ -187,10 +187,6 @@ class SalaConfig:
     @property
     def lightning_layers(self) -> tuple[int, ...]:
         return tuple(i for i, m in enumerate(self.mixer_types) if m == LIGHTNING)
-
-    @property
-    def kv_group(self) -> int:
-        return self.num_attention_heads // self.num_key_value_heads
 
     @property
     def residual_scale(self) -> float:

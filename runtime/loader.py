@@ -48,7 +48,7 @@ def resolve_device(device: str | None) -> torch.device:
     return dev
 
 
-def resolve_dtype(name: str | None, config: SalaConfig | None, device: torch.device) -> torch.dtype:
+def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
     if name in (None, "auto"):
         # CPUs without bf16 matrix units run bf16 GEMMs ~2x slower than fp32 (measured on the
         # dev machine), and fp32 from a bf16 checkpoint is exact; GPUs run bf16.
@@ -122,7 +122,7 @@ def load_model(model: str | None, device=None, dtype: str | None = None,
             raise ConfigError(f"--random-weights needs a preset ({', '.join(sorted(PRESETS))}) or a "
                               f"directory with config.json, got {name!r}")
         config = preset(name) if name in PRESETS else SalaConfig.from_file(path / "config.json")
-        dt = resolve_dtype(dtype, config, dev)
+        dt = resolve_dtype(dtype, dev)
         check_host_memory(config, dt, dev, name)
         state = random_state_dict(config, dev, dt, seed)
         model_dir = EMBEDDED_DIR if name == "sala-nano" and EMBEDDED_DIR.exists() else (
@@ -140,7 +140,7 @@ def load_model(model: str | None, device=None, dtype: str | None = None,
         raise CheckpointError(f"{name!r} is neither a checkpoint directory nor a preset "
                               f"({', '.join(sorted(PRESETS))})")
     config = SalaConfig.from_file(path / "config.json")
-    dt = resolve_dtype(dtype, config, dev)
+    dt = resolve_dtype(dtype, dev)
     quant = _quantization_config(path)
     if quant is not None:
         from salactl.quant.loading import load_gptq_model

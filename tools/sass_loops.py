@@ -264,7 +264,7 @@ def main() -> int:
     ap.add_argument("kernel", choices=["decode-split", "w4a16", "w8a16", "select-lse", "select-words", "select-top", "select-rank"])
     ap.add_argument("--kv", choices=["fp8", "bf16"], default="fp8", help="decode-split: page dtype")
     ap.add_argument("--warps", type=int, default=None,
-                    help="num_warps (decode-split: 2, select-words: DECODE_DEFAULTS num_warps_wide, select-top / select-rank: DECODE_DEFAULTS "
+                    help="num_warps (decode-split: 2, select-words: DECODE_DEFAULTS num_warps, select-top / select-rank: DECODE_DEFAULTS "
                          "radix_warps / rank_warps)")
     ap.add_argument("--stages", type=int, default=None, help="decode-split (default 3), select-lse: num_stages")
     ap.add_argument("--bw", type=int, default=None, help="select-lse: windows per step")
@@ -297,7 +297,7 @@ def main() -> int:
         what = (f"decode selection pass 1 (sala-9b), w{warps} s{stages}{f' bw{a.bw}' if a.bw else ''}"
                 f"{' per-row' if a.per_row else ''}")
     elif a.kernel == "select-words":
-        warps = a.warps or _sala_9b_selection()[2]["num_warps_wide"]
+        warps = a.warps or _sala_9b_selection()[2]["num_warps"]
         src, options = select_words_source(a.late), {"num_warps": warps}
         what = f"decode selection pass 2 (sala-9b, batch 1), w{warps}{' late' if a.late else ''}"
     elif a.kernel == "select-top":

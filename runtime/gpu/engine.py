@@ -24,6 +24,7 @@ from salactl.runtime.gpu.fast_model import fuse_model
 from salactl.runtime.gpu.pools import CachePools, IdAllocator, plan_pools
 from salactl.runtime.gpu.runner import ModelRunner
 from salactl.runtime.gpu.scheduler import Request, Scheduler
+from salactl.runtime.ops.device_props import sm_count
 from salactl.runtime.ops.gla.triton import FLA, prefill_impl
 from salactl.runtime.op_timer import NULL_TIMER, OpTimer
 from salactl.runtime.sampling import SamplingParams, sample
@@ -60,8 +61,7 @@ class GPUEngine:
         self.plan = plan
         self.pools = CachePools(self.config, plan, self.device, self.dtype, kv_dtype)
         self._set_kv_scales(model, kv_dtype)
-        sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
-               if self.device.type == "cuda" else 4)
+        sms = sm_count(self.device) if self.device.type == "cuda" else 4
         self.backend = GPUBackend(self.config, self.pools, num_sms=sms)
         self.profile_ops = profile_ops
         self.runner = ModelRunner(self.model, self.pools, self.backend, self.device, max_running_requests,

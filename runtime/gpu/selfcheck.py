@@ -282,7 +282,7 @@ def check_model(model, device, prompt_len: int, decode_steps: int = 3, chunk: in
     return out
 
 
-def run_all(device, dtype=torch.bfloat16, model=None) -> list:
+def run_all(device, dtype=torch.bfloat16) -> list:
     rows = []
     rows += check_gla(device, dtype)
     rows += check_store_kv(device, dtype)

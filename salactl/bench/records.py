@@ -2,7 +2,7 @@
 phase finishes (so Ctrl-C keeps every finished phase), plus the per-request CSV (`--details`)
 written whole through a temp file. Schema version 1 (DESIGN.md §4):
 
-    schema_version, kind ("bench" | "sweep"), run_id, label, profile, phase, target
+    schema_version, kind ("bench" | "sweep" | "run"), run_id, label, profile, phase, target
     ("embedded" | "sglang" | "openai"), model, timestamp, <metric fields with SGLang names>,
     knobs {every setting that produced it}, env (salactl.env.environment())
 """
@@ -20,8 +20,8 @@ from pathlib import Path
 
 from salactl.bench.requests import RequestResult
 from salactl.output import jsonable
+from salactl.reports.records import SCHEMA_VERSION
 
-SCHEMA_VERSION = 1
 RECORDS_NAME = "records.jsonl"
 DETAIL_COLUMNS = ("run_id", "phase", "request_id", "input_len", "expected_output_len", "output_len",
                   "success", "start_offset_s", "ttft_ms", "tpot_ms", "e2e_ms", "itl_ms", "error")

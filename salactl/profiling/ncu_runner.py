@@ -51,9 +51,7 @@ def find_ncu(explicit: str | None = None) -> str:
 class NcuOptions:
     launch_skip: int = 0
     launch_count: int | None = None
-    cache_control: str = "all"        # flush caches before each replay: DRAM bytes are cold-cache
     metric_set: str = "bytes"
-    extra_metrics: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.metric_set not in METRIC_SETS:
@@ -72,8 +70,9 @@ def profile_command(ncu: str, report_base: Path, includes: list[str], child_argv
     cmd = [ncu, "--target-processes", "all", "--nvtx"]
     for inc in includes:
         cmd += ["--nvtx-include", inc]
-    cmd += ["--clock-control", "none", "--cache-control", opts.cache_control,
-            "--metrics", ",".join(METRIC_SETS[opts.metric_set] + tuple(opts.extra_metrics)),
+    # caches flushed before each replay: the DRAM bytes are cold-cache
+    cmd += ["--clock-control", "none", "--cache-control", "all",
+            "--metrics", ",".join(METRIC_SETS[opts.metric_set]),
             "--launch-skip", str(opts.launch_skip)]
     if opts.launch_count:
         cmd += ["--launch-count", str(opts.launch_count)]

@@ -15,6 +15,7 @@ import triton
 from salactl.runtime.config import SparseConfig
 from salactl.runtime.ops.decode_attention.reference import is_fp8
 from salactl.runtime.ops.decode_attention.triton import kernel_scales
+from salactl.runtime.ops.device_props import sm_count
 from salactl.runtime.ops.pdl import launch_args
 from salactl.runtime.ops.selection import triton as kern
 from salactl.runtime.ops.selection import triton_decode as dkern
@@ -89,8 +90,7 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 
 
 # Launch defaults of select_decode (edit from benchmarks/sparse_decode_bench.py's sweep).
-# Pass 2 (`nbc` blocks per program, `num_warps`, `num_warps_wide` in tables wider than
-# `short_blocks`; `p2_early`: its K1 scores before the PDL wait) stores int32 score words and the
+# Pass 2 (`nbc` blocks per program, `num_warps`; `p2_early`: its K1 scores before the PDL wait) stores int32 score words and the
 # row's top-12-bit histogram;
 # the top-k (triton_rank.topk_launch) then ranks them: rows longer than `short_blocks` blocks are
 # first gathered down to the histogram's threshold bin (`gather_chunk` blocks per program), then
@@ -130,7 +130,8 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # 6.1 against 16.9 / 6.5 (64 on 4 warps 17.9 / 6.9, 128 on 8 warps 20.2 / 9.5); the top-k keeps 8.
 # Then (add0847, `--variants "p2 "`): pass 2 on 2 warps, 13.3 against 16.3 us at 1M but 7.1 against
 # 6.1 at 128K (both in the 1M-wide table): 2 warps for tables wider than short_blocks blocks (256K
-# tokens, where rows that long exist), 4 otherwise; 16 blocks per program lost (20.1 / 26.8 at 1M).
+# tokens, where rows that long exist), 4 otherwise (since 6881a66: 4 everywhere); 16 blocks per
+# program lost (20.1 / 26.8 at 1M).
 # Session 12 (H200, all reverted; BENCHMARKS.md): pass 2 with its raw window scores first (two dots)
 # and the lse merge after them, slots / seq_lens / q / page-table entries read before the PDL
 # wait, the lse pass prefetching its K1 rows into L2 before the wait (lse 10.9 -> 12.5 us at 1M),
@@ -196,7 +197,7 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # / 65.5-65.9 against 64.3 / 66.3, but 128K cold 35.8 against 34.1 (warm 31.0 against 31.2).
 # Session 35 (H200, `--defaults short_blocks=1024`): 128K rows gathered before their rank, selection
 # 20.5-21.4 against 14.1 us at 128K + 100 batch 1 (sparse total 26.5-27.4 against 23.2): kept 4096.
-DECODE_DEFAULTS = dict(nbc=32, nbc_fp32=32, num_warps=4, num_warps_wide=4, lse_splits=None, dedup=True,
+DECODE_DEFAULTS = dict(nbc=32, num_warps=4, lse_splits=None, dedup=True,
                        p2_early=True, lse_bw=128, lse_elem=True, lse_warps=4, lse_stages=2, short_blocks=4096, gather_chunk=1024,
                        rank_rb=32, rank_ct=256, rank_warps=8, rank_short_rows=4, radix_warps=8)
 
@@ -239,7 +240,7 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     k1_start must be the row's last visible window, (seq_len - kernel_size) // kernel_stride, as
     GPUBatch.build gives it (the window a decode token completes).
     nb_max: the static block width (launch grid); each row's work follows its own seq_len.
-    knobs: the other DECODE_DEFAULTS entries (nbc_fp32, num_warps_wide, dedup, p2_early, lse_bw, lse_elem, lse_warps,
+    knobs: the other DECODE_DEFAULTS entries (dedup, p2_early, lse_bw, lse_elem, lse_warps,
     lse_stages, short_blocks, gather_chunk, rank_rb, rank_ct, rank_warps, rank_short_rows,
     radix_warps); knobs left out or None take DECODE_DEFAULTS. Same result as select_paged."""
     dflt = DECODE_DEFAULTS
@@ -260,17 +261,15 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     fuse = k_pages is not None and k1_start is not None and k1_count is not None
     lse_splits = knob(lse_splits, "lse_splits")
     if lse_splits is None:                # about four programs per SM
-        lse_splits = max(1, min(256, math.ceil(528 / rows)))
+        lse_splits = max(1, min(256, math.ceil(4 * sm_count(dev) / rows)))
         # with the K1 update the last split only compresses (triton_decode.py): one more split,
         # unless that would double pass 2's merge tile (SP2, a power of 2)
         if fuse and triton.next_power_of_2(lse_splits + 1) == triton.next_power_of_2(lse_splits):
             lse_splits += 1
     if fuse:
         lse_splits = max(2, lse_splits)
-    if nbc is None:                       # blocks per program of pass 2
-        nbc = k["nbc_fp32"] if q.dtype == torch.float32 else dflt["nbc"]
-    if num_warps is None:                 # pass 2's warps
-        num_warps = k["num_warps_wide"] if nb_max > k["short_blocks"] else dflt["num_warps"]
+    nbc = knob(nbc, "nbc")                # blocks per program of pass 2
+    num_warps = knob(num_warps, "num_warps")  # pass 2's warps
     dedup, lse_bw, lse_warps, lse_stages = k["dedup"], k["lse_bw"], k["lse_warps"], k["lse_stages"]
     K = min(sc.selected_blocks, nb_max)
     assert all(v > 0 and v & (v - 1) == 0 for v in (lse_bw, nbc)), "powers of 2 expected"

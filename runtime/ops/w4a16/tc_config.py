@@ -26,7 +26,8 @@ class TCConfig:
     unroll: int = 1
     prefetch: int = 0        # 1: register software pipeline
     reduce: int = 1          # split-K partials summed RED at a time by the last split (1: one by one)
-    tma: int = 0             # 1: words by TMA in a num_stages-deep shared-memory pipeline (triton_tma.py)
+    tma: int = 0             # 1: words by TMA in a num_stages-deep shared-memory pipeline (triton_tma.py);
+                             # 2: the activations by TMA too
     tma_blocks: int = 1      # with tma: 128-row blocks per TMA copy (1 or 2)
     early: int = 0           # E > 0: an L2 prefetch of the words of the first E unroll groups (TMA: E
                              # times the pipeline's first stages) before the PDL wait; -1: all the split's
@@ -107,7 +108,7 @@ TC_SHAPE_DEFAULTS: dict[tuple[int, int, int], str] = {
     (4096, 4096, 1): "bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4,ew=1,red=8",
     (4096, 4096, 16): "bn=64,w=4,bias=1,un=4,pf=0,stages=1,waves=4,red=8",
     # Session 9, M = 32 (`--shapes 0,2,3,4,5 --batches 32 --configs ...` at ce385bb), us: TC_DEFAULTS[32]
-    # became unroll 2 without cp.async stages (4096x4096 9.97 vs 10.64, qkvz 20.27 vs 22.47, down
+    # became unroll 2 without cp.async stages (until session 15, below) (4096x4096 9.97 vs 10.64, qkvz 20.27 vs 22.47, down
     # 21.90 vs 23.69); the sparse projection keeps the old default (14.21); gate+up: TMA pairs 32.33 vs 35.66
     # Session 13 (`--shapes 0 --batches 32 --configs ...` at 539bd47, 12 specs), o_proj 4096x4096:
     # every TMA spec lost (0.59-1.27x bf16 against the default's 1.39x; the 128-row TMA tile 0.59x),
@@ -181,8 +182,9 @@ def default_tc_config(M: int, N: int, K: int, sms: int = 132) -> TCConfig:
       10.48 with un2 st1 vs 10.78 is within 3%).
     - Session 6: at BLOCK_M 16 the engine's fused projections except 4096x4096 use the TMA
       pipeline (TC_SHAPE_DEFAULTS); every other shape keeps the register kernel.
-    - Session 9: BLOCK_M 32 unroll 2 without stages (the 3-stage unroll-1 kernel stays for the
-      sparse projection); o_proj at 2-16 rows the bias MMA, M = 1 the fma (TC_SHAPE_DEFAULTS).
+    - Session 9: o_proj at 2-16 rows the bias MMA, M = 1 the fma (TC_SHAPE_DEFAULTS).
+    - Session 15: BLOCK_M 32 is the 3-stage unroll-1 kernel with every 4 split partials summed at
+      once (red=4); o_proj at 32 rows unroll 2 without stages, ew=2, red=8 (TC_SHAPE_DEFAULTS).
     """
     bm = tc_block_m(M)
     spec = (M == 1 and TC_SHAPE_DEFAULTS.get((N, K, 1))) or TC_SHAPE_DEFAULTS.get((N, K, bm)) or TC_DEFAULTS[bm]

@@ -16,20 +16,10 @@ from __future__ import annotations
 
 import torch
 
+from salactl.runtime.ops.device_props import sm_count
+
 # From this many rows on, dequantize once and call cuBLAS (see the module docstring).
 DEQUANT_MIN_ROWS = 512
-
-_SM_COUNT: dict[int, int] = {}
-
-
-def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device (132 on an H200, also the default elsewhere)."""
-    if device.type != "cuda":
-        return 132
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SM_COUNT[idx]
 
 
 def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,

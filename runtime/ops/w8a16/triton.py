@@ -38,8 +38,8 @@ MAX_ROWS = 64
 @dataclass(frozen=True)
 class W8Config:
     """One launch: output rows per program, columns per step (at most; never past a group), warps,
-    pipeline stages, and the programs per SM that split-K aims for; gemv=1 runs one row on CUDA
-    cores (`_gemv_kernel`), 0 on tensor cores."""
+    pipeline stages, and the programs per SM that split-K aims for; gemv=1 (the runtime's) runs one
+    row on CUDA cores (`_gemv_kernel`); 0, on tensor cores, only for benchmarks/w8a16_bench.py."""
     block_n: int = 64
     block_k: int = 128
     warps: int = 4
