@@ -35,6 +35,14 @@ class Peaks:
     mem_gbps: float
     bf16_tflops: float
     source: str          # "measured", "datasheet", "nvml", "cpu-default"
+    fp32_tflops: float | None = None     # measured only (no datasheet column)
+
+    def matmul_tflops(self, dtype: torch.dtype) -> tuple[float, str]:
+        """The compute ceiling for GEMMs in `dtype`, and which rate it is: a float32 model's
+        floor uses the float32 rate where it was measured (on a CPU it can be a third of bf16's)."""
+        if dtype == torch.float32 and self.fp32_tflops:
+            return self.fp32_tflops, "fp32"
+        return self.bf16_tflops, "bf16"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -89,7 +97,8 @@ def _valid(entry) -> bool:
     def positive(v):
         return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
-    return isinstance(entry, dict) and positive(entry.get("mem_gbps")) and positive(entry.get("bf16_tflops"))
+    return (isinstance(entry, dict) and positive(entry.get("mem_gbps")) and positive(entry.get("bf16_tflops"))
+            and (entry.get("fp32_tflops") is None or positive(entry["fp32_tflops"])))
 
 
 def check_cache_dir() -> Path:
@@ -105,15 +114,20 @@ def check_cache_dir() -> Path:
 
 
 def peaks_for(device: torch.device) -> Peaks:
-    name = device_name(device)
+    return peaks_by_name(device_name(device), device.type, device.index or 0)
+
+
+def peaks_by_name(name: str, device_type: str, nvml_index: int | None = None) -> Peaks:
+    """Measured ceilings for `name` if cached, else the datasheet, NVML's bandwidth (when an index
+    is given) or a default."""
     measured = load_measured().get(name)
     if measured:
-        return Peaks(name, measured["mem_gbps"], measured["bf16_tflops"], "measured")
-    if device.type == "cuda":
+        return Peaks(name, measured["mem_gbps"], measured["bf16_tflops"], "measured", measured.get("fp32_tflops"))
+    if device_type == "cuda":
         ds = datasheet(name)
         if ds:
             return Peaks(name, ds[0], ds[1], "datasheet")
-        bw = nvml_bandwidth_gbps(device.index or 0)
+        bw = nvml_bandwidth_gbps(nvml_index) if nvml_index is not None else None
         return Peaks(name, bw or 1000.0, 100.0, "nvml" if bw else "unknown-gpu-default")
     # No CPU datasheet: a conservative default until `salactl info --measure` runs.
     return Peaks(name, 20.0, 0.2, "cpu-default")
@@ -142,7 +156,7 @@ def _time(fn, device, reps: int) -> float:
 
 
 def measure(device: torch.device) -> Peaks:
-    """Median device-to-device copy bandwidth (read+write bytes) and bf16 GEMM rate."""
+    """Median device-to-device copy bandwidth (read+write bytes) and bf16 and fp32 GEMM rates."""
     path = check_cache_dir()
     gpu = device.type == "cuda"
     n = (1 << 30) if gpu else (64 << 20)                  # bytes per buffer
@@ -151,15 +165,19 @@ def measure(device: torch.device) -> Peaks:
     copy_s = _time(lambda: dst.copy_(src), device, 20 if gpu else 5)
     mem_gbps = 2 * n / copy_s / 1e9
     m = 8192 if gpu else 1024
-    a = torch.randn(m, m, device=device, dtype=torch.bfloat16)
-    b = torch.randn(m, m, device=device, dtype=torch.bfloat16)
-    mm_s = _time(lambda: a @ b, device, 20 if gpu else 3)
-    tflops = 2 * m ** 3 / mm_s / 1e12
+
+    def gemm_tflops(dtype):
+        a = torch.randn(m, m, device=device, dtype=dtype)
+        b = torch.randn(m, m, device=device, dtype=dtype)
+        return 2 * m ** 3 / _time(lambda: a @ b, device, 20 if gpu else 3) / 1e12
+
+    tflops, fp32 = gemm_tflops(torch.bfloat16), gemm_tflops(torch.float32)
     name = device_name(device)
     data = load_measured()
-    data[name] = {"mem_gbps": mem_gbps, "bf16_tflops": tflops, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    data[name] = {"mem_gbps": mem_gbps, "bf16_tflops": tflops, "fp32_tflops": fp32,
+                  "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=2))
     os.replace(tmp, path)
-    return Peaks(name, mem_gbps, tflops, "measured")
+    return Peaks(name, mem_gbps, tflops, "measured", fp32)

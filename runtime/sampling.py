@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
-from salactl.errors import UsageError
+from salactl.errors import NumericsError, UsageError
+
+NON_FINITE = ("the model computed NaN/Inf logits: its weights hold NaN/Inf, or the activations "
+              "overflowed the dtype; check the checkpoint, or run with --dtype bfloat16 or float32")
 
 
 @dataclass(frozen=True)
@@ -22,19 +26,32 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 0:
             raise UsageError(f"--max-new-tokens must be >= 0, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise UsageError(f"--temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 <= self.temperature < math.inf:
+            raise UsageError(f"--temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise UsageError(f"--top-p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise UsageError(f"--top-k must be >= 0 (0 = off), got {self.top_k}")
 
 
+def greedy(logits: torch.Tensor) -> list[int]:
+    """The argmax of each row of logits [n, V], in one device sync; NaN/Inf logits are an error
+    (an argmax over them would silently repeat one token)."""
+    top = logits.max(dim=-1)
+    values, ids = torch.stack([top.values.float(), top.indices.float()]).tolist()  # ids < 2^24: exact
+    if not all(math.isfinite(v) for v in values):
+        raise NumericsError(NON_FINITE)
+    return [int(i) for i in ids]
+
+
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     """logits: fp32 [V] for one sequence."""
     if params.temperature == 0.0:
-        return int(torch.argmax(logits))
-    logits = logits.float() / params.temperature
+        return greedy(logits[None])[0]
+    top = logits.max()
+    if not math.isfinite(float(top)):
+        raise NumericsError(NON_FINITE)
+    logits = (logits.float() - top) / params.temperature    # shifted first: a tiny temperature gives -inf, not inf - inf
     if params.top_k:
         kth = torch.topk(logits, min(params.top_k, logits.numel())).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from salactl import output
-from salactl.errors import DatasetError, UsageError
+from salactl.errors import DatasetError, TokenizerError, UsageError
 from salactl.options import ChunkOpt, DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, TokenizerOpt
 
 eval_app = typer.Typer(no_args_is_help=True, help="Evaluate a model: perplexity and passkey retrieval.")
@@ -20,13 +20,28 @@ DEFAULT_DEPTHS = "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9"
 
 @contextmanager
 def progress_bar(description: str):
-    """A rich progress bar on stderr; yields update(done, total)."""
+    """A rich progress bar on stderr, drawn from the first update(done, total) on and erased when
+    the work fails (the error stays the only line)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeRemainingColumn(), console=output.stderr, transient=False) as bar:
-        task = bar.add_task(description, total=None)
-        yield lambda done, total: bar.update(task, completed=done, total=total)
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeRemainingColumn(), console=output.stderr)
+    task = None
+
+    def update(done, total):
+        nonlocal task
+        if task is None:
+            bar.start()
+            task = bar.add_task(description, total=total)
+        bar.update(task, completed=done, total=total)
+
+    try:
+        yield update
+    except BaseException:
+        bar.live.transient = True
+        raise
+    finally:
+        bar.stop()
 
 
 def parse_list(text: str, kind, name: str) -> list:
@@ -49,7 +64,7 @@ def _load(model: str, device: str, dtype: str, tokenizer: str | None):
     lm = load_model(model, device, dtype)
     tok = find_tokenizer(tokenizer, lm.model_dir)
     if tok.vocab_size > lm.config.vocab_size:
-        raise UsageError(f"tokenizer has {tok.vocab_size} tokens but the model only "
+        raise TokenizerError(f"tokenizer has {tok.vocab_size} tokens but the model only "
                          f"{lm.config.vocab_size}; pass the model's own --tokenizer")
     return lm, tok
 

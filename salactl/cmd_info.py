@@ -23,7 +23,7 @@ def info(
 
     dev = resolve_device(device)
     if measure:
-        output.stderr.print(f"measuring copy bandwidth and bf16 matmul on {dev} ...")
+        output.stderr.print(f"measuring copy bandwidth and bf16 / fp32 matmul on {dev} ...")
         do_measure(dev)
     peaks = peaks_for(dev)
     record = {"env": environment(), "device": str(dev), "peaks": peaks.to_dict(),
@@ -35,8 +35,8 @@ def info(
     env = record["env"]
     output.table("salactl environment", ["item", "value"],
                  [[k, v] for k, v in env.items()])
-    output.table("roofline ceilings in use", ["device", "GB/s", "bf16 TFLOP/s", "source"],
-                 [[peaks.device, peaks.mem_gbps, peaks.bf16_tflops, peaks.source]])
+    output.table("roofline ceilings in use", ["device", "GB/s", "bf16 TFLOP/s", "fp32 TFLOP/s", "source"],
+                 [[peaks.device, peaks.mem_gbps, peaks.bf16_tflops, peaks.fp32_tflops, peaks.source]])
     output.table("datasheet", ["GPU", "GB/s", "bf16 TFLOP/s"],
                  [[k, v[0], v[1]] for k, v in DATASHEET.items()])
 

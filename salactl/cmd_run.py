@@ -61,7 +61,7 @@ def run(
             prompt = prompt_file.read_text()
         except OSError as e:
             raise UsageError(f"cannot read --prompt-file {prompt_file}: {e.strerror}") from None
-    req = RunRequest(prompt=prompt, prompt_ids=parse_prompt_ids(prompt_ids) if prompt_ids else None,
+    req = RunRequest(prompt=prompt, prompt_ids=parse_prompt_ids(prompt_ids) if prompt_ids is not None else None,
                      model=model, random_weights=random_weights, seed=seed, device=device, dtype=dtype,
                      tokenizer=tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,
                      top_p=top_p, top_k=top_k, chunk_size=chunk_size, chat=chat, ignore_eos=ignore_eos,
@@ -90,7 +90,8 @@ def render(r: dict) -> None:
     output.stdout.print(f"TTFT {output.fmt(ttft_ms)} ms | prefill {output.fmt(r['prefill_tok_s'])} tok/s | "
                         f"decode {output.fmt(r['decode_tok_s'])} tok/s")
     p = r["peaks"]
-    output.stdout.print(f"ceilings: {p['mem_gbps']:.0f} GB/s, {p['bf16_tflops']:.1f} TFLOP/s ({p['source']})")
+    output.stdout.print(f"ceilings: {p['mem_gbps']:.0f} GB/s, {p['compute_tflops']:.2g} TFLOP/s "
+                        f"({p['compute_rate']} matmul; {p['source']})")
     if r.get("timing"):
         output.stdout.print(f"times: phases from {r['timing']['phase_times']}; per op from {r['timing']['op_times']}")
     for phase in ("prefill", "decode"):

@@ -55,3 +55,8 @@ class ProfilerPermissionError(SalactlError):
 
 class ProfilerFailedError(SalactlError):
     exit_code = 14
+
+
+class NumericsError(SalactlError):
+    """The model computed NaN/Inf logits: broken weights, or a dtype whose range overflowed."""
+    exit_code = 15

@@ -7,8 +7,9 @@ from dataclasses import asdict, dataclass
 import torch
 
 from salactl import output
-from salactl.errors import UsageError
+from salactl.errors import TokenizerError, UsageError
 from salactl.runtime.engine import Engine
+from salactl.runtime.kv_fp8 import fp8_dtype
 from salactl.runtime.loader import load_model
 from salactl.runtime.peaks import peaks_for
 from salactl.runtime.roofline import linear_costs, phase_costs, roofline_rows
@@ -60,7 +61,7 @@ def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
     output.warn_past_trained_length(len(ids) + req.max_new_tokens, lm.config.max_position_embeddings,
                                     "the prompt plus --max-new-tokens")
     if tok is not None and tok.vocab_size > lm.config.vocab_size:
-        raise UsageError(f"tokenizer has {tok.vocab_size} tokens but the model only {lm.config.vocab_size}; "
+        raise TokenizerError(f"tokenizer has {tok.vocab_size} tokens but the model only {lm.config.vocab_size}; "
                          "pass the model's own --tokenizer")
     from salactl.runtime.gpu.available import gpu_engine_available
 
@@ -70,7 +71,6 @@ def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
     if gpu_engine_available(device):           # CUDA + Triton: the GPU engine
         from salactl.runtime.gpu.engine import GPUEngine
         from salactl.runtime.gpu.run_profile import generate_with_op_profile
-        from salactl.runtime.kv_fp8 import fp8_dtype
 
         engine = GPUEngine(lm.model, device, chunk_size=req.chunk_size, max_running_requests=1,
                            kv_tokens=len(ids) + req.max_new_tokens + 64, kv_dtype=fp8_dtype(req.kv_cache_dtype))
@@ -100,16 +100,19 @@ def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
     kw = dict(act_bytes=act_bytes, kv_bytes=1 if engine.kv_scales is not None else act_bytes)
     pre = phase_costs(lm.config, linears, pre_calls, [1] * len(pre_calls), **kw)
     dec = phase_costs(lm.config, linears, dec_calls, [1] * len(dec_calls), **kw)
+    act_dtype = lm.model.model.embed_tokens.weight.dtype
+    dtype_name = str(act_dtype).replace("torch.", "")
+    tflops, rate_dtype = peaks.matmul_tflops(act_dtype)
     roof = {
         "prefill": [r.to_dict() for r in roofline_rows(pre, res.prefill.op_seconds, res.prefill.seconds,
-                                                       peaks.mem_gbps, peaks.bf16_tflops)],
+                                                       peaks.mem_gbps, tflops)],
         "decode": [r.to_dict() for r in roofline_rows(dec, res.decode.op_seconds, res.decode.seconds,
-                                                      peaks.mem_gbps, peaks.bf16_tflops)] if dec_calls else [],
+                                                      peaks.mem_gbps, tflops)] if dec_calls else [],
     }
     return {
         "model": lm.source,
         "device": str(device),
-        "dtype": str(lm.model.model.embed_tokens.weight.dtype).replace("torch.", ""),
+        "dtype": dtype_name,
         "prompt_token_ids": list(ids),
         "output_token_ids": res.output_token_ids,
         "text": tok.decode(res.output_token_ids) if tok else None,
@@ -119,12 +122,12 @@ def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
         "decode_tok_s": res.decode.tokens / res.decode.seconds if res.decode.seconds else None,
         "roofline": roof,
         "timing": timing_note,
-        "peaks": peaks.to_dict(),
+        "peaks": {**peaks.to_dict(), "compute_tflops": tflops, "compute_rate": rate_dtype},
         "peak_memory_bytes": peak_memory,
         "sampling": {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
                      "seed": req.seed, "max_new_tokens": req.max_new_tokens},
         "chunk_size": req.chunk_size,
-        "kv_cache_dtype": req.kv_cache_dtype,
+        "kv_cache_dtype": req.kv_cache_dtype if fp8_dtype(req.kv_cache_dtype) else dtype_name,
         "gla_prefill": getattr(engine, "gla_prefill", "reference"),
         "env": environment(),
     }
@@ -138,7 +141,7 @@ def run_records(result: dict, req: RunRequest, label: str | None) -> list[dict]:
     run_id = new_run_id()
     n_in, n_out = len(result["prompt_token_ids"]), len(result["output_token_ids"])
     knobs = {k: v for k, v in asdict(req).items() if k not in ("prompt", "prompt_ids")}
-    knobs["dtype"] = result["dtype"]
+    knobs.update(dtype=result["dtype"], device=result["device"], kv_cache_dtype=result["kv_cache_dtype"])
     common = dict(completed=1, failed=0, total_input_tokens=n_in, total_output_tokens=n_out,
                   peak_memory_bytes=result["peak_memory_bytes"])
     ttft_ms = result["ttft_s"] * 1e3

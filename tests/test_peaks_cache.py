@@ -55,7 +55,8 @@ def test_run_uses_a_valid_cache_entry(tmp_path):
     p = salactl("run", "--prompt-ids", "1,2,3", "-n", "2", "--device", "cpu", "--json", cache=tmp_path)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["peaks"] == {"device": device_name(CPU), "mem_gbps": 30.0, "bf16_tflops": 0.5,
-                                             "source": "measured"}
+                                             "source": "measured", "fp32_tflops": None,
+                                             "compute_tflops": 0.5, "compute_rate": "bf16"}
 
 
 def test_measure_with_the_cache_below_a_file_is_a_usage_error(tmp_path):
@@ -64,3 +65,15 @@ def test_measure_with_the_cache_below_a_file_is_a_usage_error(tmp_path):
     assert p.returncode == UsageError.exit_code, p.stderr
     assert "Traceback" not in p.stderr and p.stderr.strip().splitlines()[-1].startswith("error: cannot write")
     assert "SALACTL_CACHE_DIR" in p.stderr and (tmp_path / "f").read_text() == "keep"
+
+
+def test_a_float32_run_uses_the_measured_fp32_matmul_rate(tmp_path):
+    entry = {"mem_gbps": 30.0, "bf16_tflops": 0.5, "fp32_tflops": 0.125}
+    (tmp_path / "peaks.json").write_text(json.dumps({device_name(CPU): entry}))
+    p = salactl("run", "--prompt-ids", "1,2,3", "-n", "2", "--device", "cpu", "--dtype", "float32", "--json",
+                cache=tmp_path)
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert (d["peaks"]["compute_tflops"], d["peaks"]["compute_rate"]) == (0.125, "fp32")
+    row = d["roofline"]["prefill"][-1]
+    assert row["floor_s"] == pytest.approx(max(row["bytes"] / 30e9, row["flops"] / 0.125e12), rel=1e-6)

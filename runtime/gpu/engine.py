@@ -27,7 +27,7 @@ from salactl.runtime.gpu.scheduler import Request, Scheduler
 from salactl.runtime.ops.device_props import sm_count
 from salactl.runtime.ops.gla.triton import FLA, prefill_impl
 from salactl.runtime.op_timer import NULL_TIMER, OpTimer
-from salactl.runtime.sampling import SamplingParams, sample
+from salactl.runtime.sampling import SamplingParams, greedy, sample
 
 
 def fallback_notes(device: torch.device) -> list[str]:
@@ -196,6 +196,6 @@ class GPUEngine:
 
     @staticmethod
     def _sample(logits: torch.Tensor, reqs: list[Request]) -> list[int]:
-        greedy = logits.argmax(dim=-1).tolist()
+        top = greedy(logits)
         return [g if r.params.temperature == 0 else sample(logits[i], r.params, r.generator)
-                for i, (g, r) in enumerate(zip(greedy, reqs))]
+                for i, (g, r) in enumerate(zip(top, reqs))]

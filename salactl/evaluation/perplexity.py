@@ -15,7 +15,8 @@ from typing import Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-from salactl.errors import DatasetError, UsageError
+from salactl.errors import DatasetError, NumericsError, UsageError
+from salactl.runtime.sampling import NON_FINITE
 
 
 def score_windows(token_ids: list[int], seq_len: int, max_tokens: int | None,
@@ -77,7 +78,9 @@ def perplexity(model, token_ids: list[int], seq_len: int, max_tokens: int | None
         if progress:
             progress(done, total)
     nll = nll_sum / total
-    return {"nll": nll, "ppl": math.exp(nll), "tokens": total, "windows": len(windows), "seq_len": seq_len}
+    if not math.isfinite(nll):
+        raise NumericsError(NON_FINITE)
+    return {"nll": nll, "ppl": math.exp(nll) if nll < 700 else math.inf, "tokens": total, "windows": len(windows), "seq_len": seq_len}
 
 
 def unigram_baseline(targets: list[int], vocab_size: int, fit_ids: list[int] | None = None) -> dict:

@@ -34,23 +34,17 @@ class SessionOptions:
 
 
 def peaks_for_name(name: str, device_type: str) -> dict:
-    from salactl.runtime.peaks import Peaks, datasheet, load_measured
+    from salactl.runtime.peaks import peaks_by_name
 
-    measured = load_measured().get(name)
-    if measured:
-        return Peaks(name, measured["mem_gbps"], measured["bf16_tflops"], "measured").to_dict()
-    ds = datasheet(name) if device_type == "cuda" else None
-    if ds:
-        return Peaks(name, ds[0], ds[1], "datasheet").to_dict()
-    return Peaks(name, 20.0, 0.2, "cpu-default").to_dict() if device_type != "cuda" else \
-        Peaks(name, 1000.0, 100.0, "unknown-gpu-default").to_dict()
+    return peaks_by_name(name, device_type).to_dict()
 
 
 def tables(samples, manifest: dict, peaks: dict, top: int) -> dict:
     analytic = {p: s["analytic"] for p, s in manifest["steps"].items()}
     samples = [s for s in samples if s.phase not in manifest["steps"]
                or in_scopes(s, manifest["steps"][s.phase].get("scopes"))]
-    ops = op_rows(samples, analytic, peaks["mem_gbps"], peaks["bf16_tflops"])
+    fp32 = manifest.get("dtype") == "float32" and peaks.get("fp32_tflops")
+    ops = op_rows(samples, analytic, peaks["mem_gbps"], fp32 or peaks["bf16_tflops"])
     kernels = kernel_rows(samples, peaks["mem_gbps"], top)
     return {"ops": [r.to_dict() for r in ops], "kernels": [r.to_dict() for r in kernels]}
 
