@@ -140,24 +140,36 @@ class _KVAmaxBackend(ReferenceBackend):
         return super().softmax_attention(layer, q, k, v, batch)
 
 
+# Tokens of one sequence per layer call: longer sequences go through a layer in chunks, with
+# their KV / GLA state cached like a chunked prefill (the same result: DESIGN.md §2 is chunking
+# invariant), so the attention's [heads, chunk, T] scores stay bounded at any --seqlen.
+CHUNK_TOKENS = 2048
+
+
 class _LayerRunner:
     def __init__(self, config, batch_tokens: int, backend):
         self.config, self.batch_tokens, self.backend = config, batch_tokens, backend
 
     def run(self, layer, idx: int, inps: torch.Tensor, out: torch.Tensor | None = None) -> None:
         S, T, hidden = inps.shape
-        per = max(1, self.batch_tokens // T)
+        chunk = min(T, CHUNK_TOKENS, self.batch_tokens)
+        per = max(1, self.batch_tokens // chunk)
         for s0 in range(0, S, per):
             x = inps[s0:s0 + per]
             b = x.shape[0]
             seqs = [SequenceCache(self.config, x.device, x.dtype, capacity=T, layers={idx}) for _ in range(b)]
-            batch = ForwardBatch.build(self.config, seqs, [T] * b, self.backend, x.device)
-            try:
-                y = layer(x.reshape(b * T, hidden), batch)
-            except _Stop:
-                continue
-            if out is not None:
-                out[s0:s0 + b] = y.view(b, T, hidden)
+            for c0 in range(0, T, chunk):
+                n = min(chunk, T - c0)
+                batch = ForwardBatch.build(self.config, seqs, [n] * b, self.backend, x.device)
+                try:
+                    y = layer(x[:, c0:c0 + n].reshape(b * n, hidden), batch)
+                except _Stop:
+                    # a capture hook stopped the layer: after its mixer (the caches hold this chunk),
+                    # or before it (then the mixer never runs for any chunk, and the caches are unread)
+                    y = None
+                batch.commit()
+                if out is not None and y is not None:
+                    out[s0:s0 + b, c0:c0 + n] = y.view(b, n, hidden)
 
     def hessian(self, layer, idx: int, inps: torch.Tensor, modules: list[torch.nn.Module]) -> Hessian:
         h = Hessian(modules[0].in_features, inps.device)

@@ -27,6 +27,7 @@ class FakeServer:
     def __init__(self, ttft: float = 0.2, per_token: float = 0.02, model: str = "fake-model"):
         self.ttft, self.per_token, self.model = ttft, per_token, model
         self.edit_event = None          # optional fn(event dict) -> what is streamed instead
+        self.cut_after: int | None = None   # close the connection after this many events (no [DONE])
         self.requests: list[dict] = []
         self.flushes = 0
         self.lock = threading.Lock()
@@ -80,7 +81,10 @@ class FakeServer:
                 self.end_headers()
                 done = 0
                 try:
-                    for g in chunk_sizes(n):
+                    for i, g in enumerate(chunk_sizes(n)):
+                        if i == owner.cut_after:
+                            self.close_connection = True
+                            return
                         done += g
                         deadline = t0 + owner.ttft + (done - 1) * owner.per_token
                         while (left := deadline - time.perf_counter()) > 0:

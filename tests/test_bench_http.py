@@ -232,3 +232,15 @@ def test_failed_warmup_stops_with_no_files(tmp_path):
             run_bench(BenchSettings(profile=prof, endpoint=srv.url + "/nothing", flush_sleep=0.0,
                                     out=tmp_path / "o"))
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("backend", ["sglang", "openai"])
+def test_a_stream_cut_before_done_fails_the_request(backend):
+    from salactl.bench.runner import run_request
+
+    with FakeServer(0.01, 0.001) as srv:
+        srv.cut_after = 1
+        target = HttpTarget(srv.url, backend, flush_sleep_s=0.0)
+        target.check()
+        res = run_request(target, random_lengths(1, 4, 8, 1000)[0], 8, "P", threading.Event())
+    assert not res.success and "without data: [DONE]" in res.error, res.error

@@ -61,10 +61,14 @@ def test_empty_phase_gives_none_not_zero():
 def test_one_batch_fields():
     rs = [result("a", 0.0, 0.2, 0.5, 4, [0.1, 0.1, 0.1]), result("b", 0.0, 0.3, 0.6, 4, [0.1] * 3)]
     m = one_batch_metrics(rs, 0.6, 2, 100, 4)
-    assert m["prefill_latency"] == 0.3 and m["prefill_throughput"] == pytest.approx(200 / 0.3)
+    assert m["prefill_latency"] == 0.3 and m["prefill_throughput"] == pytest.approx(20 / 0.3)
     assert m["median_decode_latency"] == pytest.approx(0.1)
     assert m["median_decode_throughput"] == pytest.approx(20.0)
-    assert m["overall_throughput"] == pytest.approx(208 / 0.6)
+    assert m["overall_throughput"] == pytest.approx(28 / 0.6)     # 2 x (10 in + 4 out), as sent
+    failed_and_short = [rs[0], result("b", 0.0, 0.3, 0.3, 1, []), result("c", 0.0, 0.1, 0.2, 4, [], ok=False)]
+    m = one_batch_metrics(failed_and_short, 0.6, 3, 10, 4)
+    assert m["prefill_throughput"] == pytest.approx(20 / 0.3) and m["overall_throughput"] == pytest.approx(25 / 0.6)
+    assert m["median_decode_throughput"] == pytest.approx(10.0)  # one request still decoding
 
 
 def test_parse_slo_and_reference():

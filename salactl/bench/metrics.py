@@ -117,21 +117,26 @@ def one_batch_metrics(results: list[RequestResult], duration: float, batch_size:
                       input_len: int, output_len: int) -> dict:
     """Client-side analogues of SGLang bench_one_batch's fields for a batch sent at once:
     prefill_latency = the last request's TTFT (the whole batch has its first token);
-    median_decode_latency = median ITL (one decode step of the batch); total_latency = duration."""
+    median_decode_latency = median ITL (one decode step of the batch); total_latency = duration.
+    Throughputs count the tokens the successful requests really sent and got back (fewer than
+    batch_size x the nominal lengths when requests fail or stop early)."""
     ok = [r for r in results if r.success]
     if not ok:
         return {}
     prefill = max(r.ttft for r in ok)
     itls = [x for r in ok for x in r.itl]
     dec = float(np.median(itls)) if itls else None
+    tokens_in = sum(r.input_len for r in ok)
+    tokens_out = sum(r.output_len for r in ok)
+    decoding = sum(1 for r in ok if r.itl)         # requests still in the batch's decode steps
     return {
         "batch_size": batch_size,
         "input_len": input_len,
         "output_len": output_len,
         "prefill_latency": prefill,
-        "prefill_throughput": input_len * batch_size / prefill if prefill > 0 else None,
+        "prefill_throughput": tokens_in / prefill if prefill > 0 else None,
         "median_decode_latency": dec,
-        "median_decode_throughput": batch_size / dec if dec else None,
+        "median_decode_throughput": decoding / dec if dec else None,
         "total_latency": duration,
-        "overall_throughput": (input_len + output_len) * batch_size / duration if duration > 0 else None,
+        "overall_throughput": (tokens_in + tokens_out) / duration if duration > 0 else None,
     }

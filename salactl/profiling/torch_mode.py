@@ -1,5 +1,6 @@
-"""Counter-free profiling with torch.profiler: kernel times from CUPTI (CUDA) or the host times
-of the leaf aten ops (CPU), attributed to ops/layers through record_function ranges; bytes come
+"""Counter-free profiling with torch.profiler: kernel times from CUPTI (CUDA) or the host self
+times of the aten ops (CPU: each op's time less its child ops', so nested ops count once),
+attributed to ops/layers through record_function ranges; bytes come
 from the analytic model. Also writes a Chrome trace."""
 
 from __future__ import annotations
@@ -49,8 +50,10 @@ def samples_from_events(events, cuda: bool) -> list[KernelSample]:
             if phase:
                 out.append(KernelSample(e.name, phase, layer, op, (e.time_range.end - e.time_range.start) / 1e6))
         return out
+    # self time of every aten op, not only of leaves: aten::mm does its GEMM itself but has child
+    # ops (aten::resolve_conj), so leaves alone would drop every matmul
     for e in events:
-        if not e.cpu_children and e.name.startswith("aten::"):
+        if e.name.startswith("aten::"):
             phase, layer, op = attribute(_stack(e))
             if phase:
                 out.append(KernelSample(e.name, phase, layer, op, e.self_cpu_time_total / 1e6))

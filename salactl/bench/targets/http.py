@@ -169,10 +169,12 @@ class HttpTarget(Target):
             conn.close()
 
     def _chunks(self, events, max_tokens: int):
+        """Token chunks of one streamed response; a stream is complete only with its `[DONE]`
+        (a connection closed before it is a failed request, not a short answer)."""
         last = 0
         for data, ts in events:
             if data == "[DONE]":
-                continue
+                return
             try:
                 obj = json.loads(data)
             except ValueError:
@@ -201,6 +203,8 @@ class HttpTarget(Target):
             elif counted is not None and counted > last:   # final usage-only chunk
                 last = counted
                 yield Chunk(ts, last, counts_only=True)
+        raise RequestFailed(f"the stream ended after {last} tokens without data: [DONE] "
+                            "(the server closed the connection mid-response)")
 
     def flush_cache(self) -> None:
         status, _ = self._call("POST", self.flush_path)
