@@ -97,6 +97,7 @@ def run_quantize(opts, model: str, random_weights: bool, seed: int, out: Path, o
             calib_src = RANDOM          # random weights without any tokenizer: random ids
             output.stderr.print("note: no tokenizer for random weights; calibrating on random token ids")
     if needs_calib:
+        output.warn_past_trained_length(seqlen, cfg.max_position_embeddings, "--seqlen")
         windows = calibration_windows(calib_src, tok, nsamples, seqlen, cfg.vocab_size, seed,
                                       eos_id=cfg.eos_token_id[0])
     if windows is not None and windows.shape[0] < nsamples:
@@ -128,7 +129,9 @@ def run_quantize(opts, model: str, random_weights: bool, seed: int, out: Path, o
                                kv_json, overwrite=overwrite)
     t_done = time.perf_counter()
     reports = [r.__dict__ for r in result.reports]
-    better = [r for r in result.reports if r.error is not None and r.rtn_error is not None]
+    # RTN against itself is no comparison
+    better = [r for r in result.reports if r.error is not None and r.rtn_error is not None] \
+        if opts.method != "rtn" else []
     return {
         "out": str(out),
         "model": lm.source,

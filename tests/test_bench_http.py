@@ -244,3 +244,17 @@ def test_a_stream_cut_before_done_fails_the_request(backend):
         target.check()
         res = run_request(target, random_lengths(1, 4, 8, 1000)[0], 8, "P", threading.Event())
     assert not res.success and "without data: [DONE]" in res.error, res.error
+
+
+def test_failed_requests_are_summarised_on_stderr(tmp_path, capfd):
+    from salactl.bench.job import BenchSettings, run_bench
+
+    prof = _profile(tmp_path, '[[phases]]\nname = "f"\nwarmup_requests = 0\n')
+    with FakeServer(0.01, 0.001) as srv:
+        srv.cut_after = 1
+        phase = run_bench(BenchSettings(profile=prof, endpoint=srv.url, flush_sleep=0.0,
+                                        out=tmp_path / "o")).to_dict()["phases"][0]
+    assert phase["failed"] == 3 and phase["completed"] == 0
+    err = capfd.readouterr().err
+    assert "warning: phase f: 3 of 3 requests failed (3x: the stream ended after 1 tokens without data: [DONE]" in err
+    assert "--details writes each request's error" in err

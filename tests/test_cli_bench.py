@@ -120,6 +120,19 @@ def test_bad_numbers_are_one_line_usage_errors_before_any_work(tmp_path, flag, v
     assert not out.exists()
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--endpoint", "http://127.0.0.1:9", "--kv-cache-dtype", "fp8_e4m3", "--engine", "gpu"],
+     "--engine, --kv-cache-dtype configure the embedded runtime, not a server"),
+    (["--endpoint", "http://127.0.0.1:9", "--random-weights"], "--random-weights configure the embedded runtime"),
+    (["--request-timeout", "5"], "--request-timeout apply to --endpoint servers only"),
+])
+def test_options_of_the_other_target_are_usage_errors(tmp_path, args, message):
+    out = tmp_path / "o"
+    r = salactl("bench", *args, "--out", str(out), timeout=60)
+    assert r.returncode == 2 and message in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
+    assert not out.exists()
+
+
 def test_skipped_rows_are_reported_on_stderr(tmp_path):
     from salactl.bench.plan import read_datasets
     from salactl.bench.profiles import load_profile

@@ -94,6 +94,23 @@ def _vocab_for_http(s: BenchSettings, tokenizer) -> int:
     return FALLBACK_VOCAB
 
 
+EMBEDDED_ONLY = {"random_weights": "--random-weights", "device": "--device", "dtype": "--dtype",
+                 "chunk_size": "--chunk-size", "engine": "--engine", "kv_cache_dtype": "--kv-cache-dtype",
+                 "max_running_requests": "--max-running-requests"}
+SERVER_ONLY = {"flush_sleep": "--flush-sleep", "request_timeout": "--request-timeout"}
+
+
+def check_target_options(s: BenchSettings) -> None:
+    """Options of the other kind of target would be silently ignored: name them instead."""
+    given = [flag for name, flag in (EMBEDDED_ONLY if s.endpoint else SERVER_ONLY).items()
+             if getattr(s, name) != getattr(BenchSettings, name)]
+    if given and s.endpoint:
+        raise UsageError(f"{', '.join(given)} configure the embedded runtime, not a server: set them on "
+                         "the server's own command line, or drop --endpoint")
+    if given:
+        raise UsageError(f"{', '.join(given)} apply to --endpoint servers only; drop them for the embedded runtime")
+
+
 def build_target(s: BenchSettings, need_tokenizer: bool):
     """Returns (target, tokenizer or None, vocab size for synthetic prompts)."""
     if s.endpoint:
@@ -135,7 +152,7 @@ def _phase_knobs(plan, s: BenchSettings, target, slo) -> dict:
 
 
 def check_settings(s: BenchSettings) -> None:
-    """The numeric options, before any model is loaded or server called (0 is never a default)."""
+    """The options, before any model is loaded or server called (0 is never a default)."""
     check_scale_and_cap(s.scale, s.num_requests)
     if s.chunk_size is not None and s.chunk_size < 1:
         raise UsageError(f"--chunk-size must be a positive token count, got {s.chunk_size}")
@@ -144,6 +161,7 @@ def check_settings(s: BenchSettings) -> None:
     for flag, v in (("--flush-sleep", s.flush_sleep), ("--request-timeout", s.request_timeout)):
         if not (math.isfinite(v) and v >= 0):
             raise UsageError(f"{flag} must be a number of seconds >= 0, got {v}")
+    check_target_options(s)
 
 
 def run_bench(s: BenchSettings, progress=None) -> BenchRun:
@@ -171,6 +189,19 @@ def run_bench(s: BenchSettings, progress=None) -> BenchRun:
         target.close()
 
 
+def _warn_failures(phase: str, results, details: bool) -> None:
+    from collections import Counter
+
+    from salactl import output
+
+    errors = Counter(r.error for r in results if not r.success)
+    if errors:
+        (first, n), = errors.most_common(1)
+        more = f" and {len(errors) - 1} other errors" if len(errors) > 1 else ""
+        output.warn_once(f"phase {phase}: {sum(errors.values())} of {len(results)} requests failed "
+                         f"({n}x: {first}{more})" + ("" if details else "; --details writes each request's error"))
+
+
 def _execute(run, plans, profile, target, s, slo, reference, weights, env, progress) -> BenchRun:
     out = Path(s.out)
     writer = rec.RecordWriter(out / rec.RECORDS_NAME)
@@ -190,6 +221,7 @@ def _execute(run, plans, profile, target, s, slo, reference, weights, env, progr
                 output.stderr.print(f"skipping phase {ph.name}: {why}")
                 continue
             outcome = run_phase(target, ph, plan.requests, seed=profile.seed, progress=progress)
+            _warn_failures(ph.name, outcome.results, s.details)
             metrics = phase_metrics(outcome.results, outcome.duration, slo)
             metrics.update(max_concurrency=ph.max_concurrency, request_rate=ph.request_rate,
                            burstiness=ph.burstiness, num_prompts=len(plan.requests))
