@@ -158,3 +158,10 @@ def test_sweep_weight_dtype_w4a16_and_w8a16_in_memory(tmp_path):
     assert 0 < pts["w8a16"]["logit_kl_mean"] < pts["w4a16"]["logit_kl_mean"]     # 8-bit moves them less
     assert pts["w4a16"]["top1_agreement"] > 0.5 and pts["w8a16"]["completed"] == 1
     assert pts["w4a16"]["completed"] == 1
+
+
+def test_no_kl_says_why_there_is_no_pareto_front(tmp_path):
+    run = run_sweep(SweepSettings(device="cpu", input_len=8, output_len=2, requests=1, kl=False, passkey=False,
+                                  out=tmp_path)).to_dict()
+    assert run["pareto"] == [] and len(run["points"]) == 1
+    assert any("no Pareto front" in n and "--no-kl" in n for n in run["notes"])

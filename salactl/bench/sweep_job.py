@@ -196,12 +196,8 @@ def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
     if do_passkey and tok is None:
         do_passkey = False
         run.notes.append("passkey skipped: it needs the model's tokenizer (pass --tokenizer)")
-    if do_passkey:
-        import importlib.util
-
-        if importlib.util.find_spec("salactl.evaluation.passkey") is None:
-            do_passkey = False
-            run.notes.append("passkey skipped: salactl.evaluation.passkey is not installed")
+    if not s.kl:
+        run.notes.append(f"no Pareto front: it trades {s.pareto_x} against the logit KL, which --no-kl skips")
     for n in run.notes:
         output.stderr.print(f"note: {n}")
 
