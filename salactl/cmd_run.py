@@ -41,8 +41,8 @@ def run(
     chunk_size: ChunkOpt = 512,
     op_profile: Annotated[bool, typer.Option("--op-profile/--no-op-profile", help="GPU engine: a second, "
                           "eager pass over the prompt for per-op times (the timed run is unaffected).")] = True,
-    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="bf16 (auto), fp8_e4m3 (needs "
-                                                "calibrated scales) or fp8_e5m2.")] = "bf16",
+    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="bf16 or auto (the model's dtype), "
+                                                "fp8_e4m3 (needs calibrated scales) or fp8_e5m2.")] = "bf16",
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the ChatML template.")] = False,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos")] = False,
     out: Annotated[Optional[Path], typer.Option("--out", help="Append prefill/decode records to DIR/records.jsonl.")] = None,
