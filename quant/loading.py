@@ -5,6 +5,7 @@ strictly like a plain checkpoint; calibrated FP8 KV scales (`self_attn.k_scale/v
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -12,7 +13,8 @@ import torch
 from salactl.errors import CheckpointError
 from salactl.quant.linear import W4A16Linear
 from salactl.quant.packing import num_groups, symmetric_qzeros_word
-from salactl.runtime.checkpoint import expected_tensor_shapes, load_state_dict, open_safetensors, tensor_files
+from salactl.runtime.checkpoint import (expected_tensor_shapes, load_state_dict, open_safetensors,
+                                        require_tensors, tensor_files)
 from salactl.runtime.config import SalaConfig
 from salactl.runtime.layers.model import SalaForCausalLM
 from salactl.runtime.loader import meta_model
@@ -30,9 +32,9 @@ def parse_quant_config(qc: dict) -> dict:
     if method not in ("gptq", "gptq_marlin"):
         raise CheckpointError(f"quant_method {method!r} is not supported; salactl loads only GPTQ checkpoints")
     bits, group = qc.get("bits"), qc.get("group_size", -1)
-    if bits not in (4, 8):
+    if bits not in (4, 8) or not isinstance(bits, int):
         raise CheckpointError(f"quantization_config.bits = {bits!r}; only 4- and 8-bit GPTQ load")
-    if not isinstance(group, int) or not (group == -1 or group > 0):
+    if not isinstance(group, int) or isinstance(group, bool) or not (group == -1 or group > 0):
         raise CheckpointError(f"quantization_config.group_size = {group!r} is invalid")
     if qc.get("sym", True) is not True:
         raise CheckpointError("asymmetric GPTQ (sym=false) is not supported; quantize with sym=true "
@@ -40,9 +42,16 @@ def parse_quant_config(qc: dict) -> dict:
     fmt = qc.get("checkpoint_format") or qc.get("format") or "gptq"
     if fmt not in ("gptq", "gptq_v2"):
         raise CheckpointError(f"checkpoint_format {fmt!r} is not supported; valid: gptq, gptq_v2")
-    for rule, override in (qc.get("dynamic") or {}).items():
+    dynamic = qc.get("dynamic") or {}
+    if not isinstance(dynamic, dict):
+        raise CheckpointError(f"quantization_config.dynamic is a {type(dynamic).__name__}; expected an object "
+                              "mapping module regexes to override objects (or remove it)")
+    for rule, override in dynamic.items():
         if str(rule).startswith("-:"):
             continue                     # "leave unquantized": decided by the tensors present
+        if not isinstance(override, dict):
+            raise CheckpointError(f"quantization_config.dynamic rule {rule!r} maps to {json.dumps(override, default=repr)}; "
+                                  "expected an object of overrides such as {\"bits\": 4}")
         if any(override.get(k, v) != v for k, v in (("bits", bits), ("group_size", group), ("sym", True))):
             raise CheckpointError(f"per-module override {rule!r} changes bits/group_size/sym; "
                                   "mixed-precision GPTQ checkpoints are not supported")
@@ -51,6 +60,7 @@ def parse_quant_config(qc: dict) -> dict:
 
 def _read(files: dict[str, Path], name: str) -> torch.Tensor:
     with open_safetensors(files[name]) as f:
+        require_tensors(f, files[name], [name])
         return f.get_tensor(name)
 
 

@@ -64,6 +64,16 @@ def open_safetensors(path: Path):
                               "re-download or re-save the checkpoint") from None
 
 
+def require_tensors(f, path: Path, names) -> None:
+    """Inside `open_safetensors(path)`: a tensor the index wrongly places in this shard is the index's
+    fault, not a corrupt shard."""
+    have = set(f.keys())
+    for n in names:
+        if n not in have:
+            raise CheckpointError(f"{INDEX_NAME} maps tensor {n} to {path.name}, but that shard does not contain "
+                                  "it; fix the index's weight_map or re-download the checkpoint")
+
+
 def tensor_files(model_dir: Path) -> dict[str, Path]:
     """Map every tensor name to the safetensors file holding it."""
     index = model_dir / INDEX_NAME
@@ -72,9 +82,16 @@ def tensor_files(model_dir: Path) -> dict[str, Path]:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError):
             raise CheckpointError(f"{index} is not a valid safetensors index (needs a 'weight_map' object)") from None
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index} has a 'weight_map' that is a {type(weight_map).__name__}, not an object "
+                                  "mapping tensor names to shard files; fix or re-download the index")
+        for name, f in weight_map.items():
+            if not isinstance(f, str) or not f:
+                raise CheckpointError(f"{index} maps tensor {name} to {json.dumps(f)}, not a shard file name; "
+                                      "fix or re-download the index")
         files = {name: model_dir / f for name, f in weight_map.items()}
         for f in set(files.values()):
-            if not f.exists():
+            if not f.is_file():
                 raise CheckpointError(f"shard {f.name} named in {INDEX_NAME} is missing from {model_dir}")
         return files
     single = model_dir / SINGLE_NAME
@@ -105,6 +122,7 @@ def load_state_dict(model_dir: Path, expected: dict[str, tuple[int, ...]], devic
     out: dict[str, torch.Tensor] = {}
     for path, group in by_file.items():
         with open_safetensors(path) as f:
+            require_tensors(f, path, group)
             for n in group:
                 sl = f.get_slice(n)
                 shape = tuple(sl.get_shape())

@@ -74,10 +74,8 @@ class SparseConfig:
         unknown = sorted(set(d) - known)
         if unknown:
             raise ConfigError(f"sparse_config has unknown keys {unknown}; valid keys: {sorted(known)}")
-        try:
-            return cls(**{k: (bool(v) if k == "use_nope" else int(v)) for k, v in d.items()})
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"sparse_config has a non-integer value: {e}") from None
+        _check_types(d, {k: "true or false" if k == "use_nope" else "an integer" for k in known}, "sparse_config.")
+        return cls(**d)
 
 
 @dataclass(frozen=True)
@@ -223,28 +221,30 @@ class SalaConfig:
         if not isinstance(mixers, list) or not all(isinstance(m, str) for m in mixers):
             raise ConfigError("mixer_types must be a list of strings")
         mixers = tuple(LIGHTNING if m in _LIGHTNING_ALIASES else m for m in mixers)
-        heads = int(d["num_attention_heads"])
-        if not d.get("head_dim") and int(d["hidden_size"]) % heads:
+        _check_types(d, _HF_KINDS, nullable=set(_HF_KINDS) - {*required, "eos_token_id"})
+        heads = d["num_attention_heads"]
+        if heads <= 0:
+            raise ConfigError(f"config.num_attention_heads must be positive, got {heads}")
+        if not d.get("head_dim") and d["hidden_size"] % heads:
             raise ConfigError(f"hidden_size {d['hidden_size']} is not divisible by num_attention_heads "
                               f"{heads} and config.json gives no head_dim; add head_dim")
-        head_dim = int(d.get("head_dim") or int(d["hidden_size"]) // heads)
+        head_dim = d.get("head_dim") or d["hidden_size"] // heads
         eos = d.get("eos_token_id", 2)
-        eos = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
         kw: dict = dict(
-            vocab_size=int(d["vocab_size"]),
-            hidden_size=int(d["hidden_size"]),
-            intermediate_size=int(d["intermediate_size"]),
-            num_hidden_layers=int(d["num_hidden_layers"]),
+            vocab_size=d["vocab_size"],
+            hidden_size=d["hidden_size"],
+            intermediate_size=d["intermediate_size"],
+            num_hidden_layers=d["num_hidden_layers"],
             num_attention_heads=heads,
-            num_key_value_heads=int(d.get("num_key_value_heads") or heads),
+            num_key_value_heads=d.get("num_key_value_heads") or heads,
             head_dim=head_dim,
             mixer_types=mixers,
-            lightning_nh=int(d.get("lightning_nh") or heads),
-            lightning_nkv=int(d.get("lightning_nkv") or d.get("lightning_nh") or heads),
-            lightning_head_dim=int(d.get("lightning_head_dim") or head_dim),
+            lightning_nh=d.get("lightning_nh") or heads,
+            lightning_nkv=d.get("lightning_nkv") or d.get("lightning_nh") or heads,
+            lightning_head_dim=d.get("lightning_head_dim") or head_dim,
             sparse_config=SparseConfig.from_dict(d.get("sparse_config")),
-            eos_token_id=eos,
-            torch_dtype=str(d.get("torch_dtype") or d.get("dtype") or "bfloat16"),
+            eos_token_id=tuple(eos if isinstance(eos, list) else [eos]),
+            torch_dtype=d.get("torch_dtype") or d.get("dtype") or "bfloat16",
         )
         simple = ("rms_norm_eps", "rope_theta", "max_position_embeddings", "scale_emb", "scale_depth",
                   "dim_model_base", "hidden_act", "attention_bias", "attn_use_rope",
@@ -324,6 +324,38 @@ class SalaConfig:
 
     def replace(self, **changes) -> "SalaConfig":
         return dataclasses.replace(self, **changes)
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+_KIND_CHECKS = {
+    "an integer": _is_int,
+    "a number": lambda v: _is_int(v) or isinstance(v, float),
+    "true or false": lambda v: isinstance(v, bool),
+    "a string": lambda v: isinstance(v, str),
+    "an integer or a list of integers": lambda v: _is_int(v) or isinstance(v, list) and all(map(_is_int, v)),
+}
+_HF_KINDS = {
+    **dict.fromkeys(("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim", "lightning_nh", "lightning_nkv",
+                     "lightning_head_dim", "max_position_embeddings", "dim_model_base", "bos_token_id",
+                     "pad_token_id"), "an integer"),
+    **dict.fromkeys(("rms_norm_eps", "rope_theta", "scale_emb", "scale_depth", "initializer_range"), "a number"),
+    **dict.fromkeys(("attention_bias", "attn_use_rope", "attn_use_output_gate", "lightning_use_rope", "qk_norm",
+                     "use_output_norm", "use_output_gate", "tie_word_embeddings"), "true or false"),
+    **dict.fromkeys(("hidden_act", "lightning_scale", "torch_dtype", "dtype"), "a string"),
+    "eos_token_id": "an integer or a list of integers",
+}
+
+
+def _check_types(d: dict, kinds: dict[str, str], prefix: str = "", nullable=frozenset()) -> None:
+    """Every present key of `kinds` has its kind (null only where `nullable`: the default applies)."""
+    for k, kind in kinds.items():
+        if k in d and not (d[k] is None and k in nullable) and not _KIND_CHECKS[kind](d[k]):
+            raise ConfigError(f"config.json has {prefix}{k} = {json.dumps(d[k], default=repr)}; "
+                              f"expected {kind}")
 
 
 def _jsonable(v: object) -> bool:

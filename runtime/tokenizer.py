@@ -23,15 +23,17 @@ class Tokenizer:
         except Exception as e:  # tokenizers raises plain Exceptions for bad files
             raise TokenizerError(f"{file} is not a valid tokenizer.json ({str(e).splitlines()[0]})") from None
         self.path = file
-        cfg = _read_json(file.parent / "tokenizer_config.json")
-        self.add_bos = bool(cfg.get("add_bos_token", True))
-        self.bos_id = self._id(cfg.get("bos_token"), "<s>")
-        self.eos_ids = tuple(i for i in (self._id(cfg.get("eos_token"), "</s>"), self._id(None, "<|im_end|>"))
-                             if i is not None)
+        cfg_file = file.parent / "tokenizer_config.json"
+        cfg = _read_json(cfg_file)
+        add_bos = cfg.get("add_bos_token", True)
+        if add_bos is not None and not isinstance(add_bos, bool):
+            raise TokenizerError(f"{cfg_file} has add_bos_token = {json.dumps(add_bos)}; expected true or false")
+        self.add_bos = bool(add_bos)
+        self.bos_id = self._id(_token(cfg, "bos_token", cfg_file), "<s>")
+        self.eos_ids = tuple(i for i in (self._id(_token(cfg, "eos_token", cfg_file), "</s>"),
+                                         self._id(None, "<|im_end|>")) if i is not None)
 
     def _id(self, token, default):
-        if isinstance(token, dict):
-            token = token.get("content")
         return self.tok.token_to_id(token or default)
 
     @property
@@ -71,10 +73,26 @@ class StreamDecoder:
 
 
 def _read_json(path: Path) -> dict:
+    """tokenizer_config.json is optional, but one that is there must be a JSON object."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        d = json.loads(path.read_text())
+    except OSError:
         return {}
+    except json.JSONDecodeError as e:
+        raise TokenizerError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}); fix or remove it") from None
+    if not isinstance(d, dict):
+        raise TokenizerError(f"{path} must hold a JSON object, not a {type(d).__name__}; fix or remove it")
+    return d
+
+
+def _token(cfg: dict, key: str, path: Path) -> str | None:
+    """A special token: a string, an AddedToken object with a 'content' string, or null."""
+    v = cfg.get(key)
+    token = v.get("content") if isinstance(v, dict) else v
+    if token is not None and not isinstance(token, str):
+        raise TokenizerError(f"{path} has {key} = {json.dumps(v)}; expected a token string such as \"<s>\" "
+                             "(or an object with a 'content' string)")
+    return token
 
 
 def find_tokenizer(explicit: str | None, model_dir: Path | None) -> Tokenizer:

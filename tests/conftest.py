@@ -57,3 +57,21 @@ def unwritable_out(tmp_path, case: str) -> str:
         return "/proc/salactl-nope"
     (tmp_path / "f").write_text("x")
     return str(tmp_path / "f" / "sub")
+
+
+def run_cli(args, capsys) -> tuple[int, str, str]:
+    """`salactl ARGS` in this process through the console entry point: (exit code, stdout, stderr)."""
+    import sys
+
+    from salactl.cli import main
+
+    argv, sys.argv = sys.argv, ["salactl", *map(str, args)]
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = e.code or 0
+    finally:
+        sys.argv = argv
+    out, err = capsys.readouterr()
+    return code, out, err

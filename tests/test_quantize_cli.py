@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from conftest import rel_err
+from conftest import rel_err, run_cli
 from salactl.runtime.checkpoint import random_state_dict, save_checkpoint
 from salactl.runtime.loader import EMBEDDED_DIR, load_model
 from salactl.runtime.config import LIGHTNING, SPARSE
@@ -26,21 +26,6 @@ def small_config():
     return sala_nano().replace(hidden_size=128, intermediate_size=256, num_hidden_layers=4,
                                mixer_types=(SPARSE, LIGHTNING, LIGHTNING, SPARSE), num_attention_heads=4,
                                num_key_value_heads=2, lightning_nh=4, lightning_nkv=4, dim_model_base=32)
-
-
-def run_cli(args, capsys):
-    from salactl.cli import main
-
-    argv, sys.argv = sys.argv, ["salactl", *map(str, args)]
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = e.code or 0
-    finally:
-        sys.argv = argv
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def write_random_checkpoint(path: Path, config, seed=0, poison_nan=False) -> Path:
