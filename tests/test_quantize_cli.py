@@ -3,7 +3,6 @@ FP8 KV scales, and every bad input (one line, its own exit code, nothing written
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
