@@ -26,7 +26,7 @@ from salactl.runtime.checkpoint import expected_tensor_shapes
 from salactl.runtime.config import SalaConfig
 
 KV_DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "auto": 2,
-                  "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8": 1}
+                  "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8": 1, "fp32": 4, "float32": 4}
 WEIGHT_DTYPES = ("bf16", *QUANTIZED_BITS)
 COMPRESSED_KEY_MODES = ("k1", "k1k2")
 K2_FACTOR = 4                       # K2 kernel and stride are 4x K1's (hard-coded in HF/SGLang)
@@ -52,8 +52,8 @@ def kv_bytes_per_elem(kv_dtype: str) -> int:
     try:
         return KV_DTYPE_BYTES[kv_dtype]
     except KeyError:
-        raise UsageError(f"unknown KV cache dtype {kv_dtype!r}; valid: bf16, fp16, fp8_e4m3, "
-                         "fp8_e5m2") from None
+        raise UsageError(f"unknown KV cache dtype {kv_dtype!r}; valid: bf16, fp16, fp32, "
+                         "fp8_e4m3, fp8_e5m2") from None
 
 
 def gpu_memory_bytes(name: str) -> int:

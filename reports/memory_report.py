@@ -3,16 +3,25 @@ dtypes and GPUs, the full-attention comparison, and measured peaks from run/benc
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from itertools import accumulate
+from pathlib import Path
 
-from salactl.reports.memory import (full_attention_request, gpu_memory_bytes, kv_bytes_per_token,
-                                    max_concurrent, request_memory, server_memory)
+from salactl.profiling.weights import QUANTIZED_BITS
+from salactl.reports.memory import (KV_DTYPE_BYTES, full_attention_request, gpu_memory_bytes,
+                                    kv_bytes_per_token, max_concurrent, prefill_workspace_bytes,
+                                    request_memory, server_memory, weight_bytes)
 from salactl.runtime.config import SalaConfig
 
 PEAK_KEYS = ("peak_memory_bytes", "peak_memory_allocated_bytes", "max_memory_allocated_bytes",
              "max_memory_allocated")
 CONTEXT_KNOBS = ("context", "context_len", "input_len", "random_input_len", "prompt_tokens")
 BATCH_KNOBS = ("batch", "batch_size", "max_concurrency", "concurrency")
+WEIGHT_KNOBS = ("weights", "weight_dtype")
+DTYPES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "fp32": "fp32",
+          "float32": "fp32"}
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
 @dataclass(frozen=True)
@@ -67,7 +76,8 @@ def build(config: SalaConfig, q: MemoryQuery, records: list[dict] | None = None)
         "per_request": per_request,
         "concurrency": concurrency,
         "weights_exceed_memory": weights_exceed_memory(servers, q),
-        "measured": measured_rows(config, records or [], servers, q),
+        "fixed_exceeds_memory": fixed_exceeds_memory(servers, q),
+        "measured": measured_rows(config, records or [], q),
     }
 
 
@@ -77,6 +87,22 @@ def weights_exceed_memory(servers, q: MemoryQuery) -> list[dict]:
              "usable_bytes": int(gpu_bytes * q.mem_fraction)}
             for gpu, gpu_bytes in q.gpus for w, srv in servers.items()
             if srv.weights.total > gpu_bytes * q.mem_fraction]
+
+
+def fixed_exceeds_memory(servers, q: MemoryQuery) -> list[dict]:
+    """(GPU, weights) pairs whose fixed total exceeds the usable memory (all their rows say 0), with
+    the part of weights + workspace + CUDA graphs + CUDA context whose addition exceeds it."""
+    out = []
+    for gpu, gpu_bytes in q.gpus:
+        for w, srv in servers.items():
+            parts = {"weights": srv.weights.total, "workspace_estimate": srv.workspace,
+                     "cuda_graphs_estimate": srv.cuda_graphs, "cuda_context_estimate": srv.cuda_context}
+            part = next((p for p, total in zip(parts, accumulate(parts.values()))
+                         if total > gpu_bytes * q.mem_fraction), None)
+            if part is not None:
+                out.append({"gpu": gpu, "weights": w, "exceeded_by": part, "fixed_bytes": srv.fixed,
+                            "usable_bytes": int(gpu_bytes * q.mem_fraction)})
+    return out
 
 
 def _knob(rec: dict, names) -> int | None:
@@ -89,23 +115,62 @@ def _knob(rec: dict, names) -> int | None:
     return None
 
 
-def measured_rows(config, records, servers, q: MemoryQuery) -> list[dict]:
-    """Measured allocator peaks next to the analytic prediction for the record's context and
-    batch (prediction = weights + workspace + batch × per-request; the CUDA context is not seen by
-    the allocator and not included)."""
+def _checkpoint_quant(rec: dict) -> tuple[str | None, int | None]:
+    """("w4a16"/"w8a16", GPTQ group) or ("", None) for unquantized weights, as the `run` record's
+    checkpoint (its config.json's quantization_config) says; (None, None) when it cannot be read."""
+    if (rec.get("knobs") or {}).get("random_weights") is True:
+        return "", None                         # random weights are never quantized (runtime/loader.py)
+    try:
+        qc = json.loads((Path(str(rec.get("model"))) / "config.json").read_text()).get("quantization_config")
+        if not qc:
+            return "", None
+        w = f"w{qc['bits']}a16"
+        return (w, qc.get("group_size", -1)) if w in QUANTIZED_BITS else (None, None)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None, None
+
+
+def record_weights(rec: dict) -> tuple[str, int | None, int | None]:
+    """(weights, activation bytes, GPTQ group) that produced a record: from its knobs (weights /
+    weight_dtype, dtype) or, for `run` records, its checkpoint; ("unknown", None, None) when
+    neither says (no guessing)."""
+    knobs = rec.get("knobs") or {}
+    w = next((knobs[k] for k in WEIGHT_KNOBS if isinstance(knobs.get(k), str)), None)
+    group = None
+    if w is None and rec.get("kind") == "run":
+        w, group = _checkpoint_quant(rec)
+    dtype = DTYPES.get(knobs.get("dtype"))
+    if w in QUANTIZED_BITS:                     # W4A16/W8A16: 16-bit unless the record says otherwise
+        return w, DTYPE_BYTES[dtype or "bf16"], group
+    dtype = DTYPES.get(w) or (dtype if w in ("", "dense") else None)
+    return (dtype, DTYPE_BYTES[dtype], None) if dtype else ("unknown", None, None)
+
+
+def measured_rows(config, records, q: MemoryQuery) -> list[dict]:
+    """Measured allocator peaks next to the analytic prediction for the record's context, batch,
+    weights, dtype and prefill chunk (prediction = weights + workspace + batch × per-request; the
+    CUDA context is not seen by the allocator and not included). A `run` record's context is its
+    prompt plus generated tokens (its peak is the whole run's)."""
     rows = []
     for rec in records:
         peak = next((rec[k] for k in PEAK_KEYS if isinstance(rec.get(k), (int, float))), None)
         if peak is None:
             continue
-        ctx, batch = _knob(rec, CONTEXT_KNOBS), _knob(rec, BATCH_KNOBS) or 1
-        weights = (rec.get("knobs") or {}).get("weights", "bf16")
-        kv = (rec.get("knobs") or {}).get("kv_cache_dtype", "bf16")
+        knobs = rec.get("knobs") or {}
+        ctx = prompt = _knob(rec, CONTEXT_KNOBS)
+        n_in, n_out = rec.get("total_input_tokens"), rec.get("total_output_tokens")
+        if ctx is None and rec.get("kind") == "run" and all(isinstance(n, int) for n in (n_in, n_out)):
+            ctx, prompt = n_in + n_out, n_in
+        batch = _knob(rec, BATCH_KNOBS) or 1
+        weights, act_bytes, group = record_weights(rec)
+        kv = knobs.get("kv_cache_dtype") or knobs.get("kv_dtype") or "bf16"
         predicted = None
-        if ctx is not None and weights in servers:
-            srv = servers[weights]
-            predicted = (srv.weights.total + srv.workspace
-                         + batch * request_memory(config, ctx, kv, q.compressed_keys).total)
+        if ctx and act_bytes and kv in KV_DTYPE_BYTES:
+            chunk = min(_knob(rec, ("chunk_size",)) or q.prefill_chunk, prompt or ctx)
+            predicted = (weight_bytes(config, "bf16" if weights in DTYPE_BYTES else weights,
+                                      group or q.group_size, act_bytes).total
+                         + prefill_workspace_bytes(config, chunk, act_bytes)
+                         + batch * request_memory(config, ctx, kv, q.compressed_keys, act_bytes).total)
         rows.append({"label": rec.get("label") or rec.get("run_id"), "phase": rec.get("phase"),
                      "context": ctx, "batch": batch, "weights": weights, "kv_dtype": kv,
                      "measured_peak": peak, "predicted": predicted,

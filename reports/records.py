@@ -28,6 +28,7 @@ METRICS = (
     "prefill_latency", "prefill_throughput", "median_decode_latency", "median_decode_throughput",
     "total_latency", "overall_throughput",
     "ttft_s", "prefill_tok_s", "decode_tok_s", "tok_s", "peak_memory_bytes",
+    "floor_s", "time_over_floor",       # `run`: the phase's roofline floor, its time / floor
 )
 UNITS = {"duration": "s", "request_throughput": "req/s", "input_throughput": "tok/s",
          "output_throughput": "tok/s", "total_throughput": "tok/s", "ttft_s": "s",
@@ -35,7 +36,7 @@ UNITS = {"duration": "s", "request_throughput": "req/s", "input_throughput": "to
          "median_decode_latency": "s", "median_decode_throughput": "tok/s", "total_latency": "s",
          "overall_throughput": "tok/s",
          "prefill_tok_s": "tok/s", "decode_tok_s": "tok/s", "tok_s": "tok/s",
-         "request_goodput": "req/s", "peak_memory_bytes": "B"}
+         "request_goodput": "req/s", "peak_memory_bytes": "B", "floor_s": "s"}
 
 
 def unit(metric: str) -> str:

@@ -4,6 +4,7 @@ short for `salactl report latency FILE.jsonl`."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -16,6 +17,8 @@ from salactl.options import JsonOpt, ModelOpt
 
 FORMATS = ("md", "csv", "html")
 DEFAULT_CONTEXTS = "4096,32768,131072,524288"
+FIXED_PARTS = {"workspace_estimate": "workspace (est.)", "cuda_graphs_estimate": "CUDA graphs (est.)",
+               "cuda_context_estimate": "CUDA context (est.)"}
 
 
 class _DefaultToLatency(TyperGroup):
@@ -83,6 +86,13 @@ def _ints(text: str, name: str) -> tuple[int, ...]:
     return vals
 
 
+def _names(text: str, name: str) -> tuple[str, ...]:
+    vals = tuple(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+    if not vals:
+        raise UsageError(f"{name} needs at least one comma-separated value, got {text!r}")
+    return vals
+
+
 def _config(model: str):
     from salactl.runtime.config import SalaConfig
     from salactl.runtime.presets import PRESETS, preset
@@ -123,28 +133,37 @@ def memory(
 
     if not 0 < mem_fraction <= 1:
         raise UsageError(f"--mem-fraction must be in (0, 1], got {mem_fraction}")
-    if gpu_mem is not None and gpu_mem <= 0:
-        raise UsageError(f"--gpu-mem must be positive GB, got {gpu_mem}")
+    if gpu_mem is not None and not (gpu_mem > 0 and math.isfinite(gpu_mem * 1e9)):
+        raise UsageError(f"--gpu-mem must be a positive finite number of GB, got {gpu_mem:g}")
     if gpu is not None and gpu_mem is not None:
         raise UsageError("give --gpu (memory from the GPU table) or --gpu-mem (GB), not both")
     if chunk_size <= 0 or max_batch <= 0:
         raise UsageError("--chunk-size and --max-batch must be positive")
+    contexts, kv_dtypes = _ints(context, "--context"), _names(kv_cache_dtype, "--kv-cache-dtype")
+    weight_names, gpus = _names(weights, "--weights"), None if gpu is None else list(_names(gpu, "--gpu"))
     config = _config(model)
     q = mr.MemoryQuery(
-        contexts=_ints(context, "--context"),
-        kv_dtypes=tuple(k.strip() for k in kv_cache_dtype.split(",") if k.strip()),
-        weights=tuple(w.strip() for w in weights.split(",") if w.strip()),
-        gpus=mr.gpu_list([g.strip() for g in gpu.split(",")] if gpu else None, gpu_mem),
+        contexts=contexts, kv_dtypes=kv_dtypes, weights=weight_names, gpus=mr.gpu_list(gpus, gpu_mem),
         mem_fraction=mem_fraction, prefill_chunk=chunk_size, max_batch=max_batch,
         cuda_graphs=not no_cuda_graphs, compressed_keys=compressed_keys)
     if context != DEFAULT_CONTEXTS:     # the default table spans the 9B's range for any model
         output.warn_past_trained_length(max(q.contexts), config.max_position_embeddings, "--context")
     recs = load_records(list(records)) if records else None
     result = {"model": model, **mr.build(config, q, recs)}
-    for x in result["weights_exceed_memory"]:
-        output.stderr.print(f"note: {x['weights']} weights ({x['weights_bytes'] / 1e9:.1f} GB) exceed the "
-                            f"usable memory of {x['gpu']} ({x['usable_bytes'] / 1e9:.1f} GB at mem fraction "
-                            f"{q.mem_fraction:g}): 0 requests fit at any context")
+    hb = output.human_bytes
+    for x in result["fixed_exceeds_memory"]:
+        srv = result["server"][x["weights"]]
+        usable = (f"the usable memory of {x['gpu']} ({hb(x['usable_bytes'])} at mem fraction "
+                  f"{q.mem_fraction:g})")
+        if x["exceeded_by"] == "weights":
+            what = f"{x['weights']} weights ({hb(srv['weights']['total'])}) exceed {usable}"
+        else:
+            what = (f"the {x['weights']} server's fixed total ({hb(x['fixed_bytes'])} = weights "
+                    f"{hb(srv['weights']['total'])} + workspace (est.) {hb(srv['workspace_estimate'])} + "
+                    f"CUDA graphs (est.) {hb(srv['cuda_graphs_estimate'])} + CUDA context (est.) "
+                    f"{hb(srv['cuda_context_estimate'])}) exceeds {usable} once the "
+                    f"{FIXED_PARTS[x['exceeded_by']]} is added")
+        output.stderr.print(f"note: {what}: 0 requests fit at any context")
     if json_out:
         output.print_json(result)
         return
@@ -176,9 +195,10 @@ def render_memory(r: dict) -> None:
                      [[x["gpu"], x["weights"], x["kv_dtype"], x["context"], x["max_requests"],
                        x["max_requests_full_attention"], x["ratio"]] for x in r["concurrency"]])
     if r["measured"]:
-        output.table("measured peaks vs analytic", ["label", "phase", "context", "batch", "measured",
-                                                    "predicted", "ratio"],
-                     [[x["label"], x["phase"], x["context"], x["batch"], hb(x["measured_peak"]),
+        output.table("measured peaks vs analytic", ["label", "phase", "context", "batch", "weights",
+                                                    "KV dtype", "measured", "predicted", "ratio"],
+                     [[x["label"], x["phase"], x["context"], x["batch"], x["weights"], x["kv_dtype"],
+                       hb(x["measured_peak"]),
                        None if x["predicted"] is None else hb(x["predicted"]), x["ratio"]]
                       for x in r["measured"]])
 

@@ -99,6 +99,27 @@ def test_side_by_side_comparison_for_one_record_per_label(tmp_path):
     assert "side by side (relative to bf16)" in md
 
 
+def test_run_records_keep_their_floor_columns(tmp_path):
+    """`salactl run --out` records carry the roofline floor and time over it (salactl/run_job.py)."""
+    from salactl.reports.render_text import csv_text, markdown
+
+    run = {"schema_version": 1, "kind": "run", "run_id": "r1", "label": None, "profile": "run",
+           "target": "embedded", "model": "sala-nano", "completed": 1, "failed": 0,
+           "total_input_tokens": 2, "total_output_tokens": 4, "peak_memory_bytes": None}
+    p = tmp_path / "r.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in (
+        {**run, "phase": "prefill", "duration": 0.144, "mean_ttft_ms": 144.0, "floor_s": 0.00168,
+         "time_over_floor": 85.7},
+        {**run, "phase": "decode", "median_tpot_ms": 42.7, "floor_s": 0.00501, "time_over_floor": 25.5})))
+    rep = build(load_records([p]))
+    assert rep.metrics[-2:] == ["floor_s", "time_over_floor"]
+    assert [(r["phase"], r["floor_s"], r["time_over_floor"]) for r in rep.rows] == [
+        ("prefill", 0.00168, 85.7), ("decode", 0.00501, 25.5)]
+    md = markdown(rep)
+    assert "| floor_s (s) | time_over_floor |" in md and "| 0.00168 | 85.7 |" in md and "| 25.5 |" in md
+    assert list(csv.DictReader(io.StringIO(csv_text(rep))))[1]["floor_s"] == "0.00501"
+
+
 def test_bad_record_fails_with_one_line_and_writes_nothing(records_file, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(records_file.read_text() + "{not json\n")

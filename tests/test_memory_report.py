@@ -11,7 +11,8 @@ from salactl.errors import CheckpointError, ConfigError, UsageError
 from salactl.reports import memory as mem
 from salactl.reports.memory_report import MemoryQuery, build, gpu_list
 from salactl.runtime.peaks import DATASHEET
-from salactl.runtime.presets import sala_9b
+from salactl.runtime.loader import EMBEDDED_DIR
+from salactl.runtime.presets import preset, sala_9b
 
 CFG = sala_9b()
 PARAMS = 9_477_203_968
@@ -105,18 +106,35 @@ def test_cli_memory_json():
     assert len(d["concurrency"]) == 4
 
 
-def test_cli_memory_bad_input_is_one_line(monkeypatch, capsys):
+def assert_usage_errors(monkeypatch, capsys, cases):
     from salactl.cli import main
 
-    for args, needle in ((["--gpu", "Voodoo 5"], "--gpu-mem"), (["--context", "4096,x"], "--context"),
-                         (["--context", "0"], "positive"),
-                         (["--mem-fraction", "1.5"], "--mem-fraction"),
-                         (["--gpu", "H200", "--gpu-mem", "80"], "not both")):
+    for args, needle in cases:
         monkeypatch.setattr(sys, "argv", ["salactl", "report", "memory", "--model", "sala-9b", *args])
         with pytest.raises(SystemExit) as e:
             main()
         err = capsys.readouterr().err
-        assert e.value.code == UsageError.exit_code and needle in err and err.count("\n") == 1
+        assert e.value.code == UsageError.exit_code and needle in err and err.count("\n") == 1, (args, err)
+
+
+def test_cli_memory_bad_input_is_one_line(monkeypatch, capsys):
+    assert_usage_errors(monkeypatch, capsys, (
+        (["--gpu", "Voodoo 5"], "--gpu-mem"), (["--context", "4096,x"], "--context"),
+        (["--context", "0"], "positive"), (["--mem-fraction", "1.5"], "--mem-fraction"),
+        (["--gpu", "H200", "--gpu-mem", "80"], "not both")))
+
+
+def test_cli_memory_non_finite_gpu_mem_is_a_usage_error(monkeypatch, capsys):
+    assert_usage_errors(monkeypatch, capsys, [(["--gpu-mem", v], "--gpu-mem must be a positive finite number of GB")
+                                              for v in ("nan", "inf", "-inf", "1e300", "0")])
+
+
+def test_cli_memory_empty_lists_are_usage_errors(monkeypatch, capsys):
+    assert_usage_errors(monkeypatch, capsys, (
+        (["--kv-cache-dtype", ""], "--kv-cache-dtype"), (["--kv-cache-dtype", " , "], "--kv-cache-dtype"),
+        (["--weights", ","], "--weights"), (["--weights", ""], "--weights"),
+        (["--context", ","], "--context"), (["--context", ""], "--context"),
+        (["--gpu", ""], "--gpu"), (["--gpu", ","], "--gpu")))
 
 
 def test_cli_memory_missing_model_is_a_checkpoint_error_as_in_run(tmp_path):
@@ -137,9 +155,90 @@ def test_cli_memory_weights_beyond_the_gpu_are_explained():
     assert d["weights_exceed_memory"] == [{"gpu": "16 GB", "weights": "bf16", "weights_bytes": PARAMS * 2,
                                            "usable_bytes": int(16e9 * 0.9)}]
     assert [x["max_requests"] for x in d["concurrency"] if x["weights"] == "bf16"] == [0]
+    assert d["fixed_exceeds_memory"] == [{"gpu": "16 GB", "weights": "bf16", "exceeded_by": "weights",
+                                          "fixed_bytes": d["server"]["bf16"]["fixed"],
+                                          "usable_bytes": int(16e9 * 0.9)}]
     (note,) = [line for line in p.stderr.splitlines() if line.startswith("note:")]
-    assert "bf16 weights (19.0 GB) exceed the usable memory" in note and "14.4 GB" in note
+    assert "bf16 weights (17.7 GiB) exceed the usable memory" in note and "(13.4 GiB at" in note  # GiB as tables
     assert "w4a16" not in p.stderr
+
+
+def test_cli_memory_fixed_total_beyond_the_gpu_is_explained():
+    """bf16 weights (17.7 GiB) fit in 22 GB x 0.9 (18.4 GiB), weights + workspace do not."""
+    p = salactl("report", "memory", "--model", "sala-9b", "--gpu-mem", "22", "--context", "4096",
+                "--kv-cache-dtype", "bf16", "--weights", "bf16,w4a16", "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["weights_exceed_memory"] == []
+    assert d["fixed_exceeds_memory"] == [{"gpu": "22 GB", "weights": "bf16", "exceeded_by": "workspace_estimate",
+                                          "fixed_bytes": d["server"]["bf16"]["fixed"],
+                                          "usable_bytes": int(22e9 * 0.9)}]
+    assert [x["max_requests"] for x in d["concurrency"] if x["weights"] == "bf16"] == [0]
+    (note,) = [line for line in p.stderr.splitlines() if line.startswith("note:")]
+    assert "bf16 server's fixed total (19.0 GiB = weights 17.7 GiB + workspace" in note and "18.4 GiB" in note
+    assert "once the workspace (est.) is added" in note
+    assert "w4a16" not in note and " GB)" not in note
+
+
+NANO = preset("sala-nano")
+
+
+def run_record(phase="decode", **knobs):
+    """A record as `salactl run --out` writes it (salactl/run_job.py), with a measured peak."""
+    return {"schema_version": 1, "kind": "run", "run_id": "r", "label": None, "profile": "run", "phase": phase,
+            "target": "embedded", "model": str(EMBEDDED_DIR), "completed": 1, "failed": 0,
+            "total_input_tokens": 100, "total_output_tokens": 28, "peak_memory_bytes": 60_000_000,
+            "floor_s": 0.001, "time_over_floor": 3.0,
+            "knobs": {"model": "sala-nano", "random_weights": False, "dtype": "bfloat16", "max_new_tokens": 28,
+                      "chunk_size": 64, "kv_cache_dtype": "bfloat16", **knobs}}
+
+
+def test_measured_rows_of_run_records_use_their_tokens_dtype_and_checkpoint(tmp_path):
+    q = MemoryQuery(contexts=(4096,))
+    gptq = tmp_path / "gptq"
+    gptq.mkdir()
+    cfg = json.loads((EMBEDDED_DIR / "config.json").read_text())
+    (gptq / "config.json").write_text(json.dumps({**cfg, "quantization_config": {
+        "quant_method": "gptq", "bits": 4, "group_size": 32, "sym": True}}))
+    recs = [run_record(), run_record(dtype="float32", kv_cache_dtype="float32"),
+            {**run_record(), "model": str(gptq)}, run_record(kv_cache_dtype="fp8_e4m3"),
+            {**run_record(), "model": str(tmp_path / "gone")}, run_record(dtype=None)]
+    rows = build(NANO, q, recs)["measured"]
+    assert [(r["context"], r["batch"], r["weights"], r["kv_dtype"]) for r in rows] == [
+        (128, 1, "bf16", "bfloat16"), (128, 1, "fp32", "float32"), (128, 1, "w4a16", "bfloat16"),
+        (128, 1, "bf16", "fp8_e4m3"), (128, 1, "unknown", "bfloat16"), (128, 1, "unknown", "bfloat16")]
+
+    def predicted(weights, act, kv, group=128):
+        return (mem.weight_bytes(NANO, weights, group, act).total + mem.prefill_workspace_bytes(NANO, 64, act)
+                + mem.request_memory(NANO, 128, kv, key_bytes=act).total)
+
+    assert [r["predicted"] for r in rows] == [
+        predicted("bf16", 2, "bf16"), predicted("bf16", 4, "float32"), predicted("w4a16", 2, "bf16", 32),
+        predicted("bf16", 2, "fp8_e4m3"), None, None]
+    assert rows[1]["predicted"] > 1.9 * rows[0]["predicted"]        # fp32 weights, KV and workspace
+    assert rows[2]["predicted"] < rows[0]["predicted"]
+    assert rows[0]["ratio"] == pytest.approx(60e6 / rows[0]["predicted"]) and rows[4]["ratio"] is None
+    (b,) = build(NANO, q, [run_record(batch_size=4, random_weights=True)])["measured"]
+    assert b["batch"] == 4 and b["weights"] == "bf16"
+
+
+def test_cli_memory_predicts_peaks_of_real_run_records(tmp_path):
+    out = tmp_path / "runs"
+    p = salactl("run", "-p", "hi", "-n", "3", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    recs = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    f = tmp_path / "peaks.jsonl"
+    f.write_text("".join(json.dumps({**r, "peak_memory_bytes": 50_000_000}) + "\n" for r in recs))
+    p = salactl("report", "memory", "--records", str(f), "--gpu-mem", "80", "--json")
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(p.stdout)["measured"]
+    assert [r["phase"] for r in rows] == ["prefill", "decode"]
+    n = recs[0]["total_input_tokens"] + recs[0]["total_output_tokens"]
+    for r in rows:
+        assert r["context"] == n and r["batch"] == 1 and r["weights"] == "fp32" and r["kv_dtype"] == "float32"
+        assert r["predicted"] > 0 and r["ratio"] == pytest.approx(50e6 / r["predicted"])
+    p = salactl("report", "memory", "--records", str(f), "--gpu-mem", "80")
+    assert p.returncode == 0 and "measured peaks vs analytic" in p.stdout and "fp32" in p.stdout
 
 
 def test_cli_memory_warns_past_max_position_embeddings():
