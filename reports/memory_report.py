@@ -14,8 +14,8 @@ from salactl.reports.memory import (KV_DTYPE_BYTES, full_attention_request, gpu_
                                     request_memory, server_memory, weight_bytes)
 from salactl.runtime.config import SalaConfig
 
-PEAK_KEYS = ("peak_memory_bytes", "peak_memory_allocated_bytes", "max_memory_allocated_bytes",
-             "max_memory_allocated")
+PEAK_KEYS = ("peak_memory_bytes", "peak_gpu_memory_bytes", "peak_memory_allocated_bytes",
+             "max_memory_allocated_bytes", "max_memory_allocated")
 CONTEXT_KNOBS = ("context", "context_len", "input_len", "random_input_len", "prompt_tokens")
 BATCH_KNOBS = ("batch", "batch_size", "max_concurrency", "concurrency")
 WEIGHT_KNOBS = ("weights", "weight_dtype")
@@ -137,8 +137,9 @@ def record_weights(rec: dict) -> tuple[str, int | None, int | None]:
     knobs = rec.get("knobs") or {}
     w = next((knobs[k] for k in WEIGHT_KNOBS if isinstance(knobs.get(k), str)), None)
     group = None
-    if w is None and rec.get("kind") == "run":
-        w, group = _checkpoint_quant(rec)
+    if rec.get("kind") == "run" and (w is None or w in QUANTIZED_BITS):    # the group size is in the checkpoint
+        found, group = _checkpoint_quant(rec)
+        w = w or found
     dtype = DTYPES.get(knobs.get("dtype"))
     if w in QUANTIZED_BITS:                     # W4A16/W8A16: 16-bit unless the record says otherwise
         return w, DTYPE_BYTES[dtype or "bf16"], group

@@ -8,6 +8,7 @@ import torch
 
 from salactl import output
 from salactl.errors import TokenizerError, UsageError
+from salactl.profiling.weights import quantized_as
 from salactl.runtime.engine import Engine
 from salactl.runtime.kv_fp8 import fp8_dtype
 from salactl.runtime.loader import load_model
@@ -128,6 +129,7 @@ def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
                      "seed": req.seed, "max_new_tokens": req.max_new_tokens},
         "chunk_size": req.chunk_size,
         "kv_cache_dtype": req.kv_cache_dtype if fp8_dtype(req.kv_cache_dtype) else dtype_name,
+        "weights": quantized_as(lm.model) or dtype_name,
         "gla_prefill": getattr(engine, "gla_prefill", "reference"),
         "env": environment(),
     }
@@ -141,7 +143,8 @@ def run_records(result: dict, req: RunRequest, label: str | None) -> list[dict]:
     run_id = new_run_id()
     n_in, n_out = len(result["prompt_token_ids"]), len(result["output_token_ids"])
     knobs = {k: v for k, v in asdict(req).items() if k not in ("prompt", "prompt_ids")}
-    knobs.update(dtype=result["dtype"], device=result["device"], kv_cache_dtype=result["kv_cache_dtype"])
+    knobs.update(dtype=result["dtype"], device=result["device"], kv_cache_dtype=result["kv_cache_dtype"],
+                 weights=result["weights"])
     common = dict(completed=1, failed=0, total_input_tokens=n_in, total_output_tokens=n_out,
                   peak_memory_bytes=result["peak_memory_bytes"])
     ttft_ms = result["ttft_s"] * 1e3

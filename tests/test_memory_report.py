@@ -252,3 +252,12 @@ def test_cli_memory_warns_past_max_position_embeddings():
     assert p.returncode == 0 and p.stderr == ""
     p = salactl("report", "memory", "--json")      # sala-nano (65,536) with the default contexts
     assert p.returncode == 0 and "warning" not in p.stderr
+
+
+def test_bench_records_peak_key_gives_a_measured_row():
+    q = MemoryQuery(contexts=(4096,), kv_dtypes=("bf16",), weights=("bf16",), gpus=gpu_list(None, 80.0),
+                    cuda_graphs=False, prefill_chunk=8192)
+    rec = {"schema_version": 1, "kind": "bench", "label": "b", "phase": "S1", "peak_gpu_memory_bytes": 3e10,
+           "knobs": {"input_len": 4096, "weights": "bf16", "max_concurrency": 2}}
+    (m,) = build(CFG, q, [rec])["measured"]
+    assert m["measured_peak"] == 3e10 and m["context"] == 4096 and m["batch"] == 2 and m["predicted"] > 0

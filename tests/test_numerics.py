@@ -85,3 +85,4 @@ def test_run_reports_the_cache_dtype_and_device_that_ran(tmp_path):
     assert d["peaks"]["compute_rate"] in ("bf16", "fp32") and d["peaks"]["compute_tflops"] > 0
     knobs = json.loads((tmp_path / "records.jsonl").read_text().splitlines()[0])["knobs"]
     assert knobs["device"] == "cpu" and knobs["kv_cache_dtype"] == "float32"
+    assert d["weights"] == knobs["weights"] == "float32"
