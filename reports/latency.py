@@ -2,13 +2,17 @@
 
 It only arranges what the records carry (known metric columns that are present, the knobs that
 vary between records); nothing is recomputed from raw data. Renderers: reports/render_text.py
-(Markdown, CSV) and reports/render_html.py (self-contained HTML with plots)."""
+(Markdown, CSV) and reports/render_html.py (self-contained HTML with plots). The records become
+one pandas table (a column per identity field, knob and metric), which finds the varying knobs
+and orders the rows."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from salactl.reports.records import IDENTITY, group_by_label, present_metrics
+import pandas as pd
+
+from salactl.reports.records import IDENTITY, group_by_label, label_of, present_metrics
 
 IDENTITY_COLUMNS = ("label", "kind", "profile", "phase", "target", "model", "run_id")
 
@@ -33,45 +37,36 @@ class LatencyReport:
                 "comparison": self.comparison, "env": self.env}
 
 
-def _varying_knobs(records: list[dict]) -> list[str]:
-    names: list[str] = []
-    for r in records:
-        for k in (r.get("knobs") or {}):
-            if k not in names:
-                names.append(k)
-    out = []
-    for k in names:
-        vals = {repr((r.get("knobs") or {}).get(k)) for r in records}
-        if len(vals) > 1:
-            out.append(k)
-    return out
-
-
 def _sort_key(value):
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return (0, value, "")
     return (1, 0, str(value))
 
 
+def record_table(records: list[dict], metrics: list[str]) -> pd.DataFrame:
+    """One row per record: identity fields, `knob.<name>` for every knob any record has, the metrics
+    (object columns: values stay as recorded, absent ones None)."""
+    table = pd.DataFrame([{**{c: r.get(c) for c in IDENTITY}, "label": label_of(r),
+                           **{f"knob.{k}": v for k, v in (r.get("knobs") or {}).items()},
+                           **{m: r.get(m) for m in metrics}} for r in records], dtype=object)
+    return table.where(table.notna(), None)
+
+
 def build(records: list[dict]) -> LatencyReport:
     groups = group_by_label(records)
     metrics = present_metrics(records)
-    knobs = _varying_knobs(records)
     phases = list(dict.fromkeys(str(r.get("phase")) for r in records))
-    rows = []
-    for label, recs in groups.items():
-        recs = sorted(recs, key=lambda r: (phases.index(str(r.get("phase"))),
-                                           *[_sort_key((r.get("knobs") or {}).get(k)) for k in knobs]))
-        for r in recs:
-            row = {c: r.get(c) for c in IDENTITY if c != "label"}
-            row["label"] = label
-            for k in knobs:
-                row[f"knob.{k}"] = (r.get("knobs") or {}).get(k)
-            for m in metrics:
-                row[m] = r.get(m)
-            rows.append(row)
+    table = record_table(records, metrics)
+    knob_cols = [c for c in table.columns if c.startswith("knob.") and table[c].map(repr).nunique() > 1]
+    labels, phase_at = list(groups), {p: i for i, p in enumerate(phases)}
+    order = {"label": lambda s: s.map(labels.index), "phase": lambda s: s.map(lambda p: phase_at[str(p)])}
+    table = table.sort_values(["label", "phase", *knob_cols], kind="stable",
+                              key=lambda s: order[s.name](s) if s.name in order else s.map(_sort_key))
+    columns = [*(c for c in IDENTITY if c != "label"), "label", *knob_cols, *metrics]
+    rows = table[columns].to_dict("records")
+    knobs = [c.removeprefix("knob.") for c in knob_cols]
     env = {label: _short_env(recs[0].get("env") or {}) for label, recs in groups.items()}
-    report = LatencyReport(list(groups), phases, metrics, knobs, rows, env=env)
+    report = LatencyReport(labels, phases, metrics, knobs, rows, env=env)
     report.comparison = _comparison(groups, phases, metrics)
     return report
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import csv
-import io
+import pandas as pd
 
 from salactl.reports.latency import LatencyReport
 from salactl.reports.records import unit
@@ -67,10 +66,4 @@ def markdown(report: LatencyReport, title: str = "Latency report") -> str:
 
 
 def csv_text(report: LatencyReport) -> str:
-    cols = _used_columns(report, report.rows)
-    buf = io.StringIO()
-    w = csv.writer(buf)
-    w.writerow(cols)
-    for r in report.rows:
-        w.writerow(["" if r.get(c) is None else r.get(c) for c in cols])
-    return buf.getvalue()
+    return pd.DataFrame(report.rows, columns=_used_columns(report, report.rows)).to_csv(index=False)

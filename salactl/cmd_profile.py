@@ -102,7 +102,8 @@ def render(r: dict) -> None:
     output.stdout.print(
         f"{r['mode']} profile of {m['source']} ({m.get('backend', 'reference')} backend) on {m['device_name']} "
         f"({m['dtype']}, KV {m['kv_dtype']}); "
-        f"ceilings {_rate(p['mem_gbps'])} GB/s, {_rate(p['bf16_tflops'])} TFLOP/s ({p['source']}); "
+        f"ceilings {_rate(p['mem_gbps'])} GB/s, {_rate(p.get('compute_tflops', p['bf16_tflops']))} TFLOP/s "
+        f"({p.get('compute_rate', 'bf16')} matmul; {p['source']}); "
         f"{r['kernel_count']} kernels")
     counted = "DRAM" if r["mode"] == "ncu" else "analytic"
     for phase, step in m["steps"].items():

@@ -44,7 +44,8 @@ def _formats(text: str) -> list[str]:
 def latency(
     records: Annotated[list[Path], typer.Argument(help="Records files (JSON lines).")],
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write report.<fmt> files here.")] = None,
-    formats: Annotated[str, typer.Option("--format", help="Comma list of md, csv, html.")] = "md,csv,html",
+    formats: Annotated[str, typer.Option("--format", help="Comma list of md, csv, html written to --out; "
+                                         "without --out, md (or csv) goes to stdout.")] = "md,csv,html",
     title: Annotated[str, typer.Option("--title")] = "Latency report",
     no_plots: Annotated[bool, typer.Option("--no-plots", help="HTML without plots.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace report files already in --out.")]
@@ -59,6 +60,8 @@ def latency(
     from salactl.reports.render_text import csv_text, markdown
 
     fmts = _formats(formats)
+    if out is None and not {"md", "csv"} & set(fmts):
+        raise UsageError("--format html needs --out DIR (only md or csv can go to stdout)")
     if out is not None:
         check_out_dir(out, tuple(f"report.{f}" for f in fmts), overwrite)
     report = model.build(load_records(list(records)))
@@ -71,7 +74,7 @@ def latency(
     if json_out:
         output.print_json({**report.to_dict(), "files": written})
     elif out is None:
-        print(markdown(report, title))
+        print(markdown(report, title) if "md" in fmts else csv_text(report), end="" if "md" not in fmts else "\n")
     else:
         output.stdout.print("wrote " + ", ".join(written))
 

@@ -73,7 +73,7 @@ def sweep(
              p.get("passkey_accuracy"), "*" if p["phase"] in run["pareto"] else ""] for p in run["points"]]
     output.table(f"sweep {run['run_id']}", cols, rows)
     for n in run["notes"]:
-        output.stdout.print(f"note: {n}")
+        output.stderr.print(f"note: {n}")
     output.stdout.print(f"records: {run['files']['records']}"
                         + (f"  plot: {run['files']['pareto_plot']}" if "pareto_plot" in run["files"] else ""))
 

@@ -205,3 +205,10 @@ def test_a_rename_failing_midway_restores_what_it_replaced(tmp_path, monkeypatch
     write_all({tmp_path / "a": "new a", tmp_path / "b": "new b"})
     assert [(tmp_path / n).read_text() for n in "ab"] == ["new a", "new b"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+
+
+def test_format_without_out_prints_csv_or_refuses_html(records_file):
+    r = salactl("report", "latency", str(records_file), "--format", "csv")
+    assert r.returncode == 0 and r.stdout.startswith("label,"), r.stdout
+    r = salactl("report", "latency", str(records_file), "--format", "html")
+    assert r.returncode == 2 and "--format html needs --out DIR" in r.stderr

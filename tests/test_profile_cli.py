@@ -71,7 +71,8 @@ def test_torch_mode_on_cpu_both_phases(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "per op" in table and "lm_head" in table and "top offenders" in table
     render({**d, "peaks": {"device": "cpu", "mem_gbps": 20.0, "bf16_tflops": 0.2, "source": "cpu-default"}})
-    assert "ceilings 20 GB/s, 0.2 TFLOP/s (cpu-default)" in capsys.readouterr().out
+    assert "ceilings 20 GB/s, 0.2 TFLOP/s (bf16 matmul; cpu-default)" in capsys.readouterr().out
+    assert d["peaks"]["compute_rate"] == "bf16"           # a bfloat16 model's step
 
 
 def test_w4a16_and_fp8_kv_profile_on_cpu(tmp_path):

@@ -33,18 +33,22 @@ class SessionOptions:
     top: int = 20
 
 
-def peaks_for_name(name: str, device_type: str) -> dict:
+def peaks_for_name(name: str, device_type: str, dtype: str | None) -> dict:
+    """The ceilings, with the matmul rate of the profiled model's dtype as `compute_tflops`."""
+    import torch
+
     from salactl.runtime.peaks import peaks_by_name
 
-    return peaks_by_name(name, device_type).to_dict()
+    p = peaks_by_name(name, device_type)
+    tflops, rate = p.matmul_tflops(torch.float32 if dtype == "float32" else torch.bfloat16)
+    return {**p.to_dict(), "compute_tflops": tflops, "compute_rate": rate}
 
 
 def tables(samples, manifest: dict, peaks: dict, top: int) -> dict:
     analytic = {p: s["analytic"] for p, s in manifest["steps"].items()}
     samples = [s for s in samples if s.phase not in manifest["steps"]
                or in_scopes(s, manifest["steps"][s.phase].get("scopes"))]
-    fp32 = manifest.get("dtype") == "float32" and peaks.get("fp32_tflops")
-    ops = op_rows(samples, analytic, peaks["mem_gbps"], fp32 or peaks["bf16_tflops"])
+    ops = op_rows(samples, analytic, peaks["mem_gbps"], peaks["compute_tflops"])
     kernels = kernel_rows(samples, peaks["mem_gbps"], top)
     return {"ops": [r.to_dict() for r in ops], "kernels": [r.to_dict() for r in kernels]}
 
@@ -133,7 +137,7 @@ def load_saved(out: Path, top: int = 20) -> dict:
     except json.JSONDecodeError as e:
         raise UsageError(f"{manifest_path} is not valid JSON ({e.msg})") from None
     kernels = parse_csv(csv_path)
-    peaks = peaks_for_name(manifest["device_name"], manifest["device"].split(":")[0])
+    peaks = peaks_for_name(manifest["device_name"], manifest["device"].split(":")[0], manifest.get("dtype"))
     samples = from_ncu(kernels)
     return {"mode": "ncu", "manifest": manifest, "peaks": peaks, "kernel_count": len(kernels),
             **tables(samples, manifest, peaks, top)}
@@ -151,7 +155,7 @@ def _run_torch(spec: ProfileSpec, opts: SessionOptions) -> dict:
     samples, seconds = profile_torch(w, trace)
     manifest = describe(w, seconds)
     write_json(opts.out_dir / "step.json", manifest)
-    peaks = peaks_for_name(manifest["device_name"], w.device.type)
+    peaks = peaks_for_name(manifest["device_name"], w.device.type, manifest.get("dtype"))
     return {"manifest": manifest, "peaks": peaks, "kernel_count": len(samples),
             "files": {"chrome_trace": str(trace), "manifest": str(opts.out_dir / "step.json")},
             **tables(samples, manifest, peaks, opts.top)}
