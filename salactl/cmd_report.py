@@ -46,7 +46,7 @@ def latency(
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write report.<fmt> files here.")] = None,
     formats: Annotated[str, typer.Option("--format", help="Comma list of md, csv, html written to --out; "
                                          "without --out, md (or csv) goes to stdout.")] = "md,csv,html",
-    title: Annotated[str, typer.Option("--title")] = "Latency report",
+    title: Annotated[str, typer.Option("--title", help="Heading of the Markdown and HTML reports.")] = "Latency report",
     no_plots: Annotated[bool, typer.Option("--no-plots", help="HTML without plots.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace report files already in --out.")]
     = False,
@@ -122,7 +122,7 @@ def memory(
     mem_fraction: Annotated[float, typer.Option("--mem-fraction", help="Share of GPU memory usable.")] = 0.9,
     chunk_size: Annotated[int, typer.Option("--chunk-size", help="Prefill chunk for the workspace.")] = 8192,
     max_batch: Annotated[int, typer.Option("--max-batch", help="Largest CUDA-graph batch.")] = 32,
-    no_cuda_graphs: Annotated[bool, typer.Option("--no-cuda-graphs")] = False,
+    no_cuda_graphs: Annotated[bool, typer.Option("--no-cuda-graphs", help="Leave out the CUDA-graph memory pool estimate.")] = False,
     compressed_keys: Annotated[str, typer.Option("--compressed-keys", help="k1 (our runtime) or k1k2 "
                                                  "(SGLang).")] = "k1",
     records: Annotated[Optional[list[Path]], typer.Option("--records", help="Run/bench records with "

@@ -34,9 +34,9 @@ def run(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     tokenizer: TokenizerOpt = None,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n")] = 64,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Tokens to generate at most.")] = 64,
     temperature: Annotated[float, typer.Option("--temperature", "-t", help="0 = greedy.")] = 0.0,
-    top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
+    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling: keep the smallest set of tokens reaching this probability (1 = off).")] = 1.0,
     top_k: Annotated[int, typer.Option("--top-k", help="0 = off.")] = 0,
     chunk_size: ChunkOpt = 512,
     op_profile: Annotated[bool, typer.Option("--op-profile/--no-op-profile", help="GPU engine: a second, "
@@ -44,7 +44,7 @@ def run(
     kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="bf16 or auto (the model's dtype), "
                                                 "fp8_e4m3 (needs calibrated scales) or fp8_e5m2.")] = "bf16",
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the ChatML template.")] = False,
-    ignore_eos: Annotated[bool, typer.Option("--ignore-eos")] = False,
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Keep generating past end-of-sequence tokens.")] = False,
     out: Annotated[Optional[Path], typer.Option("--out", help="Append prefill/decode records to DIR/records.jsonl.")] = None,
     label: Annotated[Optional[str], typer.Option("--label", help="A name for this run in the records.")] = None,
     json_out: JsonOpt = False,
