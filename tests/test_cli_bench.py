@@ -43,6 +43,8 @@ def test_embedded_soar_end_to_end(tmp_path):
         assert p["completed"] == 2 and p["failed"] == 0
         assert p["target"] == "embedded" and p["schema_version"] == 1 and p["kind"] == "bench"
         assert p["env"]["torch"] and p["knobs"]["target"]["chunk_size"] == 512
+        t = p["knobs"]["target"]          # what really ran, named as `run` records name it
+        assert t["weights"] == t["kv_cache_dtype"] == t["dtype"] == "float32"
     expect = sum(0.4 * 10 / p["duration"] * 100 if p["phase"] == "S1" else 0.3 * 10 / p["duration"] * 100
                  for p in run["phases"])
     assert run["score"] == pytest.approx(expect)

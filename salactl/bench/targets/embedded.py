@@ -148,26 +148,19 @@ def build_embedded_target(model: str | None, random_weights: bool, seed: int, de
     """Load the model and wrap it; returns (target, LoadedModel)."""
     import dataclasses
 
+    from salactl.profiling.weights import quantized_as
+    from salactl.runtime.kv_fp8 import fp8_dtype
     from salactl.runtime.loader import load_model
 
     lm = load_model(model or "sala-nano", device, dtype, random_weights, seed)
     dev = lm.model.model.embed_tokens.weight.device
     driver, engine_name, chunk_size = build_engine(lm.model, dev, engine, chunk_size, kv_cache_dtype, max_running)
-    knobs = {"engine": engine_name, "device": str(dev),
-             "dtype": str(lm.model.model.embed_tokens.weight.dtype).replace("torch.", ""),
-             "weights": "w4a16" if _is_quantized(lm) else "dense", "kv_cache_dtype": kv_cache_dtype,
+    dtype_name = str(lm.model.model.embed_tokens.weight.dtype).replace("torch.", "")
+    knobs = {"engine": engine_name, "device": str(dev), "dtype": dtype_name,
+             "weights": quantized_as(lm.model) or dtype_name,     # as `run` records name them
+             "kv_cache_dtype": kv_cache_dtype if fp8_dtype(kv_cache_dtype) else dtype_name,
              "chunk_size": chunk_size, "max_running_requests": driver.max_batch_size,
              "random_weights": random_weights, "seed": seed,
              "sparse_config": dataclasses.asdict(lm.config.sparse_config)}
     return EmbeddedTarget(driver, lm.source, lm.config.vocab_size, dev, knobs), lm
 
-
-def _is_quantized(lm) -> bool:
-    import json
-
-    if lm.model_dir is None or not (lm.model_dir / "config.json").exists():
-        return False
-    try:
-        return "quantization_config" in json.loads((lm.model_dir / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
