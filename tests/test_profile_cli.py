@@ -61,6 +61,7 @@ def test_torch_mode_on_cpu_both_phases(tmp_path, capsys):
         assert ops["total"]["time_s"] == pytest.approx(sum(r["time_s"] for o, r in ops.items() if o != "total"))
         # every aten op's self time counts (leaf ops alone dropped the GEMMs: 15% of the step)
         assert ops["total"]["time_s"] > 0.4 * steps[phase]["wall_s"]
+    assert d["kernel_count"] == sum(r["kernels"] for r in d["ops"] if r["op"] == "total")
     trace = json.loads((out / "trace.json").read_text())
     names = {e.get("name") for e in trace["traceEvents"]}
     assert {"decode", "prefill", "layer0", "attention", "gla"} <= names
@@ -195,3 +196,12 @@ def test_torch_mode_on_gpu_attributes_cuda_kernels(tmp_path):
     # the engine's Triton kernels (launched outside any aten op) are attributed too
     assert ops["attention"]["kernels"] > 0 and ops["gla"]["kernels"] > 0, ops
     assert d["nvml"]["samples"] >= 1
+
+
+def test_layers_scope_the_kernel_count(tmp_path):
+    p = salactl("profile", "--torch", "--model", "sala-nano", "--random-weights", "--phase", "decode",
+                "--context", "32", "--device", "cpu", "--layers", "1,lm_head", "--out", str(tmp_path / "p"), "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    (total,) = [r for r in d["ops"] if r["op"] == "total"]
+    assert d["kernel_count"] == total["kernels"] > 0

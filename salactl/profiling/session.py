@@ -50,7 +50,8 @@ def tables(samples, manifest: dict, peaks: dict, top: int) -> dict:
                or in_scopes(s, manifest["steps"][s.phase].get("scopes"))]
     ops = op_rows(samples, analytic, peaks["mem_gbps"], peaks["compute_tflops"])
     kernels = kernel_rows(samples, peaks["mem_gbps"], top)
-    return {"ops": [r.to_dict() for r in ops], "kernels": [r.to_dict() for r in kernels]}
+    return {"ops": [r.to_dict() for r in ops], "kernels": [r.to_dict() for r in kernels],
+            "kernel_count": len(samples)}        # in the profiled scope (--layers), not every launch
 
 
 def _cuda_available() -> bool:
@@ -139,7 +140,7 @@ def load_saved(out: Path, top: int = 20) -> dict:
     kernels = parse_csv(csv_path)
     peaks = peaks_for_name(manifest["device_name"], manifest["device"].split(":")[0], manifest.get("dtype"))
     samples = from_ncu(kernels)
-    return {"mode": "ncu", "manifest": manifest, "peaks": peaks, "kernel_count": len(kernels),
+    return {"mode": "ncu", "manifest": manifest, "peaks": peaks,
             **tables(samples, manifest, peaks, top)}
 
 
@@ -156,6 +157,6 @@ def _run_torch(spec: ProfileSpec, opts: SessionOptions) -> dict:
     manifest = describe(w, seconds)
     write_json(opts.out_dir / "step.json", manifest)
     peaks = peaks_for_name(manifest["device_name"], w.device.type, manifest.get("dtype"))
-    return {"manifest": manifest, "peaks": peaks, "kernel_count": len(samples),
+    return {"manifest": manifest, "peaks": peaks,
             "files": {"chrome_trace": str(trace), "manifest": str(opts.out_dir / "step.json")},
             **tables(samples, manifest, peaks, opts.top)}
