@@ -11,6 +11,7 @@ import typer
 
 from salactl import output
 from salactl.errors import DatasetError, TokenizerError, UsageError
+from salactl.lists import parse_list
 from salactl.options import ChunkOpt, DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, TokenizerOpt
 
 eval_app = typer.Typer(no_args_is_help=True, help="Evaluate a model: perplexity and passkey retrieval.")
@@ -42,14 +43,6 @@ def progress_bar(description: str):
         raise
     finally:
         bar.stop()
-
-
-def parse_list(text: str, kind, name: str) -> list:
-    try:
-        values = [kind(x) for x in text.replace(" ", "").split(",")]
-    except ValueError:
-        raise UsageError(f"{name} must be a comma-separated list of numbers, got {text!r}") from None
-    return values
 
 
 def _check_chunk(chunk_size: int) -> None:
@@ -143,8 +136,8 @@ def passkey(
     from salactl.env import environment
     from salactl.evaluation.passkey import passkey_trials, run_passkey
 
-    length_list = list(dict.fromkeys(parse_list(lengths, int, "--lengths")))
-    depth_list = list(dict.fromkeys(parse_list(depths, float, "--depths")))
+    length_list = parse_list(lengths, "--lengths", dedupe=True)
+    depth_list = parse_list(depths, "--depths", float, dedupe=True)
     if any(n <= 0 for n in length_list):
         raise UsageError(f"--lengths must be positive, got {lengths!r}")
     if any(not 0.0 <= d <= 1.0 for d in depth_list):

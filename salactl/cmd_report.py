@@ -13,6 +13,7 @@ from typer.core import TyperGroup
 
 from salactl import output
 from salactl.errors import CheckpointError, UsageError
+from salactl.lists import parse_list
 from salactl.options import JsonOpt, ModelOpt
 
 FORMATS = ("md", "csv", "html")
@@ -79,16 +80,6 @@ def latency(
         output.stdout.print("wrote " + ", ".join(written))
 
 
-def _ints(text: str, name: str) -> tuple[int, ...]:
-    try:
-        vals = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise UsageError(f"{name} takes comma-separated integers, got {text!r}") from None
-    if not vals or min(vals) < 1:
-        raise UsageError(f"{name} needs positive values (tokens), got {text!r}")
-    return vals
-
-
 def _names(text: str, name: str) -> tuple[str, ...]:
     vals = tuple(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
     if not vals:
@@ -142,7 +133,7 @@ def memory(
         raise UsageError("give --gpu (memory from the GPU table) or --gpu-mem (GB), not both")
     if chunk_size <= 0 or max_batch <= 0:
         raise UsageError("--chunk-size and --max-batch must be positive")
-    contexts, kv_dtypes = _ints(context, "--context"), _names(kv_cache_dtype, "--kv-cache-dtype")
+    contexts, kv_dtypes = tuple(parse_list(context, "--context", minimum=1)), _names(kv_cache_dtype, "--kv-cache-dtype")
     weight_names, gpus = _names(weights, "--weights"), None if gpu is None else list(_names(gpu, "--gpu"))
     config = _config(model)
     q = mr.MemoryQuery(

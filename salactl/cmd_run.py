@@ -10,18 +10,9 @@ import typer
 
 from salactl import output
 from salactl.errors import UsageError
+from salactl.lists import parse_list
 from salactl.options import (ChunkOpt, DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, RandomWeightsOpt,
                              SeedOpt, TokenizerOpt)
-
-
-def parse_prompt_ids(text: str) -> list[int]:
-    try:
-        ids = [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise UsageError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
-    if not ids:
-        raise UsageError("--prompt-ids is empty")
-    return ids
 
 
 def run(
@@ -61,7 +52,7 @@ def run(
             prompt = prompt_file.read_text()
         except OSError as e:
             raise UsageError(f"cannot read --prompt-file {prompt_file}: {e.strerror}") from None
-    req = RunRequest(prompt=prompt, prompt_ids=parse_prompt_ids(prompt_ids) if prompt_ids is not None else None,
+    req = RunRequest(prompt=prompt, prompt_ids=parse_list(prompt_ids, "--prompt-ids") if prompt_ids is not None else None,
                      model=model, random_weights=random_weights, seed=seed, device=device, dtype=dtype,
                      tokenizer=tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,
                      top_p=top_p, top_k=top_k, chunk_size=chunk_size, chat=chat, ignore_eos=ignore_eos,

@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass
 
 from salactl.errors import ConfigError, UsageError
+from salactl.lists import parse_list
 
 KV_DTYPES = ("bf16", "fp8_e5m2", "fp8_e4m3")
 WEIGHT_DTYPES = ("bf16", "fp16", "fp32", "w4a16", "w8a16")
@@ -48,18 +49,7 @@ class SweepPoint:
 
 
 def parse_ints(text: str | None, name: str, default: int, minimum: int = 1) -> list[int]:
-    if text is None:
-        return [default]
-    try:
-        vals = [int(x) for x in str(text).replace(" ", "").split(",")]
-    except ValueError:
-        raise UsageError(f"--{name} takes comma-separated integers, got {text!r}") from None
-    if not vals:
-        raise UsageError(f"--{name} is empty")
-    bad = [v for v in vals if v < minimum]
-    if bad:
-        raise UsageError(f"--{name} values must be >= {minimum}, got {bad[0]}")
-    return list(dict.fromkeys(vals))
+    return [default] if text is None else parse_list(text, f"--{name}", minimum=minimum, dedupe=True)
 
 
 def parse_names(text: str | None, name: str, default: str, valid: tuple[str, ...]) -> list[str]:

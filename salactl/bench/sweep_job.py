@@ -15,6 +15,7 @@ from salactl.bench.grid_memory import cache_bytes_per_request
 from salactl.bench.sweep_grid import (KV_DTYPES, WEIGHT_DTYPES, build_points, parse_ints, parse_names,
                                       point_key)
 from salactl.errors import ConfigError, OutputExistsError, SalactlError, UsageError
+from salactl.lists import parse_list
 from salactl.profiling.weights import QUANTIZED_BITS, quantized_as
 
 PARETO_X = {"e2e": "mean_e2e_latency_ms", "ttft": "mean_ttft_ms", "tpot": "mean_tpot_ms"}
@@ -70,14 +71,6 @@ class SweepRun:
                              "files": self.files})
 
 
-def _floats(text: str, name: str) -> list[float]:
-    try:
-        vals = [float(x) for x in text.split(",")]
-    except ValueError:
-        raise UsageError(f"--{name} takes comma-separated numbers, got {text!r}") from None
-    return vals
-
-
 def _weights_model(base, config, weight_dtype: str, base_dtype: torch.dtype, cache: dict):
     """The base weights in `weight_dtype` (built once per dtype; bf16/fp16/fp32 casts, w4a16/w8a16 RTN)."""
     from salactl.runtime.loader import DTYPES, build_model
@@ -130,7 +123,7 @@ def _check_before_loading(s: SweepSettings) -> None:
             raise UsageError(f"--{name} must be positive, got {v}")
     if s.kl_len is not None and s.kl_len < 1:
         raise UsageError(f"--kl-len must be positive, got {s.kl_len}")
-    if any(not 0.0 <= d <= 1.0 for d in _floats(s.passkey_depths, "passkey-depths")):
+    if any(not 0.0 <= d <= 1.0 for d in parse_list(s.passkey_depths, "--passkey-depths", float)):
         raise UsageError(f"--passkey-depths must lie in [0, 1], got {s.passkey_depths!r}")
     parse_ints(s.passkey_lengths, "passkey-lengths", 512)
     for text, name in ((s.dense_len, "dense-len"), (s.window, "window")):
@@ -154,7 +147,7 @@ def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
     from salactl.runtime.loader import load_model
 
     _check_before_loading(s)
-    depths = _floats(s.passkey_depths, "passkey-depths")
+    depths = parse_list(s.passkey_depths, "--passkey-depths", float)
     lengths = parse_ints(s.passkey_lengths, "passkey-lengths", 512)
     run = SweepRun(rec.new_run_id())
     out = Path(s.out)

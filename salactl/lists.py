@@ -1,0 +1,27 @@
+"""Comma-separated list options (`--lengths 256,512`, `--topk 2,4`): one parser, one wording."""
+
+from __future__ import annotations
+
+from salactl.errors import UsageError
+
+_WHAT = {int: "integers", float: "numbers"}
+
+
+def parse_list(text: str, flag: str, kind=int, minimum: float | None = None, dedupe: bool = False) -> list:
+    """The values of `text` ("1, 2,3") as `kind`; a usage error naming `flag` for an empty list, an
+    empty item, a value that is not a `kind`, or one below `minimum`. `dedupe` drops repeats
+    (keeping the first)."""
+    items = str(text).replace(" ", "").split(",")
+    if items == [""]:
+        raise UsageError(f"{flag} is empty")
+    try:
+        if "" in items:
+            raise ValueError
+        values = [kind(x) for x in items]
+    except ValueError:
+        raise UsageError(f"{flag} takes comma-separated {_WHAT[kind]}, got {text!r}") from None
+    bad = [v for v in values if minimum is not None and v < minimum]
+    if bad:
+        bound = "positive" if minimum == 1 and kind is int else f">= {minimum}"
+        raise UsageError(f"{flag} values must be {bound}, got {bad[0]}")
+    return list(dict.fromkeys(values)) if dedupe else values
