@@ -31,6 +31,12 @@ def fp8_dtype(name: str) -> torch.dtype | None:
         raise UsageError(f"unknown --kv-cache-dtype {name!r}; valid: {', '.join(KV_CACHE_DTYPES)}") from None
 
 
+def stored_kv_name(name: str, act_dtype: torch.dtype) -> str:
+    """What a --kv-cache-dtype stores, for records: the FP8 name, else the activation dtype's
+    ("bf16"/"auto" on a float32 model store float32)."""
+    return name if fp8_dtype(name) else str(act_dtype).replace("torch.", "")
+
+
 def fp8_max(dtype: torch.dtype) -> float:
     return float(torch.finfo(dtype).max)
 

@@ -47,6 +47,11 @@ class Peaks:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def for_dtype(self, dtype: torch.dtype) -> dict:
+        """to_dict() plus the ceiling a `dtype` model's FLOP floors use: compute_tflops, compute_rate."""
+        tflops, rate = self.matmul_tflops(dtype)
+        return {**self.to_dict(), "compute_tflops": tflops, "compute_rate": rate}
+
 
 def cache_path() -> Path:
     root = Path(os.environ.get("SALACTL_CACHE_DIR") or Path.home() / ".cache" / "salactl")

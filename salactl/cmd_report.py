@@ -75,7 +75,8 @@ def latency(
     if json_out:
         output.print_json({**report.to_dict(), "files": written})
     elif out is None:
-        print(markdown(report, title) if "md" in fmts else csv_text(report), end="" if "md" not in fmts else "\n")
+        text = markdown(report, title) + "\n" if "md" in fmts else csv_text(report)
+        print(text, end="")
     else:
         output.stdout.print("wrote " + ", ".join(written))
 

@@ -10,7 +10,7 @@ from salactl import output
 from salactl.errors import TokenizerError, UsageError
 from salactl.profiling.weights import quantized_as
 from salactl.runtime.engine import Engine
-from salactl.runtime.kv_fp8 import fp8_dtype
+from salactl.runtime.kv_fp8 import fp8_dtype, stored_kv_name
 from salactl.runtime.loader import load_model
 from salactl.runtime.peaks import peaks_for
 from salactl.runtime.roofline import linear_costs, phase_costs, roofline_rows
@@ -103,7 +103,8 @@ def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
     dec = phase_costs(lm.config, linears, dec_calls, [1] * len(dec_calls), **kw)
     act_dtype = lm.model.model.embed_tokens.weight.dtype
     dtype_name = str(act_dtype).replace("torch.", "")
-    tflops, rate_dtype = peaks.matmul_tflops(act_dtype)
+    ceilings = peaks.for_dtype(act_dtype)
+    tflops = ceilings["compute_tflops"]
     roof = {
         "prefill": [r.to_dict() for r in roofline_rows(pre, res.prefill.op_seconds, res.prefill.seconds,
                                                        peaks.mem_gbps, tflops)],
@@ -123,12 +124,12 @@ def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
         "decode_tok_s": res.decode.tokens / res.decode.seconds if res.decode.seconds else None,
         "roofline": roof,
         "timing": timing_note,
-        "peaks": {**peaks.to_dict(), "compute_tflops": tflops, "compute_rate": rate_dtype},
+        "peaks": ceilings,
         "peak_memory_bytes": peak_memory,
         "sampling": {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
                      "seed": req.seed, "max_new_tokens": req.max_new_tokens},
         "chunk_size": req.chunk_size,
-        "kv_cache_dtype": req.kv_cache_dtype if fp8_dtype(req.kv_cache_dtype) else dtype_name,
+        "kv_cache_dtype": stored_kv_name(req.kv_cache_dtype, act_dtype),
         "weights": quantized_as(lm.model) or dtype_name,
         "gla_prefill": getattr(engine, "gla_prefill", "reference"),
         "env": environment(),

@@ -39,9 +39,7 @@ def peaks_for_name(name: str, device_type: str, dtype: str | None) -> dict:
 
     from salactl.runtime.peaks import peaks_by_name
 
-    p = peaks_by_name(name, device_type)
-    tflops, rate = p.matmul_tflops(torch.float32 if dtype == "float32" else torch.bfloat16)
-    return {**p.to_dict(), "compute_tflops": tflops, "compute_rate": rate}
+    return peaks_by_name(name, device_type).for_dtype(torch.float32 if dtype == "float32" else torch.bfloat16)
 
 
 def tables(samples, manifest: dict, peaks: dict, top: int) -> dict:

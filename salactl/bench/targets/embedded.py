@@ -149,16 +149,17 @@ def build_embedded_target(model: str | None, random_weights: bool, seed: int, de
     import dataclasses
 
     from salactl.profiling.weights import quantized_as
-    from salactl.runtime.kv_fp8 import fp8_dtype
+    from salactl.runtime.kv_fp8 import stored_kv_name
     from salactl.runtime.loader import load_model
 
     lm = load_model(model or "sala-nano", device, dtype, random_weights, seed)
     dev = lm.model.model.embed_tokens.weight.device
     driver, engine_name, chunk_size = build_engine(lm.model, dev, engine, chunk_size, kv_cache_dtype, max_running)
-    dtype_name = str(lm.model.model.embed_tokens.weight.dtype).replace("torch.", "")
+    act_dtype = lm.model.model.embed_tokens.weight.dtype
+    dtype_name = str(act_dtype).replace("torch.", "")
     knobs = {"engine": engine_name, "device": str(dev), "dtype": dtype_name,
              "weights": quantized_as(lm.model) or dtype_name,     # as `run` records name them
-             "kv_cache_dtype": kv_cache_dtype if fp8_dtype(kv_cache_dtype) else dtype_name,
+             "kv_cache_dtype": stored_kv_name(kv_cache_dtype, act_dtype),
              "chunk_size": chunk_size, "max_running_requests": driver.max_batch_size,
              "random_weights": random_weights, "seed": seed,
              "sparse_config": dataclasses.asdict(lm.config.sparse_config)}
