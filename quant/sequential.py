@@ -29,6 +29,7 @@ from salactl.runtime.backend_reference import ReferenceBackend
 from salactl.runtime.batch import ForwardBatch
 from salactl.runtime.cache import SequenceCache
 from salactl.runtime.config import SPARSE
+from salactl.runtime.device_sync import synchronize
 from salactl.runtime.kv_fp8 import fp8_dtype, scales_from_amax
 from salactl.runtime.ops.attention import attention, sdpa
 
@@ -187,11 +188,6 @@ class _LayerRunner:
         return h
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @torch.inference_mode()
 def quantize_model(model, config, calib: torch.Tensor | None, opts: QuantOptions,
                    progress: Callable[[str], None] | None = None) -> QuantizeOutcome:
@@ -223,11 +219,11 @@ def quantize_model(model, config, calib: torch.Tensor | None, opts: QuantOptions
             mods = [layer.get_submodule(n) for n in members]
             t0 = time.perf_counter()
             h = runner.hessian(layer, i, inps, mods) if inps is not None else None
-            _sync(device)
+            synchronize(device)
             t1 = time.perf_counter()
             outcome.forward_seconds += t1 - t0
             _solve_group(i, members, mods, h, opts, spec, outcome)
-            _sync(device)
+            synchronize(device)
             outcome.solve_seconds += time.perf_counter() - t1
             if progress:
                 progress(f"layer {i}: {', '.join(n.rsplit('.', 1)[-1] for n in members)}")
@@ -235,7 +231,7 @@ def quantize_model(model, config, calib: torch.Tensor | None, opts: QuantOptions
             t0 = time.perf_counter()
             runner.run(layer, i, inps, outs)
             inps, outs = outs, inps
-            _sync(device)
+            synchronize(device)
             outcome.forward_seconds += time.perf_counter() - t0
     if fp8:
         outcome.kv_scales = scales_from_amax(backend.amax, opts.kv_cache_dtype, opts.kv_scales_per_head)
@@ -258,7 +254,7 @@ def _solve_group(i, members, mods, h: Hessian | None, opts: QuantOptions, spec: 
         if h is not None and not bool(torch.isfinite(h.h).all()):
             raise QuantizationError(f"the Hessian of {name} has NaN/Inf: its calibration activations overflowed")
         solved = rtn = rtn_quantize(W, spec)
-    _sync(W.device)
+    synchronize(W.device)
     seconds = time.perf_counter() - t0
     row = 0
     for n, m in zip(members, mods):

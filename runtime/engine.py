@@ -13,6 +13,7 @@ from salactl.errors import UsageError
 from salactl.runtime.backend_reference import ReferenceBackend
 from salactl.runtime.batch import ForwardBatch
 from salactl.runtime.cache import SequenceCache
+from salactl.runtime.device_sync import synchronize
 from salactl.runtime.kv_fp8 import model_kv_scales, resolve_kv_scales
 from salactl.runtime.op_timer import NULL_TIMER, OpTimer
 from salactl.runtime.sampling import SamplingParams, sample
@@ -34,11 +35,6 @@ class GenerationResult:
     ttft_s: float
     prefill: PhaseStats
     decode: PhaseStats
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class Engine:
@@ -109,14 +105,14 @@ class Engine:
         seq = self.new_sequence()
         pre, dec = PhaseStats(), PhaseStats()
         timer = OpTimer(self.device) if self.time_ops else NULL_TIMER
-        _sync(self.device)
+        synchronize(self.device)
         t0 = time.perf_counter()
         logits = self.prefill(seq, prompt, timer, progress=prefill_progress)
         out: list[int] = []
         finish = "length"
         if params.max_new_tokens > 0:
             tok = sample(logits[-1], params, gen)      # sampling reads the logits: an implicit sync
-        _sync(self.device)
+        synchronize(self.device)
         ttft = time.perf_counter() - t0
         pre.tokens, pre.forward_calls, pre.seconds = len(prompt), -(-len(prompt) // self.chunk_size), ttft
         if self.time_ops:
@@ -134,7 +130,7 @@ class Engine:
             logits = self.forward(seq, [tok], timer)
             dec.forward_calls += 1
             tok = sample(logits[-1], params, gen)
-        _sync(self.device)
+        synchronize(self.device)
         dec.seconds = time.perf_counter() - t1 if len(out) > 1 else 0.0
         dec.tokens = dec.forward_calls
         if self.time_ops:

@@ -52,6 +52,7 @@ from salactl.data.corpus import corpus_documents, corpus_sha256, python_version 
 from salactl.evaluation.passkey import answer_ids, make_passkey_prompt  # noqa: E402
 from salactl.runtime.backend_train import TrainBatch, TrainingBackend  # noqa: E402
 from salactl.runtime.checkpoint import random_state_dict, save_checkpoint  # noqa: E402
+from salactl.runtime.device_sync import synchronize  # noqa: E402
 from salactl.runtime.loader import EMBEDDED_DIR, build_model, load_model  # noqa: E402
 from salactl.runtime.presets import sala_nano  # noqa: E402
 from salactl.runtime.tokenizer import Tokenizer  # noqa: E402
@@ -214,21 +215,16 @@ def calibrate(model, batcher_args, lengths, backend, amp, args, log) -> dict[int
         B = max(1, args.batch_tokens // T)
         for rep in range(2):
             ids, n_lm, ans_len = b.batch(B, T)
-            _sync(args.device)
+            synchronize(args.device)
             t0 = time.perf_counter()
             with amp():
                 loss = sum(v for k, v in losses(model, ids, n_lm, ans_len, backend).items() if k != "pk_acc")
             loss.backward()
-            _sync(args.device)
+            synchronize(args.device)
             times[T] = time.perf_counter() - t0
         model.zero_grad(set_to_none=True)
     log("calibrate", step_seconds={str(k): round(v, 4) for k, v in times.items()})
     return times
-
-
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
 
 
 def expected_steps(times: dict[int, float], lengths, dense_len, args, budget_s: float) -> int:

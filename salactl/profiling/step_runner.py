@@ -18,11 +18,7 @@ import torch
 from salactl.profiling.ranges import RangeTimer, make_ranges
 from salactl.profiling.spec import ProfileSpec
 from salactl.profiling.workload import Workload, build
-
-
-def _sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from salactl.runtime.device_sync import synchronize
 
 
 def run_phases(w: Workload, range_kind: str) -> dict[str, float]:
@@ -35,14 +31,14 @@ def run_phases(w: Workload, range_kind: str) -> dict[str, float]:
         for _ in range(w.spec.warmup):
             w.step(phase)
         prepared = w.prepare(phase, timer)
-        _sync(w.device)
+        synchronize(w.device)
         handles = w.layer_ranges(ranges)
         try:
             t0 = time.perf_counter()
             ranges.push(phase)
             try:
                 w.forward(prepared)
-                _sync(w.device)
+                synchronize(w.device)
             finally:
                 ranges.pop()
             seconds[phase] = time.perf_counter() - t0
