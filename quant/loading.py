@@ -27,7 +27,7 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 def parse_quant_config(qc: dict) -> dict:
     """Validate `quantization_config`; returns {bits, group_size, fmt, desc_act}."""
     if not isinstance(qc, dict):
-        raise CheckpointError("quantization_config in config.json must be an object")
+        raise CheckpointError("quantization_config (config.json or quantize_config.json) must be a JSON object")
     method = qc.get("quant_method")
     if method not in ("gptq", "gptq_marlin"):
         raise CheckpointError(f"quant_method {method!r} is not supported; salactl loads only GPTQ checkpoints")

@@ -3,16 +3,17 @@ dtypes and GPUs, the full-attention comparison, and measured peaks from run/benc
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
 
+from salactl.errors import SalactlError
 from salactl.profiling.weights import QUANTIZED_BITS
 from salactl.reports.memory import (KV_DTYPE_BYTES, full_attention_request, gpu_memory_bytes,
                                     kv_bytes_per_token, max_concurrent, prefill_workspace_bytes,
                                     request_memory, server_memory, weight_bytes)
 from salactl.runtime.config import SalaConfig
+from salactl.runtime.loader import quantization_config
 
 PEAK_KEYS = ("peak_memory_bytes", "peak_gpu_memory_bytes", "peak_memory_allocated_bytes",
              "max_memory_allocated_bytes", "max_memory_allocated")
@@ -121,12 +122,12 @@ def _checkpoint_quant(rec: dict) -> tuple[str | None, int | None]:
     if (rec.get("knobs") or {}).get("random_weights") is True:
         return "", None                         # random weights are never quantized (runtime/loader.py)
     try:
-        qc = json.loads((Path(str(rec.get("model"))) / "config.json").read_text()).get("quantization_config")
+        qc = quantization_config(Path(str(rec.get("model"))))
         if not qc:
             return "", None
         w = f"w{qc['bits']}a16"
         return (w, qc.get("group_size", -1)) if w in QUANTIZED_BITS else (None, None)
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, SalactlError):
         return None, None
 
 

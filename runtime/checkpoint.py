@@ -109,8 +109,12 @@ def load_state_dict(model_dir: Path, expected: dict[str, tuple[int, ...]], devic
     names = {n for n in files if not n.endswith(_IGNORED_SUFFIXES)}
     missing = sorted(set(expected) - names)
     if missing:
+        hint = ""
+        if missing[0].removesuffix(".weight") + ".qweight" in names:
+            hint = ("; it has GPTQ tensors (.qweight) but neither config.json nor quantize_config.json "
+                    "holds a quantization_config")
         raise CheckpointError(f"checkpoint {model_dir} lacks tensor {missing[0]}"
-                              + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+                              + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "") + hint)
     extra = sorted(n for n in names - set(expected) if not n.endswith(allow_extra))
     if extra:
         raise CheckpointError(f"checkpoint {model_dir} has unexpected tensor {extra[0]}"

@@ -254,11 +254,12 @@ class SalaConfig:
         for k in simple:
             if d.get(k) is not None:
                 kw[k] = d[k]
-        if d.get("rope_scaling") not in (None, {}):
-            raise ConfigError("rope_scaling is set; only rope_scaling=null is supported")
+        rope_theta = _rope_theta(d)
+        if rope_theta is not None:
+            kw["rope_theta"] = rope_theta
         handled = set(kw) | set(required) | {"head_dim", "lightning_nh", "lightning_nkv",
                                              "lightning_head_dim", "num_key_value_heads", "dtype",
-                                             "sparse_config", "rope_scaling", "architectures",
+                                             "sparse_config", "rope_scaling", "rope_parameters", "architectures",
                                              "model_type", "use_cache"}
         kw["extra"] = tuple(sorted((k, v) for k, v in d.items() if k not in handled
                                    and isinstance(k, str) and _jsonable(v)))
@@ -356,6 +357,41 @@ def _check_types(d: dict, kinds: dict[str, str], prefix: str = "", nullable=froz
         if k in d and not (d[k] is None and k in nullable) and not _KIND_CHECKS[kind](d[k]):
             raise ConfigError(f"config.json has {prefix}{k} = {json.dumps(d[k], default=repr)}; "
                               f"expected {kind}")
+
+
+_ROPE_TYPE_KEYS = ("rope_type", "type")
+
+
+def _default_rope(name: str, value: object, extra_keys: tuple[str, ...] = ()) -> dict:
+    """`value` as a dict that asks for plain (unscaled) RoPE, else a ConfigError naming what it asks."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"config.{name} must be an object or null, got {type(value).__name__}")
+    kind = next((value[k] for k in _ROPE_TYPE_KEYS if k in value), "default")
+    if kind != "default":
+        raise ConfigError(f"config.{name} asks for {kind!r} RoPE scaling; salactl runs unscaled RoPE only "
+                          f"(rope_type default)")
+    unknown = sorted(set(value) - set(_ROPE_TYPE_KEYS) - set(extra_keys))
+    if unknown:
+        raise ConfigError(f"config.{name} has {', '.join(unknown)}, which salactl does not implement; "
+                          f"only unscaled RoPE (rope_type default) is supported")
+    return value
+
+
+def _rope_theta(d: dict) -> float | None:
+    """The RoPE base from `rope_theta` or transformers-5 `rope_parameters` (None: neither gives one).
+    Any RoPE scaling is refused rather than ignored."""
+    if d.get("rope_scaling") is not None:
+        _default_rope("rope_scaling", d["rope_scaling"])
+    if d.get("rope_parameters") is None:
+        return None
+    params = _default_rope("rope_parameters", d["rope_parameters"], ("rope_theta",))
+    _check_types(params, {"rope_theta": "a number"}, "rope_parameters.")
+    theta = params.get("rope_theta")
+    top = d.get("rope_theta")
+    if theta is not None and top is not None and theta != top:
+        raise ConfigError(f"config.rope_theta ({top}) and rope_parameters.rope_theta ({theta}) disagree; "
+                          f"keep one")
+    return theta
 
 
 def _jsonable(v: object) -> bool:

@@ -44,7 +44,7 @@ class Engine:
             raise UsageError(f"--chunk-size must be positive, got {chunk_size}")
         self.model, self.config = model, model.config
         self.device = torch.device(device)
-        self.dtype = model.lm_head.weight.dtype if hasattr(model.lm_head, "weight") else torch.bfloat16
+        self.dtype = model.model.embed_tokens.weight.dtype    # never quantized, unlike lm_head
         self.chunk_size = chunk_size
         self.backend = backend or ReferenceBackend(self.config)
         self.time_ops = time_ops

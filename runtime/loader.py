@@ -141,7 +141,7 @@ def load_model(model: str | None, device=None, dtype: str | None = None,
                               f"({', '.join(sorted(PRESETS))})")
     config = SalaConfig.from_file(path / "config.json")
     dt = resolve_dtype(dtype, dev)
-    quant = _quantization_config(path)
+    quant = quantization_config(path)
     if quant is not None:
         from salactl.quant.loading import load_gptq_model
 
@@ -156,8 +156,19 @@ def load_model(model: str | None, device=None, dtype: str | None = None,
     return LoadedModel(model, config, path, str(path))
 
 
-def _quantization_config(path: Path) -> dict | None:
+def quantization_config(path: Path) -> dict | None:
+    """config.json's quantization_config, else AutoGPTQ's standalone quantize_config.json (which
+    vLLM also reads; it may lack quant_method, the file name itself says GPTQ)."""
     import json
 
-    d = json.loads((path / "config.json").read_text())
-    return d.get("quantization_config")
+    qc = json.loads((path / "config.json").read_text()).get("quantization_config")
+    standalone = path / "quantize_config.json"
+    if qc is not None or not standalone.is_file():
+        return qc
+    try:
+        qc = json.loads(standalone.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{standalone} is not valid JSON ({e.msg} at line {e.lineno})") from None
+    if isinstance(qc, dict):
+        qc.setdefault("quant_method", "gptq")
+    return qc

@@ -75,3 +75,21 @@ def run_cli(args, capsys) -> tuple[int, str, str]:
         sys.argv = argv
     out, err = capsys.readouterr()
     return code, out, err
+
+
+@pytest.fixture(scope="session")
+def nano_rtn_dir(tmp_path_factory):
+    """sala-nano quantized by `salactl quantize --method rtn` (W4A16 g128); tests copy it before editing."""
+    import sys
+
+    from salactl.cli import main
+
+    out = tmp_path_factory.mktemp("q") / "rtn"
+    argv, sys.argv = sys.argv, ["salactl", "quantize", "--model", "sala-nano", "--out", str(out), "--method", "rtn"]
+    try:
+        main()
+    except SystemExit as e:
+        assert not e.code, f"salactl quantize exited {e.code}"
+    finally:
+        sys.argv = argv
+    return out

@@ -3,7 +3,6 @@ one-line error of its own class (exit 3 config, 4 checkpoint, 5 tokenizer) namin
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -172,30 +171,17 @@ def test_valid_dynamic_rules_still_parse():
     assert spec["bits"] == 4 and spec["group_size"] == 128
 
 
-@pytest.fixture(scope="module")
-def gptq_dir(tmp_path_factory):
-    from salactl.cli import main
-
-    out = tmp_path_factory.mktemp("q") / "rtn"
-    argv, sys.argv = sys.argv, ["salactl", "quantize", "--model", "sala-nano", "--out", str(out), "--method", "rtn"]
-    try:
-        main()
-    finally:
-        sys.argv = argv
-    return out
-
-
 @pytest.mark.parametrize("dynamic,msg", [([".*q_proj.*"], "dynamic is a list"), ({"+:.*q_proj.*": 4}, "maps to 4")])
-def test_malformed_dynamic_in_a_gptq_checkpoint_via_cli_is_exit_4(gptq_dir, tmp_path, dynamic, msg, capsys):
-    bad = Path(shutil.copytree(gptq_dir, tmp_path / "bad"))
+def test_malformed_dynamic_in_a_gptq_checkpoint_via_cli_is_exit_4(nano_rtn_dir, tmp_path, dynamic, msg, capsys):
+    bad = Path(shutil.copytree(nano_rtn_dir, tmp_path / "bad"))
     edit_json(bad / "config.json", lambda d: d["quantization_config"].update(dynamic=dynamic))
     capsys.readouterr()
     code, err = run_prompt(bad, capsys)
     assert code == 4 and msg in err and len(err.splitlines()) == 1, err
 
 
-def test_gptq_tensor_in_the_wrong_shard_blames_the_index(gptq_dir, tmp_path):
-    bad = Path(shutil.copytree(gptq_dir, tmp_path / "bad"))
+def test_gptq_tensor_in_the_wrong_shard_blames_the_index(nano_rtn_dir, tmp_path):
+    bad = Path(shutil.copytree(nano_rtn_dir, tmp_path / "bad"))
     with safe_open(bad / "model.safetensors", framework="pt") as f:
         names = list(f.keys())
     victim = next(n for n in names if n.endswith(".qweight"))
