@@ -78,7 +78,9 @@ class Engine:
 
     def stream(self, prompt: list[int], params: SamplingParams,
                eos_ids: tuple[int, ...] = ()) -> Iterator[int]:
-        """Yield generated token ids one at a time (used by bench)."""
+        """Yield generated token ids one at a time (used by bench). Generation stops at
+        params.stop_token_ids and, unless params.ignore_eos, at config.eos_token_id and `eos_ids`
+        (e.g. the tokenizer's), as in generate() and GPUEngine."""
         result = []
         yield from self._generate(prompt, params, eos_ids, result.append)
 
@@ -98,7 +100,8 @@ class Engine:
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
             raise UsageError(f"prompt token id {bad[0]} is outside the vocabulary (size {vocab})")
-        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_ids))
+        eos = set() if params.ignore_eos else set(eos_ids) | set(self.config.eos_token_id)
+        stops = set(params.stop_token_ids) | eos
         gen = None
         if params.temperature > 0:
             gen = torch.Generator(device=self.device).manual_seed(params.seed if params.seed is not None else 0)

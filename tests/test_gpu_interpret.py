@@ -375,3 +375,47 @@ def test_kernel_scales_builds_tensors_for_fp8_pages_only():
     ks, vs = kernel_scales(torch.float8_e4m3fn, 2, "cpu", 0.5, torch.tensor([0.25, 2.0]), unused=unused)
     assert torch.equal(ks, torch.tensor([0.5, 0.5])) and torch.equal(vs, torch.tensor([0.25, 2.0]))
     assert ks.dtype == vs.dtype == torch.float32
+
+
+def test_a_failed_step_frees_its_requests_and_the_engine_carries_on():
+    """A request whose logits are NaN (an inf embedding row) fails its step with NumericsError;
+    it is finished as "error" with its slot and pages freed, so later requests still run (with
+    one running request at most, a leaked slot would stall them for ever)."""
+    from salactl.errors import NumericsError
+    from salactl.runtime.gpu.engine import GPUEngine
+    from salactl.runtime.sampling import SamplingParams
+
+    model = micro_model()
+    good, params = [5, 6, 7, 8], SamplingParams(max_new_tokens=3, ignore_eos=True)
+    want = GPUEngine(micro_model(), "cpu", max_running_requests=1, chunk_size=32, kv_tokens=256) \
+        .generate([(good, params)])[0].output_token_ids
+    with torch.no_grad():
+        model.model.embed_tokens.weight[99] = float("inf")
+    engine = GPUEngine(model, "cpu", max_running_requests=1, chunk_size=32, kv_tokens=256)
+    pages, slots = engine.scheduler.pages.free, engine.scheduler.slots.free
+    bad = engine.submit([5, 99, 6], params)
+    with pytest.raises(NumericsError):
+        list(engine.stream())
+    assert engine.result(bad).finish_reason == "error"
+    assert (engine.scheduler.pages.free, engine.scheduler.slots.free) == (pages, slots)
+    assert engine.generate([(good, params)])[0].output_token_ids == want
+    queued = engine.submit(good, params)
+    engine.abort(queued)
+    assert engine.result(queued).finish_reason == "abort" and not engine.scheduler.has_work()
+
+
+def test_gpu_engine_and_engine_share_the_eos_contract():
+    """Both stop at config.eos_token_id unless ignore_eos; eos_ids add stop ids."""
+    from salactl.runtime.engine import Engine
+    from salactl.runtime.gpu.engine import GPUEngine
+    from salactl.runtime.sampling import SamplingParams
+
+    model, prompt = micro_model(), [5, 6, 7, 8]
+    free = Engine(model, "cpu").generate(prompt, SamplingParams(max_new_tokens=5, ignore_eos=True)).output_token_ids
+    model.config = model.config.replace(eos_token_id=(free[1],))
+    gpu = GPUEngine(model, "cpu", max_running_requests=1, chunk_size=32, kv_tokens=256)
+    for params, eos_ids, want in ((SamplingParams(max_new_tokens=5), (), free[:2]),
+                                  (SamplingParams(max_new_tokens=5), (free[0],), free[:1]),
+                                  (SamplingParams(max_new_tokens=5, ignore_eos=True), (free[0],), free)):
+        assert Engine(model, "cpu").generate(prompt, params, eos_ids).output_token_ids == want
+        assert gpu.generate_one(prompt, params, eos_ids).output_token_ids == want

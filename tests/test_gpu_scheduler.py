@@ -22,6 +22,12 @@ def test_id_allocator_roundtrip_and_errors():
         a.release([7])
     with pytest.raises(ValueError):
         a.release([1, 1])
+    b = IdAllocator(4, "pages")
+    x = b.alloc(1)
+    b.release(x)
+    with pytest.raises(ValueError, match="already free"):
+        b.release(x)                                   # would hand page 0 to two requests
+    assert b.free == 4 and sorted(b.alloc(4)) == [0, 1, 2, 3]
 
 
 def test_pool_sizes_for_the_9b_shapes():
@@ -60,8 +66,8 @@ def _sched(pages=10, slots=3, max_running=2, chunk=100, ctx=10_000):
 
 def test_admission_by_memory_and_running_limit():
     s = _sched(pages=5, max_running=2)
-    s.add(_req(0, 100))      # 104 tokens -> 2 pages
-    s.add(_req(1, 200))      # 204 -> 4 pages: does not fit next to request 0
+    s.add(_req(0, 100))      # 103 cache tokens -> 2 pages
+    s.add(_req(1, 200))      # 203 -> 4 pages: does not fit next to request 0
     s.add(_req(2, 10))
     assert [r.rid for r in s.admit()] == [0]
     assert s.pages.free == 3 and s.admit() == []          # FIFO: 1 waits for memory, 2 behind it
@@ -72,7 +78,7 @@ def test_admission_by_memory_and_running_limit():
 
 def test_refuses_requests_that_can_never_fit():
     s = _sched(pages=4, ctx=1000)
-    with pytest.raises(CapacityError, match="needs 1004 tokens"):
+    with pytest.raises(CapacityError, match="needs 1003 tokens"):
         s.add(_req(0, 1000))
     with pytest.raises(CapacityError, match="at most 256"):
         _sched(pages=4, ctx=10_000).add(_req(1, 300))
@@ -100,3 +106,28 @@ def test_request_stop_conditions():
     r = _req(1, 3, new=5)
     assert not r.accept(5) and r.accept(2) and r.finish_reason == "stop"
     assert r.next_position == 3 + 2 - 1
+
+
+def test_the_last_sampled_token_needs_no_cache():
+    """It is returned, never fed back: prompt 60 + 5 new tokens write 64 positions, one page."""
+    s = _sched(pages=1, ctx=10_000)
+    s.add(_req(0, 60, new=5))
+    assert [r.rid for r in s.admit()] == [0] and s.pages.free == 0
+    with pytest.raises(CapacityError, match="needs 65 tokens"):
+        _sched(pages=1).add(_req(1, 60, new=6))
+    s0 = _sched(pages=1)
+    s0.add(_req(2, 64, new=0))
+    s0.add(_req(3, 64, new=1))                         # one token out, nothing fed back
+    assert s0.pages_for(s0.waiting[1]) == 1
+
+
+def test_cancel_frees_a_request_wherever_it_is():
+    s = _sched(pages=4, slots=2, max_running=1)
+    for i in range(2):
+        s.add(_req(i, 60))
+    running, = s.admit()
+    queued = s.waiting[0]
+    s.cancel(queued)
+    assert not s.waiting and queued.finish_time is not None
+    s.cancel(running)
+    assert not s.has_work() and s.pages.free == 4 and s.slots.free == 2

@@ -70,6 +70,18 @@ def test_stops_on_eos(model):
     assert len(res.output_token_ids) == 5
 
 
+def test_stops_at_the_configs_eos_without_being_told():
+    """Engine.generate, like GPUEngine, stops at config.eos_token_id unless ignore_eos."""
+    free = Engine(tiny_model(seed=3), "cpu").generate(prompt(20), SamplingParams(max_new_tokens=5, ignore_eos=True))
+    eos = free.output_token_ids[1]
+    eng = Engine(tiny_model(tiny_config().replace(eos_token_id=(eos,)), seed=3), "cpu")
+    res = eng.generate(prompt(20), SamplingParams(max_new_tokens=5))
+    assert res.output_token_ids == free.output_token_ids[:2] and res.finish_reason == "stop"
+    assert list(eng.stream(prompt(20), SamplingParams(max_new_tokens=5))) == free.output_token_ids[:2]
+    assert eng.generate(prompt(20), SamplingParams(max_new_tokens=5, ignore_eos=True)).output_token_ids == \
+        free.output_token_ids
+
+
 def test_bf16_model_runs_and_stays_close_to_fp32():
     m32 = tiny_model(seed=5)
     m16 = tiny_model(seed=5, dtype=torch.bfloat16)

@@ -13,6 +13,7 @@ with CUDA-event timing per op class (for the roofline) instead of graph replay.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator
 
 import torch
@@ -103,7 +104,7 @@ class GPUEngine:
         bad = [t for t in prompt_ids if not 0 <= t < vocab]
         if bad:
             raise UsageError(f"prompt token id {bad[0]} is outside the vocabulary (size {vocab})")
-        eos = self.eos_ids if eos_ids is None else frozenset(eos_ids)
+        eos = self.eos_ids | frozenset(eos_ids or ())
         stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else eos)
         req = Request(self._next_id, list(prompt_ids), params, stops)
         if params.temperature > 0:
@@ -129,7 +130,7 @@ class GPUEngine:
     def generate_one(self, prompt: list[int], params: SamplingParams, eos_ids: tuple[int, ...] = (),
                      on_token: Callable[[int], None] | None = None) -> GenerationResult:
         """The single-sequence Engine.generate contract (used by `salactl run`)."""
-        rid = self.submit(prompt, params, tuple(eos_ids) + tuple(self.config.eos_token_id))
+        rid = self.submit(prompt, params, eos_ids)
         for r, tok, _ in self.stream():
             if r == rid and on_token:
                 on_token(tok)
@@ -141,7 +142,7 @@ class GPUEngine:
             raise UsageError(f"request {rid} has not finished")
         first = req.first_token_time or req.finish_time
         ttft = first - req.arrival
-        pre = PhaseStats(len(req.prompt), self.phase_calls["prefill"], ttft)
+        pre = PhaseStats(len(req.prompt), req.prefill_calls, ttft)
         n_dec = max(len(req.output) - 1, 0)
         dec = PhaseStats(n_dec, n_dec, (req.finish_time - first) if n_dec else 0.0)
         if self.profile_ops:
@@ -149,8 +150,18 @@ class GPUEngine:
             dec.op_seconds = self.timers["decode"].totals()
         return GenerationResult(list(req.prompt), list(req.output), req.finish_reason, ttft, pre, dec)
 
+    def abort(self, rid: int, reason: str = "abort") -> None:
+        """Finish a request now (finish_reason `reason` unless it already finished), freeing its
+        slot and pages; later steps carry on with the other requests."""
+        req = self.requests[rid]
+        if req.finish_reason is None:
+            req.finish_reason = reason
+            self._finish(req)
+
     # ---- one scheduler step -----------------------------------------------------------------
     def step(self) -> list[tuple[int, int, float]]:
+        """One admission + prefill chunk + decode step. If a phase raises, the requests it ran
+        are finished with reason "error" (their memory freed) before the error propagates."""
         sched, events = self.scheduler, []
         for req in sched.admit():
             self.pools.assign_pages(req.slot, req.pages)
@@ -158,41 +169,62 @@ class GPUEngine:
             self.backend.release_slot(req.slot)
         plan = sched.prefill_plan()
         if plan:
-            timer = self.timers["prefill"] if self.profile_ops else NULL_TIMER
-            logits = self.runner.prefill([(r.slot, r.prompt[s:s + n], s) for r, s, n in plan], timer)
-            self.phase_calls["prefill"] += 1
-            done = [(i, r) for i, (r, s, n) in enumerate(plan) if sched.prefill_done(r, n)]
-            live = [(i, r) for i, r in done if r.params.max_new_tokens > 0]
-            for _, r in done:
-                if r.params.max_new_tokens == 0:
-                    r.finish_reason = "length"
-                    self._finish(r)
-            if live:
-                toks = self._sample(logits[[i for i, _ in live]], [r for _, r in live])
-                now = time.perf_counter()
-                for (_, r), tok in zip(live, toks):
-                    r.first_token_time = now
-                    events.append((r.rid, tok, now))
-                    if r.accept(tok):
-                        self._finish(r)
-                    else:
-                        sched.start_decoding(r)
+            with self._abort_on_error([r for r, _, _ in plan]):
+                self._prefill_step(plan, events)
         if sched.decoding:
             reqs = list(sched.decoding)
-            timer = self.timers["decode"] if self.profile_ops else NULL_TIMER
-            logits = self.runner.decode([(r.slot, r.output[-1], r.next_position) for r in reqs], timer)
-            self.phase_calls["decode"] += 1
-            toks = self._sample(logits, reqs)
+            with self._abort_on_error(reqs):
+                self._decode_step(reqs, events)
+        return events
+
+    @contextmanager
+    def _abort_on_error(self, reqs: list[Request]):
+        try:
+            yield
+        except BaseException:
+            for r in reqs:
+                self.abort(r.rid, "error")
+            raise
+
+    def _prefill_step(self, plan, events) -> None:
+        sched = self.scheduler
+        timer = self.timers["prefill"] if self.profile_ops else NULL_TIMER
+        logits = self.runner.prefill([(r.slot, r.prompt[s:s + n], s) for r, s, n in plan], timer)
+        self.phase_calls["prefill"] += 1
+        for r, _, _ in plan:
+            r.prefill_calls += 1
+        done = [(i, r) for i, (r, s, n) in enumerate(plan) if sched.prefill_done(r, n)]
+        live = [(i, r) for i, r in done if r.params.max_new_tokens > 0]
+        for _, r in done:
+            if r.params.max_new_tokens == 0:
+                r.finish_reason = "length"
+                self._finish(r)
+        if live:
+            toks = self._sample(logits[[i for i, _ in live]], [r for _, r in live])
             now = time.perf_counter()
-            for r, tok in zip(reqs, toks):
+            for (_, r), tok in zip(live, toks):
+                r.first_token_time = now
                 events.append((r.rid, tok, now))
                 if r.accept(tok):
                     self._finish(r)
-        return events
+                else:
+                    sched.start_decoding(r)
+
+    def _decode_step(self, reqs: list[Request], events) -> None:
+        timer = self.timers["decode"] if self.profile_ops else NULL_TIMER
+        logits = self.runner.decode([(r.slot, r.output[-1], r.next_position) for r in reqs], timer)
+        self.phase_calls["decode"] += 1
+        toks = self._sample(logits, reqs)
+        now = time.perf_counter()
+        for r, tok in zip(reqs, toks):
+            events.append((r.rid, tok, now))
+            if r.accept(tok):
+                self._finish(r)
 
     def _finish(self, req: Request) -> None:
-        self.backend.release_slot(req.slot)
-        self.scheduler.finish(req)
+        if req.slot >= 0:
+            self.backend.release_slot(req.slot)
+        self.scheduler.cancel(req)
 
     @staticmethod
     def _sample(logits: torch.Tensor, reqs: list[Request]) -> list[int]:

@@ -29,6 +29,7 @@ class IdAllocator:
     def __init__(self, total: int, what: str):
         self.total, self.what = total, what
         self._free = list(range(total - 1, -1, -1))
+        self._is_free = set(self._free)           # a double release would hand one id out twice
 
     @property
     def free(self) -> int:
@@ -39,13 +40,16 @@ class IdAllocator:
             raise CapacityError(f"out of {self.what}: need {n}, {len(self._free)} free of {self.total}")
         out = self._free[-n:][::-1] if n else []
         del self._free[len(self._free) - n:]
+        self._is_free.difference_update(out)
         return out
 
     def release(self, ids) -> None:
         ids = list(ids)
-        if len(set(ids)) != len(ids) or any(not 0 <= i < self.total for i in ids):
-            raise ValueError(f"bad {self.what} ids to release: {ids}")
+        if (len(set(ids)) != len(ids) or any(not 0 <= i < self.total for i in ids)
+                or not self._is_free.isdisjoint(ids)):
+            raise ValueError(f"bad {self.what} ids to release (duplicate, out of range or already free): {ids}")
         self._free.extend(reversed(ids))
+        self._is_free.update(ids)
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,12 @@ class Request:
     finish_time: float | None = None
     generator: object = None
 
+    prefill_calls: int = 0
+
     @property
     def tokens_needed(self) -> int:
-        return len(self.prompt) + self.params.max_new_tokens
+        """Cache positions the request writes: the last sampled token is never fed back."""
+        return len(self.prompt) + max(self.params.max_new_tokens - 1, 0)
 
     @property
     def next_position(self) -> int:
@@ -74,7 +77,7 @@ class Scheduler:
             cap = min(self.max_context, self.pages.total * self.block)
             raise CapacityError(
                 f"request {req.rid} needs {need} tokens of cache (prompt {len(req.prompt)} + "
-                f"max_new_tokens {req.params.max_new_tokens}) but the GPU cache holds at most {cap}; "
+                f"max_new_tokens {req.params.max_new_tokens} - 1) but the GPU cache holds at most {cap}; "
                 "shorten it or raise --mem-fraction")
         self.waiting.append(req)
 
@@ -118,6 +121,12 @@ class Scheduler:
             return False
         self.prefilling.remove(req)
         return True
+
+    def cancel(self, req: Request) -> None:
+        """Drop a request wherever it is (waiting, prefilling, decoding) and free what it holds."""
+        if req in self.waiting:
+            self.waiting.remove(req)
+        self.finish(req)
 
     def start_decoding(self, req: Request) -> None:
         self.decoding.append(req)
