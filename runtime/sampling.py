@@ -15,6 +15,9 @@ NON_FINITE = ("the model computed NaN/Inf logits: its weights hold NaN/Inf, or t
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """Per-request generation settings. A sampled request (temperature > 0) draws from its own
+    generator seeded with `seed`; None means 0, so unseeded requests are reproducible, not random."""
+
     max_new_tokens: int = 64
     temperature: float = 0.0          # 0 = greedy
     top_p: float = 1.0
