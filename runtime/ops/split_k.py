@@ -66,8 +66,8 @@ def store_split_k(acc, y_ptr, ws_ptr, cnt_ptr, tile, pid_k, split_k, offs_m, off
             else:
                 # RED independent loads in acc's own layout, then the adds in split order (the same
                 # sums as RED = 1). One [RED, BN, BM] load summed over its first axis, the earlier
-                # form, ran at 0.3-0.9x of RED = 1 on the H200 (session 15; its cause not isolated:
-                # offline it used no more registers or shared memory)
+                # form, ran at 0.3-0.9x of RED = 1 on the H200 (BENCHMARKS.md, W4A16 session 15;
+                # cause not isolated: offline it used no more registers or shared memory)
                 for sk0 in range(0, split_k, RED):
                     for j in tl.static_range(RED):
                         live = mask & (w_off * 0 + sk0 + j < split_k)

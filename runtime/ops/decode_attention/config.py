@@ -65,20 +65,15 @@ class DecodeConfig:
 # pages: tests and reference runs only). Edit "bf16"/"fp8" from the table of benchmarks/decode_attention_bench.py: the
 # fastest config per dtype at 128K b1 that is no slower (x default >= ~0.98) on the other cases.
 DEFAULT_CONFIGS = {
-    # H200, session 4 sweep: 128K b1 42.8 vs 45.0 us (w4); 1.01-1.10x of w4 on every other case
-    # (32K, 1M, 4K b8/b32, sparse 128K). Preloading page ids loses for bf16 at b8/b32 (0.88-0.96x).
-    # Session 8: early loads 1.00-1.03x on every case (128K 38.3 vs 38.7 us).
-    # Session 19: pages by TMA (one bulk copy per page and operand), 1.00-1.10x on every case
-    # (4K b8 16.3 vs 18.0 us, 32K 14.1 vs 15.0, 128K 37.9 vs 38.4; the cp.async one is SWEEP_CONFIGS[24]).
+    # 2 warps, 4 programs per SM, early loads, pages by TMA: each no slower than the one before on every
+    # case; page-id preload loses for bf16 at b8/b32 (BENCHMARKS.md, GPU engine sessions 4, 8, 19).
     "bf16": DecodeConfig(warps=2, programs_per_sm=4, max_splits=256, early=True, tma=True),
-    # H200, session 4 sweep: 128K b1 27.2 vs 30.6 us without preload, 1M 143 vs 167 us, 4K b32
-    # 30.3 vs 33.7; sparse 128K 8.6 vs 8.4 (the one case it is not faster). Session 8: early
-    # loads 1.00-1.03x on every case (128K 24.4 vs 24.9 us). Session 12: see "fp8_mid".
+    # 2 warps, page ids preloaded (two pages in flight per program), early loads: faster on every case
+    # but sparse 128K (BENCHMARKS.md, GPU engine sessions 4, 8); 8-32 rows take "fp8_mid".
     "fp8": DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16, early=True),
-    # Session 12, FP8 pages at 8-32 rows (batch 4-16: FP8_MID_ROWS): the bf16 config (no
-    # preload) was 1.00-1.11x the preload over 4K-512K contexts (decode_attention_bench.py
-    # --cases); at 2-4 rows and at 64-128 the preload stays ahead (1.02-1.08x). Before
-    # choose_splits rounded down, 540 programs (128K b10) instead of 528 made it 1.5x slower.
+    # FP8 pages at 8-32 rows (FP8_MID_ROWS): the bf16 config without preload beat the preload over
+    # 4K-512K contexts, which stays ahead at 2-4 and 64-128 rows (BENCHMARKS.md, W4A16 and FP8 KV session 12).
+    # choose_splits rounds down: 540 programs at 128K b10 instead of 528 were 1.5x slower.
     "fp8_mid": DecodeConfig(warps=2, programs_per_sm=4, max_splits=256, early=True),
     "fp32": DecodeConfig(),
 }
@@ -98,46 +93,39 @@ SWEEP_CONFIGS = (
     DecodeConfig(maxnreg=128, programs_per_sm=4, max_splits=256),
     DecodeConfig(warps=2, programs_per_sm=4, max_splits=256),
     DecodeConfig(warps=2, programs_per_sm=5, max_splits=512),
-    # page ids preloaded (session 3): `stages - 1` pages in flight per program. Offline
-    # sm_90 (Triton 3.9 / 3.6) fp8 regs, smem per CTA: w2 s3 203/239, 39 KB; w2 s4 241/238, 55 KB;
-    # w4 s4 144/147, 55 KB; bf16 w4 s3 120/96, 72 KB; no spills
+    # page ids preloaded: `stages - 1` pages in flight per program (offline registers and shared memory
+    # per CTA: BENCHMARKS.md, "Tuning notes moved from code comments")
     DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16),
     DecodeConfig(warps=2, stages=4, programs_per_sm=4, max_splits=256, preload=16),
     DecodeConfig(warps=2, stages=4, programs_per_sm=2, max_splits=256, preload=16),
     DecodeConfig(warps=4, stages=4, programs_per_sm=3, max_splits=256, preload=16),
     DecodeConfig(warps=4, stages=3, programs_per_sm=4, preload=16),
-    # session 4: more programs per SM for fp8 (w2 s3 fits 5 CTAs/SM by smem; w1 more by regs).
-    # Session 13 (token-minor V, no P exchange across warps at w1; offline 999 instructions per
-    # page for the one warp against 2 x 635 at w2, 229 registers): 128K b1 fp8 33.3 / 32.9 us
-    # and bf16 46.6 / 48.8 against the defaults' 24.5 / 38.5, so one warp per program stays out
+    # more programs per SM for fp8 (w2 s3 fits 5 CTAs/SM by smem; w1 more by regs); one warp per
+    # program (no P exchange across warps) was slower for both dtypes at 128K b1 (BENCHMARKS.md,
+    # W4A16 and FP8 KV session 13)
     DecodeConfig(warps=2, stages=3, programs_per_sm=5, max_splits=512, preload=16),
     DecodeConfig(warps=1, stages=3, programs_per_sm=8, max_splits=512, preload=16),
     DecodeConfig(warps=1, stages=4, programs_per_sm=6, max_splits=512, preload=16),
-    # session 5: capping registers for 5-8 CTAs per SM (the fp8 default's 239 registers allow 4)
-    # was 0.76-0.91x of the default for fp8 and 0.87-0.93x for bf16 at 128K (BENCHMARKS.md)
-    # session 7, token-minor FP8 V: offline sm_90 fp8 regs w2 s3 134 (was 203), w4 s3 98 (was
-    # 144); smem (39 KB at 3 stages, 26 KB at 2) then limits CTAs per SM to 5 / 8
+    # capping registers for 5-8 CTAs per SM (the fp8 default's registers allow 4) lost for both dtypes
+    # at 128K; with token-minor FP8 V shared memory, not registers, limits CTAs per SM (5 / 8 at 3 / 2
+    # stages) (BENCHMARKS.md, W4A16 and FP8 KV sessions 5, 7)
     DecodeConfig(warps=2, stages=2, programs_per_sm=8, max_splits=512, preload=16),
     DecodeConfig(warps=4, stages=3, programs_per_sm=5, max_splits=512, preload=16),
     DecodeConfig(warps=2, stages=3, programs_per_sm=6, max_splits=512, preload=16),
-    # fewer, longer splits than the default (396 / 384 programs at 128K b1 instead of 512); H200
-    # at f0a77c8, fp8 128K: 25.4-25.8 / 25.4-25.7 / 26.5-26.6 vs the default's 24.9-25.1 us
+    # fewer, longer splits than the default (396 / 384 programs at 128K b1 instead of 512): slower for
+    # fp8 at 128K (BENCHMARKS.md, f0a77c8)
     DecodeConfig(warps=2, stages=3, programs_per_sm=3, max_splits=256, preload=16),
     DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=192, preload=16),
     DecodeConfig(warps=2, stages=4, programs_per_sm=3, max_splits=256, preload=16),
-    # session 8: half a page per softmax step (half the shared memory per stage: fp8 s3 21.5
-    # instead of 39 KB per CTA, bf16 38 instead of 72). H200 at f0acdae (fills fixed), 128K b1:
-    # fp8 28.5-33.5 us vs 24.9 (more CTAs per SM did not help: per-step costs doubled); bf16
-    # 39.1-46.9 vs 38.7, but 4K b8 15.5-15.7 vs 18.7 (the other sub32 configs measured, s4-s5
-    # and 6-8 programs per SM, were slower still and are not kept; with early loads too, e4f46fe:
-    # the same picture, fp8 28.3 / 33.3 us, bf16 39.2 / 40.0 us)
+    # half a page per softmax step (half the shared memory per stage): slower at 128K b1 for both
+    # dtypes, faster only for bf16 at 4K b8 (BENCHMARKS.md, GPU engine session 8)
     DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16, sub=32),
     DecodeConfig(warps=2, programs_per_sm=4, max_splits=256, sub=32),
     # the defaults before slots / seq_lens were loaded ahead of the PDL wait (early)
     DecodeConfig(warps=2, programs_per_sm=4, max_splits=256),
     DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16),
-    # session 19: pages by TMA (one bulk copy per page and operand instead of 16-byte cp.async);
-    # the first is the bf16 default before (cp.async pages)
+    # pages by TMA (one bulk copy per page and operand instead of 16-byte cp.async); the first is the
+    # bf16 default before (cp.async pages)
     DecodeConfig(warps=2, programs_per_sm=4, max_splits=256, early=True),
     DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16, early=True, tma=True),
     DecodeConfig(warps=2, stages=4, programs_per_sm=4, max_splits=256, preload=16, early=True, tma=True),

@@ -40,11 +40,9 @@ KINDS = {"norm": 1, "norm_gate": 2, "glu": 3, "gate": 4}
 # "FOLD_CONFIGS from the isolated sweep" line; keep a group only if its "without <group>" step
 # variant is slower than "committed".
 FOLD_CONFIGS: dict[tuple[int, int, str], tuple[int, int, int, int]] = {
-    # H200, session 3 (benchmarks/gemv_fold_bench.py): only these two folds beat the separate
-    # kernels in the b1 4K step (o_norm·sig 13.3 -> 11.9 us x 24, o·sig 12.3 -> 11.2 us x 8). The
-    # norm folds into the wide q/k/v and gate/up GEMVs (+245 us per step) and the silu·mul fold into
-    # down (+235 us) lost: every program re-reads the fold's inputs, and the wide shapes were
-    # already at cuBLAS speed; lm_head's norm fold was neutral in the step.
+    # Only these two folds beat the separate kernels in the b1 4K step; the norm folds into the wide
+    # q/k/v and gate/up GEMVs and the silu·mul fold into down lost, since every program re-reads the
+    # fold's inputs (BENCHMARKS.md, GPU engine session 3).
     (4096, 4096, "norm_gate"): (8, 512, 4, 4),  # lightning o_proj after o_norm · sigmoid(z)
     (4096, 4096, "gate"): (4, 1024, 4, 4),      # sparse o_proj after o · sigmoid(o_gate)
 }

@@ -22,15 +22,9 @@ from salactl.runtime.ops.pdl import launch_args, pdl_wait
 from salactl.runtime.ops.split_k import split_counters, store_split_k
 
 # (BN, BK, num_warps, num_stages, split) per (N, K, BM) routed here; every other shape uses cuBLAS.
-# H200, session 4 (`python benchmarks/skinny_gemm_bench.py`, graph over > 200 MB of weights):
-# sparse q/k/v/o_gate 8704x4096 at M 8/16/32: 21.9-22.3 vs cuBLAS 26.3-27.4 us (1.19-1.23x);
-# o_proj 4096x4096: 12.7-13.9 vs 13.2-14.4 us (1.03-1.05x). The 16384/32768-row projections and
-# down were within 3% of cuBLAS or slower; every shape at M 64 (BM 64) was slower. Session 5
-# (`--shapes 0,1 --m 8,16,32`): o_proj split 2 with BN 64 12.45-13.02 us vs 12.6-13.2 unsplit
-# (cuBLAS 13.5-14.1); the sparse projection stays unsplit (splits 2-3: 24.7-27.6 vs 21.4-21.8 us).
-# Session 7: with PDL (cuBLAS kernels are not PDL-launched) the 16384/32768-row projections and
-# down also pay off in the step: `gpu_engine_bench.py --only decode --cases b8_ctx4096,b32_ctx4096
-# --skinny ...`, alternated twice in one call: b8 5.41 vs 5.57 ms, b32 6.58 vs 6.81 ms.
+# o_proj (split 2) and the sparse projection beat cuBLAS alone at 2-32 rows; qkvz, gate+up and down
+# only in the step, where our kernels are PDL-launched and cuBLAS's are not; BM 64 lost on every
+# shape (BENCHMARKS.md, GPU engine sessions 4, 5, 7).
 SKINNY_CONFIGS: dict[tuple[int, int, int], tuple[int, int, int, int, int]] = {
     (4096, 4096, 16): (64, 128, 4, 4, 2), (4096, 4096, 32): (64, 128, 4, 4, 2),
     (8704, 4096, 16): (64, 128, 4, 4, 1), (8704, 4096, 32): (64, 128, 4, 4, 1),
@@ -39,7 +33,7 @@ SKINNY_CONFIGS: dict[tuple[int, int, int], tuple[int, int, int, int, int]] = {
     (4096, 16384, 16): (64, 128, 4, 4, 2), (4096, 16384, 32): (64, 128, 4, 4, 2)}
 CANDIDATE_CONFIGS = ((16, 128, 4, 4, 1), (16, 256, 4, 3, 1), (32, 128, 4, 4, 1), (32, 256, 4, 3, 1),
                      (64, 128, 4, 4, 1), (32, 128, 4, 6, 1), (64, 64, 4, 6, 1), (16, 512, 4, 2, 1),
-                     # split K (session 5): 2-4 programs per SM instead of one
+                     # split K: 2-4 programs per SM instead of one
                      (32, 128, 4, 6, 2), (32, 128, 4, 4, 4), (64, 128, 4, 4, 2), (64, 128, 4, 4, 3),
                      (16, 128, 4, 6, 2), (32, 256, 4, 3, 2))
 

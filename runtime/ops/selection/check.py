@@ -106,8 +106,8 @@ def check_decode_selection(device, dtype, hq: int, hkv: int, d: int, sc: SparseC
         K1 = compress_keys(contiguous_keys(kp, pt[i], L, B), sc, 0, nw[i])
         pos = torch.tensor([L - 1], device=device)
         nb = math.ceil(L / B)
-        # in fp64: an fp32 reference ties unrelated blocks by rounding now and then (session 21:
-        # three blocks at 140001 tokens, one of 12 fp32 rows), and exact ties must break by index
+        # in fp64: an fp32 reference ties unrelated blocks by rounding now and then (three
+        # blocks at 140001 tokens in one of 12 fp32 rows), and exact ties must break by index
         scores = block_scores(window_scores(q[i:i + 1].double(), K1.double(), pos, sc), pos, sc, nb)
         refs.append((K1, scores[:, 0].cpu()))
     rows = []

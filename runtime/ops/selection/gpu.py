@@ -100,103 +100,17 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 # lse_splits: pass-1 programs per row (None: about four per SM, at most 256, plus the compress
 # split of the fused K1 update where that keeps pass 2's merge tile; given: the compress split
 # included, so at least 2).
-# Session 16 (H200, `sparse_decode_bench.py --quick --breakdown --variants rank --batch
-# 1,2,4,8,32`), selection with the fused K1 in us, the grid threshold select before -> ranks
-# (rb32 ct256 w8): 1M + 100 batch 1 40.5 -> 33.9, batch 2 66.3 -> 59.0, batch 4 115.1 -> 102.6,
-# batch 8 199.5 -> 189.8, batch 32 676.9 -> 687.2 (rb16 w4: 675.8); 128K + 100 batch 1 29.6 ->
-# 19.3, batch 2 29.9 -> 25.1, batch 4 35.5 -> 36.9 (rb8 w4: 30.3), batch 8 47.1 -> 68.9 (rb16 w4:
-# 52.0), batch 32 140.3 -> 273.4 (rb16 w4: 206.3): short rows ranked up to 4 rows (batch 2).
-# H200 history: sessions 3-4 measured a radix top-k (per 2048-block group + merge) and "hist"
-# (the row's last pass-2 program selecting over the whole row); session 5's threshold select
-# beat both (1M + 100: 59.1 vs hist 69.6 us per layer; 128K + 100: 38.5 vs 41.1; engine 9B step
-# at 1M: pass 2 + thresh 37 us per layer vs hist ~62), so radix and hist were removed. With the
-# second-level histogram (9281cda): 55.6 / 35.4 us; 256 lse splits instead of 128 at batch 1
-# (the cap was 128): lse pass 18.3 -> 14.2 us at 1M, selection 53.0 us; 128K unchanged (35.3).
-# Session 8: rows of at most `short_blocks` blocks (128K context: 2049) take the top-k in one
-# program of `radix_warps` warps, radix select in registers (triton_radix.py).
-# Tried and reverted in session 8 (H200, 45e94ab): pass 1 storing its scores for pass 2 (K1
-# read once): at 1M pass 1 14.2 -> 18.3 us, pass 2 only 20.8 -> 18.0 (so pass 2 is not bound by
-# its K1 reads), selection 53.3 -> 55.7 us; and ranking the picks by one [KP, KP] comparison
-# instead of tl.sort: the top-k 1-3 us slower. At d277004, pass 2's histogram as a local 4096-bin
-# tl.histogram then one atomic per distinct bin: pass 2 21 -> 86 us at 1M (tl.histogram's cost
-# grows with the bin count).
-# Session 11 (H200 at aa0a557, sparse_decode_bench.py --quick --breakdown --variants dedup): pass 2
-# adding one histogram atomic per distinct bin of its program (dedup) instead of one per block:
-# pass 2 21.0 -> 16.7 us at 1M + 100 (random keys put its 16,384 blocks in 4 of the 4096 bins, so
-# the per-block atomics serialised on 4 addresses), selection 51.2 -> 48.0; 128K unchanged (6.6 us).
-# Same session, `--variants "lse bw128,lse bw256,lse st2,p2 "` at 0acba0e (us per kernel, 1M + 100 /
-# 128K + 100): the lse pass with 128 windows per step, 11.0 / 5.1 against 14.3 / 5.2 (bw256 w8
-# 13.0 / 6.1, 64 with 2 stages 14.0 / 4.6); pass 2 with 32 blocks per program on 4 warps, 16.5 /
-# 6.1 against 16.9 / 6.5 (64 on 4 warps 17.9 / 6.9, 128 on 8 warps 20.2 / 9.5); the top-k keeps 8.
-# Then (add0847, `--variants "p2 "`): pass 2 on 2 warps, 13.3 against 16.3 us at 1M but 7.1 against
-# 6.1 at 128K (both in the 1M-wide table): 2 warps for tables wider than short_blocks blocks (256K
-# tokens, where rows that long exist), 4 otherwise (since 6881a66: 4 everywhere); 16 blocks per
-# program lost (20.1 / 26.8 at 1M).
-# Session 12 (H200, all reverted; BENCHMARKS.md): pass 2 with its raw window scores first (two dots)
-# and the lse merge after them, slots / seq_lens / q / page-table entries read before the PDL
-# wait, the lse pass prefetching its K1 rows into L2 before the wait (lse 10.9 -> 12.5 us at 1M),
-# the grid top-k launched before the one-program kernel's wait (selection +5 us at 1M), pass 2's
-# registers capped at 128 for one wave at 1M (13.1-13.2 against 13.2-13.3 us): none faster.
-# With the knobs off, only reordering pass 2's index math and q load (ahead of the lse merge) took
-# it from 146 to 154 registers and from 13.4 to 18.2 us at 1M (`python tools/sass_loops.py
-# select-words` gives the registers). Pass 1 storing its scaled scores for pass 2 to read as
-# contiguous tiles (d2424d1; session 8 read them strided): pass 2 10.7 us without any K1 read,
-# but pass 1 +4 us, selection 46.6-51.9 against 40.9-43.3 us.
-# Session 13 (H200, 3a7d11d / 70f3126, reverted): both passes as one launch, every program resident,
-# the lse split then a barrier per row (atomic count + flag, self-resetting under graph replay)
-# then the words of its share of the row's blocks. Exact (every GPU check and a CUDA-graph replay
-# test passed), but at 1M the selection took 48.6-71.6 us against 39.9-40.6 (128K: 28.6-42.2
-# against 29.1-30.7): 146 registers and 46 KB of shared memory hold 128 programs per row resident,
-# not 256, and each then walks its 2-4 chunks of blocks one after another, where pass 2's 1,024
-# short programs overlap their latency chains.
-# Session 14 (H200, 4187728, reverted): pass 2 storing each program's largest sort key and the
-# top-k's chunk programs keeping only keys >= the K-th largest of those (tl.sort of the row's 1,024
-# maxima in every chunk program), the last program sorting up to 256 kept keys at once: at 1M + 100
-# the selection took 53.4 us against 45.3 without the bound in the same build and 41.8 before it
-# (the 1,024-key sort alone +6 us in the top-k; pass 2 +3-5 us for its maximum).
-# Same session (c5dda73, reverted): pass 2 with about 1,056 programs, each looping over its row's
-# chunks (no empty programs when a wide table meets a large batch), the loop not software-pipelined
-# (pipelined it took 46 KB of shared memory): selection 50.7 against 39.0 us at 1M + 100 batch 1
-# even with one chunk per program (52.7), 143.9 against 139.2 at 128K + 100 batch 32 (130.5 with
-# 2,112 programs, but 803 against 673 at 1M batch 32).
-# Session 20 (H200, uncommitted knobs, BENCHMARKS.md): keeping more of K1 in L2 for pass 2's re-read
-# (its chunks last to first, evict_first / evict_last K1 loads in either pass, the lse splits
-# reversed): the cold selection at 1M + 100 within 1.5% of the default, pass 2 reversed 4-5 us
-# slower; the lse merged once per row by the lse pass's last split (a ticket): lse pass +2.4 us,
-# pass 2 +1.5 us at 1M (5.1 against 6.9 at 128K), selection 35.3 against 33.1 us. Pass 2's
-# histogram atomics cost it 0.6 us at 1M.
-# Session 21 (H200, `sparse_decode_bench.py --quick --cold --batch 1,2,4 --variants early`): pass 2
-# computing its K1 scores before its PDL wait (p2_early; its programs start while the lse pass runs
-# and only merge the lse, pool and store after it), selection warm / cold us, late w2 (the wide
-# default before) -> early w4: 1M + 100 batch 1 32.9 / 37.2 -> 31.3 / 35.1, batch 2 58.7 / 60.3 ->
-# 53.8 / 56.2, batch 4 101.0 -> 100.8; 128K + 100 batch 1 18.5 / 21.3 -> 15.0 / 16.9, batch 2
-# 23.1 -> 20.1, batch 4 30.7 -> 28.5; in a 2052-block table 128K + 100 batch 1 20.1 -> 16.6 (late w4,
-# that table's default before). Early on 2 warps 32.3 / 16.2 (1M / 128K batch 1), lse splits
-# 128 / 192 or 2 stages, 16 or 64 blocks per program, 8 warps: none better everywhere. Reverted:
-# the lse pass triggering at once and running its dots before its own wait (store_kv before it
-# writes neither q nor K1): 1M b1 31.7 against 32.6, 128K 15.2 against 15.0 (noise); register caps
-# for more early pass-2 programs beside the lse pass (pass 2 at 80 / 64, the lse pass at 80 / 64):
-# 31.9-32.9 against 32.1 at 1M b1, 15.1-16.1 against 15.1 at 128K.
-# Session 22 (H200, reverted): long rows gathered inside the rank launch (each rank program of the
-# row compacting all its words, no gather launch, no atomics): exact, but the rank launch took
-# 14.9-24 us at 1M + 100 batch 1 against gather 3.7 + rank 3.1; selection 44.6-47.8 against 31.2.
-# Same session (870b4bf, reverted): the lse and words passes as one launch, the scores kept in
-# registers across a barrier per row (whole grid resident, registers capped at 128; K1 read once):
-# 24-29 us against lse 10.5 + pass 2 15.9 at 1M batch 1, selection 33.1-38.0 / 39.5-41.9 cold
-# against 32.6 / 35.4; 128K 19.9-23.1 against 15.5.
-# Session 30 (H200, after the lse pass's base-2 softmax): lse_stages 2 instead of 3, three alternating
-# pairs of `sparse_decode_bench.py --quick --cold --skip-checks --variants none --defaults lse_stages=2`,
-# sparse total warm / cold us: 1M + 100 b1 40.0-41.3 / 43.2-43.7 against 41.0-41.3 / 43.6-44.0,
-# 128K + 100 b1 22.9-23.0 / 24.7-25.1 against 23.0-23.2 / 24.9-25.2, 1M b2 64.3-64.7 / 65.8-66.4
-# against 64.9-65.9 / 66.3-67.4, 128K b2 30.9-31.0 / 33.6-33.7 against 31.3 / 34.5-34.7.
-# Same session: lse_elem, one online softmax per (head, window slot) merged once at the end instead
-# of a row max and sum across the warps at every step (the loop's barriers 8 -> 2, no shuffles, 96
-# registers against 67). Two alternating pairs (`--batch 1`, `--defaults lse_elem=1`), sparse total
-# warm / cold us: 1M + 100 b1 39.4-39.5 / 42.4-42.7 against 40.1-41.5 / 43.1-43.2, 128K + 100 b1
-# 23.0-23.1 / 24.5-24.6 against 22.8-23.2 / 25.0-25.6; at batch 2 (one pair and a half) 1M 63.1-63.5
-# / 65.5-65.9 against 64.3 / 66.3, but 128K cold 35.8 against 34.1 (warm 31.0 against 31.2).
-# Session 35 (H200, `--defaults short_blocks=1024`): 128K rows gathered before their rank, selection
-# 20.5-21.4 against 14.1 us at 128K + 100 batch 1 (sparse total 26.5-27.4 against 23.2): kept 4096.
+# Why these values (H200; the runs, commands and commits: BENCHMARKS.md, GPU engine sessions 3-35):
+# - the rank top-k (rb32 ct256 w8) beat the grid threshold select at 1M and at 128K up to 4 short
+#   rows; larger batches of short rows keep the one-program radix select.
+# - dedup: one histogram atomic per distinct bin of a program, since a row's blocks crowd into a
+#   few of the 4096 bins and per-block atomics serialise on them.
+# - pass 2: 32 blocks per program on 4 warps, p2_early (its K1 scores before the PDL wait, so its
+#   programs overlap the lse pass).
+# - the lse pass: 128 windows per step, 2 stages, one online softmax per (head, window slot).
+# - short_blocks 4096: 128K rows gathered before their rank were slower.
+# Reading K1 once (pass 1 storing its scores, both passes in one launch), the lse merged once per
+# row, L2 eviction hints, register caps and sorting a per-program bound all lost and were reverted.
 DECODE_DEFAULTS = dict(nbc=32, num_warps=4, lse_splits=None, dedup=True,
                        p2_early=True, lse_bw=128, lse_elem=True, lse_warps=4, lse_stages=2, short_blocks=4096, gather_chunk=1024,
                        rank_rb=32, rank_ct=256, rank_warps=8, rank_short_rows=4, radix_warps=8)

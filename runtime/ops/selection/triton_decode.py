@@ -214,8 +214,8 @@ def _block_words_kernel(q_ptr, k1_ptr, pt_ptr, slot_ptr, seqlen_ptr, plse_ptr, w
                 jm = _window_mask(b, w, nvis, WPP, LEFT)
                 pooled = _pool_window(pooled, scores[w], jm, lse, g, sm_scale, G)
         else:
-            # this order (lse merge, then q) keeps 146 registers at 2 warps (session 12: q first took
-            # 154 and pass 2 at 1M from 13.4 to 18 us)
+            # this order (lse merge, then q) keeps 146 registers at 2 warps (q first took 154
+            # and pass 2 at 1M from 13.4 to 18 us)
             lse = _merged_lse(plse_ptr, r, num_splits, g, BG, SP2)
             b = b0 + tl.arange(0, NBC)
             pooled = tl.full([NBC], float("-inf"), tl.float32)

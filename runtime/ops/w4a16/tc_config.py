@@ -61,11 +61,10 @@ def tc_block_m(M: int) -> int:
 #   Hopper TMA in a `stages`-deep mbarrier pipeline (triton_tma.py), 2 = activations too; tkb: 128-row
 #   blocks per TMA copy (2 needs K/128 even, else 1); ew: E > 0 = an L2 prefetch before the PDL wait of
 #   the words of the first E unroll groups (E x 2 with pf=1), or E times the TMA pipeline's first
-#   stages (the register kernel's words *loaded* before the wait needed a peeled first step: slower,
-#   session 10); ew=-1: all of the split's words. Session 11 (H200, 5f8b3b3): more than ew=1 is
-#   slower, alone and in the engine (ew=2 / ew=-1: qkvz M=1 2.28x / 2.16x vs 2.34x, gate+up 2.72x /
-#   2.45x vs 2.77x; W4A16 decode b1 2.60-2.69 / 2.90-2.93 ms vs 2.50-2.57): a prefetch of every
-#   block reaches DRAM ahead of the loop's own loads in no useful order.
+#   stages (the register kernel's words *loaded* before the wait needed a peeled first step: slower);
+#   ew=-1: all of the split's words. More than ew=1 is slower, alone and in the engine: a prefetch of
+#   every block reaches DRAM ahead of the loop's own loads in no useful order (BENCHMARKS.md, W4A16
+#   sessions 10-11).
 # Keyed by BLOCK_M (16 for M <= 16, 32, 64); TC_SHAPE_DEFAULTS[(N, K, BLOCK_M)] overrides one shape,
 # and TC_SHAPE_DEFAULTS[(N, K, 1)] overrides it for exactly one row (batch-1 decode), checked first.
 TC_DEFAULTS: dict[int, str] = {
@@ -73,50 +72,23 @@ TC_DEFAULTS: dict[int, str] = {
     32: "bn=64,w=4,bias=0,un=1,pf=0,stages=3,waves=4,red=4",
     64: "bn=64,w=4,bias=0,un=1,pf=0,stages=3,waves=4,red=1",
 }
-# Session 6 (`python benchmarks/w4a16_bench.py --tma` at ad09115, H200, µs at M=1 / M=8, previous
-# default un4 in brackets): the TMA pipeline won every shape but o/q 4096x4096 (6.91 / 8.65, kept on
-# the register kernel): qkvz 16384x4096 14.82-15.18 / 15.18 (15.03 / 18.99), down 4096x16384 15.27 /
-# 16.85 (15.40 / 19.31), sparse q/k/v/o_gate 8704x4096 11.15 / 11.20 (11.59 / 12.24), gate+up
-# 32768x4096 23.68 / 23.59 (25.23 / 37.95). Shapes the sweep did not time keep the register kernel.
-# Session 9 (`--shapes 0,2,3,4,5 --batches 1,8 --configs ...` at 7a1346e): qkvz 16384x4096 split 4
-# (waves 4, words by TMA, activations by plain loads) 14.41 / 15.35 vs 15.07 / 15.71 for tma2 split 2.
-# Session 10 (`--shapes 0,2,3,4,5 --batches 1,8 --configs ...` at 96cdbef): the L2 prefetch before the
-# PDL wait (ew=1) for qkvz (M=1 / 8: 2.34x / 2.22x vs 2.29x / 2.13x) and the sparse projection
-# (2.26x / 2.31x vs 2.11x / 2.20x); down and gate+up were no faster with it.
-# Session 13 (`--shapes 2,3,4,5 --batches 1,8 --configs ...` at e8183ec and da43f01): down and gate+up
-# copy two 128-row blocks per TMA load (tkb=2): gate+up 22.4 / 22.0 vs 23.4 / 23.3 us at M = 1 / 8,
-# down 14.9 / 16.2 vs 15.2 / 16.6 (qkvz and the sparse projection were slower with it); the engine
-# step agreed (quant_engine_bench.py, two rounds: b8 2.88-2.96 vs 3.04-3.06 ms, b1 2.46-2.52 vs
-# 2.50). Deeper pipelines lost: 6 or 8 stages at BLOCK_N 128 (gate+up 24-33 us), tkb=2 with 3
-# stages (29.2 us) or 5 (22.5, no gain).
-# Session 15 (`--shapes 0,2,3,4 --batches 1,8 --configs ...` at 65a2285): after split_k.py's RED > 1 path
-# became RED plain loads in the accumulator's layout (the old [RED, BN, BM] load ran 0.3-0.9x of RED = 1),
-# the last split summing every partial at once (red = split) is 1.00-1.08x of one by one: o M = 1 5.76
-# vs 6.08 us, o M = 8 (bias MMA) 7.25 vs 7.59, down 14.51 / 15.10 vs 14.83 / 16.30, qkvz M = 8 14.66
-# vs 15.18 (red=4); sparse and qkvz M = 1 within 1%.
+# At 1-16 rows the TMA pipeline won every fused projection but o_proj 4096x4096; tkb=2 helps down and
+# gate+up only, ew=1 qkvz and the sparse projection only; red sums every split at once since
+# split_k.py's RED > 1 sum was fixed. Shapes never swept keep the register kernel (BENCHMARKS.md,
+# W4A16 sessions 6-15).
 TC_SHAPE_DEFAULTS: dict[tuple[int, int, int], str] = {
     (16384, 4096, 16): "bn=128,w=4,tma=1,stages=4,waves=4,ew=1,red=4",
     (4096, 16384, 16): "bn=128,w=4,tma=1,tkb=2,stages=4,waves=2,red=8",
     (8704, 4096, 16): "bn=64,w=4,tma=1,tkb=2,stages=3,waves=4,ew=1,red=4",
     (32768, 4096, 16): "bn=128,w=4,tma=1,tkb=2,stages=4,waves=2",
-    # Session 9 (same sweep at 7a1346e / ac8878e), o_proj 4096x4096: the bias-MMA dequantization
-    # wins at M = 8 (7.63 vs 8.78 us) and loses at M = 1 (7.5 vs 6.9 us), so M = 1 keeps the fma
-    # Session 10 (`--shapes 0 --batches 1,8,32 --configs ...` at b83df2c): the L2 prefetch before the
-    # PDL wait (ew=1) in the register kernel: M = 1 6.05 vs 6.83 us (2.05x), M = 32 9.27 vs 9.73 us
-    # (1.49x vs 1.42x). At M = 8 unroll 2 fma with it was faster alone (6.96 vs 7.53 us) but the b8
-    # engine step slower in three A/B pairs (3.27-3.39 vs 3.17-3.25 ms), so 2-16 rows keep the bias MMA
+    # o_proj 4096x4096: at 2-16 rows the bias-MMA dequantization (an unroll-2 fma was faster alone at
+    # 8 rows but slowed the b8 engine step); at one row the fma with the L2 prefetch (ew=1)
+    # (BENCHMARKS.md, W4A16 sessions 9-10)
     (4096, 4096, 1): "bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4,ew=1,red=8",
     (4096, 4096, 16): "bn=64,w=4,bias=1,un=4,pf=0,stages=1,waves=4,red=8",
-    # Session 9, M = 32 (`--shapes 0,2,3,4,5 --batches 32 --configs ...` at ce385bb), us: TC_DEFAULTS[32]
-    # became unroll 2 without cp.async stages (until session 15, below) (4096x4096 9.97 vs 10.64, qkvz 20.27 vs 22.47, down
-    # 21.90 vs 23.69); the sparse projection keeps the old default (14.21); gate+up: TMA pairs 32.33 vs 35.66
-    # Session 13 (`--shapes 0 --batches 32 --configs ...` at 539bd47, 12 specs), o_proj 4096x4096:
-    # every TMA spec lost (0.59-1.27x bf16 against the default's 1.39x; the 128-row TMA tile 0.59x),
-    # and the best register spec, ew=2 with red=2, reached 1.46x (8.86 against 9.32 us): not 1.5x
-    # Session 15 (`--shapes 0,2,3,4 --batches 32 --configs ...` at 65a2285): o_proj at M = 32 with
-    # every split summed at once and ew=2, 8.63 vs 9.48 us = 1.50x (the dispatch at 1b6e6a9:
-    # 1.51-1.61x); qkvz and down take TC_DEFAULTS[32]'s 3-stage unroll-1 kernel with red=4 (18.91 /
-    # 19.42 vs 19.89 / 21.59 us); the sparse projection keeps no red (1.79x against 1.66x with red=4)
+    # 32 rows: o_proj unroll 2 without stages, the L2 prefetch of two groups (ew=2) and every split summed
+    # at once (the only spec past 1.5x bf16; every TMA spec lost); the sparse projection keeps no red;
+    # gate+up takes TMA pairs (BENCHMARKS.md, W4A16 sessions 9, 13 and 15).
     (4096, 4096, 32): "bn=64,w=4,bias=0,un=2,pf=0,stages=1,waves=4,ew=2,red=8",
     (8704, 4096, 32): "bn=64,w=4,bias=0,un=1,pf=0,stages=3,waves=4",
     (32768, 4096, 32): "bn=64,w=4,tma=1,tkb=2,stages=3,waves=4",

@@ -269,7 +269,7 @@ def _w4a16_tc_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stri
                      BIAS_DOT: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
                      EVEN_N: tl.constexpr, RED: tl.constexpr, EARLY: tl.constexpr = 0, PDL: tl.constexpr = False):
     # M and split_k stay specialised (M = 1 and split 1 compile apart): un-specialising them cost
-    # 5-25% at M = 1 on the H200 (session 3: 4096x4096 7.55 -> 8.28 us, 16384x4096 15.7 -> 19.8 us)
+    # 5-25% at M = 1 on the H200 (BENCHMARKS.md, W4A16 session 3)
     pid_n, pid_k, pid_m, offs_n, offs_m, n_mask, m_mask, kb0, kb1 = _tile_setup(M, N, K, split_k, BLOCK_N, BLOCK_M, 1)
     _prefetch_then_wait(qw_ptr, kb0, kb1, pid_n, N // 16, BLOCK_N, EARLY, PDL)   # EARLY: blocks to prefetch
     NG = N // 16

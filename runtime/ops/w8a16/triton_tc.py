@@ -86,20 +86,14 @@ class TC8Config:
         return replace(base, **out)
 
 
-# Keyed by BLOCK_M; TC8_SHAPE_DEFAULTS[(N, K, BLOCK_M)] overrides one shape. Session 35 (H200,
-# `cd benchmarks && python w8a16_bench.py --batches 1,8,16,32,64 --tc8 ...`, BENCHMARKS.md W8A16
-# section), x bf16 cuBLAS:
-# - up to 16 rows: unroll 4; K split to about 8 programs per SM for qkvz 16384x4096 and down
-#   4096x16384 (M = 1 / 8: 1.42x / 1.35x and 1.47x / 1.43x, against 1.26x / 1.25x and 1.35x / 1.37x at 4);
-# - 17-32 rows: unroll 4 (o 1.23x against 1.05x at unroll 2), except the sparse projection 8704x4096
-#   (unroll 2: 1.31x against 1.21x) and gate+up 32768x4096 (unroll 4 over 3 cp.async stages: 1.31x
-#   against 1.06x);
-# - 33-64 rows: unroll 1 over 3 stages (0.77-1.14x: o 0.82x, gate+up 1.14x; unroll 4 0.61-0.93x).
+# Keyed by BLOCK_M; TC8_SHAPE_DEFAULTS[(N, K, BLOCK_M)] overrides one shape. Unroll 4 up to 32 rows
+# and unroll 1 over 3 cp.async stages at 33-64 rows; K split to about 8 programs per SM for qkvz and
+# down at up to 16 rows; at 17-32 rows the sparse projection unroll 2 and gate+up 3 stages: each the
+# fastest in `w8a16_bench.py --tc8` sweeps (BENCHMARKS.md, W8A16 session 35).
 TC8_DEFAULTS: dict[int, TC8Config] = {16: TC8Config(unroll=4), 32: TC8Config(unroll=4),
                                       64: TC8Config(unroll=1, stages=3)}
-# Same session, `--shapes 0,2,3,4,5 --batches 1,8,32 --tc8 ";f16=1"`: the F16 variant at up to 16 rows,
-# o 4096x4096 1.49x / 1.51x against 1.34x / 1.35x (M = 1 / 8); qkvz, down, gate+up within 1-3%, the
-# sparse projection 1.37x against 1.58x; at 32 rows 0.80-0.99x against 1.23-1.31x. So o_proj only.
+# The F16 variant (fp16 weights) only for o_proj at up to 16 rows: it lost or tied on every other
+# shape and at 32 rows (BENCHMARKS.md, W8A16 session 35).
 TC8_SHAPE_DEFAULTS: dict[tuple[int, int, int], TC8Config] = {
     (4096, 4096, 16): TC8Config(unroll=4, f16=1),
     (16384, 4096, 16): TC8Config(unroll=4, waves=8),
