@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from salactl import output
-from salactl.options import DeviceOpt, DtypeOpt, JsonOpt, RandomWeightsOpt, SeedOpt, TokenizerOpt
+from salactl.options import DeviceOpt, DtypeOpt, JsonOpt, RandomWeightsOpt, TokenizerOpt
 
 
 def bench(
@@ -24,7 +24,7 @@ def bench(
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Embedded: checkpoint dir or preset (default sala-nano). Server: served model name.")] = None,
     tokenizer: TokenizerOpt = None,
     random_weights: RandomWeightsOpt = False,
-    seed: SeedOpt = 0,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="Seed for the dataset shuffle, synthetic prompts and arrival times (default: the profile's own, 1 for soar), and for --random-weights (default 0).")] = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     chunk_size: Annotated[Optional[int], typer.Option("--chunk-size", help="Prefill chunk in tokens (default 8192 on the GPU engine, 512 on the reference).")] = None,
@@ -32,13 +32,13 @@ def bench(
     kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="Embedded KV cache: bf16, fp8_e4m3 (calibrated scales) or fp8_e5m2.")] = "bf16",
     max_running_requests: Annotated[int, typer.Option("--max-running-requests", help="GPU engine: requests batched at once.")] = 64,
     reference: Annotated[Optional[str], typer.Option("--reference", help="Reference durations for the score, e.g. S1=400,S8=600,Smax=1100.")] = None,
-    accuracy: Annotated[Optional[float], typer.Option("--accuracy", help="Normalized accuracy in % (SOAR overall_accuracy) for the score coefficient.")] = None,
+    accuracy: Annotated[Optional[float], typer.Option("--accuracy", help="Normalized accuracy in % (SOAR overall_accuracy) for the score coefficient; needs --reference.")] = None,
     slo: Annotated[Optional[str], typer.Option("--slo", help="Goodput SLOs in ms, e.g. ttft=500,tpot=50[,e2el=...].")] = None,
     details: Annotated[bool, typer.Option("--details", help="Also write a per-request CSV.")] = False,
     out: Annotated[Path, typer.Option("--out", help="Directory for records.jsonl and summaries.")] = Path("salactl-results"),
     label: Annotated[Optional[str], typer.Option("--label", help="A name for this run in the records.")] = None,
     flush_sleep: Annotated[float, typer.Option("--flush-sleep", help="Seconds to wait after a server cache flush (SGLang waits 1).")] = 1.0,
-    request_timeout: Annotated[float, typer.Option("--request-timeout", help="Fail a server request after this many seconds without data (0: wait forever).")] = 600.0,
+    request_timeout: Annotated[float, typer.Option("--request-timeout", help="Longest silence tolerated per server request, in seconds: a request that gets no byte for this long fails (queued requests get none until they run; default 6 h, as SGLang's and vLLM's clients; 0: no limit).")] = 21600.0,
     json_out: JsonOpt = False,
 ) -> None:
     """Benchmark a profile (SOAR S1/S8/Smax by default) and record SGLang-style metrics."""

@@ -1,6 +1,12 @@
 """A real HTTP server on loopback that streams like SGLang `/generate` and OpenAI `/v1/completions`
 with known timings: the first token `ttft` s after the request, then one token every `per_token`
-s, sent in chunks of 1 and 2 tokens alternately (deadline-based, so sleeps do not accumulate)."""
+s, sent in chunks of 1 and 2 tokens alternately (deadline-based, so sleeps do not accumulate).
+
+Misbehaviours a test can switch on: `usage` ("per-chunk", "final" = one usage-only chunk before
+[DONE], "none") for /v1/completions; `stop_after` (fn(requested) -> tokens really sent);
+`reject` (fn(n-th generation request, body) -> (status, JSON) or None); `respond` (fn(body) ->
+a JSON object sent as a plain 200 instead of a stream); `flush_routes` (the flush paths that
+exist); `api_key` (every path answers 401 without `Authorization: Bearer <key>`)."""
 
 from __future__ import annotations
 
@@ -23,13 +29,25 @@ def chunk_sizes(n: int) -> list[int]:
     return sizes
 
 
+def _usage(done: int) -> dict:
+    return {"prompt_tokens": 1, "completion_tokens": done, "total_tokens": 1 + done}
+
+
 class FakeServer:
     def __init__(self, ttft: float = 0.2, per_token: float = 0.02, model: str = "fake-model"):
         self.ttft, self.per_token, self.model = ttft, per_token, model
         self.edit_event = None          # optional fn(event dict) -> what is streamed instead
         self.cut_after: int | None = None   # close the connection after this many events (no [DONE])
+        self.usage = "per-chunk"
+        self.token_text = "x"               # the text of one token
+        self.stop_after = None
+        self.reject = None
+        self.respond = None
+        self.flush_routes = {"/flush_cache", "/reset_prefix_cache"}
+        self.api_key: str | None = None
         self.requests: list[dict] = []
         self.flushes = 0
+        self.side_posts: list[str] = []     # POST paths other than generation, in order
         self.lock = threading.Lock()
         owner = self
 
@@ -48,7 +66,15 @@ class FakeServer:
                 self.end_headers()
                 self.wfile.write(body)
 
+            def _authorized(self) -> bool:
+                if owner.api_key is None or self.headers.get("Authorization") == f"Bearer {owner.api_key}":
+                    return True
+                self._json(401, {"error": {"message": "invalid API key", "type": "auth"}})
+                return False
+
             def do_GET(self):
+                if not self._authorized():
+                    return
                 if self.path == "/health":
                     self._json(200, {})
                 elif self.path == "/v1/models":
@@ -62,18 +88,33 @@ class FakeServer:
                 t0 = time.perf_counter()
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
-                if self.path in ("/flush_cache", "/reset_prefix_cache"):
+                if not self._authorized():
+                    return
+                if self.path in owner.flush_routes:
                     with owner.lock:
                         owner.flushes += 1
+                        owner.side_posts.append(self.path)
                     self._json(200, {})
                     return
                 if self.path not in ("/generate", "/v1/completions"):
+                    with owner.lock:
+                        owner.side_posts.append(self.path)
                     self._json(404, {"error": "not found"})
                     return
                 with owner.lock:
                     owner.requests.append({"path": self.path, "body": body})
+                    nth = len(owner.requests)
+                if owner.reject is not None and (answer := owner.reject(nth, body)) is not None:
+                    self._json(*answer)
+                    return
+                if owner.respond is not None:
+                    self._json(200, owner.respond(body))
+                    return
                 sglang = self.path == "/generate"
                 n = body["sampling_params"]["max_new_tokens"] if sglang else body["max_tokens"]
+                if owner.stop_after is not None:
+                    n = owner.stop_after(n)
+                usage = "per-chunk" if sglang else owner.usage
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
@@ -90,16 +131,21 @@ class FakeServer:
                         while (left := deadline - time.perf_counter()) > 0:
                             time.sleep(left)
                         if sglang:
-                            event = {"text": "x" * done, "meta_info": {"completion_tokens": done,
-                                                                         "prompt_tokens": 1}, "index": 0}
+                            event = {"text": owner.token_text * done, "index": 0,
+                                     "meta_info": {"completion_tokens": done, "prompt_tokens": 1}}
                         else:
                             event = {"id": "c", "object": "text_completion", "model": owner.model,
-                                     "choices": [{"index": 0, "text": "x" * g, "finish_reason": None}],
-                                     "usage": {"prompt_tokens": 1, "completion_tokens": done,
-                                               "total_tokens": 1 + done}}
+                                     "choices": [{"index": 0, "text": owner.token_text * g,
+                                                  "finish_reason": None}]}
+                            if usage == "per-chunk":
+                                event["usage"] = _usage(done)
                         if owner.edit_event is not None:
                             event = owner.edit_event(event)
                         self._chunk(f"data: {json.dumps(event)}\n\n".encode())
+                    if usage == "final":
+                        final = {"id": "c", "object": "text_completion", "model": owner.model,
+                                 "choices": [], "usage": _usage(done)}
+                        self._chunk(f"data: {json.dumps(final)}\n\n".encode())
                     self._chunk(b"data: [DONE]\n\n")
                     self.wfile.write(b"0\r\n\r\n")
                     self.wfile.flush()

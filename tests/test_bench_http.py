@@ -251,10 +251,10 @@ def test_failed_requests_are_summarised_on_stderr(tmp_path, capfd):
 
     prof = _profile(tmp_path, '[[phases]]\nname = "f"\nwarmup_requests = 0\n')
     with FakeServer(0.01, 0.001) as srv:
-        srv.cut_after = 1
+        srv.reject = lambda nth, body: (500, {"error": "boom"}) if nth <= 2 else None
         phase = run_bench(BenchSettings(profile=prof, endpoint=srv.url, flush_sleep=0.0,
                                         out=tmp_path / "o")).to_dict()["phases"][0]
-    assert phase["failed"] == 3 and phase["completed"] == 0
+    assert phase["failed"] == 2 and phase["completed"] == 1
     err = capfd.readouterr().err
-    assert "warning: phase f: 3 of 3 requests failed (3x: the stream ended after 1 tokens without data: [DONE]" in err
+    assert 'warning: phase f: 2 of 3 requests failed (2x: HTTP 500 Internal Server Error: {"error": "boom"})' in err
     assert "--details writes each request's error" in err

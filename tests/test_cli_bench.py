@@ -235,3 +235,40 @@ def test_embedded_gpu_engine_batches_requests(tmp_path):
         assert p["max_concurrent_requests"] > 1
         if importlib.util.find_spec("pynvml"):            # NVML energy counter (Volta and newer)
             assert p["energy_j"] > 0 and p["mean_power_w"] > 0 and p["energy_per_output_token_j"] > 0
+
+
+def test_accuracy_without_reference_is_a_one_line_usage_error(tmp_path):
+    out = tmp_path / "o"
+    r = salactl("bench", "--accuracy", "99.5", "--endpoint", "http://127.0.0.1:9", "--out", str(out), timeout=60)
+    assert r.returncode == 2 and "--accuracy needs --reference" in r.stderr, r.stderr
+    assert r.stderr.strip().count("\n") == 0 and not out.exists()
+
+
+def _random_profile(tmp_path) -> str:
+    prof = tmp_path / "p.toml"
+    prof.write_text('[dataset]\nkind = "random"\ninput_len = 4\noutput_len = 4\nnum_requests = 3\n'
+                    '[[phases]]\nname = "A"\n[[phases]]\nname = "B"\n')
+    return str(prof)
+
+
+def test_an_all_failed_phase_writes_its_record_then_exits_8(tmp_path):
+    out = tmp_path / "o"
+    with FakeServer(0.01, 0.001) as srv:
+        srv.reject = lambda nth, body: (400, {"error": "prompt too long"}) if nth > 1 else None
+        r = salactl("bench", "--profile", _random_profile(tmp_path), "--endpoint", srv.url, "--flush-sleep", "0",
+                    "--out", str(out), "--json")
+    assert r.returncode == 8, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: phase A: all 3 requests failed (3x: HTTP 400 Bad Request"), r.stderr
+    assert "prompt too long" in last and "warning" not in r.stderr
+    assert [json.loads(x)["phase"] for x in (out / "records.jsonl").read_text().splitlines()] == ["A"]
+
+
+def test_seed_and_the_request_timeout_default_reach_the_records(tmp_path):
+    with FakeServer(0.01, 0.001) as srv:
+        r = salactl("bench", "--profile", _random_profile(tmp_path), "--endpoint", srv.url, "--flush-sleep", "0",
+                    "--seed", "7", "--out", str(tmp_path / "o"), "--json")
+    assert r.returncode == 0, r.stderr
+    knobs = json.loads(r.stdout)["phases"][0]["knobs"]
+    assert knobs["seed"] == 7 and knobs["dataset"]["seed"] == 7
+    assert knobs["target"]["request_timeout_s"] == 21600

@@ -8,13 +8,15 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from salactl.bench import phase_checks
 from salactl.bench import records as rec
 from salactl.bench.metrics import one_batch_metrics, parse_slo, phase_metrics
 from salactl.bench.plan import check_scale_and_cap, parse_dataset_spec, plan_phases, read_datasets, select_phases
 from salactl.bench.profiles import load_profile
 from salactl.bench.runner import run_phase
 from salactl.bench.scoring import accuracy_coefficient, check_reference, parse_reference, soar_score
-from salactl.errors import TokenizerError, UsageError
+from salactl.bench.targets.http import DEFAULT_READ_TIMEOUT_S
+from salactl.errors import EndpointError, TokenizerError, UsageError
 
 FALLBACK_VOCAB = 1000   # random prompt ids for a server whose vocabulary we cannot learn
 
@@ -32,7 +34,7 @@ class BenchSettings:
     model: str | None = None
     tokenizer: str | None = None
     random_weights: bool = False
-    seed: int = 0
+    seed: int | None = None     # None: weights seed 0, data from the profile's own seed
     device: str = "auto"
     dtype: str = "auto"
     chunk_size: int | None = None
@@ -46,7 +48,7 @@ class BenchSettings:
     out: Path = Path("salactl-results")
     label: str | None = None
     flush_sleep: float = 1.0
-    request_timeout: float = 600.0      # seconds without a byte from the server (0: no limit)
+    request_timeout: float = DEFAULT_READ_TIMEOUT_S   # seconds without a byte from the server (0: no limit)
 
 
 @dataclass
@@ -60,14 +62,17 @@ class BenchRun:
     skipped: list[dict] = field(default_factory=list)
     score: dict | None = None
     interrupted: bool = False
+    stopped: str | None = None          # why the run ended early on an error
     files: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         d = {"run_id": self.run_id, "label": self.settings.label, "profile": self.profile,
              "target": self.target, "model": self.model, "phases": self.phases,
              "skipped_phases": self.skipped, "interrupted": self.interrupted, "files": self.files}
+        if self.stopped:
+            d["stopped"] = self.stopped
         if self.score is not None:
-            d.update(score=self.score["score"], score_details=self.score)
+            d.update(score=self.score["score"], score_error=self.score["score_error"], score_details=self.score)
         return rec.jsonable(d)
 
 
@@ -119,7 +124,7 @@ def build_target(s: BenchSettings, need_tokenizer: bool):
         target = HttpTarget(s.endpoint, s.backend or "sglang", s.model, flush_sleep_s=s.flush_sleep,
                             read_timeout_s=s.request_timeout or None)
         target.check()
-        tok = _tokenizer_for_http(s)
+        tok = target.tokenizer = _tokenizer_for_http(s)
         if need_tokenizer and tok is None:
             raise TokenizerError("counting the output tokens of SOAR rows needs the served model's "
                                  "tokenizer; pass --tokenizer PATH (tokenizer.json or its directory)")
@@ -129,7 +134,7 @@ def build_target(s: BenchSettings, need_tokenizer: bool):
     from salactl.bench.targets.embedded import build_embedded_target
     from salactl.runtime.tokenizer import find_tokenizer
 
-    target, lm = build_embedded_target(s.model, s.random_weights, s.seed, s.device, s.dtype, s.chunk_size,
+    target, lm = build_embedded_target(s.model, s.random_weights, s.seed or 0, s.device, s.dtype, s.chunk_size,
                                        s.engine, s.kv_cache_dtype, s.max_running_requests)
     tok = None
     if need_tokenizer:
@@ -147,8 +152,8 @@ def _phase_knobs(plan, s: BenchSettings, target, slo) -> dict:
             "burstiness": ph.burstiness, "warmup_requests": ph.warmup_requests,
             "flush_cache": ph.flush_cache, "batch_size": ph.batch_size, "dataset": plan.dataset,
             "num_requests_cap": s.num_requests, "skip_bad_rows": s.skip_bad_rows,
-            "temperature": 0.0, "ignore_eos": True, "stream": True, "slo_ms": slo or None,
-            "target": target.knobs()}
+            "temperature": 0.0, "ignore_eos": target.ignore_eos, "stream": True, "slo_ms": slo or None,
+            "seed": s.seed, "target": target.knobs()}
 
 
 def check_settings(s: BenchSettings) -> None:
@@ -176,30 +181,20 @@ def run_bench(s: BenchSettings, progress=None) -> BenchRun:
         raise UsageError(f"profile {profile.name} has no [scoring]; --reference only applies to scored profiles")
     check_reference(reference, weights)
     accuracy_coefficient(s.accuracy)
+    if s.accuracy is not None and not reference:
+        raise UsageError("--accuracy needs --reference (S1=SECONDS,...): it only scales the SOAR score, "
+                         "which is computed against reference durations")
     slo = parse_slo(s.slo)
     spec = parse_dataset_spec(s.dataset, [p.name for p in profile.phases])
     parsed = read_datasets(spec, phases, s.skip_bad_rows)
 
     target, tok, vocab = build_target(s, need_tokenizer=bool(spec))
     try:
-        plans = plan_phases(profile, phases, spec, parsed, tok, vocab, s.scale, s.num_requests)
+        plans = plan_phases(profile, phases, spec, parsed, tok, vocab, s.scale, s.num_requests, s.seed)
         run = BenchRun(rec.new_run_id(), s, profile.name, target.kind, target.model)
         return _execute(run, plans, profile, target, s, slo, reference, weights, environment(), progress)
     finally:
         target.close()
-
-
-def _warn_failures(phase: str, results, details: bool) -> None:
-    from collections import Counter
-
-    from salactl import output
-
-    errors = Counter(r.error for r in results if not r.success)
-    if errors:
-        (first, n), = errors.most_common(1)
-        more = f" and {len(errors) - 1} other errors" if len(errors) > 1 else ""
-        output.warn_once(f"phase {phase}: {sum(errors.values())} of {len(results)} requests failed "
-                         f"({n}x: {first}{more})" + ("" if details else "; --details writes each request's error"))
 
 
 def _execute(run, plans, profile, target, s, slo, reference, weights, env, progress) -> BenchRun:
@@ -208,6 +203,8 @@ def _execute(run, plans, profile, target, s, slo, reference, weights, env, progr
     run.files["records"] = str(writer.path)
     details = []
     durations: dict[str, float] = {}
+    problems: dict[str, str] = {}
+    has_tokenizer = getattr(target, "tokenizer", None) is not None
     try:
         for plan in plans:
             ph = plan.phase
@@ -220,8 +217,13 @@ def _execute(run, plans, profile, target, s, slo, reference, weights, env, progr
                 from salactl import output
                 output.stderr.print(f"skipping phase {ph.name}: {why}")
                 continue
-            outcome = run_phase(target, ph, plan.requests, seed=profile.seed, progress=progress)
-            _warn_failures(ph.name, outcome.results, s.details)
+            outcome = run_phase(target, ph, plan.requests, seed=plan.dataset["seed"], progress=progress)
+            all_failed = outcome.results and not any(r.success for r in outcome.results)
+            if not all_failed:                  # else the error below says it
+                phase_checks.warn_failures(ph.name, outcome.results, s.details)
+            phase_checks.warn_short(ph.name, outcome.results, target.ignore_eos)
+            phase_checks.warn_estimated(ph.name, outcome.results, has_tokenizer)
+            problem = phase_checks.score_problem(outcome.results, target.ignore_eos)
             metrics = phase_metrics(outcome.results, outcome.duration, slo)
             metrics.update(max_concurrency=ph.max_concurrency, request_rate=ph.request_rate,
                            burstiness=ph.burstiness, num_prompts=len(plan.requests))
@@ -231,7 +233,8 @@ def _execute(run, plans, profile, target, s, slo, reference, weights, env, progr
             metrics.update(outcome.device)
             if reference and ph.name in weights:
                 metrics.update(score_weight=weights[ph.name], score_reference_duration=reference[ph.name],
-                               score_tier=reference[ph.name] / outcome.duration * 100.0)
+                               score_tier=None if problem else reference[ph.name] / outcome.duration * 100.0,
+                               score_error=problem)
             if s.details and outcome.results:
                 details += rec.detail_rows(run.run_id, outcome.results, min(r.start_time for r in outcome.results))
                 metrics["details_csv"] = str(out / f"{run.run_id}-requests.csv")
@@ -241,14 +244,23 @@ def _execute(run, plans, profile, target, s, slo, reference, weights, env, progr
             writer.append(record)
             run.phases.append(record)
             durations[ph.name] = outcome.duration
+            if problem:
+                problems[ph.name] = problem
+            phase_checks.check_all_failed(ph.name, outcome.results, writer.path)
     except KeyboardInterrupt:
         run.interrupted = True
         raise
+    except EndpointError as e:
+        run.stopped = str(e)
+        raise
     finally:
         if reference and weights:
-            run.score = soar_score(durations, reference, weights, s.accuracy)
+            run.score = soar_score(durations, reference, weights, s.accuracy, problems)
         if run.phases:                   # nothing finished: leave no files behind
             _write_side_files(run, out, details)
+    if run.score is not None and run.score["score_error"]:
+        from salactl import output
+        output.warn_once(f"SOAR score not computed: {run.score['score_error']}")
     return run
 
 

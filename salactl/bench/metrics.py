@@ -2,6 +2,8 @@
 
 - duration: from dispatch of the first timed request until every request has returned.
 - completed / failed; totals count successful requests only (SGLang).
+- short_outputs: successful requests that got fewer tokens than asked (by the server's count);
+  output_len_estimated: requests whose server sent no token count (counted client-side).
 - request/input/output/total throughput = count / duration.
 - TTFT = send → first chunk carrying tokens; E2E = send → end of stream;
   TPOT = (E2E − TTFT) / (output_len − 1) per request, requests with ≤ 1 output token skipped;
@@ -98,6 +100,8 @@ def phase_metrics(results: list[RequestResult], duration: float, slo: dict[str, 
         "input_throughput": per_s(total_in),
         "output_throughput": per_s(total_out),
         "total_throughput": per_s(total_in + total_out),
+        "short_outputs": sum(r.short for r in ok),
+        "output_len_estimated": sum(r.output_len_estimated for r in ok),
     }
     itls = [x for r in ok for x in r.itl]
     m.update(summarize([r.ttft for r in ok], "ttft"))

@@ -75,9 +75,12 @@ def check_scale_and_cap(scale: float, cap: int | None) -> None:
 
 
 def plan_phases(profile: Profile, phases: list[Phase], spec: dict[str | None, Path], parsed: dict,
-                tokenizer, vocab_size: int, scale: float, cap: int | None) -> list[PhasePlan]:
+                tokenizer, vocab_size: int, scale: float, cap: int | None,
+                seed: int | None = None) -> list[PhasePlan]:
+    """`seed` (--seed) replaces the profile's seed for the shuffle and synthetic data."""
     check_scale_and_cap(scale, cap)
     ds = profile.dataset
+    seed = profile.seed if seed is None else seed
     if spec and profile.mode == "one-batch":
         raise UsageError(f"profile {profile.name} is a one-batch grid of random prompts; it takes no --dataset")
     plans = []
@@ -86,14 +89,14 @@ def plan_phases(profile: Profile, phases: list[Phase], spec: dict[str | None, Pa
         if spec:
             path = spec.get(ph.name, spec.get(None))
             rows, report = parsed[path]
-            reqs, too_short = soar_requests(rows, tokenizer, seed=profile.seed, limit=cap, prefix=prefix)
+            reqs, too_short = soar_requests(rows, tokenizer, seed=seed, limit=cap, prefix=prefix)
             if not reqs:
                 raise DatasetError(f"every row of {path} is under 2 tokens; nothing to benchmark")
             info = {"kind": "soar-jsonl", "path": str(path), "rows": report.rows,
                     "bad_rows_skipped": list(report.bad_lines), "too_short_dropped": too_short}
         elif ds.kind == "soar":
             n = min(ph.num_requests or ds.num_requests or DEFAULT_SYNTHETIC_REQUESTS, cap or 10**9)
-            reqs = soar_like(n, scale, vocab_size, seed=profile.seed, prefix=prefix)
+            reqs = soar_like(n, scale, vocab_size, seed=seed, prefix=prefix)
             info = {"kind": "soar-synthetic", "scale": scale}
         else:
             n = ph.batch_size if profile.mode == "one-batch" else min(
@@ -101,9 +104,9 @@ def plan_phases(profile: Profile, phases: list[Phase], spec: dict[str | None, Pa
             in_len = max(1, round((ph.input_len or ds.input_len) * scale))
             out_len = max(1, round((ph.output_len or ds.output_len) * scale))
             ratio = ph.range_ratio if ph.range_ratio is not None else ds.range_ratio
-            reqs = random_lengths(n, in_len, out_len, vocab_size, ratio, seed=profile.seed, prefix=prefix)
+            reqs = random_lengths(n, in_len, out_len, vocab_size, ratio, seed=seed, prefix=prefix)
             info = {"kind": "random", "scale": scale, "input_len": in_len, "output_len": out_len,
                     "range_ratio": ratio}
-        info.update(seed=profile.seed, num_requests=len(reqs), vocab_size=vocab_size if not spec else None)
+        info.update(seed=seed, num_requests=len(reqs), vocab_size=vocab_size if not spec else None)
         plans.append(PhasePlan(ph, reqs, info))
     return plans

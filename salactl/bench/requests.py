@@ -35,6 +35,13 @@ class RequestResult:
     output_len: int = 0
     itl: list[float] = field(default_factory=list)
     error: str = ""
+    output_len_estimated: bool = False  # the server reported no token count; output_len is ours
+
+    @property
+    def short(self) -> bool:
+        """Succeeded with fewer tokens than asked, by the server's own count (an estimate from
+        re-tokenized text or chunks can differ from the generated count either way)."""
+        return self.success and not self.output_len_estimated and self.output_len < self.expected_output_len
 
     @property
     def tpot(self) -> float | None:

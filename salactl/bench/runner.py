@@ -63,7 +63,8 @@ def run_request(target: Target, req: BenchRequest, max_tokens: int, phase: str,
     try:
         for ch in target.stream(req, max_tokens, cancel):
             if ch.counts_only:
-                last_n = max(last_n, ch.completion_tokens)
+                last_n = ch.completion_tokens if ch.estimated else max(last_n, ch.completion_tokens)
+                res.output_len_estimated = ch.estimated
                 continue
             new = ch.completion_tokens - last_n
             if new <= 0:

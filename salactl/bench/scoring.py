@@ -49,13 +49,17 @@ def tier_score(reference_s: float, own_s: float) -> float:
 
 
 def soar_score(durations: dict[str, float], reference: dict[str, float], weights: dict[str, float],
-               accuracy: float | None = None) -> dict:
-    """Score of a run; None when a scored phase has no duration (interrupted or skipped)."""
-    tiers = {k: tier_score(reference[k], durations[k]) for k in weights if k in durations}
+               accuracy: float | None = None, problems: dict[str, str] | None = None) -> dict:
+    """Score of a run; None when a scored phase has no duration (interrupted or skipped) or has a
+    problem (failed requests, short answers: its duration is not the workload's), which
+    `score_error` then names."""
+    problems = {k: v for k, v in (problems or {}).items() if k in weights}
+    tiers = {k: tier_score(reference[k], durations[k]) for k in weights if k in durations and k not in problems}
     perf = sum(weights[k] * tiers[k] for k in tiers) if len(tiers) == len(weights) else None
     c = accuracy_coefficient(accuracy)
     return {
         "score": None if perf is None else perf * c,
+        "score_error": "; ".join(f"{k}: {problems[k]}" for k in weights if k in problems) or None,
         "performance": perf,
         "tier_scores": tiers,
         "accuracy": accuracy,

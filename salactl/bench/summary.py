@@ -40,6 +40,8 @@ def score_line(run: dict) -> str | None:
     if not d:
         return None
     tiers = ", ".join(f"{k} {v:.2f}" for k, v in d["tier_scores"].items())
+    if d["score"] is None and d.get("score_error"):
+        return f"SOAR score: not computed ({d['score_error']})"
     if d["score"] is None:
         return f"SOAR score: incomplete (tiers: {tiers or 'none'})"
     acc = "" if d["accuracy"] is None else f" × C {d['accuracy_coefficient']} (accuracy {d['accuracy']})"
@@ -54,6 +56,8 @@ def markdown_summary(run: dict) -> str:
         lines.append(f"- label: {run['label']}")
     if run.get("interrupted"):
         lines.append("- **interrupted**: only the phases below finished")
+    if run.get("stopped"):
+        lines.append(f"- **stopped**: {run['stopped']}")
     s = score_line(run)
     if s:
         lines.append(f"- {s}")

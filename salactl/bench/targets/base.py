@@ -16,6 +16,7 @@ class Chunk:
     timestamp: float            # time.perf_counter() when the chunk reached the client
     completion_tokens: int      # tokens generated so far (cumulative)
     counts_only: bool = False   # a final usage report: corrects the count, carries no timing
+    estimated: bool = False     # counts_only, from the client's own count (the server sent no usage)
 
 
 class RequestFailed(Exception):
@@ -26,6 +27,7 @@ class Target(ABC):
     kind: str = ""                      # "embedded" | "sglang" | "openai" (the record's `target`)
     model: str = ""
     max_batch_size: int | None = None   # how many requests it runs at once (None = no known limit)
+    ignore_eos: bool = True             # requests ask for exactly max_tokens (a short answer is wrong)
 
     def check(self) -> None:
         """Fail fast (SalactlError) when the target cannot serve at all."""

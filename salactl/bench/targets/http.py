@@ -9,7 +9,9 @@ Requests mirror SGLang's bench client: temperature 0, ignore_eos, the exact max 
 streaming; text prompts go as text, synthetic prompts as token ids (`input_ids` for /generate, a
 list of ids as `prompt` for /v1/completions). Token counts per chunk come from
 `meta_info.completion_tokens` (/generate) or per-chunk usage (`stream_options.continuous_usage_stats`,
-vLLM and SGLang); a server that sends no usage counts one token per text chunk (vLLM's raw ITL).
+vLLM and SGLang). A server that sends no usage at all counts one token per text chunk while
+streaming; at [DONE] the total is estimated by re-tokenizing the streamed text with the bench
+tokenizer when there is one (vLLM's client), else the chunk count stays, marked as estimated.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from salactl.errors import EndpointError, UsageError
 BACKENDS = ("sglang", "openai")
 _PATHS = {"sglang": ("/generate", "/flush_cache", "/health"),
           "openai": ("/v1/completions", "/reset_prefix_cache", "/v1/models")}
+# full API URLs people paste as --endpoint; the server's root is what we need
+_API_SUFFIXES = ("/v1/chat/completions", "/v1/completions", "/generate")
+DEFAULT_READ_TIMEOUT_S = 6 * 60 * 60     # SGLang's and vLLM's bench clients: ClientTimeout(total=6 h)
 
 
 def iter_sse(resp):
@@ -49,7 +54,7 @@ def iter_sse(resp):
 class HttpTarget(Target):
     def __init__(self, endpoint: str, backend: str, model: str | None = None,
                  connect_timeout_s: float = 5.0, flush_sleep_s: float = 1.0,
-                 read_timeout_s: float | None = 600.0):
+                 read_timeout_s: float | None = DEFAULT_READ_TIMEOUT_S, tokenizer=None):
         if backend not in BACKENDS:
             raise UsageError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         bad_url = UsageError(f"--endpoint must be an http(s) URL like http://127.0.0.1:30000, got {endpoint!r}")
@@ -65,10 +70,18 @@ class HttpTarget(Target):
         self.port = port or (443 if parts.scheme == "https" else 80)
         self.read_timeout_s = read_timeout_s
         prefix = parts.path.rstrip("/")
+        api = next((p for p in _API_SUFFIXES if prefix.endswith(p)), None)
+        if api:
+            prefix = prefix[:-len(api)]
         if prefix.endswith("/v1"):
             prefix = prefix[:-3]
         self.prefix = prefix
         self.url = f"{self.scheme}://{self.host}:{self.port}{prefix}"
+        if api:
+            output.stderr.print(f"note: --endpoint ends in {api}; using the server root {self.url} "
+                                f"(--backend {backend} posts to {_PATHS[backend][0]})")
+        self.tokenizer = tokenizer          # counts the output of a server that reports no usage
+        self._tok_lock = threading.Lock()
         self.model = model or ""
         self.connect_timeout_s, self.flush_sleep_s = connect_timeout_s, flush_sleep_s
         self.generate_path, self.flush_path, self.probe_path = (prefix + p for p in _PATHS[backend])
@@ -115,6 +128,10 @@ class HttpTarget(Target):
             raise EndpointError(f"{self.url}{self.probe_path} answered HTTP {status}; wait until the "
                                 "server is ready")
         if self.backend == "openai" and not self.model:
+            if status >= 400:
+                text = " ".join(body[:200].decode("utf-8", "replace").split())
+                raise EndpointError(f"{self.url}{self.probe_path} answered HTTP {status}: {text}; pass the "
+                                    "API key (OPENAI_API_KEY) / check the URL")
             try:
                 self.model = json.loads(body)["data"][0]["id"]
             except (ValueError, KeyError, IndexError, TypeError):
@@ -157,6 +174,12 @@ class HttpTarget(Target):
                 if resp.status != 200:
                     text = resp.read(300).decode("utf-8", "replace").strip()
                     raise RequestFailed(f"HTTP {resp.status} {resp.reason}: {text}")
+                ctype = resp.getheader("Content-Type") or ""
+                # a missing header is let through: bare-bones servers stream without one
+                if ctype and ctype.split(";")[0].strip().lower() != "text/event-stream":
+                    text = " ".join(resp.read(300).decode("utf-8", "replace").split())
+                    raise RequestFailed(f"HTTP 200 with Content-Type {ctype}, not an event stream "
+                                        f"(does the server ignore \"stream\"?): {text}")
                 yield from self._chunks(iter_sse(resp), max_tokens)
             except (socket.timeout, TimeoutError):
                 raise RequestFailed(f"no data from the server for {self.read_timeout_s:g} s "
@@ -171,9 +194,11 @@ class HttpTarget(Target):
     def _chunks(self, events, max_tokens: int):
         """Token chunks of one streamed response; a stream is complete only with its `[DONE]`
         (a connection closed before it is a failed request, not a short answer)."""
-        last = 0
+        last, usage_seen, texts = 0, False, []
         for data, ts in events:
             if data == "[DONE]":
+                if self.backend == "openai" and last and not usage_seen:
+                    yield Chunk(ts, self._estimate(texts, last), counts_only=True, estimated=True)
                 return
             try:
                 obj = json.loads(data)
@@ -195,7 +220,10 @@ class HttpTarget(Target):
             counted = _field(obj, "usage").get("completion_tokens")
             if counted is not None:
                 counted = _count(counted, "usage.completion_tokens", max_tokens)
+                usage_seen = True
             if text:
+                if isinstance(text, str):
+                    texts.append(text)
                 tokens = counted if counted is not None else last + 1
                 if tokens > last:
                     last = tokens
@@ -206,12 +234,28 @@ class HttpTarget(Target):
         raise RequestFailed(f"the stream ended after {last} tokens without data: [DONE] "
                             "(the server closed the connection mid-response)")
 
+    def _estimate(self, texts: list[str], chunks: int) -> int:
+        """Output tokens of a stream without usage: the streamed text re-tokenized, else the chunk count."""
+        if self.tokenizer is None or not texts:
+            return chunks
+        with self._tok_lock:
+            return len(self.tokenizer.encode("".join(texts), add_bos=False)) or chunks
+
     def flush_cache(self) -> None:
         status, _ = self._call("POST", self.flush_path)
+        tried = [self.flush_path]
+        sglang_flush = self.prefix + _PATHS["sglang"][1]
+        if status == 404 and self.flush_path != sglang_flush:
+            # vLLM serves /reset_prefix_cache only in dev mode; an SGLang server behind the openai
+            # backend has /flush_cache instead
+            status, _ = self._call("POST", sglang_flush)
+            tried.append(sglang_flush)
+            if status < 400:
+                self.flush_path = sglang_flush
         if status >= 400 and not self._warned_flush:
             self._warned_flush = True
-            output.stderr.print(f"warning: {self.url}{self.flush_path} answered HTTP {status}; "
-                                "the prefix cache was not flushed")
+            output.stderr.print(f"warning: {' and '.join(self.url + p[len(self.prefix):] for p in tried)} "
+                                f"answered HTTP {status}; the prefix cache was not flushed")
         if self.flush_sleep_s > 0:
             time.sleep(self.flush_sleep_s)
 
@@ -225,7 +269,8 @@ class HttpTarget(Target):
                 pass
 
     def knobs(self) -> dict:
-        return {"endpoint": self.url, "backend": self.backend, "flush_sleep_s": self.flush_sleep_s}
+        return {"endpoint": self.url, "backend": self.backend, "flush_sleep_s": self.flush_sleep_s,
+                "request_timeout_s": self.read_timeout_s}
 
 
 def _field(obj: dict, key: str) -> dict:

@@ -1,0 +1,148 @@
+"""HTTP targets against servers that deviate from the happy path (real loopback server): no token
+usage, usage only at the end, non-stream 200 answers, full API URLs as --endpoint, an API key
+the probe lacks, and a server without /reset_prefix_cache."""
+
+import sys
+import threading
+
+import pytest
+
+from bench_server import FakeServer, chunk_sizes
+from bench_tokenizer import make_tokenizer
+from salactl.bench.runner import run_request
+from salactl.bench.synthetic import random_lengths
+from salactl.bench.targets.http import HttpTarget
+from salactl.errors import EndpointError
+from salactl.runtime.tokenizer import Tokenizer
+
+N = 12
+
+
+@pytest.fixture(autouse=True)
+def quick_thread_switches():
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(0.001)
+    yield
+    sys.setswitchinterval(old)
+
+
+def _one(target, n=N):
+    return run_request(target, random_lengths(1, 4, n, 1000)[0], n, "P", threading.Event())
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return Tokenizer(make_tokenizer(tmp_path_factory.mktemp("tok")))
+
+
+def test_no_usage_counts_tokens_by_retokenizing_the_streamed_text(tok):
+    with FakeServer(0.01, 0.001) as srv:
+        srv.usage, srv.token_text = "none", " the"
+        target = HttpTarget(srv.url, "openai", flush_sleep_s=0.0, tokenizer=tok)
+        target.check()
+        res = _one(target)
+    assert len(tok.encode(" the" * N, add_bos=False)) == N          # one token per streamed word
+    assert res.success and res.output_len == N and res.output_len_estimated
+    assert not res.short                                            # estimates are not judged
+
+
+def test_no_usage_without_tokenizer_keeps_the_chunk_count_but_marks_it():
+    with FakeServer(0.01, 0.001) as srv:
+        srv.usage = "none"
+        target = HttpTarget(srv.url, "openai", flush_sleep_s=0.0)
+        target.check()
+        res = _one(target)
+    assert res.success and res.output_len == len(chunk_sizes(N)) < N and res.output_len_estimated
+
+
+def test_final_usage_only_gives_the_exact_count():
+    with FakeServer(0.01, 0.001) as srv:
+        srv.usage = "final"
+        target = HttpTarget(srv.url, "openai", flush_sleep_s=0.0)
+        target.check()
+        res = _one(target)
+    assert res.success and res.output_len == N and not res.output_len_estimated and not res.short
+
+
+def test_no_usage_is_recorded_and_warned_per_phase(tmp_path, capfd):
+    from salactl.bench.job import BenchSettings, run_bench
+
+    prof = tmp_path / "p.toml"
+    prof.write_text('[dataset]\nkind = "random"\ninput_len = 4\noutput_len = 6\nnum_requests = 3\n'
+                    '[[phases]]\nname = "u"\n')
+    with FakeServer(0.01, 0.001) as srv:
+        srv.usage = "none"
+        phase = run_bench(BenchSettings(profile=str(prof), endpoint=srv.url, backend="openai",
+                                        flush_sleep=0.0, out=tmp_path / "o")).to_dict()["phases"][0]
+    assert phase["completed"] == 3 and phase["output_len_estimated"] == 3 and phase["short_outputs"] == 0
+    err = capfd.readouterr().err
+    assert ("warning: phase u: the server reported no token usage for 3 of 3 requests; their output tokens "
+            "were counted as one per streamed chunk") in err and "pass --tokenizer" in err
+
+
+@pytest.mark.parametrize("respond,message", [
+    (lambda body: {"error": {"message": "bad request: prompt too long"}}, "prompt too long"),
+    (lambda body: {"object": "text_completion", "choices": [{"text": "hello there"}]}, "hello there"),
+])
+def test_a_200_that_is_not_an_event_stream_fails_with_its_body(respond, message):
+    with FakeServer(0.01, 0.001) as srv:
+        srv.respond = respond
+        target = HttpTarget(srv.url, "openai", flush_sleep_s=0.0)
+        target.check()
+        res = _one(target)
+    assert not res.success
+    assert "HTTP 200 with Content-Type application/json, not an event stream" in res.error, res.error
+    assert message in res.error and "closed the connection" not in res.error
+
+
+@pytest.mark.parametrize("path,backend", [("/v1/completions", "openai"), ("/v1/chat/completions", "openai"),
+                                          ("/generate", "sglang"), ("/v1/completions/", "openai")])
+def test_a_full_api_url_as_endpoint_is_cut_to_the_server_root(path, backend, capfd):
+    with FakeServer(0.01, 0.001) as srv:
+        target = HttpTarget(srv.url + path, backend, flush_sleep_s=0.0)
+        target.check()
+        res = _one(target, 4)
+    assert res.success and target.url == srv.url and target.model == "fake-model"
+    err = capfd.readouterr().err
+    assert f"note: --endpoint ends in {path.rstrip('/')}; using the server root {srv.url}" in err
+    assert err.count("\n") == 1
+
+
+def test_an_api_key_refusal_of_the_model_probe_names_the_status_and_body(monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with FakeServer(0.01, 0.001) as srv:
+        srv.api_key = "sekrit"
+        with pytest.raises(EndpointError, match=r"/v1/models answered HTTP 401: .*invalid API key.*"
+                                                r"pass the API key \(OPENAI_API_KEY\) / check the URL"):
+            HttpTarget(srv.url, "openai").check()
+        monkeypatch.setenv("OPENAI_API_KEY", "sekrit")
+        target = HttpTarget(srv.url, "openai", flush_sleep_s=0.0)
+        target.check()
+        assert target.model == "fake-model" and _one(target, 4).success
+
+
+def test_openai_backend_falls_back_to_sglang_flush_cache(capfd):
+    with FakeServer(0.01, 0.001) as srv:
+        srv.flush_routes = {"/flush_cache"}                 # SGLang: no /reset_prefix_cache
+        target = HttpTarget(srv.url, "openai", flush_sleep_s=0.0)
+        target.flush_cache()
+        target.flush_cache()
+    assert srv.side_posts == ["/reset_prefix_cache", "/flush_cache", "/flush_cache"]
+    assert srv.flushes == 2 and "warning" not in capfd.readouterr().err
+
+
+def test_a_server_with_neither_flush_route_is_warned_about_once(capfd):
+    with FakeServer(0.01, 0.001) as srv:
+        srv.flush_routes = set()
+        target = HttpTarget(srv.url, "openai", flush_sleep_s=0.0)
+        target.flush_cache()
+        target.flush_cache()
+    err = capfd.readouterr().err
+    assert err.count("warning") == 1 and "/reset_prefix_cache and" in err and "/flush_cache answered HTTP 404" in err
+
+
+def test_the_default_request_timeout_outlasts_a_long_queue():
+    # SGLang/vLLM send nothing while a request waits for a running slot: the idle timeout must
+    # allow what their own clients do (6 h), not fail Smax requests queued past 10 min
+    with FakeServer() as srv:
+        assert HttpTarget(srv.url, "sglang").knobs()["request_timeout_s"] == 6 * 60 * 60
