@@ -93,3 +93,14 @@ def nano_rtn_dir(tmp_path_factory):
     finally:
         sys.argv = argv
     return out
+
+
+@pytest.fixture
+def quick_thread_switches():
+    """Loopback server and client threads share one interpreter: switch the GIL every 1 ms, not 5 ms."""
+    import sys
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(0.001)
+    yield
+    sys.setswitchinterval(old)

@@ -3,7 +3,6 @@ Reported metrics must match the injection within 5%; the 5% test injects 500 ms 
 token so a few ms of scheduling noise on a busy 2-core CI machine stay well inside the bound."""
 
 import socket
-import sys
 import threading
 import time
 
@@ -24,13 +23,7 @@ def close(a, b, rel=0.05):
     return abs(a - b) <= rel * abs(b)
 
 
-@pytest.fixture(autouse=True)
-def quick_thread_switches():
-    """Server and client threads share one interpreter: switch the GIL every 1 ms, not 5 ms."""
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(0.001)
-    yield
-    sys.setswitchinterval(old)
+pytestmark = pytest.mark.usefixtures("quick_thread_switches")
 
 
 @pytest.mark.parametrize("backend", ["sglang", "openai"])

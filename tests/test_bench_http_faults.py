@@ -2,7 +2,6 @@
 usage, usage only at the end, non-stream 200 answers, full API URLs as --endpoint, an API key
 the probe lacks, and a server without /reset_prefix_cache."""
 
-import sys
 import threading
 
 import pytest
@@ -18,12 +17,7 @@ from salactl.runtime.tokenizer import Tokenizer
 N = 12
 
 
-@pytest.fixture(autouse=True)
-def quick_thread_switches():
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(0.001)
-    yield
-    sys.setswitchinterval(old)
+pytestmark = pytest.mark.usefixtures("quick_thread_switches")
 
 
 def _one(target, n=N):

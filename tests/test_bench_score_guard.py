@@ -2,7 +2,6 @@
 an all-failed phase as an endpoint error, and --seed / --accuracy handling (real loopback server)."""
 
 import json
-import sys
 
 import pytest
 
@@ -16,12 +15,7 @@ SCORED = ('[dataset]\nkind = "random"\ninput_len = 4\noutput_len = 6\nnum_reques
           '[[phases]]\nname = "A"\nmax_concurrency = 1\n[[phases]]\nname = "B"\nmax_concurrency = 3\n')
 
 
-@pytest.fixture(autouse=True)
-def quick_thread_switches():
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(0.001)
-    yield
-    sys.setswitchinterval(old)
+pytestmark = pytest.mark.usefixtures("quick_thread_switches")
 
 
 def _scored(tmp_path, srv, **kw):
