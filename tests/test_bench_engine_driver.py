@@ -70,3 +70,10 @@ def test_cancelled_request_stops_early(engine):
             cancel.set()
     driver.close()
     assert 2 <= len(got) < 50
+
+
+def test_submit_after_close_fails_at_once(engine):
+    driver = EngineDriver(SerialStepper(engine), 1)
+    driver.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        driver.submit([3, 4], SamplingParams(max_new_tokens=2), threading.Event())

@@ -97,7 +97,7 @@ class GpuStepper:
         return req is None or req.finish_reason is not None
 
     def abort(self, rid: int) -> None:
-        pass                                # runs to completion; its tokens are dropped
+        self.engine.abort(rid)              # frees its slot and pages for the requests behind it
 
     def step(self):
         return self.engine.step()
@@ -120,6 +120,8 @@ class EngineDriver:
         self._thread.start()
 
     def submit(self, prompt_ids, params, cancel) -> Iterator[tuple[int, float]]:
+        if self._closed.is_set():
+            raise RuntimeError("the engine driver is closed; build a new target to submit requests")
         job = _Job(list(prompt_ids), params, cancel)
         self._inbox.put(job)
         return self._drain(job)
@@ -156,11 +158,11 @@ class EngineDriver:
                 continue
             try:
                 events = self.stepper.step()
-            except Exception as e:          # the whole step failed: every running request fails
-                for rid, job in list(self._jobs.items()):
-                    job.out.put(e)
+            except Exception as e:          # the step's requests fail (the engine finished them); the rest go on
+                failed = [rid for rid in self._jobs if self.stepper.is_finished(rid)] or list(self._jobs)
+                for rid in failed:
                     self.stepper.abort(rid)
-                self._jobs.clear()
+                    self._jobs.pop(rid).out.put(e)
                 continue
             for rid, tok, ts in events:
                 job = self._jobs.get(rid)
