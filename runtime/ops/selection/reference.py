@@ -31,7 +31,9 @@ def compress_keys(k: torch.Tensor, sc: SparseConfig, first: int, last: int) -> t
 def window_scores(q, k1, q_pos, sc: SparseConfig) -> torch.Tensor:
     """s[h, n, j] = Σ over KV head h's query heads of softmax_j(q·K1_j/√d) over visible windows;
     -inf where window j is not visible to the query (j·st+ks-1 > t). In fp32 (fp64 for fp64
-    inputs: the checks' reference, where only identical inputs tie exactly)."""
+    inputs). Scores equal in exact arithmetic (a repeated phrase repeats its compressed keys) can
+    differ by rounding, and the rounding then orders them in the top-k: which of such tied blocks
+    is kept may depend on the chunk size or a kernel's summation order."""
     n, hq, d = q.shape
     nwin, hkv, _ = k1.shape
     acc = torch.promote_types(q.dtype, torch.float32)
