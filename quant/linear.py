@@ -70,8 +70,10 @@ def _cpu_int8_available() -> bool:
 
 
 def choose_layout(device: torch.device, bits: int, in_features: int, group_size: int, dtype: torch.dtype,
-                  out_features: int = 16) -> str:
-    if bits == 8 and device.type == "cuda" and dtype in _MODEL_DTYPES and _triton_available() \
+                  out_features: int = 16, *, triton_ok: bool) -> str:
+    """The weight layout for this device and shape; triton_ok: Triton is importable (the caller
+    passes `_triton_available()`)."""
+    if bits == 8 and device.type == "cuda" and dtype in _MODEL_DTYPES and triton_ok \
             and tc8_fits(in_features, out_features, group_size):
         return "triton8"
     if bits == 8 and (group_size == -1 or in_features % group_size == 0) and dtype in _MODEL_DTYPES \
@@ -81,7 +83,7 @@ def choose_layout(device: torch.device, bits: int, in_features: int, group_size:
         return "dequant"
     if device.type == "cuda" and in_features % 128 == 0 and out_features % 16 == 0 \
             and dtype in _MODEL_DTYPES \
-            and (group_size == -1 or group_size % 128 == 0 or group_size in (16, 32, 64)) and _triton_available():
+            and (group_size == -1 or group_size % 128 == 0 or group_size in (16, 32, 64)) and triton_ok:
         return "triton"
     if device.type == "cpu" and dtype in _MODEL_DTYPES and _cpu_int4_available():
         if group_size in _CPU_INT4_GROUPS or (group_size == -1 and in_features % 128 == 0):
@@ -119,7 +121,7 @@ class W4A16Linear(nn.Module):
                                       "group; this act-order layout is not supported")
             codes = unpack_qweight(qweight.cpu(), bits)[perm]
             qweight = pack_qweight(codes, bits)
-        layout = choose_layout(device, bits, K, group_size, dtype, N)
+        layout = choose_layout(device, bits, K, group_size, dtype, N, triton_ok=_triton_available())
         scales16 = scales.to(torch.float16)
         if layout == "triton":
             from salactl.runtime.ops.w4a16.layout import pack_tc

@@ -52,6 +52,19 @@ def test_run_json_with_text_prompt(ckpt):
     assert {"op", "bytes", "flops", "time_s", "achieved_gbps", "pct_of_peak"} <= set(row)
     assert out["peaks"]["mem_gbps"] > 0 and out["device"] == "cpu"
     assert set(out["timing"]) == {"phase_times", "op_times"}
+    # which GLA prefill ran (README: `run --json`'s gla_prefill): the reference on CPU
+    assert out["gla_prefill"] == "reference"
+    assert "fla_core" in out["env"] and out["env"]["fla_core"] == _fla_core_version()
+
+
+def _fla_core_version():
+    """What env.fla_core must say: fla-core's installed version, None without it (CPU, CI)."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("fla-core")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 @pytest.mark.parametrize("args,needle", [(["run", "--bogus"], "No such option: --bogus"),
@@ -156,6 +169,7 @@ def test_run_records_render_in_latency_report(ckpt, tmp_path):
         ("first", "prefill"), ("first", "decode"), ("second", "prefill"), ("second", "decode")]
     assert records[0]["kind"] == "run" and records[0]["total_input_tokens"] == 3
     assert records[1]["output_throughput"] > 0 and records[1]["env"]["torch"]
+    assert all("fla_core" in x["env"] and x["env"]["fla_core"] == _fla_core_version() for x in records)
     r = salactl("report", "latency", str(runs / "records.jsonl"), "--out", str(tmp_path / "rep"))
     assert r.returncode == 0, r.stderr
     md = (tmp_path / "rep" / "report.md").read_text()

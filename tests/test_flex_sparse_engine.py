@@ -23,6 +23,11 @@ def test_engine_with_flex_sparse_prefill_matches_reference_engine(monkeypatch):
     test_flex_sparse.py); a cached prefix, dense and sparse rows in one chunk, then decode."""
     monkeypatch.setattr(flex_sparse, "SPARSE_PREFILL_DEFAULT", "flex")
     monkeypatch.setattr(flex_sparse, "FLEX_FOLD", True)
+    ran = []                        # a spy around the real function: the flex path must have run, folded
+    real = flex_sparse.sparse_attention
+    monkeypatch.setattr(flex_sparse, "sparse_attention",
+                        lambda flex_fn, q, kp, vp, inputs, *a, **kw: ran.append(inputs.fold)
+                        or real(flex_fn, q, kp, vp, inputs, *a, **kw))
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
     model = micro_model(torch.bfloat16 if cuda else torch.float32).to(device)
@@ -30,3 +35,4 @@ def test_engine_with_flex_sparse_prefill_matches_reference_engine(monkeypatch):
                          tol=2e-2 if cuda else 1e-4)
     bad = [r for r in rows if not r[1] <= r[2]]
     assert not bad, bad
+    assert ran and all(ran), ran

@@ -5,7 +5,7 @@ without CUDA graphs, and continuous batching giving the same greedy tokens as on
 import pytest
 import torch
 
-from conftest import gpu, tiny_model
+from conftest import assert_stop_token_and_stream_order, gpu, tiny_model
 
 pytestmark = [pytest.mark.gpu, gpu]
 
@@ -62,19 +62,9 @@ def test_continuous_batching_equals_one_at_a_time():
 
 def test_stop_tokens_and_streaming_order():
     from salactl.runtime.gpu.engine import GPUEngine
-    from salactl.runtime.sampling import SamplingParams
 
-    model = _model(torch.float32)
-    engine = GPUEngine(model, "cuda", max_running_requests=2, chunk_size=64, kv_tokens=4096)
-    free = engine.generate([([3, 4, 5], SamplingParams(max_new_tokens=6, ignore_eos=True))])[0]
-    stop = free.output_token_ids[2]
-    rid = engine.submit([3, 4, 5], SamplingParams(max_new_tokens=6, stop_token_ids=(stop,)))
-    events = list(engine.stream())
-    res = engine.result(rid)
-    assert res.finish_reason == "stop"
-    assert res.output_token_ids == free.output_token_ids[:free.output_token_ids.index(stop) + 1]
-    assert [t for r, t, _ in events if r == rid] == res.output_token_ids
-    assert all(a[2] <= b[2] for a, b in zip(events, events[1:]))
+    assert_stop_token_and_stream_order(
+        GPUEngine(_model(torch.float32), "cuda", max_running_requests=2, chunk_size=64, kv_tokens=4096))
 
 
 @pytest.mark.parametrize("bits,layout", [(4, "triton"), (8, "triton8")])

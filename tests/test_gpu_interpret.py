@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from conftest import micro_model
+from conftest import assert_stop_token_and_stream_order, micro_model
 
 if torch.cuda.is_available():
     pytest.skip("CUDA present: the GPU tests cover these kernels", allow_module_level=True)
@@ -50,6 +50,27 @@ def test_engine_notes_a_cuda_prefill_without_fla_core():
 @pytest.mark.parametrize("fp8", [None, torch.float8_e4m3fn, torch.float8_e5m2])
 def test_store_kv(fp8):
     _assert_rows(S.check_store_kv("cpu", torch.float32, SMALL, fp8=fp8))
+
+
+def test_store_kv_check_excuses_only_the_interpreters_fp8_misses():
+    """check_store_kv compares every written value exactly, except the interpreter's known fp32->fp8
+    misses (selfcheck.interpreter_fp8_miss); a 2x error anywhere else still counts."""
+    e5, e4 = torch.float8_e5m2, torch.float8_e4m3fn
+    cases = [  # dtype, x, what the kernel stored, excused
+        (e5, 7827.8, 4096.0, True), (e5, -510.5, -256.0, True), (e5, -1954.0, -1024.0, True),
+        (e5, 7.9, 4.0, True),                    # 8 = 2^3, 4's exponent field (17) odd: the lost carry
+        (e5, 3.9, 2.0, False),                   # 2's field (16) even: the interpreter gets 4 right
+        (e5, 8300.0, 4096.0, False),             # |x| above 2^13: no carry to lose
+        (e5, 1000.0, 512.0, False), (e5, 300.0, 160.0, False), (e5, -7827.8, 4096.0, False),
+        (e4, 14.5, 15.0, True),                  # an exact tie rounded away from zero
+        (e4, 14.6, 14.0, False),
+        (e4, -0.01286, -0.01171875, True),       # subnormal, shifted without rounding
+        (e4, 0.01286, -0.01171875, False), (e4, 0.03, 0.0234375, False),
+    ]
+    for dt, x, stored, ok in cases:
+        x = torch.tensor([x])
+        got = S.interpreter_fp8_miss(torch.tensor([stored]).to(dt), x.to(dt), x)
+        assert bool(got) == ok, (dt, float(x), stored)
 
 
 @pytest.mark.parametrize("fp8", [False, True])
@@ -223,6 +244,14 @@ def test_continuous_batching_equals_one_at_a_time():
         alone = engine.generate([(p, prm)])[0]
         assert len(b.output_token_ids) == prm.max_new_tokens
         assert b.output_token_ids == alone.output_token_ids
+
+
+def test_stop_tokens_and_streaming_order():
+    """test_gpu_engine.py's check on the micro model."""
+    from salactl.runtime.gpu.engine import GPUEngine
+
+    assert_stop_token_and_stream_order(
+        GPUEngine(micro_model(), "cpu", max_running_requests=2, chunk_size=64, kv_tokens=1024))
 
 
 def test_profile_engine_workload_matches_reference_engine():

@@ -53,12 +53,29 @@ def test_greedy_generation_is_deterministic(model):
 
 
 def test_sampling_seed_reproducible_and_params_matter(model):
+    """Same seed: the same tokens; the filters change them. This random model's next-token
+    distribution is nearly flat (the top 50 of 512 tokens hold ~15% of the mass), so ten draws
+    that all land in the top 50 are a ~1e-8 chance without top_k=50."""
     eng = Engine(model, "cpu")
-    p = SamplingParams(max_new_tokens=10, temperature=1.0, top_p=0.9, top_k=50, seed=7)
-    a = eng.generate(prompt(20), p).output_token_ids
-    b = eng.generate(prompt(20), p).output_token_ids
-    c = eng.generate(prompt(20), SamplingParams(max_new_tokens=10, temperature=1.0, seed=8)).output_token_ids
-    assert a == b and a != c
+    ids = prompt(20)
+
+    def gen(**kw):
+        return eng.generate(ids, SamplingParams(max_new_tokens=10, **kw)).output_token_ids
+
+    a = gen(temperature=1.0, top_p=0.9, top_k=50, seed=7)
+    assert a == gen(temperature=1.0, top_p=0.9, top_k=50, seed=7)
+    c = gen(temperature=1.0, seed=7)                     # same seed, no filters
+    assert a != c
+    assert a != gen(temperature=1.0, top_k=50, seed=7) and a != gen(temperature=1.0, top_p=0.9, seed=7)   # each filter
+    greedy = gen()
+    assert c != greedy
+    assert gen(temperature=1.0, top_k=1, seed=7) == greedy     # a nucleus of one token is greedy
+    assert gen(temperature=1.0, top_p=1e-6, seed=7) == greedy
+    logits = full_logits(model, ids + a[:-1], len(ids) + len(a))[len(ids) - 1:]    # the logits each token was drawn from
+    kth = logits.topk(50, dim=-1).values[:, -1]
+    picked = logits.gather(1, torch.tensor(a)[:, None])[:, 0]
+    assert bool((picked >= kth - 1e-4).all()), "a token outside the top 50 was sampled with top_k=50"
+    assert float(torch.softmax(logits[0], -1).topk(50).values.sum()) < 0.3
 
 
 def test_stops_on_eos(model):

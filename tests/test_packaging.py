@@ -1,9 +1,15 @@
-"""The wheel must hold every sub-package: pytest imports the checkout, which hides a missing one."""
+"""The wheel must hold every sub-package and its data files (the embedded sala-nano, the profile
+TOMLs): pytest imports the checkout, which hides a missing one."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import sys
+import zipfile
 from pathlib import Path
+
+import pytest
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -36,3 +42,52 @@ def test_cli_module_imports_every_subcommand():
 
     names = {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}
     assert {"run", "info", "eval", "quantize", "bench", "sweep", "profile", "report"} <= names
+
+
+def _can_build_offline() -> bool:
+    """--no-build-isolation uses this environment's setuptools: pyproject's build-system needs >= 68,
+    and below 70.1 bdist_wheel comes from the wheel package."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        major_minor = tuple(int(x) for x in version("setuptools").split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        return False
+    if major_minor >= (70, 1):
+        return True
+    try:
+        version("wheel")
+    except PackageNotFoundError:
+        return False
+    return major_minor >= (68, 0)
+
+
+def test_the_wheel_holds_every_module_and_the_package_data(tmp_path):
+    """Build the wheel (about 3 s) from a copy of the sources, so no build/ or egg-info lands in
+    the checkout, and look for every module and data file the checkout has."""
+    if not _can_build_offline():
+        pytest.skip("needs setuptools >= 70.1 (or >= 68 with wheel) in this environment")
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for folder in set(tool["package-dir"].values()):
+        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                        "-w", str(tmp_path / "whl"), str(src)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (wheel,) = (tmp_path / "whl").glob("salactl-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+
+    def in_wheel(package: str, file: Path) -> str:
+        return "/".join([*package.split("."), file.name])
+
+    want = {in_wheel(pkg, f) for pkg in tool["packages"]
+            for f in _folder(pkg, tool["package-dir"]).glob("*.py")}
+    nano = sorted((ROOT / "runtime" / "models" / "sala-nano").iterdir())
+    tomls = sorted((ROOT / "profiles").glob("*.toml"))
+    assert {f.name for f in nano} >= {"config.json", "tokenizer.json", "model.safetensors.index.json"} and tomls
+    want |= {f"salactl/runtime/models/sala-nano/{f.name}" for f in nano}
+    want |= {f"salactl/profiles/{f.name}" for f in tomls}
+    assert want - names == set(), "declare these in pyproject.toml (packages / package-data)"

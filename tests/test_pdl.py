@@ -14,14 +14,25 @@ needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, re
 
 @needs_triton
 def test_pdl_is_off_on_cpu_and_with_the_env_switch(monkeypatch):
+    """The switches without a GPU: torch's capability query answers for made-up devices 98 (sm_90)
+    and 99 (sm_80). TRITON_INTERPRET is removed first: three interpreter test modules set it at
+    import, and it turns PDL off by itself, which would hide a broken SALACTL_PDL switch."""
     from salactl.runtime.ops import pdl
 
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("SALACTL_PDL", raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx=None: {98: (9, 0), 99: (8, 0)}[idx])
+    monkeypatch.setattr(pdl, "_CAPABLE", {})      # a cache per device index: keep the made-up ones out of it
+    hopper, ampere = torch.device("cuda", 98), torch.device("cuda", 99)
     assert pdl.launch_args(torch.device("cpu")) == {"PDL": False, "launch_pdl": False}
+    assert pdl.enabled(hopper) and pdl.launch_args(hopper) == {"PDL": True, "launch_pdl": True}
+    assert not pdl.enabled(ampere)
     monkeypatch.setenv("SALACTL_PDL", "0")
-    assert not pdl.enabled(torch.device("cuda", 0))
+    assert not pdl.enabled(hopper) and pdl.launch_args(hopper) == {"PDL": False, "launch_pdl": False}
     monkeypatch.setenv("SALACTL_PDL", "1")
+    assert pdl.enabled(hopper)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert not pdl.enabled(torch.device("cuda", 0))
+    assert not pdl.enabled(hopper)
 
 
 @gpu

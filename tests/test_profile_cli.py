@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
-from salactl.errors import (DeviceError, OutputExistsError, ProfilerPermissionError, ToolMissingError,
-                            UsageError)
+from salactl.errors import (DeviceError, OutputExistsError, ProfilerFailedError, ProfilerPermissionError,
+                            ToolMissingError, UsageError)
 from salactl.profiling.ncu_runner import NcuOptions, classify_failure, find_ncu, nvtx_includes, profile_command
 from salactl.runtime.layers.model import SalaForCausalLM
 from salactl.runtime.presets import sala_nano
@@ -157,10 +157,13 @@ def test_ncu_failures_are_classified():
     assert isinstance(e, ProfilerPermissionError) and "ERR_NVGPUCTRPERM" in str(e)
     e = classify_failure("==ERROR== Failed to initialize the profiler: LibraryNotLoaded", 1)
     assert isinstance(e, ProfilerPermissionError)
+    assert e.exit_code == 13
     e = classify_failure("Traceback ...\nRuntimeError: boom\n==PROF== Disconnected from process 7\n", 1)
     assert "boom" in str(e) and "\n" not in str(e)
+    assert type(e) is ProfilerFailedError and e.exit_code == 14
     e = classify_failure("error: --layers 99 is out of range\n==PROF== Disconnected\n", 2)
     assert str(e).endswith("error: --layers 99 is out of range")
+    assert type(e) is ProfilerFailedError and e.exit_code == 14
     with pytest.raises(ToolMissingError, match="not an executable"):
         find_ncu("/nonexistent/ncu")
 
@@ -205,3 +208,92 @@ def test_layers_scope_the_kernel_count(tmp_path):
     d = json.loads(p.stdout)
     (total,) = [r for r in d["ops"] if r["op"] == "total"]
     assert d["kernel_count"] == total["kernels"] > 0
+
+
+def fake_ncu(tmp_path, body: str) -> str:
+    """A real executable standing in for ncu (SALACTL_NCU names it): a shell script."""
+    path = tmp_path / "fake-ncu"
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+NCU_FAILURES = {   # exit code: the fake ncu's script
+    ProfilerPermissionError.exit_code: "echo '==ERROR== ERR_NVGPUCTRPERM - The user does not have permission'; exit 1",
+    ProfilerFailedError.exit_code: "echo '==ERROR== something else broke: tail line 42'; exit 1",
+}
+
+
+def _no_ncu_installed():
+    import glob
+
+    from salactl.profiling import ncu_runner
+
+    return not any(glob.glob(g) for g in ncu_runner.SEARCH_GLOBS)
+
+
+@pytest.mark.parametrize("code", sorted(NCU_FAILURES))
+def test_ncu_failure_exit_codes_on_cpu_through_import(tmp_path, code):
+    """`profile --import DIR` exports a saved .ncu-rep without its CSV through the ncu that
+    SALACTL_NCU names: the CPU path to ncu's failures. 13: no counter permission, 14: other."""
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "profile.ncu-rep").write_bytes(b"not a report")
+    env = {**os.environ, "SALACTL_NCU": fake_ncu(tmp_path, NCU_FAILURES[code])}
+    p = salactl("profile", "--import", str(saved), env=env)
+    assert p.returncode == code, (p.returncode, p.stderr)
+    assert p.stderr.startswith("error: ") and p.stderr.strip().count("\n") == 0, p.stderr
+    assert ("ERR_NVGPUCTRPERM" if code == 13 else "ncu exited with code 1: ==ERROR== something else broke: "
+            "tail line 42") in p.stderr
+    assert not (saved / "profile.csv").exists()
+
+
+@pytest.mark.skipif(not _no_ncu_installed(), reason="ncu is installed here")
+def test_missing_ncu_exit_code_on_cpu_through_import(tmp_path):
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "profile.ncu-rep").write_bytes(b"not a report")
+    env = {**os.environ, "SALACTL_NCU": str(tmp_path / "nonexistent" / "ncu"), "PATH": str(tmp_path)}
+    p = salactl("profile", "--import", str(saved), env=env)
+    assert p.returncode == ToolMissingError.exit_code == 12, p.stderr
+    assert "ncu" in p.stderr and p.stderr.strip().count("\n") == 0, p.stderr
+
+
+GPU_NCU_ARGS = ("profile", "--ncu", "--model", "sala-nano", "--random-weights", "--phase", "decode",
+                "--context", "16")
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("how", ["ncu-path", "SALACTL_NCU"])
+def test_ncu_missing_exits_12(tmp_path, how):
+    """--ncu-path names no file; or SALACTL_NCU names none and nothing else finds ncu (an
+    installed ncu under /usr/local/cuda or /opt/nvidia would be found: skipped then)."""
+    env = {**os.environ}
+    args = [*GPU_NCU_ARGS, "--out", str(tmp_path / "p")]
+    if how == "ncu-path":
+        args += ["--ncu-path", str(tmp_path / "nonexistent" / "ncu")]
+    else:
+        if not _no_ncu_installed():
+            pytest.skip("ncu is installed in a searched place")
+        env.update(SALACTL_NCU=str(tmp_path / "nonexistent" / "ncu"), PATH=os.path.dirname(sys.executable))
+    p = salactl(*args, env=env)
+    assert p.returncode == ToolMissingError.exit_code == 12, p.stderr
+    assert p.stderr.strip().count("\n") == 0 and "ncu" in p.stderr, p.stderr
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("code,script", [*NCU_FAILURES.items(),
+                                         (ProfilerFailedError.exit_code, "echo '==PROF== No kernels were profiled.'")])
+def test_ncu_failures_exit_13_and_14(tmp_path, code, script):
+    """A fake ncu (SALACTL_NCU) that reports no counter permission (13), fails otherwise (14), or
+    exits 0 without writing a report because it saw no kernels (14)."""
+    env = {**os.environ, "SALACTL_NCU": fake_ncu(tmp_path, script)}
+    out = tmp_path / "p"
+    p = salactl(*GPU_NCU_ARGS, "--out", str(out), env=env)
+    assert p.returncode == code, (p.returncode, p.stderr)
+    assert p.stderr.strip().splitlines()[-1].startswith("error: "), p.stderr
+    assert not (out / "profile.ncu-rep").exists() and not (out / "result.json").exists()
+    if "No kernels" in script:
+        assert "profiled no kernels" in p.stderr

@@ -116,25 +116,44 @@ def test_w8a16_linear_on_cuda_matches_reference(G, layout, dtype, rng):
         assert y.dtype == dtype and rel_err(y.float().cpu(), ref) < 1e-2
 
 
-def test_layout_choice_by_device_bits_and_dtype(monkeypatch):
+def test_layout_choice_by_device_bits_and_dtype():
     from salactl.quant import linear
 
-    monkeypatch.setattr(linear, "_triton_available", lambda: True)
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
+
+    def choose(device, bits, k, g, dtype, n):
+        return linear.choose_layout(device, bits, k, g, dtype, n, triton_ok=True)
+
     for dtype in (torch.bfloat16, torch.float16, torch.float32):       # float32: bf16 activations
-        assert linear.choose_layout(cuda, 4, 4096, 128, dtype, 4096) == "triton"
-        assert linear.choose_layout(cuda, 8, 4096, 128, dtype, 4096) == "triton8"
-        assert linear.choose_layout(cuda, 8, 4096, -1, dtype, 4096) == "triton8"
-        assert linear.choose_layout(cpu, 8, 4096, 128, dtype, 4096) == "int8"
+        assert choose(cuda, 4, 4096, 128, dtype, 4096) == "triton"
+        assert choose(cuda, 8, 4096, 128, dtype, 4096) == "triton8"
+        assert choose(cuda, 8, 4096, -1, dtype, 4096) == "triton8"
+        assert choose(cpu, 8, 4096, 128, dtype, 4096) == "int8"
     # the 8-bit tensor-core layout needs K % 64, N % 16 and groups of 64k rows; else the int8 one
-    assert linear.choose_layout(cuda, 8, 4096, 32, torch.bfloat16, 4096) == "int8"
-    assert linear.choose_layout(cuda, 8, 4160, 64, torch.bfloat16, 4096) == "triton8"
-    assert linear.choose_layout(cuda, 8, 4128, -1, torch.bfloat16, 4096) == "int8"        # K % 64
-    assert linear.choose_layout(cuda, 8, 4096, 128, torch.bfloat16, 4104) == "int8"       # N % 16
-    assert linear.choose_layout(cuda, 8, 4224, 192, torch.bfloat16, 4096) == "triton8"    # 192 | 4224
-    assert linear.choose_layout(cuda, 4, 4160, 128, torch.bfloat16, 4096) == "dequant"     # K % 128
-    assert linear.choose_layout(cuda, 4, 4096, 128, torch.bfloat16, 4104) == "dequant"     # N % 16
-    assert linear.choose_layout(cpu, 4, 4096, 16, torch.float32, 4096) == "dequant"        # torch's int4 groups
+    assert choose(cuda, 8, 4096, 32, torch.bfloat16, 4096) == "int8"
+    assert choose(cuda, 8, 4160, 64, torch.bfloat16, 4096) == "triton8"
+    assert choose(cuda, 8, 4128, -1, torch.bfloat16, 4096) == "int8"        # K % 64
+    assert choose(cuda, 8, 4096, 128, torch.bfloat16, 4104) == "int8"       # N % 16
+    assert choose(cuda, 8, 4224, 192, torch.bfloat16, 4096) == "triton8"    # 192 | 4224
+    assert choose(cuda, 4, 4160, 128, torch.bfloat16, 4096) == "dequant"     # K % 128
+    assert choose(cuda, 4, 4096, 128, torch.bfloat16, 4104) == "dequant"     # N % 16
+    assert choose(cpu, 4, 4096, 16, torch.float32, 4096) == "dequant"        # torch's int4 groups
+
+
+def test_layout_choice_without_triton():
+    """No Triton (a CUDA machine without the gpu extra): 8-bit weights take the int8 layout, 4-bit
+    ones are dequantized; CPU choices do not depend on Triton."""
+    from salactl.quant import linear
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for ok in (True, False):
+            assert linear.choose_layout(cpu, 8, 4096, 128, dtype, 4096, triton_ok=ok) == "int8"
+            assert linear.choose_layout(cpu, 4, 4096, 16, dtype, 4096, triton_ok=ok) == "dequant"
+        assert linear.choose_layout(cuda, 4, 4096, 128, dtype, 4096, triton_ok=False) == "dequant"
+        assert linear.choose_layout(cuda, 8, 4096, 128, dtype, 4096, triton_ok=False) == "int8"
+        assert linear.choose_layout(cuda, 8, 4096, -1, dtype, 4096, triton_ok=False) == "int8"
+    assert linear.choose_layout(cuda, 8, 4096, 32, torch.bfloat16, 4096, triton_ok=False) == "int8"
 
 
 @pytest.mark.parametrize("bits", [4, 8])

@@ -12,11 +12,27 @@ def test_top_k_one_is_greedy():
         assert sample(logits, SamplingParams(temperature=2.0, top_k=1), g) == int(logits.argmax())
 
 
-def test_top_p_keeps_only_nucleus():
-    logits = torch.tensor([5.0, 4.9, -10.0, -10.0])
+def _seen(logits, n=300, **kw):
     g = torch.Generator().manual_seed(0)
-    seen = {sample(logits, SamplingParams(temperature=1.0, top_p=0.5), g) for _ in range(50)}
-    assert seen <= {0, 1} and 0 in seen
+    return {sample(torch.tensor(logits), SamplingParams(**kw), g) for _ in range(n)}
+
+
+def test_top_p_keeps_only_nucleus():
+    # p = [0.525, 0.475, ~3e-7, ~3e-7]: top_p 0.5 is reached by token 0 alone
+    assert _seen([5.0, 4.9, -10.0, -10.0], temperature=1.0, top_p=0.5) == {0}
+    # 0.6 needs both; without top_p tokens 0 and 1 are drawn as well, so this checks no over-filtering
+    assert _seen([5.0, 4.9, -10.0, -10.0], temperature=1.0, top_p=0.6) == {0, 1}
+
+
+def test_top_p_drops_a_token_with_real_probability():
+    # p = [0.289, 0.261, 0.236, 0.214]; the first three reach 0.7, token 3 (21%) must never come
+    logits = [0.3, 0.2, 0.1, 0.0]
+    assert _seen(logits, temperature=1.0) == {0, 1, 2, 3}
+    assert _seen(logits, temperature=1.0, top_p=0.7) == {0, 1, 2}
+    assert _seen(logits, temperature=1.0, top_p=0.5) == {0, 1}
+    # flat: five tokens of 0.2 each, the smallest prefix reaching 0.5 holds three of them
+    assert len(_seen([1.0] * 5, temperature=1.0, top_p=0.5)) == 3
+    assert len(_seen([1.0] * 5, temperature=1.0)) == 5
 
 
 @pytest.mark.parametrize("kw", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(top_k=-2),

@@ -149,22 +149,59 @@ def check_store_kv(device, dtype, sh: Shapes = Shapes(), fp8=None) -> list:
     store_kv(kp2, vp2, k, v, pt, slots, seq, ks, vs)
     vp, vp2 = v_rows(vp), v_rows(vp2)              # compare V as [.., B, D] rows
     exp_k, exp_v = kp.clone(), vp.clone()
+    written = torch.zeros(kp.shape[:3], dtype=torch.bool, device=device)          # [pages, Hkv, B]
+    x_k, x_v = (torch.zeros(kp.shape, device=device) for _ in range(2))           # what the kernel casts
     for i in range(3):
         t = int(seq[i]) - 1
         page = int(pt[int(slots[i]), t // sh.block])
+        written[page, :, t % sh.block] = True
         if fp8 is None:
             exp_k[page, :, t % sh.block], exp_v[page, :, t % sh.block] = k[i], v[i]
         else:
             m = torch.finfo(fp8).max
-            exp_k[page, :, t % sh.block] = (k[i].float() / ks[:, None]).clamp(-m, m).to(fp8)
-            exp_v[page, :, t % sh.block] = (v[i].float() / vs[:, None]).clamp(-m, m).to(fp8)
+            x_k[page, :, t % sh.block] = (k[i].float() / ks[:, None]).clamp(-m, m)
+            x_v[page, :, t % sh.block] = (v[i].float() / vs[:, None]).clamp(-m, m)
+            exp_k[page, :, t % sh.block] = x_k[page, :, t % sh.block].to(fp8)
+            exp_v[page, :, t % sh.block] = x_v[page, :, t % sh.block].to(fp8)
     if fp8 is None:
         err = float((kp2.float() - exp_k.float()).abs().max() + (vp2.float() - exp_v.float()).abs().max())
         return [("store_kv", err, 0.0)]
-    # the CPU interpreter rounds a few fp8 values differently; the GPU must match exactly
-    tol = 0.0 if kp.is_cuda else 0.2
-    return [(f"store_kv.{str(fp8).replace('torch.', '')}",
-             max(rel_err(kp2.float(), exp_k.float()), rel_err(vp2.float(), exp_v.float())), tol)]
+    name = f"store_kv.{str(fp8).replace('torch.', '')}"
+    bits = lambda t: t.contiguous().view(torch.uint8)                             # noqa: E731
+    # every other position keeps its old bits; the written rows are compared value by value, exactly
+    changed = sum(int((bits(a)[~written] != bits(b)[~written]).sum()) for a, b in ((kp2, kp), (vp2, vp)))
+    got = torch.cat([kp2[written].reshape(-1), vp2[written].reshape(-1)])
+    exp = torch.cat([exp_k[written].reshape(-1), exp_v[written].reshape(-1)])
+    x = torch.cat([x_k[written].reshape(-1), x_v[written].reshape(-1)])
+    miss = bits(got) != bits(exp)
+    if not kp.is_cuda:
+        miss &= ~interpreter_fp8_miss(got, exp, x)
+    return [(f"{name}.written values off", int(miss.sum()), 0),
+            (f"{name}.other positions changed", changed, 0)]
+
+
+def interpreter_fp8_miss(got: torch.Tensor, exp: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Where fp8 `got` (cast from fp32 `x`) is one of the Triton interpreter's two known fp32->fp8
+    misses (triton 3.6 interpreter.py `_convert_float`; a kernel that only casts shows both, so
+    they are the interpreter's, not store_kv's math; the GPU converts right: tolerance 0 there):
+    - a lost carry: when rounding carries out of the mantissa (|x| just below a power of two) the
+      carry is ORed into the exponent field, a no-op when that field is odd, so 2^e comes out as
+      2^(e-1): e5m2 7827.8 -> 4096 (8192), -510.5 -> -256 (-512), -1954 -> -1024 (-2048).
+      Excused only as: exp = +-2^e, |x| < |exp|, got = exp / 2 with an odd exponent field;
+    - subnormals: a result at or below the smallest normal is shifted without rounding (e4m3fn
+      -0.01286 -> -0.01172, RTNE -0.01367; 0.0156 -> 0.0078). Excused only there, and only toward
+      zero: |got| <= |x| <= smallest normal, same sign;
+    and exact ties round away from zero, not to even (e4m3fn 14.5 -> 15, RTNE 14): excused only
+    where x lies exactly halfway between got and exp, one code apart."""
+    mant = {torch.float8_e5m2: 2, torch.float8_e4m3fn: 3}[got.dtype]
+    gb, eb = got.view(torch.uint8).int(), exp.view(torch.uint8).int()
+    g, e = got.float(), exp.float()
+    carry = (((eb & ((1 << mant) - 1)) == 0) & (gb == eb - (1 << mant)) & (((gb & 0x7F) >> mant) % 2 == 1)
+             & (x.abs() < e.abs()) & (e == 2 * g))
+    tiny = float(torch.finfo(got.dtype).smallest_normal)
+    subnormal = (e.abs() <= tiny) & (x.abs() <= tiny) & (g.abs() <= x.abs()) & (g * x >= 0)
+    tie = ((gb - eb).abs() == 1) & ((x.double() - g.double()).abs() == (x.double() - e.double()).abs())
+    return carry | subnormal | tie
 
 
 def check_selection(device, dtype, sh: Shapes = Shapes(), L: int | None = None) -> list:
