@@ -38,12 +38,13 @@ class Hessian:
             return
         self.h *= self.n / (self.n + t)
         self.n += t
-        xf = x.float() * (2.0 / self.n) ** 0.5
-        # bf16/fp16 inputs are exact in TF32, so the tensor-core path loses nothing here.
+        xf = x.float()
+        # bf16/fp16 inputs are exact in TF32 (the 2/n scale goes in alpha, not into the inputs), so
+        # the tensor-core path loses nothing here.
         prev = torch.backends.cuda.matmul.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = x.dtype in (torch.bfloat16, torch.float16)
         try:
-            self.h.addmm_(xf.t(), xf)
+            self.h.addmm_(xf.t(), xf, alpha=2.0 / self.n)
         finally:
             torch.backends.cuda.matmul.allow_tf32 = prev
 
@@ -114,7 +115,11 @@ def gptq_quantize(w: torch.Tensor, prep: PreparedHessian, spec: QuantSpec, block
             if static is not None:
                 scale = static[col_groups[i]]
             elif col % g == 0:
-                src = W1[:, i:i + g] if i + g <= i2 - i1 else W[:, col:col + g]
+                if i + g <= i2 - i1:
+                    src = W1[:, i:i + g]
+                else:   # the group runs past this lazy block: its later columns still lack this block's updates
+                    ahead = W[:, i2:col + g] - Err1[:, :i] @ U[i1:i1 + i, i2:col + g]
+                    src = torch.cat([W1[:, i:], ahead], 1)
                 scale = group_scale(src, spec)
                 scales[col // g] = scale
             wc = W1[:, i]

@@ -8,6 +8,8 @@ bit-for-bit the one a loader rebuilds from the checkpoint (which stores fp16 sca
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import torch
@@ -81,4 +83,6 @@ def output_error(w: torch.Tensor, q: torch.Tensor, h: torch.Tensor) -> float:
     d = (w.float() - q.float())
     num = float(((d @ h) * d).sum())
     den = float(((w.float() @ h) * w.float()).sum())
+    if not (math.isfinite(num) and math.isfinite(den)):
+        return math.nan
     return (max(num, 0.0) / den) ** 0.5 if den > 0 else 0.0

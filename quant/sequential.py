@@ -242,18 +242,23 @@ def _solve_group(i, members, mods, h: Hessian | None, opts: QuantOptions, spec: 
                  outcome: QuantizeOutcome) -> None:
     name = f"model.layers.{i}.{members[0]}" + (f" (+{len(members) - 1} sharing its input)" if len(members) > 1 else "")
     W = torch.cat([m.weight for m in mods]).float()
+    if not bool(torch.isfinite(W).all()):
+        raise QuantizationError(f"{name} has NaN/Inf weights; the checkpoint is damaged (nothing was written)")
     t0 = time.perf_counter()
     prep = None
     if opts.method == "gptq":
         prep = prepare_hessian(h.h, opts.damp, opts.desc_act, name)
         if prep.damp > opts.damp:
-            outcome.damp_raised.append(f"model.layers.{i}.{members[0]}: damp {opts.damp} -> {prep.damp}")
+            outcome.damp_raised.append(f"{name}: damp {opts.damp} -> {prep.damp}")
         solved = gptq_quantize(W, prep, spec)
         rtn = rtn_quantize(W, spec)
     else:
         if h is not None and not bool(torch.isfinite(h.h).all()):
             raise QuantizationError(f"the Hessian of {name} has NaN/Inf: its calibration activations overflowed")
         solved = rtn = rtn_quantize(W, spec)
+    if not bool(torch.isfinite(solved.scales).all()):
+        raise QuantizationError(f"{name} has weights too large for fp16 group scales (|w| up to "
+                                f"{W.abs().max().item():.3g}); it cannot be stored as GPTQ")
     synchronize(W.device)
     seconds = time.perf_counter() - t0
     row = 0

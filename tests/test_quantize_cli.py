@@ -27,10 +27,11 @@ def small_config():
                                num_key_value_heads=2, lightning_nh=4, lightning_nkv=4, dim_model_base=32)
 
 
-def write_random_checkpoint(path: Path, config, seed=0, poison_nan=False) -> Path:
+def write_random_checkpoint(path: Path, config, seed=0, poison: str | None = None) -> Path:
+    """`poison`: a tensor that gets NaNs."""
     state = random_state_dict(config, "cpu", torch.float32, seed)
-    if poison_nan:
-        state["model.layers.0.input_layernorm.weight"][:4] = float("nan")
+    if poison:
+        state[poison].view(-1)[:4] = float("nan")
     extra = {f: EMBEDDED_DIR / f for f in TOKENIZER_FILES if (EMBEDDED_DIR / f).exists()}
     return save_checkpoint(state, config.to_hf_dict(), path, extra_files=extra)
 
@@ -226,13 +227,13 @@ def _nothing_quantizable(tmp: Path) -> Path:
 
 
 @pytest.mark.parametrize("case", ["bits", "group", "method", "damp", "exists", "empty_calib", "no_text_field",
-                                  "nan", "shapes", "kv_dtype"])
+                                  "nan", "nan_weight_rtn", "nan_last_weight", "shapes", "kv_dtype"])
 def test_bad_quantize_inputs_are_one_line_errors_and_write_nothing(case, ckpt, tmp_path, capsys):
     out = tmp_path / "out"
     args = ["quantize", "--model", ckpt, "--out", out, "--calib", "random", "--nsamples", 2, "--seqlen", 32,
             "--device", "cpu", "--dtype", "float32"]
     expected = {"bits": 9, "group": 9, "method": 9, "damp": 9, "exists": 10, "empty_calib": 7, "no_text_field": 7,
-                "nan": 9, "shapes": 9, "kv_dtype": 2}[case]
+                "nan": 9, "nan_weight_rtn": 9, "nan_last_weight": 9, "shapes": 9, "kv_dtype": 2}[case]
     if case == "bits":
         args += ["--bits", 3]
     elif case == "group":
@@ -249,14 +250,22 @@ def test_bad_quantize_inputs_are_one_line_errors_and_write_nothing(case, ckpt, t
         f.write_text("" if case == "empty_calib" else '{"content": "x"}\n')
         args[args.index("random")] = f
     elif case == "nan":
-        args[2] = write_random_checkpoint(tmp_path / "nan", small_config(), poison_nan=True)
+        args[2] = write_random_checkpoint(tmp_path / "nan", small_config(), poison="model.layers.0.input_layernorm.weight")
+    elif case == "nan_weight_rtn":        # no calibration forward to trip over it
+        args[2] = write_random_checkpoint(tmp_path / "nan", small_config(), poison="model.layers.0.self_attn.q_proj.weight")
+        args += ["--method", "rtn"]
+    elif case == "nan_last_weight":       # GPTQ: no later Hessian to trip over it
+        cfg = small_config()
+        last = f"model.layers.{cfg.num_hidden_layers - 1}.mlp.down_proj.weight"
+        args[2] = write_random_checkpoint(tmp_path / "nan", cfg, poison=last)
     elif case == "shapes":
         args[2] = _nothing_quantizable(tmp_path)
     elif case == "kv_dtype":
         args += ["--kv-cache-dtype", "fp4"]
     code, stdout, err = run_cli(args, capsys)
     assert code == expected, err
-    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
+    lines = [line for line in err.strip().splitlines() if not line.startswith("quantizing: ")]  # progress
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
     if case == "exists":
         assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
     else:
