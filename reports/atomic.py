@@ -49,6 +49,16 @@ def write_all(files: dict[Path, str | bytes], overwrite: bool = True) -> list[Pa
     return [p for _, p in temps]
 
 
+def move_all(staging: Path, out: Path, overwrite: bool = True) -> list[Path]:
+    """Move every file of the directory `staging` into `out` all-or-nothing (same filesystem: a
+    staging directory beside `out`)."""
+    moves = [(f, out / f.name) for f in sorted(staging.iterdir()) if f.is_file()]
+    check_destinations([dst for _, dst in moves], overwrite)
+    out.mkdir(parents=True, exist_ok=True)
+    _rename_all(moves)
+    return [dst for _, dst in moves]
+
+
 def _rename_all(temps: list[tuple[Path, Path]]) -> None:
     """Rename every temp onto its path; keep a backup of each replaced file until all are done."""
     done: list[tuple[Path, Path | None]] = []

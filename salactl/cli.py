@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import traceback
 
 import typer
@@ -29,13 +31,35 @@ def _register() -> None:
 _register()
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is, so that the cleanup Ctrl-C gets (temp outputs removed,
+    run summaries marked interrupted) runs for it too."""
+
+
+def _interrupted() -> None:
+    """Exit 130 for Ctrl-C, 143 (128 + SIGTERM) for a termination request."""
+    terminated = _terminated[0]
+    print("terminated" if terminated else "interrupted", file=sys.stderr)
+    sys.exit(143 if terminated else 130)
+
+
+_terminated = [False]
+
+
+def _on_sigterm(signum, frame) -> None:
+    _terminated[0] = True
+    raise Terminated()
+
+
 def main() -> None:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         rv = app(standalone_mode=False)
         # typer >= 0.16 turns Ctrl-C into Exit(130) and, without standalone mode, returns the code
         if isinstance(rv, int) and not isinstance(rv, bool) and rv:
             if rv == 130:
-                print("interrupted", file=sys.stderr)
+                _interrupted()
             sys.exit(rv)
     except SalactlError as e:
         if os.environ.get("SALACTL_DEBUG") == "1":
@@ -49,12 +73,13 @@ def main() -> None:
         print(f"error: {e.strerror or e}{where}; SALACTL_DEBUG=1 shows where", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+        _interrupted()
     except typer.Exit as e:
+        if e.exit_code == 130:
+            _interrupted()
         sys.exit(e.exit_code)
     except (typer.Abort,):
-        sys.exit(130)
+        _interrupted()
     except Exception as e:  # click usage errors (unknown option, bad value) arrive here
         if isinstance(e, _click_errors()):
             ctx = getattr(e, "ctx", None)

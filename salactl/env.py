@@ -13,8 +13,11 @@ import torch
 import salactl
 
 
-def _git() -> dict:
-    root = Path(__file__).resolve().parent.parent
+def _git(root: Path = Path(__file__).resolve().parent.parent) -> dict:
+    """salactl's own commit, from a source checkout only: an installed package's parent folder
+    (site-packages) may sit inside some other repository, whose commit is not ours."""
+    if not ((root / ".git").exists() and (root / "pyproject.toml").is_file()):
+        return {"git_sha": None, "git_dirty": None}
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                              timeout=5).stdout.strip()

@@ -65,3 +65,37 @@ def test_past_the_trained_length_is_a_warning_only_past_it(capsys):
     output.warn_past_trained_length(65537, 65536, "the prompt (test b)")
     err = capsys.readouterr().err
     assert "test a" not in err and "the prompt (test b) is 65,537 tokens, past the model's" in err
+
+
+def test_sigterm_ends_a_command_like_ctrl_c_with_exit_143(tmp_path):
+    """SIGTERM (a job scheduler, `timeout`, `kill`) runs the same cleanup as Ctrl-C: one line on
+    stderr, exit 128 + 15. The child is stopped while it waits on a server that accepted its
+    connection (so it is inside the command, past start-up) and never answers."""
+    import signal
+    import socket
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    srv.settimeout(120)
+    port = srv.getsockname()[1]
+    p = subprocess.Popen([sys.executable, "-m", "salactl", "bench", "--profile", "soar", "--endpoint",
+                          f"http://127.0.0.1:{port}", "--backend", "openai", "--model", "m", "--out",
+                          str(tmp_path / "b")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        conn, _ = srv.accept()
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+        srv.close()
+    assert p.returncode == 143, err
+    assert err.strip().splitlines()[-1] == "terminated" and "Traceback" not in err, err
+
+
+def test_git_sha_only_from_salactls_own_checkout(tmp_path):
+    """An installed package's parent folder may be inside the user's repository: not our commit."""
+    from salactl.env import _git
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    assert _git(tmp_path) == {"git_sha": None, "git_dirty": None}

@@ -16,7 +16,7 @@ from salactl.runtime.layers.model import SalaForCausalLM
 from salactl.runtime.presets import sala_nano
 from salactl.runtime.roofline import call_costs, linear_costs
 
-from conftest import gpu, unwritable_out
+from conftest import gpu, run_cli, unwritable_out
 
 
 def salactl(*args, **kw):
@@ -297,3 +297,16 @@ def test_ncu_failures_exit_13_and_14(tmp_path, code, script):
     assert not (out / "profile.ncu-rep").exists() and not (out / "result.json").exists()
     if "No kernels" in script:
         assert "profiled no kernels" in p.stderr
+
+
+def test_a_failed_profile_leaves_no_file_behind(tmp_path, capsys):
+    """The session works in a staging folder beside --out and moves its files in only at the end."""
+    out = tmp_path / "p"
+    code, _, err = run_cli(["profile", "--torch", "--phase", "decode", "--context", 16, "--layers", 99,
+                            "--out", out], capsys)
+    assert code == 2 and "out of range" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    code, _, _ = run_cli(["profile", "--torch", "--phase", "decode", "--context", 16, "--out", out], capsys)
+    assert code == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["p"]
+    assert {"result.json", "step.json", "trace.json"} <= {p.name for p in out.iterdir()}
+    assert str(tmp_path / ".p.tmp") not in (out / "result.json").read_text()

@@ -165,3 +165,27 @@ def test_no_kl_says_why_there_is_no_pareto_front(tmp_path):
                                   out=tmp_path)).to_dict()
     assert run["pareto"] == [] and len(run["points"]) == 1
     assert any("no Pareto front" in n and "--no-kl" in n for n in run["notes"])
+
+
+def test_an_interrupted_sweep_says_so_in_its_summary(tmp_path):
+    """Ctrl-C after the first point: the summary written on the way out is marked interrupted (its
+    points and front cover the finished points only), and --resume then runs only the rest."""
+    import json
+
+    class StopAfterFirstPoint:
+        def begin(self, name, total): ...
+
+        def end(self): ...
+
+        def advance_point(self):
+            raise KeyboardInterrupt
+
+    settings = dict(device="cpu", input_len=8, output_len=2, requests=1, kl=False, passkey=False,
+                    topk="1,2", out=tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(SweepSettings(**settings), progress=StopAfterFirstPoint())
+    (summary,) = tmp_path.glob("*-sweep.json")
+    first = json.loads(summary.read_text())
+    assert first["interrupted"] is True and len(first["points"]) == 1
+    rest = run_sweep(SweepSettings(**settings, resume=True)).to_dict()
+    assert rest["interrupted"] is False and rest["resumed_points"] == 1 and len(rest["points"]) == 2

@@ -64,11 +64,12 @@ class SweepRun:
     notes: list[str] = field(default_factory=list)
     pareto: list[str] = field(default_factory=list)
     files: dict = field(default_factory=dict)
+    interrupted: bool = False           # stopped early: points and front cover the finished points only
 
     def to_dict(self) -> dict:
         return rec.jsonable({"run_id": self.run_id, "points": self.points, "resumed_points": self.resumed,
                              "invalid_points": self.invalid, "notes": self.notes, "pareto": self.pareto,
-                             "files": self.files})
+                             "interrupted": self.interrupted, "files": self.files})
 
 
 def _weights_model(base, config, weight_dtype: str, base_dtype: torch.dtype, cache: dict):
@@ -230,6 +231,9 @@ def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
                     run.points.append(record)
             if progress:
                 progress.advance_point()
+    except KeyboardInterrupt:
+        run.interrupted = True
+        raise
     finally:
         if progress:
             progress.end()

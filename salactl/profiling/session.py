@@ -4,9 +4,11 @@ the analytic model, and return the result record (the CLI only parses options an
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from salactl import output
@@ -81,6 +83,26 @@ def resolve_mode(mode: str, spec: ProfileSpec, ncu_path: str | None) -> str:
 
 
 def run(spec: ProfileSpec, opts: SessionOptions) -> dict:
+    """Profile into a staging directory beside --out and move its files into --out only when the
+    whole session succeeded, so an interrupted or failed run leaves no partial profile behind."""
+    from salactl.reports.atomic import move_all
+
+    resolve_mode(opts.mode, spec, opts.ncu_path)      # a mode that cannot run fails before any file exists
+    final = opts.out_dir
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        result = _run(spec, replace(opts, out_dir=staging))
+        result["out_dir"] = str(final)
+        result["files"] = {k: str(final / Path(v).name) for k, v in result.get("files", {}).items()}
+        write_json(staging / "result.json", result)
+        move_all(staging, final, overwrite=True)     # check_out_dir vetted --out before the work
+        return result
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _run(spec: ProfileSpec, opts: SessionOptions) -> dict:
     t0 = time.perf_counter()
     mode = resolve_mode(opts.mode, spec, opts.ncu_path)
     out = opts.out_dir
@@ -104,8 +126,6 @@ def run(spec: ProfileSpec, opts: SessionOptions) -> dict:
     if opts.nvml:
         result["nvml"] = sampler.summary()
     result["elapsed_s"] = time.perf_counter() - t0
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "result.json", result)
     return result
 
 
