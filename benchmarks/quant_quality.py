@@ -74,7 +74,8 @@ def main() -> None:
     depths = [0.1, 0.3, 0.5, 0.7, 0.9]
     for name in ("bf16", "gptq", "rtn"):
         t = time.perf_counter()
-        rows = run_passkey(models[name].model, tok, passkey_trials(tok, lengths, depths, args.passkey_trials, 0))
+        rows = run_passkey(models[name].model, tok, passkey_trials(tok, lengths, depths, args.passkey_trials, 0),
+                           model_dir=models[name].model_dir)
         acc = sum(r["correct"] for r in rows) / sum(r["trials"] for r in rows)
         res["passkey"][name] = {"accuracy": acc, "rows": rows}
         log(f"passkey {name}: {acc:.3f} ({time.perf_counter() - t:.0f} s)")

@@ -172,3 +172,32 @@ def quantization_config(path: Path) -> dict | None:
     if isinstance(qc, dict):
         qc.setdefault("quant_method", "gptq")
     return qc
+
+
+def generation_eos_ids(model_dir: Path | None) -> tuple[int, ...]:
+    """generation_config.json's eos_token_id (an int or a list; the file is optional), which HF
+    `generate()` stops at."""
+    import json
+
+    if model_dir is None or not (Path(model_dir) / "generation_config.json").is_file():
+        return ()
+    f = Path(model_dir) / "generation_config.json"
+    try:
+        d = json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{f} is not valid JSON ({e.msg} at line {e.lineno}); fix or remove it") from None
+    eos = d.get("eos_token_id") if isinstance(d, dict) else None
+    if eos is None:
+        return ()
+    ids = eos if isinstance(eos, list) else [eos]
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise CheckpointError(f"{f} has eos_token_id = {json.dumps(eos)}; expected an integer or a list of integers")
+    return tuple(ids)
+
+
+def stop_token_ids(config: SalaConfig, model_dir: Path | None, tokenizer=None) -> tuple[int, ...]:
+    """The ids generation stops at (unless ignore_eos): config.json's eos_token_id, generation_config.json's
+    eos_token_id and the tokenizer's eos token and <|im_end|>. `run`, `eval passkey` and the embedded
+    bench target all use this set."""
+    ids = (*config.eos_token_id, *generation_eos_ids(model_dir), *(tokenizer.eos_ids if tokenizer else ()))
+    return tuple(dict.fromkeys(ids))

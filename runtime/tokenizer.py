@@ -1,5 +1,14 @@
-"""Tokenizer: HF `tokenizers` (tokenizer.json) with the checkpoint's special tokens and an
-optional ChatML template (`<|im_start|>role\\n…<|im_end|>\\n`)."""
+"""Tokenizer: HF `tokenizers` (tokenizer.json) loaded the way transformers' AutoTokenizer loads it,
+so that ids match HF:
+- special/added tokens declared only in tokenizer_config.json (`added_tokens_decoder`, or the legacy
+  added_tokens.json) are added with their special flags, as `PreTrainedTokenizerFast.__init__` does;
+- BOS/EOS: Llama-class tokenizers (`LLAMA_CLASSES`) follow add_bos_token (default true) and
+  add_eos_token (default false); any other class follows tokenizer.json's post_processor;
+- `--chat` renders the checkpoint's own chat template (chat_template.jinja, else tokenizer_config's
+  "chat_template") with jinja2 as `apply_chat_template(..., add_generation_prompt=True)` does and
+  tokenizes the text without special tokens (runtime/chat_template.py). Only a checkpoint without a
+  template gets ChatML.
+Streaming detokenization is runtime/stream_decoder.py."""
 
 from __future__ import annotations
 
@@ -7,6 +16,12 @@ import json
 from pathlib import Path
 
 from salactl.errors import TokenizerError
+from salactl.runtime.chat_template import chatml, compile_template, one_line, read_chat_template
+
+# transformers classes whose __init__ rebuilds the post-processor from add_bos_token/add_eos_token
+LLAMA_CLASSES = frozenset({"LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer", "CodeLlamaTokenizerFast"})
+SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+LLAMA_DEFAULTS = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}   # LlamaTokenizerFast.__init__
 
 
 class Tokenizer:
@@ -25,51 +40,188 @@ class Tokenizer:
         self.path = file
         cfg_file = file.parent / "tokenizer_config.json"
         cfg = _read_json(cfg_file)
-        add_bos = cfg.get("add_bos_token", True)
-        if add_bos is not None and not isinstance(add_bos, bool):
-            raise TokenizerError(f"{cfg_file} has add_bos_token = {json.dumps(add_bos)}; expected true or false")
-        self.add_bos = bool(add_bos)
-        self.bos_id = self._id(_token(cfg, "bos_token", cfg_file), "<s>")
-        self.eos_ids = tuple(i for i in (self._id(_token(cfg, "eos_token", cfg_file), "</s>"),
-                                         self._id(None, "<|im_end|>")) if i is not None)
+        self.tokenizer_class = cfg.get("tokenizer_class")
+        # no tokenizer_class: HF would pick the class from config.json's model_type (MiniCPM: Llama);
+        # keep the Llama rules, which salactl has always applied
+        llama = self.tokenizer_class is None or self.tokenizer_class in LLAMA_CLASSES
+        flags = {}
+        for key, default in (("add_bos_token", True), ("add_eos_token", False)):
+            v = cfg.get(key, default)
+            if v is not None and not isinstance(v, bool):
+                raise TokenizerError(f"{cfg_file} has {key} = {json.dumps(v)}; expected true or false")
+            flags[key] = bool(v)
 
-    def _id(self, token, default):
-        return self.tok.token_to_id(token or default)
+        # special tokens: tokenizer_config.json (an explicit null means none); in the legacy layout
+        # (no added_tokens_decoder) special_tokens_map.json overrides it, as in HF; a key missing from
+        # both takes LlamaTokenizerFast's default ("<s>", "</s>", "<unk>") for a Llama class
+        legacy = "added_tokens_decoder" not in cfg
+        stm_file = file.parent / "special_tokens_map.json"
+        stm = _read_json(stm_file) if legacy else {}
+        self.special: dict[str, str | None] = {}
+        for key in SPECIAL_KEYS:
+            value = _token(cfg, key, cfg_file)
+            if key in stm:
+                value = _token(stm, key, stm_file)
+            elif key not in cfg and llama:
+                value = LLAMA_DEFAULTS.get(key)
+            self.special[key] = value
+        extra = cfg.get("additional_special_tokens") or []
+        if not isinstance(extra, list):
+            raise TokenizerError(f"{cfg_file} has additional_special_tokens = {json.dumps(extra)}; expected a list")
+        if legacy and isinstance(stm.get("additional_special_tokens"), list):
+            extra = list(extra) + [t for t in stm["additional_special_tokens"] if t not in extra]
+        self.additional_special = [_token({"t": t}, "t", cfg_file) for t in extra]
+        self._add_declared_tokens(cfg, cfg_file, legacy)
 
+        if llama:
+            self._llama_post_processor(flags["add_bos_token"], flags["add_eos_token"], cfg_file)
+        self.prefix_ids, self.suffix_ids = self._template_ids()
+        self.add_bos = bool(self.prefix_ids)            # default encoding starts with BOS (eval prepends it per window)
+        bos = self.special["bos_token"]
+        self.bos_id = self.prefix_ids[0] if len(self.prefix_ids) == 1 else \
+            (self.tok.token_to_id(bos) if bos else None)
+        eos = [self.tok.token_to_id(t) for t in (self.special["eos_token"], "<|im_end|>") if t]
+        self.eos_ids = tuple(dict.fromkeys(i for i in eos if i is not None))
+        self.chat_template, self.chat_template_source = read_chat_template(file.parent, cfg, cfg_file)
+        self._compiled = None
+
+    # ---------------------------------------------------------------- loading, as transformers does
+    @property
+    def all_special_tokens(self) -> list[str]:
+        return list(dict.fromkeys([t for t in self.special.values() if t] + self.additional_special))
+
+    def _add_declared_tokens(self, cfg: dict, cfg_file: Path, legacy: bool) -> None:
+        """PreTrainedTokenizerFast.__init__: tokens of added_tokens_decoder (or added_tokens.json) that
+        tokenizer.json lacks (or declares with other flags), then every named special token that is
+        not an added token yet; special when flagged so or named among the special tokens."""
+        from tokenizers import AddedToken
+
+        declared = []
+        if not legacy:
+            dec = cfg["added_tokens_decoder"]
+            if not isinstance(dec, dict):
+                raise TokenizerError(f"{cfg_file} has a non-object added_tokens_decoder; fix or remove it")
+            for idx, t in sorted(dec.items(), key=lambda kv: _int(kv[0], cfg_file)):
+                if not isinstance(t, dict) or not isinstance(t.get("content"), str):
+                    raise TokenizerError(f"{cfg_file} has added_tokens_decoder[{idx}] = {json.dumps(t)}; "
+                                         "expected an object with a 'content' string")
+                declared.append(AddedToken(t["content"], single_word=bool(t.get("single_word", False)),
+                                           lstrip=bool(t.get("lstrip", False)), rstrip=bool(t.get("rstrip", False)),
+                                           normalized=bool(t.get("normalized", True)),
+                                           special=bool(t.get("special", False))))
+        else:
+            at_file = cfg_file.parent / "added_tokens.json"
+            at = _read_json(at_file)
+            have = self.tok.get_added_tokens_decoder()
+            specials = set(self.all_special_tokens)
+            for content, idx in sorted(at.items(), key=lambda kv: _int(kv[1], at_file)):
+                if int(idx) in have:                     # tokenizer.json's own entry wins (HF: legacy branch)
+                    continue
+                special = content in specials
+                declared.append(AddedToken(content, rstrip=False, lstrip=False, normalized=not special,
+                                           special=special))
+        existing = {repr(t) for t in self.tok.get_added_tokens_decoder().values()}
+        to_add = [t for t in declared if repr(t) not in existing]
+        encoder = {t.content for t in self.tok.get_added_tokens_decoder().values()} | {t.content for t in to_add}
+        to_add += [s for s in self.all_special_tokens if s not in encoder]
+        specials = set(self.all_special_tokens)
+        tokens = []
+        for t in to_add:
+            if isinstance(t, str):
+                tokens.append(AddedToken(t, special=t in specials))
+            else:
+                t.special = t.special or t.content in specials
+                tokens.append(t)
+        if tokens:
+            self.tok.add_tokens(tokens)
+
+    def _llama_post_processor(self, add_bos: bool, add_eos: bool, cfg_file: Path) -> None:
+        """LlamaTokenizerFast.update_post_processor."""
+        from tokenizers import processors
+
+        bos, eos = self.special["bos_token"], self.special["eos_token"]
+        if add_bos and bos is None:
+            raise TokenizerError(f"{cfg_file} has add_bos_token = true but no bos_token")
+        if add_eos and eos is None:
+            raise TokenizerError(f"{cfg_file} has add_eos_token = true but no eos_token")
+        single = f"{(bos + ':0 ') if add_bos else ''}$A:0{(' ' + eos + ':0') if add_eos else ''}"
+        pair = f"{single}{(' ' + bos + ':1') if add_bos else ''} $B:1{(' ' + eos + ':1') if add_eos else ''}"
+        special = []
+        for on, t in ((add_bos, bos), (add_eos, eos)):
+            if on:
+                i = self.tok.token_to_id(t)
+                if i is None:
+                    raise TokenizerError(f"{cfg_file}: special token {t!r} is not in the vocabulary")
+                special.append((t, i))
+        self.tok.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=special)
+
+    def _template_ids(self) -> tuple[list[int], list[int]]:
+        """The ids default encoding puts before and after the text (from the post-processor)."""
+        for probe in ("x", "Hello world", "a"):
+            plain = self.tok.encode(probe, add_special_tokens=False).ids
+            full = self.tok.encode(probe).ids
+            if plain:
+                for i in range(len(full) - len(plain) + 1):
+                    if full[i:i + len(plain)] == plain:
+                        return full[:i], full[i + len(plain):]
+        return [], []
+
+    # ---------------------------------------------------------------- API
     @property
     def vocab_size(self) -> int:
         return self.tok.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
-        ids = self.tok.encode(text, add_special_tokens=False).ids
-        if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
-            ids = [self.bos_id] + ids
-        return ids
+    def encode(self, text: str, add_bos: bool | None = None, add_special_tokens: bool = True) -> list[int]:
+        """Like HF `encode`: with the special tokens the tokenizer adds (a BOS when `add_bos`).
+        `add_special_tokens=False` (or the older `add_bos=False`) gives the text's ids alone;
+        `add_bos=True` gives BOS + the text's ids."""
+        if add_bos is False or not add_special_tokens:
+            return self.tok.encode(text, add_special_tokens=False).ids
+        if add_bos is True:
+            ids = self.tok.encode(text, add_special_tokens=False).ids
+            return ([self.bos_id] if self.bos_id is not None else []) + ids
+        return self.tok.encode(text).ids
 
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         return self.tok.decode(ids, skip_special_tokens=skip_special)
 
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """The chat text as HF `apply_chat_template(messages, add_generation_prompt, tokenize=False)`;
+        ChatML when the checkpoint has no template (see `has_chat_template`)."""
+        if self.chat_template is None:
+            return chatml(messages, add_generation_prompt)
+        if self._compiled is None:
+            self._compiled = compile_template(self.chat_template, self.chat_template_source)
+        kw = {k: v for k, v in self.special.items() if v is not None}
+        if self.additional_special:
+            kw["additional_special_tokens"] = list(self.additional_special)
+        try:
+            return self._compiled.render(messages=messages, tools=None, documents=None,
+                                         add_generation_prompt=add_generation_prompt, **kw)
+        except Exception as e:  # jinja2 TemplateError, raise_exception(), or a bug in the template
+            raise TokenizerError(f"the chat template of {self.chat_template_source} failed: "
+                                 f"{one_line(e)}") from None
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self.chat_template is not None
+
+    def chat_ids(self, user: str, system: str | None = None) -> list[int]:
+        """Ids of a one-turn chat prompt: the rendered template tokenized without special tokens
+        (the template supplies any BOS), as HF `apply_chat_template(..., tokenize=True)`."""
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt=True), add_special_tokens=False)
+
     def chat_prompt(self, user: str, system: str | None = None) -> str:
-        parts = []
-        if system:
-            parts.append(f"<|im_start|>system\n{system}<|im_end|>\n")
-        parts.append(f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")
-        return "".join(parts)
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+        return self.apply_chat_template(messages, add_generation_prompt=True)
 
 
-class StreamDecoder:
-    """Turns a growing list of ids into text increments without splitting multi-byte characters."""
-
-    def __init__(self, tokenizer: Tokenizer):
-        self.tokenizer, self.ids, self.emitted = tokenizer, [], ""
-
-    def push(self, token_id: int) -> str:
-        self.ids.append(token_id)
-        text = self.tokenizer.decode(self.ids)
-        if text.endswith("\ufffd"):
-            return ""
-        new, self.emitted = text[len(self.emitted):], text
-        return new
+def _int(v, path: Path) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        raise TokenizerError(f"{path} has a token id {json.dumps(v)}; expected an integer") from None
 
 
 def _read_json(path: Path) -> dict:

@@ -103,7 +103,7 @@ def ppl(
         source = {"split": split, "corpus_sha256": corpus_sha256(split), "python": python_version()}
     lm, tok = _load(model, device, dtype, tokenizer)
     output.warn_past_trained_length(seq_len, lm.config.max_position_embeddings, "--seq-len")
-    ids = tok.encode(text, add_bos=False)
+    ids = tok.encode(text, add_special_tokens=False)
     cap = max_tokens or None
     bos = tok.bos_id if tok.add_bos else None
     with progress_bar("perplexity") as update:
@@ -149,7 +149,7 @@ def passkey(
     output.warn_past_trained_length(max(length_list), lm.config.max_position_embeddings, "the longest --lengths")
     prompts = passkey_trials(tok, length_list, depth_list, trials, seed)
     with progress_bar("passkey") as update:
-        rows = run_passkey(lm.model, tok, prompts, chunk_size, progress=update)
+        rows = run_passkey(lm.model, tok, prompts, chunk_size, progress=update, model_dir=lm.model_dir)
     by_length = {}
     for n in length_list:
         mine = [r for r in rows if r["length"] == n]

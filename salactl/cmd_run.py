@@ -34,7 +34,8 @@ def run(
                           "eager pass over the prompt for per-op times (the timed run is unaffected).")] = True,
     kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="bf16 or auto (the model's dtype), "
                                                 "fp8_e4m3 (needs calibrated scales) or fp8_e5m2.")] = "bf16",
-    chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the ChatML template.")] = False,
+    chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the checkpoint's chat "
+                                             "template (ChatML when it has none), as HF apply_chat_template.")] = False,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Keep generating past end-of-sequence tokens.")] = False,
     out: Annotated[Optional[Path], typer.Option("--out", help="Append prefill/decode records to DIR/records.jsonl.")] = None,
     label: Annotated[Optional[str], typer.Option("--label", help="A name for this run in the records.")] = None,

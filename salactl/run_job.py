@@ -40,7 +40,10 @@ class RunRequest:
 
 def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
     from salactl.env import environment
-    from salactl.runtime.tokenizer import StreamDecoder, find_tokenizer
+    from salactl.runtime.chat_template import CHATML_NOTE
+    from salactl.runtime.loader import stop_token_ids
+    from salactl.runtime.stream_decoder import StreamDecoder
+    from salactl.runtime.tokenizer import find_tokenizer
 
     params = SamplingParams(max_new_tokens=req.max_new_tokens, temperature=req.temperature,
                             top_p=req.top_p, top_k=req.top_k, seed=req.seed, ignore_eos=req.ignore_eos)
@@ -49,8 +52,12 @@ def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
     tok = None
     if req.prompt is not None:
         tok = find_tokenizer(req.tokenizer, lm.model_dir)
-        text = tok.chat_prompt(req.prompt) if req.chat else req.prompt
-        ids = tok.encode(text)
+        if req.chat:            # the checkpoint's template, tokenized without special tokens (HF apply_chat_template)
+            if not tok.has_chat_template:
+                output.warn_once(CHATML_NOTE)
+            ids = tok.chat_ids(req.prompt)
+        else:
+            ids = tok.encode(req.prompt)
     else:
         if req.chat:
             raise UsageError("--chat needs a text prompt, not --prompt-ids")
@@ -66,7 +73,7 @@ def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
                          "pass the model's own --tokenizer")
     from salactl.runtime.gpu.available import gpu_engine_available
 
-    eos = tuple(lm.config.eos_token_id) + (tok.eos_ids if tok else ())
+    eos = stop_token_ids(lm.config, lm.model_dir, tok)
     decoder = StreamDecoder(tok) if (tok and stream) else None
     on_token = (lambda t: stream(decoder.push(t))) if decoder else None
     if gpu_engine_available(device):           # CUDA + Triton: the GPU engine
@@ -90,6 +97,11 @@ def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
         res = engine.generate(ids, params, eos_ids=eos, on_token=on_token, prefill_progress=prefill_progress)
         timing_note = {"phase_times": "the timed generation", "op_times": "the same generation (a timer "
                        "around every op)"}
+
+    if decoder is not None:
+        tail = decoder.flush()          # a character cut by --max-new-tokens, say: as `text` has it
+        if tail:
+            stream(tail)
 
     peak_memory = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     peaks = peaks_for(device)

@@ -19,6 +19,13 @@ def salactl(*args, **kw):
                           timeout=300, **kw)
 
 
+# MiniCPM3-style: a default system message when the first message is not a system one
+CHAT_TEMPLATE = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+                 "{{ '<|im_start|>system\\nBe brief.<|im_end|>\\n' }}{% endif %}"
+                 "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+                 "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     root = tmp_path_factory.mktemp("ckpt")
@@ -32,7 +39,7 @@ def ckpt(tmp_path_factory):
     tok_file = root / "tokenizer.json"
     tok.save(str(tok_file))
     (root / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>",
-                                                            "add_bos_token": True}))
+                                                            "add_bos_token": True, "chat_template": CHAT_TEMPLATE}))
     state = random_state_dict(cfg, "cpu", torch.bfloat16, 0)
     return save_checkpoint(state, cfg.to_hf_dict(), root / "model",
                            extra_files={"tokenizer.json": tok_file,
@@ -150,12 +157,25 @@ def test_info_measure_caches_cpu_ceiling(tmp_path):
     assert (tmp_path / "peaks.json").exists()
 
 
-def test_chat_template_wraps_prompt(ckpt):
+def test_chat_uses_the_checkpoints_template_without_an_extra_bos(ckpt):
+    """As HF apply_chat_template(add_generation_prompt=True): the checkpoint's own template,
+    tokenized without special tokens (no <s> unless the template writes {{ bos_token }})."""
     r = salactl("run", "--model", str(ckpt), "--prompt", "hi", "--chat", "-n", "1", "--device", "cpu", "--json")
     assert r.returncode == 0, r.stderr
     tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    text = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     ids = json.loads(r.stdout)["prompt_token_ids"]
-    assert ids[1] == tok.token_to_id("<|im_start|>") and tok.token_to_id("<|im_end|>") in ids
+    assert ids == tok.encode(text, add_special_tokens=False).ids and ids[0] == tok.token_to_id("<|im_start|>")
+    assert "ChatML" not in r.stderr
+
+
+def test_streamed_text_equals_the_json_text(ckpt):
+    """The stream is flushed at the end: what `run` prints is all of `text`."""
+    args = ["run", "--model", str(ckpt), "--prompt", "def fib", "-n", "12", "--device", "cpu", "--ignore-eos"]
+    r_json, r_human = salactl(*args, "--json"), salactl(*args)
+    assert r_json.returncode == 0 and r_human.returncode == 0, r_human.stderr
+    text = json.loads(r_json.stdout)["text"]
+    assert r_human.stdout.startswith(text + "\n\nmodel ")
 
 
 def test_run_records_render_in_latency_report(ckpt, tmp_path):

@@ -46,7 +46,10 @@ def build_tokenizer(vocab_size: int) -> Tokenizer:
 
 def tokenizer_config(max_len: int) -> dict:
     return {
-        "tokenizer_class": "PreTrainedTokenizerFast",
+        # LlamaTokenizerFast: HF then adds <s> per add_bos_token (the model is trained with it);
+        # PreTrainedTokenizerFast would ignore add_bos_token (tokenizer.json has no post-processor)
+        "tokenizer_class": "LlamaTokenizerFast",
+        "legacy": True,                 # LlamaTokenizerFast's default, stated to silence its warning
         "add_bos_token": True,
         "add_eos_token": False,
         "bos_token": "<s>",

@@ -77,11 +77,11 @@ def kl_prompt(tokenizer, length: int, vocab_size: int, seed: int) -> list[int]:
     return torch.randint(3, vocab_size, (length,), generator=g).tolist()
 
 
-def passkey_accuracy(model, tokenizer, lengths, depths, trials, seed, chunk_size) -> dict:
+def passkey_accuracy(model, tokenizer, lengths, depths, trials, seed, chunk_size, model_dir=None) -> dict:
     from salactl.evaluation.passkey import passkey_trials, run_passkey
 
     rows = run_passkey(model, tokenizer, passkey_trials(tokenizer, list(lengths), list(depths), trials, seed),
-                       chunk_size)
+                       chunk_size, model_dir=model_dir)
     correct = sum(r["correct"] for r in rows)
     total = sum(r["trials"] for r in rows)
     return {"passkey_accuracy": correct / total if total else None, "passkey_results": rows}

@@ -250,7 +250,7 @@ def _measure(p, key, varying, s, lm, config, base, base_dtype, models, engine_ki
     from salactl.bench.runner import run_phase
     from salactl.bench.metrics import phase_metrics
     from salactl.bench.synthetic import random_lengths
-    from salactl.bench.targets.embedded import EmbeddedTarget, build_engine
+    from salactl.bench.targets.embedded import EmbeddedTarget, build_engine, embedded_stop_ids
 
     label = p.label(varying)
     device = base.model.embed_tokens.weight.device
@@ -258,7 +258,8 @@ def _measure(p, key, varying, s, lm, config, base, base_dtype, models, engine_ki
         weights = _weights_model(base, config, p.weight_dtype, base_dtype, models)
         cfg = config.replace(sparse_config=p.sparse_config(config.sparse_config))
         model = with_config(weights, cfg)
-        driver, _, _ = build_engine(model, device, engine_kind, p.chunk_size, p.kv_dtype, s.max_running_requests)
+        driver, _, _ = build_engine(model, device, engine_kind, p.chunk_size, p.kv_dtype, s.max_running_requests,
+                                    eos_ids=embedded_stop_ids(lm))
     except (ConfigError, UsageError) as e:
         run.invalid.append({"knobs": p.knobs(), "reason": str(e)})
         output.stderr.print(f"skipping point {label}: {e}")
@@ -284,7 +285,8 @@ def _measure(p, key, varying, s, lm, config, base, base_dtype, models, engine_ki
     if ref_logits is not None:
         metrics.update(logit_kl(ref_logits, prompt_logits(model, prompt, p.chunk_size, p.kv_dtype), p.dense_len))
     if do_passkey:
-        metrics.update(passkey_accuracy(model, tok, lengths, depths, s.passkey_trials, s.seed, p.chunk_size))
+        metrics.update(passkey_accuracy(model, tok, lengths, depths, s.passkey_trials, s.seed, p.chunk_size,
+                                        lm.model_dir))
     metrics["point_key"] = key
     knobs = dict(p.knobs(), **{k: v for k, v in context.items() if k not in ("model",)})
     return rec.make_record("sweep", run.run_id, s.label, "sweep", label, "embedded", lm.source, metrics,

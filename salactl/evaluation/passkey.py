@@ -27,8 +27,8 @@ class _Segments:
     _cache: dict[int, "_Segments"] = {}
 
     def __init__(self, tokenizer):
-        enc = lambda s: tokenizer.encode(s, add_bos=False)  # noqa: E731
-        self.bos = [tokenizer.bos_id] if (tokenizer.add_bos and tokenizer.bos_id is not None) else []
+        enc = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+        self.bos = list(tokenizer.prefix_ids)       # what default encoding puts first (<s>), if anything
         self.instruction = enc(INSTRUCTION)
         self.sentences = [enc(s) for s in FILLER]
         self.question = enc(QUESTION)
@@ -58,7 +58,7 @@ def make_passkey_prompt(tokenizer, length_tokens: int, depth: float, rng: random
         raise UsageError(f"passkey depth must be in [0, 1], got {depth}")
     key = str(rng.randint(10 ** (KEY_DIGITS - 1), 10 ** KEY_DIGITS - 1))
     segs = _Segments.of(tokenizer)
-    needle = tokenizer.encode(NEEDLE.format(key=key), add_bos=False)
+    needle = tokenizer.encode(NEEDLE.format(key=key), add_special_tokens=False)
     fixed = len(segs.bos) + len(segs.instruction) + len(needle) + len(segs.question)
     n_fill = length_tokens - fixed
     if n_fill < 0:
@@ -73,7 +73,7 @@ def make_passkey_prompt(tokenizer, length_tokens: int, depth: float, rng: random
 
 def answer_ids(tokenizer, answer: str) -> list[int]:
     """The ids a model should produce after the prompt (training targets)."""
-    return tokenizer.encode(ANSWER.format(key=answer), add_bos=False)
+    return tokenizer.encode(ANSWER.format(key=answer), add_special_tokens=False)
 
 
 def extract_answer(text: str) -> str | None:
@@ -108,15 +108,17 @@ def passkey_trials(tokenizer, lengths: list[int], depths: list[float], trials: i
 
 
 def run_passkey(model, tokenizer, prompts: list[dict], chunk_size: int = 512,
-                progress: Callable[[int, int], None] | None = None) -> list[dict]:
+                progress: Callable[[int, int], None] | None = None, model_dir=None) -> list[dict]:
     """Greedy-decode the answer of every prompt of `passkey_trials` through the runtime Engine; a
-    trial is correct when the first number generated equals the passkey. One row per (length, depth)."""
+    trial is correct when the first number generated equals the passkey. One row per (length, depth).
+    Generation stops at `stop_token_ids` (with `model_dir`'s generation_config.json when given)."""
     from salactl.runtime.engine import Engine
+    from salactl.runtime.loader import stop_token_ids
     from salactl.runtime.sampling import SamplingParams
 
     engine = Engine(model, _model_device(model), chunk_size=chunk_size)
     params = SamplingParams(max_new_tokens=KEY_DIGITS + 3, temperature=0.0)
-    eos = tuple(model.config.eos_token_id) + tuple(tokenizer.eos_ids)
+    eos = stop_token_ids(model.config, model_dir, tokenizer)
     cells: dict[tuple[int, float], list[int]] = {}
     for done, p in enumerate(prompts, 1):
         out = engine.generate(p["ids"], params, eos_ids=eos).output_token_ids

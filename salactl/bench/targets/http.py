@@ -239,7 +239,7 @@ class HttpTarget(Target):
         if self.tokenizer is None or not texts:
             return chunks
         with self._tok_lock:
-            return len(self.tokenizer.encode("".join(texts), add_bos=False)) or chunks
+            return len(self.tokenizer.encode("".join(texts), add_special_tokens=False)) or chunks
 
     def flush_cache(self) -> None:
         status, _ = self._call("POST", self.flush_path)

@@ -1,0 +1,75 @@
+"""Chat templates as transformers renders them: the checkpoint's chat_template.jinja, else
+tokenizer_config.json's "chat_template", compiled like `_compile_jinja_template` (sandboxed,
+immutable, trim_blocks, lstrip_blocks, loop controls, raise_exception, strftime_now, tojson).
+ChatML is only the fallback for a checkpoint without a template."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from salactl.errors import TokenizerError
+
+CHATML_NOTE = ("the checkpoint has no chat template (chat_template.jinja or tokenizer_config.json's "
+               "chat_template); --chat uses ChatML")
+
+
+def chatml(messages: list[dict], add_generation_prompt: bool = True) -> str:
+    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+
+def read_chat_template(directory: Path, cfg: dict, cfg_file: Path) -> tuple[str | None, str | None]:
+    """chat_template.jinja beside tokenizer.json, else tokenizer_config's "chat_template" (a string,
+    or a list of {"name", "template"} from which the one named "default" is used)."""
+    jinja_file = directory / "chat_template.jinja"
+    if jinja_file.exists():
+        try:
+            return jinja_file.read_text(encoding="utf-8"), str(jinja_file)
+        except (OSError, UnicodeDecodeError) as e:
+            raise TokenizerError(f"cannot read {jinja_file} ({one_line(e)})") from None
+    t = cfg.get("chat_template")
+    if t is None:
+        return None, None
+    if isinstance(t, list):
+        named = {d.get("name"): d.get("template") for d in t if isinstance(d, dict)}
+        if "default" not in named:
+            raise TokenizerError(f"{cfg_file} has chat templates {sorted(map(str, named))} but none named "
+                                 "\"default\"")
+        t = named["default"]
+    if not isinstance(t, str):
+        raise TokenizerError(f"{cfg_file} has a chat_template that is not a string")
+    return t, f"{cfg_file} (chat_template)"
+
+
+def compile_template(template: str, source: str):
+    """As transformers' _compile_jinja_template: a sandboxed, immutable environment with
+    trim_blocks, lstrip_blocks, loop controls, raise_exception, strftime_now and its tojson."""
+    from datetime import datetime
+
+    try:
+        import jinja2
+        import jinja2.ext
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError:
+        raise TokenizerError("chat templates need jinja2; pip install jinja2") from None
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(template)
+    except jinja2.TemplateError as e:
+        raise TokenizerError(f"the chat template of {source} is not valid jinja ({one_line(e)})") from None
+
+
+def one_line(e: Exception) -> str:
+    s = str(e).strip().splitlines()
+    return (s[0] if s else type(e).__name__)[:300]

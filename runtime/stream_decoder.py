@@ -1,0 +1,105 @@
+"""Incremental detokenization: generated ids to text increments whose concatenation equals
+`Tokenizer.decode(all ids)`, decoding only a short window of recent ids (HF TextStreamer / vLLM)."""
+
+from __future__ import annotations
+
+import codecs
+import json
+import re
+
+_BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+def _bytes_to_unicode() -> dict[str, int]:
+    """GPT-2's byte <-> printable character table (the ByteLevel decoder's inverse)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def _decoder_kinds(tok) -> set[str]:
+    try:
+        state = json.loads(tok.decoder.__getstate__()) if tok.decoder is not None else {}
+    except Exception:
+        return set()
+    kinds, todo = set(), [state]
+    while todo:
+        d = todo.pop()
+        if isinstance(d, dict):
+            kinds.add(d.get("type"))
+            todo.extend(d.get("decoders") or [])
+    return kinds
+
+
+class StreamDecoder:
+    """Turns a growing list of ids into text increments: each push decodes only a short window of
+    recent ids from a prefix offset (HF TextStreamer / vLLM incremental detokenization) and holds
+    text back only while it may still change:
+    - ByteLevel decoders: while the bytes end in an incomplete UTF-8 sequence;
+    - ByteFallback decoders: while the last token is a <0xXX> byte token, since the decoder turns a
+      whole run of byte tokens into U+FFFD per byte when any of it is invalid UTF-8;
+    - other decoders: while the text ends in U+FFFD.
+    `flush()` returns what is held at the end; all increments joined equal `decode(ids)`."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.ids = tokenizer, []
+        self.prefix_offset = self.read_offset = 0
+        self._chunks: list[str] = []
+        kinds = _decoder_kinds(tokenizer.tok)
+        self._mode = "bytelevel" if "ByteLevel" in kinds else "bytefallback" if "ByteFallback" in kinds else "text"
+        self._char_bytes = _bytes_to_unicode() if self._mode == "bytelevel" else None
+        self._skipped = {i for i, t in tokenizer.tok.get_added_tokens_decoder().items() if t.special}
+        self._added = {i: t.content for i, t in tokenizer.tok.get_added_tokens_decoder().items()}
+
+    @property
+    def emitted(self) -> str:
+        return "".join(self._chunks)
+
+    def _token_bytes(self, i: int) -> bytes:
+        if i in self._added:
+            return self._added[i].encode("utf-8")
+        piece = self.tokenizer.tok.id_to_token(i) or ""
+        cb = self._char_bytes
+        return b"".join(bytes([cb[c]]) if c in cb else c.encode("utf-8") for c in piece)
+
+    def _unsettled(self, text: str) -> bool:
+        ids = [i for i in self.ids[self.prefix_offset:] if i not in self._skipped]
+        if self._mode == "bytefallback":
+            return bool(ids) and _BYTE_TOKEN.match(self.tokenizer.tok.id_to_token(ids[-1]) or "") is not None
+        if self._mode == "bytelevel":
+            tail = b""
+            for i in reversed(ids):
+                tail = self._token_bytes(i) + tail
+                if len(tail) >= 4:
+                    break
+            dec = codecs.getincrementaldecoder("utf-8")("replace")
+            dec.decode(tail[-4:], final=False)
+            return bool(dec.getstate()[0])             # bytes buffered: an incomplete character
+        return text.endswith("\ufffd")
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset])
+        text = self.tokenizer.decode(self.ids[self.prefix_offset:])
+        if len(text) <= len(prefix) or not text.startswith(prefix) or self._unsettled(text):
+            return ""
+        new = text[len(prefix):]
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        self._chunks.append(new)
+        return new
+
+    def flush(self) -> str:
+        """The text still held (an incomplete character at the end of the output, say)."""
+        full, done = self.tokenizer.decode(self.ids), self.emitted
+        rest = full[len(done):] if full.startswith(done) else \
+            self.tokenizer.decode(self.ids[self.prefix_offset:])[len(self.tokenizer.decode(
+                self.ids[self.prefix_offset:self.read_offset])):]
+        self.prefix_offset = self.read_offset = len(self.ids)
+        if rest:
+            self._chunks.append(rest)
+        return rest
