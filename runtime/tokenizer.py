@@ -171,16 +171,10 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.tok.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str, add_bos: bool | None = None, add_special_tokens: bool = True) -> list[int]:
-        """Like HF `encode`: with the special tokens the tokenizer adds (a BOS when `add_bos`).
-        `add_special_tokens=False` (or the older `add_bos=False`) gives the text's ids alone;
-        `add_bos=True` gives BOS + the text's ids."""
-        if add_bos is False or not add_special_tokens:
-            return self.tok.encode(text, add_special_tokens=False).ids
-        if add_bos is True:
-            ids = self.tok.encode(text, add_special_tokens=False).ids
-            return ([self.bos_id] if self.bos_id is not None else []) + ids
-        return self.tok.encode(text).ids
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Like HF `encode`: with the special tokens the tokenizer adds (a BOS when `add_bos`), or
+        the text's ids alone with `add_special_tokens=False`."""
+        return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         return self.tok.decode(ids, skip_special_tokens=skip_special)

@@ -35,7 +35,7 @@ def test_no_usage_counts_tokens_by_retokenizing_the_streamed_text(tok):
         target = HttpTarget(srv.url, "openai", flush_sleep_s=0.0, tokenizer=tok)
         target.check()
         res = _one(target)
-    assert len(tok.encode(" the" * N, add_bos=False)) == N          # one token per streamed word
+    assert len(tok.encode(" the" * N, add_special_tokens=False)) == N          # one token per streamed word
     assert res.success and res.output_len == N and res.output_len_estimated
     assert not res.short                                            # estimates are not judged
 

@@ -272,6 +272,6 @@ def test_special_flag_from_tokenizer_config_wins_for_skip_special(tmp_path):
 def test_null_bos_and_eos_mean_none(tmp_path):
     tok = Tokenizer(build(tmp_path, bos_token=None, eos_token=None, add_bos_token=False))
     assert tok.bos_id is None and not tok.add_bos and tok.eos_ids == (427,)   # no "<s>" / "</s>" fallback
-    assert tok.encode("Hello world") == HELLO and tok.encode("Hello world", add_bos=True) == HELLO
+    assert tok.encode("Hello world") == HELLO
     with pytest.raises(TokenizerError, match="add_bos_token = true but no bos_token"):
         Tokenizer(build(tmp_path / "b", bos_token=None))
