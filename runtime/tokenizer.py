@@ -206,9 +206,6 @@ class Tokenizer:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
         return self.encode(self.apply_chat_template(messages, add_generation_prompt=True), add_special_tokens=False)
 
-    def chat_prompt(self, user: str, system: str | None = None) -> str:
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
-        return self.apply_chat_template(messages, add_generation_prompt=True)
 
 
 def _int(v, path: Path) -> int:
