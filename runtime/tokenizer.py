@@ -207,7 +207,6 @@ class Tokenizer:
         return self.encode(self.apply_chat_template(messages, add_generation_prompt=True), add_special_tokens=False)
 
 
-
 def _int(v, path: Path) -> int:
     try:
         return int(v)
