@@ -34,6 +34,8 @@ carry a `perm` buffer that gathers the activations.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -47,6 +49,7 @@ _MODEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 CPU_INT8_GEMV_ROWS = 8
 
 
+@functools.cache
 def _triton_available() -> bool:
     try:
         import triton  # noqa: F401
@@ -71,8 +74,7 @@ def _cpu_int8_available() -> bool:
 
 def choose_layout(device: torch.device, bits: int, in_features: int, group_size: int, dtype: torch.dtype,
                   out_features: int = 16, *, triton_ok: bool) -> str:
-    """The weight layout for this device and shape; triton_ok: Triton is importable (the caller
-    passes `_triton_available()`)."""
+    """The weight layout for this device and shape; triton_ok: Triton is importable."""
     if bits == 8 and device.type == "cuda" and dtype in _MODEL_DTYPES and triton_ok \
             and tc8_fits(in_features, out_features, group_size):
         return "triton8"
@@ -121,7 +123,7 @@ class W4A16Linear(nn.Module):
                                       "group; this act-order layout is not supported")
             codes = unpack_qweight(qweight.cpu(), bits)[perm]
             qweight = pack_qweight(codes, bits)
-        layout = choose_layout(device, bits, K, group_size, dtype, N, triton_ok=_triton_available())
+        layout = choose_layout(device, bits, K, group_size, dtype, N, triton_ok=device.type == "cuda" and _triton_available())
         scales16 = scales.to(torch.float16)
         if layout == "triton":
             from salactl.runtime.ops.w4a16.layout import pack_tc

@@ -43,8 +43,7 @@ def read_chat_template(directory: Path, cfg: dict, cfg_file: Path) -> tuple[str 
 
 
 def compile_template(template: str, source: str):
-    """As transformers' _compile_jinja_template: a sandboxed, immutable environment with
-    trim_blocks, lstrip_blocks, loop controls, raise_exception, strftime_now and its tojson."""
+    """The template compiled as the module docstring says; a syntax error is a TokenizerError."""
     from datetime import datetime
 
     try:

@@ -141,7 +141,7 @@ def load_model(model: str | None, device=None, dtype: str | None = None,
                               f"({', '.join(sorted(PRESETS))})")
     config = SalaConfig.from_file(path / "config.json")
     dt = resolve_dtype(dtype, dev)
-    quant = quantization_config(path)
+    quant = quantization_config(path, config)
     if quant is not None:
         from salactl.quant.loading import load_gptq_model
 
@@ -156,12 +156,15 @@ def load_model(model: str | None, device=None, dtype: str | None = None,
     return LoadedModel(model, config, path, str(path))
 
 
-def quantization_config(path: Path) -> dict | None:
-    """config.json's quantization_config, else AutoGPTQ's standalone quantize_config.json (which
-    vLLM also reads; it may lack quant_method, the file name itself says GPTQ)."""
+def quantization_config(path: Path, config: SalaConfig | None = None) -> dict | None:
+    """config.json's quantization_config (from `config` when already parsed), else AutoGPTQ's
+    standalone quantize_config.json (which vLLM also reads; it may lack quant_method, the file name
+    itself says GPTQ)."""
     import json
 
-    qc = json.loads((path / "config.json").read_text()).get("quantization_config")
+    if config is None:
+        config = SalaConfig.from_file(path / "config.json")
+    qc = dict(config.extra).get("quantization_config")
     standalone = path / "quantize_config.json"
     if qc is not None or not standalone.is_file():
         return qc

@@ -40,10 +40,9 @@ class Tokenizer:
         self.path = file
         cfg_file = file.parent / "tokenizer_config.json"
         cfg = _read_json(cfg_file)
-        self.tokenizer_class = cfg.get("tokenizer_class")
-        # no tokenizer_class: HF would pick the class from config.json's model_type (MiniCPM: Llama);
-        # keep the Llama rules, which salactl has always applied
-        llama = self.tokenizer_class is None or self.tokenizer_class in LLAMA_CLASSES
+        tokenizer_class = cfg.get("tokenizer_class")
+        # no tokenizer_class: HF picks the class from config.json's model_type (MiniCPM: Llama)
+        llama = tokenizer_class is None or tokenizer_class in LLAMA_CLASSES
         flags = {}
         for key, default in (("add_bos_token", True), ("add_eos_token", False)):
             v = cfg.get(key, default)
@@ -75,7 +74,7 @@ class Tokenizer:
 
         if llama:
             self._llama_post_processor(flags["add_bos_token"], flags["add_eos_token"], cfg_file)
-        self.prefix_ids, self.suffix_ids = self._template_ids()
+        self.prefix_ids = self._template_prefix()
         self.add_bos = bool(self.prefix_ids)            # default encoding starts with BOS (eval prepends it per window)
         bos = self.special["bos_token"]
         self.bos_id = self.prefix_ids[0] if len(self.prefix_ids) == 1 else \
@@ -155,16 +154,16 @@ class Tokenizer:
                 special.append((t, i))
         self.tok.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=special)
 
-    def _template_ids(self) -> tuple[list[int], list[int]]:
-        """The ids default encoding puts before and after the text (from the post-processor)."""
+    def _template_prefix(self) -> list[int]:
+        """The ids default encoding puts before the text (from the post-processor)."""
         for probe in ("x", "Hello world", "a"):
             plain = self.tok.encode(probe, add_special_tokens=False).ids
             full = self.tok.encode(probe).ids
             if plain:
                 for i in range(len(full) - len(plain) + 1):
                     if full[i:i + len(plain)] == plain:
-                        return full[:i], full[i + len(plain):]
-        return [], []
+                        return full[:i]
+        return []
 
     # ---------------------------------------------------------------- API
     @property
@@ -172,8 +171,8 @@ class Tokenizer:
         return self.tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Like HF `encode`: with the special tokens the tokenizer adds (a BOS when `add_bos`), or
-        the text's ids alone with `add_special_tokens=False`."""
+        """Like HF `encode`: with whatever special tokens the post-processor adds, or the text's ids
+        alone with `add_special_tokens=False`."""
         return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
@@ -200,10 +199,10 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return self.chat_template is not None
 
-    def chat_ids(self, user: str, system: str | None = None) -> list[int]:
+    def chat_ids(self, user: str) -> list[int]:
         """Ids of a one-turn chat prompt: the rendered template tokenized without special tokens
         (the template supplies any BOS), as HF `apply_chat_template(..., tokenize=True)`."""
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+        messages = [{"role": "user", "content": user}]
         return self.encode(self.apply_chat_template(messages, add_generation_prompt=True), add_special_tokens=False)
 
 

@@ -220,31 +220,22 @@ def test_stop_ids_union_config_generation_config_and_tokenizer(tmp_path):
         generation_eos_ids(tmp_path)
 
 
-def test_bench_embedded_and_passkey_use_the_same_stop_set(tmp_path, monkeypatch):
+def test_run_stops_at_generation_config_eos(tmp_path, capsys):
+    """HF generate() stops at generation_config.json's eos_token_id; so does `salactl run`."""
     import json
 
-    from salactl.bench.targets import embedded
-    from salactl.evaluation import passkey
+    from conftest import run_cli
 
-    src = shutil.copytree(EMBEDDED_DIR, tmp_path / "nano", ignore=shutil.ignore_patterns("*.safetensors*"))
-    (src / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 4, 7]}))
-    lm = types.SimpleNamespace(config=types.SimpleNamespace(eos_token_id=(2,)), model_dir=src)
-    assert embedded.embedded_stop_ids(lm) == (2, 4, 7)
-    seen = []
-
-    class FakeEngine:
-        def __init__(self, *a, **k):
-            pass
-
-        def generate(self, ids, params, eos_ids=()):
-            seen.append(eos_ids)
-            return types.SimpleNamespace(output_token_ids=[])
-
-    monkeypatch.setattr("salactl.runtime.engine.Engine", FakeEngine)
-    monkeypatch.setattr(passkey, "_model_device", lambda m: "cpu")
-    tok = Tokenizer(src)
-    passkey.run_passkey(lm, tok, [{"length": 1, "depth": 0.0, "ids": [1], "key": "1"}], model_dir=src)
-    assert seen == [(2, 4, 7)]
+    src = shutil.copytree(EMBEDDED_DIR, tmp_path / "nano")
+    args = ["run", "--model", src, "-p", "def f(x):", "-n", 6, "--json", "--device", "cpu"]
+    code, out, _ = run_cli(args + ["--ignore-eos"], capsys)
+    free = json.loads(out)["output_token_ids"]
+    assert code == 0 and len(free) == 6
+    gen = json.loads((src / "generation_config.json").read_text())
+    (src / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": [free[2]]}))
+    code, out, _ = run_cli(args, capsys)
+    d = json.loads(out)
+    assert code == 0 and d["output_token_ids"] == free[:free.index(free[2]) + 1] and d["finish_reason"] == "stop"
 
 
 # ------------------------------------------------------------------ 6: tokens declared in tokenizer_config

@@ -76,7 +76,6 @@ class GPUEngine:
         self.requests: dict[int, Request] = {}
         self._next_id = 0
         self.timers = {"prefill": OpTimer(self.device), "decode": OpTimer(self.device)}
-        self.phase_calls = {"prefill": 0, "decode": 0}
         self.gla_prefill = prefill_impl(self.device)
 
     def fallback_notes(self) -> list[str]:
@@ -156,7 +155,9 @@ class GPUEngine:
         req = self.requests[rid]
         if req.finish_reason is None:
             req.finish_reason = reason
-            self._finish(req)
+            if req.slot >= 0:
+                self.backend.release_slot(req.slot)
+            self.scheduler.cancel(req)
 
     # ---- one scheduler step -----------------------------------------------------------------
     def step(self) -> list[tuple[int, int, float]]:
@@ -190,7 +191,6 @@ class GPUEngine:
         sched = self.scheduler
         timer = self.timers["prefill"] if self.profile_ops else NULL_TIMER
         logits = self.runner.prefill([(r.slot, r.prompt[s:s + n], s) for r, s, n in plan], timer)
-        self.phase_calls["prefill"] += 1
         for r, _, _ in plan:
             r.prefill_calls += 1
         done = [(i, r) for i, (r, s, n) in enumerate(plan) if sched.prefill_done(r, n)]
@@ -213,7 +213,6 @@ class GPUEngine:
     def _decode_step(self, reqs: list[Request], events) -> None:
         timer = self.timers["decode"] if self.profile_ops else NULL_TIMER
         logits = self.runner.decode([(r.slot, r.output[-1], r.next_position) for r in reqs], timer)
-        self.phase_calls["decode"] += 1
         toks = self._sample(logits, reqs)
         now = time.perf_counter()
         for r, tok in zip(reqs, toks):
@@ -224,7 +223,7 @@ class GPUEngine:
     def _finish(self, req: Request) -> None:
         if req.slot >= 0:
             self.backend.release_slot(req.slot)
-        self.scheduler.cancel(req)
+        self.scheduler.finish(req)
 
     @staticmethod
     def _sample(logits: torch.Tensor, reqs: list[Request]) -> list[int]:

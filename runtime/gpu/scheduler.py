@@ -17,7 +17,7 @@ from salactl.runtime.gpu.pools import IdAllocator
 from salactl.runtime.sampling import SamplingParams
 
 
-@dataclass
+@dataclass(eq=False)                    # identity: `in` / `remove` on the queues
 class Request:
     rid: int
     prompt: list[int]

@@ -121,10 +121,10 @@ def build_target(s: BenchSettings, need_tokenizer: bool):
     if s.endpoint:
         from salactl.bench.targets.http import HttpTarget
 
+        tok = _tokenizer_for_http(s)
         target = HttpTarget(s.endpoint, s.backend or "sglang", s.model, flush_sleep_s=s.flush_sleep,
-                            read_timeout_s=s.request_timeout or None)
+                            read_timeout_s=s.request_timeout or None, tokenizer=tok)
         target.check()
-        tok = target.tokenizer = _tokenizer_for_http(s)
         if need_tokenizer and tok is None:
             raise TokenizerError("counting the output tokens of SOAR rows needs the served model's "
                                  "tokenizer; pass --tokenizer PATH (tokenizer.json or its directory)")
@@ -152,7 +152,7 @@ def _phase_knobs(plan, s: BenchSettings, target, slo) -> dict:
             "burstiness": ph.burstiness, "warmup_requests": ph.warmup_requests,
             "flush_cache": ph.flush_cache, "batch_size": ph.batch_size, "dataset": plan.dataset,
             "num_requests_cap": s.num_requests, "skip_bad_rows": s.skip_bad_rows,
-            "temperature": 0.0, "ignore_eos": target.ignore_eos, "stream": True, "slo_ms": slo or None,
+            "temperature": 0.0, "ignore_eos": True, "stream": True, "slo_ms": slo or None,
             "seed": s.seed, "target": target.knobs()}
 
 
@@ -204,7 +204,7 @@ def _execute(run, plans, profile, target, s, slo, reference, weights, env, progr
     details = []
     durations: dict[str, float] = {}
     problems: dict[str, str] = {}
-    has_tokenizer = getattr(target, "tokenizer", None) is not None
+    has_tokenizer = target.tokenizer is not None
     try:
         for plan in plans:
             ph = plan.phase
@@ -218,12 +218,10 @@ def _execute(run, plans, profile, target, s, slo, reference, weights, env, progr
                 output.stderr.print(f"skipping phase {ph.name}: {why}")
                 continue
             outcome = run_phase(target, ph, plan.requests, seed=plan.dataset["seed"], progress=progress)
-            all_failed = outcome.results and not any(r.success for r in outcome.results)
-            if not all_failed:                  # else the error below says it
-                phase_checks.warn_failures(ph.name, outcome.results, s.details)
-            phase_checks.warn_short(ph.name, outcome.results, target.ignore_eos)
+            phase_checks.warn_failures(ph.name, outcome.results, s.details)
+            phase_checks.warn_short(ph.name, outcome.results)
             phase_checks.warn_estimated(ph.name, outcome.results, has_tokenizer)
-            problem = phase_checks.score_problem(outcome.results, target.ignore_eos)
+            problem = phase_checks.score_problem(outcome.results)
             metrics = phase_metrics(outcome.results, outcome.duration, slo)
             metrics.update(max_concurrency=ph.max_concurrency, request_rate=ph.request_rate,
                            burstiness=ph.burstiness, num_prompts=len(plan.requests))

@@ -12,21 +12,24 @@ from salactl.bench.requests import RequestResult
 from salactl.errors import EndpointError
 
 
-def _first_line(text: str) -> str:
+def first_line(text: str) -> str:
     return text.splitlines()[0] if text else "no tokens"
 
 
 def check_all_failed(phase: str, results: list[RequestResult], records_path) -> None:
     """A phase in which no request succeeded measured nothing: stop with an endpoint error."""
     if results and not any(r.success for r in results):
-        errors = Counter(_first_line(r.error) for r in results)
+        errors = Counter(first_line(r.error) for r in results)
         (first, n), = errors.most_common(1)
         raise EndpointError(f"phase {phase}: all {len(results)} requests failed ({n}x: {first}); "
                             f"records so far are in {records_path}")
 
 
 def warn_failures(phase: str, results: list[RequestResult], details: bool) -> None:
-    errors = Counter(r.error for r in results if not r.success)
+    """One line for a phase in which some (not all: check_all_failed says that) requests failed."""
+    if not any(r.success for r in results):
+        return
+    errors = Counter(first_line(r.error) for r in results if not r.success)
     if errors:
         (first, n), = errors.most_common(1)
         more = f" and {len(errors) - 1} other errors" if len(errors) > 1 else ""
@@ -34,9 +37,10 @@ def warn_failures(phase: str, results: list[RequestResult], details: bool) -> No
                          f"({n}x: {first}{more})" + ("" if details else "; --details writes each request's error"))
 
 
-def warn_short(phase: str, results: list[RequestResult], ignore_eos: bool) -> None:
+def warn_short(phase: str, results: list[RequestResult]) -> None:
+    """Every target asks for exactly max_tokens (ignore_eos): a shorter answer is the server's doing."""
     short = [r for r in results if r.short]
-    if short and ignore_eos:
+    if short:
         r = short[0]
         output.warn_once(f"phase {phase}: {len(short)} of {len(results)} requests returned fewer tokens "
                          f"than requested (e.g. {r.output_len} of {r.expected_output_len}); the server "
@@ -54,10 +58,10 @@ def warn_estimated(phase: str, results: list[RequestResult], has_tokenizer: bool
                      f"requests; their output tokens were {how}")
 
 
-def score_problem(results: list[RequestResult], ignore_eos: bool) -> str | None:
+def score_problem(results: list[RequestResult]) -> str | None:
     """Why this phase's duration cannot be scored, or None."""
     failed = sum(not r.success for r in results)
-    short = sum(r.short for r in results) if ignore_eos else 0
+    short = sum(r.short for r in results)
     parts = []
     if failed:
         parts.append(f"{failed} of {len(results)} requests failed")

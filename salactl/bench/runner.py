@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from salactl.bench.phase_checks import first_line
 from salactl.bench.profiles import Phase
 from salactl.bench.requests import BenchRequest, RequestResult
 from salactl.bench.targets.base import RequestFailed, Target
@@ -91,7 +92,7 @@ def run_request(target: Target, req: BenchRequest, max_tokens: int, phase: str,
 def warmup(target: Target, req: BenchRequest, phase: str, cancel: threading.Event) -> None:
     res = run_request(target, req, min(req.output_len, WARMUP_MAX_TOKENS), phase, cancel)
     if not res.success:
-        raise EndpointError(f"the warmup request of phase {phase} failed ({res.error.splitlines()[0] if res.error else 'no tokens'}); "
+        raise EndpointError(f"the warmup request of phase {phase} failed ({first_line(res.error)}); "
                             "the target cannot serve this workload")
 
 

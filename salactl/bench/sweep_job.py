@@ -250,7 +250,7 @@ def _measure(p, key, varying, s, lm, config, base, base_dtype, models, engine_ki
     from salactl.bench.runner import run_phase
     from salactl.bench.metrics import phase_metrics
     from salactl.bench.synthetic import random_lengths
-    from salactl.bench.targets.embedded import EmbeddedTarget, build_engine, embedded_stop_ids
+    from salactl.bench.targets.embedded import EmbeddedTarget, build_engine
 
     label = p.label(varying)
     device = base.model.embed_tokens.weight.device
@@ -258,8 +258,7 @@ def _measure(p, key, varying, s, lm, config, base, base_dtype, models, engine_ki
         weights = _weights_model(base, config, p.weight_dtype, base_dtype, models)
         cfg = config.replace(sparse_config=p.sparse_config(config.sparse_config))
         model = with_config(weights, cfg)
-        driver, _, _ = build_engine(model, device, engine_kind, p.chunk_size, p.kv_dtype, s.max_running_requests,
-                                    eos_ids=embedded_stop_ids(lm))
+        driver, _, _ = build_engine(model, device, engine_kind, p.chunk_size, p.kv_dtype, s.max_running_requests)
     except (ConfigError, UsageError) as e:
         run.invalid.append({"knobs": p.knobs(), "reason": str(e)})
         output.stderr.print(f"skipping point {label}: {e}")

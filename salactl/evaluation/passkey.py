@@ -110,7 +110,7 @@ def passkey_trials(tokenizer, lengths: list[int], depths: list[float], trials: i
 def run_passkey(model, tokenizer, prompts: list[dict], chunk_size: int = 512,
                 progress: Callable[[int, int], None] | None = None, model_dir=None) -> list[dict]:
     """Greedy-decode the answer of every prompt of `passkey_trials` through the runtime Engine; a
-    trial is correct when the first number generated equals the passkey. One row per (length, depth).
+    trial is correct when the answer starts with the passkey's number (leading spaces allowed). One row per (length, depth).
     Generation stops at `stop_token_ids` (with `model_dir`'s generation_config.json when given)."""
     from salactl.runtime.engine import Engine
     from salactl.runtime.loader import stop_token_ids

@@ -87,12 +87,12 @@ def run(spec: ProfileSpec, opts: SessionOptions) -> dict:
     whole session succeeded, so an interrupted or failed run leaves no partial profile behind."""
     from salactl.reports.atomic import move_all
 
-    resolve_mode(opts.mode, spec, opts.ncu_path)      # a mode that cannot run fails before any file exists
+    mode = resolve_mode(opts.mode, spec, opts.ncu_path)    # a mode that cannot run fails before any file exists
     final = opts.out_dir
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
-        result = _run(spec, replace(opts, out_dir=staging))
+        result = _run(spec, replace(opts, out_dir=staging), mode)
         result["out_dir"] = str(final)
         result["files"] = {k: str(final / Path(v).name) for k, v in result.get("files", {}).items()}
         write_json(staging / "result.json", result)
@@ -102,9 +102,8 @@ def run(spec: ProfileSpec, opts: SessionOptions) -> dict:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _run(spec: ProfileSpec, opts: SessionOptions) -> dict:
+def _run(spec: ProfileSpec, opts: SessionOptions, mode: str) -> dict:
     t0 = time.perf_counter()
-    mode = resolve_mode(opts.mode, spec, opts.ncu_path)
     out = opts.out_dir
     sampler = nullcontext()
     if opts.nvml:

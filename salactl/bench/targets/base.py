@@ -27,7 +27,7 @@ class Target(ABC):
     kind: str = ""                      # "embedded" | "sglang" | "openai" (the record's `target`)
     model: str = ""
     max_batch_size: int | None = None   # how many requests it runs at once (None = no known limit)
-    ignore_eos: bool = True             # requests ask for exactly max_tokens (a short answer is wrong)
+    tokenizer = None                    # counts output a server reports no usage for (HTTP targets)
 
     def check(self) -> None:
         """Fail fast (SalactlError) when the target cannot serve at all."""

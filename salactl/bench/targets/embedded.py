@@ -119,12 +119,10 @@ def resolve_engine(engine: str, device: torch.device) -> str:
 DEFAULT_CHUNK = {"gpu": 8192, "reference": 512}     # 8192 = SOAR's --chunked-prefill-size
 
 
-def build_engine(model, device, engine: str, chunk_size: int | None, kv_cache_dtype: str, max_running: int,
-                 eos_ids: tuple[int, ...] | None = None):
-    """`eos_ids`: the stop set (`runtime.loader.stop_token_ids`; default config.eos_token_id).
-    The stepping engine behind the target: the continuous-batching GPU engine when asked for
+def build_engine(model, device, engine: str, chunk_size: int | None, kv_cache_dtype: str, max_running: int):
+    """The stepping engine behind the target: the continuous-batching GPU engine when asked for
     (or `auto` on CUDA with Triton), else the single-sequence reference Engine in FIFO order.
-    Returns (EngineDriver, engine name, chunk size)."""
+    Returns (EngineDriver, engine name, chunk size). Bench requests ignore EOS: no stop set."""
     from salactl.bench.targets.engine_driver import EngineDriver, GpuStepper, SerialStepper
 
     kind = resolve_engine(engine, device)
@@ -134,29 +132,14 @@ def build_engine(model, device, engine: str, chunk_size: int | None, kv_cache_dt
         from salactl.runtime.kv_fp8 import fp8_dtype
 
         kw = {"kv_dtype": fp8_dtype(kv_cache_dtype)} if fp8_dtype(kv_cache_dtype) is not None else {}
-        gpu = GPUEngine(model, device, chunk_size=chunk_size, max_running_requests=max_running,
-                        eos_ids=eos_ids or (), **kw)
+        gpu = GPUEngine(model, device, chunk_size=chunk_size, max_running_requests=max_running, **kw)
         for note in gpu.fallback_notes():
             output.warn_once(note)
         return EngineDriver(GpuStepper(gpu), max_running), "gpu", chunk_size
     from salactl.runtime.engine import Engine
 
     ref = Engine(model, device, chunk_size=chunk_size, kv_cache_dtype=kv_cache_dtype)
-    stops = tuple(model.config.eos_token_id) if eos_ids is None else tuple(eos_ids)
-    return EngineDriver(SerialStepper(ref, stops), 1), "reference", chunk_size
-
-
-def embedded_stop_ids(lm) -> tuple[int, ...]:
-    """The stop set `run` uses (`stop_token_ids`), with the checkpoint's tokenizer when it has one."""
-    from salactl.errors import TokenizerError
-    from salactl.runtime.loader import stop_token_ids
-    from salactl.runtime.tokenizer import find_tokenizer
-
-    try:
-        tok = find_tokenizer(None, lm.model_dir)
-    except TokenizerError:
-        tok = None
-    return stop_token_ids(lm.config, lm.model_dir, tok)
+    return EngineDriver(SerialStepper(ref), 1), "reference", chunk_size
 
 
 def build_embedded_target(model: str | None, random_weights: bool, seed: int, device: str, dtype: str,
@@ -171,8 +154,7 @@ def build_embedded_target(model: str | None, random_weights: bool, seed: int, de
 
     lm = load_model(model or "sala-nano", device, dtype, random_weights, seed)
     dev = lm.model.model.embed_tokens.weight.device
-    driver, engine_name, chunk_size = build_engine(lm.model, dev, engine, chunk_size, kv_cache_dtype, max_running,
-                                                   eos_ids=embedded_stop_ids(lm))
+    driver, engine_name, chunk_size = build_engine(lm.model, dev, engine, chunk_size, kv_cache_dtype, max_running)
     act_dtype = lm.model.model.embed_tokens.weight.dtype
     dtype_name = str(act_dtype).replace("torch.", "")
     knobs = {"engine": engine_name, "device": str(dev), "dtype": dtype_name,

@@ -37,8 +37,8 @@ class SerialStepper:
 
     max_batch_size = 1
 
-    def __init__(self, engine, eos_ids: tuple[int, ...] = ()):
-        self.engine, self.eos_ids = engine, tuple(eos_ids)
+    def __init__(self, engine):
+        self.engine = engine
         self.waiting: deque = deque()
         self.current = None                 # (rid, generator)
         self.done: set[int] = set()
@@ -64,7 +64,7 @@ class SerialStepper:
     def step(self) -> list[tuple[int, object, float]]:
         if self.current is None:
             rid, prompt, params = self.waiting.popleft()
-            self.current = (rid, self.engine.stream(prompt, params, self.eos_ids))
+            self.current = (rid, self.engine.stream(prompt, params))
         rid, gen = self.current
         try:
             tok = next(gen)
