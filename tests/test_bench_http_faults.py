@@ -29,32 +29,31 @@ def tok(tmp_path_factory):
     return Tokenizer(make_tokenizer(tmp_path_factory.mktemp("tok")))
 
 
-def test_no_usage_counts_tokens_by_retokenizing_the_streamed_text(tok):
+def _openai_request(usage: str, tokenizer=None, **server):
+    """One streamed request to a loopback OpenAI-style server that reports `usage` as asked."""
     with FakeServer(0.01, 0.001) as srv:
-        srv.usage, srv.token_text = "none", " the"
-        target = HttpTarget(srv.url, "openai", flush_sleep_s=0.0, tokenizer=tok)
+        srv.usage = usage
+        for k, v in server.items():
+            setattr(srv, k, v)
+        target = HttpTarget(srv.url, "openai", flush_sleep_s=0.0, tokenizer=tokenizer)
         target.check()
-        res = _one(target)
+        return _one(target)
+
+
+def test_no_usage_counts_tokens_by_retokenizing_the_streamed_text(tok):
+    res = _openai_request("none", tok, token_text=" the")
     assert len(tok.encode(" the" * N, add_special_tokens=False)) == N          # one token per streamed word
     assert res.success and res.output_len == N and res.output_len_estimated
     assert not res.short                                            # estimates are not judged
 
 
 def test_no_usage_without_tokenizer_keeps_the_chunk_count_but_marks_it():
-    with FakeServer(0.01, 0.001) as srv:
-        srv.usage = "none"
-        target = HttpTarget(srv.url, "openai", flush_sleep_s=0.0)
-        target.check()
-        res = _one(target)
+    res = _openai_request("none")
     assert res.success and res.output_len == len(chunk_sizes(N)) < N and res.output_len_estimated
 
 
 def test_final_usage_only_gives_the_exact_count():
-    with FakeServer(0.01, 0.001) as srv:
-        srv.usage = "final"
-        target = HttpTarget(srv.url, "openai", flush_sleep_s=0.0)
-        target.check()
-        res = _one(target)
+    res = _openai_request("final")
     assert res.success and res.output_len == N and not res.output_len_estimated and not res.short
 
 
