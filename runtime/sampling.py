@@ -35,6 +35,8 @@ class SamplingParams:
             raise UsageError(f"--top-p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise UsageError(f"--top-k must be >= 0 (0 = off), got {self.top_k}")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise UsageError(f"--seed must be in [0, 2^63), got {self.seed}")
 
 
 def greedy(logits: torch.Tensor) -> list[int]:

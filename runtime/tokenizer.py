@@ -250,3 +250,10 @@ def find_tokenizer(explicit: str | None, model_dir: Path | None) -> Tokenizer:
     from salactl.runtime.loader import EMBEDDED_DIR
 
     return Tokenizer(EMBEDDED_DIR)
+
+
+def check_fits(tok: Tokenizer, vocab_size: int) -> None:
+    """A tokenizer with more ids than the model's embedding would index past it."""
+    if tok.vocab_size > vocab_size:
+        raise TokenizerError(f"tokenizer has {tok.vocab_size} tokens but the model only {vocab_size}; "
+                             "pass the model's own --tokenizer")

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from salactl import output
-from salactl.options import DeviceOpt, DtypeOpt, JsonOpt, RandomWeightsOpt, TokenizerOpt
+from salactl.options import SEED_MAX, DeviceOpt, DtypeOpt, JsonOpt, RandomWeightsOpt, TokenizerOpt
 
 
 def bench(
@@ -24,7 +24,7 @@ def bench(
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Embedded: checkpoint dir or preset (default sala-nano). Server: served model name.")] = None,
     tokenizer: TokenizerOpt = None,
     random_weights: RandomWeightsOpt = False,
-    seed: Annotated[Optional[int], typer.Option("--seed", help="Seed for the dataset shuffle, synthetic prompts and arrival times (default: the profile's own, 1 for soar), and for --random-weights (default 0).")] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", min=0, max=SEED_MAX, help="Seed for the dataset shuffle, synthetic prompts and arrival times (default: the profile's own, 1 for soar), and for --random-weights (default 0).")] = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     chunk_size: Annotated[Optional[int], typer.Option("--chunk-size", help="Prefill chunk in tokens (default 8192 on the GPU engine, 512 on the reference).")] = None,

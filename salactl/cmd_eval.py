@@ -10,9 +10,9 @@ from typing import Annotated, Optional
 import typer
 
 from salactl import output
-from salactl.errors import DatasetError, TokenizerError, UsageError
+from salactl.errors import DatasetError, UsageError
 from salactl.lists import parse_list
-from salactl.options import ChunkOpt, DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, TokenizerOpt
+from salactl.options import SEED_MAX, ChunkOpt, DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, TokenizerOpt
 
 eval_app = typer.Typer(no_args_is_help=True, help="Evaluate a model: perplexity and passkey retrieval.")
 
@@ -52,13 +52,11 @@ def _check_chunk(chunk_size: int) -> None:
 
 def _load(model: str, device: str, dtype: str, tokenizer: str | None):
     from salactl.runtime.loader import load_model
-    from salactl.runtime.tokenizer import find_tokenizer
+    from salactl.runtime.tokenizer import check_fits, find_tokenizer
 
     lm = load_model(model, device, dtype)
     tok = find_tokenizer(tokenizer, lm.model_dir)
-    if tok.vocab_size > lm.config.vocab_size:
-        raise TokenizerError(f"tokenizer has {tok.vocab_size} tokens but the model only "
-                         f"{lm.config.vocab_size}; pass the model's own --tokenizer")
+    check_fits(tok, lm.config.vocab_size)
     return lm, tok
 
 
@@ -124,7 +122,7 @@ def passkey(
     lengths: Annotated[str, typer.Option("--lengths", help="Prompt lengths in tokens.")] = "256,512,1024,2048",
     depths: Annotated[str, typer.Option("--depths", help="Needle depths in [0, 1].")] = DEFAULT_DEPTHS,
     trials: Annotated[int, typer.Option("--trials", help="Prompts per (length, depth).")] = 5,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the passkeys.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, max=SEED_MAX, help="Seed of the passkeys.")] = 0,
     model: ModelOpt = "sala-nano",
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",

@@ -8,7 +8,8 @@ import typer
 
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Checkpoint directory or preset (sala-nano, sala-9b).")]
 RandomWeightsOpt = Annotated[bool, typer.Option("--random-weights", help="Random weights of the preset's real shapes.")]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for random weights and sampling.")]
+SEED_MAX = 2**63 - 1     # torch.manual_seed and numpy's generators both take 0 .. 2^63-1
+SeedOpt = Annotated[int, typer.Option("--seed", min=0, max=SEED_MAX, help="Seed for random weights and sampling.")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="bfloat16, float16 or float32.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from salactl import output
-from salactl.errors import TokenizerError, UsageError
+from salactl.errors import UsageError
 from salactl.profiling.weights import quantized_as
 from salactl.runtime.engine import Engine
 from salactl.runtime.kv_fp8 import fp8_dtype, stored_kv_name
@@ -43,7 +43,7 @@ def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
     from salactl.runtime.chat_template import CHATML_NOTE
     from salactl.runtime.loader import stop_token_ids
     from salactl.runtime.stream_decoder import StreamDecoder
-    from salactl.runtime.tokenizer import find_tokenizer
+    from salactl.runtime.tokenizer import check_fits, find_tokenizer
 
     params = SamplingParams(max_new_tokens=req.max_new_tokens, temperature=req.temperature,
                             top_p=req.top_p, top_k=req.top_k, seed=req.seed, ignore_eos=req.ignore_eos)
@@ -68,9 +68,8 @@ def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
             tok = None
     output.warn_past_trained_length(len(ids) + req.max_new_tokens, lm.config.max_position_embeddings,
                                     "the prompt plus --max-new-tokens")
-    if tok is not None and tok.vocab_size > lm.config.vocab_size:
-        raise TokenizerError(f"tokenizer has {tok.vocab_size} tokens but the model only {lm.config.vocab_size}; "
-                         "pass the model's own --tokenizer")
+    if tok is not None:
+        check_fits(tok, lm.config.vocab_size)
     from salactl.runtime.gpu.available import gpu_engine_available
 
     eos = stop_token_ids(lm.config, lm.model_dir, tok)

@@ -9,6 +9,13 @@ from salactl.runtime.loader import build_model
 from salactl.runtime.presets import sala_nano
 
 
+@pytest.fixture(autouse=True)
+def _no_debug_tracebacks(monkeypatch):
+    """SALACTL_DEBUG=1 in the developer's shell turns one-line errors into tracebacks, which many
+    tests (and the CLIs they start as subprocesses) check for; tests that want it set it themselves."""
+    monkeypatch.delenv("SALACTL_DEBUG", raising=False)
+
+
 def tiny_config(**sparse_overrides):
     cfg = sala_nano(vocab_size=512)
     if sparse_overrides:

@@ -24,7 +24,6 @@ SGLANG_FIELDS = ("phase", "max_concurrency", "duration", "completed", "failed", 
 
 def salactl(*args, timeout=300, **kw):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.pop("SALACTL_DEBUG", None)
     return subprocess.run([sys.executable, "-m", "salactl", *args], capture_output=True, text=True,
                           timeout=timeout, env=env, **kw)
 

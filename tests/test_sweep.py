@@ -82,7 +82,6 @@ def test_grid_validation():
 
 def salactl(*args, timeout=600):
     env = dict(os.environ)
-    env.pop("SALACTL_DEBUG", None)
     return subprocess.run([sys.executable, "-m", "salactl", *args], capture_output=True, text=True,
                           timeout=timeout, env=env)
 

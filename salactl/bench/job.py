@@ -132,17 +132,18 @@ def build_target(s: BenchSettings, need_tokenizer: bool):
     if s.backend:
         raise UsageError("--backend needs --endpoint URL (without one, the embedded engine is benchmarked)")
     from salactl.bench.targets.embedded import build_embedded_target
-    from salactl.runtime.tokenizer import find_tokenizer
+    from salactl.runtime.tokenizer import check_fits, find_tokenizer
 
     target, lm = build_embedded_target(s.model, s.random_weights, s.seed or 0, s.device, s.dtype, s.chunk_size,
                                        s.engine, s.kv_cache_dtype, s.max_running_requests)
     tok = None
     if need_tokenizer:
         tok = find_tokenizer(s.tokenizer, lm.model_dir)
-        if tok.vocab_size > lm.config.vocab_size:
+        try:
+            check_fits(tok, lm.config.vocab_size)
+        except TokenizerError:
             target.close()
-            raise UsageError(f"tokenizer has {tok.vocab_size} tokens but the model only "
-                             f"{lm.config.vocab_size}; pass the model's own --tokenizer")
+            raise
     return target, tok, lm.config.vocab_size
 
 

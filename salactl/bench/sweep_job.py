@@ -175,12 +175,10 @@ def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
 
     tok = None
     try:
-        from salactl.runtime.tokenizer import find_tokenizer
+        from salactl.runtime.tokenizer import check_fits, find_tokenizer
 
         tok = find_tokenizer(s.tokenizer, lm.model_dir)
-        if tok.vocab_size > config.vocab_size:
-            raise UsageError(f"tokenizer has {tok.vocab_size} tokens but the model only "
-                             f"{config.vocab_size}; pass the model's own --tokenizer")
+        check_fits(tok, config.vocab_size)
     except SalactlError as e:
         if s.tokenizer:
             raise

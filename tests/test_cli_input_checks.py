@@ -1,0 +1,55 @@
+"""Input checks shared by several commands: --seed's range, and a tokenizer with more ids than the
+model's vocabulary (one exit code, 5, wherever it is caught)."""
+
+import json
+
+import pytest
+import torch
+
+from conftest import run_cli, tiny_config
+from salactl.errors import UsageError
+from salactl.runtime.checkpoint import random_state_dict, save_checkpoint
+from salactl.runtime.loader import EMBEDDED_DIR
+from salactl.runtime.sampling import SamplingParams
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**63), "99999999999999999999999"])
+@pytest.mark.parametrize("command", [["run", "--prompt", "hi", "--max-new-tokens", "1"],
+                                     ["eval", "passkey", "--lengths", "64", "--trials", "1"],
+                                     ["bench", "--profile", "soar", "--scale", "0.001"]])
+def test_seed_out_of_range_is_a_one_line_usage_error(command, seed, capsys):
+    code, out, err = run_cli([*command, "--seed", seed], capsys)
+    assert code == 2, err
+    assert out == "" and len(err.strip().splitlines()) == 1 and "--seed" in err and "Traceback" not in err
+
+
+def test_sampling_params_refuse_a_seed_torch_cannot_take():
+    with pytest.raises(UsageError, match="--seed"):
+        SamplingParams(temperature=1.0, seed=2**64)
+    assert SamplingParams(temperature=1.0, seed=2**63 - 1).seed == 2**63 - 1
+
+
+@pytest.fixture(scope="module")
+def small_vocab_checkpoint(tmp_path_factory):
+    """sala-nano's shapes with 512 token ids, beside sala-nano's 4096-id tokenizer."""
+    cfg = tiny_config()
+    out = tmp_path_factory.mktemp("small-vocab") / "ckpt"
+    return save_checkpoint(random_state_dict(cfg, "cpu", torch.float32, 0), cfg.to_hf_dict(), out,
+                           extra_files={"tokenizer.json": EMBEDDED_DIR / "tokenizer.json"})
+
+
+@pytest.mark.parametrize("command", [["run", "--prompt", "hi", "--max-new-tokens", "1"],
+                                     ["eval", "ppl", "--max-tokens", "64"],
+                                     ["bench", "--profile", "soar", "--dataset", "speed.jsonl"],
+                                     ["sweep", "--topk", "2", "--requests", "1", "--kl-len", "64"]])
+def test_tokenizer_larger_than_the_model_exits_5_everywhere(command, small_vocab_checkpoint, tmp_path, capsys):
+    rows = [{"question": f"the quick brown fox {i}", "model_response": "jumps over the dog"} for i in range(3)]
+    (tmp_path / "speed.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
+    command = [str(tmp_path / a) if a == "speed.jsonl" else a for a in command]
+    args = [*command, "--model", str(small_vocab_checkpoint), "--device", "cpu"]
+    if command[0] == "sweep":
+        args += ["--tokenizer", str(EMBEDDED_DIR / "tokenizer.json"), "--out", str(tmp_path / "sw")]
+    code, out, err = run_cli(args, capsys)
+    assert code == 5, err
+    assert "tokenizer has 4096 tokens but the model only 512" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "sw").exists()
