@@ -64,6 +64,17 @@ class SparseConfig:
         """Blocks each query keeps: topk plus the local window (96 for MiniCPM-SALA)."""
         return self.topk + self.window_blocks
 
+    @property
+    def forced_blocks_note(self) -> str | None:
+        """Why a query may not attend to its own block: DESIGN.md §2 step 4 keeps topk + W/B blocks,
+        forced ones first by index, but init_blocks + W/B + 1 blocks are forced in, so with
+        topk <= init_blocks the newest local block (the query's own) falls out of the budget."""
+        if self.topk > self.init_blocks:
+            return None
+        return (f"sparse_config.topk {self.topk} <= init_blocks {self.init_blocks}: the init and local blocks "
+                f"forced in exceed the {self.selected_blocks}-block budget, so sparse queries past the init "
+                "blocks drop their own block (DESIGN.md §2 step 4); use topk > init_blocks")
+
     @classmethod
     def from_dict(cls, d: dict | None) -> "SparseConfig":
         if d is None:

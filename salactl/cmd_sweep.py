@@ -27,7 +27,7 @@ def sweep(
     block: Annotated[Optional[str], ListOpt("--block", "sparse_config.block_size values (multiples of kernel_stride).")] = None,
     chunk_size: Annotated[Optional[str], ListOpt("--chunk-size", "Prefill chunk sizes (default 8192 on the GPU engine, 512 on the reference).")] = None,
     batch_size: Annotated[Optional[str], ListOpt("--batch-size", "Requests in flight (reference engine: 1).")] = None,
-    kv_dtype: Annotated[Optional[str], ListOpt("--kv-dtype", "bf16, fp8_e5m2, fp8_e4m3 (calibrated scales).")] = None,
+    kv_dtype: Annotated[Optional[str], typer.Option("--kv-cache-dtype", "--kv-dtype", help="KV cache dtypes: bf16, fp8_e5m2, fp8_e4m3 (calibrated scales).")] = None,
     weight_dtype: Annotated[Optional[str], ListOpt("--weight-dtype", "bf16, fp16, fp32, w4a16, w8a16 (RTN g128 in memory).")] = None,
     input_len: Annotated[int, typer.Option("--input-len", help="Prompt tokens of the speed workload.")] = 512,
     output_len: Annotated[int, typer.Option("--output-len", help="Output tokens of the speed workload.")] = 16,

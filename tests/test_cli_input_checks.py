@@ -10,6 +10,7 @@ from conftest import run_cli, tiny_config
 from salactl.errors import UsageError
 from salactl.runtime.checkpoint import random_state_dict, save_checkpoint
 from salactl.runtime.loader import EMBEDDED_DIR
+from salactl.runtime.ops.selection.reference import compress_keys, num_windows, select_blocks
 from salactl.runtime.sampling import SamplingParams
 
 
@@ -53,3 +54,29 @@ def test_tokenizer_larger_than_the_model_exits_5_everywhere(command, small_vocab
     assert code == 5, err
     assert "tokenizer has 4096 tokens but the model only 512" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "sw").exists()
+
+
+def test_topk_at_most_init_blocks_is_warned_because_queries_lose_their_own_block(tmp_path, capsys):
+    cfg = tiny_config(topk=1, init_blocks=1)
+    sc = cfg.sparse_config
+    assert tiny_config().sparse_config.forced_blocks_note is None
+    assert "topk 1 <= init_blocks 1" in sc.forced_blocks_note
+    t, nblocks = 12 * sc.block_size + 3, 13                       # the query's own block is 12
+    q, k = torch.randn(1, 4, 8, dtype=torch.float64), torch.randn(t + 1, 2, 8, dtype=torch.float64)
+    k1 = compress_keys(k, sc, 0, num_windows(t + 1, sc))
+    kept = select_blocks(q, k1, torch.tensor([t]), sc, nblocks)[0, 0].nonzero().flatten().tolist()
+    assert 0 in kept and 12 not in kept and len(kept) == sc.selected_blocks
+    ckpt = save_checkpoint(random_state_dict(cfg, "cpu", torch.float32, 0), cfg.to_hf_dict(), tmp_path / "ckpt")
+    ids = ",".join(str(3 + i % 500) for i in range(sc.dense_len + 40))
+    code, out, err = run_cli(["run", "--model", ckpt, "--prompt-ids", ids, "--max-new-tokens", "1", "--json"], capsys)
+    assert code == 0, err
+    assert err.count("init_blocks 1") == 1 and "drop their own block" in err
+    short = ",".join(["3"] * 8)
+    code, out, err = run_cli(["run", "--model", ckpt, "--prompt-ids", short, "--max-new-tokens", "1", "--json"], capsys)
+    assert code == 0 and "init_blocks" not in err     # never reaches the sparse path
+
+
+@pytest.mark.parametrize("flag", ["--kv-cache-dtype", "--kv-dtype"])
+def test_sweep_takes_the_kv_cache_dtype_flag_of_run_and_bench(flag, tmp_path, capsys):
+    code, out, err = run_cli(["sweep", flag, "fp16", "--out", tmp_path / "sw"], capsys)
+    assert code == 2 and "--kv-cache-dtype 'fp16' is not supported" in err and not (tmp_path / "sw").exists()

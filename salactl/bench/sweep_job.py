@@ -106,7 +106,7 @@ def _axes(s: SweepSettings, config, default_weight: str, default_chunk: int) -> 
         "block": parse_ints(s.block, "block", sc.block_size),
         "chunk_size": parse_ints(s.chunk_size, "chunk-size", default_chunk),
         "batch_size": parse_ints(s.batch_size, "batch-size", 1),
-        "kv_dtype": parse_names(s.kv_dtype, "kv-dtype", "bf16", KV_DTYPES),
+        "kv_dtype": parse_names(s.kv_dtype, "kv-cache-dtype", "bf16", KV_DTYPES),
         "weight_dtype": parse_names(s.weight_dtype, "weight-dtype", default_weight, WEIGHT_DTYPES),
     }
 
@@ -131,7 +131,7 @@ def _check_before_loading(s: SweepSettings) -> None:
         parse_ints(text, name, 0, minimum=0)
     for text, name in ((s.topk, "topk"), (s.block, "block"), (s.chunk_size, "chunk-size")):
         parse_ints(text, name, 1)
-    parse_names(s.kv_dtype, "kv-dtype", "bf16", KV_DTYPES)
+    parse_names(s.kv_dtype, "kv-cache-dtype", "bf16", KV_DTYPES)
     parse_names(s.weight_dtype, "weight-dtype", "bf16", WEIGHT_DTYPES)
     kind = resolve_engine(s.engine, resolve_device(s.device))
     limit = 1 if kind == "reference" else s.max_running_requests
@@ -172,6 +172,11 @@ def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
         output.stderr.print(f"skipping invalid point {p.label(varying)}: {why}")
     if not points:
         raise ConfigError(f"no valid point in the grid ({invalid[0][1]})")
+    for p in points:
+        note = p.sparse_config(config.sparse_config).forced_blocks_note
+        if note:
+            output.warn_once(f"point {p.label(varying)}: {note}")
+            run.notes.append(f"{p.label(varying)}: {note}")
 
     tok = None
     try:
