@@ -1,5 +1,5 @@
 """The read floor of the decode selection's lse pass: how fast any kernel can read one layer's
-compressed keys (K1) through the page table, against the lse pass itself (issue 4's sparse /
+compressed keys (K1) through the page table, against the lse pass itself (the sparse /
 dense target, whose 1M batch-1 gap is mostly the two K1 passes).
 
     cd benchmarks && python k1_read_floor.py [--contexts 1048676,131172] [--batch 1,2]

@@ -1,4 +1,4 @@
-"""sala-nano quality of GPTQ vs RTN checkpoints and of the FP8 KV cache (issue 5), on CPU.
+"""sala-nano quality of GPTQ vs RTN checkpoints and of the FP8 KV cache, on CPU.
 
     python benchmarks/quant_quality.py --gptq DIR --rtn DIR [--base sala-nano] [--out FILE]
 

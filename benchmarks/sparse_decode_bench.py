@@ -1,4 +1,4 @@
-"""One sparse layer's decode attention on one GPU (issue 4): InfLLM-V2 (K1 update + selection +
+"""One sparse layer's decode attention on one GPU: InfLLM-V2 (K1 update + selection +
 paged attention over the selected blocks) vs dense paged attention, sala-9b shapes, bf16,
 batch 1 (and more rows of the same context with --batch).
 
@@ -293,10 +293,9 @@ def layer_case(cfg, ctx, width, flush_bufs, variants, breakdown=False, batch=1, 
 
 # Selection variants swept (and checked): knobs of select_decode over gpu.DECODE_DEFAULTS.
 VARIANTS = [("default", {}),
-            ("lse splits 128", dict(lse_splits=128)),   # the batch-1 default before 256
+            ("lse splits 128", dict(lse_splits=128)),
             ("lse splits 64", dict(lse_splits=64)),
-            # session 16: the top-k by counting ranks (triton_rank.py; before it, a grid threshold
-            # select: 1M + 100 batch 1 40.5 us against 33.9 for the selection). RB keys per
+            # the top-k by counting ranks (triton_rank.py): RB keys per
             # program and step against CT-wide tiles; long rows gathered first (gather_chunk
             # blocks per program); short rows ranked up to rank_short_rows rows (default 4),
             # else the one-program radix select (triton_radix.py)
@@ -313,24 +312,23 @@ VARIANTS = [("default", {}),
             ("rank ct128 rb16", dict(rank_ct=128, rank_rb=16)),
             ("gather ch512", dict(gather_chunk=512)),
             ("gather ch2048", dict(gather_chunk=2048)),
-            # session 11: pass 2 adds one atomic per distinct histogram bin of its program (now
-            # the default); "no dedup" is the one atomic per block before it
+            # pass 2 adds one atomic per distinct histogram bin of its program (the default);
+            # "no dedup" is one atomic per block
             ("no dedup", dict(dedup=False)),
-            # session 11: the lse pass's windows per step, warps and pipeline stages (now 128, 4, 2: session 30)
-            ("lse bw64", dict(lse_bw=64)),                    # the default before session 11
+            # the lse pass's windows per step, warps and pipeline stages (default 128, 4, 2)
+            ("lse bw64", dict(lse_bw=64)),
             ("lse bw128 w8", dict(lse_warps=8)),
             ("lse bw64 w8", dict(lse_bw=64, lse_warps=8)),
             ("lse bw32", dict(lse_bw=32)),
             ("lse bw64 st2", dict(lse_bw=64, lse_stages=2)),
             ("lse bw64 st4", dict(lse_bw=64, lse_stages=4)),
             ("lse bw32 st4", dict(lse_bw=32, lse_stages=4)),
-            ("lse bw128 st3", dict(lse_stages=3)),          # the default before session 30
+            ("lse bw128 st3", dict(lse_stages=3)),
             ("lse bw128 st4", dict(lse_stages=4)),
             ("lse bw256 w8", dict(lse_bw=256, lse_warps=8)),
             ("lse bw256 w8 st2", dict(lse_bw=256, lse_warps=8, lse_stages=2)),
-            # session 30: one online softmax per (head, window slot), merged at the end: no
-            # reduction across warps per step (the loop's barriers 8 -> 2, shuffles 12 -> 0)
-            # (now the default); "lse per row" is the default before it
+            # the default keeps one online softmax per (head, window slot), merged at the end: no
+            # reduction across warps per step; "lse per row" reduces per row at each step
             ("lse per row", dict(lse_elem=False)),
             ("lse elem st3", dict(lse_stages=3)),
             ("lse elem bw64", dict(lse_bw=64)),
@@ -338,27 +336,16 @@ VARIANTS = [("default", {}),
             ("p2 nbc64 w4", dict(nbc=64, num_warps=4)),
             ("p2 nbc16 w2", dict(nbc=16, num_warps=2)),
             ("p2 nbc16 w4", dict(nbc=16, num_warps=4)),
-            ("p2 nbc64 w8", dict(nbc=64, num_warps=8)),       # the default before session 11
+            ("p2 nbc64 w8", dict(nbc=64, num_warps=8)),
             ("p2 nbc128 w8", dict(nbc=128, num_warps=8)),
-            # session 21: pass 2's K1 scores before its PDL wait (p2_early, now the default, with
-            # 4 warps in wide tables too); "late" is pass 2 as before, "late w2" the wide-table
-            # default before it
+            # pass 2's K1 scores before its PDL wait (p2_early, the default, with 4 warps in wide
+            # tables too); "late" computes them after the wait, "late w2" also on 2 warps
             ("late", dict(p2_early=False)),
             ("late w2", dict(p2_early=False, num_warps=2)),
             ("early w2", dict(num_warps=2)),
             ("early lse192", dict(lse_splits=192)),
             ("early nbc64 w8", dict(nbc=64, num_warps=8))]
-# (session 32: 2-8 keys per program against 1,024-4,096-wide tiles, the whole 128K row in one
-# or two L2 round trips: 128K b1 15.6-27.5 against 14.2 us, 1M b1 30.4-34.0 against 30.4; removed)
-# (session 31: pass 2's chunks in the order the lse pass reads them, so its early programs find
-# that K1 in L2: slower everywhere, 1M b1 33.1 against 32.0 us, 1M b2 59.1 against 51.5; removed)
-# (session 30: each lse split's share rounded to 4-64 windows instead of the step, so no split sits
-# idle; K1 loaded page by page, one address per 1 KB page: a third fewer loop instructions but
-# 43 against 32 us at 1M b1; none faster, removed. The base-2 softmax was kept: BENCHMARKS.md)
-# (session 29: the lse pass loading the next step's page ids during each step, at 128 or 64 windows
-# per step and 2-4 stages: within 1 us of the default everywhere, BENCHMARKS.md; removed)
-# (session 8: pass 2 with 128 blocks per program, one wave at 1M instead of 1.3: 21.0 us at 1M as
-# before, 9.3 instead of 6.6 at 128K; b315dad)
+# Variants measured and no longer in this list: BENCHMARKS.md, "Tuning notes moved from code comments".
 
 
 def _compile_worker(tunes: list) -> list[str]:

@@ -1,4 +1,4 @@
-"""Sparse (InfLLM-V2) prefill attention of one layer on one GPU (issue 4): today's path (GPU
+"""Sparse (InfLLM-V2) prefill attention of one layer on one GPU: today's path (GPU
 selection + Triton paged kernel, one query token per row) vs FlexAttention over the same pools
 (runtime/ops/attention/flex_sparse.py), sala-9b shapes, bf16.
 

@@ -1,5 +1,5 @@
 """Check our Triton W4A16 kernels against the fp32 dequant-matmul reference and time them against
-bf16 cuBLAS on the MiniCPM-SALA 9B linear shapes (issue 5). One GPU; table last.
+bf16 cuBLAS on the MiniCPM-SALA 9B linear shapes. One GPU; table last.
 
     python benchmarks/w4a16_bench.py --fast --out DIR          # <= 60 s incl. JIT: shapes 0,2,3,4,5,
                                                                # M 1/8/32, FAST_GRID (10 configs)

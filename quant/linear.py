@@ -68,6 +68,19 @@ def _sixteen_bit(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.bfloat16) if x.dtype == torch.float32 else x
 
 
+def gptq_scales_fp16(scales: torch.Tensor, name: str = "linear") -> torch.Tensor:
+    """GPTQ scales in float16, the dtype every layout computes from (bf16/fp32 files are cast);
+    finiteness is checked after the cast, so values beyond fp16's range (65504) are refused."""
+    s16 = scales.to(torch.float16)
+    if not bool(torch.isfinite(s16).all()):
+        bad = scales[~torch.isfinite(s16)].float()
+        if not bool(torch.isfinite(bad).all()):
+            raise CheckpointError(f"{name}.scales has NaN/Inf")
+        raise CheckpointError(f"{name}.scales has {bad.abs().max().item():.4g}, outside float16's range "
+                              f"(max {torch.finfo(torch.float16).max:g}), the dtype GPTQ scales run in")
+    return s16
+
+
 def _cpu_int8_available() -> bool:
     return hasattr(torch.ops.aten, "_weight_int8pack_mm")
 
@@ -124,7 +137,7 @@ class W4A16Linear(nn.Module):
             codes = unpack_qweight(qweight.cpu(), bits)[perm]
             qweight = pack_qweight(codes, bits)
         layout = choose_layout(device, bits, K, group_size, dtype, N, triton_ok=device.type == "cuda" and _triton_available())
-        scales16 = scales.to(torch.float16)
+        scales16 = gptq_scales_fp16(scales, name)
         if layout == "triton":
             from salactl.runtime.ops.w4a16.layout import pack_tc
 

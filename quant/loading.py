@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from salactl.errors import CheckpointError
-from salactl.quant.linear import W4A16Linear
+from salactl.quant.linear import W4A16Linear, gptq_scales_fp16
 from salactl.quant.packing import num_groups, symmetric_qzeros_word
 from salactl.runtime.checkpoint import (expected_tensor_shapes, load_state_dict, open_safetensors,
                                         require_tensors, tensor_files)
@@ -100,8 +100,7 @@ def _load_quantized(files, prefix: str, n: int, k: int, spec: dict) -> dict[str,
     if not bool((out["qzeros"] == word).all()):
         raise CheckpointError(f"{prefix}.qzeros are not the symmetric value {word & 0xFFFFFFFF:#010x} for "
                               f"{bits}-bit {fmt}; asymmetric (or mislabelled v1/v2) GPTQ is not supported")
-    if not bool(torch.isfinite(out["scales"]).all()):
-        raise CheckpointError(f"{prefix}.scales has NaN/Inf")
+    out["scales"] = gptq_scales_fp16(out["scales"], prefix)      # checked in the dtype actually used
     return out
 
 

@@ -7,19 +7,25 @@ Sharded safetensors + index, written to a temp dir and renamed (runtime/checkpoi
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from pathlib import Path
 
 import torch
 
 import salactl
+from salactl import output
 from salactl.runtime.checkpoint import expected_tensor_shapes, save_checkpoint
 from salactl.runtime.config import SalaConfig
+from salactl.runtime.kv_fp8 import SGLANG_E5M2_WARNING
 
 COPIED_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                 "generation_config.json", "chat_template.jinja", "added_tokens.json", "vocab.json",
                 "merges.txt")
 KV_SCALES_JSON = "kv_cache_scales.json"
+# HF modules -> the merged layer vLLM and SGLang build from them (their packed_modules_mapping)
+ENGINE_MERGED = {("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"): "self_attn.qkv_proj",
+                 ("mlp.gate_proj", "mlp.up_proj"): "mlp.gate_up_proj"}
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
@@ -47,11 +53,26 @@ def quantization_config(bits: int, group_size: int, desc_act: bool, damp: float,
         },
     }
     if skipped:
-        qc["dynamic"] = {f"-:^{name.replace('.', chr(92) + '.')}$": {} for name in sorted(skipped)}
+        qc["dynamic"] = {f"-:^{re.escape(name)}$": {} for name in unquantized_engine_modules(skipped)}
     if kv_cache_dtype:
         qc["meta"]["kv_cache_dtype"] = kv_cache_dtype
-        qc["meta"]["kv_cache_scales_file"] = KV_SCALES_JSON
+        if kv_cache_dtype == "fp8_e4m3":          # SGLang's param file holds only e4m3 scales
+            qc["meta"]["kv_cache_scales_file"] = KV_SCALES_JSON
     return qc
+
+
+def unquantized_engine_modules(skipped) -> list[str]:
+    """The skipped HF modules, plus the merged layer vLLM/SGLang build (`self_attn.qkv_proj`,
+    `mlp.gate_up_proj`) wherever a whole merged group is skipped: SGLang matches the `dynamic` "-:"
+    rules only against its own (merged) layer prefix, so unfused names alone leave it building GPTQ
+    params for plain weights. vLLM matches them the same way and agrees (all shards unquantized)."""
+    names = set(skipped)
+    for name in skipped:
+        m = re.fullmatch(r"(model\.layers\.\d+\.)(.+)", name)
+        for parts, merged in ENGINE_MERGED.items():
+            if m and m[2] in parts and all(m[1] + part in names for part in parts):
+                names.add(m[1] + merged)
+    return sorted(names)
 
 
 def write_quantized_checkpoint(out_dir: Path, config: SalaConfig, model, quantized: dict[str, dict],
@@ -77,6 +98,9 @@ def write_quantized_checkpoint(out_dir: Path, config: SalaConfig, model, quantiz
     cfg["torch_dtype"] = _DTYPE_NAMES.get(dtype, "bfloat16")
     cfg["quantization_config"] = qconfig
     extra = {f: model_dir / f for f in COPIED_FILES if model_dir is not None and (model_dir / f).is_file()}
+    kv_dtype = qconfig.get("meta", {}).get("kv_cache_dtype")
+    if kv_json is None and kv_dtype is not None and kv_dtype != "fp8_e4m3":
+        output.stderr.print(SGLANG_E5M2_WARNING)
     with tempfile.TemporaryDirectory() as td:
         if kv_json is not None:
             p = Path(td) / KV_SCALES_JSON

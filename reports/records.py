@@ -7,6 +7,7 @@ Reports are rendered from these records and never recompute metrics from raw dat
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from salactl.errors import UsageError
@@ -20,15 +21,18 @@ METRICS = (
     "duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
     "request_throughput", "input_throughput", "output_throughput", "total_throughput",
     "mean_ttft_ms", "median_ttft_ms", "p90_ttft_ms", "p95_ttft_ms", "p99_ttft_ms", "std_ttft_ms",
-    "mean_tpot_ms", "median_tpot_ms", "p90_tpot_ms", "p99_tpot_ms", "std_tpot_ms",
+    "mean_tpot_ms", "median_tpot_ms", "p90_tpot_ms", "p95_tpot_ms", "p99_tpot_ms", "std_tpot_ms",
     "mean_itl_ms", "median_itl_ms", "p90_itl_ms", "p95_itl_ms", "p99_itl_ms", "max_itl_ms", "std_itl_ms",
     "mean_e2e_latency_ms", "median_e2e_latency_ms", "p90_e2e_latency_ms", "p95_e2e_latency_ms",
     "p99_e2e_latency_ms", "std_e2e_latency_ms",
     "concurrency", "max_concurrent_requests", "max_output_tokens_per_s", "request_goodput",
+    "short_outputs", "output_len_estimated",     # bench: short / client-counted outputs
     "prefill_latency", "prefill_throughput", "median_decode_latency", "median_decode_throughput",
     "total_latency", "overall_throughput",
     "ttft_s", "prefill_tok_s", "decode_tok_s", "tok_s", "peak_memory_bytes",
     "floor_s", "time_over_floor",       # `run`: the phase's roofline floor, its time / floor
+    # bench on CUDA (embedded target's phase_end): allocator peak and NVML energy
+    "peak_gpu_memory_bytes", "energy_j", "mean_power_w", "energy_per_output_token_j",
 )
 UNITS = {"duration": "s", "request_throughput": "req/s", "input_throughput": "tok/s",
          "output_throughput": "tok/s", "total_throughput": "tok/s", "ttft_s": "s",
@@ -36,7 +40,9 @@ UNITS = {"duration": "s", "request_throughput": "req/s", "input_throughput": "to
          "median_decode_latency": "s", "median_decode_throughput": "tok/s", "total_latency": "s",
          "overall_throughput": "tok/s",
          "prefill_tok_s": "tok/s", "decode_tok_s": "tok/s", "tok_s": "tok/s",
-         "request_goodput": "req/s", "peak_memory_bytes": "B", "floor_s": "s"}
+         "request_goodput": "req/s", "peak_memory_bytes": "B", "floor_s": "s",
+         "peak_gpu_memory_bytes": "B", "energy_j": "J", "mean_power_w": "W",
+         "energy_per_output_token_j": "J"}
 
 
 def unit(metric: str) -> str:
@@ -46,29 +52,73 @@ def unit(metric: str) -> str:
 
 
 def load_records(paths: list[Path]) -> list[dict]:
-    """Read and validate every record; bad input is a one-line UsageError naming file:line."""
+    """Read and validate every record; bad input is a one-line UsageError naming file:line.
+
+    A known metric that is present but not a finite number (a string, NaN, Infinity) is dropped
+    from its record with a warning; a record left without any usable metric is skipped with a
+    warning naming file:line, and an error when no record has one."""
     if not paths:
         raise UsageError("give at least one records file (JSON lines from bench, sweep or run)")
     records: list[dict] = []
+    invalid: list[str] = []          # "file:line (metric, ...)": bad values dropped
+    unusable: list[str] = []         # "file:line": records without any usable metric
     for path in paths:
         try:
-            text = Path(path).read_text()
+            data = Path(path).read_bytes()
         except FileNotFoundError:
             raise UsageError(f"records file {path} does not exist") from None
+        except IsADirectoryError:
+            raise UsageError(f"records file {path} is a directory") from None
         except OSError as e:
             raise UsageError(f"cannot read records file {path}: {e.strerror}") from None
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            lineno = data.count(b"\n", 0, e.start) + 1
+            raise UsageError(f"{path}:{lineno} is not UTF-8 text (byte {e.start}); records files are "
+                             "JSON lines written by bench, sweep or run") from None
         for lineno, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UsageError(f"{path}:{lineno} is not valid JSON ({e.msg}); each line must be "
+            except (json.JSONDecodeError, RecursionError) as e:
+                why = e.msg if isinstance(e, json.JSONDecodeError) else "nested too deeply"
+                raise UsageError(f"{path}:{lineno} is not valid JSON ({why}); each line must be "
                                  "one record object") from None
-            records.append(validate(rec, f"{path}:{lineno}"))
+            where = f"{path}:{lineno}"
+            rec = validate(rec, where)
+            bad = [m for m in METRICS if rec.get(m) is not None and not _is_number(rec[m])]
+            if bad:
+                rec = {k: (None if k in bad else v) for k, v in rec.items()}
+            if not any(_is_number(rec.get(m)) for m in METRICS):
+                unusable.append(f"{where} ({', '.join(bad)} not a finite number)" if bad else where)
+                continue
+            if bad:
+                invalid.append(f"{where} ({', '.join(bad)})")
+            records.append(rec)
     if not records:
+        if unusable:
+            raise UsageError(f"no record has a known metric as a finite number ({_some(unusable)}); "
+                             "records come from bench, sweep or run")
         raise UsageError(f"no records in {', '.join(str(p) for p in paths)}")
+    if invalid:
+        _warn(f"dropped metric values that are not finite numbers: {_some(invalid)}")
+    if unusable:
+        _warn(f"skipped {len(unusable)} record(s) without any known metric as a finite number: "
+              f"{_some(unusable)}")
     return records
+
+
+def _some(items: list[str], n: int = 5) -> str:
+    more = f" and {len(items) - n} more" if len(items) > n else ""
+    return ", ".join(items[:n]) + more
+
+
+def _warn(message: str) -> None:
+    from salactl.output import warn_once
+
+    warn_once(message)
 
 
 def validate(rec, where: str) -> dict:
@@ -103,4 +153,7 @@ def present_metrics(records: list[dict]) -> list[str]:
 
 
 def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A finite int or float (not a bool, NaN or infinity)."""
+    if isinstance(v, bool):
+        return False
+    return isinstance(v, int) or (isinstance(v, float) and math.isfinite(v))

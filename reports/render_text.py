@@ -66,4 +66,12 @@ def markdown(report: LatencyReport, title: str = "Latency report") -> str:
 
 
 def csv_text(report: LatencyReport) -> str:
-    return pd.DataFrame(report.rows, columns=_used_columns(report, report.rows)).to_csv(index=False)
+    """Values as recorded: object columns (no float re-inference), and a column whose values are
+    all integers stays integer (nullable Int64) when some rows lack it."""
+    table = pd.DataFrame(report.rows, columns=_used_columns(report, report.rows), dtype=object)
+    for col in table.columns:
+        vals = [v for v in table[col] if v is not None]
+        if vals and all(isinstance(v, int) and not isinstance(v, bool) and -2**63 <= v < 2**63
+                        for v in vals):
+            table[col] = table[col].astype("Int64")
+    return table.to_csv(index=False)

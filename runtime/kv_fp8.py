@@ -19,6 +19,10 @@ KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {
     "auto": None, "bf16": None, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2,
 }
 SGLANG_DTYPE_NAMES = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+# the only dtype SGLang's --quantization-param-path schema accepts (KVCacheQuantSchema.check_is_fp8)
+SGLANG_KV_DTYPE = "float8_e4m3fn"
+SGLANG_E5M2_WARNING = ("warning: kv_cache_scales.json not written: SGLang's --quantization-param-path file "
+                       "supports only fp8_e4m3 (float8_e4m3fn); SGLang runs fp8_e5m2 with scale 1.0")
 
 KVScales = dict[int, tuple[torch.Tensor, torch.Tensor]]
 
@@ -102,8 +106,20 @@ def scales_from_amax(amax: KVScales, dtype_name: str, per_head: bool) -> KVScale
     return out
 
 
-def sglang_scales_json(scales: KVScales, dtype_name: str) -> dict:
-    """SGLang's --quantization-param-path file: one per-tensor factor per layer (TP rank "0");
-    a per-head scale is exported as its maximum, and k/v share max(k_scale, v_scale)."""
-    per_layer = {str(layer): float(torch.maximum(k.max(), v.max())) for layer, (k, v) in sorted(scales.items())}
-    return {"kv_cache": {"dtype": SGLANG_DTYPE_NAMES[dtype_name], "scaling_factor": {"0": per_layer}}}
+def sglang_scales_json(scales: KVScales, dtype_name: str, config) -> dict | None:
+    """SGLang's --quantization-param-path file (its QuantParamSchema), TP rank "0": one per-tensor
+    factor per layer; a per-head scale is exported as its maximum, and k/v share max(k_scale, v_scale).
+    SGLang validates it strictly and, on any error, silently runs with 1.0 everywhere:
+    - `model_type` is required and must equal the config's model_type;
+    - every rank lists exactly num_hidden_layers indices 0..L-1 (1.0 for the lightning layers,
+      which have no KV cache);
+    - `dtype` must be float8_e4m3fn: None for fp8_e5m2, which the file cannot hold."""
+    if SGLANG_DTYPE_NAMES[dtype_name] != SGLANG_KV_DTYPE:
+        return None
+    if sorted(scales) != sorted(config.sparse_layers):
+        raise ConfigError(f"KV scales cover layers {sorted(scales)}, but the softmax attention layers are "
+                          f"{list(config.sparse_layers)}")
+    per_layer = {str(i): float(torch.maximum(scales[i][0].max(), scales[i][1].max())) if i in scales else 1.0
+                 for i in range(config.num_hidden_layers)}
+    return {"model_type": config.to_hf_dict()["model_type"],
+            "kv_cache": {"dtype": SGLANG_KV_DTYPE, "scaling_factor": {"0": per_layer}}}

@@ -61,9 +61,11 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         kth = torch.topk(logits, min(params.top_k, logits.numel())).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if params.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        drop = probs.cumsum(-1) - probs >= params.top_p       # keep the smallest prefix reaching top_p
+        # HF's TopPLogitsWarper to the bit: the same ascending torch.sort (so tied logits at the cut
+        # go the way HF's go), drop while the cumulative mass is <= 1 - top_p, keep the top token
+        sorted_logits, order = torch.sort(logits, descending=False)
+        drop = torch.softmax(sorted_logits, dim=-1).cumsum(-1) <= 1 - params.top_p
+        drop[-1] = False
         logits = logits.scatter(0, order, sorted_logits.masked_fill(drop, float("-inf")))
     probs = torch.softmax(logits, dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator))

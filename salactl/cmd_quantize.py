@@ -124,7 +124,7 @@ def run_quantize(opts, model: str, random_weights: bool, seed: int, out: Path, o
     fp8 = fp8_dtype(opts.kv_cache_dtype) is not None
     qc = quantization_config(opts.bits, opts.group_size, opts.desc_act, opts.damp, opts.method, result.skipped,
                              opts.kv_cache_dtype if fp8 else None)
-    kv_json = sglang_scales_json(result.kv_scales, opts.kv_cache_dtype) if fp8 else None
+    kv_json = sglang_scales_json(result.kv_scales, opts.kv_cache_dtype, cfg) if fp8 else None
     write_quantized_checkpoint(out, cfg, lm.model, result.quantized, qc, lm.model_dir, result.kv_scales,
                                kv_json, overwrite=overwrite)
     t_done = time.perf_counter()

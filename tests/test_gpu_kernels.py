@@ -73,7 +73,7 @@ def test_decode_selection_exact_set_and_order(dtype, ties, knobs):
     default knobs (10 rows: short rows radix-selected), short rows ranked, every row gathered and
     ranked (one and several gather programs per row), other pass-2 / rank launch shapes, pass 2
     with its K1 scores after the PDL wait (p2_early=False; the default computes them before it),
-    the lse pass reducing per row at each step (the default before session 30)."""
+    the lse pass reducing per row at each step (lse_elem=False)."""
     from salactl.runtime.gpu import selfcheck as S
     from salactl.runtime.ops.selection.check import check_decode_selection
 

@@ -80,6 +80,12 @@ def test_e4m3_without_scales_is_refused_and_e5m2_defaults_to_one():
 
 
 def test_sglang_quantization_param_json():
+    cfg = tiny_config()                                   # 8 layers, softmax attention at 0 and 7
     scales = {0: (torch.tensor([0.5, 0.25]), torch.tensor([0.75, 0.1])), 7: (torch.tensor(0.2), torch.tensor(0.1))}
-    assert sglang_scales_json(scales, "fp8_e4m3") == {
-        "kv_cache": {"dtype": "float8_e4m3fn", "scaling_factor": {"0": {"0": 0.75, "7": pytest.approx(0.2)}}}}
+    want = {"model_type": "minicpm_sala",                 # required by SGLang's schema
+            "kv_cache": {"dtype": "float8_e4m3fn", "scaling_factor": {"0": {
+                "0": 0.75, **{str(i): 1.0 for i in range(1, 7)}, "7": pytest.approx(0.2)}}}}   # every layer
+    assert sglang_scales_json(scales, "fp8_e4m3", cfg) == want
+    assert sglang_scales_json(scales, "fp8_e5m2", cfg) is None          # SGLang's file is e4m3 only
+    with pytest.raises(ConfigError, match="softmax attention layers are"):
+        sglang_scales_json({0: scales[0]}, "fp8_e4m3", cfg)             # a calibrated layer missing

@@ -212,3 +212,101 @@ def test_format_without_out_prints_csv_or_refuses_html(records_file):
     assert r.returncode == 0 and r.stdout.startswith("label,"), r.stdout
     r = salactl("report", "latency", str(records_file), "--format", "html")
     assert r.returncode == 2 and "--format html needs --out DIR" in r.stderr
+
+
+def bench_result(rid, start, ttft, latency, out, itl):
+    from salactl.bench.requests import RequestResult
+
+    return RequestResult(rid, "P", 10, out, start_time=start, success=True, ttft=ttft,
+                         latency=latency, output_len=out, itl=itl)
+
+
+def test_every_metric_the_bench_writes_is_reported(tmp_path):
+    """F1: every numeric field of phase_metrics / one_batch_metrics (p95_tpot_ms among them) is a
+    report column, in md, csv and --json."""
+    from salactl.bench.metrics import one_batch_metrics, phase_metrics
+    from salactl.reports.records import METRICS
+
+    results = [bench_result("a", 0.0, 0.1, 0.5, 5, [0.1] * 4), bench_result("b", 0.2, 0.3, 0.9, 4, [0.2] * 3)]
+    metrics = phase_metrics(results, 1.0, {"ttft": 500.0, "tpot": 200.0})
+    metrics.update(one_batch_metrics(results, 1.0, 2, 10, 5))
+    numeric = [k for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+               and k not in ("batch_size", "input_len", "output_len")]          # phase settings (knobs)
+    assert "p95_tpot_ms" in numeric
+    assert [k for k in numeric if k not in METRICS] == []
+    p = tmp_path / "r.jsonl"
+    p.write_text(json.dumps({**RECORDS[0], "p95_tpot_ms": 12.5, "short_outputs": 0}) + "\n")
+    res = salactl("report", "latency", str(p), "--json")
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)
+    assert "p95_tpot_ms" in d["metrics"] and d["rows"][0]["p95_tpot_ms"] == 12.5
+    assert "short_outputs" in d["metrics"]
+    csv_row = next(csv.DictReader(io.StringIO(salactl("report", str(p), "--format", "csv").stdout)))
+    assert csv_row["p95_tpot_ms"] == "12.5"
+    assert "p95_tpot_ms" in salactl("report", str(p)).stdout
+
+
+@pytest.mark.parametrize("cmd", [("report", "latency"), ("report", "memory", "--records")])
+def test_non_utf8_records_file_is_a_one_line_usage_error(tmp_path, cmd):
+    """F2: undecodable bytes give one line naming file:line and exit 2, and nothing is written."""
+    bad = tmp_path / "binary.jsonl"
+    bad.write_bytes(json.dumps(RECORDS[0]).encode() + b"\n\xff\xfe garbage\n")
+    out = tmp_path / "out"
+    args = (*cmd, str(bad)) + (("--out", str(out)) if cmd[1] == "latency" else ())
+    err = one_error_line(salactl(*args), UsageError.exit_code)
+    assert f"{bad}:2" in err and "UTF-8" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("line", [
+    {"schema_version": 1, "kind": "bench"},
+    {"schema_version": 1, "kind": "bench", "phase": "S1", "mean_ttft_ms": "fast"},
+    {"schema_version": 1, "kind": "bench", "phase": "S1", "mean_ttft_ms": float("nan")},
+    {"schema_version": 1, "kind": "bench", "phase": "S1", "mean_ttft_ms": float("inf"), "completed": True},
+])
+def test_records_without_a_usable_metric_are_an_error(tmp_path, line):
+    """F3: no record with a known metric as a finite number: one line, exit 2, nothing written."""
+    p = tmp_path / "r.jsonl"
+    p.write_text(json.dumps(line) + "\n")            # json.dumps writes NaN / Infinity as Python does
+    out = tmp_path / "out"
+    err = one_error_line(salactl("report", "latency", str(p), "--out", str(out)), UsageError.exit_code)
+    assert f"{p}:1" in err and "finite number" in err
+    assert not out.exists()
+
+
+def test_unusable_records_and_values_are_skipped_with_a_warning(tmp_path):
+    """F3: with some usable rows, the bad rows are skipped and bad values dropped, each named on stderr."""
+    p = tmp_path / "r.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in (
+        RECORDS[0],
+        {"schema_version": 1, "kind": "bench", "phase": "main"},
+        {**RECORDS[3], "mean_ttft_ms": float("nan"), "p99_ttft_ms": "slow"},
+        {"schema_version": 1, "kind": "bench", "phase": "main", "mean_ttft_ms": "fast"})) + "\n")
+    res = salactl("report", "latency", str(p), "--json")
+    assert res.returncode == 0, res.stderr
+    warnings = res.stderr.strip().splitlines()
+    assert all(w.startswith("warning: ") for w in warnings), res.stderr
+    assert any(f"{p}:2" in w and f"{p}:4" in w and "skipped 2" in w for w in warnings), res.stderr
+    assert any(f"{p}:3" in w and "mean_ttft_ms" in w and "p99_ttft_ms" in w for w in warnings), res.stderr
+    rows = json.loads(res.stdout)["rows"]
+    assert [r["label"] for r in rows] == ["bf16", "w4a16+fp8"]
+    assert rows[1]["mean_ttft_ms"] is None and rows[1]["p99_ttft_ms"] is None
+    assert rows[1]["median_ttft_ms"] == 37.0
+    recs = load_records([p])                                     # the Python API agrees
+    assert len(recs) == 2 and recs[1]["p99_ttft_ms"] is None
+
+
+def test_csv_keeps_integer_columns_integer_when_some_rows_lack_them(tmp_path):
+    """F6: an int column with a missing value stays int in the CSV (1, 8, empty), not 1.0, 8.0."""
+    from salactl.reports.render_text import csv_text
+
+    recs = [record("b", "S1", 1, duration=1.5, completed=12, max_concurrent_requests=1),
+            record("b", "S8", 8, duration=2.5, completed=36, max_concurrent_requests=8),
+            record("b", "Smax", None, duration=4.0, completed=96)]
+    p = tmp_path / "r.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    rows = list(csv.DictReader(io.StringIO(csv_text(build(load_records([p]))))))
+    assert [r["knob.max_concurrency"] for r in rows] == ["1", "8", ""]
+    assert [r["max_concurrent_requests"] for r in rows] == ["1", "8", ""]
+    assert [r["completed"] for r in rows] == ["12", "36", "96"]
+    assert [r["duration"] for r in rows] == ["1.5", "2.5", "4.0"]

@@ -90,7 +90,9 @@ def test_quantize_writes_a_marlin_compatible_gptq_checkpoint(ckpt, calib_jsonl, 
     assert set(n for n in t if n.endswith(("k_scale", "v_scale"))) == {
         f"model.layers.{i}.self_attn.{s}" for i in (0, 3) for s in ("k_scale", "v_scale")}
     sg = json.loads((out / "kv_cache_scales.json").read_text())
-    assert sg["kv_cache"]["dtype"] == "float8_e4m3fn" and set(sg["kv_cache"]["scaling_factor"]["0"]) == {"0", "3"}
+    assert sg["model_type"] == "minicpm_sala" and sg["kv_cache"]["dtype"] == "float8_e4m3fn"
+    assert set(sg["kv_cache"]["scaling_factor"]["0"]) == {"0", "1", "2", "3"}      # every layer (SGLang's schema)
+    assert sg["kv_cache"]["scaling_factor"]["0"]["1"] == sg["kv_cache"]["scaling_factor"]["0"]["2"] == 1.0
     assert not list(tmp_path.glob(".q.tmp-*"))
 
 

@@ -40,3 +40,10 @@ def test_top_p_drops_a_token_with_real_probability():
 def test_bad_params_rejected(kw):
     with pytest.raises(UsageError):
         SamplingParams(**kw)
+
+
+def test_top_p_ties_at_the_cut_go_the_way_of_hf_top_p_warper():
+    # transformers' TopPLogitsWarper on ten equal logits keeps ids 5-9 at top_p 0.5 and 8-9 at 0.1
+    # (its ascending sort drops the lower ids first); salactl used to keep the lowest ids
+    assert _seen([1.0] * 10, temperature=1.0, top_p=0.5) == {5, 6, 7, 8, 9}
+    assert _seen([1.0] * 10, temperature=1.0, top_p=0.1) == {8, 9}

@@ -121,11 +121,11 @@ SWEEP_CONFIGS = (
     # dtypes, faster only for bf16 at 4K b8 (BENCHMARKS.md, GPU engine session 8)
     DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16, sub=32),
     DecodeConfig(warps=2, programs_per_sm=4, max_splits=256, sub=32),
-    # the defaults before slots / seq_lens were loaded ahead of the PDL wait (early)
+    # the defaults without early loads (slots / seq_lens loaded after the PDL wait)
     DecodeConfig(warps=2, programs_per_sm=4, max_splits=256),
     DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16),
     # pages by TMA (one bulk copy per page and operand instead of 16-byte cp.async); the first is the
-    # bf16 default before (cp.async pages)
+    # bf16 default with cp.async pages (tma off)
     DecodeConfig(warps=2, programs_per_sm=4, max_splits=256, early=True),
     DecodeConfig(warps=2, stages=3, programs_per_sm=4, max_splits=256, preload=16, early=True, tma=True),
     DecodeConfig(warps=2, stages=4, programs_per_sm=4, max_splits=256, preload=16, early=True, tma=True),

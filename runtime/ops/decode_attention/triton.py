@@ -13,32 +13,11 @@ scores (K) and the output (V), so no per-element scaling is done. FP8 V pages ar
 per thread, the 128 one-byte shared loads of V gone. Reference: reference.py beside this.
 
 How many splits, warps and stages the split kernel runs with comes from config.py's DEFAULT_CONFIGS
-(per KV dtype), set from benchmarks/decode_attention_bench.py. A multi-page variant (2-4 pages per
-iteration, with and without register prefetch) measured slower than the best one-page config in
-every case on the H200 (session 3) and was removed; so was (session 7) a two-page step with one
-softmax rescale and two MMA chains per step over preloaded ids (fp8 128K 25.2 vs 25.4 us, sparse
-rows 0.85x: an odd page count re-reads a page); and (session 10) two token groups per step with
-one softmax state each, as batched 3-D dots so each warp owns a group and no P or row max crosses
-warps (offline 520 vs 635 instructions per fp8 page, but 202 registers): slower on every case,
-fp8 128K 32.8 vs 25.1 us, bf16 44.7 vs 39.5, sparse 128K 9.1 vs 6.5. Nor does the split kernel
-gain from streaming before its PDL wait: with everything but its stores ahead of the wait (an
-upper bound, not exact in the engine) fp8 128K took 25.4-27.1 us and bf16 42.4-43.5 (4K b8 was
-faster, 11.5 vs 13.4 us fp8): the fixed cost at 128K is inside the split kernel's own run.
-Nor (session 11) does converting e4m3 pages by bit moves instead of cvt pay: PRMT, AND, SHR and
-LOP3 per two values (value·2^-8 exactly, the 2^8 in the scales; 1023 instead of 635 instructions
-per page) ran fp8 128K in 26.4 vs 24.7 us and lost on every case (0.88-0.94x): F2FP's cvt of two
-values costs no more issue time than four integer instructions. Nor (session 33) does taking the
-conversion off F2FP: e5m2 pages by two byte permutes per four values (exact) ran 128K b1 in 25.2
-against e4m3's 25.1 us, so the per-page time is not the conversion's pipe.
-Nor (session 17, c64dde7) does transposed page math (sᵀ = K·qᵀ, accᵀ += Vᵀ·pᵀ: the page as the M
-side of one warpgroup's wgmma m64n16): fp8 loads its converted pages with 16-bit LDS (69 per page)
-at 167 registers, 128K b1 26.6-32.5 us against 25.2; bf16 was even at 128K and 1M (w4 s3 pps2).
-Nor (session 19) does FP8 page math on FP8 tensor cores pay (transposed, q and p each split into
-two e4m3 terms for bf16-level precision, no per-element conversion; 4 warps, 16 QGMMA per page):
-fp8 128K b1 26.3-28.9 us against 24.9, 1M 137-160 against 134. DecodeConfig.tma loads whole pages
-by TMA copies (one per page and operand): 1.00-1.10x for bf16 pages (its default since session 19),
-and no gain for FP8 pages (128K b1 24.9-25.9 us against 24.6-24.7), so FP8's per-page time is not
-in its cp.async issue either.
+(per KV dtype), set from benchmarks/decode_attention_bench.py. DecodeConfig.tma loads whole pages
+by TMA copies (one per page and operand): the bf16 default; no gain for FP8 pages.
+Variants measured slower and not kept (multi-page steps, two token groups per step, streaming
+before the PDL wait, e4m3 / e5m2 pages converted without cvt, transposed page math, FP8 tensor
+cores): BENCHMARKS.md, "Tuning notes moved from code comments", `runtime/ops/decode_attention/triton.py`.
 DecodeConfig.preload loads a split's page ids before its loop (see _split_kernel): with the page
 id loaded inside the loop, Triton's pipeliner keeps one K/V buffer, so a page's loads wait for the
 previous page's math.

@@ -109,8 +109,7 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
 #   programs overlap the lse pass).
 # - the lse pass: 128 windows per step, 2 stages, one online softmax per (head, window slot).
 # - short_blocks 4096: 128K rows gathered before their rank were slower.
-# Reading K1 once (pass 1 storing its scores, both passes in one launch), the lse merged once per
-# row, L2 eviction hints, register caps and sorting a per-program bound all lost and were reverted.
+# Designs measured slower and not kept: BENCHMARKS.md, "Tuning notes moved from code comments".
 DECODE_DEFAULTS = dict(nbc=32, num_warps=4, lse_splits=None, dedup=True,
                        p2_early=True, lse_bw=128, lse_elem=True, lse_warps=4, lse_stages=2, short_blocks=4096, gather_chunk=1024,
                        rank_rb=32, rank_ct=256, rank_warps=8, rank_short_rows=4, radix_warps=8)

@@ -14,15 +14,14 @@ from K1 (K1 read twice, mostly from L2 the second time).
 
 1. `_lse_kernel` (grid rows x splits): each split walks its share of the row's *visible*
    windows (share computed from seq_lens on the device, so splits past the end do nothing) and
-   writes the per-head log-sum-exp of q.K1_j/sqrt(d). With ELEM (the default, session 30) it keeps
+   writes the per-head log-sum-exp of q.K1_j/sqrt(d). With ELEM (the default) it keeps
    one online softmax per (head, window slot of the step) and merges the slots once at the end:
    no row max and sum across the warps at every step (1M b1 about 1 us faster).
    Split 0 zeroes the row's counters. With FUSE_K1 the last split only compresses the window
    completed by this token (mean of its keys) into the K1 pool and writes that window's score as
    its partial lse; the other splits share the rest of the windows. So no separate compress launch
-   is needed, and no split waits on the compress before its own windows (session 29, before: the
-   split holding the window compressed it first and read it back; 1M b1 now about 1 us faster
-   warm, the same cold).
+   is needed, and no split waits on the compress before its own windows (1M b1 about 1 us faster
+   warm: BENCHMARKS.md, "Tuning notes moved from code comments").
 2. `_block_words_kernel` (grid rows x chunks of NBC blocks; chunks past the row's own block exit
    at once): recomputes the scores q.K1_j -- with EARLY before its PDL wait, so they overlap
    the lse pass (only the chunk holding the window that pass compresses reads K1 after it) --
@@ -33,9 +32,6 @@ from K1 (K1 read twice, mostly from L2 the second time).
    per distinct bin of the program, as scores crowd into a few bins). Nobody
    selects here: triton_rank.topk_launch finds the top K from the histogram and the
    words, spread over the grid (keys "higher score first, ties -> lower block index").
-   Removed (slower on the H200, session 5): the "radix" top-k (the last program of each
-   2048-block group radix-selected its keys, the last group merged) and "hist" (the row's last
-   pass-2 program selected over all the row's words alone).
 """
 
 from __future__ import annotations

@@ -9,11 +9,8 @@ against 140).
 
 Hand-written for the reason triton_decode.py gives (a graph-safe top-k whose cost follows each
 row's length, read on the device). The keys are "higher score first, ties -> lower block": the
-int64 sort key is word high, 2^32-1-b low (unique).
-Removed in session 16: the grid-parallel threshold select for long rows (sessions 5-15: chunk
-programs appending keys above / inside the threshold bin with a second-level histogram, the
-row's last program finishing alone), replaced by triton_rank.py's gather + rank (1M + 100 batch
-1: 14.6 + 0.9 us -> 3.7 + 3.3 us).
+int64 sort key is word high, 2^32-1-b low (unique). Long rows take triton_rank.py's gather +
+rank.
 """
 
 from __future__ import annotations
@@ -77,10 +74,8 @@ def _radix_row(word_row, h1_ptr, ncand, pick_row, sel_row, cnt_ptr, K: tl.conste
     call at 128K against 14.7 for 8-, 8- and 4-bit digits, since tl.histogram's cost grows with
     its bins), ties taken lowest block first by their running count in block order; the picks go
     through pick_row to _write_ranked. No atomics and no serial pass over a candidate buffer.
-    Session 12 (H200, 128K, 12.9 us): the rounds as a loop (3,400
-    instead of 4,232 SASS instructions) 13.7 us, the picks placed by rank instead of tl.sort 14.5,
-    the digit counts from packed int64 register sums instead of tl.histogram 17.1: less code is
-    not faster, and tl.histogram is the cheapest count."""
+    tl.histogram is the cheapest count here (alternatives measured: BENCHMARKS.md, "Tuning notes
+    moved from code comments")."""
     b = tl.arange(0, SMALL)
     m = b < ncand
     u = _score_u(word_row, b, m)              # the keys are built for the picks only

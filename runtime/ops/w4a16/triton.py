@@ -2,7 +2,7 @@
 tensor-core register layout (layout.py `pack_tc`).
 
 Why hand-written: on an H200, torch's `_weight_int4pack_mm` was 1.74x faster than bf16 at batch 1
-but slower from batch 8, and gemlite 1.3-1.55x at batch 1 and slower from batch 8 (issue 5).
+but slower from batch 8, and gemlite 1.3-1.55x at batch 1 and slower from batch 8.
 
 `w4a16_linear` dispatches by row count: below DEQUANT_MIN_ROWS the register-operand tensor-core
 kernel (triton_tc.py; tile, split, unroll and stages from tc_config.py's `default_tc_config`); above,

@@ -14,9 +14,8 @@ nibbles u = 16h + l, each put under its own magic exponent by one LOP3 (inline P
 step is 16) = (2048 + 16h) pairs, exactly. One fma (hi − 2304 = 16h − 256, exact) and one more
 (lo + that = u − 128: an integer of magnitude ≤ 128, exact in bf16) give the weight: 11
 instructions per 4 weights and one MMA. fp16 activations take fp16 magics (1024, and 16384 where
-fp16's step is 16). Measured and removed (H200, BENCHMARKS.md W8A16 section): both nibble tiles
-into the MMA and one MMA of a constant −2304 tile for the offsets (7 instructions per 4 weights but
-3 MMAs per k-tile): 0.73-0.96x of this at 1-32 rows. Under TRITON_INTERPRET=1 (CPU tests) inline
+fp16's step is 16). A variant with 3 MMAs per k-tile lost (BENCHMARKS.md, "Tuning notes moved
+from code comments"). Under TRITON_INTERPRET=1 (CPU tests) inline
 asm cannot run: the same bits come from plain Triton ops (`USE_ASM=False`) and the products run in
 fp32; everything after is shared.
 
