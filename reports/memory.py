@@ -3,10 +3,12 @@
 Hand-written arithmetic rather than a measured allocator trace: the point is to predict memory for
 shapes and GPUs we do not have (the real 9B at 512K context on an 80 GB card), from the config alone.
 
-Per request (context L tokens):
-- KV cache of the sparse (minicpm4) layers: L · n_sparse · 2 (K,V) · Hkv · d · kv_bytes
-  (8 KiB/token in bf16 for the real model, 4 KiB in FP8).
-- compressed keys: K1 (mean of 32 keys every 16) per sparse layer and KV head, bf16; K2 (128/64) is
+Per request (context L tokens, held in ceil(L / block_size) pages of block_size tokens, as the GPU
+engine's page pool allocates them):
+- KV cache of the sparse (minicpm4) layers: pages · block_size · n_sparse · 2 (K,V) · Hkv · d ·
+  kv_bytes (8 KiB/token in bf16 for the real model, 4 KiB in FP8).
+- compressed keys: K1 (mean of 32 keys every 16; block_size / stride slots per page) per sparse
+  layer and KV head, bf16; K2 (128/64, not paged) is
   what SGLang also keeps. Our runtime keeps K1 only (DESIGN.md §2: K2 is not needed by our exact
   selection), so K2 is counted only with compressed_keys="k1k2".
 - GLA states: n_lightning · H · dk · dv fp32 (48 MiB for the real config), independent of L.
@@ -154,9 +156,10 @@ def request_memory(config: SalaConfig, context: int, kv_dtype: str = "bf16",
         raise UsageError(f"context length must be >= 0, got {context}")
     sc = config.sparse_config
     per_window = len(config.sparse_layers) * config.num_key_value_heads * config.head_dim * key_bytes
-    k1 = compressed_windows(context, sc.kernel_size, sc.kernel_stride) * per_window
+    pages = -(-context // sc.block_size)          # whole pages, as the GPU engine allocates them
+    k1 = pages * (sc.block_size // sc.kernel_stride) * per_window
     k2 = compressed_windows(context, K2_FACTOR * sc.kernel_size, K2_FACTOR * sc.kernel_stride) * per_window
-    return RequestMemory(context, context * kv_bytes_per_token(config, kv_dtype), k1, k2,
+    return RequestMemory(context, pages * sc.block_size * kv_bytes_per_token(config, kv_dtype), k1, k2,
                          gla_state_bytes(config), compressed_keys)
 
 

@@ -101,6 +101,23 @@ def _config(model: str):
     return SalaConfig.from_file(path / "config.json")
 
 
+def _group_size(model: str, given: int | None) -> int:
+    """--group-size, else the checkpoint's quantization_config group, else GPTQ's usual 128."""
+    from salactl.quant.quantizer import SUPPORTED_GROUP_SIZES as GROUP_SIZES
+
+    if given is not None:
+        if given not in GROUP_SIZES:
+            raise UsageError(f"--group-size must be one of {', '.join(map(str, GROUP_SIZES))}, got {given}")
+        return given
+    if Path(model).is_dir():
+        from salactl.runtime.loader import quantization_config
+
+        qc = quantization_config(Path(model))
+        if qc and qc.get("group_size") in GROUP_SIZES:
+            return qc["group_size"]
+    return 128
+
+
 @report_app.command("memory")
 def memory(
     model: ModelOpt = "sala-nano",
@@ -119,6 +136,8 @@ def memory(
                                                  "(SGLang).")] = "k1",
     records: Annotated[Optional[list[Path]], typer.Option("--records", help="Run/bench records with "
                                                           "measured peaks.")] = None,
+    group_size: Annotated[Optional[int], typer.Option("--group-size", help="GPTQ group of the w4a16/w8a16 rows: "
+                                                      "-1, 32, 64 or 128 (default: the checkpoint's, else 128).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Per-request and per-server memory by component, max concurrent requests per GPU, vs. a
@@ -137,10 +156,11 @@ def memory(
     contexts, kv_dtypes = tuple(parse_list(context, "--context", minimum=1)), _names(kv_cache_dtype, "--kv-cache-dtype")
     weight_names, gpus = _names(weights, "--weights"), None if gpu is None else list(_names(gpu, "--gpu"))
     config = _config(model)
+    group_size = _group_size(model, group_size)
     q = mr.MemoryQuery(
         contexts=contexts, kv_dtypes=kv_dtypes, weights=weight_names, gpus=mr.gpu_list(gpus, gpu_mem),
         mem_fraction=mem_fraction, prefill_chunk=chunk_size, max_batch=max_batch,
-        cuda_graphs=not no_cuda_graphs, compressed_keys=compressed_keys)
+        cuda_graphs=not no_cuda_graphs, compressed_keys=compressed_keys, group_size=group_size)
     if context != DEFAULT_CONTEXTS:     # the default table spans the 9B's range for any model
         output.warn_past_trained_length(max(q.contexts), config.max_position_embeddings, "--context")
     recs = load_records(list(records)) if records else None

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from conftest import run_cli
 from salactl.errors import CheckpointError, ConfigError, UsageError
 from salactl.reports import memory as mem
 from salactl.reports.memory_report import MemoryQuery, build, gpu_list
@@ -57,13 +58,26 @@ def test_request_memory_at_128k():
     r = mem.request_memory(CFG, 131072, "bf16")
     assert r.kv_cache == 131072 * 8192
     per_window = 8 * 2 * 128 * 2                                      # layers x KV heads x d x bf16
-    assert r.compressed_k1 == ((131072 - 32) // 16 + 1) * per_window == 8191 * 4096
+    assert r.compressed_k1 == 2048 * 4 * per_window == 8192 * 4096    # 2048 pages of 4 K1 slots
     assert r.compressed_k2 == ((131072 - 128) // 64 + 1) * per_window == 2047 * 4096
     assert r.total == r.kv_cache + r.compressed_k1 + r.gla_state       # our runtime keeps K1 only
     sg = mem.request_memory(CFG, 131072, "bf16", compressed_keys="k1k2")
     assert sg.total == r.total + r.compressed_k2
     assert mem.full_attention_request(CFG, 131072) == 131072 * 32 * 1024
-    assert mem.request_memory(CFG, 16).compressed_k1 == 0
+    one_page = mem.request_memory(CFG, 16)                           # a whole 64-token page, as the engine holds it
+    assert (one_page.kv_cache, one_page.compressed_k1, one_page.compressed_k2) == (64 * 8192, 4 * per_window, 0)
+    assert mem.request_memory(CFG, 1000).kv_cache == 16 * 64 * 8192
+
+
+def test_request_memory_matches_the_gpu_engines_page_pool():
+    from salactl.runtime.gpu.pools import page_bytes
+
+    for cfg in (CFG, NANO):
+        for context in (1, 100, 1000, 4096, 131072 + 5):
+            pages = -(-context // cfg.sparse_config.block_size)
+            for kv, itemsize in (("bf16", 2), ("fp8_e4m3", 1)):
+                r = mem.request_memory(cfg, context, kv)
+                assert r.kv_cache + r.compressed_k1 == pages * page_bytes(cfg, itemsize, 2), (context, kv)
 
 
 def test_max_concurrent_and_gpu_table():
@@ -86,7 +100,7 @@ def test_build_concurrency_vs_full_attention_and_measured_rows():
     r = build(CFG, q, [rec])
     fixed = r["server"]["bf16"]["fixed"]
     assert fixed == PARAMS * 2 + mem.prefill_workspace_bytes(CFG, 8192) + mem.CUDA_CONTEXT_ESTIMATE
-    per_req = 131072 * 8192 + 8191 * 4096 + 48 * 2**20
+    per_req = 131072 * 8192 + 8192 * 4096 + 48 * 2**20              # 2048 pages: KV + 4 K1 slots each
     (c,) = r["concurrency"]
     assert c["max_requests"] == int((80e9 * 0.9 - fixed) // per_req)
     assert c["max_requests_full_attention"] == int((80e9 * 0.9 - fixed) // (131072 * 32 * 1024))
@@ -261,3 +275,26 @@ def test_bench_records_peak_key_gives_a_measured_row():
            "knobs": {"input_len": 4096, "weights": "bf16", "max_concurrency": 2}}
     (m,) = build(CFG, q, [rec])["measured"]
     assert m["measured_peak"] == 3e10 and m["context"] == 4096 and m["batch"] == 2 and m["predicted"] > 0
+
+
+def test_report_memory_takes_the_checkpoints_gptq_group(tmp_path, capsys):
+    from safetensors import safe_open
+
+    ckpt = tmp_path / "g32"
+    code, _, err = run_cli(["quantize", "--model", "sala-nano", "--out", ckpt, "--group-size", "32",
+                            "--method", "rtn"], capsys)
+    assert code == 0, err
+    with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
+        on_disk = {p: sum(f.get_tensor(k).nbytes for k in f.keys() if k.endswith("." + p))
+                   for p in ("qweight", "qzeros", "scales", "g_idx")}
+
+    def reported(*extra):
+        code, out, err = run_cli(["report", "memory", "--model", ckpt, "--weights", "w4a16", "--context", "4096",
+                                  "--gpu-mem", "1", "--json", *extra], capsys)
+        assert code == 0, err
+        return {p: v for p, v in json.loads(out)["server"]["w4a16"]["weights"]["by_part"].items() if p in on_disk}
+
+    assert reported() == on_disk                               # group 32 from its quantization_config
+    assert reported("--group-size", "128")["scales"] == on_disk["scales"] // 4
+    code, out, err = run_cli(["report", "memory", "--group-size", "16"], capsys)
+    assert code == 2 and "--group-size must be one of -1, 32, 64, 128" in err
