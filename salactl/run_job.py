@@ -47,6 +47,8 @@ def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
 
     params = SamplingParams(max_new_tokens=req.max_new_tokens, temperature=req.temperature,
                             top_p=req.top_p, top_k=req.top_k, seed=req.seed, ignore_eos=req.ignore_eos)
+    if params.temperature == 0 and (params.top_p < 1 or params.top_k):
+        output.warn_once("--top-p/--top-k apply only with --temperature > 0; greedy decoding ignores them")
     lm = load_model(req.model, req.device, req.dtype, req.random_weights, req.seed)
     device = lm.model.model.embed_tokens.weight.device
     tok = None

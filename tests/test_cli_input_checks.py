@@ -80,3 +80,11 @@ def test_topk_at_most_init_blocks_is_warned_because_queries_lose_their_own_block
 def test_sweep_takes_the_kv_cache_dtype_flag_of_run_and_bench(flag, tmp_path, capsys):
     code, out, err = run_cli(["sweep", flag, "fp16", "--out", tmp_path / "sw"], capsys)
     assert code == 2 and "--kv-cache-dtype 'fp16' is not supported" in err and not (tmp_path / "sw").exists()
+
+
+def test_top_p_or_top_k_without_temperature_is_warned(capsys):
+    code, out, err = run_cli(["run", "--prompt", "hi", "--max-new-tokens", "1", "--top-p", "0.5", "--json"], capsys)
+    assert code == 0 and "greedy decoding ignores them" in err
+    code, out, err = run_cli(["run", "--prompt", "hi", "--max-new-tokens", "1", "--top-p", "0.5",
+                              "--temperature", "0.7", "--json"], capsys)
+    assert code == 0 and "ignores them" not in err
