@@ -81,8 +81,7 @@ class Engine:
         """Yield generated token ids one at a time (used by bench). Generation stops at
         params.stop_token_ids and, unless params.ignore_eos, at config.eos_token_id and `eos_ids`
         (e.g. the tokenizer's), as in generate() and GPUEngine."""
-        result = []
-        yield from self._generate(prompt, params, eos_ids, result.append)
+        yield from self._generate(prompt, params, eos_ids, lambda _result: None)
 
     def generate(self, prompt: list[int], params: SamplingParams, eos_ids: tuple[int, ...] = (),
                  on_token: Callable[[int], None] | None = None,

@@ -4,8 +4,6 @@ checkpoint loads into), so the profiled step reads exactly the packed bytes of a
 
 from __future__ import annotations
 
-from salactl.errors import UsageError
-
 
 # the quantized weight names of the CLI (--weights, --weight-dtype) and their bits
 QUANTIZED_BITS = {"w4a16": 4, "w8a16": 8}
@@ -18,15 +16,12 @@ def quantized_as(model) -> str | None:
 
 
 def quantize_rtn_in_memory(model, config, group_size: int = 128, bits: int = 4):
-    try:
-        from salactl.quant.linear import W4A16Linear
-        from salactl.quant.packing import to_gptq_tensors
-        from salactl.quant.quantizer import QuantSpec
-        from salactl.quant.rtn import rtn_quantize
-        from salactl.quant.sequential import layer_groups, plan_skips
-    except ImportError as e:
-        raise UsageError(f"--weights w4a16 needs salactl.quant, which this build lacks ({e}); use "
-                         "--weights bf16") from None
+    from salactl.quant.linear import W4A16Linear
+    from salactl.quant.packing import to_gptq_tensors
+    from salactl.quant.quantizer import QuantSpec
+    from salactl.quant.rtn import rtn_quantize
+    from salactl.quant.sequential import layer_groups, plan_skips
+
     spec = QuantSpec(bits, group_size)
     skipped = plan_skips(model, config, group_size)
     device = model.model.embed_tokens.weight.device
