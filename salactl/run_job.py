@@ -173,7 +173,11 @@ def run_records(result: dict, req: RunRequest, label: str | None) -> list[dict]:
 
     prefill = dict(common, duration=result["ttft_s"], mean_ttft_ms=ttft_ms, median_ttft_ms=ttft_ms,
                    input_throughput=result["prefill_tok_s"], **floor("prefill"))
-    decode = dict(common, mean_tpot_ms=tpot_ms, median_tpot_ms=tpot_ms,
-                  output_throughput=result["decode_tok_s"], **floor("decode"))
+    # SGLang's output_throughput is output tokens over the whole request (TTFT included), which
+    # is not the decode-phase rate: that one is decode_tok_s
+    e2e_s = result["ttft_s"] + (n_out - 1) / result["decode_tok_s"] if result["decode_tok_s"] else result["ttft_s"]
+    decode = dict(common, mean_tpot_ms=tpot_ms, median_tpot_ms=tpot_ms, duration=e2e_s,
+                  output_throughput=n_out / e2e_s if e2e_s else None, decode_tok_s=result["decode_tok_s"],
+                  **floor("decode"))
     return [make_record("run", run_id, label, "run", phase, "embedded", result["model"], metrics, knobs,
                         result["env"]) for phase, metrics in (("prefill", prefill), ("decode", decode))]

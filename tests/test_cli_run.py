@@ -188,7 +188,11 @@ def test_run_records_render_in_latency_report(ckpt, tmp_path):
     assert [(x["label"], x["phase"]) for x in records] == [
         ("first", "prefill"), ("first", "decode"), ("second", "prefill"), ("second", "decode")]
     assert records[0]["kind"] == "run" and records[0]["total_input_tokens"] == 3
-    assert records[1]["output_throughput"] > 0 and records[1]["env"]["torch"]
+    dec = records[1]
+    assert dec["output_throughput"] > 0 and dec["env"]["torch"]
+    # SGLang's meaning: output tokens over the whole request; the decode-phase rate is decode_tok_s
+    assert dec["duration"] == pytest.approx(records[0]["duration"] + 2 / dec["decode_tok_s"])
+    assert dec["output_throughput"] == pytest.approx(3 / dec["duration"])
     assert all("fla_core" in x["env"] and x["env"]["fla_core"] == _fla_core_version() for x in records)
     r = salactl("report", "latency", str(runs / "records.jsonl"), "--out", str(tmp_path / "rep"))
     assert r.returncode == 0, r.stderr
