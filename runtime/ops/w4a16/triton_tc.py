@@ -9,9 +9,10 @@ fp32 accumulation comes for free. The packed words are stored in the A-fragment 
 reads them, so the weights never go through shared memory (checked in the sm_90 TTGIR: the only
 convert is a register renaming).
 
-Dequantization, 8 weights per word, two per instruction (inline PTX, `DEQUANT_ASM`):
-`lop3(q >> 4i, 0x000F000F, 0x43004300)` is the bf16x2 pair (128 + q_i, 128 + q_{i+4}) and one
-`fma.rn.bf16x2` by (1, -136) gives q - 8 exactly: 11 instructions per 8 weights. Under
+Dequantization, 8 weights per word, two per instruction (inline PTX, `DEQUANT_BF16_ASM` /
+`DEQUANT_FP16_ASM`): `lop3(q >> 4i, 0x000F000F, 0x43004300)` is the bf16x2 pair (128 + q_i,
+128 + q_{i+4}) and one `fma.rn.bf16x2` by (1, -136) gives q - 8 exactly (fp16: magic 0x6400, i.e.
+1024 + q, and -1032): 11 instructions per 8 weights. Under
 TRITON_INTERPRET=1 (CPU tests) inline asm cannot run, so the same bits are built with plain
 Triton ops (`USE_ASM=False`); everything after is shared, so the interpreter test covers the
 layout, the reshape/permute chain, scales, split-K and masking, and the GPU test the asm.
@@ -30,8 +31,8 @@ at once instead of one L2 round trip per split (split 8-32 on the 4096-wide shap
 prefetches the first blocks' words into L2 before the PDL wait (no kernel writes weights), so
 they stream while the previous kernel drains (o_proj M=1 6.05 vs 6.83 us). Offline sm_90
 SASS per 128-row block and thread (64 weights at BLOCK_N 64, 4 warps): 163 instructions with the
-fma dequant (90 of them dequantization), 160 with the bias MMA, 196 with 3 stages; the CUDA-core
-GEMV it replaced (since deleted) needed ~5.4 per weight (~345 per 64).
+fma dequant (90 of them dequantization), 160 with the bias MMA, 196 with 3 stages; a CUDA-core
+GEMV needs ~5.4 per weight (~345 per 64).
 
 Why the pipeline (diagnosis at 59939ab, offline sm_90 compile): at ~50% of the copy ceiling with
 ~2.6 SASS instructions per weight the kernel is latency / memory-parallelism bound, not issue bound
