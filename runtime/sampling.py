@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,10 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
+        for name in ("max_new_tokens", "top_k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):   # numpy ints pass
+                raise UsageError(f"--{name.replace('_', '-')} must be an integer, got {value!r}")
         if self.max_new_tokens < 0:
             raise UsageError(f"--max-new-tokens must be >= 0, got {self.max_new_tokens}")
         if not 0 <= self.temperature < math.inf:

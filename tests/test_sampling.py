@@ -47,3 +47,9 @@ def test_top_p_ties_at_the_cut_go_the_way_of_hf_top_p_warper():
     # (its ascending sort drops the lower ids first); salactl used to keep the lowest ids
     assert _seen([1.0] * 10, temperature=1.0, top_p=0.5) == {5, 6, 7, 8, 9}
     assert _seen([1.0] * 10, temperature=1.0, top_p=0.1) == {8, 9}
+
+
+@pytest.mark.parametrize("kw", [dict(max_new_tokens=2.5), dict(top_k=3.0), dict(max_new_tokens=True)])
+def test_sampling_params_take_integer_counts_only(kw):
+    with pytest.raises(UsageError, match="must be an integer"):
+        SamplingParams(**kw)
