@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 
 from salactl.errors import UsageError
+from salactl.output import warn_once
 
 SCHEMA_VERSION = 1
 KINDS = ("bench", "sweep", "run")
@@ -103,9 +104,9 @@ def load_records(paths: list[Path]) -> list[dict]:
                              "records come from bench, sweep or run")
         raise UsageError(f"no records in {', '.join(str(p) for p in paths)}")
     if invalid:
-        _warn(f"dropped metric values that are not finite numbers: {_some(invalid)}")
+        warn_once(f"dropped metric values that are not finite numbers: {_some(invalid)}")
     if unusable:
-        _warn(f"skipped {len(unusable)} record(s) without any known metric as a finite number: "
+        warn_once(f"skipped {len(unusable)} record(s) without any known metric as a finite number: "
               f"{_some(unusable)}")
     return records
 
@@ -113,12 +114,6 @@ def load_records(paths: list[Path]) -> list[dict]:
 def _some(items: list[str], n: int = 5) -> str:
     more = f" and {len(items) - n} more" if len(items) > n else ""
     return ", ".join(items[:n]) + more
-
-
-def _warn(message: str) -> None:
-    from salactl.output import warn_once
-
-    warn_once(message)
 
 
 def validate(rec, where: str) -> dict:

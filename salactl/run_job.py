@@ -68,8 +68,9 @@ def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
             tok = find_tokenizer(req.tokenizer, lm.model_dir)
         except Exception:
             tok = None
-    if lm.config.sparse_config.forced_blocks_note and len(ids) + req.max_new_tokens >= lm.config.sparse_config.dense_len:
-        output.warn_once(lm.config.sparse_config.forced_blocks_note)
+    sparse = lm.config.sparse_config
+    if sparse.forced_blocks_note and len(ids) + req.max_new_tokens >= sparse.dense_len:
+        output.warn_once(sparse.forced_blocks_note)
     output.warn_past_trained_length(len(ids) + req.max_new_tokens, lm.config.max_position_embeddings,
                                     "the prompt plus --max-new-tokens")
     if tok is not None:
