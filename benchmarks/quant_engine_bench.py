@@ -44,7 +44,7 @@ RESULTS = G.RESULTS
 
 @G.section("check")
 def check():
-    from salactl.profiling.weights import quantize_rtn_in_memory
+    from salactl.quant.in_memory import quantize_rtn_in_memory
     from salactl.runtime.checkpoint import random_state_dict
     from salactl.runtime.gpu import selfcheck as S
     from salactl.runtime.loader import build_model
@@ -222,7 +222,7 @@ def table_variant(fields: str):
 
 @G.section("decode")
 def decode(ceil, variants=(), bits=4):
-    from salactl.profiling.weights import quantize_rtn_in_memory
+    from salactl.quant.in_memory import quantize_rtn_in_memory
     from salactl.runtime.loader import load_model
 
     lm = load_model("sala-9b", "cuda", "bf16", random_weights=True, seed=0)

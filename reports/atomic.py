@@ -1,11 +1,15 @@
-"""Write several output files all-or-nothing: every destination is checked first, every file goes
-to a temp name in its directory, and only when all are written are they renamed into place; a
-rename that still fails midway puts back what the earlier renames replaced."""
+"""Write output files all-or-nothing. One file: `write_atomic` (or `atomic_path` for a writer that
+takes a file name) writes to a temp name beside it and renames that onto it. Several files
+(`write_all`, `move_all`): every destination is checked first, every file goes to a temp name in its
+directory, and only when all are written are they renamed into place; a rename that still fails
+midway puts back what the earlier renames replaced."""
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from salactl.errors import OutputExistsError, UsageError
@@ -27,6 +31,30 @@ def check_destinations(paths, overwrite: bool) -> None:
             raise UsageError(f"{path} is a directory, where a file must go; remove it or choose another --out")
         if path.exists() and not overwrite:
             raise OutputExistsError(f"{path} already exists; choose another --out or pass --overwrite")
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """One file all-or-nothing: `data` (str as UTF-8, bytes as they are) goes to a temp name beside
+    `path`, then is renamed onto it; a failed write leaves `path` as it was and no temp behind."""
+    with atomic_path(path) as tmp:
+        if isinstance(data, bytes):
+            tmp.write_bytes(data)
+        else:
+            tmp.write_text(data, encoding="utf-8")
+
+
+@contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temp path beside `path` for a writer that takes a file name (a profiler's export, a
+    plotting library's savefig); renamed onto `path` when the block ends, removed when it raises."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def write_all(files: dict[Path, str | bytes], overwrite: bool = True) -> list[Path]:

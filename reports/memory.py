@@ -23,12 +23,19 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from salactl.errors import UsageError
-from salactl.profiling.weights import QUANTIZED_BITS
+from salactl.quant.in_memory import QUANTIZED_BITS
 from salactl.runtime.checkpoint import expected_tensor_shapes
 from salactl.runtime.config import SalaConfig
+from salactl.runtime.kv_fp8 import KV_CACHE_DTYPES
 
-KV_DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "auto": 2,
-                  "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8": 1, "fp32": 4, "float32": 4}
+ACTIVATION_KV_BYTES = 2             # "auto"/"bf16" store the activation dtype, bf16 when serving
+# Names the engine's --kv-cache-dtype refuses but a memory plan may ask for: 16/32-bit caches by
+# their usual names (run records store the activation dtype's, e.g. "bfloat16", "float32") and
+# "fp8" for either FP8 format.
+PLANNING_ONLY_KV_BYTES = {"bfloat16": 2, "fp16": 2, "float16": 2, "fp32": 4, "float32": 4, "fp8": 1}
+KV_DTYPE_BYTES = {**{name: ACTIVATION_KV_BYTES if dtype is None else dtype.itemsize
+                     for name, dtype in KV_CACHE_DTYPES.items()},
+                  **PLANNING_ONLY_KV_BYTES}
 WEIGHT_DTYPES = ("bf16", *QUANTIZED_BITS)
 COMPRESSED_KEY_MODES = ("k1", "k1k2")
 K2_FACTOR = 4                       # K2 kernel and stride are 4x K1's (hard-coded in HF/SGLang)
@@ -54,8 +61,9 @@ def kv_bytes_per_elem(kv_dtype: str) -> int:
     try:
         return KV_DTYPE_BYTES[kv_dtype]
     except KeyError:
-        raise UsageError(f"unknown KV cache dtype {kv_dtype!r}; valid: bf16, fp16, fp32, "
-                         "fp8_e4m3, fp8_e5m2") from None
+        raise UsageError(f"unknown KV cache dtype {kv_dtype!r}; "
+                         f"valid: {', '.join(KV_CACHE_DTYPES)}, "
+                         f"or for planning only: {', '.join(PLANNING_ONLY_KV_BYTES)}") from None
 
 
 def gpu_memory_bytes(name: str) -> int:

@@ -8,7 +8,7 @@ from itertools import accumulate
 from pathlib import Path
 
 from salactl.errors import SalactlError
-from salactl.profiling.weights import QUANTIZED_BITS
+from salactl.quant.in_memory import QUANTIZED_BITS
 from salactl.reports.memory import (KV_DTYPE_BYTES, full_attention_request, gpu_memory_bytes,
                                     kv_bytes_per_token, max_concurrent, prefill_workspace_bytes,
                                     request_memory, server_memory, weight_bytes)
@@ -20,9 +20,9 @@ PEAK_KEYS = ("peak_memory_bytes", "peak_gpu_memory_bytes", "peak_memory_allocate
 CONTEXT_KNOBS = ("context", "context_len", "input_len", "random_input_len", "prompt_tokens")
 BATCH_KNOBS = ("batch", "batch_size", "max_concurrency", "concurrency")
 WEIGHT_KNOBS = ("weights", "weight_dtype")
+# a model dtype's names -> the name its rows show (bytes per element: KV_DTYPE_BYTES, same names)
 DTYPES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "fp32": "fp32",
           "float32": "fp32"}
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
 @dataclass(frozen=True)
@@ -143,9 +143,9 @@ def record_weights(rec: dict) -> tuple[str, int | None, int | None]:
         w = w or found
     dtype = DTYPES.get(knobs.get("dtype"))
     if w in QUANTIZED_BITS:                     # W4A16/W8A16: 16-bit unless the record says otherwise
-        return w, DTYPE_BYTES[dtype or "bf16"], group
+        return w, KV_DTYPE_BYTES[dtype or "bf16"], group
     dtype = DTYPES.get(w) or (dtype if w in ("", "dense") else None)
-    return (dtype, DTYPE_BYTES[dtype], None) if dtype else ("unknown", None, None)
+    return (dtype, KV_DTYPE_BYTES[dtype], None) if dtype else ("unknown", None, None)
 
 
 def measured_rows(config, records, q: MemoryQuery) -> list[dict]:
@@ -169,7 +169,7 @@ def measured_rows(config, records, q: MemoryQuery) -> list[dict]:
         predicted = None
         if ctx and act_bytes and kv in KV_DTYPE_BYTES:
             chunk = min(_knob(rec, ("chunk_size",)) or q.prefill_chunk, prompt or ctx)
-            predicted = (weight_bytes(config, "bf16" if weights in DTYPE_BYTES else weights,
+            predicted = (weight_bytes(config, weights if weights in QUANTIZED_BITS else "bf16",
                                       group or q.group_size, act_bytes).total
                          + prefill_workspace_bytes(config, chunk, act_bytes)
                          + batch * request_memory(config, ctx, kv, q.compressed_keys, act_bytes).total)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from salactl.reports.atomic import write_atomic
+
 # name fragment -> (memory GB/s, dense bf16 TFLOP/s); vendor datasheets (dense, no sparsity).
 DATASHEET = {
     "H200": (4800.0, 989.0),
@@ -181,8 +183,5 @@ def measure(device: torch.device) -> Peaks:
     data = load_measured()
     data[name] = {"mem_gbps": mem_gbps, "bf16_tflops": tflops, "fp32_tflops": fp32,
                   "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data, indent=2))
     return Peaks(name, mem_gbps, tflops, "measured", fp32)

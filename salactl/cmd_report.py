@@ -123,8 +123,10 @@ def memory(
     model: ModelOpt = "sala-nano",
     context: Annotated[str, typer.Option("--context", help="Context lengths, e.g. 4096,32768,131072.")]
     = DEFAULT_CONTEXTS,
-    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="Comma list: bf16, fp8_e4m3, "
-                                                "fp8_e5m2.")] = "bf16,fp8_e4m3",
+    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="Comma list: auto, bf16, "
+                                                "fp8_e4m3, fp8_e5m2 (as run takes them); planning only: "
+                                                "bfloat16, fp16, float16, fp32, float32, fp8.")]
+    = "bf16,fp8_e4m3",
     weights: Annotated[str, typer.Option("--weights", help="Comma list: bf16, w4a16, w8a16.")] = "bf16,w4a16",
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU names (peaks table), comma list.")] = None,
     gpu_mem: Annotated[Optional[float], typer.Option("--gpu-mem", help="GPU memory in GB instead.")] = None,
@@ -198,11 +200,13 @@ def render_memory(r: dict) -> None:
                    hb(s["cuda_graphs_estimate"]), hb(s["cuda_context_estimate"]), hb(s["fixed"])]
                   for w, s in srv.items()])
     kept = r["assumptions"]["compressed_keys_kept"]
+    parts = [("KV cache", "kv_cache"), ("K1", "compressed_k1"),
+             *([("K2", "compressed_k2")] if kept == "k1k2" else []),  # K2 not counted in k1
+             ("GLA state", "gla_state"), ("total", "total"),
+             ("full attention KV", "full_attention")]
     output.table(f"per request (compressed keys kept: {kept}; {r['assumptions']['compressed_keys_note']})",
-                 ["KV dtype", "context", "KV cache", "K1", "K2", "GLA state", "total",
-                  "full attention KV"],
-                 [[x["kv_dtype"], x["context"], hb(x["kv_cache"]), hb(x["compressed_k1"]),
-                   hb(x["compressed_k2"]), hb(x["gla_state"]), hb(x["total"]), hb(x["full_attention"])]
+                 ["KV dtype", "context", *(column for column, _ in parts)],
+                 [[x["kv_dtype"], x["context"], *(hb(x[key]) for _, key in parts)]
                   for x in r["per_request"]])
     if r["concurrency"]:
         output.table(f"max concurrent requests (mem fraction {r['assumptions']['mem_fraction']})",

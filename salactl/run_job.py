@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from salactl import output
 from salactl.errors import UsageError
-from salactl.profiling.weights import quantized_as
+from salactl.quant.in_memory import quantized_as
 from salactl.runtime.engine import Engine
 from salactl.runtime.kv_fp8 import fp8_dtype, stored_kv_name
 from salactl.runtime.loader import load_model
 from salactl.runtime.peaks import peaks_for
 from salactl.runtime.roofline import linear_costs, phase_costs, roofline_rows
 from salactl.runtime.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from salactl.runtime.loader import LoadedModel
+    from salactl.runtime.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -39,35 +44,48 @@ class RunRequest:
 
 
 def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
-    from salactl.env import environment
-    from salactl.runtime.chat_template import CHATML_NOTE
-    from salactl.runtime.loader import stop_token_ids
-    from salactl.runtime.stream_decoder import StreamDecoder
-    from salactl.runtime.tokenizer import check_fits, find_tokenizer
+    params = _sampling_params(req)
+    lm = load_model(req.model, req.device, req.dtype, req.random_weights, req.seed)
+    ids, tok = _prompt_ids(req, lm)
+    _check_prompt(req, lm, ids, tok)
+    engine, res, timing_note = _generate(req, lm, ids, tok, params, stream, prefill_progress)
+    return _record(req, lm, ids, tok, engine, res, timing_note)
 
+
+def _sampling_params(req: RunRequest) -> SamplingParams:
     params = SamplingParams(max_new_tokens=req.max_new_tokens, temperature=req.temperature,
                             top_p=req.top_p, top_k=req.top_k, seed=req.seed, ignore_eos=req.ignore_eos)
     if params.temperature == 0 and (params.top_p < 1 or params.top_k):
         output.warn_once("--top-p/--top-k apply only with --temperature > 0; greedy decoding ignores them")
-    lm = load_model(req.model, req.device, req.dtype, req.random_weights, req.seed)
-    device = lm.model.model.embed_tokens.weight.device
-    tok = None
-    if req.prompt is not None:
-        tok = find_tokenizer(req.tokenizer, lm.model_dir)
-        if req.chat:            # the checkpoint's template, tokenized without special tokens (HF apply_chat_template)
-            if not tok.has_chat_template:
-                output.warn_once(CHATML_NOTE)
-            ids = tok.chat_ids(req.prompt)
-        else:
-            ids = tok.encode(req.prompt)
-    else:
+    return params
+
+
+def _prompt_ids(req: RunRequest, lm: LoadedModel) -> tuple[list[int], Tokenizer | None]:
+    """The prompt's token ids and the tokenizer (None where --prompt-ids come without one)."""
+    from salactl.runtime.chat_template import CHATML_NOTE
+    from salactl.runtime.tokenizer import find_tokenizer
+
+    if req.prompt is None:
         if req.chat:
             raise UsageError("--chat needs a text prompt, not --prompt-ids")
-        ids = req.prompt_ids
         try:
             tok = find_tokenizer(req.tokenizer, lm.model_dir)
         except Exception:
             tok = None
+        return req.prompt_ids, tok
+    tok = find_tokenizer(req.tokenizer, lm.model_dir)
+    if req.chat:    # the checkpoint's template, tokenized without special tokens (HF apply_chat_template)
+        if not tok.has_chat_template:
+            output.warn_once(CHATML_NOTE)
+        return tok.chat_ids(req.prompt), tok
+    return tok.encode(req.prompt), tok
+
+
+def _check_prompt(req: RunRequest, lm: LoadedModel, ids: list[int], tok: Tokenizer | None) -> None:
+    """Warn where the prompt plus --max-new-tokens leaves what the model handles well; fail where the
+    tokenizer's ids do not fit the model's vocabulary."""
+    from salactl.runtime.tokenizer import check_fits
+
     sparse = lm.config.sparse_config
     if sparse.forced_blocks_note and len(ids) + req.max_new_tokens >= sparse.dense_len:
         output.warn_once(sparse.forced_blocks_note)
@@ -75,58 +93,64 @@ def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
                                     "the prompt plus --max-new-tokens")
     if tok is not None:
         check_fits(tok, lm.config.vocab_size)
+
+
+def _generate(req: RunRequest, lm: LoadedModel, ids: list[int], tok: Tokenizer | None,
+              params: SamplingParams, stream, prefill_progress):
+    """Generate on the GPU engine (CUDA + Triton) or the reference one, streaming text as it comes;
+    returns (engine, result, what the phase and op times measured)."""
     from salactl.runtime.gpu.available import gpu_engine_available
+    from salactl.runtime.loader import stop_token_ids
+    from salactl.runtime.stream_decoder import StreamDecoder
 
     eos = stop_token_ids(lm.config, lm.model_dir, tok)
     decoder = StreamDecoder(tok) if (tok and stream) else None
     on_token = (lambda t: stream(decoder.push(t))) if decoder else None
-    if gpu_engine_available(device):           # CUDA + Triton: the GPU engine
-        from salactl.runtime.gpu.engine import GPUEngine
-        from salactl.runtime.gpu.run_profile import generate_with_op_profile
-
-        engine = GPUEngine(lm.model, device, chunk_size=req.chunk_size, max_running_requests=1,
-                           kv_tokens=len(ids) + req.max_new_tokens + 64, kv_dtype=fp8_dtype(req.kv_cache_dtype))
-        for note in engine.fallback_notes():
-            output.warn_once(note)
-        if req.op_profile:
-            res, timing_note = generate_with_op_profile(engine, ids, params, eos_ids=eos, on_token=on_token)
-        else:
-            res = engine.generate_one(ids, params, eos_ids=eos, on_token=on_token)
-            res.prefill.op_seconds = res.decode.op_seconds = None
-            timing_note = {"phase_times": "the timed generation (CUDA-graph decode)",
-                           "op_times": "not measured (--no-op-profile)"}
+    if gpu_engine_available(lm.model.device):
+        engine, res, timing_note = _generate_gpu(req, lm, ids, params, eos, on_token)
     else:
-        engine = Engine(lm.model, device, chunk_size=req.chunk_size, time_ops=True,
+        engine = Engine(lm.model, lm.model.device, chunk_size=req.chunk_size, time_ops=True,
                         kv_cache_dtype=req.kv_cache_dtype)
         res = engine.generate(ids, params, eos_ids=eos, on_token=on_token, prefill_progress=prefill_progress)
         timing_note = {"phase_times": "the timed generation", "op_times": "the same generation (a timer "
                        "around every op)"}
-
     if decoder is not None:
         tail = decoder.flush()          # a character cut by --max-new-tokens, say: as `text` has it
         if tail:
             stream(tail)
+    return engine, res, timing_note
 
+
+def _generate_gpu(req: RunRequest, lm: LoadedModel, ids: list[int], params: SamplingParams, eos,
+                  on_token):
+    from salactl.runtime.gpu.engine import GPUEngine
+    from salactl.runtime.gpu.run_profile import generate_with_op_profile
+
+    engine = GPUEngine(lm.model, lm.model.device, chunk_size=req.chunk_size, max_running_requests=1,
+                       kv_tokens=len(ids) + req.max_new_tokens + 64, kv_dtype=fp8_dtype(req.kv_cache_dtype))
+    for note in engine.fallback_notes():
+        output.warn_once(note)
+    if req.op_profile:
+        res, timing_note = generate_with_op_profile(engine, ids, params, eos_ids=eos, on_token=on_token)
+    else:
+        res = engine.generate_one(ids, params, eos_ids=eos, on_token=on_token)
+        res.prefill.op_seconds = res.decode.op_seconds = None
+        timing_note = {"phase_times": "the timed generation (CUDA-graph decode)",
+                       "op_times": "not measured (--no-op-profile)"}
+    return engine, res, timing_note
+
+
+def _record(req: RunRequest, lm: LoadedModel, ids: list[int], tok: Tokenizer | None, engine, res,
+            timing_note: dict) -> dict:
+    """The run's result: outputs, speeds, the roofline of both phases and what produced them."""
+    from salactl.env import environment
+
+    device = lm.model.device
     peak_memory = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    peaks = peaks_for(device)
-    linears = linear_costs(lm.model)
-    act_bytes = lm.model.model.embed_tokens.weight.element_size()
-    P = len(ids)
-    pre_calls = [[(min(req.chunk_size, P - c), c)] for c in range(0, P, req.chunk_size)]
-    dec_calls = [[(1, P + i)] for i in range(res.decode.forward_calls)]
-    kw = dict(act_bytes=act_bytes, kv_bytes=1 if engine.kv_scales is not None else act_bytes)
-    pre = phase_costs(lm.config, linears, pre_calls, [1] * len(pre_calls), **kw)
-    dec = phase_costs(lm.config, linears, dec_calls, [1] * len(dec_calls), **kw)
     act_dtype = lm.model.model.embed_tokens.weight.dtype
     dtype_name = str(act_dtype).replace("torch.", "")
-    ceilings = peaks.for_dtype(act_dtype)
-    tflops = ceilings["compute_tflops"]
-    roof = {
-        "prefill": [r.to_dict() for r in roofline_rows(pre, res.prefill.op_seconds, res.prefill.seconds,
-                                                       peaks.mem_gbps, tflops)],
-        "decode": [r.to_dict() for r in roofline_rows(dec, res.decode.op_seconds, res.decode.seconds,
-                                                      peaks.mem_gbps, tflops)] if dec_calls else [],
-    }
+    ceilings = peaks_for(device).for_dtype(act_dtype)
+    P = len(ids)
     return {
         "model": lm.source,
         "device": str(device),
@@ -138,7 +162,7 @@ def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
         "ttft_s": res.ttft_s,
         "prefill_tok_s": P / res.prefill.seconds if res.prefill.seconds else None,
         "decode_tok_s": res.decode.tokens / res.decode.seconds if res.decode.seconds else None,
-        "roofline": roof,
+        "roofline": _roofline(req, lm, P, engine, res, ceilings),
         "timing": timing_note,
         "peaks": ceilings,
         "peak_memory_bytes": peak_memory,
@@ -149,6 +173,25 @@ def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
         "weights": quantized_as(lm.model) or dtype_name,
         "gla_prefill": getattr(engine, "gla_prefill", "reference"),
         "env": environment(),
+    }
+
+
+def _roofline(req: RunRequest, lm: LoadedModel, P: int, engine, res, ceilings: dict) -> dict:
+    """Per phase (P prompt tokens), the measured times against the byte and FLOP floors of the calls
+    the engine made."""
+    linears = linear_costs(lm.model)
+    act_bytes = lm.model.model.embed_tokens.weight.element_size()
+    pre_calls = [[(min(req.chunk_size, P - c), c)] for c in range(0, P, req.chunk_size)]
+    dec_calls = [[(1, P + i)] for i in range(res.decode.forward_calls)]
+    kw = dict(act_bytes=act_bytes, kv_bytes=1 if engine.kv_scales is not None else act_bytes)
+    pre = phase_costs(lm.config, linears, pre_calls, [1] * len(pre_calls), **kw)
+    dec = phase_costs(lm.config, linears, dec_calls, [1] * len(dec_calls), **kw)
+    mem_gbps, tflops = ceilings["mem_gbps"], ceilings["compute_tflops"]
+    return {
+        "prefill": [r.to_dict() for r in roofline_rows(pre, res.prefill.op_seconds, res.prefill.seconds,
+                                                       mem_gbps, tflops)],
+        "decode": [r.to_dict() for r in roofline_rows(dec, res.decode.op_seconds, res.decode.seconds,
+                                                      mem_gbps, tflops)] if dec_calls else [],
     }
 
 

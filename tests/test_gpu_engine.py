@@ -71,7 +71,7 @@ def test_stop_tokens_and_streaming_order():
 def test_w4a16_engine_matches_reference(bits, layout):
     """A sala-nano-shaped model quantized W4A16 (RTN g128, Triton layout; or W8A16, its tensor-core
     layout) through the GPU engine with CUDA graphs against the reference Engine on the same weights."""
-    from salactl.profiling.weights import quantize_rtn_in_memory
+    from salactl.quant.in_memory import quantize_rtn_in_memory
     from salactl.quant.linear import W4A16Linear
     from salactl.runtime.checkpoint import random_state_dict
     from salactl.runtime.gpu.selfcheck import check_model

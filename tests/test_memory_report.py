@@ -2,6 +2,7 @@
 (reference/architecture.md §5), and `salactl report memory` through the real CLI."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -90,6 +91,60 @@ def test_max_concurrent_and_gpu_table():
         mem.gpu_memory_bytes("Voodoo 5")
     with pytest.raises(UsageError, match="fp8_e4m3"):
         mem.kv_bytes_per_elem("int3")
+
+
+def test_every_kv_dtype_name_keeps_its_bytes():
+    from salactl.runtime.kv_fp8 import KV_CACHE_DTYPES
+
+    before = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "auto": 2,
+              "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8": 1, "fp32": 4, "float32": 4}
+    assert {name: mem.kv_bytes_per_elem(name) for name in before} == before == mem.KV_DTYPE_BYTES
+    assert set(KV_CACHE_DTYPES) | set(mem.PLANNING_ONLY_KV_BYTES) == set(before)
+    assert not set(KV_CACHE_DTYPES) & set(mem.PLANNING_ONLY_KV_BYTES)
+
+
+def test_cli_memory_help_names_the_kv_dtypes_and_which_are_planning_only():
+    import typer
+
+    from salactl.cmd_report import report_app
+    from salactl.runtime.kv_fp8 import KV_CACHE_DTYPES
+
+    memory = typer.main.get_command(report_app).commands["memory"]
+    (opt,) = [p for p in memory.params if p.name == "kv_cache_dtype"]
+    engine, planning = opt.help.split("planning only:")
+    assert re.findall(r"\w+", planning) == list(mem.PLANNING_ONLY_KV_BYTES)
+    assert set(KV_CACHE_DTYPES) <= set(re.findall(r"\w+", engine))
+
+
+def test_cli_memory_unknown_kv_dtype_lists_every_valid_name(monkeypatch, capsys):
+    valid = ("valid: auto, bf16, fp8_e4m3, fp8_e5m2, or for planning only: bfloat16, fp16, float16, "
+             "fp32, float32, fp8")
+    assert_usage_errors(monkeypatch, capsys,
+                        [(["--kv-cache-dtype", "bf16,int3"], f"'int3'; {valid}")])
+
+
+def per_request_columns(stdout: str) -> list[str]:
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("per request"))
+    header = next(line for line in lines[start:] if line.startswith("┃"))
+    return [c.strip() for c in header.strip("┃").split("┃")]
+
+
+def test_cli_memory_shows_k2_only_where_it_is_counted(capsys):
+    args = ["report", "memory", "--model", "sala-9b", "--context", "4096",
+            "--kv-cache-dtype", "bf16", "--weights", "bf16"]
+    code, out, err = run_cli(args, capsys)
+    assert code == 0, err
+    assert per_request_columns(out) == ["KV dtype", "context", "KV cache", "K1", "GLA state",
+                                        "total", "full attention KV"]
+    code, out, err = run_cli([*args, "--compressed-keys", "k1k2"], capsys)
+    assert code == 0, err
+    assert per_request_columns(out) == ["KV dtype", "context", "KV cache", "K1", "K2", "GLA state",
+                                        "total", "full attention KV"]
+    for kept in ("k1", "k1k2"):                  # the JSON keeps K2's size in both modes
+        code, out, err = run_cli([*args, "--compressed-keys", kept, "--json"], capsys)
+        (row,) = json.loads(out)["per_request"]
+        assert code == 0 and row["compressed_k2"] > 0 and row["compressed_keys_kept"] == kept
 
 
 def test_build_concurrency_vs_full_attention_and_measured_rows():

@@ -42,6 +42,11 @@ class SalaForCausalLM(nn.Module):
         self.model = SalaDecoder(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
+    @property
+    def device(self) -> torch.device:
+        """Where the parameters live (all on one device)."""
+        return self.model.embed_tokens.weight.device
+
     def hidden_states(self, input_ids: torch.Tensor, batch) -> torch.Tensor:
         h = self.model.embed_tokens(input_ids) * self.config.scale_emb
         for layer in self.model.layers:

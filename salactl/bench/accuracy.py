@@ -41,8 +41,7 @@ def dense_config(config: SalaConfig, length: int) -> SalaConfig:
 def prompt_logits(model, prompt: list[int], chunk_size: int, kv_cache_dtype: str = "bf16") -> torch.Tensor:
     from salactl.runtime.engine import Engine
 
-    device = model.model.embed_tokens.weight.device
-    eng = Engine(model, device, chunk_size=chunk_size, kv_cache_dtype=kv_cache_dtype)
+    eng = Engine(model, model.device, chunk_size=chunk_size, kv_cache_dtype=kv_cache_dtype)
     return eng.prefill(eng.new_sequence(), list(prompt), all_logits=True).double().cpu()
 
 

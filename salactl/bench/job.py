@@ -17,6 +17,7 @@ from salactl.bench.runner import run_phase
 from salactl.bench.scoring import accuracy_coefficient, check_reference, parse_reference, soar_score
 from salactl.bench.targets.http import DEFAULT_READ_TIMEOUT_S
 from salactl.errors import EndpointError, TokenizerError, UsageError
+from salactl.reports.atomic import write_atomic
 
 FALLBACK_VOCAB = 1000   # random prompt ids for a server whose vocabulary we cannot learn
 
@@ -283,5 +284,5 @@ def _write_side_files(run: BenchRun, out: Path, details: list) -> None:
     run.files["summary_md"] = str(md)
     js = out / f"{run.run_id}.json"
     run.files["summary_json"] = str(js)
-    rec.atomic_write_text(md, markdown_summary(run.to_dict()))
-    rec.atomic_write_text(js, json.dumps(run.to_dict(), indent=2) + "\n")
+    write_atomic(md, markdown_summary(run.to_dict()))
+    write_atomic(js, json.dumps(run.to_dict(), indent=2) + "\n")

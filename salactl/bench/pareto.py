@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from salactl.reports.atomic import atomic_path
+
 
 def pareto_front(points: list[dict], x: str, y: str) -> list[dict]:
     """Points not dominated by any other (≤ in both, < in one); skips points missing x or y."""
@@ -43,8 +45,7 @@ def plot_front(points: list[dict], front: list[dict], x: str, y: str, path: Path
     ax.legend()
     fig.tight_layout()
     path = Path(path)
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=120)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
-    tmp.replace(path)
     return path

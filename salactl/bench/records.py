@@ -20,6 +20,7 @@ from pathlib import Path
 
 from salactl.bench.requests import RequestResult
 from salactl.output import jsonable
+from salactl.reports.atomic import write_atomic
 from salactl.reports.records import SCHEMA_VERSION
 
 RECORDS_NAME = "records.jsonl"
@@ -72,13 +73,6 @@ def read_records(path: Path) -> list[dict]:
     return out
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def detail_rows(run_id: str, results: list[RequestResult], t0: float) -> list[list]:
     rows = []
     for r in results:
@@ -97,4 +91,4 @@ def write_details(path: Path, rows: list[list]) -> None:
     w = csv.writer(buf)
     w.writerow(DETAIL_COLUMNS)
     w.writerows(rows)
-    atomic_write_text(path, buf.getvalue())
+    write_atomic(path, buf.getvalue())

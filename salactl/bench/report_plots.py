@@ -8,6 +8,8 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from salactl.reports.atomic import atomic_path
+
 
 def _plt():
     try:
@@ -21,11 +23,10 @@ def _plt():
 
 
 def _save(plt, fig, path: Path) -> Path:
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
     fig.tight_layout()
-    fig.savefig(tmp, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
-    tmp.replace(path)
     return path
 
 

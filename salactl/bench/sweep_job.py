@@ -6,17 +6,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from salactl import output
 from salactl.bench import records as rec
 from salactl.bench.grid_memory import cache_bytes_per_request
-from salactl.bench.sweep_grid import (KV_DTYPES, WEIGHT_DTYPES, build_points, parse_ints, parse_names,
-                                      point_key)
+from salactl.bench.sweep_grid import (KV_DTYPES, WEIGHT_DTYPES, SweepPoint, build_points, parse_ints,
+                                      parse_names, point_key)
 from salactl.errors import ConfigError, OutputExistsError, SalactlError, UsageError
 from salactl.lists import parse_list
-from salactl.profiling.weights import QUANTIZED_BITS, quantized_as
+from salactl.quant.in_memory import QUANTIZED_BITS, quantize_rtn_in_memory, quantized_as
+from salactl.reports.atomic import write_atomic
+
+if TYPE_CHECKING:
+    from salactl.runtime.loader import LoadedModel
 
 PARETO_X = {"e2e": "mean_e2e_latency_ms", "ttft": "mean_ttft_ms", "tpot": "mean_tpot_ms"}
 PARETO_Y = "logit_kl_mean"
@@ -72,6 +77,25 @@ class SweepRun:
                              "interrupted": self.interrupted, "files": self.files})
 
 
+@dataclass(frozen=True)
+class _SweepContext:
+    """What every point of one sweep shares, built once by run_sweep before the first point."""
+    settings: SweepSettings
+    lm: LoadedModel                     # the base weights, their config, source and model_dir
+    base_dtype: torch.dtype
+    engine_kind: str
+    varying: list[str]                  # the axes with more than one value (they name the points)
+    knobs: dict                         # the sweep-wide knobs every record carries and its key hashes
+    tok: object | None
+    passkey: bool
+    passkey_lengths: list[int]
+    passkey_depths: list[float]
+    kl_prompt: list[int] | None         # with the dense reference's logits over it; None with --no-kl
+    ref_logits: torch.Tensor | None
+    env: dict
+    weights_cache: dict = field(default_factory=dict)    # weight dtype -> the base weights in it
+
+
 def _weights_model(base, config, weight_dtype: str, base_dtype: torch.dtype, cache: dict):
     """The base weights in `weight_dtype` (built once per dtype; bf16/fp16/fp32 casts, w4a16/w8a16 RTN)."""
     from salactl.runtime.loader import DTYPES, build_model
@@ -85,8 +109,6 @@ def _weights_model(base, config, weight_dtype: str, base_dtype: torch.dtype, cac
     if quantized:
         model = base
     elif weight_dtype in QUANTIZED_BITS:
-        from salactl.profiling.weights import quantize_rtn_in_memory
-
         model = quantize_rtn_in_memory(build_model(config, dict(base.state_dict())), config, 128,
                                        bits=QUANTIZED_BITS[weight_dtype])
     else:
@@ -160,7 +182,7 @@ def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
 
     lm = load_model(s.model or "sala-nano", s.device, s.dtype, s.random_weights, s.seed)
     config, base = lm.config, lm.model
-    device = base.model.embed_tokens.weight.device
+    device = base.device
     base_dtype = base.model.embed_tokens.weight.dtype
     default_weight = quantized_as(base) or {torch.bfloat16: "bf16", torch.float16: "fp16",
                                              torch.float32: "fp32"}[base_dtype]
@@ -217,9 +239,11 @@ def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
         prompt = kl_prompt(tok, kl_len, config.vocab_size, s.seed)
         ref_logits = prompt_logits(with_config(base, dense_config(config, kl_len)), prompt, 512)
 
+    ctx = _SweepContext(settings=s, lm=lm, base_dtype=base_dtype, engine_kind=engine_kind, varying=varying,
+                        knobs=context, tok=tok, passkey=do_passkey, passkey_lengths=lengths,
+                        passkey_depths=depths, kl_prompt=prompt, ref_logits=ref_logits, env=env)
     if progress:
         progress.begin("sweep", len(points))
-    models: dict = {}
     try:
         for p in points:
             key = point_key(p, context)
@@ -227,8 +251,7 @@ def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
                 run.points.append(done[key])
                 run.resumed += 1
             else:
-                record = _measure(p, key, varying, s, lm, config, base, base_dtype, models, engine_kind,
-                                  context, prompt, ref_logits, tok, do_passkey, lengths, depths, run, env)
+                record = _measure(p, key, ctx, run)
                 if record is not None:
                     writer.append(record)
                     run.points.append(record)
@@ -246,8 +269,9 @@ def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
     return run
 
 
-def _measure(p, key, varying, s, lm, config, base, base_dtype, models, engine_kind, context, prompt,
-             ref_logits, tok, do_passkey, lengths, depths, run, env) -> dict | None:
+def _measure(p: SweepPoint, key: str, ctx: _SweepContext, run: SweepRun) -> dict | None:
+    """One grid point's record (speed, then the accuracy proxies), or None when its engine cannot be
+    built (the reason goes to run.invalid)."""
     from salactl.bench.accuracy import logit_kl, passkey_accuracy, prompt_logits, with_config
     from salactl.bench.profiles import Phase
     from salactl.bench.runner import run_phase
@@ -255,13 +279,15 @@ def _measure(p, key, varying, s, lm, config, base, base_dtype, models, engine_ki
     from salactl.bench.synthetic import random_lengths
     from salactl.bench.targets.embedded import EmbeddedTarget, build_engine
 
-    label = p.label(varying)
-    device = base.model.embed_tokens.weight.device
+    s, lm, config, base_dtype = ctx.settings, ctx.lm, ctx.lm.config, ctx.base_dtype
+    label = p.label(ctx.varying)
+    device = lm.model.device
     try:
-        weights = _weights_model(base, config, p.weight_dtype, base_dtype, models)
+        weights = _weights_model(lm.model, config, p.weight_dtype, base_dtype, ctx.weights_cache)
         cfg = config.replace(sparse_config=p.sparse_config(config.sparse_config))
         model = with_config(weights, cfg)
-        driver, _, _ = build_engine(model, device, engine_kind, p.chunk_size, p.kv_dtype, s.max_running_requests)
+        driver, _, _ = build_engine(model, device, ctx.engine_kind, p.chunk_size, p.kv_dtype,
+                                    s.max_running_requests)
     except (ConfigError, UsageError) as e:
         run.invalid.append({"knobs": p.knobs(), "reason": str(e)})
         output.stderr.print(f"skipping point {label}: {e}")
@@ -284,15 +310,16 @@ def _measure(p, key, varying, s, lm, config, base, base_dtype, models, engine_ki
     kv_item = 1 if p.kv_dtype.startswith("fp8") else torch.empty(0, dtype=base_dtype).element_size()
     metrics["cache_bytes_per_request"] = cache_bytes_per_request(
         cfg, s.input_len + s.output_len, kv_item, torch.empty(0, dtype=base_dtype).element_size())
-    if ref_logits is not None:
-        metrics.update(logit_kl(ref_logits, prompt_logits(model, prompt, p.chunk_size, p.kv_dtype), p.dense_len))
-    if do_passkey:
-        metrics.update(passkey_accuracy(model, tok, lengths, depths, s.passkey_trials, s.seed, p.chunk_size,
-                                        lm.model_dir))
+    if ctx.ref_logits is not None:
+        logits = prompt_logits(model, ctx.kl_prompt, p.chunk_size, p.kv_dtype)
+        metrics.update(logit_kl(ctx.ref_logits, logits, p.dense_len))
+    if ctx.passkey:
+        metrics.update(passkey_accuracy(model, ctx.tok, ctx.passkey_lengths, ctx.passkey_depths,
+                                        s.passkey_trials, s.seed, p.chunk_size, lm.model_dir))
     metrics["point_key"] = key
-    knobs = dict(p.knobs(), **{k: v for k, v in context.items() if k not in ("model",)})
+    knobs = dict(p.knobs(), **{k: v for k, v in ctx.knobs.items() if k not in ("model",)})
     return rec.make_record("sweep", run.run_id, s.label, "sweep", label, "embedded", lm.source, metrics,
-                           knobs, env, outcome.started_at)
+                           knobs, ctx.env, outcome.started_at)
 
 
 def _finish(run: SweepRun, s: SweepSettings, out: Path) -> None:
@@ -313,5 +340,5 @@ def _finish(run: SweepRun, s: SweepSettings, out: Path) -> None:
         else:
             run.files["pareto_plot"] = str(path)
     summary = out / f"{run.run_id}-sweep.json"
-    rec.atomic_write_text(summary, json.dumps(run.to_dict(), indent=2) + "\n")
+    write_atomic(summary, json.dumps(run.to_dict(), indent=2) + "\n")
     run.files["summary_json"] = str(summary)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from salactl.errors import (ProfilerFailedError, ProfilerPermissionError, SalactlError,
                             ToolMissingError, UsageError)
+from salactl.reports.atomic import atomic_path, write_atomic
 
 # "bytes": time, DRAM traffic and DRAM % of peak. "sol" adds the SM and memory-subsystem
 # speed-of-light %, which are maxima over many sub-metrics: on an H200 (ncu 2025.3.1) that set took
@@ -110,25 +111,24 @@ def run_ncu(ncu: str, out_dir: Path, includes: list[str], spec_path: Path, manif
             opts: NcuOptions, log_path: Path) -> tuple[Path, Path]:
     """Profile; returns (.ncu-rep, raw CSV). The report is written under a temp name and renamed
     only when ncu succeeded, so a failed run leaves no report that looks complete."""
-    tmp_base = out_dir / ".profile.tmp"
-    child = [sys.executable, "-m", "salactl.profiling.step_runner", str(spec_path), str(manifest_path)]
-    cmd = profile_command(ncu, tmp_base, includes, child, opts)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with open(log_path, "w") as log:
-        log.write(" ".join(cmd) + "\n")
-        log.flush()
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    output = Path(log_path).read_text()
-    tmp_rep = report_file(tmp_base)
-    if proc.returncode != 0 or "ERR_NVGPUCTRPERM" in output:
-        raise classify_failure(output, proc.returncode)
-    if not tmp_rep.exists():
-        if "No kernels were profiled" in output:
-            raise ProfilerFailedError("ncu profiled no kernels: the NVTX ranges were not seen (is the run on "
-                            f"a GPU?); see {log_path}")
-        raise classify_failure(output, proc.returncode)
     report = out_dir / "profile.ncu-rep"
-    os.replace(tmp_rep, report)
+    child = [sys.executable, "-m", "salactl.profiling.step_runner", str(spec_path), str(manifest_path)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with atomic_path(report) as tmp_rep:
+        tmp_base = tmp_rep.with_suffix("")     # ncu appends ".ncu-rep" to it: report_file(tmp_base) == tmp_rep
+        cmd = profile_command(ncu, tmp_base, includes, child, opts)
+        with open(log_path, "w") as log:
+            log.write(" ".join(cmd) + "\n")
+            log.flush()
+            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        output = Path(log_path).read_text()
+        if proc.returncode != 0 or "ERR_NVGPUCTRPERM" in output:
+            raise classify_failure(output, proc.returncode)
+        if not tmp_rep.exists():
+            if "No kernels were profiled" in output:
+                raise ProfilerFailedError("ncu profiled no kernels: the NVTX ranges were not seen (is the run on "
+                                f"a GPU?); see {log_path}")
+            raise classify_failure(output, proc.returncode)
     csv_path = out_dir / "profile.csv"
     export_csv(ncu, report, csv_path)
     return report, csv_path
@@ -139,6 +139,4 @@ def export_csv(ncu: str, report: Path, csv_path: Path) -> None:
     exported = subprocess.run(export_command(ncu, report), capture_output=True, text=True)
     if exported.returncode != 0:
         raise classify_failure(exported.stdout + exported.stderr, exported.returncode)
-    tmp_csv = csv_path.with_name(f".{csv_path.name}.tmp{os.getpid()}")
-    tmp_csv.write_text(exported.stdout)
-    os.replace(tmp_csv, csv_path)
+    write_atomic(csv_path, exported.stdout)

@@ -8,7 +8,6 @@ profiled step."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ import torch
 from salactl.profiling.ranges import RangeTimer, make_ranges
 from salactl.profiling.spec import ProfileSpec
 from salactl.profiling.workload import Workload, build
+from salactl.reports.atomic import write_atomic
 from salactl.runtime.device_sync import synchronize
 
 
@@ -76,10 +76,7 @@ def describe(w: Workload, step_seconds: dict[str, float]) -> dict:
 
 
 def write_json(path: Path, obj) -> None:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, default=str))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(obj, indent=2, default=str))
 
 
 def main(argv: list[str]) -> int:

@@ -5,7 +5,6 @@ from the analytic model. Also writes a Chrome trace."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from torch.autograd import DeviceType
@@ -13,6 +12,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from salactl.profiling.step_runner import run_phases
 from salactl.profiling.workload import Workload
+from salactl.reports.atomic import atomic_path
 from salactl.reports.profile_table import KernelSample, attribute
 
 
@@ -67,7 +67,6 @@ def profile_torch(w: Workload, trace_path: Path | None) -> tuple[list[KernelSamp
         seconds = run_phases(w, "record_function")
     samples = samples_from_events(prof.events(), cuda)
     if trace_path is not None:
-        tmp = trace_path.with_name(f".{trace_path.name}.tmp{os.getpid()}")
-        prof.export_chrome_trace(str(tmp))
-        os.replace(tmp, trace_path)
+        with atomic_path(trace_path) as tmp:
+            prof.export_chrome_trace(str(tmp))
     return samples, seconds

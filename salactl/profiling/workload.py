@@ -13,7 +13,7 @@ from salactl.errors import ConfigError, UsageError
 from salactl.profiling.analytic import scoped_costs, sum_scopes
 from salactl.profiling.ranges import add_layer_ranges
 from salactl.profiling.spec import ProfileSpec
-from salactl.profiling.weights import QUANTIZED_BITS, quantized_as
+from salactl.quant.in_memory import QUANTIZED_BITS, quantize_rtn_in_memory, quantized_as
 from salactl.runtime.backend_reference import ReferenceBackend
 from salactl.runtime.batch import ForwardBatch
 from salactl.runtime.cache import SequenceCache
@@ -108,10 +108,8 @@ def build(spec: ProfileSpec) -> Workload:
     if quantized and spec.weights != quantized:
         raise ConfigError(f"{spec.model} is a {quantized.upper()} checkpoint; pass --weights {quantized}")
     if not quantized and spec.weights != "bf16":
-        from salactl.profiling.weights import quantize_rtn_in_memory
-
         model = quantize_rtn_in_memory(model, config, bits=QUANTIZED_BITS[spec.weights])
-    device = model.model.embed_tokens.weight.device
+    device = model.device
     dtype = model.model.embed_tokens.weight.dtype
     cache_kw = _cache_kwargs(spec, model, config, device)
     kv_bytes = 1 if cache_kw else torch.finfo(dtype).bits // 8

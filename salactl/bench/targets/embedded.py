@@ -148,12 +148,12 @@ def build_embedded_target(model: str | None, random_weights: bool, seed: int, de
     """Load the model and wrap it; returns (target, LoadedModel)."""
     import dataclasses
 
-    from salactl.profiling.weights import quantized_as
+    from salactl.quant.in_memory import quantized_as
     from salactl.runtime.kv_fp8 import stored_kv_name
     from salactl.runtime.loader import load_model
 
     lm = load_model(model or "sala-nano", device, dtype, random_weights, seed)
-    dev = lm.model.model.embed_tokens.weight.device
+    dev = lm.model.device
     driver, engine_name, chunk_size = build_engine(lm.model, dev, engine, chunk_size, kv_cache_dtype, max_running)
     act_dtype = lm.model.model.embed_tokens.weight.dtype
     dtype_name = str(act_dtype).replace("torch.", "")

@@ -1,6 +1,7 @@
-"""--weights w4a16 / w8a16 for a bf16 model (random weights or a bf16 checkpoint): round-to-nearest
-symmetric 4-bit (or 8-bit), group 128, through salactl.quant's own pieces (the same W4A16Linear a GPTQ
-checkpoint loads into), so the profiled step reads exactly the packed bytes of a real one."""
+"""Weight-only quantization of a model already in memory, no checkpoint written: --weights /
+--weight-dtype w4a16 / w8a16 for a bf16 model (random weights or a bf16 checkpoint) is round-to-nearest
+symmetric 4-bit (or 8-bit), group 128, into the same W4A16Linear a GPTQ checkpoint loads into, so the
+model reads exactly the packed bytes of a real one. Also: which of these a loaded model already is."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def quantize_rtn_in_memory(model, config, group_size: int = 128, bits: int = 4):
 
     spec = QuantSpec(bits, group_size)
     skipped = plan_skips(model, config, group_size)
-    device = model.model.embed_tokens.weight.device
+    device = model.device
     dtype = model.model.embed_tokens.weight.dtype
     for i, layer in enumerate(model.model.layers):
         for group in layer_groups(config, i):
