@@ -203,7 +203,7 @@ def quantize_model(model, config, calib: torch.Tensor | None, opts: QuantOptions
         first = next(iter(skipped.items()))
         raise QuantizationError(f"no linear of this model can be quantized with group size {opts.group_size} "
                                 f"(e.g. {first[0]}: {first[1]}); Marlin needs out % 64, in % 128 and in % group == 0")
-    device = model.model.embed_tokens.weight.device
+    device = model.device
     outcome = QuantizeOutcome({}, skipped, [], None)
     backend = _KVAmaxBackend(config, device)
     runner = _LayerRunner(config, opts.batch_tokens, backend)
