@@ -20,6 +20,7 @@ table last.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import math
@@ -394,7 +395,7 @@ def main():
     ap.add_argument("--breakdown", action="store_true",
                     help="decode: also GPU time per kernel name inside one graph replay (torch.profiler)")
     ap.add_argument("--selection", default="",
-                    help="decode selection knobs over selection/gpu.py's DECODE_DEFAULTS, e.g. gather_chunk=512,num_warps=4")
+                    help="decode selection knobs over selection/gpu.py's DECODE_TUNING, e.g. gather_chunk=512,num_warps=4")
     ap.add_argument("--skinny", default="",
                     help="extra skinny-GEMM routes over gemv/skinny.py's SKINNY_CONFIGS, e.g. "
                          "32768x4096x16=64,128,4,4,1;4096x16384x32=64,128,4,4,2 (N x K x BM = BN,BK,warps,stages,split)")
@@ -413,11 +414,13 @@ def main():
         only.discard("long_1m")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     if args.selection:
-        from salactl.runtime.ops.selection.gpu import DECODE_DEFAULTS
+        from salactl.runtime.ops.selection import gpu
+        knobs = {}
         for kv in args.selection.split(","):
             k, v = kv.split("=")
-            DECODE_DEFAULTS[k] = int(v) if v.isdigit() else {"true": True, "false": False}.get(v, v)
-        RESULTS["selection_knobs"] = dict(DECODE_DEFAULTS)
+            knobs[k] = int(v) if v.isdigit() else {"true": True, "false": False}.get(v, v)
+        gpu.DECODE_TUNING = gpu.DECODE_TUNING.with_knobs(**knobs)
+        RESULTS["selection_knobs"] = dataclasses.asdict(gpu.DECODE_TUNING)
     if args.skinny:
         from salactl.runtime.ops.gemv.skinny import SKINNY_CONFIGS
         for entry in filter(None, args.skinny.split(";")):

@@ -22,8 +22,8 @@ batch 1 (and more rows of the same context with --batch).
    L2; "cold", without --quick or with --cold: a 64 MB read of another buffer before each call
    (4 rotating), its own time subtracted; the engine's other layers run between a layer's calls,
    so cold is what a step sees).
-3. the selection (fused K1) of every variant in VARIANTS (select_decode knobs; "default" =
-   gpu.DECODE_DEFAULTS) at both contexts -- the numbers to set DECODE_DEFAULTS from.
+3. the selection (fused K1) of every variant in VARIANTS (SelectionTuning knobs; "default" =
+   gpu.DECODE_TUNING) at both contexts -- the numbers to set SelectionTuning's defaults from.
 --quick: bf16 checks only, no cold timings, no context-wide-table case (< 60 s on an H200).
 --batch: batch sizes; each size > 1 adds the 1M + 100 and 128K + 100 cases with that many rows
 (everything but the tied and smooth selections).
@@ -218,7 +218,7 @@ def layer_case(cfg, ctx, width, flush_bufs, variants, breakdown=False, batch=1, 
     sparse total with the attention split that many ways (the engine: choose_splits)."""
     from salactl.runtime.ops.decode_attention.config import choose_splits
     from salactl.runtime.ops.decode_attention.triton import paged_attention
-    from salactl.runtime.ops.selection.gpu import compress_update, select_decode
+    from salactl.runtime.ops.selection.gpu import DECODE_TUNING, compress_update, select_decode
 
     sc, hkv = cfg.sparse_config, cfg.num_key_value_heads
     n = batch
@@ -280,8 +280,9 @@ def layer_case(cfg, ctx, width, flush_bufs, variants, breakdown=False, batch=1, 
         k1s = smooth_keys(k1p, pt[:, :P])
         out["selection_smooth_us"] = graph_time(lambda: select_decode(q, k1s, pt, slots, seq, sc, nb)) * 1e6
     for name, kw in [("default", {})] + variants:
-        def sel(kw=kw):
-            return select_decode(q, k1p, pt, slots, seq, sc, nb, k_pages=kp, k1_start=jstart, k1_count=jcount, **kw)
+        def sel(tuning=DECODE_TUNING.with_knobs(**kw)):
+            return select_decode(q, k1p, pt, slots, seq, sc, nb, k_pages=kp, k1_start=jstart, k1_count=jcount,
+                                 tuning=tuning)
         if name != "default":
             out[f"sel[{name}]_us"] = graph_time(sel) * 1e6
             if flush:
@@ -291,7 +292,7 @@ def layer_case(cfg, ctx, width, flush_bufs, variants, breakdown=False, batch=1, 
     return out
 
 
-# Selection variants swept (and checked): knobs of select_decode over gpu.DECODE_DEFAULTS.
+# Selection variants swept (and checked): SelectionTuning knobs over gpu.DECODE_TUNING.
 VARIANTS = [("default", {}),
             ("lse splits 128", dict(lse_splits=128)),
             ("lse splits 64", dict(lse_splits=64)),
@@ -351,7 +352,7 @@ VARIANTS = [("default", {}),
 def _compile_worker(tunes: list) -> list[str]:
     """JIT (into Triton's disk cache) select_decode with each knob dict, fused K1 and not, at the
     benchmark's specialisation (bf16, sala-9b heads, the 1M-wide page table) on a tiny pool."""
-    from salactl.runtime.ops.selection.gpu import select_decode
+    from salactl.runtime.ops.selection.gpu import DECODE_TUNING, select_decode
     from salactl.runtime.presets import sala_9b
 
     torch.cuda.init()
@@ -368,8 +369,9 @@ def _compile_worker(tunes: list) -> list[str]:
     fails = []
     for tn in tunes:
         try:
-            select_decode(q, k1p, pt, one, seq, sc, width, k_pages=kp, k1_start=one, k1_count=one, **tn)
-            select_decode(q, k1p, pt, one, seq, sc, width, **tn)
+            tuning = DECODE_TUNING.with_knobs(**tn)
+            select_decode(q, k1p, pt, one, seq, sc, width, k_pages=kp, k1_start=one, k1_count=one, tuning=tuning)
+            select_decode(q, k1p, pt, one, seq, sc, width, tuning=tuning)
         except Exception as ex:      # the checks run it again and report
             fails.append(f"{tn}: {type(ex).__name__}: {str(ex)[:200]}")
     torch.cuda.synchronize()
@@ -396,18 +398,23 @@ def precompile(tunes: list) -> None:
 
 
 def set_defaults(text: str) -> None:
-    """'name=value,...' into gpu.DECODE_DEFAULTS (bools where the default is one, else ints where
+    """'name=value,...' into gpu.DECODE_TUNING (bools where the default is one, else ints where
     the value is a number)."""
-    from salactl.runtime.ops.selection import gpu
+    import dataclasses
 
+    from salactl.runtime.ops.selection import gpu
+    from salactl.runtime.ops.selection.tuning import knob_names
+
+    knobs = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, _, val = part.partition("=")
-        if name not in gpu.DECODE_DEFAULTS:
-            raise SystemExit(f"--defaults: unknown knob {name!r}; known: {', '.join(gpu.DECODE_DEFAULTS)}")
-        old = gpu.DECODE_DEFAULTS[name]
+        if name not in knob_names():
+            raise SystemExit(f"--defaults: unknown knob {name!r}; known: {', '.join(knob_names())}")
         number = val.lstrip("-").isdigit()
-        gpu.DECODE_DEFAULTS[name] = bool(int(val)) if isinstance(old, bool) else int(val) if number else val
-    print(f"defaults: {gpu.DECODE_DEFAULTS}", flush=True)
+        is_bool = isinstance(getattr(gpu.DECODE_TUNING, name), bool)
+        knobs[name] = bool(int(val)) if is_bool else int(val) if number else val
+    gpu.DECODE_TUNING = gpu.DECODE_TUNING.with_knobs(**knobs)
+    print(f"defaults: {dataclasses.asdict(gpu.DECODE_TUNING)}", flush=True)
 
 
 def set_attn_defaults(text: str) -> None:

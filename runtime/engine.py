@@ -78,27 +78,34 @@ class Engine:
 
     def stream(self, prompt: list[int], params: SamplingParams,
                eos_ids: tuple[int, ...] = ()) -> Iterator[int]:
-        """Yield generated token ids one at a time (used by bench). Generation stops at
+        """Generated token ids one at a time (used by bench). Generation stops at
         params.stop_token_ids and, unless params.ignore_eos, at config.eos_token_id and `eos_ids`
-        (e.g. the tokenizer's), as in generate() and GPUEngine."""
-        yield from self._generate(prompt, params, eos_ids, lambda _result: None)
+        (e.g. the tokenizer's), as in generate() and GPUEngine. A bad prompt raises here, not at
+        the first next()."""
+        self._check_prompt(prompt)
+        return self._generate(prompt, params, eos_ids, lambda _result: None)
 
     def generate(self, prompt: list[int], params: SamplingParams, eos_ids: tuple[int, ...] = (),
                  on_token: Callable[[int], None] | None = None,
                  prefill_progress: Callable[[int, int], None] | None = None) -> GenerationResult:
+        self._check_prompt(prompt)
         box: list[GenerationResult] = []
         for tok in self._generate(prompt, params, eos_ids, box.append, prefill_progress):
             if on_token:
                 on_token(tok)
         return box[0]
 
-    def _generate(self, prompt, params, eos_ids, deliver, prefill_progress=None):
+    def _check_prompt(self, prompt: list[int]) -> None:
         if not prompt:
             raise UsageError("the prompt is empty; give at least one token")
         vocab = self.config.vocab_size
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
             raise UsageError(f"prompt token id {bad[0]} is outside the vocabulary (size {vocab})")
+
+    def _generate(self, prompt, params, eos_ids, deliver, prefill_progress=None):
+        """The tokens of one generation, its GenerationResult to `deliver` at the end; the
+        prompt is checked already (_check_prompt)."""
         eos = set() if params.ignore_eos else set(eos_ids) | set(self.config.eos_token_id)
         stops = set(params.stop_token_ids) | eos
         gen = None

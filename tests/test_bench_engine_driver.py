@@ -11,6 +11,7 @@ from salactl.bench.requests import BenchRequest
 from salactl.bench.runner import run_request
 from salactl.bench.targets.embedded import EmbeddedTarget
 from salactl.bench.targets.engine_driver import EngineDriver, SerialStepper
+from salactl.errors import UsageError
 from salactl.runtime.engine import Engine
 from salactl.runtime.sampling import SamplingParams
 
@@ -58,6 +59,19 @@ def test_bad_request_fails_alone(engine):
     assert not r_bad.success and "outside the vocabulary" in r_bad.error
     assert r_good.success and r_good.output_len == 3 and len(r_good.itl) == 2
     assert r_good.tpot == pytest.approx((r_good.latency - r_good.ttft) / 2)
+
+
+def test_refused_request_queued_before_a_good_one_fails_alone(engine):
+    stepper = SerialStepper(engine)
+    bad = stepper.submit([1, engine.config.vocab_size + 5], SamplingParams(max_new_tokens=3))
+    good = stepper.submit([4, 5, 6], SamplingParams(max_new_tokens=3, ignore_eos=True))
+    events = []
+    while stepper.has_work():
+        events += stepper.step()
+    assert [(rid, type(x)) for rid, x, _ in events if rid == bad] == [(bad, UsageError)]
+    assert [x for rid, x, _ in events if rid == good] == engine.generate(
+        [4, 5, 6], SamplingParams(max_new_tokens=3, ignore_eos=True)).output_token_ids
+    assert stepper.is_finished(bad) and stepper.is_finished(good)
 
 
 def test_cancelled_request_stops_early(engine):

@@ -11,7 +11,7 @@ instruction mix of every loop that issues MMAs (no GPU needed).
     ... [--arch 90] [--json] [--order]
 
 The selection kernels are compiled as select_decode launches them for sala-9b at batch 1 in the
-1M-wide page table of benchmarks/sparse_decode_bench.py (DECODE_DEFAULTS); they have no MMA loop
+1M-wide page table of benchmarks/sparse_decode_bench.py (DECODE_TUNING); they have no MMA loop
 (pass 2's windows are unrolled), so the whole kernel's instruction count and opcode mix are given.
 
 BENCHMARKS.md and the kernel docstrings quote "offline sm_90 SASS" counts (instructions per page or
@@ -116,7 +116,7 @@ def _sala_9b_selection():
     from salactl.runtime.ops.selection import gpu
     from salactl.runtime.presets import sala_9b
     cfg = sala_9b()
-    return cfg, cfg.sparse_config, gpu.DECODE_DEFAULTS
+    return cfg, cfg.sparse_config, gpu.DECODE_TUNING
 
 
 def select_words_source(late: bool = False):
@@ -126,13 +126,13 @@ def select_words_source(late: bool = False):
 
     from salactl.runtime.ops.selection.gpu import words_constexprs
     from salactl.runtime.ops.selection.triton_decode import _block_words_kernel
-    cfg, sc, dflt = _sala_9b_selection()
+    cfg, sc, tuning = _sala_9b_selection()
     sig = {"q_ptr": "*bf16", "k1_ptr": "*bf16", "pt_ptr": "*i32", "slot_ptr": "*i32", "seqlen_ptr": "*i32",
            "plse_ptr": "*fp32", "word_ptr": "*i32", "ctr_ptr": "*i32", "jstart_ptr": "*i32", "jcount_ptr": "*i32",
            **{s: "i32" for s in ("s_qn", "s_qh", "s_1p", "s_1h", "s_pt", "s_word")}, "sm_scale": "fp32",
            "num_splits": "i32"}
-    const = {**words_constexprs(sc, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, dflt["nbc"],
-                                256, dot_f32=False, dedup=dflt["dedup"], early=dflt["p2_early"] and not late, fuse=True), "PDL": True}
+    const = {**words_constexprs(sc, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, tuning.nbc,
+                                256, dot_f32=False, dedup=tuning.dedup, early=tuning.p2_early and not late, fuse=True), "PDL": True}
     sig.update({c: "constexpr" for c in const})
     return ASTSource(_block_words_kernel, sig, const, _pointer_attrs(sig, ("s_qn", "s_qh", "s_1p", "s_1h")))
 
@@ -144,43 +144,43 @@ def select_lse_source(bw: int | None = None, per_row: bool = False):
 
     from salactl.runtime.ops.selection.gpu import lse_constexprs
     from salactl.runtime.ops.selection.triton_decode import _lse_kernel
-    cfg, sc, dflt = _sala_9b_selection()
+    cfg, sc, tuning = _sala_9b_selection()
     sig = {"q_ptr": "*bf16", "k1_ptr": "*bf16", "pt_ptr": "*i32", "slot_ptr": "*i32", "seqlen_ptr": "*i32",
            "plse_ptr": "*fp32", "ctr_ptr": "*i32", "k_ptr": "*bf16", "jstart_ptr": "*i32", "jcount_ptr": "*i32",
            "ks_ptr": "*fp32", **{s: "i32" for s in ("s_qn", "s_qh", "s_1p", "s_1h", "s_kp", "s_kh", "s_pt")},
            "sm_scale": "fp32", "num_splits": "i32"}
     const = {**lse_constexprs(sc, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-                              bw or dflt["lse_bw"], dot_f32=False, fuse=True, fp8=False,
-                              elem=dflt["lse_elem"] and not per_row), "PDL": True}
+                              bw or tuning.lse_bw, dot_f32=False, fuse=True, fp8=False,
+                              elem=tuning.lse_elem and not per_row), "PDL": True}
     sig.update({c: "constexpr" for c in const})
     return ASTSource(_lse_kernel, sig, const, _pointer_attrs(sig, ("s_qn", "s_qh", "s_1p", "s_1h", "s_kp", "s_kh")))
 
 
 def select_top_source():
-    """The one-program radix top-k (`_radix_kernel`) of rows up to DECODE_DEFAULTS short_blocks blocks."""
+    """The one-program radix top-k (`_radix_kernel`) of rows up to DECODE_TUNING.short_blocks blocks."""
     from triton.compiler import ASTSource
 
     from salactl.runtime.ops.selection.triton_radix import _radix_kernel, radix_constexprs
     from salactl.runtime.ops.selection.triton_rank import NCTR
-    cfg, sc, dflt = _sala_9b_selection()
+    cfg, sc, tuning = _sala_9b_selection()
     sig = {"seqlen_ptr": "*i32", "word_ptr": "*i32", "ctr_ptr": "*i32", "pick_ptr": "*i64", "sel_ptr": "*i32",
            "cnt_ptr": "*i32", **{s: "i32" for s in ("s_word", "s_seln", "s_selh", "s_cntn", "s_cnth")}}
     const = {**radix_constexprs(cfg.num_key_value_heads, sc.block_size, sc.selected_blocks,
-                                dflt["short_blocks"], NCTR), "PDL": True}
+                                tuning.short_blocks, NCTR), "PDL": True}
     sig.update({c: "constexpr" for c in const})
     return ASTSource(_radix_kernel, sig, const, _pointer_attrs(sig, ()))
 
 
 def select_rank_source():
-    """The rank top-k (`_rank_kernel`) with DECODE_DEFAULTS' tiles, short rows ranked too."""
+    """The rank top-k (`_rank_kernel`) with DECODE_TUNING's tiles, short rows ranked too."""
     from triton.compiler import ASTSource
 
     from salactl.runtime.ops.selection.triton_rank import NCTR, _rank_kernel
-    cfg, sc, dflt = _sala_9b_selection()
+    cfg, sc, tuning = _sala_9b_selection()
     sig = {"seqlen_ptr": "*i32", "word_ptr": "*i32", "ctr_ptr": "*i32", "kept_ptr": "*i64", "sel_ptr": "*i32",
            "cnt_ptr": "*i32", **{s: "i32" for s in ("s_word", "s_kept", "s_seln", "s_selh", "s_cntn", "s_cnth")}}
     const = {"HKV": cfg.num_key_value_heads, "BS": sc.block_size, "NCTR": NCTR, "K": sc.selected_blocks,
-             "RB": dflt["rank_rb"], "CT": dflt["rank_ct"], "SMALL": dflt["short_blocks"], "SHORT": True, "PDL": True}
+             "RB": tuning.rank_rb, "CT": tuning.rank_ct, "SMALL": tuning.short_blocks, "SHORT": True, "PDL": True}
     sig.update({c: "constexpr" for c in const})
     return ASTSource(_rank_kernel, sig, const, _pointer_attrs(sig, ()))
 
@@ -264,7 +264,7 @@ def main() -> int:
     ap.add_argument("kernel", choices=["decode-split", "w4a16", "w8a16", "select-lse", "select-words", "select-top", "select-rank"])
     ap.add_argument("--kv", choices=["fp8", "bf16"], default="fp8", help="decode-split: page dtype")
     ap.add_argument("--warps", type=int, default=None,
-                    help="num_warps (decode-split: 2, select-words: DECODE_DEFAULTS num_warps, select-top / select-rank: DECODE_DEFAULTS "
+                    help="num_warps (decode-split: 2, select-words: DECODE_TUNING num_warps, select-top / select-rank: DECODE_TUNING "
                          "radix_warps / rank_warps)")
     ap.add_argument("--stages", type=int, default=None, help="decode-split (default 3), select-lse: num_stages")
     ap.add_argument("--bw", type=int, default=None, help="select-lse: windows per step")
@@ -290,22 +290,22 @@ def main() -> int:
         options = {"num_warps": warps, "num_stages": stages}
         what = f"decode split kernel, {a.kv} pages, w{warps} s{stages} preload {a.preload}{' tma' if a.tma else ''}"
     elif a.kernel == "select-lse":
-        dflt = _sala_9b_selection()[2]
-        warps, stages = a.warps or dflt["lse_warps"], a.stages or dflt["lse_stages"]
+        tuning = _sala_9b_selection()[2]
+        warps, stages = a.warps or tuning.lse_warps, a.stages or tuning.lse_stages
         src = select_lse_source(a.bw, a.per_row)
         options = {"num_warps": warps, "num_stages": stages}
         what = (f"decode selection pass 1 (sala-9b), w{warps} s{stages}{f' bw{a.bw}' if a.bw else ''}"
                 f"{' per-row' if a.per_row else ''}")
     elif a.kernel == "select-words":
-        warps = a.warps or _sala_9b_selection()[2]["num_warps"]
+        warps = a.warps or _sala_9b_selection()[2].num_warps
         src, options = select_words_source(a.late), {"num_warps": warps}
         what = f"decode selection pass 2 (sala-9b, batch 1), w{warps}{' late' if a.late else ''}"
     elif a.kernel == "select-top":
-        warps = a.warps or _sala_9b_selection()[2]["radix_warps"]
+        warps = a.warps or _sala_9b_selection()[2].radix_warps
         src, options = select_top_source(), {"num_warps": warps}
         what = f"decode selection one-program radix top-k (sala-9b), w{warps}"
     elif a.kernel == "select-rank":
-        warps = a.warps or _sala_9b_selection()[2]["rank_warps"]
+        warps = a.warps or _sala_9b_selection()[2].rank_warps
         src, options = select_rank_source(), {"num_warps": warps}
         what = f"decode selection rank top-k (sala-9b), w{warps}"
     elif a.kernel == "w8a16":

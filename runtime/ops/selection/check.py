@@ -76,9 +76,9 @@ def check_decode_selection(device, dtype, hq: int, hkv: int, d: int, sc: SparseC
                            tunes=None, **tune) -> list:
     """lens: each row's seq_len (one row per sequence, slot i). Checks K1 from the fused update
     (last window of every row compressed by select_decode itself) and the selection, for `tune`
-    (select_decode knobs) or each knob dict of `tunes` on the same inputs; width: page-table
-    width (blocks) at least."""
-    from salactl.runtime.ops.selection.gpu import select_decode
+    (SelectionTuning knobs over gpu.DECODE_TUNING) or each knob dict of `tunes` on the same
+    inputs; width: page-table width (blocks) at least."""
+    from salactl.runtime.ops.selection.gpu import DECODE_TUNING, select_decode
     from salactl.runtime.ops.selection.reference import (block_scores, compress_keys, num_windows,
                                                          window_scores)
 
@@ -113,7 +113,7 @@ def check_decode_selection(device, dtype, hq: int, hkv: int, d: int, sc: SparseC
     rows = []
     for tn in (tunes if tunes is not None else [tune]):
         sel, cnt = select_decode(q, k1p, pt, slots, seq, sc, nb_max, k_pages=kp, k1_start=i32(have),
-                                 k1_count=i32(done), **tn)
+                                 k1_count=i32(done), tuning=DECODE_TUNING.with_knobs(**tn))
         sel, cnt = sel.cpu(), cnt.cpu()
         k1_err, bad = 0.0, 0
         for i, (K1, scores) in enumerate(refs):

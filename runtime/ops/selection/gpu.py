@@ -20,6 +20,7 @@ from salactl.runtime.ops.pdl import launch_args
 from salactl.runtime.ops.selection import triton as kern
 from salactl.runtime.ops.selection import triton_decode as dkern
 from salactl.runtime.ops.selection import triton_rank as rkern
+from salactl.runtime.ops.selection.tuning import SelectionTuning
 
 _NEG_INF_BITS = struct.unpack("<i", struct.pack("<f", float("-inf")))[0]
 # Largest key whose score is -inf (not a candidate): everything above it is selectable.
@@ -48,20 +49,21 @@ def compress_update(k_pages, k1_pages, page_table, slots, starts, counts, max_co
 
 
 def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_max: int,
-                 one_sequence: bool = False, num_splits: int | None = None, **decode_kw):
+                 one_sequence: bool = False, num_splits: int | None = None):
     """Selected blocks for each query row. q [n, Hq, D]; slots/seq_lens [n] int32 (a query at
     position t has seq_len t+1). With one_sequence=True all rows belong to one sequence and are
-    processed several queries per tile (prefill); otherwise `select_decode` (decode_kw go there).
-    Returns (block_ids [n, Hkv, K] int32 in descending score order, entries past the count
-    unspecified; counts [n, Hkv] int32), K = min(topk + window/block, nb_max)."""
+    processed several queries per tile (prefill); otherwise `select_decode` (num_splits, if
+    given, as its lse_splits). Returns (block_ids [n, Hkv, K] int32 in descending score order,
+    entries past the count unspecified; counts [n, Hkv] int32),
+    K = min(topk + window/block, nb_max)."""
     if not one_sequence:
-        return select_decode(q, k1_pages, page_table, slots, seq_lens, sc, nb_max,
-                             lse_splits=num_splits, **decode_kw)
+        tuning = None if num_splits is None else DECODE_TUNING.with_knobs(lse_splits=num_splits)
+        return select_decode(q, k1_pages, page_table, slots, seq_lens, sc, nb_max, tuning=tuning)
     n, hq, D = q.shape
     _, hkv, wpp, _ = k1_pages.shape
     G = hq // hkv
     gp = triton.next_power_of_2(G)
-    qg = max(1, 64 // gp) if one_sequence else 1
+    qg = max(1, 64 // gp)
     BG = max(gp, 16 // qg)
     groups = triton.cdiv(n, qg)
     rows = groups * hkv
@@ -89,30 +91,8 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
     return idx.to(torch.int32), counts
 
 
-# Launch defaults of select_decode (edit from benchmarks/sparse_decode_bench.py's sweep).
-# Pass 2 (`nbc` blocks per program, `num_warps`; `p2_early`: its K1 scores before the PDL wait) stores int32 score words and the
-# row's top-12-bit histogram;
-# the top-k (triton_rank.topk_launch) then ranks them: rows longer than `short_blocks` blocks are
-# first gathered down to the histogram's threshold bin (`gather_chunk` blocks per program), then
-# ranked (`rank_rb` keys per program and step against `rank_ct`-wide tiles, `rank_warps`); shorter
-# rows are ranked the same way when the batch has at most `rank_short_rows` rows, else take the
-# one-program radix select (triton_radix.py, `radix_warps`).
-# lse_splits: pass-1 programs per row (None: about four per SM, at most 256, plus the compress
-# split of the fused K1 update where that keeps pass 2's merge tile; given: the compress split
-# included, so at least 2).
-# Why these values (H200; the runs, commands and commits: BENCHMARKS.md, GPU engine sessions 3-35):
-# - the rank top-k (rb32 ct256 w8) beat the grid threshold select at 1M and at 128K up to 4 short
-#   rows; larger batches of short rows keep the one-program radix select.
-# - dedup: one histogram atomic per distinct bin of a program, since a row's blocks crowd into a
-#   few of the 4096 bins and per-block atomics serialise on them.
-# - pass 2: 32 blocks per program on 4 warps, p2_early (its K1 scores before the PDL wait, so its
-#   programs overlap the lse pass).
-# - the lse pass: 128 windows per step, 2 stages, one online softmax per (head, window slot).
-# - short_blocks 4096: 128K rows gathered before their rank were slower.
-# Designs measured slower and not kept: BENCHMARKS.md, "Tuning notes moved from code comments".
-DECODE_DEFAULTS = dict(nbc=32, num_warps=4, lse_splits=None, dedup=True,
-                       p2_early=True, lse_bw=128, lse_elem=True, lse_warps=4, lse_stages=2, short_blocks=4096, gather_chunk=1024,
-                       rank_rb=32, rank_ct=256, rank_warps=8, rank_short_rows=4, radix_warps=8)
+# select_decode's knobs where none are given (benchmarks rebind it for a run).
+DECODE_TUNING = SelectionTuning()
 
 
 def group_rows(G: int) -> int:
@@ -144,8 +124,7 @@ def words_constexprs(sc: SparseConfig, hq: int, hkv: int, D: int, nbc: int, lse_
 
 def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_max: int,
                   k_pages=None, k1_start=None, k1_count=None, k_scale=1.0,
-                  lse_splits: int | None = None, nbc: int | None = None, num_warps: int | None = None,
-                  **knobs):
+                  tuning: SelectionTuning | None = None):
     """One query per row (decode): triton_decode.py's lse and score-word passes, then
     triton_rank.topk_launch's top-k (one to three launches, fixed by the batch and table width).
     With k_pages, k1_start and k1_count given, the window completed by each row's token
@@ -153,26 +132,16 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     k1_start must be the row's last visible window, (seq_len - kernel_size) // kernel_stride, as
     GPUBatch.build gives it (the window a decode token completes).
     nb_max: the static block width (launch grid); each row's work follows its own seq_len.
-    knobs: the other DECODE_DEFAULTS entries (dedup, p2_early, lse_bw, lse_elem, lse_warps,
-    lse_stages, short_blocks, gather_chunk, rank_rb, rank_ct, rank_warps, rank_short_rows,
-    radix_warps); knobs left out or None take DECODE_DEFAULTS. Same result as select_paged."""
-    dflt = DECODE_DEFAULTS
+    tuning: the launch knobs (None: DECODE_TUNING). Same result as select_paged."""
+    tuning = DECODE_TUNING if tuning is None else tuning
     n, hq, D = q.shape
     hkv = k1_pages.shape[1]
     BG = group_rows(hq // hkv)
     rows = n * hkv
     dev = q.device
 
-    unknown = set(knobs) - set(dflt)
-    if unknown:
-        raise TypeError(f"select_decode: unknown knobs {sorted(unknown)}; valid: {sorted(dflt)}")
-
-    def knob(value, name):
-        return dflt[name] if value is None else value
-
-    k = {name: knob(knobs.get(name), name) for name in dflt}
     fuse = k_pages is not None and k1_start is not None and k1_count is not None
-    lse_splits = knob(lse_splits, "lse_splits")
+    lse_splits = tuning.lse_splits
     if lse_splits is None:                # about four programs per SM
         lse_splits = max(1, min(256, math.ceil(4 * sm_count(dev) / rows)))
         # with the K1 update the last split only compresses (triton_decode.py): one more split,
@@ -181,11 +150,9 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
             lse_splits += 1
     if fuse:
         lse_splits = max(2, lse_splits)
-    nbc = knob(nbc, "nbc")                # blocks per program of pass 2
-    num_warps = knob(num_warps, "num_warps")  # pass 2's warps
-    dedup, lse_bw, lse_warps, lse_stages = k["dedup"], k["lse_bw"], k["lse_warps"], k["lse_stages"]
     K = min(sc.selected_blocks, nb_max)
-    assert all(v > 0 and v & (v - 1) == 0 for v in (lse_bw, nbc)), "powers of 2 expected"
+    assert all(v > 0 and v & (v - 1) == 0 for v in (tuning.lse_bw, tuning.nbc)), \
+        "powers of 2 expected"
     nctr = rkern.NCTR                     # the gather count and the top-12-bit histogram
     sm_scale = 1.0 / math.sqrt(D)
     dot_f32 = q.dtype == torch.float32
@@ -202,16 +169,18 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
         *kernel_scales(kp.dtype, hkv, dev, k_scale, unused=plse),
         q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), kp.stride(0), kp.stride(1),
         page_table.stride(0), sm_scale, lse_splits,
-        **lse_constexprs(sc, hq, hkv, D, lse_bw, dot_f32, fuse, fp8, k["lse_elem"]),
-        num_warps=lse_warps, num_stages=lse_stages, **launch_args(dev))
-    dkern._block_words_kernel[(rows, triton.cdiv(nb_max, nbc))](
+        **lse_constexprs(sc, hq, hkv, D, tuning.lse_bw, dot_f32, fuse, fp8, tuning.lse_elem),
+        num_warps=tuning.lse_warps, num_stages=tuning.lse_stages, **launch_args(dev))
+    dkern._block_words_kernel[(rows, triton.cdiv(nb_max, tuning.nbc))](
         q, k1_pages, page_table, slots, seq_lens, plse, words, ctr, js, jc,
         q.stride(0), q.stride(1), k1_pages.stride(0), k1_pages.stride(1), page_table.stride(0),
         words.stride(0), sm_scale, lse_splits,
-        **words_constexprs(sc, hq, hkv, D, nbc, lse_splits, dot_f32, dedup, k["p2_early"], fuse),
-        num_warps=num_warps, **launch_args(dev))
+        **words_constexprs(sc, hq, hkv, D, tuning.nbc, lse_splits, dot_f32, tuning.dedup,
+                           tuning.p2_early, fuse),
+        num_warps=tuning.num_warps, **launch_args(dev))
     rkern.topk_launch(seq_lens, words, ctr, sel, cnt, hkv, sc.block_size, K,
-                      small=min(k["short_blocks"], triton.next_power_of_2(nb_max)), chunk=k["gather_chunk"],
-                      rb=k["rank_rb"], ct=k["rank_ct"], rank_warps=k["rank_warps"],
-                      short_rows=k["rank_short_rows"], radix_warps=k["radix_warps"])
+                      small=min(tuning.short_blocks, triton.next_power_of_2(nb_max)),
+                      chunk=tuning.gather_chunk,
+                      rb=tuning.rank_rb, ct=tuning.rank_ct, rank_warps=tuning.rank_warps,
+                      short_rows=tuning.rank_short_rows, radix_warps=tuning.radix_warps)
     return sel, cnt

@@ -2,7 +2,7 @@
 in registers, radix select. Launched by triton_rank.topk_launch after triton_decode's
 `_lse_kernel` and `_block_words_kernel` (every pass-2 program stores its blocks' int32 score
 words and adds them to the row's 4096-bin histogram of the top 12 word bits) when the batch has
-more rows than DECODE_DEFAULTS' rank_short_rows: counting ranks (triton_rank.py) costs ncand^2
+more rows than SelectionTuning.rank_short_rows: counting ranks (triton_rank.py) costs ncand^2
 compares per row, which at 128K context beat this select up to batch 2-4 and lost from batch 8
 (H200, session 16: 128K + 100 batch 8 52-73 us against 47 us for the selection, batch 32 203-293
 against 140).

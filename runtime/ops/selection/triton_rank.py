@@ -67,7 +67,7 @@ def _gather_kernel(seqlen_ptr, word_ptr, ctr_ptr, kept_ptr, s_word, s_kept,
 
 
 @triton.jit
-def _count_above(word_row, ncand, j0, j1, thr, acc, CT: tl.constexpr):
+def _count_above(word_row, j0, j1, thr, acc, CT: tl.constexpr):
     """acc [RB, CT] += (u_j > thr[:, None]) over the blocks j in [j0, j1) (whole tiles), the next
     tile's words loaded before this one's compares (one L2 round trip per tile otherwise)."""
     nxt = _score_u(word_row, j0 + tl.arange(0, CT), j0 + tl.arange(0, CT) < j1)
@@ -85,11 +85,11 @@ def _rank_words(word_row, ncand, i0, sel_row, K, RB: tl.constexpr, CT: tl.conste
     ui = _score_u(word_row, i, i < ncand)
     lo = ui - 1                                      # u_j > u_i - 1  <=>  u_j >= u_i (u_i >= 1)
     diag = (i0 // CT) * CT                           # the tile holding blocks i (CT % RB == 0)
-    acc = _count_above(word_row, ncand, 0, diag, lo, tl.zeros([RB, CT], tl.int32), CT)   # before: ties count
+    acc = _count_above(word_row, 0, diag, lo, tl.zeros([RB, CT], tl.int32), CT)   # before: ties count
     j = diag + tl.arange(0, CT)
     uj = _score_u(word_row, j, j < ncand)
     acc += (uj[None, :] > tl.where(j[None, :] < i[:, None], lo[:, None], ui[:, None])).to(tl.int32)
-    acc = _count_above(word_row, ncand, diag + CT, ncand, ui, acc, CT)                  # after: they do not
+    acc = _count_above(word_row, diag + CT, ncand, ui, acc, CT)                   # after: they do not
     rank = tl.sum(acc, 1)
     tl.store(sel_row + rank, i, mask=(i < ncand) & (rank < K))
 

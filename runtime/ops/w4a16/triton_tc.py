@@ -227,7 +227,7 @@ def _load_block(x_ptr, qw_ptr, s_ptr, kb, kb1, pid_n, offs_n, offs_m, M, N, NG, 
 
 @triton.jit
 def _mma_block(acc, neg_bias, q, xt, s, s_ptr, kb, kb1, offs_n, N, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_M: tl.constexpr, USE_ASM: tl.constexpr, DOT_F32: tl.constexpr, BIAS_DOT: tl.constexpr):
+               USE_ASM: tl.constexpr, DOT_F32: tl.constexpr, BIAS_DOT: tl.constexpr):
     BIASED: tl.constexpr = BIAS_DOT and GROUP >= 128
     FP16: tl.constexpr = xt.dtype == tl.float16
     w6 = _dequant6(q, BLOCK_N, USE_ASM, BIASED, FP16)
@@ -301,18 +301,18 @@ def _w4a16_tc_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stri
                                              M, N, NG, stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
                 qn4, xtn4, sn4 = _load_block(x_ptr, qw_ptr, s_ptr, kb + UNROLL + 3, kb1, pid_n, offs_n, offs_m,
                                              M, N, NG, stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
-            acc = _mma_block(acc, neg_bias, q, xt, s, s_ptr, kb, kb1, offs_n, N, GROUP, BLOCK_N, BLOCK_M,
+            acc = _mma_block(acc, neg_bias, q, xt, s, s_ptr, kb, kb1, offs_n, N, GROUP, BLOCK_N,
                              USE_ASM, DOT_F32, BIAS_DOT)
             q, xt, s = qn, xtn, sn
             if UNROLL >= 2:
                 acc = _mma_block(acc, neg_bias, q2, xt2, s2, s_ptr, kb + 1, kb1, offs_n, N, GROUP, BLOCK_N,
-                                 BLOCK_M, USE_ASM, DOT_F32, BIAS_DOT)
+                                 USE_ASM, DOT_F32, BIAS_DOT)
                 q2, xt2, s2 = qn2, xtn2, sn2
             if UNROLL == 4:
                 acc = _mma_block(acc, neg_bias, q3, xt3, s3, s_ptr, kb + 2, kb1, offs_n, N, GROUP, BLOCK_N,
-                                 BLOCK_M, USE_ASM, DOT_F32, BIAS_DOT)
+                                 USE_ASM, DOT_F32, BIAS_DOT)
                 acc = _mma_block(acc, neg_bias, q4, xt4, s4, s_ptr, kb + 3, kb1, offs_n, N, GROUP, BLOCK_N,
-                                 BLOCK_M, USE_ASM, DOT_F32, BIAS_DOT)
+                                 USE_ASM, DOT_F32, BIAS_DOT)
                 q3, xt3, s3 = qn3, xtn3, sn3
                 q4, xt4, s4 = qn4, xtn4, sn4
     else:
@@ -328,16 +328,16 @@ def _w4a16_tc_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stri
                                           stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
                 q4, xt4, s4 = _load_block(x_ptr, qw_ptr, s_ptr, kb + 3, kb1, pid_n, offs_n, offs_m, M, N, NG,
                                           stride_xm, GROUP, BLOCK_N, WARPS, EVEN_N)
-            acc = _mma_block(acc, neg_bias, q, xt, s, s_ptr, kb, kb1, offs_n, N, GROUP, BLOCK_N, BLOCK_M,
+            acc = _mma_block(acc, neg_bias, q, xt, s, s_ptr, kb, kb1, offs_n, N, GROUP, BLOCK_N,
                              USE_ASM, DOT_F32, BIAS_DOT)
             if UNROLL >= 2:
                 acc = _mma_block(acc, neg_bias, q2, xt2, s2, s_ptr, kb + 1, kb1, offs_n, N, GROUP, BLOCK_N,
-                                 BLOCK_M, USE_ASM, DOT_F32, BIAS_DOT)
+                                 USE_ASM, DOT_F32, BIAS_DOT)
             if UNROLL == 4:
                 acc = _mma_block(acc, neg_bias, q3, xt3, s3, s_ptr, kb + 2, kb1, offs_n, N, GROUP, BLOCK_N,
-                                 BLOCK_M, USE_ASM, DOT_F32, BIAS_DOT)
+                                 USE_ASM, DOT_F32, BIAS_DOT)
                 acc = _mma_block(acc, neg_bias, q4, xt4, s4, s_ptr, kb + 3, kb1, offs_n, N, GROUP, BLOCK_N,
-                                 BLOCK_M, USE_ASM, DOT_F32, BIAS_DOT)
+                                 USE_ASM, DOT_F32, BIAS_DOT)
 
     store_split_k(acc, y_ptr, ws_ptr, cnt_ptr, pid_m * tl.num_programs(0) + pid_n, pid_k, split_k, offs_m, offs_n,
                   m_mask[None, :] & n_mask[:, None], M, N, stride_ym, RED)

@@ -145,7 +145,7 @@ def _w4a16_tma_kernel(x_ptr, x_desc, qw_desc, s_desc, s_ptr, y_ptr, ws_ptr, cnt_
                 # a [1, BLOCK_N] box of the [groups, N] scales: pipelined with the words (a plain
                 # load here would not be, its use is after the MMA)
                 s = tl.reshape(_tma_scales(s_desc, (kb * 128) // GROUP, pid_n, BLOCK_N, 1, GLU), (BLOCK_N,)).to(tl.float32)
-            acc = _mma_block(acc, neg_bias, q, xt, s, s_ptr, kb, kb1, offs_n, N, GROUP, BLOCK_N, BLOCK_M,
+            acc = _mma_block(acc, neg_bias, q, xt, s, s_ptr, kb, kb1, offs_n, N, GROUP, BLOCK_N,
                              USE_ASM, DOT_F32, BIAS_DOT)
         else:
             # two 128-row blocks per copy (K/128 even, splits of whole pairs): half the per-copy
@@ -162,9 +162,9 @@ def _w4a16_tma_kernel(x_ptr, x_desc, qw_desc, s_desc, s_ptr, y_ptr, ws_ptr, cnt_
                 r0 = (kb * 128) // GROUP
                 sa, sb = tl.split(tl.permute(_tma_scales(s_desc, r0, pid_n, BLOCK_N, 2, GLU), (1, 0)).to(tl.float32))
                 sb = tl.where(((kb + 1) * 128) // GROUP == r0, sa, sb)
-            acc = _mma_block(acc, neg_bias, qa, xa, sa, s_ptr, kb, kb1, offs_n, N, GROUP, BLOCK_N, BLOCK_M,
+            acc = _mma_block(acc, neg_bias, qa, xa, sa, s_ptr, kb, kb1, offs_n, N, GROUP, BLOCK_N,
                              USE_ASM, DOT_F32, BIAS_DOT)
-            acc = _mma_block(acc, neg_bias, qb, xb, sb, s_ptr, kb + 1, kb1, offs_n, N, GROUP, BLOCK_N, BLOCK_M,
+            acc = _mma_block(acc, neg_bias, qb, xb, sb, s_ptr, kb + 1, kb1, offs_n, N, GROUP, BLOCK_N,
                              USE_ASM, DOT_F32, BIAS_DOT)
     store_split_k(acc, y_ptr, ws_ptr, cnt_ptr, pid_m * tl.num_programs(0) + pid_n, pid_k, split_k, offs_m, offs_n,
                   m_mask[None, :] & n_mask[:, None], M, N, stride_ym, RED, pid_n * (BLOCK_N // 2), GLU)

@@ -64,7 +64,11 @@ class SerialStepper:
     def step(self) -> list[tuple[int, object, float]]:
         if self.current is None:
             rid, prompt, params = self.waiting.popleft()
-            self.current = (rid, self.engine.stream(prompt, params))
+            try:
+                self.current = (rid, self.engine.stream(prompt, params))
+            except Exception as e:  # refused at submission (stream checks eagerly): this one fails
+                self.done.add(rid)
+                return [(rid, e, time.perf_counter())]
         rid, gen = self.current
         try:
             tok = next(gen)
