@@ -205,12 +205,15 @@ def decode_case(engine, model, n, ctx, ceil, steps=30, eager=False, profile=Fals
         syn.close()
 
 
+DECODE_CASES = ((1, 4096), (8, 4096), (32, 4096), (1, 131072), (1, 1 << 20))     # (batch, context)
+SECTIONS = ("checks", "decode", "attention", "prefill", "batching", "long_1m")
+
+
 @section("decode")
 def decode(engine, model, ceil):
     cases = {}
     bd = dict(breakdown=ARGS.breakdown)
-    for n, ctx, kw in ((1, 4096, dict(eager=True, profile=True, **bd)), (8, 4096, bd), (32, 4096, bd),
-                       (1, 131072, bd), (1, 1 << 20, bd)):
+    for (n, ctx), kw in zip(DECODE_CASES, (dict(eager=True, profile=True, **bd), bd, bd, bd, bd)):
         key = f"b{n}_ctx{ctx}"
         if ARGS.cases and key not in ARGS.cases.split(","):
             continue
@@ -389,7 +392,7 @@ def table():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default="checks,decode,attention,prefill,batching,long_1m")
+    ap.add_argument("--only", default=",".join(SECTIONS))
     ap.add_argument("--skip-1m", action="store_true")
     ap.add_argument("--deadline-1m", type=float, default=150.0)
     ap.add_argument("--breakdown", action="store_true",
@@ -410,6 +413,13 @@ def main():
     if args.out:
         OUT = Path(args.out)
     only = set(args.only.split(","))
+    unknown = only - set(SECTIONS)
+    if unknown:
+        raise SystemExit(f"--only: unknown sections {sorted(unknown)}; valid: {', '.join(SECTIONS)}")
+    known_cases = {f"b{n}_ctx{ctx}" for n, ctx in DECODE_CASES}
+    unknown = set(filter(None, args.cases.split(","))) - known_cases
+    if unknown:
+        raise SystemExit(f"--cases: unknown cases {sorted(unknown)}; valid: {', '.join(sorted(known_cases))}")
     if args.skip_1m:
         only.discard("long_1m")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

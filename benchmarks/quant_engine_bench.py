@@ -298,9 +298,12 @@ def table():
                 print(f"  {us:8.1f} us  x{cnt:<4d} {name}")
 
 
+SECTIONS = ("check", "gemv", "fp8", "decode")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default="check,gemv,fp8,decode")
+    ap.add_argument("--only", default=",".join(SECTIONS))
     ap.add_argument("--out", default=None)
     ap.add_argument("--w4a16-variants", default="",
                     help="'label:fields;...': W4A16 engine decode again with fields appended to every table spec")
@@ -311,6 +314,9 @@ def main():
     if args.out:
         G.OUT = Path(args.out)
     only = set(args.only.split(","))
+    unknown = only - set(SECTIONS)
+    if unknown:
+        raise SystemExit(f"--only: unknown sections {sorted(unknown)}; valid: {', '.join(SECTIONS)}")
     c = G.ceilings()
     ceil = c.get("copy_tb_s", 4.2)
     if "check" in only:

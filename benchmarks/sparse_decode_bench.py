@@ -28,7 +28,8 @@ batch 1 (and more rows of the same context with --batch).
 --batch: batch sizes; each size > 1 adds the 1M + 100 and 128K + 100 cases with that many rows
 (everything but the tied and smooth selections).
 --variants: comma-separated substrings; only VARIANTS whose name holds one are compiled, checked
-and timed ("default" always is). --breakdown: also each variant's device time per kernel
+and timed ("default" always is; "none" alone: the default only; a substring matching no name is an
+error). --breakdown: also each variant's device time per kernel
 (torch.profiler over eager calls), printed as "kernels[variant]" in the JSON lines.
 --attn-splits: the sparse total again with the attention over the selected blocks split that many
 ways (the engine uses choose_splits: 96 at batch 1), as "sparse_total[splits N]_us".
@@ -470,7 +471,12 @@ def main():
     global VARIANTS
     if args.variants:
         wanted = [w.strip() for w in args.variants.split(",") if w.strip()]
-        VARIANTS = VARIANTS[:1] + [v for v in VARIANTS[1:] if any(w in v[0] for w in wanted)]
+        names = [name for name, _ in VARIANTS[1:]]
+        unmatched = [w for w in wanted if w != "none" and not any(w in name for name in names)]
+        if unmatched:
+            raise SystemExit(f"--variants: {unmatched} match no variant; names: {', '.join(names)}; "
+                             "'none' times the default only")
+        VARIANTS = VARIANTS[:1] + [v for v in VARIANTS[1:] if any(w in v[0] for w in wanted if w != "none")]
     cfg = sala_9b()
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": __import__("triton").__version__}
