@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from salactl.errors import QuantizationError
+from salactl.errors import QuantizationError, UsageError
 from salactl.quant.gptq import Hessian, gptq_quantize, prepare_hessian
 from salactl.quant.packing import to_gptq_tensors
 from salactl.quant.quantizer import QuantizedWeight, QuantSpec, output_error
@@ -60,6 +60,8 @@ class QuantOptions:
         if not 0 < self.damp < 1:
             raise QuantizationError(f"--damp must be in (0, 1), got {self.damp}")
         fp8_dtype(self.kv_cache_dtype)
+        if self.batch_tokens < 1:
+            raise UsageError(f"--batch-tokens must be positive, got {self.batch_tokens}")
 
     @property
     def spec(self) -> QuantSpec:

@@ -15,9 +15,10 @@ import torch
 
 import salactl
 from salactl import output
+from salactl.quant.sequential import QuantOptions
 from salactl.runtime.checkpoint import expected_tensor_shapes, save_checkpoint
 from salactl.runtime.config import SalaConfig
-from salactl.runtime.kv_fp8 import SGLANG_E5M2_WARNING
+from salactl.runtime.kv_fp8 import SGLANG_E5M2_WARNING, fp8_dtype
 
 COPIED_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                 "generation_config.json", "chat_template.jinja", "added_tokens.json", "vocab.json",
@@ -29,34 +30,33 @@ ENGINE_MERGED = {("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"): "
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
-def quantization_config(bits: int, group_size: int, desc_act: bool, damp: float, method: str,
-                        skipped: dict[str, str], kv_cache_dtype: str | None) -> dict:
+def quantization_config(opts: QuantOptions, skipped: dict[str, str]) -> dict:
     """desc_act stays false: act-order uses static groups, so g_idx is k // group (§1)."""
     qc = {
         "quant_method": "gptq",
-        "bits": bits,
-        "group_size": group_size,
+        "bits": opts.bits,
+        "group_size": opts.group_size,
         "desc_act": False,
         "sym": True,
         "checkpoint_format": "gptq",
         "format": "gptq",
         "lm_head": False,
-        "static_groups": bool(desc_act),
+        "static_groups": bool(opts.desc_act),
         "true_sequential": True,
-        "damp_percent": damp,
+        "damp_percent": opts.damp,
         "damp_auto_increment": 0.01,
         "meta": {
             "quantizer": [f"salactl:{salactl.__version__}"],
-            "method": method,
-            "act_order": bool(desc_act),
+            "method": opts.method,
+            "act_order": bool(opts.desc_act),
             "unquantized_modules": ["model.embed_tokens", "lm_head"] + sorted(skipped),
         },
     }
     if skipped:
         qc["dynamic"] = {f"-:^{re.escape(name)}$": {} for name in unquantized_engine_modules(skipped)}
-    if kv_cache_dtype:
-        qc["meta"]["kv_cache_dtype"] = kv_cache_dtype
-        if kv_cache_dtype == "fp8_e4m3":          # SGLang's param file holds only e4m3 scales
+    if fp8_dtype(opts.kv_cache_dtype) is not None:
+        qc["meta"]["kv_cache_dtype"] = opts.kv_cache_dtype
+        if opts.kv_cache_dtype == "fp8_e4m3":          # SGLang's param file holds only e4m3 scales
             qc["meta"]["kv_cache_scales_file"] = KV_SCALES_JSON
     return qc
 

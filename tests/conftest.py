@@ -84,21 +84,27 @@ def run_cli(args, capsys) -> tuple[int, str, str]:
     return code, out, err
 
 
-@pytest.fixture(scope="session")
-def nano_rtn_dir(tmp_path_factory):
-    """sala-nano quantized by `salactl quantize --method rtn` (W4A16 g128); tests copy it before editing."""
+def run_cli_ok(*args) -> None:
+    """`salactl ARGS` in this process through the real entry point, for fixtures that have no capsys;
+    fails unless it exits 0."""
     import sys
 
     from salactl.cli import main
 
-    out = tmp_path_factory.mktemp("q") / "rtn"
-    argv, sys.argv = sys.argv, ["salactl", "quantize", "--model", "sala-nano", "--out", str(out), "--method", "rtn"]
+    argv, sys.argv = sys.argv, ["salactl", *map(str, args)]
     try:
         main()
     except SystemExit as e:
-        assert not e.code, f"salactl quantize exited {e.code}"
+        assert not e.code, f"salactl {' '.join(map(str, args))} exited {e.code}"
     finally:
         sys.argv = argv
+
+
+@pytest.fixture(scope="session")
+def nano_rtn_dir(tmp_path_factory):
+    """sala-nano quantized by `salactl quantize --method rtn` (W4A16 g128); tests copy it before editing."""
+    out = tmp_path_factory.mktemp("q") / "rtn"
+    run_cli_ok("quantize", "--model", "sala-nano", "--out", out, "--method", "rtn")
     return out
 
 

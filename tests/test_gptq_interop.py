@@ -185,8 +185,9 @@ def rtn_ckpt(tmp_path_factory):
 
     config = sala_nano(vocab_size=512)
     model = build_model(config, random_state_dict(config, "cpu", torch.float32, 0))
-    res = quantize_model(model, config, None, QuantOptions(method="rtn"))
-    qc = quantization_config(4, 128, False, 0.01, "rtn", res.skipped, None)
+    opts = QuantOptions(method="rtn")
+    res = quantize_model(model, config, None, opts)
+    qc = quantization_config(opts, res.skipped)
     return write_quantized_checkpoint(tmp_path_factory.mktemp("q") / "rtn", config, model, res.quantized, qc, None)
 
 

@@ -106,7 +106,7 @@ def test_loaded_checkpoint_matches_the_dequantized_reference(ckpt, tmp_path):
     calib = torch.randint(0, config.vocab_size, (3, 80), generator=torch.Generator().manual_seed(1))
     opts = QuantOptions(group_size=64, desc_act=True)
     res = quantize_model(ref, config, calib, opts)          # ref now holds the dequantized weights
-    qc = quantization_config(4, 64, True, 0.01, "gptq", res.skipped, None)
+    qc = quantization_config(opts, res.skipped)
     write_quantized_checkpoint(tmp_path / "q", config, ref, res.quantized, qc, ckpt)
     prompt = torch.randint(0, config.vocab_size, (300,), generator=torch.Generator().manual_seed(2)).tolist()
     want = Engine(ref, "cpu", chunk_size=128).prefill(Engine(ref, "cpu").new_sequence(), prompt, all_logits=True)
@@ -145,8 +145,9 @@ def quantized(ckpt, tmp_path_factory):
 
     config = small_config()
     model = load_model(str(ckpt), "cpu", "float32").model
-    res = quantize_model(model, config, None, QuantOptions(method="rtn"))
-    qc = quantization_config(4, 128, False, 0.01, "rtn", res.skipped, None)
+    opts = QuantOptions(method="rtn")
+    res = quantize_model(model, config, None, opts)
+    qc = quantization_config(opts, res.skipped)
     return write_quantized_checkpoint(tmp_path_factory.mktemp("q") / "rtn", config, model, res.quantized, qc, ckpt)
 
 

@@ -1,0 +1,158 @@
+"""`salactl quantize` as one Python call: load the model (or take one already loaded), build the
+calibration windows, quantize layer by layer, write the GPTQ checkpoint (atomically: nothing is
+written unless all of it is) and return the summary record `salactl quantize --json` prints."""
+
+from __future__ import annotations
+
+import time
+from copy import deepcopy
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from salactl import output
+from salactl.env import environment
+from salactl.errors import QuantizationError
+from salactl.quant.calibration import RANDOM, calibration_windows
+from salactl.quant.in_memory import quantized_as
+from salactl.quant.sequential import QuantizeOutcome, QuantOptions, layer_groups, quantize_model
+from salactl.quant.writer import quantization_config, write_quantized_checkpoint
+from salactl.runtime.checkpoint import check_output_dir
+from salactl.runtime.kv_fp8 import fp8_dtype, sglang_scales_json
+from salactl.runtime.loader import LoadedModel, load_model
+from salactl.runtime.tokenizer import find_tokenizer
+
+# (done, total, label): once with done=0 before the first module group, then after each group
+ProgressCallback = Callable[[int, int, str], None]
+
+
+def quantize_checkpoint(model: str | Path | LoadedModel, out: str | Path, opts: QuantOptions = QuantOptions(),
+                        *, calib: str | Path | None = None, nsamples: int = 128, seqlen: int = 2048,
+                        tokenizer: str | Path | None = None, seed: int = 0, device: str = "auto",
+                        dtype: str = "auto", random_weights: bool = False, overwrite: bool = False,
+                        copy: bool = False, progress: ProgressCallback | None = None) -> dict:
+    """Quantize `model` with `opts` and write a GPTQ (Marlin-compatible) checkpoint to `out`;
+    returns the summary record (JSON-ready dict) that `salactl quantize --json` prints.
+
+    model: a checkpoint directory or preset name, loaded here with device, dtype, random_weights
+    and seed as load_model does; or a LoadedModel. An in-memory model is quantized in place: its
+    float weights are replaced by their dequantized values (what the checkpoint holds), as
+    quantize_model does. copy=True quantizes a deep copy instead and leaves it untouched, at the
+    cost of a second copy of the model in memory.
+    calib: a text or JSONL ("text" field) file, "random" for random token ids, or None for the
+    built-in corpus; nsamples windows of seqlen tokens, tokenized with `tokenizer` (default: the
+    model's own). RTN without FP8 KV scales needs no calibration and skips it unless calib is
+    given. With random_weights and no tokenizer found, calibration falls back to random ids.
+    out: must not exist, or overwrite=True to replace a checkpoint there.
+    progress: called as progress(done, total, label) per module group (None: silent). Notes and
+    warnings go to stderr, as the CLI's do. Errors are SalactlError subclasses (salactl.errors)."""
+    check_output_dir(Path(out), overwrite)
+    t_start = time.perf_counter()
+    lm = _quantizable_model(model, device, dtype, random_weights, seed, copy)
+    windows, calib_source = _calibration(lm, opts, calib, tokenizer, nsamples, seqlen, seed, random_weights)
+    t_loaded = time.perf_counter()
+    result = quantize_model(lm.model, lm.config, windows, opts, progress=_counted(progress, lm.config))
+    for line in result.damp_raised:
+        output.stderr.print(f"note: Cholesky failed at the requested damping; raised {line}")
+    t_solved = time.perf_counter()
+    _write(out, lm, opts, result, overwrite)
+    t_done = time.perf_counter()
+    seconds = {"load_and_calibration_data": t_loaded - t_start, "forward": result.forward_seconds,
+               "solve": result.solve_seconds, "quantize_total": t_solved - t_loaded,
+               "write": t_done - t_solved, "total": t_done - t_start}
+    return _record(out, lm, opts, windows, calib_source, result, seconds)
+
+
+def _quantizable_model(model: str | Path | LoadedModel, device: str, dtype: str, random_weights: bool,
+                       seed: int, copy: bool) -> LoadedModel:
+    lm = model if isinstance(model, LoadedModel) else load_model(model, device, dtype, random_weights, seed)
+    if quantized_as(lm.model):
+        name = lm.source if isinstance(model, LoadedModel) else model
+        raise QuantizationError(f"{name} is already quantized; quantize the original checkpoint")
+    return replace(lm, model=deepcopy(lm.model)) if copy and lm is model else lm
+
+
+def _calibration(lm: LoadedModel, opts: QuantOptions, calib: str | Path | None, tokenizer: str | Path | None,
+                 nsamples: int, seqlen: int, seed: int, random_weights: bool) -> tuple[torch.Tensor | None, str | None]:
+    """The calibration windows [S, T] and what they came from; (None, None) when none are needed."""
+    calib = None if calib is None else str(calib)
+    # RTN reads no activations: calibrate only for FP8 KV scales or when `calib` asks for the errors
+    if opts.method == "rtn" and calib is None and fp8_dtype(opts.kv_cache_dtype) is None:
+        output.stderr.print("note: RTN needs no calibration data; pass --calib FILE (or 'random') to also "
+                            "report each module's output error")
+        return None, None
+    cfg = lm.config
+    tok = None
+    if calib != RANDOM:
+        try:
+            tok = find_tokenizer(tokenizer, lm.model_dir)
+        except Exception:
+            if calib is not None or not random_weights:
+                raise
+            calib = RANDOM          # random weights without any tokenizer: random ids
+            output.stderr.print("note: no tokenizer for random weights; calibrating on random token ids")
+    output.warn_past_trained_length(seqlen, cfg.max_position_embeddings, "--seqlen")
+    windows = calibration_windows(calib, tok, nsamples, seqlen, cfg.vocab_size, seed, eos_id=cfg.eos_token_id[0])
+    if windows.shape[0] < nsamples:
+        output.stderr.print(f"warning: the calibration text gives {windows.shape[0]} windows of "
+                            f"{windows.shape[1]} tokens, fewer than --nsamples {nsamples}")
+    return windows, calib or "builtin-corpus"
+
+
+def _counted(progress: ProgressCallback | None, config) -> Callable[[str], None] | None:
+    """quantize_model's per-group label callback, reporting (done, total, label) to `progress`;
+    announces (0, total) now. total counts every group, also those left wholly unquantized."""
+    if progress is None:
+        return None
+    total = sum(len(layer_groups(config, i)) for i in range(config.num_hidden_layers))
+    progress(0, total, "quantizing")
+    done = 0
+
+    def advance(label: str) -> None:
+        nonlocal done
+        done += 1
+        progress(done, total, label)
+
+    return advance
+
+
+def _write(out: str | Path, lm: LoadedModel, opts: QuantOptions, result: QuantizeOutcome, overwrite: bool) -> None:
+    fp8 = fp8_dtype(opts.kv_cache_dtype) is not None
+    kv_json = sglang_scales_json(result.kv_scales, opts.kv_cache_dtype, lm.config) if fp8 else None
+    write_quantized_checkpoint(Path(out), lm.config, lm.model, result.quantized,
+                               quantization_config(opts, result.skipped), lm.model_dir, result.kv_scales, kv_json,
+                               overwrite=overwrite)
+
+
+def _record(out: str | Path, lm: LoadedModel, opts: QuantOptions, windows: torch.Tensor | None,
+            calib_source: str | None, result: QuantizeOutcome, seconds: dict) -> dict:
+    # RTN against itself is no comparison
+    better = [r for r in result.reports if r.error is not None and r.rtn_error is not None] \
+        if opts.method != "rtn" else []
+    return {
+        "out": str(out),
+        "model": lm.source,
+        "method": opts.method, "bits": opts.bits, "group_size": opts.group_size, "desc_act": opts.desc_act,
+        "damp": opts.damp, "kv_cache_dtype": opts.kv_cache_dtype,
+        "calibration": None if windows is None else {
+            "source": calib_source, "samples": int(windows.shape[0]),
+            "seqlen": int(windows.shape[1]), "tokens": int(windows.numel())},
+        "modules": [r.__dict__ for r in result.reports],
+        "skipped": result.skipped,
+        "damp_raised": result.damp_raised,
+        "kv_scales": None if not result.kv_scales else {
+            str(i): {"k": k.flatten().tolist(), "v": v.flatten().tolist()} for i, (k, v) in result.kv_scales.items()},
+        "fraction_better_than_rtn": (sum(r.error < r.rtn_error for r in better) / len(better)) if better else None,
+        "seconds": seconds,
+        "peak_gpu_gib": _peak_gpu_gib(lm.model.device),
+        "env": environment(),
+    }
+
+
+def _peak_gpu_gib(device: torch.device) -> float | None:
+    """Peak torch-allocated memory on the quantizing GPU (None on CPU)."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.max_memory_allocated(device) / 2**30
