@@ -3,24 +3,36 @@ Used by `salactl run` / `eval` on CPU and as the correctness baseline for the GP
 
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import torch
 
-from salactl.errors import UsageError
+from salactl.errors import DeviceError, UsageError
 from salactl.runtime.backend_reference import ReferenceBackend
 from salactl.runtime.batch import ForwardBatch
 from salactl.runtime.cache import SequenceCache
 from salactl.runtime.device_sync import synchronize
 from salactl.runtime.kv_fp8 import model_kv_scales, resolve_kv_scales
+from salactl.runtime.layers.model import SalaForCausalLM
+from salactl.runtime.loader import LoadedModel, resolve_device
 from salactl.runtime.op_timer import NULL_TIMER, OpTimer
-from salactl.runtime.sampling import SamplingParams, sample
+from salactl.runtime.sampling import SamplingParams, as_token_ids, resolve_params, sample
 
 
 @dataclass
 class PhaseStats:
+    """One phase (prefill or decode) of a generation.
+
+    tokens: prompt tokens fed (prefill) or tokens fed back (decode: output length - 1, the last
+    sampled token is never fed). forward_calls: model calls (prefill: chunks; decode: = tokens).
+    seconds: wall seconds of the phase (prefill: until the first token is sampled, = ttft_s;
+    decode: from then to the last token, 0.0 with fewer than 2 output tokens). op_seconds:
+    {op class: seconds}, empty (GPU engine: None) unless op timing was asked for
+    (Engine(time_ops=True), GPUEngine(profile_ops=True))."""
+
     tokens: int = 0
     forward_calls: int = 0
     seconds: float = 0.0
@@ -29,6 +41,14 @@ class PhaseStats:
 
 @dataclass
 class GenerationResult:
+    """One finished generation.
+
+    prompt_token_ids: the ids that ran (ints). output_token_ids: the sampled ids, including the
+    stop/EOS token that ended generation, if one did (Tokenizer.decode drops special tokens).
+    finish_reason: "length" (max_new_tokens reached), "stop" (a stop or EOS id was sampled); the
+    GPU engine adds "abort" (GPUEngine.abort) and "error" (its step raised). ttft_s: wall seconds
+    from the start of prefill to the first sampled token."""
+
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     finish_reason: str
@@ -37,20 +57,67 @@ class GenerationResult:
     decode: PhaseStats
 
 
+def check_prompt(prompt, vocab_size: int) -> list[int]:
+    """The prompt as a list of ints: a list/tuple of integer token ids or a 1-D integer tensor /
+    array; text, floats, an empty prompt or ids outside [0, vocab_size) are a UsageError."""
+    if isinstance(prompt, (str, bytes)):
+        raise UsageError("the prompt is text; pass token ids (Tokenizer.encode(text) gives them)")
+    if hasattr(prompt, "tolist") and hasattr(prompt, "ndim"):      # torch tensor, numpy array
+        if prompt.ndim != 1:
+            raise UsageError(f"a prompt tensor must be 1-D, got shape {tuple(prompt.shape)}")
+        prompt = prompt.tolist()
+    try:
+        ids = list(prompt)
+    except TypeError:
+        raise UsageError(f"the prompt must be a list of token ids, got {type(prompt).__name__}") from None
+    if not ids:
+        raise UsageError("the prompt is empty; give at least one token")
+    bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)]
+    if bad:
+        raise UsageError(f"prompt token ids must be integers, got {bad[0]!r}")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise UsageError(f"prompt token id {bad[0]} is outside the vocabulary (size {vocab_size})")
+    return [int(t) for t in ids]
+
+
+def model_and_device(model, device) -> tuple[SalaForCausalLM, torch.device]:
+    """The module to run (a LoadedModel gives its .model) and its device. `device` None (or
+    "auto") means the model's; any other must name the model's device (DeviceError otherwise)."""
+    if isinstance(model, LoadedModel):
+        model = model.model
+    have = model.device
+    if device is None or device == "auto":
+        return model, have
+    want = resolve_device(device)
+    if want.type != have.type or (None not in (want.index, have.index) and want.index != have.index):
+        raise DeviceError(f"device {str(want)!r} differs from the model's device {str(have)!r}; "
+                          "pass device=None, or move the model (load_model(..., device=...))")
+    return model, have
+
+
 class Engine:
-    def __init__(self, model, device, chunk_size: int = 512, backend=None, time_ops: bool = False,
+    """Single-sequence generation engine: chunked prefill, then one token per decode step. Runs
+    on CPU or CUDA; each generate()/stream() call owns its cache, so calls may interleave.
+
+    model: a SalaForCausalLM or the LoadedModel from load_model. device: None = the model's.
+    chunk_size: prompt tokens per prefill forward. time_ops: fill PhaseStats.op_seconds (slower).
+    kv_cache_dtype: "bf16" (the activation dtype), "fp8_e4m3" or "fp8_e5m2"."""
+
+    def __init__(self, model, device=None, chunk_size: int = 512, backend=None, time_ops: bool = False,
                  kv_cache_dtype: str = "bf16"):
-        if chunk_size <= 0:
-            raise UsageError(f"--chunk-size must be positive, got {chunk_size}")
-        self.model, self.config = model, model.config
-        self.device = torch.device(device)
-        self.dtype = model.model.embed_tokens.weight.dtype    # never quantized, unlike lm_head
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or chunk_size <= 0:
+            raise UsageError(f"chunk_size (--chunk-size) must be a positive integer, got {chunk_size!r}")
+        self.model, self.device = model_and_device(model, device)
+        self.config = self.model.config
+        self.dtype = self.model.model.embed_tokens.weight.dtype    # never quantized, unlike lm_head
         self.chunk_size = chunk_size
         self.backend = backend or ReferenceBackend(self.config)
         self.time_ops = time_ops
         # fp8 KV: calibrated scales from the checkpoint (runtime/kv_fp8.py says what happens without)
         self.kv_cache_dtype = kv_cache_dtype
-        self.kv_scales = resolve_kv_scales(self.config, kv_cache_dtype, model_kv_scales(model), self.device)
+        self.kv_scales = resolve_kv_scales(self.config, kv_cache_dtype, model_kv_scales(self.model),
+                                           self.device)
 
     def new_sequence(self) -> SequenceCache:
         return SequenceCache(self.config, self.device, self.dtype, kv_cache_dtype=self.kv_cache_dtype,
@@ -58,8 +125,8 @@ class Engine:
 
     @torch.inference_mode()
     def forward(self, seq: SequenceCache, token_ids: list[int], timer=NULL_TIMER, all_logits: bool = False):
-        """Run new tokens of one sequence through the model; returns fp32 logits
-        (last row only unless all_logits)."""
+        """Run n new tokens of one sequence through the model; returns fp32 logits [1, vocab]
+        (the last row), or [n, vocab] with all_logits."""
         ids = torch.tensor(token_ids, device=self.device, dtype=torch.long)
         batch = ForwardBatch.build(self.config, [seq], [len(token_ids)], self.backend, self.device, timer)
         rows = None if all_logits else batch.last_rows()
@@ -76,36 +143,40 @@ class Engine:
                 progress(min(c0 + self.chunk_size, len(prompt)), len(prompt))
         return torch.cat(outs) if all_logits else outs[-1]
 
-    def stream(self, prompt: list[int], params: SamplingParams,
-               eos_ids: tuple[int, ...] = ()) -> Iterator[int]:
-        """Generated token ids one at a time (used by bench). Generation stops at
-        params.stop_token_ids and, unless params.ignore_eos, at config.eos_token_id and `eos_ids`
-        (e.g. the tokenizer's), as in generate() and GPUEngine. A bad prompt raises here, not at
-        the first next()."""
-        self._check_prompt(prompt)
+    def stream(self, prompt, params: SamplingParams | None = None, eos_ids=()) -> Iterator[int]:
+        """Generated token ids one at a time, each as soon as it is sampled (used by bench). Takes
+        what generate() takes. Generation stops at params.stop_token_ids and, unless
+        params.ignore_eos, at config.eos_token_id and `eos_ids` (e.g. the tokenizer's), as in
+        generate() and GPUEngine. Bad arguments raise here, not at the first next(). The finish
+        reason and timings are not reported: generate(on_token=...) streams and returns both."""
+        prompt, params, eos_ids = self._check_request(prompt, params, eos_ids)
         return self._generate(prompt, params, eos_ids, lambda _result: None)
 
-    def generate(self, prompt: list[int], params: SamplingParams, eos_ids: tuple[int, ...] = (),
+    def generate(self, prompt, params: SamplingParams | None = None, eos_ids=(),
                  on_token: Callable[[int], None] | None = None,
                  prefill_progress: Callable[[int, int], None] | None = None) -> GenerationResult:
-        self._check_prompt(prompt)
+        """Generate for one prompt and return its GenerationResult.
+
+        prompt: token ids (a list of ints, or a 1-D integer tensor/array), e.g. Tokenizer.encode(text).
+        params: SamplingParams (None = the defaults: greedy, 64 new tokens). eos_ids: an int or
+        ints that also end generation unless params.ignore_eos (stop_token_ids() gives the set
+        `salactl run` uses; config.eos_token_id always applies). on_token(id): called with each
+        token as it is sampled. prefill_progress(done, total): called after each prefill chunk."""
+        prompt, params, eos_ids = self._check_request(prompt, params, eos_ids)
         box: list[GenerationResult] = []
         for tok in self._generate(prompt, params, eos_ids, box.append, prefill_progress):
             if on_token:
                 on_token(tok)
         return box[0]
 
-    def _check_prompt(self, prompt: list[int]) -> None:
-        if not prompt:
-            raise UsageError("the prompt is empty; give at least one token")
-        vocab = self.config.vocab_size
-        bad = [t for t in prompt if not 0 <= t < vocab]
-        if bad:
-            raise UsageError(f"prompt token id {bad[0]} is outside the vocabulary (size {vocab})")
+    def _check_request(self, prompt, params, eos_ids):
+        """(prompt ids, SamplingParams, eos ids) as generation takes them, or a UsageError."""
+        return (check_prompt(prompt, self.config.vocab_size), resolve_params(params),
+                as_token_ids(eos_ids, "eos_ids"))
 
     def _generate(self, prompt, params, eos_ids, deliver, prefill_progress=None):
         """The tokens of one generation, its GenerationResult to `deliver` at the end; the
-        prompt is checked already (_check_prompt)."""
+        arguments are checked already (_check_request)."""
         eos = set() if params.ignore_eos else set(eos_ids) | set(self.config.eos_token_id)
         stops = set(params.stop_token_ids) | eos
         gen = None

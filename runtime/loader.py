@@ -25,38 +25,49 @@ DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.f
 
 @dataclass
 class LoadedModel:
+    """What load_model returns: the module (eval mode, no grad) with its config, the directory
+    holding its tokenizer.json / generation_config.json, and a label of where it came from."""
+
     model: SalaForCausalLM
     config: SalaConfig
     model_dir: Path | None      # where tokenizer / generation config live (None for random presets)
     source: str
 
 
-def resolve_device(device: str | None) -> torch.device:
-    if device in (None, "auto"):
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """A device name ("cpu", "cuda", "cuda:N"; None or "auto" = cuda when visible, else cpu) or a
+    torch.device, checked against this machine (DeviceError)."""
+    if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         dev = torch.device(device)
     except RuntimeError:
         raise DeviceError(f"unknown device {device!r}; use cpu, cuda or cuda:N") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise DeviceError(f"--device {device} was asked for but no CUDA GPU is visible; use --device cpu")
+        raise DeviceError(f"device (--device) {device} was asked for but no CUDA GPU is visible; use cpu")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise DeviceError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA GPU(s), "
-                          f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+        n = torch.cuda.device_count()
+        raise DeviceError(f"device (--device) {device}: this machine has {n} CUDA GPU(s), "
+                          f"cuda:0 to cuda:{n - 1}")
     if dev.type not in ("cpu", "cuda"):
         raise DeviceError(f"device type {dev.type!r} is not supported; use cpu or cuda")
     return dev
 
 
-def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
-    if name in (None, "auto"):
+def resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """A dtype name (bf16, fp16, fp32 and their long forms; None or "auto" = bf16 on CUDA, fp32
+    on CPU) or one of those torch.dtypes."""
+    if isinstance(name, torch.dtype) and name in DTYPES.values():
+        return name
+    if name is None or name == "auto":
         # CPUs without bf16 matrix units run bf16 GEMMs ~2x slower than fp32 (measured on the
         # dev machine), and fp32 from a bf16 checkpoint is exact; GPUs run bf16.
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     try:
         return DTYPES[name]
-    except KeyError:
-        raise UsageError(f"--dtype {name!r} is unknown; valid: auto, {', '.join(sorted(DTYPES))}") from None
+    except (KeyError, TypeError):
+        raise UsageError(f"dtype (--dtype) {name!r} is unknown; valid: auto, {', '.join(sorted(DTYPES))}") \
+            from None
 
 
 @contextmanager
@@ -112,15 +123,23 @@ def check_host_memory(config: SalaConfig, dtype: torch.dtype, device: torch.devi
                             "(--device cuda) or a W4A16 checkpoint (salactl quantize)")
 
 
-def load_model(model: str | None, device=None, dtype: str | None = None,
+def load_model(model: str | Path | None = None, device=None, dtype: str | torch.dtype | None = None,
                random_weights: bool = False, seed: int = 0) -> LoadedModel:
+    """Load a model for Engine / GPUEngine.
+
+    model: a checkpoint directory or a preset name (None = "sala-nano", whose weights ship with
+    salactl; other presets need random_weights=True). device: "cpu", "cuda", "cuda:N" or a
+    torch.device (None/"auto" = cuda when visible, else cpu). dtype: "bf16"/"fp16"/"fp32" or a
+    torch.dtype (None/"auto" = bf16 on CUDA, fp32 on CPU). random_weights: random weights of the
+    preset's / config.json's shapes, drawn with `seed`. Errors are SalactlError subclasses
+    (CheckpointError, ConfigError, DeviceError, UsageError, CapacityError)."""
     dev = resolve_device(device)
-    name = model or "sala-nano"
+    name = str(model) if model else "sala-nano"
     path = Path(name)
     if random_weights:
         if name not in PRESETS and not (path / "config.json").exists():
-            raise ConfigError(f"--random-weights needs a preset ({', '.join(sorted(PRESETS))}) or a "
-                              f"directory with config.json, got {name!r}")
+            raise ConfigError(f"random_weights (--random-weights) needs a preset "
+                              f"({', '.join(sorted(PRESETS))}) or a directory with config.json, got {name!r}")
         config = preset(name) if name in PRESETS else SalaConfig.from_file(path / "config.json")
         dt = resolve_dtype(dtype, dev)
         check_host_memory(config, dt, dev, name)
@@ -132,10 +151,10 @@ def load_model(model: str | None, device=None, dtype: str | None = None,
         path = EMBEDDED_DIR
         if not (path / "config.json").exists():
             raise CheckpointError("the embedded sala-nano checkpoint is missing from this install; "
-                                  "reinstall salactl or pass --random-weights")
+                                  "reinstall salactl or pass random_weights=True (--random-weights)")
     elif name in PRESETS:
-        raise CheckpointError(f"preset {name!r} has no embedded weights; pass --random-weights or a "
-                              "checkpoint directory")
+        raise CheckpointError(f"preset {name!r} has no embedded weights; pass random_weights=True "
+                              "(--random-weights) or a checkpoint directory")
     elif not path.is_dir():
         raise CheckpointError(f"{name!r} is neither a checkpoint directory nor a preset "
                               f"({', '.join(sorted(PRESETS))})")

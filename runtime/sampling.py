@@ -16,8 +16,16 @@ NON_FINITE = ("the model computed NaN/Inf logits: its weights hold NaN/Inf, or t
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-request generation settings. A sampled request (temperature > 0) draws from its own
-    generator seeded with `seed`; None means 0, so unseeded requests are reproducible, not random."""
+    """Per-request generation settings (`salactl run`'s sampling flags, as Python arguments).
+
+    max_new_tokens: tokens to generate at most (0 = prefill only). temperature: 0 = greedy,
+    else softmax temperature. top_p: nucleus mass in (0, 1] (1 = off). top_k: keep the k most
+    likely tokens (0 = off). top_p/top_k apply only when temperature > 0. seed: a sampled request
+    draws from its own generator seeded with `seed`; None means 0, so unseeded requests are
+    reproducible, not random. stop_token_ids: extra ids that end generation (token ids, not
+    strings; an int or an iterable, stored as a tuple). ignore_eos: True runs to max_new_tokens
+    past the model's and tokenizer's EOS ids (stop_token_ids still apply). Bad values raise
+    UsageError."""
 
     max_new_tokens: int = 64
     temperature: float = 0.0          # 0 = greedy
@@ -28,20 +36,68 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("max_new_tokens", "top_k"):
+        for name in ("max_new_tokens", "top_k", "seed"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):   # numpy ints pass
-                raise UsageError(f"--{name.replace('_', '-')} must be an integer, got {value!r}")
+            if not (value is None and name == "seed") and not _is_int(value):    # numpy ints pass
+                raise UsageError(f"{_arg(name)} must be an integer, got {value!r}")
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise UsageError(f"{_arg(name)} must be a number, got {value!r}")
         if self.max_new_tokens < 0:
-            raise UsageError(f"--max-new-tokens must be >= 0, got {self.max_new_tokens}")
+            raise UsageError(f"{_arg('max_new_tokens')} must be >= 0, got {self.max_new_tokens}")
         if not 0 <= self.temperature < math.inf:
-            raise UsageError(f"--temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
+            raise UsageError(f"{_arg('temperature')} must be a finite number >= 0 (0 = greedy), "
+                             f"got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
-            raise UsageError(f"--top-p must be in (0, 1], got {self.top_p}")
+            raise UsageError(f"{_arg('top_p')} must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
-            raise UsageError(f"--top-k must be >= 0 (0 = off), got {self.top_k}")
+            raise UsageError(f"{_arg('top_k')} must be >= 0 (0 = off), got {self.top_k}")
         if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise UsageError(f"--seed must be in [0, 2^63), got {self.seed}")
+            raise UsageError(f"{_arg('seed')} must be in [0, 2^63), got {self.seed}")
+        if not isinstance(self.ignore_eos, bool):
+            raise UsageError(f"{_arg('ignore_eos')} must be True or False, got {self.ignore_eos!r}")
+        object.__setattr__(self, "stop_token_ids", as_token_ids(self.stop_token_ids, "stop_token_ids"))
+
+
+def _arg(name: str) -> str:
+    """A field as the Python argument and the CLI flag: `max_new_tokens (--max-new-tokens)`."""
+    return f"{name} (--{name.replace('_', '-')})"
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def as_token_ids(value, what: str) -> tuple[int, ...]:
+    """An int, an iterable of ints or None (= none) as a tuple of ints; anything else, text above
+    all, is a UsageError naming `what`."""
+    if value is None:
+        return ()
+    if _is_int(value):
+        return (int(value),)
+    if isinstance(value, (str, bytes)):
+        raise UsageError(f"{what} got text {value!r}: stop strings are not supported; pass token ids "
+                         "(Tokenizer.encode gives them)")
+    try:
+        items = list(value)
+    except TypeError:
+        raise UsageError(f"{what} must be a token id or an iterable of token ids, got {value!r}") from None
+    bad = [t for t in items if not _is_int(t)]
+    if bad:
+        hint = "; stop strings are not supported; pass token ids" if isinstance(bad[0], str) else ""
+        raise UsageError(f"{what} must hold integer token ids, got {bad[0]!r}{hint}")
+    return tuple(int(t) for t in items)
+
+
+def resolve_params(params) -> SamplingParams:
+    """`params` as given, or the defaults for None; anything but a SamplingParams is a UsageError."""
+    if params is None:
+        return SamplingParams()
+    if not isinstance(params, SamplingParams):
+        raise UsageError(f"params must be a SamplingParams, got {type(params).__name__} "
+                         "(e.g. SamplingParams(max_new_tokens=32))")
+    return params
 
 
 def greedy(logits: torch.Tensor) -> list[int]:

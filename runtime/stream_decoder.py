@@ -44,7 +44,10 @@ class StreamDecoder:
     - ByteFallback decoders: while the last token is a <0xXX> byte token, since the decoder turns a
       whole run of byte tokens into U+FFFD per byte when any of it is invalid UTF-8;
     - other decoders: while the text ends in U+FFFD.
-    `flush()` returns what is held at the end; all increments joined equal `decode(ids)`."""
+    `flush()` returns what is held at the end; all increments joined equal `decode(ids)`.
+
+    decoder = StreamDecoder(tokenizer); print(decoder.push(token_id), end="") per generated id,
+    then print(decoder.flush())."""
 
     def __init__(self, tokenizer):
         self.tokenizer, self.ids = tokenizer, []
@@ -83,6 +86,7 @@ class StreamDecoder:
         return text.endswith("\ufffd")
 
     def push(self, token_id: int) -> str:
+        """Add one generated id; returns the text it settles ("" while the text may still change)."""
         self.ids.append(token_id)
         prefix = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset])
         text = self.tokenizer.decode(self.ids[self.prefix_offset:])

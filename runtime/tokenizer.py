@@ -25,6 +25,9 @@ LLAMA_DEFAULTS = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
 
 
 class Tokenizer:
+    """A checkpoint's tokenizer.json (path: the file or its directory), encoding and decoding as
+    transformers' AutoTokenizer does for it. find_tokenizer() finds the one a model needs."""
+
     def __init__(self, path: Path):
         from tokenizers import Tokenizer as HFTokenizer
 
@@ -171,11 +174,14 @@ class Tokenizer:
         return self.tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Like HF `encode`: with whatever special tokens the post-processor adds, or the text's ids
-        alone with `add_special_tokens=False`."""
+        """Text to token ids, like HF `encode`: with whatever special tokens the post-processor adds
+        (e.g. BOS, as `salactl run --prompt` encodes), or the text's ids alone with
+        `add_special_tokens=False`."""
         return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
+        """Token ids to text; special tokens (BOS, EOS, ...) are left out unless skip_special=False
+        (HF's skip_special_tokens)."""
         return self.tok.decode(ids, skip_special_tokens=skip_special)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
@@ -237,9 +243,11 @@ def _token(cfg: dict, key: str, path: Path) -> str | None:
 
 
 def find_tokenizer(explicit: str | None, model_dir: Path | None) -> Tokenizer:
-    """--tokenizer, else the checkpoint's own tokenizer.json. Only a model without a directory (a
-    preset with random weights) falls back to the embedded sala-nano tokenizer: a checkpoint
-    without its tokenizer is an error, since another vocabulary would silently give wrong ids."""
+    """The Tokenizer for a model: `explicit` (a tokenizer.json or its directory; --tokenizer), else
+    the checkpoint's own tokenizer.json in model_dir (LoadedModel.model_dir). Only a model without
+    a directory (a preset with random weights) falls back to the embedded sala-nano tokenizer: a
+    checkpoint without its tokenizer is an error, since another vocabulary would silently give
+    wrong ids."""
     if explicit:
         return Tokenizer(Path(explicit))
     if model_dir is not None:

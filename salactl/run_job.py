@@ -24,8 +24,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class RunRequest:
-    prompt: str | None
-    prompt_ids: list[int] | None
+    """`salactl run`'s options; exactly one of prompt (text) and prompt_ids (token ids)."""
+
+    prompt: str | None = None
+    prompt_ids: list[int] | None = None
     model: str = "sala-nano"
     random_weights: bool = False
     seed: int = 0
@@ -44,6 +46,9 @@ class RunRequest:
 
 
 def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
+    """Run the job; returns the `run --json` record. stream(text) gets the text as it is generated."""
+    if (req.prompt is None) == (req.prompt_ids is None):
+        raise UsageError("give exactly one of prompt (--prompt) and prompt_ids (--prompt-ids)")
     params = _sampling_params(req)
     lm = load_model(req.model, req.device, req.dtype, req.random_weights, req.seed)
     ids, tok = _prompt_ids(req, lm)

@@ -113,8 +113,8 @@ def test_run_human_output_has_roofline(ckpt):
     (["--prompt-ids", "1,x"], 2, "comma-separated integers"),
     (["--prompt-ids", "1", "--prompt", "a"], 2, "exactly one of"),
     (["--prompt-ids", "1", "--device", "cuda"], 6, "no CUDA GPU"),
-    (["--prompt-ids", "1", "--dtype", "int3"], 2, "--dtype 'int3' is unknown"),
-    (["--prompt-ids", "1", "--top-p", "2"], 2, "--top-p must be in"),
+    (["--prompt-ids", "1", "--dtype", "int3"], 2, "dtype (--dtype) 'int3' is unknown"),
+    (["--prompt-ids", "1", "--top-p", "2"], 2, "top_p (--top-p) must be in"),
 ])
 def test_bad_input_one_line_errors(ckpt, args, code, msg):
     if "--model" not in args:

@@ -3,6 +3,7 @@
     engine = GPUEngine(model, "cuda", max_running_requests=64)
     results = engine.generate([(prompt_ids, SamplingParams(...)), ...])   # GenerationResult each
     rid = engine.submit(prompt_ids, params); for rid, token, t in engine.stream(): ...
+    res = engine.result(rid)
 
 Each step admits waiting requests (slot + page reservation), runs one prefill chunk (up to
 chunk_size tokens, possibly from several requests) and then one decode step over every request
@@ -12,14 +13,15 @@ with CUDA-event timing per op class (for the roofline) instead of graph replay.
 
 from __future__ import annotations
 
+import os
 import time
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator
 
 import torch
 
-from salactl.errors import UsageError
-from salactl.runtime.engine import GenerationResult, PhaseStats
+from salactl.errors import DeviceError, UsageError
+from salactl.runtime.engine import GenerationResult, PhaseStats, check_prompt, model_and_device
 from salactl.runtime.gpu.backend import GPUBackend
 from salactl.runtime.gpu.fast_model import fuse_model
 from salactl.runtime.gpu.pools import CachePools, IdAllocator, plan_pools
@@ -28,7 +30,7 @@ from salactl.runtime.gpu.scheduler import Request, Scheduler
 from salactl.runtime.ops.device_props import sm_count
 from salactl.runtime.ops.gla.triton import FLA, prefill_impl
 from salactl.runtime.op_timer import NULL_TIMER, OpTimer
-from salactl.runtime.sampling import SamplingParams, greedy, sample
+from salactl.runtime.sampling import SamplingParams, as_token_ids, greedy, resolve_params, sample
 
 
 def fallback_notes(device: torch.device) -> list[str]:
@@ -40,13 +42,29 @@ def fallback_notes(device: torch.device) -> list[str]:
 
 
 class GPUEngine:
+    """Continuous-batching engine for many concurrent requests on one CUDA GPU (Triton kernels).
+
+    model: a SalaForCausalLM or LoadedModel on a CUDA device; device: None = the model's (a CPU
+    device is refused unless TRITON_INTERPRET=1, the kernel tests' interpreter). The cache pools
+    take mem_fraction of the free GPU memory, sized for max_context tokens per request, or
+    exactly kv_tokens tokens in all. kv_dtype: None (the activation dtype) or a torch fp8 dtype.
+    chunk_size: prompt tokens per prefill step. eos_ids: stop ids added to every request's.
+
+    Each submitted request is kept until result(rid) takes it: call result() for every rid you
+    submit() (generate() and generate_one() do). A caller who stops reading stream() before its
+    requests finish must abort(rid) them (otherwise they keep running in later steps) and then
+    take result(rid)."""
+
     def __init__(self, model, device=None, *, mem_fraction: float = 0.9, max_running_requests: int = 64,
                  chunk_size: int = 8192, cuda_graph: bool = True, max_context: int | None = None,
                  kv_tokens: int | None = None, kv_dtype: torch.dtype | None = None,
                  profile_ops: bool = False, fuse: bool = True, free_bytes: int | None = None,
                  eos_ids: Iterable[int] = ()):
+        model, self.device = model_and_device(model, device)
+        if self.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise DeviceError(f"GPUEngine needs a CUDA device, got {str(self.device)!r}; use Engine on the "
+                              "CPU (TRITON_INTERPRET=1 runs the kernels in Triton's interpreter, for tests)")
         self.config = model.config
-        self.device = torch.device(device) if device is not None else model.lm_head.weight.device
         self.dtype = model.model.embed_tokens.weight.dtype
         self.model = fuse_model(model) if fuse else model
         if free_bytes is None:
@@ -72,7 +90,7 @@ class GPUEngine:
         self.scheduler = Scheduler(IdAllocator(plan.pages, "KV cache pages"),
                                    IdAllocator(plan.slots, "request slots"), B, max_running_requests,
                                    chunk_size, self.max_context)
-        self.eos_ids = frozenset(eos_ids) | frozenset(self.config.eos_token_id)
+        self.eos_ids = frozenset(as_token_ids(eos_ids, "eos_ids")) | frozenset(self.config.eos_token_id)
         self.requests: dict[int, Request] = {}
         self._next_id = 0
         self.timers = {"prefill": OpTimer(self.device), "decode": OpTimer(self.device)}
@@ -96,16 +114,18 @@ class GPUEngine:
         self.kv_scales = scales
 
     # ---- API --------------------------------------------------------------------------------
-    def submit(self, prompt_ids: list[int], params: SamplingParams | None = None,
-               eos_ids: Iterable[int] | None = None) -> int:
-        params = params or SamplingParams()
-        vocab = self.config.vocab_size
-        bad = [t for t in prompt_ids if not 0 <= t < vocab]
-        if bad:
-            raise UsageError(f"prompt token id {bad[0]} is outside the vocabulary (size {vocab})")
-        eos = self.eos_ids | frozenset(eos_ids or ())
+    def submit(self, prompt_ids, params: SamplingParams | None = None,
+               eos_ids: Iterable[int] | int | None = None) -> int:
+        """Queue one request; returns its request id. It runs in later step()s / stream().
+
+        prompt_ids: token ids (a list of ints or a 1-D integer tensor/array). params: SamplingParams
+        (None = the defaults). eos_ids: stop ids for this request on top of the engine's (ignored
+        with params.ignore_eos). A request that could never fit the cache is a CapacityError."""
+        params = resolve_params(params)
+        prompt = check_prompt(prompt_ids, self.config.vocab_size)
+        eos = self.eos_ids | frozenset(as_token_ids(eos_ids, "eos_ids"))
         stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else eos)
-        req = Request(self._next_id, list(prompt_ids), params, stops)
+        req = Request(self._next_id, prompt, params, stops)
         if params.temperature > 0:
             seed = params.seed if params.seed is not None else 0
             req.generator = torch.Generator(device=self.device).manual_seed(seed)
@@ -116,29 +136,52 @@ class GPUEngine:
 
     def stream(self) -> Iterator[tuple[int, int, float]]:
         """(request_id, token_id, perf_counter timestamp) as tokens are produced, until every
-        submitted request has finished. submit() may be called between items."""
+        submitted request has finished. submit() may be called between items; result(rid) gives
+        each request's GenerationResult once it has finished."""
         while self.scheduler.has_work():
             yield from self.step()
 
-    def generate(self, requests: list[tuple[list[int], SamplingParams]]) -> list[GenerationResult]:
-        rids = [self.submit(p, s) for p, s in requests]
-        for _ in self.stream():
-            pass
+    def generate(self, requests: list[tuple[list[int], SamplingParams | None]]) -> list[GenerationResult]:
+        """Run [(prompt_ids, params), ...] batched together (with anything submitted before) to
+        completion; returns their GenerationResults in order."""
+        rids = []
+        try:
+            for p, s in requests:
+                rids.append(self.submit(p, s))
+            for _ in self.stream():
+                pass
+        except BaseException:
+            self._drop(rids)
+            raise
         return [self.result(r) for r in rids]
 
-    def generate_one(self, prompt: list[int], params: SamplingParams, eos_ids: tuple[int, ...] = (),
+    def generate_one(self, prompt, params: SamplingParams | None = None, eos_ids=(),
                      on_token: Callable[[int], None] | None = None) -> GenerationResult:
-        """The single-sequence Engine.generate contract (used by `salactl run`)."""
+        """Engine.generate's contract for one request (used by `salactl run`): on_token(id) is
+        called with each of its tokens as it is sampled."""
         rid = self.submit(prompt, params, eos_ids)
-        for r, tok, _ in self.stream():
-            if r == rid and on_token:
-                on_token(tok)
+        try:
+            for r, tok, _ in self.stream():
+                if r == rid and on_token:
+                    on_token(tok)
+        except BaseException:            # an error, or Ctrl-C: stop the request, keep nothing
+            self._drop([rid])
+            raise
         return self.result(rid)
 
+    def _drop(self, rids: list[int]) -> None:
+        for rid in rids:
+            self.abort(rid)
+            del self.requests[rid]
+
     def result(self, rid: int) -> GenerationResult:
-        req = self.requests[rid]
+        """A finished request's GenerationResult, handed over once: the engine forgets the request."""
+        req = self.requests.get(rid)
+        if req is None:
+            raise UsageError(f"request {rid} is unknown: never submitted, or its result was taken already")
         if req.finish_reason is None:
             raise UsageError(f"request {rid} has not finished")
+        del self.requests[rid]
         first = req.first_token_time or req.finish_time
         ttft = first - req.arrival
         pre = PhaseStats(len(req.prompt), req.prefill_calls, ttft)
@@ -151,7 +194,8 @@ class GPUEngine:
 
     def abort(self, rid: int, reason: str = "abort") -> None:
         """Finish a request now (finish_reason `reason` unless it already finished), freeing its
-        slot and pages; later steps carry on with the other requests."""
+        slot and pages; later steps carry on with the other requests. Its output so far stays
+        available to result(rid)."""
         req = self.requests[rid]
         if req.finish_reason is None:
             req.finish_reason = reason

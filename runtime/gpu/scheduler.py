@@ -59,7 +59,7 @@ class Scheduler:
     def __init__(self, pages: IdAllocator, slots: IdAllocator, block_size: int, max_running: int,
                  chunk_tokens: int, max_context: int):
         if chunk_tokens <= 0:
-            raise UsageError(f"--chunk-size must be positive, got {chunk_tokens}")
+            raise UsageError(f"chunk_size (--chunk-size) must be positive, got {chunk_tokens}")
         self.pages, self.slots, self.block = pages, slots, block_size
         self.max_running, self.chunk_tokens, self.max_context = max_running, chunk_tokens, max_context
         self.waiting: deque[Request] = deque()
@@ -78,7 +78,7 @@ class Scheduler:
             raise CapacityError(
                 f"request {req.rid} needs {need} tokens of cache (prompt {len(req.prompt)} + "
                 f"max_new_tokens {req.params.max_new_tokens} - 1) but the GPU cache holds at most {cap}; "
-                "shorten it or raise --mem-fraction")
+                "shorten it, or build the GPUEngine with more cache (mem_fraction, max_context or kv_tokens)")
         self.waiting.append(req)
 
     @property

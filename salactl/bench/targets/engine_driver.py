@@ -2,8 +2,9 @@
 target talks to (`submit(prompt_ids, params, cancel)` -> iterator of (token_id, timestamp)).
 
 One worker thread owns a *stepping* engine — `submit(prompt, params) -> rid`, `step() ->
-[(rid, token_or_exception, perf_counter)]`, `has_work()`, `is_finished(rid)` — and routes each
-produced token to the client waiting for it. Two stepping engines exist:
+[(rid, token_or_exception, perf_counter)]`, `has_work()`, `is_finished(rid)`, `release(rid)`
+(stop it if still running and forget it) — and routes each produced token to the client waiting
+for it. Two stepping engines exist:
 - `SerialStepper`: the single-sequence `runtime.engine.Engine`, one request at a time in FIFO
   order (max batch 1). Requests queue behind the running one, so queueing time shows up in TTFT
   and duration, exactly as a non-batching server would show it to SGLang's client.
@@ -55,11 +56,11 @@ class SerialStepper:
     def is_finished(self, rid: int) -> bool:
         return rid in self.done
 
-    def abort(self, rid: int) -> None:
+    def release(self, rid: int) -> None:
         self.waiting = deque(w for w in self.waiting if w[0] != rid)
         if self.current is not None and self.current[0] == rid:
             self.current = None
-        self.done.add(rid)
+        self.done.discard(rid)
 
     def step(self) -> list[tuple[int, object, float]]:
         if self.current is None:
@@ -97,11 +98,11 @@ class GpuStepper:
         return self.engine.scheduler.has_work()
 
     def is_finished(self, rid: int) -> bool:
-        req = self.engine.requests.get(rid)
-        return req is None or req.finish_reason is not None
+        return self.engine.requests[rid].finish_reason is not None
 
-    def abort(self, rid: int) -> None:
+    def release(self, rid: int) -> None:
         self.engine.abort(rid)              # frees its slot and pages for the requests behind it
+        self.engine.result(rid)             # and the engine's record of it
 
     def step(self):
         return self.engine.step()
@@ -165,7 +166,7 @@ class EngineDriver:
             except Exception as e:          # the step's requests fail (the engine finished them); the rest go on
                 failed = [rid for rid in self._jobs if self.stepper.is_finished(rid)] or list(self._jobs)
                 for rid in failed:
-                    self.stepper.abort(rid)
+                    self.stepper.release(rid)
                     self._jobs.pop(rid).out.put(e)
                 continue
             for rid, tok, ts in events:
@@ -173,9 +174,8 @@ class EngineDriver:
                 if job is not None:
                     job.out.put(tok if isinstance(tok, BaseException) else (tok, ts))
             for rid, job in list(self._jobs.items()):
-                if job.cancel.is_set() and not self.stepper.is_finished(rid):
-                    self.stepper.abort(rid)
                 if self.stepper.is_finished(rid) or job.cancel.is_set():
+                    self.stepper.release(rid)       # a cancelled one stops here
                     job.out.put(_END)
                     del self._jobs[rid]
         err = RuntimeError("the engine was closed before this request finished")

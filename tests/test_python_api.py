@@ -1,0 +1,226 @@
+"""salactl as a Python library: the package-level API, argument checks that give UsageError /
+DeviceError instead of tracebacks or silently wrong runs, and a GPU engine that forgets the
+requests it has handed back. CPU only; the GPU engine runs in Triton's interpreter."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import micro_model
+from salactl.errors import DeviceError, UsageError
+from salactl.runtime.engine import Engine, GenerationResult, PhaseStats
+from salactl.runtime.loader import load_model, meta_model, resolve_dtype
+from salactl.runtime.sampling import SamplingParams
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"     # before triton is first imported (GPU engine tests)
+interpreted = pytest.mark.skipif(torch.cuda.is_available() or importlib.util.find_spec("triton") is None,
+                                 reason="the GPU engine runs here in Triton's interpreter (CPU, triton)")
+
+API = ["Engine", "GPUEngine", "GenerationResult", "LoadedModel", "SamplingParams", "StreamDecoder",
+       "Tokenizer", "find_tokenizer", "load_model", "stop_token_ids"]
+GREEDY3 = SamplingParams(max_new_tokens=3, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine(micro_model())
+
+
+# ---- finding 1: one import path, documented -------------------------------------------------
+def test_package_exports_the_api_lazily():
+    import salactl
+
+    assert salactl.__all__ == sorted(API) and set(API) <= set(dir(salactl))
+    from salactl import Engine as E, SamplingParams as S
+    assert E is Engine and S is SamplingParams
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        salactl.nope  # noqa: B018
+    cold = subprocess.run([sys.executable, "-c", "import salactl, sys; print('torch' in sys.modules)"],
+                          capture_output=True, text=True, check=True)
+    assert cold.stdout.strip() == "False"          # `import salactl` (and the CLI's start) stays cheap
+
+
+def test_public_objects_have_docstrings():
+    import salactl
+
+    has_triton = importlib.util.find_spec("triton") is not None       # the GPU engine imports it
+    objs = [getattr(salactl, n) for n in API if has_triton or n != "GPUEngine"] + [PhaseStats]
+    objs += [salactl.Engine.generate, salactl.Engine.stream, salactl.Tokenizer.encode, salactl.Tokenizer.decode]
+    if has_triton:
+        objs += [salactl.GPUEngine.submit, salactl.GPUEngine.generate, salactl.GPUEngine.result]
+    # a dataclass without one gets "Name(field: type, ...)" as its __doc__
+    missing = [o.__qualname__ for o in objs if not o.__doc__ or o.__doc__.startswith(o.__name__ + "(")]
+    assert not missing
+    for word in ("stop/EOS token", '"length"', '"stop"', '"abort"', '"error"', "wall seconds"):
+        assert word in GenerationResult.__doc__
+    assert "wall seconds" in PhaseStats.__doc__ and "time_ops" in PhaseStats.__doc__
+
+
+# ---- finding 3: prompt ids are integers ----------------------------------------------------
+@pytest.mark.parametrize("prompt, message", [
+    ([5, 6.0, 7], "must be integers, got 6.0"), ([5, True], "must be integers, got True"),
+    ("hello", "pass token ids \\(Tokenizer.encode"), (torch.tensor([[5, 6]]), "must be 1-D"),
+    (torch.tensor([5.0, 6.0]), "must be integers"), (None, "list of token ids, got NoneType")])
+def test_prompts_that_are_not_token_ids_are_usage_errors(engine, prompt, message):
+    with pytest.raises(UsageError, match=message):
+        engine.generate(prompt, GREEDY3)
+    with pytest.raises(UsageError, match=message):
+        engine.stream(prompt, GREEDY3)
+
+
+def test_integer_tensors_and_arrays_are_prompts_and_the_result_has_the_ids_that_ran(engine):
+    want = engine.generate([5, 6, 7], GREEDY3)
+    for prompt in (torch.tensor([5, 6, 7]), np.array([5, 6, 7]), (np.int64(5), 6, 7)):
+        got = engine.generate(prompt, GREEDY3)
+        assert got.output_token_ids == want.output_token_ids
+        assert got.prompt_token_ids == [5, 6, 7] and all(type(t) is int for t in got.prompt_token_ids)
+    assert list(engine.stream(torch.tensor([5, 6, 7]), GREEDY3)) == want.output_token_ids
+
+
+# ---- finding 4: argument types ---------------------------------------------------------------
+@pytest.mark.parametrize("kw, message", [
+    (dict(temperature="0.7"), "temperature \\(--temperature\\) must be a number, got '0.7'"),
+    (dict(temperature=None), "temperature .* must be a number, got None"),
+    (dict(top_p="0.9"), "top_p \\(--top-p\\) must be a number"),
+    (dict(seed="1"), "seed \\(--seed\\) must be an integer"),
+    (dict(seed=1.5), "seed \\(--seed\\) must be an integer, got 1.5"),
+    (dict(stop_token_ids=("\n",)), "stop strings are not supported; pass token ids"),
+    (dict(stop_token_ids="\n"), "stop strings are not supported; pass token ids"),
+    (dict(stop_token_ids=[1.5]), "stop_token_ids must hold integer token ids"),
+    (dict(ignore_eos="no"), "ignore_eos \\(--ignore-eos\\) must be True or False"),
+    (dict(max_new_tokens=-1), "^max_new_tokens \\(--max-new-tokens\\) must be >= 0, got -1$"),
+])
+def test_sampling_params_check_types(kw, message):
+    with pytest.raises(UsageError, match=message):
+        SamplingParams(**kw)
+
+
+def test_stop_token_ids_become_a_tuple_of_ints():
+    p = SamplingParams(stop_token_ids=[np.int64(5), 7])
+    assert p.stop_token_ids == (5, 7) and all(type(t) is int for t in p.stop_token_ids)
+    assert hash(p) == hash(SamplingParams(stop_token_ids=(5, 7)))
+    assert SamplingParams(stop_token_ids=5).stop_token_ids == (5,)
+
+
+def test_params_default_to_greedy_and_must_be_sampling_params(engine):
+    assert engine.generate([5, 6, 7]).output_token_ids == \
+        engine.generate([5, 6, 7], SamplingParams()).output_token_ids
+    with pytest.raises(UsageError, match="params must be a SamplingParams, got dict"):
+        engine.generate([5, 6, 7], {"max_new_tokens": 3})
+
+
+def test_eos_ids_take_an_int(engine):
+    free = engine.generate([5, 6, 7], SamplingParams(max_new_tokens=6)).output_token_ids
+    stop = free[1]
+    res = engine.generate([5, 6, 7], SamplingParams(max_new_tokens=6), eos_ids=stop)
+    assert res.output_token_ids == free[:free.index(stop) + 1] and res.finish_reason == "stop"
+    with pytest.raises(UsageError, match="eos_ids"):
+        engine.generate([5, 6, 7], GREEDY3, eos_ids="\n")
+
+
+def test_engine_takes_a_loaded_model_and_defaults_to_its_device():
+    lm = load_model("sala-nano", "cpu", torch.float32)              # a torch.dtype (finding 5)
+    assert lm.model.model.embed_tokens.weight.dtype == torch.float32
+    eng = Engine(lm)
+    assert eng.model is lm.model and eng.device == torch.device("cpu")
+    assert eng.generate([1, 5, 9], GREEDY3).output_token_ids == \
+        Engine(lm.model, "cpu").generate([1, 5, 9], GREEDY3).output_token_ids
+
+
+@pytest.mark.parametrize("device, message", [("gpu", "unknown device 'gpu'"),
+                                             ("cpu", "device 'cpu' differs from the model's device 'meta'")])
+def test_engine_device_must_be_the_models(device, message):
+    with pytest.raises(DeviceError, match=message):
+        Engine(meta_model(micro_model().config), device)
+
+
+def test_engine_refuses_cuda_without_a_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    with pytest.raises(DeviceError, match="no CUDA GPU"):
+        Engine(micro_model(), "cuda")
+
+
+# ---- finding 5: messages name the argument and the flag; dtype objects ----------------------
+def test_runtime_messages_name_argument_and_flag():
+    with pytest.raises(UsageError, match="^chunk_size \\(--chunk-size\\) must be a positive integer, got 0$"):
+        Engine(micro_model(), chunk_size=0)
+    with pytest.raises(UsageError, match="^dtype \\(--dtype\\) torch.int8 is unknown; valid: auto, bf16"):
+        resolve_dtype(torch.int8, torch.device("cpu"))
+    assert resolve_dtype(torch.bfloat16, torch.device("cpu")) is torch.bfloat16
+
+
+# ---- finding 11: RunRequest -------------------------------------------------------------------
+@pytest.mark.parametrize("kw", [{}, {"prompt": "hi", "prompt_ids": [1, 2]}])
+def test_run_request_needs_exactly_one_prompt(kw):
+    from salactl.run_job import RunRequest, execute
+
+    assert RunRequest(prompt="hi").prompt_ids is None
+    with pytest.raises(UsageError, match="exactly one of prompt \\(--prompt\\) and prompt_ids"):
+        execute(RunRequest(**kw))
+
+
+# ---- the bench driver forgets finished requests ----------------------------------------------
+def test_serial_driver_keeps_nothing_after_a_request(engine):
+    from salactl.bench.targets.engine_driver import EngineDriver, SerialStepper
+
+    stepper = SerialStepper(engine)
+    driver = EngineDriver(stepper, 1)
+    try:
+        assert len(list(driver.submit([5, 6, 7], GREEDY3, threading.Event()))) == 3
+    finally:
+        driver.close()
+    assert not stepper.done
+
+
+# ---- findings 3, 6, 7 on the GPU engine (Triton interpreter) ---------------------------------
+def _gpu(model=None):
+    from salactl.runtime.gpu.engine import GPUEngine
+
+    return GPUEngine(model or micro_model(), "cpu", max_running_requests=2, chunk_size=32, kv_tokens=256)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+def test_gpu_engine_refuses_a_cpu_device_outside_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(DeviceError, match="GPUEngine needs a CUDA device, got 'cpu'"):
+        _gpu()
+
+
+@interpreted
+def test_gpu_engine_checks_prompts_and_forgets_what_it_handed_back(engine):
+    gpu = _gpu()
+    for bad, message in (([5, 6.5], "must be integers"), ("hi", "pass token ids")):
+        with pytest.raises(UsageError, match=message):
+            gpu.submit(bad, GREEDY3)
+    want = engine.generate([5, 6, 7], GREEDY3).output_token_ids
+    res = gpu.generate_one(torch.tensor([5, 6, 7]), GREEDY3)
+    assert res.output_token_ids == want and res.prompt_token_ids == [5, 6, 7]
+    assert [r.output_token_ids for r in gpu.generate([([5, 6, 7], GREEDY3)] * 2)] == [want, want]
+    assert not gpu.requests                              # generate / generate_one took their results
+    rid = gpu.submit([5, 6, 7], SamplingParams(max_new_tokens=50, ignore_eos=True))
+    next(iter(gpu.stream()))                             # a caller who stops reading ...
+    gpu.abort(rid)                                       # ... aborts, then takes the partial result
+    assert gpu.result(rid).finish_reason == "abort" and not gpu.requests and not gpu.scheduler.has_work()
+    with pytest.raises(UsageError, match="request 0 is unknown"):
+        gpu.result(0)
+
+
+@interpreted
+def test_gpu_engine_forgets_a_request_whose_generation_failed():
+    from salactl.errors import NumericsError
+
+    model = micro_model()
+    with torch.no_grad():
+        model.model.embed_tokens.weight[99] = float("inf")          # NaN logits
+    gpu = _gpu(model)
+    with pytest.raises(NumericsError):
+        gpu.generate_one([5, 99, 6], GREEDY3)
+    assert not gpu.requests and not gpu.scheduler.has_work()
