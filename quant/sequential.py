@@ -44,10 +44,13 @@ FUSED = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("mlp.gat
 
 @dataclass(frozen=True)
 class QuantOptions:
+    """`salactl quantize`'s options with its defaults. desc_act (act-order with static groups) only
+    changes GPTQ's column order, so any other method stores it as False."""
+
     bits: int = 4
     group_size: int = 128
     method: str = "gptq"
-    desc_act: bool = False
+    desc_act: bool = True
     damp: float = 0.01
     kv_cache_dtype: str = "bf16"
     kv_scales_per_head: bool = False
@@ -60,6 +63,8 @@ class QuantOptions:
         if not 0 < self.damp < 1:
             raise QuantizationError(f"--damp must be in (0, 1), got {self.damp}")
         fp8_dtype(self.kv_cache_dtype)
+        if self.method != "gptq":
+            object.__setattr__(self, "desc_act", False)
         if self.batch_tokens < 1:
             raise UsageError(f"--batch-tokens must be positive, got {self.batch_tokens}")
 

@@ -117,10 +117,10 @@ def check_host_memory(config: SalaConfig, dtype: torch.dtype, device: torch.devi
     params = sum(math.prod(s) for s in expected_tensor_shapes(config).values())
     need = params * torch.finfo(dtype).bits // 8
     if need > avail:
-        half = "" if dtype.itemsize <= 2 else f"--dtype bf16 ({params * 2 / 1e9:.1f} GB), "
+        half = "" if dtype.itemsize <= 2 else f"dtype bf16 (--dtype bf16, {params * 2 / 1e9:.1f} GB), "
         raise CapacityError(f"{name} in {str(dtype).removeprefix('torch.')} needs {need / 1e9:.1f} GB for its "
                             f"weights, but this machine has {avail / 1e9:.1f} GB available; use {half}a GPU "
-                            "(--device cuda) or a W4A16 checkpoint (salactl quantize)")
+                            "(device cuda, --device cuda) or a W4A16 checkpoint (salactl quantize)")
 
 
 def load_model(model: str | Path | None = None, device=None, dtype: str | torch.dtype | None = None,

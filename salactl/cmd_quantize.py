@@ -45,7 +45,6 @@ def quantize(
     from salactl.quant.api import quantize_checkpoint
     from salactl.quant.sequential import QuantOptions
 
-    desc_act = desc_act and method == "gptq"          # act-order only changes GPTQ's column order
     opts = QuantOptions(bits, group_size, method, desc_act, damp, kv_cache_dtype, kv_scales_per_head, batch_tokens)
     with _ProgressBar() as bar:
         record = quantize_checkpoint(model, out, opts, calib=calib, nsamples=nsamples, seqlen=seqlen,

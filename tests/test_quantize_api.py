@@ -16,7 +16,7 @@ from test_quantize_cli import _tensors, small_config, write_random_checkpoint
 
 CLI_ARGS = ["--calib", "random", "--nsamples", 2, "--seqlen", 64, "--device", "cpu", "--dtype", "float32",
             "--group-size", 64, "--kv-cache-dtype", "fp8_e4m3"]
-OPTS = QuantOptions(group_size=64, desc_act=True, kv_cache_dtype="fp8_e4m3")      # the CLI's for CLI_ARGS
+OPTS = QuantOptions(group_size=64, kv_cache_dtype="fp8_e4m3")      # the CLI's for CLI_ARGS
 CALL = dict(calib="random", nsamples=2, seqlen=64, device="cpu", dtype="float32")
 
 
@@ -97,3 +97,11 @@ def test_bad_input_raises_the_error_of_the_clis_exit_code(case, error, code, ckp
     with pytest.raises(error):
         quantize_checkpoint(ckpt, out, QuantOptions(**opts), **call)
     assert not list(tmp_path.glob(".out.tmp-*"))
+
+
+def test_options_default_to_the_clis():
+    """QuantOptions() is `salactl quantize`'s defaults (act-order on), and act-order, which only
+    orders GPTQ's columns, is stored off for RTN as the CLI stores it."""
+    assert QuantOptions() == QuantOptions(bits=4, group_size=128, method="gptq", desc_act=True, damp=0.01,
+                                          kv_cache_dtype="bf16", kv_scales_per_head=False, batch_tokens=16384)
+    assert QuantOptions(method="rtn").desc_act is False
