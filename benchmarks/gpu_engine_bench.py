@@ -263,7 +263,7 @@ def run_prompt(engine, T, new=1, seed=0):
     ids = torch.randint(3, engine.config.vocab_size, (T,), generator=g).tolist()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    res = engine.generate([(ids, SamplingParams(max_new_tokens=new, ignore_eos=True))])[0]
+    res = engine.generate(ids, SamplingParams(max_new_tokens=new, ignore_eos=True))
     return res, time.perf_counter() - t0
 
 
@@ -290,16 +290,16 @@ def batching(engine, n=64, prompt=4096, new=256):
     g = torch.Generator().manual_seed(1)
     reqs = [(torch.randint(3, engine.config.vocab_size, (prompt,), generator=g).tolist(),
              SamplingParams(max_new_tokens=new, ignore_eos=True)) for _ in range(n)]
-    engine.generate(reqs[:2])                     # warm every bucket it will use
+    engine.generate_batch(reqs[:2])               # warm every bucket it will use
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    res = engine.generate(reqs)
+    res = engine.generate_batch(reqs)
     wall = time.perf_counter() - t0
     assert all(len(r.output_token_ids) == new for r in res)
     singles = []
     for r in reqs[:2]:
         t1 = time.perf_counter()
-        engine.generate([r])
+        engine.generate(*r)
         singles.append(time.perf_counter() - t1)
     one = statistics.mean(singles)
     return {"requests": n, "batched_wall_s": wall, "batched_out_tok_s": n * new / wall,

@@ -11,7 +11,7 @@ from salactl import output
 from salactl.errors import UsageError
 from salactl.quant.in_memory import quantized_as
 from salactl.runtime.engine import Engine
-from salactl.runtime.kv_fp8 import fp8_dtype, stored_kv_name
+from salactl.runtime.kv_fp8 import stored_kv_name
 from salactl.runtime.loader import load_model
 from salactl.runtime.peaks import peaks_for
 from salactl.runtime.roofline import linear_costs, phase_costs, roofline_rows
@@ -132,13 +132,13 @@ def _generate_gpu(req: RunRequest, lm: LoadedModel, ids: list[int], params: Samp
     from salactl.runtime.gpu.run_profile import generate_with_op_profile
 
     engine = GPUEngine(lm.model, lm.model.device, chunk_size=req.chunk_size, max_running_requests=1,
-                       kv_tokens=len(ids) + req.max_new_tokens + 64, kv_dtype=fp8_dtype(req.kv_cache_dtype))
+                       kv_tokens=len(ids) + req.max_new_tokens + 64, kv_cache_dtype=req.kv_cache_dtype)
     for note in engine.fallback_notes():
         output.warn_once(note)
     if req.op_profile:
         res, timing_note = generate_with_op_profile(engine, ids, params, eos_ids=eos, on_token=on_token)
     else:
-        res = engine.generate_one(ids, params, eos_ids=eos, on_token=on_token)
+        res = engine.generate(ids, params, eos_ids=eos, on_token=on_token)
         res.prefill.op_seconds = res.decode.op_seconds = None
         timing_note = {"phase_times": "the timed generation (CUDA-graph decode)",
                        "op_times": "not measured (--no-op-profile)"}

@@ -120,15 +120,15 @@ def quick_thread_switches():
 
 
 def assert_stop_token_and_stream_order(engine) -> None:
-    """A GPUEngine's per-request stop token ends the request after that token, and stream() yields
+    """A GPUEngine's per-request stop token ends the request after that token, and events() yields
     the tokens in time order, matching result()."""
     from salactl.runtime.sampling import SamplingParams
 
-    free = engine.generate([([3, 4, 5], SamplingParams(max_new_tokens=6, ignore_eos=True))])[0].output_token_ids
+    free = engine.generate([3, 4, 5], SamplingParams(max_new_tokens=6, ignore_eos=True)).output_token_ids
     stop = free[2]
     assert free.index(stop) < 5                         # the stop comes before max_new_tokens
     rid = engine.submit([3, 4, 5], SamplingParams(max_new_tokens=6, stop_token_ids=(stop,)))
-    events = list(engine.stream())
+    events = list(engine.events())
     res = engine.result(rid)
     assert res.finish_reason == "stop" and res.output_token_ids == free[:free.index(stop) + 1]
     assert [t for r, t, _ in events if r == rid] == res.output_token_ids

@@ -53,8 +53,8 @@ def test_continuous_batching_equals_one_at_a_time():
     prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in lens]
     params = [SamplingParams(max_new_tokens=m, ignore_eos=True) for m in (7, 3, 12, 1, 5, 9)]
     engine = GPUEngine(model, "cuda", max_running_requests=4, chunk_size=128, kv_tokens=8192)
-    batched = engine.generate(list(zip(prompts, params)))
-    single = [engine.generate([(p, s)])[0] for p, s in zip(prompts, params)]
+    batched = engine.generate_batch(list(zip(prompts, params)))
+    single = [engine.generate(p, s) for p, s in zip(prompts, params)]
     for b, s, prm in zip(batched, single, params):
         assert len(b.output_token_ids) == prm.max_new_tokens
         assert b.output_token_ids == s.output_token_ids

@@ -239,9 +239,9 @@ def test_continuous_batching_equals_one_at_a_time():
     prompts = [torch.randint(3, 128, (n,), generator=g).tolist() for n in lens]
     params = [SamplingParams(max_new_tokens=m, ignore_eos=True) for m in news]
     engine = GPUEngine(micro_model(), "cpu", max_running_requests=2, chunk_size=32, kv_tokens=1024)
-    batched = engine.generate(list(zip(prompts, params)))
+    batched = engine.generate_batch(list(zip(prompts, params)))
     for p, prm, b in zip(prompts, params, batched):
-        alone = engine.generate([(p, prm)])[0]
+        alone = engine.generate(p, prm)
         assert len(b.output_token_ids) == prm.max_new_tokens
         assert b.output_token_ids == alone.output_token_ids
 
@@ -387,7 +387,7 @@ def test_run_profile_times_the_real_generation_and_profiles_ops_eagerly():
     prompt = torch.randint(3, 128, (45,), generator=torch.Generator().manual_seed(1)).tolist()
     params = SamplingParams(max_new_tokens=6, ignore_eos=True)
     engine = GPUEngine(micro_model(), "cpu", max_running_requests=1, chunk_size=32, kv_tokens=256)
-    plain = engine.generate_one(prompt, params)
+    plain = engine.generate(prompt, params)
     res, note = generate_with_op_profile(engine, prompt, params, decode_steps=2)
     assert res.output_token_ids == plain.output_token_ids and res.decode.forward_calls == 5
     assert {"qkv", "mlp", "attention", "gla"} <= set(res.prefill.op_seconds)
@@ -417,17 +417,17 @@ def test_a_failed_step_frees_its_requests_and_the_engine_carries_on():
     model = micro_model()
     good, params = [5, 6, 7, 8], SamplingParams(max_new_tokens=3, ignore_eos=True)
     want = GPUEngine(micro_model(), "cpu", max_running_requests=1, chunk_size=32, kv_tokens=256) \
-        .generate([(good, params)])[0].output_token_ids
+        .generate(good, params).output_token_ids
     with torch.no_grad():
         model.model.embed_tokens.weight[99] = float("inf")
     engine = GPUEngine(model, "cpu", max_running_requests=1, chunk_size=32, kv_tokens=256)
     pages, slots = engine.scheduler.pages.free, engine.scheduler.slots.free
     bad = engine.submit([5, 99, 6], params)
     with pytest.raises(NumericsError):
-        list(engine.stream())
+        list(engine.events())
     assert engine.result(bad).finish_reason == "error"
     assert (engine.scheduler.pages.free, engine.scheduler.slots.free) == (pages, slots)
-    assert engine.generate([(good, params)])[0].output_token_ids == want
+    assert engine.generate(good, params).output_token_ids == want
     queued = engine.submit(good, params)
     engine.abort(queued)
     assert engine.result(queued).finish_reason == "abort" and not engine.scheduler.has_work()
@@ -447,4 +447,4 @@ def test_gpu_engine_and_engine_share_the_eos_contract():
                                   (SamplingParams(max_new_tokens=5), (free[0],), free[:1]),
                                   (SamplingParams(max_new_tokens=5, ignore_eos=True), (free[0],), free)):
         assert Engine(model, "cpu").generate(prompt, params, eos_ids).output_token_ids == want
-        assert gpu.generate_one(prompt, params, eos_ids).output_token_ids == want
+        assert gpu.generate(prompt, params, eos_ids).output_token_ids == want

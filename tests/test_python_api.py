@@ -181,14 +181,16 @@ def test_serial_driver_keeps_nothing_after_a_request(engine):
 
 
 # ---- findings 3, 6, 7 on the GPU engine (Triton interpreter) ---------------------------------
-def _gpu(model=None):
+def _gpu(model=None, **kw):
     from salactl.runtime.gpu.engine import GPUEngine
 
-    return GPUEngine(model or micro_model(), "cpu", max_running_requests=2, chunk_size=32, kv_tokens=256)
+    return GPUEngine(model or micro_model(), "cpu", max_running_requests=2, chunk_size=32, kv_tokens=256, **kw)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 def test_gpu_engine_refuses_a_cpu_device_outside_the_interpreter(monkeypatch):
+    import salactl.runtime.gpu.engine  # noqa: F401  triton reads TRITON_INTERPRET when first imported
+
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(DeviceError, match="GPUEngine needs a CUDA device, got 'cpu'"):
         _gpu()
@@ -201,12 +203,12 @@ def test_gpu_engine_checks_prompts_and_forgets_what_it_handed_back(engine):
         with pytest.raises(UsageError, match=message):
             gpu.submit(bad, GREEDY3)
     want = engine.generate([5, 6, 7], GREEDY3).output_token_ids
-    res = gpu.generate_one(torch.tensor([5, 6, 7]), GREEDY3)
+    res = gpu.generate(torch.tensor([5, 6, 7]), GREEDY3)
     assert res.output_token_ids == want and res.prompt_token_ids == [5, 6, 7]
-    assert [r.output_token_ids for r in gpu.generate([([5, 6, 7], GREEDY3)] * 2)] == [want, want]
-    assert not gpu.requests                              # generate / generate_one took their results
+    assert [r.output_token_ids for r in gpu.generate_batch([([5, 6, 7], GREEDY3)] * 2)] == [want, want]
+    assert not gpu.requests                              # generate / generate_batch took their results
     rid = gpu.submit([5, 6, 7], SamplingParams(max_new_tokens=50, ignore_eos=True))
-    next(iter(gpu.stream()))                             # a caller who stops reading ...
+    next(iter(gpu.events()))                             # a caller who stops reading ...
     gpu.abort(rid)                                       # ... aborts, then takes the partial result
     assert gpu.result(rid).finish_reason == "abort" and not gpu.requests and not gpu.scheduler.has_work()
     with pytest.raises(UsageError, match="request 0 is unknown"):
@@ -222,8 +224,65 @@ def test_gpu_engine_forgets_a_request_whose_generation_failed():
         model.model.embed_tokens.weight[99] = float("inf")          # NaN logits
     gpu = _gpu(model)
     with pytest.raises(NumericsError):
-        gpu.generate_one([5, 99, 6], GREEDY3)
+        gpu.generate([5, 99, 6], GREEDY3)
     assert not gpu.requests and not gpu.scheduler.has_work()
+
+
+def _idle(gpu) -> bool:
+    """No request left behind: none kept, no scheduler work, every slot and page free."""
+    sched = gpu.scheduler
+    return (not gpu.requests and not sched.has_work() and sched.slots.free == sched.slots.total
+            and sched.pages.free == sched.pages.total)
+
+
+@interpreted
+def test_gpu_engine_takes_engines_calls_for_one_request():
+    """A user moving to the GPU swaps the class and keeps generate/stream/kv_cache_dtype: the same
+    greedy tokens as Engine, interleaved streams each get their own, early close releases."""
+    model = micro_model()
+    gpu = _gpu(model)
+    params = SamplingParams(max_new_tokens=4, ignore_eos=True)
+    want = {p: Engine(model, "cpu").generate(p, params).output_token_ids for p in ((5, 6, 7), (9, 8))}
+    for p, toks in want.items():
+        assert gpu.generate(list(p), params).output_token_ids == toks
+    a, b = gpu.stream([5, 6, 7], params), gpu.stream([9, 8], params)
+    got = {(5, 6, 7): [], (9, 8): []}
+    for _ in range(4):                                   # read in turn: both run in the same steps
+        got[(5, 6, 7)].append(next(a))
+        got[(9, 8)].append(next(b))
+    assert got == want and list(a) == list(b) == [] and _idle(gpu)
+    early = gpu.stream([5, 6, 7], SamplingParams(max_new_tokens=50, ignore_eos=True))
+    assert next(early) == want[(5, 6, 7)][0]
+    early.close()
+    assert _idle(gpu)
+    gpu.stream([5, 6, 7], params)                        # never read, collected at once
+    assert _idle(gpu)
+    with pytest.raises(UsageError, match="pass token ids"):
+        gpu.stream("hi", params)                         # at the call, not at the first next()
+    assert _idle(gpu)
+
+
+@interpreted
+def test_a_failed_step_raises_in_every_stream_it_ran():
+    """Interleaved streams: the step one of them runs fails for both; each raises the error."""
+    from salactl.errors import NumericsError
+
+    model = micro_model()
+    with torch.no_grad():
+        model.model.embed_tokens.weight[99] = float("inf")          # NaN logits
+    gpu = _gpu(model)
+    good, bad = gpu.stream([5, 6, 7], GREEDY3), gpu.stream([5, 99, 6], GREEDY3)
+    with pytest.raises(NumericsError):
+        next(good)                                                   # one prefill step runs both
+    with pytest.raises(NumericsError):
+        next(bad)
+    assert _idle(gpu)
+
+
+@interpreted
+def test_gpu_engine_refuses_an_unknown_kv_cache_dtype():
+    with pytest.raises(UsageError, match="unknown --kv-cache-dtype 'int3'"):
+        _gpu(kv_cache_dtype="int3")
 
 
 def test_readme_python_examples_run_as_written(tmp_path):

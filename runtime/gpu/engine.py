@@ -1,8 +1,12 @@
 """GPU engine: continuous batching over paged caches with CUDA-graph decode.
 
+One request takes Engine's calls; whatever runs at the same time is batched:
     engine = GPUEngine(model, "cuda", max_running_requests=64)
-    results = engine.generate([(prompt_ids, SamplingParams(...)), ...])   # GenerationResult each
-    rid = engine.submit(prompt_ids, params); for rid, token, t in engine.stream(): ...
+    res = engine.generate(prompt_ids, SamplingParams(...), eos_ids=eos)   # a GenerationResult
+    for token in engine.stream(prompt_ids, params): ...                  # its token ids
+Many requests:
+    results = engine.generate_batch([(prompt_ids, SamplingParams(...)), ...])
+    rid = engine.submit(prompt_ids, params); for rid, token, t in engine.events(): ...
     res = engine.result(rid)
 
 Each step admits waiting requests (slot + page reservation), runs one prefill chunk (up to
@@ -27,6 +31,7 @@ from salactl.runtime.gpu.fast_model import fuse_model
 from salactl.runtime.gpu.pools import CachePools, IdAllocator, plan_pools
 from salactl.runtime.gpu.runner import ModelRunner
 from salactl.runtime.gpu.scheduler import Request, Scheduler
+from salactl.runtime.kv_fp8 import fp8_dtype, model_kv_scales, resolve_kv_scales
 from salactl.runtime.ops.device_props import sm_count
 from salactl.runtime.ops.gla.triton import FLA, prefill_impl
 from salactl.runtime.op_timer import NULL_TIMER, OpTimer
@@ -44,22 +49,30 @@ def fallback_notes(device: torch.device) -> list[str]:
 class GPUEngine:
     """Continuous-batching engine for many concurrent requests on one CUDA GPU (Triton kernels).
 
+    generate() and stream() take Engine's arguments for one request; the requests that run at
+    the same time (interleaved stream()s, submit()ted ones) advance together in each step.
+    generate_batch() runs a list of requests together; submit() / events() / result() drive
+    the engine request by request.
+
     model: a SalaForCausalLM or LoadedModel on a CUDA device; device: None = the model's (a CPU
     device is refused unless TRITON_INTERPRET=1, the kernel tests' interpreter). The cache pools
     take mem_fraction of the free GPU memory, sized for max_context tokens per request, or
-    exactly kv_tokens tokens in all. kv_dtype: None (the activation dtype) or a torch fp8 dtype.
-    chunk_size: prompt tokens per prefill step. eos_ids: stop ids added to every request's.
+    exactly kv_tokens tokens in all. kv_cache_dtype: "bf16" (the activation dtype), "fp8_e4m3"
+    or "fp8_e5m2", as Engine takes it. chunk_size: prompt tokens per prefill step. eos_ids: stop
+    ids added to every request's.
 
     Each submitted request is kept until result(rid) takes it: call result() for every rid you
-    submit() (generate() and generate_one() do). A caller who stops reading stream() before its
-    requests finish must abort(rid) them (otherwise they keep running in later steps) and then
-    take result(rid)."""
+    submit() (generate(), generate_batch() and stream() do). A caller who stops reading events()
+    before its requests finish must abort(rid) them (otherwise they keep running in later steps)
+    and then take result(rid)."""
 
     def __init__(self, model, device=None, *, mem_fraction: float = 0.9, max_running_requests: int = 64,
                  chunk_size: int = 8192, cuda_graph: bool = True, max_context: int | None = None,
-                 kv_tokens: int | None = None, kv_dtype: torch.dtype | None = None,
+                 kv_tokens: int | None = None, kv_cache_dtype: str = "bf16",
                  profile_ops: bool = False, fuse: bool = True, free_bytes: int | None = None,
                  eos_ids: Iterable[int] = ()):
+        kv_dtype = fp8_dtype(kv_cache_dtype)           # an unknown name fails before any work
+        self.kv_cache_dtype = kv_cache_dtype
         model, self.device = model_and_device(model, device)
         if self.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise DeviceError(f"GPUEngine needs a CUDA device, got {str(self.device)!r}; use Engine on the "
@@ -79,7 +92,7 @@ class GPUEngine:
                           kv_tokens=kv_tokens)
         self.plan = plan
         self.pools = CachePools(self.config, plan, self.device, self.dtype, kv_dtype)
-        self._set_kv_scales(model, kv_dtype)
+        self._set_kv_scales(model)
         sms = sm_count(self.device) if self.device.type == "cuda" else 4
         self.backend = GPUBackend(self.config, self.pools, num_sms=sms)
         self.profile_ops = profile_ops
@@ -99,24 +112,19 @@ class GPUEngine:
     def fallback_notes(self) -> list[str]:
         return fallback_notes(self.device)
 
-    def _set_kv_scales(self, model, kv_dtype) -> None:
+    def _set_kv_scales(self, model) -> None:
         """FP8 KV: calibrated per-layer scales from the checkpoint (runtime/kv_fp8.py policy:
         e5m2 defaults to 1.0, e4m3 without calibration is refused)."""
-        names = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
-        self.kv_scales = None
-        if kv_dtype not in names:
+        self.kv_scales = resolve_kv_scales(self.config, self.kv_cache_dtype, model_kv_scales(model), self.device)
+        if self.kv_scales is None:
             return
-        from salactl.runtime.kv_fp8 import model_kv_scales, resolve_kv_scales
-
-        scales = resolve_kv_scales(self.config, names[kv_dtype], model_kv_scales(model), self.device)
         for li, layer in enumerate(self.config.sparse_layers):
-            self.pools.k_scale[li], self.pools.v_scale[li] = scales[layer]
-        self.kv_scales = scales
+            self.pools.k_scale[li], self.pools.v_scale[li] = self.kv_scales[layer]
 
     # ---- API --------------------------------------------------------------------------------
     def submit(self, prompt_ids, params: SamplingParams | None = None,
                eos_ids: Iterable[int] | int | None = None) -> int:
-        """Queue one request; returns its request id. It runs in later step()s / stream().
+        """Queue one request; returns its request id. It runs in later step()s / events().
 
         prompt_ids: token ids (a list of ints or a 1-D integer tensor/array). params: SamplingParams
         (None = the defaults). eos_ids: stop ids for this request on top of the engine's (ignored
@@ -134,42 +142,75 @@ class GPUEngine:
         self._next_id += 1
         return req.rid
 
-    def stream(self) -> Iterator[tuple[int, int, float]]:
-        """(request_id, token_id, perf_counter timestamp) as tokens are produced, until every
-        submitted request has finished. submit() may be called between items; result(rid) gives
-        each request's GenerationResult once it has finished."""
-        while self.scheduler.has_work():
-            yield from self.step()
-
-    def generate(self, requests: list[tuple[list[int], SamplingParams | None]]) -> list[GenerationResult]:
-        """Run [(prompt_ids, params), ...] batched together (with anything submitted before) to
-        completion; returns their GenerationResults in order."""
-        rids = []
-        try:
-            for p, s in requests:
-                rids.append(self.submit(p, s))
-            for _ in self.stream():
-                pass
-        except BaseException:
-            self._drop(rids)
-            raise
-        return [self.result(r) for r in rids]
-
-    def generate_one(self, prompt, params: SamplingParams | None = None, eos_ids=(),
-                     on_token: Callable[[int], None] | None = None) -> GenerationResult:
-        """Engine.generate's contract for one request (used by `salactl run`): on_token(id) is
-        called with each of its tokens as it is sampled."""
+    def generate(self, prompt, params: SamplingParams | None = None, eos_ids=(),
+                 on_token: Callable[[int], None] | None = None) -> GenerationResult:
+        """Engine.generate's contract for one request: generate until it finishes and return its
+        GenerationResult; on_token(id) is called with each of its tokens as it is sampled. Other
+        requests submitted to the engine advance in the same steps (and may still be running)."""
         rid = self.submit(prompt, params, eos_ids)
         try:
-            for r, tok, _ in self.stream():
-                if r == rid and on_token:
+            for tok in self._tokens(rid):
+                if on_token:
                     on_token(tok)
         except BaseException:            # an error, or Ctrl-C: stop the request, keep nothing
             self._drop([rid])
             raise
         return self.result(rid)
 
+    def stream(self, prompt, params: SamplingParams | None = None, eos_ids=()) -> Iterator[int]:
+        """Engine.stream's contract for one request: its token ids, each as soon as it is sampled.
+        Bad arguments raise here, not at the first next(). Each next() steps the engine as needed,
+        advancing every running request, so several stream()s can be read in turn. The request is
+        released when it finishes, and aborted and released when the generator is closed (or
+        collected) before that; an error in a step propagates."""
+        tokens = self._stream(self.submit(prompt, params, eos_ids))
+        next(tokens)
+        return tokens
+
+    def _stream(self, rid: int) -> Iterator[int]:
+        try:
+            yield            # stream() runs to here: closing a stream never read still releases rid
+            yield from self._tokens(rid)
+        finally:
+            self._drop([rid])
+
+    def _tokens(self, rid: int) -> Iterator[int]:
+        """Request rid's tokens as they are produced, stepping the engine until it finishes. Read
+        from its output list, not step()'s events: another caller's step may have produced them."""
+        req, sent = self.requests[rid], 0
+        while True:
+            while sent < len(req.output):                # one step may sample two (prefill + decode)
+                yield req.output[sent]
+                sent += 1
+            if req.error is not None:                    # another caller's step failed with it
+                raise req.error
+            if req.finish_reason is not None:
+                return
+            self.step()
+
+    def generate_batch(self, requests: list[tuple[list[int], SamplingParams | None]]) -> list[GenerationResult]:
+        """Run [(prompt_ids, params), ...] batched together (with anything submitted before) to
+        completion; returns their GenerationResults in order."""
+        rids = []
+        try:
+            for p, s in requests:
+                rids.append(self.submit(p, s))
+            for _ in self.events():
+                pass
+        except BaseException:
+            self._drop(rids)
+            raise
+        return [self.result(r) for r in rids]
+
+    def events(self) -> Iterator[tuple[int, int, float]]:
+        """(request_id, token_id, perf_counter timestamp) as tokens are produced, until every
+        submitted request has finished. submit() may be called between items; result(rid) gives
+        each request's GenerationResult once it has finished."""
+        while self.scheduler.has_work():
+            yield from self.step()
+
     def _drop(self, rids: list[int]) -> None:
+        """Abort (if still running) and forget these requests."""
         for rid in rids:
             self.abort(rid)
             del self.requests[rid]
@@ -226,8 +267,10 @@ class GPUEngine:
     def _abort_on_error(self, reqs: list[Request]):
         try:
             yield
-        except BaseException:
+        except BaseException as e:
             for r in reqs:
+                if r.finish_reason is None:
+                    r.error = e
                 self.abort(r.rid, "error")
             raise
 

@@ -18,14 +18,14 @@ def generate_with_op_profile(engine, ids: list[int], params: SamplingParams, eos
                              decode_steps: int = PROFILED_DECODE_STEPS) -> tuple[GenerationResult, dict]:
     """Returns the timed result, its prefill/decode `op_seconds` filled from the eager pass, and
     a note describing where each number comes from."""
-    timed = engine.generate_one(ids, params, eos_ids=eos_ids, on_token=on_token)
+    timed = engine.generate(ids, params, eos_ids=eos_ids, on_token=on_token)
     steps = min(decode_steps, timed.decode.forward_calls)
     graph, profile_ops = engine.runner.cuda_graph, engine.profile_ops
     engine.runner.cuda_graph, engine.profile_ops = False, True
     for t in engine.timers.values():
         t.reset()
     try:
-        probe = engine.generate_one(ids, SamplingParams(max_new_tokens=steps + 1, ignore_eos=True))
+        probe = engine.generate(ids, SamplingParams(max_new_tokens=steps + 1, ignore_eos=True))
     finally:
         engine.runner.cuda_graph, engine.profile_ops = graph, profile_ops
     scale = timed.decode.forward_calls / probe.decode.forward_calls if probe.decode.forward_calls else 0.0

@@ -290,7 +290,6 @@ def check_model(model, device, prompt_len: int, decode_steps: int = 3, chunk: in
     (both with `kv_cache_dtype` KV caches)."""
     from salactl.runtime.engine import Engine
     from salactl.runtime.gpu.engine import GPUEngine
-    from salactl.runtime.kv_fp8 import fp8_dtype
 
     g = torch.Generator().manual_seed(seed)
     cfg = model.config
@@ -299,7 +298,7 @@ def check_model(model, device, prompt_len: int, decode_steps: int = 3, chunk: in
     ref = Engine(copy.deepcopy(model), device, chunk_size=chunk, kv_cache_dtype=kv_cache_dtype)
     eng = GPUEngine(model, device, max_running_requests=2, chunk_size=chunk,
                     kv_tokens=prompt_len + decode_steps + 2 * cfg.sparse_config.block_size,
-                    cuda_graph=cuda_graph, kv_dtype=fp8_dtype(kv_cache_dtype))
+                    cuda_graph=cuda_graph, kv_cache_dtype=kv_cache_dtype)
     seq = ref.new_sequence()
     r_logits = [ref.prefill(seq, prompt)[-1]]
     for t in feed:

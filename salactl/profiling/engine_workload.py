@@ -67,11 +67,10 @@ def build_engine_workload(w: Workload) -> EngineWorkload:
 
     spec, cfg = w.spec, w.config
     room = spec.context + max(spec.chunk_size, 1) + cfg.sparse_config.block_size
-    kv_dtype = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}.get(spec.kv_cache_dtype)
     rows = spec.batch * len(spec.phases)
     engine = GPUEngine(w.model, w.device, max_running_requests=rows, cuda_graph=False,
                        chunk_size=min(16384, max(spec.context, spec.chunk_size)), kv_tokens=rows * room,
-                       kv_dtype=kv_dtype, eos_ids=())
+                       kv_cache_dtype=spec.kv_cache_dtype, eos_ids=())
     for note in engine.fallback_notes():
         output.warn_once(note)
     B, step = cfg.sparse_config.block_size, engine.scheduler.chunk_tokens

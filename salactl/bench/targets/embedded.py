@@ -129,10 +129,9 @@ def build_engine(model, device, engine: str, chunk_size: int | None, kv_cache_dt
     chunk_size = chunk_size or DEFAULT_CHUNK[kind]
     if kind == "gpu":
         from salactl.runtime.gpu.engine import GPUEngine
-        from salactl.runtime.kv_fp8 import fp8_dtype
 
-        kw = {"kv_dtype": fp8_dtype(kv_cache_dtype)} if fp8_dtype(kv_cache_dtype) is not None else {}
-        gpu = GPUEngine(model, device, chunk_size=chunk_size, max_running_requests=max_running, **kw)
+        gpu = GPUEngine(model, device, chunk_size=chunk_size, max_running_requests=max_running,
+                        kv_cache_dtype=kv_cache_dtype)
         for note in gpu.fallback_notes():
             output.warn_once(note)
         return EngineDriver(GpuStepper(gpu), max_running), "gpu", chunk_size
