@@ -215,14 +215,19 @@ def test_gpu_engine_checks_prompts_and_forgets_what_it_handed_back(engine):
         gpu.result(0)
 
 
+def _nan_on_token_99():
+    """A micro model whose logits turn NaN once token 99 is fed (an Inf embedding row)."""
+    model = micro_model()
+    with torch.no_grad():
+        model.model.embed_tokens.weight[99] = float("inf")
+    return model
+
+
 @interpreted
 def test_gpu_engine_forgets_a_request_whose_generation_failed():
     from salactl.errors import NumericsError
 
-    model = micro_model()
-    with torch.no_grad():
-        model.model.embed_tokens.weight[99] = float("inf")          # NaN logits
-    gpu = _gpu(model)
+    gpu = _gpu(_nan_on_token_99())
     with pytest.raises(NumericsError):
         gpu.generate([5, 99, 6], GREEDY3)
     assert not gpu.requests and not gpu.scheduler.has_work()
@@ -267,10 +272,7 @@ def test_a_failed_step_raises_in_every_stream_it_ran():
     """Interleaved streams: the step one of them runs fails for both; each raises the error."""
     from salactl.errors import NumericsError
 
-    model = micro_model()
-    with torch.no_grad():
-        model.model.embed_tokens.weight[99] = float("inf")          # NaN logits
-    gpu = _gpu(model)
+    gpu = _gpu(_nan_on_token_99())
     good, bad = gpu.stream([5, 6, 7], GREEDY3), gpu.stream([5, 99, 6], GREEDY3)
     with pytest.raises(NumericsError):
         next(good)                                                   # one prefill step runs both
