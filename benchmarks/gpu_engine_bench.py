@@ -412,7 +412,7 @@ def main():
     ARGS = args
     if args.out:
         OUT = Path(args.out)
-    only = set(args.only.split(","))
+    only = set(filter(None, args.only.split(",")))
     unknown = only - set(SECTIONS)
     if unknown:
         raise SystemExit(f"--only: unknown sections {sorted(unknown)}; valid: {', '.join(SECTIONS)}")

@@ -313,7 +313,7 @@ def main():
     variants = parse_variants(args.w4a16_variants)
     if args.out:
         G.OUT = Path(args.out)
-    only = set(args.only.split(","))
+    only = set(filter(None, args.only.split(",")))
     unknown = only - set(SECTIONS)
     if unknown:
         raise SystemExit(f"--only: unknown sections {sorted(unknown)}; valid: {', '.join(SECTIONS)}")

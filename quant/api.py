@@ -14,14 +14,14 @@ import torch
 
 from salactl import output
 from salactl.env import environment
-from salactl.errors import QuantizationError
+from salactl.errors import QuantizationError, UsageError
 from salactl.quant.calibration import RANDOM, calibration_windows
 from salactl.quant.in_memory import quantized_as
 from salactl.quant.sequential import QuantizeOutcome, QuantOptions, layer_groups, quantize_model
 from salactl.quant.writer import quantization_config, write_quantized_checkpoint
 from salactl.runtime.checkpoint import check_output_dir
 from salactl.runtime.kv_fp8 import fp8_dtype, sglang_scales_json
-from salactl.runtime.loader import LoadedModel, load_model
+from salactl.runtime.loader import LoadedModel, load_model, resolve_device, resolve_dtype
 from salactl.runtime.tokenizer import find_tokenizer
 
 # (done, total, label): once with done=0 before the first module group, then after each group
@@ -67,11 +67,29 @@ def quantize_checkpoint(model: str | Path | LoadedModel, out: str | Path, opts: 
 
 def _quantizable_model(model: str | Path | LoadedModel, device: str, dtype: str, random_weights: bool,
                        seed: int, copy: bool) -> LoadedModel:
+    if isinstance(model, LoadedModel):
+        _check_load_arguments(model, device, dtype, random_weights)
     lm = model if isinstance(model, LoadedModel) else load_model(model, device, dtype, random_weights, seed)
     if quantized_as(lm.model):
         name = lm.source if isinstance(model, LoadedModel) else model
         raise QuantizationError(f"{name} is already quantized; quantize the original checkpoint")
     return replace(lm, model=deepcopy(lm.model)) if copy and lm is model else lm
+
+
+def _check_load_arguments(lm: LoadedModel, device: str, dtype: str, random_weights: bool) -> None:
+    """A LoadedModel is quantized on its own device and dtype: load arguments that say otherwise
+    would be silently ignored, so they are refused."""
+    have_device, have_dtype = lm.model.device, lm.model.model.embed_tokens.weight.dtype
+    wrong = []
+    if device != "auto" and resolve_device(device).type != have_device.type:
+        wrong.append(f"device {device!r} (the model is on {have_device})")
+    if dtype != "auto" and resolve_dtype(dtype, have_device) != have_dtype:
+        wrong.append(f"dtype {dtype!r} (the model is {str(have_dtype).removeprefix('torch.')})")
+    if random_weights:
+        wrong.append("random_weights")
+    if wrong:
+        raise UsageError(f"{', '.join(wrong)} apply only when quantize_checkpoint loads the model; a LoadedModel "
+                         "is quantized as loaded (choose with load_model(..., device=, dtype=))")
 
 
 def _calibration(lm: LoadedModel, opts: QuantOptions, calib: str | Path | None, tokenizer: str | Path | None,

@@ -51,7 +51,7 @@ def calibration_windows(calib: str | None, tokenizer, nsamples: int, seqlen: int
     """Token windows [S, T] (long, on CPU); S <= nsamples, T = seqlen (or shorter if the whole
     calibration text is shorter than one window)."""
     if nsamples < 1 or seqlen < 2:
-        raise UsageError(f"--nsamples must be >= 1 and --seqlen >= 2 (got {nsamples}, {seqlen})")
+        raise UsageError(f"nsamples (--nsamples) must be >= 1 and seqlen (--seqlen) >= 2 (got {nsamples}, {seqlen})")
     if calib == RANDOM:
         gen = torch.Generator().manual_seed(seed)
         return torch.randint(0, vocab_size, (nsamples, seqlen), generator=gen)

@@ -27,10 +27,10 @@ class QuantSpec:
 
     def __post_init__(self) -> None:
         if self.bits not in (4, 8):
-            raise QuantizationError(f"--bits {self.bits} is not supported; use 4 or 8 (symmetric, "
+            raise QuantizationError(f"bits (--bits) {self.bits} is not supported; use 4 or 8 (symmetric, "
                                     "the formats Marlin loads)")
         if self.group_size not in SUPPORTED_GROUP_SIZES:
-            raise QuantizationError(f"--group-size {self.group_size} is not supported; use one of "
+            raise QuantizationError(f"group_size (--group-size) {self.group_size} is not supported; use one of "
                                     f"{', '.join(map(str, SUPPORTED_GROUP_SIZES))}")
 
     @property

@@ -45,7 +45,8 @@ FUSED = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("mlp.gat
 @dataclass(frozen=True)
 class QuantOptions:
     """`salactl quantize`'s options with its defaults. desc_act (act-order with static groups) only
-    changes GPTQ's column order, so any other method stores it as False."""
+    changes GPTQ's column order, so any other method stores it as False (build GPTQ options anew
+    rather than dataclasses.replace(rtn_options, method="gptq"), which keeps that False)."""
 
     bits: int = 4
     group_size: int = 128
@@ -59,14 +60,14 @@ class QuantOptions:
     def __post_init__(self) -> None:
         QuantSpec(self.bits, self.group_size)
         if self.method not in METHODS:
-            raise QuantizationError(f"--method {self.method!r} is unknown; valid: {', '.join(METHODS)}")
+            raise QuantizationError(f"method (--method) {self.method!r} is unknown; valid: {', '.join(METHODS)}")
         if not 0 < self.damp < 1:
-            raise QuantizationError(f"--damp must be in (0, 1), got {self.damp}")
+            raise QuantizationError(f"damp (--damp) must be in (0, 1), got {self.damp}")
         fp8_dtype(self.kv_cache_dtype)
         if self.method != "gptq":
             object.__setattr__(self, "desc_act", False)
         if self.batch_tokens < 1:
-            raise UsageError(f"--batch-tokens must be positive, got {self.batch_tokens}")
+            raise UsageError(f"batch_tokens (--batch-tokens) must be positive, got {self.batch_tokens}")
 
     @property
     def spec(self) -> QuantSpec:

@@ -32,7 +32,8 @@ def fp8_dtype(name: str) -> torch.dtype | None:
     try:
         return KV_CACHE_DTYPES[name]
     except KeyError:
-        raise UsageError(f"unknown --kv-cache-dtype {name!r}; valid: {', '.join(KV_CACHE_DTYPES)}") from None
+        raise UsageError(f"kv_cache_dtype (--kv-cache-dtype) {name!r} is unknown; "
+                         f"valid: {', '.join(KV_CACHE_DTYPES)}") from None
 
 
 def stored_kv_name(name: str, act_dtype: torch.dtype) -> str:

@@ -33,12 +33,23 @@ _EXPORTS = {
     "find_tokenizer": "salactl.runtime.tokenizer",
     "StreamDecoder": "salactl.runtime.stream_decoder",
 }
-__all__ = sorted(_EXPORTS)
+
+def _has_triton() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None
+
+
+# GPUEngine imports triton: listed (for `from salactl import *`) only where triton is installed
+__all__ = sorted(n for n in _EXPORTS if n != "GPUEngine" or _has_triton())
 
 
 def __getattr__(name: str):
     if name not in _EXPORTS:
         raise AttributeError(f"module 'salactl' has no attribute {name!r}")
+    if name == "GPUEngine" and not _has_triton():
+        raise ModuleNotFoundError("GPUEngine needs triton (pip install 'salactl[gpu]' on a CUDA machine); "
+                                  "Engine runs anywhere", name="triton")
     import importlib
 
     value = getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -85,9 +85,9 @@ def test_nan_hessian_is_a_one_line_error():
 
 
 def test_bad_spec_is_rejected():
-    with pytest.raises(QuantizationError, match="--bits 3"):
+    with pytest.raises(QuantizationError, match="bits \\(--bits\\) 3"):
         QuantSpec(3, 128)
-    with pytest.raises(QuantizationError, match="--group-size 48"):
+    with pytest.raises(QuantizationError, match="group_size \\(--group-size\\) 48"):
         QuantSpec(4, 48)
 
 

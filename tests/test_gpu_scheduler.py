@@ -48,7 +48,7 @@ def test_pool_plan_errors_say_what_to_change():
     cfg = sala_9b()
     with pytest.raises(UsageError, match="--mem-fraction"):
         plan_pools(cfg, 10 << 30, 1.5, 4, 1024)
-    with pytest.raises(UsageError, match="--max-running-requests must be >= 1"):
+    with pytest.raises(UsageError, match="max_running_requests \\(--max-running-requests\\) must be >= 1"):
         plan_pools(cfg, 10 << 30, 0.9, 0, 1024)
     with pytest.raises(CapacityError, match="--max-running-requests"):
         plan_pools(cfg, 4 << 30, 0.9, 64, 8192)

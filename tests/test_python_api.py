@@ -283,7 +283,7 @@ def test_a_failed_step_raises_in_every_stream_it_ran():
 
 @interpreted
 def test_gpu_engine_refuses_an_unknown_kv_cache_dtype():
-    with pytest.raises(UsageError, match="unknown --kv-cache-dtype 'int3'"):
+    with pytest.raises(UsageError, match="kv_cache_dtype \\(--kv-cache-dtype\\) 'int3' is unknown"):
         _gpu(kv_cache_dtype="int3")
 
 
@@ -305,3 +305,65 @@ def test_readme_python_examples_run_as_written(tmp_path):
     if not torch.cuda.is_available():       # "auto" is float32 on the CPU, as `salactl run` there
         assert first.startswith("[277, 375, 696, 295, 517, 825] length"), first
     assert (tmp_path / "nano-w4" / "config.json").exists()
+
+
+@interpreted
+def test_an_interrupted_step_fails_other_streams_with_an_error_not_the_interrupt(monkeypatch):
+    """Ctrl-C in one stream's step reaches that caller; a stream whose request ran in the same
+    step raises a RuntimeError saying so when read, not a second KeyboardInterrupt."""
+    import salactl.runtime.gpu.engine as gpu_engine
+
+    gpu = _gpu()
+    first, second = gpu.stream([5, 6, 7], GREEDY3), gpu.stream([9, 8], GREEDY3)
+
+    def interrupted(logits):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gpu_engine, "greedy", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        next(first)
+    with pytest.raises(RuntimeError, match="interrupted \\(KeyboardInterrupt\\)"):
+        next(second)
+    assert _idle(gpu)
+
+
+@interpreted
+def test_gpu_streams_survive_a_caller_taking_results_from_events():
+    """A caller reading events() may take result() of every request it sees, those behind a
+    stream() included; the stream still ends cleanly, and abort() of a taken request is a
+    UsageError, not a KeyError."""
+    gpu = _gpu()
+    stream = gpu.stream([5, 6, 7], GREEDY3)
+    seen = {rid for rid, _, _ in gpu.events()}
+    for rid in seen:
+        gpu.result(rid)
+    assert list(stream) == Engine(micro_model(), "cpu").generate([5, 6, 7], GREEDY3).output_token_ids
+    assert _idle(gpu)
+    with pytest.raises(UsageError, match="request 0 is unknown"):
+        gpu.abort(0)
+
+
+@interpreted
+def test_gpu_generate_reports_prefill_progress_as_engine_does():
+    prompt = list(range(3, 80))                       # 77 tokens: chunks of 32
+    calls = {"gpu": [], "ref": []}
+    model = micro_model()
+    _gpu(model).generate(prompt, GREEDY3, prefill_progress=lambda d, t: calls["gpu"].append((d, t)))
+    Engine(model, "cpu", chunk_size=32).generate(prompt, GREEDY3,
+                                                 prefill_progress=lambda d, t: calls["ref"].append((d, t)))
+    assert calls["gpu"] == calls["ref"] == [(32, 77), (64, 77), (77, 77)]
+
+
+def test_quantizing_a_loaded_model_refuses_load_arguments(tmp_path):
+    from salactl.quant.api import quantize_checkpoint
+
+    lm = load_model("sala-nano")
+    with pytest.raises(UsageError, match="dtype 'bf16' \\(the model is float32\\) apply only when"):
+        quantize_checkpoint(lm, tmp_path / "q", dtype="bf16")
+    assert not (tmp_path / "q").exists()
+
+
+def test_salactl_lists_gpu_engine_only_with_triton():
+    import salactl
+
+    assert ("GPUEngine" in salactl.__all__) == (importlib.util.find_spec("triton") is not None)

@@ -143,13 +143,15 @@ class GPUEngine:
         return req.rid
 
     def generate(self, prompt, params: SamplingParams | None = None, eos_ids=(),
-                 on_token: Callable[[int], None] | None = None) -> GenerationResult:
+                 on_token: Callable[[int], None] | None = None,
+                 prefill_progress: Callable[[int, int], None] | None = None) -> GenerationResult:
         """Engine.generate's contract for one request: generate until it finishes and return its
-        GenerationResult; on_token(id) is called with each of its tokens as it is sampled. Other
+        GenerationResult; on_token(id) is called with each of its tokens as it is sampled and
+        prefill_progress(done, total) after each step that prefilled part of its prompt. Other
         requests submitted to the engine advance in the same steps (and may still be running)."""
         rid = self.submit(prompt, params, eos_ids)
         try:
-            for tok in self._tokens(rid):
+            for tok in self._tokens(self.requests[rid], prefill_progress):
                 if on_token:
                     on_token(tok)
         except BaseException:            # an error, or Ctrl-C: stop the request, keep nothing
@@ -168,17 +170,22 @@ class GPUEngine:
         return tokens
 
     def _stream(self, rid: int) -> Iterator[int]:
+        req = self.requests[rid]
         try:
             yield            # stream() runs to here: closing a stream never read still releases rid
-            yield from self._tokens(rid)
+            yield from self._tokens(req)
         finally:
             self._drop([rid])
 
-    def _tokens(self, rid: int) -> Iterator[int]:
-        """Request rid's tokens as they are produced, stepping the engine until it finishes. Read
-        from its output list, not step()'s events: another caller's step may have produced them."""
-        req, sent = self.requests[rid], 0
+    def _tokens(self, req: Request, prefill_progress: Callable[[int, int], None] | None = None) -> Iterator[int]:
+        """The request's tokens as they are produced, stepping the engine until it finishes. Read
+        from its output list, not step()'s events: another caller's step may have produced them
+        (and may even have taken its result)."""
+        sent, reported = 0, 0
         while True:
+            if prefill_progress and req.prefilled != reported:     # as Engine: after each chunk
+                reported = req.prefilled
+                prefill_progress(reported, len(req.prompt))
             while sent < len(req.output):                # one step may sample two (prefill + decode)
                 yield req.output[sent]
                 sent += 1
@@ -210,10 +217,12 @@ class GPUEngine:
             yield from self.step()
 
     def _drop(self, rids: list[int]) -> None:
-        """Abort (if still running) and forget these requests."""
+        """Abort (if still running) and forget these requests (skipping any whose result was
+        taken already, e.g. by a caller reading events())."""
         for rid in rids:
-            self.abort(rid)
-            del self.requests[rid]
+            if rid in self.requests:
+                self.abort(rid)
+                del self.requests[rid]
 
     def result(self, rid: int) -> GenerationResult:
         """A finished request's GenerationResult, handed over once: the engine forgets the request."""
@@ -237,7 +246,9 @@ class GPUEngine:
         """Finish a request now (finish_reason `reason` unless it already finished), freeing its
         slot and pages; later steps carry on with the other requests. Its output so far stays
         available to result(rid)."""
-        req = self.requests[rid]
+        req = self.requests.get(rid)
+        if req is None:
+            raise UsageError(f"request {rid} is unknown: never submitted, or its result was taken already")
         if req.finish_reason is None:
             req.finish_reason = reason
             if req.slot >= 0:
@@ -269,8 +280,9 @@ class GPUEngine:
             yield
         except BaseException as e:
             for r in reqs:
-                if r.finish_reason is None:
-                    r.error = e
+                if r.finish_reason is None:      # what its own stream() raises when read later
+                    r.error = e if isinstance(e, Exception) else RuntimeError(
+                        f"the step that ran this request was interrupted ({type(e).__name__})")
                 self.abort(r.rid, "error")
             raise
 

@@ -90,9 +90,9 @@ def plan_pools(config: SalaConfig, free_bytes: int, mem_fraction: float, max_run
                max_context: int | None = None, kv_tokens: int | None = None) -> PoolPlan:
     """Size the pools from free GPU memory. kv_tokens (optional) asks for an exact KV capacity."""
     if not 0.0 < mem_fraction <= 1.0:
-        raise UsageError(f"--mem-fraction must be in (0, 1], got {mem_fraction}")
+        raise UsageError(f"mem_fraction (--mem-fraction) must be in (0, 1], got {mem_fraction}")
     if max_running < 1:
-        raise UsageError(f"--max-running-requests must be >= 1, got {max_running}")
+        raise UsageError(f"max_running_requests (--max-running-requests) must be >= 1, got {max_running}")
     B = config.sparse_config.block_size
     pb, sb = page_bytes(config, kv_itemsize, act_itemsize), slot_bytes(config)
     reserve = activation_reserve(config, chunk_tokens, act_itemsize)
