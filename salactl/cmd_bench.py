@@ -31,6 +31,7 @@ def bench(
     engine: Annotated[str, typer.Option("--engine", help="Embedded engine: auto (GPU engine on CUDA), reference (one sequence at a time) or gpu.")] = "auto",
     kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="Embedded KV cache: bf16, fp8_e4m3 (calibrated scales) or fp8_e5m2.")] = "bf16",
     max_running_requests: Annotated[int, typer.Option("--max-running-requests", help="GPU engine: requests batched at once.")] = 64,
+    mem_fraction: Annotated[float, typer.Option("--mem-fraction", help="GPU engine: share of the free GPU memory its KV/state caches take, in (0, 1]; a request that cannot fit fails with a capacity error.")] = 0.9,
     reference: Annotated[Optional[str], typer.Option("--reference", help="Reference durations for the score, e.g. S1=400,S8=600,Smax=1100.")] = None,
     accuracy: Annotated[Optional[float], typer.Option("--accuracy", help="Normalized accuracy in % (SOAR overall_accuracy) for the score coefficient; needs --reference.")] = None,
     slo: Annotated[Optional[str], typer.Option("--slo", help="Goodput SLOs in ms, e.g. ttft=500,tpot=50[,e2el=...].")] = None,
@@ -53,6 +54,7 @@ def bench(
         endpoint=endpoint, backend=backend, model=model, tokenizer=tokenizer,
         random_weights=random_weights, seed=seed, device=device, dtype=dtype, chunk_size=chunk_size,
         engine=engine, kv_cache_dtype=kv_cache_dtype, max_running_requests=max_running_requests,
+        mem_fraction=mem_fraction,
         reference=reference, accuracy=accuracy, slo=slo, details=details, out=out, label=label,
         flush_sleep=flush_sleep, request_timeout=request_timeout)
     progress = RichProgress()

@@ -113,6 +113,8 @@ def test_malformed_row_reports_line_and_writes_nothing(tmp_path):
     ("--max-running-requests", "0", "--max-running-requests must be positive, got 0"),
     ("--request-timeout", "-1", "--request-timeout must be a number of seconds >= 0, got -1.0"),
     ("--flush-sleep", "nan", "--flush-sleep must be a number of seconds >= 0, got nan"),
+    ("--mem-fraction", "0", "--mem-fraction must be in (0, 1] (a share of the free GPU memory), got 0.0"),
+    ("--mem-fraction", "1.5", "--mem-fraction must be in (0, 1] (a share of the free GPU memory), got 1.5"),
 ])
 def test_bad_numbers_are_one_line_usage_errors_before_any_work(tmp_path, flag, value, message):
     out = tmp_path / "o"
@@ -125,6 +127,7 @@ def test_bad_numbers_are_one_line_usage_errors_before_any_work(tmp_path, flag, v
     (["--endpoint", "http://127.0.0.1:9", "--kv-cache-dtype", "fp8_e4m3", "--engine", "gpu"],
      "--engine, --kv-cache-dtype configure the embedded runtime, not a server"),
     (["--endpoint", "http://127.0.0.1:9", "--random-weights"], "--random-weights configure the embedded runtime"),
+    (["--endpoint", "http://127.0.0.1:9", "--mem-fraction", "0.5"], "--mem-fraction configure the embedded runtime"),
     (["--request-timeout", "5"], "--request-timeout apply to --endpoint servers only"),
 ])
 def test_options_of_the_other_target_are_usage_errors(tmp_path, args, message):
@@ -211,6 +214,16 @@ def test_embedded_one_batch_skips_batches_it_cannot_run(tmp_path):
     assert "one sequence at a time" in run["skipped_phases"][0]["reason"]
 
 
+def test_mem_fraction_on_the_reference_engine_is_warned_and_not_recorded(tmp_path, capsys):
+    from salactl.bench.job import BenchSettings, run_bench
+
+    run = run_bench(BenchSettings(profile="decode", model="sala-nano", random_weights=True, device="cpu",
+                                  dtype="float32", scale=0.01, engine="reference", mem_fraction=0.5,
+                                  phases=("decode-bs1",), out=tmp_path)).to_dict()
+    assert "--mem-fraction sizes the GPU engine's caches" in capsys.readouterr().err
+    assert run["phases"][0]["knobs"]["target"]["mem_fraction"] is None
+
+
 def _gpu_engine_available() -> bool:
     try:
         from salactl.runtime.gpu.available import gpu_engine_available
@@ -230,10 +243,23 @@ def test_embedded_gpu_engine_batches_requests(tmp_path):
     for p in run["phases"]:
         assert p["completed"] == 8 and p["failed"] == 0
         assert p["knobs"]["target"]["engine"] == "gpu" and p["knobs"]["target"]["chunk_size"] == 8192
+        assert p["knobs"]["target"]["mem_fraction"] == 0.9
         assert p["peak_gpu_memory_bytes"] > 0
         assert p["max_concurrent_requests"] > 1
         if importlib.util.find_spec("pynvml"):            # NVML energy counter (Volta and newer)
             assert p["energy_j"] > 0 and p["mean_power_w"] > 0 and p["energy_per_output_token_j"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_engine_available(), reason="needs CUDA, Triton and the GPU engine")
+def test_embedded_gpu_engine_sizes_its_caches_by_mem_fraction(tmp_path):
+    """The caches take --mem-fraction of the free GPU memory: a sliver of it cannot hold even one
+    request of the 9B, which fails the run with the capacity error (exit 11) before any request."""
+    r = salactl("bench", "--profile", "soar", "--model", "sala-9b", "--random-weights", "--device", "cuda",
+                "--engine", "gpu", "--scale", "0.002", "--num-requests", "2", "--phases", "S1",
+                "--mem-fraction", "0.0001", "--out", str(tmp_path / "o"))
+    assert r.returncode == 11, r.stderr
+    assert r.stderr.strip().count("\n") == 0 and "--mem-fraction 0.0001" in r.stderr, r.stderr
 
 
 def test_accuracy_without_reference_is_a_one_line_usage_error(tmp_path):

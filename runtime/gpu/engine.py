@@ -28,7 +28,7 @@ from salactl.errors import DeviceError, UsageError
 from salactl.runtime.engine import GenerationResult, PhaseStats, check_prompt, model_and_device
 from salactl.runtime.gpu.backend import GPUBackend
 from salactl.runtime.gpu.fast_model import fuse_model
-from salactl.runtime.gpu.pools import CachePools, IdAllocator, plan_pools
+from salactl.runtime.gpu.pools import DEFAULT_MEM_FRACTION, CachePools, IdAllocator, plan_pools
 from salactl.runtime.gpu.runner import ModelRunner
 from salactl.runtime.gpu.scheduler import Request, Scheduler
 from salactl.runtime.kv_fp8 import fp8_dtype, model_kv_scales, resolve_kv_scales
@@ -66,7 +66,7 @@ class GPUEngine:
     before its requests finish must abort(rid) them (otherwise they keep running in later steps)
     and then take result(rid)."""
 
-    def __init__(self, model, device=None, *, mem_fraction: float = 0.9, max_running_requests: int = 64,
+    def __init__(self, model, device=None, *, mem_fraction: float = DEFAULT_MEM_FRACTION, max_running_requests: int = 64,
                  chunk_size: int = 8192, cuda_graph: bool = True, max_context: int | None = None,
                  kv_tokens: int | None = None, kv_cache_dtype: str = "bf16",
                  profile_ops: bool = False, fuse: bool = True, free_bytes: int | None = None,

@@ -22,6 +22,8 @@ from salactl.errors import CapacityError, UsageError
 from salactl.runtime.config import SalaConfig
 from salactl.runtime.ops.decode_attention.reference import v_token_minor
 
+DEFAULT_MEM_FRACTION = 0.9      # of the free GPU memory, for the caches (--mem-fraction)
+
 
 class IdAllocator:
     """Free-list of integer ids [0, total)."""
@@ -112,7 +114,7 @@ def plan_pools(config: SalaConfig, free_bytes: int, mem_fraction: float, max_run
         raise CapacityError(
             f"no room for a KV cache: {free_bytes / 2**30:.1f} GiB free x --mem-fraction {mem_fraction} "
             f"leaves nothing after {max_running} GLA state slots and {reserve / 2**30:.1f} GiB of "
-            "prefill working memory; lower --max-running-requests or --chunk-size")
+            "prefill working memory; raise --mem-fraction, or lower --max-running-requests or --chunk-size")
     ctx_pages = pages if max_context is None else min(pages, math.ceil(max_context / B))
     return PoolPlan(pages, max_running, ctx_pages, pb, sb, reserve, B)
 

@@ -18,6 +18,7 @@ from salactl.bench.scoring import accuracy_coefficient, check_reference, parse_r
 from salactl.bench.targets.http import DEFAULT_READ_TIMEOUT_S
 from salactl.errors import EndpointError, TokenizerError, UsageError
 from salactl.reports.atomic import write_atomic
+from salactl.runtime.gpu.pools import DEFAULT_MEM_FRACTION as GPU_MEM_FRACTION
 
 FALLBACK_VOCAB = 1000   # random prompt ids for a server whose vocabulary we cannot learn
 
@@ -42,6 +43,7 @@ class BenchSettings:
     engine: str = "auto"
     kv_cache_dtype: str = "bf16"
     max_running_requests: int = 64
+    mem_fraction: float = GPU_MEM_FRACTION
     reference: str | None = None
     accuracy: float | None = None
     slo: str | None = None
@@ -102,7 +104,7 @@ def _vocab_for_http(s: BenchSettings, tokenizer) -> int:
 
 EMBEDDED_ONLY = {"random_weights": "--random-weights", "device": "--device", "dtype": "--dtype",
                  "chunk_size": "--chunk-size", "engine": "--engine", "kv_cache_dtype": "--kv-cache-dtype",
-                 "max_running_requests": "--max-running-requests"}
+                 "max_running_requests": "--max-running-requests", "mem_fraction": "--mem-fraction"}
 SERVER_ONLY = {"flush_sleep": "--flush-sleep", "request_timeout": "--request-timeout"}
 
 
@@ -136,7 +138,7 @@ def build_target(s: BenchSettings, need_tokenizer: bool):
     from salactl.runtime.tokenizer import check_fits, find_tokenizer
 
     target, lm = build_embedded_target(s.model, s.random_weights, s.seed or 0, s.device, s.dtype, s.chunk_size,
-                                       s.engine, s.kv_cache_dtype, s.max_running_requests)
+                                       s.engine, s.kv_cache_dtype, s.max_running_requests, s.mem_fraction)
     tok = None
     if need_tokenizer:
         tok = find_tokenizer(s.tokenizer, lm.model_dir)
@@ -165,6 +167,8 @@ def check_settings(s: BenchSettings) -> None:
         raise UsageError(f"--chunk-size must be a positive token count, got {s.chunk_size}")
     if s.max_running_requests < 1:
         raise UsageError(f"--max-running-requests must be positive, got {s.max_running_requests}")
+    if not 0 < s.mem_fraction <= 1:
+        raise UsageError(f"--mem-fraction must be in (0, 1] (a share of the free GPU memory), got {s.mem_fraction}")
     for flag, v in (("--flush-sleep", s.flush_sleep), ("--request-timeout", s.request_timeout)):
         if not (math.isfinite(v) and v >= 0):
             raise UsageError(f"{flag} must be a number of seconds >= 0, got {v}")

@@ -14,6 +14,7 @@ import torch
 from salactl import output
 from salactl.bench.requests import BenchRequest
 from salactl.bench.targets.base import Chunk, RequestFailed, Target
+from salactl.runtime.gpu.pools import DEFAULT_MEM_FRACTION as GPU_MEM_FRACTION
 from salactl.runtime.sampling import SamplingParams
 
 
@@ -119,10 +120,12 @@ def resolve_engine(engine: str, device: torch.device) -> str:
 DEFAULT_CHUNK = {"gpu": 8192, "reference": 512}     # 8192 = SOAR's --chunked-prefill-size
 
 
-def build_engine(model, device, engine: str, chunk_size: int | None, kv_cache_dtype: str, max_running: int):
+def build_engine(model, device, engine: str, chunk_size: int | None, kv_cache_dtype: str, max_running: int,
+                 mem_fraction: float = GPU_MEM_FRACTION):
     """The stepping engine behind the target: the continuous-batching GPU engine when asked for
-    (or `auto` on CUDA with Triton), else the single-sequence reference Engine in FIFO order.
-    Returns (EngineDriver, engine name, chunk size). Bench requests ignore EOS: no stop set."""
+    (or `auto` on CUDA with Triton; its caches take mem_fraction of the free GPU memory), else the
+    single-sequence reference Engine in FIFO order. Returns (EngineDriver, engine name, chunk
+    size). Bench requests ignore EOS: no stop set."""
     from salactl.bench.targets.engine_driver import EngineDriver, GpuStepper, SerialStepper
 
     kind = resolve_engine(engine, device)
@@ -131,19 +134,23 @@ def build_engine(model, device, engine: str, chunk_size: int | None, kv_cache_dt
         from salactl.runtime.gpu.engine import GPUEngine
 
         gpu = GPUEngine(model, device, chunk_size=chunk_size, max_running_requests=max_running,
-                        kv_cache_dtype=kv_cache_dtype)
+                        kv_cache_dtype=kv_cache_dtype, mem_fraction=mem_fraction)
         for note in gpu.fallback_notes():
             output.warn_once(note)
         return EngineDriver(GpuStepper(gpu), max_running), "gpu", chunk_size
     from salactl.runtime.engine import Engine
 
+    if mem_fraction != GPU_MEM_FRACTION:
+        output.warn_once("--mem-fraction sizes the GPU engine's caches; the reference engine grows "
+                         "each request's cache as it goes and ignores it")
     ref = Engine(model, device, chunk_size=chunk_size, kv_cache_dtype=kv_cache_dtype)
     return EngineDriver(SerialStepper(ref), 1), "reference", chunk_size
 
 
 def build_embedded_target(model: str | None, random_weights: bool, seed: int, device: str, dtype: str,
                           chunk_size: int | None, engine: str = "auto", kv_cache_dtype: str = "bf16",
-                          max_running: int = 64) -> tuple[EmbeddedTarget, object]:
+                          max_running: int = 64,
+                          mem_fraction: float = GPU_MEM_FRACTION) -> tuple[EmbeddedTarget, object]:
     """Load the model and wrap it; returns (target, LoadedModel)."""
     import dataclasses
 
@@ -153,13 +160,15 @@ def build_embedded_target(model: str | None, random_weights: bool, seed: int, de
 
     lm = load_model(model or "sala-nano", device, dtype, random_weights, seed)
     dev = lm.model.device
-    driver, engine_name, chunk_size = build_engine(lm.model, dev, engine, chunk_size, kv_cache_dtype, max_running)
+    driver, engine_name, chunk_size = build_engine(lm.model, dev, engine, chunk_size, kv_cache_dtype, max_running,
+                                                   mem_fraction)
     act_dtype = lm.model.model.embed_tokens.weight.dtype
     dtype_name = str(act_dtype).replace("torch.", "")
     knobs = {"engine": engine_name, "device": str(dev), "dtype": dtype_name,
              "weights": quantized_as(lm.model) or dtype_name,     # as `run` records name them
              "kv_cache_dtype": stored_kv_name(kv_cache_dtype, act_dtype),
              "chunk_size": chunk_size, "max_running_requests": driver.max_batch_size,
+             "mem_fraction": mem_fraction if engine_name == "gpu" else None,
              "random_weights": random_weights, "seed": seed,
              "sparse_config": dataclasses.asdict(lm.config.sparse_config)}
     return EmbeddedTarget(driver, lm.source, lm.config.vocab_size, dev, knobs), lm
