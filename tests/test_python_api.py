@@ -37,7 +37,8 @@ def engine():
 def test_package_exports_the_api_lazily():
     import salactl
 
-    assert salactl.__all__ == sorted(API) and set(API) <= set(dir(salactl))
+    listed = sorted(n for n in API if n != "GPUEngine" or importlib.util.find_spec("triton"))
+    assert salactl.__all__ == listed and set(listed) <= set(dir(salactl))
     from salactl import Engine as E, SamplingParams as S
     assert E is Engine and S is SamplingParams
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
@@ -363,7 +364,10 @@ def test_quantizing_a_loaded_model_refuses_load_arguments(tmp_path):
     assert not (tmp_path / "q").exists()
 
 
-def test_salactl_lists_gpu_engine_only_with_triton():
+def test_gpu_engine_without_triton_says_what_to_install(monkeypatch):
     import salactl
 
-    assert ("GPUEngine" in salactl.__all__) == (importlib.util.find_spec("triton") is not None)
+    monkeypatch.delitem(vars(salactl), "GPUEngine", raising=False)      # not yet imported, as without triton
+    monkeypatch.setattr(salactl, "_has_triton", lambda: False)
+    with pytest.raises(ModuleNotFoundError, match="GPUEngine needs triton \\(pip install 'salactl\\[gpu\\]'"):
+        salactl.GPUEngine  # noqa: B018
