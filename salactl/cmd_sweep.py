@@ -40,6 +40,7 @@ def sweep(
     passkey_trials: Annotated[int, typer.Option("--passkey-trials", help="Prompts per length and depth.")] = 2,
     engine: Annotated[str, typer.Option("--engine", help="auto, reference or gpu.")] = "auto",
     max_running_requests: Annotated[int, typer.Option("--max-running-requests", help="GPU engine: requests batched at once.")] = 64,
+    mem_fraction: Annotated[float, typer.Option("--mem-fraction", help="GPU engine: share of the free GPU memory its KV/state caches take, in (0, 1].")] = 0.9,
     pareto_x: Annotated[str, typer.Option("--pareto-x", help="Latency axis of the front: e2e, ttft or tpot.")] = "e2e",
     out: Annotated[Path, typer.Option("--out", help="Directory for records.jsonl and the plot.")] = Path("salactl-results/sweep"),
     resume: Annotated[bool, typer.Option("--resume", help="Skip points already recorded in --out.")] = False,
@@ -58,7 +59,7 @@ def sweep(
                       requests=requests, kl=kl, kl_len=kl_len, passkey=passkey,
                       passkey_lengths=passkey_lengths, passkey_depths=passkey_depths,
                       passkey_trials=passkey_trials, engine=engine,
-                      max_running_requests=max_running_requests, out=out, resume=resume, label=label,
+                      max_running_requests=max_running_requests, mem_fraction=mem_fraction, out=out, resume=resume, label=label,
                       pareto_x=pareto_x)
     run = run_sweep(s, PointProgress()).to_dict()
     if json_out:

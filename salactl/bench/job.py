@@ -18,7 +18,7 @@ from salactl.bench.scoring import accuracy_coefficient, check_reference, parse_r
 from salactl.bench.targets.http import DEFAULT_READ_TIMEOUT_S
 from salactl.errors import EndpointError, TokenizerError, UsageError
 from salactl.reports.atomic import write_atomic
-from salactl.runtime.gpu.pools import DEFAULT_MEM_FRACTION as GPU_MEM_FRACTION
+from salactl.bench.targets.embedded import GPU_MEM_FRACTION, check_mem_fraction
 
 FALLBACK_VOCAB = 1000   # random prompt ids for a server whose vocabulary we cannot learn
 
@@ -167,8 +167,7 @@ def check_settings(s: BenchSettings) -> None:
         raise UsageError(f"--chunk-size must be a positive token count, got {s.chunk_size}")
     if s.max_running_requests < 1:
         raise UsageError(f"--max-running-requests must be positive, got {s.max_running_requests}")
-    if not 0 < s.mem_fraction <= 1:
-        raise UsageError(f"--mem-fraction must be in (0, 1] (a share of the free GPU memory), got {s.mem_fraction}")
+    check_mem_fraction(s.mem_fraction)
     for flag, v in (("--flush-sleep", s.flush_sleep), ("--request-timeout", s.request_timeout)):
         if not (math.isfinite(v) and v >= 0):
             raise UsageError(f"{flag} must be a number of seconds >= 0, got {v}")

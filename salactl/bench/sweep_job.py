@@ -18,6 +18,7 @@ from salactl.bench.sweep_grid import (KV_DTYPES, WEIGHT_DTYPES, SweepPoint, buil
 from salactl.errors import ConfigError, OutputExistsError, SalactlError, UsageError
 from salactl.lists import parse_list
 from salactl.quant.in_memory import QUANTIZED_BITS, quantize_rtn_in_memory, quantized_as
+from salactl.bench.targets.embedded import GPU_MEM_FRACTION, check_mem_fraction
 from salactl.reports.atomic import write_atomic
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ class SweepSettings:
     passkey_trials: int = 2
     engine: str = "auto"
     max_running_requests: int = 64
+    mem_fraction: float = GPU_MEM_FRACTION
     out: Path = Path("salactl-results/sweep")
     resume: bool = False
     label: str | None = None
@@ -144,6 +146,7 @@ def _check_before_loading(s: SweepSettings) -> None:
                     ("passkey-trials", s.passkey_trials)):
         if v < 1:
             raise UsageError(f"--{name} must be positive, got {v}")
+    check_mem_fraction(s.mem_fraction)
     if s.kl_len is not None and s.kl_len < 1:
         raise UsageError(f"--kl-len must be positive, got {s.kl_len}")
     if any(not 0.0 <= d <= 1.0 for d in parse_list(s.passkey_depths, "--passkey-depths", float)):
@@ -287,7 +290,7 @@ def _measure(p: SweepPoint, key: str, ctx: _SweepContext, run: SweepRun) -> dict
         cfg = config.replace(sparse_config=p.sparse_config(config.sparse_config))
         model = with_config(weights, cfg)
         driver, _, _ = build_engine(model, device, ctx.engine_kind, p.chunk_size, p.kv_dtype,
-                                    s.max_running_requests)
+                                    s.max_running_requests, s.mem_fraction)
     except (ConfigError, UsageError) as e:
         run.invalid.append({"knobs": p.knobs(), "reason": str(e)})
         output.stderr.print(f"skipping point {label}: {e}")

@@ -14,6 +14,7 @@ import torch
 from salactl import output
 from salactl.bench.requests import BenchRequest
 from salactl.bench.targets.base import Chunk, RequestFailed, Target
+from salactl.errors import UsageError
 from salactl.runtime.gpu.pools import DEFAULT_MEM_FRACTION as GPU_MEM_FRACTION
 from salactl.runtime.sampling import SamplingParams
 
@@ -99,7 +100,7 @@ ENGINES = ("auto", "reference", "gpu")
 
 def resolve_engine(engine: str, device: torch.device) -> str:
     """"gpu" or "reference" for --engine auto|reference|gpu on this device."""
-    from salactl.errors import DeviceError, UsageError
+    from salactl.errors import DeviceError
 
     if engine not in ENGINES:
         raise UsageError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
@@ -118,6 +119,11 @@ def resolve_engine(engine: str, device: torch.device) -> str:
 
 
 DEFAULT_CHUNK = {"gpu": 8192, "reference": 512}     # 8192 = SOAR's --chunked-prefill-size
+
+
+def check_mem_fraction(mem_fraction: float) -> None:
+    if not 0 < mem_fraction <= 1:
+        raise UsageError(f"--mem-fraction must be in (0, 1] (a share of the free GPU memory), got {mem_fraction}")
 
 
 def build_engine(model, device, engine: str, chunk_size: int | None, kv_cache_dtype: str, max_running: int,
