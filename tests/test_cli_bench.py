@@ -113,8 +113,8 @@ def test_malformed_row_reports_line_and_writes_nothing(tmp_path):
     ("--max-running-requests", "0", "--max-running-requests must be positive, got 0"),
     ("--request-timeout", "-1", "--request-timeout must be a number of seconds >= 0, got -1.0"),
     ("--flush-sleep", "nan", "--flush-sleep must be a number of seconds >= 0, got nan"),
-    ("--mem-fraction", "0", "--mem-fraction must be in (0, 1] (a share of the free GPU memory), got 0.0"),
-    ("--mem-fraction", "1.5", "--mem-fraction must be in (0, 1] (a share of the free GPU memory), got 1.5"),
+    ("--mem-fraction", "0", "mem_fraction (--mem-fraction) must be in (0, 1] (a share of the free GPU memory), got 0.0"),
+    ("--mem-fraction", "1.5", "mem_fraction (--mem-fraction) must be in (0, 1] (a share of the free GPU memory), got 1.5"),
 ])
 def test_bad_numbers_are_one_line_usage_errors_before_any_work(tmp_path, flag, value, message):
     out = tmp_path / "o"

@@ -130,7 +130,7 @@ def test_sweep_cli_end_to_end_and_resume(tmp_path):
     ({"topk": "2,x"}, UsageError, "comma-separated integers"),
     ({"topk": "2,,4"}, UsageError, "comma-separated integers"),
     ({"kl_len": 0}, UsageError, "--kl-len must be positive, got 0"),
-    ({"mem_fraction": 0.0}, UsageError, "--mem-fraction must be in \\(0, 1\\]"),
+    ({"mem_fraction": 0.0}, UsageError, "mem_fraction \\(--mem-fraction\\) must be in \\(0, 1\\]"),
     ({"passkey_depths": "0.5,1.5"}, UsageError, "--passkey-depths must lie in \\[0, 1\\]"),
     ({"window": "48", "random_weights": True}, ConfigError, "no valid point"),
     ({"kv_dtype": "fp8_e4m3", "kl": False, "passkey": False, "requests": 1, "input_len": 8, "output_len": 2},

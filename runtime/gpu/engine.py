@@ -28,7 +28,8 @@ from salactl.errors import DeviceError, UsageError
 from salactl.runtime.engine import GenerationResult, PhaseStats, check_prompt, model_and_device
 from salactl.runtime.gpu.backend import GPUBackend
 from salactl.runtime.gpu.fast_model import fuse_model
-from salactl.runtime.gpu.pools import DEFAULT_MEM_FRACTION, CachePools, IdAllocator, plan_pools
+from salactl.runtime.gpu.mem_fraction import DEFAULT_MEM_FRACTION
+from salactl.runtime.gpu.pools import CachePools, IdAllocator, plan_pools
 from salactl.runtime.gpu.runner import ModelRunner
 from salactl.runtime.gpu.scheduler import Request, Scheduler
 from salactl.runtime.kv_fp8 import fp8_dtype, model_kv_scales, resolve_kv_scales

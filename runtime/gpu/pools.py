@@ -20,9 +20,8 @@ import torch
 
 from salactl.errors import CapacityError, UsageError
 from salactl.runtime.config import SalaConfig
+from salactl.runtime.gpu.mem_fraction import check_mem_fraction
 from salactl.runtime.ops.decode_attention.reference import v_token_minor
-
-DEFAULT_MEM_FRACTION = 0.9      # of the free GPU memory, for the caches (--mem-fraction)
 
 
 class IdAllocator:
@@ -91,8 +90,7 @@ def plan_pools(config: SalaConfig, free_bytes: int, mem_fraction: float, max_run
                chunk_tokens: int, kv_itemsize: int = 2, act_itemsize: int = 2,
                max_context: int | None = None, kv_tokens: int | None = None) -> PoolPlan:
     """Size the pools from free GPU memory. kv_tokens (optional) asks for an exact KV capacity."""
-    if not 0.0 < mem_fraction <= 1.0:
-        raise UsageError(f"mem_fraction (--mem-fraction) must be in (0, 1], got {mem_fraction}")
+    check_mem_fraction(mem_fraction)
     if max_running < 1:
         raise UsageError(f"max_running_requests (--max-running-requests) must be >= 1, got {max_running}")
     B = config.sparse_config.block_size

@@ -18,7 +18,7 @@ from salactl.bench.scoring import accuracy_coefficient, check_reference, parse_r
 from salactl.bench.targets.http import DEFAULT_READ_TIMEOUT_S
 from salactl.errors import EndpointError, TokenizerError, UsageError
 from salactl.reports.atomic import write_atomic
-from salactl.bench.targets.embedded import GPU_MEM_FRACTION, check_mem_fraction
+from salactl.runtime.gpu.mem_fraction import DEFAULT_MEM_FRACTION, check_mem_fraction
 
 FALLBACK_VOCAB = 1000   # random prompt ids for a server whose vocabulary we cannot learn
 
@@ -43,7 +43,7 @@ class BenchSettings:
     engine: str = "auto"
     kv_cache_dtype: str = "bf16"
     max_running_requests: int = 64
-    mem_fraction: float = GPU_MEM_FRACTION
+    mem_fraction: float = DEFAULT_MEM_FRACTION
     reference: str | None = None
     accuracy: float | None = None
     slo: str | None = None

@@ -18,8 +18,8 @@ from salactl.bench.sweep_grid import (KV_DTYPES, WEIGHT_DTYPES, SweepPoint, buil
 from salactl.errors import ConfigError, OutputExistsError, SalactlError, UsageError
 from salactl.lists import parse_list
 from salactl.quant.in_memory import QUANTIZED_BITS, quantize_rtn_in_memory, quantized_as
-from salactl.bench.targets.embedded import GPU_MEM_FRACTION, check_mem_fraction
 from salactl.reports.atomic import write_atomic
+from salactl.runtime.gpu.mem_fraction import DEFAULT_MEM_FRACTION, check_mem_fraction
 
 if TYPE_CHECKING:
     from salactl.runtime.loader import LoadedModel
@@ -55,7 +55,7 @@ class SweepSettings:
     passkey_trials: int = 2
     engine: str = "auto"
     max_running_requests: int = 64
-    mem_fraction: float = GPU_MEM_FRACTION
+    mem_fraction: float = DEFAULT_MEM_FRACTION
     out: Path = Path("salactl-results/sweep")
     resume: bool = False
     label: str | None = None

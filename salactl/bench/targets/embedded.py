@@ -15,7 +15,7 @@ from salactl import output
 from salactl.bench.requests import BenchRequest
 from salactl.bench.targets.base import Chunk, RequestFailed, Target
 from salactl.errors import UsageError
-from salactl.runtime.gpu.pools import DEFAULT_MEM_FRACTION as GPU_MEM_FRACTION
+from salactl.runtime.gpu.mem_fraction import DEFAULT_MEM_FRACTION
 from salactl.runtime.sampling import SamplingParams
 
 
@@ -121,13 +121,8 @@ def resolve_engine(engine: str, device: torch.device) -> str:
 DEFAULT_CHUNK = {"gpu": 8192, "reference": 512}     # 8192 = SOAR's --chunked-prefill-size
 
 
-def check_mem_fraction(mem_fraction: float) -> None:
-    if not 0 < mem_fraction <= 1:
-        raise UsageError(f"--mem-fraction must be in (0, 1] (a share of the free GPU memory), got {mem_fraction}")
-
-
 def build_engine(model, device, engine: str, chunk_size: int | None, kv_cache_dtype: str, max_running: int,
-                 mem_fraction: float = GPU_MEM_FRACTION):
+                 mem_fraction: float = DEFAULT_MEM_FRACTION):
     """The stepping engine behind the target: the continuous-batching GPU engine when asked for
     (or `auto` on CUDA with Triton; its caches take mem_fraction of the free GPU memory), else the
     single-sequence reference Engine in FIFO order. Returns (EngineDriver, engine name, chunk
@@ -146,7 +141,7 @@ def build_engine(model, device, engine: str, chunk_size: int | None, kv_cache_dt
         return EngineDriver(GpuStepper(gpu), max_running), "gpu", chunk_size
     from salactl.runtime.engine import Engine
 
-    if mem_fraction != GPU_MEM_FRACTION:
+    if mem_fraction != DEFAULT_MEM_FRACTION:
         output.warn_once("--mem-fraction sizes the GPU engine's caches; the reference engine grows "
                          "each request's cache as it goes and ignores it")
     ref = Engine(model, device, chunk_size=chunk_size, kv_cache_dtype=kv_cache_dtype)
@@ -156,7 +151,7 @@ def build_engine(model, device, engine: str, chunk_size: int | None, kv_cache_dt
 def build_embedded_target(model: str | None, random_weights: bool, seed: int, device: str, dtype: str,
                           chunk_size: int | None, engine: str = "auto", kv_cache_dtype: str = "bf16",
                           max_running: int = 64,
-                          mem_fraction: float = GPU_MEM_FRACTION) -> tuple[EmbeddedTarget, object]:
+                          mem_fraction: float = DEFAULT_MEM_FRACTION) -> tuple[EmbeddedTarget, object]:
     """Load the model and wrap it; returns (target, LoadedModel)."""
     import dataclasses
 
