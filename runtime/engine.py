@@ -3,7 +3,6 @@ Used by `salactl run` / `eval` on CPU and as the correctness baseline for the GP
 
 from __future__ import annotations
 
-import numbers
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -19,7 +18,7 @@ from salactl.runtime.kv_fp8 import model_kv_scales, resolve_kv_scales
 from salactl.runtime.layers.model import SalaForCausalLM
 from salactl.runtime.loader import LoadedModel, resolve_device
 from salactl.runtime.op_timer import NULL_TIMER, OpTimer
-from salactl.runtime.sampling import SamplingParams, as_token_ids, resolve_params, sample
+from salactl.runtime.sampling import SamplingParams, as_token_ids, is_int, resolve_params, sample
 
 
 @dataclass
@@ -72,7 +71,7 @@ def check_prompt(prompt, vocab_size: int) -> list[int]:
         raise UsageError(f"the prompt must be a list of token ids, got {type(prompt).__name__}") from None
     if not ids:
         raise UsageError("the prompt is empty; give at least one token")
-    bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)]
+    bad = [t for t in ids if not is_int(t)]
     if bad:
         raise UsageError(f"prompt token ids must be integers, got {bad[0]!r}")
     bad = [t for t in ids if not 0 <= t < vocab_size]
@@ -106,7 +105,7 @@ class Engine:
 
     def __init__(self, model, device=None, chunk_size: int = 512, backend=None, time_ops: bool = False,
                  kv_cache_dtype: str = "bf16"):
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or chunk_size <= 0:
+        if not is_int(chunk_size) or chunk_size <= 0:
             raise UsageError(f"chunk_size (--chunk-size) must be a positive integer, got {chunk_size!r}")
         self.model, self.device = model_and_device(model, device)
         self.config = self.model.config

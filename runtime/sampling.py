@@ -38,7 +38,7 @@ class SamplingParams:
     def __post_init__(self) -> None:
         for name in ("max_new_tokens", "top_k", "seed"):
             value = getattr(self, name)
-            if not (value is None and name == "seed") and not _is_int(value):    # numpy ints pass
+            if not (value is None and name == "seed") and not is_int(value):    # numpy ints pass
                 raise UsageError(f"{_arg(name)} must be an integer, got {value!r}")
         for name in ("temperature", "top_p"):
             value = getattr(self, name)
@@ -65,7 +65,8 @@ def _arg(name: str) -> str:
     return f"{name} (--{name.replace('_', '-')})"
 
 
-def _is_int(value) -> bool:
+def is_int(value) -> bool:
+    """An integer (numpy ints included), not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
@@ -74,7 +75,7 @@ def as_token_ids(value, what: str) -> tuple[int, ...]:
     all, is a UsageError naming `what`."""
     if value is None:
         return ()
-    if _is_int(value):
+    if is_int(value):
         return (int(value),)
     if isinstance(value, (str, bytes)):
         raise UsageError(f"{what} got text {value!r}: stop strings are not supported; pass token ids "
@@ -83,7 +84,7 @@ def as_token_ids(value, what: str) -> tuple[int, ...]:
         items = list(value)
     except TypeError:
         raise UsageError(f"{what} must be a token id or an iterable of token ids, got {value!r}") from None
-    bad = [t for t in items if not _is_int(t)]
+    bad = [t for t in items if not is_int(t)]
     if bad:
         hint = "; stop strings are not supported; pass token ids" if isinstance(bad[0], str) else ""
         raise UsageError(f"{what} must hold integer token ids, got {bad[0]!r}{hint}")

@@ -34,17 +34,23 @@ _EXPORTS = {
     "StreamDecoder": "salactl.runtime.stream_decoder",
 }
 
+
 def _has_triton() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("triton") is not None
 
 
-# GPUEngine imports triton: listed (for `from salactl import *`) only where triton is installed
-__all__ = sorted(n for n in _EXPORTS if n != "GPUEngine" or _has_triton())
+def _public_names() -> list[str]:
+    """`__all__`, computed when first asked for (not at every CLI start): GPUEngine imports triton,
+    so it is listed only where triton is installed."""
+    return sorted(n for n in _EXPORTS if n != "GPUEngine" or _has_triton())
 
 
 def __getattr__(name: str):
+    if name == "__all__":
+        globals()[name] = _public_names()
+        return globals()[name]
     if name not in _EXPORTS:
         raise AttributeError(f"module 'salactl' has no attribute {name!r}")
     if name == "GPUEngine" and not _has_triton():
@@ -58,4 +64,4 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted(set(globals()) | set(__getattr__("__all__")))
