@@ -3,13 +3,15 @@ Used by `salactl run` / `eval` on CPU and as the correctness baseline for the GP
 
 from __future__ import annotations
 
+import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import torch
 
-from salactl.errors import DeviceError, UsageError
+from salactl.errors import DeviceError, ModelLimitWarning, UsageError
 from salactl.runtime.backend_reference import ReferenceBackend
 from salactl.runtime.batch import ForwardBatch
 from salactl.runtime.cache import SequenceCache
@@ -78,6 +80,30 @@ def check_prompt(prompt, vocab_size: int) -> list[int]:
     if bad:
         raise UsageError(f"prompt token id {bad[0]} is outside the vocabulary (size {vocab_size})")
     return [int(t) for t in ids]
+
+
+def warn_model_limits(config, prompt_tokens: int, max_new_tokens: int) -> None:
+    """A ModelLimitWarning (Python's warnings; the CLI says the same with its flags) where the
+    request runs past max_position_embeddings or reaches sparse attention with forced blocks
+    filling the top-k."""
+    total = prompt_tokens + max_new_tokens
+    if total > config.max_position_embeddings:
+        warnings.warn(f"the prompt plus max_new_tokens is {total:,} tokens, past the model's "
+                      f"max_position_embeddings ({config.max_position_embeddings:,}); it runs, but quality "
+                      "beyond the trained length is not guaranteed", ModelLimitWarning,
+                      stacklevel=_caller_stacklevel())
+    note = config.sparse_config.forced_blocks_note
+    if note and total >= config.sparse_config.dense_len:
+        warnings.warn(note, ModelLimitWarning, stacklevel=_caller_stacklevel())
+
+
+def _caller_stacklevel() -> int:
+    """warnings.warn's stacklevel that names the first caller outside salactl (1 = the function
+    that calls this one)."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("salactl"):
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 def model_and_device(model, device) -> tuple[SalaForCausalLM, torch.device]:
@@ -170,8 +196,10 @@ class Engine:
 
     def _check_request(self, prompt, params, eos_ids):
         """(prompt ids, SamplingParams, eos ids) as generation takes them, or a UsageError."""
-        return (check_prompt(prompt, self.config.vocab_size), resolve_params(params),
-                as_token_ids(eos_ids, "eos_ids"))
+        prompt, params = check_prompt(prompt, self.config.vocab_size), resolve_params(params)
+        eos_ids = as_token_ids(eos_ids, "eos_ids")
+        warn_model_limits(self.config, len(prompt), params.max_new_tokens)
+        return prompt, params, eos_ids
 
     def _generate(self, prompt, params, eos_ids, deliver, prefill_progress=None):
         """The tokens of one generation, its GenerationResult to `deliver` at the end; the

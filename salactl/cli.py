@@ -7,10 +7,11 @@ import signal
 import sys
 import threading
 import traceback
+import warnings
 
 import typer
 
-from salactl.errors import SalactlError
+from salactl.errors import ModelLimitWarning, SalactlError
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -55,7 +56,10 @@ def main() -> None:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        rv = app(standalone_mode=False)
+        with warnings.catch_warnings():
+            # the commands say the same with the flag to change (output.warn_past_trained_length)
+            warnings.simplefilter("ignore", ModelLimitWarning)
+            rv = app(standalone_mode=False)
         # typer >= 0.16 turns Ctrl-C into Exit(130) and, without standalone mode, returns the code
         if isinstance(rv, int) and not isinstance(rv, bool) and rv:
             if rv == 130:

@@ -60,3 +60,9 @@ class ProfilerFailedError(SalactlError):
 class NumericsError(SalactlError):
     """The model computed NaN/Inf logits: broken weights, or a dtype whose range overflowed."""
     exit_code = 15
+
+
+class ModelLimitWarning(UserWarning):
+    """A request the Python engines run but should flag: past the model's trained length, or
+    sparse settings where the forced blocks fill the top-k. The CLI ignores it (it says the same
+    with the flag to change)."""

@@ -13,15 +13,16 @@ import pytest
 import torch
 
 from conftest import micro_model
-from salactl.errors import DeviceError, UsageError
+from salactl.errors import DeviceError, ModelLimitWarning, UsageError
 from salactl.runtime.engine import Engine, GenerationResult, PhaseStats
 from salactl.runtime.loader import load_model, meta_model, resolve_dtype
 from salactl.runtime.sampling import SamplingParams
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"     # before triton is first imported (GPU engine tests)
-interpreted = pytest.mark.skipif(torch.cuda.is_available() or importlib.util.find_spec("triton") is None,
-                                 reason="the GPU engine runs here in Triton's interpreter (CPU, triton)")
+# GPUEngine's API tests run on the GPU where there is one, else in Triton's interpreter on the CPU
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+gpu_engine_api = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="GPUEngine needs triton")
 
 API = ["Engine", "GPUEngine", "GenerationResult", "LoadedModel", "SamplingParams", "StreamDecoder",
        "Tokenizer", "find_tokenizer", "load_model", "stop_token_ids"]
@@ -185,25 +186,28 @@ def test_serial_driver_keeps_nothing_after_a_request(engine):
 def _gpu(model=None, **kw):
     from salactl.runtime.gpu.engine import GPUEngine
 
-    return GPUEngine(model or micro_model(), "cpu", max_running_requests=2, chunk_size=32, kv_tokens=256, **kw)
+    return GPUEngine((model or micro_model()).to(DEV), DEV, max_running_requests=2, chunk_size=32, kv_tokens=256,
+                     **kw)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 def test_gpu_engine_refuses_a_cpu_device_outside_the_interpreter(monkeypatch):
     import salactl.runtime.gpu.engine  # noqa: F401  triton reads TRITON_INTERPRET when first imported
 
+    from salactl.runtime.gpu.engine import GPUEngine
+
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(DeviceError, match="GPUEngine needs a CUDA device, got 'cpu'"):
-        _gpu()
+        GPUEngine(micro_model(), "cpu")
 
 
-@interpreted
-def test_gpu_engine_checks_prompts_and_forgets_what_it_handed_back(engine):
+@gpu_engine_api
+def test_gpu_engine_checks_prompts_and_forgets_what_it_handed_back():
     gpu = _gpu()
     for bad, message in (([5, 6.5], "must be integers"), ("hi", "pass token ids")):
         with pytest.raises(UsageError, match=message):
             gpu.submit(bad, GREEDY3)
-    want = engine.generate([5, 6, 7], GREEDY3).output_token_ids
+    want = Engine(gpu.model).generate([5, 6, 7], GREEDY3).output_token_ids
     res = gpu.generate(torch.tensor([5, 6, 7]), GREEDY3)
     assert res.output_token_ids == want and res.prompt_token_ids == [5, 6, 7]
     assert [r.output_token_ids for r in gpu.generate_batch([([5, 6, 7], GREEDY3)] * 2)] == [want, want]
@@ -224,7 +228,7 @@ def _nan_on_token_99():
     return model
 
 
-@interpreted
+@gpu_engine_api
 def test_gpu_engine_forgets_a_request_whose_generation_failed():
     from salactl.errors import NumericsError
 
@@ -241,14 +245,14 @@ def _idle(gpu) -> bool:
             and sched.pages.free == sched.pages.total)
 
 
-@interpreted
+@gpu_engine_api
 def test_gpu_engine_takes_engines_calls_for_one_request():
     """A user moving to the GPU swaps the class and keeps generate/stream/kv_cache_dtype: the same
     greedy tokens as Engine, interleaved streams each get their own, early close releases."""
     model = micro_model()
     gpu = _gpu(model)
     params = SamplingParams(max_new_tokens=4, ignore_eos=True)
-    want = {p: Engine(model, "cpu").generate(p, params).output_token_ids for p in ((5, 6, 7), (9, 8))}
+    want = {p: Engine(model).generate(p, params).output_token_ids for p in ((5, 6, 7), (9, 8))}
     for p, toks in want.items():
         assert gpu.generate(list(p), params).output_token_ids == toks
     a, b = gpu.stream([5, 6, 7], params), gpu.stream([9, 8], params)
@@ -268,7 +272,7 @@ def test_gpu_engine_takes_engines_calls_for_one_request():
     assert _idle(gpu)
 
 
-@interpreted
+@gpu_engine_api
 def test_a_failed_step_raises_in_every_stream_it_ran():
     """Interleaved streams: the step one of them runs fails for both; each raises the error."""
     from salactl.errors import NumericsError
@@ -282,7 +286,7 @@ def test_a_failed_step_raises_in_every_stream_it_ran():
     assert _idle(gpu)
 
 
-@interpreted
+@gpu_engine_api
 def test_gpu_engine_refuses_an_unknown_kv_cache_dtype():
     with pytest.raises(UsageError, match="kv_cache_dtype \\(--kv-cache-dtype\\) 'int3' is unknown"):
         _gpu(kv_cache_dtype="int3")
@@ -308,7 +312,7 @@ def test_readme_python_examples_run_as_written(tmp_path):
     assert (tmp_path / "nano-w4" / "config.json").exists()
 
 
-@interpreted
+@gpu_engine_api
 def test_an_interrupted_step_fails_other_streams_with_an_error_not_the_interrupt(monkeypatch):
     """Ctrl-C in one stream's step reaches that caller; a stream whose request ran in the same
     step raises a RuntimeError saying so when read, not a second KeyboardInterrupt."""
@@ -328,7 +332,7 @@ def test_an_interrupted_step_fails_other_streams_with_an_error_not_the_interrupt
     assert _idle(gpu)
 
 
-@interpreted
+@gpu_engine_api
 def test_gpu_streams_survive_a_caller_taking_results_from_events():
     """A caller reading events() may take result() of every request it sees, those behind a
     stream() included; the stream still ends cleanly, and abort() of a taken request is a
@@ -338,19 +342,19 @@ def test_gpu_streams_survive_a_caller_taking_results_from_events():
     seen = {rid for rid, _, _ in gpu.events()}
     for rid in seen:
         gpu.result(rid)
-    assert list(stream) == Engine(micro_model(), "cpu").generate([5, 6, 7], GREEDY3).output_token_ids
+    assert list(stream) == Engine(gpu.model).generate([5, 6, 7], GREEDY3).output_token_ids
     assert _idle(gpu)
     with pytest.raises(UsageError, match="request 0 is unknown"):
         gpu.abort(0)
 
 
-@interpreted
+@gpu_engine_api
 def test_gpu_generate_reports_prefill_progress_as_engine_does():
     prompt = list(range(3, 80))                       # 77 tokens: chunks of 32
     calls = {"gpu": [], "ref": []}
     model = micro_model()
     _gpu(model).generate(prompt, GREEDY3, prefill_progress=lambda d, t: calls["gpu"].append((d, t)))
-    Engine(model, "cpu", chunk_size=32).generate(prompt, GREEDY3,
+    Engine(model, chunk_size=32).generate(prompt, GREEDY3,
                                                  prefill_progress=lambda d, t: calls["ref"].append((d, t)))
     assert calls["gpu"] == calls["ref"] == [(32, 77), (64, 77), (77, 77)]
 
@@ -371,3 +375,53 @@ def test_gpu_engine_without_triton_says_what_to_install(monkeypatch):
     monkeypatch.setattr(salactl, "_has_triton", lambda: False)
     with pytest.raises(ModuleNotFoundError, match="GPUEngine needs triton \\(pip install 'salactl\\[gpu\\]'"):
         salactl.GPUEngine  # noqa: B018
+
+
+def _long_request_warnings(run) -> list[str]:
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run()
+    assert all(w.filename == __file__ for w in caught), [w.filename for w in caught]
+    return [str(w.message) for w in caught if issubclass(w.category, ModelLimitWarning)]
+
+
+def test_engines_warn_past_the_trained_length_and_about_forced_blocks(engine):
+    """What `salactl run` warns about reaches Python callers as a ModelLimitWarning naming their
+    own line; short requests stay silent, and the CLI still says it once, in its own words."""
+    config = engine.config
+    assert config.sparse_config.forced_blocks_note             # the micro model's topk 1 = init blocks
+    long = SamplingParams(max_new_tokens=config.max_position_embeddings, ignore_eos=True)
+    with pytest.raises(UsageError):                           # checked before it warns: nothing ran
+        _long_request_warnings(lambda: engine.generate("text", long))
+    assert _long_request_warnings(lambda: engine.generate([5, 6, 7], GREEDY3)) == []
+    msgs = _long_request_warnings(lambda: engine.stream([5, 6, 7], long))   # warns at the call
+    assert len(msgs) == 2 and "past the model's max_position_embeddings" in msgs[0]
+    assert msgs[1] == config.sparse_config.forced_blocks_note
+
+
+@gpu_engine_api
+def test_gpu_engine_warns_as_engine_does():
+    gpu = _gpu()
+    msgs = _long_request_warnings(lambda: gpu.abort(gpu.submit([5, 6, 7], SamplingParams(max_new_tokens=40))))
+    assert msgs == [gpu.config.sparse_config.forced_blocks_note]
+
+
+def test_the_cli_says_it_once_in_its_own_words(tmp_path, capsys):
+    import warnings
+
+    from conftest import run_cli
+    from salactl.runtime.checkpoint import random_state_dict, save_checkpoint
+
+    model = micro_model()
+    ckpt = save_checkpoint(random_state_dict(model.config, "cpu", torch.float32, 0), model.config.to_hf_dict(),
+                           tmp_path / "ckpt")
+    ids = ",".join(str(3 + i % 100) for i in range(model.config.sparse_config.dense_len + 5))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code, _, err = run_cli(["run", "--model", ckpt, "--prompt-ids", ids, "--max-new-tokens", "1", "--json"],
+                               capsys)
+    assert code == 0, err
+    assert err.count(model.config.sparse_config.forced_blocks_note) == 1
+    assert not [w for w in caught if issubclass(w.category, ModelLimitWarning)]

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 # test files that run on whichever device there is, so they carry no GPU marker
-BOTH_DEVICES = ("test_flex_sparse_engine.py",)
+BOTH_DEVICES = ("test_flex_sparse_engine.py", "test_python_api.py")
 
 
 def gpu_test_files(root: Path = Path("tests")) -> list[str]:

@@ -25,7 +25,8 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from salactl.errors import DeviceError, UsageError
-from salactl.runtime.engine import GenerationResult, PhaseStats, check_prompt, model_and_device
+from salactl.runtime.engine import (GenerationResult, PhaseStats, check_prompt, model_and_device,
+                                    warn_model_limits)
 from salactl.runtime.gpu.backend import GPUBackend
 from salactl.runtime.gpu.fast_model import fuse_model
 from salactl.runtime.gpu.mem_fraction import DEFAULT_MEM_FRACTION
@@ -133,6 +134,7 @@ class GPUEngine:
         params = resolve_params(params)
         prompt = check_prompt(prompt_ids, self.config.vocab_size)
         eos = self.eos_ids | frozenset(as_token_ids(eos_ids, "eos_ids"))
+        warn_model_limits(self.config, len(prompt), params.max_new_tokens)
         stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else eos)
         req = Request(self._next_id, prompt, params, stops)
         if params.temperature > 0:
