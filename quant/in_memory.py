@@ -1,6 +1,6 @@
 """Weight-only quantization of a model already in memory, no checkpoint written: --weights /
 --weight-dtype w4a16 / w8a16 for a bf16 model (random weights or a bf16 checkpoint) is round-to-nearest
-symmetric 4-bit (or 8-bit), group 128, into the same W4A16Linear a GPTQ checkpoint loads into, so the
+symmetric 4-bit (or 8-bit), group 128, into the same GPTQLinear a GPTQ checkpoint loads into, so the
 model reads exactly the packed bytes of a real one. Also: which of these a loaded model already is."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def quantized_as(model) -> str | None:
 
 
 def quantize_rtn_in_memory(model, config, group_size: int = 128, bits: int = 4):
-    from salactl.quant.linear import W4A16Linear
+    from salactl.quant.linear import GPTQLinear
     from salactl.quant.packing import to_gptq_tensors
     from salactl.quant.quantizer import QuantSpec
     from salactl.quant.rtn import rtn_quantize
@@ -35,7 +35,7 @@ def quantize_rtn_in_memory(model, config, group_size: int = 128, bits: int = 4):
                 lin = layer.get_submodule(name)
                 q = rtn_quantize(lin.weight, spec)
                 t = to_gptq_tensors(q.codes, q.scales, q.g_idx, bits)
-                new = W4A16Linear.from_gptq(t["qweight"], t["scales"], t["g_idx"], bits, group_size, device,
+                new = GPTQLinear.from_gptq(t["qweight"], t["scales"], t["g_idx"], bits, group_size, device,
                                             dtype, f"model.layers.{i}.{name}")
                 parent, _, attr = name.rpartition(".")
                 setattr(layer.get_submodule(parent) if parent else layer, attr, new)

@@ -1,4 +1,4 @@
-"""`W4A16Linear`: a weight-only quantized drop-in for nn.Linear (symmetric GPTQ, 4- or 8-bit).
+"""`GPTQLinear`: a weight-only quantized drop-in for nn.Linear (symmetric GPTQ, 4- or 8-bit).
 
 The packed weights are *buffers* in the layout of the device's fast path, so the roofline
 (which sums a module's parameters + buffers) counts exactly the bytes a forward reads:
@@ -106,7 +106,10 @@ def choose_layout(device: torch.device, bits: int, in_features: int, group_size:
     return "dequant"
 
 
-class W4A16Linear(nn.Module):
+class GPTQLinear(nn.Module):
+    """A symmetric GPTQ linear (4-bit: W4A16, 8-bit: W8A16) in the layout `choose_layout` picked for
+    its device; from_gptq builds it from a checkpoint's tensors."""
+
     def __init__(self, in_features: int, out_features: int, bits: int, group_size: int, layout: str,
                  buffers: dict[str, torch.Tensor]):
         super().__init__()
@@ -122,7 +125,7 @@ class W4A16Linear(nn.Module):
 
     @classmethod
     def from_gptq(cls, qweight: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor | None, bits: int,
-                  group_size: int, device, dtype: torch.dtype, name: str = "linear") -> "W4A16Linear":
+                  group_size: int, device, dtype: torch.dtype, name: str = "linear") -> "GPTQLinear":
         """Build from symmetric GPTQ tensors (qweight [K·bits/32, N], scales [groups, N], g_idx [K])."""
         device = torch.device(device)
         K, N = qweight.shape[0] * 32 // bits, qweight.shape[1]

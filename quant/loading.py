@@ -1,5 +1,5 @@
 """Load symmetric GPTQ checkpoints (ours, and other tools' v1 `gptq` / v2 `gptq_v2` of this
-architecture) into the runtime: quantized linears become `W4A16Linear`, everything else loads
+architecture) into the runtime: quantized linears become `GPTQLinear`, everything else loads
 strictly like a plain checkpoint; calibrated FP8 KV scales (`self_attn.k_scale/v_scale`) are kept.
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from salactl.errors import CheckpointError
-from salactl.quant.linear import W4A16Linear, gptq_scales_fp16
+from salactl.quant.linear import GPTQLinear, gptq_scales_fp16
 from salactl.quant.packing import num_groups, symmetric_qzeros_word
 from salactl.runtime.checkpoint import (expected_tensor_shapes, load_state_dict, open_safetensors,
                                         require_tensors, tensor_files)
@@ -128,7 +128,7 @@ def load_gptq_model(path: Path, config: SalaConfig, quant_cfg: dict, device, dty
     model = meta_model(config)
     for prefix, (n, k) in quantized.items():
         t = _load_quantized(files, prefix, n, k, spec)
-        _set_module(model, prefix, W4A16Linear.from_gptq(t["qweight"], t["scales"], t.get("g_idx"), spec["bits"],
+        _set_module(model, prefix, GPTQLinear.from_gptq(t["qweight"], t["scales"], t.get("g_idx"), spec["bits"],
                                                          spec["group_size"], device, dtype, prefix))
     model.load_state_dict(state, strict=False, assign=True)
     attach_kv_scales(model, config, files, device)

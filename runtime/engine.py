@@ -73,12 +73,11 @@ def check_prompt(prompt, vocab_size: int) -> list[int]:
         raise UsageError(f"the prompt must be a list of token ids, got {type(prompt).__name__}") from None
     if not ids:
         raise UsageError("the prompt is empty; give at least one token")
-    bad = [t for t in ids if not is_int(t)]
-    if bad:
-        raise UsageError(f"prompt token ids must be integers, got {bad[0]!r}")
-    bad = [t for t in ids if not 0 <= t < vocab_size]
-    if bad:
-        raise UsageError(f"prompt token id {bad[0]} is outside the vocabulary (size {vocab_size})")
+    for t in ids:
+        if not is_int(t):
+            raise UsageError(f"prompt token ids must be integers, got {t!r}")
+        if not 0 <= t < vocab_size:
+            raise UsageError(f"prompt token id {t} is outside the vocabulary (size {vocab_size})")
     return [int(t) for t in ids]
 
 

@@ -72,7 +72,7 @@ def test_w4a16_engine_matches_reference(bits, layout):
     """A sala-nano-shaped model quantized W4A16 (RTN g128, Triton layout; or W8A16, its tensor-core
     layout) through the GPU engine with CUDA graphs against the reference Engine on the same weights."""
     from salactl.quant.in_memory import quantize_rtn_in_memory
-    from salactl.quant.linear import W4A16Linear
+    from salactl.quant.linear import GPTQLinear
     from salactl.runtime.checkpoint import random_state_dict
     from salactl.runtime.gpu.selfcheck import check_model
     from salactl.runtime.loader import build_model
@@ -82,7 +82,7 @@ def test_w4a16_engine_matches_reference(bits, layout):
     model = quantize_rtn_in_memory(build_model(cfg, random_state_dict(cfg, "cuda", torch.bfloat16, 3)), cfg,
                                    bits=bits)
     down = model.model.layers[0].mlp.down_proj
-    assert isinstance(down, W4A16Linear) and down.layout == layout
+    assert isinstance(down, GPTQLinear) and down.layout == layout
     # bf16 noise of a random-weight model (H200: 1.9-3.4e-2 in quant_engine_bench's check)
     rows = check_model(model, "cuda", prompt_len=700, decode_steps=4, chunk=100, cuda_graph=True, tol=5e-2)
     bad = [r for r in rows if not r[1] <= r[2]]

@@ -305,10 +305,10 @@ def test_fuse_model_again_after_a_module_swap_uses_the_new_weights():
 
 
 def test_fused_w4a16_projections_equal_the_separate_modules():
-    """fuse_model concatenates W4A16 projections (Triton layout) into one W4A16Linear along N: its
+    """fuse_model concatenates W4A16 projections (Triton layout) into one GPTQLinear along N: its
     output is the separate modules' outputs side by side, and the originals (now views of the
     fused buffers) give what they gave before."""
-    from salactl.quant.linear import W4A16Linear
+    from salactl.quant.linear import GPTQLinear
     from salactl.runtime.gpu.fast_model import _concat
     from salactl.runtime.ops.w4a16.layout import pack_tc
 
@@ -318,7 +318,7 @@ def test_fused_w4a16_projections_equal_the_separate_modules():
     for n in (32, 16, 48):
         codes = torch.randint(0, 16, (K, n), generator=g, dtype=torch.int32)
         scales = (torch.rand(K // 128, n, generator=g) * 0.01 + 0.001).to(torch.float16)
-        mods.append(W4A16Linear(K, n, 4, 128, "triton", {"qweight": pack_tc(codes), "scales": scales}))
+        mods.append(GPTQLinear(K, n, 4, 128, "triton", {"qweight": pack_tc(codes), "scales": scales}))
     x = torch.randn(3, K, generator=g).to(torch.float16)
     before = [m(x).float() for m in mods]
     fused = _concat(mods)

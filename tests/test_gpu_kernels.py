@@ -125,7 +125,7 @@ def test_w4a16_mlp_silu_mul_epilogue_in_the_fused_model(monkeypatch):
     separate silu_mul kernel bit for bit (SALACTL_W4A16_GLU=0) and the plain MLP to bf16 noise."""
     import contextlib
 
-    from salactl.quant.linear import W4A16Linear
+    from salactl.quant.linear import GPTQLinear
     from salactl.quant.packing import pack_qweight
     from salactl.runtime.gpu.fast_model import FusedMLP, _concat
     from salactl.runtime.layers.mlp import MLP
@@ -136,7 +136,7 @@ def test_w4a16_mlp_silu_mul_epilogue_in_the_fused_model(monkeypatch):
     for name, (k, n) in (("gate_proj", (hidden, inter)), ("up_proj", (hidden, inter)), ("down_proj", (inter, hidden))):
         codes = torch.randint(0, 16, (k, n), generator=g, dtype=torch.int32)
         scales = torch.rand(k // 128, n, generator=g) * 2e-3 + 1e-4
-        setattr(mlp, name, W4A16Linear.from_gptq(pack_qweight(codes, 4), scales, None, 4, 128, "cuda", torch.bfloat16))
+        setattr(mlp, name, GPTQLinear.from_gptq(pack_qweight(codes, 4), scales, None, 4, 128, "cuda", torch.bfloat16))
     timer = lambda name: contextlib.nullcontext()   # noqa: E731
     xs = [torch.randn(m, hidden, device="cuda").bfloat16() for m in (1, 8, 32)]
     plain = [mlp(x, timer) for x in xs]
@@ -152,7 +152,7 @@ def test_w4a16_mlp_silu_mul_epilogue_in_the_fused_model(monkeypatch):
 
 def test_fused_w4a16_projection_on_gpu():
     """W4A16 projections concatenated along N (the engine's fusion) equal the separate modules."""
-    from salactl.quant.linear import W4A16Linear
+    from salactl.quant.linear import GPTQLinear
     from salactl.quant.packing import pack_qweight
     from salactl.runtime.gpu.fast_model import _concat
 
@@ -162,7 +162,7 @@ def test_fused_w4a16_projection_on_gpu():
     for n in (256, 64, 128):
         codes = torch.randint(0, 16, (K, n), generator=g, dtype=torch.int32)
         scales = torch.rand(K // 128, n, generator=g) * 0.01 + 0.001
-        mods.append(W4A16Linear.from_gptq(pack_qweight(codes, 4), scales, None, 4, 128, "cuda", torch.bfloat16))
+        mods.append(GPTQLinear.from_gptq(pack_qweight(codes, 4), scales, None, 4, 128, "cuda", torch.bfloat16))
     assert all(m.layout == "triton" for m in mods)
     for rows in (1, 8, 40):
         x = torch.randn(rows, K, device="cuda").bfloat16()

@@ -82,8 +82,6 @@ def test_refuses_requests_that_can_never_fit():
         s.add(_req(0, 1000))
     with pytest.raises(CapacityError, match="at most 256"):
         _sched(pages=4, ctx=10_000).add(_req(1, 300))
-    with pytest.raises(UsageError, match="empty"):
-        s.add(Request(3, [], SamplingParams(), frozenset()))
 
 
 def test_chunked_prefill_plan_shares_the_token_budget():

@@ -3,7 +3,7 @@ import torch
 
 from conftest import gpu, rel_err
 from salactl.errors import QuantizationError
-from salactl.quant.linear import W4A16Linear
+from salactl.quant.linear import GPTQLinear
 from salactl.quant.packing import (default_g_idx, pack_qweight, pack_qzeros, symmetric_qzeros_word,
                                    to_gptq_tensors, unpack_qweight, unpack_qzeros)
 from salactl.runtime.ops.w4a16 import reference
@@ -70,7 +70,7 @@ def test_dequant_matmul_equivalence(bits, G, rng):
 def test_w4a16_linear_cpu_layouts_match_reference(dtype, G, bits, layout, rows, rng):
     K, N = 256, 128
     codes, scales, t = _random_gptq(K, N, G, bits, rng)
-    mod = W4A16Linear.from_gptq(t["qweight"], t["scales"], t["g_idx"], bits, G, "cpu", dtype)
+    mod = GPTQLinear.from_gptq(t["qweight"], t["scales"], t["g_idx"], bits, G, "cpu", dtype)
     assert mod.layout == layout and mod.in_features == K and mod.out_features == N
     x = torch.randn(rows, 1, K, generator=rng).to(dtype)
     ref = reference.w4a16_matmul(x.float(), t["qweight"], t["scales"], t["g_idx"], bits)
@@ -92,7 +92,7 @@ def test_w4a16_linear_act_order_g_idx_is_repacked(rng):
     g_idx = torch.empty(K, dtype=torch.int32)
     g_idx[perm] = torch.arange(K, dtype=torch.int32) // G           # act-order without static groups
     t = to_gptq_tensors(codes, scales, g_idx, 4)
-    mod = W4A16Linear.from_gptq(t["qweight"], t["scales"], t["g_idx"], 4, G, "cpu", torch.float32)
+    mod = GPTQLinear.from_gptq(t["qweight"], t["scales"], t["g_idx"], 4, G, "cpu", torch.float32)
     x = torch.randn(4, K, generator=rng)
     ref = reference.w4a16_matmul(x, t["qweight"], t["scales"], t["g_idx"], 4)
     assert mod.perm is not None and rel_err(mod(x), ref) < 1e-2       # cpu_int4: bf16 activations
@@ -104,7 +104,7 @@ def test_w4a16_linear_act_order_g_idx_is_repacked(rng):
 def test_w8a16_linear_on_cuda_matches_reference(G, layout, dtype, rng):
     K, N = 512, 192
     codes, scales, t = _random_gptq(K, N, G, 8, rng)
-    mod = W4A16Linear.from_gptq(t["qweight"], t["scales"], t["g_idx"], 8, G, "cuda", dtype)
+    mod = GPTQLinear.from_gptq(t["qweight"], t["scales"], t["g_idx"], 8, G, "cuda", dtype)
     assert mod.layout == layout and mod.qweight.is_cuda
     assert mod.qweight.dtype == (torch.int32 if layout == "triton8" else torch.int8)
     want = reference.dequantize(t["qweight"], t["scales"], t["g_idx"], 8)
@@ -166,7 +166,7 @@ def test_tensor_core_layouts_dequantize_to_the_definition(bits, rng):
     codes, scales, t = _random_gptq(K, N, G, bits, rng)
     q = unpack_qweight(t["qweight"], bits)                                   # [K, N]
     words = pack_tc(q) if bits == 4 else pack_tc8(q)
-    mod = W4A16Linear(K, N, bits, G, "triton" if bits == 4 else "triton8",
+    mod = GPTQLinear(K, N, bits, G, "triton" if bits == 4 else "triton8",
                       {"qweight": words, "scales": t["scales"].half()})
     want = reference.dequantize(t["qweight"], t["scales"], t["g_idx"], bits)
     assert rel_err(mod.dequantized_weight(), want) < 1e-6

@@ -52,7 +52,7 @@ def test_one_call_from_a_path_writes_what_the_cli_writes(ckpt, cli_out, tmp_path
     assert seen[0] == (0, 16, "quantizing") and [d for d, _, _ in seen] == list(range(17))
     assert seen[-1] == (16, 16, "layer 3: down_proj")
     lm = load_model(tmp_path / "q", "cpu", "float32")
-    assert type(lm.model.model.layers[0].mlp.down_proj).__name__ == "W4A16Linear"
+    assert type(lm.model.model.layers[0].mlp.down_proj).__name__ == "GPTQLinear"
 
 
 def test_an_in_memory_model_is_quantized_in_place_unless_copied(ckpt, cli_out, tmp_path):

@@ -164,7 +164,7 @@ def test_gptq_v2_checkpoint_of_another_tool_loads_identically(quantized, tmp_pat
     a = load_model(str(quantized), "cpu", "float32").model
     b = load_model(str(v2), "cpu", "float32").model
     for m in (a, b):
-        assert type(m.model.layers[1].mlp.up_proj).__name__ == "W4A16Linear"
+        assert type(m.model.layers[1].mlp.up_proj).__name__ == "GPTQLinear"
     wa = a.model.layers[1].mlp.up_proj.dequantized_weight()
     assert torch.equal(wa, b.model.layers[1].mlp.up_proj.dequantized_weight())
     ha = a.model.embed_tokens(ids)

@@ -180,7 +180,7 @@ def test_tensor_core_layout_rejects_bad_shapes():
 @pytest.mark.parametrize("M", [1, 2, 8, 33, 600])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])      # float32: bf16 activations
 def test_w4a16_linear_on_cuda_matches_reference(G, M, dtype):
-    from salactl.quant.linear import W4A16Linear
+    from salactl.quant.linear import GPTQLinear
     from salactl.quant.packing import default_g_idx, to_gptq_tensors
     from salactl.runtime.ops.w4a16 import reference
 
@@ -189,7 +189,7 @@ def test_w4a16_linear_on_cuda_matches_reference(G, M, dtype):
     codes = torch.randint(0, 16, (N, K), generator=gen)
     scales = (torch.rand(1 if G == -1 else K // G, N, generator=gen) * 0.01 + 0.001).half()
     t = to_gptq_tensors(codes, scales, default_g_idx(K, G), 4)
-    mod = W4A16Linear.from_gptq(t["qweight"], t["scales"], t["g_idx"], 4, G, "cuda", dtype)
+    mod = GPTQLinear.from_gptq(t["qweight"], t["scales"], t["g_idx"], 4, G, "cuda", dtype)
     assert mod.layout == "triton"
     x = torch.randn(M, K, generator=gen).to(dtype)
     ref = reference.w4a16_matmul(x.float(), t["qweight"], t["scales"], t["g_idx"], 4)

@@ -11,7 +11,7 @@ from test_w4a16_triton import _run_interpreted, interpreted, needs_triton
 
 _CHECK = """
 import torch
-from salactl.quant.linear import W4A16Linear
+from salactl.quant.linear import GPTQLinear
 from salactl.quant.packing import default_g_idx, to_gptq_tensors
 from salactl.runtime.ops.w4a16 import reference
 from salactl.runtime.ops.w8a16.triton import DEFAULT, DEFAULT_GEMV, W8Config, w8a16_linear
@@ -21,7 +21,7 @@ def check(K, N, G, M, dtype, sms, device):
     codes = torch.randint(0, 256, (N, K), generator=gen)
     scales = (torch.rand(1 if G == -1 else K // G, N, generator=gen) * 0.01 + 0.001).half()
     t = to_gptq_tensors(codes, scales, default_g_idx(K, G), 8)
-    mod = W4A16Linear.from_gptq(t["qweight"], t["scales"], t["g_idx"], 8, G, "cpu", torch.bfloat16)
+    mod = GPTQLinear.from_gptq(t["qweight"], t["scales"], t["g_idx"], 8, G, "cpu", torch.bfloat16)
     qweight = mod.qweight.to(device)              # the int8 layout [groups, N, group], codes - 128
     x = torch.randn(M, K, generator=gen).to(dtype)
     ref = reference.w4a16_matmul(x.float(), t["qweight"], t["scales"], t["g_idx"], 8)
@@ -70,7 +70,7 @@ def test_w8a16_kernel_on_cuda():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_w8a16_linear_on_cuda_kernel_and_dequantized_paths(dtype):
     """Up to 64 rows the kernel (float32 models: bf16 activations), from 65 the dequantized weight."""
-    from salactl.quant.linear import W4A16Linear
+    from salactl.quant.linear import GPTQLinear
     from salactl.quant.packing import default_g_idx, to_gptq_tensors
     from salactl.runtime.ops.w4a16 import reference
 
@@ -79,7 +79,7 @@ def test_w8a16_linear_on_cuda_kernel_and_dequantized_paths(dtype):
     codes = torch.randint(0, 256, (N, K), generator=gen)
     scales = (torch.rand(K // 128, N, generator=gen) * 0.01 + 0.001).half()
     t = to_gptq_tensors(codes, scales, default_g_idx(K, 128), 8)
-    mod = W4A16Linear.from_gptq(t["qweight"], t["scales"], t["g_idx"], 8, 128, "cuda", dtype)
+    mod = GPTQLinear.from_gptq(t["qweight"], t["scales"], t["g_idx"], 8, 128, "cuda", dtype)
     for rows in (1, 64, 65):
         x = torch.randn(rows, K, generator=gen).to(dtype)
         y = mod(x.cuda())

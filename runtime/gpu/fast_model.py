@@ -5,7 +5,7 @@ unchanged) so that a forward call does the same math with far fewer kernel launc
 - q/k/v/z (lightning), q/k/v/o_gate (minicpm4) and gate/up (MLP) run as one GEMM each over a
   concatenated weight; the original Linear weights become views into it (no extra memory).
   W4A16 projections (Triton layout, same group size and act-order permutation) are concatenated
-  the same way along N into one W4A16Linear (its packed layout is tiled per 16 output rows, so
+  the same way along N into one GPTQLinear (its packed layout is tiled per 16 output rows, so
   concatenating tiles is the packing of the concatenated weight); so are W8A16 ones (triton8 and
   int8 layouts). Other modules keep their calls.
 - residual add + RMSNorm, per-head qk-norm + RoPE, o_norm · sigmoid(z), o · sigmoid(o_gate) and
@@ -19,7 +19,7 @@ unchanged) so that a forward call does the same math with far fewer kernel launc
   down projection's activation loads made the W4A16 b1 step 3.07-3.12 instead of 2.50-2.55 ms;
   its [128, 16]-row activation tiles evaluate the sigmoid for all 16 rows of one real row, in every
   one of the 32 column tiles. W4A16 instead stores silu(gate)·up from the gate/up GEMM's epilogue
-  (W4A16Linear.forward_glu; SALACTL_W4A16_GLU=0 turns it off), bit for bit the separate kernel's.
+  (GPTQLinear.forward_glu; SALACTL_W4A16_GLU=0 turns it off), bit for bit the separate kernel's.
 The attention math still goes through batch.backend, like the reference layers.
 """
 
@@ -54,10 +54,10 @@ class _Unregistered:
 
 
 def _concat_w4a16(linears, current):
-    from salactl.quant.linear import W4A16Linear
+    from salactl.quant.linear import GPTQLinear
 
     first = linears[0]
-    if not all(type(m) is W4A16Linear and m.layout == first.layout for m in linears) \
+    if not all(type(m) is GPTQLinear and m.layout == first.layout for m in linears) \
             or first.layout not in ("triton", "triton8", "int8"):
         return None
     def key(m):          # what must match to share one input and one kernel call
@@ -73,7 +73,7 @@ def _concat_w4a16(linears, current):
     # tiles, int8 [groups, N, group]
     qweight = torch.cat([m.qweight for m in linears], dim=1)
     scales = torch.cat([m.scales for m in linears], dim=1)         # [groups, N]
-    fused = W4A16Linear(first.in_features, sum(m.out_features for m in linears), first.bits,
+    fused = GPTQLinear(first.in_features, sum(m.out_features for m in linears), first.bits,
                         first.group_size, first.layout, {"qweight": qweight, "scales": scales})
     fused.perm = first.perm
     rows = off = 0
@@ -89,7 +89,7 @@ def _concat(linears, current=None):
     """One weight for several bias-free nn.Linear; the modules' weights become views of it.
     `current`: the concatenation made by an earlier fuse_model call, kept while the modules
     still view it (a module swapped since, e.g. quantized, drops it). W4A16 modules give a
-    fused W4A16Linear (wrapped, unregistered) instead of a tensor."""
+    fused GPTQLinear (wrapped, unregistered) instead of a tensor."""
     if not all(type(m) is nn.Linear and m.bias is None for m in linears):
         return _concat_w4a16(linears, current)
     if not isinstance(current, torch.Tensor):

@@ -71,8 +71,6 @@ class Scheduler:
         return math.ceil(req.tokens_needed / self.block)
 
     def add(self, req: Request) -> None:
-        if not req.prompt:
-            raise UsageError("the prompt is empty; give at least one token")
         need = req.tokens_needed
         if need > self.max_context or self.pages_for(req) > self.pages.total:
             cap = min(self.max_context, self.pages.total * self.block)
