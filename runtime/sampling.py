@@ -11,7 +11,8 @@ import torch
 from salactl.errors import NumericsError, UsageError
 
 NON_FINITE = ("the model computed NaN/Inf logits: its weights hold NaN/Inf, or the activations "
-              "overflowed the dtype; check the checkpoint, or run with --dtype bfloat16 or float32")
+              "overflowed the dtype; check the checkpoint, or, if it runs in float16, use --dtype "
+              "bfloat16 or float32")
 
 
 @dataclass(frozen=True)

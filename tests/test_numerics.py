@@ -62,6 +62,20 @@ def test_nan_weights_stop_run_and_eval_with_one_line(tmp_path):
         assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "NaN/Inf logits" in r.stderr
 
 
+def test_nan_weights_stop_bench_and_sweep_with_the_runtimes_error_not_the_endpoints(tmp_path):
+    """The embedded target's NumericsError keeps exit 15 through bench's warmup (it used to become
+    exit 8, "endpoint"), and nothing is left in --out."""
+    model = str(_scaled_copy(tmp_path, float("nan")))
+    for cmd, args in (("bench", ("--scale", "0.002", "--num-requests", "2")),
+                      ("sweep", ("--dense-len", "64", "--input-len", "128", "--output-len", "2", "--requests", "1",
+                                 "--passkey-lengths", "128", "--passkey-depths", "0.5", "--passkey-trials", "1"))):
+        r = salactl(cmd, "--model", model, "--device", "cpu", "--out", str(tmp_path / cmd), "--json", *args)
+        assert r.returncode == NumericsError.exit_code, r.stderr
+        last = r.stderr.strip().splitlines()[-1]
+        assert last.startswith("error: the warmup request of phase") and "NaN/Inf logits" in last, r.stderr
+        assert r.stdout == "" and not (tmp_path / cmd).exists()
+
+
 def test_a_huge_perplexity_is_inf_not_an_overflow(tmp_path):
     lm = load_model(str(_scaled_copy(tmp_path, 3000.0)), "cpu", "float32")
     res = perplexity(lm.model, list(range(3, 60)), 32, None)

@@ -362,7 +362,7 @@ def test_gpu_generate_reports_prefill_progress_as_engine_does():
 def test_quantizing_a_loaded_model_refuses_load_arguments(tmp_path):
     from salactl.quant.api import quantize_checkpoint
 
-    lm = load_model("sala-nano")
+    lm = load_model("sala-nano", "cpu", torch.float32)
     with pytest.raises(UsageError, match="dtype 'bf16' \\(the model is float32\\) apply only when"):
         quantize_checkpoint(lm, tmp_path / "q", dtype="bf16")
     assert not (tmp_path / "q").exists()

@@ -36,6 +36,9 @@ class RequestResult:
     itl: list[float] = field(default_factory=list)
     error: str = ""
     output_len_estimated: bool = False  # the server reported no token count; output_len is ours
+    # what made it fail, where it was an exception (the embedded runtime's SalactlError keeps its
+    # exit code through bench's warmup); not part of any record
+    failure: BaseException | None = field(default=None, repr=False, compare=False)
 
     @property
     def short(self) -> bool:

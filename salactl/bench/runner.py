@@ -26,7 +26,7 @@ from salactl.bench.phase_checks import first_line
 from salactl.bench.profiles import Phase
 from salactl.bench.requests import BenchRequest, RequestResult
 from salactl.bench.targets.base import RequestFailed, Target
-from salactl.errors import EndpointError
+from salactl.errors import EndpointError, SalactlError
 
 WARMUP_MAX_TOKENS = 32
 
@@ -82,15 +82,19 @@ def run_request(target: Target, req: BenchRequest, max_tokens: int, phase: str,
             res.error = "the stream ended without any token"
     except RequestFailed as e:
         res.latency = time.perf_counter() - st
-        res.error = str(e)
+        res.error, res.failure = str(e), e.__cause__
     except Exception as e:      # never let one request kill its client thread (the phase would hang)
         res.latency = time.perf_counter() - st
-        res.error = f"{type(e).__name__}: {e}"
+        res.error, res.failure = f"{type(e).__name__}: {e}", e
     return res
 
 
 def warmup(target: Target, req: BenchRequest, phase: str, cancel: threading.Event) -> None:
+    """One untimed request; a failure stops the bench: the embedded runtime's own error (NaN logits,
+    capacity, device) with its exit code, anything else as the endpoint's."""
     res = run_request(target, req, min(req.output_len, WARMUP_MAX_TOKENS), phase, cancel)
+    if isinstance(res.failure, SalactlError) and not isinstance(res.failure, EndpointError):
+        raise type(res.failure)(f"the warmup request of phase {phase} failed: {res.failure}") from res.failure
     if not res.success:
         raise EndpointError(f"the warmup request of phase {phase} failed ({first_line(res.error)}); "
                             "the target cannot serve this workload")
