@@ -120,6 +120,9 @@ def validate(rec, where: str) -> dict:
     if not isinstance(rec, dict):
         raise UsageError(f"{where} is not a JSON object")
     version = rec.get("schema_version")
+    if version is None:
+        raise UsageError(f"{where} is not a salactl record (no schema_version); records come from "
+                         "bench, sweep or run --out")
     if version != SCHEMA_VERSION:
         raise UsageError(f"{where} has schema_version {version!r}; this salactl reads version "
                          f"{SCHEMA_VERSION}")

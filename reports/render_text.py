@@ -23,8 +23,12 @@ def fmt(v) -> str:
     return str(v)
 
 
+# key suffixes that already name the unit (mean_ttft_ms, floor_s, decode_tok_s, energy_j)
+UNIT_SUFFIXES = ("_ms", "_s", "_bytes", "_j", "_w")
+
+
 def header_name(col: str) -> str:
-    u = unit(col) if not (col.startswith("knob.") or col.endswith("_ms")) else ""
+    u = unit(col) if not (col.startswith("knob.") or col.endswith(UNIT_SUFFIXES)) else ""
     return f"{col} ({u})" if u else col
 
 
@@ -66,9 +70,11 @@ def markdown(report: LatencyReport, title: str = "Latency report") -> str:
 
 
 def csv_text(report: LatencyReport) -> str:
-    """Values as recorded: object columns (no float re-inference), and a column whose values are
-    all integers stays integer (nullable Int64) when some rows lack it."""
-    table = pd.DataFrame(report.rows, columns=_used_columns(report, report.rows), dtype=object)
+    """Values as recorded: object columns (no float re-inference), booleans as the Markdown writes
+    them (true/false), and a column whose values are all integers stays integer (nullable Int64)
+    when some rows lack it."""
+    rows = [{k: fmt(v) if isinstance(v, bool) else v for k, v in r.items()} for r in report.rows]
+    table = pd.DataFrame(rows, columns=_used_columns(report, report.rows), dtype=object)
     for col in table.columns:
         vals = [v for v in table[col] if v is not None]
         if vals and all(isinstance(v, int) and not isinstance(v, bool) and -2**63 <= v < 2**63

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -60,6 +61,7 @@ def main() -> None:
             # the commands say the same with the flag to change (output.warn_past_trained_length)
             warnings.simplefilter("ignore", ModelLimitWarning)
             rv = app(standalone_mode=False)
+            sys.stdout.flush()      # a closed pipe shows here, not in the interpreter's last flush
         # typer >= 0.16 turns Ctrl-C into Exit(130) and, without standalone mode, returns the code
         if isinstance(rv, int) and not isinstance(rv, bool) and rv:
             if rv == 130:
@@ -70,6 +72,12 @@ def main() -> None:
             traceback.print_exc()
         print(f"error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
+    except BrokenPipeError:
+        _closed_pipe()
+    except SystemExit as e:         # click turns a write to a closed pipe into a silent exit 1
+        if isinstance(e.__context__, OSError) and e.__context__.errno == errno.EPIPE:
+            _closed_pipe()
+        raise
     except OSError as e:            # an I/O failure no check foresaw (disk full, a path gone)
         if os.environ.get("SALACTL_DEBUG") == "1":
             raise
@@ -85,6 +93,9 @@ def main() -> None:
     except (typer.Abort,):
         _interrupted()
     except Exception as e:  # click usage errors (unknown option, bad value) arrive here
+        if isinstance(e, _no_args_is_help()):    # bare `salactl`, `salactl eval`: the help, no error
+            print(e.format_message(), file=sys.stderr)
+            sys.exit(e.exit_code)
         if isinstance(e, _click_errors()):
             ctx = getattr(e, "ctx", None)
             hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
@@ -93,12 +104,30 @@ def main() -> None:
         raise
 
 
+def _closed_pipe() -> None:
+    """stdout's reader went away (`salactl ... | head -1`): exit 141 in silence, as SIGPIPE ends a C
+    tool, with stdout on /dev/null so that the interpreter's last flush has nowhere to fail."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):    # a stdout without a file descriptor (tests)
+        pass
+    sys.exit(128 + signal.SIGPIPE)
+
+
 def _click_errors() -> tuple[type, ...]:
     """click's exception base: recent typer vendors click as typer._click; older typer imports click."""
+    return _click_exceptions("ClickException")
+
+
+def _no_args_is_help() -> tuple[type, ...]:
+    return _click_exceptions("NoArgsIsHelpError")
+
+
+def _click_exceptions(name: str) -> tuple[type, ...]:
     types = []
     for module in ("typer._click.exceptions", "click.exceptions"):
         try:
-            types.append(__import__(module, fromlist=["ClickException"]).ClickException)
-        except ImportError:
+            types.append(getattr(__import__(module, fromlist=[name]), name))
+        except (ImportError, AttributeError):
             pass
     return tuple(types)

@@ -40,8 +40,9 @@ def progress_bar(description: str):
         yield update
     except BaseException:
         bar.live.transient = True
+        bar.live.stop()     # not bar.stop(): off a terminal it ends the erased bar with a blank line
         raise
-    finally:
+    if task is not None:
         bar.stop()
 
 
@@ -95,10 +96,10 @@ def ppl(
             raise DatasetError(f"cannot read --file {file} as UTF-8 text: {getattr(e, 'strerror', None) or e}") from None
         source = {"file": str(file)}
     else:
-        from salactl.data.corpus import corpus_sha256, corpus_text, python_version
+        from salactl.data.corpus import corpus_sha256, corpus_text
 
         text = corpus_text(split)
-        source = {"split": split, "corpus_sha256": corpus_sha256(split), "python": python_version()}
+        source = {"split": split, "corpus_sha256": corpus_sha256(split)}     # env has the Python version
     lm, tok = _load(model, device, dtype, tokenizer)
     output.warn_past_trained_length(seq_len, lm.config.max_position_embeddings, "--seq-len")
     ids = tok.encode(text, add_special_tokens=False)

@@ -18,7 +18,7 @@ def info(
 ) -> None:
     """Show versions, the device and its roofline ceilings."""
     from salactl.env import environment
-    from salactl.runtime.loader import resolve_device
+    from salactl.runtime.loader import resolve_device, resolve_dtype
     from salactl.runtime.peaks import DATASHEET, cache_path, measure as do_measure, peaks_for
 
     dev = resolve_device(device)
@@ -26,7 +26,8 @@ def info(
         output.stderr.print(f"measuring copy bandwidth and bf16 / fp32 matmul on {dev} ...")
         do_measure(dev)
     peaks = peaks_for(dev)
-    record = {"env": environment(), "device": str(dev), "peaks": peaks.to_dict(),
+    # with the matmul rate a model in the device's default dtype is held to, as `run --json` has it
+    record = {"env": environment(), "device": str(dev), "peaks": peaks.for_dtype(resolve_dtype("auto", dev)),
               "peaks_cache": str(cache_path()),
               "datasheet": {k: {"mem_gbps": v[0], "bf16_tflops": v[1]} for k, v in DATASHEET.items()}}
     if json_out:

@@ -60,6 +60,9 @@ def profile(
     from salactl.reports.atomic import check_out_dir
 
     if import_dir is not None:
+        if not import_dir.is_dir():
+            what = "is not a directory" if import_dir.exists() else "does not exist"
+            raise UsageError(f"--import {import_dir} {what}; give a directory written by salactl profile --ncu")
         result = load_saved(import_dir, top)
     else:
         if ncu and torch_mode:

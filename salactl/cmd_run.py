@@ -65,8 +65,10 @@ def run(
         from salactl.run_job import run_records
 
         writer = RecordWriter(out / RECORDS_NAME)
-        for record in run_records(result, req, label):
+        records = run_records(result, req, label)
+        for record in records:
             writer.append(record)
+        result = {**result, "run_id": records[0]["run_id"], "files": {"records": str(writer.path)}}
     if json_out:
         output.print_json(result)
         return
@@ -93,7 +95,7 @@ def render(r: dict) -> None:
         output.table(
             f"{phase} roofline",
             ["op", "bytes", "FLOPs", "time ms", "GB/s", "TFLOP/s", "% peak", "floor ms"],
-            [[x["op"], output.human_bytes(x["bytes"]), x["flops"],
+            [[x["op"], output.human_bytes(x["bytes"]), float(x["flops"]),   # 1.65e+07, not every digit
               None if x["time_s"] is None else x["time_s"] * 1e3, x["achieved_gbps"],
               x["achieved_tflops"], x["pct_of_peak"], x["floor_s"] * 1e3] for x in rows])
         tot = rows[-1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -10,14 +11,24 @@ import tempfile
 from pathlib import Path
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from salactl.errors import UsageError
 
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """A closed pipe (`salactl ... | head -1`) raises what a plain write raises, so that cli.main
+        treats both alike (exit 141, no message); rich's own handler exits 1."""
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
 # markup off: messages and table cells carry user text and install hints ("pip install
 # 'salactl[plots]'", paths, list reprs) that rich would otherwise read as style tags and drop
-stdout = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160, markup=False)
-stderr = Console(stderr=True, soft_wrap=True, markup=False)
+stdout = _Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160, markup=False)
+stderr = _Console(stderr=True, soft_wrap=True, markup=False)
 
 
 _warned: set[str] = set()
@@ -69,9 +80,11 @@ def _probe_writable(existing: Path, path: Path, flag: str) -> None:
 
 
 def jsonable(obj):
-    """inf/nan are not JSON: store them as strings ("inf"), recursively."""
+    """inf/nan are not JSON: store them as strings ("inf"), recursively; -0.0 becomes 0.0."""
     if isinstance(obj, float) and (math.isnan(obj) or math.isinf(obj)):
         return str(obj)
+    if isinstance(obj, float) and obj == 0:
+        return 0.0
     if isinstance(obj, dict):
         return {k: jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -90,7 +103,20 @@ def table(title: str, columns: list[str], rows: list[list], console: Console = s
         t.add_column(c, justify="left" if i == 0 else "right")
     for r in rows:
         t.add_row(*[fmt(v) for v in r])
-    console.print(t)
+    console.print(_NaturalWidth(t))
+
+
+class _NaturalWidth:
+    """A table at its natural width, past the console's where it is wider: the terminal then wraps
+    or scrolls it, where rich would squeeze the columns and cut numbers and headers to "…"."""
+
+    def __init__(self, table: Table):
+        self.table = table
+
+    def __rich_console__(self, console: Console, options):
+        natural = Measurement.get(console, options.update_width(1 << 20), self.table).maximum
+        yield from console.render(self.table, options.update_width(natural) if natural > options.max_width
+                                  else options)
 
 
 def fmt(v) -> str:

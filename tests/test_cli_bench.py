@@ -126,9 +126,9 @@ def test_bad_numbers_are_one_line_usage_errors_before_any_work(tmp_path, flag, v
 @pytest.mark.parametrize("args,message", [
     (["--endpoint", "http://127.0.0.1:9", "--kv-cache-dtype", "fp8_e4m3", "--engine", "gpu"],
      "--engine, --kv-cache-dtype configure the embedded runtime, not a server"),
-    (["--endpoint", "http://127.0.0.1:9", "--random-weights"], "--random-weights configure the embedded runtime"),
-    (["--endpoint", "http://127.0.0.1:9", "--mem-fraction", "0.5"], "--mem-fraction configure the embedded runtime"),
-    (["--request-timeout", "5"], "--request-timeout apply to --endpoint servers only"),
+    (["--endpoint", "http://127.0.0.1:9", "--random-weights"], "--random-weights configures the embedded runtime, not a server: set it on"),
+    (["--endpoint", "http://127.0.0.1:9", "--mem-fraction", "0.5"], "--mem-fraction configures the embedded runtime"),
+    (["--request-timeout", "5"], "--request-timeout applies to --endpoint servers only; drop it"),
 ])
 def test_options_of_the_other_target_are_usage_errors(tmp_path, args, message):
     out = tmp_path / "o"

@@ -116,7 +116,7 @@ def test_run_records_keep_their_floor_columns(tmp_path):
     assert [(r["phase"], r["floor_s"], r["time_over_floor"]) for r in rep.rows] == [
         ("prefill", 0.00168, 85.7), ("decode", 0.00501, 25.5)]
     md = markdown(rep)
-    assert "| floor_s (s) | time_over_floor |" in md and "| 0.00168 | 85.7 |" in md and "| 25.5 |" in md
+    assert "| floor_s | time_over_floor |" in md and "| 0.00168 | 85.7 |" in md and "| 25.5 |" in md
     assert list(csv.DictReader(io.StringIO(csv_text(rep))))[1]["floor_s"] == "0.00501"
 
 

@@ -133,7 +133,7 @@ def test_bad_options_are_usage_errors(tmp_path, monkeypatch, capsys):
         assert err.strip().splitlines()[-1].startswith("error: ")
     assert not (tmp_path / "y").exists()                       # nothing written on bad input
     code, _, err = in_process(monkeypatch, capsys, "profile", "--import", str(tmp_path / "nothing"))
-    assert code == UsageError.exit_code and "step.json" in err
+    assert code == UsageError.exit_code and f"--import {tmp_path / 'nothing'} does not exist" in err
 
 
 def test_ncu_command_line():

@@ -112,11 +112,14 @@ def check_target_options(s: BenchSettings) -> None:
     """Options of the other kind of target would be silently ignored: name them instead."""
     given = [flag for name, flag in (EMBEDDED_ONLY if s.endpoint else SERVER_ONLY).items()
              if getattr(s, name) != getattr(BenchSettings, name)]
+    one = len(given) == 1
     if given and s.endpoint:
-        raise UsageError(f"{', '.join(given)} configure the embedded runtime, not a server: set them on "
-                         "the server's own command line, or drop --endpoint")
+        raise UsageError(f"{', '.join(given)} {'configures' if one else 'configure'} the embedded runtime, "
+                         f"not a server: set {'it' if one else 'them'} on the server's own command line, "
+                         "or drop --endpoint")
     if given:
-        raise UsageError(f"{', '.join(given)} apply to --endpoint servers only; drop them for the embedded runtime")
+        raise UsageError(f"{', '.join(given)} {'applies' if one else 'apply'} to --endpoint servers only; "
+                         f"drop {'it' if one else 'them'} for the embedded runtime")
 
 
 def build_target(s: BenchSettings, need_tokenizer: bool):
@@ -220,7 +223,7 @@ def _execute(run, plans, profile, target, s, slo, reference, weights, env, progr
                             "CUDA to batch)")
                 run.skipped.append({"phase": ph.name, "reason": why})
                 from salactl import output
-                output.stderr.print(f"skipping phase {ph.name}: {why}")
+                output.stderr.print(f"note: skipping phase {ph.name}: {why}")
                 continue
             outcome = run_phase(target, ph, plan.requests, seed=plan.dataset["seed"], progress=progress)
             phase_checks.warn_failures(ph.name, outcome.results, s.details)

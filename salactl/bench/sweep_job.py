@@ -194,7 +194,7 @@ def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
     points, varying, invalid = build_points(axes, config.sparse_config)
     for p, why in invalid:
         run.invalid.append({"knobs": p.knobs(), "reason": why})
-        output.stderr.print(f"skipping invalid point {p.label(varying)}: {why}")
+        output.stderr.print(f"note: skipping invalid point {p.label(varying)}: {why}")
     if not points:
         raise ConfigError(f"no valid point in the grid ({invalid[0][1]})")
     for p in points:
@@ -293,7 +293,7 @@ def _measure(p: SweepPoint, key: str, ctx: _SweepContext, run: SweepRun) -> dict
                                     s.max_running_requests, s.mem_fraction)
     except (ConfigError, UsageError) as e:
         run.invalid.append({"knobs": p.knobs(), "reason": str(e)})
-        output.stderr.print(f"skipping point {label}: {e}")
+        output.stderr.print(f"note: skipping point {label}: {e}")
         return None
     target = EmbeddedTarget(driver, lm.source, config.vocab_size, device)
     try:

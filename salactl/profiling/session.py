@@ -95,6 +95,7 @@ def run(spec: ProfileSpec, opts: SessionOptions) -> dict:
         result = _run(spec, replace(opts, out_dir=staging), mode)
         result["out_dir"] = str(final)
         result["files"] = {k: str(final / Path(v).name) for k, v in result.get("files", {}).items()}
+        result["files"]["result"] = str(final / "result.json")
         write_json(staging / "result.json", result)
         move_all(staging, final, overwrite=True)     # check_out_dir vetted --out before the work
         return result
