@@ -53,8 +53,8 @@ def linear_costs(model: nn.Module) -> dict[str, LinearCost]:
 
 @dataclass
 class OpCost:
-    bytes: float = 0.0
-    flops: float = 0.0
+    bytes: int = 0
+    flops: int = 0
 
 
 def call_costs(config: SalaConfig, linears: dict[str, LinearCost], rows: list[tuple[int, int]],
@@ -93,9 +93,9 @@ def call_costs(config: SalaConfig, linears: dict[str, LinearCost], rows: list[tu
 
         h, dk = config.lightning_nh, config.lightning_head_dim
         n_light = len(config.lightning_layers)
-        intra = n * min(n, gla_chunk) / 2 if n > 1 else 0
+        intra2 = n * min(n, gla_chunk) if n > 1 else 0     # twice the intra-chunk (query, key) pairs
         costs["gla"].bytes += n_light * (2 * h * dk * dk * 4 + n * 4 * h * dk * act_bytes)
-        costs["gla"].flops += n_light * (4 * h * dk * dk * n + 2 * h * 2 * dk * intra)
+        costs["gla"].flops += n_light * (4 * h * dk * dk * n + 2 * h * dk * intra2)
 
     norms = 2 * config.num_hidden_layers + 1
     costs["other"].bytes += n_tok * config.hidden_size * act_bytes * (1 + 2 * norms)
@@ -120,8 +120,8 @@ def phase_costs(config, linears, calls: list[list[tuple[int, int]]], logit_rows_
 @dataclass
 class RooflineRow:
     op: str
-    bytes: float
-    flops: float
+    bytes: int
+    flops: int
     time_s: float | None
     achieved_gbps: float | None
     achieved_tflops: float | None

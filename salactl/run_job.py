@@ -193,16 +193,11 @@ def _roofline(req: RunRequest, lm: LoadedModel, P: int, engine, res, ceilings: d
     dec = phase_costs(lm.config, linears, dec_calls, [1] * len(dec_calls), **kw)
     mem_gbps, tflops = ceilings["mem_gbps"], ceilings["compute_tflops"]
     return {
-        "prefill": [_counted(r) for r in roofline_rows(pre, res.prefill.op_seconds, res.prefill.seconds,
+        "prefill": [r.to_dict() for r in roofline_rows(pre, res.prefill.op_seconds, res.prefill.seconds,
                                                        mem_gbps, tflops)],
-        "decode": [_counted(r) for r in roofline_rows(dec, res.decode.op_seconds, res.decode.seconds,
+        "decode": [r.to_dict() for r in roofline_rows(dec, res.decode.op_seconds, res.decode.seconds,
                                                       mem_gbps, tflops)] if dec_calls else [],
     }
-
-
-def _counted(row) -> dict:
-    """A roofline row with its byte and FLOP counts as integers (the cost model sums floats)."""
-    return {**row.to_dict(), "bytes": round(row.bytes), "flops": round(row.flops)}
 
 
 def run_records(result: dict, req: RunRequest, label: str | None) -> list[dict]:
