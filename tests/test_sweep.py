@@ -106,6 +106,8 @@ def test_sweep_cli_end_to_end_and_resume(tmp_path):
         assert p["mean_ttft_ms"] > 0 and p["mean_tpot_ms"] > 0 and p["output_throughput"] > 0
         assert 0.0 <= p["passkey_accuracy"] <= 1.0 and p["cache_bytes_per_request"] > 0
         assert p["knobs"]["topk"] == 2 and p["knobs"]["kv_dtype"] == "bf16" and p["env"]["torch"]
+        # what ran, as run/bench records name it: "bf16" KV on a float32 model stores float32
+        assert p["knobs"]["kv_cache_dtype"] == "float32" and p["knobs"]["weights"] == "float32"
     assert run["pareto"] and set(run["pareto"]) <= set(pts)
     assert len((out / "records.jsonl").read_text().splitlines()) == 2
 
@@ -158,6 +160,7 @@ def test_sweep_weight_dtype_w4a16_and_w8a16_in_memory(tmp_path):
     assert 0 < pts["w8a16"]["logit_kl_mean"] < pts["w4a16"]["logit_kl_mean"]     # 8-bit moves them less
     assert pts["w4a16"]["top1_agreement"] > 0.5 and pts["w8a16"]["completed"] == 1
     assert pts["w4a16"]["completed"] == 1
+    assert [pts[w]["knobs"]["weights"] for w in ("fp32", "w4a16", "w8a16")] == ["float32", "w4a16", "w8a16"]
 
 
 def test_no_kl_says_why_there_is_no_pareto_front(tmp_path):

@@ -20,6 +20,7 @@ from salactl.lists import parse_list
 from salactl.quant.in_memory import QUANTIZED_BITS, quantize_rtn_in_memory, quantized_as
 from salactl.reports.atomic import write_atomic
 from salactl.runtime.gpu.mem_fraction import DEFAULT_MEM_FRACTION, check_mem_fraction
+from salactl.runtime.kv_fp8 import stored_kv_name
 
 if TYPE_CHECKING:
     from salactl.runtime.loader import LoadedModel
@@ -321,6 +322,10 @@ def _measure(p: SweepPoint, key: str, ctx: _SweepContext, run: SweepRun) -> dict
                                         s.passkey_trials, s.seed, p.chunk_size, lm.model_dir))
     metrics["point_key"] = key
     knobs = dict(p.knobs(), **{k: v for k, v in ctx.knobs.items() if k not in ("model",)})
+    # what ran, named as run and bench records name it (kv_dtype "bf16" on a float32 model stores float32)
+    act_dtype = model.model.embed_tokens.weight.dtype
+    knobs.update(kv_cache_dtype=stored_kv_name(p.kv_dtype, act_dtype),
+                 weights=quantized_as(model) or str(act_dtype).replace("torch.", ""))
     return rec.make_record("sweep", run.run_id, s.label, "sweep", label, "embedded", lm.source, metrics,
                            knobs, ctx.env, outcome.started_at)
 
