@@ -15,7 +15,7 @@ import torch
 from salactl import output
 from salactl.env import environment
 from salactl.errors import QuantizationError, UsageError
-from salactl.quant.calibration import RANDOM, calibration_windows
+from salactl.quant.calibration import RANDOM, calibration_windows, check_calibration_sizes
 from salactl.quant.in_memory import quantized_as
 from salactl.quant.sequential import QuantizeOutcome, QuantOptions, layer_groups, quantize_model
 from salactl.quant.writer import quantization_config, write_quantized_checkpoint
@@ -49,6 +49,7 @@ def quantize_checkpoint(model: str | Path | LoadedModel, out: str | Path, opts: 
     progress: called as progress(done, total, label) per module group (None: silent). Notes and
     warnings go to stderr, as the CLI's do. Errors are SalactlError subclasses (salactl.errors)."""
     check_output_dir(Path(out), overwrite)
+    check_calibration_sizes(nsamples, seqlen)      # also for RTN: a bad value is an error even when unused
     t_start = time.perf_counter()
     lm = _quantizable_model(model, device, dtype, random_weights, seed, copy)
     windows, calib_source = _calibration(lm, opts, calib, tokenizer, nsamples, seqlen, seed, random_weights)
@@ -98,6 +99,8 @@ def _calibration(lm: LoadedModel, opts: QuantOptions, calib: str | Path | None, 
     calib = None if calib is None else str(calib)
     # RTN reads no activations: calibrate only for FP8 KV scales or when `calib` asks for the errors
     if opts.method == "rtn" and calib is None and fp8_dtype(opts.kv_cache_dtype) is None:
+        if tokenizer is not None:
+            find_tokenizer(str(tokenizer), lm.model_dir)   # unused, but a bad --tokenizer is still an error
         output.stderr.print("note: RTN needs no calibration data; pass --calib FILE (or 'random') to also "
                             "report each module's output error")
         return None, None

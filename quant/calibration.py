@@ -18,7 +18,10 @@ RANDOM = "random"
 
 def read_documents(path: Path) -> list[str]:
     try:
-        raw = path.read_text(encoding="utf-8", errors="replace")
+        raw = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"--calib {path} is not UTF-8 text ({e.reason} at byte {e.start}); give a text or "
+                           "JSONL file with a \"text\" field, or --calib random") from None
     except OSError as e:
         raise DatasetError(f"cannot read --calib {path}: {e.strerror}") from None
     if path.suffix == ".jsonl":
@@ -46,12 +49,16 @@ def builtin_documents() -> list[str]:
     return list(corpus_documents("train"))
 
 
+def check_calibration_sizes(nsamples: int, seqlen: int) -> None:
+    if nsamples < 1 or seqlen < 2:
+        raise UsageError(f"nsamples (--nsamples) must be >= 1 and seqlen (--seqlen) >= 2 (got {nsamples}, {seqlen})")
+
+
 def calibration_windows(calib: str | None, tokenizer, nsamples: int, seqlen: int, vocab_size: int,
                         seed: int = 0, eos_id: int | None = None) -> torch.Tensor:
     """Token windows [S, T] (long, on CPU); S <= nsamples, T = seqlen (or shorter if the whole
     calibration text is shorter than one window)."""
-    if nsamples < 1 or seqlen < 2:
-        raise UsageError(f"nsamples (--nsamples) must be >= 1 and seqlen (--seqlen) >= 2 (got {nsamples}, {seqlen})")
+    check_calibration_sizes(nsamples, seqlen)
     if calib == RANDOM:
         gen = torch.Generator().manual_seed(seed)
         return torch.randint(0, vocab_size, (nsamples, seqlen), generator=gen)

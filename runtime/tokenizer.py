@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from salactl.errors import TokenizerError
+from salactl.errors import TokenizerError, UsageError
 from salactl.runtime.chat_template import chatml, compile_template, one_line, read_chat_template
 
 # transformers classes whose __init__ rebuilds the post-processor from add_bos_token/add_eos_token
@@ -36,6 +36,7 @@ class Tokenizer:
         if not file.exists():
             raise TokenizerError(f"no tokenizer.json at {file}; pass --tokenizer PATH (a tokenizer.json or "
                                  "its directory)")
+        _check_readable(file)
         try:
             self.tok = HFTokenizer.from_file(str(file))
         except Exception as e:  # tokenizers raises plain Exceptions for bad files
@@ -177,7 +178,11 @@ class Tokenizer:
         """Text to token ids, like HF `encode`: with whatever special tokens the post-processor adds
         (e.g. BOS, as `salactl run --prompt` encodes), or the text's ids alone with
         `add_special_tokens=False`."""
-        return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
+        try:
+            return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
+        except TypeError:
+            _check_utf8(text)
+            raise
 
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         """Token ids to text; special tokens (BOS, EOS, ...) are left out unless skip_special=False
@@ -210,6 +215,29 @@ class Tokenizer:
         (the template supplies any BOS), as HF `apply_chat_template(..., tokenize=True)`."""
         messages = [{"role": "user", "content": user}]
         return self.encode(self.apply_chat_template(messages, add_generation_prompt=True), add_special_tokens=False)
+
+
+def _check_readable(file: Path) -> None:
+    """An unreadable file is not an invalid one: say which it is."""
+    try:
+        with open(file, "rb"):
+            pass
+    except OSError as e:
+        raise TokenizerError(f"cannot read tokenizer {file}: {e.strerror}; fix its permissions or pass "
+                             "another --tokenizer") from None
+
+
+def _check_utf8(text) -> None:
+    """Python keeps bytes that are not UTF-8 (argv from a Latin-1 terminal, a file read with
+    errors="surrogateescape") as lone surrogates, which no tokenizer can encode."""
+    if not isinstance(text, str):
+        return
+    bad = next((i for i, c in enumerate(text) if "\ud800" <= c <= "\udfff"), None)
+    if bad is not None:
+        byte = ord(text[bad]) - 0xDC00
+        shown = f"byte 0x{byte:02x}" if 0x80 <= byte <= 0xFF else f"code point U+{ord(text[bad]):04X}"
+        raise UsageError(f"the text is not valid UTF-8 ({shown} at character {bad}); give UTF-8 text "
+                         "(convert it, e.g. with iconv -f latin1 -t utf-8, or set a UTF-8 locale)")
 
 
 def _int(v, path: Path) -> int:

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from salactl import output
+from salactl.errors import UsageError
 from salactl.options import SEED_MAX, DeviceOpt, DtypeOpt, JsonOpt, RandomWeightsOpt, TokenizerOpt
 
 
@@ -48,9 +49,10 @@ def bench(
     from salactl.bench.summary import score_line, table_rows
 
     output.directory_option(out, files=("records.jsonl",))
+    check_tokenizer_used(tokenizer, endpoint, dataset)
     settings = BenchSettings(
         profile=profile, dataset=dataset, skip_bad_rows=skip_bad_rows, scale=scale,
-        num_requests=num_requests, phases=tuple(p.strip() for p in phases.split(",") if p.strip()) if phases else (),
+        num_requests=num_requests, phases=phase_names(phases),
         endpoint=endpoint, backend=backend, model=model, tokenizer=tokenizer,
         random_weights=random_weights, seed=seed, device=device, dtype=dtype, chunk_size=chunk_size,
         engine=engine, kv_cache_dtype=kv_cache_dtype, max_running_requests=max_running_requests,
@@ -76,6 +78,25 @@ def bench(
         output.stdout.print(f"records: {files['records']}  summary: {files['summary_md']}")
     else:
         output.stdout.print("no phase ran; nothing was recorded")
+
+
+def phase_names(text: str | None) -> tuple[str, ...]:
+    """--phases as names; a value that names none ("", ",") is an error, not "every phase"."""
+    if text is None:
+        return ()
+    names = tuple(p.strip() for p in text.split(",") if p.strip())
+    if not names:
+        raise UsageError(f"--phases {text!r} names no phase; give names such as S1,S8, or drop --phases "
+                         "to run every phase")
+    return names
+
+
+def check_tokenizer_used(tokenizer: str | None, endpoint: str | None, dataset: str | None) -> None:
+    """On the embedded runtime the tokenizer only counts the tokens of --dataset rows (synthetic
+    prompts are random ids of the model's vocabulary): anywhere else it would be silently ignored."""
+    if tokenizer is not None and not endpoint and not dataset:
+        raise UsageError("--tokenizer applies to --dataset rows or --endpoint servers only; the embedded "
+                         "runtime's synthetic prompts are random token ids: drop --tokenizer, or add --dataset")
 
 
 def register(app: typer.Typer) -> None:

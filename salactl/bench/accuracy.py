@@ -14,6 +14,7 @@ import random
 
 import torch
 
+from salactl.errors import SalactlError
 from salactl.runtime.config import SalaConfig
 
 
@@ -70,7 +71,7 @@ def kl_prompt(tokenizer, length: int, vocab_size: int, seed: int) -> list[int]:
             ids, _ = make_passkey_prompt(tokenizer, length, 0.5, random.Random(seed))
             if max(ids) < vocab_size:
                 return ids
-        except Exception:
+        except SalactlError:        # e.g. too short for the passkey text: random ids instead
             pass
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, vocab_size, (length,), generator=g).tolist()

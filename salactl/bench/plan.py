@@ -15,6 +15,7 @@ from salactl.bench.synthetic import random_lengths, soar_like
 from salactl.errors import DatasetError, UsageError
 
 DEFAULT_SYNTHETIC_REQUESTS = 96
+BENCH_SIZE_FIX = "lower --scale or --num-requests (or the profile's lengths)"
 
 
 @dataclass
@@ -35,8 +36,13 @@ def parse_dataset_spec(spec: str | None, phase_names: list[str]) -> dict[str | N
         if empty is not None:
             raise UsageError(f"--dataset {empty}= names no file; give {empty}=PATH")
         return {name: Path(f) for name, f in files.items()}
-    if len(parts) > 1 and any("=" in p for p in parts):
-        bad = next(p.split("=", 1)[0] for p in parts if "=" in p and p.split("=", 1)[0] not in phase_names)
+    keys = [p.split("=", 1)[0] for p in parts if "=" in p]
+    # one PATH may hold "=" (e.g. data=v2.jsonl); a key without "/" that names no file is a phase
+    if (len(parts) > 1 and keys) or (keys and "/" not in keys[0] and not Path(spec).exists()):
+        bad = next((k for k in keys if k not in phase_names), None)
+        if bad is None:
+            raise UsageError(f"--dataset {spec} mixes PHASE=FILE and FILE; give one file for every phase "
+                             "or PHASE=FILE for each")
         raise UsageError(f"--dataset names phase {bad!r}, which the profile lacks; phases: {', '.join(phase_names)}")
     return {None: Path(spec)}
 
@@ -96,7 +102,7 @@ def plan_phases(profile: Profile, phases: list[Phase], spec: dict[str | None, Pa
                     "bad_rows_skipped": list(report.bad_lines), "too_short_dropped": too_short}
         elif ds.kind == "soar":
             n = min(ph.num_requests or ds.num_requests or DEFAULT_SYNTHETIC_REQUESTS, cap or 10**9)
-            reqs = soar_like(n, scale, vocab_size, seed=seed, prefix=prefix)
+            reqs = soar_like(n, scale, vocab_size, seed=seed, prefix=prefix, fix=BENCH_SIZE_FIX)
             info = {"kind": "soar-synthetic", "scale": scale}
         else:
             n = ph.batch_size if profile.mode == "one-batch" else min(
@@ -104,7 +110,8 @@ def plan_phases(profile: Profile, phases: list[Phase], spec: dict[str | None, Pa
             in_len = max(1, round((ph.input_len or ds.input_len) * scale))
             out_len = max(1, round((ph.output_len or ds.output_len) * scale))
             ratio = ph.range_ratio if ph.range_ratio is not None else ds.range_ratio
-            reqs = random_lengths(n, in_len, out_len, vocab_size, ratio, seed=seed, prefix=prefix)
+            reqs = random_lengths(n, in_len, out_len, vocab_size, ratio, seed=seed, prefix=prefix,
+                                  fix=BENCH_SIZE_FIX)
             info = {"kind": "random", "scale": scale, "input_len": in_len, "output_len": out_len,
                     "range_ratio": ratio}
         info.update(seed=seed, num_requests=len(reqs), vocab_size=vocab_size if not spec else None)

@@ -95,12 +95,12 @@ def shipped_profiles() -> list[str]:
 
 def load_profile(spec: str) -> Profile:
     """`spec` is a shipped profile name or a path to a TOML file."""
+    if not spec.strip():
+        raise ConfigError(f"--profile is empty; give a shipped profile ({', '.join(shipped_profiles())}) "
+                          "or a path to a .toml file")
     path = Path(spec)
     if spec.endswith(".toml") or path.exists():
-        if not path.is_file():
-            raise ConfigError(f"profile file {spec} does not exist; shipped profiles: "
-                              f"{', '.join(shipped_profiles())}")
-        text, source = path.read_text(encoding="utf-8"), str(path)
+        text, source = _read_profile_file(path), str(path)
     else:
         res = resources.files("salactl.profiles") / f"{spec}.toml"
         if not res.is_file():
@@ -112,6 +112,22 @@ def load_profile(spec: str) -> Profile:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"profile {source} is not valid TOML ({e})") from None
     return parse_profile(data, source)
+
+
+def _read_profile_file(path: Path) -> str:
+    shipped = f"shipped profiles: {', '.join(shipped_profiles())}"
+    if path.is_dir():
+        raise ConfigError(f"--profile {path} is a directory, not a .toml file; give the file, or one of the {shipped}")
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"profile file {path} does not exist; {shipped}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"--profile {path} is not UTF-8 text ({e.reason} at byte {e.start}); "
+                          "give a TOML profile file") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read --profile {path}: {e.strerror}; fix its permissions or give "
+                          "another file") from None
 
 
 class _Checker:

@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from salactl.bench.requests import RequestResult
+from salactl.errors import UsageError
 from salactl.output import jsonable
 from salactl.reports.atomic import write_atomic
 from salactl.reports.records import SCHEMA_VERSION
@@ -59,11 +60,24 @@ class RecordWriter:
 
 
 def read_records(path: Path) -> list[dict]:
+    """The records already in `path` ([] when there is none); a file that cannot be read or is not
+    UTF-8 is a UsageError (exit 2), as `salactl report` treats records files."""
     path = Path(path)
     if not path.exists():
         return []
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise UsageError(f"cannot read records file {path}: {e.strerror}; fix its permissions or choose "
+                         "another --out") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        lineno = data.count(b"\n", 0, e.start) + 1
+        raise UsageError(f"{path}:{lineno} is not UTF-8 text (byte {e.start}); records files are JSON lines "
+                         "written by bench, sweep or run: move it away or choose another --out") from None
     out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in text.splitlines():
         line = line.strip()
         if line:
             try:

@@ -17,13 +17,35 @@ from __future__ import annotations
 import numpy as np
 
 from salactl.bench.requests import BenchRequest
-from salactl.errors import UsageError
+from salactl.errors import CapacityError, UsageError
 
 K = 1024
 SOAR_INPUT_BINS = ((0, 4 * K, 0.25), (4 * K, 16 * K, 0.40 / 3), (16 * K, 32 * K, 0.40 / 3),
                    (32 * K, 128 * K, 0.35), (128 * K, 160 * K, 0.40 / 3))
 SOAR_OUTPUT_BINS = ((0, 512, 0.35), (512, 2 * K, 0.25), (2 * K, 4 * K, 0.40 / 3),
                     (4 * K, 16 * K, 0.40 / 3), (16 * K, 32 * K, 0.40 / 3))
+
+
+# host bytes per prompt token: a Python int (28) and its tuple slot (8) in the request, plus the
+# int64 it is drawn into (8); per request: the BenchRequest, its id string and lengths (rounded up)
+BYTES_PER_PROMPT_TOKEN = 44
+BYTES_PER_REQUEST = 512
+GENERIC_SIZE_FIX = "lower the number of requests or their lengths"
+
+
+def prompt_set_bytes(num_requests: int, prompt_tokens: int) -> int:
+    return num_requests * BYTES_PER_REQUEST + prompt_tokens * BYTES_PER_PROMPT_TOKEN
+
+
+def check_host_memory(need: int, what: str, fix: str) -> None:
+    """Refuse what cannot fit in the host's available memory before allocating it: numpy would raise
+    a MemoryError, and a slow build of Python objects would run the machine out of memory."""
+    from salactl.runtime.loader import available_host_bytes
+
+    avail = available_host_bytes()
+    if avail is not None and need > avail:
+        raise CapacityError(f"{what} would take {need / 1e9:,.1f} GB of host memory, but this machine has "
+                            f"{avail / 1e9:.1f} GB available; {fix}")
 
 
 def apportion(n: int, shares: list[float]) -> list[int]:
@@ -62,26 +84,33 @@ def random_prompt(n: int, vocab_size: int, rng: np.random.Generator) -> tuple[in
 
 
 def soar_like(num_requests: int, scale: float, vocab_size: int, seed: int = 1,
-              prefix: str = "r") -> list[BenchRequest]:
+              prefix: str = "r", fix: str = GENERIC_SIZE_FIX) -> list[BenchRequest]:
     if num_requests <= 0:
         raise UsageError(f"the synthetic SOAR set needs at least 1 request, got {num_requests}")
     if scale <= 0:
         raise UsageError(f"--scale must be positive, got {scale}")
+    check_host_memory(prompt_set_bytes(num_requests, 0), f"the synthetic SOAR set of {num_requests:,} requests", fix)
     rng = np.random.default_rng(seed)
     ins = _bin_lengths(SOAR_INPUT_BINS, num_requests, scale, rng)
     outs = _bin_lengths(SOAR_OUTPUT_BINS, num_requests, scale, rng)
+    check_host_memory(prompt_set_bytes(num_requests, sum(ins)),
+                      f"the synthetic SOAR set ({num_requests:,} prompts, {sum(ins):,} tokens at scale {scale:g})", fix)
     return [BenchRequest(f"{prefix}{i}", a, b, random_prompt(a, vocab_size, rng))
             for i, (a, b) in enumerate(zip(ins, outs))]
 
 
 def random_lengths(num_requests: int, input_len: int, output_len: int, vocab_size: int,
-                   range_ratio: float = 0.0, seed: int = 1, prefix: str = "r") -> list[BenchRequest]:
+                   range_ratio: float = 0.0, seed: int = 1, prefix: str = "r",
+                   fix: str = GENERIC_SIZE_FIX) -> list[BenchRequest]:
     if num_requests <= 0:
         raise UsageError(f"the random dataset needs at least 1 request, got {num_requests}")
     if input_len < 1 or output_len < 1:
         raise UsageError(f"random lengths must be >= 1 token, got input {input_len}, output {output_len}")
     if not 0.0 <= range_ratio < 1.0:
         raise UsageError(f"range_ratio must be in [0, 1), got {range_ratio}")
+    shortest = max(1, int(input_len * (1 - range_ratio)))      # the least it can need, before drawing
+    check_host_memory(prompt_set_bytes(num_requests, num_requests * shortest),
+                      f"the random dataset ({num_requests:,} prompts of at least {shortest:,} tokens)", fix)
     rng = np.random.default_rng(seed)
 
     def draw(L: int) -> list[int]:
@@ -89,5 +118,7 @@ def random_lengths(num_requests: int, input_len: int, output_len: int, vocab_siz
         return [int(x) for x in rng.integers(lo, hi + 1, size=num_requests)]
 
     ins, outs = draw(input_len), draw(output_len)
+    check_host_memory(prompt_set_bytes(num_requests, sum(ins)),
+                      f"the random dataset ({num_requests:,} prompts, {sum(ins):,} tokens)", fix)
     return [BenchRequest(f"{prefix}{i}", a, b, random_prompt(a, vocab_size, rng))
             for i, (a, b) in enumerate(zip(ins, outs))]

@@ -51,6 +51,11 @@ def iter_sse(resp):
             yield line[5:].strip().decode("utf-8", "replace"), ts
 
 
+def _has_blank(url: str) -> bool:
+    """Whitespace or control characters, which urlsplit keeps in the host but http.client refuses."""
+    return any(c.isspace() or not c.isprintable() for c in url)
+
+
 class HttpTarget(Target):
     def __init__(self, endpoint: str, backend: str, model: str | None = None,
                  connect_timeout_s: float = 5.0, flush_sleep_s: float = 1.0,
@@ -63,7 +68,7 @@ class HttpTarget(Target):
             port = parts.port               # parsed lazily: raises on a bad or out-of-range port
         except ValueError:
             raise bad_url from None
-        if parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
+        if parts.scheme not in ("http", "https") or not parts.hostname or port == 0 or _has_blank(endpoint):
             raise bad_url
         self.kind, self.backend = backend, backend
         self.scheme, self.host = parts.scheme, parts.hostname
