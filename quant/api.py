@@ -50,6 +50,8 @@ def quantize_checkpoint(model: str | Path | LoadedModel, out: str | Path, opts: 
     warnings go to stderr, as the CLI's do. Errors are SalactlError subclasses (salactl.errors)."""
     check_output_dir(Path(out), overwrite)
     check_calibration_sizes(nsamples, seqlen)      # also for RTN: a bad value is an error even when unused
+    if calib is not None and not str(calib).strip():
+        raise UsageError("calib (--calib) is empty; give a text or JSONL file, or random")
     t_start = time.perf_counter()
     lm = _quantizable_model(model, device, dtype, random_weights, seed, copy)
     windows, calib_source = _calibration(lm, opts, calib, tokenizer, nsamples, seqlen, seed, random_weights)

@@ -123,30 +123,33 @@ def check_host_memory(config: SalaConfig, dtype: torch.dtype, device: torch.devi
                             "(device cuda, --device cuda) or a W4A16 checkpoint (salactl quantize)")
 
 
-def load_model(model: str | Path | None = None, device=None, dtype: str | torch.dtype | None = None,
-               random_weights: bool = False, seed: int = 0) -> LoadedModel:
-    """Load a model for Engine / GPUEngine.
+def available_bytes(device: torch.device) -> int | None:
+    """Memory a new allocation on `device` can take: MemAvailable on CPU, the free memory of a
+    CUDA device; None where that is unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return available_host_bytes() if device.type == "cpu" else None
 
-    model: a checkpoint directory or a preset name (None = "sala-nano", whose weights ship with
-    salactl; other presets need random_weights=True). device: "cpu", "cuda", "cuda:N" or a
-    torch.device (None/"auto" = cuda when visible, else cpu). dtype: "bf16"/"fp16"/"fp32" or a
-    torch.dtype (None/"auto" = bf16 on CUDA, fp32 on CPU). random_weights: random weights of the
-    preset's / config.json's shapes, drawn with `seed`. Errors are SalactlError subclasses
-    (CheckpointError, ConfigError, DeviceError, UsageError, CapacityError)."""
-    dev = resolve_device(device)
-    name = str(model) if model else "sala-nano"
+
+def _model_name(model: str | Path | None) -> str:
+    """None means the embedded sala-nano; an empty name is a mistake, not a request for it."""
+    if model is None:
+        return "sala-nano"
+    if not str(model).strip():
+        raise UsageError(f"model (--model) is empty; give a checkpoint directory or a preset "
+                         f"({', '.join(sorted(PRESETS))})")
+    return str(model)
+
+
+def _resolve_source(model: str | Path | None, random_weights: bool) -> tuple[str, Path, SalaConfig]:
+    """(name, directory, config) of what load_model loads, read without any weights."""
+    name = _model_name(model)
     path = Path(name)
     if random_weights:
         if name not in PRESETS and not (path / "config.json").exists():
             raise ConfigError(f"random_weights (--random-weights) needs a preset "
                               f"({', '.join(sorted(PRESETS))}) or a directory with config.json, got {name!r}")
-        config = preset(name) if name in PRESETS else SalaConfig.from_file(path / "config.json")
-        dt = resolve_dtype(dtype, dev)
-        check_host_memory(config, dt, dev, name)
-        state = random_state_dict(config, dev, dt, seed)
-        model_dir = EMBEDDED_DIR if name == "sala-nano" and EMBEDDED_DIR.exists() else (
-            path if path.is_dir() else None)
-        return LoadedModel(build_model(config, state), config, model_dir, f"random:{name}:seed={seed}")
+        return name, path, preset(name) if name in PRESETS else SalaConfig.from_file(path / "config.json")
     if name == "sala-nano":
         path = EMBEDDED_DIR
         if not (path / "config.json").exists():
@@ -158,8 +161,35 @@ def load_model(model: str | Path | None = None, device=None, dtype: str | torch.
     elif not path.is_dir():
         raise CheckpointError(f"{name!r} is neither a checkpoint directory nor a preset "
                               f"({', '.join(sorted(PRESETS))})")
-    config = SalaConfig.from_file(path / "config.json")
+    return name, path, SalaConfig.from_file(path / "config.json")
+
+
+def model_config(model: str | Path | None = None, random_weights: bool = False) -> SalaConfig:
+    """The config load_model(model, random_weights=...) would build, with the same errors, but no
+    weights read: for checks that must come before loading."""
+    return _resolve_source(model, random_weights)[2]
+
+
+def load_model(model: str | Path | None = None, device=None, dtype: str | torch.dtype | None = None,
+               random_weights: bool = False, seed: int = 0) -> LoadedModel:
+    """Load a model for Engine / GPUEngine.
+
+    model: a checkpoint directory or a preset name (None = "sala-nano", whose weights ship with
+    salactl; other presets need random_weights=True; "" is an error). device: "cpu", "cuda",
+    "cuda:N" or a torch.device (None/"auto" = cuda when visible, else cpu). dtype:
+    "bf16"/"fp16"/"fp32" or a torch.dtype (None/"auto" = bf16 on CUDA, fp32 on CPU).
+    random_weights: random weights of the preset's / config.json's shapes, drawn with `seed`.
+    Errors are SalactlError subclasses (CheckpointError, ConfigError, DeviceError, UsageError,
+    CapacityError)."""
+    dev = resolve_device(device)
+    name, path, config = _resolve_source(model, random_weights)
     dt = resolve_dtype(dtype, dev)
+    if random_weights:
+        check_host_memory(config, dt, dev, name)
+        state = random_state_dict(config, dev, dt, seed)
+        model_dir = EMBEDDED_DIR if name == "sala-nano" and EMBEDDED_DIR.exists() else (
+            path if path.is_dir() else None)
+        return LoadedModel(build_model(config, state), config, model_dir, f"random:{name}:seed={seed}")
     quant = quantization_config(path, config)
     if quant is not None:
         from salactl.quant.loading import load_gptq_model

@@ -10,13 +10,14 @@ from typing import Annotated, Optional
 import typer
 
 from salactl import output
-from salactl.errors import DatasetError, UsageError
+from salactl.errors import UsageError
 from salactl.lists import parse_list
 from salactl.options import SEED_MAX, ChunkOpt, DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, TokenizerOpt
 
 eval_app = typer.Typer(no_args_is_help=True, help="Evaluate a model: perplexity and passkey retrieval.")
 
 DEFAULT_DEPTHS = "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9"
+DEFAULT_SPLIT = "heldout"
 
 
 @contextmanager
@@ -61,6 +62,17 @@ def _load(model: str, device: str, dtype: str, tokenizer: str | None):
     return lm, tok
 
 
+def _check_passkey_memory(model: str, device: str, dtype: str, lengths: list[int], depths: list[float],
+                          trials: int) -> None:
+    """Before the model loads: the device, dtype and model as loading would check them, then memory."""
+    from salactl.evaluation.passkey import check_passkey_memory
+    from salactl.runtime.loader import model_config, resolve_device, resolve_dtype
+
+    dev = resolve_device(device)
+    config = model_config(model)
+    check_passkey_memory(config, dev, resolve_dtype(dtype, dev).itemsize, lengths, depths, trials)
+
+
 def _describe(lm) -> dict:
     w = next(lm.model.parameters())
     return {"model": lm.source, "device": str(w.device), "dtype": str(w.dtype).replace("torch.", "")}
@@ -69,7 +81,7 @@ def _describe(lm) -> dict:
 @eval_app.command("ppl")
 def ppl(
     file: Annotated[Optional[Path], typer.Option("--file", "-f", help="UTF-8 text file to score (default: the built-in held-out split).")] = None,
-    split: Annotated[str, typer.Option("--split", help="Built-in corpus split when no --file: heldout or train.")] = "heldout",
+    split: Annotated[str, typer.Option("--split", help="Built-in corpus split when no --file: heldout or train.")] = DEFAULT_SPLIT,
     model: ModelOpt = "sala-nano",
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
@@ -90,10 +102,10 @@ def ppl(
     _check_chunk(chunk_size)
     source: dict
     if file is not None:
-        try:
-            text = file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise DatasetError(f"cannot read --file {file} as UTF-8 text: {getattr(e, 'strerror', None) or e}") from None
+        if split != DEFAULT_SPLIT:
+            raise UsageError("--split picks a built-in corpus split and applies without --file only; "
+                             "drop one of them")
+        text = output.read_text_option(file, "--file")
         source = {"file": str(file)}
     else:
         from salactl.data.corpus import corpus_sha256, corpus_text
@@ -144,6 +156,7 @@ def passkey(
     if trials <= 0:
         raise UsageError(f"--trials must be positive, got {trials}")
     _check_chunk(chunk_size)
+    _check_passkey_memory(model, device, dtype, length_list, depth_list, trials)
     lm, tok = _load(model, device, dtype, tokenizer)
     output.warn_past_trained_length(max(length_list), lm.config.max_position_embeddings, "the longest --lengths")
     prompts = passkey_trials(tok, length_list, depth_list, trials, seed)

@@ -46,7 +46,7 @@ def profile(
     ncu_metrics: Annotated[str, typer.Option("--ncu-metrics", help="bytes (time, DRAM; fast) or sol "
                                              "(+ SM/memory % of peak; ~10 passes per kernel).")] = "bytes",
     warmup: Annotated[int, typer.Option("--warmup", help="Unprofiled steps before.")] = 1,
-    top: Annotated[int, typer.Option("--top", help="Kernel rows to show.")] = 20,
+    top: Annotated[int, typer.Option("--top", help="Kernel rows to show (>= 1).")] = 20,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Directory for the report files.")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a profile already in --out.")] = False,
     import_dir: Annotated[Optional[Path], typer.Option("--import", help="Re-render a saved --ncu "
@@ -55,18 +55,21 @@ def profile(
 ) -> None:
     """Profile a prefill/decode step per layer and op against the analytic roofline."""
     from salactl.profiling.ncu_runner import NcuOptions
+    from salactl.profiling.preflight import check_spec
     from salactl.profiling.session import OUTPUT_FILES, SessionOptions, load_saved, run
     from salactl.profiling.spec import ProfileSpec, parse_layers
     from salactl.reports.atomic import check_out_dir
 
+    if top < 1:
+        raise UsageError(f"--top must be >= 1 (kernel rows to show), got {top}")
     if import_dir is not None:
-        if not import_dir.is_dir():
-            what = "is not a directory" if import_dir.exists() else "does not exist"
-            raise UsageError(f"--import {import_dir} {what}; give a directory written by salactl profile --ncu")
+        _check_import_dir(import_dir)
         result = load_saved(import_dir, top)
     else:
         if ncu and torch_mode:
             raise UsageError("give at most one of --ncu and --torch")
+        _check_ncu_only(ncu, ncu_path=ncu_path, launch_skip=launch_skip, launch_count=launch_count,
+                        ncu_metrics=ncu_metrics)
         phases = ("prefill", "decode") if phase == "both" else (phase,)
         layer_ids, head = parse_layers(layers)
         spec = ProfileSpec(model=model, random_weights=random_weights, seed=seed, phases=phases,
@@ -78,6 +81,7 @@ def profile(
         mode = "ncu" if ncu else "torch" if torch_mode else "auto"
         out_dir = check_out_dir(out or Path(f"salactl-profile-{time.strftime('%Y%m%d-%H%M%S')}"),
                                 OUTPUT_FILES, overwrite)
+        check_spec(spec)
         opts = SessionOptions(mode=mode, nvml=nvml, out_dir=out_dir, ncu_path=ncu_path,
                               ncu=NcuOptions(launch_skip, launch_count, metric_set=ncu_metrics), top=top)
         result = run(spec, opts)
@@ -85,6 +89,26 @@ def profile(
         output.print_json(result)
         return
     render(result)
+
+
+# Nsight Compute options and their defaults: without --ncu they would be ignored
+NCU_ONLY = {"ncu_path": ("--ncu-path", None), "launch_skip": ("--launch-skip", 0),
+            "launch_count": ("--launch-count", None), "ncu_metrics": ("--ncu-metrics", "bytes")}
+
+
+def _check_ncu_only(ncu: bool, **given) -> None:
+    flags = [flag for name, (flag, default) in NCU_ONLY.items() if given[name] != default]
+    if flags and not ncu:
+        one = len(flags) == 1
+        raise UsageError(f"{', '.join(flags)} {'applies' if one else 'apply'} to Nsight Compute profiles "
+                         f"only; add --ncu, or drop {'it' if one else 'them'}")
+
+
+def _check_import_dir(import_dir: Path) -> None:
+    output.check_not_empty(import_dir, "--import", "a directory written by salactl profile --ncu")
+    if not import_dir.is_dir():
+        what = "is a file, not a directory" if import_dir.exists() else "does not exist"
+        raise UsageError(f"--import {import_dir} {what}; give a directory written by salactl profile --ncu")
 
 
 def _ms(v):

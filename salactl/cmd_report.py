@@ -12,7 +12,7 @@ import typer
 from typer.core import TyperGroup
 
 from salactl import output
-from salactl.errors import CheckpointError, UsageError
+from salactl.errors import UsageError
 from salactl.lists import parse_list
 from salactl.options import JsonOpt, ModelOpt
 
@@ -89,16 +89,10 @@ def _names(text: str, name: str) -> tuple[str, ...]:
 
 
 def _config(model: str):
-    from salactl.runtime.config import SalaConfig
-    from salactl.runtime.presets import PRESETS, preset
+    """The model's config, without weights: a preset's shapes, or a checkpoint's config.json."""
+    from salactl.runtime.loader import PRESETS, model_config
 
-    if model in PRESETS:
-        return preset(model)
-    path = Path(model)
-    if not path.is_dir():            # as `salactl run` says it (runtime/loader.py)
-        raise CheckpointError(f"{model!r} is neither a checkpoint directory nor a preset "
-                              f"({', '.join(sorted(PRESETS))})")
-    return SalaConfig.from_file(path / "config.json")
+    return model_config(model, random_weights=model in PRESETS)
 
 
 def _group_size(model: str, given: int | None) -> int:

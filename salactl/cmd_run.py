@@ -49,10 +49,7 @@ def run(
     if sum(given) != 1:
         raise UsageError("give exactly one of --prompt, --prompt-ids or --prompt-file")
     if prompt_file is not None:
-        try:
-            prompt = prompt_file.read_text()
-        except OSError as e:
-            raise UsageError(f"cannot read --prompt-file {prompt_file}: {e.strerror}") from None
+        prompt = output.read_text_option(prompt_file, "--prompt-file")
     req = RunRequest(prompt=prompt, prompt_ids=parse_list(prompt_ids, "--prompt-ids") if prompt_ids is not None else None,
                      model=model, random_weights=random_weights, seed=seed, device=device, dtype=dtype,
                      tokenizer=tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,

@@ -87,20 +87,14 @@ KL_LOGIT_COPIES = 8
 
 
 def _model_config(model: str | None):
-    """The model's config from its config.json or preset, without loading weights (None when it
-    cannot be read here: loading the model then says why)."""
+    """The model's config without its weights (None when it cannot be read: loading the model
+    then says why, after the sweep's own checks)."""
     from salactl.errors import SalactlError
-    from salactl.runtime.config import SalaConfig
-    from salactl.runtime.loader import EMBEDDED_DIR
-    from salactl.runtime.presets import PRESETS, preset
+    from salactl.runtime.loader import PRESETS, model_config
 
-    name = model or "sala-nano"
-    file = (EMBEDDED_DIR if name == "sala-nano" else Path(name)) / "config.json"
     try:
-        if file.is_file():
-            return SalaConfig.from_file(file)
-        return preset(name) if name in PRESETS else None
-    except (SalactlError, OSError, ValueError):
+        return model_config(model, random_weights=model in PRESETS)
+    except SalactlError:
         return None
 
 

@@ -192,3 +192,14 @@ def test_unreadable_tokenizer_says_it_cannot_be_read(tmp_path, capsys):
     r = unreadable_run(path, ["run", "--tokenizer", path, "--prompt", "hi", "-n", "1"])
     one_line_error(r.returncode, r.stderr, 5, "cannot read tokenizer", "Permission denied")
     assert "not a valid tokenizer.json" not in r.stderr
+
+
+@pytest.mark.parametrize("args", [["report", "memory", "--model", ""],
+                                  ["bench", "--model", "", "--scale", "0.002"],
+                                  ["quantize", "--out", "", "--method", "rtn"],
+                                  ["quantize", "--calib", "", "--out", "q"]])
+def test_empty_model_out_and_calib_are_usage_errors_everywhere(args, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(args, capsys)
+    assert code == 2 and err.startswith("error: ") and "is empty" in err, err
+    assert len(err.strip().splitlines()) == 1 and list(tmp_path.iterdir()) == []

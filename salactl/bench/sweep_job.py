@@ -184,7 +184,7 @@ def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
         raise OutputExistsError(f"{records_path} already holds sweep records; pass --resume to skip "
                                 "finished points, or choose another --out")
 
-    lm = load_model(s.model or "sala-nano", s.device, s.dtype, s.random_weights, s.seed)
+    lm = load_model(s.model, s.device, s.dtype, s.random_weights, s.seed)
     config, base = lm.config, lm.model
     device = base.device
     base_dtype = base.model.embed_tokens.weight.dtype
@@ -195,7 +195,8 @@ def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
     points, varying, invalid = build_points(axes, config.sparse_config)
     for p, why in invalid:
         run.invalid.append({"knobs": p.knobs(), "reason": why})
-        output.stderr.print(f"note: skipping invalid point {p.label(varying)}: {why}")
+        if points or len(invalid) > 1:      # a grid of one invalid point: the error below says why
+            output.stderr.print(f"note: skipping invalid point {p.label(varying)}: {why}")
     if not points:
         raise ConfigError(f"no valid point in the grid ({invalid[0][1]})")
     for p in points:

@@ -93,6 +93,40 @@ def _model_device(model):
     raise UsageError("the model has no parameters or buffers; cannot tell its device")
 
 
+PROMPT_ID_BYTES = 8      # a Python list holds one 8-byte reference per token id
+
+
+def passkey_memory_bytes(config, act_bytes: int, lengths: list[int], depths: list[float],
+                         trials: int) -> tuple[int, int]:
+    """(host, cache) bytes of a run: every prompt is built up front (passkey_trials) and held as a
+    list of ids; one at a time runs, its KV cache (sparse layers) the size of the longest."""
+    from salactl.reports.memory import gla_state_bytes, kv_bytes_per_token
+
+    prompts = PROMPT_ID_BYTES * sum(lengths) * len(depths) * trials
+    kv_dtype = {2: "bfloat16", 4: "float32"}[act_bytes]
+    return prompts, max(lengths) * kv_bytes_per_token(config, kv_dtype) + gla_state_bytes(config)
+
+
+def check_passkey_memory(config, device, act_bytes: int, lengths: list[int], depths: list[float],
+                         trials: int) -> None:
+    """Exit 11 before anything is built when the prompts (host) and the cache (the model's device)
+    need more memory than is available."""
+    from salactl.errors import CapacityError
+    from salactl.output import human_bytes
+    from salactl.runtime.loader import available_bytes, available_host_bytes
+
+    prompts, cache = passkey_memory_bytes(config, act_bytes, lengths, depths, trials)
+    count = len(lengths) * len(depths) * trials
+    host, dev = available_host_bytes(), available_bytes(device)
+    needs = [(prompts + cache, host)] if device.type == "cpu" else [(prompts, host), (cache, dev)]
+    for need, avail in needs:
+        if avail is not None and need > avail:
+            raise CapacityError(
+                f"eval passkey needs {human_bytes(prompts)} for its {count:,} "
+                f"prompt{'' if count == 1 else 's'} and {human_bytes(cache)} for the longest one's cache, but {device} has "
+                f"{human_bytes(avail)} available; use shorter --lengths, fewer --depths or fewer --trials")
+
+
 def passkey_trials(tokenizer, lengths: list[int], depths: list[float], trials: int, seed: int) -> list[dict]:
     """Every prompt of a passkey run, built before any generation so that a length too short for the
     prompt is an error up front: one {length, depth, ids, key} per trial, in run order."""

@@ -13,6 +13,7 @@ PHASES = ("prefill", "decode")
 WEIGHTS = ("bf16", "w4a16", "w8a16")
 KV_DTYPES = ("auto", "bf16", "fp8_e4m3", "fp8_e5m2")
 BACKENDS = ("auto", "engine", "reference")
+MAX_WARMUP = 100        # each warm-up step repeats the profiled one; more than a few only waits
 
 
 def parse_layers(text: str | None) -> tuple[tuple[int, ...] | None, bool]:
@@ -66,8 +67,9 @@ class ProfileSpec:
                              f"{', '.join(KV_DTYPES)}")
         if self.backend not in BACKENDS:
             raise UsageError(f"unknown --backend {self.backend!r}; valid: {', '.join(BACKENDS)}")
-        if self.warmup < 0:
-            raise UsageError(f"--warmup must be >= 0, got {self.warmup}")
+        if not 0 <= self.warmup <= MAX_WARMUP:
+            raise UsageError(f"--warmup must be in 0..{MAX_WARMUP} (unprofiled steps before the profiled "
+                             f"one; 1-3 warm the caches and kernels), got {self.warmup}")
         if self.layers is not None and ((not self.layers and not self.lm_head)
                                         or (self.layers and min(self.layers) < 0)):
             raise UsageError("--layers needs layer indices >= 0 (and/or lm_head)")

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
-from salactl.errors import ConfigError, UsageError
+from salactl.errors import ConfigError
 from salactl.profiling.analytic import scoped_costs, sum_scopes
+from salactl.profiling.preflight import check_backend, check_layers
 from salactl.profiling.ranges import add_layer_ranges
 from salactl.profiling.spec import ProfileSpec
 from salactl.quant.in_memory import QUANTIZED_BITS, quantize_rtn_in_memory, quantized_as
@@ -101,9 +102,7 @@ def _sequences(config, device, dtype, batch: int, cached: int, new: int, seed: i
 def build(spec: ProfileSpec) -> Workload:
     lm = load_model(spec.model, spec.device, spec.dtype, spec.random_weights, spec.seed)
     model, config = lm.model, lm.config
-    if spec.layers and max(spec.layers) >= config.num_hidden_layers:
-        raise UsageError(f"--layers {max(spec.layers)} is out of range; the model has "
-                         f"{config.num_hidden_layers} layers (0..{config.num_hidden_layers - 1})")
+    check_layers(spec, config)
     quantized = quantized_as(model)
     if quantized and spec.weights != quantized:
         raise ConfigError(f"{spec.model} is a {quantized.upper()} checkpoint; pass --weights {quantized}")
@@ -114,7 +113,7 @@ def build(spec: ProfileSpec) -> Workload:
     cache_kw = _cache_kwargs(spec, model, config, device)
     kv_bytes = 1 if cache_kw else torch.finfo(dtype).bits // 8
     w = Workload(spec, model, config, device, dtype, kv_bytes, lm.source, ReferenceBackend(config), {})
-    if _use_engine(spec, device):
+    if check_backend(spec, device):
         from salactl.profiling.engine_workload import build_engine_workload
 
         return build_engine_workload(w)
@@ -122,14 +121,3 @@ def build(spec: ProfileSpec) -> Workload:
         new, cached = spec.step_rows(phase)
         w.seqs[phase] = _sequences(config, device, dtype, spec.batch, cached, new, spec.seed, cache_kw)
     return w
-
-
-def _use_engine(spec: ProfileSpec, device) -> bool:
-    """--backend engine (or auto on CUDA with Triton): the GPU engine runs the profiled step."""
-    from salactl.runtime.gpu.available import gpu_engine_available
-
-    usable = gpu_engine_available(device)
-    if spec.backend == "engine" and not usable:
-        raise UsageError("--backend engine needs a CUDA GPU and triton (pip install 'salactl[gpu]'); "
-                         "use --backend reference")
-    return spec.backend != "reference" and usable

@@ -159,7 +159,7 @@ def build_embedded_target(model: str | None, random_weights: bool, seed: int, de
     from salactl.runtime.kv_fp8 import stored_kv_name
     from salactl.runtime.loader import load_model
 
-    lm = load_model(model or "sala-nano", device, dtype, random_weights, seed)
+    lm = load_model(model, device, dtype, random_weights, seed)
     dev = lm.model.device
     driver, engine_name, chunk_size = build_engine(lm.model, dev, engine, chunk_size, kv_cache_dtype, max_running,
                                                    mem_fraction)
