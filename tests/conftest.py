@@ -43,6 +43,25 @@ def micro_model(dtype=torch.float32) -> SalaForCausalLM:
     return build_model(cfg, random_state_dict(cfg, "cpu", dtype, 5))
 
 
+def run_backend(cfg, q, k, v, chunks, backend=None):
+    """One sparse layer's softmax attention through a backend (the reference one by default), fed
+    in the given chunk sizes as prefill and decode feed it; the outputs of every chunk, in order."""
+    from salactl.runtime.backend_reference import ReferenceBackend
+    from salactl.runtime.batch import ForwardBatch
+    from salactl.runtime.cache import SequenceCache
+
+    backend = backend or ReferenceBackend(cfg)
+    seq = SequenceCache(cfg, "cpu", q.dtype)
+    layer = cfg.sparse_layers[0]
+    outs, off = [], 0
+    for n in chunks:
+        b = ForwardBatch.build(cfg, [seq], [n], backend, "cpu")
+        outs.append(backend.softmax_attention(layer, q[off:off + n], k[off:off + n], v[off:off + n], b))
+        b.commit()
+        off += n
+    return torch.cat(outs)
+
+
 def rel_err(a, b):
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))

@@ -4,10 +4,7 @@ import math
 
 import torch
 
-from salactl.runtime.backend_reference import ReferenceBackend
-from salactl.runtime.batch import ForwardBatch
-from salactl.runtime.cache import SequenceCache
-from conftest import rel_err, tiny_config
+from conftest import rel_err, run_backend, tiny_config
 
 
 def transcription(q, K, V, t, sc, hkv):
@@ -49,19 +46,6 @@ def transcription(q, K, V, t, sc, hkv):
         sc_ = (K[idx, g].double() @ q[h].double()) / math.sqrt(d)
         out[h] = torch.softmax(sc_, 0) @ V[idx, g].double()
     return out
-
-
-def run_backend(cfg, q, k, v, chunks):
-    backend = ReferenceBackend(cfg)
-    seq = SequenceCache(cfg, "cpu", q.dtype)
-    layer = cfg.sparse_layers[0]
-    outs, off = [], 0
-    for n in chunks:
-        b = ForwardBatch.build(cfg, [seq], [n], backend, "cpu")
-        outs.append(backend.softmax_attention(layer, q[off:off + n], k[off:off + n], v[off:off + n], b))
-        b.commit()
-        off += n
-    return torch.cat(outs)
 
 
 def random_qkv(cfg, L, seed):

@@ -18,8 +18,9 @@ def attention(q, k, v, q_pos, allowed=None):
     if allowed is None:
         allowed = (torch.arange(L, device=q.device)[None, :] <= q_pos[:, None])[None].expand(hkv, n, L)
     qg = q.float().view(n, hkv, g, d)
-    scores = torch.einsum("nhgd,lhd->hgnl", qg, k.float()) / math.sqrt(d)
-    scores = scores.masked_fill(~allowed[:, None], float("-inf"))
+    # in place: the same values, without fresh [Hkv, G, n, L] temporaries (page faults at long L)
+    scores = torch.einsum("nhgd,lhd->hgnl", qg, k.float()).div_(math.sqrt(d))
+    scores.masked_fill_(~allowed[:, None], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     o = torch.einsum("hgnl,lhd->nhgd", probs, v.float())
     return o.reshape(n, hq, d).to(q.dtype)

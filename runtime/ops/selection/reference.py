@@ -38,12 +38,13 @@ def window_scores(q, k1, q_pos, sc: SparseConfig) -> torch.Tensor:
     nwin, hkv, _ = k1.shape
     acc = torch.promote_types(q.dtype, torch.float32)
     qg = q.to(acc).view(n, hkv, hq // hkv, d)
-    logits = torch.einsum("nhgd,jhd->hgnj", qg, k1.to(acc)) / math.sqrt(d)
+    # in place, as in ops/attention/reference.py: the same values without fresh [Hkv, G, n, W] temporaries
+    logits = torch.einsum("nhgd,jhd->hgnj", qg, k1.to(acc)).div_(math.sqrt(d))
     last_key = torch.arange(nwin, device=q.device) * sc.kernel_stride + sc.kernel_size - 1
     visible = last_key[None, :] <= q_pos[:, None]                      # [n, W]
-    logits = logits.masked_fill(~visible, float("-inf"))
-    probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)              # rows with nothing visible -> 0
-    return probs.sum(dim=1).masked_fill(~visible, float("-inf"))       # [Hkv, n, W]
+    logits.masked_fill_(~visible, float("-inf"))
+    probs = torch.softmax(logits, dim=-1).nan_to_num_(0.0)             # rows with nothing visible -> 0
+    return probs.sum(dim=1).masked_fill_(~visible, float("-inf"))      # [Hkv, n, W]
 
 
 def block_scores(s: torch.Tensor, q_pos, sc: SparseConfig, num_blocks: int) -> torch.Tensor:

@@ -1,0 +1,54 @@
+"""Sparse rows' attention over the tokens of their kept blocks only (DESIGN.md §2 step 5).
+
+reference.attention with `sparse_token_mask` is the definition: it scores every cached key and masks
+all but the kept blocks, so a sparse query past dense_len costs a dense attention over L keys (and
+[Hkv, G, n, L] fp32 temporaries: 268 MB per 512-token chunk at 16K on sala-nano). Here each
+(KV head, query) gathers its kept blocks' keys and values, at most `keep · block_size` tokens, and runs
+the same fp32 softmax over the same allowed keys: equal to the definition up to summation order
+(tests/test_attention_gathered.py). Written by hand because no PyTorch op takes a key list per row
+on every device (FlexAttention's block masks need torch.compile for speed and are per block row,
+not per query).
+
+q [n, Hq, d] at positions q_pos [n]; k, v [L, Hkv, d]; block_mask bool [Hkv, n, num_blocks] from
+select_blocks (at most `keep` True per row). Returns o [n, Hq, d] in q's dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+# fp32 bytes of gathered keys/values and scores/probabilities alive at once: rows are taken in
+# groups that stay under this, so long rows (the 9B keeps 96 blocks of 64 tokens) never build
+# temporaries larger than the dense definition's
+ROW_GROUP_BYTES = 256 << 20
+
+
+def selected_attention(q, k, v, q_pos, block_mask, block_size: int, keep: int):
+    n, hq, d = q.shape
+    L, hkv, _ = k.shape
+    g = hq // hkv
+    keep = min(keep, block_mask.shape[-1])
+    # the kept block ids in ascending order, padded with unkept ones where a row keeps fewer
+    blocks = torch.sort(block_mask.to(torch.int8), dim=-1, descending=True, stable=True).indices[..., :keep]
+    blocks = blocks.sort(dim=-1).values                                          # [Hkv, n, keep]
+    kept = torch.gather(block_mask, -1, blocks)
+    tokens = (blocks[..., None] * block_size + torch.arange(block_size, device=q.device)).flatten(-2)
+    allowed = kept.repeat_interleave(block_size, dim=-1) & (tokens <= q_pos[None, :, None])
+    tokens = tokens.clamp(max=L - 1)                                             # [Hkv, n, T]
+    T = tokens.shape[-1]
+    kt, vt = k.float().transpose(0, 1), v.float().transpose(0, 1)                # [Hkv, L, d]
+    qg = q.float().view(n, hkv, g, d)
+    out = torch.empty(n, hkv, g, d, dtype=torch.float32, device=q.device)
+    step = max(1, ROW_GROUP_BYTES // (4 * hkv * T * (2 * d + 2 * g)))
+    for r0 in range(0, n, step):
+        r = slice(r0, min(n, r0 + step))
+        m = r.stop - r.start
+        idx = tokens[:, r].reshape(hkv, m * T, 1).expand(-1, -1, d)
+        kg = torch.gather(kt, 1, idx).view(hkv, m, T, d)
+        vg = torch.gather(vt, 1, idx).view(hkv, m, T, d)
+        scores = torch.einsum("nhgd,hntd->hgnt", qg[r], kg).div_(math.sqrt(d))
+        scores.masked_fill_(~allowed[:, None, r], float("-inf"))
+        out[r] = torch.einsum("hgnt,hntd->nhgd", torch.softmax(scores, dim=-1), vg)
+    return out.reshape(n, hq, d).to(q.dtype)
