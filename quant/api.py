@@ -48,6 +48,8 @@ def quantize_checkpoint(model: str | Path | LoadedModel, out: str | Path, opts: 
     out: must not exist, or overwrite=True to replace a checkpoint there.
     progress: called as progress(done, total, label) per module group (None: silent). Notes and
     warnings go to stderr, as the CLI's do. Errors are SalactlError subclasses (salactl.errors)."""
+    if not str(out).strip():
+        raise UsageError("out (--out) is empty; give a directory")
     check_output_dir(Path(out), overwrite)
     check_calibration_sizes(nsamples, seqlen)      # also for RTN: a bad value is an error even when unused
     if calib is not None and not str(calib).strip():

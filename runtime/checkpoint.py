@@ -156,9 +156,8 @@ def check_output_dir(out_dir: Path, overwrite: bool) -> Path:
     path needs `overwrite`, and even then only an empty directory or a checkpoint (config.json)
     is replaced, never the working directory or one above it; no parent may be a file."""
     from salactl.errors import OutputExistsError
-    from salactl.output import check_not_empty, directory_option
+    from salactl.output import directory_option
 
-    check_not_empty(Path(out_dir), "--out", "a directory")
     out_dir = Path(out_dir).expanduser().resolve()
     if out_dir.exists() and not out_dir.is_dir():
         raise OutputExistsError(f"{out_dir} exists and is not a directory; choose another --out")

@@ -10,17 +10,18 @@ import typer
 
 from salactl import output
 from salactl.errors import UsageError
-from salactl.options import SEED_MAX, DeviceOpt, DtypeOpt, JsonOpt, RandomWeightsOpt, TokenizerOpt
+from salactl.options import (SEED_MAX, DeviceOpt, DtypeOpt, JsonOpt, RandomWeightsOpt, TokenizerOpt, non_empty,
+                             non_empty_path)
 
 
 def bench(
-    profile: Annotated[str, typer.Option("--profile", help="soar, decode, prefill, long-context, serving, or a .toml PATH.")] = "soar",
-    dataset: Annotated[Optional[str], typer.Option("--dataset", help="SOAR-format JSONL (question, model_response) for every phase, or S1=a.jsonl,S8=b.jsonl,...")] = None,
+    profile: Annotated[str, typer.Option("--profile", parser=non_empty("--profile", "a shipped profile or a .toml file"), help="soar, decode, prefill, long-context, serving, or a .toml PATH.")] = "soar",
+    dataset: Annotated[Optional[str], typer.Option("--dataset", parser=non_empty("--dataset", "a SOAR-format JSONL file or S1=a.jsonl,..."), help="SOAR-format JSONL (question, model_response) for every phase, or S1=a.jsonl,S8=b.jsonl,...")] = None,
     skip_bad_rows: Annotated[bool, typer.Option("--skip-bad-rows", help="Drop malformed dataset rows instead of stopping.")] = False,
     scale: Annotated[float, typer.Option("--scale", help="Scale synthetic token lengths (e.g. 0.01 for a CPU).")] = 1.0,
     num_requests: Annotated[Optional[int], typer.Option("--num-requests", help="At most N requests per phase.")] = None,
     phases: Annotated[Optional[str], typer.Option("--phases", help="Run only these phases, e.g. S1,S8.")] = None,
-    endpoint: Annotated[Optional[str], typer.Option("--endpoint", help="Server URL, e.g. http://127.0.0.1:30000.")] = None,
+    endpoint: Annotated[Optional[str], typer.Option("--endpoint", parser=non_empty("--endpoint", "a server URL, or leave it out for the embedded runtime"), help="Server URL, e.g. http://127.0.0.1:30000.")] = None,
     backend: Annotated[Optional[str], typer.Option("--backend", help="sglang (/generate) or openai (/v1/completions).")] = None,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Embedded: checkpoint dir or preset (default sala-nano). Server: served model name.")] = None,
     tokenizer: TokenizerOpt = None,
@@ -37,7 +38,7 @@ def bench(
     accuracy: Annotated[Optional[float], typer.Option("--accuracy", help="Normalized accuracy in % (SOAR overall_accuracy) for the score coefficient; needs --reference.")] = None,
     slo: Annotated[Optional[str], typer.Option("--slo", help="Goodput SLOs in ms, e.g. ttft=500,tpot=50[,e2el=...].")] = None,
     details: Annotated[bool, typer.Option("--details", help="Also write a per-request CSV.")] = False,
-    out: Annotated[Path, typer.Option("--out", help="Directory for records.jsonl and summaries.")] = Path("salactl-results"),
+    out: Annotated[Path, typer.Option("--out", metavar="<path>", parser=non_empty_path("--out", "a directory"), help="Directory for records.jsonl and summaries.")] = Path("salactl-results"),
     label: Annotated[Optional[str], typer.Option("--label", help="A name for this run in the records.")] = None,
     flush_sleep: Annotated[float, typer.Option("--flush-sleep", help="Seconds to wait after a server cache flush (SGLang waits 1).")] = 1.0,
     request_timeout: Annotated[float, typer.Option("--request-timeout", help="Longest silence tolerated per server request, in seconds: a request that gets no byte for this long fails (queued requests get none until they run; default 6 h, as SGLang's and vLLM's clients; 0: no limit).")] = 21600.0,

@@ -12,7 +12,7 @@ import typer
 from salactl import output
 from salactl.errors import UsageError
 from salactl.lists import parse_list
-from salactl.options import SEED_MAX, ChunkOpt, DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, TokenizerOpt
+from salactl.options import SEED_MAX, ChunkOpt, DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, TokenizerOpt, non_empty_path
 
 eval_app = typer.Typer(no_args_is_help=True, help="Evaluate a model: perplexity and passkey retrieval.")
 
@@ -80,7 +80,7 @@ def _describe(lm) -> dict:
 
 @eval_app.command("ppl")
 def ppl(
-    file: Annotated[Optional[Path], typer.Option("--file", "-f", help="UTF-8 text file to score (default: the built-in held-out split).")] = None,
+    file: Annotated[Optional[Path], typer.Option("--file", "-f", metavar="<path>", parser=non_empty_path("--file", "a UTF-8 text file"), help="UTF-8 text file to score (default: the built-in held-out split).")] = None,
     split: Annotated[str, typer.Option("--split", help="Built-in corpus split when no --file: heldout or train.")] = DEFAULT_SPLIT,
     model: ModelOpt = "sala-nano",
     device: DeviceOpt = "auto",

@@ -12,7 +12,7 @@ import typer
 
 from salactl import output
 from salactl.errors import UsageError
-from salactl.options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, RandomWeightsOpt, SeedOpt
+from salactl.options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, RandomWeightsOpt, SeedOpt, non_empty, non_empty_path
 
 
 def profile(
@@ -36,7 +36,7 @@ def profile(
     torch_mode: Annotated[bool, typer.Option("--torch", help="torch.profiler (no counters; "
                                              "default without ncu or GPU).")] = False,
     nvml: Annotated[bool, typer.Option("--nvml", help="Sample memory, power, clocks, throttling.")] = False,
-    ncu_path: Annotated[Optional[str], typer.Option("--ncu-path", help="The ncu executable.")] = None,
+    ncu_path: Annotated[Optional[str], typer.Option("--ncu-path", parser=non_empty("--ncu-path", "the ncu executable"), help="The ncu executable.")] = None,
     launch_skip: Annotated[int, typer.Option("--launch-skip", help="ncu: kernels to skip in the "
                                              "ranges.")] = 0,
     launch_count: Annotated[Optional[int], typer.Option("--launch-count", help="ncu: kernels to "
@@ -47,9 +47,9 @@ def profile(
                                              "(+ SM/memory % of peak; ~10 passes per kernel).")] = "bytes",
     warmup: Annotated[int, typer.Option("--warmup", help="Unprofiled steps before.")] = 1,
     top: Annotated[int, typer.Option("--top", help="Kernel rows to show (>= 1).")] = 20,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Directory for the report files.")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", metavar="<path>", parser=non_empty_path("--out", "a directory"), help="Directory for the report files.")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a profile already in --out.")] = False,
-    import_dir: Annotated[Optional[Path], typer.Option("--import", help="Re-render a saved --ncu "
+    import_dir: Annotated[Optional[Path], typer.Option("--import", metavar="<path>", parser=non_empty_path("--import", "a directory written by salactl profile --ncu"), help="Re-render a saved --ncu "
                                                        "profile directory.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -105,7 +105,6 @@ def _check_ncu_only(ncu: bool, **given) -> None:
 
 
 def _check_import_dir(import_dir: Path) -> None:
-    output.check_not_empty(import_dir, "--import", "a directory written by salactl profile --ncu")
     if not import_dir.is_dir():
         what = "is a file, not a directory" if import_dir.exists() else "does not exist"
         raise UsageError(f"--import {import_dir} {what}; give a directory written by salactl profile --ncu")

@@ -10,11 +10,11 @@ from typing import Annotated, Optional
 import typer
 
 from salactl import output
-from salactl.options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, RandomWeightsOpt, SeedOpt, TokenizerOpt
+from salactl.options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, RandomWeightsOpt, SeedOpt, TokenizerOpt, non_empty, non_empty_path
 
 
 def quantize(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Output checkpoint directory.")],
+    out: Annotated[Path, typer.Option("--out", "-o", metavar="<path>", parser=non_empty_path("--out", "a directory"), help="Output checkpoint directory.")],
     model: ModelOpt = "sala-nano",
     random_weights: RandomWeightsOpt = False,
     seed: SeedOpt = 0,
@@ -27,7 +27,7 @@ def quantize(
                                            "perplexity on sala-nano, BENCHMARKS.md).")] = True,
     damp: Annotated[float, typer.Option("--damp", help="Hessian damping fraction (raised by 0.01 "
                                         "when Cholesky fails).")] = 0.01,
-    calib: Annotated[Optional[str], typer.Option("--calib", help="Text or JSONL (\"text\" field) file; "
+    calib: Annotated[Optional[str], typer.Option("--calib", parser=non_empty("--calib", "a text or JSONL file, or random"), help="Text or JSONL (\"text\" field) file; "
                                                  "'random' for random ids; default: the built-in corpus.")] = None,
     nsamples: Annotated[int, typer.Option("--nsamples", help="Calibration sequences.")] = 128,
     seqlen: Annotated[int, typer.Option("--seqlen", help="Tokens per calibration sequence.")] = 2048,

@@ -14,7 +14,7 @@ from typer.core import TyperGroup
 from salactl import output
 from salactl.errors import UsageError
 from salactl.lists import parse_list
-from salactl.options import JsonOpt, ModelOpt
+from salactl.options import JsonOpt, ModelOpt, non_empty_path
 
 FORMATS = ("md", "csv", "html")
 DEFAULT_CONTEXTS = "4096,32768,131072,524288"
@@ -43,8 +43,8 @@ def _formats(text: str) -> list[str]:
 
 @report_app.command("latency")
 def latency(
-    records: Annotated[list[Path], typer.Argument(help="Records files (JSON lines).")],
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write report.<fmt> files here.")] = None,
+    records: Annotated[list[Path], typer.Argument(parser=non_empty_path("a records path", "a JSON lines file from bench, sweep or run"), help="Records files (JSON lines).")],
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", metavar="<path>", parser=non_empty_path("--out", "a directory"), help="Write report.<fmt> files here.")] = None,
     formats: Annotated[str, typer.Option("--format", help="Comma list of md, csv, html written to --out; "
                                          "without --out, md (or csv) goes to stdout.")] = "md,csv,html",
     title: Annotated[str, typer.Option("--title", help="Heading of the Markdown and HTML reports.")] = "Latency report",
@@ -130,7 +130,9 @@ def memory(
     no_cuda_graphs: Annotated[bool, typer.Option("--no-cuda-graphs", help="Leave out the CUDA-graph memory pool estimate.")] = False,
     compressed_keys: Annotated[str, typer.Option("--compressed-keys", help="k1 (our runtime) or k1k2 "
                                                  "(SGLang).")] = "k1",
-    records: Annotated[Optional[list[Path]], typer.Option("--records", help="Run/bench records with "
+    records: Annotated[Optional[list[Path]], typer.Option(
+        "--records", metavar="<path>", parser=non_empty_path("--records", "a JSON lines file from bench, sweep or run"),
+        help="Run/bench records with "
                                                           "measured peaks.")] = None,
     group_size: Annotated[Optional[int], typer.Option("--group-size", help="GPTQ group of the w4a16/w8a16 rows: "
                                                       "-1, 32, 64 or 128 (default: the checkpoint's, else 128).")] = None,

@@ -12,13 +12,13 @@ from salactl import output
 from salactl.errors import UsageError
 from salactl.lists import parse_list
 from salactl.options import (ChunkOpt, DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, RandomWeightsOpt,
-                             SeedOpt, TokenizerOpt)
+                             SeedOpt, TokenizerOpt, non_empty_path)
 
 
 def run(
     prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text.")] = None,
     prompt_ids: Annotated[Optional[str], typer.Option("--prompt-ids", help="Token ids, e.g. 1,2,3.")] = None,
-    prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", help="Read the prompt from a file.")] = None,
+    prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", metavar="<path>", parser=non_empty_path("--prompt-file", "a UTF-8 text file"), help="Read the prompt from a file.")] = None,
     model: ModelOpt = "sala-nano",
     random_weights: RandomWeightsOpt = False,
     seed: SeedOpt = 0,
@@ -37,7 +37,7 @@ def run(
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the checkpoint's chat "
                                              "template (ChatML when it has none), as HF apply_chat_template.")] = False,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Keep generating past end-of-sequence tokens.")] = False,
-    out: Annotated[Optional[Path], typer.Option("--out", help="Append prefill/decode records to DIR/records.jsonl.")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", metavar="<path>", parser=non_empty_path("--out", "a directory"), help="Append prefill/decode records to DIR/records.jsonl.")] = None,
     label: Annotated[Optional[str], typer.Option("--label", help="A name for this run in the records.")] = None,
     json_out: JsonOpt = False,
 ) -> None:

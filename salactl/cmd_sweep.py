@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from salactl import output
-from salactl.options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, RandomWeightsOpt, SeedOpt, TokenizerOpt
+from salactl.options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, RandomWeightsOpt, SeedOpt, TokenizerOpt, non_empty_path
 
 ListOpt = lambda flag, help: typer.Option(flag, help=help)  # noqa: E731
 
@@ -42,7 +42,7 @@ def sweep(
     max_running_requests: Annotated[int, typer.Option("--max-running-requests", help="GPU engine: requests batched at once.")] = 64,
     mem_fraction: Annotated[float, typer.Option("--mem-fraction", help="GPU engine: share of the free GPU memory its KV/state caches take, in (0, 1].")] = 0.9,
     pareto_x: Annotated[str, typer.Option("--pareto-x", help="Latency axis of the front: e2e, ttft or tpot.")] = "e2e",
-    out: Annotated[Path, typer.Option("--out", help="Directory for records.jsonl and the plot.")] = Path("salactl-results/sweep"),
+    out: Annotated[Path, typer.Option("--out", metavar="<path>", parser=non_empty_path("--out", "a directory"), help="Directory for records.jsonl and the plot.")] = Path("salactl-results/sweep"),
     resume: Annotated[bool, typer.Option("--resume", help="Skip points already recorded in --out.")] = False,
     label: Annotated[Optional[str], typer.Option("--label", help="A name for this sweep in the records.")] = None,
     json_out: JsonOpt = False,

@@ -49,31 +49,11 @@ def warn_past_trained_length(tokens: int, limit: int, what: str) -> None:
                   "it runs, but quality beyond the trained length is not guaranteed")
 
 
-# short spellings of long options, for given_empty (every command spells --out's short form -o)
-_SHORT = {"--out": "-o"}
-
-
-def given_empty(flag: str) -> bool:
-    """Whether this command line gave `flag` (or its short form) an empty value: `--out ""` or
-    `--out=`. A Path option turns "" into Path("."), which cannot be told from `--out .` afterwards."""
-    names = {flag, _SHORT.get(flag, flag)}
-    argv = sys.argv[1:]
-    return (any(a in names and b == "" for a, b in zip(argv, argv[1:]))
-            or f"{flag}=" in argv)
-
-
-def check_not_empty(path: Path | None, flag: str, what: str) -> None:
-    """A usage error for a path option given as "" (typer would read it as ".")."""
-    if path is not None and str(path) == "." and given_empty(flag):
-        raise UsageError(f"{flag} is empty; give {what}")
-
-
 def read_text_option(path: Path, flag: str) -> str:
     """A text-file option's contents, read as UTF-8 whatever the locale says; a one-line
     DatasetError (exit 7, as bench --dataset) when it is unreadable or not UTF-8."""
     from salactl.errors import DatasetError
 
-    check_not_empty(path, flag, "a UTF-8 text file")
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
@@ -85,11 +65,11 @@ def read_text_option(path: Path, flag: str) -> str:
 
 def directory_option(path: Path | None, flag: str = "--out", files: tuple[str, ...] = ()) -> Path | None:
     """A directory option's path (None passes), checked before any work starts: a usage error when
-    it is empty, is a file, lies below a file, cannot be created (no file can be made in the nearest
-    existing directory), or holds a directory where one of `files` must be written."""
+    it is a file, lies below a file, cannot be created (no file can be made in the nearest existing
+    directory), or holds a directory where one of `files` must be written (an empty value is
+    refused when the option is parsed: options.non_empty_path)."""
     if path is None:
         return None
-    check_not_empty(path, flag, "a directory")
     if path.exists() and not path.is_dir():
         raise UsageError(f"{flag} {path} is a file; give a directory")
     existing = next(p for p in (path, *path.absolute().parents) if p.exists())

@@ -123,7 +123,7 @@ def test_kl_prompt_lets_memory_errors_through():
 
 
 # ---------------------------------------------------------------- endpoints, profiles, datasets
-@pytest.mark.parametrize("url", [" ", "http:// ", "http://local host:1", "http://a\tb:1"])
+@pytest.mark.parametrize("url", ["http:// ", "http://local host:1", "http://a\tb:1"])
 def test_endpoint_with_blanks_is_the_usual_url_error(url, tmp_path, capsys):
     code, out, err = run_cli(["bench", "--endpoint", url, "--scale", "0.002", "--num-requests", "1",
                               "--phases", "S1", "--out", tmp_path / "o"], capsys)
@@ -145,7 +145,7 @@ def test_unreadable_profile_exits_3_naming_the_flag(tmp_path, capsys):
 
 def test_empty_profile_is_refused(tmp_path, capsys):
     code, out, err = run_cli(["bench", "--profile", "", "--out", tmp_path / "o"], capsys)
-    one_line_error(code, err, 3, "--profile is empty")
+    one_line_error(code, err, 2, "--profile is empty")
 
 
 def test_dataset_for_an_unknown_phase_names_the_phase(tmp_path, capsys):
@@ -203,3 +203,38 @@ def test_empty_model_out_and_calib_are_usage_errors_everywhere(args, tmp_path, m
     code, out, err = run_cli(args, capsys)
     assert code == 2 and err.startswith("error: ") and "is empty" in err, err
     assert len(err.strip().splitlines()) == 1 and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["bench", "--dataset", "", "--scale", "0.002"], "--dataset"),
+    (["bench", "--endpoint", "", "--scale", "0.002"], "--endpoint"),
+    (["run", "--prompt", "hi", "--tokenizer", ""], "--tokenizer"),
+    (["eval", "ppl", "-f", ""], "--file"),
+    (["report", "latency", ""], "a records path"),
+    (["report", "memory", "--records", " "], "--records"),
+    (["profile", "--ncu", "--ncu-path", ""], "--ncu-path"),
+])
+def test_empty_values_are_refused_when_parsed_not_read_as_unset(args, flag, tmp_path, monkeypatch, capsys):
+    """An empty value is refused as the option is parsed (long or short form), whatever the host
+    process's own command line holds."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(args, capsys)
+    assert code == 2 and err.strip() == err.strip().splitlines()[0] and f"error: {flag} is empty; give " in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_out_dot_is_the_working_directory_even_when_the_host_argv_has_an_empty_out(tmp_path, monkeypatch):
+    """Typer reads "" as Path("."): the refusal must come from the value given to the app, not
+    from scanning sys.argv (an in-process caller's argv is not the app's)."""
+    from typer.testing import CliRunner
+
+    from salactl.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.argv", ["host", "--out", ""])
+    r = CliRunner().invoke(app, ["run", "--prompt-ids", "1,2", "-n", "1", "--json", "--out", "."])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "records.jsonl").is_file()
+    monkeypatch.setattr("sys.argv", ["host"])
+    r = CliRunner().invoke(app, ["run", "--prompt-ids", "1,2", "-n", "1", "--out", ""])
+    assert r.exit_code != 0 and "--out is empty" in str(r.exception)
