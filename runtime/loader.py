@@ -170,6 +170,13 @@ def model_config(model: str | Path | None = None, random_weights: bool = False) 
     return _resolve_source(model, random_weights)[2]
 
 
+def model_quantization(model: str | Path | None = None, random_weights: bool = False) -> dict | None:
+    """The quantization config load_model would load `model` with (config.json's or a standalone
+    quantize_config.json), None for full-precision checkpoints and random weights; no weights read."""
+    name, path, config = _resolve_source(model, random_weights)
+    return None if random_weights else quantization_config(path, config)
+
+
 def load_model(model: str | Path | None = None, device=None, dtype: str | torch.dtype | None = None,
                random_weights: bool = False, seed: int = 0) -> LoadedModel:
     """Load a model for Engine / GPUEngine.

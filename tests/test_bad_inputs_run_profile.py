@@ -167,3 +167,23 @@ def test_profile_checks_before_saying_profiling(args, code, tmp_path, capsys):
     assert rc == code
     _one_error_line(err)
     assert "profiling" not in err
+
+
+def test_profile_suggests_a_context_its_own_count_admits_with_the_selection_temporaries():
+    """The suggested --context fits by the check's own count, which holds the reference selection's
+    window scores of a prefill chunk (they outgrow the KV cache at long context on sala-nano)."""
+    import dataclasses
+
+    from salactl.profiling.preflight import _fixes, selection_bytes, step_memory_bytes
+    from salactl.profiling.spec import ProfileSpec
+    from salactl.runtime.loader import model_config
+
+    config = model_config("sala-nano")
+    spec = ProfileSpec(phases=("prefill",), context=10**8)
+    kv_only = step_memory_bytes(spec, config, 4, False, reference=False)[0]
+    assert selection_bytes(spec, config) > kv_only > 0
+    avail = 3 << 30
+    message = _fixes(spec, config, 4, False, True, avail)
+    context = int(message.split("at most about ")[1].split(" tokens")[0].replace(",", ""))
+    need = lambda c: sum(step_memory_bytes(dataclasses.replace(spec, context=c), config, 4, False))  # noqa: E731
+    assert need(context) <= avail < need(context + 1)

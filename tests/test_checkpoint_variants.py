@@ -125,3 +125,21 @@ def test_quantized_lm_head_keeps_the_model_dtype_for_the_kv_cache(nano, tmp_path
     _, _, dense_keys = cached_keys(EMBEDDED_DIR, dtype)
     for i in dense_keys:
         torch.testing.assert_close(keys[i], dense_keys[i], rtol=0, atol=0)
+
+
+def test_preflights_see_a_standalone_quantize_config_as_loading_does(nano_rtn_dir, tmp_path):
+    """profile's memory check counts the checkpoint's W4A16 weights, not full-precision ones."""
+    from salactl.profiling.preflight import step_memory_bytes
+    from salactl.profiling.spec import ProfileSpec
+    from salactl.runtime.loader import model_config, model_quantization
+
+    moved = Path(shutil.copytree(nano_rtn_dir, tmp_path / "standalone"))
+    cfg = json.loads((moved / "config.json").read_text())
+    qc = cfg.pop("quantization_config")
+    (moved / "config.json").write_text(json.dumps(cfg))
+    (moved / "quantize_config.json").write_text(json.dumps(qc))
+    assert model_quantization(str(moved))["bits"] == 4 and model_quantization("sala-nano") is None
+    spec = ProfileSpec(model=str(moved), weights="w4a16")
+    quantized = step_memory_bytes(spec, model_config(str(moved)), 4, model_quantization(str(moved)) is not None)
+    full = step_memory_bytes(spec, model_config(str(moved)), 4, False)
+    assert quantized[1] < full[1] / 2

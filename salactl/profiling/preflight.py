@@ -33,30 +33,60 @@ def _kv_bytes_per_token(spec: ProfileSpec, config, act_bytes: int) -> int:
     return kv_bytes_per_token(config, kv_dtype)
 
 
-def step_memory_bytes(spec: ProfileSpec, config, act_bytes: int) -> tuple[int, int]:
-    """(caches, weights) in bytes: every profiled sequence (batch per phase) holds its context plus
-    the new tokens in KV (sparse layers) and one fp32 state per lightning layer; the weights are
-    counted as loaded (full precision unless the checkpoint is quantized)."""
+# fp32 [Hkv, G, n, W] tensors the reference selection holds at once for a prefill chunk of n queries
+# over W compressed keys (logits and their softmax, plus the summed scores' share)
+SELECTION_TEMPORARIES = 3
+
+
+def selection_bytes(spec: ProfileSpec, config) -> int:
+    """The reference backend's largest prefill temporaries: the block selection's window scores of
+    one chunk (the gathered attention stays under ops/attention/gathered.py's ROW_GROUP_BYTES)."""
+    from salactl.runtime.ops.attention.gathered import ROW_GROUP_BYTES
+    from salactl.runtime.ops.selection import num_windows
+
+    if "prefill" not in spec.phases:
+        return 0
+    n, cached = spec.step_rows("prefill")
+    windows = num_windows(n + cached, config.sparse_config)
+    return SELECTION_TEMPORARIES * 4 * config.num_attention_heads * n * windows + ROW_GROUP_BYTES
+
+
+def step_memory_bytes(spec: ProfileSpec, config, act_bytes: int, quantized: bool,
+                      reference: bool = True) -> tuple[int, int]:
+    """(caches and working memory, weights) in bytes: every profiled sequence (batch per phase)
+    holds its context plus the new tokens in KV (sparse layers) and one fp32 state per lightning
+    layer, and the reference backend's prefill its selection temporaries; the weights are counted as
+    loaded (full precision unless the checkpoint is quantized)."""
     from salactl.reports.memory import gla_state_bytes, weight_bytes
 
     per_token = _kv_bytes_per_token(spec, config, act_bytes)
     caches = sum(spec.batch * (sum(spec.step_rows(p)) * per_token + gla_state_bytes(config))
                  for p in spec.phases)
-    quantized = dict(config.extra).get("quantization_config") is not None
+    working = spec.batch * selection_bytes(spec, config) if reference else 0
     weights = weight_bytes(config, spec.weights if quantized else "bf16", act_bytes=act_bytes).total
-    return caches, weights
+    return caches + working, weights
 
 
-def _fixes(spec: ProfileSpec, config, act_bytes: int, room: int) -> str:
-    """What fits in `room` bytes: the largest --context at this --batch, the largest --batch at
-    this --context."""
-    from salactl.reports.memory import gla_state_bytes
+def _largest(fits, high: int) -> int:
+    """The largest n in [1, high] with fits(n) (fits is monotone), 0 when none."""
+    lo, hi = 0, high
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
 
-    per_token = _kv_bytes_per_token(spec, config, act_bytes)
-    per_sequence = max(sum(spec.step_rows(p)) for p in spec.phases) * per_token + gla_state_bytes(config)
-    sequences = spec.batch * len(spec.phases)
-    context = max(0, (room // sequences - gla_state_bytes(config)) // per_token - 1)
-    batch = max(0, room // len(spec.phases) // per_sequence)
+
+def _fixes(spec: ProfileSpec, config, act_bytes: int, quantized: bool, reference: bool, avail: int) -> str:
+    """What fits in `avail` bytes: the largest --context at this --batch, the largest --batch at
+    this --context (by the same count as the check)."""
+    import dataclasses
+
+    def fits(**change) -> bool:
+        return sum(step_memory_bytes(dataclasses.replace(spec, **change), config, act_bytes, quantized,
+                                     reference)) <= avail
+
+    context = _largest(lambda c: fits(context=c), spec.context)
+    batch = _largest(lambda b: fits(batch=b), spec.batch)
     fixes = [f"--context (at most about {context:,} tokens at this --batch)" if context else None,
              f"--batch (at most {batch:,} at this --context)" if batch else None]
     fixes = [f for f in fixes if f]
@@ -65,31 +95,33 @@ def _fixes(spec: ProfileSpec, config, act_bytes: int, room: int) -> str:
     return "use a smaller " + " or a smaller ".join(fixes)
 
 
-def check_memory(spec: ProfileSpec, config, device, act_bytes: int) -> None:
-    """Exit 11 when the caches and weights need more than `device` has available."""
+def check_memory(spec: ProfileSpec, config, device, act_bytes: int, quantized: bool, reference: bool) -> None:
+    """Exit 11 when the caches, the working memory and the weights need more than `device` has."""
     from salactl.runtime.loader import available_bytes
 
     avail = available_bytes(device)
     if avail is None:
         return
-    caches, weights = step_memory_bytes(spec, config, act_bytes)
+    caches, weights = step_memory_bytes(spec, config, act_bytes, quantized, reference)
     if caches + weights <= avail:
         return
     raise CapacityError(
         f"--context {spec.context:,} x --batch {spec.batch:,} needs {human_bytes(caches)} for the caches "
-        f"(+ {human_bytes(weights)} for the weights), but {device} has {human_bytes(avail)} available; "
-        f"{_fixes(spec, config, act_bytes, max(0, avail - weights))}")
+        f"and working memory (+ {human_bytes(weights)} for the weights), but {device} has "
+        f"{human_bytes(avail)} available; {_fixes(spec, config, act_bytes, quantized, reference, avail)}")
 
 
 def check_spec(spec: ProfileSpec) -> None:
     """Everything that can fail before the model loads, in the order loading would find it."""
-    from salactl.runtime.loader import check_host_memory, model_config, resolve_device, resolve_dtype
+    from salactl.runtime.loader import (check_host_memory, model_config, model_quantization, resolve_device,
+                                        resolve_dtype)
 
     device = resolve_device(spec.device)
     config = model_config(spec.model, spec.random_weights)
+    quantized = model_quantization(spec.model, spec.random_weights) is not None
     dtype = resolve_dtype(spec.dtype, device)
     check_layers(spec, config)
-    check_backend(spec, device)
-    if dict(config.extra).get("quantization_config") is None:
+    engine = check_backend(spec, device)
+    if not quantized:
         check_host_memory(config, dtype, device, spec.model)     # the weights alone, as loading would
-    check_memory(spec, config, device, dtype.itemsize)
+    check_memory(spec, config, device, dtype.itemsize, quantized, reference=not engine)
