@@ -149,8 +149,13 @@ def test_empty_profile_is_refused(tmp_path, capsys):
 
 
 def test_dataset_for_an_unknown_phase_names_the_phase(tmp_path, capsys):
-    code, out, err = run_cli(["bench", "--dataset", "S9=x.jsonl", "--out", tmp_path / "o"], capsys)
+    code, out, err = run_cli(["bench", "--dataset", "S1=a.jsonl,S9=x.jsonl", "--out", tmp_path / "o"], capsys)
     one_line_error(code, err, 2, "phase 'S9'", "S1, S8, Smax")
+
+
+def test_a_missing_dataset_whose_name_holds_an_equals_sign_says_both_readings(tmp_path, capsys):
+    code, out, err = run_cli(["bench", "--dataset", "data=v2.jsonl", "--out", tmp_path / "o"], capsys)
+    one_line_error(code, err, 7, "dataset data=v2.jsonl does not exist", "'data' is not a phase", "S1, S8, Smax")
 
 
 def test_dataset_file_whose_name_holds_an_equals_sign_is_still_a_file(tmp_path, capsys, monkeypatch):

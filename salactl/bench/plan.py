@@ -43,6 +43,9 @@ def parse_dataset_spec(spec: str | None, phase_names: list[str]) -> dict[str | N
         if bad is None:
             raise UsageError(f"--dataset {spec} mixes PHASE=FILE and FILE; give one file for every phase "
                              "or PHASE=FILE for each")
+        if len(parts) == 1:              # a missing file whose name holds "=", or a phase misspelt
+            raise DatasetError(f"dataset {spec} does not exist, and {bad!r} is not a phase of the profile "
+                               f"({', '.join(phase_names)}); give a JSONL file or PHASE=FILE")
         raise UsageError(f"--dataset names phase {bad!r}, which the profile lacks; phases: {', '.join(phase_names)}")
     return {None: Path(spec)}
 
