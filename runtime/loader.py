@@ -108,19 +108,26 @@ def available_host_bytes() -> int | None:
     return None
 
 
+def check_fits(need: int, avail: int | None, what: str, where: str, fix: str) -> None:
+    """A CapacityError (exit 11) before allocating, where `need` bytes exceed `avail` (None:
+    unknown, no check): "{what} needs N, but {where} has M available; {fix}"."""
+    from salactl.output import human_bytes
+
+    if avail is not None and need > avail:
+        raise CapacityError(f"{what} needs {human_bytes(need)}, but {where} has {human_bytes(avail)} "
+                            f"available; {fix}")
+
+
 def check_host_memory(config: SalaConfig, dtype: torch.dtype, device: torch.device, name: str) -> None:
     """On CPU, refuse unquantized weights larger than the available host memory before allocating
     them: otherwise the kernel's OOM killer ends the process mid-load, with no message."""
-    avail = available_host_bytes() if device.type == "cpu" else None
-    if avail is None:
+    if device.type != "cpu":
         return
     params = sum(math.prod(s) for s in expected_tensor_shapes(config).values())
-    need = params * torch.finfo(dtype).bits // 8
-    if need > avail:
-        half = "" if dtype.itemsize <= 2 else f"dtype bf16 (--dtype bf16, {params * 2 / 1e9:.1f} GB), "
-        raise CapacityError(f"{name} in {str(dtype).removeprefix('torch.')} needs {need / 1e9:.1f} GB for its "
-                            f"weights, but this machine has {avail / 1e9:.1f} GB available; use {half}a GPU "
-                            "(device cuda, --device cuda) or a W4A16 checkpoint (salactl quantize)")
+    half = "" if dtype.itemsize <= 2 else f"dtype bf16 (--dtype bf16, {params * 2 / 1e9:.1f} GB), "
+    check_fits(params * torch.finfo(dtype).bits // 8, available_host_bytes(),
+               f"{name} in {str(dtype).removeprefix('torch.')} (its weights)", "this machine",
+               f"use {half}a GPU (device cuda, --device cuda) or a W4A16 checkpoint (salactl quantize)")
 
 
 def available_bytes(device: torch.device) -> int | None:
@@ -168,6 +175,12 @@ def model_config(model: str | Path | None = None, random_weights: bool = False) 
     """The config load_model(model, random_weights=...) would build, with the same errors, but no
     weights read: for checks that must come before loading."""
     return _resolve_source(model, random_weights)[2]
+
+
+def planning_config(model: str | Path | None = None) -> SalaConfig:
+    """A preset's shapes or a checkpoint's config.json, for estimates made without weights (a preset
+    needs no random_weights here)."""
+    return model_config(model, random_weights=str(model) in PRESETS)
 
 
 def model_quantization(model: str | Path | None = None, random_weights: bool = False) -> dict | None:

@@ -88,13 +88,6 @@ def _names(text: str, name: str) -> tuple[str, ...]:
     return vals
 
 
-def _config(model: str):
-    """The model's config, without weights: a preset's shapes, or a checkpoint's config.json."""
-    from salactl.runtime.loader import PRESETS, model_config
-
-    return model_config(model, random_weights=model in PRESETS)
-
-
 def _group_size(model: str, given: int | None) -> int:
     """--group-size, else the checkpoint's quantization_config group, else GPTQ's usual 128."""
     from salactl.quant.quantizer import SUPPORTED_GROUP_SIZES as GROUP_SIZES
@@ -153,7 +146,9 @@ def memory(
         raise UsageError("--chunk-size and --max-batch must be positive")
     contexts, kv_dtypes = tuple(parse_list(context, "--context", minimum=1)), _names(kv_cache_dtype, "--kv-cache-dtype")
     weight_names, gpus = _names(weights, "--weights"), None if gpu is None else list(_names(gpu, "--gpu"))
-    config = _config(model)
+    from salactl.runtime.loader import planning_config
+
+    config = planning_config(model)
     group_size = _group_size(model, group_size)
     q = mr.MemoryQuery(
         contexts=contexts, kv_dtypes=kv_dtypes, weights=weight_names, gpus=mr.gpu_list(gpus, gpu_mem),

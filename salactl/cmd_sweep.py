@@ -90,10 +90,10 @@ def _model_config(model: str | None):
     """The model's config without its weights (None when it cannot be read: loading the model
     then says why, after the sweep's own checks)."""
     from salactl.errors import SalactlError
-    from salactl.runtime.loader import PRESETS, model_config
+    from salactl.runtime.loader import planning_config
 
     try:
-        return model_config(model, random_weights=model in PRESETS)
+        return planning_config(model)
     except SalactlError:
         return None
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from salactl.bench.requests import BenchRequest
-from salactl.errors import CapacityError, UsageError
+from salactl.errors import UsageError
 
 K = 1024
 SOAR_INPUT_BINS = ((0, 4 * K, 0.25), (4 * K, 16 * K, 0.40 / 3), (16 * K, 32 * K, 0.40 / 3),
@@ -38,14 +38,11 @@ def prompt_set_bytes(num_requests: int, prompt_tokens: int) -> int:
 
 
 def check_host_memory(need: int, what: str, fix: str) -> None:
-    """Refuse what cannot fit in the host's available memory before allocating it: numpy would raise
-    a MemoryError, and a slow build of Python objects would run the machine out of memory."""
-    from salactl.runtime.loader import available_host_bytes
+    """Refuse a prompt set that cannot fit in the host's available memory before building it: numpy
+    would raise a MemoryError, and a slow build of Python objects would run the machine out of memory."""
+    from salactl.runtime.loader import available_host_bytes, check_fits
 
-    avail = available_host_bytes()
-    if avail is not None and need > avail:
-        raise CapacityError(f"{what} would take {need / 1e9:,.1f} GB of host memory, but this machine has "
-                            f"{avail / 1e9:.1f} GB available; {fix}")
+    check_fits(need, available_host_bytes(), what, "this machine", fix)
 
 
 def apportion(n: int, shares: list[float]) -> list[int]:

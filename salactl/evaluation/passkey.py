@@ -111,20 +111,19 @@ def check_passkey_memory(config, device, act_bytes: int, lengths: list[int], dep
                          trials: int) -> None:
     """Exit 11 before anything is built when the prompts (host) and the cache (the model's device)
     need more memory than is available."""
-    from salactl.errors import CapacityError
     from salactl.output import human_bytes
-    from salactl.runtime.loader import available_bytes, available_host_bytes
+    from salactl.runtime.loader import available_bytes, available_host_bytes, check_fits
 
     prompts, cache = passkey_memory_bytes(config, act_bytes, lengths, depths, trials)
     count = len(lengths) * len(depths) * trials
-    host, dev = available_host_bytes(), available_bytes(device)
-    needs = [(prompts + cache, host)] if device.type == "cpu" else [(prompts, host), (cache, dev)]
-    for need, avail in needs:
-        if avail is not None and need > avail:
-            raise CapacityError(
-                f"eval passkey needs {human_bytes(prompts)} for its {count:,} "
-                f"prompt{'' if count == 1 else 's'} and {human_bytes(cache)} for the longest one's cache, but {device} has "
-                f"{human_bytes(avail)} available; use shorter --lengths, fewer --depths or fewer --trials")
+    what = (f"eval passkey ({count:,} prompt{'' if count == 1 else 's'}: {human_bytes(prompts)}; the longest "
+            f"one's cache: {human_bytes(cache)})")
+    fix = "use shorter --lengths, fewer --depths or fewer --trials"
+    if device.type == "cpu":
+        check_fits(prompts + cache, available_host_bytes(), what, "this machine", fix)
+    else:
+        check_fits(prompts, available_host_bytes(), what, "this machine", fix)
+        check_fits(cache, available_bytes(device), what, str(device), fix)
 
 
 def passkey_trials(tokenizer, lengths: list[int], depths: list[float], trials: int, seed: int) -> list[dict]:
