@@ -39,10 +39,21 @@ class Terminated(KeyboardInterrupt):
 
 
 def _interrupted() -> None:
-    """Exit 130 for Ctrl-C, 143 (128 + SIGTERM) for a termination request."""
+    """Exit 130 for Ctrl-C, 143 (128 + SIGTERM) for a termination request, once the cleanup the
+    interrupt ran through is done. A worker thread still inside a long torch op (bench's engine
+    thread mid-prefill) would abort the interpreter's teardown (exit 134), so the process then ends
+    at once."""
     terminated = _terminated[0]
+    code = 143 if terminated else 130
     print("terminated" if terminated else "interrupted", file=sys.stderr)
-    sys.exit(143 if terminated else 130)
+    if any(t.is_alive() and t is not threading.main_thread() for t in threading.enumerate()):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+    sys.exit(code)
 
 
 _terminated = [False]

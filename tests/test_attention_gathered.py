@@ -63,3 +63,10 @@ def test_backend_gathers_what_the_masked_definition_attends():
     got = run_backend(cfg, q, k, v, chunks, ReferenceBackend(cfg))
     want = run_backend(cfg, q, k, v, chunks, ReferenceBackend(cfg, gather_sparse=False))
     assert rel_err(got, want) < 1e-6
+
+
+def test_a_mask_keeping_more_blocks_than_keep_is_refused_not_truncated():
+    q, k, v = torch.randn(1, 4, 8), torch.randn(64, 2, 8), torch.randn(64, 2, 8)
+    blocks = torch.ones(2, 1, 4, dtype=torch.bool)
+    with pytest.raises(ValueError, match="more than keep=3"):
+        gathered.selected_attention(q, k, v, torch.tensor([63]), blocks, 16, 3)

@@ -99,3 +99,19 @@ def test_git_sha_only_from_salactls_own_checkout(tmp_path):
 
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     assert _git(tmp_path) == {"git_sha": None, "git_dirty": None}
+
+
+def test_termination_with_a_worker_thread_inside_torch_still_exits_143():
+    """bench's engine thread may be mid-prefill when SIGTERM's cleanup ends: the process exits 143
+    at once instead of aborting (134) in the interpreter's teardown."""
+    code = ("import threading, torch\n"
+            "from salactl import cli\n"
+            "def busy():\n"
+            "    x = torch.randn(1500, 1500)\n"
+            "    while True:\n"
+            "        x @ x\n"
+            "threading.Thread(target=busy, daemon=True).start()\n"
+            "cli._terminated[0] = True\n"
+            "cli._interrupted()\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 143 and p.stderr.strip() == "terminated", (p.returncode, p.stderr)

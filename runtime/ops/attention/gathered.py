@@ -30,6 +30,8 @@ def selected_attention(q, k, v, q_pos, block_mask, block_size: int, keep: int):
     L, hkv, _ = k.shape
     g = hq // hkv
     keep = min(keep, block_mask.shape[-1])
+    if block_mask.shape[-1] and int(block_mask.sum(dim=-1).max()) > keep:
+        raise ValueError(f"selected_attention: a row keeps more than keep={keep} blocks")
     # the kept block ids in ascending order, padded with unkept ones where a row keeps fewer
     blocks = torch.sort(block_mask.to(torch.int8), dim=-1, descending=True, stable=True).indices[..., :keep]
     blocks = blocks.sort(dim=-1).values                                          # [Hkv, n, keep]
