@@ -12,18 +12,13 @@ from pathlib import Path
 import torch
 
 from salactl.errors import DatasetError, UsageError
+from salactl.output import read_text_option
 
 RANDOM = "random"
 
 
 def read_documents(path: Path) -> list[str]:
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise DatasetError(f"--calib {path} is not UTF-8 text ({e.reason} at byte {e.start}); give a text or "
-                           "JSONL file with a \"text\" field, or --calib random") from None
-    except OSError as e:
-        raise DatasetError(f"cannot read --calib {path}: {e.strerror}") from None
+    raw = read_text_option(path, "--calib", "give a text or JSONL file with a \"text\" field, or --calib random")
     if path.suffix == ".jsonl":
         docs = []
         for lineno, line in enumerate(raw.splitlines(), 1):

@@ -49,18 +49,20 @@ def warn_past_trained_length(tokens: int, limit: int, what: str) -> None:
                   "it runs, but quality beyond the trained length is not guaranteed")
 
 
-def read_text_option(path: Path, flag: str) -> str:
-    """A text-file option's contents, read as UTF-8 whatever the locale says; a one-line
-    DatasetError (exit 7, as bench --dataset) when it is unreadable or not UTF-8."""
+def read_text_option(path: Path, name: str, hint: str = "save it as UTF-8") -> str:
+    """An input text file (`name`: its flag or what it is, e.g. "--calib", "dataset"), read as UTF-8
+    whatever the locale says; a one-line DatasetError (exit 7, as bench --dataset) when it is
+    missing, unreadable or not UTF-8, the last saying `hint`."""
     from salactl.errors import DatasetError
 
     try:
         return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DatasetError(f"{name} {path} does not exist") from None
     except UnicodeDecodeError as e:
-        raise DatasetError(f"{flag} {path} is not UTF-8 text ({e.reason} at byte {e.start}); "
-                           "save it as UTF-8") from None
+        raise DatasetError(f"{name} {path} is not UTF-8 text ({e.reason} at byte {e.start}); {hint}") from None
     except OSError as e:
-        raise DatasetError(f"cannot read {flag} {path}: {e.strerror}") from None
+        raise DatasetError(f"cannot read {name} {path}: {e.strerror}") from None
 
 
 def directory_option(path: Path | None, flag: str = "--out", files: tuple[str, ...] = ()) -> Path | None:

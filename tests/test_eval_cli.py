@@ -46,7 +46,7 @@ def test_eval_passkey_json_and_errors():
     assert short.returncode == 2 and "too short" in short.stderr
     assert len(short.stderr.strip().splitlines()) == 1, short.stderr   # no progress bar before the error
     missing = salactl("eval", "ppl", "--file", "/nonexistent.txt", "--device", "cpu")
-    assert missing.returncode == 7 and "cannot read" in missing.stderr
+    assert missing.returncode == 7 and "--file /nonexistent.txt does not exist" in missing.stderr
 
 
 def test_eval_chunk_size_is_checked_before_the_model_loads():

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from salactl.bench.requests import BenchRequest
 from salactl.errors import DatasetError
+from salactl.output import read_text_option
 
 PROMPT_KEYS = ("question", "input", "prompt")
 RESPONSE_KEY = "model_response"
@@ -55,14 +56,7 @@ def _row_problem(obj) -> str | None:
 def read_soar_rows(path: Path, skip_bad_rows: bool = False) -> tuple[list[SoarRow], LoadReport]:
     """Parse every line; raise DatasetError naming the first bad line unless skip_bad_rows."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DatasetError(f"dataset {path} does not exist") from None
-    except UnicodeDecodeError as e:
-        raise DatasetError(f"dataset {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except OSError as e:
-        raise DatasetError(f"cannot read dataset {path}: {e.strerror}") from None
+    text = read_text_option(path, "dataset", "give SOAR-format JSONL in UTF-8")
     rows, bad = [], []
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
