@@ -52,6 +52,16 @@ def unit(metric: str) -> str:
     return UNITS.get(metric, "")
 
 
+def decode_records(data: bytes, path, fix: str = "") -> str:
+    """A records file's bytes as text; not UTF-8 is a UsageError naming the file and line."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        lineno = data.count(b"\n", 0, e.start) + 1
+        raise UsageError(f"{path}:{lineno} is not UTF-8 text (byte {e.start}); records files are JSON lines "
+                         f"written by bench, sweep or run{fix}") from None
+
+
 def load_records(paths: list[Path]) -> list[dict]:
     """Read and validate every record; bad input is a one-line UsageError naming file:line.
 
@@ -72,12 +82,7 @@ def load_records(paths: list[Path]) -> list[dict]:
             raise UsageError(f"records file {path} is a directory") from None
         except OSError as e:
             raise UsageError(f"cannot read records file {path}: {e.strerror}") from None
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            lineno = data.count(b"\n", 0, e.start) + 1
-            raise UsageError(f"{path}:{lineno} is not UTF-8 text (byte {e.start}); records files are "
-                             "JSON lines written by bench, sweep or run") from None
+        text = decode_records(data, path)
         for lineno, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue

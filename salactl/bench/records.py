@@ -22,7 +22,7 @@ from salactl.bench.requests import RequestResult
 from salactl.errors import UsageError
 from salactl.output import jsonable
 from salactl.reports.atomic import write_atomic
-from salactl.reports.records import SCHEMA_VERSION
+from salactl.reports.records import SCHEMA_VERSION, decode_records
 
 RECORDS_NAME = "records.jsonl"
 DETAIL_COLUMNS = ("run_id", "phase", "request_id", "input_len", "expected_output_len", "output_len",
@@ -70,12 +70,7 @@ def read_records(path: Path) -> list[dict]:
     except OSError as e:
         raise UsageError(f"cannot read records file {path}: {e.strerror}; fix its permissions or choose "
                          "another --out") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        lineno = data.count(b"\n", 0, e.start) + 1
-        raise UsageError(f"{path}:{lineno} is not UTF-8 text (byte {e.start}); records files are JSON lines "
-                         "written by bench, sweep or run: move it away or choose another --out") from None
+    text = decode_records(data, path, ": move it away or choose another --out")
     out = []
     for line in text.splitlines():
         line = line.strip()
