@@ -123,8 +123,10 @@ def check_host_memory(config: SalaConfig, dtype: torch.dtype, device: torch.devi
     them: otherwise the kernel's OOM killer ends the process mid-load, with no message."""
     if device.type != "cpu":
         return
+    from salactl.output import human_bytes
+
     params = sum(math.prod(s) for s in expected_tensor_shapes(config).values())
-    half = "" if dtype.itemsize <= 2 else f"dtype bf16 (--dtype bf16, {params * 2 / 1e9:.1f} GB), "
+    half = "" if dtype.itemsize <= 2 else f"dtype bf16 (--dtype bf16, {human_bytes(params * 2)}), "
     check_fits(params * torch.finfo(dtype).bits // 8, available_host_bytes(),
                f"{name} in {str(dtype).removeprefix('torch.')} (its weights)", "this machine",
                f"use {half}a GPU (device cuda, --device cuda) or a W4A16 checkpoint (salactl quantize)")
