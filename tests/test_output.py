@@ -115,3 +115,24 @@ def test_termination_with_a_worker_thread_inside_torch_still_exits_143():
             "cli._interrupted()\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 143 and p.stderr.strip() == "terminated", (p.returncode, p.stderr)
+
+
+def test_sigterm_during_an_embedded_prefill_exits_143_without_waiting_for_the_step(tmp_path):
+    """bench's engine thread in a long prefill step (SOAR S1 at scale 1 on the CPU) is not waited
+    for once SIGTERM unwinds: the process exits 143 within seconds, leaving no --out."""
+    import signal
+    import time
+
+    p = subprocess.Popen([sys.executable, "-m", "salactl", "bench", "--phases", "S1", "--num-requests", "1",
+                          "--device", "cpu", "--out", str(tmp_path / "o")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(10)                           # loaded, and inside the warmup request's prefill
+        p.send_signal(signal.SIGTERM)
+        t0 = time.perf_counter()
+        _, err = p.communicate(timeout=60)
+        waited = time.perf_counter() - t0
+    finally:
+        p.kill()
+    assert p.returncode == 143 and err.strip().splitlines()[-1] == "terminated", err
+    assert waited < 15 and not (tmp_path / "o").exists(), waited

@@ -14,6 +14,7 @@ for it. Two stepping engines exist:
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 from collections import deque
@@ -189,8 +190,13 @@ class EngineDriver:
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Stop the worker (after its current step) and drop the engine, so its memory (the GPU
-        engine's pools) can be freed before another engine is built."""
+        engine's pools) can be freed before another engine is built. Closed while Ctrl-C or
+        SIGTERM unwinds, it does not wait: no engine comes next, and a long prefill step would hold
+        the exit back."""
         self._closed.set()
+        unwinding = sys.exc_info()[0]
+        if unwinding is not None and issubclass(unwinding, KeyboardInterrupt):
+            timeout_s = 0.0
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout_s)
         if not self._thread.is_alive():
