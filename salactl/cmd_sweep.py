@@ -52,8 +52,6 @@ def sweep(
     from salactl.bench.sweep_job import SweepSettings, run_sweep
 
     output.directory_option(out, files=("records.jsonl",))
-    check_sizes_fit(model, device, dtype, requests, input_len, output_len, (kl_len or input_len) if kl else None,
-                    passkey_lengths if passkey else None, batch_size)
     s = SweepSettings(model=model, random_weights=random_weights, seed=seed, device=device, dtype=dtype,
                       tokenizer=tokenizer, dense_len=dense_len, topk=topk, window=window, block=block,
                       chunk_size=chunk_size, batch_size=batch_size, kv_dtype=kv_dtype,
@@ -79,61 +77,6 @@ def sweep(
         output.stderr.print(f"note: {n}")
     output.stdout.print(f"records: {run['files']['records']}"
                         + (f"  plot: {run['files']['pareto_plot']}" if "pareto_plot" in run["files"] else ""))
-
-
-# float64 [tokens, vocab] logits alive at once in the KL: the dense reference, the point's, and
-# logit_kl's log-softmaxes, probabilities and products (plus the engine's own copy)
-KL_LOGIT_COPIES = 8
-
-
-def _model_config(model: str | None):
-    """The model's config without its weights (None when it cannot be read: loading the model
-    then says why, after the sweep's own checks)."""
-    from salactl.errors import SalactlError
-    from salactl.runtime.loader import planning_config
-
-    try:
-        return planning_config(model)
-    except SalactlError:
-        return None
-
-
-def check_sizes_fit(model, device, dtype, requests, input_len, output_len, kl_tokens, passkey_lengths,
-                    batch_sizes) -> None:
-    """Sizes whose prompts, KL logits or (on CPU) caches cannot fit in host memory are refused
-    before the model loads (CapacityError, exit 11): they would end in a MemoryError or grow until
-    the machine runs out. Values under 1 are left to the sweep's own checks."""
-    from salactl.bench.grid_memory import cache_bytes_per_request
-    from salactl.bench.synthetic import check_host_memory, prompt_set_bytes
-    from salactl.errors import SalactlError
-    from salactl.lists import parse_list
-    from salactl.runtime.loader import resolve_device, resolve_dtype
-
-    if min(requests, input_len, output_len, kl_tokens or 1) < 1:
-        return
-    check_host_memory(prompt_set_bytes(requests, requests * input_len),
-                      f"--requests {requests:,} prompts of --input-len {input_len:,} tokens",
-                      "lower --requests or --input-len")
-    config = _model_config(model)
-    if config is None:
-        return
-    if kl_tokens is not None:
-        check_host_memory(KL_LOGIT_COPIES * 8 * kl_tokens * config.vocab_size,
-                          f"the logit KL over {kl_tokens:,} tokens x {config.vocab_size:,} vocabulary",
-                          "lower --kl-len (default: --input-len), or pass --no-kl")
-    try:
-        dev = resolve_device(device)
-        item = resolve_dtype(dtype, dev).itemsize
-        lengths = parse_list(passkey_lengths, "--passkey-lengths", int) if passkey_lengths else []
-        batch = max(parse_list(batch_sizes, "--batch-size", int)) if batch_sizes else 1
-    except (SalactlError, ValueError):
-        return                          # the sweep's own checks name the bad value
-    if dev.type != "cpu":
-        return                          # GPU caches: the GPU engine's --mem-fraction budget decides
-    longest = max([input_len + output_len, kl_tokens or 0, *lengths])
-    check_host_memory(max(batch, 1) * cache_bytes_per_request(config, longest, item, item),
-                      f"the KV cache and states of {max(batch, 1)} request(s) of {longest:,} tokens",
-                      "lower --input-len/--output-len (or --kl-len, --passkey-lengths, --batch-size)")
 
 
 def register(app: typer.Typer) -> None:

@@ -13,6 +13,7 @@ import torch
 from salactl import output
 from salactl.bench import records as rec
 from salactl.bench.grid_memory import cache_bytes_per_request
+from salactl.bench.sweep_sizes import check_sizes_fit
 from salactl.bench.sweep_grid import (KV_DTYPES, WEIGHT_DTYPES, SweepPoint, build_points, parse_ints,
                                       parse_names, point_key)
 from salactl.errors import ConfigError, OutputExistsError, SalactlError, UsageError
@@ -159,13 +160,15 @@ def _check_before_loading(s: SweepSettings) -> None:
         parse_ints(text, name, 1)
     parse_names(s.kv_dtype, "kv-cache-dtype", "bf16", KV_DTYPES)
     parse_names(s.weight_dtype, "weight-dtype", "bf16", WEIGHT_DTYPES)
-    kind = resolve_engine(s.engine, resolve_device(s.device))
+    device = resolve_device(s.device)
+    kind = resolve_engine(s.engine, device)
     limit = 1 if kind == "reference" else s.max_running_requests
     too_big = [b for b in parse_ints(s.batch_size, "batch-size", 1) if b > limit]
     if too_big:
         raise UsageError(f"--batch-size {too_big[0]} is not supported by the {kind} engine; supported "
                          "today: 1 with the reference engine (one sequence at a time), up to "
                          "--max-running-requests with --engine gpu on CUDA")
+    check_sizes_fit(s, device)
 
 
 def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
