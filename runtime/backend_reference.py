@@ -36,11 +36,11 @@ class ReferenceBackend:
         sc = self.config.sparse_config
         outs = []
         for seq, s in self._slices(batch):
-            keys, values = seq.append_kv(layer, k[s], v[s])
+            keys, values = seq.append_kv(layer, k[s], v[s])                  # as stored (FP8 or values)
             qs, pos = q[s], batch.positions[s]
             sparse_rows = (pos + 1) >= sc.dense_len
             if not bool(sparse_rows.any()):
-                outs.append(self.attention_op(qs, keys, values, pos))                  # causal
+                outs.append(self.attention_op(qs, *seq.dequantized(layer, keys, values), pos))  # causal
                 continue
             L = keys.shape[0]
             k1 = seq.compressed_keys(layer, keys)
@@ -49,14 +49,16 @@ class ReferenceBackend:
                 allowed = (torch.arange(L, device=q.device)[None, :] <= pos[:, None])
                 allowed = allowed[None].expand(self.config.num_key_value_heads, -1, -1).clone()
                 allowed[:, sparse_rows] = sparse_token_mask(blocks, pos[sparse_rows], L, sc.block_size)
-                outs.append(self.attention_op(qs, keys, values, pos, allowed))
+                outs.append(self.attention_op(qs, *seq.dequantized(layer, keys, values), pos, allowed))
                 continue
             o = torch.empty_like(qs)
             dense_rows = ~sparse_rows
             if bool(dense_rows.any()):
-                o[dense_rows] = self.attention_op(qs[dense_rows], keys, values, pos[dense_rows])
+                o[dense_rows] = self.attention_op(qs[dense_rows], *seq.dequantized(layer, keys, values),
+                                                  pos[dense_rows])
+            # sparse rows dequantize only the tokens of their kept blocks
             o[sparse_rows] = selected_attention(qs[sparse_rows], keys, values, pos[sparse_rows], blocks,
-                                                sc.block_size, sc.selected_blocks)
+                                                sc.block_size, sc.selected_blocks, seq.scales(layer))
             outs.append(o)
         return torch.cat(outs)
 

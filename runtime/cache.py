@@ -32,7 +32,8 @@ class SequenceCache:
                       for i in config.lightning_layers if keep(i)}
 
     def append_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        """Write the new tokens' keys/values at [length, length+n); return all keys/values so far."""
+        """Write the new tokens' keys/values at [length, length+n); return all keys/values so far as
+        stored: FP8 in an FP8 cache, which `dequantized` or the layer's `scales` turn into values."""
         end = self.length + k.shape[0]
         if end > self._k[layer].shape[0]:
             cap = max(end, 2 * self._k[layer].shape[0])
@@ -44,18 +45,32 @@ class SequenceCache:
             ks, vs = self.kv_scales[layer]
             self._k[layer][self.length:end] = quantize_kv(k, ks, self.kv_dtype)
             self._v[layer][self.length:end] = quantize_kv(v, vs, self.kv_dtype)
-            return (dequantize_kv(self._k[layer][:end], ks, self.dtype),
-                    dequantize_kv(self._v[layer][:end], vs, self.dtype))
-        self._k[layer][self.length:end] = k
-        self._v[layer][self.length:end] = v
+        else:
+            self._k[layer][self.length:end] = k
+            self._v[layer][self.length:end] = v
         return self._k[layer][:end], self._v[layer][:end]
 
+    def scales(self, layer: int):
+        """(k_scale [Hkv], v_scale [Hkv]) fp32 of an FP8 cache's layer; None when stored as values."""
+        return None if self.kv_scales is None else self.kv_scales[layer]
+
+    def dequantized(self, layer: int, keys: torch.Tensor, values: torch.Tensor):
+        """Stored keys/values [n, Hkv, d] (any token range) as values in the activation dtype."""
+        if self.kv_scales is None:
+            return keys, values
+        ks, vs = self.kv_scales[layer]
+        return dequantize_kv(keys, ks, self.dtype), dequantize_kv(values, vs, self.dtype)
+
     def compressed_keys(self, layer: int, keys: torch.Tensor) -> torch.Tensor:
-        """K1 for every full window of `keys`, computing only the windows not cached yet."""
-        have, need = self._k1[layer].shape[0], num_windows(keys.shape[0], self.config.sparse_config)
+        """K1 for every full window of the stored `keys`, computing (and dequantizing the keys of)
+        only the windows not cached yet."""
+        sc = self.config.sparse_config
+        have, need = self._k1[layer].shape[0], num_windows(keys.shape[0], sc)
         if need > have:
-            new = compress_keys(keys, self.config.sparse_config, have, need)
-            self._k1[layer] = torch.cat([self._k1[layer], new])
+            span = keys[have * sc.kernel_stride:(need - 1) * sc.kernel_stride + sc.kernel_size]
+            if self.kv_scales is not None:
+                span = dequantize_kv(span, self.kv_scales[layer][0], self.dtype)
+            self._k1[layer] = torch.cat([self._k1[layer], compress_keys(span, sc, 0, need - have)])
         return self._k1[layer][:need]
 
     def kv_bytes(self) -> int:

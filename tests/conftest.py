@@ -43,15 +43,16 @@ def micro_model(dtype=torch.float32) -> SalaForCausalLM:
     return build_model(cfg, random_state_dict(cfg, "cpu", dtype, 5))
 
 
-def run_backend(cfg, q, k, v, chunks, backend=None):
+def run_backend(cfg, q, k, v, chunks, backend=None, **cache_kwargs):
     """One sparse layer's softmax attention through a backend (the reference one by default), fed
-    in the given chunk sizes as prefill and decode feed it; the outputs of every chunk, in order."""
+    in the given chunk sizes as prefill and decode feed it; the outputs of every chunk, in order.
+    cache_kwargs go to the SequenceCache (kv_cache_dtype, kv_scales)."""
     from salactl.runtime.backend_reference import ReferenceBackend
     from salactl.runtime.batch import ForwardBatch
     from salactl.runtime.cache import SequenceCache
 
     backend = backend or ReferenceBackend(cfg)
-    seq = SequenceCache(cfg, "cpu", q.dtype)
+    seq = SequenceCache(cfg, "cpu", q.dtype, **cache_kwargs)
     layer = cfg.sparse_layers[0]
     outs, off = [], 0
     for n in chunks:

@@ -6,6 +6,7 @@ import torch
 
 from conftest import rel_err, run_backend, tiny_config
 from salactl.runtime.backend_reference import ReferenceBackend
+from salactl.runtime.kv_fp8 import dequantize_kv, quantize_kv
 from salactl.runtime.ops.attention import gathered, reference
 from salactl.runtime.ops.selection import sparse_token_mask
 
@@ -63,6 +64,40 @@ def test_backend_gathers_what_the_masked_definition_attends():
     got = run_backend(cfg, q, k, v, chunks, ReferenceBackend(cfg))
     want = run_backend(cfg, q, k, v, chunks, ReferenceBackend(cfg, gather_sparse=False))
     assert rel_err(got, want) < 1e-6
+
+
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_keys_are_dequantized_after_the_gather_to_the_same_values(fp8):
+    """An FP8 cache hands over its stored bytes and scales: the kept tokens dequantized after the
+    gather are the values a whole-cache dequantization gives, so the outputs are equal bit for bit."""
+    g = torch.Generator().manual_seed(11)
+    n, L, hq, hkv, d, B, keep = 9, 500, 8, 2, 32, 16, 5
+    q = torch.randn(n, hq, d, generator=g).bfloat16()
+    ks, vs = torch.tensor([0.01, 0.03]), torch.tensor([0.02, 0.005])
+    k8 = quantize_kv(torch.randn(L, hkv, d, generator=g), ks, fp8)
+    v8 = quantize_kv(torch.randn(L, hkv, d, generator=g), vs, fp8)
+    q_pos = torch.arange(L - n, L)
+    blocks = _random_blocks(g, hkv, q_pos, -(-L // B), keep, B)
+    got = gathered.selected_attention(q, k8, v8, q_pos, blocks, B, keep, (ks, vs))
+    want = gathered.selected_attention(q, dequantize_kv(k8, ks, torch.bfloat16),
+                                       dequantize_kv(v8, vs, torch.bfloat16), q_pos, blocks, B, keep)
+    assert torch.equal(got, want)
+
+
+def test_fp8_cache_through_the_backend_matches_the_masked_definition():
+    cfg = tiny_config(dense_len=64, topk=2, window_size=32)
+    g = torch.Generator().manual_seed(5)
+    L = 300
+    q = torch.randn(L, cfg.num_attention_heads, cfg.head_dim, generator=g)
+    k = torch.randn(L, cfg.num_key_value_heads, cfg.head_dim, generator=g)
+    v = torch.randn(L, cfg.num_key_value_heads, cfg.head_dim, generator=g)
+    scales = {i: (torch.full((2,), 0.01), torch.full((2,), 0.02)) for i in cfg.sparse_layers}
+    fp8 = {"kv_cache_dtype": "fp8_e4m3", "kv_scales": scales}
+    chunks = [50, 100, 147, 1, 1, 1]
+    got = run_backend(cfg, q, k, v, chunks, ReferenceBackend(cfg), **fp8)
+    want = run_backend(cfg, q, k, v, chunks, ReferenceBackend(cfg, gather_sparse=False), **fp8)
+    assert rel_err(got, want) < 1e-6
+    assert rel_err(got, run_backend(cfg, q, k, v, chunks)) < 0.1         # close to the unquantized cache
 
 
 def test_a_mask_keeping_more_blocks_than_keep_is_refused_not_truncated():

@@ -23,7 +23,7 @@ def test_fp8_round_trip_error_bound_and_saturation(dtype, mant, rng):
     assert torch.equal(big.float(), torch.full((1, 2, 1), torch.finfo(dtype).max))
 
 
-def test_fp8_cache_halves_kv_bytes_and_returns_dequantized_values(rng):
+def test_fp8_cache_halves_kv_bytes_and_dequantizes_what_it_stores(rng):
     cfg = tiny_config()
     scales = {i: (torch.full((2,), 0.01), torch.full((2,), 0.02)) for i in cfg.sparse_layers}
     fp8 = SequenceCache(cfg, "cpu", torch.bfloat16, capacity=4, kv_cache_dtype="fp8_e4m3", kv_scales=scales)
@@ -31,9 +31,11 @@ def test_fp8_cache_halves_kv_bytes_and_returns_dequantized_values(rng):
     k = torch.randn(10, 2, cfg.head_dim, generator=rng).bfloat16()
     v = torch.randn(10, 2, cfg.head_dim, generator=rng).bfloat16()
     layer = cfg.sparse_layers[0]
-    kk, vv = fp8.append_kv(layer, k, v)          # grows past the capacity of 4
+    k8, v8 = fp8.append_kv(layer, k, v)          # grows past the capacity of 4
     ref.append_kv(layer, k, v)
     fp8.length = ref.length = 10
+    assert k8.dtype == v8.dtype == torch.float8_e4m3fn and k8.shape == k.shape
+    kk, vv = fp8.dequantized(layer, k8, v8)
     assert kk.dtype == torch.bfloat16 and kk.shape == k.shape
     assert rel_err(kk.float(), k.float()) < 0.05 and rel_err(vv.float(), v.float()) < 0.05
     assert fp8.kv_bytes() * 2 == ref.kv_bytes()

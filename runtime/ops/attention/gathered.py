@@ -9,8 +9,10 @@ the same fp32 softmax over the same allowed keys: equal to the definition up to 
 on every device (FlexAttention's block masks need torch.compile for speed and are per block row,
 not per query).
 
-q [n, Hq, d] at positions q_pos [n]; k, v [L, Hkv, d]; block_mask bool [Hkv, n, num_blocks] from
-select_blocks (at most `keep` True per row). Returns o [n, Hq, d] in q's dtype.
+q [n, Hq, d] at positions q_pos [n]; k, v [L, Hkv, d] as the cache stores them: values, or FP8 with
+`kv_scales` = (k_scale [Hkv], v_scale [Hkv]), in which case only the gathered tokens are dequantized
+(to q's dtype, as runtime/kv_fp8.dequantize_kv gives every reader); block_mask bool [Hkv, n,
+num_blocks] from select_blocks (at most `keep` True per row). Returns o [n, Hq, d] in q's dtype.
 """
 
 from __future__ import annotations
@@ -19,13 +21,23 @@ import math
 
 import torch
 
+from salactl.runtime.kv_fp8 import dequantize_kv
+
 # fp32 bytes of gathered keys/values and scores/probabilities alive at once: rows are taken in
 # groups that stay under this, so long rows (the 9B keeps 96 blocks of 64 tokens) never build
 # temporaries larger than the dense definition's
 ROW_GROUP_BYTES = 256 << 20
 
 
-def selected_attention(q, k, v, q_pos, block_mask, block_size: int, keep: int):
+def _gather_tokens(x, idx, scale, dtype):
+    """x [Hkv, L, d] as stored, idx [Hkv, m, d] token ids -> fp32 [Hkv, m, d] values."""
+    if scale is None:
+        return torch.gather(x, 1, idx).float()
+    raw = torch.gather(x.view(torch.uint8), 1, idx).view(x.dtype)   # CPU gather has no float8 kernel
+    return dequantize_kv(raw.transpose(0, 1), scale, dtype).transpose(0, 1).float()
+
+
+def selected_attention(q, k, v, q_pos, block_mask, block_size: int, keep: int, kv_scales=None):
     n, hq, d = q.shape
     L, hkv, _ = k.shape
     g = hq // hkv
@@ -40,7 +52,8 @@ def selected_attention(q, k, v, q_pos, block_mask, block_size: int, keep: int):
     allowed = kept.repeat_interleave(block_size, dim=-1) & (tokens <= q_pos[None, :, None])
     tokens = tokens.clamp(max=L - 1)                                             # [Hkv, n, T]
     T = tokens.shape[-1]
-    kt, vt = k.float().transpose(0, 1), v.float().transpose(0, 1)                # [Hkv, L, d]
+    kt, vt = k.transpose(0, 1), v.transpose(0, 1)                                # [Hkv, L, d]
+    k_scale, v_scale = kv_scales if kv_scales is not None else (None, None)
     qg = q.float().view(n, hkv, g, d)
     out = torch.empty(n, hkv, g, d, dtype=torch.float32, device=q.device)
     step = max(1, ROW_GROUP_BYTES // (4 * hkv * T * (2 * d + 2 * g)))
@@ -48,8 +61,8 @@ def selected_attention(q, k, v, q_pos, block_mask, block_size: int, keep: int):
         r = slice(r0, min(n, r0 + step))
         m = r.stop - r.start
         idx = tokens[:, r].reshape(hkv, m * T, 1).expand(-1, -1, d)
-        kg = torch.gather(kt, 1, idx).view(hkv, m, T, d)
-        vg = torch.gather(vt, 1, idx).view(hkv, m, T, d)
+        kg = _gather_tokens(kt, idx, k_scale, q.dtype).view(hkv, m, T, d)
+        vg = _gather_tokens(vt, idx, v_scale, q.dtype).view(hkv, m, T, d)
         scores = torch.einsum("nhgd,hntd->hgnt", qg[r], kg).div_(math.sqrt(d))
         scores.masked_fill_(~allowed[:, None, r], float("-inf"))
         out[r] = torch.einsum("hgnt,hntd->nhgd", torch.softmax(scores, dim=-1), vg)
