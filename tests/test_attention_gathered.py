@@ -51,18 +51,23 @@ def test_row_groups_give_the_same_rows(monkeypatch):
     assert torch.equal(gathered.selected_attention(q, k, v, q_pos, blocks, B, keep), whole)
 
 
+CHUNKS = [50, 100, 147, 1, 1, 1]     # prefill chunks (dense rows, sparse rows, both), then decode
+
+
+def _layer_inputs(seed):
+    """A config with sparse rows past 64 tokens, and 300 tokens' q, k, v for one of its sparse layers."""
+    cfg = tiny_config(dense_len=64, topk=2, window_size=32)
+    g = torch.Generator().manual_seed(seed)
+    return cfg, [torch.randn(300, h, cfg.head_dim, generator=g)
+                 for h in (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.num_key_value_heads)]
+
+
 def test_backend_gathers_what_the_masked_definition_attends():
     """Chunked prefill then decode through the reference backend: gathering the kept blocks gives
     the masked definition's outputs (dense rows, sparse rows and chunks mixing both)."""
-    cfg = tiny_config(dense_len=64, topk=2, window_size=32)
-    g = torch.Generator().manual_seed(3)
-    L = 300
-    q = torch.randn(L, cfg.num_attention_heads, cfg.head_dim, generator=g)
-    k = torch.randn(L, cfg.num_key_value_heads, cfg.head_dim, generator=g)
-    v = torch.randn(L, cfg.num_key_value_heads, cfg.head_dim, generator=g)
-    chunks = [50, 100, 147, 1, 1, 1]
-    got = run_backend(cfg, q, k, v, chunks, ReferenceBackend(cfg))
-    want = run_backend(cfg, q, k, v, chunks, ReferenceBackend(cfg, gather_sparse=False))
+    cfg, (q, k, v) = _layer_inputs(seed=3)
+    got = run_backend(cfg, q, k, v, CHUNKS, ReferenceBackend(cfg))
+    want = run_backend(cfg, q, k, v, CHUNKS, ReferenceBackend(cfg, gather_sparse=False))
     assert rel_err(got, want) < 1e-6
 
 
@@ -85,19 +90,13 @@ def test_fp8_keys_are_dequantized_after_the_gather_to_the_same_values(fp8):
 
 
 def test_fp8_cache_through_the_backend_matches_the_masked_definition():
-    cfg = tiny_config(dense_len=64, topk=2, window_size=32)
-    g = torch.Generator().manual_seed(5)
-    L = 300
-    q = torch.randn(L, cfg.num_attention_heads, cfg.head_dim, generator=g)
-    k = torch.randn(L, cfg.num_key_value_heads, cfg.head_dim, generator=g)
-    v = torch.randn(L, cfg.num_key_value_heads, cfg.head_dim, generator=g)
+    cfg, (q, k, v) = _layer_inputs(seed=5)
     scales = {i: (torch.full((2,), 0.01), torch.full((2,), 0.02)) for i in cfg.sparse_layers}
     fp8 = {"kv_cache_dtype": "fp8_e4m3", "kv_scales": scales}
-    chunks = [50, 100, 147, 1, 1, 1]
-    got = run_backend(cfg, q, k, v, chunks, ReferenceBackend(cfg), **fp8)
-    want = run_backend(cfg, q, k, v, chunks, ReferenceBackend(cfg, gather_sparse=False), **fp8)
+    got = run_backend(cfg, q, k, v, CHUNKS, ReferenceBackend(cfg), **fp8)
+    want = run_backend(cfg, q, k, v, CHUNKS, ReferenceBackend(cfg, gather_sparse=False), **fp8)
     assert rel_err(got, want) < 1e-6
-    assert rel_err(got, run_backend(cfg, q, k, v, chunks)) < 0.1         # close to the unquantized cache
+    assert rel_err(got, run_backend(cfg, q, k, v, CHUNKS)) < 0.1         # close to the unquantized cache
 
 
 def test_a_mask_keeping_more_blocks_than_keep_is_refused_not_truncated():
