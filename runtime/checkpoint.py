@@ -159,9 +159,7 @@ def check_output_dir(out_dir: Path, overwrite: bool) -> Path:
     from salactl.output import directory_option
 
     out_dir = Path(out_dir).expanduser().resolve()
-    if out_dir.exists() and not out_dir.is_dir():
-        raise OutputExistsError(f"{out_dir} exists and is not a directory; choose another --out")
-    directory_option(out_dir)
+    directory_option(out_dir)                        # a file or a path below one: usage error, exit 2
     if not out_dir.exists():
         return out_dir
     if not overwrite:

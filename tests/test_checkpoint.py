@@ -135,6 +135,9 @@ def test_overwrite_never_deletes_the_working_directory_or_a_non_checkpoint(tmp_p
     assert (work / "keep.txt").read_text() == "mine" and (work / "sub").is_dir()
     with pytest.raises(UsageError, match="keep.txt, which is a file"):
         check_output_dir(work / "keep.txt" / "ckpt", overwrite=False)
+    for overwrite in (False, True):                   # a file is a usage error, as for every --out
+        with pytest.raises(UsageError, match="keep.txt is a file; give a directory"):
+            check_output_dir(work / "keep.txt", overwrite=overwrite)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "work"]
     save_checkpoint(state, cfg.to_hf_dict(), path, overwrite=True)    # a checkpoint is replaced
     save_checkpoint(state, cfg.to_hf_dict(), work / "sub", overwrite=True)   # an empty dir too
