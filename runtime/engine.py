@@ -29,7 +29,8 @@ class PhaseStats:
 
     tokens: prompt tokens fed (prefill) or tokens fed back (decode: output length - 1, the last
     sampled token is never fed). forward_calls: model calls (prefill: chunks; decode: = tokens).
-    seconds: wall seconds of the phase (prefill: until the first token is sampled, = ttft_s;
+    seconds: wall seconds of the phase (prefill: until the first token is sampled, = ttft_s, or
+    until the prompt's last forward call when none is;
     decode: from then to the last token, 0.0 with fewer than 2 output tokens). op_seconds:
     {op class: seconds}, empty (GPU engine: None) unless op timing was asked for
     (Engine(time_ops=True), GPUEngine(profile_ops=True))."""
@@ -48,12 +49,13 @@ class GenerationResult:
     stop/EOS token that ended generation, if one did (Tokenizer.decode drops special tokens).
     finish_reason: "length" (max_new_tokens reached), "stop" (a stop or EOS id was sampled); the
     GPU engine adds "abort" (GPUEngine.abort) and "error" (its step raised). ttft_s: wall seconds
-    from the start of prefill to the first sampled token."""
+    from the start of prefill to the first sampled token; None when no token was sampled
+    (max_new_tokens=0, or aborted before one)."""
 
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     finish_reason: str
-    ttft_s: float
+    ttft_s: float | None
     prefill: PhaseStats
     decode: PhaseStats
 
@@ -241,4 +243,4 @@ class Engine:
         dec.tokens = dec.forward_calls
         if self.time_ops:
             dec.op_seconds = timer.totals()
-        deliver(GenerationResult(list(prompt), out, finish, ttft, pre, dec))
+        deliver(GenerationResult(list(prompt), out, finish, ttft if out else None, pre, dec))

@@ -20,8 +20,9 @@ def profile(
     batch: Annotated[int, typer.Option("--batch", help="Sequences in the step.")] = 1,
     context: Annotated[int, typer.Option("--context", help="Cached tokens before the decode step; "
                                          "prompt length for prefill.")] = 4096,
-    chunk_size: Annotated[int, typer.Option("--chunk-size", help="Prefill: the profiled chunk "
-                                            "(the prompt's last).")] = 512,
+    chunk_size: Annotated[int, typer.Option("--chunk-size", help="Prefill: tokens in the profiled "
+                                            "chunk, which ends the --context-token prompt (the rest "
+                                            "is cached before it).")] = 512,
     model: ModelOpt = "sala-nano",
     random_weights: RandomWeightsOpt = False,
     seed: SeedOpt = 0,

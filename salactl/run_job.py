@@ -165,6 +165,7 @@ def _record(req: RunRequest, lm: LoadedModel, ids: list[int], tok: Tokenizer | N
         "text": tok.decode(res.output_token_ids) if tok else None,
         "finish_reason": res.finish_reason,
         "ttft_s": res.ttft_s,
+        "prefill_s": res.prefill.seconds,
         "prefill_tok_s": P / res.prefill.seconds if res.prefill.seconds else None,
         "decode_tok_s": res.decode.tokens / res.decode.seconds if res.decode.seconds else None,
         "roofline": _roofline(req, lm, P, engine, res, ceilings),
@@ -212,7 +213,7 @@ def run_records(result: dict, req: RunRequest, label: str | None) -> list[dict]:
                  weights=result["weights"])
     common = dict(completed=1, failed=0, total_input_tokens=n_in, total_output_tokens=n_out,
                   peak_memory_bytes=result["peak_memory_bytes"])
-    ttft_ms = result["ttft_s"] * 1e3
+    ttft_ms = result["ttft_s"] and result["ttft_s"] * 1e3        # None when no token was generated
     tpot_ms = 1e3 / result["decode_tok_s"] if result["decode_tok_s"] else None
 
     def floor(phase):
@@ -220,11 +221,11 @@ def run_records(result: dict, req: RunRequest, label: str | None) -> list[dict]:
         return {"floor_s": rows[-1]["floor_s"], "time_over_floor": (rows[-1]["time_s"] or 0) / rows[-1]["floor_s"]} \
             if rows else {}
 
-    prefill = dict(common, duration=result["ttft_s"], mean_ttft_ms=ttft_ms, median_ttft_ms=ttft_ms,
+    prefill = dict(common, duration=result["prefill_s"], mean_ttft_ms=ttft_ms, median_ttft_ms=ttft_ms,
                    input_throughput=result["prefill_tok_s"], **floor("prefill"))
     # SGLang's output_throughput is output tokens over the whole request (TTFT included), which
     # is not the decode-phase rate: that one is decode_tok_s
-    e2e_s = result["ttft_s"] + (n_out - 1) / result["decode_tok_s"] if result["decode_tok_s"] else result["ttft_s"]
+    e2e_s = result["prefill_s"] + (n_out - 1) / result["decode_tok_s"] if result["decode_tok_s"] else result["prefill_s"]
     decode = dict(common, mean_tpot_ms=tpot_ms, median_tpot_ms=tpot_ms, duration=e2e_s,
                   output_throughput=n_out / e2e_s if e2e_s else None, decode_tok_s=result["decode_tok_s"],
                   **floor("decode"))

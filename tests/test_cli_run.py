@@ -98,6 +98,7 @@ def test_run_without_decode_steps_prints_a_dash(ckpt, n):
     r = salactl("run", "--model", str(ckpt), "--prompt-ids", "1,5,9", "-n", n, "--device", "cpu", "--ignore-eos")
     assert r.returncode == 0, r.stderr
     assert "decode - tok/s" in r.stdout and "prefill roofline" in r.stdout and "decode roofline" not in r.stdout
+    assert ("TTFT - ms" in r.stdout) == (n == "0")             # no token, no time to the first one
 
 
 def test_run_human_output_has_roofline(ckpt):

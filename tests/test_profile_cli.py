@@ -46,6 +46,7 @@ def test_torch_mode_on_cpu_both_phases(tmp_path, capsys):
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
     assert d["mode"] == "torch"
+    assert d["manifest"]["weights"] == "bfloat16"          # the name run, bench and sweep record
     steps = d["manifest"]["steps"]
     assert (steps["prefill"]["new_tokens"], steps["prefill"]["cached_tokens"]) == (32, 64)
     assert (steps["decode"]["new_tokens"], steps["decode"]["cached_tokens"]) == (1, 96)

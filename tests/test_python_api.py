@@ -273,6 +273,16 @@ def test_gpu_engine_takes_engines_calls_for_one_request():
 
 
 @gpu_engine_api
+def test_no_sampled_token_has_no_ttft_but_a_prefill_time():
+    model = micro_model()
+    for engine in (Engine(model), _gpu(model)):
+        res = engine.generate([5, 6, 7], SamplingParams(max_new_tokens=0))
+        assert res.output_token_ids == [] and res.ttft_s is None and res.prefill.seconds > 0
+        one = engine.generate([5, 6, 7], SamplingParams(max_new_tokens=1, ignore_eos=True))
+        assert one.ttft_s == one.prefill.seconds > 0
+
+
+@gpu_engine_api
 def test_a_failed_step_raises_in_every_stream_it_ran():
     """Interleaved streams: the step one of them runs fails for both; each raises the error."""
     from salactl.errors import NumericsError

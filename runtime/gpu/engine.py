@@ -236,8 +236,8 @@ class GPUEngine:
             raise UsageError(f"request {rid} has not finished")
         del self.requests[rid]
         first = req.first_token_time or req.finish_time
-        ttft = first - req.arrival
-        pre = PhaseStats(len(req.prompt), req.prefill_calls, ttft)
+        pre = PhaseStats(len(req.prompt), req.prefill_calls, first - req.arrival)
+        ttft = pre.seconds if req.first_token_time else None
         n_dec = max(len(req.output) - 1, 0)
         dec = PhaseStats(n_dec, n_dec, (req.finish_time - first) if n_dec else 0.0)
         if self.profile_ops:

@@ -17,6 +17,7 @@ import torch
 from salactl.profiling.ranges import RangeTimer, make_ranges
 from salactl.profiling.spec import ProfileSpec
 from salactl.profiling.workload import Workload, build
+from salactl.quant.in_memory import quantized_as
 from salactl.reports.atomic import write_atomic
 from salactl.runtime.device_sync import synchronize
 
@@ -66,7 +67,7 @@ def describe(w: Workload, step_seconds: dict[str, float]) -> dict:
         "device_name": device_name(w.device),
         "dtype": str(w.dtype).replace("torch.", ""),
         "kv_dtype": w.spec.kv_cache_dtype if w.kv_bytes == 1 else str(w.dtype).replace("torch.", ""),
-        "weights": w.spec.weights,
+        "weights": quantized_as(w.model) or str(w.dtype).replace("torch.", ""),    # as run/bench/sweep name it
         "backend": w.backend_name,
         "config": w.config.to_hf_dict(),
         "steps": steps,
