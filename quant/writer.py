@@ -61,6 +61,13 @@ def quantization_config(opts: QuantOptions, skipped: dict[str, str]) -> dict:
     return qc
 
 
+def stored_dtype(config: SalaConfig) -> torch.dtype:
+    """The dtype of the unquantized tensors written: the source checkpoint's torch_dtype, which is
+    what SGLang/vLLM serve it in, not the dtype quantize computed in (`--dtype auto` is float32 on
+    CPU, which would double the embeddings' and lm_head's bytes)."""
+    return {v: k for k, v in _DTYPE_NAMES.items()}.get(config.torch_dtype, torch.bfloat16)
+
+
 def unquantized_engine_modules(skipped) -> list[str]:
     """The skipped HF modules, plus the merged layer vLLM/SGLang build (`self_attn.qkv_proj`,
     `mlp.gate_up_proj`) wherever a whole merged group is skipped: SGLang matches the `dynamic` "-:"
@@ -82,18 +89,18 @@ def write_quantized_checkpoint(out_dir: Path, config: SalaConfig, model, quantiz
     """`quantized`: module prefix -> {qweight, qzeros, scales, g_idx} (packing.to_gptq_tensors);
     `model` supplies every other tensor (quantized linears' in-memory weights are not written)."""
     params = dict(model.named_parameters())
+    dtype = stored_dtype(config)
     state: dict[str, torch.Tensor] = {}
     for name in expected_tensor_shapes(config):
         prefix = name[: -len(".weight")]
         if prefix in quantized:
             state.update({f"{prefix}.{k}": t.detach().cpu() for k, t in quantized[prefix].items()})
         else:
-            state[name] = params[name].detach()
+            state[name] = params[name].detach().to(dtype)
     for layer, (k, v) in sorted((kv_scales or {}).items()):
         p = f"model.layers.{layer}.self_attn."
         state[p + "k_scale"] = k.detach().float().cpu().contiguous()
         state[p + "v_scale"] = v.detach().float().cpu().contiguous()
-    dtype = model.model.embed_tokens.weight.dtype
     cfg = config.to_hf_dict()
     cfg["torch_dtype"] = _DTYPE_NAMES.get(dtype, "bfloat16")
     cfg["quantization_config"] = qconfig

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from salactl import output
-from salactl.options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, RandomWeightsOpt, SeedOpt, TokenizerOpt, non_empty, non_empty_path
+from salactl.options import DeviceOpt, JsonOpt, ModelOpt, RandomWeightsOpt, SeedOpt, TokenizerOpt, non_empty, non_empty_path
 
 
 def quantize(
@@ -32,7 +32,9 @@ def quantize(
     nsamples: Annotated[int, typer.Option("--nsamples", help="Calibration sequences.")] = 128,
     seqlen: Annotated[int, typer.Option("--seqlen", help="Tokens per calibration sequence.")] = 2048,
     device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
+    dtype: Annotated[str, typer.Option("--dtype", help="Dtype to calibrate in: bfloat16, float16 or "
+                                       "float32 (auto: bfloat16 on GPU, float32 on CPU). Unquantized "
+                                       "tensors are written in the source checkpoint's torch_dtype.")] = "auto",
     tokenizer: TokenizerOpt = None,
     kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="bf16, fp8_e4m3 or fp8_e5m2: "
                                                 "calibrate and store FP8 KV scales.")] = "bf16",

@@ -33,7 +33,7 @@ def write_random_checkpoint(path: Path, config, seed=0, poison: str | None = Non
     if poison:
         state[poison].view(-1)[:4] = float("nan")
     extra = {f: EMBEDDED_DIR / f for f in TOKENIZER_FILES if (EMBEDDED_DIR / f).exists()}
-    return save_checkpoint(state, config.to_hf_dict(), path, extra_files=extra)
+    return save_checkpoint(state, config.replace(torch_dtype="float32").to_hf_dict(), path, extra_files=extra)
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,7 @@ def test_quantize_writes_a_marlin_compatible_gptq_checkpoint(ckpt, calib_jsonl, 
         assert torch.equal(t[p + ".g_idx"], torch.arange(k, dtype=torch.int32) // 128)
         assert t[p + ".scales"].dtype == torch.float16 and p + ".weight" not in t
     for name in ("model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"):
-        assert t[name].dtype == torch.float32
+        assert t[name].dtype == torch.float32                  # the source's dtype
     assert set(n for n in t if n.endswith(("k_scale", "v_scale"))) == {
         f"model.layers.{i}.self_attn.{s}" for i in (0, 3) for s in ("k_scale", "v_scale")}
     sg = json.loads((out / "kv_cache_scales.json").read_text())
@@ -221,6 +221,18 @@ def test_rtn_and_act_order_options(ckpt, tmp_path, capsys):
     assert rec["seconds"]["forward"] < 0.01 and all(m["error"] is None for m in rec["modules"])
     assert torch.equal(_tensors(tmp_path / "n")["model.layers.3.mlp.down_proj.qweight"],
                        _tensors(tmp_path / "r")["model.layers.3.mlp.down_proj.qweight"])
+
+
+def test_unquantized_tensors_keep_the_source_dtype_whatever_quantize_computes_in(tmp_path, capsys):
+    """sala-nano is stored in bfloat16; quantizing it in float32 on the CPU must not write float32
+    embeddings and lm_head (twice the bytes SGLang/vLLM would load)."""
+    code, _, err = run_cli(["quantize", "--out", tmp_path / "q", "--method", "rtn", "--device", "cpu",
+                            "--dtype", "float32"], capsys)
+    assert code == 0, err
+    t = _tensors(tmp_path / "q")
+    assert {t[n].dtype for n in ("model.embed_tokens.weight", "lm_head.weight", "model.norm.weight")} == {
+        torch.bfloat16}
+    assert json.loads((tmp_path / "q" / "config.json").read_text())["torch_dtype"] == "bfloat16"
 
 
 def _nothing_quantizable(tmp: Path) -> Path:
