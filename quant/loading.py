@@ -13,8 +13,7 @@ import torch
 from salactl.errors import CheckpointError
 from salactl.quant.linear import GPTQLinear, gptq_scales_fp16
 from salactl.quant.packing import num_groups, symmetric_qzeros_word
-from salactl.runtime.checkpoint import (expected_tensor_shapes, load_state_dict, open_safetensors,
-                                        require_tensors, tensor_files)
+from salactl.runtime.checkpoint import expected_tensor_shapes, load_state_dict, open_safetensors, tensor_files
 from salactl.runtime.config import SalaConfig
 from salactl.runtime.layers.model import SalaForCausalLM
 from salactl.runtime.loader import meta_model
@@ -60,7 +59,6 @@ def parse_quant_config(qc: dict) -> dict:
 
 def _read(files: dict[str, Path], name: str) -> torch.Tensor:
     with open_safetensors(files[name]) as f:
-        require_tensors(f, files[name], [name])
         return f.get_tensor(name)
 
 
@@ -147,8 +145,8 @@ def attach_kv_scales(model, config: SalaConfig, files, device) -> None:
     hkv = config.num_key_value_heads
     for name in names:
         t = _read(files, name)
-        if t.numel() not in (1, hkv) or t.dtype not in _FLOAT_DTYPES or not bool((t > 0).all()):
-            raise CheckpointError(f"{name} must be a positive float scalar or one per KV head ({hkv})")
+        if t.numel() not in (1, hkv) or t.dtype not in _FLOAT_DTYPES or not bool(((t > 0) & t.isfinite()).all()):
+            raise CheckpointError(f"{name} must be a positive finite float scalar or one per KV head ({hkv})")
         module_name, _, attr = name.rpartition(".")
         model.get_submodule(module_name).register_buffer(attr, t.to(device=device, dtype=torch.float32))
     for i in config.sparse_layers:

@@ -16,10 +16,12 @@ from safetensors.torch import save_file
 
 from salactl.errors import CheckpointError
 from salactl.runtime.config import SPARSE, SalaConfig
+from salactl.runtime.json_file import read_json
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "cos_cached", "sin_cached")
+_FLOAT_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64"}   # safetensors names
 
 
 def expected_tensor_shapes(config: SalaConfig) -> dict[str, tuple[int, ...]]:
@@ -64,41 +66,61 @@ def open_safetensors(path: Path):
                               "re-download or re-save the checkpoint") from None
 
 
-def require_tensors(f, path: Path, names) -> None:
-    """Inside `open_safetensors(path)`: a tensor the index wrongly places in this shard is the index's
-    fault, not a corrupt shard."""
-    have = set(f.keys())
-    for n in names:
-        if n not in have:
-            raise CheckpointError(f"{INDEX_NAME} maps tensor {n} to {path.name}, but that shard does not contain "
-                                  "it; fix the index's weight_map or re-download the checkpoint")
-
-
 def tensor_files(model_dir: Path) -> dict[str, Path]:
-    """Map every tensor name to the safetensors file holding it."""
-    index = model_dir / INDEX_NAME
-    if index.exists():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise CheckpointError(f"{index} is not a valid safetensors index (needs a 'weight_map' object)") from None
-        if not isinstance(weight_map, dict):
-            raise CheckpointError(f"{index} has a 'weight_map' that is a {type(weight_map).__name__}, not an object "
-                                  "mapping tensor names to shard files; fix or re-download the index")
-        for name, f in weight_map.items():
-            if not isinstance(f, str) or not f:
-                raise CheckpointError(f"{index} maps tensor {name} to {json.dumps(f)}, not a shard file name; "
-                                      "fix or re-download the index")
-        files = {name: model_dir / f for name, f in weight_map.items()}
-        for f in set(files.values()):
-            if not f.is_file():
-                raise CheckpointError(f"shard {f.name} named in {INDEX_NAME} is missing from {model_dir}")
-        return files
+    """Map every tensor name to the safetensors file holding it. As in transformers
+    (`from_pretrained` looks for model.safetensors before model.safetensors.index.json), a
+    model.safetensors wins and an index next to it is ignored: one checkpoint is never mixed
+    from both."""
     single = model_dir / SINGLE_NAME
-    if not single.exists():
+    if single.is_file():
+        with open_safetensors(single) as f:
+            return {name: single for name in f.keys()}
+    index = model_dir / INDEX_NAME
+    if not index.exists():
         raise CheckpointError(f"{model_dir} has neither {SINGLE_NAME} nor {INDEX_NAME}")
-    with open_safetensors(single) as f:
-        return {name: single for name in f.keys()}
+    files = {name: model_dir / f for name, f in _weight_map(index).items()}
+    listed: dict[Path, set[str]] = {}
+    for name, shard in files.items():
+        listed.setdefault(shard, set()).add(name)
+    held = {shard: _shard_keys(shard) for shard in listed}
+    for name, shard in files.items():
+        if name not in held[shard]:
+            raise CheckpointError(f"{INDEX_NAME} maps tensor {name} to {shard.name}, but that shard does not contain "
+                                  "it; fix the index's weight_map or re-download the checkpoint")
+    for shard, names in listed.items():
+        unlisted = sorted(held[shard] - names)      # would be silently ignored
+        if unlisted:
+            raise CheckpointError(f"shard {shard.name} holds tensor {unlisted[0]}, which {INDEX_NAME} does not list "
+                                  "for it; fix the index's weight_map or re-download the checkpoint")
+    return files
+
+
+def _weight_map(index: Path) -> dict[str, str]:
+    """The index's weight_map, refused whole before any shard is opened: each value must be a file
+    name inside the model directory (a relative path without '..'; a symlinked shard is fine)."""
+    d = read_json(index, CheckpointError, "fix or re-download the index")
+    weight_map = d.get("weight_map") if isinstance(d, dict) else None
+    if weight_map is None:
+        raise CheckpointError(f"{index} is not a valid safetensors index (needs a 'weight_map' object)")
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{index} has a 'weight_map' that is a {type(weight_map).__name__}, not an object "
+                              "mapping tensor names to shard files; fix or re-download the index")
+    for name, f in weight_map.items():
+        if not isinstance(f, str) or not f:
+            raise CheckpointError(f"{index} maps tensor {name} to {json.dumps(f)}, not a shard file name; "
+                                  "fix or re-download the index")
+        if Path(f).is_absolute() or ".." in Path(f).parts:
+            raise CheckpointError(f"{index} maps tensor {name} to {f}, outside the model directory; a shard "
+                                  "must be a file name in the checkpoint's directory: fix or re-download the index")
+    return weight_map
+
+
+def _shard_keys(shard: Path) -> set[str]:
+    if not shard.is_file():
+        raise CheckpointError(f"shard {shard} named in {INDEX_NAME} does not exist; "
+                              "re-download the checkpoint or fix the index")
+    with open_safetensors(shard) as f:
+        return set(f.keys())
 
 
 def load_state_dict(model_dir: Path, expected: dict[str, tuple[int, ...]], device, dtype,
@@ -126,15 +148,24 @@ def load_state_dict(model_dir: Path, expected: dict[str, tuple[int, ...]], devic
     out: dict[str, torch.Tensor] = {}
     for path, group in by_file.items():
         with open_safetensors(path) as f:
-            require_tensors(f, path, group)
             for n in group:
                 sl = f.get_slice(n)
                 shape = tuple(sl.get_shape())
                 if shape != expected[n]:
                     raise CheckpointError(f"tensor {n} has shape {list(shape)} but config.json implies "
                                           f"{list(expected[n])}")
+                _require_float(n, sl.get_dtype())
                 out[n] = f.get_tensor(n).to(device=device, dtype=dtype)
     return out
+
+
+def _require_float(name: str, safetensors_dtype: str) -> None:
+    """Casting integer, bool or FP8 data to float would run garbage: such a tensor means a quantized
+    checkpoint whose quantization_config is missing or not recognised."""
+    if safetensors_dtype not in _FLOAT_DTYPES:
+        raise CheckpointError(f"tensor {name} has dtype {safetensors_dtype}; a full-precision tensor needs "
+                              f"{'/'.join(_FLOAT_DTYPES.values())}, and a quantized checkpoint needs its "
+                              "quantization_config (config.json or quantize_config.json)")
 
 
 def random_state_dict(config: SalaConfig, device, dtype, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from salactl.errors import ConfigError
+from salactl.runtime.json_file import read_json
 
 SPARSE = "minicpm4"
 LIGHTNING = "lightning-attn"
@@ -76,8 +77,13 @@ class SparseConfig:
                 "blocks drop their own block (DESIGN.md §2 step 4); use topk > init_blocks")
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> "SparseConfig":
+    def from_dict(cls, d: dict | None, required: bool = True) -> "SparseConfig":
+        """`sparse_config` of config.json. Where minicpm4 layers use it (`required`), it must be there
+        with every key that defines the selection; only use_nope, moot for NoPE layers, may be left out."""
         if d is None:
+            if required:
+                raise ConfigError(f"config.json has no sparse_config, which the minicpm4 layers need; add it with "
+                                  f"keys {list(_SPARSE_REQUIRED)} from the model's original config.json")
             return cls()
         if not isinstance(d, dict):
             raise ConfigError(f"sparse_config must be an object, got {type(d).__name__}")
@@ -85,8 +91,21 @@ class SparseConfig:
         unknown = sorted(set(d) - known)
         if unknown:
             raise ConfigError(f"sparse_config has unknown keys {unknown}; valid keys: {sorted(known)}")
+        missing = [k for k in _SPARSE_REQUIRED if k not in d]
+        if missing and required:
+            raise ConfigError(f"config.json's sparse_config lacks {missing}, which define the minicpm4 layers' "
+                              "sparse attention; add them from the model's original config.json")
         _check_types(d, {k: "true or false" if k == "use_nope" else "an integer" for k in known}, "sparse_config.")
         return cls(**d)
+
+
+# every real MiniCPM-SALA config.json carries these (reference/architecture.md §1); use_nope is moot
+_SPARSE_REQUIRED = ("block_size", "dense_len", "init_blocks", "kernel_size", "kernel_stride", "topk",
+                    "window_size")
+
+
+_POSITIVE_NUMBERS = ("rms_norm_eps", "rope_theta", "scale_emb", "scale_depth", "dim_model_base",
+                     "initializer_range")
 
 
 @dataclass(frozen=True)
@@ -182,8 +201,12 @@ class SalaConfig:
                 "qk_norm, use_output_norm, use_output_gate and attn_use_output_gate must all be true "
                 "(the MiniCPM-SALA architecture); other variants are not implemented"
             )
-        if self.dim_model_base <= 0 or self.scale_emb <= 0 or self.rms_norm_eps <= 0:
-            raise ConfigError("dim_model_base, scale_emb and rms_norm_eps must be positive")
+        for name in _POSITIVE_NUMBERS:
+            value = getattr(self, name)
+            if not 0 < value < math.inf:                       # NaN fails every comparison, so it fails here
+                raise ConfigError(f"config.{name} must be a positive finite number, got {value}")
+        if self.max_position_embeddings < 1:
+            raise ConfigError(f"config.max_position_embeddings must be at least 1, got {self.max_position_embeddings}")
         for t in (*self.eos_token_id, self.bos_token_id):
             if not 0 <= t < self.vocab_size:
                 raise ConfigError(f"special token id {t} is outside the vocabulary (size {self.vocab_size})")
@@ -211,9 +234,18 @@ class SalaConfig:
         return {"1/sqrt(d)": d ** -0.5, "1/d": 1.0 / d, "1": 1.0}[self.lightning_scale]
 
     def parameter_count(self) -> int:
-        from salactl.runtime.checkpoint import expected_tensor_shapes
-
-        return sum(math.prod(s) for s in expected_tensor_shapes(self).values())
+        """The parameters of checkpoint.expected_tensor_shapes, in closed form per layer type: no
+        per-tensor work, so a config with millions of layers is sized at once."""
+        hidden, inter = self.hidden_size, self.intermediate_size
+        q = self.num_attention_heads * self.head_dim
+        kv = self.num_key_value_heads * self.head_dim
+        lightning = self.lightning_nh * self.lightning_head_dim
+        common = 2 * hidden + 3 * inter * hidden                      # two norms, gate/up/down
+        sparse = common + 3 * q * hidden + 2 * kv * hidden             # q, o, o_gate; k, v
+        linear = common + 5 * lightning * hidden + 2 * self.lightning_head_dim + lightning   # q k v z o; norms
+        n_sparse = self.mixer_types.count(SPARSE)
+        return (2 * self.vocab_size * hidden + hidden + n_sparse * sparse
+                + (self.num_hidden_layers - n_sparse) * linear)
 
     # ---- HF round trip -------------------------------------------------------------------
     @classmethod
@@ -236,10 +268,10 @@ class SalaConfig:
         heads = d["num_attention_heads"]
         if heads <= 0:
             raise ConfigError(f"config.num_attention_heads must be positive, got {heads}")
-        if not d.get("head_dim") and d["hidden_size"] % heads:
+        if _given(d, "head_dim") is None and d["hidden_size"] % heads:
             raise ConfigError(f"hidden_size {d['hidden_size']} is not divisible by num_attention_heads "
                               f"{heads} and config.json gives no head_dim; add head_dim")
-        head_dim = d.get("head_dim") or d["hidden_size"] // heads
+        head_dim = _given(d, "head_dim", d["hidden_size"] // heads)
         eos = d.get("eos_token_id", 2)
         kw: dict = dict(
             vocab_size=d["vocab_size"],
@@ -247,13 +279,13 @@ class SalaConfig:
             intermediate_size=d["intermediate_size"],
             num_hidden_layers=d["num_hidden_layers"],
             num_attention_heads=heads,
-            num_key_value_heads=d.get("num_key_value_heads") or heads,
+            num_key_value_heads=_given(d, "num_key_value_heads", heads),
             head_dim=head_dim,
             mixer_types=mixers,
-            lightning_nh=d.get("lightning_nh") or heads,
-            lightning_nkv=d.get("lightning_nkv") or d.get("lightning_nh") or heads,
-            lightning_head_dim=d.get("lightning_head_dim") or head_dim,
-            sparse_config=SparseConfig.from_dict(d.get("sparse_config")),
+            lightning_nh=_given(d, "lightning_nh", heads),
+            lightning_nkv=_given(d, "lightning_nkv", _given(d, "lightning_nh", heads)),
+            lightning_head_dim=_given(d, "lightning_head_dim", head_dim),
+            sparse_config=SparseConfig.from_dict(d.get("sparse_config"), required=SPARSE in mixers),
             eos_token_id=tuple(eos if isinstance(eos, list) else [eos]),
             torch_dtype=d.get("torch_dtype") or d.get("dtype") or "bfloat16",
         )
@@ -283,11 +315,9 @@ class SalaConfig:
     def from_file(cls, path: str | Path) -> "SalaConfig":
         path = Path(path)
         try:
-            d = json.loads(path.read_text())
+            d = read_json(path, ConfigError, "fix it or re-download the checkpoint")
         except FileNotFoundError:
             raise ConfigError(f"{path} does not exist; a checkpoint directory needs config.json") from None
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
         return cls.from_hf_dict(d)
 
     def to_hf_dict(self) -> dict:
@@ -336,6 +366,11 @@ class SalaConfig:
 
     def replace(self, **changes) -> "SalaConfig":
         return dataclasses.replace(self, **changes)
+
+
+def _given(d: dict, key: str, default=None):
+    """d[key] unless it is absent or null (then `default`): a 0 is a value, which validation refuses."""
+    return default if d.get(key) is None else d[key]
 
 
 def _is_int(v: object) -> bool:

@@ -68,13 +68,11 @@ def model_kv_scales(model) -> KVScales:
 
 
 def _per_head(t: torch.Tensor, heads: int, device) -> torch.Tensor:
-    t = t.detach().to(device=device, dtype=torch.float32).reshape(-1)
-    if t.numel() == 1:
-        t = t.expand(heads)
-    if t.numel() != heads or not bool(torch.isfinite(t).all()) or bool((t <= 0).any()):
+    flat = t.detach().to(device=device, dtype=torch.float32).reshape(-1)
+    if flat.numel() not in (1, heads) or not bool(torch.isfinite(flat).all()) or bool((flat <= 0).any()):
         raise ConfigError(f"a KV scale must be a positive finite scalar or one per KV head ({heads}), "
-                          f"got shape {list(t.shape)}")
-    return t.contiguous()
+                          f"got shape {list(t.shape)} with values {flat[:heads].tolist()}")
+    return flat.expand(heads).contiguous()
 
 
 def resolve_kv_scales(config, kv_cache_dtype: str, calibrated: KVScales | None, device) -> KVScales | None:

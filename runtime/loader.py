@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-import math
+import json
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +15,7 @@ from salactl.errors import CapacityError, CheckpointError, ConfigError, DeviceEr
 from salactl.runtime.checkpoint import (expected_tensor_shapes, load_state_dict, random_state_dict,
                                         tensor_files)
 from salactl.runtime.config import SalaConfig
+from salactl.runtime.json_file import read_json
 from salactl.runtime.layers.model import SalaForCausalLM
 from salactl.runtime.presets import PRESETS, preset
 
@@ -125,7 +126,7 @@ def check_host_memory(config: SalaConfig, dtype: torch.dtype, device: torch.devi
         return
     from salactl.output import human_bytes
 
-    params = sum(math.prod(s) for s in expected_tensor_shapes(config).values())
+    params = config.parameter_count()
     half = "" if dtype.itemsize <= 2 else f"dtype bf16 (--dtype bf16, {human_bytes(params * 2)}), "
     check_fits(params * torch.finfo(dtype).bits // 8, available_host_bytes(),
                f"{name} in {str(dtype).removeprefix('torch.')} (its weights)", "this machine",
@@ -212,6 +213,7 @@ def load_model(model: str | Path | None = None, device=None, dtype: str | torch.
         model_dir = EMBEDDED_DIR if name == "sala-nano" and EMBEDDED_DIR.exists() else (
             path if path.is_dir() else None)
         return LoadedModel(build_model(config, state), config, model_dir, f"random:{name}:seed={seed}")
+    generation_eos_ids(path, config.vocab_size)          # a bad generation_config.json fails here, not mid-run
     quant = quantization_config(path, config)
     if quant is not None:
         from salactl.quant.loading import load_gptq_model
@@ -231,41 +233,37 @@ def quantization_config(path: Path, config: SalaConfig | None = None) -> dict | 
     """config.json's quantization_config (from `config` when already parsed), else AutoGPTQ's
     standalone quantize_config.json (which vLLM also reads; it may lack quant_method, the file name
     itself says GPTQ)."""
-    import json
-
     if config is None:
         config = SalaConfig.from_file(path / "config.json")
     qc = dict(config.extra).get("quantization_config")
     standalone = path / "quantize_config.json"
     if qc is not None or not standalone.is_file():
         return qc
-    try:
-        qc = json.loads(standalone.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{standalone} is not valid JSON ({e.msg} at line {e.lineno})") from None
+    qc = read_json(standalone, CheckpointError)
     if isinstance(qc, dict):
         qc.setdefault("quant_method", "gptq")
     return qc
 
 
-def generation_eos_ids(model_dir: Path | None) -> tuple[int, ...]:
+def generation_eos_ids(model_dir: Path | None, vocab_size: int | None = None) -> tuple[int, ...]:
     """generation_config.json's eos_token_id (an int or a list; the file is optional), which HF
-    `generate()` stops at."""
-    import json
-
+    `generate()` stops at; with `vocab_size`, an id outside [0, vocab_size) is refused too."""
     if model_dir is None or not (Path(model_dir) / "generation_config.json").is_file():
         return ()
     f = Path(model_dir) / "generation_config.json"
-    try:
-        d = json.loads(f.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{f} is not valid JSON ({e.msg} at line {e.lineno}); fix or remove it") from None
-    eos = d.get("eos_token_id") if isinstance(d, dict) else None
+    d = read_json(f, CheckpointError)
+    if not isinstance(d, dict):
+        raise CheckpointError(f"{f} must hold a JSON object, not a {type(d).__name__}; fix or remove it")
+    eos = d.get("eos_token_id")
     if eos is None:
         return ()
     ids = eos if isinstance(eos, list) else [eos]
     if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise CheckpointError(f"{f} has eos_token_id = {json.dumps(eos)}; expected an integer or a list of integers")
+    outside = [i for i in ids if vocab_size is not None and not 0 <= i < vocab_size]
+    if outside:
+        raise CheckpointError(f"{f} has eos_token_id {outside[0]}, outside the model's vocabulary [0, {vocab_size}); "
+                              "fix or remove it")
     return tuple(ids)
 
 

@@ -17,10 +17,12 @@ from pathlib import Path
 
 from salactl.errors import TokenizerError, UsageError
 from salactl.runtime.chat_template import chatml, compile_template, one_line, read_chat_template
+from salactl.runtime.json_file import read_json
 
 # transformers classes whose __init__ rebuilds the post-processor from add_bos_token/add_eos_token
 LLAMA_CLASSES = frozenset({"LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer", "CodeLlamaTokenizerFast"})
 SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+_VOCAB_SPECIALS = ("bos_token", "eos_token", "unk_token", "pad_token")   # must be in the vocabulary when named
 LLAMA_DEFAULTS = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}   # LlamaTokenizerFast.__init__
 
 
@@ -42,6 +44,7 @@ class Tokenizer:
         except Exception as e:  # tokenizers raises plain Exceptions for bad files
             raise TokenizerError(f"{file} is not a valid tokenizer.json ({str(e).splitlines()[0]})") from None
         self.path = file
+        _require_normal_tokens(self.tok, file)
         cfg_file = file.parent / "tokenizer_config.json"
         cfg = _read_json(cfg_file)
         tokenizer_class = cfg.get("tokenizer_class")
@@ -61,12 +64,15 @@ class Tokenizer:
         stm_file = file.parent / "special_tokens_map.json"
         stm = _read_json(stm_file) if legacy else {}
         self.special: dict[str, str | None] = {}
+        self._named: dict[str, Path] = {}       # special tokens the files name (not LLAMA_DEFAULTS) -> that file
         for key in SPECIAL_KEYS:
             value = _token(cfg, key, cfg_file)
             if key in stm:
                 value = _token(stm, key, stm_file)
             elif key not in cfg and llama:
                 value = LLAMA_DEFAULTS.get(key)
+            if key in stm or key in cfg:
+                self._named[key] = stm_file if key in stm else cfg_file
             self.special[key] = value
         extra = cfg.get("additional_special_tokens") or []
         if not isinstance(extra, list):
@@ -126,6 +132,7 @@ class Tokenizer:
         existing = {repr(t) for t in self.tok.get_added_tokens_decoder().values()}
         to_add = [t for t in declared if repr(t) not in existing]
         encoder = {t.content for t in self.tok.get_added_tokens_decoder().values()} | {t.content for t in to_add}
+        self._note_appended_specials(encoder)
         to_add += [s for s in self.all_special_tokens if s not in encoder]
         specials = set(self.all_special_tokens)
         tokens = []
@@ -137,6 +144,14 @@ class Tokenizer:
                 tokens.append(t)
         if tokens:
             self.tok.add_tokens(tokens)
+
+    def _note_appended_specials(self, added: set[str]) -> None:
+        """HF appends a bos/eos/unk/pad token that neither tokenizer.json nor the declared added
+        tokens hold as a new id, past the trained vocabulary: remembered, so check_fits can name it."""
+        self.appended_specials = [
+            f"{self._named[key].name}'s {key} {json.dumps(t)}" for key in _VOCAB_SPECIALS
+            if key in self._named and (t := self.special[key]) is not None and t not in added
+            and self.tok.token_to_id(t) is None]
 
     def _llama_post_processor(self, add_bos: bool, add_eos: bool, cfg_file: Path) -> None:
         """LlamaTokenizerFast.update_post_processor."""
@@ -217,6 +232,14 @@ class Tokenizer:
         return self.encode(self.apply_chat_template(messages, add_generation_prompt=True), add_special_tokens=False)
 
 
+def _require_normal_tokens(tok, file: Path) -> None:
+    """A tokenizer.json whose vocabulary is only special tokens encodes every text to nothing."""
+    specials = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
+    if not set(tok.get_vocab(with_added_tokens=True)) - specials:
+        raise TokenizerError(f"{file} has no tokens besides its special tokens (an empty vocabulary); "
+                             "re-download the model's tokenizer.json or pass --tokenizer")
+
+
 def _check_readable(file: Path) -> None:
     """An unreadable file is not an invalid one: say which it is."""
     try:
@@ -250,11 +273,9 @@ def _int(v, path: Path) -> int:
 def _read_json(path: Path) -> dict:
     """tokenizer_config.json is optional, but one that is there must be a JSON object."""
     try:
-        d = json.loads(path.read_text())
+        d = read_json(path, TokenizerError)
     except OSError:
         return {}
-    except json.JSONDecodeError as e:
-        raise TokenizerError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}); fix or remove it") from None
     if not isinstance(d, dict):
         raise TokenizerError(f"{path} must hold a JSON object, not a {type(d).__name__}; fix or remove it")
     return d
@@ -291,5 +312,7 @@ def find_tokenizer(explicit: str | None, model_dir: Path | None) -> Tokenizer:
 def check_fits(tok: Tokenizer, vocab_size: int) -> None:
     """A tokenizer with more ids than the model's embedding would index past it."""
     if tok.vocab_size > vocab_size:
-        raise TokenizerError(f"tokenizer has {tok.vocab_size} tokens but the model only {vocab_size}; "
+        why = (f" ({', '.join(tok.appended_specials)} is not in tokenizer.json, so it was added as a new id)"
+               if tok.appended_specials else "")
+        raise TokenizerError(f"tokenizer has {tok.vocab_size} tokens but the model only {vocab_size}{why}; "
                              "pass the model's own --tokenizer")

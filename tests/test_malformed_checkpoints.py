@@ -2,6 +2,7 @@
 one-line error of its own class (exit 3 config, 4 checkpoint, 5 tokenizer) naming what is wrong."""
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -10,11 +11,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from salactl.errors import CheckpointError, ConfigError, TokenizerError
+from salactl.errors import CapacityError, CheckpointError, ConfigError, TokenizerError
 from salactl.quant.loading import parse_quant_config
 from salactl.runtime.config import SalaConfig
 from salactl.runtime.loader import EMBEDDED_DIR, load_model
-from salactl.runtime.tokenizer import Tokenizer
+from salactl.runtime.tokenizer import Tokenizer, check_fits
 from conftest import run_cli
 
 INDEX = "model.safetensors.index.json"
@@ -185,8 +186,204 @@ def test_gptq_tensor_in_the_wrong_shard_blames_the_index(nano_rtn_dir, tmp_path)
     with safe_open(bad / "model.safetensors", framework="pt") as f:
         names = list(f.keys())
     victim = next(n for n in names if n.endswith(".qweight"))
+    (bad / "model.safetensors").rename(bad / "main.safetensors")     # model.safetensors would win over an index
     save_file({"dummy": torch.zeros(1)}, str(bad / "other.safetensors"))
-    weight_map = {n: "model.safetensors" for n in names} | {victim: "other.safetensors"}
+    weight_map = {n: "main.safetensors" for n in names} | {victim: "other.safetensors", "dummy": "other.safetensors"}
     (bad / INDEX).write_text(json.dumps({"weight_map": weight_map}))
     with pytest.raises(CheckpointError, match=f"{INDEX} maps tensor {victim} to other.safetensors, but that shard"):
         load_model(str(bad), "cpu", "float32")
+
+
+# ------------------------------------------------------------------ index: shard paths, unlisted tensors
+@pytest.mark.parametrize("shard", ["../model-00002-of-00002.safetensors", "sub/../model-00002-of-00002.safetensors",
+                                   "/dev/zero", "/etc/passwd"])
+def test_index_shard_outside_the_model_dir_is_refused_by_name(nano, shard):
+    edit_json(nano / INDEX, lambda d: d["weight_map"].update({"model.norm.weight": shard}))
+    with pytest.raises(CheckpointError) as e:
+        load_model(str(nano), "cpu", "float32")
+    assert f"maps tensor model.norm.weight to {shard}, outside the model directory" in str(e.value)
+
+
+def test_symlinked_shards_still_load(nano, tmp_path):
+    store = tmp_path / "blobs"
+    store.mkdir()
+    for shard in nano.glob("model-*.safetensors"):
+        shard.rename(store / shard.name)
+        shard.symlink_to(store / shard.name)
+    assert load_model(str(nano), "cpu", "float32").config.vocab_size == 4096
+
+
+def test_missing_shard_message_shows_the_path_looked_up(nano):
+    (nano / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=f"shard {nano}/model-00002-of-00002.safetensors named in {INDEX} "
+                                              "does not exist"):
+        load_model(str(nano), "cpu", "float32")
+
+
+def test_shard_tensor_the_index_does_not_list_is_refused(nano):
+    shard = nano / "model-00001-of-00002.safetensors"
+    with safe_open(shard, framework="pt") as f:
+        tensors = {n: f.get_tensor(n) for n in f.keys()}
+    save_file({**tensors, "model.layers.0.self_attn.extra_bias": torch.zeros(4)}, str(shard))
+    with pytest.raises(CheckpointError, match="holds tensor model.layers.0.self_attn.extra_bias, which "
+                                              f"{INDEX} does not list for it"):
+        load_model(str(nano), "cpu", "float32")
+
+
+def test_model_safetensors_wins_over_an_index_as_in_transformers(nano):
+    save_file({"x": torch.zeros(1)}, str(nano / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="lacks tensor"):         # the index's complete shards are not used
+        load_model(str(nano), "cpu", "float32")
+
+
+# ------------------------------------------------------------------ weights that are not floating point
+@pytest.mark.parametrize("dtype,name", [(torch.int8, "I8"), (torch.bool, "BOOL"), (torch.float8_e4m3fn, "F8_E4M3")])
+def test_non_float_full_precision_tensor_is_refused(nano, dtype, name):
+    shard = nano / "model-00001-of-00002.safetensors"
+    with safe_open(shard, framework="pt") as f:
+        tensors = {n: f.get_tensor(n) for n in f.keys()}
+    tensors["model.layers.0.mlp.up_proj.weight"] = tensors["model.layers.0.mlp.up_proj.weight"].to(dtype)
+    save_file(tensors, str(shard))
+    with pytest.raises(CheckpointError, match=f"tensor model.layers.0.mlp.up_proj.weight has dtype {name}; .* "
+                                              "a quantized checkpoint needs its quantization_config"):
+        load_model(str(nano), "cpu", "float32")
+
+
+# ------------------------------------------------------------------ JSON side files that are not UTF-8 or too deep
+BAD_JSON = [(b"\xff\xfe\x00garbage", "is not UTF-8 text"), (b"[" * 100000 + b"]" * 100000, "nests JSON")]
+
+
+@pytest.mark.parametrize("file,code", [("config.json", 3), (INDEX, 4), ("generation_config.json", 4),
+                                       ("tokenizer_config.json", 5)])
+@pytest.mark.parametrize("content,msg", BAD_JSON)
+def test_undecodable_side_files_are_one_line_with_their_exit_code(nano, capsys, file, code, content, msg):
+    (nano / file).write_bytes(content)
+    got, err = run_prompt(nano, capsys)
+    assert got == code and f"{nano / file} {msg}" in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("content,msg", BAD_JSON)
+def test_undecodable_quantize_config_is_a_checkpoint_error(nano, content, msg):
+    (nano / "quantize_config.json").write_bytes(content)
+    with pytest.raises(CheckpointError, match=msg):
+        load_model(str(nano), "cpu", "float32")
+
+
+# ------------------------------------------------------------------ config numbers
+@pytest.mark.parametrize("key,value", [("rope_theta", -10000.0), ("rope_theta", 0), ("rope_theta", float("nan")),
+                                       ("rope_theta", float("inf")), ("rms_norm_eps", float("nan")),
+                                       ("scale_depth", -1.4), ("scale_depth", float("nan")),
+                                       ("scale_emb", float("inf")), ("dim_model_base", 0),
+                                       ("initializer_range", float("nan"))])
+def test_config_numbers_must_be_positive_and_finite(nano, key, value):
+    edit_json(nano / "config.json", lambda d: d.update({key: value}))
+    with pytest.raises(ConfigError, match=f"^config.{key} must be a positive finite number, got"):
+        SalaConfig.from_file(nano / "config.json")
+
+
+@pytest.mark.parametrize("value", [0, -5])
+def test_max_position_embeddings_must_be_at_least_one(nano, value):
+    edit_json(nano / "config.json", lambda d: d.update(max_position_embeddings=value))
+    with pytest.raises(ConfigError, match=f"max_position_embeddings must be at least 1, got {value}"):
+        SalaConfig.from_file(nano / "config.json")
+
+
+@pytest.mark.parametrize("key", ["num_key_value_heads", "head_dim", "lightning_nh", "lightning_nkv",
+                                 "lightning_head_dim"])
+def test_zero_head_counts_are_not_read_as_missing(nano, key):
+    edit_json(nano / "config.json", lambda d: d.update({key: 0}))
+    with pytest.raises(ConfigError, match=f"config.{key} must be positive, got 0"):
+        SalaConfig.from_file(nano / "config.json")
+
+
+def test_huge_layer_count_is_sized_without_a_per_tensor_dict(nano):
+    import time
+
+    from salactl.runtime.checkpoint import expected_tensor_shapes
+    from salactl.runtime.presets import sala_9b
+
+    for cfg in (sala_9b(), SalaConfig.from_file(nano / "config.json")):
+        assert cfg.parameter_count() == sum(math.prod(s) for s in expected_tensor_shapes(cfg).values())
+    n = 10 ** 6
+    edit_json(nano / "config.json", lambda d: d.update(num_hidden_layers=n,
+                                                        mixer_types=["minicpm4"] + ["lightning-attn"] * (n - 1)))
+    start = time.perf_counter()
+    with pytest.raises(CapacityError):
+        load_model(str(nano), "cpu", "float32")
+    assert time.perf_counter() - start < 3          # was 28 s (a 12M-entry shape dict)
+
+
+# ------------------------------------------------------------------ sparse_config
+@pytest.mark.parametrize("change,msg", [
+    (lambda d: (d.pop("sparse_config"), None)[1], "has no sparse_config, which the minicpm4 layers need"),
+    (lambda d: d.update(sparse_config=None), "has no sparse_config, which the minicpm4 layers need"),
+    (lambda d: (d["sparse_config"].pop("topk"), None)[1], r"sparse_config lacks \['topk'\]"),
+    (lambda d: (d["sparse_config"].pop("dense_len"), d["sparse_config"].pop("window_size"), None)[2],
+     r"sparse_config lacks \['dense_len', 'window_size'\]"),
+])
+def test_missing_sparse_config_or_keys_are_refused(nano, change, msg):
+    edit_json(nano / "config.json", change)
+    with pytest.raises(ConfigError, match=msg):
+        SalaConfig.from_file(nano / "config.json")
+
+
+def test_sparse_config_may_omit_use_nope(nano):
+    edit_json(nano / "config.json", lambda d: (d["sparse_config"].pop("use_nope"), None)[1])
+    assert SalaConfig.from_file(nano / "config.json").sparse_config.use_nope is False
+
+
+# ------------------------------------------------------------------ FP8 KV scales
+def test_infinite_kv_scale_is_refused_at_load(tmp_path):
+    from conftest import tiny_config
+    from salactl.runtime.checkpoint import random_state_dict, save_checkpoint
+
+    cfg = tiny_config()
+    state = random_state_dict(cfg, "cpu", torch.float32, 0)
+    layer = cfg.sparse_layers[0]
+    state[f"model.layers.{layer}.self_attn.k_scale"] = torch.tensor(float("inf"))
+    state[f"model.layers.{layer}.self_attn.v_scale"] = torch.tensor(0.05)
+    path = save_checkpoint(state, cfg.to_hf_dict(), tmp_path / "ckpt")
+    with pytest.raises(CheckpointError, match="k_scale must be a positive finite float"):
+        load_model(str(path), "cpu", "float32")
+
+
+def test_kv_scale_error_reports_the_stored_shape():
+    from conftest import tiny_config
+    from salactl.runtime.kv_fp8 import resolve_kv_scales
+
+    cfg = tiny_config()
+    bad = (torch.tensor(float("inf")), torch.tensor(1.0))
+    with pytest.raises(ConfigError, match=r"got shape \[\] with values \[inf\]"):
+        resolve_kv_scales(cfg, "fp8_e4m3", {i: bad for i in cfg.sparse_layers}, "cpu")
+
+
+# ------------------------------------------------------------------ generation_config.json
+@pytest.mark.parametrize("content,msg", [
+    ("[1]", "must hold a JSON object, not a list"),
+    ('{"eos_token_id": [99999, -3]}', "has eos_token_id 99999, outside the model's vocabulary [0, 4096)"),
+    ('{"eos_token_id": -3}', "has eos_token_id -3, outside"),
+])
+def test_bad_generation_config_is_refused_at_load(nano, capsys, content, msg):
+    (nano / "generation_config.json").write_text(content)
+    code, err = run_prompt(nano, capsys)
+    assert code == 4 and f"{nano}/generation_config.json {msg}" in err and len(err.splitlines()) == 1, err
+
+
+# ------------------------------------------------------------------ tokenizer vocabulary
+def test_tokenizer_with_only_special_tokens_is_refused(nano):
+    edit_json(nano / "tokenizer.json", lambda d: d["model"].update(vocab={}, merges=[]))
+    with pytest.raises(TokenizerError, match="has no tokens besides its special tokens"):
+        Tokenizer(nano)
+
+
+@pytest.mark.parametrize("key", ["bos_token", "eos_token", "unk_token", "pad_token"])
+def test_tokenizer_config_special_token_missing_from_vocabulary_is_named(nano, key):
+    """As in HF, the token is appended as a new id; past the model's vocabulary that is refused,
+    naming the token (not only the sizes)."""
+    edit_json(nano / "tokenizer_config.json", lambda d: d.update({key: "<notintokenizer>"}))
+    tok = Tokenizer(nano)
+    assert tok.tok.token_to_id("<notintokenizer>") == 4096
+    with pytest.raises(TokenizerError, match=f'tokenizer_config.json\'s {key} "<notintokenizer>" is not in '
+                                             "tokenizer.json, so it was added as a new id"):
+        check_fits(tok, 4096)
+    check_fits(tok, 4097)                                    # room for it in the embedding: fine
