@@ -41,13 +41,13 @@ def bench(
     out: Annotated[Path, typer.Option("--out", metavar="<path>", parser=non_empty_path("--out", "a directory"), help="Directory for records.jsonl and summaries.")] = Path("salactl-results"),
     label: Annotated[Optional[str], typer.Option("--label", help="A name for this run in the records.")] = None,
     flush_sleep: Annotated[float, typer.Option("--flush-sleep", help="Seconds to wait after a server cache flush (SGLang waits 1).")] = 1.0,
-    request_timeout: Annotated[float, typer.Option("--request-timeout", help="Longest silence tolerated per server request, in seconds: a request that gets no byte for this long fails (queued requests get none until they run; default 6 h, as SGLang's and vLLM's clients; 0: no limit).")] = 21600.0,
+    request_timeout: Annotated[float, typer.Option("--request-timeout", help="Total time one server request may take, in seconds, from connecting to its last token (time queued on the server counts): a request still unfinished then fails. Default 6 h, the total limit of SGLang's and vLLM's bench clients; 0: no limit. The endpoint probe and cache flush wait min(30 s, this).")] = 21600.0,
     json_out: JsonOpt = False,
 ) -> None:
     """Benchmark a profile (SOAR S1/S8/Smax by default) and record SGLang-style metrics."""
     from salactl.bench.job import BenchSettings, run_bench
     from salactl.bench.live import RichProgress
-    from salactl.bench.summary import score_line, table_rows
+    from salactl.bench.summary import phase_notes, score_line, table_rows
 
     output.directory_option(out, files=("records.jsonl",))
     check_tokenizer_used(tokenizer, endpoint, dataset)
@@ -74,6 +74,8 @@ def bench(
     line = score_line(result)
     if line:
         output.stdout.print(line)
+    for note in phase_notes(result):
+        output.stdout.print(note.replace("**", ""))
     files = result["files"]
     if "summary_md" in files:
         output.stdout.print(f"records: {files['records']}  summary: {files['summary_md']}")

@@ -4,9 +4,11 @@ s, sent in chunks of 1 and 2 tokens alternately (deadline-based, so sleeps do no
 
 Misbehaviours a test can switch on: `usage` ("per-chunk", "final" = one usage-only chunk before
 [DONE], "none") for /v1/completions; `stop_after` (fn(requested) -> tokens really sent);
-`reject` (fn(n-th generation request, body) -> (status, JSON) or None); `respond` (fn(body) ->
-a JSON object sent as a plain 200 instead of a stream); `flush_routes` (the flush paths that
-exist); `api_key` (every path answers 401 without `Authorization: Bearer <key>`)."""
+`reject` (fn(n-th generation request, body) -> (status, JSON[, headers]) or None); `respond`
+(fn(body) -> a JSON object sent as a plain 200 instead of a stream); `edit_event` (fn(event) -> the
+event streamed instead, or a list of events); `ping_every` (a `: ping` comment every so many s while
+a token is due); `content_encoding` (a Content-Encoding header on the stream); `flush_routes` (the
+flush paths that exist); `api_key` (every path answers 401 without `Authorization: Bearer <key>`)."""
 
 from __future__ import annotations
 
@@ -36,7 +38,10 @@ def _usage(done: int) -> dict:
 class FakeServer:
     def __init__(self, ttft: float = 0.2, per_token: float = 0.02, model: str = "fake-model"):
         self.ttft, self.per_token, self.model = ttft, per_token, model
-        self.edit_event = None          # optional fn(event dict) -> what is streamed instead
+        self.edit_event = None          # optional fn(event dict) -> what is streamed instead (or a list)
+        self.ping_every: float | None = None
+        self.content_encoding: str | None = None
+        self.seen_headers: list[dict] = []  # the headers of each generation request
         self.cut_after: int | None = None   # close the connection after this many events (no [DONE])
         self.usage = "per-chunk"
         self.token_text = "x"               # the text of one token
@@ -57,9 +62,11 @@ class FakeServer:
             def log_message(self, *args):
                 pass
 
-            def _json(self, status: int, obj) -> None:
+            def _json(self, status: int, obj, headers: dict | None = None) -> None:
                 body = json.dumps(obj).encode()
                 self.send_response(status)
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.send_header("Connection", "close")
@@ -103,6 +110,7 @@ class FakeServer:
                     return
                 with owner.lock:
                     owner.requests.append({"path": self.path, "body": body})
+                    owner.seen_headers.append(dict(self.headers))
                     nth = len(owner.requests)
                 if owner.reject is not None and (answer := owner.reject(nth, body)) is not None:
                     self._json(*answer)
@@ -117,6 +125,8 @@ class FakeServer:
                 usage = "per-chunk" if sglang else owner.usage
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
+                if owner.content_encoding:
+                    self.send_header("Content-Encoding", owner.content_encoding)
                 self.send_header("Transfer-Encoding", "chunked")
                 self.send_header("Connection", "close")
                 self.end_headers()
@@ -129,7 +139,9 @@ class FakeServer:
                         done += g
                         deadline = t0 + owner.ttft + (done - 1) * owner.per_token
                         while (left := deadline - time.perf_counter()) > 0:
-                            time.sleep(left)
+                            time.sleep(min(left, owner.ping_every or left))
+                            if owner.ping_every:
+                                self._chunk(b": ping\n\n")
                         if sglang:
                             event = {"text": owner.token_text * done, "index": 0,
                                      "meta_info": {"completion_tokens": done, "prompt_tokens": 1}}
@@ -141,7 +153,8 @@ class FakeServer:
                                 event["usage"] = _usage(done)
                         if owner.edit_event is not None:
                             event = owner.edit_event(event)
-                        self._chunk(f"data: {json.dumps(event)}\n\n".encode())
+                        for one in event if isinstance(event, list) else [event]:
+                            self._chunk(f"data: {json.dumps(one)}\n\n".encode())
                     if usage == "final":
                         final = {"id": "c", "object": "text_completion", "model": owner.model,
                                  "choices": [], "usage": _usage(done)}

@@ -80,11 +80,14 @@ def test_unlimited_concurrency_sends_all_at_once():
     assert m["max_concurrent_requests"] == 6
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def test_unreachable_endpoint_fails_fast():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
+    port = _free_port()
     t = time.perf_counter()
     with pytest.raises(EndpointError, match="cannot reach .*connection refused"):
         HttpTarget(f"http://127.0.0.1:{port}", "sglang").check()
@@ -98,15 +101,104 @@ def test_bad_endpoint_urls_are_usage_errors(endpoint):
         HttpTarget(endpoint, "sglang")
 
 
-def test_a_server_that_stops_sending_fails_the_request_after_the_read_timeout():
+def _timed_out(srv, timeout_s: float, out_len: int = 4):
+    """One request under a `timeout_s` --request-timeout: (result, seconds it took)."""
     from salactl.bench.runner import run_request
 
+    target = HttpTarget(srv.url, "sglang", flush_sleep_s=0.0, read_timeout_s=timeout_s)
+    t = time.perf_counter()
+    res = run_request(target, random_lengths(1, 4, out_len, 1000)[0], out_len, "P", threading.Event())
+    return res, time.perf_counter() - t
+
+
+def test_a_server_that_stops_sending_fails_the_request_after_the_request_timeout():
     with FakeServer(ttft=5.0, per_token=PER_TOKEN) as srv:
-        target = HttpTarget(srv.url, "sglang", flush_sleep_s=0.0, read_timeout_s=0.3)
+        res, took = _timed_out(srv, 0.3)
+    assert took < 3.0
+    assert not res.success and res.error == ("no complete answer within 0.3 s (--request-timeout, the total "
+                                             "time one request may take)")
+
+
+def test_keep_alive_comments_do_not_extend_the_request_timeout():
+    with FakeServer(ttft=30.0, per_token=PER_TOKEN) as srv:
+        srv.ping_every = 0.05                   # a `: ping` every 50 ms, never a token
+        res, took = _timed_out(srv, 0.5)
+    assert 0.5 <= took < 3.0 and not res.success and "no complete answer within 0.5 s" in res.error
+
+
+def test_a_token_trickle_is_cut_at_the_total_request_timeout():
+    with FakeServer(ttft=0.05, per_token=0.1) as srv:    # 40 tokens take 4 s, each gap only 0.1 s
+        res, took = _timed_out(srv, 0.6, out_len=40)
+    assert 0.6 <= took < 3.0 and not res.success and "no complete answer within 0.6 s" in res.error
+
+
+def _silent_port():
+    """A listening socket that accepts connections and never answers."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(8)
+    return s
+
+
+def test_a_silent_probe_fails_after_min_30_s_and_the_request_timeout_naming_the_wait():
+    with _silent_port() as s:
         t = time.perf_counter()
-        res = run_request(target, random_lengths(1, 4, 4, 1000)[0], 4, "P", threading.Event())
+        with pytest.raises(EndpointError, match=r"GET http://127.0.0.1:\d+/v1/models did not answer within 0.4 s"):
+            HttpTarget(f"http://127.0.0.1:{s.getsockname()[1]}", "openai", read_timeout_s=0.4).check()
     assert time.perf_counter() - t < 3.0
-    assert not res.success and "no data from the server for 0.3 s (--request-timeout)" in res.error
+
+
+def test_a_silent_cache_flush_is_a_warning_and_reports_no_flush(capfd):
+    with _silent_port() as s:
+        target = HttpTarget(f"http://127.0.0.1:{s.getsockname()[1]}", "openai", flush_sleep_s=0.0,
+                            read_timeout_s=0.3)
+        t = time.perf_counter()
+        assert target.flush_cache() is False and target.flush_cache() is False
+    assert time.perf_counter() - t < 3.0
+    err = capfd.readouterr().err
+    assert err.count("warning") == 1 and "the prefix cache was not flushed: POST" in err
+    assert "/reset_prefix_cache did not answer within 0.3 s" in err
+
+
+def test_an_endpoint_with_a_query_string_is_refused():
+    with pytest.raises(UsageError, match=r"without a query string or fragment, got 'http://h:1/v1\?x=1'"):
+        HttpTarget("http://h:1/v1?x=1", "openai")
+
+
+def test_ipv6_hosts_keep_their_brackets():
+    port = _free_port()
+    target = HttpTarget(f"http://[::1]:{port}/v1", "openai")
+    assert target.url == f"http://[::1]:{port}" and target.knobs()["endpoint"] == target.url
+    with pytest.raises(EndpointError, match=rf"cannot reach http://\[::1\]:{port} "):
+        target.check()
+
+
+def test_https_to_a_plain_http_server_hints_at_http():
+    with FakeServer(0.01, 0.001) as srv:
+        port = srv.url.rsplit(":", 1)[1]
+        with pytest.raises(EndpointError, match=rf"use http://127.0.0.1:{port}\)"):
+            HttpTarget(srv.url.replace("http://", "https://"), "sglang").check()
+
+
+def test_a_compressed_stream_is_refused_and_identity_was_asked_for():
+    from salactl.bench.runner import run_request
+
+    with FakeServer(0.01, 0.001) as srv:
+        srv.content_encoding = "gzip"
+        res = run_request(HttpTarget(srv.url, "sglang", flush_sleep_s=0.0), random_lengths(1, 4, 4, 1000)[0], 4,
+                          "P", threading.Event())
+    assert srv.seen_headers[0]["Accept-Encoding"] == "identity"
+    assert not res.success and res.error.startswith("the server sent a gzip-compressed stream"), res.error
+
+
+def test_a_line_longer_than_16_mib_fails_the_request():
+    from salactl.bench.runner import run_request
+
+    with FakeServer(0.01, 0.001) as srv:
+        srv.edit_event = lambda e: {**e, "pad": "A" * (17 * 2 ** 20)}
+        res = run_request(HttpTarget(srv.url, "sglang", flush_sleep_s=0.0), random_lengths(1, 4, 4, 1000)[0], 4,
+                          "P", threading.Event())
+    assert not res.success and res.error.startswith("the server streamed a line longer than 16 MiB"), res.error
 
 
 def _set_count(value, key="meta_info"):
@@ -144,9 +236,19 @@ def test_http_errors_count_as_failed_requests():
         target.generate_path = "/missing"           # the server answers 404 for this path
         from salactl.bench.runner import run_request
         res = run_request(target, random_lengths(1, 4, 4, 1000)[0], 4, "P", threading.Event())
-    assert not res.success and "HTTP 404" in res.error
+    assert not res.success and res.error == f'HTTP 404 Not Found: {{"error": "not found"}} (POST {srv.url}/missing)'
     m = phase_metrics([res], 1.0)
     assert m["failed"] == 1 and m["completed"] == 0 and m["mean_ttft_ms"] is None
+
+
+def test_a_redirect_names_its_location():
+    from salactl.bench.runner import run_request
+
+    with FakeServer(0.01, 0.001) as srv:
+        srv.reject = lambda nth, body: (307, {}, {"Location": "/api/generate"})
+        res = run_request(HttpTarget(srv.url, "sglang", flush_sleep_s=0.0), random_lengths(1, 4, 4, 1000)[0], 4,
+                          "P", threading.Event())
+    assert res.error.endswith(f"(POST {srv.url}/generate, redirected to /api/generate: point --endpoint there)")
 
 
 def test_request_rate_dispatch_follows_poisson_arrivals():
@@ -249,5 +351,6 @@ def test_failed_requests_are_summarised_on_stderr(tmp_path, capfd):
                                         out=tmp_path / "o")).to_dict()["phases"][0]
     assert phase["failed"] == 2 and phase["completed"] == 1
     err = capfd.readouterr().err
-    assert 'warning: phase f: 2 of 3 requests failed (2x: HTTP 500 Internal Server Error: {"error": "boom"})' in err
+    assert ('warning: phase f: 2 of 3 requests failed (2x: HTTP 500 Internal Server Error: {"error": "boom"} '
+            f'(POST {srv.url}/generate))') in err
     assert "--details writes each request's error" in err

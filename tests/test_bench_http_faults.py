@@ -1,7 +1,9 @@
 """HTTP targets against servers that deviate from the happy path (real loopback server): no token
-usage, usage only at the end, non-stream 200 answers, full API URLs as --endpoint, an API key
-the probe lacks, and a server without /reset_prefix_cache."""
+usage, usage only at the end, extra choices, estimates above max_tokens, streams without any
+token, non-stream 200 answers, full API URLs as --endpoint, an API key the probe lacks or that
+cannot be a header, and a server without /reset_prefix_cache."""
 
+import re
 import threading
 
 import pytest
@@ -11,7 +13,7 @@ from bench_tokenizer import make_tokenizer
 from salactl.bench.runner import run_request
 from salactl.bench.synthetic import random_lengths
 from salactl.bench.targets.http import HttpTarget
-from salactl.errors import EndpointError
+from salactl.errors import EndpointError, UsageError
 from salactl.runtime.tokenizer import Tokenizer
 
 N = 12
@@ -49,7 +51,48 @@ def test_no_usage_counts_tokens_by_retokenizing_the_streamed_text(tok):
 
 def test_no_usage_without_tokenizer_keeps_the_chunk_count_but_marks_it():
     res = _openai_request("none")
-    assert res.success and res.output_len == len(chunk_sizes(N)) < N and res.output_len_estimated
+    assert res.success and res.output_len == len(chunk_sizes(N)) < N and res.output_len_source == "chunks"
+
+
+def _with_choice_1(event):
+    """Each step also streams choice 1 as its own chunk (n=2 style); it is not our request's output."""
+    other = {**event, "choices": [{**event["choices"][0], "index": 1, "text": "zzz"}]}
+    return [event, other]
+
+
+def test_only_choice_0_counts_without_usage():
+    res = _openai_request("none", edit_event=_with_choice_1)
+    assert res.success and res.output_len == len(chunk_sizes(N)) and res.output_len_over_max is None
+    assert len(res.itl) == res.output_len - 1
+
+
+def test_an_estimate_above_max_tokens_is_capped_and_flagged(tok):
+    res = _openai_request("none", tok, token_text=" the the")         # twice the tokens asked for
+    assert res.success and res.output_len == N and res.output_len_source == "tokenizer"
+    assert res.output_len_over_max == 2 * N
+
+
+@pytest.mark.parametrize("backend,edit,why", [
+    ("openai", lambda e: {**e, "usage": {**e["usage"], "completion_tokens": 0}},
+     "usage.completion_tokens stayed 0 although choices[0].text arrived"),
+    ("openai", lambda e: {**e, "choices": []}, "usage.completion_tokens counted up but no event had choices[0].text"),
+    ("sglang", lambda e: {k: v for k, v in e.items() if k != "meta_info"},
+     "no event carried meta_info.completion_tokens"),
+])
+def test_a_stream_without_tokens_says_which_field_was_missing(backend, edit, why):
+    with FakeServer(0.01, 0.001) as srv:
+        srv.edit_event = edit
+        res = _one(HttpTarget(srv.url, backend, model="m", flush_sleep_s=0.0), 4)
+    assert not res.success and res.error == f"the stream ended without any token: {why}"
+
+
+@pytest.mark.parametrize("value,what", [("sk-abc\r\n", "the control character '\\r'"), ("sk-\u00e9\u20ac", "'€'")])
+def test_a_bad_api_key_is_a_usage_error_before_any_request(monkeypatch, value, what):
+    monkeypatch.setenv("OPENAI_API_KEY", value)
+    with FakeServer(0.01, 0.001) as srv:
+        with pytest.raises(UsageError, match="^" + re.escape(f"OPENAI_API_KEY contains {what}")):
+            HttpTarget(srv.url, "openai")
+    assert srv.requests == [] and srv.side_posts == []
 
 
 def test_final_usage_only_gives_the_exact_count():
@@ -114,6 +157,12 @@ def test_an_api_key_refusal_of_the_model_probe_names_the_status_and_body(monkeyp
         assert target.model == "fake-model" and _one(target, 4).success
 
 
+def test_a_404_model_list_hints_at_model():
+    with FakeServer(0.01, 0.001) as srv:
+        with pytest.raises(EndpointError, match=r"/api/v1/models answered HTTP 404: .*pass --model with the served"):
+            HttpTarget(srv.url + "/api", "openai").check()
+
+
 def test_openai_backend_falls_back_to_sglang_flush_cache(capfd):
     with FakeServer(0.01, 0.001) as srv:
         srv.flush_routes = {"/flush_cache"}                 # SGLang: no /reset_prefix_cache
@@ -132,6 +181,29 @@ def test_a_server_with_neither_flush_route_is_warned_about_once(capfd):
         target.flush_cache()
     err = capfd.readouterr().err
     assert err.count("warning") == 1 and "/reset_prefix_cache and" in err and "/flush_cache answered HTTP 404" in err
+
+
+def test_a_failed_flush_and_estimated_counts_reach_the_record_and_summary(tmp_path, tok, capfd):
+    from salactl.bench.job import BenchSettings, run_bench
+
+    prof = tmp_path / "p.toml"
+    prof.write_text('[dataset]\nkind = "random"\ninput_len = 4\noutput_len = 6\nnum_requests = 2\n'
+                    '[[phases]]\nname = "u"\n')
+    with FakeServer(0.01, 0.001) as srv:
+        srv.usage, srv.token_text, srv.flush_routes = "none", " the the", set()
+        run = run_bench(BenchSettings(profile=str(prof), endpoint=srv.url, backend="openai",
+                                      tokenizer=str(make_tokenizer(tmp_path / "tok")), flush_sleep=0.0,
+                                      out=tmp_path / "o")).to_dict()
+    phase = run["phases"][0]
+    assert phase["knobs"]["flush_cache"] is True and phase["knobs"]["cache_flushed"] is False
+    assert phase["output_len_source"] == "tokenizer" and phase["output_len_over_max"] == 2
+    assert phase["total_output_tokens"] == 12
+    md = open(run["files"]["summary_md"]).read()
+    assert "phase u: output tokens counted by tokenizer (the server reported no usage); 2 requests capped" in md
+    assert "phase u: the prefix cache was not flushed before it" in md
+    err = capfd.readouterr().err
+    assert ("phase u: 2 of 2 requests streamed more than max_tokens by the client's estimate (e.g. 12 "
+            "tokenizer count for 6 asked); their counts were capped at max_tokens") in err
 
 
 def test_the_default_request_timeout_outlasts_a_long_queue():

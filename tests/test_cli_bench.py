@@ -22,8 +22,8 @@ SGLANG_FIELDS = ("phase", "max_concurrency", "duration", "completed", "failed", 
                  "median_tpot_ms", "mean_itl_ms", "p99_itl_ms", "mean_e2e_latency_ms")
 
 
-def salactl(*args, timeout=300, **kw):
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def salactl(*args, timeout=300, env=None, **kw):
+    env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
     return subprocess.run([sys.executable, "-m", "salactl", *args], capture_output=True, text=True,
                           timeout=timeout, env=env, **kw)
 
@@ -277,17 +277,54 @@ def _random_profile(tmp_path) -> str:
     return str(prof)
 
 
-def test_an_all_failed_phase_writes_its_record_then_exits_8(tmp_path):
-    out = tmp_path / "o"
+def _bench_rejecting(tmp_path, reject, *args):
+    """`salactl bench` of the two-phase random profile against a server that answers `reject`."""
     with FakeServer(0.01, 0.001) as srv:
-        srv.reject = lambda nth, body: (400, {"error": "prompt too long"}) if nth > 1 else None
-        r = salactl("bench", "--profile", _random_profile(tmp_path), "--endpoint", srv.url, "--flush-sleep", "0",
-                    "--out", str(out), "--json")
+        srv.reject = reject
+        return salactl("bench", "--profile", _random_profile(tmp_path), "--endpoint", srv.url, "--flush-sleep",
+                       "0", "--out", str(tmp_path / "o"), *args)
+
+
+def test_an_all_failed_first_phase_exits_8_and_writes_nothing(tmp_path):
+    out = tmp_path / "o"
+    r = _bench_rejecting(tmp_path, lambda nth, body: (400, {"error": "prompt too long"}) if nth > 1 else None)
     assert r.returncode == 8, r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("error: phase A: all 3 requests failed (3x: HTTP 400 Bad Request"), r.stderr
-    assert "prompt too long" in last and "warning" not in r.stderr
+    assert "prompt too long" in last and last.endswith("; no phase finished, so nothing was written")
+    assert "warning" not in r.stderr and not out.exists()
+
+
+def test_an_all_failed_later_phase_keeps_only_the_finished_ones(tmp_path):
+    out = tmp_path / "o"
+    # A: warmup + 3 requests; B: its warmup passes, then all 3 fail
+    r = _bench_rejecting(tmp_path, lambda nth, body: (500, {"error": "late"}) if nth > 5 else None)
+    assert r.returncode == 8, r.stderr
+    run_id = next(out.glob("*.json")).stem
+    assert r.stderr.strip().splitlines()[-1].endswith(
+        f"; the finished phases (A) are in {out / 'records.jsonl'} and {out / run_id}.md/.json")
     assert [json.loads(x)["phase"] for x in (out / "records.jsonl").read_text().splitlines()] == ["A"]
+    assert [p["phase"] for p in json.loads((out / f"{run_id}.json").read_text())["phases"]] == ["A"]
+
+
+def test_partial_failures_exit_0_and_lead_the_summary(tmp_path):
+    out = tmp_path / "o"
+    r = _bench_rejecting(tmp_path, lambda nth, body: (500, {"error": "odd"}) if nth in (2, 3) else None, "--phases", "A")
+    assert r.returncode == 0, r.stderr
+    assert "2 of 3 requests failed in phase A (left out of its statistics; the exit status stays 0" in r.stdout
+    assert "- **2 of 3 requests failed** in phase A" in next(out.glob("*.md")).read_text()
+
+
+@pytest.mark.parametrize("key", ["sk-abc\n", "sk-\u00e9\u0100"])
+def test_a_bad_api_key_is_a_one_line_usage_error(tmp_path, key):
+    out = tmp_path / "o"
+    with FakeServer(0.01, 0.001) as srv:
+        r = salactl("bench", "--endpoint", srv.url, "--backend", "openai", "--out", str(out), timeout=60,
+                    env=dict(os.environ, OPENAI_API_KEY=key))
+        assert srv.requests == [] and srv.side_posts == []
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("error: OPENAI_API_KEY contains") and r.stderr.strip().count("\n") == 0
+    assert not out.exists()
 
 
 def test_seed_and_the_request_timeout_default_reach_the_records(tmp_path):

@@ -51,7 +51,7 @@ class BenchSettings:
     out: Path = Path("salactl-results")
     label: str | None = None
     flush_sleep: float = 1.0
-    request_timeout: float = DEFAULT_READ_TIMEOUT_S   # seconds without a byte from the server (0: no limit)
+    request_timeout: float = DEFAULT_READ_TIMEOUT_S   # total seconds one server request may take (0: no limit)
 
 
 @dataclass
@@ -153,11 +153,12 @@ def build_target(s: BenchSettings, need_tokenizer: bool):
     return target, tok, lm.config.vocab_size
 
 
-def _phase_knobs(plan, s: BenchSettings, target, slo) -> dict:
+def _phase_knobs(plan, s: BenchSettings, target, slo, cache_flushed: bool | None) -> dict:
     ph = plan.phase
     return {"max_concurrency": ph.max_concurrency, "request_rate": ph.request_rate,
             "burstiness": ph.burstiness, "warmup_requests": ph.warmup_requests,
-            "flush_cache": ph.flush_cache, "batch_size": ph.batch_size, "dataset": plan.dataset,
+            "flush_cache": ph.flush_cache, "cache_flushed": cache_flushed,
+            "batch_size": ph.batch_size, "dataset": plan.dataset,
             "num_requests_cap": s.num_requests, "skip_bad_rows": s.skip_bad_rows,
             "temperature": 0.0, "ignore_eos": True, "stream": True, "slo_ms": slo or None,
             "seed": s.seed, "target": target.knobs()}
@@ -212,7 +213,6 @@ def _execute(run, plans, profile, target, s, slo, reference, weights, env, progr
     details = []
     durations: dict[str, float] = {}
     problems: dict[str, str] = {}
-    has_tokenizer = target.tokenizer is not None
     try:
         for plan in plans:
             ph = plan.phase
@@ -226,11 +226,16 @@ def _execute(run, plans, profile, target, s, slo, reference, weights, env, progr
                 output.stderr.print(f"note: skipping phase {ph.name}: {why}")
                 continue
             outcome = run_phase(target, ph, plan.requests, seed=plan.dataset["seed"], progress=progress)
+            failed = phase_checks.all_failed(ph.name, outcome.results)
+            if failed:
+                raise EndpointError(f"{failed}; {_finished_files_note(run, out)}")
             phase_checks.warn_failures(ph.name, outcome.results, s.details)
             phase_checks.warn_short(ph.name, outcome.results)
-            phase_checks.warn_estimated(ph.name, outcome.results, has_tokenizer)
+            phase_checks.warn_estimated(ph.name, outcome.results)
+            phase_checks.warn_over_max(ph.name, outcome.results)
             problem = phase_checks.score_problem(outcome.results)
             metrics = phase_metrics(outcome.results, outcome.duration, slo)
+            metrics.update(phase_checks.count_fields(outcome.results))
             metrics.update(max_concurrency=ph.max_concurrency, request_rate=ph.request_rate,
                            burstiness=ph.burstiness, num_prompts=len(plan.requests))
             if profile.mode == "one-batch":
@@ -245,14 +250,14 @@ def _execute(run, plans, profile, target, s, slo, reference, weights, env, progr
                 details += rec.detail_rows(run.run_id, outcome.results, min(r.start_time for r in outcome.results))
                 metrics["details_csv"] = str(out / f"{run.run_id}-requests.csv")
             record = rec.make_record("bench", run.run_id, s.label, profile.name, ph.name, target.kind,
-                                     target.model, metrics, _phase_knobs(plan, s, target, slo), env,
+                                     target.model, metrics,
+                                     _phase_knobs(plan, s, target, slo, outcome.cache_flushed), env,
                                      outcome.started_at)
             writer.append(record)
             run.phases.append(record)
             durations[ph.name] = outcome.duration
             if problem:
                 problems[ph.name] = problem
-            phase_checks.check_all_failed(ph.name, outcome.results, writer.path)
     except KeyboardInterrupt:
         run.interrupted = True
         raise
@@ -268,6 +273,15 @@ def _execute(run, plans, profile, target, s, slo, reference, weights, env, progr
         from salactl import output
         output.warn_once(f"SOAR score not computed: {run.score['score_error']}")
     return run
+
+
+def _finished_files_note(run: BenchRun, out: Path) -> str:
+    """Where the phases that finished before a failed one are kept (written on the way out)."""
+    if not run.phases:
+        return "no phase finished, so nothing was written"
+    names = ", ".join(p["phase"] for p in run.phases)
+    return (f"the finished phases ({names}) are in {out / rec.RECORDS_NAME} and "
+            f"{out / run.run_id}.md/.json")
 
 
 def _write_side_files(run: BenchRun, out: Path, details: list) -> None:

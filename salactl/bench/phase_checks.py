@@ -1,5 +1,5 @@
 """What a finished phase's requests say about its numbers: failures, answers shorter than asked,
-token counts the client had to estimate. Each gets one stderr line per phase; failures and short
+token counts the client had to estimate (or cap at max_tokens). Each gets one stderr line per phase; failures and short
 answers (when the requests asked for a fixed length) also keep the phase out of the SOAR score,
 since its duration then measures less than the workload."""
 
@@ -9,20 +9,19 @@ from collections import Counter
 
 from salactl import output
 from salactl.bench.requests import RequestResult
-from salactl.errors import EndpointError
 
 
 def first_line(text: str) -> str:
     return text.splitlines()[0] if text else "no tokens"
 
 
-def check_all_failed(phase: str, results: list[RequestResult], records_path) -> None:
-    """A phase in which no request succeeded measured nothing: stop with an endpoint error."""
-    if results and not any(r.success for r in results):
-        errors = Counter(first_line(r.error) for r in results)
-        (first, n), = errors.most_common(1)
-        raise EndpointError(f"phase {phase}: all {len(results)} requests failed ({n}x: {first}); "
-                            f"records so far are in {records_path}")
+def all_failed(phase: str, results: list[RequestResult]) -> str | None:
+    """Why a phase in which no request succeeded measured nothing, or None."""
+    if not results or any(r.success for r in results):
+        return None
+    errors = Counter(first_line(r.error) for r in results)
+    (first, n), = errors.most_common(1)
+    return f"phase {phase}: all {len(results)} requests failed ({n}x: {first})"
 
 
 def warn_failures(phase: str, results: list[RequestResult], details: bool) -> None:
@@ -47,15 +46,35 @@ def warn_short(phase: str, results: list[RequestResult]) -> None:
                          "ignored ignore_eos/max_tokens or hit its context limit")
 
 
-def warn_estimated(phase: str, results: list[RequestResult], has_tokenizer: bool) -> None:
-    n = sum(r.output_len_estimated for r in results if r.success)
-    if not n:
+def warn_estimated(phase: str, results: list[RequestResult]) -> None:
+    by = Counter(r.output_len_source for r in results if r.success and r.output_len_estimated)
+    if not by:
         return
-    how = ("counted by re-tokenizing the streamed text with the bench tokenizer" if has_tokenizer else
+    how = ("counted by re-tokenizing the streamed text with the bench tokenizer" if "chunks" not in by else
            "counted as one per streamed chunk, an undercount when chunks carry several tokens (pass "
            "--tokenizer for a closer count)")
-    output.warn_once(f"phase {phase}: the server reported no token usage for {n} of {len(results)} "
+    output.warn_once(f"phase {phase}: the server reported no token usage for {sum(by.values())} of {len(results)} "
                      f"requests; their output tokens were {how}")
+
+
+def warn_over_max(phase: str, results: list[RequestResult]) -> None:
+    """An estimate above max_tokens: the server streamed more than asked (extra choices, or text
+    that re-tokenizes differently); the count was capped, which this line says."""
+    over = [r for r in results if r.success and r.output_len_over_max is not None]
+    if over:
+        r = over[0]
+        output.warn_once(f"phase {phase}: {len(over)} of {len(results)} requests streamed more than max_tokens "
+                         f"by the client's estimate (e.g. {r.output_len_over_max} {r.output_len_source} count for "
+                         f"{r.expected_output_len} asked); their counts were capped at max_tokens")
+
+
+def count_fields(results: list[RequestResult]) -> dict:
+    """How the phase's output tokens were counted, for its record: `output_len_source` lists the
+    sources of the successful requests (usage, engine, tokenizer, chunks; "+" when mixed)."""
+    ok = [r for r in results if r.success]
+    sources = sorted({r.output_len_source for r in ok})
+    return {"output_len_source": "+".join(sources) or None,
+            "output_len_over_max": sum(r.output_len_over_max is not None for r in ok)}
 
 
 def score_problem(results: list[RequestResult]) -> str | None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+ESTIMATED_SOURCES = ("tokenizer", "chunks")
+
 
 @dataclass(frozen=True)
 class BenchRequest:
@@ -35,10 +37,18 @@ class RequestResult:
     output_len: int = 0
     itl: list[float] = field(default_factory=list)
     error: str = ""
-    output_len_estimated: bool = False  # the server reported no token count; output_len is ours
+    # who counted output_len: the target's own count ("usage" from a server, "engine"), or the
+    # client's estimate for a server that sent none ("tokenizer" = re-tokenized text, "chunks")
+    output_len_source: str = "usage"
+    output_len_over_max: int | None = None  # an estimate above max_tokens (output_len was capped)
     # what made it fail, where it was an exception (the embedded runtime's SalactlError keeps its
     # exit code through bench's warmup); not part of any record
     failure: BaseException | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def output_len_estimated(self) -> bool:
+        """The server reported no token count; output_len is ours."""
+        return self.output_len_source in ESTIMATED_SOURCES
 
     @property
     def short(self) -> bool:

@@ -38,6 +38,7 @@ class PhaseOutcome:
     duration: float
     device: dict
     started_at: float           # wall clock (time.time()) when the timed part began
+    cache_flushed: bool | None = None   # None: the phase asked for no flush
 
 
 class NullProgress:
@@ -60,12 +61,14 @@ def run_request(target: Target, req: BenchRequest, max_tokens: int, phase: str,
     res = RequestResult(req.request_id, phase, req.input_len, max_tokens)
     st = time.perf_counter()
     res.start_time = st
+    res.output_len_source = target.count_source
     last_t, last_n, first = st, 0, True
     try:
         for ch in target.stream(req, max_tokens, cancel):
             if ch.counts_only:
-                last_n = ch.completion_tokens if ch.estimated else max(last_n, ch.completion_tokens)
-                res.output_len_estimated = ch.estimated
+                last_n = ch.completion_tokens if ch.estimated_by else max(last_n, ch.completion_tokens)
+                res.output_len_source = ch.estimated_by or res.output_len_source
+                res.output_len_over_max = ch.over_max
                 continue
             new = ch.completion_tokens - last_n
             if new <= 0:
@@ -107,9 +110,10 @@ def run_phase(target: Target, phase: Phase, requests: list[BenchRequest], seed: 
     try:
         for _ in range(phase.warmup_requests):
             warmup(target, requests[0], phase.name, cancel)
-        if phase.flush_cache:
-            target.flush_cache()
-        return _timed(target, phase, requests, seed, progress, cancel)
+        flushed = target.flush_cache() if phase.flush_cache else None
+        outcome = _timed(target, phase, requests, seed, progress, cancel)
+        outcome.cache_flushed = flushed
+        return outcome
     except BaseException:
         cancel.set()
         target.cancel_all()

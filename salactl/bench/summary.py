@@ -48,6 +48,25 @@ def score_line(run: dict) -> str | None:
     return f"SOAR score {d['score']:.2f} = Σ w·ref/own·100 ({tiers}){acc}"
 
 
+def phase_notes(run: dict) -> list[str]:
+    """What qualifies a phase's numbers: failed requests first (the exit status stays 0 for them),
+    client-side token counts, and a prefix-cache flush that did not happen."""
+    notes = []
+    for p in run["phases"]:
+        name = p["phase"]
+        if p.get("failed"):
+            notes.append(f"**{p['failed']} of {p['failed'] + p['completed']} requests failed** in phase {name} "
+                         "(left out of its statistics; the exit status stays 0, as with SGLang's bench_serving)")
+        source = p.get("output_len_source") or ""
+        if "tokenizer" in source or "chunks" in source:
+            capped = p.get("output_len_over_max") or 0
+            notes.append(f"phase {name}: output tokens counted by {source} (the server reported no usage)"
+                         + (f"; {capped} requests capped at max_tokens" if capped else ""))
+        if (p.get("knobs") or {}).get("cache_flushed") is False:
+            notes.append(f"phase {name}: the prefix cache was not flushed before it (the flush failed)")
+    return notes
+
+
 def markdown_summary(run: dict) -> str:
     cols, rows = table_rows(run)
     lines = [f"# salactl bench {run['run_id']}", "",
@@ -61,6 +80,7 @@ def markdown_summary(run: dict) -> str:
     s = score_line(run)
     if s:
         lines.append(f"- {s}")
+    lines += [f"- {note}" for note in phase_notes(run)]
     lines += ["", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
     for sk in run.get("skipped_phases", []):

@@ -16,7 +16,9 @@ class Chunk:
     timestamp: float            # time.perf_counter() when the chunk reached the client
     completion_tokens: int      # tokens generated so far (cumulative)
     counts_only: bool = False   # a final usage report: corrects the count, carries no timing
-    estimated: bool = False     # counts_only, from the client's own count (the server sent no usage)
+    # counts_only, from the client's own count (the server sent no usage): "tokenizer" or "chunks"
+    estimated_by: str | None = None
+    over_max: int | None = None  # that estimate before it was capped at max_tokens, when it was above
 
 
 class RequestFailed(Exception):
@@ -25,6 +27,7 @@ class RequestFailed(Exception):
 
 class Target(ABC):
     kind: str = ""                      # "embedded" | "sglang" | "openai" (the record's `target`)
+    count_source: str = "engine"        # who counts output tokens when nothing is estimated
     model: str = ""
     max_batch_size: int | None = None   # how many requests it runs at once (None = no known limit)
     tokenizer = None                    # counts output a server reports no usage for (HTTP targets)
@@ -37,8 +40,9 @@ class Target(ABC):
         """Send one request (ignore_eos, temperature 0, exactly max_tokens new tokens) and yield
         chunks as they arrive; raise RequestFailed on a per-request failure."""
 
-    def flush_cache(self) -> None:
-        """Drop any prefix cache so a phase does not reuse the warmup's work."""
+    def flush_cache(self) -> bool:
+        """Drop any prefix cache so a phase does not reuse the warmup's work; False when that failed."""
+        return True
 
     def cancel_all(self) -> None:
         """Unblock every in-flight stream (Ctrl-C)."""

@@ -12,6 +12,11 @@ list of ids as `prompt` for /v1/completions). Token counts per chunk come from
 vLLM and SGLang). A server that sends no usage at all counts one token per text chunk while
 streaming; at [DONE] the total is estimated by re-tokenizing the streamed text with the bench
 tokenizer when there is one (vLLM's client), else the chunk count stays, marked as estimated.
+Only choice 0 counts, and an estimate is capped at max_tokens (flagged when it was above).
+
+`--request-timeout` is a total per request, as aiohttp's ClientTimeout(total=...) in SGLang's and
+vLLM's clients: every socket read waits at most the time left, so neither keep-alive comments nor a
+trickle can hold a request open past it.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import http.client
 import json
 import os
 import socket
+import ssl
 import threading
 import time
 from urllib.parse import urlsplit
@@ -35,20 +41,66 @@ _PATHS = {"sglang": ("/generate", "/flush_cache", "/health"),
 # full API URLs people paste as --endpoint; the server's root is what we need
 _API_SUFFIXES = ("/v1/chat/completions", "/v1/completions", "/generate")
 DEFAULT_READ_TIMEOUT_S = 6 * 60 * 60     # SGLang's and vLLM's bench clients: ClientTimeout(total=6 h)
+SIDE_CALL_TIMEOUT_S = 30.0               # the probe and the cache flush, capped by --request-timeout
+MAX_SSE_LINE = 16 * 2 ** 20              # a longer line is a broken server or proxy, not a token
+READ_BLOCK = 64 * 1024
 
 
-def iter_sse(resp):
-    """Yield (data, perf_counter) for each `data:` line of an event stream."""
-    while True:
-        raw = resp.readline()
-        if not raw:
+class Deadline:
+    """A total time limit over many socket reads (None: no limit)."""
+
+    def __init__(self, seconds: float | None):
+        self.seconds = seconds
+        self.end = None if seconds is None else time.monotonic() + seconds
+
+    def arm(self, sock) -> None:
+        """Let the next read on `sock` wait at most the time left; raise TimeoutError when none is."""
+        if self.end is None:
+            sock.settimeout(None)
             return
+        left = self.end - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("deadline passed")
+        sock.settimeout(left)
+
+
+def iter_sse(read, max_line: int = MAX_SSE_LINE):
+    """Yield (data, perf_counter) for each `data:` line of an event stream; `read()` returns the
+    next bytes (b"" at the end). A line longer than `max_line` fails the request."""
+    pending: list[bytes] = []           # the start of a line whose newline has not arrived yet
+    pending_len = 0
+    while True:
+        block = read()
         ts = time.perf_counter()
-        line = raw.strip()
-        if not line or line.startswith(b":"):
-            continue
-        if line.startswith(b"data:"):
-            yield line[5:].strip().decode("utf-8", "replace"), ts
+        if not block:
+            if pending:                 # the last line may lack its newline
+                yield from _sse_lines([b"".join(pending)], ts)
+            return
+        *lines, rest = block.split(b"\n")
+        if lines:
+            lines[0] = b"".join(pending) + lines[0]
+            pending, pending_len = [], 0
+        yield from _sse_lines(lines, ts)
+        pending_len += len(rest)
+        if pending_len > max_line:
+            raise RequestFailed(f"the server streamed a line longer than {max_line // 2 ** 20} MiB; "
+                                "a broken server or proxy")
+        if rest:
+            pending.append(rest)
+
+
+def _sse_lines(lines: list[bytes], ts: float):
+    for line in lines:
+        data = _sse_data(line)
+        if data is not None:
+            yield data, ts
+
+
+def _sse_data(line: bytes) -> str | None:
+    line = line.strip()
+    if line.startswith(b"data:"):
+        return line[5:].strip().decode("utf-8", "replace")
+    return None                                 # blank line, `: comment`, event:/id: fields
 
 
 def _has_blank(url: str) -> bool:
@@ -56,7 +108,30 @@ def _has_blank(url: str) -> bool:
     return any(c.isspace() or not c.isprintable() for c in url)
 
 
+def api_key_header() -> dict:
+    """The Authorization header from OPENAI_API_KEY ({} when unset); a value that cannot be an HTTP
+    header (a pasted newline, a non-latin-1 character) is a usage error before any request."""
+    key = os.environ.get("OPENAI_API_KEY")
+    if not key:
+        return {}
+    bad = next((c for c in key if ord(c) < 32 or ord(c) == 127), None)
+    if bad is not None:
+        raise UsageError(f"OPENAI_API_KEY contains the control character {bad!r} (a key file with a line "
+                         "ending?); strip it from the value")
+    bad = next((c for c in key if ord(c) > 255), None)
+    if bad is not None:
+        raise UsageError(f"OPENAI_API_KEY contains {bad!r}, which an HTTP header cannot carry (latin-1 only); "
+                         "check the value")
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _netloc(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 class HttpTarget(Target):
+    count_source = "usage"
+
     def __init__(self, endpoint: str, backend: str, model: str | None = None,
                  connect_timeout_s: float = 5.0, flush_sleep_s: float = 1.0,
                  read_timeout_s: float | None = DEFAULT_READ_TIMEOUT_S, tokenizer=None):
@@ -70,6 +145,10 @@ class HttpTarget(Target):
             raise bad_url from None
         if parts.scheme not in ("http", "https") or not parts.hostname or port == 0 or _has_blank(endpoint):
             raise bad_url
+        if parts.query or parts.fragment:
+            raise UsageError(f"--endpoint must be the server's URL without a query string or fragment, got "
+                             f"{endpoint!r}; drop the part from '?' or '#' on")
+        self._auth = api_key_header()
         self.kind, self.backend = backend, backend
         self.scheme, self.host = parts.scheme, parts.hostname
         self.port = port or (443 if parts.scheme == "https" else 80)
@@ -81,7 +160,8 @@ class HttpTarget(Target):
         if prefix.endswith("/v1"):
             prefix = prefix[:-3]
         self.prefix = prefix
-        self.url = f"{self.scheme}://{self.host}:{self.port}{prefix}"
+        self.origin = f"{self.scheme}://{_netloc(self.host, self.port)}"
+        self.url = self.origin + prefix
         if api:
             output.stderr.print(f"note: --endpoint ends in {api}; using the server root {self.url} "
                                 f"(--backend {backend} posts to {_PATHS[backend][0]})")
@@ -89,40 +169,54 @@ class HttpTarget(Target):
         self._tok_lock = threading.Lock()
         self.model = model or ""
         self.connect_timeout_s, self.flush_sleep_s = connect_timeout_s, flush_sleep_s
+        self.side_call_timeout_s = min(SIDE_CALL_TIMEOUT_S, read_timeout_s or SIDE_CALL_TIMEOUT_S)
         self.generate_path, self.flush_path, self.probe_path = (prefix + p for p in _PATHS[backend])
         self._active: set = set()
         self._lock = threading.Lock()
         self._warned_flush = False
 
     # ---- connections ----------------------------------------------------------------------
-    def _connect(self):
+    def _connect(self, timeout_s: float | None):
         cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
-        conn = cls(self.host, self.port, timeout=self.connect_timeout_s)
+        conn = cls(self.host, self.port, timeout=min(self.connect_timeout_s, timeout_s or self.connect_timeout_s))
         try:
             conn.connect()
         except (OSError, http.client.HTTPException) as e:
             raise EndpointError(f"cannot reach {self.url} ({_why(e)}); start the {self.backend} server "
-                                "or fix --endpoint") from None
-        conn.sock.settimeout(self.read_timeout_s)
+                                f"or fix --endpoint{self._plain_http_hint(e)}") from None
         return conn
 
+    def _plain_http_hint(self, e: BaseException) -> str:
+        """https:// to a plain-HTTP port fails the TLS handshake, or hangs on a server awaiting a request."""
+        if self.scheme == "https" and isinstance(e, (ssl.SSLError, socket.timeout, TimeoutError)):
+            return f" (if the server speaks plain HTTP, use http://{_netloc(self.host, self.port)})"
+        return ""
+
     def _headers(self) -> dict:
-        h = {"Content-Type": "application/json"}
-        key = os.environ.get("OPENAI_API_KEY")
-        if key:
-            h["Authorization"] = f"Bearer {key}"
-        return h
+        return {"Content-Type": "application/json", "Accept-Encoding": "identity", **self._auth}
+
+    def _send(self, conn, deadline: Deadline, method: str, path: str, body: dict | None):
+        """Send one request and read the status line and headers, within `deadline`."""
+        deadline.arm(conn.sock)
+        conn.request(method, path, body=None if body is None else json.dumps(body).encode(),
+                     headers=self._headers())
+        deadline.arm(conn.sock)
+        return conn.getresponse()
 
     def _call(self, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
-        conn = self._connect()
-        conn.sock.settimeout(max(self.connect_timeout_s, 30.0))
+        """A side request (probe, flush) within min(30 s, --request-timeout)."""
+        deadline = Deadline(self.side_call_timeout_s)
+        conn = self._connect(deadline.seconds)
+        sock = conn.sock
         try:
-            conn.request(method, path, body=None if body is None else json.dumps(body).encode(),
-                         headers=self._headers())
-            resp = conn.getresponse()
-            return resp.status, resp.read()
+            resp = self._send(conn, deadline, method, path, body)
+            return resp.status, b"".join(iter(lambda: _read_block(resp, sock, deadline), b""))
+        except (socket.timeout, TimeoutError):
+            raise EndpointError(f"{method} {self.origin}{path} did not answer within {deadline.seconds:g} s; "
+                                "check the server (side requests wait min(30 s, --request-timeout))") from None
         except (OSError, http.client.HTTPException) as e:
-            raise EndpointError(f"{self.url}{path} did not answer ({_why(e)}); check the server") from None
+            raise EndpointError(f"{method} {self.origin}{path} did not answer ({_why(e)}); check the server"
+                                f"{self._plain_http_hint(e)}") from None
         finally:
             conn.close()
 
@@ -130,25 +224,30 @@ class HttpTarget(Target):
     def check(self) -> None:
         status, body = self._call("GET", self.probe_path)
         if status >= 500:
-            raise EndpointError(f"{self.url}{self.probe_path} answered HTTP {status}; wait until the "
+            raise EndpointError(f"{self.origin}{self.probe_path} answered HTTP {status}; wait until the "
                                 "server is ready")
         if self.backend == "openai" and not self.model:
-            if status >= 400:
-                text = " ".join(body[:200].decode("utf-8", "replace").split())
-                raise EndpointError(f"{self.url}{self.probe_path} answered HTTP {status}: {text}; pass the "
-                                    "API key (OPENAI_API_KEY) / check the URL")
-            try:
-                self.model = json.loads(body)["data"][0]["id"]
-            except (ValueError, KeyError, IndexError, TypeError):
-                raise EndpointError(f"{self.url}/v1/models did not list a model; pass --model with the "
-                                    "served model name") from None
+            self.model = self._listed_model(status, body)
         if self.backend == "sglang" and not self.model:
             try:
                 status, body = self._call("GET", self.prefix + "/get_model_info")
                 self.model = json.loads(body).get("model_path") or "" if status == 200 else ""
             except (EndpointError, ValueError, AttributeError):
                 self.model = ""
-            self.model = self.model or f"sglang@{self.host}:{self.port}"
+            self.model = self.model or f"sglang@{_netloc(self.host, self.port)}"
+
+    def _listed_model(self, status: int, body: bytes) -> str:
+        where = f"{self.origin}{self.probe_path}"
+        if status >= 400:
+            text = " ".join(body[:200].decode("utf-8", "replace").split())
+            fix = ("the server lists no models there: pass --model with the served model name, or check "
+                   "--endpoint / --backend" if status == 404 else
+                   "pass the API key (OPENAI_API_KEY) / check the URL")
+            raise EndpointError(f"{where} answered HTTP {status}: {text}; {fix}")
+        try:
+            return json.loads(body)["data"][0]["id"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise EndpointError(f"{where} did not list a model; pass --model with the served model name") from None
 
     def _payload(self, request: BenchRequest, max_tokens: int) -> dict:
         prompt = request.prompt_text if request.prompt_text is not None else list(request.prompt_ids)
@@ -162,48 +261,62 @@ class HttpTarget(Target):
                 "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
 
     def stream(self, request: BenchRequest, max_tokens: int, cancel: threading.Event):
+        deadline = Deadline(self.read_timeout_s)
         try:
-            conn = self._connect()
+            conn = self._connect(deadline.seconds)
         except EndpointError as e:
             raise RequestFailed(str(e)) from None
+        sock = conn.sock                    # http.client drops conn.sock once a response will close
         with self._lock:
-            self._active.add(conn)
+            self._active.add(sock)
+        resp = None
         try:
             if cancel.is_set():
                 raise RequestFailed("cancelled")
             try:
-                conn.request("POST", self.generate_path,
-                             body=json.dumps(self._payload(request, max_tokens)).encode(),
-                             headers=self._headers())
-                resp = conn.getresponse()
-                if resp.status != 200:
-                    text = resp.read(300).decode("utf-8", "replace").strip()
-                    raise RequestFailed(f"HTTP {resp.status} {resp.reason}: {text}")
-                ctype = resp.getheader("Content-Type") or ""
-                # a missing header is let through: bare-bones servers stream without one
-                if ctype and ctype.split(";")[0].strip().lower() != "text/event-stream":
-                    text = " ".join(resp.read(300).decode("utf-8", "replace").split())
-                    raise RequestFailed(f"HTTP 200 with Content-Type {ctype}, not an event stream "
-                                        f"(does the server ignore \"stream\"?): {text}")
-                yield from self._chunks(iter_sse(resp), max_tokens)
+                resp = self._send(conn, deadline, "POST", self.generate_path, self._payload(request, max_tokens))
+                self._check_stream_response(resp)
+                events = iter_sse(lambda: _read_block(resp, sock, deadline))
+                chunks = self._sglang_chunks if self.backend == "sglang" else self._openai_chunks
+                yield from chunks(events, max_tokens)
             except (socket.timeout, TimeoutError):
-                raise RequestFailed(f"no data from the server for {self.read_timeout_s:g} s "
-                                    "(--request-timeout)") from None
+                raise RequestFailed(f"no complete answer within {self.read_timeout_s:g} s (--request-timeout, "
+                                    "the total time one request may take)") from None
             except (OSError, http.client.HTTPException) as e:
                 raise RequestFailed("cancelled" if cancel.is_set() else f"connection lost ({_why(e)})") from None
         finally:
             with self._lock:
-                self._active.discard(conn)
+                self._active.discard(sock)
+            if resp is not None:
+                resp.close()
             conn.close()
 
-    def _chunks(self, events, max_tokens: int):
-        """Token chunks of one streamed response; a stream is complete only with its `[DONE]`
-        (a connection closed before it is a failed request, not a short answer)."""
-        last, usage_seen, texts = 0, False, []
+    def _check_stream_response(self, resp) -> None:
+        """A 200 event stream, not compressed; anything else fails the request with what came back."""
+        where = f"POST {self.origin}{self.generate_path}"
+        if resp.status != 200:
+            text = " ".join(resp.read(300).decode("utf-8", "replace").split())
+            moved = resp.getheader("Location") if 300 <= resp.status < 400 else None
+            to = f", redirected to {moved}: point --endpoint there" if moved else ""
+            raise RequestFailed(f"HTTP {resp.status} {resp.reason}{': ' + text if text else ''} ({where}{to})")
+        encoding = (resp.getheader("Content-Encoding") or "identity").strip().lower()
+        if encoding != "identity":
+            raise RequestFailed(f"the server sent a {encoding}-compressed stream although the request asked "
+                                "for Accept-Encoding: identity; turn compression off (server or proxy)")
+        ctype = resp.getheader("Content-Type") or ""
+        # a missing header is let through: bare-bones servers stream without one
+        if ctype and ctype.split(";")[0].strip().lower() != "text/event-stream":
+            text = " ".join(resp.read(300).decode("utf-8", "replace").split())
+            raise RequestFailed(f"HTTP 200 with Content-Type {ctype}, not an event stream "
+                                f"(does the server ignore \"stream\"?): {text}")
+
+    @staticmethod
+    def _events(events):
+        """The JSON objects of a stream up to its `[DONE]` (then None, with its timestamp); a stream
+        is complete only with `[DONE]` (a connection closed before it is a failed request)."""
         for data, ts in events:
             if data == "[DONE]":
-                if self.backend == "openai" and last and not usage_seen:
-                    yield Chunk(ts, self._estimate(texts, last), counts_only=True, estimated=True)
+                yield None, ts
                 return
             try:
                 obj = json.loads(data)
@@ -213,69 +326,135 @@ class HttpTarget(Target):
                 raise RequestFailed(f"the server streamed a non-object: {data[:100]!r}")
             if obj.get("error"):
                 raise RequestFailed(f"server error: {str(obj['error'])[:200]}")
-            if self.backend == "sglang":
-                tokens = _count(_field(obj, "meta_info").get("completion_tokens", last),
-                                "meta_info.completion_tokens", max_tokens)
-                if tokens > last:
-                    last = tokens
-                    yield Chunk(ts, tokens)
-                continue
-            choices = obj.get("choices") or []
-            text = choices[0].get("text") if choices and isinstance(choices[0], dict) else ""
+            yield obj, ts
+
+    def _sglang_chunks(self, events, max_tokens: int):
+        last, counted = 0, False
+        for obj, ts in self._events(events):
+            if obj is None:
+                if not last:
+                    raise RequestFailed(_no_token("meta_info.completion_tokens stayed 0" if counted else
+                                                  "no event carried meta_info.completion_tokens"))
+                return
+            value = _field(obj, "meta_info").get("completion_tokens")
+            counted = counted or value is not None
+            tokens = _count(last if value is None else value, "meta_info.completion_tokens", max_tokens)
+            if tokens > last:
+                last = tokens
+                yield Chunk(ts, tokens)
+        raise _cut_off(last)
+
+    def _openai_chunks(self, events, max_tokens: int):
+        """Choice 0's text timestamps the tokens; usage counts them, else one per chunk until [DONE]
+        replaces that with the estimate."""
+        last, usage_seen, texts, n_chunks = 0, False, [], 0
+        for obj, ts in self._events(events):
+            if obj is None:
+                if n_chunks and not usage_seen:
+                    yield self._estimate(ts, texts, n_chunks, max_tokens)
+                elif not (n_chunks and last):
+                    raise RequestFailed(_why_openai_no_token(n_chunks > 0, usage_seen))
+                return
+            text = _choice0_text(obj)
             counted = _field(obj, "usage").get("completion_tokens")
             if counted is not None:
                 counted = _count(counted, "usage.completion_tokens", max_tokens)
                 usage_seen = True
             if text:
+                n_chunks += 1
                 if isinstance(text, str):
                     texts.append(text)
-                tokens = counted if counted is not None else last + 1
+                tokens = counted if counted is not None else min(last + 1, max_tokens)
                 if tokens > last:
                     last = tokens
                     yield Chunk(ts, tokens)
             elif counted is not None and counted > last:   # final usage-only chunk
                 last = counted
                 yield Chunk(ts, last, counts_only=True)
-        raise RequestFailed(f"the stream ended after {last} tokens without data: [DONE] "
-                            "(the server closed the connection mid-response)")
+        raise _cut_off(last)
 
-    def _estimate(self, texts: list[str], chunks: int) -> int:
-        """Output tokens of a stream without usage: the streamed text re-tokenized, else the chunk count."""
-        if self.tokenizer is None or not texts:
-            return chunks
-        with self._tok_lock:
-            return len(self.tokenizer.encode("".join(texts), add_special_tokens=False)) or chunks
+    def _estimate(self, ts: float, texts: list[str], n_chunks: int, max_tokens: int) -> Chunk:
+        """Output tokens of a stream without usage: the streamed text re-tokenized, else the chunk
+        count; capped at max_tokens (a request never asks for more), flagged when it was above."""
+        by, n = "chunks", n_chunks
+        if self.tokenizer is not None and texts:
+            with self._tok_lock:
+                retokenized = len(self.tokenizer.encode("".join(texts), add_special_tokens=False))
+            if retokenized:
+                by, n = "tokenizer", retokenized
+        return Chunk(ts, min(n, max_tokens), counts_only=True, estimated_by=by,
+                     over_max=n if n > max_tokens else None)
 
-    def flush_cache(self) -> None:
-        status, _ = self._call("POST", self.flush_path)
+    def flush_cache(self) -> bool:
+        """POST the flush route (falling back to SGLang's); an error or no answer is a warning, once."""
         tried = [self.flush_path]
-        sglang_flush = self.prefix + _PATHS["sglang"][1]
-        if status == 404 and self.flush_path != sglang_flush:
-            # vLLM serves /reset_prefix_cache only in dev mode; an SGLang server behind the openai
-            # backend has /flush_cache instead
-            status, _ = self._call("POST", sglang_flush)
-            tried.append(sglang_flush)
-            if status < 400:
-                self.flush_path = sglang_flush
-        if status >= 400 and not self._warned_flush:
+        try:
+            status, _ = self._call("POST", self.flush_path)
+            sglang_flush = self.prefix + _PATHS["sglang"][1]
+            if status == 404 and self.flush_path != sglang_flush:
+                # vLLM serves /reset_prefix_cache only in dev mode; an SGLang server behind the openai
+                # backend has /flush_cache instead
+                tried.append(sglang_flush)
+                status, _ = self._call("POST", sglang_flush)
+                if status < 400:
+                    self.flush_path = sglang_flush
+            problem = f"POST {' and '.join(self.origin + p for p in tried)} answered HTTP {status}" if status >= 400 else None
+        except EndpointError as e:
+            problem = str(e)
+        if problem and not self._warned_flush:
             self._warned_flush = True
-            output.stderr.print(f"warning: {' and '.join(self.url + p[len(self.prefix):] for p in tried)} "
-                                f"answered HTTP {status}; the prefix cache was not flushed")
+            output.stderr.print(f"warning: the prefix cache was not flushed: {problem}")
         if self.flush_sleep_s > 0:
             time.sleep(self.flush_sleep_s)
+        return problem is None
 
     def cancel_all(self) -> None:
         with self._lock:
-            conns = list(self._active)
-        for conn in conns:
+            socks = list(self._active)
+        for sock in socks:
             try:
-                conn.sock.shutdown(socket.SHUT_RDWR)
-            except (OSError, AttributeError):
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
                 pass
 
     def knobs(self) -> dict:
         return {"endpoint": self.url, "backend": self.backend, "flush_sleep_s": self.flush_sleep_s,
                 "request_timeout_s": self.read_timeout_s}
+
+
+def _read_block(resp, sock, deadline: Deadline) -> bytes:
+    """The next bytes of a response body (b"" at its end, also a cut one: the stream parser then
+    says what was missing), waiting at most the deadline's time left."""
+    deadline.arm(sock)
+    try:
+        return resp.read1(READ_BLOCK)
+    except http.client.IncompleteRead:
+        return b""
+
+
+def _choice0_text(obj: dict):
+    """The text of choice index 0 (a chunk may carry other choices only; they are not ours)."""
+    for choice in obj.get("choices") or []:
+        if isinstance(choice, dict) and choice.get("index", 0) == 0:
+            return choice.get("text")
+    return None
+
+
+def _no_token(why: str) -> str:
+    return f"the stream ended without any token: {why}"
+
+
+def _why_openai_no_token(text_seen: bool, usage_seen: bool) -> str:
+    if text_seen:
+        return _no_token("usage.completion_tokens stayed 0 although choices[0].text arrived")
+    if usage_seen:
+        return _no_token("usage.completion_tokens counted up but no event had choices[0].text")
+    return _no_token("no event carried choices[0].text or usage.completion_tokens")
+
+
+def _cut_off(last: int) -> RequestFailed:
+    return RequestFailed(f"the stream ended after {last} tokens without data: [DONE] "
+                         "(the server closed the connection mid-response)")
 
 
 def _field(obj: dict, key: str) -> dict:
