@@ -214,14 +214,57 @@ def test_embedded_one_batch_skips_batches_it_cannot_run(tmp_path):
     assert "one sequence at a time" in run["skipped_phases"][0]["reason"]
 
 
-def test_mem_fraction_on_the_reference_engine_is_warned_and_not_recorded(tmp_path, capsys):
+@pytest.mark.parametrize("args,message", [
+    (["--mem-fraction", "0.5"], "--mem-fraction sizes the GPU engine; the reference engine serves one sequence"),
+    (["--max-running-requests", "64"], "--max-running-requests sizes the GPU engine; the reference engine"),
+    (["--max-running-requests", "4", "--mem-fraction", "0.9"],
+     "--max-running-requests, --mem-fraction size the GPU engine; the reference engine serves one sequence "
+     "at a time and grows its cache as it goes: drop them, or use --engine gpu on CUDA"),
+    (["--skip-bad-rows"], "--skip-bad-rows drops malformed --dataset rows, and without --dataset the prompts are "
+                          "synthetic: drop --skip-bad-rows, or add --dataset"),
+    (["--profile", "decode", "--num-requests", "3"],
+     "--num-requests does not apply to profile decode: each phase is one batch, whose batch size sets its "
+     "request count (decode-bs1, decode-bs8, decode-bs32); drop --num-requests, and pick batch sizes with --phases"),
+    (["--profile", "long-context", "--num-requests", "1"], "--num-requests does not apply to profile long-context"),
+    (["--kv-cache-dtype", "auto"], "--kv-cache-dtype 'auto' is not supported; supported: bf16, fp8_e5m2, fp8_e4m3"),
+])
+def test_options_the_embedded_run_would_ignore_are_usage_errors(tmp_path, args, message):
+    """Given explicitly, even at their default values, they are refused before the model loads."""
+    out = tmp_path / "o"
+    r = salactl("bench", "--scale", "0.01", "--engine", "reference", "--device", "cpu", *args, "--out", str(out),
+                timeout=60)
+    assert r.returncode == 2 and message in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
+    assert not out.exists()
+
+
+def test_scale_is_refused_with_a_dataset(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"question": "a b c", "model_response": "d e f"}\n')
+    r = salactl("bench", "--dataset", str(data), "--scale", "1", "--phases", "S1", "--device", "cpu",
+                "--out", str(tmp_path / "o"), timeout=60)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+    assert "--scale scales the lengths of synthetic prompts; --dataset rows keep their own lengths" in r.stderr
+
+
+def test_default_scale_and_engine_sizes_when_not_given():
+    from salactl.bench.engine_options import gpu_engine_sizes
+    from salactl.bench.plan import plan_phases
+    from salactl.bench.profiles import load_profile
+
+    profile = load_profile("decode")
+    (plan,) = plan_phases(profile, profile.phases[:1], {}, {}, None, 100, None, None)
+    assert plan.dataset["scale"] == 1.0 and plan.dataset["input_len"] == 1024
+    assert gpu_engine_sizes(None, None) == (64, 0.9) and gpu_engine_sizes(8, 0.5) == (8, 0.5)
+
+
+def test_the_reference_engine_records_no_gpu_engine_sizes(tmp_path):
     from salactl.bench.job import BenchSettings, run_bench
 
     run = run_bench(BenchSettings(profile="decode", model="sala-nano", random_weights=True, device="cpu",
-                                  dtype="float32", scale=0.01, engine="reference", mem_fraction=0.5,
-                                  phases=("decode-bs1",), out=tmp_path)).to_dict()
-    assert "--mem-fraction sizes the GPU engine's caches" in capsys.readouterr().err
-    assert run["phases"][0]["knobs"]["target"]["mem_fraction"] is None
+                                  dtype="float32", scale=0.01, engine="reference", phases=("decode-bs1",),
+                                  out=tmp_path)).to_dict()
+    target = run["phases"][0]["knobs"]["target"]
+    assert target["mem_fraction"] is None and target["max_running_requests"] == 1
 
 
 def _gpu_engine_available() -> bool:

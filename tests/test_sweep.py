@@ -134,6 +134,14 @@ def test_sweep_cli_end_to_end_and_resume(tmp_path):
     ({"kl_len": 0}, UsageError, "--kl-len must be positive, got 0"),
     ({"mem_fraction": 0.0}, UsageError, "mem_fraction \\(--mem-fraction\\) must be in \\(0, 1\\]"),
     ({"passkey_depths": "0.5,1.5"}, UsageError, "--passkey-depths must lie in \\[0, 1\\]"),
+    ({"kl": False, "kl_len": 64}, UsageError, "--kl-len sets the logit KL's prompt, which --no-kl skips"),
+    ({"passkey": False, "passkey_lengths": "512"}, UsageError,
+     "^--passkey-lengths configures the passkey test, which --no-passkey skips: drop it, or drop --no-passkey$"),
+    ({"passkey": False, "passkey_depths": "0.5", "passkey_trials": 2}, UsageError,
+     "^--passkey-depths, --passkey-trials configure the passkey test, which --no-passkey skips: drop them"),
+    ({"max_running_requests": 64}, UsageError, "^--max-running-requests sizes the GPU engine; the reference engine"),
+    ({"mem_fraction": 0.9}, UsageError, "^--mem-fraction sizes the GPU engine; the reference engine serves one"),
+    ({"max_running_requests": 0}, UsageError, "--max-running-requests must be positive, got 0"),
     ({"window": "48", "random_weights": True}, ConfigError, "no valid point"),
     ({"kv_dtype": "fp8_e4m3", "kl": False, "passkey": False, "requests": 1, "input_len": 8, "output_len": 2},
      ConfigError, "no point could be measured .*needs calibrated k/v scales"),   # every point fails to build
@@ -168,6 +176,23 @@ def test_no_kl_says_why_there_is_no_pareto_front(tmp_path):
                                   out=tmp_path)).to_dict()
     assert run["pareto"] == [] and len(run["points"]) == 1
     assert any("no Pareto front" in n and "--no-kl" in n for n in run["notes"])
+    knobs = run["points"][0]["knobs"]        # the passkey options left out keep their stated defaults
+    assert (knobs["passkey_lengths"], knobs["passkey_depths"], knobs["passkey_trials"]) == ([512], [0.25, 0.75], 2)
+
+
+def test_sweep_weight_dtype_casts_name_and_size_what_ran(tmp_path):
+    """bf16 on a float32 model casts the whole model: its record names bfloat16 activations, and its
+    cache bytes count the KV and K1 at 2 bytes (the fp32 point's at 4)."""
+    run = run_sweep(SweepSettings(device="cpu", dtype="float32", input_len=32, output_len=2, requests=1,
+                                  kl=False, passkey=False, weight_dtype="bf16,fp32", out=tmp_path)).to_dict()
+    pts = {p["knobs"]["weight_dtype"]: p for p in run["points"]}
+    bf16, fp32 = pts["bf16"], pts["fp32"]
+    assert [bf16["knobs"][k] for k in ("dtype", "weights", "kv_cache_dtype")] == ["bfloat16"] * 3
+    assert [fp32["knobs"][k] for k in ("dtype", "weights", "kv_cache_dtype")] == ["float32"] * 3
+    from salactl.runtime.presets import preset
+    cfg = preset("sala-nano")
+    assert bf16["cache_bytes_per_request"] == cache_bytes_per_request(cfg, 34, 2, 2) == 214784
+    assert fp32["cache_bytes_per_request"] == cache_bytes_per_request(cfg, 34, 4, 4) == 232960
 
 
 def test_an_interrupted_sweep_says_so_in_its_summary(tmp_path):

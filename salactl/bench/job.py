@@ -11,14 +11,16 @@ from pathlib import Path
 from salactl.bench import phase_checks
 from salactl.bench import records as rec
 from salactl.bench.metrics import one_batch_metrics, parse_slo, phase_metrics
-from salactl.bench.plan import check_scale_and_cap, parse_dataset_spec, plan_phases, read_datasets, select_phases
+from salactl.bench.plan import (check_request_options, check_scale_and_cap, parse_dataset_spec, plan_phases,
+                                read_datasets, select_phases)
 from salactl.bench.profiles import load_profile
 from salactl.bench.runner import run_phase
 from salactl.bench.scoring import accuracy_coefficient, check_reference, parse_reference, soar_score
+from salactl.bench.engine_options import check_gpu_engine_values, refuse_gpu_engine_options
+from salactl.bench.sweep_grid import KV_DTYPES
 from salactl.bench.targets.http import DEFAULT_READ_TIMEOUT_S
 from salactl.errors import EndpointError, TokenizerError, UsageError
 from salactl.reports.atomic import write_atomic
-from salactl.runtime.gpu.mem_fraction import DEFAULT_MEM_FRACTION, check_mem_fraction
 
 FALLBACK_VOCAB = 1000   # random prompt ids for a server whose vocabulary we cannot learn
 
@@ -28,7 +30,7 @@ class BenchSettings:
     profile: str = "soar"
     dataset: str | None = None
     skip_bad_rows: bool = False
-    scale: float = 1.0
+    scale: float | None = None          # None: plan.DEFAULT_SCALE (None so that --dataset can refuse it)
     num_requests: int | None = None
     phases: tuple[str, ...] = ()
     endpoint: str | None = None
@@ -42,8 +44,8 @@ class BenchSettings:
     chunk_size: int | None = None
     engine: str = "auto"
     kv_cache_dtype: str = "bf16"
-    max_running_requests: int = 64
-    mem_fraction: float = DEFAULT_MEM_FRACTION
+    max_running_requests: int | None = None     # None: the GPU engine's defaults (refused on the reference)
+    mem_fraction: float | None = None
     reference: str | None = None
     accuracy: float | None = None
     slo: str | None = None
@@ -169,13 +171,26 @@ def check_settings(s: BenchSettings) -> None:
     check_scale_and_cap(s.scale, s.num_requests)
     if s.chunk_size is not None and s.chunk_size < 1:
         raise UsageError(f"--chunk-size must be a positive token count, got {s.chunk_size}")
-    if s.max_running_requests < 1:
-        raise UsageError(f"--max-running-requests must be positive, got {s.max_running_requests}")
-    check_mem_fraction(s.mem_fraction)
+    check_gpu_engine_values(s.max_running_requests, s.mem_fraction)
     for flag, v in (("--flush-sleep", s.flush_sleep), ("--request-timeout", s.request_timeout)):
         if not (math.isfinite(v) and v >= 0):
             raise UsageError(f"{flag} must be a number of seconds >= 0, got {v}")
     check_target_options(s)
+    if not s.endpoint:
+        check_embedded_options(s)
+
+
+def check_embedded_options(s: BenchSettings) -> None:
+    """The embedded runtime's options that its resolved engine would not use, or that name no KV dtype
+    (bench and sweep take the same KV names; "bf16" stores the model's dtype, what run's "auto" means)."""
+    from salactl.bench.targets.embedded import resolve_engine
+    from salactl.runtime.loader import resolve_device
+
+    if s.kv_cache_dtype not in KV_DTYPES:
+        raise UsageError(f"--kv-cache-dtype {s.kv_cache_dtype!r} is not supported; supported: "
+                         f"{', '.join(KV_DTYPES)} (bf16 stores the model's dtype)")
+    refuse_gpu_engine_options(resolve_engine(s.engine, resolve_device(s.device)), s.max_running_requests,
+                              s.mem_fraction)
 
 
 def run_bench(s: BenchSettings, progress=None) -> BenchRun:
@@ -184,6 +199,7 @@ def run_bench(s: BenchSettings, progress=None) -> BenchRun:
     check_settings(s)
     profile = load_profile(s.profile)
     phases = select_phases(profile, list(s.phases))
+    check_request_options(profile, s.dataset, s.skip_bad_rows, s.scale, s.num_requests)
     reference = parse_reference(s.reference)
     weights = profile.scoring.weights if profile.scoring else {}
     if reference and not weights:

@@ -15,6 +15,7 @@ from salactl.bench.synthetic import random_lengths, soar_like
 from salactl.errors import DatasetError, UsageError
 
 DEFAULT_SYNTHETIC_REQUESTS = 96
+DEFAULT_SCALE = 1.0
 BENCH_SIZE_FIX = "lower --scale or --num-requests (or the profile's lengths)"
 
 
@@ -76,18 +77,37 @@ def read_datasets(spec: dict[str | None, Path], phases: list[Phase], skip_bad_ro
     return parsed
 
 
-def check_scale_and_cap(scale: float, cap: int | None) -> None:
-    if not (math.isfinite(scale) and scale > 0):
+def check_scale_and_cap(scale: float | None, cap: int | None) -> None:
+    if scale is not None and not (math.isfinite(scale) and scale > 0):
         raise UsageError(f"--scale must be a positive number, got {scale}")
     if cap is not None and cap < 1:
         raise UsageError(f"--num-requests must be positive, got {cap}")
 
 
+def check_request_options(profile: Profile, dataset: str | None, skip_bad_rows: bool, scale: float | None,
+                          cap: int | None) -> None:
+    """Options that shape requests this profile and --dataset would not make (silently ignored
+    otherwise). `scale`/`cap` are None when not given."""
+    if skip_bad_rows and not dataset:
+        raise UsageError("--skip-bad-rows drops malformed --dataset rows, and without --dataset the prompts "
+                         "are synthetic: drop --skip-bad-rows, or add --dataset")
+    if scale is not None and dataset:
+        raise UsageError("--scale scales the lengths of synthetic prompts; --dataset rows keep their own "
+                         "lengths: drop --scale, or drop --dataset")
+    if cap is not None and profile.mode == "one-batch":
+        names = ", ".join(p.name for p in profile.phases)
+        raise UsageError(f"--num-requests does not apply to profile {profile.name}: each phase is one batch, "
+                         f"whose batch size sets its request count ({names}); drop --num-requests, and pick "
+                         "batch sizes with --phases")
+
+
 def plan_phases(profile: Profile, phases: list[Phase], spec: dict[str | None, Path], parsed: dict,
-                tokenizer, vocab_size: int, scale: float, cap: int | None,
+                tokenizer, vocab_size: int, scale: float | None, cap: int | None,
                 seed: int | None = None) -> list[PhasePlan]:
-    """`seed` (--seed) replaces the profile's seed for the shuffle and synthetic data."""
+    """`seed` (--seed) replaces the profile's seed for the shuffle and synthetic data; `scale`
+    None is DEFAULT_SCALE."""
     check_scale_and_cap(scale, cap)
+    scale = DEFAULT_SCALE if scale is None else scale
     ds = profile.dataset
     seed = profile.seed if seed is None else seed
     if spec and profile.mode == "one-batch":

@@ -4,6 +4,7 @@ accuracy proxies (logit KL vs dense attention, passkey), one record per point, t
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,6 +13,7 @@ import torch
 
 from salactl import output
 from salactl.bench import records as rec
+from salactl.bench.engine_options import check_gpu_engine_values, gpu_engine_sizes, refuse_gpu_engine_options
 from salactl.bench.grid_memory import cache_bytes_per_request
 from salactl.bench.sweep_sizes import check_sizes_fit
 from salactl.bench.sweep_grid import (KV_DTYPES, WEIGHT_DTYPES, SweepPoint, build_points, parse_ints,
@@ -20,7 +22,6 @@ from salactl.errors import ConfigError, OutputExistsError, SalactlError, UsageEr
 from salactl.lists import parse_list
 from salactl.quant.in_memory import QUANTIZED_BITS, quantize_rtn_in_memory, quantized_as
 from salactl.reports.atomic import write_atomic
-from salactl.runtime.gpu.mem_fraction import DEFAULT_MEM_FRACTION, check_mem_fraction
 from salactl.runtime.kv_fp8 import stored_kv_name
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 
 PARETO_X = {"e2e": "mean_e2e_latency_ms", "ttft": "mean_ttft_ms", "tpot": "mean_tpot_ms"}
 PARETO_Y = "logit_kl_mean"
+PASSKEY_DEFAULTS = {"passkey_lengths": "512", "passkey_depths": "0.25,0.75", "passkey_trials": 2}
 
 
 @dataclass(frozen=True)
@@ -52,12 +54,12 @@ class SweepSettings:
     kl: bool = True
     kl_len: int | None = None
     passkey: bool = True
-    passkey_lengths: str = "512"
-    passkey_depths: str = "0.25,0.75"
-    passkey_trials: int = 2
+    passkey_lengths: str | None = None  # None: PASSKEY_DEFAULTS (None so that --no-passkey can refuse them)
+    passkey_depths: str | None = None
+    passkey_trials: int | None = None
     engine: str = "auto"
-    max_running_requests: int = 64
-    mem_fraction: float = DEFAULT_MEM_FRACTION
+    max_running_requests: int | None = None     # None: the GPU engine's default (refused on the reference)
+    mem_fraction: float | None = None
     out: Path = Path("salactl-results/sweep")
     resume: bool = False
     label: str | None = None
@@ -137,18 +139,32 @@ def _axes(s: SweepSettings, config, default_weight: str, default_chunk: int) -> 
     }
 
 
-def _check_before_loading(s: SweepSettings) -> None:
-    """Everything that does not need the model, so bad input fails in a second."""
+def _refuse_skipped_options(s: SweepSettings) -> None:
+    """Options of an accuracy proxy that --no-kl / --no-passkey skips would be silently ignored."""
+    if not s.kl and s.kl_len is not None:
+        raise UsageError("--kl-len sets the logit KL's prompt, which --no-kl skips: drop --kl-len, or drop --no-kl")
+    given = [f"--{k.replace('_', '-')}" for k in PASSKEY_DEFAULTS if getattr(s, k) is not None]
+    if not s.passkey and given:
+        one = len(given) == 1
+        raise UsageError(f"{', '.join(given)} {'configures' if one else 'configure'} the passkey test, which "
+                         f"--no-passkey skips: drop {'it' if one else 'them'}, or drop --no-passkey")
+
+
+def _check_before_loading(s: SweepSettings) -> SweepSettings:
+    """Everything that does not need the model, so bad input fails in a second; returns `s` with the
+    passkey options left out at their defaults."""
     from salactl.bench.targets.embedded import resolve_engine
     from salactl.runtime.loader import resolve_device
 
+    _refuse_skipped_options(s)
+    s = dataclasses.replace(s, **{k: v for k, v in PASSKEY_DEFAULTS.items() if getattr(s, k) is None})
     if s.pareto_x not in PARETO_X:
         raise UsageError(f"--pareto-x must be one of {', '.join(PARETO_X)}, got {s.pareto_x!r}")
     for name, v in (("input-len", s.input_len), ("output-len", s.output_len), ("requests", s.requests),
                     ("passkey-trials", s.passkey_trials)):
         if v < 1:
             raise UsageError(f"--{name} must be positive, got {v}")
-    check_mem_fraction(s.mem_fraction)
+    check_gpu_engine_values(s.max_running_requests, s.mem_fraction)
     if s.kl_len is not None and s.kl_len < 1:
         raise UsageError(f"--kl-len must be positive, got {s.kl_len}")
     if any(not 0.0 <= d <= 1.0 for d in parse_list(s.passkey_depths, "--passkey-depths", float)):
@@ -162,13 +178,15 @@ def _check_before_loading(s: SweepSettings) -> None:
     parse_names(s.weight_dtype, "weight-dtype", "bf16", WEIGHT_DTYPES)
     device = resolve_device(s.device)
     kind = resolve_engine(s.engine, device)
-    limit = 1 if kind == "reference" else s.max_running_requests
+    refuse_gpu_engine_options(kind, s.max_running_requests, s.mem_fraction)
+    limit = 1 if kind == "reference" else gpu_engine_sizes(s.max_running_requests, s.mem_fraction)[0]
     too_big = [b for b in parse_ints(s.batch_size, "batch-size", 1) if b > limit]
     if too_big:
         raise UsageError(f"--batch-size {too_big[0]} is not supported by the {kind} engine; supported "
                          "today: 1 with the reference engine (one sequence at a time), up to "
                          "--max-running-requests with --engine gpu on CUDA")
     check_sizes_fit(s, device)
+    return s
 
 
 def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
@@ -176,7 +194,7 @@ def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
     from salactl.env import environment
     from salactl.runtime.loader import load_model
 
-    _check_before_loading(s)
+    s = _check_before_loading(s)
     depths = parse_list(s.passkey_depths, "--passkey-depths", float)
     lengths = parse_ints(s.passkey_lengths, "passkey-lengths", 512)
     run = SweepRun(rec.new_run_id())
@@ -315,9 +333,11 @@ def _measure(p: SweepPoint, key: str, ctx: _SweepContext, run: SweepRun) -> dict
             torch.cuda.empty_cache()
     metrics = phase_metrics(outcome.results, outcome.duration)
     metrics.update(outcome.device)
-    kv_item = 1 if p.kv_dtype.startswith("fp8") else torch.empty(0, dtype=base_dtype).element_size()
+    # bf16/fp16/fp32 cast the whole model: its KV ("bf16" stores the activation dtype) and K1 follow
+    act_dtype = model.model.embed_tokens.weight.dtype
+    kv_item = 1 if p.kv_dtype.startswith("fp8") else act_dtype.itemsize
     metrics["cache_bytes_per_request"] = cache_bytes_per_request(
-        cfg, s.input_len + s.output_len, kv_item, torch.empty(0, dtype=base_dtype).element_size())
+        cfg, s.input_len + s.output_len, kv_item, act_dtype.itemsize)
     if ctx.ref_logits is not None:
         logits = prompt_logits(model, ctx.kl_prompt, p.chunk_size, p.kv_dtype)
         metrics.update(logit_kl(ctx.ref_logits, logits, p.dense_len))
@@ -327,9 +347,9 @@ def _measure(p: SweepPoint, key: str, ctx: _SweepContext, run: SweepRun) -> dict
     metrics["point_key"] = key
     knobs = dict(p.knobs(), **{k: v for k, v in ctx.knobs.items() if k not in ("model",)})
     # what ran, named as run and bench records name it (kv_dtype "bf16" on a float32 model stores float32)
-    act_dtype = model.model.embed_tokens.weight.dtype
-    knobs.update(kv_cache_dtype=stored_kv_name(p.kv_dtype, act_dtype),
-                 weights=quantized_as(model) or str(act_dtype).replace("torch.", ""))
+    act_name = str(act_dtype).replace("torch.", "")
+    knobs.update(dtype=act_name, kv_cache_dtype=stored_kv_name(p.kv_dtype, act_dtype),
+                 weights=quantized_as(model) or act_name)
     return rec.make_record("sweep", run.run_id, s.label, "sweep", label, "embedded", lm.source, metrics,
                            knobs, ctx.env, outcome.started_at)
 

@@ -15,7 +15,7 @@ from salactl import output
 from salactl.bench.requests import BenchRequest
 from salactl.bench.targets.base import Chunk, RequestFailed, Target
 from salactl.errors import UsageError
-from salactl.runtime.gpu.mem_fraction import DEFAULT_MEM_FRACTION
+from salactl.bench.engine_options import gpu_engine_sizes
 from salactl.runtime.sampling import SamplingParams
 
 
@@ -121,12 +121,13 @@ def resolve_engine(engine: str, device: torch.device) -> str:
 DEFAULT_CHUNK = {"gpu": 8192, "reference": 512}     # 8192 = SOAR's --chunked-prefill-size
 
 
-def build_engine(model, device, engine: str, chunk_size: int | None, kv_cache_dtype: str, max_running: int,
-                 mem_fraction: float = DEFAULT_MEM_FRACTION):
+def build_engine(model, device, engine: str, chunk_size: int | None, kv_cache_dtype: str,
+                 max_running: int | None = None, mem_fraction: float | None = None):
     """The stepping engine behind the target: the continuous-batching GPU engine when asked for
     (or `auto` on CUDA with Triton; its caches take mem_fraction of the free GPU memory), else the
-    single-sequence reference Engine in FIFO order. Returns (EngineDriver, engine name, chunk
-    size). Bench requests ignore EOS: no stop set."""
+    single-sequence reference Engine in FIFO order. max_running/mem_fraction None: the GPU
+    engine's defaults (bench and sweep refuse them for the reference engine). Returns
+    (EngineDriver, engine name, chunk size). Bench requests ignore EOS: no stop set."""
     from salactl.bench.targets.engine_driver import EngineDriver, GpuStepper, SerialStepper
 
     kind = resolve_engine(engine, device)
@@ -134,6 +135,7 @@ def build_engine(model, device, engine: str, chunk_size: int | None, kv_cache_dt
     if kind == "gpu":
         from salactl.runtime.gpu.engine import GPUEngine
 
+        max_running, mem_fraction = gpu_engine_sizes(max_running, mem_fraction)
         gpu = GPUEngine(model, device, chunk_size=chunk_size, max_running_requests=max_running,
                         kv_cache_dtype=kv_cache_dtype, mem_fraction=mem_fraction)
         for note in gpu.fallback_notes():
@@ -141,17 +143,14 @@ def build_engine(model, device, engine: str, chunk_size: int | None, kv_cache_dt
         return EngineDriver(GpuStepper(gpu), max_running), "gpu", chunk_size
     from salactl.runtime.engine import Engine
 
-    if mem_fraction != DEFAULT_MEM_FRACTION:
-        output.warn_once("--mem-fraction sizes the GPU engine's caches; the reference engine grows "
-                         "each request's cache as it goes and ignores it")
     ref = Engine(model, device, chunk_size=chunk_size, kv_cache_dtype=kv_cache_dtype)
     return EngineDriver(SerialStepper(ref), 1), "reference", chunk_size
 
 
 def build_embedded_target(model: str | None, random_weights: bool, seed: int, device: str, dtype: str,
                           chunk_size: int | None, engine: str = "auto", kv_cache_dtype: str = "bf16",
-                          max_running: int = 64,
-                          mem_fraction: float = DEFAULT_MEM_FRACTION) -> tuple[EmbeddedTarget, object]:
+                          max_running: int | None = None,
+                          mem_fraction: float | None = None) -> tuple[EmbeddedTarget, object]:
     """Load the model and wrap it; returns (target, LoadedModel)."""
     import dataclasses
 
@@ -169,7 +168,7 @@ def build_embedded_target(model: str | None, random_weights: bool, seed: int, de
              "weights": quantized_as(lm.model) or dtype_name,     # as `run` records name them
              "kv_cache_dtype": stored_kv_name(kv_cache_dtype, act_dtype),
              "chunk_size": chunk_size, "max_running_requests": driver.max_batch_size,
-             "mem_fraction": mem_fraction if engine_name == "gpu" else None,
+             "mem_fraction": gpu_engine_sizes(max_running, mem_fraction)[1] if engine_name == "gpu" else None,
              "random_weights": random_weights, "seed": seed,
              "sparse_config": dataclasses.asdict(lm.config.sparse_config)}
     return EmbeddedTarget(driver, lm.source, lm.config.vocab_size, dev, knobs), lm
