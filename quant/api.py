@@ -54,6 +54,9 @@ def quantize_checkpoint(model: str | Path | LoadedModel, out: str | Path, opts: 
     check_calibration_sizes(nsamples, seqlen)      # also for RTN: a bad value is an error even when unused
     if calib is not None and not str(calib).strip():
         raise UsageError("calib (--calib) is empty; give a text or JSONL file, or random")
+    if str(calib) == RANDOM and tokenizer is not None:
+        raise UsageError("tokenizer (--tokenizer) is unused with calib (--calib) random, which draws random "
+                         "token ids; drop one of them")
     t_start = time.perf_counter()
     lm = _quantizable_model(model, device, dtype, random_weights, seed, copy)
     windows, calib_source = _calibration(lm, opts, calib, tokenizer, nsamples, seqlen, seed, random_weights)
@@ -160,7 +163,7 @@ def _record(out: str | Path, lm: LoadedModel, opts: QuantOptions, windows: torch
         "out": str(out),
         "model": lm.source,
         "method": opts.method, "bits": opts.bits, "group_size": opts.group_size, "desc_act": opts.desc_act,
-        "damp": opts.damp, "kv_cache_dtype": opts.kv_cache_dtype,
+        "damp": opts.damp if opts.method == "gptq" else None, "kv_cache_dtype": opts.kv_cache_dtype,
         "calibration": None if windows is None else {
             "source": calib_source, "samples": int(windows.shape[0]),
             "seqlen": int(windows.shape[1]), "tokens": int(windows.numel())},

@@ -34,6 +34,7 @@ from salactl.runtime.kv_fp8 import fp8_dtype, scales_from_amax
 from salactl.runtime.ops.attention import attention, sdpa
 
 METHODS = ("gptq", "rtn")
+DEFAULT_DAMP = 0.01
 _SPARSE_GROUPS = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_gate"),
                   ("self_attn.o_proj",), ("mlp.gate_proj", "mlp.up_proj"), ("mlp.down_proj",))
 _LIGHTNING_GROUPS = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.z_proj"),
@@ -44,28 +45,36 @@ FUSED = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("mlp.gat
 
 @dataclass(frozen=True)
 class QuantOptions:
-    """`salactl quantize`'s options with its defaults. desc_act (act-order with static groups) only
-    changes GPTQ's column order, so any other method stores it as False (build GPTQ options anew
-    rather than dataclasses.replace(rtn_options, method="gptq"), which keeps that False)."""
+    """`salactl quantize`'s options with its defaults; a bad value is a UsageError. desc_act
+    (act-order with static groups) and damp only change GPTQ's solve, so any other method stores
+    them as False and the default damp (build GPTQ options anew rather than
+    dataclasses.replace(rtn_options, method="gptq"), which keeps those)."""
 
     bits: int = 4
     group_size: int = 128
     method: str = "gptq"
     desc_act: bool = True
-    damp: float = 0.01
+    damp: float = DEFAULT_DAMP
     kv_cache_dtype: str = "bf16"
     kv_scales_per_head: bool = False
     batch_tokens: int = 16384        # calibration tokens per forward call
 
     def __post_init__(self) -> None:
-        QuantSpec(self.bits, self.group_size)
+        try:
+            QuantSpec(self.bits, self.group_size)
+        except QuantizationError as e:      # here a bad option value, not a failed quantization
+            raise UsageError(str(e)) from None
         if self.method not in METHODS:
-            raise QuantizationError(f"method (--method) {self.method!r} is unknown; valid: {', '.join(METHODS)}")
+            raise UsageError(f"method (--method) {self.method!r} is unknown; valid: {', '.join(METHODS)}")
         if not 0 < self.damp < 1:
-            raise QuantizationError(f"damp (--damp) must be in (0, 1), got {self.damp}")
-        fp8_dtype(self.kv_cache_dtype)
+            raise UsageError(f"damp (--damp) must be in (0, 1), got {self.damp}")
+        fp8 = fp8_dtype(self.kv_cache_dtype)
+        if self.kv_scales_per_head and fp8 is None:
+            raise UsageError("kv_scales_per_head (--kv-scales-per-head) sets the FP8 KV scales; add "
+                             "--kv-cache-dtype fp8_e4m3 or fp8_e5m2, or drop it")
         if self.method != "gptq":
             object.__setattr__(self, "desc_act", False)
+            object.__setattr__(self, "damp", DEFAULT_DAMP)
         if self.batch_tokens < 1:
             raise UsageError(f"batch_tokens (--batch-tokens) must be positive, got {self.batch_tokens}")
 

@@ -181,7 +181,7 @@ def measured_rows(config, records, q: MemoryQuery) -> list[dict]:
 
 
 def gpu_list(names: list[str] | None, gpu_mem_gb: float | None) -> tuple[tuple[str, int], ...]:
+    """(name, bytes) of one GPU of gpu_mem_gb GB when given, else of each named GPU."""
     if gpu_mem_gb is not None:
         return ((f"{gpu_mem_gb:g} GB", int(gpu_mem_gb * 1e9)),)
-    names = names or ["H200", "H100", "A100-SXM4-80GB", "RTX PRO 6000", "L40S", "RTX 5090"]
     return tuple((n, gpu_memory_bytes(n)) for n in names)

@@ -12,7 +12,8 @@ import typer
 from salactl import output
 from salactl.errors import UsageError
 from salactl.lists import parse_list
-from salactl.options import SEED_MAX, ChunkOpt, DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, TokenizerOpt, non_empty_path
+from salactl.options import (SEED_MAX, ChunkOpt, DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, TokenizerOpt, non_empty_path,
+                             passed, refuse_unused)
 
 eval_app = typer.Typer(no_args_is_help=True, help="Evaluate a model: perplexity and passkey retrieval.")
 
@@ -80,6 +81,7 @@ def _describe(lm) -> dict:
 
 @eval_app.command("ppl")
 def ppl(
+    ctx: typer.Context,
     file: Annotated[Optional[Path], typer.Option("--file", "-f", metavar="<path>", parser=non_empty_path("--file", "a UTF-8 text file"), help="UTF-8 text file to score (default: the built-in held-out split).")] = None,
     split: Annotated[str, typer.Option("--split", help="Built-in corpus split when no --file: heldout or train.")] = DEFAULT_SPLIT,
     model: ModelOpt = "sala-nano",
@@ -102,14 +104,15 @@ def ppl(
     _check_chunk(chunk_size)
     source: dict
     if file is not None:
-        if split != DEFAULT_SPLIT:
-            raise UsageError("--split picks a built-in corpus split and applies without --file only; "
-                             "drop one of them")
+        refuse_unused(passed(ctx, "split"), "the built-in corpus only (without --file)", "drop one of --split "
+                      "and --file")
         text = output.read_text_option(file, "--file")
         source = {"file": str(file)}
     else:
-        from salactl.data.corpus import corpus_sha256, corpus_text
+        from salactl.data.corpus import SPLITS, corpus_sha256, corpus_text
 
+        if split not in SPLITS:
+            raise UsageError(f"unknown --split {split!r}; valid: {', '.join(SPLITS)}")
         text = corpus_text(split)
         source = {"split": split, "corpus_sha256": corpus_sha256(split)}     # env has the Python version
     lm, tok = _load(model, device, dtype, tokenizer)
@@ -132,7 +135,9 @@ def ppl(
 
 @eval_app.command("passkey")
 def passkey(
-    lengths: Annotated[str, typer.Option("--lengths", help="Prompt lengths in tokens.")] = "256,512,1024,2048",
+    lengths: Annotated[str, typer.Option("--lengths", help="Prompt lengths in tokens, each exact (BOS "
+                                         "included); at least the prompt's fixed parts (62 tokens with "
+                                         "sala-nano's tokenizer).")] = "256,512,1024,2048",
     depths: Annotated[str, typer.Option("--depths", help="Needle depths in [0, 1].")] = DEFAULT_DEPTHS,
     trials: Annotated[int, typer.Option("--trials", help="Prompts per (length, depth).")] = 5,
     seed: Annotated[int, typer.Option("--seed", min=0, max=SEED_MAX, help="Seed of the passkeys.")] = 0,

@@ -12,7 +12,10 @@ from salactl.options import DeviceOpt, JsonOpt
 
 
 def info(
-    measure: Annotated[bool, typer.Option("--measure", help="Measure copy bandwidth and matmul rate.")] = False,
+    measure: Annotated[bool, typer.Option("--measure", help="Measure copy bandwidth and matmul rate and cache "
+                                          "them (in $SALACTL_CACHE_DIR/peaks.json, else "
+                                          "~/.cache/salactl/peaks.json; per GPU, or per CPU and torch thread "
+                                          "count) as the ceilings of later rooflines (run, profile).")] = False,
     device: DeviceOpt = "auto",
     json_out: JsonOpt = False,
 ) -> None:

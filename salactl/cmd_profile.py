@@ -12,28 +12,36 @@ import typer
 
 from salactl import output
 from salactl.errors import UsageError
-from salactl.options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, RandomWeightsOpt, SeedOpt, non_empty, non_empty_path
+from salactl.options import (DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, RandomWeightsOpt, non_empty, non_empty_path,
+                             passed, refuse_unused, seed_option)
+from salactl.profiling.spec import MAX_WARMUP
 
 
 def profile(
+    ctx: typer.Context,
     phase: Annotated[str, typer.Option("--phase", help="prefill, decode or both.")] = "decode",
     batch: Annotated[int, typer.Option("--batch", help="Sequences in the step.")] = 1,
     context: Annotated[int, typer.Option("--context", help="Cached tokens before the decode step; "
                                          "prompt length for prefill.")] = 4096,
-    chunk_size: Annotated[int, typer.Option("--chunk-size", help="Prefill: tokens in the profiled "
+    chunk_size: Annotated[int, typer.Option("--chunk-size", help="Prefill only: tokens in the profiled "
                                             "chunk, which ends the --context-token prompt (the rest "
                                             "is cached before it).")] = 512,
     model: ModelOpt = "sala-nano",
     random_weights: RandomWeightsOpt = False,
-    seed: SeedOpt = 0,
-    weights: Annotated[str, typer.Option("--weights", help="bf16, w4a16 or w8a16 (RTN g128 in memory).")] = "bf16",
-    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="auto, bf16, fp8_e4m3, "
-                                                "fp8_e5m2.")] = "auto",
+    seed: seed_option("--random-weights and the random cached context and step tokens") = 0,
+    weights: Annotated[str, typer.Option("--weights", help="bf16 (unquantized, in --dtype), w4a16 or w8a16 "
+                                         "(RTN g128 in memory); a GPTQ checkpoint needs its own, e.g. "
+                                         "w4a16.")] = "bf16",
+    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="auto or bf16 (the model's dtype), "
+                                                "fp8_e4m3 (needs the checkpoint's calibrated scales: "
+                                                "salactl quantize --kv-cache-dtype fp8_e4m3) or fp8_e5m2 "
+                                                "(scale 1.0 without them).")] = "auto",
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     backend: Annotated[str, typer.Option("--backend", help="engine (the GPU engine: fused model, "
                        "paged caches), reference (plain PyTorch) or auto (engine on CUDA).")] = "auto",
-    ncu: Annotated[bool, typer.Option("--ncu", help="Nsight Compute hardware counters.")] = False,
+    ncu: Annotated[bool, typer.Option("--ncu", help="Nsight Compute hardware counters (already the default "
+                                      "on a GPU where ncu is found).")] = False,
     torch_mode: Annotated[bool, typer.Option("--torch", help="torch.profiler (no counters; "
                                              "default without ncu or GPU).")] = False,
     nvml: Annotated[bool, typer.Option("--nvml", help="Sample memory, power, clocks, throttling.")] = False,
@@ -46,12 +54,13 @@ def profile(
                                                   "(and lm_head), e.g. 1,9,lm_head.")] = None,
     ncu_metrics: Annotated[str, typer.Option("--ncu-metrics", help="bytes (time, DRAM; fast) or sol "
                                              "(+ SM/memory % of peak; ~10 passes per kernel).")] = "bytes",
-    warmup: Annotated[int, typer.Option("--warmup", help="Unprofiled steps before.")] = 1,
+    warmup: Annotated[int, typer.Option("--warmup", help="Unprofiled steps before the profiled one, "
+                                        f"0..{MAX_WARMUP}.")] = 1,
     top: Annotated[int, typer.Option("--top", help="Kernel rows to show (>= 1).")] = 20,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", metavar="<path>", parser=non_empty_path("--out", "a directory"), help="Directory for the report files.")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", metavar="<path>", parser=non_empty_path("--out", "a directory"), show_default="salactl-profile-<timestamp>", help="Directory for the report files.")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a profile already in --out.")] = False,
     import_dir: Annotated[Optional[Path], typer.Option("--import", metavar="<path>", parser=non_empty_path("--import", "a directory written by salactl profile --ncu"), help="Re-render a saved --ncu "
-                                                       "profile directory.")] = None,
+                                                       "profile directory (only --top and --json apply).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Profile a prefill/decode step per layer and op against the analytic roofline."""
@@ -64,6 +73,8 @@ def profile(
     if top < 1:
         raise UsageError(f"--top must be >= 1 (kernel rows to show), got {top}")
     if import_dir is not None:
+        refuse_unused(passed(ctx, *(p.name for p in ctx.command.params if p.name not in IMPORT_OPTIONS)),
+                      "new profiles only (--import re-renders a saved one; --top and --json apply)", "drop {it}")
         _check_import_dir(import_dir)
         result = load_saved(import_dir, top)
     else:
@@ -72,6 +83,8 @@ def profile(
         _check_ncu_only(ncu, ncu_path=ncu_path, launch_skip=launch_skip, launch_count=launch_count,
                         ncu_metrics=ncu_metrics)
         phases = ("prefill", "decode") if phase == "both" else (phase,)
+        if phase == "decode":
+            refuse_unused(passed(ctx, "chunk_size"), "the prefill step only", "add --phase prefill or both, or drop {it}")
         layer_ids, head = parse_layers(layers)
         spec = ProfileSpec(model=model, random_weights=random_weights, seed=seed, phases=phases,
                            batch=batch, context=context, chunk_size=chunk_size, weights=weights,
@@ -98,11 +111,13 @@ NCU_ONLY = {"ncu_path": ("--ncu-path", None), "launch_skip": ("--launch-skip", 0
 
 
 def _check_ncu_only(ncu: bool, **given) -> None:
-    flags = [flag for name, (flag, default) in NCU_ONLY.items() if given[name] != default]
-    if flags and not ncu:
-        one = len(flags) == 1
-        raise UsageError(f"{', '.join(flags)} {'applies' if one else 'apply'} to Nsight Compute profiles "
-                         f"only; add --ncu, or drop {'it' if one else 'them'}")
+    if not ncu:
+        refuse_unused([flag for name, (flag, default) in NCU_ONLY.items() if given[name] != default],
+                      "Nsight Compute profiles only", "add --ncu, or drop {it}")
+
+
+# what still applies when --import re-renders a saved profile
+IMPORT_OPTIONS = ("import_dir", "top", "json_out")
 
 
 def _check_import_dir(import_dir: Path) -> None:

@@ -10,36 +10,39 @@ from typing import Annotated, Optional
 import typer
 
 from salactl import output
-from salactl.options import DeviceOpt, JsonOpt, ModelOpt, RandomWeightsOpt, SeedOpt, TokenizerOpt, non_empty, non_empty_path
+from salactl.options import (DTYPE_HELP, DeviceOpt, JsonOpt, ModelOpt, RandomWeightsOpt, TokenizerOpt, non_empty, non_empty_path,
+                             passed, refuse_unused, seed_option)
+from salactl.quant.sequential import DEFAULT_DAMP
 
 
 def quantize(
+    ctx: typer.Context,
     out: Annotated[Path, typer.Option("--out", "-o", metavar="<path>", parser=non_empty_path("--out", "a directory"), help="Output checkpoint directory.")],
     model: ModelOpt = "sala-nano",
     random_weights: RandomWeightsOpt = False,
-    seed: SeedOpt = 0,
+    seed: seed_option("--random-weights, which calibration windows are taken and --calib random's ids") = 0,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace --out if it exists.")] = False,
     bits: Annotated[int, typer.Option("--bits", help="4 or 8 (symmetric).")] = 4,
     group_size: Annotated[int, typer.Option("--group-size", help="-1 (per channel), 32, 64 or 128.")] = 128,
-    method: Annotated[str, typer.Option("--method", help="gptq or rtn.")] = "gptq",
-    desc_act: Annotated[bool, typer.Option("--desc-act/--no-desc-act", help="Act-order with static groups "
-                                           "(the checkpoint stays desc_act=false; on by default: lower "
+    method: Annotated[str, typer.Option("--method", help="gptq or rtn (round to nearest).")] = "gptq",
+    desc_act: Annotated[bool, typer.Option("--desc-act/--no-desc-act", help="GPTQ only: act-order with static "
+                                           "groups (the checkpoint stays desc_act=false; on by default: lower "
                                            "perplexity on sala-nano, BENCHMARKS.md).")] = True,
-    damp: Annotated[float, typer.Option("--damp", help="Hessian damping fraction (raised by 0.01 "
-                                        "when Cholesky fails).")] = 0.01,
+    damp: Annotated[float, typer.Option("--damp", help="GPTQ only: Hessian damping fraction, in (0, 1) "
+                                        "(raised by 0.01 when Cholesky fails).")] = DEFAULT_DAMP,
     calib: Annotated[Optional[str], typer.Option("--calib", parser=non_empty("--calib", "a text or JSONL file, or random"), help="Text or JSONL (\"text\" field) file; "
                                                  "'random' for random ids; default: the built-in corpus.")] = None,
     nsamples: Annotated[int, typer.Option("--nsamples", help="Calibration sequences.")] = 128,
     seqlen: Annotated[int, typer.Option("--seqlen", help="Tokens per calibration sequence.")] = 2048,
     device: DeviceOpt = "auto",
-    dtype: Annotated[str, typer.Option("--dtype", help="Dtype to calibrate in: bfloat16, float16 or "
-                                       "float32 (auto: bfloat16 on GPU, float32 on CPU). Unquantized "
+    dtype: Annotated[str, typer.Option("--dtype", help=f"Dtype to calibrate in: {DTYPE_HELP} Unquantized "
                                        "tensors are written in the source checkpoint's torch_dtype.")] = "auto",
     tokenizer: TokenizerOpt = None,
-    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="bf16, fp8_e4m3 or fp8_e5m2: "
-                                                "calibrate and store FP8 KV scales.")] = "bf16",
-    kv_scales_per_head: Annotated[bool, typer.Option("--kv-scales-per-head",
-                                                     help="One FP8 KV scale per KV head.")] = False,
+    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="bf16 or auto (no KV scales), "
+                                                "fp8_e4m3 or fp8_e5m2: calibrate and store FP8 KV "
+                                                "scales.")] = "bf16",
+    kv_scales_per_head: Annotated[bool, typer.Option("--kv-scales-per-head", help="One FP8 KV scale per KV "
+                                                     "head (with an fp8 --kv-cache-dtype).")] = False,
     batch_tokens: Annotated[int, typer.Option("--batch-tokens", help="Calibration tokens per forward call.")] = 16384,
     json_out: JsonOpt = False,
 ) -> None:
@@ -47,6 +50,9 @@ def quantize(
     from salactl.quant.api import quantize_checkpoint
     from salactl.quant.sequential import QuantOptions
 
+    if method == "rtn":
+        refuse_unused(passed(ctx, "desc_act", "damp"), "--method gptq only (RTN rounds each weight on its own)",
+                      "drop {it} with --method rtn")
     opts = QuantOptions(bits, group_size, method, desc_act, damp, kv_cache_dtype, kv_scales_per_head, batch_tokens)
     with _ProgressBar() as bar:
         record = quantize_checkpoint(model, out, opts, calib=calib, nsamples=nsamples, seqlen=seqlen,

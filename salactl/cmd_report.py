@@ -14,23 +14,25 @@ from typer.core import TyperGroup
 from salactl import output
 from salactl.errors import UsageError
 from salactl.lists import parse_list
-from salactl.options import JsonOpt, ModelOpt, non_empty_path
+from salactl.options import JsonOpt, ModelOpt, non_empty_path, passed, refuse_unused
 
 FORMATS = ("md", "csv", "html")
 DEFAULT_CONTEXTS = "4096,32768,131072,524288"
+DEFAULT_GPUS = "H200,H100,A100-SXM4-80GB,RTX PRO 6000,L40S,RTX 5090"
 FIXED_PARTS = {"workspace_estimate": "workspace (est.)", "cuda_graphs_estimate": "CUDA graphs (est.)",
                "cuda_context_estimate": "CUDA context (est.)"}
 
 
 class _DefaultToLatency(TyperGroup):
     def parse_args(self, ctx, args):
-        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+        if args and args[0] not in self.commands and args[0] != "--help":
             args = ["latency", *args]
         return super().parse_args(ctx, args)
 
 
 report_app = typer.Typer(cls=_DefaultToLatency, no_args_is_help=True,
-                         help="Render records (latency) or the analytic memory report.")
+                         help="Render records (latency) or the analytic memory report. `salactl report "
+                              "FILE.jsonl ...` is short for `salactl report latency FILE.jsonl ...`.")
 
 
 def _formats(text: str) -> list[str]:
@@ -43,12 +45,13 @@ def _formats(text: str) -> list[str]:
 
 @report_app.command("latency")
 def latency(
-    records: Annotated[list[Path], typer.Argument(parser=non_empty_path("a records path", "a JSON lines file from bench, sweep or run"), help="Records files (JSON lines).")],
+    ctx: typer.Context,
+    records: Annotated[list[Path], typer.Argument(metavar="<records.jsonl>", parser=non_empty_path("a records path", "a JSON lines file from bench, sweep or run"), help="Records files (JSON lines).")],
     out: Annotated[Optional[Path], typer.Option("--out", "-o", metavar="<path>", parser=non_empty_path("--out", "a directory"), help="Write report.<fmt> files here.")] = None,
     formats: Annotated[str, typer.Option("--format", help="Comma list of md, csv, html written to --out; "
                                          "without --out, md (or csv) goes to stdout.")] = "md,csv,html",
     title: Annotated[str, typer.Option("--title", help="Heading of the Markdown and HTML reports.")] = "Latency report",
-    no_plots: Annotated[bool, typer.Option("--no-plots", help="HTML without plots.")] = False,
+    no_plots: Annotated[bool, typer.Option("--no-plots", help="HTML (with --out) without plots.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace report files already in --out.")]
     = False,
     json_out: JsonOpt = False,
@@ -63,6 +66,7 @@ def latency(
     fmts = _formats(formats)
     if out is None and not {"md", "csv"} & set(fmts):
         raise UsageError("--format html needs --out DIR (only md or csv can go to stdout)")
+    _check_latency_options(ctx, out, fmts)
     if out is not None:
         check_out_dir(out, tuple(f"report.{f}" for f in fmts), overwrite)
     report = model.build(load_records(list(records)))
@@ -79,6 +83,18 @@ def latency(
         print(text, end="")
     else:
         output.stdout.print("wrote " + ", ".join(written))
+
+
+def _check_latency_options(ctx: typer.Context, out: Path | None, fmts: list[str]) -> None:
+    """--overwrite, --no-plots and --title only where a file they change is written."""
+    written = fmts if out is not None else ["md" if "md" in fmts else "csv"]     # stdout gets one
+    if out is None:
+        refuse_unused(passed(ctx, "overwrite"), "files written to --out", "add --out DIR, or drop {it}")
+    if "html" not in written:
+        refuse_unused(passed(ctx, "no_plots"), "the HTML report (--out DIR with html in --format)", "drop {it}")
+    if not {"md", "html"} & set(written):
+        refuse_unused(passed(ctx, "title"), "the Markdown and HTML reports", "add md or html to --format, "
+                      "or drop {it}")
 
 
 def _names(text: str, name: str) -> tuple[str, ...]:
@@ -107,6 +123,7 @@ def _group_size(model: str, given: int | None) -> int:
 
 @report_app.command("memory")
 def memory(
+    ctx: typer.Context,
     model: ModelOpt = "sala-nano",
     context: Annotated[str, typer.Option("--context", help="Context lengths, e.g. 4096,32768,131072.")]
     = DEFAULT_CONTEXTS,
@@ -115,18 +132,24 @@ def memory(
                                                 "bfloat16, fp16, float16, fp32, float32, fp8.")]
     = "bf16,fp8_e4m3",
     weights: Annotated[str, typer.Option("--weights", help="Comma list: bf16, w4a16, w8a16.")] = "bf16,w4a16",
-    gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU names (peaks table), comma list.")] = None,
+    gpu: Annotated[Optional[str], typer.Option("--gpu", show_default=DEFAULT_GPUS, help="GPU names, comma "
+                                               "list; each is matched by the known name it contains "
+                                               "(case-insensitive), e.g. 'NVIDIA H100 80GB HBM3'.")] = None,
     gpu_mem: Annotated[Optional[float], typer.Option("--gpu-mem", help="GPU memory in GB instead.")] = None,
-    mem_fraction: Annotated[float, typer.Option("--mem-fraction", help="Share of GPU memory usable.")] = 0.9,
-    chunk_size: Annotated[int, typer.Option("--chunk-size", help="Prefill chunk for the workspace.")] = 8192,
+    mem_fraction: Annotated[float, typer.Option("--mem-fraction", help="Share of each GPU's total memory "
+                                                "usable, in (0, 1]; the weights and fixed parts come out of "
+                                                "it (bench/sweep --mem-fraction is a share of the memory "
+                                                "free after the weights).")] = 0.9,
+    chunk_size: Annotated[int, typer.Option("--chunk-size", help="Prefill chunk in tokens, for the "
+                                            "workspace estimate.")] = 8192,
     max_batch: Annotated[int, typer.Option("--max-batch", help="Largest CUDA-graph batch.")] = 32,
     no_cuda_graphs: Annotated[bool, typer.Option("--no-cuda-graphs", help="Leave out the CUDA-graph memory pool estimate.")] = False,
     compressed_keys: Annotated[str, typer.Option("--compressed-keys", help="k1 (our runtime) or k1k2 "
                                                  "(SGLang).")] = "k1",
     records: Annotated[Optional[list[Path]], typer.Option(
         "--records", metavar="<path>", parser=non_empty_path("--records", "a JSON lines file from bench, sweep or run"),
-        help="Run/bench records with "
-                                                          "measured peaks.")] = None,
+        help="Run/bench/sweep records: those with a measured peak (GPU runs) are compared with the "
+             "prediction, the others skipped.")] = None,
     group_size: Annotated[Optional[int], typer.Option("--group-size", help="GPTQ group of the w4a16/w8a16 rows: "
                                                       "-1, 32, 64 or 128 (default: the checkpoint's, else 128).")] = None,
     json_out: JsonOpt = False,
@@ -145,7 +168,8 @@ def memory(
     if chunk_size <= 0 or max_batch <= 0:
         raise UsageError("--chunk-size and --max-batch must be positive")
     contexts, kv_dtypes = tuple(parse_list(context, "--context", minimum=1)), _names(kv_cache_dtype, "--kv-cache-dtype")
-    weight_names, gpus = _names(weights, "--weights"), None if gpu is None else list(_names(gpu, "--gpu"))
+    weight_names, gpus = _names(weights, "--weights"), list(_names(DEFAULT_GPUS if gpu is None else gpu, "--gpu"))
+    _check_memory_options(ctx, weight_names, records, no_cuda_graphs)
     from salactl.runtime.loader import planning_config
 
     config = planning_config(model)
@@ -158,6 +182,9 @@ def memory(
         output.warn_past_trained_length(max(q.contexts), config.max_position_embeddings, "--context")
     recs = load_records(list(records)) if records else None
     result = {"model": model, **mr.build(config, q, recs)}
+    if recs and not result["measured"]:
+        output.stderr.print(f"note: none of the {len(recs)} records has a measured peak (CPU runs have "
+                            "none); no measured rows")
     hb = output.human_bytes
     for x in result["fixed_exceeds_memory"]:
         srv = result["server"][x["weights"]]
@@ -176,6 +203,16 @@ def memory(
         output.print_json(result)
         return
     render_memory(result)
+
+
+def _check_memory_options(ctx: typer.Context, weights: tuple[str, ...], records: list[Path] | None,
+                          no_cuda_graphs: bool) -> None:
+    from salactl.quant.in_memory import QUANTIZED_BITS
+
+    if not records and not QUANTIZED_BITS.keys() & set(weights):
+        refuse_unused(passed(ctx, "group_size"), "w4a16/w8a16 weights", "add one to --weights, or drop {it}")
+    if no_cuda_graphs:
+        refuse_unused(passed(ctx, "max_batch"), "the CUDA-graph pool estimate", "drop {it} or --no-cuda-graphs")
 
 
 def render_memory(r: dict) -> None:

@@ -12,39 +12,49 @@ from salactl import output
 from salactl.errors import UsageError
 from salactl.lists import parse_list
 from salactl.options import (ChunkOpt, DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, RandomWeightsOpt,
-                             SeedOpt, TokenizerOpt, non_empty_path)
+                             TokenizerOpt, non_empty_path, passed, refuse_unused, seed_option)
 
 
 def run(
+    ctx: typer.Context,
     prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text.")] = None,
-    prompt_ids: Annotated[Optional[str], typer.Option("--prompt-ids", help="Token ids, e.g. 1,2,3.")] = None,
+    prompt_ids: Annotated[Optional[str], typer.Option("--prompt-ids", help="Token ids, e.g. 1,2,3, used as "
+                                                      "given (no BOS is added, unlike --prompt).")] = None,
     prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", metavar="<path>", parser=non_empty_path("--prompt-file", "a UTF-8 text file"), help="Read the prompt from a file.")] = None,
     model: ModelOpt = "sala-nano",
     random_weights: RandomWeightsOpt = False,
-    seed: SeedOpt = 0,
+    seed: seed_option("--random-weights and sampling (with --temperature > 0)") = 0,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     tokenizer: TokenizerOpt = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Tokens to generate at most.")] = 64,
-    temperature: Annotated[float, typer.Option("--temperature", "-t", help="0 = greedy.")] = 0.0,
-    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling: keep the smallest set of tokens reaching this probability (1 = off).")] = 1.0,
-    top_k: Annotated[int, typer.Option("--top-k", help="0 = off.")] = 0,
+    temperature: Annotated[float, typer.Option("--temperature", "-t", help="Sampling temperature, a finite "
+                                               "number >= 0; 0 = greedy.")] = 0.0,
+    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling, in (0, 1]: keep the smallest set of "
+                                         "tokens reaching this probability (1 = off). Only with --temperature "
+                                         "> 0.")] = 1.0,
+    top_k: Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0 = off). Only with "
+                                       "--temperature > 0.")] = 0,
     chunk_size: ChunkOpt = 512,
-    op_profile: Annotated[bool, typer.Option("--op-profile/--no-op-profile", help="GPU engine: a second, "
-                          "eager pass over the prompt for per-op times (the timed run is unaffected).")] = True,
+    op_profile: Annotated[bool, typer.Option("--op-profile/--no-op-profile", help="GPU engine only (CUDA "
+                          "with triton): a second, eager pass over the prompt for per-op times (the timed "
+                          "run is unaffected).")] = True,
     kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="bf16 or auto (the model's dtype), "
                                                 "fp8_e4m3 (needs calibrated scales) or fp8_e5m2.")] = "bf16",
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the checkpoint's chat "
                                              "template (ChatML when it has none), as HF apply_chat_template.")] = False,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Keep generating past end-of-sequence tokens.")] = False,
     out: Annotated[Optional[Path], typer.Option("--out", metavar="<path>", parser=non_empty_path("--out", "a directory"), help="Append prefill/decode records to DIR/records.jsonl.")] = None,
-    label: Annotated[Optional[str], typer.Option("--label", help="A name for this run in the records.")] = None,
+    label: Annotated[Optional[str], typer.Option("--label", help="A name for this run in the --out records.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Generate text with the embedded runtime; print TTFT, tok/s and a roofline table."""
     from salactl.run_job import RunRequest, execute
 
     output.directory_option(out, files=("records.jsonl",))
+    if out is None:
+        refuse_unused(passed(ctx, "label"), "the records written to --out", "add --out DIR, or drop {it}")
+    _check_op_profile(passed(ctx, "op_profile"), device)
     given = [x is not None for x in (prompt, prompt_ids, prompt_file)]
     if sum(given) != 1:
         raise UsageError("give exactly one of --prompt, --prompt-ids or --prompt-file")
@@ -71,6 +81,17 @@ def run(
         return
     sys.stdout.write("\n\n")
     render(result)
+
+
+def _check_op_profile(flags: list[str], device: str) -> None:
+    """--op-profile/--no-op-profile choose the GPU engine's per-op pass; the reference engine times
+    every op in the timed run itself, so there the flag would be ignored."""
+    from salactl.runtime.gpu.available import gpu_engine_available
+    from salactl.runtime.loader import resolve_device
+
+    if flags and not gpu_engine_available(resolve_device(device)):
+        refuse_unused(flags, "the GPU engine only (a CUDA device with triton); the reference engine here "
+                      "times every op in the run itself", "drop {it}")
 
 
 def render(r: dict) -> None:

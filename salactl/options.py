@@ -32,12 +32,43 @@ def non_empty(flag: str, what: str):
 
 
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Checkpoint directory or preset (sala-nano, sala-9b).")]
-RandomWeightsOpt = Annotated[bool, typer.Option("--random-weights", help="Random weights of the preset's real shapes.")]
+RandomWeightsOpt = Annotated[bool, typer.Option("--random-weights", help="Random weights (from --seed) in the "
+                                                  "shapes of --model: a preset or a checkpoint directory's "
+                                                  "config.json.")]
 SEED_MAX = 2**63 - 1     # torch.manual_seed and numpy's generators both take 0 .. 2^63-1
-SeedOpt = Annotated[int, typer.Option("--seed", min=0, max=SEED_MAX, help="Seed for random weights and sampling.")]
+
+
+def seed_option(what: str):
+    """--seed with a help saying what it seeds in that command."""
+    return Annotated[int, typer.Option("--seed", min=0, max=SEED_MAX, help=f"Seed for {what}.")]
+
+
+SeedOpt = seed_option("--random-weights and sampling")
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="bfloat16, float16 or float32.")]
+DTYPE_HELP = "bfloat16 (bf16), float16 (fp16) or float32 (fp32); auto: bfloat16 on CUDA, float32 on CPU."
+DtypeOpt = Annotated[str, typer.Option("--dtype", help=DTYPE_HELP)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
 TokenizerOpt = Annotated[Optional[str], typer.Option("--tokenizer", help="tokenizer.json or its directory.",
                                                      parser=non_empty("--tokenizer", "a tokenizer.json or its directory"))]
 ChunkOpt = Annotated[int, typer.Option("--chunk-size", help="Prefill chunk size in tokens.")]
+
+
+def passed(ctx: typer.Context, *names: str) -> list[str]:
+    """The flags of the parameters `names` that the command line set, as written (e.g. --no-plots),
+    in declaration order; an option left at its default is not listed, whatever its value."""
+    flags = []
+    for param in ctx.command.params:      # by name: typer may vendor its own click and ParameterSource
+        source = ctx.get_parameter_source(param.name)
+        if param.name in names and source is not None and source.name == "COMMANDLINE":
+            off = getattr(param, "secondary_opts", None) and ctx.params[param.name] is False
+            flags.append(max(param.secondary_opts if off else param.opts, key=len))
+    return flags
+
+
+def refuse_unused(flags: list[str], scope: str, fix: str) -> None:
+    """Options that would be ignored are a usage error: "FLAGS apply to SCOPE; FIX", where FIX may
+    say {it} (it or them)."""
+    if flags:
+        one = len(flags) == 1
+        raise UsageError(f"{', '.join(flags)} {'applies' if one else 'apply'} to {scope}; "
+                         + fix.format(it="it" if one else "them"))

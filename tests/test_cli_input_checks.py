@@ -88,3 +88,18 @@ def test_top_p_or_top_k_without_temperature_is_warned(capsys):
     code, out, err = run_cli(["run", "--prompt", "hi", "--max-new-tokens", "1", "--top-p", "0.5",
                               "--temperature", "0.7", "--json"], capsys)
     assert code == 0 and "ignores them" not in err
+
+
+def test_shared_option_helps_say_what_the_options_do(capsys):
+    """--dtype's help names every accepted alias and what auto picks; --random-weights takes a
+    checkpoint directory's shapes as well as a preset's."""
+    from salactl.options import DTYPE_HELP
+    from salactl.runtime.loader import DTYPES, resolve_dtype
+
+    assert all(f"{name}" in DTYPE_HELP for name in DTYPES)
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32 and "float32 on CPU" in DTYPE_HELP
+    code, out, err = run_cli(["run", "--model", EMBEDDED_DIR, "--random-weights", "--prompt-ids", "1,2", "-n", 1,
+                              "--device", "cpu", "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["model"].startswith(f"random:{EMBEDDED_DIR}")
+    assert json.loads(out)["prompt_token_ids"] == [1, 2]              # --prompt-ids: no BOS added

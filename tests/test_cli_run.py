@@ -116,6 +116,9 @@ def test_run_human_output_has_roofline(ckpt):
     (["--prompt-ids", "1", "--device", "cuda"], 6, "no CUDA GPU"),
     (["--prompt-ids", "1", "--dtype", "int3"], 2, "dtype (--dtype) 'int3' is unknown"),
     (["--prompt-ids", "1", "--top-p", "2"], 2, "top_p (--top-p) must be in"),
+    (["--prompt-ids", "1", "--label", "x"], 2, "--label applies to the records written to --out"),
+    (["--prompt-ids", "1", "--no-op-profile"], 2, "--no-op-profile applies to the GPU engine only"),  # --device cpu
+    (["--prompt-ids", "1", "--op-profile"], 2, "--op-profile applies to the GPU engine only"),
 ])
 def test_bad_input_one_line_errors(ckpt, args, code, msg):
     if "--model" not in args:

@@ -81,3 +81,14 @@ def test_windows_score_every_token_once():
     assert scored_targets(ids, 8, 9, bos_id=None) == ids[1:8] + ids[8:10]
     uni = unigram_baseline([5, 5, 6, 7], 16)
     assert abs(uni["nll"] - (-(2 * __import__("math").log(0.5) + 2 * __import__("math").log(0.25)) / 4)) < 1e-12
+
+
+def test_eval_ppl_split_is_checked_and_refused_with_a_file(tmp_path):
+    text = tmp_path / "held.txt"
+    text.write_text("x = 1\n")
+    for args, msg in ((["--split", "heldout", "--file", str(text)], "--split applies to the built-in corpus only"),
+                      (["--split", "test"], "unknown --split 'test'; valid: train, heldout")):
+        r = salactl("eval", "ppl", "--device", "cpu", *args)
+        assert r.returncode == 2 and r.stdout == "", r.stderr
+        (line,) = r.stderr.strip().splitlines()
+        assert msg in line, line

@@ -310,3 +310,25 @@ def test_csv_keeps_integer_columns_integer_when_some_rows_lack_them(tmp_path):
     assert [r["max_concurrent_requests"] for r in rows] == ["1", "8", ""]
     assert [r["completed"] for r in rows] == ["12", "36", "96"]
     assert [r["duration"] for r in rows] == ["1.5", "2.5", "4.0"]
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--no-plots"], "--no-plots"),                            # no --out: no HTML
+    (["--overwrite"], "--overwrite"),                          # no --out: nothing to overwrite
+    (["--title", "T", "--format", "csv"], "--title"),          # CSV has no heading
+    (["--out", "OUT", "--format", "md,csv", "--no-plots"], "--no-plots"),
+])
+def test_options_that_would_be_ignored_are_usage_errors(records_file, tmp_path, args, named):
+    r = salactl("report", "latency", str(records_file), *[str(tmp_path / a) if a == "OUT" else a for a in args])
+    assert r.returncode == UsageError.exit_code and r.stdout == "", r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith(f"error: {named} applies to"), line
+    assert not (tmp_path / "OUT").exists()
+
+
+def test_report_help_names_the_shortcut_and_h_is_no_help_option(records_file):
+    r = salactl("report", "--help")
+    assert r.returncode == 0 and "`salactl report FILE.jsonl ...` is short for" in " ".join(r.stdout.split())
+    assert "<records.jsonl>" in salactl("report", "latency", "--help").stdout
+    r = salactl("report", "-h")
+    assert r.returncode == UsageError.exit_code and "No such option: -h" in r.stderr

@@ -353,3 +353,33 @@ def test_report_memory_takes_the_checkpoints_gptq_group(tmp_path, capsys):
     assert reported("--group-size", "128")["scales"] == on_disk["scales"] // 4
     code, out, err = run_cli(["report", "memory", "--group-size", "16"], capsys)
     assert code == 2 and "--group-size must be one of -1, 32, 64, 128" in err
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--weights", "bf16", "--group-size", "32"], "--group-size"),     # no GPTQ rows
+    (["--no-cuda-graphs", "--max-batch", "4"], "--max-batch"),         # no CUDA-graph pool
+])
+def test_memory_options_that_would_be_ignored_are_usage_errors(args, named, capsys):
+    code, out, err = run_cli(["report", "memory", *args], capsys)
+    assert code == UsageError.exit_code and out == "", err
+    (line,) = err.strip().splitlines()
+    assert line.startswith(f"error: {named} applies to"), line
+
+
+def test_records_without_measured_peaks_are_named_in_a_note(tmp_path, capsys):
+    code, _, err = run_cli(["run", "--prompt-ids", "1,2", "-n", 2, "--device", "cpu", "--out", tmp_path], capsys)
+    assert code == 0, err                                      # a CPU run records no allocator peak
+    code, out, err = run_cli(["report", "memory", "--records", tmp_path / "records.jsonl", "--gpu-mem", "80",
+                              "--json"], capsys)
+    assert code == 0 and json.loads(out)["measured"] == []
+    assert "note: none of the 2 records has a measured peak" in err
+
+
+def test_default_gpus_are_the_ones_the_help_names(capsys):
+    from salactl.cmd_report import DEFAULT_GPUS
+
+    code, out, err = run_cli(["report", "memory", "--json"], capsys)
+    assert code == 0, err
+    assert list(dict.fromkeys(x["gpu"] for x in json.loads(out)["concurrency"])) == DEFAULT_GPUS.split(",")
+    code, out, _ = run_cli(["report", "memory", "--help"], capsys)
+    assert "(" + DEFAULT_GPUS.replace(" ", "") + ")" in "".join(out.split())

@@ -311,3 +311,36 @@ def test_a_failed_profile_leaves_no_file_behind(tmp_path, capsys):
     assert code == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["p"]
     assert {"result.json", "step.json", "trace.json"} <= {p.name for p in out.iterdir()}
     assert str(tmp_path / ".p.tmp") not in (out / "result.json").read_text()
+
+
+def test_fp8_kv_profile_of_a_checkpoint_with_calibrated_scales(tmp_path, capsys):
+    """`quantize --kv-cache-dtype fp8_e4m3` stores one scale per layer; profile expands them per KV
+    head as run and bench do (it indexed the scalar and crashed), and refuses fp8_e4m3 without them."""
+    ckpt = tmp_path / "q"
+    code, _, err = run_cli(["quantize", "--model", "sala-nano", "--out", ckpt, "--method", "rtn", "--kv-cache-dtype",
+                            "fp8_e4m3", "--calib", "random", "--nsamples", 2, "--seqlen", 64, "--device", "cpu"], capsys)
+    assert code == 0, err
+    for kv in ("fp8_e4m3", "fp8_e5m2"):
+        code, out, err = run_cli(["profile", "--torch", "--model", ckpt, "--weights", "w4a16", "--kv-cache-dtype", kv,
+                                  "--context", 16, "--device", "cpu", "--out", tmp_path / kv, "--json"], capsys)
+        assert code == 0, err
+        assert json.loads(out)["manifest"]["kv_dtype"] == kv
+    code, _, err = run_cli(["profile", "--torch", "--random-weights", "--kv-cache-dtype", "fp8_e4m3", "--context", 16,
+                            "--device", "cpu", "--out", tmp_path / "uncalibrated"], capsys)
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 3 and len(errors) == 1 and "needs calibrated k/v scales" in errors[0], err
+    assert not (tmp_path / "uncalibrated").exists()
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--torch", "--context", "16", "--phase", "decode", "--chunk-size", "16"], "--chunk-size"),
+    (["--import", "saved", "--model", "sala-9b", "--overwrite"], "--model, --overwrite"),
+    (["--import", "saved", "--phase", "prefill", "--top", "3", "--json"], "--phase"),
+])
+def test_options_that_would_be_ignored_are_usage_errors(args, named, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = in_process(monkeypatch, capsys, "profile", *args)
+    assert code == UsageError.exit_code and out == "", err
+    (line,) = err.strip().splitlines()
+    assert line.startswith(f"error: {named} appl"), line
+    assert list(tmp_path.iterdir()) == []

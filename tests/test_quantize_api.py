@@ -75,7 +75,7 @@ def test_an_in_memory_model_is_quantized_in_place_unless_copied(ckpt, cli_out, t
 
 @pytest.mark.parametrize("case,error,code", [
     ("exists", OutputExistsError, 10),
-    ("bits", QuantizationError, 9),
+    ("bits", UsageError, 2),
     ("batch_tokens", UsageError, 2),
     ("empty_calib", DatasetError, 7),
 ])
@@ -100,8 +100,9 @@ def test_bad_input_raises_the_error_of_the_clis_exit_code(case, error, code, ckp
 
 
 def test_options_default_to_the_clis():
-    """QuantOptions() is `salactl quantize`'s defaults (act-order on), and act-order, which only
-    orders GPTQ's columns, is stored off for RTN as the CLI stores it."""
+    """QuantOptions() is `salactl quantize`'s defaults (act-order on), and act-order and damping,
+    which only change GPTQ's solve, are stored off and at the default for RTN."""
     assert QuantOptions() == QuantOptions(bits=4, group_size=128, method="gptq", desc_act=True, damp=0.01,
                                           kv_cache_dtype="bf16", kv_scales_per_head=False, batch_tokens=16384)
     assert QuantOptions(method="rtn").desc_act is False
+    assert QuantOptions(method="rtn", damp=0.5).damp == QuantOptions().damp       # RTN uses no damping

@@ -215,6 +215,7 @@ def test_rtn_and_act_order_options(ckpt, tmp_path, capsys):
                                  "--device", "cpu", "--json"], capsys)
     rec = json.loads(stdout)
     assert code == 0 and rec["calibration"] is None and "RTN needs no calibration data" in err
+    assert rec["damp"] is None and rec["desc_act"] is False          # RTN uses neither
     progress = [line for line in err.splitlines() if line.startswith("quantizing: ")]   # stderr is no terminal
     assert 1 <= len(progress) <= 10 and " module groups (" in progress[-1]
     assert progress[-1].split()[1].split("/")[0] == progress[-1].split()[1].split("/")[1]
@@ -242,13 +243,15 @@ def _nothing_quantizable(tmp: Path) -> Path:
 
 
 @pytest.mark.parametrize("case", ["bits", "group", "method", "damp", "exists", "empty_calib", "no_text_field",
-                                  "nan", "nan_weight_rtn", "nan_last_weight", "shapes", "kv_dtype"])
+                                  "nan", "nan_weight_rtn", "nan_last_weight", "shapes", "kv_dtype", "rtn_desc_act",
+                                  "rtn_damp", "per_head_without_fp8", "tokenizer_with_random_ids"])
 def test_bad_quantize_inputs_are_one_line_errors_and_write_nothing(case, ckpt, tmp_path, capsys):
     out = tmp_path / "out"
     args = ["quantize", "--model", ckpt, "--out", out, "--calib", "random", "--nsamples", 2, "--seqlen", 32,
             "--device", "cpu", "--dtype", "float32"]
-    expected = {"bits": 9, "group": 9, "method": 9, "damp": 9, "exists": 10, "empty_calib": 7, "no_text_field": 7,
-                "nan": 9, "nan_weight_rtn": 9, "nan_last_weight": 9, "shapes": 9, "kv_dtype": 2}[case]
+    expected = {"bits": 2, "group": 2, "method": 2, "damp": 2, "exists": 10, "empty_calib": 7, "no_text_field": 7,
+                "nan": 9, "nan_weight_rtn": 9, "nan_last_weight": 9, "shapes": 9, "kv_dtype": 2, "rtn_desc_act": 2,
+                "rtn_damp": 2, "per_head_without_fp8": 2, "tokenizer_with_random_ids": 2}[case]
     if case == "bits":
         args += ["--bits", 3]
     elif case == "group":
@@ -277,6 +280,12 @@ def test_bad_quantize_inputs_are_one_line_errors_and_write_nothing(case, ckpt, t
         args[2] = _nothing_quantizable(tmp_path)
     elif case == "kv_dtype":
         args += ["--kv-cache-dtype", "fp4"]
+    elif case in ("rtn_desc_act", "rtn_damp"):      # options RTN would ignore
+        args += ["--method", "rtn", *(["--desc-act"] if case == "rtn_desc_act" else ["--damp", 0.05])]
+    elif case == "per_head_without_fp8":
+        args += ["--kv-scales-per-head"]
+    elif case == "tokenizer_with_random_ids":
+        args += ["--tokenizer", tmp_path / "missing"]
     code, stdout, err = run_cli(args, capsys)
     assert code == expected, err
     lines = [line for line in err.strip().splitlines() if not line.startswith("quantizing: ")]  # progress

@@ -4,7 +4,7 @@ allocated: the device, dtype, model, --layers, --backend, and the memory the ste
 
 from __future__ import annotations
 
-from salactl.errors import CapacityError, UsageError
+from salactl.errors import CapacityError, DeviceError, UsageError
 from salactl.output import human_bytes
 from salactl.profiling.spec import ProfileSpec
 
@@ -21,7 +21,7 @@ def check_backend(spec: ProfileSpec, device) -> bool:
 
     usable = gpu_engine_available(device)
     if spec.backend == "engine" and not usable:
-        raise UsageError("--backend engine needs a CUDA GPU and triton (pip install 'salactl[gpu]'); "
+        raise DeviceError("--backend engine needs a CUDA GPU and triton (pip install 'salactl[gpu]'); "
                          "use --backend reference")
     return spec.backend != "reference" and usable
 

@@ -23,13 +23,12 @@ from salactl.runtime.op_timer import NULL_TIMER
 
 
 def _cache_kwargs(spec: ProfileSpec, model, config, device) -> dict:
-    if spec.kv_cache_dtype in ("auto", "bf16"):
-        return {}
+    """The FP8 cache's dtype and per-head scales as run and bench resolve them: the checkpoint's
+    calibrated ones, 1.0 for fp8_e5m2 without them, and fp8_e4m3 without them refused."""
     from salactl.runtime.kv_fp8 import model_kv_scales, resolve_kv_scales
 
-    # Scale values do not change the work; random weights have no calibrated scales, so use 1.0.
-    scales = model_kv_scales(model) or resolve_kv_scales(config, "fp8_e5m2", None, device)
-    return {"kv_cache_dtype": spec.kv_cache_dtype, "kv_scales": scales}
+    scales = resolve_kv_scales(config, spec.kv_cache_dtype, model_kv_scales(model), device)
+    return {} if scales is None else {"kv_cache_dtype": spec.kv_cache_dtype, "kv_scales": scales}
 
 
 @dataclass
