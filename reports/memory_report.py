@@ -18,6 +18,7 @@ from salactl.runtime.loader import quantization_config
 PEAK_KEYS = ("peak_memory_bytes", "peak_gpu_memory_bytes", "peak_memory_allocated_bytes",
              "max_memory_allocated_bytes", "max_memory_allocated")
 CONTEXT_KNOBS = ("context", "context_len", "input_len", "random_input_len", "prompt_tokens")
+OUTPUT_KNOBS = ("output_len", "random_output_len")    # generated per request, on top of the prompt
 BATCH_KNOBS = ("batch", "batch_size", "max_concurrency", "concurrency")
 WEIGHT_KNOBS = ("weights", "weight_dtype")
 # a model dtype's names -> the name its rows show (bytes per element: KV_DTYPE_BYTES, same names)
@@ -151,8 +152,9 @@ def record_weights(rec: dict) -> tuple[str, int | None, int | None]:
 def measured_rows(config, records, q: MemoryQuery) -> list[dict]:
     """Measured allocator peaks next to the analytic prediction for the record's context, batch,
     weights, dtype and prefill chunk (prediction = weights + workspace + batch × per-request; the
-    CUDA context is not seen by the allocator and not included). A `run` record's context is its
-    prompt plus generated tokens (its peak is the whole run's)."""
+    CUDA context is not seen by the allocator and not included). The context is the prompt plus the
+    generated tokens (a peak is the whole request's): a `run` record's token totals, else the
+    input and output length knobs."""
     rows = []
     for rec in records:
         peak = next((rec[k] for k in PEAK_KEYS if isinstance(rec.get(k), (int, float))), None)
@@ -160,6 +162,8 @@ def measured_rows(config, records, q: MemoryQuery) -> list[dict]:
             continue
         knobs = rec.get("knobs") or {}
         ctx = prompt = _knob(rec, CONTEXT_KNOBS)
+        if ctx is not None:
+            ctx += _knob(rec, OUTPUT_KNOBS) or 0
         n_in, n_out = rec.get("total_input_tokens"), rec.get("total_output_tokens")
         if ctx is None and rec.get("kind") == "run" and all(isinstance(n, int) for n in (n_in, n_out)):
             ctx, prompt = n_in + n_out, n_in

@@ -9,7 +9,8 @@ from typing import Annotated, Optional
 import typer
 
 from salactl import output
-from salactl.options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, RandomWeightsOpt, SeedOpt, TokenizerOpt, non_empty_path
+from salactl.options import (DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, RandomWeightsOpt, TokenizerOpt, non_empty_path,
+                             seed_option)
 
 ListOpt = lambda flag, help: typer.Option(flag, help=help)  # noqa: E731
 
@@ -17,7 +18,7 @@ ListOpt = lambda flag, help: typer.Option(flag, help=help)  # noqa: E731
 def sweep(
     model: ModelOpt = "sala-nano",
     random_weights: RandomWeightsOpt = False,
-    seed: SeedOpt = 0,
+    seed: seed_option("--random-weights, the KL prompt, the passkeys and the requests' lengths and ids") = 0,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     tokenizer: TokenizerOpt = None,

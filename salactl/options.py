@@ -43,7 +43,6 @@ def seed_option(what: str):
     return Annotated[int, typer.Option("--seed", min=0, max=SEED_MAX, help=f"Seed for {what}.")]
 
 
-SeedOpt = seed_option("--random-weights and sampling")
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]
 DTYPE_HELP = "bfloat16 (bf16), float16 (fp16) or float32 (fp32); auto: bfloat16 on CUDA, float32 on CPU."
 DtypeOpt = Annotated[str, typer.Option("--dtype", help=DTYPE_HELP)]

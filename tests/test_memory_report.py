@@ -330,6 +330,9 @@ def test_bench_records_peak_key_gives_a_measured_row():
            "knobs": {"input_len": 4096, "weights": "bf16", "max_concurrency": 2}}
     (m,) = build(CFG, q, [rec])["measured"]
     assert m["measured_peak"] == 3e10 and m["context"] == 4096 and m["batch"] == 2 and m["predicted"] > 0
+    rec["knobs"]["output_len"] = 256                   # a sweep's point: its peak holds the output's KV too
+    (m2,) = build(CFG, q, [rec])["measured"]
+    assert m2["context"] == 4096 + 256 and m2["predicted"] > m["predicted"]
 
 
 def test_report_memory_takes_the_checkpoints_gptq_group(tmp_path, capsys):

@@ -217,3 +217,23 @@ def test_an_interrupted_sweep_says_so_in_its_summary(tmp_path):
     assert first["interrupted"] is True and len(first["points"]) == 1
     rest = run_sweep(SweepSettings(**settings, resume=True)).to_dict()
     assert rest["interrupted"] is False and rest["resumed_points"] == 1 and len(rest["points"]) == 2
+
+
+def test_cpu_cache_check_sizes_the_widest_weight_dtype_cast(monkeypatch):
+    """--dtype bf16 with a --weight-dtype fp32 point runs that point's caches in fp32."""
+    import torch
+
+    from salactl.bench import sweep_sizes
+    from salactl.bench.grid_memory import cache_bytes_per_request
+    from salactl.bench.sweep_job import SweepSettings
+    from salactl.errors import CapacityError
+    from salactl.runtime import loader
+    from salactl.runtime.presets import sala_nano
+
+    s = SweepSettings(dtype="bf16", input_len=100_000, output_len=0, requests=1, kl=False, passkey=False)
+    bf16, fp32 = (cache_bytes_per_request(sala_nano(), 100_000, b, b) for b in (2, 4))
+    monkeypatch.setattr(loader, "available_host_bytes", lambda: (bf16 + fp32) // 2)
+    sweep_sizes.check_sizes_fit(s, torch.device("cpu"))                   # bf16 caches fit
+    with pytest.raises(CapacityError, match="KV cache and states of 1 request"):
+        sweep_sizes.check_sizes_fit(SweepSettings(**{**s.__dict__, "weight_dtype": "bf16,fp32"}),
+                                    torch.device("cpu"))

@@ -16,7 +16,7 @@ KL_LOGIT_COPIES = 8
 
 def check_sizes_fit(s, device) -> None:
     """`s`: SweepSettings whose values are checked already; `device`: the resolved torch.device."""
-    from salactl.runtime.loader import planning_config, resolve_dtype
+    from salactl.runtime.loader import DTYPES, planning_config, resolve_dtype
 
     check_host_memory(prompt_set_bytes(s.requests, s.requests * s.input_len),
                       f"--requests {s.requests:,} prompts of --input-len {s.input_len:,} tokens",
@@ -32,7 +32,10 @@ def check_sizes_fit(s, device) -> None:
                           "lower --kl-len (default: --input-len), or pass --no-kl")
     if device.type != "cpu":
         return                          # GPU caches: the GPU engine's --mem-fraction budget decides
-    item = resolve_dtype(s.dtype, device).itemsize
+    # the widest activation dtype a point runs in: --dtype's, or a --weight-dtype cast to fp32/fp16/bf16
+    casts = [DTYPES[w].itemsize for w in parse_list(s.weight_dtype, "--weight-dtype", str)
+             if w in DTYPES] if s.weight_dtype else []
+    item = max([resolve_dtype(s.dtype, device).itemsize, *casts])
     lengths = parse_list(s.passkey_lengths, "--passkey-lengths", int) if s.passkey else []
     batch = max(parse_list(s.batch_size, "--batch-size", int)) if s.batch_size else 1
     longest = max([s.input_len + s.output_len, kl_tokens, *lengths])
