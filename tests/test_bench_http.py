@@ -354,3 +354,16 @@ def test_failed_requests_are_summarised_on_stderr(tmp_path, capfd):
     assert ('warning: phase f: 2 of 3 requests failed (2x: HTTP 500 Internal Server Error: {"error": "boom"} '
             f'(POST {srv.url}/generate))') in err
     assert "--details writes each request's error" in err
+
+
+def test_the_deadline_leaves_a_socket_the_response_closed_alone():
+    """Python 3.12.x/3.13 close the socket as a response's body ends; the next read's arm must not
+    raise EBADF (it did, failing every probe there)."""
+    import socket
+
+    from salactl.bench.targets.http import Deadline
+
+    s = socket.socket()
+    s.close()
+    Deadline(5.0).arm(s)
+    Deadline(None).arm(s)

@@ -275,7 +275,8 @@ def test_gpu_engine_takes_engines_calls_for_one_request():
 @gpu_engine_api
 def test_no_sampled_token_has_no_ttft_but_a_prefill_time():
     model = micro_model()
-    for engine in (Engine(model), _gpu(model)):
+    gpu = _gpu(model)                                    # may move the model: Engine follows its device
+    for engine in (Engine(model), gpu):
         res = engine.generate([5, 6, 7], SamplingParams(max_new_tokens=0))
         assert res.output_token_ids == [] and res.ttft_s is None and res.prefill.seconds > 0
         one = engine.generate([5, 6, 7], SamplingParams(max_new_tokens=1, ignore_eos=True))

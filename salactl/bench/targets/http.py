@@ -55,6 +55,8 @@ class Deadline:
 
     def arm(self, sock) -> None:
         """Let the next read on `sock` wait at most the time left; raise TimeoutError when none is."""
+        if sock.fileno() < 0:
+            return                  # the response closed it at its body's end (Python 3.12.x/3.13)
         if self.end is None:
             sock.settimeout(None)
             return
