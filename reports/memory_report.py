@@ -185,7 +185,10 @@ def measured_rows(config, records, q: MemoryQuery) -> list[dict]:
 
 
 def gpu_list(names: list[str] | None, gpu_mem_gb: float | None) -> tuple[tuple[str, int], ...]:
-    """(name, bytes) of one GPU of gpu_mem_gb GB when given, else of each named GPU."""
+    """(name, bytes) of one GPU of gpu_mem_gb GB when given (names unused, may be None), else of
+    each named GPU (the CLI's default list: cmd_report.DEFAULT_GPUS)."""
+    if gpu_mem_gb is None and names is None:
+        raise ValueError("gpu_list needs GPU names or gpu_mem_gb")
     if gpu_mem_gb is not None:
         return ((f"{gpu_mem_gb:g} GB", int(gpu_mem_gb * 1e9)),)
     return tuple((n, gpu_memory_bytes(n)) for n in names)

@@ -88,7 +88,8 @@ def tensor_files(model_dir: Path) -> dict[str, Path]:
             raise CheckpointError(f"{INDEX_NAME} maps tensor {name} to {shard.name}, but that shard does not contain "
                                   "it; fix the index's weight_map or re-download the checkpoint")
     for shard, names in listed.items():
-        unlisted = sorted(held[shard] - names)      # would be silently ignored
+        unlisted = sorted(n for n in held[shard] - names         # would be silently ignored
+                          if not n.endswith(_IGNORED_SUFFIXES))      # (RoPE buffers are, rightly)
         if unlisted:
             raise CheckpointError(f"shard {shard.name} holds tensor {unlisted[0]}, which {INDEX_NAME} does not list "
                                   "for it; fix the index's weight_map or re-download the checkpoint")

@@ -104,8 +104,8 @@ _SPARSE_REQUIRED = ("block_size", "dense_len", "init_blocks", "kernel_size", "ke
                     "window_size")
 
 
-_POSITIVE_NUMBERS = ("rms_norm_eps", "rope_theta", "scale_emb", "scale_depth", "dim_model_base",
-                     "initializer_range")
+# the numbers inference uses (initializer_range is not one: only random-weights init reads it)
+_POSITIVE_NUMBERS = ("rms_norm_eps", "rope_theta", "scale_emb", "scale_depth", "dim_model_base")
 
 
 @dataclass(frozen=True)

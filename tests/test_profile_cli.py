@@ -315,7 +315,8 @@ def test_a_failed_profile_leaves_no_file_behind(tmp_path, capsys):
 
 def test_fp8_kv_profile_of_a_checkpoint_with_calibrated_scales(tmp_path, capsys):
     """`quantize --kv-cache-dtype fp8_e4m3` stores one scale per layer; profile expands them per KV
-    head as run and bench do (it indexed the scalar and crashed), and refuses fp8_e4m3 without them."""
+    head as run and bench do (it indexed the scalar and crashed); without them it profiles the same
+    work at scale 1.0 (the 9B's e4m3 path has no calibrated random-weights checkpoint)."""
     ckpt = tmp_path / "q"
     code, _, err = run_cli(["quantize", "--model", "sala-nano", "--out", ckpt, "--method", "rtn", "--kv-cache-dtype",
                             "fp8_e4m3", "--calib", "random", "--nsamples", 2, "--seqlen", 64, "--device", "cpu"], capsys)
@@ -325,11 +326,10 @@ def test_fp8_kv_profile_of_a_checkpoint_with_calibrated_scales(tmp_path, capsys)
                                   "--context", 16, "--device", "cpu", "--out", tmp_path / kv, "--json"], capsys)
         assert code == 0, err
         assert json.loads(out)["manifest"]["kv_dtype"] == kv
-    code, _, err = run_cli(["profile", "--torch", "--random-weights", "--kv-cache-dtype", "fp8_e4m3", "--context", 16,
-                            "--device", "cpu", "--out", tmp_path / "uncalibrated"], capsys)
-    errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert code == 3 and len(errors) == 1 and "needs calibrated k/v scales" in errors[0], err
-    assert not (tmp_path / "uncalibrated").exists()
+    code, out, err = run_cli(["profile", "--torch", "--random-weights", "--kv-cache-dtype", "fp8_e4m3", "--context",
+                              16, "--device", "cpu", "--out", tmp_path / "uncalibrated", "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["manifest"]["kv_dtype"] == "fp8_e4m3"
 
 
 @pytest.mark.parametrize("args, named", [

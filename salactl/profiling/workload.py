@@ -23,12 +23,17 @@ from salactl.runtime.op_timer import NULL_TIMER
 
 
 def _cache_kwargs(spec: ProfileSpec, model, config, device) -> dict:
-    """The FP8 cache's dtype and per-head scales as run and bench resolve them: the checkpoint's
-    calibrated ones, 1.0 for fp8_e5m2 without them, and fp8_e4m3 without them refused."""
-    from salactl.runtime.kv_fp8 import model_kv_scales, resolve_kv_scales
+    """The FP8 cache's dtype and per-head scales: a checkpoint's calibrated ones as run and bench
+    resolve them, else 1.0. The scale values do not change the work profiled, so fp8_e4m3 profiles
+    a model without calibrated scales too (run and bench refuse that, for its outputs' sake)."""
+    from salactl.runtime.kv_fp8 import fp8_dtype, model_kv_scales, resolve_kv_scales
 
-    scales = resolve_kv_scales(config, spec.kv_cache_dtype, model_kv_scales(model), device)
-    return {} if scales is None else {"kv_cache_dtype": spec.kv_cache_dtype, "kv_scales": scales}
+    if fp8_dtype(spec.kv_cache_dtype) is None:
+        return {}
+    calibrated = model_kv_scales(model)
+    policy = spec.kv_cache_dtype if calibrated else "fp8_e5m2"        # e5m2's: 1.0 where uncalibrated
+    return {"kv_cache_dtype": spec.kv_cache_dtype,
+            "kv_scales": resolve_kv_scales(config, policy, calibrated, device)}
 
 
 @dataclass
