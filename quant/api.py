@@ -44,7 +44,8 @@ def quantize_checkpoint(model: str | Path | LoadedModel, out: str | Path, opts: 
     calib: a text or JSONL ("text" field) file, "random" for random token ids, or None for the
     built-in corpus; nsamples windows of seqlen tokens, tokenized with `tokenizer` (default: the
     model's own). RTN without FP8 KV scales needs no calibration and skips it unless calib is
-    given. With random_weights and no tokenizer found, calibration falls back to random ids.
+    given (a tokenizer is then refused). With random_weights and no tokenizer found, calibration
+    falls back to random ids.
     out: must not exist, or overwrite=True to replace a checkpoint there.
     progress: called as progress(done, total, label) per module group (None: silent). Notes and
     warnings go to stderr, as the CLI's do. Errors are SalactlError subclasses (salactl.errors)."""
@@ -57,6 +58,9 @@ def quantize_checkpoint(model: str | Path | LoadedModel, out: str | Path, opts: 
     if str(calib) == RANDOM and tokenizer is not None:
         raise UsageError("tokenizer (--tokenizer) is unused with calib (--calib) random, which draws random "
                          "token ids; drop one of them")
+    if not needs_calibration(opts, calib) and tokenizer is not None:
+        raise UsageError("tokenizer (--tokenizer) is unused: RTN without calib (--calib) or an FP8 kv_cache_dtype "
+                         "(--kv-cache-dtype) reads no calibration data; drop it, or add calib (--calib)")
     t_start = time.perf_counter()
     lm = _quantizable_model(model, device, dtype, random_weights, seed, copy)
     windows, calib_source = _calibration(lm, opts, calib, tokenizer, nsamples, seqlen, seed, random_weights)
@@ -71,6 +75,11 @@ def quantize_checkpoint(model: str | Path | LoadedModel, out: str | Path, opts: 
                "solve": result.solve_seconds, "quantize_total": t_solved - t_loaded,
                "write": t_done - t_solved, "total": t_done - t_start}
     return _record(out, lm, opts, windows, calib_source, result, seconds)
+
+
+def needs_calibration(opts: QuantOptions, calib: str | Path | None) -> bool:
+    """GPTQ reads activations; RTN only for FP8 KV scales, or when `calib` asks for each module's error."""
+    return opts.method != "rtn" or calib is not None or fp8_dtype(opts.kv_cache_dtype) is not None
 
 
 def _quantizable_model(model: str | Path | LoadedModel, device: str, dtype: str, random_weights: bool,
@@ -104,10 +113,7 @@ def _calibration(lm: LoadedModel, opts: QuantOptions, calib: str | Path | None, 
                  nsamples: int, seqlen: int, seed: int, random_weights: bool) -> tuple[torch.Tensor | None, str | None]:
     """The calibration windows [S, T] and what they came from; (None, None) when none are needed."""
     calib = None if calib is None else str(calib)
-    # RTN reads no activations: calibrate only for FP8 KV scales or when `calib` asks for the errors
-    if opts.method == "rtn" and calib is None and fp8_dtype(opts.kv_cache_dtype) is None:
-        if tokenizer is not None:
-            find_tokenizer(str(tokenizer), lm.model_dir)   # unused, but a bad --tokenizer is still an error
+    if not needs_calibration(opts, calib):
         output.stderr.print("note: RTN needs no calibration data; pass --calib FILE (or 'random') to also "
                             "report each module's output error")
         return None, None

@@ -11,10 +11,11 @@ import typer
 from salactl import output
 from salactl.errors import UsageError
 from salactl.options import (SEED_MAX, DeviceOpt, DtypeOpt, JsonOpt, RandomWeightsOpt, TokenizerOpt, non_empty,
-                             non_empty_path)
+                             non_empty_path, passed_names)
 
 
 def bench(
+    ctx: typer.Context,
     profile: Annotated[str, typer.Option("--profile", parser=non_empty("--profile", "a shipped profile or a .toml file"), help="soar, decode, prefill, long-context, serving, or a .toml PATH.")] = "soar",
     dataset: Annotated[Optional[str], typer.Option("--dataset", parser=non_empty("--dataset", "a SOAR-format JSONL file or S1=a.jsonl,..."), help="SOAR-format JSONL (question, model_response) for every phase, or S1=a.jsonl,S8=b.jsonl,...")] = None,
     skip_bad_rows: Annotated[bool, typer.Option("--skip-bad-rows", help="Drop malformed --dataset rows instead of stopping (needs --dataset).")] = False,
@@ -59,7 +60,7 @@ def bench(
         engine=engine, kv_cache_dtype=kv_cache_dtype, max_running_requests=max_running_requests,
         mem_fraction=mem_fraction,
         reference=reference, accuracy=accuracy, slo=slo, details=details, out=out, label=label,
-        flush_sleep=flush_sleep, request_timeout=request_timeout)
+        flush_sleep=flush_sleep, request_timeout=request_timeout, given=passed_names(ctx))
     progress = RichProgress()
     try:
         run = run_bench(settings, progress)

@@ -33,9 +33,8 @@ def profile(
                                          "(RTN g128 in memory); a GPTQ checkpoint needs its own, e.g. "
                                          "w4a16.")] = "bf16",
     kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="auto or bf16 (the model's dtype), "
-                                                "fp8_e4m3 (needs the checkpoint's calibrated scales: "
-                                                "salactl quantize --kv-cache-dtype fp8_e4m3) or fp8_e5m2 "
-                                                "(scale 1.0 without them).")] = "auto",
+                                                "fp8_e4m3 or fp8_e5m2 (the checkpoint's calibrated scales, "
+                                                "else 1.0: scales do not change the work).")] = "auto",
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     backend: Annotated[str, typer.Option("--backend", help="engine (the GPU engine: fused model, "
@@ -45,7 +44,8 @@ def profile(
     torch_mode: Annotated[bool, typer.Option("--torch", help="torch.profiler (no counters; "
                                              "default without ncu or GPU).")] = False,
     nvml: Annotated[bool, typer.Option("--nvml", help="Sample memory, power, clocks, throttling.")] = False,
-    ncu_path: Annotated[Optional[str], typer.Option("--ncu-path", parser=non_empty("--ncu-path", "the ncu executable"), help="The ncu executable.")] = None,
+    ncu_path: Annotated[Optional[str], typer.Option("--ncu-path", parser=non_empty("--ncu-path", "the ncu executable"), help="The ncu executable (Nsight Compute "
+                                         "profiles: --ncu, or auto on a GPU).")] = None,
     launch_skip: Annotated[int, typer.Option("--launch-skip", help="ncu: kernels to skip in the "
                                              "ranges.")] = 0,
     launch_count: Annotated[Optional[int], typer.Option("--launch-count", help="ncu: kernels to "
@@ -80,8 +80,6 @@ def profile(
     else:
         if ncu and torch_mode:
             raise UsageError("give at most one of --ncu and --torch")
-        _check_ncu_only(ncu, ncu_path=ncu_path, launch_skip=launch_skip, launch_count=launch_count,
-                        ncu_metrics=ncu_metrics)
         phases = ("prefill", "decode") if phase == "both" else (phase,)
         if phase == "decode":
             refuse_unused(passed(ctx, "chunk_size"), "the prefill step only", "add --phase prefill or both, or drop {it}")
@@ -97,7 +95,8 @@ def profile(
                                 OUTPUT_FILES, overwrite)
         check_spec(spec)
         opts = SessionOptions(mode=mode, nvml=nvml, out_dir=out_dir, ncu_path=ncu_path,
-                              ncu=NcuOptions(launch_skip, launch_count, metric_set=ncu_metrics), top=top)
+                              ncu=NcuOptions(launch_skip, launch_count, metric_set=ncu_metrics), top=top,
+                              ncu_given=tuple(passed(ctx, *NCU_OPTIONS)))
         result = run(spec, opts)
     if json_out:
         output.print_json(result)
@@ -105,15 +104,8 @@ def profile(
     render(result)
 
 
-# Nsight Compute options and their defaults: without --ncu they would be ignored
-NCU_ONLY = {"ncu_path": ("--ncu-path", None), "launch_skip": ("--launch-skip", 0),
-            "launch_count": ("--launch-count", None), "ncu_metrics": ("--ncu-metrics", "bytes")}
-
-
-def _check_ncu_only(ncu: bool, **given) -> None:
-    if not ncu:
-        refuse_unused([flag for name, (flag, default) in NCU_ONLY.items() if given[name] != default],
-                      "Nsight Compute profiles only", "add --ncu, or drop {it}")
+# refused unless the profile that runs is an Nsight Compute one (--ncu, or auto mode finding ncu on a GPU)
+NCU_OPTIONS = ("ncu_path", "launch_skip", "launch_count", "ncu_metrics")
 
 
 # what still applies when --import re-renders a saved profile

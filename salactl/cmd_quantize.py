@@ -47,13 +47,16 @@ def quantize(
     json_out: JsonOpt = False,
 ) -> None:
     """Quantize a checkpoint to GPTQ (Marlin-compatible) and calibrate FP8 KV scales."""
-    from salactl.quant.api import quantize_checkpoint
+    from salactl.quant.api import needs_calibration, quantize_checkpoint
     from salactl.quant.sequential import QuantOptions
 
     if method == "rtn":
         refuse_unused(passed(ctx, "desc_act", "damp"), "--method gptq only (RTN rounds each weight on its own)",
                       "drop {it} with --method rtn")
     opts = QuantOptions(bits, group_size, method, desc_act, damp, kv_cache_dtype, kv_scales_per_head, batch_tokens)
+    if not needs_calibration(opts, calib):
+        refuse_unused(passed(ctx, *CALIBRATION_OPTIONS), "calibration data, which --method rtn reads only with "
+                      "--calib or an fp8 --kv-cache-dtype", "drop {it}, or add --calib FILE (or random)")
     with _ProgressBar() as bar:
         record = quantize_checkpoint(model, out, opts, calib=calib, nsamples=nsamples, seqlen=seqlen,
                                      tokenizer=tokenizer, seed=seed, device=device, dtype=dtype,
@@ -62,6 +65,10 @@ def quantize(
         output.print_json(record)
     else:
         render(record)
+
+
+# used only to build and feed calibration windows
+CALIBRATION_OPTIONS = ("tokenizer", "nsamples", "seqlen", "batch_tokens")
 
 
 class _ProgressBar:

@@ -52,22 +52,33 @@ TokenizerOpt = Annotated[Optional[str], typer.Option("--tokenizer", help="tokeni
 ChunkOpt = Annotated[int, typer.Option("--chunk-size", help="Prefill chunk size in tokens.")]
 
 
+def _on_command_line(ctx: typer.Context, name: str) -> bool:
+    source = ctx.get_parameter_source(name)    # by name: typer may vendor its own click and ParameterSource
+    return source is not None and source.name == "COMMANDLINE"
+
+
 def passed(ctx: typer.Context, *names: str) -> list[str]:
     """The flags of the parameters `names` that the command line set, as written (e.g. --no-plots),
     in declaration order; an option left at its default is not listed, whatever its value."""
     flags = []
-    for param in ctx.command.params:      # by name: typer may vendor its own click and ParameterSource
-        source = ctx.get_parameter_source(param.name)
-        if param.name in names and source is not None and source.name == "COMMANDLINE":
+    for param in ctx.command.params:
+        if param.name in names and _on_command_line(ctx, param.name):
             off = getattr(param, "secondary_opts", None) and ctx.params[param.name] is False
             flags.append(max(param.secondary_opts if off else param.opts, key=len))
     return flags
 
 
-def refuse_unused(flags: list[str], scope: str, fix: str) -> None:
-    """Options that would be ignored are a usage error: "FLAGS apply to SCOPE; FIX", where FIX may
-    say {it} (it or them)."""
+def passed_names(ctx: typer.Context) -> frozenset[str]:
+    """The names of every parameter the command line set, for checks made below the CLI."""
+    return frozenset(param.name for param in ctx.command.params if _on_command_line(ctx, param.name))
+
+
+def refuse_unused(flags: list[str], scope: str, fix: str, verb: tuple[str, str] = ("applies to", "apply to")) -> None:
+    """Options that would be ignored are a usage error: "FLAGS apply to SCOPE; FIX". verb is the
+    (one flag, several flags) forms of "apply to"'s replacement, e.g. ("sizes", "size"); SCOPE and
+    FIX may say {it} (it or them)."""
     if flags:
         one = len(flags) == 1
-        raise UsageError(f"{', '.join(flags)} {'applies' if one else 'apply'} to {scope}; "
-                         + fix.format(it="it" if one else "them"))
+        it = "it" if one else "them"
+        raise UsageError(f"{', '.join(flags)} {verb[0] if one else verb[1]} {scope.format(it=it)}; "
+                         + fix.format(it=it))

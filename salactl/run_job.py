@@ -42,7 +42,7 @@ class RunRequest:
     chat: bool = False
     ignore_eos: bool = False
     kv_cache_dtype: str = "bf16"
-    op_profile: bool = True         # GPU engine: eager per-op pass after the timed generation
+    op_profile: bool = True         # per-op times (GPU engine: an eager pass after the timed generation)
 
 
 def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
@@ -114,11 +114,11 @@ def _generate(req: RunRequest, lm: LoadedModel, ids: list[int], tok: Tokenizer |
     if gpu_engine_available(lm.model.device):
         engine, res, timing_note = _generate_gpu(req, lm, ids, params, eos, on_token)
     else:
-        engine = Engine(lm.model, lm.model.device, chunk_size=req.chunk_size, time_ops=True,
+        engine = Engine(lm.model, lm.model.device, chunk_size=req.chunk_size, time_ops=req.op_profile,
                         kv_cache_dtype=req.kv_cache_dtype)
         res = engine.generate(ids, params, eos_ids=eos, on_token=on_token, prefill_progress=prefill_progress)
-        timing_note = {"phase_times": "the timed generation", "op_times": "the same generation (a timer "
-                       "around every op)"}
+        timing_note = ({"phase_times": "the timed generation", "op_times": "the same generation (a timer "
+                        "around every op)"} if req.op_profile else _without_op_times(res, "the timed generation"))
     if decoder is not None:
         tail = decoder.flush()          # a character cut by --max-new-tokens, say: as `text` has it
         if tail:
@@ -139,10 +139,15 @@ def _generate_gpu(req: RunRequest, lm: LoadedModel, ids: list[int], params: Samp
         res, timing_note = generate_with_op_profile(engine, ids, params, eos_ids=eos, on_token=on_token)
     else:
         res = engine.generate(ids, params, eos_ids=eos, on_token=on_token)
-        res.prefill.op_seconds = res.decode.op_seconds = None
-        timing_note = {"phase_times": "the timed generation (CUDA-graph decode)",
-                       "op_times": "not measured (--no-op-profile)"}
+        timing_note = _without_op_times(res, "the timed generation (CUDA-graph decode)")
     return engine, res, timing_note
+
+
+def _without_op_times(res, phase_times: str) -> dict:
+    """--no-op-profile: the roofline's op rows keep their analytic bytes and FLOPs, untimed; returns
+    the timing note."""
+    res.prefill.op_seconds = res.decode.op_seconds = None
+    return {"phase_times": phase_times, "op_times": "not measured (--no-op-profile)"}
 
 
 def _record(req: RunRequest, lm: LoadedModel, ids: list[int], tok: Tokenizer | None, engine, res,

@@ -110,11 +110,54 @@ def test_eval_passkey_past_memory_is_refused_before_building_prompts(args, capsy
     (["--ncu-path", "/nonexistent/ncu"], "--ncu-path applies"),
     (["--launch-skip", HUGE, "--launch-count", HUGE], "--launch-skip, --launch-count apply"),
     (["--ncu-metrics", "sol"], "--ncu-metrics applies"),
+    (["--ncu-metrics", "bytes", "--launch-skip", "0"], "--launch-skip, --ncu-metrics apply"),   # their defaults
 ])
-def test_profile_ncu_options_need_ncu(args, named, tmp_path, capsys):
+def test_profile_ncu_options_are_refused_with_torch(args, named, tmp_path, capsys):
     code, _, err = run_cli(["profile", "--torch", "--out", tmp_path / "p", *args], capsys)
     line = _one_error_line(err)
-    assert code == 2 and named in line and "add --ncu" in line
+    assert code == 2 and named in line and "--torch runs torch.profiler: drop" in line and "use --ncu" in line
+    assert not (tmp_path / "p").exists()
+
+
+def test_profile_ncu_options_are_refused_where_auto_mode_runs_torch(tmp_path, capsys):
+    code, _, err = run_cli(["profile", "--device", "cpu", "--ncu-metrics", "bytes", "--out", tmp_path / "p"], capsys)
+    line = _one_error_line(err)
+    assert code == 2 and "--ncu-metrics applies to Nsight Compute profiles only; auto mode runs torch.profiler " \
+                         "here (no CUDA GPU, or --device cpu)" in line
+    assert not (tmp_path / "p").exists()
+
+
+def _fake_ncu(tmp_path) -> str:
+    ncu = tmp_path / "ncu"
+    ncu.write_text("#!/bin/sh\n")
+    ncu.chmod(0o755)
+    return str(ncu)
+
+
+def test_auto_mode_takes_ncu_options_where_it_runs_ncu(tmp_path, monkeypatch):
+    """On a GPU where ncu is found auto mode runs Nsight Compute, so its options apply; where ncu is
+    not found it would run torch.profiler and they are refused; an --ncu-path naming nothing is the
+    missing tool's error, not a fallback."""
+    from salactl.errors import ToolMissingError
+    from salactl.profiling.ncu_runner import find_ncu
+    from salactl.profiling.session import pick_mode
+
+    given = ("--launch-count", "--ncu-metrics")
+    assert pick_mode("auto", True, _fake_ncu(tmp_path), given) == "ncu"
+    assert pick_mode("ncu", True, _fake_ncu(tmp_path), given) == "ncu"
+    with pytest.raises(ToolMissingError, match="--ncu-path .* is not an executable file"):
+        pick_mode("auto", True, str(tmp_path / "none"), ("--ncu-path",))
+    monkeypatch.setenv("SALACTL_NCU", str(tmp_path / "none"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    try:
+        find_ncu(None)
+        pytest.skip("ncu is installed in a searched place")
+    except ToolMissingError:
+        pass
+    with pytest.raises(UsageError, match="^--launch-count, --ncu-metrics apply to Nsight Compute profiles only; "
+                                         "auto mode runs torch.profiler here, as ncu was not found: drop them"):
+        pick_mode("auto", True, None, given)
+    assert pick_mode("auto", True, None, ()) == "torch"      # nothing asked for ncu: the warned fallback
 
 
 def test_eval_ppl_split_with_file_is_refused(tmp_path, capsys):

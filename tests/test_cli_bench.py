@@ -129,6 +129,14 @@ def test_bad_numbers_are_one_line_usage_errors_before_any_work(tmp_path, flag, v
     (["--endpoint", "http://127.0.0.1:9", "--random-weights"], "--random-weights configures the embedded runtime, not a server: set it on"),
     (["--endpoint", "http://127.0.0.1:9", "--mem-fraction", "0.5"], "--mem-fraction configures the embedded runtime"),
     (["--request-timeout", "5"], "--request-timeout applies to --endpoint servers only; drop it"),
+    # given at their default values, they are refused all the same
+    (["--endpoint", "http://127.0.0.1:9", "--kv-cache-dtype", "bf16"],
+     "--kv-cache-dtype configures the embedded runtime, not a server: set it on the server's own command line; "
+     "drop it, or drop --endpoint"),
+    (["--endpoint", "http://127.0.0.1:9", "--engine", "auto", "--dtype", "auto"],
+     "--dtype, --engine configure the embedded runtime, not a server: set them on"),
+    (["--flush-sleep", "1", "--request-timeout", "21600"],
+     "--flush-sleep, --request-timeout apply to --endpoint servers only; drop them for the embedded runtime"),
 ])
 def test_options_of_the_other_target_are_usage_errors(tmp_path, args, message):
     out = tmp_path / "o"

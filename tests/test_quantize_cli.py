@@ -236,6 +236,38 @@ def test_unquantized_tensors_keep_the_source_dtype_whatever_quantize_computes_in
     assert json.loads((tmp_path / "q" / "config.json").read_text())["torch_dtype"] == "bfloat16"
 
 
+@pytest.mark.parametrize("args, named", [
+    (["--tokenizer", EMBEDDED_DIR], "--tokenizer applies"),
+    (["--nsamples", 128, "--seqlen", 2048], "--nsamples, --seqlen apply"),       # their defaults
+    (["--batch-tokens", 4096], "--batch-tokens applies"),
+])
+def test_rtn_without_calibration_refuses_the_calibration_options(args, named, ckpt, tmp_path, capsys):
+    code, _, err = run_cli(["quantize", "--model", ckpt, "--out", tmp_path / "q", "--method", "rtn", "--device", "cpu",
+                            *args], capsys)
+    assert code == 2 and err.strip().count("\n") == 0, err
+    assert f"error: {named} to calibration data, which --method rtn reads only with --calib or an fp8 " \
+           "--kv-cache-dtype; drop" in err
+    assert not (tmp_path / "q").exists()
+
+
+def test_rtn_takes_the_calibration_options_for_fp8_kv_scales(ckpt, tmp_path, capsys):
+    code, out, err = run_cli(["quantize", "--model", ckpt, "--out", tmp_path / "q", "--method", "rtn", "--device", "cpu",
+                              "--kv-cache-dtype", "fp8_e5m2", "--tokenizer", ckpt, "--nsamples", 2, "--seqlen", 32,
+                              "--batch-tokens", 32, "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["calibration"]["samples"] == 2
+
+
+def test_quantize_checkpoint_refuses_a_tokenizer_rtn_would_not_use(ckpt, tmp_path):
+    from salactl.errors import UsageError
+    from salactl.quant.api import quantize_checkpoint
+    from salactl.quant.sequential import QuantOptions
+
+    with pytest.raises(UsageError, match="^tokenizer \\(--tokenizer\\) is unused: RTN without calib"):
+        quantize_checkpoint(ckpt, tmp_path / "q", QuantOptions(method="rtn"), tokenizer=ckpt, device="cpu")
+    assert not (tmp_path / "q").exists()
+
+
 def _nothing_quantizable(tmp: Path) -> Path:
     cfg = sala_nano().replace(hidden_size=64, intermediate_size=192, num_attention_heads=2, num_key_value_heads=1,
                               lightning_nh=2, lightning_nkv=2, dim_model_base=16)

@@ -5,6 +5,7 @@ would ignore them. Free of torch, like the option checks of bench against an HTT
 from __future__ import annotations
 
 from salactl.errors import UsageError
+from salactl.options import refuse_unused
 from salactl.runtime.gpu.mem_fraction import DEFAULT_MEM_FRACTION, check_mem_fraction
 
 DEFAULT_MAX_RUNNING = 64
@@ -19,13 +20,11 @@ def check_gpu_engine_values(max_running: int | None, mem_fraction: float | None)
 
 def refuse_gpu_engine_options(engine_kind: str, max_running: int | None, mem_fraction: float | None) -> None:
     """On the reference engine (one sequence at a time, each request's cache grown as it goes)."""
-    given = [flag for flag, v in (("--max-running-requests", max_running), ("--mem-fraction", mem_fraction))
-             if v is not None]
-    if engine_kind == "reference" and given:
-        one = len(given) == 1
-        raise UsageError(f"{', '.join(given)} {'sizes' if one else 'size'} the GPU engine; the reference "
-                         "engine serves one sequence at a time and grows its cache as it goes: drop "
-                         f"{'it' if one else 'them'}, or use --engine gpu on CUDA")
+    if engine_kind == "reference":
+        refuse_unused([flag for flag, v in (("--max-running-requests", max_running), ("--mem-fraction", mem_fraction))
+                       if v is not None],
+                      "the GPU engine", "the reference engine serves one sequence at a time and grows its cache "
+                      "as it goes: drop {it}, or use --engine gpu on CUDA", verb=("sizes", "size"))
 
 
 def gpu_engine_sizes(max_running: int | None, mem_fraction: float | None) -> tuple[int, float]:

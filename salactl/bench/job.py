@@ -20,6 +20,7 @@ from salactl.bench.engine_options import check_gpu_engine_values, refuse_gpu_eng
 from salactl.bench.sweep_grid import KV_DTYPES
 from salactl.bench.targets.http import DEFAULT_READ_TIMEOUT_S
 from salactl.errors import EndpointError, TokenizerError, UsageError
+from salactl.options import refuse_unused
 from salactl.reports.atomic import write_atomic
 
 FALLBACK_VOCAB = 1000   # random prompt ids for a server whose vocabulary we cannot learn
@@ -54,6 +55,8 @@ class BenchSettings:
     label: str | None = None
     flush_sleep: float = 1.0
     request_timeout: float = DEFAULT_READ_TIMEOUT_S   # total seconds one server request may take (0: no limit)
+    given: frozenset[str] = frozenset()     # the fields set explicitly (on the command line): of these, the
+                                            # other target's options are refused, whatever their value
 
 
 @dataclass
@@ -111,17 +114,15 @@ SERVER_ONLY = {"flush_sleep": "--flush-sleep", "request_timeout": "--request-tim
 
 
 def check_target_options(s: BenchSettings) -> None:
-    """Options of the other kind of target would be silently ignored: name them instead."""
-    given = [flag for name, flag in (EMBEDDED_ONLY if s.endpoint else SERVER_ONLY).items()
-             if getattr(s, name) != getattr(BenchSettings, name)]
-    one = len(given) == 1
-    if given and s.endpoint:
-        raise UsageError(f"{', '.join(given)} {'configures' if one else 'configure'} the embedded runtime, "
-                         f"not a server: set {'it' if one else 'them'} on the server's own command line, "
-                         "or drop --endpoint")
-    if given:
-        raise UsageError(f"{', '.join(given)} {'applies' if one else 'apply'} to --endpoint servers only; "
-                         f"drop {'it' if one else 'them'} for the embedded runtime")
+    """Options of the other kind of target that were given (s.given), whatever their value, would be
+    silently ignored: name them instead."""
+    if s.endpoint:
+        refuse_unused([flag for name, flag in EMBEDDED_ONLY.items() if name in s.given],
+                      "the embedded runtime, not a server: set {it} on the server's own command line",
+                      "drop {it}, or drop --endpoint", verb=("configures", "configure"))
+    else:
+        refuse_unused([flag for name, flag in SERVER_ONLY.items() if name in s.given],
+                      "--endpoint servers only", "drop {it} for the embedded runtime")
 
 
 def build_target(s: BenchSettings, need_tokenizer: bool):

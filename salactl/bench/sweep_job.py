@@ -20,6 +20,7 @@ from salactl.bench.sweep_grid import (KV_DTYPES, WEIGHT_DTYPES, SweepPoint, buil
                                       parse_names, point_key)
 from salactl.errors import ConfigError, OutputExistsError, SalactlError, UsageError
 from salactl.lists import parse_list
+from salactl.options import refuse_unused
 from salactl.quant.in_memory import QUANTIZED_BITS, quantize_rtn_in_memory, quantized_as
 from salactl.reports.atomic import write_atomic
 from salactl.runtime.kv_fp8 import stored_kv_name
@@ -141,13 +142,13 @@ def _axes(s: SweepSettings, config, default_weight: str, default_chunk: int) -> 
 
 def _refuse_skipped_options(s: SweepSettings) -> None:
     """Options of an accuracy proxy that --no-kl / --no-passkey skips would be silently ignored."""
-    if not s.kl and s.kl_len is not None:
-        raise UsageError("--kl-len sets the logit KL's prompt, which --no-kl skips: drop --kl-len, or drop --no-kl")
-    given = [f"--{k.replace('_', '-')}" for k in PASSKEY_DEFAULTS if getattr(s, k) is not None]
-    if not s.passkey and given:
-        one = len(given) == 1
-        raise UsageError(f"{', '.join(given)} {'configures' if one else 'configure'} the passkey test, which "
-                         f"--no-passkey skips: drop {'it' if one else 'them'}, or drop --no-passkey")
+    if not s.kl:
+        refuse_unused(["--kl-len"] if s.kl_len is not None else [], "the logit KL, which --no-kl skips",
+                      "drop {it}, or drop --no-kl")
+    if not s.passkey:
+        refuse_unused([f"--{k.replace('_', '-')}" for k in PASSKEY_DEFAULTS if getattr(s, k) is not None],
+                      "the passkey test, which --no-passkey skips", "drop {it}, or drop --no-passkey",
+                      verb=("configures", "configure"))
 
 
 def _check_before_loading(s: SweepSettings) -> SweepSettings:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from salactl import output
 from salactl.errors import DeviceError, ProfilerPermissionError, ToolMissingError, UsageError
+from salactl.options import refuse_unused
 from salactl.profiling.ncu_runner import NcuOptions, export_csv, find_ncu, nvtx_includes, run_ncu
 from salactl.profiling.spec import ProfileSpec
 from salactl.profiling.step_runner import write_json
@@ -33,6 +34,7 @@ class SessionOptions:
     ncu_path: str | None = None
     ncu: NcuOptions = NcuOptions()
     top: int = 20
+    ncu_given: tuple[str, ...] = ()     # Nsight Compute flags given explicitly: ask for an ncu profile
 
 
 def peaks_for_name(name: str, device_type: str, dtype: str | None) -> dict:
@@ -60,10 +62,15 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def resolve_mode(mode: str, spec: ProfileSpec, ncu_path: str | None) -> str:
+def resolve_mode(mode: str, spec: ProfileSpec, ncu_path: str | None, ncu_given: tuple[str, ...]) -> str:
     if mode not in MODES:
         raise UsageError(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
-    gpu = spec.device != "cpu" and _cuda_available()
+    return pick_mode(mode, spec.device != "cpu" and _cuda_available(), ncu_path, ncu_given)
+
+
+def pick_mode(mode: str, gpu: bool, ncu_path: str | None, ncu_given: tuple[str, ...]) -> str:
+    """The profile that runs: ncu or torch. Auto runs ncu on a CUDA GPU where ncu is found, else torch.
+    ncu_given: the Nsight Compute options given explicitly, refused where no ncu profile runs."""
     if mode == "ncu":
         if not gpu:
             raise DeviceError("--ncu needs a CUDA GPU and none is visible (or --device cpu was "
@@ -71,15 +78,26 @@ def resolve_mode(mode: str, spec: ProfileSpec, ncu_path: str | None) -> str:
         find_ncu(ncu_path)
         return "ncu"
     if mode == "torch":
+        _refuse_ncu_options(ncu_given, "--torch runs torch.profiler: drop {it}, or use --ncu instead of --torch")
         return "torch"
     if not gpu:
+        _refuse_ncu_options(ncu_given, "auto mode runs torch.profiler here (no CUDA GPU, or --device cpu): "
+                            "drop {it}")
         return "torch"
     try:
         find_ncu(ncu_path)
         return "ncu"
     except ToolMissingError as e:
+        if ncu_path:            # the ncu named is missing: that is the error, not a fallback
+            raise
+        _refuse_ncu_options(ncu_given, "auto mode runs torch.profiler here, as ncu was not found: drop {it}, "
+                            "or put ncu on PATH (or pass --ncu-path)")
         output.stderr.print(f"warning: {e}; falling back to --torch")
         return "torch"
+
+
+def _refuse_ncu_options(flags: tuple[str, ...], instead: str) -> None:
+    refuse_unused(list(flags), "Nsight Compute profiles only", instead)
 
 
 def run(spec: ProfileSpec, opts: SessionOptions) -> dict:
@@ -87,7 +105,7 @@ def run(spec: ProfileSpec, opts: SessionOptions) -> dict:
     whole session succeeded, so an interrupted or failed run leaves no partial profile behind."""
     from salactl.reports.atomic import move_all
 
-    mode = resolve_mode(opts.mode, spec, opts.ncu_path)    # a mode that cannot run fails before any file exists
+    mode = resolve_mode(opts.mode, spec, opts.ncu_path, opts.ncu_given)    # a mode that cannot run fails before any file exists
     final = opts.out_dir
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
@@ -117,7 +135,7 @@ def _run(spec: ProfileSpec, opts: SessionOptions, mode: str) -> dict:
             try:
                 result.update(_run_ncu(spec, opts))
             except ProfilerPermissionError as e:
-                if opts.mode != "auto":
+                if opts.mode != "auto" or opts.ncu_given:    # torch would ignore the ncu options given
                     raise
                 output.stderr.print(f"warning: {e}; falling back to --torch")
                 mode = result["mode"] = "torch"
