@@ -3,6 +3,7 @@ with plots is rendered from the records by `salactl.reports`)."""
 
 from __future__ import annotations
 
+from salactl.bench.requests import ESTIMATED_SOURCES
 from salactl.output import fmt
 
 COLUMNS = [("phase", "phase"), ("conc", "max_concurrency"), ("rate", "request_rate"),
@@ -58,7 +59,7 @@ def phase_notes(run: dict) -> list[str]:
             notes.append(f"**{p['failed']} of {p['failed'] + p['completed']} requests failed** in phase {name} "
                          "(left out of its statistics; the exit status stays 0, as with SGLang's bench_serving)")
         source = p.get("output_len_source") or ""
-        if "tokenizer" in source or "chunks" in source:
+        if set(source.split("+")) & set(ESTIMATED_SOURCES):
             capped = p.get("output_len_over_max") or 0
             notes.append(f"phase {name}: output tokens counted by {source} (the server reported no usage)"
                          + (f"; {capped} requests capped at max_tokens" if capped else ""))
