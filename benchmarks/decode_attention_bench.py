@@ -228,7 +228,11 @@ def main() -> int:
     cases = a.cases or ("128K b1" if a.quick else DEFAULT_CASES)
     specs = [parse_case(c.strip(), ap) for c in cases.split(",") if c.strip()]
     t0 = time.time()
-    sweep = SWEEP_CONFIGS if a.configs is None else [SWEEP_CONFIGS[int(i)] for i in a.configs.split(",") if i.strip()]
+    picked = [] if a.configs is None else [int(i) for i in a.configs.split(",") if i.strip()]
+    if any(not 0 <= i < len(SWEEP_CONFIGS) for i in picked):
+        raise SystemExit(f"decode_attention_bench.py: --configs {a.configs}: indices run 0..{len(SWEEP_CONFIGS) - 1} "
+                         "(indices of earlier commits name other configs; see SWEEP_CONFIGS)")
+    sweep = SWEEP_CONFIGS if a.configs is None else [SWEEP_CONFIGS[i] for i in picked]
     configs = list(dict.fromkeys([DEFAULT_CONFIGS[k] for k in ("bf16", "fp8", "fp8_mid")] + list(sweep)))
 
     # 1. correctness

@@ -116,6 +116,9 @@ def main():
     if args.run:
         run_case(args.run)
         return
+    unknown = [c for c in args.cases.split(",") if c not in KERNELS]
+    if unknown:
+        raise SystemExit(f"ncu_kernels.py: unknown --cases {', '.join(unknown)}; known: {', '.join(KERNELS)}")
     from salactl.profiling.ncu_runner import find_ncu
 
     ncu = find_ncu(None)

@@ -171,6 +171,11 @@ def engine_decode(model, ceil, label, breakdown=True):
     return out
 
 
+# The environment knobs the kernels read (grep SALACTL_ in runtime/); any other name would make
+# a variant identical to the baseline without saying so.
+KERNEL_ENV_KNOBS = ("SALACTL_PDL", "SALACTL_GEMV_FOLD", "SALACTL_W4A16_GLU")
+
+
 def parse_variants(text: str) -> list[tuple[str, str]]:
     """'label:fields;label2:fields' -> [(label, fields)] (fields appended to every table spec)."""
     out = []
@@ -178,6 +183,11 @@ def parse_variants(text: str) -> list[tuple[str, str]]:
         label, sep, fields = part.partition(":")
         if not sep or not label:
             raise SystemExit(f"quant_engine_bench.py: bad --w4a16-variants entry {part!r}; want label:fields")
+        unknown = [f.split("=")[0] for f in fields.split(",")
+                   if f.startswith("SALACTL_") and f.split("=")[0] not in KERNEL_ENV_KNOBS]
+        if unknown:
+            raise SystemExit(f"quant_engine_bench.py: --w4a16-variants {label!r} sets {', '.join(unknown)}, "
+                             f"which no kernel reads; known: {', '.join(KERNEL_ENV_KNOBS)}")
         out.append((label, fields))
     return out
 

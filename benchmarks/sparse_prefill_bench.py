@@ -70,12 +70,15 @@ def main():
     ap.add_argument("--paths", default="triton,flex,flex-fold",
                     help="comma list of paths to check and time (triton is the reference for all-row checks)")
     ap.add_argument("--smoke", action="store_true",
-                    help="CPU run of the whole script at tiny shapes (TRITON_INTERPRET=1, eager flex)")
+                    help="CPU run of the whole script at tiny shapes (sets TRITON_INTERPRET=1, eager flex; "
+                         "Triton 3.6's interpreter needs numpy<2.4)")
     args = ap.parse_args()
     global SUB, CONTEXTS
     dev, dtype = ("cpu", torch.float32) if args.smoke else ("cuda", torch.bfloat16)
     if args.smoke:
         SUB, CONTEXTS, args.n = 128, (256,), 128
+        # before the kernel modules below are imported: their @triton.jit reads it then
+        os.environ["TRITON_INTERPRET"] = "1"
     from salactl.runtime.ops.attention import flex_sparse as fs
     from salactl.runtime.ops.decode_attention.reference import paged_attention as ref_attention
     from salactl.runtime.ops.decode_attention.triton import paged_attention
@@ -228,7 +231,7 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|")
     for r in res["rows"]:
         mask = f"{r['mask_ms']:.2f}" if r["mask_ms"] is not None else "-"
-        print(f"| {r['ctx'] / 1024:.0f}K | {r['dist']} | {r['path']} | {r['attn_ms']:.2f} | {mask} | "
+        print(f"| {r['ctx'] / 1024:g}K | {r['dist']} | {r['path']} | {r['attn_ms']:.2f} | {mask} | "
               f"{r['total_ms']:.2f} | {r['layout_ms']:.2f} | {r['blocks_per_tile']:.0f} | {r['rel_err']:.1e} |")
     return 1 if bad else 0
 

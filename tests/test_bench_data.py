@@ -59,6 +59,18 @@ def test_profile_errors_are_one_line(tmp_path, body, message):
     assert "\n" not in str(e.value) and "bad.toml" in str(e.value)
 
 
+def test_bare_names_prefer_shipped_profiles(tmp_path, monkeypatch):
+    """An output directory named like a profile (soar_bench.sh makes `soar`) must not shadow it;
+    a bare name that is no shipped profile still reads the file, and ./soar means the path."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "soar").mkdir()
+    (tmp_path / "mine").write_text('[[phases]]\nname = "only"\n')
+    assert load_profile("soar").source == "soar" and len(load_profile("soar").phases) == 3
+    assert [p.name for p in load_profile("mine").phases] == ["only"]
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_profile("./soar")
+
+
 def test_unknown_profile_lists_shipped():
     with pytest.raises(ConfigError, match="unknown profile 'nope'; shipped profiles: .*soar"):
         load_profile("nope")

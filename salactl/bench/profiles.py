@@ -94,19 +94,22 @@ def shipped_profiles() -> list[str]:
 
 
 def load_profile(spec: str) -> Profile:
-    """`spec` is a shipped profile name or a path to a TOML file."""
+    """`spec` is a shipped profile name or a path to a TOML file. A bare name (no .toml, no
+    directory part) is the shipped profile even when the working directory holds an entry of that
+    name (`soar_bench.sh` makes an output directory called `soar`); other bare names are paths."""
     if not spec.strip():
         raise ConfigError(f"--profile is empty; give a shipped profile ({', '.join(shipped_profiles())}) "
                           "or a path to a .toml file")
     path = Path(spec)
-    if spec.endswith(".toml") or path.exists():
+    shipped = resources.files("salactl.profiles") / f"{spec}.toml"
+    names_a_path = spec.endswith(".toml") or path.name != spec
+    if not names_a_path and shipped.is_file():
+        text, source = shipped.read_text(encoding="utf-8"), spec
+    elif names_a_path or path.exists():
         text, source = _read_profile_file(path), str(path)
     else:
-        res = resources.files("salactl.profiles") / f"{spec}.toml"
-        if not res.is_file():
-            raise ConfigError(f"unknown profile {spec!r}; shipped profiles: {', '.join(shipped_profiles())}"
-                              " (or give a path to a .toml file)")
-        text, source = res.read_text(encoding="utf-8"), spec
+        raise ConfigError(f"unknown profile {spec!r}; shipped profiles: {', '.join(shipped_profiles())}"
+                          " (or give a path to a .toml file)")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
