@@ -66,15 +66,15 @@ def run(
                      top_p=top_p, top_k=top_k, chunk_size=chunk_size, chat=chat, ignore_eos=ignore_eos,
                      kv_cache_dtype=kv_cache_dtype, op_profile=op_profile)
     stream = None if json_out else (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
-    result = execute(req, stream, None if json_out else output.PrefillProgress())
+    with output.PrefillProgress() as prefill_progress:
+        result = execute(req, stream, None if json_out else prefill_progress)
     if out is not None:
         from salactl.bench.records import RECORDS_NAME, RecordWriter
         from salactl.run_job import run_records
 
         writer = RecordWriter(out / RECORDS_NAME)
         records = run_records(result, req, label)
-        for record in records:
-            writer.append(record)
+        writer.extend(records)
         result = {**result, "run_id": records[0]["run_id"], "files": {"records": str(writer.path)}}
     if json_out:
         output.print_json(result)

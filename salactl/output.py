@@ -159,10 +159,18 @@ def human_bytes(n: float) -> str:
 
 class PrefillProgress:
     """A transient prefill bar on stderr, shown only on a terminal and only while a multi-chunk
-    prompt is being prefilled (it is gone before generated text streams to stdout)."""
+    prompt is being prefilled (it is gone before generated text streams to stdout). Use it as a
+    context manager: leaving it erases a bar an error or Ctrl-C cut short and shows the cursor again."""
 
     def __init__(self):
         self._bar = None
+
+    def __enter__(self) -> "PrefillProgress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._bar is not None:
+            self._bar.live.stop()   # not bar.stop(): on a dumb terminal it adds a blank line
 
     def __call__(self, done: int, total: int) -> None:
         if not stderr.is_terminal:

@@ -178,7 +178,7 @@ def _record(req: RunRequest, lm: LoadedModel, ids: list[int], tok: Tokenizer | N
         "peaks": ceilings,
         "peak_memory_bytes": peak_memory,
         "sampling": {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
-                     "seed": req.seed, "max_new_tokens": req.max_new_tokens},
+                     "seed": req.seed, "max_new_tokens": req.max_new_tokens, "ignore_eos": req.ignore_eos},
         "chunk_size": req.chunk_size,
         "kv_cache_dtype": stored_kv_name(req.kv_cache_dtype, act_dtype),
         "weights": quantized_as(lm.model) or dtype_name,

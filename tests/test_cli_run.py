@@ -61,6 +61,8 @@ def test_run_json_with_text_prompt(ckpt):
     assert set(out["timing"]) == {"phase_times", "op_times"}
     # which GLA prefill ran (README: `run --json`'s gla_prefill): the reference on CPU
     assert out["gla_prefill"] == "reference"
+    assert out["sampling"] == {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "max_new_tokens": 6,
+                               "ignore_eos": True}
     assert "fla_core" in out["env"] and out["env"]["fla_core"] == _fla_core_version()
 
 

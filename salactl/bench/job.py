@@ -263,18 +263,21 @@ def _execute(run, plans, profile, target, s, slo, reference, weights, env, progr
                 metrics.update(score_weight=weights[ph.name], score_reference_duration=reference[ph.name],
                                score_tier=None if problem else reference[ph.name] / outcome.duration * 100.0,
                                score_error=problem)
+            rows = []
             if s.details and outcome.results:
-                details += rec.detail_rows(run.run_id, outcome.results, min(r.start_time for r in outcome.results))
+                rows = rec.detail_rows(run.run_id, outcome.results, min(r.start_time for r in outcome.results))
                 metrics["details_csv"] = str(out / f"{run.run_id}-requests.csv")
             record = rec.make_record("bench", run.run_id, s.label, profile.name, ph.name, target.kind,
                                      target.model, metrics,
                                      _phase_knobs(plan, s, target, slo, outcome.cache_flushed), env,
                                      outcome.started_at)
-            writer.append(record)
-            run.phases.append(record)
-            durations[ph.name] = outcome.duration
-            if problem:
-                problems[ph.name] = problem
+            with rec.interrupts_deferred():     # the summaries written on the way out cover every record
+                writer.append(record)
+                run.phases.append(record)
+                details += rows
+                durations[ph.name] = outcome.duration
+                if problem:
+                    problems[ph.name] = problem
     except KeyboardInterrupt:
         run.interrupted = True
         raise
@@ -282,10 +285,11 @@ def _execute(run, plans, profile, target, s, slo, reference, weights, env, progr
         run.stopped = str(e)
         raise
     finally:
-        if reference and weights:
-            run.score = soar_score(durations, reference, weights, s.accuracy, problems)
-        if run.phases:                   # nothing finished: leave no files behind
-            _write_side_files(run, out, details)
+        with rec.interrupts_deferred():         # a second interrupt waits for the files of the first
+            if reference and weights:
+                run.score = soar_score(durations, reference, weights, s.accuracy, problems)
+            if run.phases:                   # nothing finished: leave no files behind
+                _write_side_files(run, out, details)
     if run.score is not None and run.score["score_error"]:
         from salactl import output
         output.warn_once(f"SOAR score not computed: {run.score['score_error']}")

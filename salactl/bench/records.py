@@ -9,11 +9,14 @@ written whole through a temp file. Schema version 1 (DESIGN.md §4):
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
 import os
 import secrets
+import signal
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -44,17 +47,55 @@ def make_record(kind: str, run_id: str, label: str | None, profile: str, phase: 
     return jsonable(rec)
 
 
+INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def interrupts_deferred():
+    """Hold Ctrl-C and SIGTERM until the block ends, then deliver the first one through the handler
+    that was in place (KeyboardInterrupt, cli.Terminated): a record appended and registered in the
+    run inside the block is either both or neither, so the cleanup the interrupt runs writes the
+    summaries of exactly the records on disk. Only the main thread handles signals; elsewhere the
+    block runs as it is."""
+    if threading.current_thread() is not threading.main_thread() or \
+            any(signal.getsignal(sig) is None for sig in INTERRUPT_SIGNALS):    # a handler set outside Python
+        yield
+        return
+    pending: list[int] = []
+    previous = {}
+    try:
+        for sig in INTERRUPT_SIGNALS:
+            previous[sig] = signal.signal(sig, lambda signum, frame: pending.append(signum))
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if pending:
+            _deliver(pending[0], previous[pending[0]])
+
+
+def _deliver(signum: int, handler) -> None:
+    if callable(handler):
+        handler(signum, None)
+    elif handler == signal.SIG_DFL:
+        signal.raise_signal(signum)
+
+
 class RecordWriter:
-    """Appends whole lines (one write + fsync each) so a crash never leaves half a record."""
+    """Appends whole lines (one write + fsync per call) so a crash never leaves half a record."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
 
     def append(self, record: dict) -> None:
+        self.extend([record])
+
+    def extend(self, records: list[dict]) -> None:
+        """`records` in one write that no interrupt splits: run's prefill and decode records go together."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        line = json.dumps(record, sort_keys=False) + "\n"
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(line)
+        text = "".join(json.dumps(record, sort_keys=False) + "\n" for record in records)
+        with interrupts_deferred(), open(self.path, "a", encoding="utf-8") as f:
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
 

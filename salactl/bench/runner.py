@@ -8,8 +8,9 @@ the request up, so TTFT excludes client-side waiting, as behind SGLang's semapho
 
 Before the clock: one warmup request (the phase's first request, output capped at 32 tokens),
 then a cache flush. Duration = first dispatch → last request returned.
-Ctrl-C cancels the phase: in-flight streams are unblocked and KeyboardInterrupt propagates; the
-caller keeps the records of phases that finished.
+Ctrl-C cancels the phase: in-flight streams are unblocked, client threads take no further request
+(the cut ones count neither as done nor as failed) and KeyboardInterrupt propagates; the caller
+keeps the records of phases that finished.
 """
 
 from __future__ import annotations
@@ -104,9 +105,9 @@ def warmup(target: Target, req: BenchRequest, phase: str, cancel: threading.Even
 
 
 def run_phase(target: Target, phase: Phase, requests: list[BenchRequest], seed: int = 1,
-              progress=None, cancel: threading.Event | None = None) -> PhaseOutcome:
+              progress=None) -> PhaseOutcome:
     progress = progress or NullProgress()
-    cancel = cancel or threading.Event()
+    cancel = threading.Event()          # set only here, on the way out of an interrupted phase
     try:
         for _ in range(phase.warmup_requests):
             warmup(target, requests[0], phase.name, cancel)
@@ -133,10 +134,12 @@ def _timed(target, phase, requests, seed, progress, cancel) -> PhaseOutcome:
     def work():
         while True:
             item = todo.get()
-            if item is None:
+            if item is None or cancel.is_set():
                 return
             i, req = item
             res = run_request(target, req, req.output_len, phase.name, cancel)
+            if cancel.is_set():         # the phase is abandoned: a cut request is no failure of the target
+                return
             results[i] = res
             progress.advance(res)
             with lock:
@@ -159,14 +162,20 @@ def _timed(target, phase, requests, seed, progress, cancel) -> PhaseOutcome:
     target.phase_begin()
     wall0 = time.time()
     t0 = time.perf_counter()
-    for i, (req, at) in enumerate(zip(requests, arrivals)):
-        while (wait := t0 + at - time.perf_counter()) > 0:
-            time.sleep(min(wait, 0.05))
-        todo.put((i, req))
-    for _ in threads:
-        todo.put(None)
-    while not done.wait(0.05):
-        pass
+    try:
+        for i, (req, at) in enumerate(zip(requests, arrivals)):
+            while (wait := t0 + at - time.perf_counter()) > 0:
+                time.sleep(min(wait, 0.05))
+            todo.put((i, req))
+        for _ in threads:
+            todo.put(None)
+        while not done.wait(0.05):
+            pass
+    except BaseException:
+        cancel.set()                    # before the client threads take another request
+        for _ in threads:
+            todo.put(None)              # wake the idle ones, so that they end
+        raise
     duration = time.perf_counter() - t0
     progress.end()
     finished = [r for r in results if r is not None]

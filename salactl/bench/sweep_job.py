@@ -280,17 +280,19 @@ def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
             else:
                 record = _measure(p, key, ctx, run)
                 if record is not None:
-                    writer.append(record)
-                    run.points.append(record)
+                    with rec.interrupts_deferred():     # the summary written on the way out has every record
+                        writer.append(record)
+                        run.points.append(record)
             if progress:
                 progress.advance_point()
     except KeyboardInterrupt:
         run.interrupted = True
         raise
     finally:
-        if progress:
-            progress.end()
-        _finish(run, s, out)
+        with rec.interrupts_deferred():         # a second interrupt waits for the summary of the first
+            if progress:
+                progress.end()
+            _finish(run, s, out)
     if not run.points:                   # every point failed to build (e.g. FP8 KV without scales)
         raise ConfigError(f"no point could be measured ({run.invalid[-1]['reason']}); nothing was recorded")
     return run

@@ -263,6 +263,8 @@ class HttpTarget(Target):
                 "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
 
     def stream(self, request: BenchRequest, max_tokens: int, cancel: threading.Event):
+        if cancel.is_set():
+            raise RequestFailed("cancelled")
         deadline = Deadline(self.read_timeout_s)
         try:
             conn = self._connect(deadline.seconds)
@@ -273,7 +275,7 @@ class HttpTarget(Target):
             self._active.add(sock)
         resp = None
         try:
-            if cancel.is_set():
+            if cancel.is_set():         # set while connecting: cancel_all did not see this socket
                 raise RequestFailed("cancelled")
             try:
                 resp = self._send(conn, deadline, "POST", self.generate_path, self._payload(request, max_tokens))
