@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 
 from salactl.errors import QuantizationError, UsageError
+from salactl.quant.defaults import DEFAULT_DAMP
 from salactl.quant.gptq import Hessian, gptq_quantize, prepare_hessian
 from salactl.quant.packing import to_gptq_tensors
 from salactl.quant.quantizer import QuantizedWeight, QuantSpec, output_error
@@ -34,7 +35,6 @@ from salactl.runtime.kv_fp8 import fp8_dtype, scales_from_amax
 from salactl.runtime.ops.attention import attention, sdpa
 
 METHODS = ("gptq", "rtn")
-DEFAULT_DAMP = 0.01
 _SPARSE_GROUPS = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_gate"),
                   ("self_attn.o_proj",), ("mlp.gate_proj", "mlp.up_proj"), ("mlp.down_proj",))
 _LIGHTNING_GROUPS = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.z_proj"),

@@ -247,10 +247,31 @@ def save_checkpoint(state: dict[str, torch.Tensor], config_dict: dict, out_dir: 
         for f in tmp.iterdir():
             os.chmod(f, 0o666 & ~umask)
         os.chmod(tmp, 0o777 & ~umask)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
+        _swap_into_place(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def _swap_into_place(new: Path, out_dir: Path) -> None:
+    """Rename the finished checkpoint `new` onto `out_dir`. An existing out_dir is first renamed to a
+    hidden backup beside it and deleted only once `new` is in place, so whatever stops this midway
+    (Ctrl-C, a failed rename) leaves out_dir a whole checkpoint, the old or the new. Backups that an
+    earlier run left behind (killed while deleting one) go with this run's."""
+    prefix = f".{out_dir.name}.old-"
+    had_old = out_dir.exists()
+    # an empty directory with a name no one else takes: a directory renames onto it (POSIX)
+    backup = Path(tempfile.mkdtemp(prefix=prefix, dir=out_dir.parent))
+    try:
+        if had_old:
+            os.replace(out_dir, backup)
+        os.replace(new, out_dir)
+    except BaseException:
+        if had_old and not out_dir.exists():
+            os.replace(backup, out_dir)
+        shutil.rmtree(backup, ignore_errors=True)
+        raise
+    for leftover in out_dir.parent.iterdir():
+        if leftover.name.startswith(prefix) and leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)

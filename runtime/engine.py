@@ -86,13 +86,14 @@ def check_prompt(prompt, vocab_size: int) -> list[int]:
 def warn_model_limits(config, prompt_tokens: int, max_new_tokens: int) -> None:
     """A ModelLimitWarning (Python's warnings; the CLI says the same with its flags) where the
     request runs past max_position_embeddings or reaches sparse attention with forced blocks
-    filling the top-k."""
+    filling the top-k. The texts name only the model's numbers, never the request's: Python
+    remembers every distinct text it has shown from a line, so a per-request number would grow
+    that registry by one entry per request length and repeat the warning for each."""
     total = prompt_tokens + max_new_tokens
     if total > config.max_position_embeddings:
-        warnings.warn(f"the prompt plus max_new_tokens is {total:,} tokens, past the model's "
-                      f"max_position_embeddings ({config.max_position_embeddings:,}); it runs, but quality "
-                      "beyond the trained length is not guaranteed", ModelLimitWarning,
-                      stacklevel=_caller_stacklevel())
+        warnings.warn(f"the prompt plus max_new_tokens runs past the model's max_position_embeddings "
+                      f"({config.max_position_embeddings:,} tokens); it runs, but quality beyond the "
+                      "trained length is not guaranteed", ModelLimitWarning, stacklevel=_caller_stacklevel())
     note = config.sparse_config.forced_blocks_note
     if note and total >= config.sparse_config.dense_len:
         warnings.warn(note, ModelLimitWarning, stacklevel=_caller_stacklevel())

@@ -2,17 +2,32 @@
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
 import sys
 import threading
-import traceback
-import warnings
 
-import typer
+_INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-from salactl.errors import ModelLimitWarning, SalactlError
+
+def _exit_at_startup(signum, frame) -> None:
+    """An interrupt while this module loads (typer, rich): nothing to clean up yet, so the one line
+    and the exit code main() gives, without the traceback an import-time KeyboardInterrupt prints."""
+    print("terminated" if signum == signal.SIGTERM else "interrupted", file=sys.stderr)
+    os._exit(128 + signum)
+
+
+_handlers_before_import = ({sig: signal.signal(sig, _exit_at_startup) for sig in _INTERRUPT_SIGNALS}
+                           if threading.current_thread() is threading.main_thread() else {})
+
+import errno  # noqa: E402 - the imports that take a while come after the startup handlers
+import time  # noqa: E402
+import traceback  # noqa: E402
+import warnings  # noqa: E402
+
+import typer  # noqa: E402
+
+from salactl.errors import ModelLimitWarning, SalactlError  # noqa: E402
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -31,6 +46,8 @@ def _register() -> None:
 
 
 _register()
+for _sig, _handler in _handlers_before_import.items():
+    signal.signal(_sig, _handler)
 
 
 class Terminated(KeyboardInterrupt):
@@ -57,16 +74,42 @@ def _interrupted() -> None:
 
 
 _terminated = [False]
+_redelivery_pending = [False]
 
 
-def _on_sigterm(signum, frame) -> None:
-    _terminated[0] = True
-    raise Terminated()
+def _on_interrupt(signum, frame) -> None:
+    """Ctrl-C raises KeyboardInterrupt and SIGTERM Terminated, except while torch is being
+    imported: its C initialisation swallows an exception raised inside it (the command then runs on,
+    with numpy half loaded) or aborts (exit 134), so the signal waits until the import is done."""
+    if _importing_torch():
+        if not _redelivery_pending[0]:
+            _redelivery_pending[0] = True
+            threading.Thread(target=_redeliver_after_torch_import, args=(signum,), daemon=True).start()
+        return
+    if signum == signal.SIGTERM:
+        _terminated[0] = True
+        raise Terminated()
+    raise KeyboardInterrupt
+
+
+def _importing_torch() -> bool:
+    spec = getattr(sys.modules.get("torch"), "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))      # set by importlib while the module executes
+
+
+def _redeliver_after_torch_import(signum: int) -> None:
+    import _thread
+
+    while _importing_torch():
+        time.sleep(0.01)
+    _redelivery_pending[0] = False
+    _thread.interrupt_main(signum)
 
 
 def main() -> None:
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _on_sigterm)
+        for sig in _INTERRUPT_SIGNALS:
+            signal.signal(sig, _on_interrupt)
     try:
         with warnings.catch_warnings():
             # the commands say the same with the flag to change (output.warn_past_trained_length)

@@ -12,7 +12,7 @@ import typer
 from salactl import output
 from salactl.options import (DTYPE_HELP, DeviceOpt, JsonOpt, ModelOpt, RandomWeightsOpt, TokenizerOpt, non_empty, non_empty_path,
                              passed, refuse_unused, seed_option)
-from salactl.quant.sequential import DEFAULT_DAMP
+from salactl.quant.defaults import DEFAULT_DAMP
 
 
 def quantize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -65,9 +66,22 @@ def run(
                      tokenizer=tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,
                      top_p=top_p, top_k=top_k, chunk_size=chunk_size, chat=chat, ignore_eos=ignore_eos,
                      kv_cache_dtype=kv_cache_dtype, op_profile=op_profile)
-    stream = None if json_out else (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
-    with output.PrefillProgress() as prefill_progress:
-        result = execute(req, stream, None if json_out else prefill_progress)
+    last_text = [""]
+
+    def stream(text: str) -> None:
+        last_text[0] = text or last_text[0]
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    try:
+        with output.PrefillProgress() as prefill_progress:
+            result = execute(req, None if json_out else stream, None if json_out else prefill_progress)
+    except KeyboardInterrupt:       # "interrupted" goes on a line of its own, not after the cut text
+        if last_text[0] and not last_text[0].endswith("\n"):
+            with contextlib.suppress(OSError, ValueError):
+                sys.stdout.write("\n")
+                sys.stdout.flush()
+        raise
     if out is not None:
         from salactl.bench.records import RECORDS_NAME, RecordWriter
         from salactl.run_job import run_records

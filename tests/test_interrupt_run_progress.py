@@ -52,3 +52,20 @@ def test_an_interrupted_prefill_erases_its_bar_and_shows_the_cursor(tmp_path, si
     assert rc == code, screen[-400:]
     assert HIDE_CURSOR in screen and SHOW_CURSOR in screen[screen.rindex(HIDE_CURSOR):], screen[-400:]
     assert screen.rindex(line) > screen.rindex(b"prefill tokens"), screen[-400:]     # no bar after it
+
+
+def test_an_interrupt_mid_stream_ends_the_text_line(tmp_path):
+    """Ctrl-C while generated text streams: stdout ends its cut line, so "interrupted" (stderr) is
+    not glued to the text on a terminal."""
+    p = subprocess.Popen([sys.executable, "-m", "salactl", "run", "--prompt", "def fibonacci(n):", "-n", "2000",
+                          "--ignore-eos", "--device", "cpu"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        first = p.stdout.read(40)                 # streamed text has started
+        p.send_signal(signal.SIGINT)
+        rest, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, err[-400:]
+    assert (first + rest).endswith(b"\n") and err.strip().endswith(b"interrupted"), (first + rest)[-80:]

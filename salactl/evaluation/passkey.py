@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import re
+import weakref
 from typing import Callable
 
 from salactl.errors import UsageError
@@ -22,9 +23,9 @@ KEY_DIGITS = 5
 
 
 class _Segments:
-    """Token ids of the fixed prompt pieces, cached per tokenizer."""
+    """Token ids of the fixed prompt pieces, cached per tokenizer object for as long as it lives."""
 
-    _cache: dict[int, "_Segments"] = {}
+    _cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def __init__(self, tokenizer):
         enc = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
@@ -35,10 +36,9 @@ class _Segments:
 
     @classmethod
     def of(cls, tokenizer) -> "_Segments":
-        key = id(tokenizer)
-        if key not in cls._cache:
-            cls._cache[key] = cls(tokenizer)
-        return cls._cache[key]
+        if tokenizer not in cls._cache:
+            cls._cache[tokenizer] = cls(tokenizer)
+        return cls._cache[tokenizer]
 
 
 def _filler(segs: _Segments, n_tokens: int) -> tuple[list[int], list[int]]:
