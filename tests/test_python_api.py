@@ -207,7 +207,7 @@ def test_gpu_engine_checks_prompts_and_forgets_what_it_handed_back():
     for bad, message in (([5, 6.5], "must be integers"), ("hi", "pass token ids")):
         with pytest.raises(UsageError, match=message):
             gpu.submit(bad, GREEDY3)
-    want = Engine(gpu.model).generate([5, 6, 7], GREEDY3).output_token_ids
+    want = Engine(micro_model()).generate([5, 6, 7], GREEDY3).output_token_ids     # unfused reference
     res = gpu.generate(torch.tensor([5, 6, 7]), GREEDY3)
     assert res.output_token_ids == want and res.prompt_token_ids == [5, 6, 7]
     assert [r.output_token_ids for r in gpu.generate_batch([([5, 6, 7], GREEDY3)] * 2)] == [want, want]
@@ -249,10 +249,10 @@ def _idle(gpu) -> bool:
 def test_gpu_engine_takes_engines_calls_for_one_request():
     """A user moving to the GPU swaps the class and keeps generate/stream/kv_cache_dtype: the same
     greedy tokens as Engine, interleaved streams each get their own, early close releases."""
-    model = micro_model()
-    gpu = _gpu(model)
+    gpu = _gpu()
     params = SamplingParams(max_new_tokens=4, ignore_eos=True)
-    want = {p: Engine(model).generate(p, params).output_token_ids for p in ((5, 6, 7), (9, 8))}
+    reference = Engine(micro_model())                    # GPUEngine fused its own model in place
+    want = {p: reference.generate(p, params).output_token_ids for p in ((5, 6, 7), (9, 8))}
     for p, toks in want.items():
         assert gpu.generate(list(p), params).output_token_ids == toks
     a, b = gpu.stream([5, 6, 7], params), gpu.stream([9, 8], params)
@@ -270,6 +270,18 @@ def test_gpu_engine_takes_engines_calls_for_one_request():
     with pytest.raises(UsageError, match="pass token ids"):
         gpu.stream("hi", params)                         # at the call, not at the first next()
     assert _idle(gpu)
+
+
+@gpu_engine_api
+def test_gpu_engine_fuses_the_callers_model_in_place_as_documented():
+    """No second copy of the weights: the model passed in becomes the fused one, and the class
+    docstring says so (a reference for comparisons must be built separately)."""
+    from salactl.runtime.gpu.fast_model import FusedSalaForCausalLM
+
+    model = micro_model()
+    gpu = _gpu(model)
+    assert gpu.model is model and type(model) is FusedSalaForCausalLM
+    assert "fuses `model` in place" in " ".join(type(gpu).__doc__.split())
 
 
 @gpu_engine_api
@@ -353,7 +365,7 @@ def test_gpu_streams_survive_a_caller_taking_results_from_events():
     seen = {rid for rid, _, _ in gpu.events()}
     for rid in seen:
         gpu.result(rid)
-    assert list(stream) == Engine(gpu.model).generate([5, 6, 7], GREEDY3).output_token_ids
+    assert list(stream) == Engine(micro_model()).generate([5, 6, 7], GREEDY3).output_token_ids
     assert _idle(gpu)
     with pytest.raises(UsageError, match="request 0 is unknown"):
         gpu.abort(0)

@@ -17,7 +17,9 @@ with CUDA-event timing per op class (for the roofline) instead of graph replay.
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
 import time
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator
@@ -48,6 +50,15 @@ def fallback_notes(device: torch.device) -> list[str]:
     return []
 
 
+def _serialised(method):
+    """Run `method` holding the engine's lock: one thread at a time changes or steps it."""
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return locked
+
+
 class GPUEngine:
     """Continuous-batching engine for many concurrent requests on one CUDA GPU (Triton kernels).
 
@@ -66,7 +77,16 @@ class GPUEngine:
     Each submitted request is kept until result(rid) takes it: call result() for every rid you
     submit() (generate(), generate_batch() and stream() do). A caller who stops reading events()
     before its requests finish must abort(rid) them (otherwise they keep running in later steps)
-    and then take result(rid)."""
+    and then take result(rid).
+
+    Several threads may share one engine: each call is serialised (each step runs for one
+    caller at a time), and each thread's generate() / stream() steps the shared batch until its
+    own request finishes, so concurrent requests are batched together.
+
+    The engine fuses `model` in place (fuse=True): its modules are re-classed to the fused ones
+    and its projection weights become views into concatenated ones (no second copy of the
+    weights). Build the model anew (or before building a GPUEngine on it) for an unfused
+    reference."""
 
     def __init__(self, model, device=None, *, mem_fraction: float = DEFAULT_MEM_FRACTION, max_running_requests: int = 64,
                  chunk_size: int = 8192, cuda_graph: bool = True, max_context: int | None = None,
@@ -110,6 +130,9 @@ class GPUEngine:
         self._next_id = 0
         self.timers = {"prefill": OpTimer(self.device), "decode": OpTimer(self.device)}
         self.gla_prefill = prefill_impl(self.device)
+        # re-entrant: locked methods call each other (step -> abort), and a stream collected
+        # mid-step releases its request in the stepping thread
+        self._lock = threading.RLock()
 
     def fallback_notes(self) -> list[str]:
         return fallback_notes(self.device)
@@ -131,6 +154,10 @@ class GPUEngine:
         prompt_ids: token ids (a list of ints or a 1-D integer tensor/array). params: SamplingParams
         (None = the defaults). eos_ids: stop ids for this request on top of the engine's (ignored
         with params.ignore_eos). A request that could never fit the cache is a CapacityError."""
+        return self._submit(prompt_ids, params, eos_ids).rid
+
+    @_serialised
+    def _submit(self, prompt_ids, params, eos_ids) -> Request:
         params = resolve_params(params)
         prompt = check_prompt(prompt_ids, self.config.vocab_size)
         eos = self.eos_ids | frozenset(as_token_ids(eos_ids, "eos_ids"))
@@ -143,7 +170,7 @@ class GPUEngine:
         self.scheduler.add(req)
         self.requests[req.rid] = req
         self._next_id += 1
-        return req.rid
+        return req
 
     def generate(self, prompt, params: SamplingParams | None = None, eos_ids=(),
                  on_token: Callable[[int], None] | None = None,
@@ -152,15 +179,15 @@ class GPUEngine:
         GenerationResult; on_token(id) is called with each of its tokens as it is sampled and
         prefill_progress(done, total) after each step that prefilled part of its prompt. Other
         requests submitted to the engine advance in the same steps (and may still be running)."""
-        rid = self.submit(prompt, params, eos_ids)
+        req = self._submit(prompt, params, eos_ids)
         try:
-            for tok in self._tokens(self.requests[rid], prefill_progress):
+            for tok in self._tokens(req, prefill_progress):
                 if on_token:
                     on_token(tok)
         except BaseException:            # an error, or Ctrl-C: stop the request, keep nothing
-            self._drop([rid])
+            self._drop([req.rid])
             raise
-        return self.result(rid)
+        return self.result(req.rid)
 
     def stream(self, prompt, params: SamplingParams | None = None, eos_ids=()) -> Iterator[int]:
         """Engine.stream's contract for one request: its token ids, each as soon as it is sampled.
@@ -168,35 +195,41 @@ class GPUEngine:
         advancing every running request, so several stream()s can be read in turn. The request is
         released when it finishes, and aborted and released when the generator is closed (or
         collected) before that; an error in a step propagates."""
-        tokens = self._stream(self.submit(prompt, params, eos_ids))
+        tokens = self._stream(self._submit(prompt, params, eos_ids))
         next(tokens)
         return tokens
 
-    def _stream(self, rid: int) -> Iterator[int]:
-        req = self.requests[rid]
+    def _stream(self, req: Request) -> Iterator[int]:
         try:
-            yield            # stream() runs to here: closing a stream never read still releases rid
+            yield            # stream() runs to here: closing a stream never read still releases it
             yield from self._tokens(req)
         finally:
-            self._drop([rid])
+            self._drop([req.rid])
 
     def _tokens(self, req: Request, prefill_progress: Callable[[int, int], None] | None = None) -> Iterator[int]:
         """The request's tokens as they are produced, stepping the engine until it finishes. Read
-        from its output list, not step()'s events: another caller's step may have produced them
-        (and may even have taken its result)."""
+        from its output list, not step()'s events: another caller's step (in this thread or
+        another) may have produced them (and may even have taken its result). The lock is held
+        for a snapshot or a step, never across a yield or a callback: an abandoned stream blocks
+        no other thread."""
         sent, reported = 0, 0
         while True:
-            if prefill_progress and req.prefilled != reported:     # as Engine: after each chunk
-                reported = req.prefilled
+            with self._lock:
+                new, prefilled = req.output[sent:], req.prefilled
+                error, finished = req.error, req.finish_reason is not None
+            if prefill_progress and prefilled != reported:     # as Engine: after each chunk
+                reported = prefilled
                 prefill_progress(reported, len(req.prompt))
-            while sent < len(req.output):                # one step may sample two (prefill + decode)
-                yield req.output[sent]
+            for tok in new:                              # one step may sample two (prefill + decode)
+                yield tok
                 sent += 1
-            if req.error is not None:                    # another caller's step failed with it
-                raise req.error
-            if req.finish_reason is not None:
+            if error is not None:                        # another caller's step failed with it
+                raise error
+            if finished:
                 return
-            self.step()
+            with self._lock:
+                if len(req.output) == sent and req.finish_reason is None:   # not advanced meanwhile
+                    self.step()
 
     def generate_batch(self, requests: list[tuple[list[int], SamplingParams | None]]) -> list[GenerationResult]:
         """Run [(prompt_ids, params), ...] batched together (with anything submitted before) to
@@ -219,6 +252,7 @@ class GPUEngine:
         while self.scheduler.has_work():
             yield from self.step()
 
+    @_serialised
     def _drop(self, rids: list[int]) -> None:
         """Abort (if still running) and forget these requests (skipping any whose result was
         taken already, e.g. by a caller reading events())."""
@@ -227,6 +261,7 @@ class GPUEngine:
                 self.abort(rid)
                 del self.requests[rid]
 
+    @_serialised
     def result(self, rid: int) -> GenerationResult:
         """A finished request's GenerationResult, handed over once: the engine forgets the request."""
         req = self.requests.get(rid)
@@ -245,6 +280,7 @@ class GPUEngine:
             dec.op_seconds = self.timers["decode"].totals()
         return GenerationResult(list(req.prompt), list(req.output), req.finish_reason, ttft, pre, dec)
 
+    @_serialised
     def abort(self, rid: int, reason: str = "abort") -> None:
         """Finish a request now (finish_reason `reason` unless it already finished), freeing its
         slot and pages; later steps carry on with the other requests. Its output so far stays
@@ -259,6 +295,7 @@ class GPUEngine:
             self.scheduler.cancel(req)
 
     # ---- one scheduler step -----------------------------------------------------------------
+    @_serialised
     def step(self) -> list[tuple[int, int, float]]:
         """One admission + prefill chunk + decode step. If a phase raises, the requests it ran
         are finished with reason "error" (their memory freed) before the error propagates."""
