@@ -113,7 +113,7 @@ def available_host_bytes() -> int | None:
 def check_fits(need: int, avail: int | None, what: str, where: str, fix: str) -> None:
     """A CapacityError (exit 11) before allocating, where `need` bytes exceed `avail` (None:
     unknown, no check): "{what} needs N, but {where} has M available; {fix}"."""
-    from salactl.output import human_bytes
+    from salactl.units import human_bytes
 
     if avail is not None and need > avail:
         raise CapacityError(f"{what} needs {human_bytes(need)}, but {where} has {human_bytes(avail)} "
@@ -125,7 +125,7 @@ def check_host_memory(config: SalaConfig, dtype: torch.dtype, device: torch.devi
     them: otherwise the kernel's OOM killer ends the process mid-load, with no message."""
     if device.type != "cpu":
         return
-    from salactl.output import human_bytes
+    from salactl.units import human_bytes
 
     params = config.parameter_count()
     half = "" if dtype.itemsize <= 2 else f"dtype bf16 (--dtype bf16, {human_bytes(params * 2)}), "

@@ -15,6 +15,7 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from salactl.errors import UsageError
+from salactl.units import human_bytes  # noqa: F401 - output.human_bytes in the commands' tables
 
 
 class _Console(Console):
@@ -147,14 +148,6 @@ def fmt(v) -> str:
             return f"{v:.3g}"
         return f"{v:.4g}" if a < 100 else f"{v:.1f}"
     return str(v)
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return str(n)
 
 
 class PrefillProgress:

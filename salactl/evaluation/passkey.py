@@ -111,7 +111,7 @@ def check_passkey_memory(config, device, act_bytes: int, lengths: list[int], dep
                          trials: int) -> None:
     """Exit 11 before anything is built when the prompts (host) and the cache (the model's device)
     need more memory than is available."""
-    from salactl.output import human_bytes
+    from salactl.units import human_bytes
     from salactl.runtime.loader import available_bytes, available_host_bytes, check_fits
 
     prompts, cache = passkey_memory_bytes(config, act_bytes, lengths, depths, trials)

@@ -5,7 +5,7 @@ allocated: the device, dtype, model, --layers, --backend, and the memory the ste
 from __future__ import annotations
 
 from salactl.errors import CapacityError, DeviceError, UsageError
-from salactl.output import human_bytes
+from salactl.units import human_bytes
 from salactl.profiling.spec import ProfileSpec
 
 
