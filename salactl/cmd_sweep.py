@@ -44,7 +44,7 @@ def sweep(
     mem_fraction: Annotated[Optional[float], typer.Option("--mem-fraction", help="GPU engine: share of the GPU memory still free once the weights are loaded that its KV/state caches and prefill workspace take, in (0, 1] (default 0.9). Refused on the reference engine.")] = None,
     pareto_x: Annotated[str, typer.Option("--pareto-x", help="Latency axis of the front: e2e, ttft or tpot.")] = "e2e",
     out: Annotated[Path, typer.Option("--out", metavar="<path>", parser=non_empty_path("--out", "a directory"), help="Directory for records.jsonl and the plot.")] = Path("salactl-results/sweep"),
-    resume: Annotated[bool, typer.Option("--resume", help="Skip points already recorded in --out.")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Skip points already recorded in --out under the same --label (another --label measures them again).")] = False,
     label: Annotated[Optional[str], typer.Option("--label", help="A name for this sweep in the records.")] = None,
     json_out: JsonOpt = False,
 ) -> None:

@@ -40,9 +40,28 @@ def test_phase_metrics_by_hand():
     assert m["mean_itl_ms"] == pytest.approx(100.0) and m["max_itl_ms"] == pytest.approx(100.0)
     assert m["mean_e2e_latency_ms"] == pytest.approx(400.0)
     assert m["concurrency"] == pytest.approx(0.8)             # (0.5 + 0.3) / 1.0
-    assert m["max_output_tokens_per_s"] == 6.0                # all tokens in the first second
-    assert m["max_concurrent_requests"] == 2
+    assert m["max_output_tokens_per_s"] is None               # 0.5 s of requests: no full second
+    assert m["max_concurrent_requests"] == 2                  # a and b both run in [0.2, 0.5]
     assert "request_goodput" not in m
+
+
+def test_max_concurrent_requests_is_the_peak_in_flight_at_one_instant():
+    # each ends as the next is sent (steps of 1/16 s, exact in binary)
+    one_at_a_time = [result(str(i), i / 16, 0.01, 1 / 16, 2, [0.03]) for i in range(12)]
+    assert phase_metrics(one_at_a_time, 0.75)["max_concurrent_requests"] == 1
+    pairs = [result("a", 0.0, 0.1, 1.0, 2, [0.9]), result("b", 0.5, 0.1, 1.0, 2, [0.9]),
+             result("c", 1.2, 0.1, 1.0, 2, [0.9])]       # a+b, then b+c; all three touch second 1
+    assert phase_metrics(pairs, 2.2)["max_concurrent_requests"] == 2
+
+
+def test_max_output_tokens_per_s_counts_full_one_second_buckets():
+    # 10 tokens at 0.05 .. 0.5 s, then 5 at 1.05 .. 1.25 s: 10 in bucket [0, 1), 5 in [1, 2)
+    rs = [result("a", 0.0, 0.05, 0.5, 10, [0.05] * 9), result("b", 0.95, 0.1, 0.3, 5, [0.05] * 4)]
+    m = phase_metrics(rs, 1.25)
+    assert m["max_output_tokens_per_s"] == 10.0
+    assert m["output_throughput"] == 12.0
+    short = [result("a", 0.0, 0.05, 0.5, 10, [0.05] * 9)]     # 20 tok/s for 0.5 s: no full second
+    assert phase_metrics(short, 0.5)["max_output_tokens_per_s"] is None
 
 
 def test_goodput_uses_every_slo():

@@ -385,4 +385,6 @@ def test_seed_and_the_request_timeout_default_reach_the_records(tmp_path):
     assert r.returncode == 0, r.stderr
     knobs = json.loads(r.stdout)["phases"][0]["knobs"]
     assert knobs["seed"] == 7 and knobs["dataset"]["seed"] == 7
+    assert knobs["input_len"] == knobs["dataset"]["input_len"] > 0
+    assert knobs["output_len"] == knobs["dataset"]["output_len"] > 0
     assert knobs["target"]["request_timeout_s"] == 21600

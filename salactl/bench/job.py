@@ -162,6 +162,8 @@ def _phase_knobs(plan, s: BenchSettings, target, slo, cache_flushed: bool | None
             "burstiness": ph.burstiness, "warmup_requests": ph.warmup_requests,
             "flush_cache": ph.flush_cache, "cache_flushed": cache_flushed,
             "batch_size": ph.batch_size, "dataset": plan.dataset,
+            # the lengths that ran (after --scale; None for SOAR's mixed rows), as sweep names them
+            "input_len": plan.dataset.get("input_len"), "output_len": plan.dataset.get("output_len"),
             "num_requests_cap": s.num_requests, "skip_bad_rows": s.skip_bad_rows,
             "temperature": 0.0, "ignore_eos": True, "stream": True, "slo_ms": slo or None,
             "seed": s.seed, "target": target.knobs()}

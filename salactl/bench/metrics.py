@@ -11,8 +11,13 @@
   evenly over the tokens it carries (SGLang `/generate`).
 - mean / median / std (population) / p90 / p95 / p99 with numpy's linear percentiles; max ITL.
 - concurrency = Σ E2E / duration (SGLang).
-- max_output_tokens_per_s / max_concurrent_requests: tokens and active requests counted into
-  1-second buckets from the first request's send time (vLLM/SGLang).
+- max_output_tokens_per_s: output tokens counted into 1-second buckets from the first request's
+  send time, the fullest bucket (vLLM); None when the successful requests span under 1 s, where
+  no bucket is a full second and vLLM's count would sit below the phase's own mean throughput.
+- max_concurrent_requests: the most requests in flight at one instant, each over
+  [send, end of stream] (a request ending as another is sent does not overlap it). vLLM counts
+  every request active at any time within a 1-second bucket, which adds up requests that never
+  ran together (12 one-at-a-time requests in a 0.8 s phase would give 12, not 1).
 - request_goodput (when SLOs are given): requests whose TTFT, TPOT (0 for ≤ 1 token) and E2E are
   all ≤ their SLO, per second (vLLM / DistServe).
 Empty samples give None (SGLang would print 0).
@@ -51,13 +56,12 @@ def parse_slo(text: str | None) -> dict[str, float]:
     return parse_positive_pairs(text, "--slo", "ms", "ttft=500,tpot=50", SLO_KEYS)
 
 
-def _peaks(ok: list[RequestResult]) -> tuple[float | None, int | None]:
-    if not ok:
-        return None, None
+def _max_output_tokens_per_s(ok: list[RequestResult]) -> float | None:
     t0 = min(r.start_time for r in ok)
     t1 = max(r.start_time + r.latency for r in ok)
-    n = int(math.ceil(t1 - t0)) + 1
-    tokens, active = np.zeros(n), np.zeros(n)
+    if t1 - t0 < 1.0:
+        return None
+    tokens = np.zeros(int(math.ceil(t1 - t0)) + 1)
     for r in ok:
         t = r.start_time + r.ttft
         times = [t]
@@ -66,11 +70,18 @@ def _peaks(ok: list[RequestResult]) -> tuple[float | None, int | None]:
             times.append(t)
         for x in times:
             b = int(x - t0)
-            if 0 <= b < n:
+            if 0 <= b < len(tokens):
                 tokens[b] += 1
-        for s in range(int(r.start_time - t0), int(r.start_time + r.latency - t0) + 1):
-            active[s] += 1
-    return float(tokens.max()), int(active.max())
+    return float(tokens.max())
+
+
+def _max_concurrent_requests(ok: list[RequestResult]) -> int:
+    """The peak of requests in flight, reached at some request's send time: those sent by then
+    minus those ended by then (an end at that instant no longer counts)."""
+    starts = np.sort([r.start_time for r in ok])
+    ends = np.sort([r.start_time + r.latency for r in ok])
+    in_flight = np.searchsorted(starts, starts, "right") - np.searchsorted(ends, starts, "right")
+    return max(int(in_flight.max()), 1)     # 1: a request that took no time at all
 
 
 def good_requests(ok: list[RequestResult], slo: dict[str, float]) -> int:
@@ -110,7 +121,8 @@ def phase_metrics(results: list[RequestResult], duration: float, slo: dict[str, 
     m["max_itl_ms"] = max(itls) * 1000.0 if itls else None
     m.update(summarize([r.latency for r in ok], "e2e_latency"))
     m["concurrency"] = per_s(sum(r.latency for r in ok)) if ok else None
-    m["max_output_tokens_per_s"], m["max_concurrent_requests"] = _peaks(ok)
+    m["max_output_tokens_per_s"] = _max_output_tokens_per_s(ok) if ok else None
+    m["max_concurrent_requests"] = _max_concurrent_requests(ok) if ok else None
     if slo:
         m["request_goodput"] = per_s(good_requests(ok, slo))
         m["slo"] = dict(slo)

@@ -15,6 +15,9 @@ Schema (version 1):
                overrides); batch_size (one-batch mode).
     max_concurrency, request_rate, batch_size, input_len and output_len may be lists: the phase
     expands into the grid of their combinations (names get -c8 / -rate4 / -bs8 / -in1024 / -out16).
+    Names keep the profile's lengths whatever --scale does to the prompts (they are the keys of
+    --phases and of the scoring weights); the lengths that ran are in each record's
+    knobs.dataset.input_len / output_len, and the bench table shows them.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from salactl import output
 from salactl.bench.requests import RequestResult
 from salactl.errors import UsageError
 from salactl.output import jsonable
@@ -82,7 +83,9 @@ def _deliver(signum: int, handler) -> None:
 
 
 class RecordWriter:
-    """Appends whole lines (one write + fsync per call) so a crash never leaves half a record."""
+    """Appends whole lines (one write + fsync per call) so a crash never leaves half a record. A file
+    that ends in a partial line (cut short by something else) gets a line break first, so the new
+    records do not run into the fragment, which stays a damaged line of its own."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -94,15 +97,29 @@ class RecordWriter:
         """`records` in one write that no interrupt splits: run's prefill and decode records go together."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         text = "".join(json.dumps(record, sort_keys=False) + "\n" for record in records)
-        with interrupts_deferred(), open(self.path, "a", encoding="utf-8") as f:
-            f.write(text)
+        with interrupts_deferred(), open(self.path, "a+b") as f:
+            if _ends_in_partial_line(f):
+                fragment_line = self.path.read_bytes().count(b"\n") + 1
+                output.warn_once(f"{self.path} ends in a partial line (line {fragment_line}, a damaged "
+                                 "record); the new records start on the next line")
+                text = "\n" + text
+            f.write(text.encode("utf-8"))
             f.flush()
             os.fsync(f.fileno())
 
 
+def _ends_in_partial_line(f) -> bool:
+    """`f` (opened "a+b") is not empty and its last byte is not a line break."""
+    if f.seek(0, os.SEEK_END) == 0:
+        return False
+    f.seek(-1, os.SEEK_END)
+    return f.read(1) != b"\n"
+
+
 def read_records(path: Path) -> list[dict]:
-    """The records already in `path` ([] when there is none); a file that cannot be read or is not
-    UTF-8 is a UsageError (exit 2), as `salactl report` treats records files."""
+    """The records already in `path` ([] when there is none), skipping lines that hold no JSON object
+    with one warning; a file that cannot be read or is not UTF-8 is a UsageError (exit 2), as
+    `salactl report` treats records files."""
     path = Path(path)
     if not path.exists():
         return []
@@ -113,13 +130,21 @@ def read_records(path: Path) -> list[dict]:
                          "another --out") from None
     text = decode_records(data, path, ": move it away or choose another --out")
     out = []
-    for line in text.splitlines():
+    damaged = []
+    for lineno, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if line:
             try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue        # a foreign or damaged line; records are written whole
+                record = json.loads(line)
+            except (json.JSONDecodeError, RecursionError):
+                record = None
+            if isinstance(record, dict):
+                out.append(record)
+            else:
+                damaged.append(lineno)      # a foreign or damaged line; records are written whole
+    if damaged:
+        output.warn_once(f"skipped {len(damaged)} damaged line(s) of {path} (first: line {damaged[0]}); "
+                         "a point recorded there counts as not measured")
     return out
 
 

@@ -13,7 +13,18 @@ COLUMNS = [("phase", "phase"), ("conc", "max_concurrency"), ("rate", "request_ra
            ("ITL ms", "mean_itl_ms"), ("p99 ITL", "p99_itl_ms"), ("E2E ms", "mean_e2e_latency_ms")]
 
 
+LENGTH_COLUMNS = [("in tok", "input_len"), ("out tok", "output_len")]
+
+
+def _prompt_length(rec: dict, key: str) -> int | None:
+    """The input/output length every prompt of the phase asked for (a random dataset, after --scale:
+    the phase's name keeps the profile's length), None for mixed lengths (SOAR)."""
+    return ((rec.get("knobs") or {}).get("dataset") or {}).get(key)
+
+
 def _cell(rec: dict, key: str):
+    if key in ("input_len", "output_len"):
+        return _prompt_length(rec, key)
     if key == "peak_gpu_memory_gib":
         v = rec.get("peak_gpu_memory_bytes")
         return v / 2 ** 30 if v else None
@@ -27,6 +38,8 @@ def _cell(rec: dict, key: str):
 
 def table_rows(run: dict) -> tuple[list[str], list[list]]:
     cols = list(COLUMNS)
+    if any(_prompt_length(p, "input_len") is not None for p in run["phases"]):
+        cols[3:3] = LENGTH_COLUMNS          # after the phase's name, concurrency and rate
     if any(p.get("request_goodput") is not None for p in run["phases"]):
         cols.append(("goodput req/s", "request_goodput"))
     if any(p.get("peak_gpu_memory_bytes") for p in run["phases"]):

@@ -70,6 +70,7 @@ class SweepSettings:
 @dataclass
 class SweepRun:
     run_id: str
+    label: str | None = None
     points: list[dict] = field(default_factory=list)
     resumed: int = 0
     invalid: list[dict] = field(default_factory=list)
@@ -79,9 +80,10 @@ class SweepRun:
     interrupted: bool = False           # stopped early: points and front cover the finished points only
 
     def to_dict(self) -> dict:
-        return rec.jsonable({"run_id": self.run_id, "points": self.points, "resumed_points": self.resumed,
-                             "invalid_points": self.invalid, "notes": self.notes, "pareto": self.pareto,
-                             "interrupted": self.interrupted, "files": self.files})
+        return rec.jsonable({"run_id": self.run_id, "label": self.label, "points": self.points,
+                             "resumed_points": self.resumed, "invalid_points": self.invalid,
+                             "notes": self.notes, "pareto": self.pareto, "interrupted": self.interrupted,
+                             "files": self.files})
 
 
 @dataclass(frozen=True)
@@ -198,7 +200,7 @@ def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
     s = _check_before_loading(s)
     depths = parse_list(s.passkey_depths, "--passkey-depths", float)
     lengths = parse_ints(s.passkey_lengths, "passkey-lengths", 512)
-    run = SweepRun(rec.new_run_id())
+    run = SweepRun(rec.new_run_id(), s.label)
     out = Path(s.out)
     records_path = out / rec.RECORDS_NAME
     existing = [r for r in rec.read_records(records_path) if r.get("kind") == "sweep"]
@@ -253,13 +255,20 @@ def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
                "input_len": s.input_len, "output_len": s.output_len, "requests": s.requests,
                "kl": s.kl, "kl_len": kl_len, "passkey": do_passkey, "passkey_lengths": lengths,
                "passkey_depths": depths, "passkey_trials": s.passkey_trials, "seed": s.seed}
-    done = {r.get("point_key"): r for r in existing}
+    # a point recorded under another --label belongs to another run: resume only this label's points
+    done = {r.get("point_key"): r for r in existing if r.get("label") == s.label}
     env = environment()
     writer = rec.RecordWriter(records_path)
     run.files["records"] = str(records_path)
 
     ref_logits, prompt = None, None
     todo = [p for p in points if point_key(p, context) not in done]
+    other_labels = {r.get("point_key") for r in existing} - set(done)
+    relabelled = sum(point_key(p, context) in other_labels for p in todo)
+    if relabelled:
+        this = f"--label {s.label}" if s.label else "this sweep without --label"
+        output.stderr.print(f"note: {relabelled} point(s) recorded under another --label are measured again "
+                            f"for {this}: --resume reuses only points of the same --label")
     if s.kl and todo:
         from salactl.bench.accuracy import dense_config, kl_prompt, prompt_logits, with_config
 
