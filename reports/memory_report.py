@@ -13,14 +13,15 @@ from salactl.reports.memory import (KV_DTYPE_BYTES, full_attention_request, gpu_
                                     kv_bytes_per_token, max_concurrent, prefill_workspace_bytes,
                                     request_memory, server_memory, weight_bytes)
 from salactl.runtime.config import SalaConfig
-from salactl.runtime.loader import quantization_config
+from salactl.runtime.loader import planning_config, quantization_config
 
 PEAK_KEYS = ("peak_memory_bytes", "peak_gpu_memory_bytes", "peak_memory_allocated_bytes",
              "max_memory_allocated_bytes", "max_memory_allocated")
 CONTEXT_KNOBS = ("context", "context_len", "input_len", "random_input_len", "prompt_tokens")
 OUTPUT_KNOBS = ("output_len", "random_output_len")    # generated per request, on top of the prompt
-BATCH_KNOBS = ("batch", "batch_size", "max_concurrency", "concurrency")
+BATCH_KNOBS = ("batch", "batch_size")     # else max_concurrency (record_batch); `concurrency` is a metric
 WEIGHT_KNOBS = ("weights", "weight_dtype")
+KV_KNOBS = ("kv_cache_dtype", "kv_dtype")
 # a model dtype's names -> the name its rows show (bytes per element: KV_DTYPE_BYTES, same names)
 DTYPES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "fp32": "fp32",
           "float32": "fp32"}
@@ -40,7 +41,10 @@ class MemoryQuery:
     group_size: int = 128
 
 
-def build(config: SalaConfig, q: MemoryQuery, records: list[dict] | None = None) -> dict:
+def build(config: SalaConfig, q: MemoryQuery, records: list[dict] | None = None,
+          model: str | None = None) -> dict:
+    """The report for `config` (the shapes of `model`, as --model names it); records of another
+    model are predicted with their own model's shapes where it can be read, else not at all."""
     servers = {w: server_memory(config, w, q.prefill_chunk, q.max_batch, q.cuda_graphs, q.group_size)
                for w in q.weights}
     per_request = []
@@ -49,6 +53,7 @@ def build(config: SalaConfig, q: MemoryQuery, records: list[dict] | None = None)
             r = request_memory(config, ctx, kv, q.compressed_keys)
             per_request.append({"kv_dtype": kv, **r.to_dict(),
                                 "full_attention": full_attention_request(config, ctx, kv)})
+    measured, unreadable = measured_rows(config, records or [], q, model)
     concurrency = []
     for gpu, gpu_bytes in q.gpus:
         for w, srv in servers.items():
@@ -79,7 +84,8 @@ def build(config: SalaConfig, q: MemoryQuery, records: list[dict] | None = None)
         "concurrency": concurrency,
         "weights_exceed_memory": weights_exceed_memory(servers, q),
         "fixed_exceeds_memory": fixed_exceeds_memory(servers, q),
-        "measured": measured_rows(config, records or [], q),
+        "measured": measured,
+        "measured_models_unreadable": [{"model": m, "records": n} for m, n in unreadable.items()],
     }
 
 
@@ -107,20 +113,40 @@ def fixed_exceeds_memory(servers, q: MemoryQuery) -> list[dict]:
     return out
 
 
-def _knob(rec: dict, names) -> int | None:
+def record_settings(rec: dict) -> dict:
+    """The settings that produced a record: its knobs, over bench's embedded-target settings
+    (knobs.target: dtype, weights, kv_cache_dtype, chunk_size, max_running_requests, ...)."""
     knobs = rec.get("knobs") or {}
+    target = knobs.get("target") if isinstance(knobs.get("target"), dict) else {}
+    return {**target, **{k: v for k, v in knobs.items() if v is not None}}
+
+
+def _knob(rec: dict, settings: dict, names) -> int | None:
     for n in names:
-        for src in (knobs, rec):
+        for src in (settings, rec):
             v = src.get(n)
             if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
                 return int(v)
     return None
 
 
-def _checkpoint_quant(rec: dict) -> tuple[str | None, int | None]:
-    """("w4a16"/"w8a16", GPTQ group) or ("", None) for unquantized weights, as the `run` record's
+def record_batch(rec: dict, settings: dict) -> int | None:
+    """Requests in memory at once: the batch knob; a `run` is one request; else max_concurrency
+    capped by the embedded engine's max_running_requests and the number of prompts. None (unknown,
+    no prediction) when neither bounds it, as for an unlimited-concurrency phase over HTTP."""
+    batch = _knob(rec, settings, BATCH_KNOBS)
+    if batch or rec.get("kind") == "run":
+        return batch or 1
+    bounds = [n for n in (_knob(rec, settings, ("max_concurrency",)),
+                          _knob(rec, settings, ("max_running_requests",))) if n]
+    prompts = _knob(rec, settings, ("num_prompts",))
+    return min(bounds + ([prompts] if prompts else [])) if bounds else None
+
+
+def _checkpoint_quant(rec: dict, settings: dict) -> tuple[str | None, int | None]:
+    """("w4a16"/"w8a16", GPTQ group) or ("", None) for unquantized weights, as the record's
     checkpoint (its config.json's quantization_config) says; (None, None) when it cannot be read."""
-    if (rec.get("knobs") or {}).get("random_weights") is True:
+    if settings.get("random_weights") is True:
         return "", None                         # random weights are never quantized (runtime/loader.py)
     try:
         qc = quantization_config(Path(str(rec.get("model"))))
@@ -133,55 +159,84 @@ def _checkpoint_quant(rec: dict) -> tuple[str | None, int | None]:
 
 
 def record_weights(rec: dict) -> tuple[str, int | None, int | None]:
-    """(weights, activation bytes, GPTQ group) that produced a record: from its knobs (weights /
-    weight_dtype, dtype) or, for `run` records, its checkpoint; ("unknown", None, None) when
+    """(weights, activation bytes, GPTQ group) that produced a record: from its settings (weights /
+    weight_dtype, dtype) or, for the embedded runtime, its checkpoint; ("unknown", None, None) when
     neither says (no guessing)."""
-    knobs = rec.get("knobs") or {}
-    w = next((knobs[k] for k in WEIGHT_KNOBS if isinstance(knobs.get(k), str)), None)
+    settings = record_settings(rec)
+    w = next((settings[k] for k in WEIGHT_KNOBS if isinstance(settings.get(k), str)), None)
     group = None
-    if rec.get("kind") == "run" and (w is None or w in QUANTIZED_BITS):    # the group size is in the checkpoint
-        found, group = _checkpoint_quant(rec)
+    embedded = rec.get("kind") == "run" or rec.get("target") == "embedded"
+    if embedded and (w is None or w in QUANTIZED_BITS):    # the group size is in the checkpoint
+        found, group = _checkpoint_quant(rec, settings)
         w = w or found
-    dtype = DTYPES.get(knobs.get("dtype"))
+    dtype = DTYPES.get(settings.get("dtype"))
     if w in QUANTIZED_BITS:                     # W4A16/W8A16: 16-bit unless the record says otherwise
         return w, KV_DTYPE_BYTES[dtype or "bf16"], group
     dtype = DTYPES.get(w) or (dtype if w in ("", "dense") else None)
     return (dtype, KV_DTYPE_BYTES[dtype], None) if dtype else ("unknown", None, None)
 
 
-def measured_rows(config, records, q: MemoryQuery) -> list[dict]:
-    """Measured allocator peaks next to the analytic prediction for the record's context, batch,
-    weights, dtype and prefill chunk (prediction = weights + workspace + batch × per-request; the
-    CUDA context is not seen by the allocator and not included). The context is the prompt plus the
-    generated tokens (a peak is the whole request's): a `run` record's token totals, else the
-    input and output length knobs."""
-    rows = []
+def record_model(rec: dict) -> str | None:
+    """The model a record names: a checkpoint directory, a preset (random weights are written
+    "random:<name>:seed=N"), or an HTTP server's model name."""
+    name = rec.get("model")
+    if not isinstance(name, str) or not name:
+        return None
+    if name.startswith("random:"):
+        name = name.removeprefix("random:").rsplit(":seed=", 1)[0]
+    return name
+
+
+def readable_config(name: str) -> SalaConfig | None:
+    """A record's model's shapes: its preset or checkpoint config.json (no weights read); None when
+    it cannot be read here (an HTTP server's model name, a checkpoint on another machine)."""
+    try:
+        return planning_config(name)
+    except (SalactlError, OSError, ValueError):
+        return None
+
+
+def measured_rows(config, records, q: MemoryQuery, model: str | None = None) -> tuple[list[dict], dict]:
+    """Measured allocator peaks next to the analytic prediction for the record's model, context,
+    batch, weights, dtype and prefill chunk (prediction = weights + workspace + batch × per-request;
+    the CUDA context is not seen by the allocator and not included). The context is the prompt plus
+    the generated tokens (a peak is the whole request's): a `run` record's token totals, else the
+    input and output length knobs. Also returns {model: records} of the models that could not be
+    read (their rows have no prediction)."""
+    rows, unreadable = [], {}
+    configs = {None: config, model: config}     # records of --model's model (or naming none)
     for rec in records:
         peak = next((rec[k] for k in PEAK_KEYS if isinstance(rec.get(k), (int, float))), None)
         if peak is None:
             continue
-        knobs = rec.get("knobs") or {}
-        ctx = prompt = _knob(rec, CONTEXT_KNOBS)
+        settings = record_settings(rec)
+        ctx = prompt = _knob(rec, settings, CONTEXT_KNOBS)
         if ctx is not None:
-            ctx += _knob(rec, OUTPUT_KNOBS) or 0
+            ctx += _knob(rec, settings, OUTPUT_KNOBS) or 0
         n_in, n_out = rec.get("total_input_tokens"), rec.get("total_output_tokens")
         if ctx is None and rec.get("kind") == "run" and all(isinstance(n, int) for n in (n_in, n_out)):
             ctx, prompt = n_in + n_out, n_in
-        batch = _knob(rec, BATCH_KNOBS) or 1
+        batch = record_batch(rec, settings)
         weights, act_bytes, group = record_weights(rec)
-        kv = knobs.get("kv_cache_dtype") or knobs.get("kv_dtype") or "bf16"
+        kv = next((settings[k] for k in KV_KNOBS if isinstance(settings.get(k), str)), "unknown")
+        name = record_model(rec)
+        if name not in configs:
+            configs[name] = readable_config(name)
+        rec_config = configs[name]
+        if rec_config is None:
+            unreadable[name] = unreadable.get(name, 0) + 1
         predicted = None
-        if ctx and act_bytes and kv in KV_DTYPE_BYTES:
-            chunk = min(_knob(rec, ("chunk_size",)) or q.prefill_chunk, prompt or ctx)
-            predicted = (weight_bytes(config, weights if weights in QUANTIZED_BITS else "bf16",
+        if rec_config and ctx and batch and act_bytes and kv in KV_DTYPE_BYTES:
+            chunk = min(_knob(rec, settings, ("chunk_size",)) or q.prefill_chunk, prompt or ctx)
+            predicted = (weight_bytes(rec_config, weights if weights in QUANTIZED_BITS else "bf16",
                                       group or q.group_size, act_bytes).total
-                         + prefill_workspace_bytes(config, chunk, act_bytes)
-                         + batch * request_memory(config, ctx, kv, q.compressed_keys, act_bytes).total)
+                         + prefill_workspace_bytes(rec_config, chunk, act_bytes)
+                         + batch * request_memory(rec_config, ctx, kv, q.compressed_keys, act_bytes).total)
         rows.append({"label": rec.get("label") or rec.get("run_id"), "phase": rec.get("phase"),
-                     "context": ctx, "batch": batch, "weights": weights, "kv_dtype": kv,
-                     "measured_peak": peak, "predicted": predicted,
+                     "model": rec.get("model"), "context": ctx, "batch": batch, "weights": weights,
+                     "kv_dtype": kv, "measured_peak": peak, "predicted": predicted,
                      "ratio": (peak / predicted) if predicted else None})
-    return rows
+    return rows, unreadable
 
 
 def gpu_list(names: list[str] | None, gpu_mem_gb: float | None) -> tuple[tuple[str, int], ...]:

@@ -4,8 +4,10 @@ per figure; `available()` is False when matplotlib is missing, and the report sa
 from __future__ import annotations
 
 import io
+import math
 
 from salactl.reports.latency import LatencyReport
+from salactl.reports.render_text import fmt
 
 LATENCY_FAMILIES = {
     "TTFT (ms)": ("mean_ttft_ms", "median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms"),
@@ -39,9 +41,33 @@ def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _record_names(rows: list[dict], knobs: list[str]) -> list[str]:
+    """Legend names: the label; for a label with several records in the phase, also the knobs that
+    tell them apart (or the run_id where none does)."""
+    names = []
+    for r in rows:
+        same = [x for x in rows if x["label"] == r["label"]]
+        if len(same) == 1:
+            names.append(str(r["label"]))
+            continue
+        apart = [k for k in knobs if len({fmt(x.get(f"knob.{k}")) for x in same}) > 1]
+        parts = [f"{k}={fmt(r.get(f'knob.{k}'))}" for k in apart] or [str(r.get("run_id"))]
+        names.append(f"{r['label']} ({', '.join(parts)})")
+    return names
+
+
+def bar_series(report: LatencyReport, phase: str,
+               family: tuple[str, ...]) -> tuple[list[str], list[tuple[str, list[float]]]]:
+    """(metrics of the family some record of the phase has, [(legend name, values)] per record of
+    the phase); a metric a record lacks is NaN, so it gets no bar rather than a 0 bar."""
+    rows = [r for r in report.rows if r["phase"] == phase]
+    metrics = [m for m in family if any(_number(r.get(m)) for r in rows)]
+    return metrics, [(name, [r[m] if _number(r.get(m)) else math.nan for m in metrics])
+                     for name, r in zip(_record_names(rows, report.knobs), rows)]
+
+
 def bar_charts(report: LatencyReport) -> list[tuple[str, bytes]]:
-    """Per phase and metric family: grouped bars, one group per metric, one bar per label
-    (records of a label in that phase: the first one, when the label has no varying knob)."""
+    """Per phase and metric family: grouped bars, one group per metric, one bar per record."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -49,28 +75,21 @@ def bar_charts(report: LatencyReport) -> list[tuple[str, bytes]]:
 
     figs = []
     for phase in report.phases:
-        rows = [r for r in report.rows if str(r.get("phase")) == phase]
-        firsts = {}
-        for r in rows:
-            firsts.setdefault(r["label"], r)
-        note = ""
-        if len(firsts) < len(rows):
-            knobs = ", ".join(f"{k}={firsts[next(iter(firsts))].get(f'knob.{k}')}" for k in report.knobs[:2])
-            note = f" (first record of each label: {knobs})"
         for title, family in LATENCY_FAMILIES.items():
-            metrics = [m for m in family if any(_number(r.get(m)) for r in firsts.values())]
+            metrics, series = bar_series(report, phase, family)
             if not metrics:
                 continue
+            missing = any(math.isnan(v) for _, values in series for v in values)
+            caption = f"{phase}: {title}" + (" (no bar: not recorded)" if missing else "")
             fig, ax = plt.subplots(figsize=(7, 3.2))
-            width = 0.8 / max(len(firsts), 1)
-            for i, (label, r) in enumerate(firsts.items()):
-                xs = [j + i * width for j in range(len(metrics))]
-                ax.bar(xs, [r.get(m) if _number(r.get(m)) else 0 for m in metrics], width, label=label)
-            ax.set_xticks([j + width * (len(firsts) - 1) / 2 for j in range(len(metrics))])
+            width = 0.8 / len(series)
+            for i, (name, values) in enumerate(series):
+                ax.bar([j + i * width for j in range(len(metrics))], values, width, label=name)
+            ax.set_xticks([j + width * (len(series) - 1) / 2 for j in range(len(metrics))])
             ax.set_xticklabels(metrics, fontsize=8)
-            ax.set_title(f"{phase}: {title}{note}", fontsize=9)
-            ax.legend(fontsize=8)
-            figs.append((f"{phase}: {title}{note}", _png(fig)))
+            ax.set_title(caption, fontsize=9)
+            ax.legend(fontsize=7)
+            figs.append((caption, _png(fig)))
     return figs
 
 

@@ -14,6 +14,7 @@ from salactl.errors import UsageError
 from salactl.output import warn_once
 
 SCHEMA_VERSION = 1
+RECORDS_NAME = "records.jsonl"       # what run, bench and sweep --out DIR append to
 KINDS = ("bench", "sweep", "run")
 IDENTITY = ("kind", "run_id", "label", "profile", "phase", "target", "model")
 
@@ -79,7 +80,9 @@ def load_records(paths: list[Path]) -> list[dict]:
         except FileNotFoundError:
             raise UsageError(f"records file {path} does not exist") from None
         except IsADirectoryError:
-            raise UsageError(f"records file {path} is a directory") from None
+            inside = Path(path) / RECORDS_NAME
+            fix = f"give {inside}" if inside.is_file() else "give a JSON lines file from bench, sweep or run"
+            raise UsageError(f"records file {path} is a directory; {fix}") from None
         except OSError as e:
             raise UsageError(f"cannot read records file {path}: {e.strerror}") from None
         text = decode_records(data, path)
@@ -105,18 +108,18 @@ def load_records(paths: list[Path]) -> list[dict]:
             records.append(rec)
     if not records:
         if unusable:
-            raise UsageError(f"no record has a known metric as a finite number ({_some(unusable)}); "
+            raise UsageError(f"no record has a known metric as a finite number ({first_items(unusable)}); "
                              "records come from bench, sweep or run")
         raise UsageError(f"no records in {', '.join(str(p) for p in paths)}")
     if invalid:
-        warn_once(f"dropped metric values that are not finite numbers: {_some(invalid)}")
+        warn_once(f"dropped metric values that are not finite numbers: {first_items(invalid)}")
     if unusable:
         warn_once(f"skipped {len(unusable)} record(s) without any known metric as a finite number: "
-              f"{_some(unusable)}")
+              f"{first_items(unusable)}")
     return records
 
 
-def _some(items: list[str], n: int = 5) -> str:
+def first_items(items: list[str], n: int = 5) -> str:
     more = f" and {len(items) - n} more" if len(items) > n else ""
     return ", ".join(items[:n]) + more
 
@@ -136,6 +139,11 @@ def validate(rec, where: str) -> dict:
     for key in ("knobs", "env"):
         if key in rec and not isinstance(rec[key], dict):
             raise UsageError(f"{where}: {key!r} must be an object")
+    phase = rec.get("phase")
+    if not isinstance(phase, str) or not phase:
+        got = "missing" if "phase" not in rec else f"got {json.dumps(phase)[:40]}"
+        raise UsageError(f"{where}: 'phase' must be the phase's name, a non-empty string ({got}); "
+                         "records come from bench, sweep or run")
     return rec
 
 

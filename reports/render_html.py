@@ -8,7 +8,7 @@ import html
 
 from salactl.reports import plots
 from salactl.reports.latency import LatencyReport
-from salactl.reports.render_text import fmt, header_name
+from salactl.reports.render_text import comparison_tables, env_table, fmt, header_name
 
 STYLE = """body{font-family:sans-serif;margin:2em;max-width:1200px}
 table{border-collapse:collapse;margin:1em 0;font-size:13px}
@@ -33,12 +33,11 @@ def render(report: LatencyReport, title: str = "Latency report", with_plots: boo
         cols = [c for c in report.columns if c != "phase" and any(r.get(c) not in (None, "") for r in rows)]
         parts += [f"<h2>phase: {html.escape(phase)}</h2>",
                   _table([header_name(c) for c in cols], [[r.get(c) for c in cols] for r in rows])]
-    if report.comparison:
-        base = report.labels[0]
-        cols = ["phase", "metric", *report.labels, *(f"{lb} / {base}" for lb in report.labels[1:])]
-        rows = [[c["phase"], header_name(c["metric"]), *(c["values"][lb] for lb in report.labels),
-                 *(c["relative"][lb] for lb in report.labels[1:])] for c in report.comparison]
-        parts += [f"<h2>side by side (relative to {html.escape(base)})</h2>", _table(cols, rows)]
+    if report.comparison_runs or report.notes:
+        parts.append("<h2>side by side</h2>")
+    for heading, cols, rows in comparison_tables(report):
+        parts += [f"<h3>{html.escape(heading)}</h3>", _table(cols, rows)]
+    parts += [f"<p>Note: {html.escape(n)}</p>" for n in report.notes]
     if with_plots and plots.available():
         figs = plots.bar_charts(report) + plots.sweep_charts(report)
         if figs:
@@ -50,8 +49,6 @@ def render(report: LatencyReport, title: str = "Latency report", with_plots: boo
     elif with_plots:
         parts.append("<p>Plots need matplotlib: pip install 'salactl[plots]'.</p>")
     if report.env:
-        keys = sorted({k for e in report.env.values() for k in e})
-        parts += ["<h2>environment</h2>",
-                  _table(["label", *keys], [[lb, *(e.get(k) for k in keys)] for lb, e in report.env.items()])]
+        parts += ["<h2>environment</h2>", _table(*env_table(report))]
     parts.append("</body></html>")
     return "\n".join(parts)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 
-from salactl.reports.latency import LatencyReport
+from salactl.reports.latency import ENV_KEYS, LatencyReport
 from salactl.reports.records import unit
 
 
@@ -13,6 +15,8 @@ def fmt(v) -> str:
         return ""
     if isinstance(v, bool):
         return str(v).lower()
+    if isinstance(v, (dict, list)):             # nested knobs (knob.target, knob.dataset)
+        return compact_json(v)
     if isinstance(v, float):
         if v == 0:
             return "0"
@@ -21,6 +25,10 @@ def fmt(v) -> str:
             return f"{v:.4g}"
         return f"{v:.4g}" if a < 1000 else f"{v:.1f}"
     return str(v)
+
+
+def compact_json(v) -> str:
+    return json.dumps(v, separators=(",", ":"), default=str)
 
 
 # key suffixes that already name the unit (mean_ttft_ms, floor_s, decode_tok_s, energy_j)
@@ -54,26 +62,48 @@ def markdown(report: LatencyReport, title: str = "Latency report") -> str:
         cols = [c for c in _used_columns(report, rows) if c != "phase"]
         out += [f"## phase: {phase}", "", md_table([header_name(c) for c in cols],
                                                    [[r.get(c) for c in cols] for r in rows]), ""]
-    if report.comparison:
-        base = report.labels[0]
-        out += [f"## side by side (relative to {base})", ""]
-        cols = ["phase", "metric", *report.labels, *(f"{lb} / {base}" for lb in report.labels[1:])]
-        rows = [[c["phase"], header_name(c["metric"]), *(c["values"][lb] for lb in report.labels),
-                 *(c["relative"][lb] for lb in report.labels[1:])] for c in report.comparison]
-        out += [md_table(cols, rows), ""]
+    if report.comparison_runs or report.notes:
+        out += ["## side by side", ""]
+    for heading, cols, rows in comparison_tables(report):
+        out += [f"### {heading}", "", md_table(cols, rows), ""]
+    out += [*(f"Note: {n}" for n in report.notes), *([""] if report.notes else [])]
     if report.env:
-        out += ["## environment", ""]
-        keys = sorted({k for e in report.env.values() for k in e})
-        out += [md_table(["label", *keys], [[lb, *(e.get(k) for k in keys)]
-                                            for lb, e in report.env.items()]), ""]
+        out += ["## environment", "", md_table(*env_table(report)), ""]
     return "\n".join(out)
 
 
+def comparison_tables(report: LatencyReport) -> list[tuple[str, list[str], list[list]]]:
+    """(heading, columns, rows) per compared phase: the runs' target and model, then each metric
+    per label and relative to the phase's first label; the heading names runs with failed requests."""
+    tables = []
+    for phase, runs in report.comparison_runs.items():
+        labels = list(runs)
+        base = labels[0]
+        failed = [f"{lb} {fmt(r['failed'])}" for lb, r in runs.items()
+                  if isinstance(r.get("failed"), (int, float)) and r["failed"] > 0]
+        heading = f"phase {phase} (relative to {base})" + (
+            f"; failed requests: {', '.join(failed)}" if failed else "")
+        blank = [None] * (len(labels) - 1)
+        rows = [[key, *(runs[lb].get(key) for lb in labels), *blank] for key in ("target", "model")]
+        rows += [[header_name(c["metric"]), *(c["values"][lb] for lb in labels),
+                  *(c["relative"][lb] for lb in labels[1:])]
+                 for c in report.comparison if c["phase"] == phase]
+        tables.append((heading, ["metric", *labels, *(f"{lb} / {base}" for lb in labels[1:])], rows))
+    return tables
+
+
+def env_table(report: LatencyReport) -> tuple[list[str], list[list]]:
+    keys = [k for k in ENV_KEYS if any(k in e for e in report.env)]
+    rows = [[e["label"], *(e.get(k) for k in keys), e["phases"]] for e in report.env]
+    return ["label", *keys, "phases"], rows
+
+
 def csv_text(report: LatencyReport) -> str:
-    """Values as recorded: object columns (no float re-inference), booleans as the Markdown writes
-    them (true/false), and a column whose values are all integers stays integer (nullable Int64)
-    when some rows lack it."""
-    rows = [{k: fmt(v) if isinstance(v, bool) else v for k, v in r.items()} for r in report.rows]
+    """Values as recorded: object columns (no float re-inference), booleans and nested knobs as the
+    Markdown writes them (true/false, compact JSON), and a column whose values are all integers
+    stays integer (nullable Int64) when some rows lack it."""
+    rows = [{k: fmt(v) if isinstance(v, (bool, dict, list)) else v for k, v in r.items()}
+            for r in report.rows]
     table = pd.DataFrame(rows, columns=_used_columns(report, report.rows), dtype=object)
     for col in table.columns:
         vals = [v for v in table[col] if v is not None]

@@ -49,7 +49,8 @@ def latency(
     records: Annotated[list[Path], typer.Argument(metavar="<records.jsonl>", parser=non_empty_path("a records path", "a JSON lines file from bench, sweep or run"), help="Records files (JSON lines).")],
     out: Annotated[Optional[Path], typer.Option("--out", "-o", metavar="<path>", parser=non_empty_path("--out", "a directory"), help="Write report.<fmt> files here.")] = None,
     formats: Annotated[str, typer.Option("--format", help="Comma list of md, csv, html written to --out; "
-                                         "without --out, md (or csv) goes to stdout.")] = "md,csv,html",
+                                         "without --out, one of md or csv goes to stdout (default md).")]
+    = "md,csv,html",
     title: Annotated[str, typer.Option("--title", help="Heading of the Markdown and HTML reports.")] = "Latency report",
     no_plots: Annotated[bool, typer.Option("--no-plots", help="HTML (with --out) without plots.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace report files already in --out.")]
@@ -90,6 +91,9 @@ def _check_latency_options(ctx: typer.Context, out: Path | None, fmts: list[str]
     written = fmts if out is not None else ["md" if "md" in fmts else "csv"]     # stdout gets one
     if out is None:
         refuse_unused(passed(ctx, "overwrite"), "files written to --out", "add --out DIR, or drop {it}")
+        if passed(ctx, "formats") and len(fmts) > 1:
+            raise UsageError(f"--format {','.join(fmts)} names {len(fmts)} formats but only one goes to "
+                             f"stdout without --out; give --format {written[0]}, or add --out DIR")
     if "html" not in written:
         refuse_unused(passed(ctx, "no_plots"), "the HTML report (--out DIR with html in --format)", "drop {it}")
     if not {"md", "html"} & set(written):
@@ -149,7 +153,8 @@ def memory(
     records: Annotated[Optional[list[Path]], typer.Option(
         "--records", metavar="<path>", parser=non_empty_path("--records", "a JSON lines file from bench, sweep or run"),
         help="Run/bench/sweep records: those with a measured peak (GPU runs) are compared with the "
-             "prediction, the others skipped.")] = None,
+             "prediction for their own model and settings (none where one is unknown), the others "
+             "skipped.")] = None,
     group_size: Annotated[Optional[int], typer.Option("--group-size", help="GPTQ group of the w4a16/w8a16 rows: "
                                                       "-1, 32, 64 or 128 (default: the checkpoint's, else 128).")] = None,
     json_out: JsonOpt = False,
@@ -181,10 +186,14 @@ def memory(
     if context != DEFAULT_CONTEXTS:     # the default table spans the 9B's range for any model
         output.warn_past_trained_length(max(q.contexts), config.max_position_embeddings, "--context")
     recs = load_records(list(records)) if records else None
-    result = {"model": model, **mr.build(config, q, recs)}
+    result = {"model": model, **mr.build(config, q, recs, model)}
     if recs and not result["measured"]:
         output.stderr.print(f"note: none of the {len(recs)} records has a measured peak (CPU runs have "
                             "none); no measured rows")
+    for x in result["measured_models_unreadable"]:
+        output.stderr.print(f"note: {x['records']} measured record(s) are from model {x['model']!r}, "
+                            "which is neither a preset nor a checkpoint directory here: no prediction "
+                            f"for them (not with --model {model}'s shapes)")
     hb = output.human_bytes
     for x in result["fixed_exceeds_memory"]:
         srv = result["server"][x["weights"]]
@@ -242,10 +251,10 @@ def render_memory(r: dict) -> None:
                      [[x["gpu"], x["weights"], x["kv_dtype"], x["context"], x["max_requests"],
                        x["max_requests_full_attention"], x["ratio"]] for x in r["concurrency"]])
     if r["measured"]:
-        output.table("measured peaks vs analytic", ["label", "phase", "context", "batch", "weights",
-                                                    "KV dtype", "measured", "predicted", "ratio"],
-                     [[x["label"], x["phase"], x["context"], x["batch"], x["weights"], x["kv_dtype"],
-                       hb(x["measured_peak"]),
+        output.table("measured peaks vs analytic", ["label", "phase", "model", "context", "batch",
+                                                    "weights", "KV dtype", "measured", "predicted", "ratio"],
+                     [[x["label"], x["phase"], x["model"], x["context"], x["batch"], x["weights"],
+                       x["kv_dtype"], hb(x["measured_peak"]),
                        None if x["predicted"] is None else hb(x["predicted"]), x["ratio"]]
                       for x in r["measured"]])
 

@@ -96,7 +96,7 @@ def test_side_by_side_comparison_for_one_record_per_label(tmp_path):
     assert comp["median_tpot_ms"]["values"] == {"bf16": 7.75, "w4a16+fp8": 5.25}
     assert comp["median_tpot_ms"]["relative"]["w4a16+fp8"] == pytest.approx(5.25 / 7.75)
     md = salactl("report", str(p)).stdout                          # Markdown on stdout by default
-    assert "side by side (relative to bf16)" in md
+    assert "## side by side" in md and "### phase main (relative to bf16)" in md
 
 
 def test_run_records_keep_their_floor_columns(tmp_path):
@@ -259,7 +259,7 @@ def test_non_utf8_records_file_is_a_one_line_usage_error(tmp_path, cmd):
 
 
 @pytest.mark.parametrize("line", [
-    {"schema_version": 1, "kind": "bench"},
+    {"schema_version": 1, "kind": "bench", "phase": "S1"},
     {"schema_version": 1, "kind": "bench", "phase": "S1", "mean_ttft_ms": "fast"},
     {"schema_version": 1, "kind": "bench", "phase": "S1", "mean_ttft_ms": float("nan")},
     {"schema_version": 1, "kind": "bench", "phase": "S1", "mean_ttft_ms": float("inf"), "completed": True},

@@ -151,7 +151,7 @@ def test_build_concurrency_vs_full_attention_and_measured_rows():
     q = MemoryQuery(contexts=(131072,), kv_dtypes=("bf16",), weights=("bf16",), gpus=gpu_list(None, 80.0),
                     cuda_graphs=False, prefill_chunk=8192)
     rec = {"schema_version": 1, "kind": "run", "label": "x", "phase": "decode", "peak_memory_bytes": 25e9,
-           "knobs": {"context": 131072, "batch": 2, "weights": "bf16"}}
+           "knobs": {"context": 131072, "batch": 2, "weights": "bf16", "kv_cache_dtype": "bf16"}}
     r = build(CFG, q, [rec])
     fixed = r["server"]["bf16"]["fixed"]
     assert fixed == PARAMS * 2 + mem.prefill_workspace_bytes(CFG, 8192) + mem.CUDA_CONTEXT_ESTIMATE
@@ -327,7 +327,7 @@ def test_bench_records_peak_key_gives_a_measured_row():
     q = MemoryQuery(contexts=(4096,), kv_dtypes=("bf16",), weights=("bf16",), gpus=gpu_list(None, 80.0),
                     cuda_graphs=False, prefill_chunk=8192)
     rec = {"schema_version": 1, "kind": "bench", "label": "b", "phase": "S1", "peak_gpu_memory_bytes": 3e10,
-           "knobs": {"input_len": 4096, "weights": "bf16", "max_concurrency": 2}}
+           "knobs": {"input_len": 4096, "weights": "bf16", "kv_cache_dtype": "bf16", "max_concurrency": 2}}
     (m,) = build(CFG, q, [rec])["measured"]
     assert m["measured_peak"] == 3e10 and m["context"] == 4096 and m["batch"] == 2 and m["predicted"] > 0
     rec["knobs"]["output_len"] = 256                   # a sweep's point: its peak holds the output's KV too

@@ -26,9 +26,8 @@ from salactl.bench.requests import RequestResult
 from salactl.errors import UsageError
 from salactl.output import jsonable
 from salactl.reports.atomic import write_atomic
-from salactl.reports.records import SCHEMA_VERSION, decode_records
+from salactl.reports.records import RECORDS_NAME, SCHEMA_VERSION, decode_records  # noqa: F401 - bench.records.RECORDS_NAME for its writers
 
-RECORDS_NAME = "records.jsonl"
 DETAIL_COLUMNS = ("run_id", "phase", "request_id", "input_len", "expected_output_len", "output_len",
                   "success", "start_offset_s", "ttft_ms", "tpot_ms", "e2e_ms", "itl_ms", "error")
 
