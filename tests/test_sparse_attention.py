@@ -84,7 +84,9 @@ def test_sparse_equals_dense_when_topk_covers_every_block():
     q, k, v = random_qkv(dense_cfg, L, 2)
     dense = run_backend(dense_cfg, q, k, v, [L])
     sparse = run_backend(all_cfg, q, k, v, [L])
-    assert torch.equal(dense, sparse)
+    # sparse rows run the gathered attention (its own einsum/softmax), dense rows the causal op:
+    # the same keys and fp32 softmax, so equal up to summation order (bit-equal on some CPUs only)
+    assert rel_err(sparse, dense) < 1e-6
 
 
 def test_selection_really_drops_blocks():
