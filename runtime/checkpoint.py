@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -272,6 +273,7 @@ def _swap_into_place(new: Path, out_dir: Path) -> None:
             os.replace(backup, out_dir)
         shutil.rmtree(backup, ignore_errors=True)
         raise
+    ours = re.compile(re.escape(prefix) + r"[a-z0-9_]{8}")          # mkdtemp's names, nothing a user typed
     for leftover in out_dir.parent.iterdir():
-        if leftover.name.startswith(prefix) and leftover.is_dir():
+        if ours.fullmatch(leftover.name) and leftover.is_dir():
             shutil.rmtree(leftover, ignore_errors=True)

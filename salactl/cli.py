@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 
 _INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -17,17 +18,39 @@ def _exit_at_startup(signum, frame) -> None:
     os._exit(128 + signum)
 
 
-_handlers_before_import = ({sig: signal.signal(sig, _exit_at_startup) for sig in _INTERRUPT_SIGNALS}
-                           if threading.current_thread() is threading.main_thread() else {})
+def _is_the_command() -> bool:
+    """This process is the salactl command (console script, `python -m salactl`), not a host that
+    imports the app (a test runner, a notebook), whose own signal handling stays untouched."""
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    return ((Path(argv0).stem == "salactl" or Path(argv0).name == "__main__.py")
+            and threading.current_thread() is threading.main_thread())
 
-import errno  # noqa: E402 - the imports that take a while come after the startup handlers
-import time  # noqa: E402
-import traceback  # noqa: E402
-import warnings  # noqa: E402
 
-import typer  # noqa: E402
+def _handle(handler) -> dict:
+    """Install `handler` for SIGINT and SIGTERM, except where they are ignored (`trap '' INT`, a
+    background job of a script): an ignored Ctrl-C stays ignored. Returns what was there before."""
+    return {sig: signal.signal(sig, handler) for sig in _INTERRUPT_SIGNALS
+            if signal.getsignal(sig) is not signal.SIG_IGN}
 
-from salactl.errors import ModelLimitWarning, SalactlError  # noqa: E402
+
+def _restore(handlers: dict) -> None:
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+
+
+_handlers_before_import = _handle(_exit_at_startup) if _is_the_command() else {}
+try:
+    import errno  # noqa: E402 - the imports that take a while come after the startup handlers
+    import time  # noqa: E402
+    import traceback  # noqa: E402
+    import warnings  # noqa: E402
+
+    import typer  # noqa: E402
+
+    from salactl.errors import ModelLimitWarning, SalactlError  # noqa: E402
+except BaseException:
+    _restore(_handlers_before_import)
+    raise
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -45,9 +68,10 @@ def _register() -> None:
         module.register(app)
 
 
-_register()
-for _sig, _handler in _handlers_before_import.items():
-    signal.signal(_sig, _handler)
+try:
+    _register()
+finally:
+    _restore(_handlers_before_import)
 
 
 class Terminated(KeyboardInterrupt):
@@ -108,8 +132,7 @@ def _redeliver_after_torch_import(signum: int) -> None:
 
 def main() -> None:
     if threading.current_thread() is threading.main_thread():
-        for sig in _INTERRUPT_SIGNALS:
-            signal.signal(sig, _on_interrupt)
+        _handle(_on_interrupt)
     try:
         with warnings.catch_warnings():
             # the commands say the same with the flag to change (output.warn_past_trained_length)

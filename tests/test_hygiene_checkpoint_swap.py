@@ -72,10 +72,11 @@ def test_interrupt_between_the_renames_puts_the_old_checkpoint_back(tmp_path, mo
 
 def test_a_backup_left_by_an_earlier_run_is_removed(tmp_path):
     out = _save(tmp_path / "ckpt", "old")
-    shutil.copytree(out, tmp_path / ".ckpt.old-k3x9q2")
+    shutil.copytree(out, tmp_path / ".ckpt.old-k3x9q2_a")          # mkdtemp's 8-character suffix
+    (tmp_path / ".ckpt.old-2024-keep").mkdir()                      # a user's own folder stays
     _save(out, "new", overwrite=True)
     assert _version(out) == "new"
-    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".ckpt.old-2024-keep", "ckpt"]
 
 
 def test_sigint_while_a_large_checkpoint_dir_is_deleted(tmp_path):

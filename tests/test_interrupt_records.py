@@ -109,3 +109,32 @@ def test_run_terminated_while_saving_keeps_prefill_and_decode_together(tmp_path)
     assert p.returncode == 143, p.stderr
     phases = [json.loads(line)["phase"] for line in (out / "records.jsonl").read_text().splitlines()]
     assert phases == ["prefill", "decode"]
+
+
+def test_a_signal_during_the_restore_leaves_no_handler_behind():
+    """Ctrl-C landing right after the first handler is restored: the second one is restored too,
+    so a later SIGTERM still ends the process (it stayed on the deferral's dead list before)."""
+    code = textwrap.dedent("""
+        import os, signal, sys, time
+        from salactl.bench.records import interrupts_deferred
+        calls = [0]
+        def prof(frame, event, arg):
+            if event == "return" and frame.f_code.co_name == "signal" and \\
+                    frame.f_back.f_code.co_name == "interrupts_deferred":
+                calls[0] += 1
+                if calls[0] == 3:              # two installs, then the first restore
+                    os.kill(os.getpid(), signal.SIGINT)
+        try:
+            sys.setprofile(prof)
+            with interrupts_deferred():
+                pass
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+        finally:
+            sys.setprofile(None)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(2)
+        print("alive")
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.stdout.split() == ["interrupted"] and p.returncode == -signal.SIGTERM, (p.stdout, p.stderr)

@@ -12,8 +12,10 @@
 - mean / median / std (population) / p90 / p95 / p99 with numpy's linear percentiles; max ITL.
 - concurrency = Σ E2E / duration (SGLang).
 - max_output_tokens_per_s: output tokens counted into 1-second buckets from the first request's
-  send time, the fullest bucket (vLLM); None when the successful requests span under 1 s, where
-  no bucket is a full second and vLLM's count would sit below the phase's own mean throughput.
+  send time, the fullest bucket (vLLM); None when the successful requests span under 1 s (no
+  bucket is a full second). Like vLLM's, it can sit a little below output_throughput when the
+  tokens spread evenly over a span that is not a whole number of seconds (the buckets are fixed,
+  not sliding).
 - max_concurrent_requests: the most requests in flight at one instant, each over
   [send, end of stream] (a request ending as another is sent does not overlap it). vLLM counts
   every request active at any time within a 1-second bucket, which adds up requests that never

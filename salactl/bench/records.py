@@ -68,8 +68,14 @@ def interrupts_deferred():
             previous[sig] = signal.signal(sig, lambda signum, frame: pending.append(signum))
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        # both restored before either can fire: one arriving between the two restores would raise
+        # out of this loop and leave the other signal on the dead `pending` list for good
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPT_SIGNALS)
+        try:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         if pending:
             _deliver(pending[0], previous[pending[0]])
 
