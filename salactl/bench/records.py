@@ -70,12 +70,14 @@ def interrupts_deferred():
     finally:
         # both restored before either can fire: one arriving between the two restores would raise
         # out of this loop and leave the other signal on the dead `pending` list for good
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPT_SIGNALS)
+        masks = hasattr(signal, "pthread_sigmask")          # POSIX only
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPT_SIGNALS) if masks else None
         try:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            if masks:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         if pending:
             _deliver(pending[0], previous[pending[0]])
 
