@@ -33,7 +33,7 @@ def sweep(
     input_len: Annotated[int, typer.Option("--input-len", help="Prompt tokens of the speed workload.")] = 512,
     output_len: Annotated[int, typer.Option("--output-len", help="Output tokens of the speed workload.")] = 16,
     requests: Annotated[int, typer.Option("--requests", help="Timed requests per point, raised to the point's batch size.")] = 2,
-    kl: Annotated[bool, typer.Option("--kl/--no-kl", help="Logit KL vs dense attention.")] = True,
+    kl: Annotated[bool, typer.Option("--kl/--no-kl", help="Logit KL vs dense attention. The accuracy proxies (KL, passkey) run each point's knobs on the reference engine, also where the speed comes from the GPU engine (CUDA); a point whose KL prompt ends before its dense_len, while its speed prompts do not, is left off the Pareto front.")] = True,
     kl_len: Annotated[Optional[int], typer.Option("--kl-len", help="KL prompt tokens (default --input-len; not with --no-kl).")] = None,
     passkey: Annotated[bool, typer.Option("--passkey/--no-passkey", help="Passkey retrieval accuracy.")] = True,
     passkey_lengths: Annotated[Optional[str], typer.Option("--passkey-lengths", help="Passkey prompt lengths in tokens (comma list; default 512; not with --no-passkey).")] = None,
@@ -48,7 +48,7 @@ def sweep(
     label: Annotated[Optional[str], typer.Option("--label", help="A name for this sweep in the records.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Sweep runtime knobs; measure TTFT, TPOT, throughput, memory, logit KL and passkey per point."""
+    """Sweep runtime knobs; measure TTFT, TPOT, throughput, memory (on --engine), logit KL and passkey (on the reference engine) per point."""
     from salactl.bench.live import PointProgress
     from salactl.bench.sweep_job import SweepSettings, run_sweep
 
@@ -66,16 +66,14 @@ def sweep(
     if json_out:
         output.print_json(run)
         return
-    cols = ["point", "TTFT ms", "TPOT ms", "out tok/s", "cache MiB", "GPU peak MiB", "KL", "KL sparse",
+    cols = ["point", "failed", "TTFT ms", "TPOT ms", "out tok/s", "cache MiB", "GPU peak MiB", "KL", "KL sparse",
             "top-1", "passkey", "front"]
-    rows = [[p["phase"], p.get("mean_ttft_ms"), p.get("mean_tpot_ms"), p.get("output_throughput"),
+    rows = [[p["phase"], p.get("failed"), p.get("mean_ttft_ms"), p.get("mean_tpot_ms"), p.get("output_throughput"),
              p["cache_bytes_per_request"] / 2**20 if p.get("cache_bytes_per_request") else None,
              p["peak_gpu_memory_bytes"] / 2**20 if p.get("peak_gpu_memory_bytes") else None,
              p.get("logit_kl_mean"), p.get("logit_kl_sparse_mean"), p.get("top1_agreement"),
              p.get("passkey_accuracy"), "*" if p["phase"] in run["pareto"] else ""] for p in run["points"]]
-    output.table(f"sweep {run['run_id']}", cols, rows)
-    for n in run["notes"]:
-        output.stderr.print(f"note: {n}")
+    output.table(f"sweep {run['run_id']}", cols, rows)      # the notes were said as they arose
     output.stdout.print(f"records: {run['files']['records']}"
                         + (f"  plot: {run['files']['pareto_plot']}" if "pareto_plot" in run["files"] else ""))
 

@@ -224,16 +224,15 @@ def test_cpu_cache_check_sizes_the_widest_weight_dtype_cast(monkeypatch):
     import torch
 
     from salactl.bench import sweep_sizes
-    from salactl.bench.grid_memory import cache_bytes_per_request
     from salactl.bench.sweep_job import SweepSettings
     from salactl.errors import CapacityError
     from salactl.runtime import loader
     from salactl.runtime.presets import sala_nano
 
     s = SweepSettings(dtype="bf16", input_len=100_000, output_len=0, requests=1, kl=False, passkey=False)
-    bf16, fp32 = (cache_bytes_per_request(sala_nano(), 100_000, b, b) for b in (2, 4))
+    bf16, fp32 = (sweep_sizes.prefill_bytes(sala_nano(), 100_000, 100_000, 1, 512, 256, b) for b in (2, 4))
     monkeypatch.setattr(loader, "available_host_bytes", lambda: (bf16 + fp32) // 2)
     sweep_sizes.check_sizes_fit(s, torch.device("cpu"))                   # bf16 caches fit
-    with pytest.raises(CapacityError, match="KV cache and states of 1 request"):
+    with pytest.raises(CapacityError, match="1 request\\(s\\) of 100,000 tokens.*KV cache and states"):
         sweep_sizes.check_sizes_fit(SweepSettings(**{**s.__dict__, "weight_dtype": "bf16,fp32"}),
                                     torch.device("cpu"))

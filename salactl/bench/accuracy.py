@@ -4,7 +4,8 @@
   reference being dense attention (dense_len beyond the prompt), the base weights and a bf16
   cache; reported as the mean over all positions, over the positions where the point's sparse
   path is active (t + 1 ≥ dense_len), and top-1 agreement. Computed in float64.
-- passkey accuracy: `salactl.evaluation.passkey.run_passkey` (retrieval of a hidden number).
+- passkey accuracy: `salactl.evaluation.passkey.run_passkey` (retrieval of a hidden number), with
+  the point's KV cache dtype, as its KL.
 """
 
 from __future__ import annotations
@@ -18,14 +19,29 @@ from salactl.errors import SalactlError
 from salactl.runtime.config import SalaConfig
 
 
-def with_config(model, config: SalaConfig):
-    """The same weights under another config (sparse knobs are read through `model.config` by
-    the engine, cache and backend). A dense model is rebuilt over its own tensors
-    (`build_model(config, state_dict)`, no copy); a quantized one is shallow-copied."""
+def rebuild_model(model, config: SalaConfig, dtype: torch.dtype | None = None):
+    """`build_model(config, ...)` over `model`'s tensors (shared; cast copies with `dtype`), its
+    calibrated FP8 KV scales (fp32 buffers, which the strict build does not take) attached again."""
+    from salactl.quant.loading import KV_SCALE_SUFFIXES
+    from salactl.runtime.kv_fp8 import model_kv_scales
     from salactl.runtime.loader import build_model
 
+    state = {k: v.to(dtype) if dtype is not None and v.is_floating_point() else v
+             for k, v in model.state_dict().items() if not k.endswith(KV_SCALE_SUFFIXES)}
+    rebuilt = build_model(config, state)
+    for i, (k_scale, v_scale) in model_kv_scales(model).items():
+        attn = rebuilt.model.layers[i].self_attn
+        attn.register_buffer("k_scale", k_scale)
+        attn.register_buffer("v_scale", v_scale)
+    return rebuilt
+
+
+def with_config(model, config: SalaConfig):
+    """The same weights under another config (sparse knobs are read through `model.config` by
+    the engine, cache and backend). A dense model is rebuilt over its own tensors (no copy); a
+    quantized one is shallow-copied."""
     if not any(hasattr(m, "qweight") for m in model.modules()):
-        return build_model(config, dict(model.state_dict()))
+        return rebuild_model(model, config)
     view = copy.copy(model)
     view.config = config
     return view
@@ -77,11 +93,12 @@ def kl_prompt(tokenizer, length: int, vocab_size: int, seed: int) -> list[int]:
     return torch.randint(3, vocab_size, (length,), generator=g).tolist()
 
 
-def passkey_accuracy(model, tokenizer, lengths, depths, trials, seed, chunk_size, model_dir=None) -> dict:
+def passkey_accuracy(model, tokenizer, lengths, depths, trials, seed, chunk_size, model_dir=None,
+                     kv_cache_dtype: str = "bf16") -> dict:
     from salactl.evaluation.passkey import passkey_trials, run_passkey
 
     rows = run_passkey(model, tokenizer, passkey_trials(tokenizer, list(lengths), list(depths), trials, seed),
-                       chunk_size, model_dir=model_dir)
+                       chunk_size, model_dir=model_dir, kv_cache_dtype=kv_cache_dtype)
     correct = sum(r["correct"] for r in rows)
     total = sum(r["trials"] for r in rows)
     return {"passkey_accuracy": correct / total if total else None, "passkey_results": rows}

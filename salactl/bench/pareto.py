@@ -3,14 +3,24 @@ its plot (matplotlib is the optional `plots` extra; without it the plot is skipp
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from salactl.reports.atomic import atomic_path
 
 
+def _number(v) -> bool:
+    """A finite int or float: records store NaN/inf as strings ("nan"), and a bool is no measurement."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _usable(points: list[dict], x: str, y: str) -> list[dict]:
+    return [p for p in points if _number(p.get(x)) and _number(p.get(y))]
+
+
 def pareto_front(points: list[dict], x: str, y: str) -> list[dict]:
-    """Points not dominated by any other (≤ in both, < in one); skips points missing x or y."""
-    usable = [p for p in points if p.get(x) is not None and p.get(y) is not None]
+    """Points not dominated by any other (≤ in both, < in one); skips points without a finite x and y."""
+    usable = _usable(points, x, y)
     front = []
     for p in usable:
         dominated = any(q is not p and q[x] <= p[x] and q[y] <= p[y] and (q[x] < p[x] or q[y] < p[y])
@@ -30,7 +40,7 @@ def plot_front(points: list[dict], front: list[dict], x: str, y: str, path: Path
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    usable = [p for p in points if p.get(x) is not None and p.get(y) is not None]
+    usable = _usable(points, x, y)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.scatter([p[x] for p in usable], [p[y] for p in usable], color="#999999", label="points")
     ax.plot([p[x] for p in front], [p[y] for p in front], "o-", color="#c0392b", label="Pareto front")

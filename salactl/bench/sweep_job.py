@@ -12,13 +12,17 @@ from typing import TYPE_CHECKING
 import torch
 
 from salactl import output
+from salactl.bench import phase_checks
 from salactl.bench import records as rec
 from salactl.bench.engine_options import check_gpu_engine_values, gpu_engine_sizes, refuse_gpu_engine_options
 from salactl.bench.grid_memory import cache_bytes_per_request
-from salactl.bench.sweep_sizes import check_sizes_fit
+from salactl.bench.out_of_memory import out_of_memory_is_capacity
+from salactl.bench.sweep_sizes import KL_REFERENCE_CHUNK, check_sizes_fit
 from salactl.bench.sweep_grid import (KV_DTYPES, WEIGHT_DTYPES, SweepPoint, build_points, parse_ints,
                                       parse_names, point_key)
-from salactl.errors import ConfigError, OutputExistsError, SalactlError, UsageError
+from salactl.bench.targets.embedded import EmbeddedTarget
+from salactl.errors import CapacityError, ConfigError, OutputExistsError, SalactlError, UsageError
+from salactl.evaluation.passkey import ANSWER_TOKENS
 from salactl.lists import parse_list
 from salactl.options import refuse_unused
 from salactl.quant.in_memory import QUANTIZED_BITS, quantize_rtn_in_memory, quantized_as
@@ -105,9 +109,31 @@ class _SweepContext:
     weights_cache: dict = field(default_factory=dict)    # weight dtype -> the base weights in it
 
 
+def _with_usable_kv_scales(points: list[SweepPoint], lm: LoadedModel, varying: list[str],
+                           run: SweepRun) -> list[SweepPoint]:
+    """The points whose KV dtype has its scales (fp8_e4m3 needs calibrated ones), resolved once per
+    dtype right after loading, before any reference is computed; the rest go to run.invalid."""
+    from salactl.runtime.kv_fp8 import model_kv_scales, resolve_kv_scales
+
+    unusable = {}
+    for kv in dict.fromkeys(p.kv_dtype for p in points):
+        try:
+            resolve_kv_scales(lm.config, kv, model_kv_scales(lm.model), lm.model.device)
+        except ConfigError as e:
+            unusable[kv] = str(e)
+    usable = [p for p in points if p.kv_dtype not in unusable]
+    for p in points:
+        if p.kv_dtype in unusable:
+            run.invalid.append({"knobs": p.knobs(), "reason": unusable[p.kv_dtype]})
+            if usable:                  # none left: the error says why
+                output.stderr.print(f"note: skipping point {p.label(varying)}: {unusable[p.kv_dtype]}")
+    return usable
+
+
 def _weights_model(base, config, weight_dtype: str, base_dtype: torch.dtype, cache: dict):
     """The base weights in `weight_dtype` (built once per dtype; bf16/fp16/fp32 casts, w4a16/w8a16 RTN)."""
-    from salactl.runtime.loader import DTYPES, build_model
+    from salactl.bench.accuracy import rebuild_model
+    from salactl.runtime.loader import DTYPES
 
     if weight_dtype in cache:
         return cache[weight_dtype]
@@ -118,12 +144,11 @@ def _weights_model(base, config, weight_dtype: str, base_dtype: torch.dtype, cac
     if quantized:
         model = base
     elif weight_dtype in QUANTIZED_BITS:
-        model = quantize_rtn_in_memory(build_model(config, dict(base.state_dict())), config, 128,
+        model = quantize_rtn_in_memory(rebuild_model(base, config), config, 128,
                                        bits=QUANTIZED_BITS[weight_dtype])
     else:
         dt = DTYPES[weight_dtype]
-        model = base if dt == base_dtype else build_model(
-            config, {k: (v.to(dt) if v.is_floating_point() else v) for k, v in base.state_dict().items()})
+        model = base if dt == base_dtype else rebuild_model(base, config, dt)
     cache[weight_dtype] = model
     return model
 
@@ -163,6 +188,9 @@ def _check_before_loading(s: SweepSettings) -> SweepSettings:
     s = dataclasses.replace(s, **{k: v for k, v in PASSKEY_DEFAULTS.items() if getattr(s, k) is None})
     if s.pareto_x not in PARETO_X:
         raise UsageError(f"--pareto-x must be one of {', '.join(PARETO_X)}, got {s.pareto_x!r}")
+    if s.pareto_x == "tpot" and s.output_len < 2:
+        raise UsageError(f"--pareto-x tpot needs --output-len 2 or more (TPOT is the time between output "
+                         f"tokens), got {s.output_len}; raise --output-len, or use --pareto-x e2e or ttft")
     for name, v in (("input-len", s.input_len), ("output-len", s.output_len), ("requests", s.requests),
                     ("passkey-trials", s.passkey_trials)):
         if v < 1:
@@ -223,11 +251,9 @@ def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
             output.stderr.print(f"note: skipping invalid point {p.label(varying)}: {why}")
     if not points:
         raise ConfigError(f"no valid point in the grid ({invalid[0][1]})")
-    for p in points:
-        note = p.sparse_config(config.sparse_config).forced_blocks_note
-        if note:
-            output.warn_once(f"point {p.label(varying)}: {note}")
-            run.notes.append(f"{p.label(varying)}: {note}")
+    points = _with_usable_kv_scales(points, lm, varying, run)
+    if not points:
+        raise ConfigError(f"no point could be measured ({run.invalid[-1]['reason']}); nothing was recorded")
 
     tok = None
     try:
@@ -238,18 +264,23 @@ def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
     except SalactlError as e:
         if s.tokenizer:
             raise
-        run.notes.append(f"no tokenizer ({e}); KL uses random token ids")
+        _note(run, f"no tokenizer ({e}); KL uses random token ids")
         tok = None
     do_passkey = s.passkey
     if do_passkey and tok is None:
         do_passkey = False
-        run.notes.append("passkey skipped: it needs the model's tokenizer (pass --tokenizer)")
+        _note(run, "passkey skipped: it needs the model's tokenizer (pass --tokenizer)")
     if not s.kl:
-        run.notes.append(f"no Pareto front: it trades {s.pareto_x} against the logit KL, which --no-kl skips")
-    for n in run.notes:
-        output.stderr.print(f"note: {n}")
+        _note(run, f"no Pareto front: it trades {s.pareto_x} against the logit KL, which --no-kl skips")
 
     kl_len = s.kl_len or s.input_len
+    longest = max([_speed_positions(s.input_len, s.output_len), kl_len if s.kl else 0,
+                   *([n + ANSWER_TOKENS - 1 for n in lengths] if do_passkey else [])])
+    for p in points:
+        note = p.sparse_config(config.sparse_config).forced_blocks_note
+        if note and longest >= p.dense_len:          # only a point whose sequences reach its sparse path
+            output.warn_once(f"point {p.label(varying)}: {note}")
+            run.notes.append(f"{p.label(varying)}: {note}")     # in the summary; said once, as the warning
     context = {"model": lm.source, "device": str(device), "dtype": str(base_dtype).replace("torch.", ""),
                "engine": engine_kind,
                "input_len": s.input_len, "output_len": s.output_len, "requests": s.requests,
@@ -273,7 +304,9 @@ def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
         from salactl.bench.accuracy import dense_config, kl_prompt, prompt_logits, with_config
 
         prompt = kl_prompt(tok, kl_len, config.vocab_size, s.seed)
-        ref_logits = prompt_logits(with_config(base, dense_config(config, kl_len)), prompt, 512)
+        with out_of_memory_is_capacity("the dense KL reference", "lower --kl-len, or pass --no-kl"):
+            ref_logits = prompt_logits(with_config(base, dense_config(config, kl_len)), prompt,
+                                       KL_REFERENCE_CHUNK)
 
     ctx = _SweepContext(settings=s, lm=lm, base_dtype=base_dtype, engine_kind=engine_kind, varying=varying,
                         knobs=context, tok=tok, passkey=do_passkey, passkey_lengths=lengths,
@@ -302,7 +335,7 @@ def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
             if progress:
                 progress.end()
             _finish(run, s, out)
-    if not run.points:                   # every point failed to build (e.g. FP8 KV without scales)
+    if not run.points:                   # every point failed to build, or all its requests failed
         raise ConfigError(f"no point could be measured ({run.invalid[-1]['reason']}); nothing was recorded")
     return run
 
@@ -315,7 +348,7 @@ def _measure(p: SweepPoint, key: str, ctx: _SweepContext, run: SweepRun) -> dict
     from salactl.bench.runner import run_phase
     from salactl.bench.metrics import phase_metrics
     from salactl.bench.synthetic import random_lengths
-    from salactl.bench.targets.embedded import EmbeddedTarget, build_engine
+    from salactl.bench.targets.embedded import build_engine
 
     s, lm, config, base_dtype = ctx.settings, ctx.lm, ctx.lm.config, ctx.base_dtype
     label = p.label(ctx.varying)
@@ -343,6 +376,11 @@ def _measure(p: SweepPoint, key: str, ctx: _SweepContext, run: SweepRun) -> dict
 
             gc.collect()
             torch.cuda.empty_cache()
+    failed = unmeasured(label, outcome.results)
+    if failed:                          # nothing to record (--resume measures it again)
+        run.invalid.append({"knobs": p.knobs(), "reason": failed})
+        output.warn_once(f"skipping point {label}: {failed}")
+        return None
     metrics = phase_metrics(outcome.results, outcome.duration)
     metrics.update(outcome.device)
     # bf16/fp16/fp32 cast the whole model: its KV ("bf16" stores the activation dtype) and K1 follow
@@ -350,12 +388,14 @@ def _measure(p: SweepPoint, key: str, ctx: _SweepContext, run: SweepRun) -> dict
     kv_item = 1 if p.kv_dtype.startswith("fp8") else act_dtype.itemsize
     metrics["cache_bytes_per_request"] = cache_bytes_per_request(
         cfg, s.input_len + s.output_len, kv_item, act_dtype.itemsize)
-    if ctx.ref_logits is not None:
-        logits = prompt_logits(model, ctx.kl_prompt, p.chunk_size, p.kv_dtype)
-        metrics.update(logit_kl(ctx.ref_logits, logits, p.dense_len))
-    if ctx.passkey:
-        metrics.update(passkey_accuracy(model, ctx.tok, ctx.passkey_lengths, ctx.passkey_depths,
-                                        s.passkey_trials, s.seed, p.chunk_size, lm.model_dir))
+    with out_of_memory_is_capacity(f"the accuracy proxies of point {label}",
+                                    "lower --chunk-size, --kl-len or --passkey-lengths"):
+        if ctx.ref_logits is not None:
+            logits = prompt_logits(model, ctx.kl_prompt, p.chunk_size, p.kv_dtype)
+            metrics.update(logit_kl(ctx.ref_logits, logits, p.dense_len))
+        if ctx.passkey:
+            metrics.update(passkey_accuracy(model, ctx.tok, ctx.passkey_lengths, ctx.passkey_depths,
+                                            s.passkey_trials, s.seed, p.chunk_size, lm.model_dir, p.kv_dtype))
     metrics["point_key"] = key
     knobs = dict(p.knobs(), **{k: v for k, v in ctx.knobs.items() if k not in ("model",)})
     # what ran, named as run and bench records name it (kv_dtype "bf16" on a float32 model stores float32)
@@ -366,6 +406,52 @@ def _measure(p: SweepPoint, key: str, ctx: _SweepContext, run: SweepRun) -> dict
                            knobs, ctx.env, outcome.started_at)
 
 
+def unmeasured(label: str, results) -> str | None:
+    """Why a point whose timed requests all failed measured nothing (None when some succeeded: a
+    warning then says how many failed, and the record's `failed` counts them)."""
+    failed = phase_checks.all_failed(label, results)
+    if failed is None:
+        phase_checks.warn_failures(label, results, details=True)     # details: the sweep has no --details
+    return failed
+
+
+def _speed_positions(input_len: int, output_len: int) -> int:
+    """Positions a speed request feeds: its prompt and every output token but the last. Some query
+    runs the sparse path iff this reaches dense_len (DESIGN.md §2 step 5: t + 1 >= dense_len)."""
+    return input_len + output_len - 1
+
+
+def _speed_runs_sparse(record: dict) -> bool:
+    k = record["knobs"]
+    return _speed_positions(k["input_len"], k["output_len"]) >= k["dense_len"]
+
+
+def _kl_misses_sparse(record: dict) -> bool:
+    """The KL prompt ends before dense_len while the speed workload runs sparse: the KL (0 for a
+    dense-only prompt) says nothing of the attention the point's speed is measured with."""
+    return record.get("kl_sparse_positions") == 0 and _speed_runs_sparse(record)
+
+
+def _passkey_misses_sparse(record: dict) -> bool:
+    """Every passkey prompt ends before dense_len (its answer is predicted by a dense query) while the
+    speed workload runs sparse."""
+    rows = record.get("passkey_results")
+    dense_len = record["knobs"]["dense_len"]
+    return bool(rows) and all(r["length"] < dense_len for r in rows) and _speed_runs_sparse(record)
+
+
+def _dense_proxy_note(points: list[dict], prompts: str, proxy: str, flag: str) -> str:
+    names = ", ".join(p["phase"] for p in points)
+    dense_len = max(p["knobs"]["dense_len"] for p in points)
+    return (f"{names}: {prompts} end before dense_len ({dense_len}), so {proxy} measures dense attention "
+            f"only while the speed workload runs sparse attention; raise {flag} to {dense_len} or more")
+
+
+def _note(run: SweepRun, text: str) -> None:
+    run.notes.append(text)
+    output.stderr.print(f"note: {text}")
+
+
 def _finish(run: SweepRun, s: SweepSettings, out: Path) -> None:
     import json
 
@@ -374,13 +460,22 @@ def _finish(run: SweepRun, s: SweepSettings, out: Path) -> None:
     if not run.points:                   # nothing measured: leave no files behind
         return
     x = PARETO_X[s.pareto_x]
-    front = pareto_front(run.points, x, PARETO_Y)
+    dense_kl = [p for p in run.points if _kl_misses_sparse(p)]
+    dense_passkey = [p for p in run.points if _passkey_misses_sparse(p)]
+    if dense_kl:
+        _note(run, _dense_proxy_note(dense_kl, f"the KL prompt's {s.kl_len or s.input_len} tokens", "the KL",
+                                     "--kl-len") + "; the Pareto front leaves them out")
+    if dense_passkey:
+        _note(run, _dense_proxy_note(dense_passkey, "the passkey prompts (--passkey-lengths)",
+                                     "the passkey accuracy", "--passkey-lengths"))
+    comparable = [p for p in run.points if not any(p is q for q in dense_kl)]
+    front = pareto_front(comparable, x, PARETO_Y)
     run.pareto = [p["phase"] for p in front]
     out.mkdir(parents=True, exist_ok=True)
     if front:
-        path = plot_front(run.points, front, x, PARETO_Y, out / f"{run.run_id}-pareto.png")
+        path = plot_front(comparable, front, x, PARETO_Y, out / f"{run.run_id}-pareto.png")
         if path is None:
-            run.notes.append("no Pareto plot: matplotlib is missing (pip install 'salactl[plots]')")
+            _note(run, "no Pareto plot: matplotlib is missing (pip install 'salactl[plots]')")
         else:
             run.files["pareto_plot"] = str(path)
     summary = out / f"{run.run_id}-sweep.json"

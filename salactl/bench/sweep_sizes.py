@@ -1,22 +1,75 @@
 """The sweep's sizes against host memory, before the model loads: prompts, the KL's logits and (on
-CPU) one point's caches that cannot fit are a CapacityError (exit 11), not a MemoryError or a
-machine run out of memory."""
+CPU) every prefill's caches and reference-engine workspace that cannot fit are a CapacityError
+(exit 11), not a MemoryError or a machine run out of memory."""
 
 from __future__ import annotations
+
+import itertools
 
 from salactl.bench.grid_memory import cache_bytes_per_request
 from salactl.bench.synthetic import check_host_memory, prompt_set_bytes
 from salactl.errors import SalactlError
+from salactl.evaluation.passkey import ANSWER_TOKENS
 from salactl.lists import parse_list
 
 # float64 [tokens, vocab] logits alive at once in the KL: the dense reference, the point's, and
 # logit_kl's log-softmaxes, probabilities and products (plus the engine's own copy)
 KL_LOGIT_COPIES = 8
+KL_REFERENCE_CHUNK = 512        # prefill chunk of the dense KL reference (its speed is not measured)
+# fp32 [heads, n, keys] tensors the reference engine holds at once for a prefill chunk of n queries:
+# the scores, their softmax and a copy einsum makes (ops/attention/reference.py; 6,000 dense queries
+# over 6,000 keys on sala-nano peak 3.4 GB above the run's 0.55 GB, 3 x 1.15 GB). Sparse rows hold as
+# many over the compressed windows (the block selection).
+SCORE_COPIES = 3
+
+
+def attention_scores_bytes(config, tokens: int, chunk: int, dense_len: int) -> int:
+    """The reference engine's largest attention temporaries over the prefill chunks of a prompt of
+    `tokens`: a dense row (t + 1 < dense_len) scores every cached key, a sparse row every compressed
+    window."""
+    from salactl.runtime.ops.selection import num_windows
+
+    worst = 0
+    for start in range(0, tokens, chunk):
+        end = min(start + chunk, tokens)
+        dense = max(0, min(end, dense_len - 1) - start)
+        worst = max(worst, dense * end + (end - start - dense) * num_windows(end, config.sparse_config))
+    return SCORE_COPIES * 4 * config.num_attention_heads * worst
+
+
+def prefill_bytes(config, tokens: int, cached: int, batch: int, chunk: int, dense_len: int, item: int) -> int:
+    """A reference-engine prefill of `tokens` at `chunk` tokens per forward: the caches of `batch`
+    requests of `cached` tokens, one chunk's activations (reports/memory.py) and the attention scores."""
+    from salactl.reports.memory import prefill_workspace_bytes
+
+    return (batch * cache_bytes_per_request(config, cached, item, item)
+            + prefill_workspace_bytes(config, min(chunk, tokens), item)
+            + attention_scores_bytes(config, tokens, chunk, dense_len))
+
+
+def _check_prefill(config, avail: int, prefill: tuple, chunk: int, dense_len: int, item: int,
+                   chunk_fix: bool = True) -> None:
+    """prefill: (what, the flag that sizes it, prompt tokens, tokens cached, requests)."""
+    from salactl.profiling.preflight import largest_fitting
+    from salactl.runtime.loader import check_fits
+
+    what, flag, tokens, cached, batch = prefill
+    need = prefill_bytes(config, tokens, cached, batch, chunk, dense_len, item)
+    if need <= avail:
+        return
+    best = largest_fitting(lambda c: prefill_bytes(config, tokens, cached, batch, c, dense_len, item) <= avail,
+                    chunk) if chunk_fix else 0
+    fix = f"use --chunk-size {best:,} or less, or lower {flag}" if best else f"lower {flag}"
+    check_fits(need, avail, f"{what}: {batch} request(s) of {cached:,} tokens, prefilled {chunk:,} at a time "
+               f"with dense_len {dense_len:,} (the KV cache and states and the reference engine's prefill "
+               "workspace)", "this machine", fix)
 
 
 def check_sizes_fit(s, device) -> None:
     """`s`: SweepSettings whose values are checked already; `device`: the resolved torch.device."""
-    from salactl.runtime.loader import DTYPES, planning_config, resolve_dtype
+    from salactl.bench.sweep_grid import parse_ints
+    from salactl.bench.targets.embedded import DEFAULT_CHUNK
+    from salactl.runtime.loader import DTYPES, available_host_bytes, planning_config, resolve_dtype
 
     check_host_memory(prompt_set_bytes(s.requests, s.requests * s.input_len),
                       f"--requests {s.requests:,} prompts of --input-len {s.input_len:,} tokens",
@@ -30,7 +83,8 @@ def check_sizes_fit(s, device) -> None:
         check_host_memory(KL_LOGIT_COPIES * 8 * kl_tokens * config.vocab_size,
                           f"the logit KL over {kl_tokens:,} tokens x {config.vocab_size:,} vocabulary",
                           "lower --kl-len (default: --input-len), or pass --no-kl")
-    if device.type != "cpu":
+    avail = available_host_bytes()
+    if device.type != "cpu" or avail is None:
         return                          # GPU caches: the GPU engine's --mem-fraction budget decides
     # the widest activation dtype a point runs in: --dtype's, or a --weight-dtype cast to fp32/fp16/bf16
     casts = [DTYPES[w].itemsize for w in parse_list(s.weight_dtype, "--weight-dtype", str)
@@ -38,7 +92,13 @@ def check_sizes_fit(s, device) -> None:
     item = max([resolve_dtype(s.dtype, device).itemsize, *casts])
     lengths = parse_list(s.passkey_lengths, "--passkey-lengths", int) if s.passkey else []
     batch = max(parse_list(s.batch_size, "--batch-size", int)) if s.batch_size else 1
-    longest = max([s.input_len + s.output_len, kl_tokens, *lengths])
-    check_host_memory(batch * cache_bytes_per_request(config, longest, item, item),
-                      f"the KV cache and states of {batch} request(s) of {longest:,} tokens",
-                      "lower --input-len/--output-len (or --kl-len, --passkey-lengths, --batch-size)")
+    chunks = parse_ints(s.chunk_size, "chunk-size", DEFAULT_CHUNK["reference"])
+    dense_lens = parse_ints(s.dense_len, "dense-len", config.sparse_config.dense_len, minimum=0)
+    prefills = [("the speed workload", "--input-len/--output-len", s.input_len, s.input_len + s.output_len, batch)]
+    if kl_tokens:
+        _check_prefill(config, avail, ("the dense KL reference", "--kl-len (or pass --no-kl)", kl_tokens,
+                                       kl_tokens, 1), KL_REFERENCE_CHUNK, kl_tokens + 1, item, chunk_fix=False)
+        prefills.append(("the KL prompt", "--kl-len", kl_tokens, kl_tokens, 1))
+    prefills += [("a passkey prompt", "--passkey-lengths", n, n + ANSWER_TOKENS, 1) for n in lengths]
+    for chunk, dense_len, prefill in itertools.product(chunks, dense_lens, prefills):
+        _check_prefill(config, avail, prefill, chunk, dense_len, item)

@@ -20,6 +20,7 @@ NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key."
 QUESTION = "\nWhat is the pass key? The pass key is"
 ANSWER = " {key}."
 KEY_DIGITS = 5
+ANSWER_TOKENS = KEY_DIGITS + 3      # generated after the prompt: the number and what follows it
 
 
 class _Segments:
@@ -141,16 +142,18 @@ def passkey_trials(tokenizer, lengths: list[int], depths: list[float], trials: i
 
 
 def run_passkey(model, tokenizer, prompts: list[dict], chunk_size: int = 512,
-                progress: Callable[[int, int], None] | None = None, model_dir=None) -> list[dict]:
+                progress: Callable[[int, int], None] | None = None, model_dir=None,
+                kv_cache_dtype: str = "bf16") -> list[dict]:
     """Greedy-decode the answer of every prompt of `passkey_trials` through the runtime Engine; a
     trial is correct when the answer starts with the passkey's number (leading spaces allowed). One row per (length, depth).
-    Generation stops at `stop_token_ids` (with `model_dir`'s generation_config.json when given)."""
+    Generation stops at `stop_token_ids` (with `model_dir`'s generation_config.json when given).
+    kv_cache_dtype: the Engine's (an FP8 cache uses the model's calibrated scales, as every Engine does)."""
     from salactl.runtime.engine import Engine
     from salactl.runtime.loader import stop_token_ids
     from salactl.runtime.sampling import SamplingParams
 
-    engine = Engine(model, _model_device(model), chunk_size=chunk_size)
-    params = SamplingParams(max_new_tokens=KEY_DIGITS + 3, temperature=0.0)
+    engine = Engine(model, _model_device(model), chunk_size=chunk_size, kv_cache_dtype=kv_cache_dtype)
+    params = SamplingParams(max_new_tokens=ANSWER_TOKENS, temperature=0.0)
     eos = stop_token_ids(model.config, model_dir, tokenizer)
     cells: dict[tuple[int, float], list[int]] = {}
     for done, p in enumerate(prompts, 1):

@@ -67,7 +67,7 @@ def step_memory_bytes(spec: ProfileSpec, config, act_bytes: int, quantized: bool
     return caches + working, weights
 
 
-def _largest(fits, high: int) -> int:
+def largest_fitting(fits, high: int) -> int:
     """The largest n in [1, high] with fits(n) (fits is monotone), 0 when none."""
     lo, hi = 0, high
     while lo < hi:
@@ -85,8 +85,8 @@ def _fixes(spec: ProfileSpec, config, act_bytes: int, quantized: bool, reference
         return sum(step_memory_bytes(dataclasses.replace(spec, **change), config, act_bytes, quantized,
                                      reference)) <= avail
 
-    context = _largest(lambda c: fits(context=c), spec.context)
-    batch = _largest(lambda b: fits(batch=b), spec.batch)
+    context = largest_fitting(lambda c: fits(context=c), spec.context)
+    batch = largest_fitting(lambda b: fits(batch=b), spec.batch)
     fixes = [f"--context (at most about {context:,} tokens at this --batch)" if context else None,
              f"--batch (at most {batch:,} at this --context)" if batch else None]
     fixes = [f for f in fixes if f]

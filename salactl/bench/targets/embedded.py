@@ -12,6 +12,7 @@ import time
 import torch
 
 from salactl import output
+from salactl.bench.out_of_memory import capacity_error, is_out_of_memory
 from salactl.bench.requests import BenchRequest
 from salactl.bench.targets.base import Chunk, RequestFailed, Target
 from salactl.errors import UsageError
@@ -67,7 +68,9 @@ class EmbeddedTarget(Target):
         except RequestFailed:
             raise
         except Exception as e:
-            raise RequestFailed(f"{type(e).__name__}: {e}") from e
+            cause = capacity_error("the embedded engine", "lower --chunk-size or the prompt lengths", e) \
+                if is_out_of_memory(e) else e
+            raise RequestFailed(f"{type(e).__name__}: {e}") from cause
 
     def phase_begin(self) -> None:
         if self.device.type == "cuda":
