@@ -11,6 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from salactl import output
+from salactl.units import human_bytes
 from salactl.errors import UsageError
 from salactl.options import (DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, RandomWeightsOpt, non_empty, non_empty_path,
                              passed, refuse_unused, seed_option)
@@ -148,15 +149,15 @@ def render(r: dict) -> None:
             ["op", "kernels", "time ms", "bytes", "GB/s", "% peak BW", "analytic bytes",
              "floor ms", "bytes gap", "time/floor"],
             [[x["op"], x["kernels"], _ms(x["time_s"]),
-              None if x["dram_bytes"] is None else output.human_bytes(x["dram_bytes"]),
-              x["achieved_gbps"], x["pct_of_peak_bw"], output.human_bytes(x["analytic_bytes"]),
+              None if x["dram_bytes"] is None else human_bytes(x["dram_bytes"]),
+              x["achieved_gbps"], x["pct_of_peak_bw"], human_bytes(x["analytic_bytes"]),
               _ms(x["floor_s"]), _gap(x["bytes_ratio"]), x["time_over_floor"]] for x in rows])
     output.table(
         "kernels (top offenders: time beyond the bytes' bandwidth floor)",
         ["kernel", "phase", "op", "n", "time ms", "DRAM", "GB/s", "% peak BW", "SM %", "mem/DRAM %",
          "floor ms"],
         [[x["name"][:60], x["phase"], x["op"], x["count"], _ms(x["time_s"]),
-          None if x["dram_bytes"] is None else output.human_bytes(x["dram_bytes"]),
+          None if x["dram_bytes"] is None else human_bytes(x["dram_bytes"]),
           x["achieved_gbps"], x["pct_of_peak_bw"], x["sm_pct"], x["mem_pct"], _ms(x["floor_s"])]
          for x in r["kernels"]])
     if r.get("nvml"):

@@ -12,6 +12,7 @@ import typer
 from typer.core import TyperGroup
 
 from salactl import output
+from salactl.units import human_bytes
 from salactl.errors import UsageError
 from salactl.lists import parse_list
 from salactl.options import JsonOpt, ModelOpt, non_empty_path, passed, refuse_unused
@@ -194,7 +195,7 @@ def memory(
         output.stderr.print(f"note: {x['records']} measured record(s) are from model {x['model']!r}, "
                             "which is neither a preset nor a checkpoint directory here: no prediction "
                             f"for them (not with --model {model}'s shapes)")
-    hb = output.human_bytes
+    hb = human_bytes
     for x in result["fixed_exceeds_memory"]:
         srv = result["server"][x["weights"]]
         usable = (f"the usable memory of {x['gpu']} ({hb(x['usable_bytes'])} at mem fraction "
@@ -225,7 +226,7 @@ def _check_memory_options(ctx: typer.Context, weights: tuple[str, ...], records:
 
 
 def render_memory(r: dict) -> None:
-    hb = output.human_bytes
+    hb = human_bytes
     s = r["shape"]
     output.stdout.print(f"{r['model']}: {s['params']:,} parameters, {s['layers']} layers "
                         f"({s['sparse_layers']} sparse, {s['lightning_layers']} lightning); "

@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from salactl import output
+from salactl.units import human_bytes
 from salactl.errors import UsageError
 from salactl.lists import parse_list
 from salactl.options import (ChunkOpt, DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, RandomWeightsOpt,
@@ -116,7 +117,7 @@ def render(r: dict) -> None:
         output.table(
             f"{phase} roofline",
             ["op", "bytes", "FLOPs", "time ms", "GB/s", "TFLOP/s", "% peak", "floor ms"],
-            [[x["op"], output.human_bytes(x["bytes"]), float(x["flops"]),   # 1.65e+07, not every digit
+            [[x["op"], human_bytes(x["bytes"]), float(x["flops"]),   # 1.65e+07, not every digit
               None if x["time_s"] is None else x["time_s"] * 1e3, x["achieved_gbps"],
               x["achieved_tflops"], x["pct_of_peak"], x["floor_s"] * 1e3] for x in rows])
         tot = rows[-1]

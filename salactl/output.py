@@ -15,7 +15,6 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from salactl.errors import UsageError
-from salactl.units import human_bytes  # noqa: F401 - output.human_bytes in the commands' tables
 
 
 class _Console(Console):
