@@ -1,18 +1,17 @@
 """Device ceilings for the roofline: a datasheet table of known GPUs, NVML (bus width × memory
-clock), and measured ceilings (`salactl info --measure`) cached per device."""
+clock), and measured ceilings (`salactl info --measure`) (runtime/peaks_measure.py) cached per device."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
-import time
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from salactl.reports.atomic import write_atomic
 
 # name fragment -> (memory GB/s, dense bf16 TFLOP/s); vendor datasheets (dense, no sparsity).
 DATASHEET = {
@@ -37,7 +36,7 @@ class Peaks:
     mem_gbps: float
     bf16_tflops: float
     source: str          # "measured", "datasheet", "nvml", "cpu-default"
-    fp32_tflops: float | None = None     # measured only (no datasheet column)
+    fp32_tflops: float | None = None     # measured or the CPU default (no datasheet column)
 
     def matmul_tflops(self, dtype: torch.dtype) -> tuple[float, str]:
         """The compute ceiling for GEMMs in `dtype`, and which rate it is: a float32 model's
@@ -57,15 +56,36 @@ class Peaks:
 
 def cache_path() -> Path:
     root = Path(os.environ.get("SALACTL_CACHE_DIR") or Path.home() / ".cache" / "salactl")
-    return root / "peaks.json"
+    return root.expanduser().resolve() / "peaks.json"
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), which tells one x86_64 machine from another, else
+    what the platform module knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def usable_cpu_count() -> int:
+    """The CPUs this process may run on (a container's or taskset's share, not the host's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
 
 
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    import platform
-
-    return f"cpu:{platform.processor() or platform.machine()}:{torch.get_num_threads()}t"
+    return f"cpu:{cpu_model()}:{usable_cpu_count()}cpus:{torch.get_num_threads()}t"
 
 
 def datasheet(name: str) -> tuple[float, float] | None:
@@ -88,16 +108,33 @@ def nvml_bandwidth_gbps(index: int = 0) -> float | None:
         return None
 
 
-def load_measured() -> dict:
+def load_measured(warn: bool = True) -> dict:
     """The cached measurements by device name; an unreadable cache or an entry without two
-    positive finite ceilings (a hand-edited or truncated file) is left out: defaults apply."""
+    positive finite ceilings (a hand-edited or truncated file) is left out, with a warning
+    (`warn`): defaults apply."""
+    path = cache_path()
     try:
-        data = json.loads(cache_path().read_text())
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
     except (OSError, ValueError):
-        return {}
+        data = None
     if not isinstance(data, dict):
+        if warn:
+            _warn_unusable_cache(f"the peaks cache {path}: it is not a JSON object of measurements")
         return {}
-    return {name: entry for name, entry in data.items() if _valid(entry)}
+    valid = {name: entry for name, entry in data.items() if _valid(entry)}
+    if warn and len(valid) < len(data):
+        invalid = len(data) - len(valid)
+        _warn_unusable_cache(f"{invalid} entr{'y' if invalid == 1 else 'ies'} of the peaks cache {path}: "
+                             "not positive finite ceilings")
+    return valid
+
+
+def _warn_unusable_cache(what: str) -> None:
+    from salactl.output import warn_once
+
+    warn_once(f"ignoring {what}; `salactl info --measure` rewrites it")
 
 
 def _valid(entry) -> bool:
@@ -109,15 +146,31 @@ def _valid(entry) -> bool:
 
 
 def check_cache_dir() -> Path:
-    """The cache file's path, or a usage error before measuring when its directory cannot be made."""
+    """The cache file's path, or a usage error before measuring when it cannot be written: its
+    directory cannot be made or written to, or peaks.json is a directory."""
+    path = cache_path()
+    existing = next(p for p in path.parents if p.exists())
+    if not existing.is_dir():
+        raise cannot_write(path, f"{existing} is a file")
+    if path.exists() and not path.is_file():
+        raise cannot_write(path, "it is a directory" if path.is_dir() else "it is not a regular file")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise cannot_write(path, f"cannot create {e.filename or path.parent}: {e.strerror or e}") from e
+    try:
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".probe"):
+            pass
+    except OSError as e:
+        raise cannot_write(path, f"cannot create files in {path.parent}: {e.strerror or e}") from e
+    return path
+
+
+def cannot_write(path: Path, reason: str) -> Exception:
     from salactl.errors import UsageError
 
-    path = cache_path()
-    existing = next(p for p in path.absolute().parents if p.exists())
-    if not existing.is_dir():
-        raise UsageError(f"cannot write the peaks cache {path}: {existing} is a file; "
-                         "set SALACTL_CACHE_DIR to a directory")
-    return path
+    return UsageError(f"cannot write the peaks cache {path}: {reason}; "
+                      "set SALACTL_CACHE_DIR to a writable directory")
 
 
 def peaks_for(device: torch.device) -> Peaks:
@@ -137,51 +190,4 @@ def peaks_by_name(name: str, device_type: str, nvml_index: int | None = None) ->
         bw = nvml_bandwidth_gbps(nvml_index) if nvml_index is not None else None
         return Peaks(name, bw or 1000.0, 100.0, "nvml" if bw else "unknown-gpu-default")
     # No CPU datasheet: a conservative default until `salactl info --measure` runs.
-    return Peaks(name, 20.0, 0.2, "cpu-default")
-
-
-def _time(fn, device, reps: int) -> float:
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(reps):
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-    else:
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    times.sort()
-    return times[len(times) // 2]
-
-
-def measure(device: torch.device) -> Peaks:
-    """Median device-to-device copy bandwidth (read+write bytes) and bf16 and fp32 GEMM rates."""
-    path = check_cache_dir()
-    gpu = device.type == "cuda"
-    n = (1 << 30) if gpu else (64 << 20)                  # bytes per buffer
-    src = torch.empty(n // 2, dtype=torch.bfloat16, device=device).normal_()
-    dst = torch.empty_like(src)
-    copy_s = _time(lambda: dst.copy_(src), device, 20 if gpu else 5)
-    mem_gbps = 2 * n / copy_s / 1e9
-    m = 8192 if gpu else 1024
-
-    def gemm_tflops(dtype):
-        a = torch.randn(m, m, device=device, dtype=dtype)
-        b = torch.randn(m, m, device=device, dtype=dtype)
-        return 2 * m ** 3 / _time(lambda: a @ b, device, 20 if gpu else 3) / 1e12
-
-    tflops, fp32 = gemm_tflops(torch.bfloat16), gemm_tflops(torch.float32)
-    name = device_name(device)
-    data = load_measured()
-    data[name] = {"mem_gbps": mem_gbps, "bf16_tflops": tflops, "fp32_tflops": fp32,
-                  "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    write_atomic(path, json.dumps(data, indent=2))
-    return Peaks(name, mem_gbps, tflops, "measured", fp32)
+    return Peaks(name, 20.0, 0.2, "cpu-default", fp32_tflops=0.2)

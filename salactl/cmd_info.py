@@ -14,18 +14,22 @@ from salactl.options import DeviceOpt, JsonOpt
 def info(
     measure: Annotated[bool, typer.Option("--measure", help="Measure copy bandwidth and matmul rate and cache "
                                           "them (in $SALACTL_CACHE_DIR/peaks.json, else "
-                                          "~/.cache/salactl/peaks.json; per GPU, or per CPU and torch thread "
-                                          "count) as the ceilings of later rooflines (run, profile).")] = False,
+                                          "~/.cache/salactl/peaks.json; per GPU, or per CPU model, usable CPU "
+                                          "count and torch thread count) as the ceilings of later rooflines "
+                                          "(run, profile). Each ceiling is the fastest of the repetitions; run "
+                                          "it on an idle machine.")] = False,
     device: DeviceOpt = "auto",
     json_out: JsonOpt = False,
 ) -> None:
     """Show versions, the device and its roofline ceilings."""
     from salactl.env import environment
     from salactl.runtime.loader import resolve_device, resolve_dtype
-    from salactl.runtime.peaks import DATASHEET, cache_path, measure as do_measure, peaks_for
+    from salactl.runtime.peaks import DATASHEET, cache_path, check_cache_dir, peaks_for
+    from salactl.runtime.peaks_measure import measure as do_measure
 
     dev = resolve_device(device)
     if measure:
+        check_cache_dir()
         output.stderr.print(f"measuring copy bandwidth and bf16 / fp32 matmul on {dev} ...")
         do_measure(dev)
     peaks = peaks_for(dev)

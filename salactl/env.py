@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import platform
 import subprocess
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import torch
 
 import salactl
+from salactl.runtime.peaks import cpu_model, usable_cpu_count
 
 
 def _git(root: Path = Path(__file__).resolve().parent.parent) -> dict:
@@ -70,8 +70,8 @@ def environment() -> dict:
         "triton": triton_version,
         "fla_core": _version("fla-core"),
         "python": platform.python_version(),
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
+        "cpu": cpu_model(),
+        "cpu_count": usable_cpu_count(),
         "torch_threads": torch.get_num_threads(),
         **_gpu(),
     }

@@ -1,0 +1,149 @@
+"""`salactl info --measure`: the device's copy bandwidth and bf16 / fp32 GEMM rates, each the
+fastest of its repetitions, on buffers that outsize the CPU's last-level cache, stored in the peaks
+cache that runtime/peaks.py reads."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from salactl.reports.atomic import write_atomic
+from salactl.runtime.peaks import Peaks, cannot_write, cache_path, check_cache_dir, device_name, load_measured
+
+
+# A ceiling is the best rate the machine reaches: time repetitions for a budget, keep the fastest.
+CPU_BUDGET_S = 0.4
+CPU_MIN_REPS = 3
+GPU_REPS = 20
+NOISY_SPREAD = 1.3          # median rep this much slower than the fastest: something else ran
+BUSY_WARNING = "the machine is busy; the ceilings may be low, re-run --measure when it is idle"
+
+
+def fastest_rep(times: list[float]) -> tuple[float, bool]:
+    """The fastest repetition's time, and whether the reps were noisy (median > 1.3x the fastest)."""
+    best = min(times)
+    return best, statistics.median(times) > NOISY_SPREAD * best
+
+
+def _rep_times(fn, device) -> list[float]:
+    fn()                                                  # warm-up: page faults, kernel choice
+    times = []
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(GPU_REPS):
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        return times
+    began = time.perf_counter()
+    while len(times) < CPU_MIN_REPS or time.perf_counter() - began < CPU_BUDGET_S:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def parse_cache_size(text: str) -> int:
+    """A sysfs cache size ("491520K", "32M", "1024") in bytes."""
+    text = text.strip().upper()
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(text[:-1] if scale > 1 else text) * scale
+
+
+SYSFS_CPU0_CACHE = Path("/sys/devices/system/cpu/cpu0/cache")
+
+
+def last_level_cache_bytes(cache_dir: Path = SYSFS_CPU0_CACHE) -> int | None:
+    """The size of the highest cache level sysfs lists for cpu0, or None where it lists none."""
+    by_level: dict[int, int] = {}
+    for index in cache_dir.glob("index*"):
+        try:
+            level = int((index / "level").read_text())
+            size = parse_cache_size((index / "size").read_text())
+        except (OSError, ValueError):
+            continue
+        by_level[level] = max(by_level.get(level, 0), size)
+    return by_level[max(by_level)] if by_level else None
+
+
+def mem_available_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024       # reported in kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def cpu_copy_buffer_bytes(llc_bytes: int | None, mem_available: int | None) -> int:
+    """Bytes per copy buffer on a CPU: 4x the last-level cache and at least 256 MiB, so the copy
+    streams DRAM rather than cache (512 MiB where the cache size is unknown); both buffers take at
+    most a quarter of the available memory. Whole MiB."""
+    size = max(4 * llc_bytes, 256 << 20) if llc_bytes else 512 << 20
+    if mem_available:
+        size = min(size, mem_available // 8)
+    return max(size >> 20, 1) << 20
+
+
+def _copy_times(device: torch.device) -> tuple[int, list[float]]:
+    if device.type == "cuda":
+        n = 1 << 30
+    else:
+        n = cpu_copy_buffer_bytes(last_level_cache_bytes(), mem_available_bytes())
+    src = torch.empty(n // 2, dtype=torch.bfloat16, device=device).fill_(1.0)   # touch every page
+    dst = torch.empty_like(src)
+    return n, _rep_times(lambda: dst.copy_(src), device)
+
+
+def _gemm_times(device: torch.device, m: int, dtype: torch.dtype) -> list[float]:
+    a = torch.randn(m, m, device=device, dtype=dtype)
+    b = torch.randn(m, m, device=device, dtype=dtype)
+    return _rep_times(lambda: a @ b, device)
+
+
+def measure(device: torch.device) -> Peaks:
+    """The fastest rep's device-to-device copy bandwidth (read+write bytes) and bf16 and fp32 GEMM
+    rates; a one-line warning when the machine looks busy (load, or reps of uneven speed)."""
+    check_cache_dir()
+    gpu = device.type == "cuda"
+    busy = not gpu and hasattr(os, "getloadavg") and os.getloadavg()[0] >= torch.get_num_threads()
+    n, copy_times = _copy_times(device)
+    m = 8192 if gpu else 1024
+    timed = [(2 * n / 1e9, copy_times),                                 # GB per rep -> GB/s
+             (2 * m ** 3 / 1e12, _gemm_times(device, m, torch.bfloat16)),  # TFLOP per rep -> TFLOP/s
+             (2 * m ** 3 / 1e12, _gemm_times(device, m, torch.float32))]
+    rates = []
+    for work, times in timed:
+        best, noisy = fastest_rep(times)
+        rates.append(work / best)
+        busy = busy or noisy
+    mem_gbps, tflops, fp32 = rates
+    if busy:
+        from salactl.output import warn_once
+
+        warn_once(BUSY_WARNING)
+    name = device_name(device)
+    store_measurement(name, {"mem_gbps": mem_gbps, "bf16_tflops": tflops, "fp32_tflops": fp32,
+                             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    return Peaks(name, mem_gbps, tflops, "measured", fp32)
+
+
+def store_measurement(name: str, entry: dict) -> None:
+    """Add or replace `name`'s entry in the cache (invalid entries are dropped); a write that
+    fails is a usage error naming the cache file."""
+    path = cache_path()
+    data = load_measured(warn=False)
+    data[name] = entry
+    try:
+        write_atomic(path, json.dumps(data, indent=2))
+    except OSError as e:
+        raise cannot_write(path, e.strerror or str(e)) from e
