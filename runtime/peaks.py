@@ -1,5 +1,5 @@
 """Device ceilings for the roofline: a datasheet table of known GPUs, NVML (bus width × memory
-clock), and measured ceilings (`salactl info --measure`) (runtime/peaks_measure.py) cached per device."""
+clock), and measured ceilings (`salactl info --measure`, runtime/peaks_measure.py) cached per device."""
 
 from __future__ import annotations
 
