@@ -25,8 +25,8 @@ The packed weights are *buffers* in the layout of the device's fast path, so the
               that op is not blocked for many rows (768x2048, group 128: 1 row 0.12 ms against fp32
               dense 0.11 and the per-call fp32 dequantization 2.5; 512 rows 24 ms against 1.3
               dequantized). On CUDA (fp16 scales) up to 64 rows our Triton W8A16 kernel
-              (runtime/ops/w8a16/triton.py, 16-bit activations), above it the weight dequantized to
-              the activations' dtype and cuBLAS.
+              (runtime/ops/w8a16/triton.py, 16-bit activations; groups of 16k rows), above it (or
+              for other groups) the weight dequantized to the activations' dtype and cuBLAS.
 - "dequant"  (everything else): GPTQ v1 tensors, dequantized on every call by the plain reference.
 Act-order checkpoints (g_idx not k // group) are repacked in sorted-group order at load time and
 carry a `perm` buffer that gathers the activations.
@@ -212,9 +212,9 @@ class GPTQLinear(nn.Module):
             return self._int8_forward_cpu(x2)
         if _triton_available():
             from salactl.runtime.ops.device_props import sm_count
-            from salactl.runtime.ops.w8a16.triton import MAX_ROWS, w8a16_linear
+            from salactl.runtime.ops.w8a16.triton import MAX_ROWS, group_fits, w8a16_linear
 
-            if x2.shape[0] <= MAX_ROWS:
+            if x2.shape[0] <= MAX_ROWS and group_fits(self.qweight.shape[2]):
                 # .contiguous(): no copy, except for the views the GPU engine's fused projections leave
                 return w8a16_linear(_sixteen_bit(x2).contiguous(), self.qweight.contiguous(), self.scales,
                                     sm_count(x2.device))

@@ -31,7 +31,7 @@ class GPUBackend:
 
     def __init__(self, config: SalaConfig, pools, num_sms: int = 132, sparse_sub: int = 2048,
                  gla_max_chunk: int = 32768, sparse_prefill: str | None = None):
-        check_shapes(config.sparse_config)
+        check_shapes(config)
         # "triton" (paged kernel per query token) or "flex" (FlexAttention over 128-row tiles);
         # default from the measured table in runtime/ops/attention/flex_sparse.py
         self.sparse_prefill = sparse_prefill or flex_sparse.SPARSE_PREFILL_DEFAULT

@@ -38,6 +38,7 @@ from salactl.runtime.gpu.scheduler import Request, Scheduler
 from salactl.runtime.kv_fp8 import fp8_dtype, model_kv_scales, resolve_kv_scales
 from salactl.runtime.ops.device_props import sm_count
 from salactl.runtime.ops.gla.triton import FLA, prefill_impl
+from salactl.runtime.ops.selection.gpu import check_shapes
 from salactl.runtime.op_timer import NULL_TIMER, OpTimer
 from salactl.runtime.sampling import SamplingParams, as_token_ids, greedy, resolve_params, sample
 
@@ -100,6 +101,7 @@ class GPUEngine:
             raise DeviceError(f"GPUEngine needs a CUDA device, got {str(self.device)!r}; use Engine on the "
                               "CPU (TRITON_INTERPRET=1 runs the kernels in Triton's interpreter, for tests)")
         self.config = model.config
+        check_shapes(self.config)                      # before fuse_model changes the caller's model
         self.dtype = model.model.embed_tokens.weight.dtype
         self.model = fuse_model(model) if fuse else model
         if free_bytes is None:

@@ -204,6 +204,15 @@ def kernel_scales(pages_dtype, heads: int, device, *scales, unused: torch.Tensor
     return [unused] * len(scales)
 
 
+def check_index_strides(page_table, **vectors) -> None:
+    """The kernels get only page_table's row stride and no stride of the per-row index vectors
+    (slots, seq_lens, ...): both must be unit along what the kernels walk."""
+    assert page_table.stride(1) == 1 or page_table.shape[1] == 1, \
+        f"page_table needs unit column stride, got strides {page_table.stride()}"
+    for name, v in vectors.items():
+        assert v.is_contiguous(), f"{name} needs unit stride, got strides {v.stride()}"
+
+
 def paged_attention(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=None,
                     num_blocks=None, dense_len: int | None = None, k_scale=1.0, v_scale=1.0,
                     sm_scale: float | None = None, num_splits: int = 8, out=None,
@@ -232,6 +241,8 @@ def split_partials(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=N
     G = hq // hkv
     BG = max(16, triton.next_power_of_2(G))
     assert k_pages.is_contiguous() and v_pages.is_contiguous() and q.stride(-1) == 1
+    assert hq % hkv == 0, f"{hq} query heads do not split into groups of the {hkv} KV heads"
+    check_index_strides(page_table, slots=slots, seq_lens=seq_lens)
     assert v_pages.shape == k_pages.shape[:2] + ((d, B) if v_token_minor(v_pages.dtype) else (B, d)), \
         "V pages must be [P, Hkv, B, D], or [P, Hkv, D, B] for FP8 (reference.pack_v_pages)"
     sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
@@ -316,11 +327,14 @@ def _store_kv_kernel(k_ptr, v_ptr, kp_ptr, vp_ptr, pt_ptr, slot_ptr, seqlen_ptr,
 
 
 def store_kv(k_pages, v_pages, k, v, page_table, slots, seq_lens, k_scale=1.0, v_scale=1.0) -> None:
-    """Write row r's k, v [n, Hkv, D] at position seq_lens[r]-1 of the sequence in slots[r]
-    (FP8 pages: saturate(x / scale), kv_fp8's policy; FP8 V pages are token-minor)."""
+    """Write row r's k, v [n, Hkv, D] (any row/head strides, unit last stride) at position
+    seq_lens[r]-1 of the sequence in slots[r] (FP8 pages: saturate(x / scale), kv_fp8's policy;
+    FP8 V pages are token-minor)."""
     n, hkv, d = k.shape
     if n == 0:
         return
+    assert k_pages.is_contiguous() and v_pages.is_contiguous() and k.stride(-1) == 1 and v.stride(-1) == 1
+    check_index_strides(page_table, slots=slots, seq_lens=seq_lens)
     fp8 = is_fp8(k_pages.dtype)
     _store_kv_kernel[(n, hkv)](k, v, k_pages, v_pages, page_table, slots, seq_lens,
                                k.stride(0), k.stride(1), v.stride(0), v.stride(1),

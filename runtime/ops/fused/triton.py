@@ -13,6 +13,12 @@ import triton.language as tl
 from salactl.runtime.ops.pdl import launch_args, pdl_wait
 
 
+def _check_unit_last_stride(op: str, **tensors) -> None:
+    for name, t in tensors.items():
+        assert t.stride(-1) == 1 or t.shape[-1] == 1, \
+            f"{op}: {name} needs a contiguous last dimension, got strides {t.stride()}"
+
+
 @triton.jit
 def _rms(x, w, eps, N: tl.constexpr, DT: tl.constexpr):
     """x fp32 (zero-padded), w fp32 -> rms_norm(x) * w rounded like the reference."""
@@ -39,6 +45,7 @@ def _add_rmsnorm_kernel(h_ptr, d_ptr, w_ptr, hout_ptr, y_ptr, s_h, s_d, scale, e
 
 def add_rmsnorm(h, delta, scale: float, weight, eps: float):
     n, N = h.shape
+    _check_unit_last_stride("add_rmsnorm", h=h, weight=weight, **({} if delta is None else {"delta": delta}))
     BLOCK = triton.next_power_of_2(N)
     y = torch.empty(n, N, device=h.device, dtype=h.dtype)
     hout = torch.empty_like(y) if delta is not None else h
@@ -81,6 +88,8 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, qo_ptr,
 
 def qk_norm_rope(q, k, wq, wk, cos, sin, eps: float):
     n, H, D = q.shape
+    _check_unit_last_stride("qk_norm_rope", q=q, k=k, wq=wq, wk=wk, cos=cos, sin=sin)
+    assert sin.stride(0) == cos.stride(0), "qk_norm_rope: cos and sin need the same row stride"
     qo = torch.empty(n, H, D, device=q.device, dtype=q.dtype)
     ko = torch.empty_like(qo)
     _qk_norm_rope_kernel[(n, H, 2)](q, k, wq, wk, cos, sin, qo, ko, q.stride(0), q.stride(1),
@@ -108,6 +117,7 @@ def _rmsnorm_gate_kernel(o_ptr, w_ptr, z_ptr, y_ptr, s_o, s_z, eps, N: tl.conste
 
 def rmsnorm_gate(o, weight, z, eps: float, dtype=None):
     n, N = o.shape
+    _check_unit_last_stride("rmsnorm_gate", o=o, weight=weight, z=z)
     BLOCK = triton.next_power_of_2(N)
     y = torch.empty(n, N, device=o.device, dtype=dtype or z.dtype)
     _rmsnorm_gate_kernel[(n,)](o, weight, z, y, o.stride(0), z.stride(0), float(eps), N=N,
@@ -129,6 +139,7 @@ def _sigmoid_gate_kernel(o_ptr, g_ptr, y_ptr, s_o, s_g, N, BLOCK: tl.constexpr, 
 
 def sigmoid_gate(o, g):
     n, N = o.shape
+    _check_unit_last_stride("sigmoid_gate", o=o, g=g)
     y = torch.empty(n, N, device=o.device, dtype=o.dtype)
     BLOCK = 1024
     _sigmoid_gate_kernel[(n, triton.cdiv(N, BLOCK))](o, g, y, o.stride(0), g.stride(0), N,
@@ -151,6 +162,8 @@ def _silu_mul_kernel(gu_ptr, y_ptr, s_gu, N, BLOCK: tl.constexpr, PDL: tl.conste
 
 def silu_mul(gate_up):
     n, N2 = gate_up.shape
+    _check_unit_last_stride("silu_mul", gate_up=gate_up)
+    assert N2 % 2 == 0, f"silu_mul: gate_up needs an even width [gate | up], got {N2}"
     N = N2 // 2
     y = torch.empty(n, N, device=gate_up.device, dtype=gate_up.dtype)
     BLOCK = 1024

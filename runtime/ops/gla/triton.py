@@ -45,14 +45,18 @@ def _gla_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, state_ptr, slot_ptr, g_ptr,
 
 
 def gla_decode_(q, k, v, g_gamma, scale, state_pool, slots, out_dtype=None):
-    """One token per row. q, k [n, H, K]; v [n, H, V] (any row/head strides, unit last stride);
-    state_pool [slots, H, K, V] fp32 (contiguous), updated in place at `slots` [n]."""
+    """One token per row. q, k [n, H, K]; v [n, H, V] (any row/head strides, unit last stride; K, V
+    powers of two); state_pool [slots, H, K, V] fp32 (contiguous), updated in place at `slots` [n]
+    (unit stride)."""
     n, H, K = q.shape
     V = v.shape[-1]
     assert state_pool.dtype == torch.float32 and state_pool.is_contiguous()
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
-    o = torch.empty(n, H, V, device=q.device, dtype=out_dtype or q.dtype)
+    assert slots.is_contiguous(), f"slots needs unit stride, got strides {slots.stride()}"
     BV = min(V, 32)
+    assert K & (K - 1) == 0 and V & (V - 1) == 0 and V % BV == 0, \
+        f"the GLA decode kernel needs power-of-two head dims, got K={K}, V={V}"
+    o = torch.empty(n, H, V, device=q.device, dtype=out_dtype or q.dtype)
     _gla_decode_kernel[(n, H, V // BV)](
         q, k, v, o, state_pool, slots, g_gamma,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),

@@ -12,9 +12,10 @@ import struct
 import torch
 import triton
 
-from salactl.runtime.config import SparseConfig
+from salactl.errors import ConfigError
+from salactl.runtime.config import LIGHTNING, SPARSE, SalaConfig, SparseConfig
 from salactl.runtime.ops.decode_attention.reference import is_fp8
-from salactl.runtime.ops.decode_attention.triton import kernel_scales
+from salactl.runtime.ops.decode_attention.triton import check_index_strides, kernel_scales
 from salactl.runtime.ops.device_props import sm_count
 from salactl.runtime.ops.pdl import launch_args
 from salactl.runtime.ops.selection import triton as kern
@@ -27,10 +28,23 @@ _NEG_INF_BITS = struct.unpack("<i", struct.pack("<f", float("-inf")))[0]
 NEG_INF_KEY_MAX = (_NEG_INF_BITS ^ 0x7FFFFFFF) * 2 ** 32 + (2 ** 32 - 1)
 
 
-def check_shapes(sc: SparseConfig) -> None:
+_USE_REFERENCE = ("run it on the reference engine (--device cpu, profile --backend reference, "
+                  "bench --engine reference)")
+
+
+def check_shapes(config: SalaConfig) -> None:
+    """Refuse (ConfigError) a model the GPU engine's Triton kernels cannot run: they take power-of-two
+    sparse kernel and block sizes, and power-of-two head dimensions of at least 16 (tl.dot's smallest)."""
+    sc = config.sparse_config
     for name, v in (("kernel_size", sc.kernel_size), ("block_size", sc.block_size)):
         if v & (v - 1):
-            raise ValueError(f"the GPU selection needs a power-of-two sparse_config.{name}, got {v}")
+            raise ConfigError(f"the GPU selection needs a power-of-two sparse_config.{name}, got {v}; "
+                              f"{_USE_REFERENCE}")
+    dims = (("head_dim", config.head_dim, SPARSE), ("lightning_head_dim", config.lightning_head_dim, LIGHTNING))
+    for name, v, mixer in dims:
+        if mixer in config.mixer_types and (v < 16 or v & (v - 1)):
+            raise ConfigError(f"the GPU engine's kernels need a power-of-two {name} >= 16, got {v}; "
+                              f"{_USE_REFERENCE}")
 
 
 def compress_update(k_pages, k1_pages, page_table, slots, starts, counts, max_count: int,
@@ -39,6 +53,7 @@ def compress_update(k_pages, k1_pages, page_table, slots, starts, counts, max_co
     slots[e] (counts[e] <= max_count). k_pages [P, Hkv, B, D]; k1_pages [P, Hkv, B/st, D]."""
     if max_count <= 0 or slots.numel() == 0:
         return
+    check_index_strides(page_table, slots=slots, starts=starts, counts=counts)
     P, hkv, B, D = k_pages.shape
     fp8 = is_fp8(k_pages.dtype)
     kern._compress_kernel[(max_count, slots.numel(), hkv)](
@@ -59,6 +74,7 @@ def select_paged(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_
     if not one_sequence:
         tuning = None if num_splits is None else DECODE_TUNING.with_knobs(lse_splits=num_splits)
         return select_decode(q, k1_pages, page_table, slots, seq_lens, sc, nb_max, tuning=tuning)
+    check_index_strides(page_table, slots=slots, seq_lens=seq_lens)
     n, hq, D = q.shape
     _, hkv, wpp, _ = k1_pages.shape
     G = hq // hkv
@@ -141,6 +157,9 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     dev = q.device
 
     fuse = k_pages is not None and k1_start is not None and k1_count is not None
+    check_index_strides(page_table, slots=slots, seq_lens=seq_lens)
+    if fuse:
+        check_index_strides(page_table, k1_start=k1_start, k1_count=k1_count)
     lse_splits = tuning.lse_splits
     if lse_splits is None:                # about four programs per SM
         lse_splits = max(1, min(256, math.ceil(4 * sm_count(dev) / rows)))

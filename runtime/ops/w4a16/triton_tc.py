@@ -366,6 +366,13 @@ def _w4a16_tc_dequant_kernel(qw_ptr, s_ptr, w_ptr, N, K, GROUP: tl.constexpr, BL
 _NEG_BIAS = {torch.bfloat16: -136.0, torch.float16: -1032.0}
 
 
+def _check_scales(scales: torch.Tensor, K: int, N: int, group: int) -> None:
+    """The kernels read row k // group of scales [groups, N] and trust its shape."""
+    groups = triton.cdiv(K, group)
+    assert scales.shape == (groups, N), \
+        f"scales {tuple(scales.shape)} for a {N}x{K} weight in groups of {group}: need ({groups}, {N})"
+
+
 def w4a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int,
              config: TCConfig | None = None, use_asm: bool | None = None, sms: int = 132,
              glu: bool = False) -> torch.Tensor:
@@ -379,6 +386,7 @@ def w4a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group
     assert x.dtype in _NEG_BIAS, "the W4A16 kernel takes bf16 or fp16 activations"
     group = K if group_size == -1 else group_size
     assert (group % 128 == 0) or group in (16, 32, 64), f"unsupported group size {group}"
+    _check_scales(scales, K, N, group)
     if x.stride(-1) != 1:
         x = x.contiguous()
     cfg = config or default_tc_config(M, N, K, sms)
@@ -417,6 +425,7 @@ def w4a16_tc_dequantize(qweight: torch.Tensor, scales: torch.Tensor, group_size:
     """The dequantized W [N, K] (then `F.linear(x, W)` is the plain cuBLAS call)."""
     K, N = qweight.shape[0] * K_BLOCK, qweight.shape[1] * TC_ROWS
     group = K if group_size == -1 else group_size
+    _check_scales(scales, K, N, group)
     w = torch.empty(N, K, device=qweight.device, dtype=dtype)
     grid = (K // K_BLOCK, triton.cdiv(N, block_n))
     _w4a16_tc_dequant_kernel[grid](qweight, scales, w, N, K, GROUP=group, BLOCK_N=block_n,

@@ -33,6 +33,13 @@ from salactl.runtime.ops.pdl import launch_args, pdl_wait
 from salactl.runtime.ops.split_k import split_counters, store_split_k
 
 MAX_ROWS = 64
+MIN_STEP = 16          # tl.dot's smallest K: a group's step must be at least this
+
+
+def group_fits(group: int) -> bool:
+    """Whether the kernels take the int8 layout with `group` columns per group (its qweight.shape[2]):
+    groups of 16k columns, so that every step is a power of two >= MIN_STEP inside one group."""
+    return group % MIN_STEP == 0
 
 
 @dataclass(frozen=True)
@@ -48,7 +55,9 @@ class W8Config:
     gemv: int = 1
 
     def step(self, group: int) -> int:
-        return min(self.block_k, group)
+        """The largest power of two that divides the group, at most block_k (a power of two):
+        min(block_k, group) for power-of-two groups and multiples of block_k, 64 for 192."""
+        return min(self.block_k, group & -group)
 
     def split(self, n: int, k: int, group: int, sms: int) -> int:
         """Split K until about programs_per_sm programs per SM exist, in whole steps."""
@@ -120,14 +129,15 @@ def _mma_kernel(x_ptr, q_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm,
 def w8a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, sms: int = 132,
                  config: W8Config | None = None) -> torch.Tensor:
     """x [M, K] bf16/fp16 (M <= MAX_ROWS, unit last stride) · Wᵀ -> [M, N] in x's dtype; qweight int8
-    [groups, N, K/groups] (codes − 128), scales [groups, N]. config: DEFAULT_GEMV at one row, else
-    DEFAULT."""
+    [groups, N, K/groups] (codes − 128; K/groups a multiple of 16: group_fits), scales [groups, N].
+    config: DEFAULT_GEMV at one row, else DEFAULT."""
     M, K = x.shape
     groups, N, gs = qweight.shape
     config = config or (DEFAULT_GEMV if M == 1 else DEFAULT)
     bk = config.step(gs)
     assert groups * gs == K and 1 <= M <= MAX_ROWS and x.stride(1) == 1 and qweight.is_contiguous()
-    assert gs % bk == 0 and scales.shape == (groups, N)
+    assert bk >= MIN_STEP, f"groups of {gs} columns: the kernels need groups of 16k (group_fits)"
+    assert scales.shape == (groups, N)
     split = config.split(N, K, gs, sms)
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
     ws = torch.empty(split if split > 1 else 1, M, N, device=x.device, dtype=torch.float32)
