@@ -111,7 +111,7 @@ def _generate(req: RunRequest, lm: LoadedModel, ids: list[int], tok: Tokenizer |
     eos = stop_token_ids(lm.config, lm.model_dir, tok)
     decoder = StreamDecoder(tok) if (tok and stream) else None
     on_token = (lambda t: stream(decoder.push(t))) if decoder else None
-    if gpu_engine_available(lm.model.device):
+    if gpu_engine_available(lm.model.device) and _gpu_engine_runs(lm.config):
         engine, res, timing_note = _generate_gpu(req, lm, ids, params, eos, on_token)
     else:
         engine = Engine(lm.model, lm.model.device, chunk_size=req.chunk_size, time_ops=req.op_profile,
@@ -124,6 +124,17 @@ def _generate(req: RunRequest, lm: LoadedModel, ids: list[int], tok: Tokenizer |
         if tail:
             stream(tail)
     return engine, res, timing_note
+
+
+def _gpu_engine_runs(config) -> bool:
+    """Whether the GPU engine's kernels take the model's shapes; else a note, and the reference engine
+    runs it on the same device."""
+    from salactl.runtime.ops.selection.gpu import unsupported_shape
+
+    problem = unsupported_shape(config)
+    if problem:
+        output.warn_once(f"{problem}: running the reference engine (plain PyTorch) on the GPU")
+    return problem is None
 
 
 def _generate_gpu(req: RunRequest, lm: LoadedModel, ids: list[int], params: SamplingParams, eos,

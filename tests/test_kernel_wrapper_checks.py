@@ -221,3 +221,11 @@ def test_w4a16_refuses_scales_of_the_wrong_shape():
             w4a16_tc(x, qweight, scales, group)
         with pytest.raises(AssertionError, match=rf"need \({want}, {N}\)"):
             w4a16_tc_dequantize(qweight, scales, group)
+
+
+def test_run_falls_back_to_the_reference_engine_for_shapes_the_gpu_kernels_cannot_run(capsys):
+    from salactl.run_job import _gpu_engine_runs
+
+    assert _gpu_engine_runs(_config(16))
+    assert not _gpu_engine_runs(_config(24))
+    assert "head_dim >= 16, got 24: running the reference engine" in capsys.readouterr().err

@@ -28,23 +28,29 @@ _NEG_INF_BITS = struct.unpack("<i", struct.pack("<f", float("-inf")))[0]
 NEG_INF_KEY_MAX = (_NEG_INF_BITS ^ 0x7FFFFFFF) * 2 ** 32 + (2 ** 32 - 1)
 
 
-_USE_REFERENCE = ("run it on the reference engine (--device cpu, profile --backend reference, "
-                  "bench --engine reference)")
+_USE_REFERENCE = ("run it on the reference engine (profile --backend reference, bench --engine reference; "
+                  "salactl run falls back to it)")
 
 
-def check_shapes(config: SalaConfig) -> None:
-    """Refuse (ConfigError) a model the GPU engine's Triton kernels cannot run: they take power-of-two
-    sparse kernel and block sizes, and power-of-two head dimensions of at least 16 (tl.dot's smallest)."""
+def unsupported_shape(config: SalaConfig) -> str | None:
+    """Why the GPU engine's Triton kernels cannot run the model, or None: they take power-of-two sparse
+    kernel and block sizes, and power-of-two head dimensions of at least 16 (tl.dot's smallest)."""
     sc = config.sparse_config
     for name, v in (("kernel_size", sc.kernel_size), ("block_size", sc.block_size)):
         if v & (v - 1):
-            raise ConfigError(f"the GPU selection needs a power-of-two sparse_config.{name}, got {v}; "
-                              f"{_USE_REFERENCE}")
+            return f"the GPU selection needs a power-of-two sparse_config.{name}, got {v}"
     dims = (("head_dim", config.head_dim, SPARSE), ("lightning_head_dim", config.lightning_head_dim, LIGHTNING))
     for name, v, mixer in dims:
         if mixer in config.mixer_types and (v < 16 or v & (v - 1)):
-            raise ConfigError(f"the GPU engine's kernels need a power-of-two {name} >= 16, got {v}; "
-                              f"{_USE_REFERENCE}")
+            return f"the GPU engine's kernels need a power-of-two {name} >= 16, got {v}"
+    return None
+
+
+def check_shapes(config: SalaConfig) -> None:
+    """A ConfigError where unsupported_shape finds one."""
+    problem = unsupported_shape(config)
+    if problem:
+        raise ConfigError(f"{problem}; {_USE_REFERENCE}")
 
 
 def compress_update(k_pages, k1_pages, page_table, slots, starts, counts, max_count: int,
