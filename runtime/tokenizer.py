@@ -189,15 +189,19 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.tok.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True, specials_as_text: bool = False) -> list[int]:
         """Text to token ids, like HF `encode`: with whatever special tokens the post-processor adds
         (e.g. BOS, as `salactl run --prompt` encodes), or the text's ids alone with
-        `add_special_tokens=False`."""
+        `add_special_tokens=False`. specials_as_text: a literal "<s>" or "</s>" in the text is
+        tokenized as those characters, not as the special id (HF's split_special_tokens=True)."""
+        self.tok.encode_special_tokens = specials_as_text     # a flag of the HF object: set for this call only
         try:
             return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
         except TypeError:
             _check_utf8(text)
             raise
+        finally:
+            self.tok.encode_special_tokens = False
 
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         """Token ids to text; special tokens (BOS, EOS, ...) are left out unless skip_special=False
@@ -291,7 +295,7 @@ def _token(cfg: dict, key: str, path: Path) -> str | None:
     return token
 
 
-def find_tokenizer(explicit: str | None, model_dir: Path | None) -> Tokenizer:
+def find_tokenizer(explicit: str | None, model_dir: str | Path | None) -> Tokenizer:
     """The Tokenizer for a model: `explicit` (a tokenizer.json or its directory; --tokenizer), else
     the checkpoint's own tokenizer.json in model_dir (LoadedModel.model_dir). Only a model without
     a directory (a preset with random weights) falls back to the embedded sala-nano tokenizer: a
@@ -300,6 +304,7 @@ def find_tokenizer(explicit: str | None, model_dir: Path | None) -> Tokenizer:
     if explicit:
         return Tokenizer(Path(explicit))
     if model_dir is not None:
+        model_dir = Path(model_dir)
         if not (model_dir / "tokenizer.json").exists():
             raise TokenizerError(f"checkpoint {model_dir} has no tokenizer.json; pass --tokenizer PATH "
                                  "(the model's tokenizer.json or its directory)")

@@ -12,7 +12,7 @@ import typer
 from salactl import output
 from salactl.errors import UsageError
 from salactl.lists import parse_list
-from salactl.options import (SEED_MAX, ChunkOpt, DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, TokenizerOpt, non_empty_path,
+from salactl.options import (SEED_MAX, ChunkOpt, DeviceOpt, DtypeOpt, JsonOpt, KvCacheDtypeOpt, ModelOpt, TokenizerOpt, non_empty_path,
                              passed, refuse_unused)
 
 eval_app = typer.Typer(no_args_is_help=True, help="Evaluate a model: perplexity and passkey retrieval.")
@@ -64,14 +64,18 @@ def _load(model: str, device: str, dtype: str, tokenizer: str | None):
 
 
 def _check_passkey_memory(model: str, device: str, dtype: str, lengths: list[int], depths: list[float],
-                          trials: int) -> None:
+                          trials: int, chunk_size: int) -> None:
     """Before the model loads: the device, dtype and model as loading would check them, then memory."""
     from salactl.evaluation.passkey import check_passkey_memory
     from salactl.runtime.loader import model_config, resolve_device, resolve_dtype
 
     dev = resolve_device(device)
     config = model_config(model)
-    check_passkey_memory(config, dev, resolve_dtype(dtype, dev).itemsize, lengths, depths, trials)
+    check_passkey_memory(config, dev, resolve_dtype(dtype, dev).itemsize, lengths, depths, trials, chunk_size)
+
+
+def _act_dtype(lm):
+    return lm.model.model.embed_tokens.weight.dtype
 
 
 def _describe(lm) -> dict:
@@ -82,7 +86,7 @@ def _describe(lm) -> dict:
 @eval_app.command("ppl")
 def ppl(
     ctx: typer.Context,
-    file: Annotated[Optional[Path], typer.Option("--file", "-f", metavar="<path>", parser=non_empty_path("--file", "a UTF-8 text file"), help="UTF-8 text file to score (default: the built-in held-out split).")] = None,
+    file: Annotated[Optional[Path], typer.Option("--file", "-f", metavar="<path>", parser=non_empty_path("--file", "a UTF-8 text file"), help="UTF-8 text file to score (default: the built-in held-out split). Special-token text in it (<s>, </s>, ...) is scored as the characters it is, not as those tokens.")] = None,
     split: Annotated[str, typer.Option("--split", help="Built-in corpus split when no --file: heldout or train.")] = DEFAULT_SPLIT,
     model: ModelOpt = "sala-nano",
     device: DeviceOpt = "auto",
@@ -94,8 +98,10 @@ def ppl(
     json_out: JsonOpt = False,
 ) -> None:
     """Perplexity of the model on held-out text, next to a unigram baseline."""
+    from salactl.bench.out_of_memory import out_of_memory_is_capacity
     from salactl.env import environment
-    from salactl.evaluation.perplexity import perplexity, scored_targets, unigram_baseline
+    from salactl.evaluation.perplexity import (check_perplexity_memory, perplexity, score_windows, scored_targets,
+                                               unigram_baseline)
 
     if max_tokens < 0:
         raise UsageError(f"--max-tokens must be >= 0 (0 = all), got {max_tokens}")
@@ -117,14 +123,17 @@ def ppl(
         source = {"split": split, "corpus_sha256": corpus_sha256(split)}     # env has the Python version
     lm, tok = _load(model, device, dtype, tokenizer)
     output.warn_past_trained_length(seq_len, lm.config.max_position_embeddings, "--seq-len")
-    ids = tok.encode(text, add_special_tokens=False)
+    ids = tok.encode(text, add_special_tokens=False, specials_as_text=True)
     cap = max_tokens or None
     bos = tok.bos_id if tok.add_bos else None
-    with progress_bar("perplexity") as update:
+    longest = max((len(w) for w in score_windows(ids, seq_len, cap, bos)), default=0)
+    check_perplexity_memory(lm.config, lm.model.device, _act_dtype(lm).itemsize, longest, chunk_size)
+    out_of_memory = out_of_memory_is_capacity("eval ppl", "lower --chunk-size or --seq-len")
+    with progress_bar("perplexity") as update, out_of_memory:
         res = perplexity(lm.model, ids, seq_len, cap, progress=update, bos_id=bos, chunk_size=chunk_size)
     uni = unigram_baseline(scored_targets(ids, seq_len, cap, bos), lm.config.vocab_size)
-    record = {**_describe(lm), **source, **res, "unigram": uni, "chunk_size": chunk_size,
-              "env": environment()}
+    record = {**_describe(lm), **source, **res, "max_tokens": max_tokens, "bos": bos is not None,
+              "unigram": uni, "chunk_size": chunk_size, "env": environment()}
     if json_out:
         output.print_json(record)
         return
@@ -146,11 +155,14 @@ def passkey(
     dtype: DtypeOpt = "auto",
     tokenizer: TokenizerOpt = None,
     chunk_size: ChunkOpt = 512,
+    kv_cache_dtype: KvCacheDtypeOpt = "bf16",
     json_out: JsonOpt = False,
 ) -> None:
     """Passkey retrieval accuracy (greedy) per context length and needle depth."""
+    from salactl.bench.out_of_memory import out_of_memory_is_capacity
     from salactl.env import environment
-    from salactl.evaluation.passkey import passkey_trials, run_passkey
+    from salactl.evaluation.passkey import ANSWER_TOKENS, passkey_trials, run_passkey
+    from salactl.runtime.kv_fp8 import fp8_dtype, stored_kv_name
 
     length_list = parse_list(lengths, "--lengths", dedupe=True)
     depth_list = parse_list(depths, "--depths", float, dedupe=True)
@@ -161,18 +173,23 @@ def passkey(
     if trials <= 0:
         raise UsageError(f"--trials must be positive, got {trials}")
     _check_chunk(chunk_size)
-    _check_passkey_memory(model, device, dtype, length_list, depth_list, trials)
+    fp8_dtype(kv_cache_dtype)                   # an unknown name is a usage error before the model loads
+    _check_passkey_memory(model, device, dtype, length_list, depth_list, trials, chunk_size)
     lm, tok = _load(model, device, dtype, tokenizer)
-    output.warn_past_trained_length(max(length_list), lm.config.max_position_embeddings, "the longest --lengths")
+    output.warn_past_trained_length(max(length_list) + ANSWER_TOKENS, lm.config.max_position_embeddings,
+                                    f"the longest --lengths plus the {ANSWER_TOKENS} answer tokens")
     prompts = passkey_trials(tok, length_list, depth_list, trials, seed)
-    with progress_bar("passkey") as update:
-        rows = run_passkey(lm.model, tok, prompts, chunk_size, progress=update, model_dir=lm.model_dir)
+    out_of_memory = out_of_memory_is_capacity("eval passkey", "lower --chunk-size or the longest --lengths")
+    with progress_bar("passkey") as update, out_of_memory:
+        rows = run_passkey(lm.model, tok, prompts, chunk_size, progress=update, model_dir=lm.model_dir,
+                           kv_cache_dtype=kv_cache_dtype)
     by_length = {}
     for n in length_list:
         mine = [r for r in rows if r["length"] == n]
         by_length[str(n)] = sum(r["correct"] for r in mine) / sum(r["trials"] for r in mine)
     record = {**_describe(lm), "lengths": length_list, "depths": depth_list, "trials": trials,
               "seed": seed, "chunk_size": chunk_size,
+              "kv_cache_dtype": stored_kv_name(kv_cache_dtype, _act_dtype(lm)),
               "sparse_config": lm.config.sparse_config.__dict__, "results": rows,
               "accuracy_by_length": by_length, "env": environment()}
     if json_out:

@@ -13,7 +13,7 @@ from salactl import output
 from salactl.units import human_bytes
 from salactl.errors import UsageError
 from salactl.lists import parse_list
-from salactl.options import (ChunkOpt, DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, RandomWeightsOpt,
+from salactl.options import (ChunkOpt, DeviceOpt, DtypeOpt, JsonOpt, KvCacheDtypeOpt, ModelOpt, RandomWeightsOpt,
                              TokenizerOpt, non_empty_path, passed, refuse_unused, seed_option)
 
 
@@ -42,8 +42,7 @@ def run(
                           "roofline: on the GPU engine (CUDA with triton) a second, eager pass over the prompt "
                           "(the timed run is unaffected); on the reference engine a timer around every op of "
                           "the run. --no-op-profile: phase times only.")] = True,
-    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="bf16 or auto (the model's dtype), "
-                                                "fp8_e4m3 (needs calibrated scales) or fp8_e5m2.")] = "bf16",
+    kv_cache_dtype: KvCacheDtypeOpt = "bf16",
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the checkpoint's chat "
                                              "template (ChatML when it has none), as HF apply_chat_template.")] = False,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Keep generating past end-of-sequence tokens.")] = False,

@@ -50,6 +50,8 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on 
 TokenizerOpt = Annotated[Optional[str], typer.Option("--tokenizer", help="tokenizer.json or its directory.",
                                                      parser=non_empty("--tokenizer", "a tokenizer.json or its directory"))]
 ChunkOpt = Annotated[int, typer.Option("--chunk-size", help="Prefill chunk size in tokens.")]
+KvCacheDtypeOpt = Annotated[str, typer.Option("--kv-cache-dtype", help="bf16 or auto (the model's dtype), "
+                                                         "fp8_e4m3 (needs calibrated scales) or fp8_e5m2.")]
 
 
 def _on_command_line(ctx: typer.Context, name: str) -> bool:

@@ -51,12 +51,14 @@ def warn_past_trained_length(tokens: int, limit: int, what: str) -> None:
 
 def read_text_option(path: Path, name: str, hint: str = "save it as UTF-8") -> str:
     """An input text file (`name`: its flag or what it is, e.g. "--calib", "dataset"), read as UTF-8
-    whatever the locale says; a one-line DatasetError (exit 7, as bench --dataset) when it is
-    missing, unreadable or not UTF-8, the last saying `hint`."""
+    whatever the locale says, without a leading byte-order mark (Windows editors write one); a
+    one-line DatasetError (exit 7, as bench --dataset) when it is missing, unreadable or not UTF-8,
+    the last saying `hint`."""
     from salactl.errors import DatasetError
 
     try:
-        return path.read_text(encoding="utf-8")
+        # not encoding="utf-8-sig": its decode errors count bytes from after the mark
+        return path.read_text(encoding="utf-8").removeprefix("\ufeff")
     except FileNotFoundError:
         raise DatasetError(f"{name} {path} does not exist") from None
     except UnicodeDecodeError as e:

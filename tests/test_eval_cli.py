@@ -23,6 +23,7 @@ def test_eval_ppl_on_a_file_beats_the_unigram_baseline(tmp_path):
     assert r.returncode == 0, r.stderr
     rec = json.loads(r.stdout)
     assert rec["tokens"] == 80 and rec["windows"] == 2 and rec["file"] == str(text)
+    assert rec["max_tokens"] == 80 and rec["bos"] is True
     assert rec["ppl"] < rec["unigram"]["ppl"]
 
 
@@ -40,6 +41,7 @@ def test_eval_passkey_json_and_errors():
     (row,) = rec["results"]
     assert row["length"] == 128 and row["depth"] == 0.5 and row["trials"] == 1
     assert row["correct"] in (0, 1) and rec["accuracy_by_length"]["128"] == row["accuracy"]
+    assert rec["kv_cache_dtype"] == "float32" and len(row["needle_positions"]) == 1
     bad = salactl("eval", "passkey", "--depths", "1.5", "--device", "cpu")
     assert bad.returncode == 2 and "--depths" in bad.stderr and "Traceback" not in bad.stderr
     short = salactl("eval", "passkey", "--lengths", "512,8", "--device", "cpu")
@@ -92,3 +94,125 @@ def test_eval_ppl_split_is_checked_and_refused_with_a_file(tmp_path):
         assert r.returncode == 2 and r.stdout == "", r.stderr
         (line,) = r.stderr.strip().splitlines()
         assert msg in line, line
+
+
+def _ppl_json(*args):
+    r = salactl("eval", "ppl", "--device", "cpu", "--json", *args)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_eval_ppl_scores_a_bom_file_as_the_plain_file(tmp_path):
+    plain, bom = tmp_path / "plain.txt", tmp_path / "bom.txt"
+    plain.write_text("def add(a, b):\n    return a + b\n", encoding="utf-8")
+    bom.write_text("def add(a, b):\n    return a + b\n", encoding="utf-8-sig")
+    a, b = _ppl_json("--file", str(plain)), _ppl_json("--file", str(bom))
+    assert (a["nll"], a["tokens"]) == (b["nll"], b["tokens"])
+
+
+def test_text_file_byte_offsets_count_the_byte_order_mark(tmp_path):
+    from salactl.errors import DatasetError
+    from salactl.output import read_text_option
+
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"\xef\xbb\xbfab\xff")
+    try:
+        read_text_option(bad, "--file")
+    except DatasetError as e:
+        assert "at byte 5" in str(e), e
+    else:
+        raise AssertionError("invalid UTF-8 was read")
+
+
+def test_eval_ppl_scores_special_token_text_as_text(tmp_path):
+    from tokenizers import Tokenizer as HFTokenizer
+
+    text = "x = '<s>' + y + \"</s>\"  # <unk>\n"
+    file = tmp_path / "specials.txt"
+    file.write_text(text)
+    hf = HFTokenizer.from_file(str(EMBEDDED_DIR / "tokenizer.json"))
+    with_specials = len(hf.encode(text, add_special_tokens=False).ids)
+    hf.encode_special_tokens = True
+    as_text = len(hf.encode(text, add_special_tokens=False).ids)
+    assert as_text > with_specials
+    rec = _ppl_json("--file", str(file))
+    assert rec["tokens"] == as_text and rec["bos"] is True and rec["max_tokens"] == 16384
+    # `run --prompt` keeps HF's default: a literal <s> is the BOS id
+    tok = Tokenizer(EMBEDDED_DIR)
+    assert tok.bos_id in tok.encode("a <s> b", add_special_tokens=False)
+    assert tok.bos_id not in tok.encode("a <s> b", add_special_tokens=False, specials_as_text=True)
+
+
+def test_eval_ppl_too_short_says_how_many_tokens_it_needs(tmp_path):
+    empty, one = tmp_path / "empty.txt", tmp_path / "one.txt"
+    empty.write_text("")
+    one.write_text("x")
+    r = salactl("eval", "ppl", "--file", str(empty), "--device", "cpu")
+    assert r.returncode == 7, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == ("error: the text is too short to score: it has 0 token(s) and "
+                                                 "needs at least 1")
+    assert _ppl_json("--file", str(one))["tokens"] == 1     # <s> + 1 text token
+
+
+def test_perplexity_without_bos_needs_two_tokens():
+    from salactl.errors import DatasetError
+    from salactl.evaluation.perplexity import perplexity
+    from salactl.runtime.loader import load_model
+
+    lm = load_model("sala-nano", "cpu")
+    try:
+        perplexity(lm.model, [5], 8, None, bos_id=None)
+    except DatasetError as e:
+        assert str(e) == "the text is too short to score: it has 1 token(s) and needs at least 2"
+    else:
+        raise AssertionError("one token without <s> was scored")
+
+
+def test_eval_passkey_records_kv_cache_dtype_and_needle_positions():
+    r = salactl("eval", "passkey", "--lengths", "100", "--depths", "0.2,0.8", "--trials", "1",
+                "--kv-cache-dtype", "fp8_e5m2", "--device", "cpu", "--json")
+    assert r.returncode == 0, r.stderr
+    rec = json.loads(r.stdout)
+    assert rec["kv_cache_dtype"] == "fp8_e5m2"
+    (early,), (late,) = (row["needle_positions"] for row in rec["results"])
+    assert early < late
+
+
+def test_eval_passkey_kv_cache_dtype_errors():
+    e4m3 = salactl("eval", "passkey", "--lengths", "100", "--kv-cache-dtype", "fp8_e4m3", "--device", "cpu")
+    assert e4m3.returncode == 3 and e4m3.stdout == "", e4m3.stderr
+    (line,) = e4m3.stderr.strip().splitlines()
+    assert "fp8_e4m3 needs calibrated k/v scales" in line
+    bad = salactl("eval", "passkey", "--kv-cache-dtype", "fp9", "--device", "cpu")
+    assert bad.returncode == 2 and "valid: auto, bf16, fp8_e4m3, fp8_e5m2" in bad.stderr
+
+
+def test_passkey_needle_positions_point_at_the_needle():
+    from salactl.evaluation.passkey import NEEDLE, passkey_trials
+
+    tok = Tokenizer(EMBEDDED_DIR)
+    for p in passkey_trials(tok, [80, 300], [0.0, 0.5, 1.0], 2, 3):
+        needle = tok.encode(NEEDLE.format(key=p["key"]), add_special_tokens=False)
+        assert p["ids"][p["needle_at"]:p["needle_at"] + len(needle)] == needle
+
+
+def test_eval_passkey_warns_when_the_answer_runs_past_the_trained_length(tmp_path):
+    model = tmp_path / "nano-max-pos-132"
+    model.mkdir()
+    for f in EMBEDDED_DIR.iterdir():
+        (model / f.name).symlink_to(f)
+    config = json.loads((EMBEDDED_DIR / "config.json").read_text())
+    (model / "config.json").unlink()
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 132}))
+    r = salactl("eval", "passkey", "--model", str(model), "--lengths", "128", "--depths", "0.5", "--trials", "1",
+                "--device", "cpu", "--json")
+    assert r.returncode == 0, r.stderr
+    assert ("the longest --lengths plus the 8 answer tokens is 136 tokens, past the model's "
+            "max_position_embeddings (132)") in r.stderr
+
+
+def test_find_tokenizer_takes_a_string_model_dir():
+    from salactl.runtime.tokenizer import find_tokenizer
+
+    tok = find_tokenizer(None, str(EMBEDDED_DIR))
+    assert tok.encode("hello world") == Tokenizer(EMBEDDED_DIR).encode("hello world")

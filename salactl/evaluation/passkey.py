@@ -55,6 +55,12 @@ def _filler(segs: _Segments, n_tokens: int) -> tuple[list[int], list[int]]:
 def make_passkey_prompt(tokenizer, length_tokens: int, depth: float, rng: random.Random):
     """Return (prompt_ids, answer_str): exactly `length_tokens` ids (bos included when the tokenizer
     adds one) with the needle at the sentence boundary nearest `depth` (0 = start, 1 = end)."""
+    ids, key, _ = _passkey_prompt(tokenizer, length_tokens, depth, rng)
+    return ids, key
+
+
+def _passkey_prompt(tokenizer, length_tokens: int, depth: float, rng: random.Random):
+    """make_passkey_prompt's (ids, key) and the token index where the needle starts."""
     if not 0.0 <= depth <= 1.0:
         raise UsageError(f"passkey depth must be in [0, 1], got {depth}")
     key = str(rng.randint(10 ** (KEY_DIGITS - 1), 10 ** KEY_DIGITS - 1))
@@ -69,7 +75,7 @@ def make_passkey_prompt(tokenizer, length_tokens: int, depth: float, rng: random
     at = min(bounds, key=lambda b: (abs(b - depth * n_fill), b))
     ids = segs.bos + segs.instruction + filler[:at] + needle + filler[at:] + segs.question
     assert len(ids) == length_tokens
-    return ids, key
+    return ids, key, len(segs.bos) + len(segs.instruction) + at
 
 
 def answer_ids(tokenizer, answer: str) -> list[int]:
@@ -97,47 +103,50 @@ def _model_device(model):
 PROMPT_ID_BYTES = 8      # a Python list holds one 8-byte reference per token id
 
 
-def passkey_memory_bytes(config, act_bytes: int, lengths: list[int], depths: list[float],
-                         trials: int) -> tuple[int, int]:
-    """(host, cache) bytes of a run: every prompt is built up front (passkey_trials) and held as a
-    list of ids; one at a time runs, its KV cache (sparse layers) the size of the longest."""
-    from salactl.reports.memory import gla_state_bytes, kv_bytes_per_token
+def passkey_memory_bytes(config, act_bytes: int, lengths: list[int], depths: list[float], trials: int,
+                         chunk_size: int) -> tuple[int, int]:
+    """(host, prefill) bytes of a run: every prompt is built up front (passkey_trials) and held as a
+    list of ids; one at a time runs, the longest needing the most: its KV cache and states (answer
+    included) and the reference engine's prefill workspace and attention scores, as the sweep counts
+    them (bench.sweep_sizes.prefill_bytes)."""
+    from salactl.bench.sweep_sizes import prefill_bytes
 
     prompts = PROMPT_ID_BYTES * sum(lengths) * len(depths) * trials
-    kv_dtype = {2: "bfloat16", 4: "float32"}[act_bytes]
-    return prompts, max(lengths) * kv_bytes_per_token(config, kv_dtype) + gla_state_bytes(config)
+    longest = max(lengths)
+    return prompts, prefill_bytes(config, longest, longest + ANSWER_TOKENS, 1, chunk_size,
+                                  config.sparse_config.dense_len, act_bytes)
 
 
 def check_passkey_memory(config, device, act_bytes: int, lengths: list[int], depths: list[float],
-                         trials: int) -> None:
-    """Exit 11 before anything is built when the prompts (host) and the cache (the model's device)
-    need more memory than is available."""
+                         trials: int, chunk_size: int) -> None:
+    """Exit 11 before anything is built when the prompts (host) and the longest prompt's prefill (the
+    model's device) need more memory than is available; the error names a --chunk-size that fits."""
+    from salactl.evaluation.perplexity import check_eval_memory
     from salactl.units import human_bytes
-    from salactl.runtime.loader import available_bytes, available_host_bytes, check_fits
 
-    prompts, cache = passkey_memory_bytes(config, act_bytes, lengths, depths, trials)
+    prompts, prefill = passkey_memory_bytes(config, act_bytes, lengths, depths, trials, chunk_size)
     count = len(lengths) * len(depths) * trials
     what = (f"eval passkey ({count:,} prompt{'' if count == 1 else 's'}: {human_bytes(prompts)}; the longest "
-            f"one's cache: {human_bytes(cache)})")
-    fix = "use shorter --lengths, fewer --depths or fewer --trials"
-    if device.type == "cpu":
-        check_fits(prompts + cache, available_host_bytes(), what, "this machine", fix)
-    else:
-        check_fits(prompts, available_host_bytes(), what, "this machine", fix)
-        check_fits(cache, available_bytes(device), what, str(device), fix)
+            f"one's prefill, {max(lengths):,} tokens at --chunk-size {chunk_size:,}: {human_bytes(prefill)} of KV "
+            "cache, states and the reference engine's workspace and attention scores)")
+    check_eval_memory(device, what, prompts,
+                      lambda chunk: passkey_memory_bytes(config, act_bytes, lengths, depths, trials, chunk)[1],
+                      chunk_size, "shorter --lengths, fewer --depths or fewer --trials")
 
 
 def passkey_trials(tokenizer, lengths: list[int], depths: list[float], trials: int, seed: int) -> list[dict]:
     """Every prompt of a passkey run, built before any generation so that a length too short for the
-    prompt is an error up front: one {length, depth, ids, key} per trial, in run order."""
+    prompt is an error up front: one {length, depth, ids, key, needle_at} per trial, in run order
+    (needle_at: the token index where the needle starts)."""
     if trials <= 0:
         raise UsageError(f"--trials must be positive, got {trials}")
     out = []
     for length in lengths:
         for depth in depths:
             for trial in range(trials):
-                ids, key = make_passkey_prompt(tokenizer, length, depth, trial_rng(seed, length, depth, trial))
-                out.append({"length": length, "depth": depth, "ids": ids, "key": key})
+                rng = trial_rng(seed, length, depth, trial)
+                ids, key, needle_at = _passkey_prompt(tokenizer, length, depth, rng)
+                out.append({"length": length, "depth": depth, "ids": ids, "key": key, "needle_at": needle_at})
     return out
 
 
@@ -145,7 +154,8 @@ def run_passkey(model, tokenizer, prompts: list[dict], chunk_size: int = 512,
                 progress: Callable[[int, int], None] | None = None, model_dir=None,
                 kv_cache_dtype: str = "bf16") -> list[dict]:
     """Greedy-decode the answer of every prompt of `passkey_trials` through the runtime Engine; a
-    trial is correct when the answer starts with the passkey's number (leading spaces allowed). One row per (length, depth).
+    trial is correct when the answer starts with the passkey's number (leading spaces allowed). One
+    row per (length, depth), with the token index of each trial's needle (needle_positions).
     Generation stops at `stop_token_ids` (with `model_dir`'s generation_config.json when given).
     kv_cache_dtype: the Engine's (an FP8 cache uses the model's calibrated scales, as every Engine does)."""
     from salactl.runtime.engine import Engine
@@ -155,11 +165,14 @@ def run_passkey(model, tokenizer, prompts: list[dict], chunk_size: int = 512,
     engine = Engine(model, _model_device(model), chunk_size=chunk_size, kv_cache_dtype=kv_cache_dtype)
     params = SamplingParams(max_new_tokens=ANSWER_TOKENS, temperature=0.0)
     eos = stop_token_ids(model.config, model_dir, tokenizer)
-    cells: dict[tuple[int, float], list[int]] = {}
+    correct: dict[tuple[int, float], list[bool]] = {}
+    needles: dict[tuple[int, float], list[int]] = {}
     for done, p in enumerate(prompts, 1):
         out = engine.generate(p["ids"], params, eos_ids=eos).output_token_ids
-        cells.setdefault((p["length"], p["depth"]), []).append(extract_answer(tokenizer.decode(out)) == p["key"])
+        cell = (p["length"], p["depth"])
+        correct.setdefault(cell, []).append(extract_answer(tokenizer.decode(out)) == p["key"])
+        needles.setdefault(cell, []).append(p["needle_at"])
         if progress:
             progress(done, len(prompts))
-    return [{"length": n, "depth": d, "trials": len(ok), "correct": sum(ok), "accuracy": sum(ok) / len(ok)}
-            for (n, d), ok in cells.items()]
+    return [{"length": n, "depth": d, "trials": len(ok), "correct": sum(ok), "accuracy": sum(ok) / len(ok),
+             "needle_positions": needles[n, d]} for (n, d), ok in correct.items()]

@@ -46,6 +46,51 @@ def scored_targets(token_ids: list[int], seq_len: int, max_tokens: int | None,
     return [t for w in score_windows(token_ids, seq_len, max_tokens, bos_id) for t in w[1:]]
 
 
+# fp32 [window, vocab] logits held at once at the peak: the chunks' logits and their torch.cat in
+# Engine.prefill, then the logits and cross_entropy's log-softmax; the freed chunks' memory is not
+# reused for the log-softmax (a 16,384-token window of sala-nano peaks at 3.3 copies above the run's)
+LOGIT_COPIES = 3
+
+
+def perplexity_memory_bytes(config, act_bytes: int, window: int, chunk_size: int) -> int:
+    """A window's scoring on the reference engine: its prefill (KV cache and states, one chunk's
+    workspace and attention scores, as bench.sweep_sizes counts them) and the window's logits."""
+    from salactl.bench.sweep_sizes import prefill_bytes
+
+    logits = LOGIT_COPIES * 4 * window * config.vocab_size
+    return prefill_bytes(config, window, window, 1, chunk_size, config.sparse_config.dense_len, act_bytes) + logits
+
+
+def check_perplexity_memory(config, device, act_bytes: int, window: int, chunk_size: int) -> None:
+    """Exit 11 before scoring when the longest window (`window` tokens) does not fit the model's device."""
+    what = (f"eval ppl (the longest window's prefill, {window:,} tokens at --chunk-size {chunk_size:,}: KV cache, "
+            f"states, the reference engine's workspace and attention scores, and {LOGIT_COPIES} copies of the "
+            "window's fp32 logits)")
+    check_eval_memory(device, what, 0, lambda chunk: perplexity_memory_bytes(config, act_bytes, window, chunk),
+                      chunk_size, "a shorter --seq-len (or --max-tokens)")
+
+
+def check_eval_memory(device, what: str, host_bytes: int, device_bytes: Callable[[int], int], chunk_size: int,
+                      alternatives: str) -> None:
+    """A CapacityError (exit 11) when `host_bytes` (host memory) and device_bytes(chunk_size) (the model's
+    device: the host too, on CPU) need more than is available: "WHAT needs N, but WHERE has M
+    available; use --chunk-size C or less, or ALTERNATIVES", C the largest chunk that fits."""
+    from salactl.profiling.preflight import largest_fitting
+    from salactl.runtime.loader import available_bytes, available_host_bytes, check_fits
+
+    on_cpu = device.type == "cpu"
+    if not on_cpu:
+        check_fits(host_bytes, available_host_bytes(), what, "this machine", f"use {alternatives}")
+        host_bytes = 0
+    room = available_bytes(device)
+    need = host_bytes + device_bytes(chunk_size)
+    if room is None or need <= room:
+        return
+    best = largest_fitting(lambda chunk: host_bytes + device_bytes(chunk) <= room, chunk_size)
+    fix = f"use --chunk-size {best:,} or less, or {alternatives}" if best else f"use {alternatives}"
+    check_fits(need, room, what, "this machine" if on_cpu else str(device), fix)
+
+
 def _device(model) -> torch.device:
     for t in model.parameters():
         return t.device
@@ -60,7 +105,9 @@ def perplexity(model, token_ids: list[int], seq_len: int, max_tokens: int | None
 
     windows = list(score_windows(token_ids, seq_len, max_tokens, bos_id))
     if not windows:
-        raise DatasetError("the text is too short to score: it needs at least 2 tokens")
+        least = 1 if bos_id is not None else 2          # without <s> a window's first token is context only
+        raise DatasetError(f"the text is too short to score: it has {len(token_ids)} token(s) and needs at least "
+                           f"{least}")
     vocab = model.config.vocab_size
     bad = next((t for w in windows for t in w if not 0 <= t < vocab), None)
     if bad is not None:
