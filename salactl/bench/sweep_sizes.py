@@ -29,8 +29,14 @@ def attention_scores_bytes(config, tokens: int, chunk: int, dense_len: int) -> i
     window."""
     from salactl.runtime.ops.selection import num_windows
 
+    # A chunk's size grows with its start within the all-dense and the all-sparse chunks (num_windows
+    # does not decrease), so the largest is among the chunks next to the dense_len boundary and the
+    # last two: O(1) candidates for any prompt length.
+    last = (tokens - 1) // chunk * chunk
+    edge = max(0, dense_len - 2) // chunk * chunk
+    starts = {0, edge - chunk, edge, edge + chunk, last - chunk, last}
     worst = 0
-    for start in range(0, tokens, chunk):
+    for start in (s for s in starts if 0 <= s < tokens):
         end = min(start + chunk, tokens)
         dense = max(0, min(end, dense_len - 1) - start)
         worst = max(worst, dense * end + (end - start - dense) * num_windows(end, config.sparse_config))
