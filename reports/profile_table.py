@@ -1,6 +1,7 @@
 """Join measured kernels (Nsight Compute or torch.profiler) with the analytic roofline of the
-same step: per model op and per kernel, time, DRAM bytes, achieved bandwidth, % of peak, the
-analytic prediction and the gap; rows sorted by excess time over the floor (top offenders first)."""
+same step: per model op, per layer and per kernel, time, DRAM bytes, achieved bandwidth and FLOP
+rate, % of peak, the analytic prediction and the gap; op and kernel rows sorted by excess time over
+the floor (top offenders first), layer rows in model order."""
 
 from __future__ import annotations
 
@@ -46,11 +47,7 @@ def from_ncu(kernels) -> list[KernelSample]:
 
 def in_scopes(s: KernelSample, scopes) -> bool:
     """Whether a sample belongs to the analytic scopes a profile covers (None = everything)."""
-    if scopes is None:
-        return True
-    if s.layer is not None:
-        return f"layer{s.layer}" in scopes
-    return s.op == "lm_head" and "lm_head" in scopes
+    return scopes is None or sample_scope(s) in scopes
 
 
 def _ratio(a, b):
@@ -70,6 +67,29 @@ class OpRow:
     analytic_flops: float
     floor_s: float
     bytes_ratio: float | None      # measured DRAM bytes / analytic bytes
+    time_over_floor: float | None
+    achieved_tflops: float | None = None    # the analytic FLOPs over the measured time
+    pct_of_peak: float | None = None        # the binding resource's % (bandwidth or compute), as `run`'s
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class LayerRow:
+    """One scope of a phase: a decoder layer ("layer<i>", kind sparse or lightning), the lm_head,
+    or "embed_norm" (the embedding and the final norm)."""
+    phase: str
+    scope: str
+    layer: int | None
+    kind: str | None
+    kernels: int
+    time_s: float
+    dram_bytes: float | None
+    analytic_bytes: float
+    analytic_flops: float
+    floor_s: float
+    pct_of_peak: float | None
     time_over_floor: float | None
 
     def to_dict(self) -> dict:
@@ -112,14 +132,65 @@ def op_rows(samples: list[KernelSample], analytic: dict[str, dict[str, dict]], m
             mb = sum(s.dram_bytes or 0.0 for s in sel) if has_bytes else None
             moved = mb if mb is not None else ab
             gbps = moved / t / 1e9 if t else None
-            floor = max(ab / (mem_gbps * 1e9), af / (tflops * 1e12))
+            done_tflops = af / t / 1e12 if t else None
+            floor = _floor(ab, af, mem_gbps, tflops)
             rows.append(OpRow(phase, op, len(sel), t, mb, gbps, _pct(gbps, mem_gbps), ab, af, floor,
-                              _ratio(mb, ab), _ratio(t, floor) if t else None))
+                              _ratio(mb, ab), _ratio(t, floor) if t else None, done_tflops,
+                              _pct_of_peak(gbps, done_tflops, mem_gbps, tflops)))
     return sort_ops(rows)
+
+
+def layer_rows(samples: list[KernelSample], by_scope: dict[str, dict[str, dict]], scopes: dict[str, list | None],
+               mixer_kinds: list[str], mem_gbps: float, tflops: float) -> list[LayerRow]:
+    """Per phase, one row per analytic scope the profile covers (`scopes[phase]`, None = all), in
+    model order. by_scope: the manifest's analytic_by_scope per phase; mixer_kinds: "sparse" or
+    "lightning" per decoder layer. The floor is the total row's: the scope's bytes at peak
+    bandwidth or its FLOPs at the peak matmul rate, whichever takes longer."""
+    from salactl.profiling.ranges import parse_layer
+
+    has_bytes = any(s.dram_bytes is not None for s in samples)
+    rows = []
+    for phase, costs in by_scope.items():
+        covered = scopes.get(phase)
+        mine = [s for s in samples if s.phase == phase]
+        for scope, cost in costs.items():
+            if covered is not None and scope not in covered:
+                continue
+            sel = [s for s in mine if sample_scope(s) == scope]
+            ab = sum(c["bytes"] for c in cost.values())
+            af = sum(c["flops"] for c in cost.values())
+            t = sum(s.time_s for s in sel)
+            mb = sum(s.dram_bytes or 0.0 for s in sel) if has_bytes else None
+            layer = parse_layer(scope)
+            kind = mixer_kinds[layer] if layer is not None and layer < len(mixer_kinds) else None
+            floor = _floor(ab, af, mem_gbps, tflops)
+            gbps = (mb if mb is not None else ab) / t / 1e9 if t else None
+            pct = _pct_of_peak(gbps, af / t / 1e12 if t else None, mem_gbps, tflops)
+            rows.append(LayerRow(phase, scope, layer, kind, len(sel), t, mb, ab, af, floor, pct,
+                                 _ratio(t, floor) if t else None))
+    return rows
+
+
+def sample_scope(s: KernelSample) -> str:
+    """The analytic scope (salactl/profiling/analytic.py) a sample's time counts under."""
+    if s.layer is not None:
+        return f"layer{s.layer}"
+    return "lm_head" if s.op == "lm_head" else "embed_norm"
+
+
+def _floor(nbytes: float, flops: float, mem_gbps: float, tflops: float) -> float:
+    return max(nbytes / (mem_gbps * 1e9), flops / (tflops * 1e12))
 
 
 def _pct(gbps, peak):
     return None if gbps is None else 100.0 * gbps / peak
+
+
+def _pct_of_peak(gbps, done_tflops, mem_gbps, tflops):
+    """The higher of bandwidth % and compute %: a FLOP-bound prefill op is judged by its matmul rate."""
+    if gbps is None or done_tflops is None:
+        return None
+    return 100.0 * max(gbps / mem_gbps, done_tflops / tflops)
 
 
 def sort_ops(rows: list[OpRow]) -> list[OpRow]:

@@ -1,6 +1,7 @@
 """`salactl profile`: profile one prefill and/or decode step with NVTX ranges per layer and op,
 under Nsight Compute (--ncu), torch.profiler (--torch) and/or NVML sampling (--nvml); print per
-op and per kernel time, DRAM bytes, bandwidth and % of peak next to the analytic roofline."""
+op, per layer and per kernel time, DRAM bytes, bandwidth, FLOP rate and % of peak next to the
+analytic roofline."""
 
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ def profile(
                                              "default without ncu or GPU).")] = False,
     nvml: Annotated[bool, typer.Option("--nvml", help="Sample memory, power, clocks, throttling.")] = False,
     ncu_path: Annotated[Optional[str], typer.Option("--ncu-path", parser=non_empty("--ncu-path", "the ncu executable"), help="The ncu executable (Nsight Compute "
-                                         "profiles: --ncu, or auto on a GPU).")] = None,
+                                         "profiles: --ncu, or auto on a GPU; with --import, the one that "
+                                         "exports a saved profile.ncu-rep).")] = None,
     launch_skip: Annotated[int, typer.Option("--launch-skip", help="ncu: kernels to skip in the "
                                              "ranges.")] = 0,
     launch_count: Annotated[Optional[int], typer.Option("--launch-count", help="ncu: kernels to "
@@ -61,7 +63,8 @@ def profile(
     out: Annotated[Optional[Path], typer.Option("--out", "-o", metavar="<path>", parser=non_empty_path("--out", "a directory"), show_default="salactl-profile-<timestamp>", help="Directory for the report files.")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a profile already in --out.")] = False,
     import_dir: Annotated[Optional[Path], typer.Option("--import", metavar="<path>", parser=non_empty_path("--import", "a directory written by salactl profile --ncu"), help="Re-render a saved --ncu "
-                                                       "profile directory (only --top and --json apply).")] = None,
+                                                       "profile directory (only --top, --json and --ncu-path "
+                                                       "apply).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Profile a prefill/decode step per layer and op against the analytic roofline."""
@@ -75,9 +78,10 @@ def profile(
         raise UsageError(f"--top must be >= 1 (kernel rows to show), got {top}")
     if import_dir is not None:
         refuse_unused(passed(ctx, *(p.name for p in ctx.command.params if p.name not in IMPORT_OPTIONS)),
-                      "new profiles only (--import re-renders a saved one; --top and --json apply)", "drop {it}")
+                      "new profiles only (--import re-renders a saved one; --top, --json and --ncu-path apply)",
+                      "drop {it}")
         _check_import_dir(import_dir)
-        result = load_saved(import_dir, top)
+        result = load_saved(import_dir, top, ncu_path)
     else:
         if ncu and torch_mode:
             raise UsageError("give at most one of --ncu and --torch")
@@ -110,7 +114,7 @@ NCU_OPTIONS = ("ncu_path", "launch_skip", "launch_count", "ncu_metrics")
 
 
 # what still applies when --import re-renders a saved profile
-IMPORT_OPTIONS = ("import_dir", "top", "json_out")
+IMPORT_OPTIONS = ("import_dir", "top", "json_out", "ncu_path")
 
 
 def _check_import_dir(import_dir: Path) -> None:
@@ -134,28 +138,35 @@ def _rate(v: float) -> str:
 
 def render(r: dict) -> None:
     m, p = r["manifest"], r["peaks"]
+    # torch.profiler on CPU times aten ops (views and other wrappers among them), not kernels
+    unit = "kernels" if r["mode"] == "ncu" or m["device"].startswith("cuda") else "aten ops"
     output.stdout.print(
         f"{r['mode']} profile of {m['source']} ({m.get('backend', 'reference')} backend) on {m['device_name']} "
-        f"({m['dtype']}, KV {m['kv_dtype']}); "
+        f"({m['dtype']}, KV {m['kv_dtype']}, weights {m.get('weights') or m.get('spec', {}).get('weights', '?')}); "
         f"ceilings {_rate(p['mem_gbps'])} GB/s, {_rate(p.get('compute_tflops', p['bf16_tflops']))} TFLOP/s "
         f"({p.get('compute_rate', 'bf16')} matmul; {p['source']}); "
-        f"{r['kernel_count']} kernels")
+        f"{r['kernel_count']} {unit}")
     counted = "DRAM" if r["mode"] == "ncu" else "analytic"
     for phase, step in m["steps"].items():
         rows = [x for x in r["ops"] if x["phase"] == phase]
         output.table(
             f"{phase}: batch {step['batch']} × {step['new_tokens']} new tokens after "
-            f"{step['cached_tokens']} cached — per op (top offenders first; bytes = {counted})",
-            ["op", "kernels", "time ms", "bytes", "GB/s", "% peak BW", "analytic bytes",
+            f"{step['cached_tokens']} cached — per op (top offenders first; bytes = {counted}; "
+            "% peak = bandwidth or compute, the higher)",
+            ["op", unit, "time ms", "bytes", "GB/s", "TFLOP/s", "% peak BW", "% peak", "analytic bytes",
              "floor ms", "bytes gap", "time/floor"],
             [[x["op"], x["kernels"], _ms(x["time_s"]),
               None if x["dram_bytes"] is None else human_bytes(x["dram_bytes"]),
-              x["achieved_gbps"], x["pct_of_peak_bw"], human_bytes(x["analytic_bytes"]),
-              _ms(x["floor_s"]), _gap(x["bytes_ratio"]), x["time_over_floor"]] for x in rows])
+              x["achieved_gbps"], x.get("achieved_tflops"), x["pct_of_peak_bw"], x.get("pct_of_peak"),
+              human_bytes(x["analytic_bytes"]), _ms(x["floor_s"]), _gap(x["bytes_ratio"]), x["time_over_floor"]]
+             for x in rows])
+        _render_layers(phase, [x for x in r.get("layers", []) if x["phase"] == phase], unit, r["mode"] == "ncu")
+    order = ("time beyond the bytes' bandwidth floor" if r["mode"] == "ncu"
+             else "most time first; torch.profiler measures no bytes")
     output.table(
-        "kernels (top offenders: time beyond the bytes' bandwidth floor)",
-        ["kernel", "phase", "op", "n", "time ms", "DRAM", "GB/s", "% peak BW", "SM %", "mem/DRAM %",
-         "floor ms"],
+        f"{unit} (top offenders: {order})",
+        ["kernel" if unit == "kernels" else "aten op", "phase", "op", "n", "time ms", "DRAM", "GB/s",
+         "% peak BW", "SM %", "mem/DRAM %", "floor ms"],
         [[x["name"][:60], x["phase"], x["op"], x["count"], _ms(x["time_s"]),
           None if x["dram_bytes"] is None else human_bytes(x["dram_bytes"]),
           x["achieved_gbps"], x["pct_of_peak_bw"], x["sm_pct"], x["mem_pct"], _ms(x["floor_s"])]
@@ -167,6 +178,20 @@ def render(r: dict) -> None:
                             f"; throttle reasons: {', '.join(n['throttle_reasons']) or 'none'}")
     if "elapsed_s" in r:
         output.stdout.print(f"finished in {r['elapsed_s']:.1f} s; files in {r['out_dir']}")
+
+
+def _render_layers(phase: str, rows: list[dict], unit: str, measured_bytes: bool) -> None:
+    if not rows:
+        return
+    output.table(
+        f"{phase}: per layer (model order; floor = the analytic bytes at peak bandwidth or FLOPs at peak "
+        "matmul rate, the longer)",
+        ["layer", "kind", unit, "time ms", *(["DRAM"] if measured_bytes else []), "analytic bytes",
+         "floor ms", "% peak", "time/floor"],
+        [[x["scope"] if x["layer"] is None else x["layer"], x["kind"], x["kernels"], _ms(x["time_s"]),
+          *([None if x["dram_bytes"] is None else human_bytes(x["dram_bytes"])] if measured_bytes else []),
+          human_bytes(x["analytic_bytes"]), _ms(x["floor_s"]), x["pct_of_peak"], x["time_over_floor"]]
+         for x in rows])
 
 
 def register(app: typer.Typer) -> None:

@@ -99,7 +99,7 @@ def test_profile_import_joins_with_the_analytic_model(tmp_path):
     assert p.returncode == 0, p.stderr
     (out / "profile.csv").write_text(to_csv(KERNELS))
     manifest = json.loads((out / "step.json").read_text())
-    manifest.update(device="cuda:0", device_name="NVIDIA H200")     # as if captured on the H200
+    manifest.update(mode="ncu", device="cuda:0", device_name="NVIDIA H200")     # as if captured on the H200
     (out / "step.json").write_text(json.dumps(manifest))
     env = {**os.environ, "SALACTL_CACHE_DIR": str(tmp_path / "cache")}   # datasheet peaks
     res = subprocess.run([sys.executable, "-m", "salactl", "profile", "--import", str(out), "--json"],

@@ -3,8 +3,10 @@ analytic table it joins with, and the clear errors of the ncu / NVML modes."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -63,21 +65,64 @@ def test_torch_mode_on_cpu_both_phases(tmp_path, capsys):
         # every aten op's self time counts (leaf ops alone dropped the GEMMs: 15% of the step)
         assert ops["total"]["time_s"] > 0.4 * steps[phase]["wall_s"]
     assert d["kernel_count"] == sum(r["kernels"] for r in d["ops"] if r["op"] == "total")
+    check_rates(d)
+    check_layers_add_up(d, sala_nano())
     trace = json.loads((out / "trace.json").read_text())
     names = {e.get("name") for e in trace["traceEvents"]}
     assert {"decode", "prefill", "layer0", "attention", "gla"} <= names
     assert json.loads((out / "result.json").read_text())["mode"] == "torch"
+    assert json.loads((out / "step.json").read_text())["mode"] == "torch"      # --import refuses it
     from salactl.cmd_profile import render
 
     render(d)
     table = capsys.readouterr().out
     assert "per op" in table and "lm_head" in table and "top offenders" in table
+    header = table.splitlines()[0]
+    # torch.profiler on CPU counts aten ops (wrappers included), not kernels; and measures no bytes
+    assert header.endswith(f"; {d['kernel_count']} aten ops") and "weights bfloat16" in header, header
+    assert "bandwidth floor" not in table and "aten ops (top offenders: most time first" in table
+    assert "prefill: per layer" in table and "decode: per layer" in table and "lightning" in table
+    assert "TFLOP/s" in table and "% peak " in table
     render({**d, "peaks": {"device": "cpu", "mem_gbps": 20.0, "bf16_tflops": 0.2, "source": "cpu-default"}})
     assert "ceilings 20 GB/s, 0.2 TFLOP/s (bf16 matmul; cpu-default)" in capsys.readouterr().out
     assert d["peaks"]["compute_rate"] == "bf16"           # a bfloat16 model's step
 
 
-def test_w4a16_and_fp8_kv_profile_on_cpu(tmp_path):
+def check_rates(d: dict) -> None:
+    """Every timed op row: achieved TFLOP/s = analytic FLOPs / time, and % of peak that of the binding
+    resource (as `run`'s roofline): the higher of bandwidth % and compute %."""
+    tflops = d["peaks"]["compute_tflops"]
+    for r in d["ops"]:
+        if not r["time_s"]:
+            continue
+        assert r["achieved_tflops"] == pytest.approx(r["analytic_flops"] / r["time_s"] / 1e12)
+        assert r["pct_of_peak"] == pytest.approx(max(r["pct_of_peak_bw"], 100 * r["achieved_tflops"] / tflops))
+    prefill = [r for r in d["ops"] if r["phase"] == "prefill" and r["op"] == "total"]
+    for r in prefill:       # sala-nano's prefill chunk is FLOP-bound: its % of peak is the compute one
+        assert r["floor_s"] == pytest.approx(r["analytic_flops"] / (tflops * 1e12))
+        assert r["pct_of_peak"] == pytest.approx(100 * r["achieved_tflops"] / tflops)
+        assert r["pct_of_peak"] > r["pct_of_peak_bw"]
+
+
+def check_layers_add_up(d: dict, config, scopes=None) -> None:
+    """The per-layer rows of each phase: the covered scopes in model order, each layer's mixer kind,
+    and times, counts and analytic costs that add up to the per-op table's total."""
+    want = scopes or [f"layer{i}" for i in range(config.num_hidden_layers)] + ["lm_head", "embed_norm"]
+    for phase in d["manifest"]["steps"]:
+        rows = [r for r in d["layers"] if r["phase"] == phase]
+        (total,) = [r for r in d["ops"] if r["phase"] == phase and r["op"] == "total"]
+        assert [r["scope"] for r in rows] == want
+        for r in rows:
+            if r["layer"] is not None:
+                assert r["kind"] == ("sparse" if r["layer"] in config.sparse_layers else "lightning")
+            assert r["kernels"] > 0 and r["time_over_floor"] == pytest.approx(r["time_s"] / r["floor_s"])
+        assert sum(r["kernels"] for r in rows) == total["kernels"]
+        assert sum(r["time_s"] for r in rows) == pytest.approx(total["time_s"])
+        assert sum(r["analytic_bytes"] for r in rows) == pytest.approx(total["analytic_bytes"])
+        assert sum(r["analytic_flops"] for r in rows) == pytest.approx(total["analytic_flops"])
+
+
+def test_w4a16_and_fp8_kv_profile_on_cpu(tmp_path, capsys):
     p = salactl("profile", "--torch", "--model", "sala-nano", "--random-weights", "--context", "64",
                 "--device", "cpu", "--weights", "w4a16", "--kv-cache-dtype", "fp8_e5m2",
                 "--out", str(tmp_path / "q"), "--json")
@@ -87,6 +132,10 @@ def test_w4a16_and_fp8_kv_profile_on_cpu(tmp_path):
     # sala-nano MLP: 8 layers x 3 x 256 x 768 weights; W4A16 reads ~0.5 B/weight (+ scales) < bf16's 2
     assert ops["mlp"]["analytic_bytes"] < 0.4 * 2 * 8 * 3 * 256 * 768
     assert d["manifest"]["kv_dtype"] == "fp8_e5m2" and d["manifest"]["weights"] == "w4a16"
+    from salactl.cmd_profile import render
+
+    render(d)
+    assert "(float32, KV fp8_e5m2, weights w4a16)" in capsys.readouterr().out.splitlines()[0]
     p8 = salactl("profile", "--torch", "--model", "sala-nano", "--random-weights", "--context", "64",
                  "--device", "cpu", "--weights", "w8a16", "--out", str(tmp_path / "q8"), "--json")
     assert p8.returncode == 0, p8.stderr
@@ -127,7 +176,7 @@ def test_ncu_without_gpu_is_a_clear_error(tmp_path):
 
 def test_bad_options_are_usage_errors(tmp_path, monkeypatch, capsys):
     for args in (["--phase", "train"], ["--batch", "0"], ["--layers", "1,x"], ["--ncu", "--torch"],
-                 ["--weights", "int3"], ["--layers", "99"]):
+                 ["--weights", "int3"], ["--layers", "99"], ["--layers", "1_0"], ["--layers", "+1"]):
         code, _, err = in_process(monkeypatch, capsys, "profile", "--model", "sala-nano", "--random-weights",
                                   "--device", "cpu", "--out", str(tmp_path / "y"), *args)
         assert code == UsageError.exit_code, (args, err)
@@ -185,8 +234,31 @@ def test_ncu_not_found_names_the_usual_places(monkeypatch):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-NVML error")
 def test_nvml_without_driver_is_a_device_error(tmp_path):
     p = salactl("profile", "--torch", "--nvml", "--model", "sala-nano", "--random-weights", "--context", "16",
-                "--device", "cpu", "--out", str(tmp_path / "n"))
+                "--device", "cpu", "--out", str(tmp_path / "n" / "a" / "b"))
     assert p.returncode == DeviceError.exit_code and "NVML" in p.stderr
+    assert list(tmp_path.iterdir()) == []            # checked before any directory was made
+
+
+def test_interrupted_profile_leaves_no_parent_of_out_behind(tmp_path):
+    """SIGTERM while the step runs: no --out, none of its missing parents, no staging directory."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "salactl", "profile", "--torch", "--random-weights", "--phase",
+                             "decode", "--context", "64", "--warmup", "100", "--device", "cpu",
+                             "--out", str(tmp_path / "new" / "a" / "b")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(tmp_path.iterdir()) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert proc.poll() is None, "the profile ended before the signal"    # its session has begun
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    assert list(tmp_path.iterdir()) == []
 
 
 @gpu
@@ -209,6 +281,7 @@ def test_layers_scope_the_kernel_count(tmp_path):
     d = json.loads(p.stdout)
     (total,) = [r for r in d["ops"] if r["op"] == "total"]
     assert d["kernel_count"] == total["kernels"] > 0
+    check_layers_add_up(d, sala_nano(), scopes=["layer1", "lm_head"])
 
 
 def fake_ncu(tmp_path, body: str) -> str:
@@ -233,13 +306,20 @@ def _no_ncu_installed():
     return not any(glob.glob(g) for g in ncu_runner.SEARCH_GLOBS)
 
 
+def saved_report(tmp_path):
+    """A saved ncu profile directory holding its manifest (the real capture's) and a report to export."""
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    shutil.copy(Path(__file__).parent / "fixtures" / "ncu" / "step.json", saved / "step.json")
+    (saved / "profile.ncu-rep").write_bytes(b"not a report")
+    return saved
+
+
 @pytest.mark.parametrize("code", sorted(NCU_FAILURES))
 def test_ncu_failure_exit_codes_on_cpu_through_import(tmp_path, code):
     """`profile --import DIR` exports a saved .ncu-rep without its CSV through the ncu that
     SALACTL_NCU names: the CPU path to ncu's failures. 13: no counter permission, 14: other."""
-    saved = tmp_path / "saved"
-    saved.mkdir()
-    (saved / "profile.ncu-rep").write_bytes(b"not a report")
+    saved = saved_report(tmp_path)
     env = {**os.environ, "SALACTL_NCU": fake_ncu(tmp_path, NCU_FAILURES[code])}
     p = salactl("profile", "--import", str(saved), env=env)
     assert p.returncode == code, (p.returncode, p.stderr)
@@ -251,9 +331,7 @@ def test_ncu_failure_exit_codes_on_cpu_through_import(tmp_path, code):
 
 @pytest.mark.skipif(not _no_ncu_installed(), reason="ncu is installed here")
 def test_missing_ncu_exit_code_on_cpu_through_import(tmp_path):
-    saved = tmp_path / "saved"
-    saved.mkdir()
-    (saved / "profile.ncu-rep").write_bytes(b"not a report")
+    saved = saved_report(tmp_path)
     env = {**os.environ, "SALACTL_NCU": str(tmp_path / "nonexistent" / "ncu"), "PATH": str(tmp_path)}
     p = salactl("profile", "--import", str(saved), env=env)
     assert p.returncode == ToolMissingError.exit_code == 12, p.stderr
@@ -344,3 +422,36 @@ def test_options_that_would_be_ignored_are_usage_errors(args, named, tmp_path, m
     (line,) = err.strip().splitlines()
     assert line.startswith(f"error: {named} appl"), line
     assert list(tmp_path.iterdir()) == []
+
+
+def test_layers_take_plain_indices_only():
+    """int() reads "1_0" as 10 and "+1" as 1; --layers takes ASCII digits (a negative index keeps its
+    own message)."""
+    from salactl.profiling.spec import ProfileSpec, parse_layers
+
+    assert parse_layers(" 1, 9 ,lm_head") == ((1, 9), True)
+    for text in ("1_0", "+1", "\uff11", "\u0663", "1.0"):
+        with pytest.raises(UsageError, match="--layers takes layer indices"):
+            parse_layers(text)
+    layers, head = parse_layers("-1")
+    with pytest.raises(UsageError, match=r"--layers needs layer indices >= 0"):
+        ProfileSpec(layers=layers, lm_head=head)
+
+
+def test_context_past_the_trained_length_warns_as_run_does(monkeypatch, capsys):
+    """sala-nano was trained to 65,536 positions; a decode step after 65,536 cached tokens runs at the
+    65,537th, a 65,536-token prefill does not pass it. Checked before the model loads."""
+    from salactl import output
+    from salactl.profiling.preflight import check_spec
+    from salactl.profiling.spec import ProfileSpec
+
+    monkeypatch.setattr(output, "_warned", set())
+    check_spec(ProfileSpec(phases=("prefill",), context=65536, device="cpu"))
+    assert capsys.readouterr().err == ""
+    check_spec(ProfileSpec(phases=("decode",), context=65536, device="cpu"))
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == ("warning: --context plus the decoded token is 65,537 tokens, past the model's "
+                    "max_position_embeddings (65,536); it runs, but quality beyond the trained length is not "
+                    "guaranteed")
+    check_spec(ProfileSpec(phases=("prefill",), context=70000, device="cpu"))
+    assert "warning: --context is 70,000 tokens, past the model's max_position_embeddings" in capsys.readouterr().err

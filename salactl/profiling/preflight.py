@@ -1,6 +1,7 @@
 """Checks of a ProfileSpec against the model and the machine before anything is loaded or
 allocated: the device, dtype, model, --layers, --backend, and the memory the step's caches need
-(a --context or --batch too large fails here with exit 11, not in an allocator)."""
+(a --context or --batch too large fails here with exit 11, not in an allocator), and run's warning
+where --context passes the model's trained length."""
 
 from __future__ import annotations
 
@@ -125,3 +126,16 @@ def check_spec(spec: ProfileSpec) -> None:
     if not quantized:
         check_host_memory(config, dtype, device, spec.model)     # the weights alone, as loading would
     check_memory(spec, config, device, dtype.itemsize, quantized, reference=not engine)
+    warn_long_context(spec, config)
+
+
+def warn_long_context(spec: ProfileSpec, config) -> None:
+    """run's warning where the profiled positions pass max_position_embeddings (a decode step's
+    token sits at position --context, one past the cached ones)."""
+    from salactl import output
+
+    if "decode" in spec.phases:
+        output.warn_past_trained_length(spec.context + 1, config.max_position_embeddings,
+                                        "--context plus the decoded token")
+    else:
+        output.warn_past_trained_length(spec.context, config.max_position_embeddings, "--context")

@@ -4,6 +4,7 @@ the analytic model, and return the result record (the CLI only parses options an
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -15,10 +16,11 @@ from salactl import output
 from salactl.errors import DeviceError, ProfilerPermissionError, ToolMissingError, UsageError
 from salactl.options import refuse_unused
 from salactl.profiling.ncu_runner import NcuOptions, export_csv, find_ncu, nvtx_includes, run_ncu
+from salactl.profiling.manifest import read_ncu_manifest
 from salactl.profiling.spec import ProfileSpec
 from salactl.profiling.step_runner import write_json
 from salactl.reports.ncu import parse_csv
-from salactl.reports.profile_table import from_ncu, in_scopes, kernel_rows, op_rows
+from salactl.reports.profile_table import from_ncu, in_scopes, kernel_rows, layer_rows, op_rows
 
 MODES = ("auto", "ncu", "torch")
 # every file a session may write in its directory (--ncu or --torch)
@@ -47,13 +49,24 @@ def peaks_for_name(name: str, device_type: str, dtype: str | None) -> dict:
 
 
 def tables(samples, manifest: dict, peaks: dict, top: int) -> dict:
-    analytic = {p: s["analytic"] for p, s in manifest["steps"].items()}
-    samples = [s for s in samples if s.phase not in manifest["steps"]
-               or in_scopes(s, manifest["steps"][s.phase].get("scopes"))]
+    steps = manifest["steps"]
+    analytic = {p: s["analytic"] for p, s in steps.items()}
+    samples = [s for s in samples if s.phase not in steps or in_scopes(s, steps[s.phase].get("scopes"))]
     ops = op_rows(samples, analytic, peaks["mem_gbps"], peaks["compute_tflops"])
+    by_scope = {p: s["analytic_by_scope"] for p, s in steps.items() if "analytic_by_scope" in s}
+    layers = layer_rows(samples, by_scope, {p: s.get("scopes") for p, s in steps.items()},
+                        mixer_kinds(manifest.get("config", {})), peaks["mem_gbps"], peaks["compute_tflops"])
     kernels = kernel_rows(samples, peaks["mem_gbps"], top)
-    return {"ops": [r.to_dict() for r in ops], "kernels": [r.to_dict() for r in kernels],
+    return {"ops": [r.to_dict() for r in ops], "layers": [r.to_dict() for r in layers],
+            "kernels": [r.to_dict() for r in kernels],
             "kernel_count": len(samples)}        # in the profiled scope (--layers), not every launch
+
+
+def mixer_kinds(hf_config: dict) -> list[str]:
+    """"sparse" or "lightning" per decoder layer, from the config.json the manifest holds."""
+    from salactl.runtime.config import SPARSE
+
+    return ["sparse" if m == SPARSE else "lightning" for m in hf_config.get("mixer_types", [])]
 
 
 def _cuda_available() -> bool:
@@ -101,34 +114,63 @@ def _refuse_ncu_options(flags: tuple[str, ...], instead: str) -> None:
 
 
 def run(spec: ProfileSpec, opts: SessionOptions) -> dict:
-    """Profile into a staging directory beside --out and move its files into --out only when the
-    whole session succeeded, so an interrupted or failed run leaves no partial profile behind."""
-    from salactl.reports.atomic import move_all
+    """Profile into a staging directory and move its files into --out only when the whole session
+    succeeded, so an interrupted or failed run leaves no partial profile, and no directory, behind."""
+    # a mode that cannot run, or NVML that cannot sample, fails before any file or directory exists
+    mode = resolve_mode(opts.mode, spec, opts.ncu_path, opts.ncu_given)
+    sampler = None
+    if opts.nvml:
+        from salactl.profiling.nvml_sampler import NvmlSampler
 
-    mode = resolve_mode(opts.mode, spec, opts.ncu_path, opts.ncu_given)    # a mode that cannot run fails before any file exists
+        sampler = NvmlSampler()
     final = opts.out_dir
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    # staged in --out's nearest existing ancestor (the same filesystem): the parents of --out that
+    # do not exist yet are created only when the files move in
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=_nearest_existing(final.parent)))
     try:
-        result = _run(spec, replace(opts, out_dir=staging), mode)
+        result = _run(spec, replace(opts, out_dir=staging), mode, sampler)
         result["out_dir"] = str(final)
         result["files"] = {k: str(final / Path(v).name) for k, v in result.get("files", {}).items()}
         result["files"]["result"] = str(final / "result.json")
         write_json(staging / "result.json", result)
-        move_all(staging, final, overwrite=True)     # check_out_dir vetted --out before the work
+        replace_profile(staging, final)     # check_out_dir vetted --out before the work
         return result
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _run(spec: ProfileSpec, opts: SessionOptions, mode: str) -> dict:
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def replace_profile(staging: Path, final: Path) -> None:
+    """Move the files of `staging` into `final`, and out of it every other OUTPUT_FILES name an
+    earlier profile left there (an ncu profile's profile.csv beside a new torch one would be
+    imported with the new manifest), all or nothing: when a move fails, `final` is put back."""
+    from salactl.reports.atomic import move_all
+
+    new = {f.name for f in staging.iterdir() if f.is_file()}
+    stale = [final / name for name in OUTPUT_FILES if name not in new and (final / name).is_file()]
+    aside = staging / "replaced"        # a subdirectory: move_all moves only the files of staging
+    aside.mkdir()
+    moved: list[Path] = []
+    try:
+        for path in stale:
+            os.replace(path, aside / path.name)
+            moved.append(path)
+        move_all(staging, final, overwrite=True)
+    except BaseException:
+        for path in reversed(moved):
+            os.replace(aside / path.name, path)
+        raise
+
+
+def _run(spec: ProfileSpec, opts: SessionOptions, mode: str, nvml_sampler=None) -> dict:
     t0 = time.perf_counter()
     out = opts.out_dir
-    sampler = nullcontext()
-    if opts.nvml:
-        from salactl.profiling.nvml_sampler import NvmlSampler
-
-        sampler = NvmlSampler()
+    sampler = nvml_sampler if nvml_sampler is not None else nullcontext()
     result: dict = {"mode": mode, "out_dir": str(out)}
     with sampler:
         if mode == "ncu":
@@ -141,8 +183,8 @@ def _run(spec: ProfileSpec, opts: SessionOptions, mode: str) -> dict:
                 mode = result["mode"] = "torch"
         if mode == "torch":
             result.update(_run_torch(spec, opts))
-    if opts.nvml:
-        result["nvml"] = sampler.summary()
+    if nvml_sampler is not None:
+        result["nvml"] = nvml_sampler.summary()
     result["elapsed_s"] = time.perf_counter() - t0
     return result
 
@@ -156,28 +198,50 @@ def _run_ncu(spec: ProfileSpec, opts: SessionOptions) -> dict:
     output.stderr.print(f"profiling {', '.join(spec.phases)} of {spec.model} under {ncu} ...")
     report, csv_path = run_ncu(ncu, out, nvtx_includes(spec.phases, spec.scopes), spec_path,
                                manifest_path, opts.ncu, out / "ncu.log")
+    # the profiled child wrote the manifest; the mode tells --import this directory is an ncu profile
+    write_json(manifest_path, {"mode": "ncu", **json.loads(manifest_path.read_text())})
     return load_saved(out, opts.top) | {"files": {"ncu_report": str(report), "csv": str(csv_path),
                                                    "manifest": str(manifest_path)}}
 
 
-def load_saved(out: Path, top: int = 20) -> dict:
-    """Tables from a saved ncu profile directory (profile.csv + step.json)."""
-    manifest_path, csv_path = out / "step.json", out / "profile.csv"
-    if not csv_path.exists() and (out / "profile.ncu-rep").exists():
-        export_csv(find_ncu(None), out / "profile.ncu-rep", csv_path)
-    for p in (manifest_path, csv_path):
-        if not p.exists():
-            raise UsageError(f"{p} is missing; a saved profile directory holds step.json and "
-                             "profile.csv (written by salactl profile --ncu)")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{manifest_path} is not valid JSON ({e.msg})") from None
-    kernels = parse_csv(csv_path)
+def load_saved(out: Path, top: int = 20, ncu_path: str | None = None) -> dict:
+    """Tables from a saved ncu profile directory: step.json and profile.csv, which ncu (ncu_path,
+    else the one found) exports from profile.ncu-rep where only the report is there."""
+    manifest_path, csv_path, report = out / "step.json", out / "profile.csv", out / "profile.ncu-rep"
+    manifest = read_ncu_manifest(manifest_path)
+    if csv_path.exists():
+        if ncu_path:
+            raise UsageError(f"--ncu-path applies only to exporting a profile.ncu-rep without a profile.csv, "
+                             f"and {csv_path} exists: drop --ncu-path")
+        kernels = parse_csv(csv_path)
+    elif report.exists():
+        export_csv(_ncu_for_export(ncu_path, report), report, csv_path)
+        try:
+            kernels = parse_csv(csv_path)
+        except BaseException:
+            csv_path.unlink()       # no kernel table to keep beside the report (e.g. a wrong --ncu-path's output)
+            raise
+    else:
+        raise UsageError(f"{csv_path} is missing; a saved profile directory holds step.json and profile.csv "
+                         "or profile.ncu-rep (written by salactl profile --ncu)")
     peaks = peaks_for_name(manifest["device_name"], manifest["device"].split(":")[0], manifest.get("dtype"))
     samples = from_ncu(kernels)
     return {"mode": "ncu", "manifest": manifest, "peaks": peaks,
             **tables(samples, manifest, peaks, top)}
+
+
+def _ncu_for_export(ncu_path: str | None, report: Path) -> str:
+    from salactl.profiling.ncu_runner import export_command
+
+    try:
+        return find_ncu(ncu_path)
+    except ToolMissingError:
+        if ncu_path:                # "--ncu-path X is not an executable file" says it already
+            raise
+        raise ToolMissingError(
+            f"{report} has no profile.csv beside it, and exporting one needs Nsight Compute (ncu), which "
+            "was not found; put ncu on PATH or pass --ncu-path, or export it where ncu is installed: "
+            f"{' '.join(export_command('ncu', Path(report.name)))} > profile.csv") from None
 
 
 def _run_torch(spec: ProfileSpec, opts: SessionOptions) -> dict:
@@ -190,7 +254,7 @@ def _run_torch(spec: ProfileSpec, opts: SessionOptions) -> dict:
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     trace = opts.out_dir / "trace.json"
     samples, seconds = profile_torch(w, trace)
-    manifest = describe(w, seconds)
+    manifest = {"mode": "torch", **describe(w, seconds)}     # --import refuses it: no counters to re-render
     write_json(opts.out_dir / "step.json", manifest)
     peaks = peaks_for_name(manifest["device_name"], w.device.type, manifest.get("dtype"))
     return {"manifest": manifest, "peaks": peaks,

@@ -4,6 +4,7 @@ runs under Nsight Compute (it travels as JSON)."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -22,11 +23,13 @@ def parse_layers(text: str | None) -> tuple[tuple[int, ...] | None, bool]:
         return None, True
     items = [t.strip() for t in text.split(",") if t.strip()]
     head = "lm_head" in items
-    try:
-        layers = tuple(sorted({int(t) for t in items if t != "lm_head"}))
-    except ValueError:
+    indices = [t for t in items if t != "lm_head"]
+    # plain ASCII digits only: int() also takes "1_0", "+1" and other scripts' digits; a negative
+    # index passes here for ProfileSpec to say indices start at 0
+    if not all(re.fullmatch(r"-?[0-9]+", t) for t in indices):
         raise UsageError(f"--layers takes layer indices and optionally lm_head, e.g. 1,9,lm_head; got "
-                         f"{text!r}") from None
+                         f"{text!r}")
+    layers = tuple(sorted({int(t) for t in indices}))
     if not layers and not head:
         raise UsageError("--layers is empty")
     return layers, head
