@@ -79,8 +79,21 @@ def _act_dtype(lm):
 
 
 def _describe(lm) -> dict:
+    """The model (its checkpoint directory as an absolute path, as the sala-nano preset's), device and dtype."""
     w = next(lm.model.parameters())
-    return {"model": lm.source, "device": str(w.device), "dtype": str(w.dtype).replace("torch.", "")}
+    model = str(Path(lm.source).resolve()) if Path(lm.source).is_dir() else lm.source
+    return {"model": model, "device": str(w.device), "dtype": str(w.dtype).replace("torch.", "")}
+
+
+def _runtime_knobs(lm, kv_cache_dtype: str) -> dict:
+    """What scored, named as `run` records it: the weights (w4a16/w8a16 or the activation dtype) and
+    what the KV cache stores."""
+    from salactl.quant.in_memory import quantized_as
+    from salactl.runtime.kv_fp8 import stored_kv_name
+
+    act = _act_dtype(lm)
+    return {"weights": quantized_as(lm.model) or str(act).replace("torch.", ""),
+            "kv_cache_dtype": stored_kv_name(kv_cache_dtype, act)}
 
 
 @eval_app.command("ppl")
@@ -95,6 +108,7 @@ def ppl(
     seq_len: Annotated[int, typer.Option("--seq-len", help="Window length in tokens (incl. <s>).")] = 1024,
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Score at most this many tokens (0 = all).")] = 16384,
     chunk_size: ChunkOpt = 512,
+    kv_cache_dtype: KvCacheDtypeOpt = "bf16",
     json_out: JsonOpt = False,
 ) -> None:
     """Perplexity of the model on held-out text, next to a unigram baseline."""
@@ -102,12 +116,14 @@ def ppl(
     from salactl.env import environment
     from salactl.evaluation.perplexity import (check_perplexity_memory, perplexity, score_windows, scored_targets,
                                                unigram_baseline)
+    from salactl.runtime.kv_fp8 import fp8_dtype
 
     if max_tokens < 0:
         raise UsageError(f"--max-tokens must be >= 0 (0 = all), got {max_tokens}")
     if seq_len < 2:
         raise UsageError(f"--seq-len must be at least 2, got {seq_len}")
     _check_chunk(chunk_size)
+    fp8_dtype(kv_cache_dtype)                   # an unknown name is a usage error before the model loads
     source: dict
     if file is not None:
         refuse_unused(passed(ctx, "split"), "the built-in corpus only (without --file)", "drop one of --split "
@@ -130,10 +146,11 @@ def ppl(
     check_perplexity_memory(lm.config, lm.model.device, _act_dtype(lm).itemsize, longest, chunk_size)
     out_of_memory = out_of_memory_is_capacity("eval ppl", "lower --chunk-size or --seq-len")
     with progress_bar("perplexity") as update, out_of_memory:
-        res = perplexity(lm.model, ids, seq_len, cap, progress=update, bos_id=bos, chunk_size=chunk_size)
+        res = perplexity(lm.model, ids, seq_len, cap, progress=update, bos_id=bos, chunk_size=chunk_size,
+                         kv_cache_dtype=kv_cache_dtype)
     uni = unigram_baseline(scored_targets(ids, seq_len, cap, bos), lm.config.vocab_size)
-    record = {**_describe(lm), **source, **res, "max_tokens": max_tokens, "bos": bos is not None,
-              "unigram": uni, "chunk_size": chunk_size, "env": environment()}
+    record = {**_describe(lm), **_runtime_knobs(lm, kv_cache_dtype), **source, **res, "max_tokens": max_tokens,
+              "bos": bos is not None, "unigram": uni, "chunk_size": chunk_size, "env": environment()}
     if json_out:
         output.print_json(record)
         return
@@ -162,7 +179,7 @@ def passkey(
     from salactl.bench.out_of_memory import out_of_memory_is_capacity
     from salactl.env import environment
     from salactl.evaluation.passkey import ANSWER_TOKENS, passkey_trials, run_passkey
-    from salactl.runtime.kv_fp8 import fp8_dtype, stored_kv_name
+    from salactl.runtime.kv_fp8 import fp8_dtype
 
     length_list = parse_list(lengths, "--lengths", dedupe=True)
     depth_list = parse_list(depths, "--depths", float, dedupe=True)
@@ -187,9 +204,8 @@ def passkey(
     for n in length_list:
         mine = [r for r in rows if r["length"] == n]
         by_length[str(n)] = sum(r["correct"] for r in mine) / sum(r["trials"] for r in mine)
-    record = {**_describe(lm), "lengths": length_list, "depths": depth_list, "trials": trials,
-              "seed": seed, "chunk_size": chunk_size,
-              "kv_cache_dtype": stored_kv_name(kv_cache_dtype, _act_dtype(lm)),
+    record = {**_describe(lm), **_runtime_knobs(lm, kv_cache_dtype), "lengths": length_list, "depths": depth_list,
+              "trials": trials, "seed": seed, "chunk_size": chunk_size,
               "sparse_config": lm.config.sparse_config.__dict__, "results": rows,
               "accuracy_by_length": by_length, "env": environment()}
     if json_out:

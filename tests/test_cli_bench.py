@@ -234,7 +234,14 @@ def test_embedded_one_batch_skips_batches_it_cannot_run(tmp_path):
      "--num-requests does not apply to profile decode: each phase is one batch, whose batch size sets its "
      "request count (decode-bs1, decode-bs8, decode-bs32); drop --num-requests, and pick batch sizes with --phases"),
     (["--profile", "long-context", "--num-requests", "1"], "--num-requests does not apply to profile long-context"),
-    (["--kv-cache-dtype", "auto"], "--kv-cache-dtype 'auto' is not supported; supported: bf16, fp8_e5m2, fp8_e4m3"),
+    (["--kv-cache-dtype", "fp16"], "--kv-cache-dtype 'fp16' is not supported; supported today: bf16, fp8_e5m2, "
+                                   "fp8_e4m3 (also auto for bf16)"),
+    (["--profile", "decode", "--scale", "0.002"],
+     "--scale 0.002 scales the output of phase decode-bs1 from 256 to 1 token (2 more phases too), too few for its "
+     "TPOT and ITL (2 or more): use --scale 0.00586 or more"),
+    (["--profile", "serving", "--scale", "0.002", "--phases", "serving-rate4"],
+     "--scale 0.002 scales the output of phase serving-rate4 from 128 to 1 token, too few for its TPOT and ITL "
+     "(2 or more): use --scale 0.0118 or more"),
 ])
 def test_options_the_embedded_run_would_ignore_are_usage_errors(tmp_path, args, message):
     """Given explicitly, even at their default values, they are refused before the model loads."""
@@ -388,3 +395,46 @@ def test_seed_and_the_request_timeout_default_reach_the_records(tmp_path):
     assert knobs["input_len"] == knobs["dataset"]["input_len"] > 0
     assert knobs["output_len"] == knobs["dataset"]["output_len"] > 0
     assert knobs["target"]["request_timeout_s"] == 21600
+
+
+def test_kv_cache_dtype_auto_stores_the_models_dtype_and_out_has_a_short_flag(tmp_path):
+    """bench takes run's KV names ("auto" = "bf16": the model's dtype), records the stored dtype as run
+    does, and -o is --out."""
+    out = tmp_path / "o"
+    r = salactl("bench", "--profile", "decode", "--phases", "decode-bs1", "--scale", "0.01", "--engine", "reference",
+                "--device", "cpu", "--dtype", "float32", "--kv-cache-dtype", "auto", "-o", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    (phase,) = json.loads(r.stdout)["phases"]
+    assert phase["knobs"]["target"]["kv_cache_dtype"] == "float32" and phase["completed"] == 1
+    assert (out / "records.jsonl").is_file()
+
+
+def test_vllm_backend_speaks_the_openai_protocol_and_records_both(tmp_path):
+    with FakeServer(0.01, 0.001) as srv:
+        r = salactl("bench", "--profile", _random_profile(tmp_path), "--phases", "A", "--endpoint", srv.url,
+                    "--backend", "vllm", "--flush-sleep", "0", "--out", str(tmp_path / "o"), "--json")
+    assert r.returncode == 0, r.stderr
+    run = json.loads(r.stdout)
+    assert run["target"] == "vllm" and run["model"] == "fake-model"      # listed by /v1/models
+    (phase,) = run["phases"]
+    assert phase["completed"] == 3 and phase["failed"] == 0
+    assert {k: phase["knobs"]["target"][k] for k in ("backend", "protocol")} == {"backend": "vllm", "protocol": "openai"}
+    assert {q["path"] for q in srv.requests} == {"/v1/completions"} and srv.side_posts == ["/reset_prefix_cache"]
+    assert "vllm" in salactl("bench", "--help", env=dict(os.environ, COLUMNS="200")).stdout
+
+
+def test_the_soar_mix_keeps_two_output_tokens_at_any_scale():
+    """The README's `bench --profile soar --scale 0.002` is not refused: the synthetic SOAR mix gives
+    every request 2 tokens or more; a one-token prefill profile measures no decode and passes too."""
+    from salactl.bench.plan import check_decode_lengths, plan_phases, smallest_scale
+    from salactl.bench.profiles import load_profile
+
+    soar = load_profile("soar")
+    check_decode_lengths(soar, list(soar.phases), 0.002)
+    plans = plan_phases(soar, list(soar.phases), {}, {}, None, 1000, 0.002, None)
+    assert min(r.output_len for p in plans for r in p.requests) == 2
+    prefill = load_profile("prefill")
+    check_decode_lengths(prefill, list(prefill.phases), 0.002)
+    for length in (2, 3, 7, 32, 128, 256, 4096):
+        least = smallest_scale(length, 2)
+        assert round(length * least) >= 2 > round(length * least * 0.99), (length, least)

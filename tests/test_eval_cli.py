@@ -216,3 +216,33 @@ def test_find_tokenizer_takes_a_string_model_dir():
 
     tok = find_tokenizer(None, str(EMBEDDED_DIR))
     assert tok.encode("hello world") == Tokenizer(EMBEDDED_DIR).encode("hello world")
+
+
+def test_eval_ppl_takes_kv_cache_dtype_and_records_what_scored(nano_rtn_dir):
+    """--kv-cache-dtype reaches the scoring engine (chunks after the first read the FP8 cache), and the
+    record names the weights and KV as `run` does, and a checkpoint directory by its absolute path."""
+    args = ("eval", "ppl", "--model", nano_rtn_dir.name, "--seq-len", "48", "--max-tokens", "40",
+            "--chunk-size", "16", "--device", "cpu", "--json")
+    records = {}
+    for kv in ("auto", "fp8_e5m2"):
+        r = subprocess.run([sys.executable, "-m", "salactl", *args, "--kv-cache-dtype", kv], capture_output=True,
+                           text=True, timeout=300, cwd=nano_rtn_dir.parent)
+        assert r.returncode == 0, r.stderr
+        records[kv] = json.loads(r.stdout)
+    auto, fp8 = records["auto"], records["fp8_e5m2"]
+    assert auto["model"] == fp8["model"] == str(nano_rtn_dir.resolve())
+    assert auto["weights"] == fp8["weights"] == "w4a16"
+    assert (auto["kv_cache_dtype"], fp8["kv_cache_dtype"]) == ("float32", "fp8_e5m2")
+    assert auto["tokens"] == fp8["tokens"] == 40 and auto["nll"] != fp8["nll"]
+    preset = _ppl_json("--max-tokens", "8", "--seq-len", "8")
+    assert (preset["model"], preset["weights"], preset["kv_cache_dtype"]) == (str(EMBEDDED_DIR), "float32", "float32")
+
+
+def test_eval_ppl_kv_cache_dtype_errors_before_scoring():
+    bad = salactl("eval", "ppl", "--kv-cache-dtype", "fp9", "--device", "cpu")
+    assert bad.returncode == 2 and "valid: auto, bf16, fp8_e4m3, fp8_e5m2" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    e4m3 = salactl("eval", "ppl", "--kv-cache-dtype", "fp8_e4m3", "--max-tokens", "8", "--device", "cpu")
+    assert e4m3.returncode == 3 and e4m3.stdout == "", e4m3.stderr
+    (line,) = e4m3.stderr.strip().splitlines()
+    assert "fp8_e4m3 needs calibrated k/v scales" in line

@@ -13,7 +13,7 @@ from conftest import tiny_config, tiny_model
 from salactl.bench.accuracy import dense_config, logit_kl, prompt_logits, with_config
 from salactl.bench.grid_memory import cache_bytes_per_request
 from salactl.bench.pareto import pareto_front
-from salactl.bench.sweep_grid import build_points, parse_names, point_key, SweepPoint, KV_DTYPES
+from salactl.bench.sweep_grid import build_points, parse_names, point_key, SweepPoint, KV_DTYPES, WEIGHT_DTYPES
 from salactl.bench.sweep_job import SweepSettings, run_sweep
 from salactl.errors import ConfigError, OutputExistsError, UsageError
 from salactl.runtime.presets import sala_9b
@@ -236,3 +236,28 @@ def test_cpu_cache_check_sizes_the_widest_weight_dtype_cast(monkeypatch):
     with pytest.raises(CapacityError, match="1 request\\(s\\) of 100,000 tokens.*KV cache and states"):
         sweep_sizes.check_sizes_fit(SweepSettings(**{**s.__dict__, "weight_dtype": "bf16,fp32"}),
                                     torch.device("cpu"))
+
+
+def test_sweep_names_take_the_aliases_of_the_other_commands():
+    """KV "auto" is "bf16" (the model's dtype, as run, eval and bench read it); the casts take --dtype's
+    long names. Aliases fold into one point."""
+    assert parse_names("auto,bf16,fp8_e5m2", "kv-cache-dtype", "bf16", KV_DTYPES) == ["bf16", "fp8_e5m2"]
+    assert parse_names("float32,fp32,bfloat16,float16,w4a16", "weight-dtype", "bf16", WEIGHT_DTYPES) == \
+        ["fp32", "bf16", "fp16", "w4a16"]
+    with pytest.raises(UsageError, match="^--weight-dtype 'auto' is not supported; supported today: bf16, fp16, "
+                                         "fp32, w4a16, w8a16 \\(also bfloat16 for bf16, float16 for fp16, "
+                                         "float32 for fp32\\)$"):
+        parse_names("auto", "weight-dtype", "bf16", WEIGHT_DTYPES)
+
+
+def test_sweep_cli_takes_auto_kv_the_weights_alias_and_short_out(tmp_path):
+    out = tmp_path / "sw"
+    r = salactl("sweep", "--device", "cpu", "--dtype", "float32", "--kv-cache-dtype", "auto", "--weights", "float32",
+                "--input-len", "24", "--output-len", "2", "--requests", "1", "--no-kl", "--no-passkey",
+                "-o", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    (point,) = json.loads(r.stdout)["points"]
+    knobs = point["knobs"]
+    assert (knobs["kv_dtype"], knobs["weight_dtype"]) == ("bf16", "fp32")
+    assert knobs["kv_cache_dtype"] == knobs["weights"] == "float32"       # the stored names, as run records them
+    assert (out / "records.jsonl").is_file()

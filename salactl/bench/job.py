@@ -11,13 +11,13 @@ from pathlib import Path
 from salactl.bench import phase_checks
 from salactl.bench import records as rec
 from salactl.bench.metrics import one_batch_metrics, parse_slo, phase_metrics
-from salactl.bench.plan import (check_request_options, check_scale_and_cap, parse_dataset_spec, plan_phases,
-                                read_datasets, select_phases)
+from salactl.bench.plan import (check_decode_lengths, check_request_options, check_scale_and_cap, parse_dataset_spec,
+                                plan_phases, read_datasets, select_phases)
 from salactl.bench.profiles import load_profile
 from salactl.bench.runner import run_phase
 from salactl.bench.scoring import accuracy_coefficient, check_reference, parse_reference, soar_score
 from salactl.bench.engine_options import check_gpu_engine_values, refuse_gpu_engine_options
-from salactl.bench.sweep_grid import KV_DTYPES
+from salactl.bench.sweep_grid import KV_DTYPES, parse_name
 from salactl.bench.targets.http import DEFAULT_READ_TIMEOUT_S
 from salactl.errors import EndpointError, TokenizerError, UsageError
 from salactl.options import refuse_unused
@@ -185,13 +185,11 @@ def check_settings(s: BenchSettings) -> None:
 
 def check_embedded_options(s: BenchSettings) -> None:
     """The embedded runtime's options that its resolved engine would not use, or that name no KV dtype
-    (bench and sweep take the same KV names; "bf16" stores the model's dtype, what run's "auto" means)."""
+    (bench and sweep take the same KV names; "bf16" and "auto" store the model's dtype, as in run)."""
     from salactl.bench.targets.embedded import resolve_engine
     from salactl.runtime.loader import resolve_device
 
-    if s.kv_cache_dtype not in KV_DTYPES:
-        raise UsageError(f"--kv-cache-dtype {s.kv_cache_dtype!r} is not supported; supported: "
-                         f"{', '.join(KV_DTYPES)} (bf16 stores the model's dtype)")
+    parse_name(s.kv_cache_dtype, "kv-cache-dtype", KV_DTYPES)
     refuse_gpu_engine_options(resolve_engine(s.engine, resolve_device(s.device)), s.max_running_requests,
                               s.mem_fraction)
 
@@ -203,6 +201,7 @@ def run_bench(s: BenchSettings, progress=None) -> BenchRun:
     profile = load_profile(s.profile)
     phases = select_phases(profile, list(s.phases))
     check_request_options(profile, s.dataset, s.skip_bad_rows, s.scale, s.num_requests)
+    check_decode_lengths(profile, phases, s.scale)
     reference = parse_reference(s.reference)
     weights = profile.scoring.weights if profile.scoring else {}
     if reference and not weights:

@@ -101,6 +101,37 @@ def check_request_options(profile: Profile, dataset: str | None, skip_bad_rows: 
                          "batch sizes with --phases")
 
 
+def scaled_length(length: int, scale: float) -> int:
+    """A random-dataset length after --scale (at least 1 token)."""
+    return max(1, round(length * scale))
+
+
+def smallest_scale(length: int, tokens: int) -> float:
+    """The least --scale, rounded up to 3 significant digits, that scales `length` to `tokens` or more."""
+    exact = (tokens - 0.5) / length          # round() gives `tokens` from tokens - 0.5 up (half to even)
+    step = 10.0 ** (math.floor(math.log10(exact)) - 2)
+    scale = float(f"{math.ceil(exact / step) * step:.3g}")
+    while scaled_length(length, scale) < tokens:     # float rounding of the product
+        scale = float(f"{scale + step:.3g}")
+    return scale
+
+
+def check_decode_lengths(profile: Profile, phases: list[Phase], scale: float | None) -> None:
+    """A random-dataset phase asking for 2+ output tokens measures decode (TPOT, ITL); a --scale that
+    leaves it one token would record those as null, so it is refused. (SOAR's synthetic mix keeps 2+.)"""
+    if profile.dataset.kind != "random" or scale is None:
+        return
+    asked = {ph.name: ph.output_len or profile.dataset.output_len or 0 for ph in phases}
+    short = [name for name, n in asked.items() if n >= 2 and scaled_length(n, scale) < 2]
+    if short:
+        name, more = short[0], len(short) - 1
+        others = f" ({more} more phase{'s' if more > 1 else ''} too)" if more else ""
+        least = max(smallest_scale(asked[n], 2) for n in short)
+        raise UsageError(f"--scale {scale:g} scales the output of phase {name} from {asked[name]} to "
+                         f"{scaled_length(asked[name], scale)} token{others}, too few for its TPOT and ITL "
+                         f"(2 or more): use --scale {least:g} or more")
+
+
 def plan_phases(profile: Profile, phases: list[Phase], spec: dict[str | None, Path], parsed: dict,
                 tokenizer, vocab_size: int, scale: float | None, cap: int | None,
                 seed: int | None = None) -> list[PhasePlan]:
@@ -130,8 +161,8 @@ def plan_phases(profile: Profile, phases: list[Phase], spec: dict[str | None, Pa
         else:
             n = ph.batch_size if profile.mode == "one-batch" else min(
                 ph.num_requests or ds.num_requests or DEFAULT_SYNTHETIC_REQUESTS, cap or 10**9)
-            in_len = max(1, round((ph.input_len or ds.input_len) * scale))
-            out_len = max(1, round((ph.output_len or ds.output_len) * scale))
+            in_len = scaled_length(ph.input_len or ds.input_len, scale)
+            out_len = scaled_length(ph.output_len or ds.output_len, scale)
             ratio = ph.range_ratio if ph.range_ratio is not None else ds.range_ratio
             reqs = random_lengths(n, in_len, out_len, vocab_size, ratio, seed=seed, prefix=prefix,
                                   fix=BENCH_SIZE_FIX)

@@ -17,7 +17,9 @@ Schema (version 1):
     expands into the grid of their combinations (names get -c8 / -rate4 / -bs8 / -in1024 / -out16).
     Names keep the profile's lengths whatever --scale does to the prompts (they are the keys of
     --phases and of the scoring weights); the lengths that ran are in each record's
-    knobs.dataset.input_len / output_len, and the bench table shows them.
+    knobs.dataset.input_len / output_len, and the bench table shows them. A phase asking for 2 or
+    more output tokens measures decode (TPOT, ITL): bench refuses a --scale that leaves it one
+    (bench.plan.check_decode_lengths); `output_len = 1` declares a prefill-only phase.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@ key (`--resume` skips points whose key is already recorded).
 
 Knobs: sparse `dense_len`, `topk`, `window` (window_size), `block` (block_size) — checked by the
 same SparseConfig validation the runtime uses — `chunk_size`, `batch_size`, `kv_dtype`
-(bf16 | fp8_e5m2 | fp8_e4m3, the latter with calibrated scales) and `weight_dtype`
+(bf16 = auto | fp8_e5m2 | fp8_e4m3, the latter with calibrated scales) and `weight_dtype`
 (bf16 | fp16 | fp32 | w4a16 / w8a16 = RTN 4-/8-bit group 128 in memory, or the checkpoint's own
-GPTQ)."""
+GPTQ; bfloat16, float16 and float32 name the casts too, as --dtype)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,10 @@ from salactl.lists import parse_list
 
 KV_DTYPES = ("bf16", "fp8_e5m2", "fp8_e4m3")
 WEIGHT_DTYPES = ("bf16", "fp16", "fp32", "w4a16", "w8a16")
+# other spellings per option, read as the name they stand for: the KV cache's "auto" stores the model's
+# dtype as "bf16" does (run's names), and the casts take --dtype's long names
+ALIASES = {"kv-cache-dtype": {"auto": "bf16"},
+           "weight-dtype": {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}}
 LABEL_ABBR = {"dense_len": "dl", "topk": "tk", "window": "w", "block": "b", "chunk_size": "cs",
               "batch_size": "bs", "kv_dtype": "kv", "weight_dtype": "wt"}
 
@@ -52,15 +56,22 @@ def parse_ints(text: str | None, name: str, default: int, minimum: int = 1) -> l
     return [default] if text is None else parse_list(text, f"--{name}", minimum=minimum, dedupe=True)
 
 
+def parse_name(value: str, name: str, valid: tuple[str, ...]) -> str:
+    """One --NAME value as its name in `valid` (an alias of ALIASES[name] as the name it stands for)."""
+    aliases = ALIASES.get(name, {})
+    if value in valid or value in aliases:
+        return aliases.get(value, value)
+    also = f" (also {', '.join(f'{a} for {v}' for a, v in aliases.items())})" if aliases else ""
+    raise UsageError(f"--{name} {value!r} is not supported; supported today: {', '.join(valid)}{also}")
+
+
 def parse_names(text: str | None, name: str, default: str, valid: tuple[str, ...]) -> list[str]:
     if text is None:
         return [default]
     vals = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [v for v in vals if v not in valid]
-    if bad or not vals:
-        raise UsageError(f"--{name} {bad[0] if bad else text!r} is not supported; supported today: "
-                         f"{', '.join(valid)}")
-    return list(dict.fromkeys(vals))
+    if not vals:                        # "" or ",": refused as an unknown name is
+        parse_name(text, name, valid)
+    return list(dict.fromkeys(parse_name(v, name, valid) for v in vals))
 
 
 def build_points(axes: dict[str, list], base_sparse) -> tuple[list[SweepPoint], list[str], list[tuple[SweepPoint, str]]]:

@@ -99,8 +99,9 @@ def _device(model) -> torch.device:
 
 def perplexity(model, token_ids: list[int], seq_len: int, max_tokens: int | None,
                progress: Callable[[int, int], None] | None = None, bos_id: int | None = None,
-               chunk_size: int = 512, backend=None) -> dict:
-    """Mean next-token NLL (nats) and perplexity over the scored tokens; progress(done, total)."""
+               chunk_size: int = 512, backend=None, kv_cache_dtype: str = "bf16") -> dict:
+    """Mean next-token NLL (nats) and perplexity over the scored tokens; progress(done, total).
+    kv_cache_dtype: the Engine's, as `salactl run --kv-cache-dtype` (fp8 uses the model's scales)."""
     from salactl.runtime.engine import Engine
 
     windows = list(score_windows(token_ids, seq_len, max_tokens, bos_id))
@@ -113,7 +114,7 @@ def perplexity(model, token_ids: list[int], seq_len: int, max_tokens: int | None
     if bad is not None:
         raise UsageError(f"token id {bad} is outside the model's vocabulary (size {vocab}); "
                          "use the model's own tokenizer")
-    engine = Engine(model, _device(model), chunk_size=chunk_size, backend=backend)
+    engine = Engine(model, _device(model), chunk_size=chunk_size, backend=backend, kv_cache_dtype=kv_cache_dtype)
     total = sum(len(w) - 1 for w in windows)
     nll_sum, done = 0.0, 0
     for w in windows:

@@ -1,5 +1,6 @@
 """SGLang (`POST /generate`) and OpenAI-compatible (`POST /v1/completions`, vLLM/SGLang) servers
-as bench targets, streaming server-sent events.
+as bench targets, streaming server-sent events. Backend `vllm` names a vLLM server, which speaks the
+openai protocol; records keep both names (knobs.target.backend and .protocol).
 
 Hand-written on the standard library (http.client + one thread per in-flight request) rather than
 httpx/aiohttp: no new dependency, every chunk is timestamped the moment its line is read (the
@@ -35,7 +36,8 @@ from salactl.bench.requests import BenchRequest
 from salactl.bench.targets.base import Chunk, RequestFailed, Target
 from salactl.errors import EndpointError, UsageError
 
-BACKENDS = ("sglang", "openai")
+BACKENDS = ("sglang", "openai", "vllm")
+PROTOCOLS = {"sglang": "sglang", "openai": "openai", "vllm": "openai"}     # backend -> the API it speaks
 _PATHS = {"sglang": ("/generate", "/flush_cache", "/health"),
           "openai": ("/v1/completions", "/reset_prefix_cache", "/v1/models")}
 # full API URLs people paste as --endpoint; the server's root is what we need
@@ -138,7 +140,8 @@ class HttpTarget(Target):
                  connect_timeout_s: float = 5.0, flush_sleep_s: float = 1.0,
                  read_timeout_s: float | None = DEFAULT_READ_TIMEOUT_S, tokenizer=None):
         if backend not in BACKENDS:
-            raise UsageError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+            raise UsageError(f"--backend must be one of {', '.join(BACKENDS)} (vllm: the openai protocol), "
+                             f"got {backend!r}")
         bad_url = UsageError(f"--endpoint must be an http(s) URL like http://127.0.0.1:30000, got {endpoint!r}")
         try:
             parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
@@ -151,7 +154,7 @@ class HttpTarget(Target):
             raise UsageError(f"--endpoint must be the server's URL without a query string or fragment, got "
                              f"{endpoint!r}; drop the part from '?' or '#' on")
         self._auth = api_key_header()
-        self.kind, self.backend = backend, backend
+        self.kind, self.backend, self.protocol = backend, backend, PROTOCOLS[backend]
         self.scheme, self.host = parts.scheme, parts.hostname
         self.port = port or (443 if parts.scheme == "https" else 80)
         self.read_timeout_s = read_timeout_s
@@ -166,13 +169,13 @@ class HttpTarget(Target):
         self.url = self.origin + prefix
         if api:
             output.stderr.print(f"note: --endpoint ends in {api}; using the server root {self.url} "
-                                f"(--backend {backend} posts to {_PATHS[backend][0]})")
+                                f"(--backend {backend} posts to {_PATHS[self.protocol][0]})")
         self.tokenizer = tokenizer          # counts the output of a server that reports no usage
         self._tok_lock = threading.Lock()
         self.model = model or ""
         self.connect_timeout_s, self.flush_sleep_s = connect_timeout_s, flush_sleep_s
         self.side_call_timeout_s = min(SIDE_CALL_TIMEOUT_S, read_timeout_s or SIDE_CALL_TIMEOUT_S)
-        self.generate_path, self.flush_path, self.probe_path = (prefix + p for p in _PATHS[backend])
+        self.generate_path, self.flush_path, self.probe_path = (prefix + p for p in _PATHS[self.protocol])
         self._active: set = set()
         self._lock = threading.Lock()
         self._warned_flush = False
@@ -228,9 +231,9 @@ class HttpTarget(Target):
         if status >= 500:
             raise EndpointError(f"{self.origin}{self.probe_path} answered HTTP {status}; wait until the "
                                 "server is ready")
-        if self.backend == "openai" and not self.model:
+        if self.protocol == "openai" and not self.model:
             self.model = self._listed_model(status, body)
-        if self.backend == "sglang" and not self.model:
+        if self.protocol == "sglang" and not self.model:
             try:
                 status, body = self._call("GET", self.prefix + "/get_model_info")
                 self.model = json.loads(body).get("model_path") or "" if status == 200 else ""
@@ -253,7 +256,7 @@ class HttpTarget(Target):
 
     def _payload(self, request: BenchRequest, max_tokens: int) -> dict:
         prompt = request.prompt_text if request.prompt_text is not None else list(request.prompt_ids)
-        if self.backend == "sglang":
+        if self.protocol == "sglang":
             return {("text" if isinstance(prompt, str) else "input_ids"): prompt,
                     "sampling_params": {"temperature": 0.0, "max_new_tokens": max_tokens,
                                         "ignore_eos": True},
@@ -281,7 +284,7 @@ class HttpTarget(Target):
                 resp = self._send(conn, deadline, "POST", self.generate_path, self._payload(request, max_tokens))
                 self._check_stream_response(resp)
                 events = iter_sse(lambda: _read_block(resp, sock, deadline))
-                chunks = self._sglang_chunks if self.backend == "sglang" else self._openai_chunks
+                chunks = self._sglang_chunks if self.protocol == "sglang" else self._openai_chunks
                 yield from chunks(events, max_tokens)
             except (socket.timeout, TimeoutError):
                 raise RequestFailed(f"no complete answer within {self.read_timeout_s:g} s (--request-timeout, "
@@ -422,8 +425,8 @@ class HttpTarget(Target):
                 pass
 
     def knobs(self) -> dict:
-        return {"endpoint": self.url, "backend": self.backend, "flush_sleep_s": self.flush_sleep_s,
-                "request_timeout_s": self.read_timeout_s}
+        return {"endpoint": self.url, "backend": self.backend, "protocol": self.protocol,
+                "flush_sleep_s": self.flush_sleep_s, "request_timeout_s": self.read_timeout_s}
 
 
 def _read_block(resp, sock, deadline: Deadline) -> bytes:
