@@ -1,6 +1,7 @@
-"""`salactl quantize` as one Python call: load the model (or take one already loaded), build the
-calibration windows, quantize layer by layer, write the GPTQ checkpoint (atomically: nothing is
-written unless all of it is) and return the summary record `salactl quantize --json` prints."""
+"""`salactl quantize` as one Python call: check the inputs and build the calibration windows (before
+any weights load), load the model (or take one already loaded), quantize layer by layer, write the
+GPTQ checkpoint (atomically: nothing is written unless all of it is) and return the summary record
+`salactl quantize --json` prints."""
 
 from __future__ import annotations
 
@@ -14,14 +15,16 @@ import torch
 
 from salactl import output
 from salactl.env import environment
-from salactl.errors import QuantizationError, UsageError
+from salactl.errors import OutputExistsError, QuantizationError, UsageError
 from salactl.quant.calibration import RANDOM, calibration_windows, check_calibration_sizes
 from salactl.quant.in_memory import quantized_as
 from salactl.quant.sequential import QuantizeOutcome, QuantOptions, layer_groups, quantize_model
 from salactl.quant.writer import quantization_config, write_quantized_checkpoint
-from salactl.runtime.checkpoint import check_output_dir
+from salactl.runtime.checkpoint import StoredTensors, check_output_dir
+from salactl.runtime.config import SalaConfig
 from salactl.runtime.kv_fp8 import fp8_dtype, sglang_scales_json
-from salactl.runtime.loader import LoadedModel, load_model, resolve_device, resolve_dtype
+from salactl.runtime.loader import (EMBEDDED_DIR, LoadedModel, load_model, model_config, model_quantization,
+                                    resolve_device, resolve_dtype)
 from salactl.runtime.tokenizer import find_tokenizer
 
 # (done, total, label): once with done=0 before the first module group, then after each group
@@ -37,16 +40,21 @@ def quantize_checkpoint(model: str | Path | LoadedModel, out: str | Path, opts: 
     returns the summary record (JSON-ready dict) that `salactl quantize --json` prints.
 
     model: a checkpoint directory or preset name, loaded here with device, dtype, random_weights
-    and seed as load_model does; or a LoadedModel. An in-memory model is quantized in place: its
-    float weights are replaced by their dequantized values (what the checkpoint holds), as
-    quantize_model does. copy=True quantizes a deep copy instead and leaves it untouched, at the
-    cost of a second copy of the model in memory.
+    and seed as load_model does; or a LoadedModel. dtype is only what the calibration forwards run
+    in: from a checkpoint directory, each linear is quantized from its stored weight and every
+    other tensor is copied as stored. An in-memory model (and random weights) is quantized and
+    written from its own weights, in place: its float weights are replaced by their dequantized
+    values (what the checkpoint holds), as quantize_model does. copy=True quantizes a deep copy
+    instead and leaves it untouched, at the cost of a second copy of the model in memory.
     calib: a text or JSONL ("text" field) file, "random" for random token ids, or None for the
     built-in corpus; nsamples windows of seqlen tokens, tokenized with `tokenizer` (default: the
     model's own). RTN without FP8 KV scales needs no calibration and skips it unless calib is
     given (a tokenizer is then refused). With random_weights and no tokenizer found, calibration
     falls back to random ids.
-    out: must not exist, or overwrite=True to replace a checkpoint there.
+    out: must not exist, or overwrite=True to replace a checkpoint there; never the model's own
+    directory, one inside it or one holding it.
+    Every check that needs no weights (the output, the calibration data and tokenizer, an already
+    quantized source) runs before the model loads.
     progress: called as progress(done, total, label) per module group (None: silent). Notes and
     warnings go to stderr, as the CLI's do. Errors are SalactlError subclasses (salactl.errors)."""
     if not str(out).strip():
@@ -62,14 +70,22 @@ def quantize_checkpoint(model: str | Path | LoadedModel, out: str | Path, opts: 
         raise UsageError("tokenizer (--tokenizer) is unused: RTN without calib (--calib) or an FP8 kv_cache_dtype "
                          "(--kv-cache-dtype) reads no calibration data; drop it, or add calib (--calib)")
     t_start = time.perf_counter()
-    lm = _quantizable_model(model, device, dtype, random_weights, seed, copy)
-    windows, calib_source = _calibration(lm, opts, calib, tokenizer, nsamples, seqlen, seed, random_weights)
+    config, model_dir = _unquantized_source(model, device, dtype, random_weights)
+    _check_out_is_not_the_source(out, model_dir)
+    windows, calib_source = _calibration(config, model_dir, opts, calib, tokenizer, nsamples, seqlen, seed,
+                                         random_weights)
+    lm = model if isinstance(model, LoadedModel) else load_model(model, device, dtype, random_weights, seed)
+    if copy and lm is model:
+        lm = replace(lm, model=deepcopy(lm.model))
+    # the stored tensors, where the model was loaded from a checkpoint here (the in-memory weights
+    # are in the calibration dtype)
+    source = None if isinstance(model, LoadedModel) or random_weights else StoredTensors(lm.model_dir)
     t_loaded = time.perf_counter()
-    result = quantize_model(lm.model, lm.config, windows, opts, progress=_counted(progress, lm.config))
+    result = quantize_model(lm.model, lm.config, windows, opts, progress=_counted(progress, lm.config), source=source)
     for line in result.damp_raised:
         output.stderr.print(f"note: Cholesky failed at the requested damping; raised {line}")
     t_solved = time.perf_counter()
-    _write(out, lm, opts, result, overwrite)
+    _write(out, lm, opts, result, overwrite, source)
     t_done = time.perf_counter()
     seconds = {"load_and_calibration_data": t_loaded - t_start, "forward": result.forward_seconds,
                "solve": result.solve_seconds, "quantize_total": t_solved - t_loaded,
@@ -82,15 +98,40 @@ def needs_calibration(opts: QuantOptions, calib: str | Path | None) -> bool:
     return opts.method != "rtn" or calib is not None or fp8_dtype(opts.kv_cache_dtype) is not None
 
 
-def _quantizable_model(model: str | Path | LoadedModel, device: str, dtype: str, random_weights: bool,
-                       seed: int, copy: bool) -> LoadedModel:
+def _unquantized_source(model: str | Path | LoadedModel, device: str, dtype: str,
+                        random_weights: bool) -> tuple[SalaConfig, Path | None]:
+    """The config and directory (tokenizer, copied files) of what will be quantized, read without
+    loading any weights; an already quantized model is refused."""
     if isinstance(model, LoadedModel):
         _check_load_arguments(model, device, dtype, random_weights)
-    lm = model if isinstance(model, LoadedModel) else load_model(model, device, dtype, random_weights, seed)
-    if quantized_as(lm.model):
-        name = lm.source if isinstance(model, LoadedModel) else model
+        name, quantized, config, model_dir = model.source, quantized_as(model.model), model.config, model.model_dir
+    else:
+        name, quantized = model, model_quantization(model, random_weights)
+        config, model_dir = model_config(model, random_weights), _model_dir(model, random_weights)
+    if quantized:
         raise QuantizationError(f"{name} is already quantized; quantize the original checkpoint")
-    return replace(lm, model=deepcopy(lm.model)) if copy and lm is model else lm
+    return config, model_dir
+
+
+def _model_dir(model: str | Path | None, random_weights: bool) -> Path | None:
+    """The LoadedModel.model_dir load_model(model, random_weights=...) gives (a checkpoint's
+    directory; for random weights the embedded sala-nano's or a directory with config.json), for the
+    checks made before it loads."""
+    name = "sala-nano" if model is None else str(model)
+    if name == "sala-nano" and (not random_weights or EMBEDDED_DIR.exists()):
+        return EMBEDDED_DIR
+    return Path(name) if Path(name).is_dir() else None
+
+
+def _check_out_is_not_the_source(out: str | Path, model_dir: Path | None) -> None:
+    """Writing to the model's own directory, one inside it or one holding it would replace (with
+    overwrite) or mix into the checkpoint being read."""
+    if model_dir is None:
+        return
+    o, m = Path(out).expanduser().resolve(), Path(model_dir).expanduser().resolve()
+    if o == m or m in o.parents or o in m.parents:
+        where = "is" if o == m else "is inside" if m in o.parents else "holds"
+        raise OutputExistsError(f"out (--out) {o} {where} the source checkpoint {m}; choose an --out outside it")
 
 
 def _check_load_arguments(lm: LoadedModel, device: str, dtype: str, random_weights: bool) -> None:
@@ -109,19 +150,19 @@ def _check_load_arguments(lm: LoadedModel, device: str, dtype: str, random_weigh
                          "is quantized as loaded (choose with load_model(..., device=, dtype=))")
 
 
-def _calibration(lm: LoadedModel, opts: QuantOptions, calib: str | Path | None, tokenizer: str | Path | None,
-                 nsamples: int, seqlen: int, seed: int, random_weights: bool) -> tuple[torch.Tensor | None, str | None]:
+def _calibration(cfg: SalaConfig, model_dir: Path | None, opts: QuantOptions, calib: str | Path | None,
+                 tokenizer: str | Path | None, nsamples: int, seqlen: int, seed: int,
+                 random_weights: bool) -> tuple[torch.Tensor | None, str | None]:
     """The calibration windows [S, T] and what they came from; (None, None) when none are needed."""
     calib = None if calib is None else str(calib)
     if not needs_calibration(opts, calib):
         output.stderr.print("note: RTN needs no calibration data; pass --calib FILE (or 'random') to also "
                             "report each module's output error")
         return None, None
-    cfg = lm.config
     tok = None
     if calib != RANDOM:
         try:
-            tok = find_tokenizer(tokenizer, lm.model_dir)
+            tok = find_tokenizer(tokenizer, model_dir)
         except Exception:
             if calib is not None or not random_weights:
                 raise
@@ -152,12 +193,13 @@ def _counted(progress: ProgressCallback | None, config) -> Callable[[str], None]
     return advance
 
 
-def _write(out: str | Path, lm: LoadedModel, opts: QuantOptions, result: QuantizeOutcome, overwrite: bool) -> None:
+def _write(out: str | Path, lm: LoadedModel, opts: QuantOptions, result: QuantizeOutcome, overwrite: bool,
+           source: StoredTensors | None) -> None:
     fp8 = fp8_dtype(opts.kv_cache_dtype) is not None
     kv_json = sglang_scales_json(result.kv_scales, opts.kv_cache_dtype, lm.config) if fp8 else None
     write_quantized_checkpoint(Path(out), lm.config, lm.model, result.quantized,
                                quantization_config(opts, result.skipped), lm.model_dir, result.kv_scales, kv_json,
-                               overwrite=overwrite)
+                               overwrite=overwrite, source=source)
 
 
 def _record(out: str | Path, lm: LoadedModel, opts: QuantOptions, windows: torch.Tensor | None,

@@ -2,8 +2,12 @@
 
 Per output row and group: xmax = max(|min(w, 0)|, max(w, 0)) (1 when the group is all zeros),
 scale = 2·xmax / (2^b - 1), zero = 2^(b-1); q = clamp(round(w/scale) + zero, 0, 2^b - 1).
-Scales are rounded to fp16 *before* q is computed, so the dequantized weight the solver sees is
-bit-for-bit the one a loader rebuilds from the checkpoint (which stores fp16 scales).
+Scales are rounded *before* q is computed to the values the checkpoint stores (fp16), so the
+dequantized weight the solver sees is the one a loader rebuilds from them. A loader keeps the scales
+in its own dtype: vLLM/SGLang's gptq_marlin in the served dtype (params_dtype), our CPU layouts in
+bf16. For a checkpoint that may be served in bf16 (`bf16_exact_scales`: stored in bf16 or float32,
+sequential.solver_spec) the scales are therefore rounded to values exact in both bf16 and fp16,
+which every loader holds unchanged.
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ from salactl.errors import QuantizationError
 
 SUPPORTED_GROUP_SIZES = (-1, 32, 64, 128)
 _FP16_MIN_SUBNORMAL = 2.0 ** -24
+_FP16_MAX = torch.finfo(torch.float16).max
 
 
 @dataclass(frozen=True)
 class QuantSpec:
     bits: int = 4
     group_size: int = 128
+    bf16_exact_scales: bool = False     # scales exact in bf16 too (see the module docstring)
 
     def __post_init__(self) -> None:
         if self.bits not in (4, 8):
@@ -46,10 +52,19 @@ class QuantSpec:
 
 
 def group_scale(w: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
-    """w [N, g] fp32 -> per-row scale [N] fp32, exactly representable in fp16."""
+    """w [N, g] fp32 -> per-row scale [N] fp32, exactly representable in fp16 (and, with
+    spec.bf16_exact_scales, in bf16)."""
     xmax = torch.maximum(w.amax(dim=1).clamp_min(0), (-w.amin(dim=1)).clamp_min(0))
     xmax = torch.where(xmax == 0, torch.ones_like(xmax), xmax)
-    scale = (2 * xmax / spec.maxq).to(torch.float16).float()
+    exact = 2 * xmax / spec.maxq
+    scale = exact.to(torch.float16).float()
+    if spec.bf16_exact_scales:
+        bf16 = exact.to(torch.bfloat16).float()
+        fp16_exact = bf16.to(torch.float16).float() == bf16
+        # not fp16-exact: below 2^-17, where bf16 is finer than fp16's subnormal grid (the fp16 value
+        # there, of at most 7 significant bits, is exact in bf16), or past fp16's range (then kept:
+        # the caller refuses the infinite fp16 scale)
+        scale = torch.where(fp16_exact | (bf16 > _FP16_MAX), bf16, scale)
     return scale.clamp_min(_FP16_MIN_SUBNORMAL)
 
 

@@ -9,13 +9,15 @@ Each Hessian is captured by running the layer (through ForwardBatch + the refere
 per-sample cache holding only that layer) up to the first member, where a pre-hook stops it. The
 layer's weights are replaced by their dequantized values as soon as they are solved, so later
 groups and the next layer see the quantized model. A final full pass gives the next layer's
-inputs and, for FP8 KV, the per-layer amax of K and V.
+inputs and, for FP8 KV, the per-layer amax of K and V. Given the source checkpoint's tensors, each
+linear is quantized from its stored weight (in fp32), not from the model's copy in the calibration
+dtype.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -29,6 +31,7 @@ from salactl.quant.rtn import rtn_quantize
 from salactl.runtime.backend_reference import ReferenceBackend
 from salactl.runtime.batch import ForwardBatch
 from salactl.runtime.cache import SequenceCache
+from salactl.runtime.checkpoint import StoredTensors
 from salactl.runtime.config import SPARSE
 from salactl.runtime.device_sync import synchronize
 from salactl.runtime.kv_fp8 import fp8_dtype, scales_from_amax
@@ -205,12 +208,23 @@ class _LayerRunner:
         return h
 
 
+def solver_spec(opts: QuantOptions, config) -> QuantSpec:
+    """opts.spec, with scales exact in bf16 too unless the checkpoint is stored in fp16: SGLang and
+    vLLM serve a bf16 checkpoint in bf16, and vLLM a float32 one too (its default where the GPU has
+    bf16), holding the scales in that dtype."""
+    return replace(opts.spec, bf16_exact_scales=config.torch_dtype != "float16")
+
+
 @torch.inference_mode()
 def quantize_model(model, config, calib: torch.Tensor | None, opts: QuantOptions,
-                   progress: Callable[[str], None] | None = None) -> QuantizeOutcome:
+                   progress: Callable[[str], None] | None = None,
+                   source: StoredTensors | None = None) -> QuantizeOutcome:
     """Quantize `model` in place (weights become their dequantized values) and return the checkpoint
-    tensors. `calib` [S, T] token ids; None is allowed only for --method rtn without FP8 KV."""
-    spec = opts.spec
+    tensors. `calib` [S, T] token ids; None is allowed only for --method rtn without FP8 KV.
+    `source`: the tensors of the checkpoint `model` was loaded from; each linear is then quantized
+    from its stored weight rather than from the model's (which holds it in the dtype the calibration
+    forwards run in)."""
+    spec = solver_spec(opts, config)
     fp8 = fp8_dtype(opts.kv_cache_dtype) is not None
     if calib is None and (opts.method != "rtn" or fp8):
         raise QuantizationError("GPTQ and FP8 KV scale calibration need calibration data")
@@ -239,7 +253,7 @@ def quantize_model(model, config, calib: torch.Tensor | None, opts: QuantOptions
             synchronize(device)
             t1 = time.perf_counter()
             outcome.forward_seconds += t1 - t0
-            _solve_group(i, members, mods, h, opts, spec, outcome)
+            _solve_group(i, members, mods, h, opts, spec, outcome, source)
             synchronize(device)
             outcome.solve_seconds += time.perf_counter() - t1
             if progress:
@@ -256,9 +270,9 @@ def quantize_model(model, config, calib: torch.Tensor | None, opts: QuantOptions
 
 
 def _solve_group(i, members, mods, h: Hessian | None, opts: QuantOptions, spec: QuantSpec,
-                 outcome: QuantizeOutcome) -> None:
+                 outcome: QuantizeOutcome, source: StoredTensors | None) -> None:
     name = f"model.layers.{i}.{members[0]}" + (f" (+{len(members) - 1} sharing its input)" if len(members) > 1 else "")
-    W = torch.cat([m.weight for m in mods]).float()
+    W = torch.cat([_weight(f"model.layers.{i}.{n}", m, source) for n, m in zip(members, mods)])
     if not bool(torch.isfinite(W).all()):
         raise QuantizationError(f"{name} has NaN/Inf weights; the checkpoint is damaged (nothing was written)")
     t0 = time.perf_counter()
@@ -294,3 +308,10 @@ def _solve_group(i, members, mods, h: Hessian | None, opts: QuantOptions, spec: 
         outcome.reports.append(ModuleReport(prefix, m.out_features, m.in_features, prep.damp if prep else None,
                                             rtn_err, err, seconds * m.out_features / W.shape[0]))
         m.weight.copy_(q.dequantized.to(m.weight.dtype))
+
+
+def _weight(prefix: str, module: torch.nn.Module, source: StoredTensors | None) -> torch.Tensor:
+    """The fp32 weight to quantize: the source checkpoint's (one module in memory at a time), else the model's."""
+    if source is None:
+        return module.weight.float()
+    return source[prefix + ".weight"].to(device=module.weight.device, dtype=torch.float32)

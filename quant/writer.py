@@ -1,6 +1,7 @@
 """Write a GPTQ v1 checkpoint that vLLM/SGLang load as gptq_marlin (reference/quantization.md §2-3):
 qweight/qzeros/scales/g_idx per quantized linear, everything else unquantized under its own name,
-`quantization_config` in config.json, FP8 KV scales, tokenizer + generation config copied.
+`quantization_config` in config.json, FP8 KV scales; tokenizer, generation config, the model code
+config.json's auto_map names (for --trust-remote-code) and the license/notice/README copied.
 Sharded safetensors + index, written to a temp dir and renamed (runtime/checkpoint.save_checkpoint).
 """
 
@@ -15,19 +16,21 @@ import torch
 
 import salactl
 from salactl import output
+from salactl.quant.gptq import DAMP_STEP
 from salactl.quant.sequential import QuantOptions
-from salactl.runtime.checkpoint import expected_tensor_shapes, save_checkpoint
+from salactl.runtime.checkpoint import StoredTensors, expected_tensor_shapes, save_checkpoint
 from salactl.runtime.config import SalaConfig
 from salactl.runtime.kv_fp8 import SGLANG_E5M2_WARNING, fp8_dtype
+from salactl.runtime.loader import DTYPES
 
 COPIED_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                 "generation_config.json", "chat_template.jinja", "added_tokens.json", "vocab.json",
                 "merges.txt")
+COPIED_PATTERNS = ("LICENSE*", "NOTICE*", "README.md")
 KV_SCALES_JSON = "kv_cache_scales.json"
 # HF modules -> the merged layer vLLM and SGLang build from them (their packed_modules_mapping)
 ENGINE_MERGED = {("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"): "self_attn.qkv_proj",
                  ("mlp.gate_proj", "mlp.up_proj"): "mlp.gate_up_proj"}
-_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
 def quantization_config(opts: QuantOptions, skipped: dict[str, str]) -> dict:
@@ -42,9 +45,6 @@ def quantization_config(opts: QuantOptions, skipped: dict[str, str]) -> dict:
         "format": "gptq",
         "lm_head": False,
         "static_groups": bool(opts.desc_act),
-        "true_sequential": True,
-        "damp_percent": opts.damp,
-        "damp_auto_increment": 0.01,
         "meta": {
             "quantizer": [f"salactl:{salactl.__version__}"],
             "method": opts.method,
@@ -52,6 +52,8 @@ def quantization_config(opts: QuantOptions, skipped: dict[str, str]) -> dict:
             "unquantized_modules": ["model.embed_tokens", "lm_head"] + sorted(skipped),
         },
     }
+    if opts.method == "gptq":          # how the solve ran; RTN has none (SGLang/vLLM read neither)
+        qc.update(true_sequential=True, damp_percent=opts.damp, damp_auto_increment=DAMP_STEP)
     if skipped:
         qc["dynamic"] = {f"-:^{re.escape(name)}$": {} for name in unquantized_engine_modules(skipped)}
     if fp8_dtype(opts.kv_cache_dtype) is not None:
@@ -65,7 +67,7 @@ def stored_dtype(config: SalaConfig) -> torch.dtype:
     """The dtype of the unquantized tensors written: the source checkpoint's torch_dtype, which is
     what SGLang/vLLM serve it in, not the dtype quantize computed in (`--dtype auto` is float32 on
     CPU, which would double the embeddings' and lm_head's bytes)."""
-    return {v: k for k, v in _DTYPE_NAMES.items()}.get(config.torch_dtype, torch.bfloat16)
+    return DTYPES[config.torch_dtype]
 
 
 def unquantized_engine_modules(skipped) -> list[str]:
@@ -85,9 +87,13 @@ def unquantized_engine_modules(skipped) -> list[str]:
 def write_quantized_checkpoint(out_dir: Path, config: SalaConfig, model, quantized: dict[str, dict],
                                qconfig: dict, model_dir: Path | None,
                                kv_scales: dict | None = None, kv_json: dict | None = None,
-                               overwrite: bool = False, max_shard_bytes: int = 4 << 30) -> Path:
+                               overwrite: bool = False, max_shard_bytes: int = 4 << 30,
+                               source: StoredTensors | None = None) -> Path:
     """`quantized`: module prefix -> {qweight, qzeros, scales, g_idx} (packing.to_gptq_tensors);
-    `model` supplies every other tensor (quantized linears' in-memory weights are not written)."""
+    every other tensor comes from `source`, the checkpoint `model` was loaded from, bit for bit (cast
+    only where a file's dtype is not its torch_dtype), or without one from `model` (quantized
+    linears' in-memory weights are not written). `model_dir`: where the tokenizer and the other
+    copied files are."""
     params = dict(model.named_parameters())
     dtype = stored_dtype(config)
     state: dict[str, torch.Tensor] = {}
@@ -96,15 +102,15 @@ def write_quantized_checkpoint(out_dir: Path, config: SalaConfig, model, quantiz
         if prefix in quantized:
             state.update({f"{prefix}.{k}": t.detach().cpu() for k, t in quantized[prefix].items()})
         else:
-            state[name] = params[name].detach().to(dtype)
+            t = source[name] if source is not None else params[name].detach()
+            state[name] = t if t.dtype == dtype else t.to(dtype)
     for layer, (k, v) in sorted((kv_scales or {}).items()):
         p = f"model.layers.{layer}.self_attn."
         state[p + "k_scale"] = k.detach().float().cpu().contiguous()
         state[p + "v_scale"] = v.detach().float().cpu().contiguous()
     cfg = config.to_hf_dict()
-    cfg["torch_dtype"] = _DTYPE_NAMES.get(dtype, "bfloat16")
     cfg["quantization_config"] = qconfig
-    extra = {f: model_dir / f for f in COPIED_FILES if model_dir is not None and (model_dir / f).is_file()}
+    extra = copied_files(config, model_dir)
     kv_dtype = qconfig.get("meta", {}).get("kv_cache_dtype")
     if kv_json is None and kv_dtype is not None and kv_dtype != "fp8_e4m3":
         output.stderr.print(SGLANG_E5M2_WARNING)
@@ -115,3 +121,48 @@ def write_quantized_checkpoint(out_dir: Path, config: SalaConfig, model, quantiz
             extra[KV_SCALES_JSON] = p
         return save_checkpoint(state, cfg, Path(out_dir), max_shard_bytes=max_shard_bytes,
                                extra_files=extra, overwrite=overwrite)
+
+
+def copied_files(config: SalaConfig, model_dir: Path | None) -> dict[str, Path]:
+    """Name in the output -> file of `model_dir` copied there: the tokenizer and generation config,
+    the license, notice and README, and the Python files config.json's auto_map names (with those
+    they import relatively, as transformers loads them), which SGLang/vLLM run under
+    --trust-remote-code. An auto_map file that is missing gets a one-line warning."""
+    if model_dir is None:
+        return {}
+    names = [f for f in COPIED_FILES if (model_dir / f).is_file()]
+    names += sorted({p.name for pattern in COPIED_PATTERNS for p in model_dir.glob(pattern) if p.is_file()})
+    for module in _auto_map_modules(dict(config.extra).get("auto_map")):
+        f = model_dir / f"{module}.py"
+        if not f.is_file():
+            output.stderr.print(f"warning: config.json's auto_map names {module}.py, which {model_dir} lacks; "
+                                "the output cannot be loaded with --trust-remote-code without it")
+            continue
+        names += [f.name, *(p.name for p in _relative_imports(f))]
+    return {name: model_dir / name for name in dict.fromkeys(names)}
+
+
+def _auto_map_modules(auto_map) -> list[str]:
+    """The local module names of auto_map's "module.Class" references (a reference to another Hub
+    repository, "repo--module.Class", is fetched from there, not copied; a name that is no Python
+    identifier, such as a path, names no file of the checkpoint)."""
+    if not isinstance(auto_map, dict):
+        return []
+    refs = [r for v in auto_map.values() for r in (v if isinstance(v, list) else [v])]
+    modules = [r.rpartition(".")[0] for r in refs if isinstance(r, str) and "--" not in r]
+    return list(dict.fromkeys(m for m in modules if m.isidentifier()))
+
+
+def _relative_imports(module: Path) -> list[Path]:
+    """The files `module` imports relatively (`from .x import y`, `import .x`), recursively."""
+    found: list[Path] = []
+    todo = [module]
+    while todo:
+        text = todo.pop().read_text(encoding="utf-8", errors="replace")
+        for name in re.findall(r"^\s*(?:from\s+\.(\S+)\s+import|import\s+\.(\S+)\s*$)", text, flags=re.MULTILINE):
+            name = name[0] or name[1]
+            f = module.parent / f"{name}.py"
+            if name.isidentifier() and f not in found and f != module and f.is_file():
+                found.append(f)
+                todo.append(f)
+    return found

@@ -97,6 +97,19 @@ def tensor_files(model_dir: Path) -> dict[str, Path]:
     return files
 
 
+class StoredTensors:
+    """A checkpoint directory's tensors read one at a time, as stored (dtype and bits), without the
+    rest in memory: the source precision that quantize solves from and copies unquantized tensors
+    from, whatever dtype the model was loaded in."""
+
+    def __init__(self, model_dir: Path):
+        self.files = tensor_files(Path(model_dir))
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        with open_safetensors(self.files[name]) as f:
+            return f.get_tensor(name)
+
+
 def _weight_map(index: Path) -> dict[str, str]:
     """The index's weight_map, refused whole before any shard is opened: each value must be a file
     name inside the model directory (a relative path without '..'; a symlinked shard is fine)."""
@@ -214,7 +227,8 @@ def save_checkpoint(state: dict[str, torch.Tensor], config_dict: dict, out_dir: 
     `out_dir`, then rename: a failure never leaves a partial checkpoint."""
     out_dir = check_output_dir(out_dir, overwrite)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    _remove_orphaned_temp_dirs(out_dir)
+    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(out_dir) + f"{os.getpid()}-", dir=out_dir.parent))
     try:
         shards: list[dict[str, torch.Tensor]] = [{}]
         size = 0
@@ -252,7 +266,38 @@ def save_checkpoint(state: dict[str, torch.Tensor], config_dict: dict, out_dir: 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _remove_orphaned_temp_dirs(out_dir)
     return out_dir
+
+
+def _temp_prefix(out_dir: Path) -> str:
+    return f".{out_dir.name}.tmp-"
+
+
+def _remove_orphaned_temp_dirs(out_dir: Path) -> None:
+    """Delete the temp dirs beside `out_dir` that a killed write left (SIGKILL runs no cleanup):
+    those whose name carries the pid of a process no longer running. A live writer's stays; so does
+    one whose pid was reused, until that process ends."""
+    ours = re.compile(re.escape(_temp_prefix(out_dir)) + r"(\d+)-[a-z0-9_]{8}")   # mkdtemp's names only
+    for leftover in out_dir.parent.iterdir():
+        m = ours.fullmatch(leftover.name)
+        if m and leftover.is_dir() and not _process_alive(int(m[1])):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    """False only when no process has this pid: another user's process, or a number too large to be
+    a pid, counts as alive (its dir is left alone), and so does every pid on Windows, where
+    os.kill(pid, 0) would end the process instead of probing it."""
+    if os.name == "nt":
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        pass
+    return True
 
 
 def _swap_into_place(new: Path, out_dir: Path) -> None:

@@ -18,6 +18,8 @@ SPARSE = "minicpm4"
 LIGHTNING = "lightning-attn"
 _LIGHTNING_ALIASES = {"lightning", "lightning_attn", "lightning-attn"}
 _SCALE_NAMES = {"1/sqrt(d)", "1/d", "1"}
+# the checkpoint dtypes SGLang and vLLM serve (and quantize writes back); transformers' names
+TORCH_DTYPES = ("bfloat16", "float16", "float32")
 
 
 @dataclass(frozen=True)
@@ -205,6 +207,9 @@ class SalaConfig:
             value = getattr(self, name)
             if not 0 < value < math.inf:                       # NaN fails every comparison, so it fails here
                 raise ConfigError(f"config.{name} must be a positive finite number, got {value}")
+        if self.torch_dtype not in TORCH_DTYPES:
+            raise ConfigError(f"config.torch_dtype {self.torch_dtype!r} is not supported; use one of "
+                              f"{', '.join(TORCH_DTYPES)} (the dtype of the checkpoint's tensors)")
         if self.max_position_embeddings < 1:
             raise ConfigError(f"config.max_position_embeddings must be at least 1, got {self.max_position_embeddings}")
         for t in (*self.eos_token_id, self.bos_token_id):

@@ -35,8 +35,10 @@ def quantize(
     nsamples: Annotated[int, typer.Option("--nsamples", help="Calibration sequences.")] = 128,
     seqlen: Annotated[int, typer.Option("--seqlen", help="Tokens per calibration sequence.")] = 2048,
     device: DeviceOpt = "auto",
-    dtype: Annotated[str, typer.Option("--dtype", help=f"Dtype to calibrate in: {DTYPE_HELP} Unquantized "
-                                       "tensors are written in the source checkpoint's torch_dtype.")] = "auto",
+    dtype: Annotated[str, typer.Option("--dtype", help=f"Dtype the calibration forwards run in: {DTYPE_HELP} "
+                                       "A checkpoint's linears are quantized from their stored weights and its "
+                                       "other tensors copied as stored (its torch_dtype); random weights are "
+                                       "drawn in this dtype.")] = "auto",
     tokenizer: TokenizerOpt = None,
     kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="bf16 or auto (no KV scales), "
                                                 "fp8_e4m3 or fp8_e5m2: calibrate and store FP8 KV "
