@@ -90,7 +90,8 @@ def quantize_checkpoint(model: str | Path | LoadedModel, out: str | Path, opts: 
     seconds = {"load_and_calibration_data": t_loaded - t_start, "forward": result.forward_seconds,
                "solve": result.solve_seconds, "quantize_total": t_solved - t_loaded,
                "write": t_done - t_solved, "total": t_done - t_start}
-    return _record(out, lm, opts, windows, calib_source, result, seconds)
+    return _record(out, lm, opts, windows, calib_source, result, seconds,
+                   lm.model_dir if source is not None else None)
 
 
 def needs_calibration(opts: QuantOptions, calib: str | Path | None) -> bool:
@@ -203,7 +204,7 @@ def _write(out: str | Path, lm: LoadedModel, opts: QuantOptions, result: Quantiz
 
 
 def _record(out: str | Path, lm: LoadedModel, opts: QuantOptions, windows: torch.Tensor | None,
-            calib_source: str | None, result: QuantizeOutcome, seconds: dict) -> dict:
+            calib_source: str | None, result: QuantizeOutcome, seconds: dict, source_dir: Path | None) -> dict:
     # RTN against itself is no comparison
     better = [r for r in result.reports if r.error is not None and r.rtn_error is not None] \
         if opts.method != "rtn" else []
@@ -222,9 +223,17 @@ def _record(out: str | Path, lm: LoadedModel, opts: QuantOptions, windows: torch
             str(i): {"k": k.flatten().tolist(), "v": v.flatten().tolist()} for i, (k, v) in result.kv_scales.items()},
         "fraction_better_than_rtn": (sum(r.error < r.rtn_error for r in better) / len(better)) if better else None,
         "seconds": seconds,
+        "checkpoint_bytes": {"source": _safetensors_bytes(source_dir), "written": _safetensors_bytes(Path(out))},
         "peak_gpu_gib": _peak_gpu_gib(lm.model.device),
         "env": environment(),
     }
+
+
+def _safetensors_bytes(directory: Path | None) -> int | None:
+    """The bytes of a checkpoint directory's *.safetensors files (None without a directory)."""
+    if directory is None or not Path(directory).is_dir():
+        return None
+    return sum(f.stat().st_size for f in Path(directory).glob("*.safetensors"))
 
 
 def _peak_gpu_gib(device: torch.device) -> float | None:

@@ -102,12 +102,19 @@ class _ProgressBar:
 
 
 def render(r: dict) -> None:
+    from salactl.units import human_bytes
+
     output.table(
         f"{r['method'].upper()} {r['bits']}-bit g{r['group_size']}"
         + (" act-order (static groups)" if r["desc_act"] else ""),
         ["module", "out x in", "damp", "RTN err", "err", "time s"],
         [[m["name"], f"{m['out_features']}x{m['in_features']}", m["damp"], m["rtn_error"], m["error"],
           m["seconds"]] for m in r["modules"]])
+    if any(m["error"] is not None or m["rtn_error"] is not None for m in r["modules"]):
+        output.stdout.print("err, RTN err: relative layer-output error ‖WX − QX‖ / ‖WX‖ on the calibration "
+                            "activations (the method's, round-to-nearest's)")
+    if r["modules"]:
+        output.stdout.print("time s: the module's share, by output rows, of its group's solve")
     for name, why in r["skipped"].items():
         output.stdout.print(f"unquantized: {name} ({why})")
     c, s = r["calibration"], r["seconds"]
@@ -119,7 +126,9 @@ def render(r: dict) -> None:
         + (f"; peak GPU memory {r['peak_gpu_gib']:.1f} GiB" if r.get("peak_gpu_gib") is not None else ""))
     if r["kv_scales"]:
         output.stdout.print(f"FP8 KV scales ({r['kv_cache_dtype']}) for layers {', '.join(r['kv_scales'])}")
-    output.stdout.print(f"wrote {r['out']}")
+    size = r.get("checkpoint_bytes") or {}
+    output.stdout.print(f"wrote {r['out']}" + (f" ({human_bytes(size['written'])} of safetensors" + (
+        f", from {human_bytes(size['source'])})" if size.get("source") else ")") if size.get("written") else ""))
 
 
 def register(app: typer.Typer) -> None:

@@ -211,11 +211,15 @@ def test_rtn_and_act_order_options(ckpt, tmp_path, capsys):
     code, stdout, err = run_cli(["quantize", "--model", ckpt, "--out", tmp_path / "r", "--method", "rtn",
                                  "--calib", "random", "--nsamples", 2, "--seqlen", 64, "--device", "cpu"], capsys)
     assert code == 0 and "RTN 4-bit g128" in stdout and "error below RTN" not in stdout   # no self-comparison
+    assert "err, RTN err: relative layer-output error" in stdout and "of safetensors, from " in stdout
     code, stdout, err = run_cli(["quantize", "--model", ckpt, "--out", tmp_path / "n", "--method", "rtn",
                                  "--device", "cpu", "--json"], capsys)
     rec = json.loads(stdout)
     assert code == 0 and rec["calibration"] is None and "RTN needs no calibration data" in err
     assert rec["damp"] is None and rec["desc_act"] is False          # RTN uses neither
+    sizes = {name: sum(f.stat().st_size for f in Path(d).glob("*.safetensors"))
+             for name, d in (("source", ckpt), ("written", tmp_path / "n"))}
+    assert rec["checkpoint_bytes"] == sizes and sizes["written"] < sizes["source"]
     progress = [line for line in err.splitlines() if line.startswith("quantizing: ")]   # stderr is no terminal
     assert 1 <= len(progress) <= 10 and " module groups (" in progress[-1]
     assert progress[-1].split()[1].split("/")[0] == progress[-1].split()[1].split("/")[1]
