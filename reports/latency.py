@@ -1,21 +1,43 @@
 """The latency report model: bench/sweep/run records side by side, grouped by label.
 
 It only arranges what the records carry (known metric columns that are present, the knobs that
-vary between records); nothing is recomputed from raw data. Renderers: reports/render_text.py
-(Markdown, CSV) and reports/render_html.py (self-contained HTML with plots). The records become
-one pandas table (a column per identity field, knob and metric), which finds the varying knobs
-and orders the rows."""
+vary between records); nothing is recomputed from raw data. Bench and run records are arranged
+per phase; a sweep's records (one per grid point, each named by its phase) make one table per
+sweep run, a row per point. Renderers: reports/render_text.py (Markdown, CSV) and
+reports/render_html.py (self-contained HTML with plots). The records become one pandas table (a
+column per identity field, knob and metric), which finds the varying knobs and orders the rows."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
 from salactl.reports.records import IDENTITY, first_items, group_by_label, label_of, present_metrics
 
 IDENTITY_COLUMNS = ("label", "kind", "profile", "phase", "target", "model", "run_id")
+SWEEP = "sweep"
+# `salactl sweep`'s own table (salactl/cmd_sweep.py), in its order: a sweep's table leads with these
+SWEEP_LEAD_METRICS = ("failed", "mean_ttft_ms", "mean_tpot_ms", "output_throughput", "cache_bytes_per_request",
+                      "peak_gpu_memory_bytes", "logit_kl_mean", "logit_kl_sparse_mean", "top1_agreement",
+                      "passkey_accuracy")
+# what names a sweep run besides its label: said once above its table when every point shares it
+SWEEP_RUN_FIELDS = ("model", "target", "run_id")
+
+
+@dataclass
+class SweepTable:
+    """One sweep run (the points of a label, else of a run_id; --resume adds run_ids to a label): a
+    row per point, ordered by the knobs that vary between its points."""
+    label: str
+    shared: dict                         # SWEEP_RUN_FIELDS every point has the same value of
+    knobs: list[str]                     # knobs that vary between its points, the sort keys in order
+    columns: list[str]                   # "phase" (the point's name), run fields that vary, knob.<name>, metrics
+    rows: list[dict]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
 @dataclass
@@ -29,14 +51,20 @@ class LatencyReport:
     comparison_runs: dict = field(default_factory=dict)    # phase -> label -> target, model, failed
     env: list[dict] = field(default_factory=list)          # one row per distinct environment of a label
     notes: list[str] = field(default_factory=list)         # what side by side leaves out, and why
+    sweeps: list[SweepTable] = field(default_factory=list)  # sweep records; `phases` are bench/run ones
 
     @property
     def columns(self) -> list[str]:
         return [*IDENTITY_COLUMNS, *(f"knob.{k}" for k in self.knobs), *self.metrics]
 
+    def phase_rows(self, phase: str) -> list[dict]:
+        """The bench/run rows of a phase (a sweep point of the same name belongs to its sweep)."""
+        return [r for r in self.rows if r["kind"] != SWEEP and str(r.get("phase")) == phase]
+
     def to_dict(self) -> dict:
         return {"labels": self.labels, "phases": self.phases, "metrics": self.metrics,
                 "knobs": self.knobs, "columns": self.columns, "rows": self.rows,
+                "sweeps": [t.to_dict() for t in self.sweeps],
                 "comparison": self.comparison, "comparison_runs": self.comparison_runs,
                 "env": self.env, "notes": self.notes}
 
@@ -59,19 +87,40 @@ def record_table(records: list[dict], metrics: list[str]) -> pd.DataFrame:
 def build(records: list[dict]) -> LatencyReport:
     groups = group_by_label(records)
     metrics = present_metrics(records)
-    phases = list(dict.fromkeys(r["phase"] for r in records))
+    phased = [r for r in records if r["kind"] != SWEEP]
+    phases = list(dict.fromkeys(r["phase"] for r in phased))
     table = record_table(records, metrics)
     knob_cols = [c for c in table.columns if c.startswith("knob.") and table[c].map(repr).nunique() > 1]
     labels, phase_at = list(groups), {p: i for i, p in enumerate(phases)}
-    order = {"label": lambda s: s.map(labels.index), "phase": lambda s: s.map(phase_at)}
-    table = table.sort_values(["label", "phase", *knob_cols], kind="stable",
-                              key=lambda s: order[s.name](s) if s.name in order else s.map(_sort_key))
+    # within a label: its phases in order, then its sweep points, which only their knobs order
+    table["section"] = [len(phases) if kind == SWEEP else phase_at[phase]
+                        for kind, phase in zip(table["kind"], table["phase"])]
+    table = table.sort_values(["label", "section", *knob_cols], kind="stable",
+                              key=lambda s: s.map(labels.index) if s.name == "label" else s.map(_sort_key))
     columns = [*(c for c in IDENTITY if c != "label"), "label", *knob_cols, *metrics]
     rows = table[columns].to_dict("records")
     knobs = [c.removeprefix("knob.") for c in knob_cols]
-    report = LatencyReport(labels, phases, metrics, knobs, rows, env=environments(groups))
-    report.comparison, report.comparison_runs, report.notes = _comparison(groups, phases, metrics)
+    report = LatencyReport(labels, phases, metrics, knobs, rows, env=environments(groups),
+                           sweeps=sweep_tables([r for r in rows if r["kind"] == SWEEP], knobs, metrics))
+    report.comparison, report.comparison_runs, report.notes = _comparison(group_by_label(phased), phases,
+                                                                          metrics)
     return report
+
+
+def sweep_tables(rows: list[dict], knobs: list[str], metrics: list[str]) -> list[SweepTable]:
+    """One table per sweep label of the (already ordered) sweep rows: its point, the run fields and
+    knobs that vary between its points, then `salactl sweep`'s columns and every other metric present."""
+    tables = []
+    for label in dict.fromkeys(r["label"] for r in rows):
+        points = [r for r in rows if r["label"] == label]
+        varying = [k for k in knobs if len({repr(p.get(f"knob.{k}")) for p in points}) > 1]
+        shared = {f: points[0].get(f) for f in SWEEP_RUN_FIELDS if len({p.get(f) for p in points}) == 1}
+        present = [m for m in metrics if any(p.get(m) is not None for p in points)]
+        lead = [m for m in SWEEP_LEAD_METRICS if m in present]
+        columns = ["phase", *(f for f in SWEEP_RUN_FIELDS if f not in shared), *(f"knob.{k}" for k in varying),
+                   *lead, *(m for m in present if m not in lead)]
+        tables.append(SweepTable(label, shared, varying, columns, [{c: p.get(c) for c in columns} for p in points]))
+    return tables
 
 
 ENV_KEYS = ("gpu", "cpu", "git_sha", "git_dirty", "salactl", "torch", "triton", "cuda", "driver")

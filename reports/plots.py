@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import math
 
-from salactl.reports.latency import LatencyReport
+from salactl.reports.latency import SWEEP, LatencyReport
 from salactl.reports.render_text import fmt
 
 LATENCY_FAMILIES = {
@@ -18,6 +18,7 @@ LATENCY_FAMILIES = {
     "token throughput (tok/s)": ("input_throughput", "output_throughput", "total_throughput"),
 }
 SWEEP_METRICS = ("output_throughput", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms")
+SWEEP_RUN_METRICS = (*SWEEP_METRICS, "logit_kl_mean", "passkey_accuracy")     # a sweep's accuracy proxies too
 
 
 def available() -> bool:
@@ -60,7 +61,7 @@ def bar_series(report: LatencyReport, phase: str,
                family: tuple[str, ...]) -> tuple[list[str], list[tuple[str, list[float]]]]:
     """(metrics of the family some record of the phase has, [(legend name, values)] per record of
     the phase); a metric a record lacks is NaN, so it gets no bar rather than a 0 bar."""
-    rows = [r for r in report.rows if r["phase"] == phase]
+    rows = report.phase_rows(phase)
     metrics = [m for m in family if any(_number(r.get(m)) for r in rows)]
     return metrics, [(name, [r[m] if _number(r.get(m)) else math.nan for m in metrics])
                      for name, r in zip(_record_names(rows, report.knobs), rows)]
@@ -93,32 +94,77 @@ def bar_charts(report: LatencyReport) -> list[tuple[str, bytes]]:
     return figs
 
 
-def sweep_charts(report: LatencyReport) -> list[tuple[str, bytes]]:
-    """Metric vs. the first numeric varying knob, one line per label, per phase."""
+def _line_chart(title: str, knob: str, metric: str, lines: list[tuple[str, list[dict]]]) -> bytes | None:
+    """`metric` against `knob`, one line per (legend name, rows); None when no row has both."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    drawn = [(name, sorted((r[f"knob.{knob}"], r[metric]) for r in rows
+                           if _number(r.get(metric)) and _number(r.get(f"knob.{knob}"))))
+             for name, rows in lines]
+    drawn = [(name, pts) for name, pts in drawn if pts]
+    if not drawn:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    for name, pts in drawn:
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+    ax.set_xlabel(knob)
+    ax.set_ylabel(metric)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def sweep_charts(report: LatencyReport) -> list[tuple[str, bytes]]:
+    """Bench/run records: metric vs. the first numeric varying knob, one line per label, per phase."""
+    rows = [r for r in report.rows if r["kind"] != SWEEP]
     knob = next((k for k in report.knobs
-                 if all(_number(r.get(f"knob.{k}")) for r in report.rows if r.get(f"knob.{k}") is not None)
-                 and len({r.get(f"knob.{k}") for r in report.rows}) > 2), None)
+                 if all(_number(r.get(f"knob.{k}")) for r in rows if r.get(f"knob.{k}") is not None)
+                 and len({r.get(f"knob.{k}") for r in rows}) > 2), None)
     if knob is None:
         return []
     figs = []
     for phase in report.phases:
-        rows = [r for r in report.rows if str(r.get("phase")) == phase and _number(r.get(f"knob.{knob}"))]
+        mine = report.phase_rows(phase)
         for m in SWEEP_METRICS:
-            if not any(_number(r.get(m)) for r in rows):
-                continue
-            fig, ax = plt.subplots(figsize=(6, 3.2))
-            for label in report.labels:
-                pts = sorted((r[f"knob.{knob}"], r[m]) for r in rows if r["label"] == label and _number(r.get(m)))
-                if pts:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
-            ax.set_xlabel(knob)
-            ax.set_ylabel(m)
-            ax.set_title(f"{phase}: {m} vs {knob}")
-            ax.legend(fontsize=8)
-            figs.append((f"{phase}: {m} vs {knob}", _png(fig)))
+            title = f"{phase}: {m} vs {knob}"
+            png = _line_chart(title, knob, m, [(label, [r for r in mine if r["label"] == label])
+                                               for label in report.labels])
+            if png is not None:
+                figs.append((title, png))
+    return figs
+
+
+def sweep_lines(report: LatencyReport) -> tuple[str | None, list[tuple[str, list[dict]]]]:
+    """(the first numeric knob a sweep varies, [(legend name, points)]): one line per sweep label and
+    combination of its other varying knobs; (None, []) when no sweep varies a numeric knob."""
+    knob = next((k for t in report.sweeps for k in t.knobs
+                 if all(_number(r.get(f"knob.{k}")) for r in t.rows)), None)
+    lines = []
+    for t in report.sweeps:
+        if knob not in t.knobs:
+            continue
+        others = [k for k in t.knobs if k != knob]
+        groups: dict[tuple, list[dict]] = {}
+        for r in t.rows:
+            groups.setdefault(tuple(fmt(r.get(f"knob.{k}")) for k in others), []).append(r)
+        for values, rows in groups.items():
+            apart = ", ".join(f"{k}={v}" for k, v in zip(others, values))
+            lines.append((f"{t.label} ({apart})" if apart else t.label, rows))
+    return knob, lines
+
+
+def sweep_run_charts(report: LatencyReport) -> list[tuple[str, bytes]]:
+    """Sweeps: per metric (speed and accuracy), the points against a knob (sweep_lines)."""
+    knob, lines = sweep_lines(report)
+    if knob is None:
+        return []
+    figs = []
+    for m in SWEEP_RUN_METRICS:
+        title = f"sweep: {m} vs {knob}"
+        png = _line_chart(title, knob, m, lines)
+        if png is not None:
+            figs.append((title, png))
     return figs

@@ -10,7 +10,7 @@ import json
 import math
 from pathlib import Path
 
-from salactl.errors import UsageError
+from salactl.errors import DatasetError, UsageError
 from salactl.output import warn_once
 
 SCHEMA_VERSION = 1
@@ -35,6 +35,9 @@ METRICS = (
     "floor_s", "time_over_floor",       # `run`: the phase's roofline floor, its time / floor
     # bench on CUDA (embedded target's phase_end): allocator peak and NVML energy
     "peak_gpu_memory_bytes", "energy_j", "mean_power_w", "energy_per_output_token_j",
+    # sweep (salactl/bench/sweep_job.py): the point's cache per request and its accuracy proxies
+    "cache_bytes_per_request", "logit_kl_mean", "logit_kl_sparse_mean", "logit_kl_max", "top1_agreement",
+    "passkey_accuracy", "kl_positions", "kl_sparse_positions",
 )
 UNITS = {"duration": "s", "request_throughput": "req/s", "input_throughput": "tok/s",
          "output_throughput": "tok/s", "total_throughput": "tok/s", "ttft_s": "s",
@@ -44,7 +47,7 @@ UNITS = {"duration": "s", "request_throughput": "req/s", "input_throughput": "to
          "prefill_tok_s": "tok/s", "decode_tok_s": "tok/s", "tok_s": "tok/s",
          "request_goodput": "req/s", "peak_memory_bytes": "B", "floor_s": "s",
          "peak_gpu_memory_bytes": "B", "energy_j": "J", "mean_power_w": "W",
-         "energy_per_output_token_j": "J"}
+         "energy_per_output_token_j": "J", "cache_bytes_per_request": "B"}
 
 
 def unit(metric: str) -> str:
@@ -64,7 +67,8 @@ def decode_records(data: bytes, path, fix: str = "") -> str:
 
 
 def load_records(paths: list[Path]) -> list[dict]:
-    """Read and validate every record; bad input is a one-line UsageError naming file:line.
+    """Read and validate every record; bad input is a one-line UsageError naming file:line, a file
+    that is missing or unreadable a DatasetError (exit 7, as other input files).
 
     A known metric that is present but not a finite number (a string, NaN, Infinity) is dropped
     from its record with a warning; a record left without any usable metric is skipped with a
@@ -78,13 +82,13 @@ def load_records(paths: list[Path]) -> list[dict]:
         try:
             data = Path(path).read_bytes()
         except FileNotFoundError:
-            raise UsageError(f"records file {path} does not exist") from None
+            raise DatasetError(f"records file {path} does not exist") from None
         except IsADirectoryError:
             inside = Path(path) / RECORDS_NAME
             fix = f"give {inside}" if inside.is_file() else "give a JSON lines file from bench, sweep or run"
             raise UsageError(f"records file {path} is a directory; {fix}") from None
         except OSError as e:
-            raise UsageError(f"cannot read records file {path}: {e.strerror}") from None
+            raise DatasetError(f"cannot read records file {path}: {e.strerror}") from None
         text = decode_records(data, path)
         for lineno, line in enumerate(text.splitlines(), 1):
             if not line.strip():

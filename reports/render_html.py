@@ -8,7 +8,7 @@ import html
 
 from salactl.reports import plots
 from salactl.reports.latency import LatencyReport
-from salactl.reports.render_text import comparison_tables, env_table, fmt, header_name
+from salactl.reports.render_text import comparison_tables, env_table, fmt, header_name, sweep_caption, sweep_table
 
 STYLE = """body{font-family:sans-serif;margin:2em;max-width:1200px}
 table{border-collapse:collapse;margin:1em 0;font-size:13px}
@@ -29,17 +29,20 @@ def render(report: LatencyReport, title: str = "Latency report", with_plots: boo
              f"<p>Runs: {html.escape(', '.join(report.labels))}. Values as recorded; nothing is "
              "recomputed.</p>"]
     for phase in report.phases:
-        rows = [r for r in report.rows if str(r.get("phase")) == phase]
+        rows = report.phase_rows(phase)
         cols = [c for c in report.columns if c != "phase" and any(r.get(c) not in (None, "") for r in rows)]
         parts += [f"<h2>phase: {html.escape(phase)}</h2>",
                   _table([header_name(c) for c in cols], [[r.get(c) for c in cols] for r in rows])]
+    for sweep in report.sweeps:
+        parts += [f"<h2>sweep: {html.escape(sweep.label)}</h2>", f"<p>{html.escape(sweep_caption(sweep))}</p>",
+                  _table(*sweep_table(sweep))]
     if report.comparison_runs or report.notes:
         parts.append("<h2>side by side</h2>")
     for heading, cols, rows in comparison_tables(report):
         parts += [f"<h3>{html.escape(heading)}</h3>", _table(cols, rows)]
     parts += [f"<p>Note: {html.escape(n)}</p>" for n in report.notes]
     if with_plots and plots.available():
-        figs = plots.bar_charts(report) + plots.sweep_charts(report)
+        figs = plots.bar_charts(report) + plots.sweep_charts(report) + plots.sweep_run_charts(report)
         if figs:
             parts.append("<h2>plots</h2>")
         for caption, png in figs:

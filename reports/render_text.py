@@ -6,7 +6,7 @@ import json
 
 import pandas as pd
 
-from salactl.reports.latency import ENV_KEYS, LatencyReport
+from salactl.reports.latency import ENV_KEYS, LatencyReport, SweepTable
 from salactl.reports.records import unit
 
 
@@ -58,10 +58,13 @@ def markdown(report: LatencyReport, title: str = "Latency report") -> str:
     out = [f"# {title}", "", f"Runs: {', '.join(report.labels)}. Values as recorded; nothing is "
            "recomputed.", ""]
     for phase in report.phases:
-        rows = [r for r in report.rows if str(r.get("phase")) == phase]
+        rows = report.phase_rows(phase)
         cols = [c for c in _used_columns(report, rows) if c != "phase"]
         out += [f"## phase: {phase}", "", md_table([header_name(c) for c in cols],
                                                    [[r.get(c) for c in cols] for r in rows]), ""]
+    for sweep in report.sweeps:
+        out += [f"## sweep: {sweep.label}", "", sweep_caption(sweep), "",
+                md_table(*sweep_table(sweep)), ""]
     if report.comparison_runs or report.notes:
         out += ["## side by side", ""]
     for heading, cols, rows in comparison_tables(report):
@@ -70,6 +73,20 @@ def markdown(report: LatencyReport, title: str = "Latency report") -> str:
     if report.env:
         out += ["## environment", "", md_table(*env_table(report)), ""]
     return "\n".join(out)
+
+
+def sweep_caption(sweep: SweepTable) -> str:
+    """What every point of the sweep shares (the heading names it already: a run_id as label too), and
+    the row order."""
+    shared = [f"{k} {fmt(v)}" for k, v in sweep.shared.items() if v not in (None, sweep.label)]
+    order = f"sorted by {', '.join(sweep.knobs)}" if sweep.knobs else "no knob varies"
+    return "; ".join([*shared, f"one row per point ({order})"])
+
+
+def sweep_table(sweep: SweepTable) -> tuple[list[str], list[list]]:
+    """Headers and cells of a sweep's table; its phase column is the point, as `salactl sweep` names it."""
+    headers = ["point" if c == "phase" else header_name(c) for c in sweep.columns]
+    return headers, [[r.get(c) for c in sweep.columns] for r in sweep.rows]
 
 
 def comparison_tables(report: LatencyReport) -> list[tuple[str, list[str], list[list]]]:

@@ -31,9 +31,9 @@ def profile(
     model: ModelOpt = "sala-nano",
     random_weights: RandomWeightsOpt = False,
     seed: seed_option("--random-weights and the random cached context and step tokens") = 0,
-    weights: Annotated[str, typer.Option("--weights", help="bf16 (unquantized, in --dtype), w4a16 or w8a16 "
-                                         "(RTN g128 in memory); a GPTQ checkpoint needs its own, e.g. "
-                                         "w4a16.")] = "bf16",
+    weights: Annotated[str, typer.Option("--weights", help="auto (a GPTQ checkpoint's own format, else "
+                                         "bf16), bf16 (unquantized, in --dtype), w4a16 or w8a16 (RTN g128 in "
+                                         "memory; a GPTQ checkpoint takes only its own).")] = "auto",
     kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="auto or bf16 (the model's dtype), "
                                                 "fp8_e4m3 or fp8_e5m2 (the checkpoint's calibrated scales, "
                                                 "else 1.0: scales do not change the work).")] = "auto",
@@ -98,6 +98,7 @@ def profile(
         mode = "ncu" if ncu else "torch" if torch_mode else "auto"
         out_dir = check_out_dir(out or Path(f"salactl-profile-{time.strftime('%Y%m%d-%H%M%S')}"),
                                 OUTPUT_FILES, overwrite)
+        spec = spec.with_checkpoint_weights()       # --weights auto, or one that conflicts, before loading
         check_spec(spec)
         opts = SessionOptions(mode=mode, nvml=nvml, out_dir=out_dir, ncu_path=ncu_path,
                               ncu=NcuOptions(launch_skip, launch_count, metric_set=ncu_metrics), top=top,
@@ -146,31 +147,33 @@ def render(r: dict) -> None:
         f"ceilings {_rate(p['mem_gbps'])} GB/s, {_rate(p.get('compute_tflops', p['bf16_tflops']))} TFLOP/s "
         f"({p.get('compute_rate', 'bf16')} matmul; {p['source']}); "
         f"{r['kernel_count']} {unit}")
-    counted = "DRAM" if r["mode"] == "ncu" else "analytic"
+    measured = r["mode"] == "ncu"
+    bytes_note = ("bytes = DRAM" if measured
+                  else "no measured bytes: GB/s and % peak come from the analytic bytes")
     for phase, step in m["steps"].items():
         rows = [x for x in r["ops"] if x["phase"] == phase]
-        output.table(
+        _table(
             f"{phase}: batch {step['batch']} × {step['new_tokens']} new tokens after "
-            f"{step['cached_tokens']} cached — per op (top offenders first; bytes = {counted}; "
-            "% peak = bandwidth or compute, the higher)",
+            f"{step['cached_tokens']} cached — per op (top offenders first: time ms − floor ms, largest "
+            f"first; {bytes_note}; % peak = bandwidth or compute, the higher)",
             ["op", unit, "time ms", "bytes", "GB/s", "TFLOP/s", "% peak BW", "% peak", "analytic bytes",
              "floor ms", "bytes gap", "time/floor"],
             [[x["op"], x["kernels"], _ms(x["time_s"]),
               None if x["dram_bytes"] is None else human_bytes(x["dram_bytes"]),
               x["achieved_gbps"], x.get("achieved_tflops"), x["pct_of_peak_bw"], x.get("pct_of_peak"),
               human_bytes(x["analytic_bytes"]), _ms(x["floor_s"]), _gap(x["bytes_ratio"]), x["time_over_floor"]]
-             for x in rows])
-        _render_layers(phase, [x for x in r.get("layers", []) if x["phase"] == phase], unit, r["mode"] == "ncu")
-    order = ("time beyond the bytes' bandwidth floor" if r["mode"] == "ncu"
+             for x in rows], () if measured else TORCH_UNFILLED_OP_COLUMNS)
+        _render_layers(phase, [x for x in r.get("layers", []) if x["phase"] == phase], unit, measured)
+    order = ("time beyond the bytes' bandwidth floor" if measured
              else "most time first; torch.profiler measures no bytes")
-    output.table(
+    _table(
         f"{unit} (top offenders: {order})",
         ["kernel" if unit == "kernels" else "aten op", "phase", "op", "n", "time ms", "DRAM", "GB/s",
          "% peak BW", "SM %", "mem/DRAM %", "floor ms"],
         [[x["name"][:60], x["phase"], x["op"], x["count"], _ms(x["time_s"]),
           None if x["dram_bytes"] is None else human_bytes(x["dram_bytes"]),
           x["achieved_gbps"], x["pct_of_peak_bw"], x["sm_pct"], x["mem_pct"], _ms(x["floor_s"])]
-         for x in r["kernels"]])
+         for x in r["kernels"]], () if measured else TORCH_UNFILLED_KERNEL_COLUMNS)
     if r.get("nvml"):
         n = r["nvml"]
         parts = [f"{k} {v['min']:.0f}..{v['max']:.0f}" for k, v in n.items() if isinstance(v, dict)]
@@ -178,6 +181,17 @@ def render(r: dict) -> None:
                             f"; throttle reasons: {', '.join(n['throttle_reasons']) or 'none'}")
     if "elapsed_s" in r:
         output.stdout.print(f"finished in {r['elapsed_s']:.1f} s; files in {r['out_dir']}")
+
+
+# what a torch.profiler profile never fills (no DRAM bytes or counters): left out of its text tables,
+# kept (null) in --json
+TORCH_UNFILLED_OP_COLUMNS = ("bytes", "bytes gap")
+TORCH_UNFILLED_KERNEL_COLUMNS = ("DRAM", "GB/s", "% peak BW", "SM %", "mem/DRAM %", "floor ms")
+
+
+def _table(title: str, columns: list[str], rows: list[list], unfilled: tuple[str, ...]) -> None:
+    keep = [i for i, c in enumerate(columns) if c not in unfilled]
+    output.table(title, [columns[i] for i in keep], [[row[i] for i in keep] for row in rows])
 
 
 def _render_layers(phase: str, rows: list[dict], unit: str, measured_bytes: bool) -> None:

@@ -21,7 +21,7 @@ def salactl(*args):
 
 
 def record(label, phase, concurrency, **metrics):
-    return {"schema_version": 1, "kind": "sweep", "run_id": f"{label}-{concurrency}", "label": label,
+    return {"schema_version": 1, "kind": "bench", "run_id": f"{label}-{concurrency}", "label": label,
             "profile": "serving", "phase": phase, "target": "embedded", "model": "sala-nano", **metrics,
             "knobs": {"max_concurrency": concurrency, "weights": label.split("+")[0], "seed": 0},
             "env": {"gpu": "NVIDIA H200", "git_sha": "0123abc", "torch": "2.11.0"}}

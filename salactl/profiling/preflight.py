@@ -119,6 +119,7 @@ def check_spec(spec: ProfileSpec) -> None:
 
     device = resolve_device(spec.device)
     config = model_config(spec.model, spec.random_weights)
+    spec = spec.with_checkpoint_weights()          # a Python caller's weights="auto", as the CLI resolves it
     quantized = model_quantization(spec.model, spec.random_weights) is not None
     dtype = resolve_dtype(spec.dtype, device)
     check_layers(spec, config)

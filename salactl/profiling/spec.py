@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from salactl.errors import UsageError
+from salactl.errors import ConfigError, UsageError
 
 PHASES = ("prefill", "decode")
-WEIGHTS = ("bf16", "w4a16", "w8a16")
+WEIGHTS = ("auto", "bf16", "w4a16", "w8a16")     # auto: a GPTQ checkpoint's own format, else bf16
 KV_DTYPES = ("auto", "bf16", "fp8_e4m3", "fp8_e5m2")
 BACKENDS = ("auto", "engine", "reference")
 MAX_WARMUP = 100        # each warm-up step repeats the profiled one; more than a few only waits
@@ -44,7 +44,7 @@ class ProfileSpec:
     batch: int = 1
     context: int = 4096          # tokens in the cache before the decode step / prompt length
     chunk_size: int = 512        # prefill: the profiled chunk is the prompt's last one
-    weights: str = "bf16"
+    weights: str = "auto"        # with_checkpoint_weights() resolves it before the model loads
     kv_cache_dtype: str = "auto"
     device: str = "auto"
     dtype: str = "auto"
@@ -76,6 +76,23 @@ class ProfileSpec:
         if self.layers is not None and ((not self.layers and not self.lm_head)
                                         or (self.layers and min(self.layers) < 0)):
             raise UsageError("--layers needs layer indices >= 0 (and/or lm_head)")
+
+    def with_checkpoint_weights(self) -> "ProfileSpec":
+        """This spec with `weights` the model's: auto becomes a GPTQ checkpoint's own format (w4a16,
+        w8a16), else bf16 (unquantized, in --dtype); an explicit value a GPTQ checkpoint cannot run
+        is a ConfigError. Reads the checkpoint's quantization_config only, no weights."""
+        from salactl.quant.loading import parse_quant_config
+        from salactl.runtime.loader import model_quantization
+
+        qc = model_quantization(self.model, self.random_weights)
+        own = None if qc is None else f"w{parse_quant_config(qc)['bits']}a16"
+        if self.weights == "auto":
+            return replace(self, weights=own or "bf16")
+        if own and self.weights != own:
+            raise ConfigError(f"{self.model} is a {own.upper()} GPTQ checkpoint, which runs only as its own "
+                              f"weights; drop --weights {self.weights} (auto reads the checkpoint's format) "
+                              f"or pass --weights {own}")
+        return self
 
     @property
     def scopes(self) -> tuple[str, ...] | None:

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import torch
 
-from salactl.errors import ConfigError
 from salactl.profiling.analytic import scoped_costs, sum_scopes
 from salactl.profiling.preflight import check_backend, check_layers
 from salactl.profiling.ranges import add_layer_ranges
@@ -104,13 +103,11 @@ def _sequences(config, device, dtype, batch: int, cached: int, new: int, seed: i
 
 
 def build(spec: ProfileSpec) -> Workload:
+    spec = spec.with_checkpoint_weights()
     lm = load_model(spec.model, spec.device, spec.dtype, spec.random_weights, spec.seed)
     model, config = lm.model, lm.config
     check_layers(spec, config)
-    quantized = quantized_as(model)
-    if quantized and spec.weights != quantized:
-        raise ConfigError(f"{spec.model} is a {quantized.upper()} checkpoint; pass --weights {quantized}")
-    if not quantized and spec.weights != "bf16":
+    if not quantized_as(model) and spec.weights != "bf16":
         model = quantize_rtn_in_memory(model, config, bits=QUANTIZED_BITS[spec.weights])
     device = model.device
     dtype = model.model.embed_tokens.weight.dtype
