@@ -47,10 +47,10 @@ class GenerationResult:
 
     prompt_token_ids: the ids that ran (ints). output_token_ids: the sampled ids, including the
     stop/EOS token that ended generation, if one did (Tokenizer.decode drops special tokens).
-    finish_reason: "length" (max_new_tokens reached), "stop" (a stop or EOS id was sampled); the
-    GPU engine adds "abort" (GPUEngine.abort) and "error" (its step raised). ttft_s: wall seconds
-    from the start of prefill to the first sampled token; None when no token was sampled
-    (max_new_tokens=0, or aborted before one)."""
+    finish_reason: "length" (max_new_tokens reached), "stop" (a stop or EOS id was sampled, or
+    on_token returned True, as for a stop string); the GPU engine adds "abort" (GPUEngine.abort)
+    and "error" (its step raised). ttft_s: wall seconds from the start of prefill to the first
+    sampled token; None when no token was sampled (max_new_tokens=0, or aborted before one)."""
 
     prompt_token_ids: list[int]
     output_token_ids: list[int]
@@ -81,6 +81,13 @@ def check_prompt(prompt, vocab_size: int) -> list[int]:
         if not 0 <= t < vocab_size:
             raise UsageError(f"prompt token id {t} is outside the vocabulary (size {vocab_size})")
     return [int(t) for t in ids]
+
+
+def ending_token_ids(config, params: SamplingParams, eos_ids=()) -> frozenset[int]:
+    """The ids that end a generation: params.stop_token_ids and, unless params.ignore_eos, the
+    model's config.eos_token_id and `eos_ids`."""
+    eos = frozenset() if params.ignore_eos else frozenset(eos_ids) | frozenset(config.eos_token_id)
+    return frozenset(params.stop_token_ids) | eos
 
 
 def warn_model_limits(config, prompt_tokens: int, max_new_tokens: int) -> None:
@@ -180,7 +187,7 @@ class Engine:
         return self._generate(prompt, params, eos_ids, lambda _result: None)
 
     def generate(self, prompt, params: SamplingParams | None = None, eos_ids=(),
-                 on_token: Callable[[int], None] | None = None,
+                 on_token: Callable[[int], bool | None] | None = None,
                  prefill_progress: Callable[[int, int], None] | None = None) -> GenerationResult:
         """Generate for one prompt and return its GenerationResult.
 
@@ -188,12 +195,13 @@ class Engine:
         params: SamplingParams (None = the defaults: greedy, 64 new tokens). eos_ids: an int or
         ints that also end generation unless params.ignore_eos (stop_token_ids() gives the set
         `salactl run` uses; config.eos_token_id always applies). on_token(id): called with each
-        token as it is sampled. prefill_progress(done, total): called after each prefill chunk."""
+        token as it is sampled; returning True ends generation after that token with finish_reason
+        "stop" (how a stop string ends it: GeneratedText.stopped). prefill_progress(done, total):
+        called after each prefill chunk."""
         prompt, params, eos_ids = self._check_request(prompt, params, eos_ids)
         box: list[GenerationResult] = []
-        for tok in self._generate(prompt, params, eos_ids, box.append, prefill_progress):
-            if on_token:
-                on_token(tok)
+        for _ in self._generate(prompt, params, eos_ids, box.append, prefill_progress, on_token):
+            pass
         return box[0]
 
     def _check_request(self, prompt, params, eos_ids):
@@ -203,11 +211,10 @@ class Engine:
         warn_model_limits(self.config, len(prompt), params.max_new_tokens)
         return prompt, params, eos_ids
 
-    def _generate(self, prompt, params, eos_ids, deliver, prefill_progress=None):
+    def _generate(self, prompt, params, eos_ids, deliver, prefill_progress=None, on_token=None):
         """The tokens of one generation, its GenerationResult to `deliver` at the end; the
-        arguments are checked already (_check_request)."""
-        eos = set() if params.ignore_eos else set(eos_ids) | set(self.config.eos_token_id)
-        stops = set(params.stop_token_ids) | eos
+        arguments are checked already (_check_request). on_token: as generate() takes it."""
+        stops = ending_token_ids(self.config, params, eos_ids)
         gen = None
         if params.temperature > 0:
             gen = torch.Generator(device=self.device).manual_seed(params.seed if params.seed is not None else 0)
@@ -231,7 +238,8 @@ class Engine:
         while len(out) < params.max_new_tokens:
             out.append(tok)
             yield tok
-            if tok in stops:
+            asked_to_stop = on_token is not None and on_token(tok) is True
+            if tok in stops or asked_to_stop:
                 finish = "stop"
                 break
             if len(out) == params.max_new_tokens:

@@ -1,11 +1,14 @@
 """Incremental detokenization: generated ids to text increments whose concatenation equals
-`Tokenizer.decode(all ids)`, decoding only a short window of recent ids (HF TextStreamer / vLLM)."""
+`Tokenizer.decode(all ids)`, decoding only a short window of recent ids (HF TextStreamer / vLLM);
+GeneratedText ends that text at stop strings and stop ids, as vLLM does."""
 
 from __future__ import annotations
 
 import codecs
 import json
 import re
+
+from salactl.errors import UsageError
 
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
@@ -107,3 +110,77 @@ class StreamDecoder:
         if rest:
             self._chunks.append(rest)
         return rest
+
+
+def check_stop_strings(stop) -> tuple[str, ...]:
+    """Stop strings as a tuple; an empty one (it would match at once) or one that is not text is a
+    UsageError."""
+    stop = (stop,) if isinstance(stop, str) else tuple(stop)
+    for s in stop:
+        if not isinstance(s, str) or not s:
+            raise UsageError(f"stop strings (--stop) must be non-empty text, got {s!r}")
+    return stop
+
+
+class GeneratedText:
+    """A generation's text as vLLM returns it (include_stop_str_in_output=False), built id by id
+    through a StreamDecoder:
+    - it ends before the first of the `stop` strings to appear (`stop_reason` then names it; on a
+      tie, the first listed), and the caller ends generation once `stopped`;
+    - the text of an id in `stop_ids` (the EOS or stop id that ended generation) is left out; the
+      id itself stays in the output ids;
+    - push() returns the text that can be shown now, holding back the last len(longest stop) - 1
+      characters, which the next ids may turn into a stop string; flush() returns the rest.
+    `text` is all that push() and flush() returned.
+
+        text = GeneratedText(tokenizer, stop=["\\n\\n"], stop_ids=eos_ids)
+        for t in engine.stream(ids, params, eos_ids=eos_ids):
+            print(text.push(t), end="")
+            if text.stopped:
+                break
+        print(text.flush())"""
+
+    def __init__(self, tokenizer, stop=(), stop_ids=()):
+        self.stop = check_stop_strings(stop)
+        self.stop_ids = frozenset(stop_ids)
+        self.stop_reason: str | None = None
+        self._decoder = StreamDecoder(tokenizer)
+        self._hold = max(map(len, self.stop), default=1) - 1
+        self._text = ""            # the settled text, cut before the stop string once one appeared
+        self._shown = 0            # characters of it returned so far
+
+    @property
+    def stopped(self) -> bool:
+        return self.stop_reason is not None
+
+    @property
+    def text(self) -> str:
+        return self._text[:self._shown]
+
+    def push(self, token_id: int) -> str:
+        """Add one generated id; returns the text that can be shown now (often "")."""
+        if self.stopped or token_id in self.stop_ids:
+            return ""
+        self._append(self._decoder.push(token_id))
+        return self._show(0 if self.stopped else self._hold)
+
+    def flush(self) -> str:
+        """The text not shown yet, at the end of the generation."""
+        if not self.stopped:
+            self._append(self._decoder.flush())
+        return self._show(0)
+
+    def _append(self, new: str) -> None:
+        if not new:
+            return
+        start = max(len(self._text) - self._hold, 0)       # a stop string not found before ends in `new`
+        self._text += new
+        found = [(i, s) for s in self.stop if (i := self._text.find(s, start)) >= 0]
+        if found:
+            index, self.stop_reason = min(found, key=lambda hit: hit[0])
+            self._text = self._text[:index]
+
+    def _show(self, hold: int) -> str:
+        end = max(len(self._text) - hold, self._shown)
+        new, self._shown = self._text[self._shown:end], end
+        return new

@@ -61,6 +61,20 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from salactl import __version__
+
+        print(f"salactl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                       help="Print salactl's version and exit.")) -> None:
+    pass
+
+
 def _register() -> None:
     from salactl import cmd_bench, cmd_eval, cmd_info, cmd_profile, cmd_quantize, cmd_report, cmd_run, cmd_sweep
 

@@ -46,7 +46,13 @@ def run(
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the checkpoint's chat "
                                              "template (ChatML when it has none), as HF apply_chat_template.")] = False,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Keep generating past end-of-sequence tokens.")] = False,
-    out: Annotated[Optional[Path], typer.Option("--out", metavar="<path>", parser=non_empty_path("--out", "a directory"), help="Append prefill/decode records to DIR/records.jsonl.")] = None,
+    stop: Annotated[Optional[list[str]], typer.Option("--stop", metavar="<str>", help="End generation once the "
+                    "generated text contains this string (repeatable). As in vLLM, the text printed and returned "
+                    "ends before it, and finish_reason is stop.")] = None,
+    stop_token_ids: Annotated[Optional[str], typer.Option("--stop-token-ids", metavar="<ids>", help="Token ids "
+                              "that end generation as EOS does, e.g. 1,2 (also with --ignore-eos): the id is the "
+                              "last of output_token_ids, its text is not printed, finish_reason is stop.")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", metavar="<path>", parser=non_empty_path("--out", "a directory"), help="Append prefill/decode records to DIR/records.jsonl.")] = None,
     label: Annotated[Optional[str], typer.Option("--label", help="A name for this run in the --out records.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -56,6 +62,12 @@ def run(
     output.directory_option(out, files=("records.jsonl",))
     if out is None:
         refuse_unused(passed(ctx, "label"), "the records written to --out", "add --out DIR, or drop {it}")
+    if temperature == 0:
+        refuse_unused(passed(ctx, "top_p", "top_k"), "sampling (--temperature > 0), not greedy decoding",
+                      "add --temperature T, or drop {it}")
+        if not random_weights:
+            refuse_unused(passed(ctx, "seed"), "--random-weights and sampling (--temperature > 0), neither "
+                          "of which runs", "drop {it}")
     given = [x is not None for x in (prompt, prompt_ids, prompt_file)]
     if sum(given) != 1:
         raise UsageError("give exactly one of --prompt, --prompt-ids or --prompt-file")
@@ -65,6 +77,7 @@ def run(
                      model=model, random_weights=random_weights, seed=seed, device=device, dtype=dtype,
                      tokenizer=tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,
                      top_p=top_p, top_k=top_k, chunk_size=chunk_size, chat=chat, ignore_eos=ignore_eos,
+                     stop=tuple(stop or ()), stop_token_ids=_stop_token_ids(stop_token_ids),
                      kv_cache_dtype=kv_cache_dtype, op_profile=op_profile)
     last_text = [""]
 
@@ -97,7 +110,13 @@ def run(
     render(result)
 
 
+def _stop_token_ids(text: str | None) -> tuple[int, ...]:
+    return () if text is None else tuple(parse_list(text, "--stop-token-ids", minimum=0, dedupe=True))
+
+
 def render(r: dict) -> None:
+    from salactl.run_job import OP_TIMES_NOT_MEASURED
+
     output.stdout.print(
         f"model {r['model']} on {r['device']} ({r['dtype']}): prompt {len(r['prompt_token_ids'])} tok, "
         f"generated {len(r['output_token_ids'])} tok ({r['finish_reason']})")
@@ -108,21 +127,32 @@ def render(r: dict) -> None:
     output.stdout.print(f"ceilings: {p['mem_gbps']:.0f} GB/s, {p['compute_tflops']:.2g} TFLOP/s "
                         f"({p['compute_rate']} matmul; {p['source']})")
     if r.get("timing"):
-        output.stdout.print(f"times: phases from {r['timing']['phase_times']}; per op from {r['timing']['op_times']}")
+        op_times = r["timing"]["op_times"]
+        per_op = f"per op {op_times}" if op_times == OP_TIMES_NOT_MEASURED else f"per op from {op_times}"
+        output.stdout.print(f"times: phases from {r['timing']['phase_times']}; {per_op}")
     for phase in ("prefill", "decode"):
         rows = r["roofline"][phase]
         if not rows:
             continue
+        span = _phase_span(phase, rows[-1]["steps"], len(r["prompt_token_ids"]))
         output.table(
-            f"{phase} roofline",
+            f"{phase} roofline: totals over {span}",
             ["op", "bytes", "FLOPs", "time ms", "GB/s", "TFLOP/s", "% peak", "floor ms"],
             [[x["op"], human_bytes(x["bytes"]), float(x["flops"]),   # 1.65e+07, not every digit
               None if x["time_s"] is None else x["time_s"] * 1e3, x["achieved_gbps"],
               x["achieved_tflops"], x["pct_of_peak"], x["floor_s"] * 1e3] for x in rows])
         tot = rows[-1]
         if tot["time_s"]:
-            output.stdout.print(f"{phase}: {tot['time_s'] / tot['floor_s']:.1f}x the floor "
-                                f"({tot['floor_s'] * 1e3:.2f} ms)")
+            per_token = f", {tot['floor_s'] / tot['steps'] * 1e3:.2f} ms/token" if phase == "decode" else ""
+            output.stdout.print(f"{phase} ({span}): {tot['time_s'] / tot['floor_s']:.1f}x the floor "
+                                f"({tot['floor_s'] * 1e3:.2f} ms total{per_token})")
+
+
+def _phase_span(phase: str, steps: int, prompt_tokens: int) -> str:
+    """What a phase's roofline totals add up: "2 chunks, 900 tokens" or "23 steps"."""
+    if phase == "prefill":
+        return f"{steps} chunk{'s' * (steps != 1)}, {prompt_tokens} tokens"
+    return f"{steps} step{'s' * (steps != 1)}"
 
 
 def register(app: typer.Typer) -> None:

@@ -82,12 +82,12 @@ def test_sweep_takes_the_kv_cache_dtype_flag_of_run_and_bench(flag, tmp_path, ca
     assert code == 2 and "--kv-cache-dtype 'fp16' is not supported" in err and not (tmp_path / "sw").exists()
 
 
-def test_top_p_or_top_k_without_temperature_is_warned(capsys):
+def test_top_p_or_top_k_without_temperature_is_refused(capsys):
     code, out, err = run_cli(["run", "--prompt", "hi", "--max-new-tokens", "1", "--top-p", "0.5", "--json"], capsys)
-    assert code == 0 and "greedy decoding ignores them" in err
+    assert code == 2 and out == "" and "--top-p applies to sampling (--temperature > 0)" in err
     code, out, err = run_cli(["run", "--prompt", "hi", "--max-new-tokens", "1", "--top-p", "0.5",
                               "--temperature", "0.7", "--json"], capsys)
-    assert code == 0 and "ignores them" not in err
+    assert code == 0 and "--top-p" not in err
 
 
 def test_shared_option_helps_say_what_the_options_do(capsys):

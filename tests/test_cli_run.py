@@ -1,6 +1,7 @@
 """`salactl run` / `salactl info` through the real console entry point."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +56,9 @@ def test_run_json_with_text_prompt(ckpt):
     assert isinstance(out["text"], str) and out["ttft_s"] > 0 and out["decode_tok_s"] > 0
     ops = [row["op"] for row in out["roofline"]["decode"]]
     assert ops == ["qkv", "attention", "gla", "gates", "o_proj", "mlp", "lm_head", "other", "total"]
+    # every row is a total over the phase's steps, and says over how many
+    assert {row["steps"] for row in out["roofline"]["decode"]} == {5}
+    assert {row["steps"] for row in out["roofline"]["prefill"]} == {1}
     row = out["roofline"]["prefill"][0]
     assert {"op", "bytes", "flops", "time_s", "achieved_gbps", "pct_of_peak"} <= set(row)
     assert out["peaks"]["mem_gbps"] > 0 and out["device"] == "cpu"
@@ -62,7 +66,8 @@ def test_run_json_with_text_prompt(ckpt):
     # which GLA prefill ran (README: `run --json`'s gla_prefill): the reference on CPU
     assert out["gla_prefill"] == "reference"
     assert out["sampling"] == {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "max_new_tokens": 6,
-                               "ignore_eos": True}
+                               "ignore_eos": True, "stop": [], "stop_token_ids": []}
+    assert out["finish_reason"] == "length" and out["stop_reason"] is None
     assert "fla_core" in out["env"] and out["env"]["fla_core"] == _fla_core_version()
 
 
@@ -105,9 +110,30 @@ def test_run_without_decode_steps_prints_a_dash(ckpt, n):
 
 def test_run_human_output_has_roofline(ckpt):
     r = salactl("run", "--model", str(ckpt), "--prompt-ids", "1,5,9,12", "-n", "4", "--device", "cpu",
-                "--temperature", "0.8", "--top-p", "0.9", "--seed", "3")
+                "--temperature", "0.8", "--top-p", "0.9", "--seed", "3", "--ignore-eos")
     assert r.returncode == 0, r.stderr
-    assert "TTFT" in r.stdout and "decode roofline" in r.stdout and "tok/s" in r.stdout and "x the floor" in r.stdout
+    assert "TTFT" in r.stdout and "tok/s" in r.stdout
+    # the roofline is a sum over the phase's steps: the tables and floor lines say so, with the
+    # decode floor per token beside it (comparable to the TPOT)
+    assert "prefill roofline: totals over 1 chunk, 4 tokens" in r.stdout
+    assert "decode roofline: totals over 3 steps" in r.stdout
+    assert re.search(r"^prefill \(1 chunk, 4 tokens\): [\d.]+x the floor \([\d.]+ ms total\)$", r.stdout, re.M)
+    assert re.search(r"^decode \(3 steps\): [\d.]+x the floor \([\d.]+ ms total, [\d.]+ ms/token\)$",
+                     r.stdout, re.M)
+
+
+def test_no_op_profile_says_per_op_times_are_not_measured(ckpt):
+    r = salactl("run", "--model", str(ckpt), "--prompt-ids", "1,5,9", "-n", "2", "--device", "cpu",
+                "--ignore-eos", "--no-op-profile")
+    assert r.returncode == 0, r.stderr
+    assert "times: phases from the timed generation; per op not measured (--no-op-profile)" in r.stdout
+
+
+def test_version():
+    import salactl as package
+
+    r = salactl("--version")
+    assert r.returncode == 0 and r.stdout == f"salactl {package.__version__}\n" and r.stderr == ""
 
 
 @pytest.mark.parametrize("args,code,msg", [
@@ -118,7 +144,16 @@ def test_run_human_output_has_roofline(ckpt):
     pytest.param(["--prompt-ids", "1", "--device", "cuda"], 6, "no CUDA GPU",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is here")),
     (["--prompt-ids", "1", "--dtype", "int3"], 2, "dtype (--dtype) 'int3' is unknown"),
-    (["--prompt-ids", "1", "--top-p", "2"], 2, "top_p (--top-p) must be in"),
+    (["--prompt-ids", "1", "--top-p", "2", "-t", "1"], 2, "top_p (--top-p) must be in"),
+    # options greedy decoding would ignore, whatever their value (README: ignored options are refused)
+    (["--prompt-ids", "1", "--top-p", "0.9"], 2, "--top-p applies to sampling (--temperature > 0)"),
+    (["--prompt-ids", "1", "--top-k", "5", "--top-p", "1"], 2, "--top-p, --top-k apply to sampling"),
+    (["--prompt-ids", "1", "--seed", "7"], 2, "--seed applies to --random-weights and sampling"),
+    (["--prompt-ids", "1", "--seed", "7", "-t", "0"], 2, "--seed applies to --random-weights and sampling"),
+    (["--prompt-ids", "1", "--stop", ""], 2, "stop strings (--stop) must be non-empty text, got ''"),
+    (["--prompt-ids", "1", "--stop-token-ids", "3,-1"], 2, "--stop-token-ids values must be >= 0, got -1"),
+    (["--prompt-ids", "1", "--stop-token-ids", "3,x"], 2, "--stop-token-ids takes comma-separated integers"),
+    (["--prompt-ids", "1", "--stop-token-ids", "512"], 2, "--stop-token-ids: 512 is outside the vocabulary"),
     (["--prompt-ids", "1", "--label", "x"], 2, "--label applies to the records written to --out"),
 ])
 def test_bad_input_one_line_errors(ckpt, args, code, msg):
@@ -212,6 +247,8 @@ def test_run_records_render_in_latency_report(ckpt, tmp_path):
     # SGLang's meaning: output tokens over the whole request; the decode-phase rate is decode_tok_s
     assert dec["duration"] == pytest.approx(records[0]["duration"] + 2 / dec["decode_tok_s"])
     assert dec["output_throughput"] == pytest.approx(3 / dec["duration"])
+    # and says so under SGLang's name for that span, next to the decode phase's own rate
+    assert dec["mean_e2e_latency_ms"] == dec["median_e2e_latency_ms"] == pytest.approx(dec["duration"] * 1e3)
     assert all("fla_core" in x["env"] and x["env"]["fla_core"] == _fla_core_version() for x in records)
     r = salactl("report", "latency", str(runs / "records.jsonl"), "--out", str(tmp_path / "rep"))
     assert r.returncode == 0, r.stderr
@@ -219,3 +256,63 @@ def test_run_records_render_in_latency_report(ckpt, tmp_path):
     assert "first" in md and "second" in md and "decode" in md
     r = salactl("run", "--model", str(ckpt), "--prompt-ids", "1", "--out", str(runs / "records.jsonl"))
     assert r.returncode == 2 and "is a file" in r.stderr
+
+
+def test_seed_with_random_weights_is_used_by_greedy_decoding(ckpt):
+    r = salactl("run", "--model", str(ckpt), "--random-weights", "--seed", "7", "--prompt-ids", "1", "-n", "1",
+                "--device", "cpu", "--json")
+    assert r.returncode == 0, r.stderr
+
+
+def test_stop_needs_a_tokenizer_to_match_text(tmp_path):
+    cfg = tiny_config()
+    bare = save_checkpoint(random_state_dict(cfg, "cpu", torch.bfloat16, 0), cfg.to_hf_dict(), tmp_path / "m")
+    r = salactl("run", "--model", str(bare), "--prompt-ids", "1,2", "--stop", "x", "--device", "cpu")
+    assert r.returncode == 5 and "--stop matches the generated text, which needs a tokenizer" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+# ---- --stop / --stop-token-ids on sala-nano, whose greedy text is real words ------------------------
+NANO_RUN = ["run", "--prompt", "def f(x):", "-n", "16", "--device", "cpu", "--ignore-eos"]
+
+
+@pytest.fixture(scope="module")
+def nano_free_run():
+    """sala-nano's greedy output for the prompt, without any stop: (output ids, tokenizer)."""
+    from salactl.runtime.loader import EMBEDDED_DIR
+    from salactl.runtime.tokenizer import Tokenizer
+
+    r = salactl(*NANO_RUN, "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["output_token_ids"], Tokenizer(EMBEDDED_DIR)
+
+
+def test_stop_string_ends_the_text_before_it_as_vllm(nano_free_run):
+    ids, tok = nano_free_run
+    free = tok.decode(ids)
+    cut = len(tok.decode(ids[:4]))
+    stop = free[cut - 2:cut + 3]                  # across a token boundary: the stream must hold it back
+    want = free[:free.find(stop)]
+    ends = next(k for k in range(1, len(ids) + 1) if stop in tok.decode(ids[:k]))
+    r = salactl(*NANO_RUN, "--stop", stop, "--stop", "never in it", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["text"] == want and out["finish_reason"] == "stop" and out["stop_reason"] == stop
+    assert out["output_token_ids"] == ids[:ends] and out["sampling"]["stop"] == [stop, "never in it"]
+    r = salactl(*NANO_RUN, "--stop", stop)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(want + "\n\nmodel ") and f"generated {ends} tok (stop)" in r.stdout
+
+
+def test_stop_token_ids_end_generation_as_eos_and_hide_their_text(nano_free_run):
+    ids, tok = nano_free_run
+    at = next(i for i in range(2, len(ids)) if ids[i] not in ids[:i] and tok.decode(ids[i:i + 1]).strip())
+    r = salactl(*NANO_RUN, "--stop-token-ids", f"{ids[at]},0", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["output_token_ids"] == ids[:at + 1] and out["text"] == tok.decode(ids[:at])
+    assert out["finish_reason"] == "stop" and out["stop_reason"] == ids[at]
+    assert out["sampling"]["stop_token_ids"] == [ids[at], 0]
+    r = salactl(*NANO_RUN, "--stop-token-ids", str(ids[at]))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(tok.decode(ids[:at]) + "\n\nmodel ")

@@ -175,21 +175,33 @@ class GPUEngine:
         return req
 
     def generate(self, prompt, params: SamplingParams | None = None, eos_ids=(),
-                 on_token: Callable[[int], None] | None = None,
+                 on_token: Callable[[int], bool | None] | None = None,
                  prefill_progress: Callable[[int, int], None] | None = None) -> GenerationResult:
         """Engine.generate's contract for one request: generate until it finishes and return its
-        GenerationResult; on_token(id) is called with each of its tokens as it is sampled and
+        GenerationResult; on_token(id) is called with each of its tokens as it is sampled
+        (returning True ends the request after that token, finish_reason "stop") and
         prefill_progress(done, total) after each step that prefilled part of its prompt. Other
         requests submitted to the engine advance in the same steps (and may still be running)."""
         req = self._submit(prompt, params, eos_ids)
         try:
-            for tok in self._tokens(req, prefill_progress):
-                if on_token:
-                    on_token(tok)
+            for kept, tok in enumerate(self._tokens(req, prefill_progress), 1):
+                if on_token and on_token(tok) is True:
+                    self._stop_after(req, kept)
+                    break
         except BaseException:            # an error, or Ctrl-C: stop the request, keep nothing
             self._drop([req.rid])
             raise
         return self.result(req.rid)
+
+    @_serialised
+    def _stop_after(self, req: Request, kept: int) -> None:
+        """Finish the request as "stop" after its first `kept` tokens (its on_token asked to), dropping
+        any sampled since: one step may sample two, or another caller's step may have run it on."""
+        if req.finish_reason is None:
+            self.abort(req.rid, "stop")
+        elif req.finish_reason == "length":         # its last token ended the text as well
+            req.finish_reason = "stop"
+        del req.output[kept:]
 
     def stream(self, prompt, params: SamplingParams | None = None, eos_ids=()) -> Iterator[int]:
         """Engine.stream's contract for one request: its token ids, each as soon as it is sampled.
