@@ -138,12 +138,17 @@ def measure(device: torch.device) -> Peaks:
 
 
 def store_measurement(name: str, entry: dict) -> None:
-    """Add or replace `name`'s entry in the cache (invalid entries are dropped); a write that
-    fails is a usage error naming the cache file."""
+    """Add or replace `name`'s entry in the cache (invalid entries are dropped), under a lock so
+    that two devices stored at once both stay; a write that fails is a usage error naming the
+    cache file."""
+    from salactl.bench.records import exclusive_lock
+
     path = cache_path()
-    data = load_measured(warn=False)
-    data[name] = entry
     try:
-        write_atomic(path, json.dumps(data, indent=2))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with exclusive_lock(path.with_name(path.name + ".lock"), remove=True):
+            data = load_measured(warn=False)
+            data[name] = entry
+            write_atomic(path, json.dumps(data, indent=2))
     except OSError as e:
         raise cannot_write(path, e.strerror or str(e)) from e

@@ -62,6 +62,12 @@ class NumericsError(SalactlError):
     exit_code = 15
 
 
+class OutputWriteError(SalactlError):
+    """An output file could not be written (disk full, a file-size limit, a read-only file); what
+    was written is taken back, so no partial output is left."""
+    exit_code = 16
+
+
 class ModelLimitWarning(UserWarning):
     """A request the Python engines run but should flag: past the model's trained length, or
     sparse settings where the forced blocks fill the top-k. The CLI ignores it (it says the same

@@ -70,8 +70,9 @@ def read_text_option(path: Path, name: str, hint: str = "save it as UTF-8") -> s
 def directory_option(path: Path | None, flag: str = "--out", files: tuple[str, ...] = ()) -> Path | None:
     """A directory option's path (None passes), checked before any work starts: a usage error when
     it is a file, lies below a file, cannot be created (no file can be made in the nearest existing
-    directory), or holds a directory where one of `files` must be written (an empty value is
-    refused when the option is parsed: options.non_empty_path)."""
+    directory), holds a directory where one of `files` must be written, or holds one of `files`
+    that cannot be opened for writing (an empty value is refused when the option is parsed:
+    options.non_empty_path)."""
     if path is None:
         return None
     if path.exists() and not path.is_dir():
@@ -83,7 +84,23 @@ def directory_option(path: Path | None, flag: str = "--out", files: tuple[str, .
     taken = next((name for name in files if (path / name).is_dir()), None)
     if taken is not None:
         raise UsageError(f"{flag} {path}: {path / taken} is a directory, where a file must go")
+    for name in files:
+        _probe_appendable(path / name, path, flag)
     return path
+
+
+def _probe_appendable(file: Path, path: Path, flag: str) -> None:
+    """Open `file`, where it exists, for appending and close it: a read-only file (its mode, a
+    read-only bind mount) is found now, not when the results are ready. Non-blocking, so that a
+    FIFO without a reader fails instead of hanging."""
+    try:
+        fd = os.open(file, os.O_WRONLY | os.O_APPEND | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot write {file} ({e.strerror or e}); make it writable or "
+                         f"choose another {flag}") from None
+    os.close(fd)
 
 
 def _probe_writable(existing: Path, path: Path, flag: str) -> None:

@@ -18,12 +18,18 @@ import secrets
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
+try:
+    import fcntl
+except ImportError:         # Windows: no advisory locks, so concurrent writers are not serialised there
+    fcntl = None
+
 from salactl import output
 from salactl.bench.requests import RequestResult
-from salactl.errors import UsageError
+from salactl.errors import OutputWriteError, UsageError
 from salactl.output import jsonable
 from salactl.reports.atomic import write_atomic
 from salactl.reports.records import RECORDS_NAME, SCHEMA_VERSION, decode_records  # noqa: F401 - bench.records.RECORDS_NAME for its writers
@@ -90,9 +96,10 @@ def _deliver(signum: int, handler) -> None:
 
 
 class RecordWriter:
-    """Appends whole lines (one write + fsync per call) so a crash never leaves half a record. A file
-    that ends in a partial line (cut short by something else) gets a line break first, so the new
-    records do not run into the fragment, which stays a damaged line of its own."""
+    """Appends whole lines (one write + fsync per call, under an exclusive lock on the file) so
+    neither a crash, a full disk nor another process's append leaves half a record. A file that ends
+    in a partial line (cut short by something else) gets a line break first, so the new records do
+    not run into the fragment, which stays a damaged line of its own."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -101,26 +108,81 @@ class RecordWriter:
         self.extend([record])
 
     def extend(self, records: list[dict]) -> None:
-        """`records` in one write that no interrupt splits: run's prefill and decode records go together."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        """`records` in one write that no interrupt splits: run's prefill and decode records go
+        together. A write that fails (disk full) is taken back whole: an OutputWriteError."""
         text = "".join(json.dumps(record, sort_keys=False) + "\n" for record in records)
-        with interrupts_deferred(), open(self.path, "a+b") as f:
-            if _ends_in_partial_line(f):
-                fragment_line = self.path.read_bytes().count(b"\n") + 1
-                output.warn_once(f"{self.path} ends in a partial line (line {fragment_line}, a damaged "
-                                 "record); the new records start on the next line")
-                text = "\n" + text
-            f.write(text.encode("utf-8"))
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with interrupts_deferred(), exclusive_lock(self.path), open(self.path, "a+b", buffering=0) as f:
+                size = f.seek(0, os.SEEK_END)
+                if _ends_in_partial_line(f, size):
+                    fragment_line = self.path.read_bytes().count(b"\n") + 1
+                    output.warn_once(f"{self.path} ends in a partial line (line {fragment_line}, a damaged "
+                                     "record); the new records start on the next line")
+                    text = "\n" + text
+                try:
+                    _write_all(f, text.encode("utf-8"))
+                    os.fsync(f.fileno())
+                except OSError:
+                    with contextlib.suppress(OSError):
+                        f.truncate(size)
+                    raise
+        except OSError as e:
+            raise OutputWriteError(f"cannot append to {self.path}: {e.strerror or e}; free space on its disk "
+                                   "or choose another --out") from e
 
 
-def _ends_in_partial_line(f) -> bool:
-    """`f` (opened "a+b") is not empty and its last byte is not a line break."""
-    if f.seek(0, os.SEEK_END) == 0:
+def _ends_in_partial_line(f, size: int) -> bool:
+    """`f` (opened "a+b", `size` bytes long) is not empty and its last byte is not a line break."""
+    if size == 0:
         return False
-    f.seek(-1, os.SEEK_END)
+    f.seek(size - 1)
     return f.read(1) != b"\n"
+
+
+def _write_all(f, data: bytes) -> None:
+    """An unbuffered file's write may take only part of `data` (a file-size limit reached midway)."""
+    view = memoryview(data)
+    while view:
+        view = view[f.write(view):]
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path, wait: bool = True, remove: bool = False) -> Iterator[None]:
+    """Hold flock(LOCK_EX) on `path` (created when missing) for the block, against other processes
+    that lock it. wait=False: BlockingIOError at once when another holds it. remove: delete the file
+    before letting go (a lock file of our own; one that a waiter locked after the delete is noticed
+    and retried on the new file)."""
+    if fcntl is None:
+        yield
+        return
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BaseException:
+            os.close(fd)
+            raise
+        if _names_file(path, fd):
+            break
+        os.close(fd)
+    try:
+        yield
+    finally:
+        if remove:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        os.close(fd)
+
+
+def _names_file(path: Path, fd: int) -> bool:
+    """`path` still names the open file `fd` (no lock holder deleted it meanwhile)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
 
 def read_records(path: Path) -> list[dict]:

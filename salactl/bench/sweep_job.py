@@ -4,7 +4,9 @@ accuracy proxies (logit KL vs dense attention, passkey), one record per point, t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
 PARETO_X = {"e2e": "mean_e2e_latency_ms", "ttft": "mean_ttft_ms", "tpot": "mean_tpot_ms"}
 PARETO_Y = "logit_kl_mean"
 PASSKEY_DEFAULTS = {"passkey_lengths": "512", "passkey_depths": "0.25,0.75", "passkey_trials": 2}
+SWEEP_LOCK = ".salactl-sweep.lock"     # held in --out while a sweep runs, removed when it ends
 
 
 @dataclass(frozen=True)
@@ -221,11 +224,39 @@ def _check_before_loading(s: SweepSettings) -> SweepSettings:
 
 
 def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
+    s = _check_before_loading(s)
+    with _sole_sweep(Path(s.out)):          # from reading the records already there to the summary
+        return _sweep(s, progress)
+
+
+@contextlib.contextmanager
+def _sole_sweep(out: Path) -> Iterator[None]:
+    """Hold `out`'s sweep lock for the block: a second sweep on the same --out is refused (exit 10)
+    instead of measuring the points the first is measuring and writing the same files. The
+    directories this makes are removed again when the sweep leaves nothing in them."""
+    made = [d for d in (out.absolute(), *out.absolute().parents) if not d.exists()]
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(rec.exclusive_lock(out / SWEEP_LOCK, wait=False, remove=True))
+            except BlockingIOError:
+                raise OutputExistsError(f"another sweep is writing {out}; wait for it to end or choose "
+                                        "another --out") from None
+            yield
+    finally:
+        for d in made:                      # innermost first; rmdir refuses a directory with files
+            try:
+                d.rmdir()
+            except OSError:
+                break
+
+
+def _sweep(s: SweepSettings, progress) -> SweepRun:
     from salactl.bench.targets.embedded import DEFAULT_CHUNK, resolve_engine
     from salactl.env import environment
     from salactl.runtime.loader import load_model
 
-    s = _check_before_loading(s)
     depths = parse_list(s.passkey_depths, "--passkey-depths", float)
     lengths = parse_ints(s.passkey_lengths, "passkey-lengths", 512)
     run = SweepRun(rec.new_run_id(), s.label)

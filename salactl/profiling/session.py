@@ -3,17 +3,19 @@ the analytic model, and return the result record (the CLI only parses options an
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 import tempfile
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from salactl import output
-from salactl.errors import DeviceError, ProfilerPermissionError, ToolMissingError, UsageError
+from salactl.errors import DeviceError, OutputWriteError, ProfilerPermissionError, ToolMissingError, UsageError
 from salactl.options import refuse_unused
 from salactl.profiling.ncu_runner import NcuOptions, export_csv, find_ncu, nvtx_includes, run_ncu
 from salactl.profiling.manifest import read_ncu_manifest
@@ -26,6 +28,9 @@ MODES = ("auto", "ncu", "torch")
 # every file a session may write in its directory (--ncu or --torch)
 OUTPUT_FILES = ("result.json", "step.json", "spec.json", "trace.json", "profile.ncu-rep", "profile.csv",
                 "ncu.log")
+PROFILE_LOCK = ".salactl-profile.lock"     # in --out while a profile's files move in
+# a failed write that says the disk (or file system) is the problem, wherever in the session it happens
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,7 @@ class SessionOptions:
     ncu: NcuOptions = NcuOptions()
     top: int = 20
     ncu_given: tuple[str, ...] = ()     # Nsight Compute flags given explicitly: ask for an ncu profile
+    overwrite: bool = False             # --overwrite: replace a profile in out_dir, even one written meanwhile
 
 
 def peaks_for_name(name: str, device_type: str, dtype: str | None) -> dict:
@@ -124,19 +130,42 @@ def run(spec: ProfileSpec, opts: SessionOptions) -> dict:
 
         sampler = NvmlSampler()
     final = opts.out_dir
+    # check_out_dir let an --out holding profile files through only with --overwrite, so files there
+    # mean it was given; where there were none, a profile that appears meanwhile is another process's
+    overwrite = opts.overwrite or any((final / name).is_file() for name in OUTPUT_FILES)
     # staged in --out's nearest existing ancestor (the same filesystem): the parents of --out that
     # do not exist yet are created only when the files move in
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=_nearest_existing(final.parent)))
     try:
-        result = _run(spec, replace(opts, out_dir=staging), mode, sampler)
-        result["out_dir"] = str(final)
-        result["files"] = {k: str(final / Path(v).name) for k, v in result.get("files", {}).items()}
-        result["files"]["result"] = str(final / "result.json")
-        write_json(staging / "result.json", result)
-        replace_profile(staging, final)     # check_out_dir vetted --out before the work
+        with _write_failures_name(final):
+            result = _run(spec, replace(opts, out_dir=staging), mode, sampler)
+            result["out_dir"] = str(final)
+            result["files"] = {k: str(final / Path(v).name) for k, v in result.get("files", {}).items()}
+            result["files"]["result"] = str(final / "result.json")
+            write_json(staging / "result.json", result)
+            replace_profile(staging, final, overwrite)
         return result
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextmanager
+def _write_failures_name(final: Path) -> Iterator[None]:
+    """A full disk while profiling is one OutputWriteError naming --out, not the staging file that
+    the write went to."""
+    try:
+        yield
+    except OutputWriteError as e:
+        raise _cannot_write_profile(final, str(e)) from e
+    except OSError as e:
+        if e.errno not in WRITE_ERRNOS:
+            raise
+        raise _cannot_write_profile(final, e.strerror) from e
+
+
+def _cannot_write_profile(final: Path, cause: str) -> OutputWriteError:
+    return OutputWriteError(f"cannot write the profile in {final}: {cause}; free space on its disk or choose "
+                            "another --out")
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -145,12 +174,24 @@ def _nearest_existing(path: Path) -> Path:
     return path
 
 
-def replace_profile(staging: Path, final: Path) -> None:
+def replace_profile(staging: Path, final: Path, overwrite: bool = True) -> None:
     """Move the files of `staging` into `final`, and out of it every other OUTPUT_FILES name an
     earlier profile left there (an ncu profile's profile.csv beside a new torch one would be
-    imported with the new manifest), all or nothing: when a move fails, `final` is put back."""
-    from salactl.reports.atomic import move_all
+    imported with the new manifest), all or nothing: when a move fails, `final` is put back.
+    Under a lock in `final`, so two profiles ending at once never mix their files; without
+    `overwrite`, a profile found there is refused (OutputExistsError), not replaced."""
+    from salactl.bench.records import exclusive_lock
 
+    final.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(final / PROFILE_LOCK, remove=True):
+        _replace_files(staging, final, overwrite)
+
+
+def _replace_files(staging: Path, final: Path, overwrite: bool) -> None:
+    from salactl.reports.atomic import check_destinations, move_all
+
+    if not overwrite:
+        check_destinations([final / name for name in OUTPUT_FILES], overwrite=False)
     new = {f.name for f in staging.iterdir() if f.is_file()}
     stale = [final / name for name in OUTPUT_FILES if name not in new and (final / name).is_file()]
     aside = staging / "replaced"        # a subdirectory: move_all moves only the files of staging

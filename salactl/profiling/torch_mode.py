@@ -10,6 +10,7 @@ from pathlib import Path
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
+from salactl.errors import OutputWriteError
 from salactl.profiling.step_runner import run_phases
 from salactl.profiling.workload import Workload
 from salactl.reports.atomic import atomic_path
@@ -69,4 +70,7 @@ def profile_torch(w: Workload, trace_path: Path | None) -> tuple[list[KernelSamp
     if trace_path is not None:
         with atomic_path(trace_path) as tmp:
             prof.export_chrome_trace(str(tmp))
+            # torch logs a failed write (a full disk) and returns as if it had written the file
+            if not tmp.is_file() or tmp.stat().st_size == 0:
+                raise OutputWriteError("torch.profiler could not write its Chrome trace (disk full?)")
     return samples, seconds
