@@ -2,17 +2,53 @@
 takes a file name) writes to a temp name beside it and renames that onto it. Several files
 (`write_all`, `move_all`): every destination is checked first, every file goes to a temp name in its
 directory, and only when all are written are they renamed into place; a rename that still fails
-midway puts back what the earlier renames replaced."""
+midway puts back what the earlier renames replaced. Without overwrite, each file is hard-linked into
+place instead, which refuses a file another process wrote meanwhile. A disk that fills up is a
+DiskFullError (exit 16) naming the output, with no temp file left behind.
+
+`exclusive_lock` serialises the writers of one file across processes."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from salactl.errors import OutputExistsError, UsageError
+try:
+    import fcntl
+except ImportError:         # Windows: no advisory locks, so concurrent writers are not serialised there
+    fcntl = None
+
+from salactl.errors import OutputExistsError, OutputWriteError, UsageError
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+NO_HARD_LINKS_ERRNOS = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP)
+
+
+class DiskFullError(OutputWriteError):
+    """An output the disk had no room for (full, over quota, past a file-size limit); `path` and
+    `reason` let a caller that stages its files name the output its own way."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"cannot write {path}: {reason}; free space on its disk or choose another --out")
+        self.path = path
+        self.reason = reason
+
+
+@contextmanager
+def _disk_full_names(path: Path) -> Iterator[None]:
+    """An OSError that says the disk is full becomes a DiskFullError naming `path`; others pass as
+    they are (callers tell, say, a directory in the way from a full disk)."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in DISK_FULL_ERRNOS:
+            raise
+        raise DiskFullError(path, e.strerror) from e
 
 
 def check_out_dir(out: Path, names: tuple[str, ...], overwrite: bool = False, flag: str = "--out") -> Path:
@@ -30,17 +66,25 @@ def check_destinations(paths, overwrite: bool) -> None:
         if path.is_dir():
             raise UsageError(f"{path} is a directory, where a file must go; remove it or choose another --out")
         if path.exists() and not overwrite:
-            raise OutputExistsError(f"{path} already exists; choose another --out or pass --overwrite")
+            raise _already_exists(path)
+
+
+def _already_exists(path: Path) -> OutputExistsError:
+    return OutputExistsError(f"{path} already exists; choose another --out or pass --overwrite")
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
     """One file all-or-nothing: `data` (str as UTF-8, bytes as they are) goes to a temp name beside
     `path`, then is renamed onto it; a failed write leaves `path` as it was and no temp behind."""
     with atomic_path(path) as tmp:
-        if isinstance(data, bytes):
-            tmp.write_bytes(data)
-        else:
-            tmp.write_text(data, encoding="utf-8")
+        _write_data(tmp, data)
+
+
+def _write_data(path: Path, data: str | bytes) -> None:
+    if isinstance(data, bytes):
+        path.write_bytes(data)
+    else:
+        path.write_text(data, encoding="utf-8")
 
 
 @contextmanager
@@ -48,29 +92,31 @@ def atomic_path(path: Path) -> Iterator[Path]:
     """A temp path beside `path` for a writer that takes a file name (a profiler's export, a
     plotting library's savefig); renamed onto `path` when the block ends, removed when it raises."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp{path.suffix}")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with _disk_full_names(path):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            yield tmp
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 def write_all(files: dict[Path, str | bytes], overwrite: bool = True) -> list[Path]:
     files = {Path(p): data for p, data in files.items()}
+    if not files:
+        return []
     check_destinations(files, overwrite)
     temps: list[tuple[Path, Path]] = []
     try:
         for path, data in files.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
             temps.append((tmp, path))
-            if isinstance(data, bytes):
-                tmp.write_bytes(data)
-            else:
-                tmp.write_text(data, encoding="utf-8")
-        _rename_all(temps)
+            with _disk_full_names(path):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                _write_data(tmp, data)
+        with _disk_full_names(next(iter(files)).parent):
+            _place_all(temps, overwrite)
     finally:
         for tmp, _ in temps:
             tmp.unlink(missing_ok=True)
@@ -82,9 +128,50 @@ def move_all(staging: Path, out: Path, overwrite: bool = True) -> list[Path]:
     staging directory beside `out`)."""
     moves = [(f, out / f.name) for f in sorted(staging.iterdir()) if f.is_file()]
     check_destinations([dst for _, dst in moves], overwrite)
-    out.mkdir(parents=True, exist_ok=True)
-    _rename_all(moves)
+    with _disk_full_names(out):
+        out.mkdir(parents=True, exist_ok=True)
+        _place_all(moves, overwrite)
     return [dst for _, dst in moves]
+
+
+def _place_all(temps: list[tuple[Path, Path]], overwrite: bool) -> None:
+    """Give each temp its path, all or none. Without `overwrite`, by hard links, which refuse a path
+    another process wrote since the check (OutputExistsError); where the file system has no hard
+    links, by checking again and renaming."""
+    if overwrite:
+        _rename_all(temps)
+    elif not _link_all(temps):
+        check_destinations([path for _, path in temps], overwrite=False)
+        _rename_all(temps)
+
+
+def _link_all(temps: list[tuple[Path, Path]]) -> bool:
+    """Link every temp to its path and remove the temps; False (nothing placed) where the file
+    system refuses hard links."""
+    linked: list[Path] = []
+    try:
+        for tmp, path in temps:
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                raise _already_exists(path) from None
+            except OSError as e:
+                if e.errno not in NO_HARD_LINKS_ERRNOS:
+                    raise
+                _unlink_all(linked)
+                return False
+            linked.append(path)
+    except BaseException:
+        _unlink_all(linked)
+        raise
+    _unlink_all([tmp for tmp, _ in temps])
+    return True
+
+
+def _unlink_all(paths: list[Path]) -> None:
+    for path in paths:
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 def _rename_all(temps: list[tuple[Path, Path]]) -> None:
@@ -119,3 +206,41 @@ def _backup(path: Path) -> Path | None:
     except OSError:
         shutil.copy2(path, backup)
     return backup
+
+
+@contextmanager
+def exclusive_lock(path: Path, wait: bool = True, remove: bool = False) -> Iterator[None]:
+    """Hold flock(LOCK_EX) on `path` (created when missing) for the block, against other processes
+    that lock it. wait=False: BlockingIOError at once when another holds it. remove: delete the file
+    before letting go (a lock file of our own; one that a waiter locked after the delete is noticed
+    and retried on the new file)."""
+    if fcntl is None:
+        yield
+        return
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BaseException:
+            os.close(fd)
+            raise
+        if _names_file(path, fd):
+            break
+        os.close(fd)
+    try:
+        yield
+    finally:
+        if remove:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        os.close(fd)
+
+
+def _names_file(path: Path, fd: int) -> bool:
+    """`path` still names the open file `fd` (no lock holder deleted it meanwhile)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)

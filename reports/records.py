@@ -72,12 +72,15 @@ def load_records(paths: list[Path]) -> list[dict]:
 
     A known metric that is present but not a finite number (a string, NaN, Infinity) is dropped
     from its record with a warning; a record left without any usable metric is skipped with a
-    warning naming file:line, and an error when no record has one."""
+    warning naming file:line, and an error when no record has one. A line that is not JSON (half a
+    record, cut short by a full disk or a crash) is skipped with one warning per file; when no
+    record is left, the first such line is the error."""
     if not paths:
         raise UsageError("give at least one records file (JSON lines from bench, sweep or run)")
     records: list[dict] = []
     invalid: list[str] = []          # "file:line (metric, ...)": bad values dropped
     unusable: list[str] = []         # "file:line": records without any usable metric
+    damaged: dict[str, list[tuple[int, str]]] = {}     # file: (line, why) of each line that is not JSON
     for path in paths:
         try:
             data = Path(path).read_bytes()
@@ -93,13 +96,13 @@ def load_records(paths: list[Path]) -> list[dict]:
         for lineno, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
+            where = f"{path}:{lineno}"
             try:
                 rec = json.loads(line)
             except (json.JSONDecodeError, RecursionError) as e:
                 why = e.msg if isinstance(e, json.JSONDecodeError) else "nested too deeply"
-                raise UsageError(f"{path}:{lineno} is not valid JSON ({why}); each line must be "
-                                 "one record object") from None
-            where = f"{path}:{lineno}"
+                damaged.setdefault(str(path), []).append((lineno, why))
+                continue
             rec = validate(rec, where)
             bad = [m for m in METRICS if rec.get(m) is not None and not _is_number(rec[m])]
             if bad:
@@ -111,10 +114,15 @@ def load_records(paths: list[Path]) -> list[dict]:
                 invalid.append(f"{where} ({', '.join(bad)})")
             records.append(rec)
     if not records:
+        if damaged:
+            path, [(lineno, why), *_] = next(iter(damaged.items()))
+            raise UsageError(f"{path}:{lineno} is not valid JSON ({why}); each line must be one record object")
         if unusable:
             raise UsageError(f"no record has a known metric as a finite number ({first_items(unusable)}); "
                              "records come from bench, sweep or run")
         raise UsageError(f"no records in {', '.join(str(p) for p in paths)}")
+    for path, lines in damaged.items():
+        warn_once(f"skipped {len(lines)} damaged line(s) of {path} (first: line {lines[0][0]})")
     if invalid:
         warn_once(f"dropped metric values that are not finite numbers: {first_items(invalid)}")
     if unusable:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from salactl.reports.atomic import write_atomic
+from salactl.errors import OutputWriteError
+from salactl.reports.atomic import DiskFullError, exclusive_lock, write_atomic
 from salactl.runtime.peaks import Peaks, cannot_write, cache_path, check_cache_dir, device_name, load_measured
 
 
@@ -140,9 +141,7 @@ def measure(device: torch.device) -> Peaks:
 def store_measurement(name: str, entry: dict) -> None:
     """Add or replace `name`'s entry in the cache (invalid entries are dropped), under a lock so
     that two devices stored at once both stay; a write that fails is a usage error naming the
-    cache file."""
-    from salactl.bench.records import exclusive_lock
-
+    cache file, one the disk has no room for an OutputWriteError."""
     path = cache_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -150,5 +149,8 @@ def store_measurement(name: str, entry: dict) -> None:
             data = load_measured(warn=False)
             data[name] = entry
             write_atomic(path, json.dumps(data, indent=2))
+    except DiskFullError as e:
+        raise OutputWriteError(f"cannot write the peaks cache {path}: {e.reason}; free space on its disk or set "
+                               "SALACTL_CACHE_DIR to a directory on another disk") from e
     except OSError as e:
         raise cannot_write(path, e.strerror or str(e)) from e

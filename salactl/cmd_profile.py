@@ -102,7 +102,7 @@ def profile(
         check_spec(spec)
         opts = SessionOptions(mode=mode, nvml=nvml, out_dir=out_dir, ncu_path=ncu_path,
                               ncu=NcuOptions(launch_skip, launch_count, metric_set=ncu_metrics), top=top,
-                              ncu_given=tuple(passed(ctx, *NCU_OPTIONS)))
+                              ncu_given=tuple(passed(ctx, *NCU_OPTIONS)), overwrite=overwrite)
         result = run(spec, opts)
     if json_out:
         output.print_json(result)

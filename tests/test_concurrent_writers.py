@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from salactl.bench.records import RecordWriter, exclusive_lock
+from salactl.bench.records import RecordWriter
+from salactl.reports.atomic import exclusive_lock
 from salactl.bench.sweep_job import SWEEP_LOCK, SweepSettings, run_sweep
 from salactl.errors import OutputExistsError
 from salactl.reports.atomic import write_atomic

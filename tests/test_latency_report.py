@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from salactl.errors import OutputExistsError, UsageError
+from salactl.errors import OutputExistsError, OutputWriteError, UsageError
 from salactl.reports.atomic import write_all
 from salactl.reports.latency import build
 from salactl.reports.records import load_records
@@ -122,7 +122,7 @@ def test_run_records_keep_their_floor_columns(tmp_path):
 
 def test_bad_record_fails_with_one_line_and_writes_nothing(records_file, tmp_path):
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(records_file.read_text() + "{not json\n")
+    bad.write_text(records_file.read_text() + "[1, 2]\n")          # JSON, but not a record object
     out = tmp_path / "out"
     p = salactl("report", str(bad), "--out", str(out))
     assert p.returncode == UsageError.exit_code
@@ -196,7 +196,7 @@ def test_a_rename_failing_midway_restores_what_it_replaced(tmp_path, monkeypatch
         real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", replace)
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(OutputWriteError, match="No space"):
         write_all({tmp_path / "a": "new a", tmp_path / "b": "new b", tmp_path / "c": "new c"})
     monkeypatch.undo()
     assert (tmp_path / "a").read_text() == "old a"

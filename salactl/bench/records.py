@@ -18,20 +18,14 @@ import secrets
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-
-try:
-    import fcntl
-except ImportError:         # Windows: no advisory locks, so concurrent writers are not serialised there
-    fcntl = None
 
 from salactl import output
 from salactl.bench.requests import RequestResult
 from salactl.errors import OutputWriteError, UsageError
 from salactl.output import jsonable
-from salactl.reports.atomic import write_atomic
+from salactl.reports.atomic import exclusive_lock, write_atomic
 from salactl.reports.records import RECORDS_NAME, SCHEMA_VERSION, decode_records  # noqa: F401 - bench.records.RECORDS_NAME for its writers
 
 DETAIL_COLUMNS = ("run_id", "phase", "request_id", "input_len", "expected_output_len", "output_len",
@@ -145,44 +139,6 @@ def _write_all(f, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[f.write(view):]
-
-
-@contextlib.contextmanager
-def exclusive_lock(path: Path, wait: bool = True, remove: bool = False) -> Iterator[None]:
-    """Hold flock(LOCK_EX) on `path` (created when missing) for the block, against other processes
-    that lock it. wait=False: BlockingIOError at once when another holds it. remove: delete the file
-    before letting go (a lock file of our own; one that a waiter locked after the delete is noticed
-    and retried on the new file)."""
-    if fcntl is None:
-        yield
-        return
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BaseException:
-            os.close(fd)
-            raise
-        if _names_file(path, fd):
-            break
-        os.close(fd)
-    try:
-        yield
-    finally:
-        if remove:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-        os.close(fd)
-
-
-def _names_file(path: Path, fd: int) -> bool:
-    """`path` still names the open file `fd` (no lock holder deleted it meanwhile)."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return False
-    own = os.fstat(fd)
-    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
 
 def read_records(path: Path) -> list[dict]:

@@ -28,7 +28,7 @@ from salactl.evaluation.passkey import ANSWER_TOKENS
 from salactl.lists import parse_list
 from salactl.options import refuse_unused
 from salactl.quant.in_memory import QUANTIZED_BITS, quantize_rtn_in_memory, quantized_as
-from salactl.reports.atomic import write_atomic
+from salactl.reports.atomic import exclusive_lock, write_atomic
 from salactl.runtime.kv_fp8 import stored_kv_name
 
 if TYPE_CHECKING:
@@ -239,7 +239,7 @@ def _sole_sweep(out: Path) -> Iterator[None]:
     try:
         with contextlib.ExitStack() as held:
             try:
-                held.enter_context(rec.exclusive_lock(out / SWEEP_LOCK, wait=False, remove=True))
+                held.enter_context(exclusive_lock(out / SWEEP_LOCK, wait=False, remove=True))
             except BlockingIOError:
                 raise OutputExistsError(f"another sweep is writing {out}; wait for it to end or choose "
                                         "another --out") from None

@@ -21,6 +21,7 @@ from salactl.profiling.ncu_runner import NcuOptions, export_csv, find_ncu, nvtx_
 from salactl.profiling.manifest import read_ncu_manifest
 from salactl.profiling.spec import ProfileSpec
 from salactl.profiling.step_runner import write_json
+from salactl.reports.atomic import DiskFullError, check_destinations, exclusive_lock, move_all
 from salactl.reports.ncu import parse_csv
 from salactl.reports.profile_table import from_ncu, in_scopes, kernel_rows, layer_rows, op_rows
 
@@ -130,9 +131,6 @@ def run(spec: ProfileSpec, opts: SessionOptions) -> dict:
 
         sampler = NvmlSampler()
     final = opts.out_dir
-    # check_out_dir let an --out holding profile files through only with --overwrite, so files there
-    # mean it was given; where there were none, a profile that appears meanwhile is another process's
-    overwrite = opts.overwrite or any((final / name).is_file() for name in OUTPUT_FILES)
     # staged in --out's nearest existing ancestor (the same filesystem): the parents of --out that
     # do not exist yet are created only when the files move in
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=_nearest_existing(final.parent)))
@@ -143,7 +141,7 @@ def run(spec: ProfileSpec, opts: SessionOptions) -> dict:
             result["files"] = {k: str(final / Path(v).name) for k, v in result.get("files", {}).items()}
             result["files"]["result"] = str(final / "result.json")
             write_json(staging / "result.json", result)
-            replace_profile(staging, final, overwrite)
+            replace_profile(staging, final, opts.overwrite)
         return result
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -155,6 +153,8 @@ def _write_failures_name(final: Path) -> Iterator[None]:
     the write went to."""
     try:
         yield
+    except DiskFullError as e:
+        raise _cannot_write_profile(final, e.reason) from e
     except OutputWriteError as e:
         raise _cannot_write_profile(final, str(e)) from e
     except OSError as e:
@@ -180,16 +180,12 @@ def replace_profile(staging: Path, final: Path, overwrite: bool = True) -> None:
     imported with the new manifest), all or nothing: when a move fails, `final` is put back.
     Under a lock in `final`, so two profiles ending at once never mix their files; without
     `overwrite`, a profile found there is refused (OutputExistsError), not replaced."""
-    from salactl.bench.records import exclusive_lock
-
     final.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(final / PROFILE_LOCK, remove=True):
         _replace_files(staging, final, overwrite)
 
 
 def _replace_files(staging: Path, final: Path, overwrite: bool) -> None:
-    from salactl.reports.atomic import check_destinations, move_all
-
     if not overwrite:
         check_destinations([final / name for name in OUTPUT_FILES], overwrite=False)
     new = {f.name for f in staging.iterdir() if f.is_file()}
