@@ -20,7 +20,8 @@ from salactl.quant.calibration import RANDOM, calibration_windows, check_calibra
 from salactl.quant.in_memory import quantized_as
 from salactl.quant.sequential import QuantizeOutcome, QuantOptions, layer_groups, quantize_model
 from salactl.quant.writer import quantization_config, write_quantized_checkpoint
-from salactl.runtime.checkpoint import StoredTensors, check_output_dir
+from salactl.runtime.checkpoint import StoredTensors
+from salactl.runtime.checkpoint_write import check_output_dir
 from salactl.runtime.config import SalaConfig
 from salactl.runtime.kv_fp8 import fp8_dtype, sglang_scales_json
 from salactl.runtime.loader import (EMBEDDED_DIR, LoadedModel, load_model, model_config, model_quantization,

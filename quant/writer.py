@@ -2,7 +2,7 @@
 qweight/qzeros/scales/g_idx per quantized linear, everything else unquantized under its own name,
 `quantization_config` in config.json, FP8 KV scales; tokenizer, generation config, the model code
 config.json's auto_map names (for --trust-remote-code) and the license/notice/README copied.
-Sharded safetensors + index, written to a temp dir and renamed (runtime/checkpoint.save_checkpoint).
+Sharded safetensors + index, written to a temp dir and renamed (runtime/checkpoint_write.save_checkpoint).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import salactl
 from salactl import output
 from salactl.quant.gptq import DAMP_STEP
 from salactl.quant.sequential import QuantOptions
-from salactl.runtime.checkpoint import StoredTensors, expected_tensor_shapes, save_checkpoint
+from salactl.runtime.checkpoint import StoredTensors, expected_tensor_shapes
+from salactl.runtime.checkpoint_write import save_checkpoint
 from salactl.runtime.config import SalaConfig
 from salactl.runtime.kv_fp8 import SGLANG_E5M2_WARNING, fp8_dtype
 from salactl.runtime.loader import DTYPES

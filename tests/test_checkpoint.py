@@ -12,7 +12,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from salactl.errors import CheckpointError, ConfigError
-from salactl.runtime.checkpoint import check_output_dir, expected_tensor_shapes, random_state_dict, save_checkpoint
+from salactl.runtime.checkpoint import expected_tensor_shapes, random_state_dict
+from salactl.runtime.checkpoint_write import check_output_dir, save_checkpoint
 from salactl.runtime.config import SalaConfig
 from salactl.runtime.engine import Engine
 from salactl.runtime.loader import build_model, load_model

@@ -8,7 +8,8 @@ import torch
 
 from conftest import run_cli, tiny_config
 from salactl.errors import UsageError
-from salactl.runtime.checkpoint import random_state_dict, save_checkpoint
+from salactl.runtime.checkpoint import random_state_dict
+from salactl.runtime.checkpoint_write import save_checkpoint
 from salactl.runtime.loader import EMBEDDED_DIR
 from salactl.runtime.ops.selection.reference import compress_keys, num_windows, select_blocks
 from salactl.runtime.sampling import SamplingParams

@@ -10,7 +10,9 @@ import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
 
-from salactl.runtime.checkpoint import random_state_dict, save_checkpoint
+from salactl.runtime.checkpoint import random_state_dict
+
+from salactl.runtime.checkpoint_write import save_checkpoint
 from salactl.runtime.presets import sala_nano
 from conftest import tiny_config
 

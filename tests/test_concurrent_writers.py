@@ -17,7 +17,7 @@ from salactl.reports.atomic import exclusive_lock
 from salactl.bench.sweep_job import SWEEP_LOCK, SweepSettings, run_sweep
 from salactl.errors import OutputExistsError
 from salactl.reports.atomic import write_atomic
-from salactl.runtime import checkpoint
+from salactl.runtime import checkpoint_write as checkpoint
 from salactl.runtime.peaks import cache_path, load_measured
 from salactl.runtime.peaks_measure import store_measurement
 

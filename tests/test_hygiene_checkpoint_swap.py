@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from salactl.runtime.checkpoint import random_state_dict, save_checkpoint
+from salactl.runtime.checkpoint import random_state_dict
+
+from salactl.runtime.checkpoint_write import save_checkpoint
 from salactl.runtime.loader import load_model
 from conftest import tiny_config
 

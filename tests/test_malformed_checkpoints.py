@@ -343,7 +343,8 @@ def test_sparse_config_may_omit_use_nope(nano):
 # ------------------------------------------------------------------ FP8 KV scales
 def test_infinite_kv_scale_is_refused_at_load(tmp_path):
     from conftest import tiny_config
-    from salactl.runtime.checkpoint import random_state_dict, save_checkpoint
+    from salactl.runtime.checkpoint import random_state_dict
+    from salactl.runtime.checkpoint_write import save_checkpoint
 
     cfg = tiny_config()
     state = random_state_dict(cfg, "cpu", torch.float32, 0)

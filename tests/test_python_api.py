@@ -435,7 +435,8 @@ def test_the_cli_says_it_once_in_its_own_words(tmp_path, capsys):
     import warnings
 
     from conftest import run_cli
-    from salactl.runtime.checkpoint import random_state_dict, save_checkpoint
+    from salactl.runtime.checkpoint import random_state_dict
+    from salactl.runtime.checkpoint_write import save_checkpoint
 
     model = micro_model()
     ckpt = save_checkpoint(random_state_dict(model.config, "cpu", torch.float32, 0), model.config.to_hf_dict(),

@@ -11,7 +11,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from conftest import rel_err, run_cli
-from salactl.runtime.checkpoint import random_state_dict, save_checkpoint
+from salactl.runtime.checkpoint import random_state_dict
+from salactl.runtime.checkpoint_write import save_checkpoint
 from salactl.runtime.loader import EMBEDDED_DIR, load_model
 from salactl.runtime.config import LIGHTNING, SPARSE
 from salactl.runtime.ops.w4a16 import reference

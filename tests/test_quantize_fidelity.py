@@ -13,7 +13,8 @@ from safetensors.torch import save_file
 from conftest import run_cli
 from salactl.quant.api import quantize_checkpoint
 from salactl.quant.sequential import QuantOptions
-from salactl.runtime.checkpoint import random_state_dict, save_checkpoint
+from salactl.runtime.checkpoint import random_state_dict
+from salactl.runtime.checkpoint_write import save_checkpoint
 from salactl.runtime.loader import EMBEDDED_DIR, load_model
 from test_quantize_cli import TOKENIZER_FILES, _tensors, small_config
 

@@ -67,7 +67,7 @@ def test_a_killed_writes_temp_dir_goes_with_the_next_write_and_a_live_ones_stays
     killed = ("import os, signal, sys\n"
               f"sys.path.insert(0, {str(TESTS)!r})\n"
               "from pathlib import Path\n"
-              "import salactl.runtime.checkpoint as ckpt\n"
+              "import salactl.runtime.checkpoint_write as ckpt\n"
               "from test_hygiene_checkpoint_swap import _save\n"
               "def killed_mid_write(*args, **kwargs):\n"
               "    os.kill(os.getpid(), signal.SIGKILL)\n"

@@ -51,7 +51,8 @@ _bootstrap_imports()
 from salactl.data.corpus import corpus_documents, corpus_sha256, python_version  # noqa: E402
 from salactl.evaluation.passkey import answer_ids, make_passkey_prompt  # noqa: E402
 from salactl.runtime.backend_train import TrainBatch, TrainingBackend  # noqa: E402
-from salactl.runtime.checkpoint import random_state_dict, save_checkpoint  # noqa: E402
+from salactl.runtime.checkpoint import random_state_dict  # noqa: E402
+from salactl.runtime.checkpoint_write import save_checkpoint
 from salactl.runtime.device_sync import synchronize  # noqa: E402
 from salactl.runtime.loader import EMBEDDED_DIR, build_model, load_model  # noqa: E402
 from salactl.runtime.presets import sala_nano  # noqa: E402

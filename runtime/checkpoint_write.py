@@ -1,0 +1,178 @@
+"""Writing a Hugging Face checkpoint: config.json + safetensors (sharded with an index when large)
+written into a temp dir beside the target and renamed into place, so that neither a failure, a full
+disk, a kill nor another process writing the same directory leaves a partial or mixed checkpoint."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import save_file
+
+from salactl.errors import OutputExistsError, OutputWriteError
+from salactl.runtime.checkpoint import INDEX_NAME, SINGLE_NAME
+
+
+def check_output_dir(out_dir: Path, overwrite: bool) -> Path:
+    """The absolute checkpoint directory to write, or a one-line error before any work: an existing
+    path needs `overwrite`, and even then only an empty directory or a checkpoint (config.json)
+    is replaced, never the working directory or one above it; no parent may be a file."""
+    from salactl.output import directory_option
+
+    out_dir = Path(out_dir).expanduser().resolve()
+    directory_option(out_dir)                        # a file or a path below one: usage error, exit 2
+    if not out_dir.exists():
+        return out_dir
+    if not overwrite:
+        raise OutputExistsError(f"{out_dir} already exists; choose another --out or pass --overwrite")
+    cwd = Path.cwd().resolve()
+    if out_dir == cwd or out_dir in cwd.parents:
+        raise OutputExistsError(f"--overwrite would delete {out_dir}, which holds the working directory; "
+                                "choose a new --out")
+    if any(out_dir.iterdir()) and not (out_dir / "config.json").is_file():
+        raise OutputExistsError(f"--overwrite only replaces a checkpoint, and {out_dir} has files but no "
+                                "config.json; choose a new --out")
+    return out_dir
+
+
+def save_checkpoint(state: dict[str, torch.Tensor], config_dict: dict, out_dir: Path,
+                    max_shard_bytes: int = 4 << 30, extra_files: dict[str, Path] | None = None,
+                    overwrite: bool = False) -> Path:
+    """Write config.json + safetensors (sharded with an index when large) into a temp dir next to
+    `out_dir`, then rename: a failure never leaves a partial checkpoint. A disk that fills is an
+    OutputWriteError; an `out_dir` another process wrote meanwhile, an OutputExistsError."""
+    out_dir = check_output_dir(out_dir, overwrite)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    _remove_orphaned_temp_dirs(out_dir)
+    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(out_dir) + f"{os.getpid()}-", dir=out_dir.parent))
+    try:
+        try:
+            _write_files(tmp, state, config_dict, max_shard_bytes, extra_files or {})
+        except (OSError, SafetensorError) as e:     # safetensors' I/O errors are not OSErrors
+            cause = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise OutputWriteError(f"cannot write the checkpoint {out_dir}: {cause}; free space on its disk "
+                                   "or choose another --out") from e
+        _swap_into_place(tmp, out_dir, overwrite)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _remove_orphaned_temp_dirs(out_dir)
+    return out_dir
+
+
+def _write_files(tmp: Path, state: dict[str, torch.Tensor], config_dict: dict, max_shard_bytes: int,
+                 extra_files: dict[str, Path]) -> None:
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in state.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t.detach().contiguous().cpu()
+        size += nbytes
+    meta = {"format": "pt"}
+    if len(shards) == 1:
+        save_file(shards[0], str(tmp / SINGLE_NAME), metadata=meta)
+    else:
+        weight_map, total = {}, 0
+        for i, shard in enumerate(shards):
+            fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(tmp / fname), metadata=meta)
+            for n, t in shard.items():
+                weight_map[n] = fname
+                total += t.numel() * t.element_size()
+        (tmp / INDEX_NAME).write_text(json.dumps(
+            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    (tmp / "config.json").write_text(json.dumps(config_dict, indent=2) + "\n")
+    for fname, src in extra_files.items():
+        shutil.copyfile(src, tmp / fname)
+    # mkdtemp makes the directory 0700 and safetensors its files 0600: give them the modes a
+    # plain write would (umask), so a server running as another user can read the checkpoint
+    umask = os.umask(0)
+    os.umask(umask)
+    for f in tmp.iterdir():
+        os.chmod(f, 0o666 & ~umask)
+    os.chmod(tmp, 0o777 & ~umask)
+
+
+def _temp_prefix(out_dir: Path) -> str:
+    return f".{out_dir.name}.tmp-"
+
+
+def _remove_orphaned_temp_dirs(out_dir: Path) -> None:
+    """Delete the temp dirs beside `out_dir` that a killed write left (SIGKILL runs no cleanup):
+    those whose name carries the pid of a process no longer running. A live writer's stays; so does
+    one whose pid was reused, until that process ends."""
+    ours = re.compile(re.escape(_temp_prefix(out_dir)) + r"(\d+)-[a-z0-9_]{8}")   # mkdtemp's names only
+    for leftover in out_dir.parent.iterdir():
+        m = ours.fullmatch(leftover.name)
+        if m and leftover.is_dir() and not _process_alive(int(m[1])):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    """False only when no process has this pid: another user's process, or a number too large to be
+    a pid, counts as alive (its dir is left alone), and so does every pid on Windows, where
+    os.kill(pid, 0) would end the process instead of probing it."""
+    if os.name == "nt":
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        pass
+    return True
+
+
+def _swap_into_place(new: Path, out_dir: Path, overwrite: bool) -> None:
+    """Rename the finished checkpoint `new` onto `out_dir`. Without `overwrite` a checkpoint that
+    another process put at out_dir since the check stays (OutputExistsError). With it, an existing
+    out_dir is first renamed to a hidden backup beside it and deleted only once `new` is in place,
+    so whatever stops this midway (Ctrl-C, a failed rename) leaves out_dir a whole checkpoint, the
+    old or the new. Backups that an earlier run left behind (killed while deleting one) go with
+    this run's."""
+    if not overwrite:
+        _rename_unless_taken(new, out_dir, f"{out_dir} already exists: another process wrote it meanwhile; "
+                                           "choose another --out or pass --overwrite")
+        return
+    prefix = f".{out_dir.name}.old-"
+    # an empty directory with a name no one else takes: a directory renames onto it (POSIX)
+    backup = Path(tempfile.mkdtemp(prefix=prefix, dir=out_dir.parent))
+    moved_old = False
+    try:
+        try:
+            os.replace(out_dir, backup)
+            moved_old = True
+        except FileNotFoundError:
+            pass                # none, or another process's swap has it aside right now
+        _rename_unless_taken(new, out_dir, f"another process wrote {out_dir} meanwhile, and its checkpoint "
+                                           "stays; run again to replace it, or choose another --out")
+    except BaseException:
+        if moved_old and not out_dir.exists():
+            os.replace(backup, out_dir)
+        shutil.rmtree(backup, ignore_errors=True)
+        raise
+    ours = re.compile(re.escape(prefix) + r"[a-z0-9_]{8}")          # mkdtemp's names, nothing a user typed
+    for leftover in out_dir.parent.iterdir():
+        if ours.fullmatch(leftover.name) and leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _rename_unless_taken(new: Path, out_dir: Path, taken: str) -> None:
+    """Rename the directory `new` onto `out_dir`, which must be missing or empty: OutputExistsError
+    (`taken`) when another process's checkpoint is there (a directory with files, or a file)."""
+    try:
+        os.replace(new, out_dir)
+    except OSError as e:
+        if e.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
+            raise OutputExistsError(taken) from None
+        raise
