@@ -79,15 +79,15 @@ def as_token_ids(value, what: str) -> tuple[int, ...]:
     if is_int(value):
         return (int(value),)
     if isinstance(value, (str, bytes)):
-        raise UsageError(f"{what} got text {value!r}: stop strings are not supported; pass token ids "
-                         "(Tokenizer.encode gives them)")
+        raise UsageError(f"{what} got text {value!r}: stop strings are not token ids; pass token ids "
+                         "(Tokenizer.encode gives them), or match text with GeneratedText (`run --stop`)")
     try:
         items = list(value)
     except TypeError:
         raise UsageError(f"{what} must be a token id or an iterable of token ids, got {value!r}") from None
     bad = [t for t in items if not is_int(t)]
     if bad:
-        hint = "; stop strings are not supported; pass token ids" if isinstance(bad[0], str) else ""
+        hint = "; stop strings are not token ids; pass token ids (text: GeneratedText)" if isinstance(bad[0], str) else ""
         raise UsageError(f"{what} must hold integer token ids, got {bad[0]!r}{hint}")
     return tuple(int(t) for t in items)
 

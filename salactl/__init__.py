@@ -3,6 +3,7 @@
 The Python API, imported on first use so that `import salactl` (and the CLI's start) stays cheap:
 
     from salactl import Engine, SamplingParams, find_tokenizer, load_model, stop_token_ids
+    from salactl import GeneratedText       # stop strings on the generated text, as `run --stop`
 
 Errors are the SalactlError subclasses in salactl.errors (UsageError for a bad argument).
 
@@ -32,6 +33,7 @@ _EXPORTS = {
     "Tokenizer": "salactl.runtime.tokenizer",
     "find_tokenizer": "salactl.runtime.tokenizer",
     "StreamDecoder": "salactl.runtime.stream_decoder",
+    "GeneratedText": "salactl.runtime.stream_decoder",
 }
 
 

@@ -24,8 +24,8 @@ if not torch.cuda.is_available():
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 gpu_engine_api = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="GPUEngine needs triton")
 
-API = ["Engine", "GPUEngine", "GenerationResult", "LoadedModel", "SamplingParams", "StreamDecoder",
-       "Tokenizer", "find_tokenizer", "load_model", "stop_token_ids"]
+API = ["Engine", "GPUEngine", "GeneratedText", "GenerationResult", "LoadedModel", "SamplingParams",
+       "StreamDecoder", "Tokenizer", "find_tokenizer", "load_model", "stop_token_ids"]
 GREEDY3 = SamplingParams(max_new_tokens=3, ignore_eos=True)
 
 
@@ -93,8 +93,8 @@ def test_integer_tensors_and_arrays_are_prompts_and_the_result_has_the_ids_that_
     (dict(top_p="0.9"), "top_p \\(--top-p\\) must be a number"),
     (dict(seed="1"), "seed \\(--seed\\) must be an integer"),
     (dict(seed=1.5), "seed \\(--seed\\) must be an integer, got 1.5"),
-    (dict(stop_token_ids=("\n",)), "stop strings are not supported; pass token ids"),
-    (dict(stop_token_ids="\n"), "stop strings are not supported; pass token ids"),
+    (dict(stop_token_ids=("\n",)), "stop strings are not token ids; pass token ids"),
+    (dict(stop_token_ids="\n"), "stop strings are not token ids; pass token ids"),
     (dict(stop_token_ids=[1.5]), "stop_token_ids must hold integer token ids"),
     (dict(ignore_eos="no"), "ignore_eos \\(--ignore-eos\\) must be True or False"),
     (dict(max_new_tokens=-1), "^max_new_tokens \\(--max-new-tokens\\) must be >= 0, got -1$"),
