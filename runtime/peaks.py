@@ -117,7 +117,13 @@ def load_measured(warn: bool = True) -> dict:
         data = json.loads(path.read_text())
     except (FileNotFoundError, NotADirectoryError):
         return {}
-    except (OSError, ValueError):
+    except OSError as e:                # a directory, no permission: --measure cannot rewrite it either
+        if warn:
+            from salactl.output import warn_once
+
+            warn_once(f"cannot read the peaks cache {path} ({e.strerror or e}); the default ceilings apply")
+        return {}
+    except ValueError:
         data = None
     if not isinstance(data, dict):
         if warn:

@@ -113,9 +113,14 @@ class StreamDecoder:
 
 
 def check_stop_strings(stop) -> tuple[str, ...]:
-    """Stop strings as a tuple; an empty one (it would match at once) or one that is not text is a
+    """Stop strings as a tuple (None: none); an empty one (it would match at once) or one that is not text is a
     UsageError."""
-    stop = (stop,) if isinstance(stop, str) else tuple(stop)
+    if stop is None:
+        return ()
+    try:
+        stop = (stop,) if isinstance(stop, str) else tuple(stop)
+    except TypeError:
+        raise UsageError(f"stop strings (--stop) must be text or a list of texts, got {stop!r}") from None
     for s in stop:
         if not isinstance(s, str) or not s:
             raise UsageError(f"stop strings (--stop) must be non-empty text, got {s!r}")

@@ -4,7 +4,6 @@ full disk is one OutputWriteError naming the output; exclusive_lock."""
 
 import errno
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -138,6 +137,8 @@ def test_without_hard_links_write_all_still_writes_and_refuses_an_existing_file(
 def python_with_file_limit(limit_bytes: int, code: str) -> subprocess.CompletedProcess:
     """`python -c CODE` in a child whose writes past `limit_bytes` of a file fail with EFBIG (as on a
     full disk) instead of killing it."""
+    resource = pytest.importorskip("resource")          # POSIX only
+
     def limit_file_size():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)

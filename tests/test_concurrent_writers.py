@@ -3,7 +3,6 @@
 the lock a writer takes). flock locks belong to an open file, so threads of one process contend
 for them as processes do. The loser gets exit 10 and a whole output stays, never a mix."""
 
-import fcntl
 import json
 import os
 import threading
@@ -33,6 +32,7 @@ def finishes_within(thread: threading.Thread, seconds: float) -> bool:
 def test_a_records_append_waits_for_the_writer_holding_the_file(tmp_path):
     """A full disk is undone by truncating to the size before the append: no other append may land
     in between, or the truncation would cut it."""
+    fcntl = pytest.importorskip("fcntl")                # POSIX only, as the lock itself
     path = tmp_path / "records.jsonl"
     path.write_text('{"phase": "a"}\n')
     appending = threading.Thread(target=RecordWriter(path).append, args=({"phase": "b"},))

@@ -3,7 +3,6 @@ write past the limit fails with EFBIG) and an existing output file that cannot b
 line naming the output, exit 16 (or 2 before any work), and no partial output left behind."""
 
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -20,6 +19,8 @@ RUN = ("run", "--prompt-ids", "1,2,3", "-n", "2", "--no-op-profile", "--device",
 
 def salactl_with_file_limit(limit_bytes: int, *args) -> subprocess.CompletedProcess:
     """`salactl ARGS` in a child whose writes past `limit_bytes` of a file fail with EFBIG."""
+    resource = pytest.importorskip("resource")          # POSIX only
+
     def limit_file_size():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)        # EFBIG from write(), not a killed process
         _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)

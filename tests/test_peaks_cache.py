@@ -5,6 +5,7 @@ measurement keeps the fastest repetition on buffers larger than the last-level c
 
 import json
 import os
+import platform
 import subprocess
 import sys
 
@@ -114,7 +115,7 @@ def test_the_cpu_key_names_the_model_and_the_usable_cpus(tmp_path, monkeypatch):
     assert (env["cpu"], env["cpu_count"]) == (cpu_model(), usable)
     # an entry under the old key (any x86_64 machine with as many threads) is not this machine's
     monkeypatch.setenv("SALACTL_CACHE_DIR", str(tmp_path))
-    old_key = f"cpu:{os.uname().machine}:{torch.get_num_threads()}t"
+    old_key = f"cpu:{platform.machine()}:{torch.get_num_threads()}t"
     (tmp_path / "peaks.json").write_text(json.dumps({old_key: {"mem_gbps": 200.0, "bf16_tflops": 5.0}}))
     assert peaks_for(CPU).source == "cpu-default"
 
@@ -171,6 +172,15 @@ def test_a_corrupt_cache_warns_once(tmp_path, monkeypatch, capsys, text):
     warning, = capsys.readouterr().err.strip().splitlines()
     assert warning.startswith("warning: ignoring ") and str(tmp_path / "peaks.json") in warning
     assert warning.endswith("`salactl info --measure` rewrites it")
+
+
+def test_a_cache_that_cannot_be_read_says_why_without_advising_measure(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SALACTL_CACHE_DIR", str(tmp_path))
+    (tmp_path / "peaks.json").mkdir()          # --measure refuses this one too, so it is not the fix
+    assert peaks_for(CPU).source == "cpu-default" and load_measured() == {}
+    warning, = capsys.readouterr().err.strip().splitlines()
+    assert warning.startswith(f"warning: cannot read the peaks cache {tmp_path / 'peaks.json'} (")
+    assert "--measure" not in warning
 
 
 def test_a_missing_cache_does_not_warn(tmp_path):

@@ -80,6 +80,14 @@ def test_stop_strings_must_be_non_empty_text(tok, stop):
         GeneratedText(tok, stop=stop)
 
 
+def test_no_stop_strings_is_none_and_a_non_list_is_a_usage_error(tok):
+    ids = tok.encode(TEXT, add_special_tokens=False)
+    text, pieces = _stream(tok, ids, stop=None)
+    assert "".join(pieces) == text.text == TEXT and not text.stopped
+    with pytest.raises(UsageError, match="must be text or a list of texts, got 3"):
+        GeneratedText(tok, stop=3)
+
+
 def _stop_at(n: int, seen: list[int]):
     """An on_token that records every id and asks to stop at the n-th."""
     def on_token(t: int) -> bool:
