@@ -139,14 +139,13 @@ def _swap_into_place(new: Path, out_dir: Path, overwrite: bool) -> None:
     out_dir is first renamed to a hidden backup beside it and deleted only once `new` is in place,
     so whatever stops this midway (Ctrl-C, a failed rename) leaves out_dir a whole checkpoint, the
     old or the new. Backups that an earlier run left behind (killed while deleting one) go with
-    this run's."""
+    this run's; a running process's backup (a concurrent --overwrite) stays, named by its pid."""
     if not overwrite:
         _rename_unless_taken(new, out_dir, f"{out_dir} already exists: another process wrote it meanwhile; "
                                            "choose another --out or pass --overwrite")
         return
-    prefix = f".{out_dir.name}.old-"
     # an empty directory with a name no one else takes: a directory renames onto it (POSIX)
-    backup = Path(tempfile.mkdtemp(prefix=prefix, dir=out_dir.parent))
+    backup = Path(tempfile.mkdtemp(prefix=f"{_backup_prefix(out_dir)}{os.getpid()}-", dir=out_dir.parent))
     moved_old = False
     try:
         try:
@@ -161,10 +160,18 @@ def _swap_into_place(new: Path, out_dir: Path, overwrite: bool) -> None:
             os.replace(backup, out_dir)
         shutil.rmtree(backup, ignore_errors=True)
         raise
-    ours = re.compile(re.escape(prefix) + r"[a-z0-9_]{8}")          # mkdtemp's names, nothing a user typed
+    shutil.rmtree(backup, ignore_errors=True)
+    # mkdtemp's names only, nothing a user typed; a backup named without a pid predates them, and
+    # one with this process's pid is an earlier, interrupted call's
+    ours = re.compile(re.escape(_backup_prefix(out_dir)) + r"(?:(\d+)-)?[a-z0-9_]{8}")
     for leftover in out_dir.parent.iterdir():
-        if ours.fullmatch(leftover.name) and leftover.is_dir():
+        m = ours.fullmatch(leftover.name)
+        if m and leftover.is_dir() and (m[1] is None or int(m[1]) == os.getpid() or not _process_alive(int(m[1]))):
             shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _backup_prefix(out_dir: Path) -> str:
+    return f".{out_dir.name}.old-"
 
 
 def _rename_unless_taken(new: Path, out_dir: Path, taken: str) -> None:

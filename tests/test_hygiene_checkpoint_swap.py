@@ -81,6 +81,20 @@ def test_a_backup_left_by_an_earlier_run_is_removed(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [".ckpt.old-2024-keep", "ckpt"]
 
 
+def test_a_running_processs_backup_stays_and_a_dead_ones_goes(tmp_path):
+    """A concurrent --overwrite holds its old checkpoint in a backup named by its pid until its own
+    swap ends; deleting it would leave that run nothing to put back."""
+    out = _save(tmp_path / "ckpt", "old")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    live = f".ckpt.old-{os.getppid()}-k3x9q2_a"                     # our parent: running
+    shutil.copytree(out, tmp_path / live)
+    shutil.copytree(out, tmp_path / f".ckpt.old-{dead}-z8y7x6w5")
+    _save(out, "new", overwrite=True)
+    assert _version(out) == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [live, "ckpt"]
+
+
 def test_sigint_while_a_large_checkpoint_dir_is_deleted(tmp_path):
     """The reviewer's repro in one process: the old directory holds many files, so deleting it takes
     a while, and a real Ctrl-C arrives while it does (20 ms after the first rmtree starts)."""
