@@ -217,16 +217,34 @@ def test_profile_suggests_a_context_its_own_count_admits_with_the_selection_temp
     window scores of a prefill chunk (they outgrow the KV cache at long context on sala-nano)."""
     import dataclasses
 
-    from salactl.profiling.preflight import _fixes, selection_bytes, step_memory_bytes
+    from salactl.profiling.preflight import _fixes, reference_attention_bytes, step_memory_bytes
     from salactl.profiling.spec import ProfileSpec
     from salactl.runtime.loader import model_config
 
     config = model_config("sala-nano")
     spec = ProfileSpec(phases=("prefill",), context=10**8)
     kv_only = step_memory_bytes(spec, config, 4, False, reference=False)[0]
-    assert selection_bytes(spec, config) > kv_only > 0
+    assert reference_attention_bytes(spec, config) > kv_only > 0
     avail = 3 << 30
     message = _fixes(spec, config, 4, False, True, avail)
     context = int(message.split("at most about ")[1].split(" tokens")[0].replace(",", ""))
     need = lambda c: sum(step_memory_bytes(dataclasses.replace(spec, context=c), config, 4, False))  # noqa: E731
     assert need(context) <= avail < need(context + 1)
+
+
+def test_profile_counts_the_reference_engines_dense_attention_scores():
+    """A prefill chunk below dense_len scores every cached key in fp32 (3 copies, as the sweep and
+    eval checks count): 60,000 dense rows over 60,000 keys are ~346 GB of scores on sala-nano's heads."""
+    import dataclasses
+
+    from salactl.bench.sweep_sizes import SCORE_COPIES
+    from salactl.profiling.preflight import step_memory_bytes
+    from salactl.profiling.spec import ProfileSpec
+    from salactl.runtime.loader import model_config
+
+    nano = model_config("sala-nano")
+    dense = dataclasses.replace(nano, sparse_config=dataclasses.replace(nano.sparse_config, dense_len=1 << 20))
+    spec = ProfileSpec(phases=("prefill",), context=60_000, chunk_size=60_000)
+    scores = SCORE_COPIES * 4 * nano.num_attention_heads * (60_000 - 0) * 60_000
+    with_scores = step_memory_bytes(spec, dense, 4, False)[0]
+    assert with_scores >= scores > step_memory_bytes(spec, dense, 4, False, reference=False)[0]

@@ -39,31 +39,39 @@ def _kv_bytes_per_token(spec: ProfileSpec, config, act_bytes: int) -> int:
 SELECTION_TEMPORARIES = 3
 
 
-def selection_bytes(spec: ProfileSpec, config) -> int:
-    """The reference backend's largest prefill temporaries: the block selection's window scores of
-    one chunk (the gathered attention stays under ops/attention/gathered.py's ROW_GROUP_BYTES)."""
+def reference_attention_bytes(spec: ProfileSpec, config) -> int:
+    """The reference backend's largest attention temporaries over the profiled steps: a prefill
+    chunk's block-selection window scores (the gathered attention stays under ops/attention/
+    gathered.py's ROW_GROUP_BYTES) and, for rows below dense_len, the dense scores over every cached
+    key (bench/sweep_sizes.py's count, which the sweep and eval checks use too)."""
+    from salactl.bench.sweep_sizes import SCORE_COPIES
     from salactl.runtime.ops.attention.gathered import ROW_GROUP_BYTES
     from salactl.runtime.ops.selection import num_windows
 
-    if "prefill" not in spec.phases:
-        return 0
-    n, cached = spec.step_rows("prefill")
-    windows = num_windows(n + cached, config.sparse_config)
-    return SELECTION_TEMPORARIES * 4 * config.num_attention_heads * n * windows + ROW_GROUP_BYTES
+    heads, dense_len = config.num_attention_heads, config.sparse_config.dense_len
+    worst = 0
+    for phase in spec.phases:
+        n, cached = spec.step_rows(phase)
+        end = n + cached
+        dense = max(0, min(end, dense_len - 1) - cached)
+        selection = (SELECTION_TEMPORARIES * 4 * heads * n * num_windows(end, config.sparse_config)
+                     + ROW_GROUP_BYTES) if phase == "prefill" else 0
+        worst = max(worst, selection + SCORE_COPIES * 4 * heads * dense * end)
+    return worst
 
 
 def step_memory_bytes(spec: ProfileSpec, config, act_bytes: int, quantized: bool,
                       reference: bool = True) -> tuple[int, int]:
     """(caches and working memory, weights) in bytes: every profiled sequence (batch per phase)
     holds its context plus the new tokens in KV (sparse layers) and one fp32 state per lightning
-    layer, and the reference backend's prefill its selection temporaries; the weights are counted as
+    layer, and the reference backend its attention temporaries; the weights are counted as
     loaded (full precision unless the checkpoint is quantized)."""
     from salactl.reports.memory import gla_state_bytes, weight_bytes
 
     per_token = _kv_bytes_per_token(spec, config, act_bytes)
     caches = sum(spec.batch * (sum(spec.step_rows(p)) * per_token + gla_state_bytes(config))
                  for p in spec.phases)
-    working = spec.batch * selection_bytes(spec, config) if reference else 0
+    working = spec.batch * reference_attention_bytes(spec, config) if reference else 0
     weights = weight_bytes(config, spec.weights if quantized else "bf16", act_bytes=act_bytes).total
     return caches + working, weights
 
