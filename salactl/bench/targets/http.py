@@ -10,9 +10,11 @@ Requests mirror SGLang's bench client: temperature 0, ignore_eos, the exact max 
 streaming; text prompts go as text, synthetic prompts as token ids (`input_ids` for /generate, a
 list of ids as `prompt` for /v1/completions). Token counts per chunk come from
 `meta_info.completion_tokens` (/generate) or per-chunk usage (`stream_options.continuous_usage_stats`,
-vLLM and SGLang). A server that sends no usage at all counts one token per text chunk while
-streaming; at [DONE] the total is estimated by re-tokenizing the streamed text with the bench
-tokenizer when there is one (vLLM's client), else the chunk count stays, marked as estimated.
+vLLM and SGLang); a chunk whose count rises times its tokens even when its text is "" (vLLM and
+SGLang stream special tokens and partial UTF-8 characters that way). A server that sends no usage at
+all counts one token per choice-0 chunk with a text while streaming; at [DONE] the total is
+estimated by re-tokenizing the streamed text with the bench tokenizer when there is one (vLLM's
+client), else the chunk count stays, marked as estimated.
 Only choice 0 counts, and an estimate is capped at max_tokens (flagged when it was above).
 
 `--request-timeout` is a total per request, as aiohttp's ClientTimeout(total=...) in SGLang's and
@@ -25,6 +27,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import socket
 import ssl
 import threading
@@ -46,6 +49,7 @@ DEFAULT_READ_TIMEOUT_S = 6 * 60 * 60     # SGLang's and vLLM's bench clients: Cl
 SIDE_CALL_TIMEOUT_S = 30.0               # the probe and the cache flush, capped by --request-timeout
 MAX_SSE_LINE = 16 * 2 ** 20              # a longer line is a broken server or proxy, not a token
 READ_BLOCK = 64 * 1024
+_LINE_END = re.compile(rb"\r\n|\r|\n")
 
 
 class Deadline:
@@ -70,34 +74,49 @@ class Deadline:
 
 def iter_sse(read, max_line: int = MAX_SSE_LINE):
     """Yield (data, perf_counter) for each `data:` line of an event stream; `read()` returns the
-    next bytes (b"" at the end). A line longer than `max_line` fails the request."""
-    pending: list[bytes] = []           # the start of a line whose newline has not arrived yet
+    next bytes (b"" at the end). Lines end in CRLF, LF or a lone CR (the SSE spec). A line longer
+    than `max_line`, or a body without any `data:` line (NDJSON, say), fails the request."""
+    pending: list[bytes] = []           # the start of a line whose end has not arrived yet
     pending_len = 0
+    after_cr = False                    # the last block ended in CR: a LF opening the next one is its pair
+    n_data, n_other, first_other = 0, 0, b""    # other: non-empty lines, neither data nor `: comment`
+
+    def data_of(lines: list[bytes], ts: float):
+        nonlocal n_data, n_other, first_other
+        for line in lines:
+            data = _sse_data(line)
+            if data is not None:
+                n_data += 1
+                yield data, ts
+            elif line.strip() and not line.startswith(b":"):
+                n_other += 1
+                first_other = first_other or line
+
     while True:
         block = read()
         ts = time.perf_counter()
         if not block:
-            if pending:                 # the last line may lack its newline
-                yield from _sse_lines([b"".join(pending)], ts)
+            yield from data_of([b"".join(pending)], ts)         # the last line may lack its end
+            if not n_data and n_other:
+                first = first_other[:100].decode("utf-8", "replace")
+                raise RequestFailed(f"the response had no SSE data: lines ({n_other} other non-empty "
+                                    f"line(s), the first {first!r}); the server does not stream "
+                                    "server-sent events: check --endpoint and --backend")
             return
-        *lines, rest = block.split(b"\n")
+        if after_cr and block.startswith(b"\n"):
+            block = block[1:]
+        after_cr = block.endswith(b"\r")
+        *lines, rest = _LINE_END.split(block)
         if lines:
             lines[0] = b"".join(pending) + lines[0]
             pending, pending_len = [], 0
-        yield from _sse_lines(lines, ts)
+        yield from data_of(lines, ts)
         pending_len += len(rest)
         if pending_len > max_line:
             raise RequestFailed(f"the server streamed a line longer than {max_line // 2 ** 20} MiB; "
                                 "a broken server or proxy")
         if rest:
             pending.append(rest)
-
-
-def _sse_lines(lines: list[bytes], ts: float):
-    for line in lines:
-        data = _sse_data(line)
-        if data is not None:
-            yield data, ts
 
 
 def _sse_data(line: bytes) -> str | None:
@@ -186,6 +205,10 @@ class HttpTarget(Target):
         conn = cls(self.host, self.port, timeout=min(self.connect_timeout_s, timeout_s or self.connect_timeout_s))
         try:
             conn.connect()
+        except ssl.SSLCertVerificationError as e:       # an SSLError, but no sign of a plain-HTTP port
+            raise EndpointError(f"cannot reach {self.url}: its TLS certificate is not trusted "
+                                f"({e.verify_message}); if a private CA signed it, set SSL_CERT_FILE to "
+                                "that CA's bundle") from None
         except (OSError, http.client.HTTPException) as e:
             raise EndpointError(f"cannot reach {self.url} ({_why(e)}); start the {self.backend} server "
                                 f"or fix --endpoint{self._plain_http_hint(e)}") from None
@@ -233,13 +256,33 @@ class HttpTarget(Target):
                                 "server is ready")
         if self.protocol == "openai" and not self.model:
             self.model = self._listed_model(status, body)
-        if self.protocol == "sglang" and not self.model:
-            try:
-                status, body = self._call("GET", self.prefix + "/get_model_info")
-                self.model = json.loads(body).get("model_path") or "" if status == 200 else ""
-            except (EndpointError, ValueError, AttributeError):
-                self.model = ""
-            self.model = self.model or f"sglang@{_netloc(self.host, self.port)}"
+        if self.protocol == "sglang":
+            self._check_sglang()
+
+    def _check_sglang(self) -> None:
+        """The model from /get_model_info. A server without that route that lists /v1/models is an
+        OpenAI-compatible one (vLLM serves /health too, then answers every /generate with 404)."""
+        info = self.prefix + "/get_model_info"
+        try:
+            status, body = self._call("GET", info)
+        except EndpointError:
+            status, body = None, b""
+        if status == 404 and self._answers(self.prefix + _PATHS["openai"][2]):
+            raise EndpointError(f"{self.origin}{info} answered HTTP 404 and {self.origin}{self.prefix}"
+                                "/v1/models lists models: this looks like an OpenAI-compatible (vLLM) "
+                                "server: pass --backend vllm")
+        try:
+            found = json.loads(body).get("model_path") or "" if status == 200 else ""
+        except (ValueError, AttributeError):
+            found = ""
+        self.model = self.model or found or f"sglang@{_netloc(self.host, self.port)}"
+
+    def _answers(self, path: str) -> bool:
+        """Whether GET `path` answers HTTP 200 (no answer is a no)."""
+        try:
+            return self._call("GET", path)[0] == 200
+        except EndpointError:
+            return False
 
     def _listed_model(self, status: int, body: bytes) -> str:
         where = f"{self.origin}{self.probe_path}"
@@ -333,6 +376,8 @@ class HttpTarget(Target):
                 raise RequestFailed(f"the server streamed a non-object: {data[:100]!r}")
             if obj.get("error"):
                 raise RequestFailed(f"server error: {str(obj['error'])[:200]}")
+            if obj.get("object") == "error":            # vLLM's ErrorResponse, streamed flat
+                raise RequestFailed(f"server error: {str(obj.get('message') or obj)[:200]}")
             yield obj, ts
 
     def _sglang_chunks(self, events, max_tokens: int):
@@ -352,32 +397,39 @@ class HttpTarget(Target):
         raise _cut_off(last)
 
     def _openai_chunks(self, events, max_tokens: int):
-        """Choice 0's text timestamps the tokens; usage counts them, else one per chunk until [DONE]
-        replaces that with the estimate."""
-        last, usage_seen, texts, n_chunks = 0, False, [], 0
+        """Each choice-0 chunk timestamps the tokens it brings, whatever its text (a special token or
+        part of a UTF-8 character streams as ""): usage counts them, else one per chunk with a text
+        until [DONE] replaces that with the estimate. A usage-only chunk corrects the count untimed."""
+        last, timed, usage_seen, choice0_seen, texts, n_chunks = 0, False, False, False, [], 0
         for obj, ts in self._events(events):
             if obj is None:
                 if n_chunks and not usage_seen:
                     yield self._estimate(ts, texts, n_chunks, max_tokens)
-                elif not (n_chunks and last):
-                    raise RequestFailed(_why_openai_no_token(n_chunks > 0, usage_seen))
+                elif not timed:
+                    raise RequestFailed(_why_openai_no_token(choice0_seen, usage_seen))
                 return
-            text = _choice0_text(obj)
+            choice = _choice0(obj)
             counted = _field(obj, "usage").get("completion_tokens")
             if counted is not None:
                 counted = _count(counted, "usage.completion_tokens", max_tokens)
                 usage_seen = True
-            if text:
+            if choice is None:
+                if counted is not None and counted > last:
+                    last = counted
+                    yield Chunk(ts, last, counts_only=True)
+                continue
+            choice0_seen = True
+            text = choice.get("text")
+            if text is not None:
                 n_chunks += 1
                 if isinstance(text, str):
                     texts.append(text)
-                tokens = counted if counted is not None else min(last + 1, max_tokens)
-                if tokens > last:
-                    last = tokens
-                    yield Chunk(ts, tokens)
-            elif counted is not None and counted > last:   # final usage-only chunk
-                last = counted
-                yield Chunk(ts, last, counts_only=True)
+            tokens = counted
+            if tokens is None:                  # no usage: one token per chunk with a text
+                tokens = min(last + 1, max_tokens) if text is not None else last
+            if tokens > last:
+                last, timed = tokens, True
+                yield Chunk(ts, tokens)
         raise _cut_off(last)
 
     def _estimate(self, ts: float, texts: list[str], n_chunks: int, max_tokens: int) -> Chunk:
@@ -439,11 +491,11 @@ def _read_block(resp, sock, deadline: Deadline) -> bytes:
         return b""
 
 
-def _choice0_text(obj: dict):
-    """The text of choice index 0 (a chunk may carry other choices only; they are not ours)."""
+def _choice0(obj: dict) -> dict | None:
+    """Choice index 0 (a chunk may carry other choices only; they are not ours)."""
     for choice in obj.get("choices") or []:
         if isinstance(choice, dict) and choice.get("index", 0) == 0:
-            return choice.get("text")
+            return choice
     return None
 
 
@@ -451,8 +503,8 @@ def _no_token(why: str) -> str:
     return f"the stream ended without any token: {why}"
 
 
-def _why_openai_no_token(text_seen: bool, usage_seen: bool) -> str:
-    if text_seen:
+def _why_openai_no_token(choice0_seen: bool, usage_seen: bool) -> str:
+    if choice0_seen and usage_seen:
         return _no_token("usage.completion_tokens stayed 0 although choices[0].text arrived")
     if usage_seen:
         return _no_token("usage.completion_tokens counted up but no event had choices[0].text")
