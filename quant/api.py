@@ -25,7 +25,7 @@ from salactl.runtime.checkpoint_write import check_output_dir
 from salactl.runtime.config import SalaConfig
 from salactl.runtime.kv_fp8 import fp8_dtype, sglang_scales_json
 from salactl.runtime.loader import (EMBEDDED_DIR, LoadedModel, load_model, model_config, model_quantization,
-                                    resolve_device, resolve_dtype)
+                                    resolve_device, resolve_dtype, stop_token_ids)
 from salactl.runtime.tokenizer import find_tokenizer
 
 # (done, total, label): once with done=0 before the first module group, then after each group
@@ -171,7 +171,8 @@ def _calibration(cfg: SalaConfig, model_dir: Path | None, opts: QuantOptions, ca
             calib = RANDOM          # random weights without any tokenizer: random ids
             output.stderr.print("note: no tokenizer for random weights; calibrating on random token ids")
     output.warn_past_trained_length(seqlen, cfg.max_position_embeddings, "--seqlen")
-    windows = calibration_windows(calib, tok, nsamples, seqlen, cfg.vocab_size, seed, eos_id=cfg.eos_token_id[0])
+    eos_id = next(iter(stop_token_ids(cfg, model_dir, tok)), None)     # config.json's eos may be null
+    windows = calibration_windows(calib, tok, nsamples, seqlen, cfg.vocab_size, seed, eos_id=eos_id)
     if windows.shape[0] < nsamples:
         output.stderr.print(f"warning: the calibration text gives {windows.shape[0]} windows of "
                             f"{windows.shape[1]} tokens, fewer than --nsamples {nsamples}")

@@ -141,7 +141,7 @@ class SalaConfig:
     use_output_gate: bool = True
     tie_word_embeddings: bool = False
     bos_token_id: int = 1
-    eos_token_id: tuple[int, ...] = (2,)
+    eos_token_id: tuple[int, ...] = (2,)     # () where config.json's is null (stops come from elsewhere)
     pad_token_id: int = 2
     initializer_range: float = 0.1
     torch_dtype: str = "bfloat16"
@@ -207,9 +207,7 @@ class SalaConfig:
             value = getattr(self, name)
             if not 0 < value < math.inf:                       # NaN fails every comparison, so it fails here
                 raise ConfigError(f"config.{name} must be a positive finite number, got {value}")
-        if self.torch_dtype not in TORCH_DTYPES:
-            raise ConfigError(f"config.torch_dtype {self.torch_dtype!r} is not supported; use one of "
-                              f"{', '.join(TORCH_DTYPES)} (the dtype of the checkpoint's tensors)")
+        _check_dtype("torch_dtype", self.torch_dtype)
         if self.max_position_embeddings < 1:
             raise ConfigError(f"config.max_position_embeddings must be at least 1, got {self.max_position_embeddings}")
         for t in (*self.eos_token_id, self.bos_token_id):
@@ -269,7 +267,7 @@ class SalaConfig:
         if not isinstance(mixers, list) or not all(isinstance(m, str) for m in mixers):
             raise ConfigError("mixer_types must be a list of strings")
         mixers = tuple(LIGHTNING if m in _LIGHTNING_ALIASES else m for m in mixers)
-        _check_types(d, _HF_KINDS, nullable=set(_HF_KINDS) - {*required, "eos_token_id"})
+        _check_types(d, _HF_KINDS, nullable=set(_HF_KINDS) - set(required))
         heads = d["num_attention_heads"]
         if heads <= 0:
             raise ConfigError(f"config.num_attention_heads must be positive, got {heads}")
@@ -278,6 +276,9 @@ class SalaConfig:
                               f"{heads} and config.json gives no head_dim; add head_dim")
         head_dim = _given(d, "head_dim", d["hidden_size"] // heads)
         eos = d.get("eos_token_id", 2)
+        for key in ("dtype", "torch_dtype"):
+            if d.get(key) is not None:
+                _check_dtype(key, d[key])
         kw: dict = dict(
             vocab_size=d["vocab_size"],
             hidden_size=d["hidden_size"],
@@ -291,8 +292,9 @@ class SalaConfig:
             lightning_nkv=_given(d, "lightning_nkv", _given(d, "lightning_nh", heads)),
             lightning_head_dim=_given(d, "lightning_head_dim", head_dim),
             sparse_config=SparseConfig.from_dict(d.get("sparse_config"), required=SPARSE in mixers),
-            eos_token_id=tuple(eos if isinstance(eos, list) else [eos]),
-            torch_dtype=d.get("torch_dtype") or d.get("dtype") or "bfloat16",
+            eos_token_id=() if eos is None else tuple(eos if isinstance(eos, list) else [eos]),
+            # transformers >= 4.56 prefers `dtype` (torch_dtype is its deprecated alias) when both are given
+            torch_dtype=_given(d, "dtype", _given(d, "torch_dtype", "bfloat16")),
         )
         simple = ("rms_norm_eps", "rope_theta", "max_position_embeddings", "scale_emb", "scale_depth",
                   "dim_model_base", "hidden_act", "attention_bias", "attn_use_rope",
@@ -361,7 +363,7 @@ class SalaConfig:
             use_output_gate=self.use_output_gate,
             tie_word_embeddings=self.tie_word_embeddings,
             bos_token_id=self.bos_token_id,
-            eos_token_id=list(self.eos_token_id),
+            eos_token_id=list(self.eos_token_id) or None,
             pad_token_id=self.pad_token_id,
             initializer_range=self.initializer_range,
             torch_dtype=self.torch_dtype,
@@ -376,6 +378,12 @@ class SalaConfig:
 def _given(d: dict, key: str, default=None):
     """d[key] unless it is absent or null (then `default`): a 0 is a value, which validation refuses."""
     return default if d.get(key) is None else d[key]
+
+
+def _check_dtype(key: str, value: str) -> None:
+    if value not in TORCH_DTYPES:
+        raise ConfigError(f"config.{key} {value!r} is not supported; use one of {', '.join(TORCH_DTYPES)} "
+                          "(the dtype of the checkpoint's tensors)")
 
 
 def _is_int(v: object) -> bool:
@@ -414,14 +422,19 @@ _ROPE_TYPE_KEYS = ("rope_type", "type")
 
 
 def _default_rope(name: str, value: object, extra_keys: tuple[str, ...] = ()) -> dict:
-    """`value` as a dict that asks for plain (unscaled) RoPE, else a ConfigError naming what it asks."""
+    """`value` as a dict that asks for plain (unscaled) RoPE, else a ConfigError naming what it asks.
+    An explicit rope_type default ignores other keys (factor, ...) as transformers does, except
+    partial_rotary_factor, which transformers' default RoPE applies."""
     if not isinstance(value, dict):
         raise ConfigError(f"config.{name} must be an object or null, got {type(value).__name__}")
-    kind = next((value[k] for k in _ROPE_TYPE_KEYS if k in value), "default")
-    if kind != "default":
-        raise ConfigError(f"config.{name} asks for {kind!r} RoPE scaling; salactl runs unscaled RoPE only "
-                          f"(rope_type default)")
-    unknown = sorted(set(value) - set(_ROPE_TYPE_KEYS) - set(extra_keys))
+    kind = next((value[k] for k in _ROPE_TYPE_KEYS if k in value), None)
+    if kind not in (None, "default"):
+        raise ConfigError(f"config.{name} asks for {kind!r} RoPE scaling; salactl runs the lightning layers' "
+                          f"RoPE unscaled only (rope_type default; the sparse layers are NoPE)")
+    if kind is None:
+        unknown = sorted(set(value) - set(extra_keys))
+    else:
+        unknown = [] if value.get("partial_rotary_factor", 1.0) == 1.0 else ["partial_rotary_factor"]
     if unknown:
         raise ConfigError(f"config.{name} has {', '.join(unknown)}, which salactl does not implement; "
                           f"only unscaled RoPE (rope_type default) is supported")

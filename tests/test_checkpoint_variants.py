@@ -56,7 +56,6 @@ def test_rope_parameters_theta_is_used_like_top_level_rope_theta(nano, tmp_path)
     ("rope_parameters", {"rope_type": "default", "partial_rotary_factor": 0.5}, "partial_rotary_factor"),
     ("rope_parameters", {"rope_theta": "big"}, "expected a number"),
     ("rope_scaling", {"type": "linear", "factor": 2.0}, "'linear' RoPE scaling"),
-    ("rope_scaling", {"rope_type": "default", "factor": 2.0}, "factor"),
     ("rope_scaling", "linear", "must be an object"),
 ])
 def test_rope_scaling_is_refused_never_ignored(nano, key, value, msg, capsys):

@@ -52,7 +52,6 @@ def nano(tmp_path):
     ("max_position_embeddings", "abc", "an integer"),
     ("bos_token_id", "1", "an integer"),
     ("eos_token_id", "abc", "an integer or a list of integers"),
-    ("eos_token_id", None, "an integer or a list of integers"),
     ("eos_token_id", [2, None], "an integer or a list of integers"),
     ("scale_depth", "x", "a number"),
     ("rope_theta", "x", "a number"),

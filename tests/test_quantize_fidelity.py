@@ -151,5 +151,5 @@ def test_a_torch_dtype_no_server_runs_is_a_config_error(key, tmp_path, capsys):
     (src / "config.json").write_text(json.dumps(config))
     code, _, err = run_cli(["quantize", "--model", src, "--out", tmp_path / "q", "--method", "rtn"], capsys)
     assert code == 3 and err.count("\n") == 1, err
-    assert "torch_dtype 'float64' is not supported; use one of bfloat16, float16, float32" in err
+    assert f"{key} 'float64' is not supported; use one of bfloat16, float16, float32" in err
     assert not (tmp_path / "q").exists()
