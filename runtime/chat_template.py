@@ -1,6 +1,7 @@
 """Chat templates as transformers renders them: the checkpoint's chat_template.jinja, else
 tokenizer_config.json's "chat_template", compiled like `_compile_jinja_template` (sandboxed,
-immutable, trim_blocks, lstrip_blocks, loop controls, raise_exception, strftime_now, tojson).
+immutable, trim_blocks, lstrip_blocks, loop controls, {% generation %}, raise_exception, strftime_now,
+tojson).
 ChatML is only the fallback for a checkpoint without a template."""
 
 from __future__ import annotations
@@ -14,9 +15,13 @@ CHATML_NOTE = ("the checkpoint has no chat template (chat_template.jinja or toke
                "chat_template); --chat uses ChatML")
 
 
+CHATML_MARKERS = ("<|im_start|>", "<|im_end|>")
+
+
 def chatml(messages: list[dict], add_generation_prompt: bool = True) -> str:
-    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-    return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+    start, end = CHATML_MARKERS
+    text = "".join(f"{start}{m['role']}\n{m['content']}{end}\n" for m in messages)
+    return text + (f"{start}assistant\n" if add_generation_prompt else "")
 
 
 def read_chat_template(directory: Path, cfg: dict, cfg_file: Path) -> tuple[str | None, str | None]:
@@ -59,7 +64,19 @@ def compile_template(template: str, source: str):
     def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    class Generation(jinja2.ext.Extension):
+        """HF's {% generation %}...{% endgeneration %}, which marks the assistant's text for
+        return_assistant_tokens_mask (AssistantTracker): rendered as its body, as HF does when it
+        is not tracking."""
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.Scope(body, lineno=lineno)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols, Generation])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import math
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from salactl.runtime.config import SalaConfig
 from salactl.runtime.json_file import read_json
 from salactl.runtime.layers.model import SalaForCausalLM
 from salactl.runtime.presets import PRESETS, preset
+from salactl.runtime.sampling import is_int
 
 EMBEDDED_DIR = Path(__file__).parent / "models" / "sala-nano"
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
@@ -194,6 +197,21 @@ def model_quantization(model: str | Path | None = None, random_weights: bool = F
     return None if random_weights else quantization_config(path, config)
 
 
+def _model_dir(name: str, path: Path, random_weights: bool) -> Path | None:
+    if not random_weights:
+        return path
+    if name == "sala-nano" and EMBEDDED_DIR.exists():
+        return EMBEDDED_DIR
+    return path if path.is_dir() else None
+
+
+def model_dir(model: str | Path | None = None, random_weights: bool = False) -> Path | None:
+    """The LoadedModel.model_dir load_model(model, random_weights=...) gives, with the same errors,
+    but no weights read: for the tokenizer and generation_config.json before loading."""
+    name, path, _ = _resolve_source(model, random_weights)
+    return _model_dir(name, path, random_weights)
+
+
 def load_model(model: str | Path | None = None, device=None, dtype: str | torch.dtype | None = None,
                random_weights: bool = False, seed: int = 0) -> LoadedModel:
     """Load a model for Engine / GPUEngine.
@@ -211,9 +229,8 @@ def load_model(model: str | Path | None = None, device=None, dtype: str | torch.
     if random_weights:
         check_host_memory(config, dt, dev, name)
         state = random_state_dict(config, dev, dt, seed)
-        model_dir = EMBEDDED_DIR if name == "sala-nano" and EMBEDDED_DIR.exists() else (
-            path if path.is_dir() else None)
-        return LoadedModel(build_model(config, state), config, model_dir, f"random:{name}:seed={seed}")
+        return LoadedModel(build_model(config, state), config, _model_dir(name, path, random_weights),
+                           f"random:{name}:seed={seed}")
     generation_eos_ids(path, config.vocab_size)          # a bad generation_config.json fails here, not mid-run
     quant = quantization_config(path, config)
     if quant is not None:
@@ -246,26 +263,62 @@ def quantization_config(path: Path, config: SalaConfig | None = None) -> dict | 
     return qc
 
 
-def generation_eos_ids(model_dir: Path | None, vocab_size: int | None = None) -> tuple[int, ...]:
-    """generation_config.json's eos_token_id (an int or a list; the file is optional), which HF
-    `generate()` stops at; with `vocab_size`, an id outside [0, vocab_size) is refused too."""
-    if model_dir is None or not (Path(model_dir) / "generation_config.json").is_file():
-        return ()
-    f = Path(model_dir) / "generation_config.json"
+def _generation_config(model_dir: Path | None) -> tuple[Path | None, dict]:
+    """generation_config.json (the file is optional) and its JSON object; (None, {}) without one."""
+    f = None if model_dir is None else Path(model_dir) / "generation_config.json"
+    if f is None or not f.is_file():
+        return None, {}
     d = read_json(f, CheckpointError)
     if not isinstance(d, dict):
         raise CheckpointError(f"{f} must hold a JSON object, not a {type(d).__name__}; fix or remove it")
+    return f, d
+
+
+def generation_eos_ids(model_dir: Path | None, vocab_size: int | None = None) -> tuple[int, ...]:
+    """generation_config.json's eos_token_id (an int or a list; the file is optional), which HF
+    `generate()` stops at; with `vocab_size`, an id outside [0, vocab_size) is refused too."""
+    f, d = _generation_config(model_dir)
     eos = d.get("eos_token_id")
     if eos is None:
         return ()
     ids = eos if isinstance(eos, list) else [eos]
-    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+    if not all(is_int(i) for i in ids):
         raise CheckpointError(f"{f} has eos_token_id = {json.dumps(eos)}; expected an integer or a list of integers")
     outside = [i for i in ids if vocab_size is not None and not 0 <= i < vocab_size]
     if outside:
         raise CheckpointError(f"{f} has eos_token_id {outside[0]}, outside the model's vocabulary [0, {vocab_size}); "
                               "fix or remove it")
     return tuple(ids)
+
+
+def _number(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+# generation_config.json's sampling and length keys: (valid?, what is expected)
+GENERATION_KEYS = {
+    "do_sample": (lambda v: isinstance(v, bool), "true or false"),
+    "temperature": (lambda v: _number(v) and 0 <= v < math.inf, "a finite number >= 0"),
+    "top_p": (lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "top_k": (lambda v: is_int(v) and v >= 0, "an integer >= 0 (0 = off)"),
+    "max_new_tokens": (lambda v: is_int(v) and v >= 0, "an integer >= 0"),
+    "max_length": (lambda v: is_int(v) and v >= 1, "an integer >= 1"),
+}
+
+
+def generation_defaults(model_dir: Path | None) -> dict:
+    """The GENERATION_KEYS that generation_config.json sets (null: unset), which HF `generate()`,
+    vLLM and SGLang take as a request's defaults; a malformed value is a CheckpointError."""
+    f, d = _generation_config(model_dir)
+    found = {}
+    for key, (valid, expected) in GENERATION_KEYS.items():
+        value = d.get(key)
+        if value is None:
+            continue
+        if not valid(value):
+            raise CheckpointError(f"{f} has {key} = {json.dumps(value)}; expected {expected}; fix or remove it")
+        found[key] = value
+    return found
 
 
 def stop_token_ids(config: SalaConfig, model_dir: Path | None, tokenizer=None) -> tuple[int, ...]:

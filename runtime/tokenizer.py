@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from salactl.errors import TokenizerError, UsageError
-from salactl.runtime.chat_template import chatml, compile_template, one_line, read_chat_template
+from salactl.runtime.chat_template import CHATML_MARKERS, chatml, compile_template, one_line, read_chat_template
 from salactl.runtime.json_file import read_json
 
 # transformers classes whose __init__ rebuilds the post-processor from add_bos_token/add_eos_token
@@ -35,6 +35,7 @@ class Tokenizer:
 
         path = Path(path)
         file = path / "tokenizer.json" if path.is_dir() else path
+        _refuse_sentencepiece(file)
         if not file.exists():
             raise TokenizerError(f"no tokenizer.json at {file}; pass --tokenizer PATH (a tokenizer.json or "
                                  "its directory)")
@@ -208,9 +209,10 @@ class Tokenizer:
         (HF's skip_special_tokens)."""
         return self.tok.decode(ids, skip_special_tokens=skip_special)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The chat text as HF `apply_chat_template(messages, add_generation_prompt, tokenize=False)`;
-        ChatML when the checkpoint has no template (see `has_chat_template`)."""
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
+        """The chat text as HF `apply_chat_template(messages, add_generation_prompt, tokenize=False,
+        **kwargs)`: kwargs are extra template variables (e.g. enable_thinking=False), over the special
+        tokens'. ChatML, which takes none, when the checkpoint has no template (`has_chat_template`)."""
         if self.chat_template is None:
             return chatml(messages, add_generation_prompt)
         if self._compiled is None:
@@ -218,9 +220,9 @@ class Tokenizer:
         kw = {k: v for k, v in self.special.items() if v is not None}
         if self.additional_special:
             kw["additional_special_tokens"] = list(self.additional_special)
+        kw.update(tools=None, documents=None, add_generation_prompt=add_generation_prompt, **kwargs)
         try:
-            return self._compiled.render(messages=messages, tools=None, documents=None,
-                                         add_generation_prompt=add_generation_prompt, **kw)
+            return self._compiled.render(messages=messages, **kw)
         except Exception as e:  # jinja2 TemplateError, raise_exception(), or a bug in the template
             raise TokenizerError(f"the chat template of {self.chat_template_source} failed: "
                                  f"{one_line(e)}") from None
@@ -229,11 +231,29 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return self.chat_template is not None
 
-    def chat_ids(self, user: str) -> list[int]:
-        """Ids of a one-turn chat prompt: the rendered template tokenized without special tokens
-        (the template supplies any BOS), as HF `apply_chat_template(..., tokenize=True)`."""
-        messages = [{"role": "user", "content": user}]
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt=True), add_special_tokens=False)
+    def chat_ids(self, user: str, system: str | None = None, **kwargs) -> list[int]:
+        """Ids of a one-turn chat prompt (after a system message, when given): the rendered template
+        tokenized without special tokens (the template supplies any BOS), as HF
+        `apply_chat_template(..., tokenize=True, **kwargs)`."""
+        messages = ([] if system is None else [{"role": "system", "content": system}]) + \
+            [{"role": "user", "content": user}]
+        if self.chat_template is None:
+            self._check_chatml_markers()
+        ids = self.encode(self.apply_chat_template(messages, add_generation_prompt=True, **kwargs),
+                          add_special_tokens=False)
+        if not ids:
+            raise TokenizerError(f"the chat template of {self.chat_template_source} rendered no text for the "
+                                 "prompt; fix the template, or run without --chat")
+        return ids
+
+    def _check_chatml_markers(self) -> None:
+        """The ChatML fallback is only ChatML where its markers are single tokens; else they would be
+        encoded as text the model never saw as markers."""
+        if any(len(self.encode(m, add_special_tokens=False)) != 1 for m in CHATML_MARKERS):
+            raise TokenizerError("the checkpoint has no chat template and its tokenizer lacks the ChatML markers "
+                                 f"{'/'.join(CHATML_MARKERS)} as single tokens, so --chat cannot format the prompt; "
+                                 "pass the prompt without --chat, or add a chat_template (chat_template.jinja "
+                                 "or tokenizer_config.json's chat_template)")
 
 
 def _require_normal_tokens(tok, file: Path) -> None:
@@ -242,6 +262,17 @@ def _require_normal_tokens(tok, file: Path) -> None:
     if not set(tok.get_vocab(with_added_tokens=True)) - specials:
         raise TokenizerError(f"{file} has no tokens besides its special tokens (an empty vocabulary); "
                              "re-download the model's tokenizer.json or pass --tokenizer")
+
+
+def _refuse_sentencepiece(file: Path) -> None:
+    """`file`, the tokenizer.json looked for, is a SentencePiece tokenizer.model, or missing beside
+    one: say that salactl reads only tokenizer.json, and how transformers converts the model."""
+    spm = file if file.suffix == ".model" else file.parent / "tokenizer.model"
+    if spm.is_file() and (file == spm or not file.exists()):
+        d = str(spm.parent)
+        raise TokenizerError(f"{spm} is a SentencePiece model, but salactl reads only tokenizer.json; convert it: "
+                             f"python -c \"from transformers import AutoTokenizer as T; T.from_pretrained({d!r})"
+                             f".save_pretrained({d!r})\"")
 
 
 def _check_readable(file: Path) -> None:
@@ -305,6 +336,7 @@ def find_tokenizer(explicit: str | None, model_dir: str | Path | None) -> Tokeni
         return Tokenizer(Path(explicit))
     if model_dir is not None:
         model_dir = Path(model_dir)
+        _refuse_sentencepiece(model_dir / "tokenizer.json")
         if not (model_dir / "tokenizer.json").exists():
             raise TokenizerError(f"checkpoint {model_dir} has no tokenizer.json; pass --tokenizer PATH "
                                  "(the model's tokenizer.json or its directory)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -25,18 +26,21 @@ def run(
     prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", metavar="<path>", parser=non_empty_path("--prompt-file", "a UTF-8 text file"), help="Read the prompt from a file.")] = None,
     model: ModelOpt = "sala-nano",
     random_weights: RandomWeightsOpt = False,
-    seed: seed_option("--random-weights and sampling (with --temperature > 0)") = 0,
+    seed: seed_option("--random-weights and sampling (with a temperature > 0)") = 0,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     tokenizer: TokenizerOpt = None,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Tokens to generate at most.")] = 64,
-    temperature: Annotated[float, typer.Option("--temperature", "-t", help="Sampling temperature, a finite "
-                                               "number >= 0; 0 = greedy.")] = 0.0,
-    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling, in (0, 1]: keep the smallest set of "
-                                         "tokens reaching this probability (1 = off). Only with --temperature "
-                                         "> 0.")] = 1.0,
-    top_k: Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0 = off). Only with "
-                                       "--temperature > 0.")] = 0,
+    max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", "-n", help="Tokens to generate at "
+                              "most. Default: the checkpoint's generation_config.json max_new_tokens (or its "
+                              "max_length less the prompt), else 64.")] = None,
+    temperature: Annotated[Optional[float], typer.Option("--temperature", "-t", help="Sampling temperature, a "
+                           "finite number >= 0; 0 = greedy. Default: generation_config.json's (do_sample true: "
+                           "its temperature, 1 if unset), else 0.")] = None,
+    top_p: Annotated[Optional[float], typer.Option("--top-p", help="Nucleus sampling, in (0, 1]: keep the "
+                     "smallest set of tokens reaching this probability (1 = off). Only when sampling. Default: "
+                     "generation_config.json's, else 1.")] = None,
+    top_k: Annotated[Optional[int], typer.Option("--top-k", help="Keep the k most likely tokens (0 = off). Only "
+                     "when sampling. Default: generation_config.json's, else 0.")] = None,
     chunk_size: ChunkOpt = 512,
     op_profile: Annotated[bool, typer.Option("--op-profile/--no-op-profile", help="Per-op times in the "
                           "roofline: on the GPU engine (CUDA with triton) a second, eager pass over the prompt "
@@ -45,6 +49,12 @@ def run(
     kv_cache_dtype: KvCacheDtypeOpt = "bf16",
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the checkpoint's chat "
                                              "template (ChatML when it has none), as HF apply_chat_template.")] = False,
+    system: Annotated[Optional[str], typer.Option("--system", metavar="<text>", help="With --chat: a system "
+                      "message before the prompt.")] = None,
+    chat_template_kwargs: Annotated[Optional[list[str]], typer.Option("--chat-template-kwargs",
+                                    metavar="<key=json>", help="With --chat: a variable for the chat template "
+                                    "as KEY=JSON_VALUE, e.g. enable_thinking=false (repeatable), as HF "
+                                    "apply_chat_template's kwargs and vLLM/SGLang's chat_template_kwargs.")] = None,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Keep generating past end-of-sequence tokens.")] = False,
     stop: Annotated[Optional[list[str]], typer.Option("--stop", metavar="<str>", help="End generation once the "
                     "generated text contains this string (repeatable). As in vLLM, the text printed and returned "
@@ -62,21 +72,17 @@ def run(
     output.directory_option(out, files=("records.jsonl",))
     if out is None:
         refuse_unused(passed(ctx, "label"), "the records written to --out", "add --out DIR, or drop {it}")
-    if temperature == 0:
-        refuse_unused(passed(ctx, "top_p", "top_k"), "sampling (--temperature > 0), not greedy decoding",
-                      "add --temperature T, or drop {it}")
-        if not random_weights:
-            refuse_unused(passed(ctx, "seed"), "--random-weights and sampling (--temperature > 0), neither "
-                          "of which runs", "drop {it}")
     given = [x is not None for x in (prompt, prompt_ids, prompt_file)]
     if sum(given) != 1:
         raise UsageError("give exactly one of --prompt, --prompt-ids or --prompt-file")
     if prompt_file is not None:
         prompt = output.read_text_option(prompt_file, "--prompt-file")
     req = RunRequest(prompt=prompt, prompt_ids=parse_list(prompt_ids, "--prompt-ids") if prompt_ids is not None else None,
-                     model=model, random_weights=random_weights, seed=seed, device=device, dtype=dtype,
+                     model=model, random_weights=random_weights, seed=seed if passed(ctx, "seed") else None,
+                     device=device, dtype=dtype,
                      tokenizer=tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,
-                     top_p=top_p, top_k=top_k, chunk_size=chunk_size, chat=chat, ignore_eos=ignore_eos,
+                     top_p=top_p, top_k=top_k, chunk_size=chunk_size, chat=chat, system=system,
+                     chat_template_kwargs=_template_kwargs(chat_template_kwargs), ignore_eos=ignore_eos,
                      stop=tuple(stop or ()), stop_token_ids=_stop_token_ids(stop_token_ids),
                      kv_cache_dtype=kv_cache_dtype, op_profile=op_profile)
     last_text = [""]
@@ -108,6 +114,21 @@ def run(
         return
     sys.stdout.write("\n\n")
     render(result)
+
+
+def _template_kwargs(items: list[str] | None) -> dict:
+    """--chat-template-kwargs KEY=JSON_VALUE ... as a dict."""
+    kwargs = {}
+    for item in items or ():
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise UsageError(f"--chat-template-kwargs {item!r} is not KEY=JSON_VALUE; e.g. enable_thinking=false")
+        try:
+            kwargs[key] = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"--chat-template-kwargs {key}: {value!r} is not JSON ({e.msg}); use true/false, "
+                             f"null, a number or a quoted string, e.g. {key}='\"text\"'") from None
+    return kwargs
 
 
 def _stop_token_ids(text: str | None) -> tuple[int, ...]:

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import torch
 
 from salactl import output
 from salactl.errors import TokenizerError, UsageError
+from salactl.options import refuse_unused
 from salactl.quant.in_memory import quantized_as
 from salactl.runtime.engine import Engine, ending_token_ids
 from salactl.runtime.kv_fp8 import stored_kv_name
-from salactl.runtime.loader import load_model
+from salactl.runtime.loader import generation_defaults, load_model, model_dir
 from salactl.runtime.peaks import peaks_for
 from salactl.runtime.roofline import linear_costs, phase_costs, roofline_rows
 from salactl.runtime.sampling import SamplingParams
@@ -23,24 +24,32 @@ if TYPE_CHECKING:
     from salactl.runtime.tokenizer import Tokenizer
 
 
+# what run samples with when neither a flag nor the checkpoint's generation_config.json says
+SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 64}
+
+
 @dataclass(frozen=True)
 class RunRequest:
-    """`salactl run`'s options; exactly one of prompt (text) and prompt_ids (token ids)."""
+    """`salactl run`'s options; exactly one of prompt (text) and prompt_ids (token ids). A sampling
+    option left None takes the checkpoint's generation_config.json value, else SAMPLING_DEFAULTS
+    (see _sampling); seed None is 0, and not given (so greedy decoding does not refuse it)."""
 
     prompt: str | None = None
     prompt_ids: list[int] | None = None
     model: str = "sala-nano"
     random_weights: bool = False
-    seed: int = 0
+    seed: int | None = None
     device: str = "auto"
     dtype: str = "auto"
     tokenizer: str | None = None
-    max_new_tokens: int = 64
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
     chunk_size: int = 512
     chat: bool = False
+    system: str | None = None               # chat: a system message before the prompt
+    chat_template_kwargs: dict = field(default_factory=dict)    # chat: extra variables of the template
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()              # text that ends generation, left out of the output text
     stop_token_ids: tuple[int, ...] = ()    # ids that end generation, as EOS does
@@ -52,22 +61,85 @@ def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
     """Run the job; returns the `run --json` record. stream(text) gets the text as it is generated."""
     if (req.prompt is None) == (req.prompt_ids is None):
         raise UsageError("give exactly one of prompt (--prompt) and prompt_ids (--prompt-ids)")
-    params = _sampling_params(req)
+    if not req.chat:
+        refuse_unused([f for f, given in (("--system", req.system is not None),
+                                          ("--chat-template-kwargs", bool(req.chat_template_kwargs))) if given],
+                      "--chat (the chat template)", "add --chat, or drop {it}")
+    # the given sampling values first: a bad one fails before the model is even looked up
+    SamplingParams(**{k: v for k in (*SAMPLING_DEFAULTS, "seed") if (v := getattr(req, k)) is not None})
     check_stop_strings(req.stop)
-    lm = load_model(req.model, req.device, req.dtype, req.random_weights, req.seed)
+    gen = generation_defaults(model_dir(req.model, req.random_weights))
+    _refuse_ignored_flags(req, gen)
+    lm = load_model(req.model, req.device, req.dtype, req.random_weights, req.seed or 0)
     ids, tok = _prompt_ids(req, lm)
-    _check_prompt(req, lm, ids, tok)
-    engine, res, text, timing_note = _generate(req, lm, ids, tok, params, stream, prefill_progress)
-    return _record(req, lm, ids, text, engine, res, timing_note)
-
-
-def _sampling_params(req: RunRequest) -> SamplingParams:
-    params = SamplingParams(max_new_tokens=req.max_new_tokens, temperature=req.temperature,
-                            top_p=req.top_p, top_k=req.top_k, seed=req.seed, ignore_eos=req.ignore_eos,
+    values, sources = _sampling(req, gen, len(ids))
+    req = replace(req, seed=req.seed or 0, **values)
+    params = SamplingParams(max_new_tokens=req.max_new_tokens, temperature=req.temperature, top_p=req.top_p,
+                            top_k=req.top_k, seed=req.seed, ignore_eos=req.ignore_eos,
                             stop_token_ids=req.stop_token_ids)
-    if params.temperature == 0 and (params.top_p < 1 or params.top_k):
-        output.warn_once("--top-p/--top-k apply only with --temperature > 0; greedy decoding ignores them")
-    return params
+    _check_prompt(req, lm, ids, tok)
+    _note_checkpoint_sampling(req, gen, sources)
+    engine, res, text, timing_note = _generate(req, lm, ids, tok, params, stream, prefill_progress)
+    return _record(req, lm, ids, text, engine, res, timing_note, sources)
+
+
+def _file_temperature(gen: dict) -> float | None:
+    """generation_config.json's temperature as HF generate() applies it: do_sample false is greedy
+    (0), true samples at its temperature (1.0 when unset); None when it does not say."""
+    if "do_sample" not in gen:
+        return None
+    return gen.get("temperature", 1.0) if gen["do_sample"] else 0.0
+
+
+def _temperature(req: RunRequest, gen: dict) -> float | None:
+    return req.temperature if req.temperature is not None else _file_temperature(gen)
+
+
+def _refuse_ignored_flags(req: RunRequest, gen: dict) -> None:
+    """Before loading: greedy decoding (a flag's or generation_config.json's) refuses the sampling
+    flags it would ignore."""
+    if _temperature(req, gen):
+        return
+    why = "" if req.temperature is not None or "do_sample" not in gen else \
+        " (greedy from the checkpoint's generation_config.json)"
+    refuse_unused([f for f, v in (("--top-p", req.top_p), ("--top-k", req.top_k)) if v is not None],
+                  f"sampling (--temperature > 0), not greedy decoding{why}", "add --temperature T, or drop {it}")
+    if not req.random_weights:
+        refuse_unused(["--seed"] if req.seed is not None else [], "--random-weights and sampling "
+                      f"(--temperature > 0), neither of which runs{why}", "drop {it}")
+
+
+def _sampling(req: RunRequest, gen: dict, prompt_tokens: int) -> tuple[dict, dict]:
+    """The SAMPLING_DEFAULTS keys' values and where each came from: the flag ("cli"), else
+    generation_config.json (`gen`: its temperature as _file_temperature; top_p and top_k only when
+    sampling; max_new_tokens, else max_length less the prompt's tokens), else "default"."""
+    sampling = bool(_temperature(req, gen))
+    budget = max(gen["max_length"] - prompt_tokens, 0) if "max_length" in gen else None
+    from_file = {"temperature": _file_temperature(gen), "top_p": gen.get("top_p") if sampling else None,
+                 "top_k": gen.get("top_k") if sampling else None,
+                 "max_new_tokens": gen.get("max_new_tokens", budget)}
+    values, sources = {}, {}
+    for name, default in SAMPLING_DEFAULTS.items():
+        for source, value in (("cli", getattr(req, name)), ("generation_config", from_file[name]),
+                              ("default", default)):
+            if value is not None:
+                values[name], sources[name] = value, source
+                break
+    return values, sources
+
+
+def _note_checkpoint_sampling(req: RunRequest, gen: dict, sources: dict) -> None:
+    """A dim stderr line naming the values generation_config.json changed from SAMPLING_DEFAULTS."""
+    def shown(name: str) -> str:
+        from_length = name == "max_new_tokens" and name not in gen
+        return f"{name} {getattr(req, name)}" + (f" (its max_length {gen['max_length']} less the prompt)"
+                                                 if from_length else "")
+
+    said = [shown(name) for name, source in sources.items()
+            if source == "generation_config" and getattr(req, name) != SAMPLING_DEFAULTS[name]]
+    if said:
+        output.stderr.print(f"from the checkpoint's generation_config.json: {', '.join(said)}; flags override",
+                            style="dim")
 
 
 def _prompt_ids(req: RunRequest, lm: LoadedModel) -> tuple[list[int], Tokenizer | None]:
@@ -87,9 +159,13 @@ def _prompt_ids(req: RunRequest, lm: LoadedModel) -> tuple[list[int], Tokenizer 
         return req.prompt_ids, tok
     tok = find_tokenizer(req.tokenizer, lm.model_dir)
     if req.chat:    # the checkpoint's template, tokenized without special tokens (HF apply_chat_template)
+        if req.chat_template_kwargs and not tok.has_chat_template:
+            raise UsageError(f"--chat-template-kwargs apply to the checkpoint's chat template, and it has none "
+                             "(--chat uses ChatML); drop them")
+        ids = tok.chat_ids(req.prompt, system=req.system, **req.chat_template_kwargs)
         if not tok.has_chat_template:
             output.warn_once(CHATML_NOTE)
-        return tok.chat_ids(req.prompt), tok
+        return ids, tok
     return tok.encode(req.prompt), tok
 
 
@@ -191,7 +267,7 @@ def _without_op_times(res, phase_times: str) -> dict:
 
 
 def _record(req: RunRequest, lm: LoadedModel, ids: list[int], text: GeneratedText | None, engine, res,
-            timing_note: dict) -> dict:
+            timing_note: dict, sampling_source: dict) -> dict:
     """The run's result: outputs, speeds, the roofline of both phases and what produced them."""
     from salactl.env import environment
 
@@ -221,6 +297,7 @@ def _record(req: RunRequest, lm: LoadedModel, ids: list[int], text: GeneratedTex
         "sampling": {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
                      "seed": req.seed, "max_new_tokens": req.max_new_tokens, "ignore_eos": req.ignore_eos,
                      "stop": list(req.stop), "stop_token_ids": list(req.stop_token_ids)},
+        "sampling_source": sampling_source,
         "chunk_size": req.chunk_size,
         "kv_cache_dtype": stored_kv_name(req.kv_cache_dtype, act_dtype),
         "weights": quantized_as(lm.model) or dtype_name,
@@ -266,8 +343,8 @@ def run_records(result: dict, req: RunRequest, label: str | None) -> list[dict]:
     run_id = new_run_id()
     n_in, n_out = len(result["prompt_token_ids"]), len(result["output_token_ids"])
     knobs = {k: v for k, v in asdict(req).items() if k not in ("prompt", "prompt_ids")}
-    knobs.update(dtype=result["dtype"], device=result["device"], kv_cache_dtype=result["kv_cache_dtype"],
-                 weights=result["weights"])
+    knobs.update(result["sampling"], sampling_source=result["sampling_source"], dtype=result["dtype"],
+                 device=result["device"], kv_cache_dtype=result["kv_cache_dtype"], weights=result["weights"])
     common = dict(completed=1, failed=0, total_input_tokens=n_in, total_output_tokens=n_out,
                   peak_memory_bytes=result["peak_memory_bytes"])
     ttft_ms = result["ttft_s"] and result["ttft_s"] * 1e3        # None when no token was generated
