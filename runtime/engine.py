@@ -116,10 +116,15 @@ def _caller_stacklevel() -> int:
 
 
 def model_and_device(model, device) -> tuple[SalaForCausalLM, torch.device]:
-    """The module to run (a LoadedModel gives its .model) and its device. `device` None (or
-    "auto") means the model's; any other must name the model's device (DeviceError otherwise)."""
+    """The module to run (a LoadedModel gives its .model; anything else but a SalaForCausalLM is a
+    UsageError) and its device. `device` None (or "auto") means the model's; any other must name the
+    model's device (DeviceError otherwise)."""
     if isinstance(model, LoadedModel):
         model = model.model
+    if not isinstance(model, SalaForCausalLM):
+        hint = f"; for a preset or checkpoint pass load_model({model!r})" if isinstance(model, str) else ""
+        raise UsageError("model must be the LoadedModel from load_model(...) or a SalaForCausalLM, "
+                         f"got {type(model).__name__}{hint}")
     have = model.device
     if device is None or device == "auto":
         return model, have
@@ -130,12 +135,45 @@ def model_and_device(model, device) -> tuple[SalaForCausalLM, torch.device]:
     return model, have
 
 
+BACKENDS = {"reference": ReferenceBackend}
+
+
+def attention_backend(backend, config):
+    """`backend` as Engine runs it: None (the reference backend), a name in BACKENDS, or an object
+    with the backend methods (softmax_attention, linear_attention), e.g. a ReferenceBackend."""
+    if backend is None:
+        backend = "reference"
+    if isinstance(backend, str):
+        if backend not in BACKENDS:
+            raise UsageError(f"backend {backend!r} is unknown; valid: {', '.join(BACKENDS)}, or an attention "
+                             "backend object such as ReferenceBackend (the Triton kernels run in GPUEngine)")
+        return BACKENDS[backend](config)
+    if not all(callable(getattr(backend, m, None)) for m in ("softmax_attention", "linear_attention")):
+        raise UsageError(f"backend must be a name ({', '.join(BACKENDS)}) or an object with softmax_attention "
+                         f"and linear_attention methods, got {type(backend).__name__}")
+    return backend
+
+
+def check_callback(fn, name: str) -> None:
+    """A UsageError unless `fn` is None or callable (checked before any work runs)."""
+    if fn is not None and not callable(fn):
+        raise UsageError(f"{name} must be a function or None, got {fn!r}")
+
+
+def check_ending_ids(ids, vocab_size: int) -> None:
+    """A UsageError for a stop/EOS id the model can never sample (as_token_ids refused negatives)."""
+    for t in ids:
+        if t >= vocab_size:
+            raise UsageError(f"stop token id {t} is outside the model's vocabulary (0..{vocab_size - 1})")
+
+
 class Engine:
     """Single-sequence generation engine: chunked prefill, then one token per decode step. Runs
     on CPU or CUDA; each generate()/stream() call owns its cache, so calls may interleave.
 
     model: a SalaForCausalLM or the LoadedModel from load_model. device: None = the model's.
-    chunk_size: prompt tokens per prefill forward. time_ops: fill PhaseStats.op_seconds (slower).
+    chunk_size: prompt tokens per prefill forward. backend: None or "reference" (plain-PyTorch
+    attention), or an attention backend object. time_ops: fill PhaseStats.op_seconds (slower).
     kv_cache_dtype: "bf16" (the activation dtype), "fp8_e4m3" or "fp8_e5m2"."""
 
     def __init__(self, model, device=None, chunk_size: int = 512, backend=None, time_ops: bool = False,
@@ -146,7 +184,7 @@ class Engine:
         self.config = self.model.config
         self.dtype = self.model.model.embed_tokens.weight.dtype    # never quantized, unlike lm_head
         self.chunk_size = chunk_size
-        self.backend = backend or ReferenceBackend(self.config)
+        self.backend = attention_backend(backend, self.config)
         self.time_ops = time_ops
         # fp8 KV: calibrated scales from the checkpoint (runtime/kv_fp8.py says what happens without)
         self.kv_cache_dtype = kv_cache_dtype
@@ -198,6 +236,8 @@ class Engine:
         token as it is sampled; returning True ends generation after that token with finish_reason
         "stop" (how a stop string ends it: GeneratedText.stopped). prefill_progress(done, total):
         called after each prefill chunk."""
+        check_callback(on_token, "on_token")
+        check_callback(prefill_progress, "prefill_progress")
         prompt, params, eos_ids = self._check_request(prompt, params, eos_ids)
         box: list[GenerationResult] = []
         for _ in self._generate(prompt, params, eos_ids, box.append, prefill_progress, on_token):
@@ -208,6 +248,7 @@ class Engine:
         """(prompt ids, SamplingParams, eos ids) as generation takes them, or a UsageError."""
         prompt, params = check_prompt(prompt, self.config.vocab_size), resolve_params(params)
         eos_ids = as_token_ids(eos_ids, "eos_ids")
+        check_ending_ids(params.stop_token_ids + eos_ids, self.config.vocab_size)
         warn_model_limits(self.config, len(prompt), params.max_new_tokens)
         return prompt, params, eos_ids
 

@@ -71,24 +71,30 @@ def is_int(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+_NOT_TEXT = "stop strings are not token ids"
+
+
 def as_token_ids(value, what: str) -> tuple[int, ...]:
-    """An int, an iterable of ints or None (= none) as a tuple of ints; anything else, text above
-    all, is a UsageError naming `what`."""
+    """An int, an iterable of ints or None (= none) as a tuple of ints; anything else, text and
+    negative ids above all, is a UsageError naming `what`. The upper bound is the model's
+    vocabulary, checked where the model is known (the engines)."""
     if value is None:
         return ()
-    if is_int(value):
-        return (int(value),)
     if isinstance(value, (str, bytes)):
-        raise UsageError(f"{what} got text {value!r}: stop strings are not token ids; pass token ids "
-                         "(Tokenizer.encode gives them), or match text with GeneratedText (`run --stop`)")
+        raise UsageError(f"{what} got text {value!r}: {_NOT_TEXT}; pass token ids (Tokenizer.encode gives "
+                         "them), or the text as GeneratedText(stop=...) (`run --stop`)")
     try:
-        items = list(value)
+        items = [value] if is_int(value) else list(value)
     except TypeError:
         raise UsageError(f"{what} must be a token id or an iterable of token ids, got {value!r}") from None
     bad = [t for t in items if not is_int(t)]
     if bad:
-        hint = "; stop strings are not token ids; pass token ids (text: GeneratedText)" if isinstance(bad[0], str) else ""
+        hint = f"; {_NOT_TEXT}; pass token ids, or the text as GeneratedText(stop=...)" \
+            if isinstance(bad[0], str) else ""
         raise UsageError(f"{what} must hold integer token ids, got {bad[0]!r}{hint}")
+    negative = [t for t in items if t < 0]
+    if negative:
+        raise UsageError(f"{what} must hold token ids >= 0, got {negative[0]}")
     return tuple(int(t) for t in items)
 
 

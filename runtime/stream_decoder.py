@@ -9,6 +9,7 @@ import json
 import re
 
 from salactl.errors import UsageError
+from salactl.runtime.sampling import as_token_ids
 
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
@@ -136,7 +137,7 @@ class GeneratedText:
       id itself stays in the output ids;
     - push() returns the text that can be shown now, holding back the last len(longest stop) - 1
       characters, which the next ids may turn into a stop string; flush() returns the rest.
-    `text` is all that push() and flush() returned.
+    `text` is all that push() and flush() returned. stop_ids: a token id, ids or None (none).
 
         text = GeneratedText(tokenizer, stop=["\\n\\n"], stop_ids=eos_ids)
         for t in engine.stream(ids, params, eos_ids=eos_ids):
@@ -147,7 +148,7 @@ class GeneratedText:
 
     def __init__(self, tokenizer, stop=(), stop_ids=()):
         self.stop = check_stop_strings(stop)
-        self.stop_ids = frozenset(stop_ids)
+        self.stop_ids = frozenset(as_token_ids(stop_ids, "stop_ids"))
         self.stop_reason: str | None = None
         self._decoder = StreamDecoder(tokenizer)
         self._hold = max(map(len, self.stop), default=1) - 1
