@@ -214,6 +214,7 @@ def _record(out: str | Path, lm: LoadedModel, opts: QuantOptions, windows: torch
         "out": str(out),
         "model": lm.source,
         "method": opts.method, "bits": opts.bits, "group_size": opts.group_size, "desc_act": opts.desc_act,
+        "clip_search": opts.clip_search,
         "damp": opts.damp if opts.method == "gptq" else None, "kv_cache_dtype": opts.kv_cache_dtype,
         "calibration": None if windows is None else {
             "source": calib_source, "samples": int(windows.shape[0]),

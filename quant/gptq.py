@@ -4,7 +4,8 @@ Hand-written because the maintained libraries only accept Hugging Face registry 
 algorithm is small: fp32 Hessian running mean, dead columns, damping (raised by 0.01 until the
 Cholesky factorizations succeed, reported), lazy 128-column blocks, symmetric group quantizer,
 optional act-order with *static groups* (group scales from the original columns, so g_idx stays
-k // group and the checkpoint is desc_act=false).
+k // group and the checkpoint is desc_act=false), optional clip search of each group's scale weighted
+by the Hessian's diagonal (quantizer.clipped_group_scale).
 
 Rows are independent given the Hessian, so linears that share an input (q/k/v/gates, gate/up)
 are solved as one row-concatenated matrix over one prepared Hessian.
@@ -18,7 +19,8 @@ import torch
 
 from salactl.errors import QuantizationError
 from salactl.quant.packing import default_g_idx
-from salactl.quant.quantizer import QuantizedWeight, QuantSpec, dequantize_codes, group_scale, quantize_column
+from salactl.quant.quantizer import (QuantizedWeight, QuantSpec, clipped_group_scale, dequantize_codes, group_scale,
+                                     quantize_column)
 
 DAMP_STEP = 0.01
 
@@ -87,16 +89,26 @@ def prepare_hessian(h: torch.Tensor, damp: float, act_order: bool, name: str) ->
 
 
 @torch.no_grad()
-def gptq_quantize(w: torch.Tensor, prep: PreparedHessian, spec: QuantSpec, blocksize: int = 128) -> QuantizedWeight:
-    """w [N, K] -> QuantizedWeight minimizing ‖(W − Q)X‖² column by column with error feedback."""
+def gptq_quantize(w: torch.Tensor, prep: PreparedHessian, spec: QuantSpec, blocksize: int = 128,
+                  clip_search: bool = False) -> QuantizedWeight:
+    """w [N, K] -> QuantizedWeight minimizing ‖(W − Q)X‖² column by column with error feedback.
+    clip_search: each group's scale by clipped_group_scale (else min-max)."""
     W = w.float().clone()
     N, K = W.shape
     g = spec.group_of(K)
     W[:, prep.dead] = 0
+    h_diag = torch.diagonal(prep.raw).float()        # original column order
+
+    def scale_of(cols: torch.Tensor, k0: int) -> torch.Tensor:
+        """The scale of the group of original columns k0.. whose current values are `cols`."""
+        if not clip_search:
+            return group_scale(cols, spec)
+        return clipped_group_scale(cols, spec, h_diag[k0:k0 + cols.shape[1]])
+
     static = None
     if prep.perm is not None:
         # static groups: every group's scale from the original columns, in original order
-        static = torch.stack([group_scale(W[:, g0:g0 + g], spec) for g0 in range(0, K, g)])
+        static = torch.stack([scale_of(W[:, g0:g0 + g], g0) for g0 in range(0, K, g)])
         W = W[:, prep.perm]
     U = prep.u
     codes = torch.empty(N, K, device=W.device, dtype=torch.uint8)
@@ -120,7 +132,7 @@ def gptq_quantize(w: torch.Tensor, prep: PreparedHessian, spec: QuantSpec, block
                 else:   # the group runs past this lazy block: its later columns still lack this block's updates
                     ahead = W[:, i2:col + g] - Err1[:, :i] @ U[i1:i1 + i, i2:col + g]
                     src = torch.cat([W1[:, i:], ahead], 1)
-                scale = group_scale(src, spec)
+                scale = scale_of(src, col)          # no act-order: current order = original
                 scales[col // g] = scale
             wc = W1[:, i]
             q = quantize_column(wc, scale, spec)

@@ -49,8 +49,8 @@ FUSED = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("mlp.gat
 @dataclass(frozen=True)
 class QuantOptions:
     """`salactl quantize`'s options with its defaults; a bad value is a UsageError. desc_act
-    (act-order with static groups) and damp only change GPTQ's solve, so any other method stores
-    them as False and the default damp (build GPTQ options anew rather than
+    (act-order with static groups), damp and clip_search (Hessian-weighted clip search of the group
+    scales) only change GPTQ's solve, so any other method stores them as False and the default damp (build GPTQ options anew rather than
     dataclasses.replace(rtn_options, method="gptq"), which keeps those)."""
 
     bits: int = 4
@@ -61,6 +61,7 @@ class QuantOptions:
     kv_cache_dtype: str = "bf16"
     kv_scales_per_head: bool = False
     batch_tokens: int = 16384        # calibration tokens per forward call
+    clip_search: bool = True
 
     def __post_init__(self) -> None:
         try:
@@ -78,6 +79,7 @@ class QuantOptions:
         if self.method != "gptq":
             object.__setattr__(self, "desc_act", False)
             object.__setattr__(self, "damp", DEFAULT_DAMP)
+            object.__setattr__(self, "clip_search", False)
         if self.batch_tokens < 1:
             raise UsageError(f"batch_tokens (--batch-tokens) must be positive, got {self.batch_tokens}")
 
@@ -281,7 +283,7 @@ def _solve_group(i, members, mods, h: Hessian | None, opts: QuantOptions, spec: 
         prep = prepare_hessian(h.h, opts.damp, opts.desc_act, name)
         if prep.damp > opts.damp:
             outcome.damp_raised.append(f"{name}: damp {opts.damp} -> {prep.damp}")
-        solved = gptq_quantize(W, prep, spec)
+        solved = gptq_quantize(W, prep, spec, clip_search=opts.clip_search)
         rtn = rtn_quantize(W, spec)
     else:
         if h is not None and not bool(torch.isfinite(h.h).all()):

@@ -50,6 +50,7 @@ def quantization_config(opts: QuantOptions, skipped: dict[str, str]) -> dict:
             "quantizer": [f"salactl:{salactl.__version__}"],
             "method": opts.method,
             "act_order": bool(opts.desc_act),
+            "clip_search": bool(opts.clip_search),
             "unquantized_modules": ["model.embed_tokens", "lm_head"] + sorted(skipped),
         },
     }

@@ -100,9 +100,10 @@ def test_bad_input_raises_the_error_of_the_clis_exit_code(case, error, code, ckp
 
 
 def test_options_default_to_the_clis():
-    """QuantOptions() is `salactl quantize`'s defaults (act-order on), and act-order and damping,
-    which only change GPTQ's solve, are stored off and at the default for RTN."""
+    """QuantOptions() is `salactl quantize`'s defaults (act-order and clip search on), and act-order,
+    clip search and damping, which only change GPTQ's solve, are stored off and at the default for RTN."""
     assert QuantOptions() == QuantOptions(bits=4, group_size=128, method="gptq", desc_act=True, damp=0.01,
-                                          kv_cache_dtype="bf16", kv_scales_per_head=False, batch_tokens=16384)
-    assert QuantOptions(method="rtn").desc_act is False
+                                          kv_cache_dtype="bf16", kv_scales_per_head=False, batch_tokens=16384,
+                                          clip_search=True)
+    assert QuantOptions(method="rtn").desc_act is False and QuantOptions(method="rtn").clip_search is False
     assert QuantOptions(method="rtn", damp=0.5).damp == QuantOptions().damp       # RTN uses no damping

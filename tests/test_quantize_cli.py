@@ -198,6 +198,7 @@ def test_rtn_and_act_order_options(ckpt, tmp_path, capsys):
     assert code == 0, err
     qc = json.loads((tmp_path / "a" / "config.json").read_text())["quantization_config"]
     assert qc["desc_act"] is False and qc["static_groups"] is True and qc["bits"] == 8
+    assert json.loads(stdout)["clip_search"] is True and qc["meta"]["clip_search"] is True
     t = _tensors(tmp_path / "a")
     assert torch.equal(t["model.layers.3.mlp.down_proj.g_idx"], torch.arange(256, dtype=torch.int32) // 32)
     assert bool((t["model.layers.3.mlp.down_proj.qzeros"] == 0x7F7F7F7F).all())
@@ -217,7 +218,7 @@ def test_rtn_and_act_order_options(ckpt, tmp_path, capsys):
                                  "--device", "cpu", "--json"], capsys)
     rec = json.loads(stdout)
     assert code == 0 and rec["calibration"] is None and "RTN needs no calibration data" in err
-    assert rec["damp"] is None and rec["desc_act"] is False          # RTN uses neither
+    assert rec["damp"] is None and rec["desc_act"] is False and rec["clip_search"] is False   # RTN uses none
     sizes = {name: sum(f.stat().st_size for f in Path(d).glob("*.safetensors"))
              for name, d in (("source", ckpt), ("written", tmp_path / "n"))}
     assert rec["checkpoint_bytes"] == sizes and sizes["written"] < sizes["source"]
@@ -281,14 +282,14 @@ def _nothing_quantizable(tmp: Path) -> Path:
 
 @pytest.mark.parametrize("case", ["bits", "group", "method", "damp", "exists", "empty_calib", "no_text_field",
                                   "nan", "nan_weight_rtn", "nan_last_weight", "shapes", "kv_dtype", "rtn_desc_act",
-                                  "rtn_damp", "per_head_without_fp8", "tokenizer_with_random_ids"])
+                                  "rtn_damp", "rtn_clip_search", "per_head_without_fp8", "tokenizer_with_random_ids"])
 def test_bad_quantize_inputs_are_one_line_errors_and_write_nothing(case, ckpt, tmp_path, capsys):
     out = tmp_path / "out"
     args = ["quantize", "--model", ckpt, "--out", out, "--calib", "random", "--nsamples", 2, "--seqlen", 32,
             "--device", "cpu", "--dtype", "float32"]
     expected = {"bits": 2, "group": 2, "method": 2, "damp": 2, "exists": 10, "empty_calib": 7, "no_text_field": 7,
                 "nan": 9, "nan_weight_rtn": 9, "nan_last_weight": 9, "shapes": 9, "kv_dtype": 2, "rtn_desc_act": 2,
-                "rtn_damp": 2, "per_head_without_fp8": 2, "tokenizer_with_random_ids": 2}[case]
+                "rtn_damp": 2, "rtn_clip_search": 2, "per_head_without_fp8": 2, "tokenizer_with_random_ids": 2}[case]
     if case == "bits":
         args += ["--bits", 3]
     elif case == "group":
@@ -317,8 +318,9 @@ def test_bad_quantize_inputs_are_one_line_errors_and_write_nothing(case, ckpt, t
         args[2] = _nothing_quantizable(tmp_path)
     elif case == "kv_dtype":
         args += ["--kv-cache-dtype", "fp4"]
-    elif case in ("rtn_desc_act", "rtn_damp"):      # options RTN would ignore
-        args += ["--method", "rtn", *(["--desc-act"] if case == "rtn_desc_act" else ["--damp", 0.05])]
+    elif case in ("rtn_desc_act", "rtn_damp", "rtn_clip_search"):      # options RTN would ignore
+        args += ["--method", "rtn", *{"rtn_desc_act": ["--desc-act"], "rtn_damp": ["--damp", 0.05],
+                                      "rtn_clip_search": ["--no-clip-search"]}[case]]
     elif case == "per_head_without_fp8":
         args += ["--kv-scales-per-head"]
     elif case == "tokenizer_with_random_ids":
