@@ -296,14 +296,14 @@ def test_no_sampled_token_has_no_ttft_but_a_prefill_time():
 
 
 @gpu_engine_api
-def test_a_failed_step_raises_in_every_stream_it_ran():
-    """Interleaved streams: the step one of them runs fails for both; each raises the error."""
+def test_non_finite_logits_fail_only_their_own_stream():
+    """Interleaved streams in one step: the request whose logits are NaN raises NumericsError; the
+    other still yields the reference tokens (a step-wide failure: the interrupt test below)."""
     from salactl.errors import NumericsError
 
     gpu = _gpu(_nan_on_token_99())
     good, bad = gpu.stream([5, 6, 7], GREEDY3), gpu.stream([5, 99, 6], GREEDY3)
-    with pytest.raises(NumericsError):
-        next(good)                                                   # one prefill step runs both
+    assert list(good) == Engine(micro_model()).generate([5, 6, 7], GREEDY3).output_token_ids
     with pytest.raises(NumericsError):
         next(bad)
     assert _idle(gpu)

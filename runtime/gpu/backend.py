@@ -145,8 +145,13 @@ class GPUBackend:
             self.k1_have[slot] = max(self.k1_have[slot], need)
         self._pending_k1.clear()
 
+    def cancel_forward(self) -> None:
+        """After a prefill forward that raised: its windows reached only some layers, so none count."""
+        self._pending_k1.clear()
+
     def release_slot(self, slot: int) -> None:
         self.k1_have[slot] = 0
+        self._pending_k1.pop(slot, None)
 
     def _dense_prefill(self, li, q, k_new, v_new, slot, p0):
         """Causal GQA attention for queries at positions p0.. over cached keys [0, p0) + new."""

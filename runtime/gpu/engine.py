@@ -26,9 +26,9 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
-from salactl.errors import DeviceError, UsageError
-from salactl.runtime.engine import (GenerationResult, PhaseStats, check_prompt, model_and_device,
-                                    warn_model_limits)
+from salactl.errors import DeviceError, NumericsError, UsageError
+from salactl.runtime.engine import (GenerationResult, PhaseStats, check_ending_ids, check_prompt,
+                                    model_and_device, warn_model_limits)
 from salactl.runtime.gpu.backend import GPUBackend
 from salactl.runtime.gpu.fast_model import fuse_model
 from salactl.runtime.gpu.mem_fraction import DEFAULT_MEM_FRACTION
@@ -127,7 +127,9 @@ class GPUEngine:
         self.scheduler = Scheduler(IdAllocator(plan.pages, "KV cache pages"),
                                    IdAllocator(plan.slots, "request slots"), B, max_running_requests,
                                    chunk_size, self.max_context)
-        self.eos_ids = frozenset(as_token_ids(eos_ids, "eos_ids")) | frozenset(self.config.eos_token_id)
+        eos_ids = as_token_ids(eos_ids, "eos_ids")
+        check_ending_ids(eos_ids, self.config.vocab_size)
+        self.eos_ids = frozenset(eos_ids) | frozenset(self.config.eos_token_id)
         self.requests: dict[int, Request] = {}
         self._next_id = 0
         self.timers = {"prefill": OpTimer(self.device), "decode": OpTimer(self.device)}
@@ -162,7 +164,9 @@ class GPUEngine:
     def _submit(self, prompt_ids, params, eos_ids) -> Request:
         params = resolve_params(params)
         prompt = check_prompt(prompt_ids, self.config.vocab_size)
-        eos = self.eos_ids | frozenset(as_token_ids(eos_ids, "eos_ids"))
+        eos_ids = as_token_ids(eos_ids, "eos_ids")
+        check_ending_ids(params.stop_token_ids + eos_ids, self.config.vocab_size)
+        eos = self.eos_ids | frozenset(eos_ids)
         warn_model_limits(self.config, len(prompt), params.max_new_tokens)
         stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else eos)
         req = Request(self._next_id, prompt, params, stops)
@@ -262,9 +266,18 @@ class GPUEngine:
     def events(self) -> Iterator[tuple[int, int, float]]:
         """(request_id, token_id, perf_counter timestamp) as tokens are produced, until every
         submitted request has finished. submit() may be called between items; result(rid) gives
-        each request's GenerationResult once it has finished."""
+        each request's GenerationResult once it has finished. A request that fails alone (NaN/Inf
+        logits) finishes with reason "error" while the others run on; once all have finished,
+        events() raises the first such error."""
+        failed = None
         while self.scheduler.has_work():
-            yield from self.step()
+            for event in self.step():
+                if isinstance(event[1], BaseException):
+                    failed = failed or event[1]
+                else:
+                    yield event
+        if failed is not None:
+            raise failed
 
     @_serialised
     def _drop(self, rids: list[int]) -> None:
@@ -310,14 +323,19 @@ class GPUEngine:
 
     # ---- one scheduler step -----------------------------------------------------------------
     @_serialised
-    def step(self) -> list[tuple[int, int, float]]:
-        """One admission + prefill chunk + decode step. If a phase raises, the requests it ran
-        are finished with reason "error" (their memory freed) before the error propagates."""
+    def step(self) -> list[tuple[int, int | BaseException, float]]:
+        """One admission + prefill chunk + decode step; returns (request id, token id, timestamp)
+        events. A request whose logits are NaN/Inf fails alone: it is finished with reason "error"
+        and its event carries the NumericsError instead of a token id. If a phase raises, the
+        requests it ran are finished with reason "error" (their memory freed) before the error
+        propagates."""
         sched, events = self.scheduler, []
-        for req in sched.admit():
-            self.pools.assign_pages(req.slot, req.pages)
-            self.pools.state[:, req.slot].zero_()
-            self.backend.release_slot(req.slot)
+        admitted = sched.admit()
+        with self._abort_on_error(admitted):     # a slot is never left half reset
+            for req in admitted:
+                self.pools.assign_pages(req.slot, req.pages)
+                self.pools.state[:, req.slot].zero_()
+                self.backend.release_slot(req.slot)
         plan = sched.prefill_plan()
         if plan:
             with self._abort_on_error([r for r, _, _ in plan]):
@@ -356,6 +374,9 @@ class GPUEngine:
             toks = self._sample(logits[[i for i, _ in live]], [r for _, r in live])
             now = time.perf_counter()
             for (_, r), tok in zip(live, toks):
+                if isinstance(tok, NumericsError):
+                    self._fail(r, tok, now, events)
+                    continue
                 r.first_token_time = now
                 events.append((r.rid, tok, now))
                 if r.accept(tok):
@@ -369,6 +390,9 @@ class GPUEngine:
         toks = self._sample(logits, reqs)
         now = time.perf_counter()
         for r, tok in zip(reqs, toks):
+            if isinstance(tok, NumericsError):
+                self._fail(r, tok, now, events)
+                continue
             events.append((r.rid, tok, now))
             if r.accept(tok):
                 self._finish(r)
@@ -378,8 +402,19 @@ class GPUEngine:
             self.backend.release_slot(req.slot)
         self.scheduler.finish(req)
 
+    def _fail(self, req: Request, error: NumericsError, now: float, events) -> None:
+        req.error = error
+        self.abort(req.rid, "error")
+        events.append((req.rid, error, now))
+
     @staticmethod
-    def _sample(logits: torch.Tensor, reqs: list[Request]) -> list[int]:
-        top = greedy(logits)
-        return [g if r.params.temperature == 0 else sample(logits[i], r.params, r.generator)
-                for i, (g, r) in enumerate(zip(top, reqs))]
+    def _sample(logits: torch.Tensor, reqs: list[Request]) -> list[int | NumericsError]:
+        """Each request's next token, or the NumericsError of a row of NaN/Inf logits: that row
+        fails only its own request."""
+        try:
+            top = greedy(logits)
+        except NumericsError as e:      # which rows: rare, so a second pass here, not a sync every step
+            finite = torch.isfinite(logits.max(dim=-1).values).tolist()
+            top = [greedy(row[None])[0] if ok else e for row, ok in zip(logits, finite)]
+        return [g if isinstance(g, NumericsError) or r.params.temperature == 0
+                else sample(logits[i], r.params, r.generator) for i, (g, r) in enumerate(zip(top, reqs))]

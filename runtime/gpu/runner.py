@@ -50,7 +50,11 @@ class ModelRunner:
         t = host.to(dev, non_blocking=True)
         batch = GPUBatch.build(self.config, self.backend, t[1], t[2].to(torch.int32), decode=False,
                                segments=segs, timer=timer)
-        logits = self.model(t[0], batch, torch.tensor(last, device=dev))
+        try:
+            logits = self.model(t[0], batch, torch.tensor(last, device=dev))
+        except BaseException:           # an error or Ctrl-C: commit nothing for its slots
+            self.backend.cancel_forward()
+            raise
         self.backend.end_forward()
         return logits
 
