@@ -211,16 +211,20 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
         """The chat text as HF `apply_chat_template(messages, add_generation_prompt, tokenize=False,
-        **kwargs)`: kwargs are extra template variables (e.g. enable_thinking=False), over the special
-        tokens'. ChatML, which takes none, when the checkpoint has no template (`has_chat_template`)."""
+        **kwargs)`: kwargs are extra template variables (e.g. enable_thinking=False, tools=[...]), over
+        the special tokens' and tools/documents' (None). ChatML, which takes none (kwargs are a
+        UsageError), when the checkpoint has no template (`has_chat_template`)."""
         if self.chat_template is None:
+            if kwargs:
+                raise UsageError(f"--chat-template-kwargs ({', '.join(kwargs)}) apply to the checkpoint's chat "
+                                 "template, and it has none (--chat uses ChatML); drop them")
             return chatml(messages, add_generation_prompt)
         if self._compiled is None:
             self._compiled = compile_template(self.chat_template, self.chat_template_source)
-        kw = {k: v for k, v in self.special.items() if v is not None}
+        kw = {"tools": None, "documents": None, **{k: v for k, v in self.special.items() if v is not None}}
         if self.additional_special:
             kw["additional_special_tokens"] = list(self.additional_special)
-        kw.update(tools=None, documents=None, add_generation_prompt=add_generation_prompt, **kwargs)
+        kw.update(kwargs, add_generation_prompt=add_generation_prompt)
         try:
             return self._compiled.render(messages=messages, **kw)
         except Exception as e:  # jinja2 TemplateError, raise_exception(), or a bug in the template
@@ -234,13 +238,15 @@ class Tokenizer:
     def chat_ids(self, user: str, system: str | None = None, **kwargs) -> list[int]:
         """Ids of a one-turn chat prompt (after a system message, when given): the rendered template
         tokenized without special tokens (the template supplies any BOS), as HF
-        `apply_chat_template(..., tokenize=True, **kwargs)`."""
+        `apply_chat_template(..., tokenize=True, **kwargs)`. kwargs may not set what chat_ids does
+        (check_chat_kwargs)."""
+        check_chat_kwargs(kwargs)
         messages = ([] if system is None else [{"role": "system", "content": system}]) + \
             [{"role": "user", "content": user}]
+        text = self.apply_chat_template(messages, add_generation_prompt=True, **kwargs)
         if self.chat_template is None:
             self._check_chatml_markers()
-        ids = self.encode(self.apply_chat_template(messages, add_generation_prompt=True, **kwargs),
-                          add_special_tokens=False)
+        ids = self.encode(text, add_special_tokens=False)
         if not ids:
             raise TokenizerError(f"the chat template of {self.chat_template_source} rendered no text for the "
                                  "prompt; fix the template, or run without --chat")
@@ -254,6 +260,16 @@ class Tokenizer:
                                  f"{'/'.join(CHATML_MARKERS)} as single tokens, so --chat cannot format the prompt; "
                                  "pass the prompt without --chat, or add a chat_template (chat_template.jinja "
                                  "or tokenizer_config.json's chat_template)")
+
+
+def check_chat_kwargs(kwargs: dict) -> None:
+    """Template variables that chat_ids (`--chat`) sets itself are not kwargs: it builds the messages
+    and always asks for the generation prompt."""
+    own = [k for k in ("messages", "add_generation_prompt") if k in kwargs]
+    if own:
+        raise UsageError(f"--chat-template-kwargs cannot set {' or '.join(own)}: --chat builds the messages "
+                         f"(--system, then the prompt) and always asks for the generation prompt; drop "
+                         f"{'it' if len(own) == 1 else 'them'}")
 
 
 def _require_normal_tokens(tok, file: Path) -> None:

@@ -18,10 +18,10 @@ from salactl.runtime.peaks import peaks_for
 from salactl.runtime.roofline import linear_costs, phase_costs, roofline_rows
 from salactl.runtime.sampling import SamplingParams
 from salactl.runtime.stream_decoder import GeneratedText, check_stop_strings
+from salactl.runtime.tokenizer import Tokenizer, check_chat_kwargs, check_fits, find_tokenizer
 
 if TYPE_CHECKING:
     from salactl.runtime.loader import LoadedModel
-    from salactl.runtime.tokenizer import Tokenizer
 
 
 # what run samples with when neither a flag nor the checkpoint's generation_config.json says
@@ -65,6 +65,7 @@ def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
         refuse_unused([f for f, given in (("--system", req.system is not None),
                                           ("--chat-template-kwargs", bool(req.chat_template_kwargs))) if given],
                       "--chat (the chat template)", "add --chat, or drop {it}")
+    check_chat_kwargs(req.chat_template_kwargs)
     # the given sampling values first: a bad one fails before the model is even looked up
     SamplingParams(**{k: v for k in (*SAMPLING_DEFAULTS, "seed") if (v := getattr(req, k)) is not None})
     check_stop_strings(req.stop)
@@ -77,7 +78,7 @@ def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
     params = SamplingParams(max_new_tokens=req.max_new_tokens, temperature=req.temperature, top_p=req.top_p,
                             top_k=req.top_k, seed=req.seed, ignore_eos=req.ignore_eos,
                             stop_token_ids=req.stop_token_ids)
-    _check_prompt(req, lm, ids, tok)
+    _check_prompt(req, lm, ids, tok, _length_source(sources["max_new_tokens"], gen))
     _note_checkpoint_sampling(req, gen, sources)
     engine, res, text, timing_note = _generate(req, lm, ids, tok, params, stream, prefill_progress)
     return _record(req, lm, ids, text, engine, res, timing_note, sources)
@@ -112,9 +113,14 @@ def _refuse_ignored_flags(req: RunRequest, gen: dict) -> None:
 def _sampling(req: RunRequest, gen: dict, prompt_tokens: int) -> tuple[dict, dict]:
     """The SAMPLING_DEFAULTS keys' values and where each came from: the flag ("cli"), else
     generation_config.json (`gen`: its temperature as _file_temperature; top_p and top_k only when
-    sampling; max_new_tokens, else max_length less the prompt's tokens), else "default"."""
+    sampling; max_new_tokens, else max_length less the prompt's tokens, a UsageError where that leaves
+    none), else "default"."""
     sampling = bool(_temperature(req, gen))
-    budget = max(gen["max_length"] - prompt_tokens, 0) if "max_length" in gen else None
+    budget = gen["max_length"] - prompt_tokens if "max_length" in gen else None
+    if req.max_new_tokens is None and "max_new_tokens" not in gen and budget is not None and budget <= 0:
+        # HF generate() refuses this too, rather than generate nothing
+        raise UsageError(f"the checkpoint's generation_config.json has max_length {gen['max_length']}, but the "
+                         f"prompt is {prompt_tokens} tokens, leaving none to generate; pass --max-new-tokens N")
     from_file = {"temperature": _file_temperature(gen), "top_p": gen.get("top_p") if sampling else None,
                  "top_k": gen.get("top_k") if sampling else None,
                  "max_new_tokens": gen.get("max_new_tokens", budget)}
@@ -145,7 +151,6 @@ def _note_checkpoint_sampling(req: RunRequest, gen: dict, sources: dict) -> None
 def _prompt_ids(req: RunRequest, lm: LoadedModel) -> tuple[list[int], Tokenizer | None]:
     """The prompt's token ids and the tokenizer (None where --prompt-ids come without one)."""
     from salactl.runtime.chat_template import CHATML_NOTE
-    from salactl.runtime.tokenizer import find_tokenizer
 
     if req.prompt is None:
         if req.chat:
@@ -159,9 +164,6 @@ def _prompt_ids(req: RunRequest, lm: LoadedModel) -> tuple[list[int], Tokenizer 
         return req.prompt_ids, tok
     tok = find_tokenizer(req.tokenizer, lm.model_dir)
     if req.chat:    # the checkpoint's template, tokenized without special tokens (HF apply_chat_template)
-        if req.chat_template_kwargs and not tok.has_chat_template:
-            raise UsageError(f"--chat-template-kwargs apply to the checkpoint's chat template, and it has none "
-                             "(--chat uses ChatML); drop them")
         ids = tok.chat_ids(req.prompt, system=req.system, **req.chat_template_kwargs)
         if not tok.has_chat_template:
             output.warn_once(CHATML_NOTE)
@@ -169,16 +171,24 @@ def _prompt_ids(req: RunRequest, lm: LoadedModel) -> tuple[list[int], Tokenizer 
     return tok.encode(req.prompt), tok
 
 
-def _check_prompt(req: RunRequest, lm: LoadedModel, ids: list[int], tok: Tokenizer | None) -> None:
-    """Warn where the prompt plus --max-new-tokens leaves what the model handles well; fail where the
-    tokenizer's ids do not fit the model's vocabulary."""
-    from salactl.runtime.tokenizer import check_fits
+def _length_source(source: str, gen: dict) -> str:
+    """What set the run's length (the prompt plus max_new_tokens), as the sampling_source `source` says."""
+    if source == "cli":
+        return "the prompt plus --max-new-tokens"
+    if source == "default":
+        return f"the prompt plus the default {SAMPLING_DEFAULTS['max_new_tokens']} new tokens (--max-new-tokens)"
+    if "max_new_tokens" in gen:
+        return "the prompt plus generation_config.json's max_new_tokens (--max-new-tokens overrides it)"
+    return "generation_config.json's max_length (--max-new-tokens overrides it)"
 
+
+def _check_prompt(req: RunRequest, lm: LoadedModel, ids: list[int], tok: Tokenizer | None, length: str) -> None:
+    """Warn where the prompt plus max_new_tokens (`length` says what set it) leaves what the model
+    handles well; fail where the tokenizer's ids do not fit the model's vocabulary."""
     sparse = lm.config.sparse_config
     if sparse.forced_blocks_note and len(ids) + req.max_new_tokens >= sparse.dense_len:
         output.warn_once(sparse.forced_blocks_note)
-    output.warn_past_trained_length(len(ids) + req.max_new_tokens, lm.config.max_position_embeddings,
-                                    "the prompt plus --max-new-tokens")
+    output.warn_past_trained_length(len(ids) + req.max_new_tokens, lm.config.max_position_embeddings, length)
     if tok is not None:
         check_fits(tok, lm.config.vocab_size)
     outside = [t for t in req.stop_token_ids if not 0 <= t < lm.config.vocab_size]

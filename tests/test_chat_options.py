@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer as HFTokenizer, models, pre_tokenizers, trainers
 
-from salactl.errors import TokenizerError
+from salactl.errors import TokenizerError, UsageError
 from salactl.runtime.loader import EMBEDDED_DIR
 from salactl.runtime.tokenizer import Tokenizer
 from conftest import run_cli
@@ -125,3 +125,51 @@ def test_sentencepiece_only_says_how_to_convert(spm_only, capsys, given):
     assert code == 5 and len(err.strip().splitlines()) == 1, err
     assert "is a SentencePiece model, but salactl reads only tokenizer.json; convert it: python -c " \
            f"\"from transformers import AutoTokenizer as T; T.from_pretrained('{spm_only}')" in err, err
+
+
+# tools/documents are ordinary template variables (None unless given), as in HF, vLLM and SGLang
+TOOLS = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+         "{% if tools is not none %}{{ 'tools ' + (tools | tojson) + '\\n' }}{% endif %}"
+         "{% if documents is none %}{{ 'no documents\\n' }}{% endif %}"
+         "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def test_tools_and_documents_override_their_none_defaults(tmp_path, capsys):
+    d = nano_tokenizer(tmp_path, TOOLS)
+    tok = Tokenizer(d)
+    messages = [{"role": "user", "content": "hi"}]
+    assert "tools" not in tok.apply_chat_template(messages)
+    assert tok.apply_chat_template(messages, tools=[{"name": "f"}]).endswith(
+        'tools [{"name": "f"}]\nno documents\n<|im_start|>assistant\n')
+    assert "no documents" not in tok.apply_chat_template(messages, documents=[{"text": "x"}])
+    code, out, err = run(capsys, "--tokenizer", d, "--chat", "--chat-template-kwargs", "tools=[]",
+                         "--chat-template-kwargs", "documents=null", "--json")
+    assert code == 0, err
+    assert json.loads(out)["prompt_token_ids"] == tok.encode(
+        "<|im_start|>user\nhi<|im_end|>\ntools []\nno documents\n<|im_start|>assistant\n", add_special_tokens=False)
+
+
+@pytest.mark.parametrize("kwargs,named", [
+    (["add_generation_prompt=false"], "add_generation_prompt: --chat builds the messages"),
+    (["messages=[]"], "messages: --chat builds"),
+    (["messages=[]", "add_generation_prompt=true"], "messages or add_generation_prompt: --chat builds"),
+])
+def test_what_chat_sets_itself_is_not_a_template_kwarg(tmp_path, capsys, kwargs, named):
+    d = nano_tokenizer(tmp_path, THINK)
+    args = [a for kw in kwargs for a in ("--chat-template-kwargs", kw)]
+    code, _, err = run(capsys, "--tokenizer", d, "--chat", *args)
+    assert code == 2 and f"--chat-template-kwargs cannot set {named}" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    with pytest.raises(UsageError, match="cannot set add_generation_prompt"):
+        Tokenizer(d).chat_ids("hi", add_generation_prompt=False)
+
+
+def test_chatml_fallback_refuses_template_kwargs_in_python_too(tmp_path):
+    tok = Tokenizer(nano_tokenizer(tmp_path, None))
+    messages = [{"role": "user", "content": "hi"}]
+    with pytest.raises(UsageError, match=r"\(enable_thinking\) apply to the checkpoint's chat template, and it "
+                                         r"has none \(--chat uses ChatML\); drop them"):
+        tok.apply_chat_template(messages, enable_thinking=False)
+    with pytest.raises(UsageError, match="has none"):
+        tok.chat_ids("hi", tools=[])
+    assert tok.apply_chat_template(messages, add_generation_prompt=False) == "<|im_start|>user\nhi<|im_end|>\n"

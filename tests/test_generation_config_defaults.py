@@ -102,3 +102,34 @@ def test_malformed_sampling_values_are_one_line_exit_4(tmp_path, capsys, key, va
     code, _, err = run_cli(["run", *PROMPT, "--model", model, "-n", "1", "-t", "0.5"], capsys)
     assert code == 4 and len(err.strip().splitlines()) == 1, err
     assert f"generation_config.json has {key} = {json.dumps(value)}; expected {expected}" in err
+
+
+@pytest.mark.parametrize("max_length", [10, 4])
+def test_a_max_length_the_prompt_fills_is_refused_as_hf_does(tmp_path, capsys, max_length):
+    """max_length no longer than the 10-token prompt leaves nothing to generate; HF generate() raises."""
+    model = nano_with(tmp_path, max_new_tokens=None, max_length=max_length)
+    code, out, err = run_cli(["run", *PROMPT, "--model", model], capsys)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert (f"generation_config.json has max_length {max_length}, but the prompt is 10 tokens, leaving none to "
+            "generate; pass --max-new-tokens N") in err
+    rec, _ = run_json(capsys, "--model", model, "-n", "2", "--ignore-eos")      # the flag wins
+    assert len(rec["output_token_ids"]) == 2
+    # the file's max_new_tokens takes precedence over its max_length
+    rec, _ = run_json(capsys, "--model", nano_with(tmp_path / "b", max_new_tokens=2, max_length=max_length),
+                      "--ignore-eos")
+    assert len(rec["output_token_ids"]) == 2
+
+
+@pytest.mark.parametrize("args,generation,said", [
+    (["-n", "3"], {}, "the prompt plus --max-new-tokens is 13 tokens"),
+    ([], {"max_new_tokens": 3}, "the prompt plus generation_config.json's max_new_tokens (--max-new-tokens "
+                                "overrides it) is 13 tokens"),
+    ([], {"max_new_tokens": None, "max_length": 13}, "generation_config.json's max_length (--max-new-tokens "
+                                                     "overrides it) is 13 tokens"),
+])
+def test_past_trained_length_names_what_set_the_length(tmp_path, capsys, args, generation, said):
+    model = nano_with(tmp_path, **generation)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 12}))
+    _, err = run_json(capsys, "--model", model, "--ignore-eos", *args)
+    assert f"warning: {said}, past the model's max_position_embeddings (12)" in err, err

@@ -149,3 +149,24 @@ def test_stop_ids_outside_the_vocabulary_are_refused(where):
     with pytest.raises(UsageError, match=msg):
         engine.submit([5, 6], **kw)
     assert not engine.scheduler.has_work()
+
+
+def test_generate_batch_keeps_the_healthy_results_of_a_batch_with_nan_logits():
+    """generate_batch returns every result, the failed requests' with finish_reason "error" (a
+    healthy one is never lost); only a batch in which every request failed raises."""
+    params = SamplingParams(max_new_tokens=4, ignore_eos=True)
+    healthy, sick = [5, 6, 7], [9, 10, 11, 12]
+    ref = Engine(micro_model())
+    want = ref.generate(healthy, params).output_token_ids
+    poison = ref.generate(sick, params).output_token_ids[0]
+    model = micro_model()
+    with torch.no_grad():
+        model.model.embed_tokens.weight[poison] = float("inf")
+    engine = GPUEngine(model, "cpu", max_running_requests=4, chunk_size=32, kv_tokens=256)
+    results = engine.generate_batch([(p, params) for p in (healthy, sick, [5, poison, 6])])
+    assert [(r.finish_reason, r.output_token_ids) for r in results] == [
+        ("length", want), ("error", [poison]), ("error", [])]
+    with pytest.raises(NumericsError, match="NaN/Inf logits"):
+        engine.generate_batch([(sick, params), ([poison], params)])
+    assert not engine.requests
+    assert (engine.scheduler.slots.free, engine.scheduler.pages.free) == (engine.plan.slots, engine.plan.pages)

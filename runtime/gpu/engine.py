@@ -251,24 +251,32 @@ class GPUEngine:
 
     def generate_batch(self, requests: list[tuple[list[int], SamplingParams | None]]) -> list[GenerationResult]:
         """Run [(prompt_ids, params), ...] batched together (with anything submitted before) to
-        completion; returns their GenerationResults in order."""
+        completion; returns their GenerationResults in order. A request that fails alone (NaN/Inf
+        logits) finishes with reason "error" and its tokens so far while the others run on; only
+        when every request failed so is its NumericsError raised (as generate() raises it). Any
+        other error drops the batch's requests and propagates."""
         rids = []
         try:
             for p, s in requests:
                 rids.append(self.submit(p, s))
-            for _ in self.events():
-                pass
+            while self.scheduler.has_work():        # events() without its raise: the requests keep their errors
+                self.step()
         except BaseException:
             self._drop(rids)
             raise
-        return [self.result(r) for r in rids]
+        errors = [self.requests[r].error for r in rids]
+        results = [self.result(r) for r in rids]
+        if errors and all(errors):
+            raise errors[0]
+        return results
 
     def events(self) -> Iterator[tuple[int, int, float]]:
         """(request_id, token_id, perf_counter timestamp) as tokens are produced, until every
         submitted request has finished. submit() may be called between items; result(rid) gives
         each request's GenerationResult once it has finished. A request that fails alone (NaN/Inf
         logits) finishes with reason "error" while the others run on; once all have finished,
-        events() raises the first such error."""
+        events() raises the first such error (every result(rid), the others' included, stays
+        available)."""
         failed = None
         while self.scheduler.has_work():
             for event in self.step():
