@@ -49,8 +49,8 @@ class GenerationResult:
     stop/EOS token that ended generation, if one did (Tokenizer.decode drops special tokens).
     finish_reason: "length" (max_new_tokens reached), "stop" (a stop or EOS id was sampled, or
     on_token returned True, as for a stop string); the GPU engine adds "abort" (GPUEngine.abort)
-    and "error" (its step raised, or its logits were NaN/Inf). ttft_s: wall seconds from the start of prefill to the first
-    sampled token; None when no token was sampled (max_new_tokens=0, or aborted before one)."""
+    and "error" (its step raised, or its logits were NaN/Inf). ttft_s: wall seconds from the start
+    of prefill to the first sampled token; None when no token was sampled (max_new_tokens=0, or aborted before one)."""
 
     prompt_token_ids: list[int]
     output_token_ids: list[int]
