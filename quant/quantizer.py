@@ -57,7 +57,14 @@ class QuantSpec:
 def group_scale(w: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     """w [N, g] fp32 -> per-row scale [N] fp32, exactly representable in fp16 (and, with
     spec.bf16_exact_scales, in bf16)."""
-    xmax = torch.maximum(w.amax(dim=1).clamp_min(0), (-w.amin(dim=1)).clamp_min(0))
+    return _scale_of_max_abs(_max_abs(w), spec)
+
+
+def _max_abs(w: torch.Tensor) -> torch.Tensor:
+    return torch.maximum(w.amax(dim=1).clamp_min(0), (-w.amin(dim=1)).clamp_min(0))
+
+
+def _scale_of_max_abs(xmax: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     xmax = torch.where(xmax == 0, torch.ones_like(xmax), xmax)
     exact = 2 * xmax / spec.maxq
     scale = exact.to(torch.float16).float()
@@ -71,24 +78,31 @@ def group_scale(w: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     return scale.clamp_min(_FP16_MIN_SUBNORMAL)
 
 
+# candidates scored together: on a GPU up to 64 MiB of fp32 per temporary (fewer launches); on a CPU
+# about one candidate at a time, whose temporaries stay in cache (batching them there is slower)
+_CLIP_CHUNK_ELEMENTS = {"cuda": 1 << 24, "cpu": 1 << 16}
+
+
 def clipped_group_scale(w: torch.Tensor, spec: QuantSpec, col_weight: torch.Tensor) -> torch.Tensor:
     """group_scale with clipping: per row, among the scales of the max-abs and of the max-abs
     shrunk by CLIP_SHRINKS, the one minimizing Σ_j col_weight_j · (w_j − q(w_j))². With col_weight =
     diag(H) of the group's inputs that is the layer-output error ‖(W − Q)X‖² without its cross
     terms, so a rarely large input column may be clipped and a busy one kept. Ties keep the larger
     scale (plain min-max when nothing is gained)."""
-    best = group_scale(w, spec)
-    best_err = _weighted_error(w, best, spec, col_weight)
-    for shrink in CLIP_SHRINKS:
-        scale = group_scale(w * shrink, spec)
-        err = _weighted_error(w, scale, spec, col_weight)
-        better = err < best_err
-        best, best_err = torch.where(better, scale, best), torch.where(better, err, best_err)
-    return best
+    xmax = _max_abs(w)
+    # max|w·p| is max|w|·p rounded (rounding is monotonic), so each candidate equals group_scale(w * p)
+    # without a scaled copy of w; the candidates are then scored together, a few launches per chunk
+    candidates = _scale_of_max_abs(torch.stack([xmax] + [xmax * p for p in CLIP_SHRINKS]), spec)   # [S, N]
+    per_chunk = max(1, _CLIP_CHUNK_ELEMENTS.get(w.device.type, 1 << 16) // max(1, w.numel()))
+    errors = torch.cat([_weighted_error(w, c, spec, col_weight) for c in candidates.split(per_chunk)])
+    best = errors.argmin(dim=0, keepdim=True)        # the first minimum: ties keep the larger scale
+    return candidates.gather(0, best)[0]
 
 
-def _weighted_error(w: torch.Tensor, scale: torch.Tensor, spec: QuantSpec, col_weight: torch.Tensor) -> torch.Tensor:
-    d = w - dequantize_codes(quantize_column(w, scale[:, None], spec), scale[:, None], spec)
+def _weighted_error(w: torch.Tensor, scales: torch.Tensor, spec: QuantSpec, col_weight: torch.Tensor) -> torch.Tensor:
+    """w [N, g], scales [S, N] -> [S, N]: each candidate's Σ_j col_weight_j · (w_j − q(w_j))² per row."""
+    s = scales[:, :, None]
+    d = w - dequantize_codes(quantize_column(w, s, spec), s, spec)
     return (d * d) @ col_weight
 
 

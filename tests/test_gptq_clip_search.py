@@ -60,3 +60,17 @@ def test_gptq_with_clip_search_rebuilds_exactly_and_lowers_the_output_error(act_
     assert torch.equal(clipped.scales.float()[g].t() * (clipped.codes.float() - spec.zero), clipped.dequantized)
     err = lambda q: float(((w - q.dequantized) @ x.t()).norm())  # noqa: E731
     assert err(clipped) < err(plain)
+
+
+def test_candidates_scored_in_chunks_pick_the_same_scale(rng, monkeypatch):
+    """The GPU scores many candidates per launch, the CPU one at a time: the choice must not depend on it."""
+    import salactl.quant.quantizer as quantizer
+    spec = QuantSpec(4, 128, bf16_exact_scales=True)
+    w = torch.randn(512, 128, generator=rng) * 0.02
+    w[::3, 5] *= 9
+    cw = torch.rand(128, generator=rng)
+    one_at_a_time = clipped_group_scale(w, spec, cw)
+    monkeypatch.setitem(quantizer._CLIP_CHUNK_ELEMENTS, "cpu", 1 << 24)
+    assert torch.equal(clipped_group_scale(w, spec, cw), one_at_a_time)
+    monkeypatch.setitem(quantizer._CLIP_CHUNK_ELEMENTS, "cpu", 7 * w.numel())      # uneven last chunk
+    assert torch.equal(clipped_group_scale(w, spec, cw), one_at_a_time)
