@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import time
 import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -167,6 +168,13 @@ def check_ending_ids(ids, vocab_size: int) -> None:
             raise UsageError(f"stop token id {t} is outside the model's vocabulary (0..{vocab_size - 1})")
 
 
+def current_cuda_device(device: torch.device):
+    """A context making `device` the calling thread's current CUDA device (a no-op off CUDA). Triton
+    launches on the current device's stream, and each thread's current device is cuda:0 unless set,
+    so kernels for a model on cuda:1 would otherwise go to the wrong GPU."""
+    return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
+
+
 class Engine:
     """Single-sequence generation engine: chunked prefill, then one token per decode step. Runs
     on CPU or CUDA; each generate()/stream() call owns its cache, so calls may interleave.
@@ -199,11 +207,12 @@ class Engine:
     def forward(self, seq: SequenceCache, token_ids: list[int], timer=NULL_TIMER, all_logits: bool = False):
         """Run n new tokens of one sequence through the model; returns fp32 logits [1, vocab]
         (the last row), or [n, vocab] with all_logits."""
-        ids = torch.tensor(token_ids, device=self.device, dtype=torch.long)
-        batch = ForwardBatch.build(self.config, [seq], [len(token_ids)], self.backend, self.device, timer)
-        rows = None if all_logits else batch.last_rows()
-        logits = self.model(ids, batch, rows)
-        batch.commit()
+        with current_cuda_device(self.device):
+            ids = torch.tensor(token_ids, device=self.device, dtype=torch.long)
+            batch = ForwardBatch.build(self.config, [seq], [len(token_ids)], self.backend, self.device, timer)
+            rows = None if all_logits else batch.last_rows()
+            logits = self.model(ids, batch, rows)
+            batch.commit()
         return logits
 
     def prefill(self, seq: SequenceCache, prompt: list[int], timer=NULL_TIMER, all_logits=False,

@@ -28,7 +28,7 @@ import torch
 
 from salactl.errors import DeviceError, NumericsError, UsageError
 from salactl.runtime.engine import (GenerationResult, PhaseStats, check_ending_ids, check_prompt,
-                                    model_and_device, warn_model_limits)
+                                    current_cuda_device, model_and_device, warn_model_limits)
 from salactl.runtime.gpu.backend import GPUBackend
 from salactl.runtime.gpu.fast_model import fuse_model
 from salactl.runtime.gpu.mem_fraction import DEFAULT_MEM_FRACTION
@@ -52,10 +52,11 @@ def fallback_notes(device: torch.device) -> list[str]:
 
 
 def _serialised(method):
-    """Run `method` holding the engine's lock: one thread at a time changes or steps it."""
+    """Run `method` holding the engine's lock (one thread at a time changes or steps it), on the
+    engine's GPU whichever thread calls (current_cuda_device)."""
     @functools.wraps(method)
     def locked(self, *args, **kwargs):
-        with self._lock:
+        with self._lock, current_cuda_device(self.device):
             return method(self, *args, **kwargs)
     return locked
 
