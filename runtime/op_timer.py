@@ -18,7 +18,8 @@ def NULL_TIMER(name: str):  # noqa: N802 - used like a timer object
 
 class OpTimer:
     def __init__(self, device):
-        self.cuda = torch.device(device).type == "cuda"
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
         self.seconds: dict[str, float] = defaultdict(float)
         self._events: list[tuple[str, object, object]] = []
 
@@ -37,7 +38,7 @@ class OpTimer:
 
     def totals(self) -> dict[str, float]:
         if self._events:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self.device)
             for name, s, e in self._events:
                 self.seconds[name] += s.elapsed_time(e) / 1e3
             self._events.clear()

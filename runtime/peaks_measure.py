@@ -36,13 +36,14 @@ def _rep_times(fn, device) -> list[float]:
     times = []
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        for _ in range(GPU_REPS):
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
+        with torch.cuda.device(device):               # events record on the current device's stream
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            for _ in range(GPU_REPS):
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1e3)
         return times
     began = time.perf_counter()
     while len(times) < CPU_MIN_REPS or time.perf_counter() - began < CPU_BUDGET_S:

@@ -39,3 +39,13 @@ def test_engine_on_cuda1_matches_cuda0(engine_name, from_thread):
     want = _tokens(engine_name, "cuda:0", prompt)
     assert _tokens(engine_name, "cuda:1", prompt, from_thread) == want
     assert torch.cuda.current_device() == 0
+
+
+def test_measured_ceilings_on_cuda1_time_cuda1(tmp_path, monkeypatch):
+    """CUDA events record on the current device's stream: timed from cuda:0 they would measure
+    nothing of cuda:1's work (two identical GPUs measure alike)."""
+    from salactl.runtime.peaks_measure import measure
+    monkeypatch.setenv("SALACTL_CACHE_DIR", str(tmp_path))
+    on0, on1 = measure(torch.device("cuda:0")), measure(torch.device("cuda:1"))
+    assert 0.5 < on1.mem_gbps / on0.mem_gbps < 2
+    assert torch.cuda.current_device() == 0
