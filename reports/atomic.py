@@ -4,7 +4,8 @@ takes a file name) writes to a temp name beside it and renames that onto it. Sev
 directory, and only when all are written are they renamed into place; a rename that still fails
 midway puts back what the earlier renames replaced. Without overwrite, each file is hard-linked into
 place instead, which refuses a file another process wrote meanwhile. A disk that fills up is a
-DiskFullError (exit 16) naming the output, with no temp file left behind.
+DiskFullError (exit 16) naming the output, with no temp file, nor a directory the write made, left
+behind.
 
 `exclusive_lock` serialises the writers of one file across processes."""
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import shutil
 from collections.abc import Iterator
@@ -26,7 +28,6 @@ except ImportError:         # Windows: no advisory locks, so concurrent writers 
 from salactl.errors import OutputExistsError, OutputWriteError, UsageError
 
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-NO_HARD_LINKS_ERRNOS = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP)
 
 
 class DiskFullError(OutputWriteError):
@@ -93,9 +94,8 @@ def atomic_path(path: Path) -> Iterator[Path]:
     plotting library's savefig); renamed onto `path` when the block ends, removed when it raises."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp{path.suffix}")
-    with _disk_full_names(path):
+    with _disk_full_names(path), new_dirs(path.parent):
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
             yield tmp
             os.replace(tmp, path)
         finally:
@@ -108,18 +108,19 @@ def write_all(files: dict[Path, str | bytes], overwrite: bool = True) -> list[Pa
         return []
     check_destinations(files, overwrite)
     temps: list[tuple[Path, Path]] = []
-    try:
-        for path, data in files.items():
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            temps.append((tmp, path))
-            with _disk_full_names(path):
-                path.parent.mkdir(parents=True, exist_ok=True)
-                _write_data(tmp, data)
-        with _disk_full_names(next(iter(files)).parent):
-            _place_all(temps, overwrite)
-    finally:
-        for tmp, _ in temps:
-            tmp.unlink(missing_ok=True)
+    with contextlib.ExitStack() as dirs:
+        try:
+            for path, data in files.items():
+                tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+                temps.append((tmp, path))
+                with _disk_full_names(path):
+                    dirs.enter_context(new_dirs(path.parent))
+                    _write_data(tmp, data)
+            with _disk_full_names(next(iter(files)).parent):
+                _place_all(temps, overwrite)
+        finally:
+            for tmp, _ in temps:
+                tmp.unlink(missing_ok=True)
     return [p for _, p in temps]
 
 
@@ -128,16 +129,15 @@ def move_all(staging: Path, out: Path, overwrite: bool = True) -> list[Path]:
     staging directory beside `out`)."""
     moves = [(f, out / f.name) for f in sorted(staging.iterdir()) if f.is_file()]
     check_destinations([dst for _, dst in moves], overwrite)
-    with _disk_full_names(out):
-        out.mkdir(parents=True, exist_ok=True)
+    with _disk_full_names(out), new_dirs(out):
         _place_all(moves, overwrite)
     return [dst for _, dst in moves]
 
 
 def _place_all(temps: list[tuple[Path, Path]], overwrite: bool) -> None:
     """Give each temp its path, all or none. Without `overwrite`, by hard links, which refuse a path
-    another process wrote since the check (OutputExistsError); where the file system has no hard
-    links, by checking again and renaming."""
+    another process wrote since the check (OutputExistsError); where the file system refuses a hard
+    link, by checking again and renaming."""
     if overwrite:
         _rename_all(temps)
     elif not _link_all(temps):
@@ -147,7 +147,8 @@ def _place_all(temps: list[tuple[Path, Path]], overwrite: bool) -> None:
 
 def _link_all(temps: list[tuple[Path, Path]]) -> bool:
     """Link every temp to its path and remove the temps; False (nothing placed) where the file
-    system refuses hard links."""
+    system refuses a link for any reason but an existing path: no hard links (EPERM, ENOTSUP,
+    ENOSYS on sshfs and other FUSE mounts), a link limit (EMLINK), a mount boundary (EXDEV)."""
     linked: list[Path] = []
     try:
         for tmp, path in temps:
@@ -155,9 +156,7 @@ def _link_all(temps: list[tuple[Path, Path]]) -> bool:
                 os.link(tmp, path)
             except FileExistsError:
                 raise _already_exists(path) from None
-            except OSError as e:
-                if e.errno not in NO_HARD_LINKS_ERRNOS:
-                    raise
+            except OSError:
                 _unlink_all(linked)
                 return False
             linked.append(path)
@@ -166,6 +165,22 @@ def _link_all(temps: list[tuple[Path, Path]]) -> bool:
         raise
     _unlink_all([tmp for tmp, _ in temps])
     return True
+
+
+@contextmanager
+def new_dirs(path: Path) -> Iterator[None]:
+    """Make the directory `path` and its missing parents for the block; when the block raises,
+    remove those it made (where still empty), so that a failed write leaves no new empty dir."""
+    path = Path(path).absolute()
+    made = list(itertools.takewhile(lambda p: not p.exists(), (path, *path.parents)))    # deepest first
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        yield
+    except BaseException:
+        for d in made:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        raise
 
 
 def _unlink_all(paths: list[Path]) -> None:
@@ -221,11 +236,11 @@ def exclusive_lock(path: Path, wait: bool = True, remove: bool = False) -> Itera
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BaseException:
+            if _names_file(path, fd):
+                break
+        except BaseException:       # an interrupt while waiting included
             os.close(fd)
             raise
-        if _names_file(path, fd):
-            break
         os.close(fd)
     try:
         yield

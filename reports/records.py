@@ -73,8 +73,9 @@ def load_records(paths: list[Path]) -> list[dict]:
     A known metric that is present but not a finite number (a string, NaN, Infinity) is dropped
     from its record with a warning; a record left without any usable metric is skipped with a
     warning naming file:line, and an error when no record has one. A line that is not JSON (half a
-    record, cut short by a full disk or a crash) is skipped with one warning per file; when no
-    record is left, the first such line is the error."""
+    record, cut short by a full disk or a crash) is skipped with one warning per file; a file
+    without records, or whose first line is not JSON (another kind of file, such as a JSON document
+    spread over lines), is an error."""
     if not paths:
         raise UsageError("give at least one records file (JSON lines from bench, sweep or run)")
     records: list[dict] = []
@@ -93,14 +94,18 @@ def load_records(paths: list[Path]) -> list[dict]:
         except OSError as e:
             raise DatasetError(f"cannot read records file {path}: {e.strerror}") from None
         text = decode_records(data, path)
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
+        lines = [(lineno, line) for lineno, line in enumerate(text.splitlines(), 1) if line.strip()]
+        if not lines:
+            raise UsageError(f"no records in {path}; records files are the {RECORDS_NAME} that bench, sweep "
+                             "or run --out DIR append to")
+        for lineno, line in lines:
             where = f"{path}:{lineno}"
             try:
                 rec = json.loads(line)
             except (json.JSONDecodeError, RecursionError) as e:
                 why = e.msg if isinstance(e, json.JSONDecodeError) else "nested too deeply"
+                if lineno == lines[0][0]:
+                    raise _not_json_lines(path, text, where, why) from None
                 damaged.setdefault(str(path), []).append((lineno, why))
                 continue
             rec = validate(rec, where)
@@ -113,14 +118,9 @@ def load_records(paths: list[Path]) -> list[dict]:
             if bad:
                 invalid.append(f"{where} ({', '.join(bad)})")
             records.append(rec)
-    if not records:
-        if damaged:
-            path, [(lineno, why), *_] = next(iter(damaged.items()))
-            raise UsageError(f"{path}:{lineno} is not valid JSON ({why}); each line must be one record object")
-        if unusable:
-            raise UsageError(f"no record has a known metric as a finite number ({first_items(unusable)}); "
-                             "records come from bench, sweep or run")
-        raise UsageError(f"no records in {', '.join(str(p) for p in paths)}")
+    if not records:         # every file has a record: each was skipped as unusable
+        raise UsageError(f"no record has a known metric as a finite number ({first_items(unusable)}); "
+                         "records come from bench, sweep or run")
     for path, lines in damaged.items():
         warn_once(f"skipped {len(lines)} damaged line(s) of {path} (first: line {lines[0][0]})")
     if invalid:
@@ -129,6 +129,17 @@ def load_records(paths: list[Path]) -> list[dict]:
         warn_once(f"skipped {len(unusable)} record(s) without any known metric as a finite number: "
               f"{first_items(unusable)}")
     return records
+
+
+def _not_json_lines(path, text: str, where: str, why: str) -> UsageError:
+    """The error for a records file whose first line is not JSON: one JSON document spread over
+    lines (a --json output) is named as such."""
+    try:
+        json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        return UsageError(f"{where} is not valid JSON ({why}); each line must be one record object")
+    return UsageError(f"{path} is a JSON document, not JSON lines (one record object per line); give the "
+                      f"{RECORDS_NAME} that bench, sweep or run --out DIR append to")
 
 
 def first_items(items: list[str], n: int = 5) -> str:

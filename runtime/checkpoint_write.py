@@ -16,7 +16,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-from salactl.errors import OutputExistsError, OutputWriteError
+from salactl.errors import CheckpointError, OutputExistsError, OutputWriteError, SalactlError
+from salactl.reports.atomic import DISK_FULL_ERRNOS
 from salactl.runtime.checkpoint import INDEX_NAME, SINGLE_NAME
 
 
@@ -46,8 +47,9 @@ def save_checkpoint(state: dict[str, torch.Tensor], config_dict: dict, out_dir: 
                     max_shard_bytes: int = 4 << 30, extra_files: dict[str, Path] | None = None,
                     overwrite: bool = False) -> Path:
     """Write config.json + safetensors (sharded with an index when large) into a temp dir next to
-    `out_dir`, then rename: a failure never leaves a partial checkpoint. A disk that fills is an
-    OutputWriteError; an `out_dir` another process wrote meanwhile, an OutputExistsError."""
+    `out_dir`, then rename: a failure never leaves a partial checkpoint. A disk that fills, or a
+    file that cannot be written, is an OutputWriteError; one of `extra_files` that cannot be read,
+    a CheckpointError; an `out_dir` another process wrote meanwhile, an OutputExistsError."""
     out_dir = check_output_dir(out_dir, overwrite)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     _remove_orphaned_temp_dirs(out_dir)
@@ -55,16 +57,34 @@ def save_checkpoint(state: dict[str, torch.Tensor], config_dict: dict, out_dir: 
     try:
         try:
             _write_files(tmp, state, config_dict, max_shard_bytes, extra_files or {})
-        except (OSError, SafetensorError) as e:     # safetensors' I/O errors are not OSErrors
-            cause = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-            raise OutputWriteError(f"cannot write the checkpoint {out_dir}: {cause}; free space on its disk "
-                                   "or choose another --out") from e
+        except SafetensorError as e:                # safetensors' I/O errors are not OSErrors
+            raise _disk_full(out_dir, str(e)) from e
+        except OSError as e:
+            raise _write_error(e, tmp, out_dir) from e
         _swap_into_place(tmp, out_dir, overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     _remove_orphaned_temp_dirs(out_dir)
     return out_dir
+
+
+def _disk_full(out_dir: Path, cause: str) -> OutputWriteError:
+    return OutputWriteError(f"cannot write the checkpoint {out_dir}: {cause}; free space on its disk or "
+                            "choose another --out")
+
+
+def _write_error(e: OSError, tmp: Path, out_dir: Path) -> SalactlError:
+    """`e`, raised while writing the checkpoint into `tmp`, as one line: a full disk says so; any
+    other error names its file (as it will be in `out_dir`) and why, and a file copied in that
+    cannot be read (a model directory's LICENSE without read permission) is the source's fault."""
+    cause = e.strerror or str(e)
+    if e.errno in DISK_FULL_ERRNOS:
+        return _disk_full(out_dir, cause)
+    name = Path(e.filename) if e.filename else tmp
+    if name != tmp and tmp not in name.parents:
+        return CheckpointError(f"cannot read {name}, to copy into the checkpoint: {cause}; make it a readable file")
+    return OutputWriteError(f"cannot write {out_dir / name.relative_to(tmp)}: {cause}; choose another --out")
 
 
 def _write_files(tmp: Path, state: dict[str, torch.Tensor], config_dict: dict, max_shard_bytes: int,

@@ -25,7 +25,7 @@ from salactl import output
 from salactl.bench.requests import RequestResult
 from salactl.errors import OutputWriteError, UsageError
 from salactl.output import jsonable
-from salactl.reports.atomic import exclusive_lock, write_atomic
+from salactl.reports.atomic import exclusive_lock, new_dirs, write_atomic
 from salactl.reports.records import RECORDS_NAME, SCHEMA_VERSION, decode_records  # noqa: F401 - bench.records.RECORDS_NAME for its writers
 
 DETAIL_COLUMNS = ("run_id", "phase", "request_id", "input_len", "expected_output_len", "output_len",
@@ -48,6 +48,7 @@ def make_record(kind: str, run_id: str, label: str | None, profile: str, phase: 
 
 
 INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_undeferred: dict[int, object] = {}     # while interrupts are deferred: the handlers the outermost block replaced
 
 
 @contextlib.contextmanager
@@ -56,16 +57,19 @@ def interrupts_deferred():
     that was in place (KeyboardInterrupt, cli.Terminated): a record appended and registered in the
     run inside the block is either both or neither, so the cleanup the interrupt runs writes the
     summaries of exactly the records on disk. Only the main thread handles signals; elsewhere the
-    block runs as it is."""
+    block runs as it is. `interrupts_let_through` reopens it for a wait."""
     if threading.current_thread() is not threading.main_thread() or \
             any(signal.getsignal(sig) is None for sig in INTERRUPT_SIGNALS):    # a handler set outside Python
         yield
         return
     pending: list[int] = []
     previous = {}
+    outermost = not _undeferred
     try:
         for sig in INTERRUPT_SIGNALS:
             previous[sig] = signal.signal(sig, lambda signum, frame: pending.append(signum))
+        if outermost:
+            _undeferred.update(previous)
         yield
     finally:
         # both restored before either can fire: one arriving between the two restores would raise
@@ -75,11 +79,29 @@ def interrupts_deferred():
         try:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if outermost:
+                _undeferred.clear()
         finally:
             if masks:
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         if pending:
             _deliver(pending[0], previous[pending[0]])
+
+
+@contextlib.contextmanager
+def interrupts_let_through():
+    """Inside interrupts_deferred blocks, a block that Ctrl-C and SIGTERM end at once through the
+    handlers in place before the deferral: a wait that changes nothing, such as for another
+    process's lock. A signal deferred before the block stays deferred."""
+    if not _undeferred or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    deferring = {sig: signal.signal(sig, handler) for sig, handler in _undeferred.items()}
+    try:
+        yield
+    finally:
+        for sig, handler in deferring.items():
+            signal.signal(sig, handler)
 
 
 def _deliver(signum: int, handler) -> None:
@@ -103,11 +125,17 @@ class RecordWriter:
 
     def extend(self, records: list[dict]) -> None:
         """`records` in one write that no interrupt splits: run's prefill and decode records go
-        together. A write that fails (disk full) is taken back whole: an OutputWriteError."""
+        together (an interrupt while another process holds the lock ends the wait, with nothing
+        written). A write that fails (disk full) is taken back whole, a file or directory it began
+        removed: an OutputWriteError."""
         text = "".join(json.dumps(record, sort_keys=False) + "\n" for record in records)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with interrupts_deferred(), exclusive_lock(self.path), open(self.path, "a+b", buffering=0) as f:
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(new_dirs(self.path.parent))
+                with interrupts_let_through():      # Ctrl-C ends a wait on another process's append
+                    stack.enter_context(exclusive_lock(self.path))
+                stack.enter_context(interrupts_deferred())
+                f = stack.enter_context(open(self.path, "a+b", buffering=0))
                 size = f.seek(0, os.SEEK_END)
                 if _ends_in_partial_line(f, size):
                     fragment_line = self.path.read_bytes().count(b"\n") + 1
@@ -119,7 +147,10 @@ class RecordWriter:
                     os.fsync(f.fileno())
                 except OSError:
                     with contextlib.suppress(OSError):
-                        f.truncate(size)
+                        if size:
+                            f.truncate(size)
+                        else:       # a file this write began (or an empty one): none left behind
+                            self.path.unlink()
                     raise
         except OSError as e:
             raise OutputWriteError(f"cannot append to {self.path}: {e.strerror or e}; free space on its disk "
