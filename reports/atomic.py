@@ -16,14 +16,16 @@ import errno
 import itertools
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 try:
     import fcntl
-except ImportError:         # Windows: no advisory locks, so concurrent writers are not serialised there
+except ImportError:         # Windows
     fcntl = None
+    import msvcrt
 
 from salactl.errors import OutputExistsError, OutputWriteError, UsageError
 
@@ -85,7 +87,7 @@ def _write_data(path: Path, data: str | bytes) -> None:
     if isinstance(data, bytes):
         path.write_bytes(data)
     else:
-        path.write_text(data, encoding="utf-8")
+        path.write_text(data, encoding="utf-8", newline="")     # "\n" stays "\n" on Windows too
 
 
 @contextmanager
@@ -225,12 +227,13 @@ def _backup(path: Path) -> Path | None:
 
 @contextmanager
 def exclusive_lock(path: Path, wait: bool = True, remove: bool = False) -> Iterator[None]:
-    """Hold flock(LOCK_EX) on `path` (created when missing) for the block, against other processes
-    that lock it. wait=False: BlockingIOError at once when another holds it. remove: delete the file
-    before letting go (a lock file of our own; one that a waiter locked after the delete is noticed
-    and retried on the new file)."""
+    """Hold flock(LOCK_EX) on `path` (created when missing; on Windows a byte-range lock, _byte_lock)
+    for the block, against other processes that lock it. wait=False: BlockingIOError at once when
+    another holds it. remove: delete the file before letting go (a lock file of our own; one that a
+    waiter locked after the delete is noticed and retried on the new file)."""
     if fcntl is None:
-        yield
+        with _byte_lock(path, wait, remove, msvcrt.locking, msvcrt.LK_NBLCK, msvcrt.LK_UNLCK):
+            yield
         return
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
@@ -259,3 +262,41 @@ def _names_file(path: Path, fd: int) -> bool:
         return False
     own = os.fstat(fd)
     return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
+
+# Windows' byte-range locks are mandatory: a lock on a byte of data (records.jsonl's first) would
+# refuse our own append through another handle, and every reader. This one is far past any data.
+_LOCK_BYTE = 1 << 40
+
+
+@contextmanager
+def _byte_lock(path: Path, wait: bool, remove: bool, locking, lock_mode: int,
+               unlock_mode: int) -> Iterator[None]:
+    """exclusive_lock by `locking(fd, mode, nbytes)`, which locks or unlocks bytes at the file's
+    position without waiting, an OSError (EACCES) when another holds them: msvcrt.locking with
+    LK_NBLCK/LK_UNLCK. A lock file cannot be deleted while open there, so it goes after the close,
+    and not at all while a waiter has it open (that waiter then locks the file that stays)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        os.lseek(fd, _LOCK_BYTE, os.SEEK_SET)
+        while True:
+            try:
+                locking(fd, lock_mode, 1)
+                break
+            except OSError as e:
+                if e.errno not in (errno.EACCES, errno.EAGAIN):
+                    raise
+                if not wait:
+                    raise BlockingIOError(errno.EAGAIN, f"another process holds the lock on {path}") from None
+            time.sleep(0.05)
+    except BaseException:       # an interrupt while waiting included
+        os.close(fd)
+        raise
+    try:
+        yield
+    finally:
+        locking(fd, unlock_mode, 1)
+        os.close(fd)
+        if remove:
+            with contextlib.suppress(OSError):
+                os.unlink(path)

@@ -127,4 +127,4 @@ def csv_text(report: LatencyReport) -> str:
         if vals and all(isinstance(v, int) and not isinstance(v, bool) and -2**63 <= v < 2**63
                         for v in vals):
             table[col] = table[col].astype("Int64")
-    return table.to_csv(index=False)
+    return table.to_csv(index=False, lineterminator="\n")   # not os.linesep: the same file on every OS

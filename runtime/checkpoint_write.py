@@ -8,6 +8,7 @@ import errno
 import json
 import os
 import re
+import secrets
 import shutil
 import tempfile
 from pathlib import Path
@@ -140,10 +141,9 @@ def _remove_orphaned_temp_dirs(out_dir: Path) -> None:
 
 def _process_alive(pid: int) -> bool:
     """False only when no process has this pid: another user's process, or a number too large to be
-    a pid, counts as alive (its dir is left alone), and so does every pid on Windows, where
-    os.kill(pid, 0) would end the process instead of probing it."""
-    if os.name == "nt":
-        return True
+    a pid, counts as alive (its dir is left alone)."""
+    if os.name == "nt":             # where os.kill(pid, 0) would end the process instead of probing it
+        return _windows_process_alive(pid)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -151,6 +151,30 @@ def _process_alive(pid: int) -> bool:
     except (PermissionError, OverflowError):
         pass
     return True
+
+
+def _windows_process_alive(pid: int) -> bool:
+    """OpenProcess fails with ERROR_INVALID_PARAMETER only for a pid no process has; any other failure
+    (access denied: another user's process) counts as alive, and so does a process whose exit code
+    is STILL_ACTIVE (one that ended returning 259 included)."""
+    import ctypes
+    from ctypes import wintypes
+
+    if not 0 < pid <= 0xFFFFFFFF:
+        return True
+    kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)
+    kernel32.OpenProcess.restype = wintypes.HANDLE
+    kernel32.OpenProcess.argtypes = (wintypes.DWORD, wintypes.BOOL, wintypes.DWORD)
+    kernel32.GetExitCodeProcess.argtypes = (wintypes.HANDLE, ctypes.POINTER(wintypes.DWORD))
+    kernel32.CloseHandle.argtypes = (wintypes.HANDLE,)
+    handle = kernel32.OpenProcess(0x1000, False, pid)          # PROCESS_QUERY_LIMITED_INFORMATION
+    if not handle:
+        return ctypes.get_last_error() != 87                    # ERROR_INVALID_PARAMETER
+    try:
+        code = wintypes.DWORD()
+        return not kernel32.GetExitCodeProcess(handle, ctypes.byref(code)) or code.value == 259
+    finally:
+        kernel32.CloseHandle(handle)
 
 
 def _swap_into_place(new: Path, out_dir: Path, overwrite: bool) -> None:
@@ -164,8 +188,8 @@ def _swap_into_place(new: Path, out_dir: Path, overwrite: bool) -> None:
         _rename_unless_taken(new, out_dir, f"{out_dir} already exists: another process wrote it meanwhile; "
                                            "choose another --out or pass --overwrite")
         return
-    # an empty directory with a name no one else takes: a directory renames onto it (POSIX)
-    backup = Path(tempfile.mkdtemp(prefix=f"{_backup_prefix(out_dir)}{os.getpid()}-", dir=out_dir.parent))
+    # a name that no one else takes and that does not exist yet: Windows renames nothing onto a directory
+    backup = out_dir.parent / f"{_backup_prefix(out_dir)}{os.getpid()}-{secrets.token_hex(4)}"
     moved_old = False
     try:
         try:
@@ -181,8 +205,8 @@ def _swap_into_place(new: Path, out_dir: Path, overwrite: bool) -> None:
         shutil.rmtree(backup, ignore_errors=True)
         raise
     shutil.rmtree(backup, ignore_errors=True)
-    # mkdtemp's names only, nothing a user typed; a backup named without a pid predates them, and
-    # one with this process's pid is an earlier, interrupted call's
+    # the names made above (8 hex digits) or by mkdtemp before them, nothing a user typed; a backup
+    # named without a pid predates both, and one with this process's pid is an earlier, interrupted call's
     ours = re.compile(re.escape(_backup_prefix(out_dir)) + r"(?:(\d+)-)?[a-z0-9_]{8}")
     for leftover in out_dir.parent.iterdir():
         m = ours.fullmatch(leftover.name)

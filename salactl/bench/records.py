@@ -219,7 +219,7 @@ def detail_rows(run_id: str, results: list[RequestResult], t0: float) -> list[li
 
 def write_details(path: Path, rows: list[list]) -> None:
     buf = io.StringIO()
-    w = csv.writer(buf)
+    w = csv.writer(buf, lineterminator="\n")
     w.writerow(DETAIL_COLUMNS)
     w.writerows(rows)
     write_atomic(path, buf.getvalue())
