@@ -127,13 +127,33 @@ def _model_dir(model: str | Path | None, random_weights: bool) -> Path | None:
 
 def _check_out_is_not_the_source(out: str | Path, model_dir: Path | None) -> None:
     """Writing to the model's own directory, one inside it or one holding it would replace (with
-    overwrite) or mix into the checkpoint being read."""
+    overwrite) or mix into the checkpoint being read. Directories are compared by identity, not by
+    name: on a case-insensitive file system (macOS, Windows) or through a bind mount, two different
+    paths can name the checkpoint."""
     if model_dir is None:
         return
     o, m = Path(out).expanduser().resolve(), Path(model_dir).expanduser().resolve()
-    if o == m or m in o.parents or o in m.parents:
-        where = "is" if o == m else "is inside" if m in o.parents else "holds"
-        raise OutputExistsError(f"out (--out) {o} {where} the source checkpoint {m}; choose an --out outside it")
+    source, out_dir = _identity(m), _identity(o)
+    if source is None:
+        return
+    if out_dir == source:
+        where = "is"
+    elif source in {_identity(p) for p in o.parents}:
+        where = "is inside"
+    elif out_dir is not None and out_dir in {_identity(p) for p in m.parents}:
+        where = "holds"
+    else:
+        return
+    raise OutputExistsError(f"out (--out) {o} {where} the source checkpoint {m}; choose an --out outside it")
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of an existing file or directory (Windows: volume and file index), else None."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _check_load_arguments(lm: LoadedModel, device: str, dtype: str, random_weights: bool) -> None:

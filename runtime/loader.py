@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,15 +104,41 @@ def build_model(config: SalaConfig, state: dict[str, torch.Tensor]) -> SalaForCa
     return model.eval().requires_grad_(False)
 
 
-def available_host_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (Linux); None where the kernel does not say."""
+def available_host_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """The host memory a new allocation can have, for the checks that refuse what cannot fit (exit
+    11): MemAvailable from `meminfo` on Linux, the available physical memory on Windows
+    (GlobalMemoryStatusEx), elsewhere (macOS) the total physical memory. That is an upper bound
+    (macOS tells what is reclaimable only through vm_stat's page classes, a subprocess): it refuses
+    only what could never fit, where counting the free pages alone would refuse what fits once the
+    cache is reclaimed. None where none of these can be read."""
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
+        for line in meminfo.read_text().splitlines():
             if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
+                return int(line.split()[1]) * 1024       # reported in kB
     except (OSError, ValueError, IndexError):
         pass
-    return None
+    if sys.platform == "win32":
+        return _windows_available_bytes()
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):       # no sysconf, or not these names
+        return None
+    return total if total > 0 else None
+
+
+def _windows_available_bytes() -> int | None:
+    import ctypes
+
+    class MemoryStatusEx(ctypes.Structure):
+        _fields_ = [("dwLength", ctypes.c_uint32), ("dwMemoryLoad", ctypes.c_uint32),
+                    *((name, ctypes.c_uint64) for name in ("ullTotalPhys", "ullAvailPhys", "ullTotalPageFile",
+                                                           "ullAvailPageFile", "ullTotalVirtual",
+                                                           "ullAvailVirtual", "ullAvailExtendedVirtual"))]
+
+    status = MemoryStatusEx(dwLength=ctypes.sizeof(MemoryStatusEx))
+    if not ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(status)):
+        return None
+    return status.ullAvailPhys
 
 
 def check_fits(need: int, avail: int | None, what: str, where: str, fix: str) -> None:

@@ -14,6 +14,7 @@ import torch
 
 from salactl.errors import OutputWriteError
 from salactl.reports.atomic import DiskFullError, exclusive_lock, write_atomic
+from salactl.runtime.loader import available_host_bytes
 from salactl.runtime.peaks import Peaks, cannot_write, cache_path, check_cache_dir, device_name, load_measured
 
 
@@ -76,16 +77,6 @@ def last_level_cache_bytes(cache_dir: Path = SYSFS_CPU0_CACHE) -> int | None:
     return by_level[max(by_level)] if by_level else None
 
 
-def mem_available_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
-    try:
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024       # reported in kB
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def cpu_copy_buffer_bytes(llc_bytes: int | None, mem_available: int | None) -> int:
     """Bytes per copy buffer on a CPU: 4x the last-level cache and at least 256 MiB, so the copy
     streams DRAM rather than cache (512 MiB where the cache size is unknown); both buffers take at
@@ -100,7 +91,7 @@ def _copy_times(device: torch.device) -> tuple[int, list[float]]:
     if device.type == "cuda":
         n = 1 << 30
     else:
-        n = cpu_copy_buffer_bytes(last_level_cache_bytes(), mem_available_bytes())
+        n = cpu_copy_buffer_bytes(last_level_cache_bytes(), available_host_bytes())
     src = torch.empty(n // 2, dtype=torch.bfloat16, device=device).fill_(1.0)   # touch every page
     dst = torch.empty_like(src)
     return n, _rep_times(lambda: dst.copy_(src), device)

@@ -40,7 +40,8 @@ def _restore(handlers: dict) -> None:
 
 _handlers_before_import = _handle(_exit_at_startup) if _is_the_command() else {}
 try:
-    import errno  # noqa: E402 - the imports that take a while come after the startup handlers
+    import codecs  # noqa: E402 - the imports that take a while come after the startup handlers
+    import errno  # noqa: E402
     import time  # noqa: E402
     import traceback  # noqa: E402
     import warnings  # noqa: E402
@@ -144,7 +145,23 @@ def _redeliver_after_torch_import(signum: int) -> None:
     _thread.interrupt_main(signum)
 
 
+def _streams_that_cannot_fail_to_encode() -> None:
+    """stdout and stderr written to a file or pipe in an encoding other than UTF-8 (Windows'
+    cp1252) are switched to UTF-8, so that generated text and the tables' labels (∞, ‖, −) arrive
+    whole; a terminal keeps its encoding and shows what it cannot as '?' instead of failing."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream.isatty():
+                if stream.errors == "strict":
+                    stream.reconfigure(errors="replace")
+            elif codecs.lookup(stream.encoding).name != "utf-8":
+                stream.reconfigure(encoding="utf-8", errors=stream.errors)
+        except (AttributeError, LookupError, OSError, TypeError, ValueError):   # None under pythonw, a stand-in
+            pass
+
+
 def main() -> None:
+    _streams_that_cannot_fail_to_encode()
     if threading.current_thread() is threading.main_thread():
         _handle(_on_interrupt)
     try:
@@ -202,7 +219,7 @@ def _closed_pipe() -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except (OSError, ValueError, AttributeError):    # a stdout without a file descriptor (tests)
         pass
-    sys.exit(128 + signal.SIGPIPE)
+    sys.exit(128 + getattr(signal, "SIGPIPE", 13))    # Windows has no SIGPIPE
 
 
 def _click_errors() -> tuple[type, ...]:
