@@ -125,8 +125,11 @@ def _template_kwargs(items: list[str] | None) -> dict:
             raise UsageError(f"--chat-template-kwargs {item!r} is not KEY=JSON_VALUE; e.g. enable_thinking=false")
         try:
             kwargs[key] = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise UsageError(f"--chat-template-kwargs {key}: {value!r} is not JSON ({e.msg}); use true/false, "
+        except (ValueError, RecursionError) as e:      # ValueError: also a number past int()'s digit limit
+            why = e.msg if isinstance(e, json.JSONDecodeError) else \
+                "nested too deeply" if isinstance(e, RecursionError) else "a number too long"
+            shown = value if len(value) <= 60 else value[:57] + "..."
+            raise UsageError(f"--chat-template-kwargs {key}: {shown!r} is not JSON ({why}); use true/false, "
                              f"null, a number or a quoted string, e.g. {key}='\"text\"'") from None
     return kwargs
 
