@@ -45,35 +45,35 @@ def test_cli_module_imports_every_subcommand():
 
 
 def _can_build_offline() -> bool:
-    """--no-build-isolation uses this environment's setuptools: pyproject's build-system needs >= 68,
-    and below 70.1 bdist_wheel comes from the wheel package."""
+    """--no-build-isolation uses this environment's setuptools: pyproject's build-system (an SPDX
+    `license` string) needs >= 77."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        major_minor = tuple(int(x) for x in version("setuptools").split(".")[:2])
+        return tuple(int(x) for x in version("setuptools").split(".")[:2]) >= (77, 0)
     except (PackageNotFoundError, ValueError):
         return False
-    if major_minor >= (70, 1):
-        return True
-    try:
-        version("wheel")
-    except PackageNotFoundError:
-        return False
-    return major_minor >= (68, 0)
+
+
+def _sources(tmp_path: Path, tool: dict, tests: bool = False) -> Path:
+    """A copy of what a build reads, so no build/ or egg-info lands in the checkout."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in"):
+        shutil.copy(ROOT / name, src / name)
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for folder in set(tool["package-dir"].values()) | ({"tests"} if tests else set()):
+        shutil.copytree(ROOT / folder, src / folder, ignore=skip)
+    return src
 
 
 def test_the_wheel_holds_every_module_and_the_package_data(tmp_path):
     """Build the wheel (about 3 s) from a copy of the sources, so no build/ or egg-info lands in
     the checkout, and look for every module and data file the checkout has."""
     if not _can_build_offline():
-        pytest.skip("needs setuptools >= 70.1 (or >= 68 with wheel) in this environment")
+        pytest.skip("needs setuptools >= 77 in this environment")
     tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    src = tmp_path / "src"
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, src / name)
-    for folder in set(tool["package-dir"].values()):
-        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    src = _sources(tmp_path, tool)
     p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                         "-w", str(tmp_path / "whl"), str(src)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -91,3 +91,26 @@ def test_the_wheel_holds_every_module_and_the_package_data(tmp_path):
     want |= {f"salactl/runtime/models/sala-nano/{f.name}" for f in nano}
     want |= {f"salactl/profiles/{f.name}" for f in tomls}
     assert want - names == set(), "declare these in pyproject.toml (packages / package-data)"
+    assert "salactl-0.1.0.dist-info/licenses/LICENSE" in names, "Apache-2.0 asks that its text go with the code"
+
+
+def test_the_sdist_holds_a_test_suite_that_runs(tmp_path):
+    """The sdist's tests need their helpers and fixtures (conftest.py, the loopback bench server, the
+    Nsight Compute CSVs), which setuptools leaves out unless MANIFEST.in grafts them."""
+    if not _can_build_offline():
+        pytest.skip("needs setuptools >= 77 in this environment")
+    import tarfile
+
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    src = _sources(tmp_path, tool, tests=True)
+    build = "import setuptools.build_meta as b, sys; print(b.build_sdist(sys.argv[1]))"
+    p = subprocess.run([sys.executable, "-c", build, str(tmp_path / "sdist")], cwd=src, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    names = {n.split("/", 1)[1] for n in tarfile.open(tmp_path / "sdist" / p.stdout.split()[-1]).getnames()
+             if "/" in n}
+    want = {f.relative_to(ROOT).as_posix() for f in (ROOT / "tests").rglob("*")
+            if f.is_file() and "__pycache__" not in f.parts}
+    assert {"tests/conftest.py", "tests/bench_server.py", "LICENSE"} <= names
+    assert want - names == set()
+    assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
