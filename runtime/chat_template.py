@@ -24,27 +24,40 @@ def chatml(messages: list[dict], add_generation_prompt: bool = True) -> str:
     return text + (f"{start}assistant\n" if add_generation_prompt else "")
 
 
-def read_chat_template(directory: Path, cfg: dict, cfg_file: Path) -> tuple[str | None, str | None]:
-    """chat_template.jinja beside tokenizer.json, else tokenizer_config's "chat_template" (a string,
-    or a list of {"name", "template"} from which the one named "default" is used)."""
+def read_chat_template(directory: Path, cfg: dict, cfg_file: Path) -> dict[str, tuple[str, str]]:
+    """The checkpoint's chat templates by name, each with where it is from: chat_template.jinja beside
+    tokenizer.json (as "default"), else tokenizer_config's "chat_template": a string ("default"), or a
+    list of {"name", "template"} as transformers keeps it (the name picks it: see pick_template).
+    Empty when there is none."""
     jinja_file = directory / "chat_template.jinja"
     if jinja_file.exists():
         try:
-            return jinja_file.read_text(encoding="utf-8"), str(jinja_file)
+            return {"default": (jinja_file.read_text(encoding="utf-8"), str(jinja_file))}
         except (OSError, UnicodeDecodeError) as e:
             raise TokenizerError(f"cannot read {jinja_file} ({one_line(e)})") from None
     t = cfg.get("chat_template")
     if t is None:
-        return None, None
-    if isinstance(t, list):
-        named = {d.get("name"): d.get("template") for d in t if isinstance(d, dict)}
-        if "default" not in named:
-            raise TokenizerError(f"{cfg_file} has chat templates {sorted(map(str, named))} but none named "
-                                 "\"default\"")
-        t = named["default"]
-    if not isinstance(t, str):
-        raise TokenizerError(f"{cfg_file} has a chat_template that is not a string")
-    return t, f"{cfg_file} (chat_template)"
+        return {}
+    if isinstance(t, str):
+        return {"default": (t, f"{cfg_file} (chat_template)")}
+    if not isinstance(t, list) or not t or not all(
+            isinstance(d, dict) and isinstance(d.get("name"), str) and isinstance(d.get("template"), str) for d in t):
+        raise TokenizerError(f"{cfg_file} has a chat_template that is neither a string nor a list of "
+                             "{\"name\": ..., \"template\": ...} strings; fix or remove it")
+    return {d["name"]: (d["template"], f"{cfg_file} (chat_template \"{d['name']}\")") for d in t}
+
+
+def pick_template(names, tools, cfg_file: Path) -> str:
+    """Which of the named templates renders a request, as transformers picks it: "tool_use" when
+    tools are given (not None) and there is one, else "default"; a TokenizerError when neither is there."""
+    if tools is not None and "tool_use" in names:
+        return "tool_use"
+    if "default" in names:
+        return "default"
+    fix = ("pass tools (--chat-template-kwargs 'tools=[...]') to use \"tool_use\", or name a template \"default\""
+           if "tool_use" in names else "name the one to use \"default\"")
+    raise TokenizerError(f"{cfg_file} has chat templates {', '.join(json.dumps(n) for n in sorted(names))}, none "
+                         f"named \"default\" (used unless tools are given and \"tool_use\" exists); {fix}")
 
 
 def compile_template(template: str, source: str):

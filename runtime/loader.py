@@ -353,5 +353,14 @@ def stop_token_ids(config: SalaConfig, model_dir: Path | None, tokenizer=None) -
     """The ids generation stops at (unless ignore_eos): config.json's eos_token_id, generation_config.json's
     eos_token_id and the tokenizer's eos token and <|im_end|>. `run`, `eval passkey` and the embedded
     bench target all use this set."""
+    from salactl.runtime.tokenizer import Tokenizer
+
+    if not isinstance(config, SalaConfig):
+        raise UsageError(f"stop_token_ids takes the model's SalaConfig (LoadedModel.config), got {type(config).__name__}")
+    if model_dir is not None and not isinstance(model_dir, (str, os.PathLike)):
+        raise UsageError(f"stop_token_ids takes the model's directory (LoadedModel.model_dir) or None, "
+                         f"got {type(model_dir).__name__}")
+    if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
+        raise UsageError(f"stop_token_ids takes a salactl Tokenizer (find_tokenizer) or None, got {type(tokenizer).__name__}")
     ids = (*config.eos_token_id, *generation_eos_ids(model_dir), *(tokenizer.eos_ids if tokenizer else ()))
     return tuple(dict.fromkeys(ids))

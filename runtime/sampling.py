@@ -20,10 +20,11 @@ class SamplingParams:
     """Per-request generation settings (`salactl run`'s sampling flags, as Python arguments).
 
     max_new_tokens: tokens to generate at most (0 = prefill only). temperature: 0 = greedy,
-    else softmax temperature. top_p: nucleus mass in (0, 1] (1 = off). top_k: keep the k most
-    likely tokens (0 = off). top_p/top_k apply only when temperature > 0. seed: a sampled request
-    draws from its own generator seeded with `seed`; None means 0, so unseeded requests are
-    reproducible, not random. stop_token_ids: extra ids that end generation (token ids, not
+    else softmax temperature (one too small for fp32 draws as its limit does: among the top
+    logits, greedy unless they tie). top_p: nucleus mass in (0, 1] (1 = off). top_k: keep the k
+    most likely tokens (0 = off). top_p/top_k apply only when temperature > 0. seed: a sampled
+    request draws from its own generator seeded with `seed`; None means 0, so unseeded requests
+    are reproducible, not random. stop_token_ids: extra ids that end generation (token ids, not
     strings; an int or an iterable, stored as a tuple). ignore_eos: True runs to max_new_tokens
     past the model's and tokenizer's EOS ids (stop_token_ids still apply). Bad values raise
     UsageError."""
@@ -125,7 +126,9 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     top = logits.max()
     if not math.isfinite(float(top)):
         raise NumericsError(NON_FINITE)
-    logits = (logits.float() - top) / params.temperature    # shifted first: a tiny temperature gives -inf, not inf - inf
+    shifted = logits.float() - top      # shifted first: a tiny temperature gives -inf, not inf - inf
+    # the top logits stay 0, as at any temperature: one that underflows fp32 would make them 0/0 (NaN)
+    logits = torch.where(shifted == 0, shifted, shifted / params.temperature)
     if params.top_k:
         kth = torch.topk(logits, min(params.top_k, logits.numel())).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -9,7 +9,8 @@ import json
 import re
 
 from salactl.errors import UsageError
-from salactl.runtime.sampling import as_token_ids
+from salactl.runtime.sampling import as_token_ids, is_int
+from salactl.runtime.tokenizer import Tokenizer
 
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
@@ -53,7 +54,10 @@ class StreamDecoder:
     decoder = StreamDecoder(tokenizer); print(decoder.push(token_id), end="") per generated id,
     then print(decoder.flush())."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer: Tokenizer):
+        if not isinstance(tokenizer, Tokenizer):
+            raise UsageError(f"tokenizer must be a Tokenizer (find_tokenizer(...) gives one), got "
+                             f"{type(tokenizer).__name__}")
         self.tokenizer, self.ids = tokenizer, []
         self.prefix_offset = self.read_offset = 0
         self._chunks: list[str] = []
@@ -90,7 +94,11 @@ class StreamDecoder:
         return text.endswith("\ufffd")
 
     def push(self, token_id: int) -> str:
-        """Add one generated id; returns the text it settles ("" while the text may still change)."""
+        """Add one generated id; returns the text it settles ("" while the text may still change).
+        An id past the tokenizer's vocabulary (a model's padding rows) has no text, as in HF decode."""
+        _check_token_id(token_id)
+        if token_id >= self.tokenizer.vocab_size:
+            return ""
         self.ids.append(token_id)
         prefix = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset])
         text = self.tokenizer.decode(self.ids[self.prefix_offset:])
@@ -111,6 +119,11 @@ class StreamDecoder:
         if rest:
             self._chunks.append(rest)
         return rest
+
+
+def _check_token_id(value) -> None:
+    if not is_int(value) or value < 0:
+        raise UsageError(f"push takes a token id (an integer >= 0), got {value!r}"[:200])
 
 
 def check_stop_strings(stop) -> tuple[str, ...]:
@@ -165,6 +178,7 @@ class GeneratedText:
 
     def push(self, token_id: int) -> str:
         """Add one generated id; returns the text that can be shown now (often "")."""
+        _check_token_id(token_id)
         if self.stopped or token_id in self.stop_ids:
             return ""
         self._append(self._decoder.push(token_id))

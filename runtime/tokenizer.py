@@ -5,18 +5,21 @@ so that ids match HF:
 - BOS/EOS: Llama-class tokenizers (`LLAMA_CLASSES`) follow add_bos_token (default true) and
   add_eos_token (default false); any other class follows tokenizer.json's post_processor;
 - `--chat` renders the checkpoint's own chat template (chat_template.jinja, else tokenizer_config's
-  "chat_template") with jinja2 as `apply_chat_template(..., add_generation_prompt=True)` does and
-  tokenizes the text without special tokens (runtime/chat_template.py). Only a checkpoint without a
-  template gets ChatML.
+  "chat_template", from a named list as transformers picks it) with jinja2 as
+  `apply_chat_template(..., add_generation_prompt=True)` does and tokenizes the text without special
+  tokens (runtime/chat_template.py). Only a checkpoint without a template gets ChatML.
 Streaming detokenization is runtime/stream_decoder.py."""
 
 from __future__ import annotations
 
 import json
+import numbers
+import os
 from pathlib import Path
 
 from salactl.errors import TokenizerError, UsageError
-from salactl.runtime.chat_template import CHATML_MARKERS, chatml, compile_template, one_line, read_chat_template
+from salactl.runtime.chat_template import (CHATML_MARKERS, chatml, compile_template, one_line, pick_template,
+                                           read_chat_template)
 from salactl.runtime.json_file import read_json
 
 # transformers classes whose __init__ rebuilds the post-processor from add_bos_token/add_eos_token
@@ -30,9 +33,10 @@ class Tokenizer:
     """A checkpoint's tokenizer.json (path: the file or its directory), encoding and decoding as
     transformers' AutoTokenizer does for it. find_tokenizer() finds the one a model needs."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: str | Path):
         from tokenizers import Tokenizer as HFTokenizer
 
+        _check_path(path, "Tokenizer's path (a tokenizer.json or its directory)")
         path = Path(path)
         file = path / "tokenizer.json" if path.is_dir() else path
         _refuse_sentencepiece(file)
@@ -92,8 +96,9 @@ class Tokenizer:
             (self.tok.token_to_id(bos) if bos else None)
         eos = [self.tok.token_to_id(t) for t in (self.special["eos_token"], "<|im_end|>") if t]
         self.eos_ids = tuple(dict.fromkeys(i for i in eos if i is not None))
-        self.chat_template, self.chat_template_source = read_chat_template(file.parent, cfg, cfg_file)
-        self._compiled = None
+        self.chat_templates = read_chat_template(file.parent, cfg, cfg_file)   # name -> (template, its source)
+        self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)   # every id, added tokens too
+        self._compiled = {}
 
     # ---------------------------------------------------------------- loading, as transformers does
     @property
@@ -186,10 +191,6 @@ class Tokenizer:
         return []
 
     # ---------------------------------------------------------------- API
-    @property
-    def vocab_size(self) -> int:
-        return self.tok.get_vocab_size(with_added_tokens=True)
-
     def encode(self, text: str, add_special_tokens: bool = True, specials_as_text: bool = False) -> list[int]:
         """Text to token ids, like HF `encode`: with whatever special tokens the post-processor adds
         (e.g. BOS, as `salactl run --prompt` encodes), or the text's ids alone with
@@ -206,50 +207,77 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         """Token ids to text; special tokens (BOS, EOS, ...) are left out unless skip_special=False
-        (HF's skip_special_tokens)."""
-        return self.tok.decode(ids, skip_special_tokens=skip_special)
+        (HF's skip_special_tokens). Ids past the tokenizer's vocabulary give no text, as in HF (a
+        model's vocabulary may pad past its tokenizer's); anything but a list of non-negative integer
+        ids is a UsageError."""
+        try:
+            if len(ids) and max(ids) >= self.vocab_size:
+                ids = [i for i in ids if i < self.vocab_size]     # also those past u32, which HF cannot take
+            text = self.tok.decode(ids, skip_special_tokens=skip_special)
+        except (TypeError, OverflowError):      # not a list of ints, or a negative one
+            raise UsageError(self._bad_ids(ids)) from None
+        return text
+
+    @staticmethod
+    def _bad_ids(ids) -> str:
+        bad = next((i for i in ids if not isinstance(i, numbers.Integral) or isinstance(i, bool) or i < 0), None) \
+            if isinstance(ids, (list, tuple)) else None
+        if bad is None:
+            return f"decode takes a list of token ids, got {ids!r}"[:200]
+        return f"token ids must be non-negative integers, got {bad!r}"
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
         """The chat text as HF `apply_chat_template(messages, add_generation_prompt, tokenize=False,
         **kwargs)`: kwargs are extra template variables (e.g. enable_thinking=False, tools=[...]), over
-        the special tokens' and tools/documents' (None). ChatML, which takes none (kwargs are a
-        UsageError), when the checkpoint has no template (`has_chat_template`)."""
-        if self.chat_template is None:
-            if kwargs:
-                raise UsageError(f"--chat-template-kwargs ({', '.join(kwargs)}) apply to the checkpoint's chat "
+        the special tokens' and tools/documents' (None); tools pick a template named "tool_use" where
+        the checkpoint has one. ChatML, which takes none (kwargs are a UsageError), when the checkpoint
+        has no template (`has_chat_template`)."""
+        return self._render(messages, add_generation_prompt, kwargs)
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool, variables: dict) -> str:
+        if not self.chat_templates:
+            if variables:
+                raise UsageError(f"--chat-template-kwargs ({', '.join(variables)}) apply to the checkpoint's chat "
                                  "template, and it has none (--chat uses ChatML); drop them")
             return chatml(messages, add_generation_prompt)
-        if self._compiled is None:
-            self._compiled = compile_template(self.chat_template, self.chat_template_source)
+        name = self._template_name(variables)
+        if name not in self._compiled:
+            self._compiled[name] = compile_template(*self.chat_templates[name])
         kw = {"tools": None, "documents": None, **{k: v for k, v in self.special.items() if v is not None}}
         if self.additional_special:
             kw["additional_special_tokens"] = list(self.additional_special)
-        kw.update(kwargs, add_generation_prompt=add_generation_prompt)
+        # one dict, not **kwargs: a variable may be named like a Python parameter (self, system, ...)
+        kw.update(variables, add_generation_prompt=add_generation_prompt, messages=messages)
         try:
-            return self._compiled.render(messages=messages, **kw)
+            return self._compiled[name].render(kw)
         except Exception as e:  # jinja2 TemplateError, raise_exception(), or a bug in the template
-            raise TokenizerError(f"the chat template of {self.chat_template_source} failed: "
+            raise TokenizerError(f"the chat template of {self.chat_templates[name][1]} failed: "
                                  f"{one_line(e)}") from None
+
+    def _template_name(self, variables: dict) -> str:
+        return pick_template(self.chat_templates, variables.get("tools"), self.path.parent / "tokenizer_config.json")
 
     @property
     def has_chat_template(self) -> bool:
-        return self.chat_template is not None
+        return bool(self.chat_templates)
 
-    def chat_ids(self, user: str, system: str | None = None, **kwargs) -> list[int]:
+    def chat_ids(self, user: str, system: str | None = None, template_kwargs: dict | None = None) -> list[int]:
         """Ids of a one-turn chat prompt (after a system message, when given): the rendered template
         tokenized without special tokens (the template supplies any BOS), as HF
-        `apply_chat_template(..., tokenize=True, **kwargs)`. kwargs may not set what chat_ids does
-        (check_chat_kwargs)."""
-        check_chat_kwargs(kwargs)
+        `apply_chat_template(..., tokenize=True, **template_kwargs)`. template_kwargs: the template's
+        extra variables (`--chat-template-kwargs`), which may not set what chat_ids does (check_chat_kwargs)."""
+        template_kwargs = {} if template_kwargs is None else template_kwargs
+        check_chat_kwargs(template_kwargs)
         messages = ([] if system is None else [{"role": "system", "content": system}]) + \
             [{"role": "user", "content": user}]
-        text = self.apply_chat_template(messages, add_generation_prompt=True, **kwargs)
-        if self.chat_template is None:
+        text = self._render(messages, True, template_kwargs)
+        if not self.chat_templates:
             self._check_chatml_markers()
         ids = self.encode(text, add_special_tokens=False)
         if not ids:
-            raise TokenizerError(f"the chat template of {self.chat_template_source} rendered no text for the "
-                                 "prompt; fix the template, or run without --chat")
+            where = self.chat_templates[self._template_name(template_kwargs)][1]
+            raise TokenizerError(f"the chat template of {where} rendered no text for the prompt; fix the template, "
+                                 "or run without --chat")
         return ids
 
     def _check_chatml_markers(self) -> None:
@@ -263,8 +291,11 @@ class Tokenizer:
 
 
 def check_chat_kwargs(kwargs: dict) -> None:
-    """Template variables that chat_ids (`--chat`) sets itself are not kwargs: it builds the messages
-    and always asks for the generation prompt."""
+    """The template's variables: a dict of names, less those that chat_ids (`--chat`) sets itself:
+    it builds the messages and always asks for the generation prompt."""
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise UsageError(f"template_kwargs must be a dict of template variables by name, e.g. "
+                         f"{{'enable_thinking': False}}, got {kwargs!r}"[:200])
     own = [k for k in ("messages", "add_generation_prompt") if k in kwargs]
     if own:
         raise UsageError(f"--chat-template-kwargs cannot set {' or '.join(own)}: --chat builds the messages "
@@ -348,9 +379,12 @@ def find_tokenizer(explicit: str | None, model_dir: str | Path | None) -> Tokeni
     a directory (a preset with random weights) falls back to the embedded sala-nano tokenizer: a
     checkpoint without its tokenizer is an error, since another vocabulary would silently give
     wrong ids."""
+    if explicit is not None:
+        _check_path(explicit, "explicit (--tokenizer: a tokenizer.json or its directory)")
     if explicit:
-        return Tokenizer(Path(explicit))
+        return Tokenizer(explicit)
     if model_dir is not None:
+        _check_path(model_dir, "model_dir (the checkpoint's directory)")
         model_dir = Path(model_dir)
         _refuse_sentencepiece(model_dir / "tokenizer.json")
         if not (model_dir / "tokenizer.json").exists():
@@ -360,6 +394,11 @@ def find_tokenizer(explicit: str | None, model_dir: str | Path | None) -> Tokeni
     from salactl.runtime.loader import EMBEDDED_DIR
 
     return Tokenizer(EMBEDDED_DIR)
+
+
+def _check_path(value, what: str) -> None:
+    if not isinstance(value, (str, os.PathLike)):
+        raise UsageError(f"{what} must be a path (a str or Path), got {type(value).__name__}")
 
 
 def check_fits(tok: Tokenizer, vocab_size: int) -> None:

@@ -164,7 +164,7 @@ def _prompt_ids(req: RunRequest, lm: LoadedModel) -> tuple[list[int], Tokenizer 
         return req.prompt_ids, tok
     tok = find_tokenizer(req.tokenizer, lm.model_dir)
     if req.chat:    # the checkpoint's template, tokenized without special tokens (HF apply_chat_template)
-        ids = tok.chat_ids(req.prompt, system=req.system, **req.chat_template_kwargs)
+        ids = tok.chat_ids(req.prompt, system=req.system, template_kwargs=req.chat_template_kwargs)
         if not tok.has_chat_template:
             output.warn_once(CHATML_NOTE)
         return ids, tok

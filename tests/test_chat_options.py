@@ -161,7 +161,7 @@ def test_what_chat_sets_itself_is_not_a_template_kwarg(tmp_path, capsys, kwargs,
     assert code == 2 and f"--chat-template-kwargs cannot set {named}" in err, err
     assert len(err.strip().splitlines()) == 1, err
     with pytest.raises(UsageError, match="cannot set add_generation_prompt"):
-        Tokenizer(d).chat_ids("hi", add_generation_prompt=False)
+        Tokenizer(d).chat_ids("hi", template_kwargs={"add_generation_prompt": False})
 
 
 def test_chatml_fallback_refuses_template_kwargs_in_python_too(tmp_path):
@@ -171,5 +171,5 @@ def test_chatml_fallback_refuses_template_kwargs_in_python_too(tmp_path):
                                          r"has none \(--chat uses ChatML\); drop them"):
         tok.apply_chat_template(messages, enable_thinking=False)
     with pytest.raises(UsageError, match="has none"):
-        tok.chat_ids("hi", tools=[])
+        tok.chat_ids("hi", template_kwargs={"tools": []})
     assert tok.apply_chat_template(messages, add_generation_prompt=False) == "<|im_start|>user\nhi<|im_end|>\n"

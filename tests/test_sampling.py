@@ -1,3 +1,5 @@
+import json
+
 import pytest
 import torch
 
@@ -53,3 +55,30 @@ def test_top_p_ties_at_the_cut_go_the_way_of_hf_top_p_warper():
 def test_sampling_params_take_integer_counts_only(kw):
     with pytest.raises(UsageError, match="must be an integer"):
         SamplingParams(**kw)
+
+
+# a positive temperature below fp32's range samples as its limit does (only the top logits), not NaN
+TINY = [1e-300, 1e-320, 5e-324, 1e-40, 1e-45]
+
+
+@pytest.mark.parametrize("temperature", TINY)
+def test_a_tiny_temperature_samples_the_top_logit(temperature):
+    logits = torch.randn(4096, generator=torch.Generator().manual_seed(0))
+    assert _seen(logits.tolist(), n=20, temperature=temperature) == {int(logits.argmax())}
+    assert _seen([1.0, 3.0, 3.0, 2.0], n=60, temperature=temperature) == {1, 2}     # tied tops both drawn
+
+
+def test_a_tiny_temperature_runs_as_greedy_from_a_flag_or_generation_config(tmp_path, capsys):
+    from conftest import run_cli
+    from test_generation_config_defaults import nano_with
+
+    def tokens(*args):
+        code, out, err = run_cli(["run", "--prompt", "Hi", "-n", "3", "--device", "cpu", "--json", *args], capsys)
+        assert code == 0, err
+        return json.loads(out)
+
+    greedy = tokens("-t", "0")["output_token_ids"]
+    rec = tokens("-t", "1e-300")
+    assert rec["output_token_ids"] == greedy and rec["sampling"]["temperature"] == 1e-300
+    rec = tokens("--model", nano_with(tmp_path, do_sample=True, temperature=1e-320))
+    assert rec["output_token_ids"] == greedy and rec["sampling"]["temperature"] == 1e-320
