@@ -8,7 +8,6 @@ venv) on the tokenizers `build` makes here (`AutoTokenizer.from_pretrained(dir).
 import json
 import random
 import shutil
-import types
 from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer, models, normalizers, trainers
@@ -208,7 +207,11 @@ def test_stream_decodes_a_short_window_not_everything(monkeypatch):
 def test_stop_ids_union_config_generation_config_and_tokenizer(tmp_path):
     import json
 
-    cfg = types.SimpleNamespace(eos_token_id=(2,))
+    import dataclasses
+
+    from salactl.runtime.config import SalaConfig
+
+    cfg = dataclasses.replace(SalaConfig.from_file(EMBEDDED_DIR / "config.json"), eos_token_id=(2,))
     tok = Tokenizer(build(tmp_path / "tok"))
     assert stop_token_ids(cfg, tmp_path, tok) == (2, 427)                     # no generation_config.json
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 4, 7]}))
