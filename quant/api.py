@@ -15,12 +15,12 @@ import torch
 
 from salactl import output
 from salactl.env import environment
-from salactl.errors import OutputExistsError, QuantizationError, UsageError
+from salactl.errors import OutputExistsError, QuantizationError, SalactlError, UsageError
 from salactl.quant.calibration import RANDOM, calibration_windows, check_calibration_sizes
 from salactl.quant.in_memory import quantized_as
 from salactl.quant.sequential import QuantizeOutcome, QuantOptions, layer_groups, quantize_model
 from salactl.quant.writer import quantization_config, write_quantized_checkpoint
-from salactl.runtime.checkpoint import StoredTensors
+from salactl.runtime.checkpoint import StoredTensors, tensor_files
 from salactl.runtime.checkpoint_write import check_output_dir
 from salactl.runtime.config import SalaConfig
 from salactl.runtime.kv_fp8 import fp8_dtype, sglang_scales_json
@@ -253,10 +253,15 @@ def _record(out: str | Path, lm: LoadedModel, opts: QuantOptions, windows: torch
 
 
 def _safetensors_bytes(directory: Path | None) -> int | None:
-    """The bytes of a checkpoint directory's *.safetensors files (None without a directory)."""
+    """The bytes of the safetensors files a checkpoint directory's weights load from (other
+    *.safetensors beside them are not the checkpoint); None without a directory or where they cannot
+    be told, as a record's detail is no reason to fail the command."""
     if directory is None or not Path(directory).is_dir():
         return None
-    return sum(f.stat().st_size for f in Path(directory).glob("*.safetensors"))
+    try:
+        return sum(f.stat().st_size for f in set(tensor_files(Path(directory)).values()))
+    except (SalactlError, OSError):
+        return None
 
 
 def _peak_gpu_gib(device: torch.device) -> float | None:

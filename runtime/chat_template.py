@@ -10,12 +10,16 @@ import json
 from pathlib import Path
 
 from salactl.errors import TokenizerError
+from salactl.runtime.json_file import read_side_file
 
 CHATML_NOTE = ("the checkpoint has no chat template (chat_template.jinja or tokenizer_config.json's "
                "chat_template); --chat uses ChatML")
 
 
 CHATML_MARKERS = ("<|im_start|>", "<|im_end|>")
+# a checkpoint's template is untrusted code: bounds on what one render may build
+MAX_RESULT = 10**7          # characters or items of a "*" product, bits of a "*" or "**" integer
+MAX_RANGE_ITEMS = 10**6     # items of all the range() calls of one render
 
 
 def chatml(messages: list[dict], add_generation_prompt: bool = True) -> str:
@@ -32,7 +36,8 @@ def read_chat_template(directory: Path, cfg: dict, cfg_file: Path) -> dict[str, 
     jinja_file = directory / "chat_template.jinja"
     if jinja_file.exists():
         try:
-            return {"default": (jinja_file.read_text(encoding="utf-8"), str(jinja_file))}
+            text = read_side_file(jinja_file, TokenizerError, "fix or remove it").decode("utf-8")
+            return {"default": (text, str(jinja_file))}
         except (OSError, UnicodeDecodeError) as e:
             raise TokenizerError(f"cannot read {jinja_file} ({one_line(e)})") from None
     t = cfg.get("chat_template")
@@ -61,13 +66,16 @@ def pick_template(names, tools, cfg_file: Path) -> str:
 
 
 def compile_template(template: str, source: str):
-    """The template compiled as the module docstring says; a syntax error is a TokenizerError."""
+    """The template compiled as the module docstring says, as a function of the render's variables
+    to the text. Anything wrong while compiling or rendering (a syntax error, raise_exception(), a
+    result past MAX_RESULT or MAX_RANGE_ITEMS, a bug in the template) is a one-line TokenizerError
+    naming `source`."""
     from datetime import datetime
 
     try:
         import jinja2
         import jinja2.ext
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
     except ImportError:
         raise TokenizerError("chat templates need jinja2; pip install jinja2") from None
 
@@ -88,15 +96,59 @@ def compile_template(template: str, source: str):
             body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
             return jinja2.nodes.Scope(body, lineno=lineno)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols, Generation])
+    class BoundedEnvironment(ImmutableSandboxedEnvironment):
+        # intercepted operators are also not folded at compile time, where 'a' * 4000000000 would be built
+        intercepted_binops = frozenset({"*", "**"})
+
+        def call_binop(self, context, operator, left, right):
+            if _result_size(operator, left, right) > MAX_RESULT:
+                raise OverflowError(f"a '{operator}' result over {MAX_RESULT} characters, items or bits")
+            return super().call_binop(context, operator, left, right)
+
+    env = BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, Generation])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     try:
-        return env.from_string(template)
+        compiled = env.from_string(template)
     except jinja2.TemplateError as e:
         raise TokenizerError(f"the chat template of {source} is not valid jinja ({one_line(e)})") from None
+    except Exception as e:  # noqa: BLE001 - whatever an untrusted template makes the compiler do
+        raise TokenizerError(f"the chat template of {source} cannot be compiled ({one_line(e)}); "
+                             "fix the template") from None
+
+    def render(variables: dict) -> str:
+        left = MAX_RANGE_ITEMS
+
+        def bounded_range(*args):
+            nonlocal left
+            r = safe_range(*args)
+            left -= len(r)
+            if left < 0:
+                raise OverflowError(f"the template's range() calls make over {MAX_RANGE_ITEMS} items in all")
+            return r
+
+        try:
+            return compiled.render({**variables, "range": bounded_range})
+        except Exception as e:  # jinja2 TemplateError, raise_exception(), a bound above, or a bug in the template
+            raise TokenizerError(f"the chat template of {source} failed: {one_line(e)}") from None
+
+    return render
+
+
+def _result_size(operator: str, left, right) -> int:
+    """The characters, items or bits `left operator right` would have ("*" or "**"); 0 where small
+    by nature (floats, which overflow to an error instead)."""
+    if operator == "**":
+        if isinstance(left, int) and isinstance(right, int) and right > 0:
+            return right * max(abs(left).bit_length() - 1, 0)
+        return 0
+    if isinstance(left, int) and isinstance(right, int):
+        return left.bit_length() + right.bit_length()
+    for seq, n in ((left, right), (right, left)):
+        if isinstance(seq, (str, list, tuple)) and isinstance(n, int):
+            return len(seq) * n
+    return 0
 
 
 def one_line(e: Exception) -> str:

@@ -108,6 +108,7 @@ _SPARSE_REQUIRED = ("block_size", "dense_len", "init_blocks", "kernel_size", "ke
 
 # the numbers inference uses (initializer_range is not one: only random-weights init reads it)
 _POSITIVE_NUMBERS = ("rms_norm_eps", "rope_theta", "scale_emb", "scale_depth", "dim_model_base")
+_FLOAT_SETTINGS = ("rms_norm_eps", "rope_theta", "scale_emb", "scale_depth")
 
 
 @dataclass(frozen=True)
@@ -205,8 +206,17 @@ class SalaConfig:
             )
         for name in _POSITIVE_NUMBERS:
             value = getattr(self, name)
-            if not 0 < value < math.inf:                       # NaN fails every comparison, so it fails here
+            if not isinstance(value, (int, float)):
+                raise ConfigError(f"config.{name} must be a positive finite number, got {value!r}")
+            try:
+                number = float(value)
+            except OverflowError:                              # an integer past float's range
+                raise ConfigError(f"config.{name} must be a positive finite number, got an integer too large "
+                                  "for a float") from None
+            if not 0 < number < math.inf:                      # NaN fails every comparison, so it fails here
                 raise ConfigError(f"config.{name} must be a positive finite number, got {value}")
+            if name in _FLOAT_SETTINGS:                        # torch cannot take a Python int past int64
+                object.__setattr__(self, name, number)
         _check_dtype("torch_dtype", self.torch_dtype)
         if self.max_position_embeddings < 1:
             raise ConfigError(f"config.max_position_embeddings must be at least 1, got {self.max_position_embeddings}")
@@ -325,6 +335,8 @@ class SalaConfig:
             d = read_json(path, ConfigError, "fix it or re-download the checkpoint")
         except FileNotFoundError:
             raise ConfigError(f"{path} does not exist; a checkpoint directory needs config.json") from None
+        except OSError as e:                                   # a symlink loop, no permission, ...
+            raise ConfigError(f"cannot read {path} ({e.strerror}); fix it or re-download the checkpoint") from None
         return cls.from_hf_dict(d)
 
     def to_hf_dict(self) -> dict:

@@ -18,15 +18,16 @@ import os
 from pathlib import Path
 
 from salactl.errors import TokenizerError, UsageError
-from salactl.runtime.chat_template import (CHATML_MARKERS, chatml, compile_template, one_line, pick_template,
+from salactl.runtime.chat_template import (CHATML_MARKERS, chatml, compile_template, pick_template,
                                            read_chat_template)
-from salactl.runtime.json_file import read_json
+from salactl.runtime.json_file import check_regular_file, read_json
 
 # transformers classes whose __init__ rebuilds the post-processor from add_bos_token/add_eos_token
 LLAMA_CLASSES = frozenset({"LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer", "CodeLlamaTokenizerFast"})
 SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 _VOCAB_SPECIALS = ("bos_token", "eos_token", "unk_token", "pad_token")   # must be in the vocabulary when named
 LLAMA_DEFAULTS = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}   # LlamaTokenizerFast.__init__
+MAX_TOKENIZER_FILE = 2**30     # the `tokenizers` library reads tokenizer.json whole; real ones are tens of MiB
 
 
 class Tokenizer:
@@ -53,6 +54,9 @@ class Tokenizer:
         cfg_file = file.parent / "tokenizer_config.json"
         cfg = _read_json(cfg_file)
         tokenizer_class = cfg.get("tokenizer_class")
+        if tokenizer_class is not None and not isinstance(tokenizer_class, str):
+            raise TokenizerError(f"{cfg_file} has tokenizer_class = {json.dumps(tokenizer_class)}; expected a class "
+                                 "name string such as \"LlamaTokenizerFast\" (or null)")
         # no tokenizer_class: HF picks the class from config.json's model_type (MiniCPM: Llama)
         llama = tokenizer_class is None or tokenizer_class in LLAMA_CLASSES
         flags = {}
@@ -248,11 +252,7 @@ class Tokenizer:
             kw["additional_special_tokens"] = list(self.additional_special)
         # one dict, not **kwargs: a variable may be named like a Python parameter (self, system, ...)
         kw.update(variables, add_generation_prompt=add_generation_prompt, messages=messages)
-        try:
-            return self._compiled[name].render(kw)
-        except Exception as e:  # jinja2 TemplateError, raise_exception(), or a bug in the template
-            raise TokenizerError(f"the chat template of {self.chat_templates[name][1]} failed: "
-                                 f"{one_line(e)}") from None
+        return self._compiled[name](kw)
 
     def _template_name(self, variables: dict) -> str:
         return pick_template(self.chat_templates, variables.get("tools"), self.path.parent / "tokenizer_config.json")
@@ -323,8 +323,11 @@ def _refuse_sentencepiece(file: Path) -> None:
 
 
 def _check_readable(file: Path) -> None:
-    """An unreadable file is not an invalid one: say which it is."""
+    """An unreadable file is not an invalid one: say which it is. A device or FIFO would be read
+    forever or block, and the `tokenizers` library reads the file whole: refused first."""
+    fix = "re-download the model's tokenizer.json or pass another --tokenizer"
     try:
+        check_regular_file(file, TokenizerError, MAX_TOKENIZER_FILE, fix)
         with open(file, "rb"):
             pass
     except OSError as e:
