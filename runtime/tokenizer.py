@@ -13,7 +13,6 @@ Streaming detokenization is runtime/stream_decoder.py."""
 from __future__ import annotations
 
 import json
-import numbers
 import os
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from salactl.errors import TokenizerError, UsageError
 from salactl.runtime.chat_template import (CHATML_MARKERS, chatml, compile_template, pick_template,
                                            read_chat_template)
 from salactl.runtime.json_file import check_regular_file, read_json
+from salactl.runtime.sampling import is_int
 
 # transformers classes whose __init__ rebuilds the post-processor from add_bos_token/add_eos_token
 LLAMA_CLASSES = frozenset({"LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer", "CodeLlamaTokenizerFast"})
@@ -224,7 +224,7 @@ class Tokenizer:
 
     @staticmethod
     def _bad_ids(ids) -> str:
-        bad = next((i for i in ids if not isinstance(i, numbers.Integral) or isinstance(i, bool) or i < 0), None) \
+        bad = next((i for i in ids if not is_int(i) or i < 0), None) \
             if isinstance(ids, (list, tuple)) else None
         if bad is None:
             return f"decode takes a list of token ids, got {ids!r}"[:200]
