@@ -5,9 +5,9 @@ Hand-written instead of `ncu_report`: that module exists only inside an ncu inst
 can be parsed anywhere (CI, a laptop) from a file copied off the GPU machine.
 
 Layout: optional `==PROF==` log lines, a header row starting with "ID", a units row (empty ID),
-then one row per kernel. The NVTX column ("thread Domain:Push/Pop_Range:PL_Type:...:Msg") holds the
-thread id then one quoted `<domain>:<range>:<6 attribute fields>` entry per open range, outermost
-first."""
+then one row per kernel; ncu's own `==PROF==`/`==WARNING==` lines may sit among them. The NVTX
+column ("thread Domain:Push/Pop_Range:PL_Type:...:Msg") holds the thread id then one quoted
+`<domain>:<range>:<6 attribute fields>` entry per open range, outermost first."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from salactl.errors import UsageError
+from salactl.output import warn_once
 
 TIME = "gpu__time_duration.sum"
 DRAM_READ = "dram__bytes_read.sum"
@@ -26,6 +27,7 @@ SM_PCT = "sm__throughput.avg.pct_of_peak_sustained_elapsed"
 MEM_PCT = "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"
 DRAM_PCT = "dram__throughput.avg.pct_of_peak_sustained_elapsed"
 REQUIRED = (TIME, DRAM_READ, DRAM_WRITE)
+EXPORT_HINT = "export it with: ncu --import R.ncu-rep --csv --page raw --print-units base"
 
 _SCALE = {"nsecond": 1e-9, "ns": 1e-9, "usecond": 1e-6, "us": 1e-6, "msecond": 1e-3, "ms": 1e-3,
           "second": 1.0, "s": 1.0, "byte": 1.0, "B": 1.0, "Kbyte": 1e3, "KB": 1e3, "Mbyte": 1e6,
@@ -40,15 +42,17 @@ class Kernel:
     name: str
     nvtx: list[str]
     time_s: float
-    dram_read: float
-    dram_write: float
+    dram_read: float | None         # None: ncu wrote n/a (no counter value for this kernel)
+    dram_write: float | None
     sm_pct: float | None = None
     mem_pct: float | None = None
     dram_pct: float | None = None
     extra: dict = field(default_factory=dict)
 
     @property
-    def dram_bytes(self) -> float:
+    def dram_bytes(self) -> float | None:
+        if self.dram_read is None or self.dram_write is None:
+            return None
         return self.dram_read + self.dram_write
 
 
@@ -72,57 +76,96 @@ def parse_nvtx(cell: str) -> list[str]:
     return names
 
 
-def parse_csv_text(text: str, source: str = "ncu CSV") -> list[Kernel]:
-    lines = text.splitlines()
-    start = next((i for i, ln in enumerate(lines) if ln.startswith('"ID"')), None)
-    if start is None:
-        raise UsageError(f"{source} has no kernel table (no header row starting with \"ID\"); "
-                         "export it with: ncu --import R.ncu-rep --csv --page raw --print-units base")
-    rows = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
-    header = rows[0]
+def parse_csv_text(text: str, source: str = "ncu CSV", hint: str = EXPORT_HINT) -> list[Kernel]:
+    """Kernels of an export; a kernel without a time (n/a) is left out and one without DRAM bytes
+    kept with None, each counted in a warning. A table cut short (an interrupted export or copy) is
+    refused, not read as the kernels before the cut. `hint` ends the errors about the export's form."""
+    header, units, body = _table(text, source, hint)
     col = {h: i for i, h in enumerate(header)}
-    missing = [m for m in ("Kernel Name", *REQUIRED) if m not in col]
-    if missing:
-        raise UsageError(f"{source} lacks columns {missing}; profile with --metrics "
-                         f"{','.join(REQUIRED)}")
-    body = rows[1:]
-    units = [""] * len(header)
-    if body and not body[0][col["ID"]].strip():
-        units, body = body[0], body[1:]
     nvtx_col = next((i for i, h in enumerate(header) if "Push/Pop_Range" in h), None)
+    scale = {m: _scale(units, col[m], m, source, hint)
+             for m in (*REQUIRED, SM_PCT, MEM_PCT, DRAM_PCT) if m in col}
 
     def value(row, metric) -> float | None:
-        i = col.get(metric)
-        if i is None or i >= len(row):
-            return None
-        v = _number(row[i])
-        u = units[i].strip() if i < len(units) else ""
-        if v is None:
-            return None
-        if u not in _SCALE:
-            raise UsageError(f"{source}: unknown unit {u!r} for {metric}; export with --print-units base")
-        return v * _SCALE[u]
+        v = _number(row[col[metric]]) if metric in col else None
+        return None if v is None else v * scale[metric]
 
-    kernels = []
+    kernels, untimed = [], 0
     for row in body:
-        if len(row) < len(header) or not row[col["ID"]].strip():
-            continue
         t, r, w = (value(row, m) for m in REQUIRED)
         if t is None:
+            untimed += 1
             continue
         kernels.append(Kernel(
             id=int(_number(row[col["ID"]]) or 0), name=row[col["Kernel Name"]],
             nvtx=parse_nvtx(row[nvtx_col]) if nvtx_col is not None else [],
-            time_s=t, dram_read=r or 0.0, dram_write=w or 0.0,
+            time_s=t, dram_read=r, dram_write=w,
             sm_pct=value(row, SM_PCT), mem_pct=value(row, MEM_PCT), dram_pct=value(row, DRAM_PCT)))
     if not kernels:
-        raise UsageError(f"{source} holds no profiled kernels")
+        raise UsageError(f"{source} holds no profiled kernels" +
+                         (f" with a time ({untimed} have n/a)" if untimed else ""))
+    _warn_missing(source, len(body), untimed, sum(k.dram_bytes is None for k in kernels))
     return kernels
 
 
-def parse_csv(path: Path) -> list[Kernel]:
+def _table(text: str, source: str, hint: str) -> tuple[list[str], list[str], list[list[str]]]:
+    """(header, units, kernel rows) of the export: blank lines and ncu's `==` log lines dropped."""
+    lines = text.splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.startswith('"ID"')), None)
+    if start is None:
+        raise UsageError(f"{source} has no kernel table (no header row starting with \"ID\"); {hint}")
     try:
-        text = Path(path).read_text(encoding="utf-8-sig")
+        rows = [r for r in csv.reader(io.StringIO("\n".join(lines[start:])))
+                if any(c.strip() for c in r) and not r[0].startswith("==")]
+    except csv.Error as e:
+        raise UsageError(f"{source} is not a CSV table ({e}); {hint}") from None
+    header, body = rows[0], rows[1:]
+    missing = [m for m in ("Kernel Name", *REQUIRED) if m not in header]
+    if missing:
+        raise UsageError(f"{source} lacks columns {missing}; profile with --metrics {','.join(REQUIRED)}")
+    if not body or body[0][0].strip():
+        raise UsageError(f"{source} has no units row after its header (ncu writes one); {hint}")
+    units, body = body[0], body[1:]
+    last = next(ln for ln in reversed(lines) if ln.strip())
+    if not last.startswith("==") and last.count('"') % 2:     # every cell is quoted: a cut one is open
+        raise UsageError(f"{source} is cut short inside its last row; {hint}")
+    short = next((r for r in body if len(r) < len(header) and _number(r[0]) is not None), None)
+    if short is not None:
+        raise UsageError(f"{source} is cut short: kernel row {short[0]} has {len(short)} of {len(header)} "
+                         f"columns; {hint}")
+    return header, units, [r for r in body if len(r) >= len(header) and r[0].strip()]
+
+
+def _scale(units: list[str], i: int, metric: str, source: str, hint: str) -> float:
+    u = units[i].strip() if i < len(units) else ""
+    if not u and metric in REQUIRED:      # a bare number of what: ns or us, bytes or KB?
+        raise UsageError(f"{source} gives no unit for {metric} in its units row; {hint}")
+    if u not in _SCALE:
+        raise UsageError(f"{source}: unknown unit {u!r} for {metric}; export with --print-units base")
+    return _SCALE[u]
+
+
+def _warn_missing(source: str, total: int, untimed: int, no_bytes: int) -> None:
+    if untimed:
+        warn_once(f"{source}: {untimed} of {total} kernels have no time (n/a) and are left out of every table")
+    if no_bytes:
+        warn_once(f"{source}: {no_bytes} of {total} kernels have no DRAM bytes (n/a): their kernel rows show "
+                  "'-' and the op and layer byte totals leave them out")
+
+
+def parse_csv(path: Path, source: str | None = None, hint: str = EXPORT_HINT) -> list[Kernel]:
+    """The kernels of an export file; `source` names it in errors (default: its path)."""
+    try:
+        data = Path(path).read_bytes()
     except OSError as e:
         raise UsageError(f"cannot read ncu CSV {path}: {e.strerror}") from None
-    return parse_csv_text(text, str(path))
+    source = source or str(path)
+    if data.startswith(b"\x1f\x8b"):
+        raise UsageError(f"{source} is gzip-compressed; gunzip it first")
+    try:
+        # not "utf-8-sig": its decode errors count bytes from after the mark
+        text = data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{source} is not UTF-8 text ({e.reason} at byte {e.start}), so not an ncu CSV export; "
+                         f"{hint}") from None
+    return parse_csv_text(text, source, hint)

@@ -154,3 +154,48 @@ def test_real_h200_capture_parses_and_matches_the_analytic_weight_bytes(tmp_path
         assert 0.85 <= ops[op]["bytes_ratio"] <= 1.15, (op, ops[op]["bytes_ratio"])
     assert ops["mlp"]["dram_bytes"] == pytest.approx(12 * 2 ** 30, rel=0.01)     # 32 x 3 x 4096 x 16384 x 2 B
     assert 4e-3 < ops["total"]["time_s"] < 8e-3
+
+
+def test_na_bytes_stay_unknown_and_na_times_are_counted(capsys):
+    """ncu writes n/a where a counter gave no value: bytes stay None (not 0 B as if measured), a
+    kernel without a time is left out, and stderr says how many of each."""
+    rows = [list(r) for r in KERNELS]
+    rows[1][HEADER.index("dram__bytes_read.sum")] = "n/a"
+    rows[2][HEADER.index("gpu__time_duration.sum")] = "n/a"
+    ks = parse_csv_text(to_csv(rows), "p.csv")
+    assert [k.id for k in ks] == [0, 1, 3, 4, 5]
+    assert ks[1].dram_read is None and ks[1].dram_bytes is None and ks[0].dram_bytes == 100663296 + 4096
+    err = capsys.readouterr().err
+    assert "p.csv: 1 of 6 kernels have no time (n/a)" in err
+    assert "p.csv: 1 of 6 kernels have no DRAM bytes (n/a)" in err
+
+
+def test_units_row_is_required():
+    """Without the units row the times would be read as seconds (1e9x too large)."""
+    text = to_csv(KERNELS).replace(",".join(f'"{u}"' for u in UNITS) + "\r\n", "")
+    assert text.count("\n") == len(KERNELS) + 2
+    with pytest.raises(UsageError, match="no units row"):
+        parse_csv_text(text)
+    no_time_unit = to_csv(KERNELS).replace('"nsecond"', '""')
+    with pytest.raises(UsageError, match="no unit for gpu__time_duration.sum"):
+        parse_csv_text(no_time_unit)
+
+
+def test_a_table_cut_short_is_refused_while_ncu_log_lines_are_skipped():
+    full = to_csv(KERNELS)
+    with pytest.raises(UsageError, match="cut short inside its last row"):
+        parse_csv_text(full[:full.rindex('"1,800"') + 3])            # ends in the open cell "1,
+    rows = full.splitlines()
+    short = "\n".join(rows[:5] + [rows[5][:rows[5].index(',"(128')]] + rows[6:])   # kernel 2 cut mid-row
+    with pytest.raises(UsageError, match="cut short: kernel row 2 has 9 of 17 columns"):
+        parse_csv_text(short)
+    noisy = "\n".join(rows[:4] + ['==WARNING== Found outstanding GPU clock reset, trying to revert...'] + rows[4:]
+                      + ["==PROF== Report: /tmp/x.ncu-rep", ""])
+    assert len(parse_csv_text(noisy)) == 6
+
+
+def test_blank_rows_and_doubled_carriage_returns_are_read_as_ncu_wrote_them():
+    text = to_csv(KERNELS)
+    header_end = text.index("\r\n", text.index('"ID"')) + 2
+    assert len(parse_csv_text(text[:header_end] + "\r\n" + text[header_end:])) == 6
+    assert len(parse_csv_text(text.replace("\r\n", "\r\r\n"))) == 6

@@ -44,8 +44,12 @@ def manifest_problem(m) -> str | None:
              if k in m and not isinstance(m[k], str)]
     if wrong:
         return f"{', '.join(wrong)} must be strings"
-    if not isinstance(m.get("config", {}), dict):
+    config = m.get("config", {})
+    if not isinstance(config, dict):
         return "config is not an object"
+    mixers = config.get("mixer_types", [])
+    if not (isinstance(mixers, list) and all(isinstance(x, str) for x in mixers)):
+        return "config.mixer_types is not a list of names"
     if not isinstance(m["steps"], dict) or not m["steps"]:
         return "steps is not an object of phases"
     for phase, step in m["steps"].items():

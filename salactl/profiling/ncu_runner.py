@@ -8,8 +8,10 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,19 +35,36 @@ SEARCH_GLOBS = ("/usr/local/cuda/bin/ncu", "/opt/nvidia/nsight-compute/*/ncu",
 
 
 def find_ncu(explicit: str | None = None) -> str:
+    """--ncu-path, else SALACTL_NCU, else ncu on PATH or in the usual install places. An ncu named
+    (--ncu-path, SALACTL_NCU) that is not an executable file is the error, never passed over."""
     if explicit:
-        if Path(explicit).is_file() and os.access(explicit, os.X_OK):
+        if _executable(explicit):
             return explicit
         raise ToolMissingError(f"--ncu-path {explicit} is not an executable file")
-    for cand in (os.environ.get("SALACTL_NCU"), shutil.which("ncu")):
-        if cand and Path(cand).is_file():
-            return cand
-    found = sorted(p for g in SEARCH_GLOBS for p in glob.glob(g) if os.access(p, os.X_OK))
+    named = os.environ.get("SALACTL_NCU")
+    if named:
+        if _executable(named):
+            return named
+        raise ToolMissingError(f"SALACTL_NCU={named} is not an executable file; point it at ncu, or unset it")
+    found = installed_ncu()
     if found:
-        return found[-1]
+        return found
     raise ToolMissingError("Nsight Compute (ncu) not found on PATH; it usually lives in "
                            "/usr/local/cuda/bin or /opt/nvidia/nsight-compute/<version>/ — add it "
                            "to PATH, pass --ncu-path, or use --torch")
+
+
+def installed_ncu() -> str | None:
+    """ncu on PATH, else the newest in the usual install places, else None."""
+    on_path = shutil.which("ncu")
+    if on_path:
+        return on_path
+    found = sorted(p for g in SEARCH_GLOBS for p in glob.glob(g) if _executable(p))
+    return found[-1] if found else None
+
+
+def _executable(path: str) -> bool:
+    return Path(path).is_file() and os.access(path, os.X_OK)
 
 
 @dataclass(frozen=True)
@@ -85,7 +104,13 @@ def export_command(ncu: str, report: Path) -> list[str]:
     return [ncu, "--import", str(report), "--csv", "--page", "raw", "--print-units", "base"]
 
 
+# ncu's line for any profiled process that exits non-zero: the process's own last line says more
+APP_EXIT = "The application returned an error code"
+
+
 def classify_failure(output: str, returncode: int) -> SalactlError:
+    """The error for a failed ncu run from its output (without the command line): the profiled
+    process's own `error: ` line, else ncu's last ==ERROR== line, else the last line of the process."""
     text = output
     if "ERR_NVGPUCTRPERM" in text:
         return ProfilerPermissionError(
@@ -97,8 +122,10 @@ def classify_failure(output: str, returncode: int) -> SalactlError:
             "gVisor); use --torch")
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     own = [ln for ln in lines if ln.startswith("error: ")]            # the profiled process's error
+    errors = [ln for ln in lines if ln.startswith("==ERROR==")]
     app = [ln for ln in lines if not ln.startswith("==")]             # not ncu's own ==PROF== lines
-    tail = (own or app or lines or ["no output"])[-1]
+    tiers = (own, [ln for ln in errors if APP_EXIT not in ln], app, errors, lines, ["no output"])
+    tail = next(t for t in tiers if t)[-1]
     return ProfilerFailedError(f"ncu exited with code {returncode}: {tail[:300]}")
 
 
@@ -110,33 +137,87 @@ def report_file(base: Path) -> Path:
 def run_ncu(ncu: str, out_dir: Path, includes: list[str], spec_path: Path, manifest_path: Path,
             opts: NcuOptions, log_path: Path) -> tuple[Path, Path]:
     """Profile; returns (.ncu-rep, raw CSV). The report is written under a temp name and renamed
-    only when ncu succeeded, so a failed run leaves no report that looks complete."""
+    only when ncu succeeded, so a failed run leaves no report that looks complete. log_path gets the
+    command line, then ncu's and the profiled process's output."""
     report = out_dir / "profile.ncu-rep"
     child = [sys.executable, "-m", "salactl.profiling.step_runner", str(spec_path), str(manifest_path)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with atomic_path(report) as tmp_rep:
         tmp_base = tmp_rep.with_suffix("")     # ncu appends ".ncu-rep" to it: report_file(tmp_base) == tmp_rep
         cmd = profile_command(ncu, tmp_base, includes, child, opts)
+        command_line = " ".join(cmd) + "\n"
         with open(log_path, "w") as log:
-            log.write(" ".join(cmd) + "\n")
+            log.write(command_line)
             log.flush()
-            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        output = Path(log_path).read_text()
-        if proc.returncode != 0 or "ERR_NVGPUCTRPERM" in output:
-            raise classify_failure(output, proc.returncode)
+            returncode = run_in_own_group(cmd, log, env)
+        output = Path(log_path).read_bytes().decode(errors="replace").removeprefix(command_line)
+        if returncode != 0 or "ERR_NVGPUCTRPERM" in output:
+            raise classify_failure(output, returncode)
         if not tmp_rep.exists():
             if "No kernels were profiled" in output:
                 raise ProfilerFailedError("ncu profiled no kernels: the NVTX ranges were not seen (is the run on "
-                                f"a GPU?); see {log_path}")
-            raise classify_failure(output, proc.returncode)
+                                          "a GPU?)")
+            raise ProfilerFailedError("ncu exited with code 0 but wrote no report")
     csv_path = out_dir / "profile.csv"
     export_csv(ncu, report, csv_path)
     return report, csv_path
 
 
+# after Ctrl-C or SIGTERM: how long ncu and the process it profiles get to end after SIGINT, then
+# after SIGTERM, before SIGKILL
+STOP_GRACE_S = (3.0, 2.0)
+
+
+def run_in_own_group(cmd: list[str], log, env: dict) -> int:
+    """Run cmd, its output to `log`, in a process group of its own; its exit status. Interrupted
+    (KeyboardInterrupt, which SIGTERM raises too), the whole group is stopped, the profiled
+    process ncu started included, before the interrupt goes on."""
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        stop_group(proc)
+        raise
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """SIGINT to the group proc leads, then SIGTERM, each with a grace period, then SIGKILL to
+    whatever of it is left; a second interrupt meanwhile skips to the SIGKILL."""
+    try:
+        for sig, grace in zip((signal.SIGINT, signal.SIGTERM), STOP_GRACE_S):
+            if not _signal_group(proc.pid, sig) or _group_ended(proc, grace):
+                break
+    finally:
+        _signal_group(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Whether the group still had a process to signal."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:         # a member that changed its user: the others were signalled
+        return True
+
+
+def _group_ended(proc: subprocess.Popen, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        proc.poll()                 # reaps ncu once it exits, so that a zombie does not keep the group
+        if not _signal_group(proc.pid, 0):
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def export_csv(ncu: str, report: Path, csv_path: Path) -> None:
-    """`ncu --import R --csv --page raw --print-units base` into csv_path (temp + rename)."""
-    exported = subprocess.run(export_command(ncu, report), capture_output=True, text=True)
+    """`ncu --import R --csv --page raw --print-units base` into csv_path (temp + rename); bytes
+    that are not UTF-8 (a kernel name, a message in another locale) are replaced, not fatal."""
+    exported = subprocess.run(export_command(ncu, report), capture_output=True)
+    stdout, stderr = (b.decode(errors="replace") for b in (exported.stdout, exported.stderr))
     if exported.returncode != 0:
-        raise classify_failure(exported.stdout + exported.stderr, exported.returncode)
-    write_atomic(csv_path, exported.stdout)
+        raise classify_failure(stdout + stderr, exported.returncode)
+    write_atomic(csv_path, stdout)

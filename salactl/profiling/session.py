@@ -4,7 +4,6 @@ the analytic model, and return the result record (the CLI only parses options an
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shutil
 import tempfile
@@ -15,9 +14,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from salactl import output
-from salactl.errors import DeviceError, OutputWriteError, ProfilerPermissionError, ToolMissingError, UsageError
+from salactl.errors import (DeviceError, OutputWriteError, ProfilerFailedError, ProfilerPermissionError,
+                            ToolMissingError, UsageError)
 from salactl.options import refuse_unused
-from salactl.profiling.ncu_runner import NcuOptions, export_csv, find_ncu, nvtx_includes, run_ncu
+from salactl.profiling.ncu_runner import (NcuOptions, export_command, export_csv, find_ncu, installed_ncu,
+                                          nvtx_includes, run_ncu)
 from salactl.profiling.manifest import read_ncu_manifest
 from salactl.profiling.spec import ProfileSpec
 from salactl.profiling.step_runner import write_json
@@ -130,6 +131,11 @@ def run(spec: ProfileSpec, opts: SessionOptions) -> dict:
         from salactl.profiling.nvml_sampler import NvmlSampler
 
         sampler = NvmlSampler()
+    return run_staged(spec, opts, mode, sampler)
+
+
+def run_staged(spec: ProfileSpec, opts: SessionOptions, mode: str, sampler=None) -> dict:
+    """run() once its mode is resolved. A failed ncu run keeps ncu's log, beside --out, and names it."""
     final = opts.out_dir
     # staged in --out's nearest existing ancestor (the same filesystem): the parents of --out that
     # do not exist yet are created only when the files move in
@@ -143,8 +149,32 @@ def run(spec: ProfileSpec, opts: SessionOptions) -> dict:
             write_json(staging / "result.json", result)
             replace_profile(staging, final, opts.overwrite)
         return result
+    except ProfilerFailedError as e:
+        kept = _keep_log(staging / "ncu.log", final)
+        if kept is None:
+            raise
+        raise ProfilerFailedError(f"{e}; ncu's output is in {kept}") from e
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _keep_log(log: Path, final: Path) -> Path | None:
+    """Move a failed run's ncu.log out of the staging directory that is about to be removed, to a new
+    name beside it (FINAL.ncu-XXXX.log, never an existing file's); None where there is no log or it
+    cannot be moved."""
+    if not log.is_file():
+        return None
+    try:
+        fd, kept = tempfile.mkstemp(prefix=f"{final.name}.ncu-", suffix=".log", dir=log.parent.parent)
+    except OSError:
+        return None
+    os.close(fd)
+    try:
+        os.replace(log, kept)
+    except OSError:
+        Path(kept).unlink(missing_ok=True)
+        return None
+    return Path(kept)
 
 
 @contextmanager
@@ -235,10 +265,19 @@ def _run_ncu(spec: ProfileSpec, opts: SessionOptions) -> dict:
     output.stderr.print(f"profiling {', '.join(spec.phases)} of {spec.model} under {ncu} ...")
     report, csv_path = run_ncu(ncu, out, nvtx_includes(spec.phases, spec.scopes), spec_path,
                                manifest_path, opts.ncu, out / "ncu.log")
-    # the profiled child wrote the manifest; the mode tells --import this directory is an ncu profile
-    write_json(manifest_path, {"mode": "ncu", **json.loads(manifest_path.read_text())})
-    return load_saved(out, opts.top) | {"files": {"ncu_report": str(report), "csv": str(csv_path),
-                                                   "manifest": str(manifest_path)}}
+    if not manifest_path.is_file():
+        raise ProfilerFailedError("ncu wrote a report, but the profiled step never finished (it wrote no "
+                                  "step.json)")
+    source, exported_by = "ncu's CSV export", " ".join(export_command(ncu, Path(report.name)))
+    try:
+        manifest = read_ncu_manifest(manifest_path)
+        kernels = parse_csv(csv_path, source, hint=f"it came from: {exported_by}")
+        tables = ncu_tables(manifest, kernels, opts.top, source)
+    except UsageError as e:         # ncu's own output: a profiler failure, not a bad option or file
+        raise ProfilerFailedError(str(e)) from e
+    # the mode tells --import this directory is an ncu profile
+    write_json(manifest_path, {"mode": "ncu", **manifest})
+    return tables | {"files": {"ncu_report": str(report), "csv": str(csv_path), "manifest": str(manifest_path)}}
 
 
 def load_saved(out: Path, top: int = 20, ncu_path: str | None = None) -> dict:
@@ -261,19 +300,30 @@ def load_saved(out: Path, top: int = 20, ncu_path: str | None = None) -> dict:
     else:
         raise UsageError(f"{csv_path} is missing; a saved profile directory holds step.json and profile.csv "
                          "or profile.ncu-rep (written by salactl profile --ncu)")
-    peaks = peaks_for_name(manifest["device_name"], manifest["device"].split(":")[0], manifest.get("dtype"))
+    return ncu_tables(manifest, kernels, top, str(csv_path))
+
+
+def ncu_tables(manifest: dict, kernels, top: int, source: str) -> dict:
+    """The result record of an ncu profile; refused when no kernel ran inside a profiled phase's NVTX
+    range (a capture without --nvtx or without salactl's ranges), whose tables would be all zeros."""
     samples = from_ncu(kernels)
-    return {"mode": "ncu", "manifest": manifest, "peaks": peaks,
-            **tables(samples, manifest, peaks, top)}
+    steps = manifest["steps"]
+    if not any(s.phase in steps for s in samples):
+        raise UsageError(f"none of the {len(samples)} kernels in {source} ran inside salactl's NVTX range "
+                         f"{' or '.join(map(repr, steps))}; capture with salactl profile --ncu (ncu --nvtx, with "
+                         "salactl's ranges open)")
+    peaks = peaks_for_name(manifest["device_name"], manifest["device"].split(":")[0], manifest.get("dtype"))
+    return {"mode": "ncu", "manifest": manifest, "peaks": peaks, **tables(samples, manifest, peaks, top)}
 
 
 def _ncu_for_export(ncu_path: str | None, report: Path) -> str:
-    from salactl.profiling.ncu_runner import export_command
-
     try:
         return find_ncu(ncu_path)
     except ToolMissingError:
-        if ncu_path:                # "--ncu-path X is not an executable file" says it already
+        named = os.environ.get("SALACTL_NCU")
+        # "--ncu-path X (SALACTL_NCU=X) is not an executable file" says it already, unless X names
+        # nothing and no ncu is installed either: then how to export it elsewhere says more
+        if ncu_path or (named and (Path(named).exists() or installed_ncu())):
             raise
         raise ToolMissingError(
             f"{report} has no profile.csv beside it, and exporting one needs Nsight Compute (ncu), which "
