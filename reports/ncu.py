@@ -149,8 +149,8 @@ def _warn_missing(source: str, total: int, untimed: int, no_bytes: int) -> None:
     if untimed:
         warn_once(f"{source}: {untimed} of {total} kernels have no time (n/a) and are left out of every table")
     if no_bytes:
-        warn_once(f"{source}: {no_bytes} of {total} kernels have no DRAM bytes (n/a): their kernel rows show "
-                  "'-' and the op and layer byte totals leave them out")
+        warn_once(f"{source}: {no_bytes} of {total} kernels have no DRAM bytes (n/a): their kernel rows, "
+                  "and the op and layer rows holding them, show '-' bytes")
 
 
 def parse_csv(path: Path, source: str | None = None, hint: str = EXPORT_HINT) -> list[Kernel]:

@@ -129,7 +129,7 @@ def op_rows(samples: list[KernelSample], analytic: dict[str, dict[str, dict]], m
             else:
                 ab, af = costs[op]["bytes"], costs[op]["flops"]
             t = sum(s.time_s for s in sel)
-            mb = sum(s.dram_bytes or 0.0 for s in sel) if has_bytes else None
+            mb = _measured_bytes(sel) if has_bytes else None
             moved = mb if mb is not None else ab
             gbps = moved / t / 1e9 if t else None
             done_tflops = af / t / 1e12 if t else None
@@ -160,7 +160,7 @@ def layer_rows(samples: list[KernelSample], by_scope: dict[str, dict[str, dict]]
             ab = sum(c["bytes"] for c in cost.values())
             af = sum(c["flops"] for c in cost.values())
             t = sum(s.time_s for s in sel)
-            mb = sum(s.dram_bytes or 0.0 for s in sel) if has_bytes else None
+            mb = _measured_bytes(sel) if has_bytes else None
             layer = parse_layer(scope)
             kind = mixer_kinds[layer] if layer is not None and layer < len(mixer_kinds) else None
             floor = _floor(ab, af, mem_gbps, tflops)
@@ -169,6 +169,13 @@ def layer_rows(samples: list[KernelSample], by_scope: dict[str, dict[str, dict]]
             rows.append(LayerRow(phase, scope, layer, kind, len(sel), t, mb, ab, af, floor, pct,
                                  _ratio(t, floor) if t else None))
     return rows
+
+
+def _measured_bytes(sel: list[KernelSample]) -> float | None:
+    """The DRAM bytes the samples moved; None (unknown, not a smaller sum) when any lacks counters."""
+    if any(s.dram_bytes is None for s in sel):
+        return None
+    return sum(s.dram_bytes for s in sel)
 
 
 def sample_scope(s: KernelSample) -> str:

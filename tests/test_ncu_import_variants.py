@@ -110,6 +110,9 @@ def test_na_bytes_are_unknown_not_zero_and_counted_on_stderr(tmp_path, capsys):
     assert [k["dram_bytes"] for k in d["kernels"] if k["op"] == "lm_head"] == [None] * len(lm_head)
     assert all(k["dram_bytes"] is not None for k in d["kernels"] if k["op"] != "lm_head")
     assert f"{len(lm_head)} of 420 kernels have no DRAM bytes (n/a)" in err
+    # a row holding such a kernel is unknown, not the smaller sum of the others
+    assert {r["op"] for r in d["ops"] if r["dram_bytes"] is None} == {"lm_head", "total"}
+    assert {r["scope"] for r in d["layers"] if r["dram_bytes"] is None} == {"lm_head"}
 
 
 def test_na_times_are_counted_on_stderr(tmp_path, capsys):
