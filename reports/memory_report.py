@@ -12,6 +12,7 @@ from salactl.quant.in_memory import QUANTIZED_BITS
 from salactl.reports.memory import (KV_DTYPE_BYTES, full_attention_request, gpu_memory_bytes,
                                     kv_bytes_per_token, max_concurrent, prefill_workspace_bytes,
                                     request_memory, server_memory, weight_bytes)
+from salactl.reports.records import is_finite_number
 from salactl.runtime.config import SalaConfig
 from salactl.runtime.loader import planning_config, quantization_config
 
@@ -121,13 +122,23 @@ def record_settings(rec: dict) -> dict:
     return {**target, **{k: v for k, v in knobs.items() if v is not None}}
 
 
+MAX_SIZE_KNOB = 2**63       # a token count or batch past int64 is no setting that ran (a hand-edited record)
+
+
 def _knob(rec: dict, settings: dict, names) -> int | None:
+    """The first of `names` (in the settings, else the record) that is a positive finite number below
+    MAX_SIZE_KNOB, as an int; None when none is."""
     for n in names:
         for src in (settings, rec):
             v = src.get(n)
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+            if is_finite_number(v) and 0 < v < MAX_SIZE_KNOB:
                 return int(v)
     return None
+
+
+def _text(settings: dict, names) -> str | None:
+    """The first of `names` whose setting is a string (a hand-edited list or number is none)."""
+    return next((settings[k] for k in names if isinstance(settings.get(k), str)), None)
 
 
 def record_batch(rec: dict, settings: dict) -> int | None:
@@ -163,13 +174,13 @@ def record_weights(rec: dict) -> tuple[str, int | None, int | None]:
     weight_dtype, dtype) or, for the embedded runtime, its checkpoint; ("unknown", None, None) when
     neither says (no guessing)."""
     settings = record_settings(rec)
-    w = next((settings[k] for k in WEIGHT_KNOBS if isinstance(settings.get(k), str)), None)
+    w = _text(settings, WEIGHT_KNOBS)
     group = None
     embedded = rec.get("kind") == "run" or rec.get("target") == "embedded"
     if embedded and (w is None or w in QUANTIZED_BITS):    # the group size is in the checkpoint
         found, group = _checkpoint_quant(rec, settings)
         w = w or found
-    dtype = DTYPES.get(settings.get("dtype"))
+    dtype = DTYPES.get(_text(settings, ("dtype",)))
     if w in QUANTIZED_BITS:                     # W4A16/W8A16: 16-bit unless the record says otherwise
         return w, KV_DTYPE_BYTES[dtype or "bf16"], group
     dtype = DTYPES.get(w) or (dtype if w in ("", "dense") else None)
@@ -202,11 +213,11 @@ def measured_rows(config, records, q: MemoryQuery, model: str | None = None) -> 
     the CUDA context is not seen by the allocator and not included). The context is the prompt plus
     the generated tokens (a peak is the whole request's): a `run` record's token totals, else the
     input and output length knobs. Also returns {model: records} of the models that could not be
-    read (their rows have no prediction)."""
+    read, None for records that name no model (their rows have no prediction)."""
     rows, unreadable = [], {}
-    configs = {None: config, model: config}     # records of --model's model (or naming none)
+    configs = {model: config}     # records of --model's model; one naming none has no prediction
     for rec in records:
-        peak = next((rec[k] for k in PEAK_KEYS if isinstance(rec.get(k), (int, float))), None)
+        peak = next((rec[k] for k in PEAK_KEYS if is_finite_number(rec.get(k)) and rec[k] > 0), None)
         if peak is None:
             continue
         settings = record_settings(rec)
@@ -214,16 +225,17 @@ def measured_rows(config, records, q: MemoryQuery, model: str | None = None) -> 
         if ctx is not None:
             ctx += _knob(rec, settings, OUTPUT_KNOBS) or 0
         n_in, n_out = rec.get("total_input_tokens"), rec.get("total_output_tokens")
-        if ctx is None and rec.get("kind") == "run" and all(isinstance(n, int) for n in (n_in, n_out)):
+        if ctx is None and rec.get("kind") == "run" and all(isinstance(n, int) and 0 <= n < MAX_SIZE_KNOB
+                                                            for n in (n_in, n_out)):
             ctx, prompt = n_in + n_out, n_in
         batch = record_batch(rec, settings)
         weights, act_bytes, group = record_weights(rec)
-        kv = next((settings[k] for k in KV_KNOBS if isinstance(settings.get(k), str)), "unknown")
+        kv = _text(settings, KV_KNOBS) or "unknown"
         name = record_model(rec)
-        if name not in configs:
+        if name is not None and name not in configs:
             configs[name] = readable_config(name)
-        rec_config = configs[name]
-        if rec_config is None:
+        rec_config = configs.get(name)
+        if rec_config is None:              # None: the records that name no model
             unreadable[name] = unreadable.get(name, 0) + 1
         predicted = None
         if rec_config and ctx and batch and act_bytes and kv in KV_DTYPE_BYTES:

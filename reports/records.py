@@ -6,11 +6,16 @@ Reports are rendered from these records and never recompute metrics from raw dat
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import os
+import stat
+import unicodedata
+from collections.abc import Iterator
 from pathlib import Path
 
-from salactl.errors import DatasetError, UsageError
+from salactl.errors import DatasetError, SalactlError, UsageError
 from salactl.output import warn_once
 
 SCHEMA_VERSION = 1
@@ -56,73 +61,139 @@ def unit(metric: str) -> str:
     return UNITS.get(metric, "")
 
 
-def decode_records(data: bytes, path, fix: str = "") -> str:
-    """A records file's bytes as text; not UTF-8 is a UsageError naming the file and line."""
+def breaks_lines(c: str) -> bool:
+    """A control character or line/paragraph separator: one in a label or phase name splits the
+    report's Markdown headings and table rows."""
+    return unicodedata.category(c) in ("Cc", "Zl", "Zp")
+
+
+MAX_RECORD_LINE = 64 * 2**20      # a record is kilobytes: a longer line is no record (a file of zeros)
+UTF8_BOM = b"\xef\xbb\xbf"        # Windows editors start a saved file with one
+
+
+def record_lines(path, error: type[SalactlError] = DatasetError, fix: str = "") -> Iterator[tuple[int, str]]:
+    """(line number, text) of each line of a records file, read one line at a time. A path that is
+    missing, a directory, not a regular file (a device such as /dev/zero, a FIFO) or unreadable, a
+    line over MAX_RECORD_LINE or one that is not UTF-8 raises `error`, naming the file (and line),
+    then "; `fix`" where given; a UTF-8 byte-order mark before the first line is dropped."""
+    path = Path(path)
+    also = f"; {fix}" if fix else ""
+    with _open_regular(path, error, fix) as f:
+        offset = 0
+        for lineno in itertools.count(1):
+            try:
+                raw = f.readline(MAX_RECORD_LINE + 1)
+            except OSError as e:
+                raise error(f"cannot read records file {path}: {e.strerror or e}{also}") from None
+            if not raw:
+                return
+            if len(raw) > MAX_RECORD_LINE:
+                raise error(f"{path}:{lineno} is over {MAX_RECORD_LINE // 2**20} MiB, longer than any record "
+                            f"(records files are JSON lines written by bench, sweep or run){also}")
+            start = len(UTF8_BOM) if lineno == 1 and raw.startswith(UTF8_BOM) else 0
+            try:
+                text = raw[start:].decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise error(f"{path}:{lineno} is not UTF-8 text (byte {offset + start + e.start}); records files "
+                            f"are JSON lines written by bench, sweep or run{also}") from None
+            offset += len(raw)
+            yield lineno, text
+
+
+def _open_regular(path: Path, error: type[SalactlError], fix: str):
+    """`path` opened for reading, once it is known to be a regular file (reading a device or FIFO
+    would never end, or block)."""
+    give = fix or "give a JSON lines file from bench, sweep or run"
     try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        lineno = data.count(b"\n", 0, e.start) + 1
-        raise UsageError(f"{path}:{lineno} is not UTF-8 text (byte {e.start}); records files are JSON lines "
-                         f"written by bench, sweep or run{fix}") from None
+        st = os.stat(path)
+        if stat.S_ISDIR(st.st_mode):
+            inside = path / RECORDS_NAME
+            raise error(f"records file {path} is a directory; " + (f"give {inside}" if inside.is_file() else give))
+        if not stat.S_ISREG(st.st_mode):
+            raise error(f"records file {path} is not a regular file (a device, FIFO or socket); {give}")
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise error(f"records file {path} does not exist") from None
+    except OSError as e:
+        raise error(f"cannot read records file {path}: {e.strerror or e}" + (f"; {fix}" if fix else "")) from None
+
+
+def parse_record_line(line: str):
+    """A line's JSON value, or the reason it holds none (a str): a torn line, a foreign one, nesting
+    too deep for the parser or an integer past int()'s digit limit."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        return RecordLineError(e.msg)
+    except RecursionError:
+        return RecordLineError("nested too deeply")
+    except ValueError:          # Python's int-from-string digit limit (sys.set_int_max_str_digits)
+        return RecordLineError("an integer with too many digits")
+
+
+class RecordLineError(str):
+    """Why a records line holds no JSON value (parse_record_line)."""
 
 
 def load_records(paths: list[Path]) -> list[dict]:
-    """Read and validate every record; bad input is a one-line UsageError naming file:line, a file
-    that is missing or unreadable a DatasetError (exit 7, as other input files).
+    """Read and validate every record; a records file that is missing, unreadable, not a regular
+    file or holds no records, and a record that is not one, is a one-line DatasetError (exit 7, as
+    other input files) naming file:line.
 
-    A known metric that is present but not a finite number (a string, NaN, Infinity) is dropped
-    from its record with a warning; a record left without any usable metric is skipped with a
-    warning naming file:line, and an error when no record has one. A line that is not JSON (half a
-    record, cut short by a full disk or a crash) is skipped with one warning per file; a file
-    without records, or whose first line is not JSON (another kind of file, such as a JSON document
-    spread over lines), is an error."""
+    A known metric that is present but not a finite number (a string, NaN, Infinity, an integer past
+    float's range) is dropped from its record with a warning; a record left without any usable
+    metric is skipped with a warning naming file:line, and an error when no record has one. A line
+    that is not JSON (half a record, cut short by a full disk or a crash) is skipped with one
+    warning per file; a file without records, or whose first line is not JSON (another kind of
+    file, such as a JSON document spread over lines), is an error. A record that is the same as one
+    read before (the same file given twice) is dropped with one warning."""
     if not paths:
         raise UsageError("give at least one records file (JSON lines from bench, sweep or run)")
     records: list[dict] = []
     invalid: list[str] = []          # "file:line (metric, ...)": bad values dropped
     unusable: list[str] = []         # "file:line": records without any usable metric
     damaged: dict[str, list[tuple[int, str]]] = {}     # file: (line, why) of each line that is not JSON
+    seen: dict[str, str] = {}        # a record's canonical JSON -> the file:line it was first read from
+    duplicates: list[str] = []       # "file:line (= file:line)"
     for path in paths:
-        try:
-            data = Path(path).read_bytes()
-        except FileNotFoundError:
-            raise DatasetError(f"records file {path} does not exist") from None
-        except IsADirectoryError:
-            inside = Path(path) / RECORDS_NAME
-            fix = f"give {inside}" if inside.is_file() else "give a JSON lines file from bench, sweep or run"
-            raise UsageError(f"records file {path} is a directory; {fix}") from None
-        except OSError as e:
-            raise DatasetError(f"cannot read records file {path}: {e.strerror}") from None
-        text = decode_records(data, path)
-        lines = [(lineno, line) for lineno, line in enumerate(text.splitlines(), 1) if line.strip()]
-        if not lines:
-            raise UsageError(f"no records in {path}; records files are the {RECORDS_NAME} that bench, sweep "
-                             "or run --out DIR append to")
-        for lineno, line in lines:
-            where = f"{path}:{lineno}"
-            try:
-                rec = json.loads(line)
-            except (json.JSONDecodeError, RecursionError) as e:
-                why = e.msg if isinstance(e, json.JSONDecodeError) else "nested too deeply"
-                if lineno == lines[0][0]:
-                    raise _not_json_lines(path, text, where, why) from None
-                damaged.setdefault(str(path), []).append((lineno, why))
+        first = True
+        for lineno, line in record_lines(path):
+            if not line.strip():
                 continue
+            where = f"{path}:{lineno}"
+            rec = parse_record_line(line)
+            if isinstance(rec, RecordLineError):
+                if first:
+                    raise _not_json_lines(path, where, rec)
+                damaged.setdefault(str(path), []).append((lineno, rec))
+                continue
+            first = False
             rec = validate(rec, where)
-            bad = [m for m in METRICS if rec.get(m) is not None and not _is_number(rec[m])]
+            canonical = json.dumps(rec, sort_keys=True)
+            if canonical in seen:
+                duplicates.append(where + (f" (= {seen[canonical]})" if seen[canonical] != where else ""))
+                continue
+            seen[canonical] = where
+            bad = [m for m in METRICS if rec.get(m) is not None and not is_finite_number(rec[m])]
             if bad:
                 rec = {k: (None if k in bad else v) for k, v in rec.items()}
-            if not any(_is_number(rec.get(m)) for m in METRICS):
+            if not any(is_finite_number(rec.get(m)) for m in METRICS):
                 unusable.append(f"{where} ({', '.join(bad)} not a finite number)" if bad else where)
                 continue
             if bad:
                 invalid.append(f"{where} ({', '.join(bad)})")
             records.append(rec)
-    if not records:         # every file has a record: each was skipped as unusable
-        raise UsageError(f"no record has a known metric as a finite number ({first_items(unusable)}); "
-                         "records come from bench, sweep or run")
+        if first:
+            raise DatasetError(f"no records in {path}; records files are the {RECORDS_NAME} that bench, sweep "
+                               "or run --out DIR append to")
+    if not records:         # every file has a record: each was skipped as unusable or a duplicate
+        raise DatasetError(f"no record has a known metric as a finite number ({first_items(unusable)}); "
+                           "records come from bench, sweep or run")
     for path, lines in damaged.items():
         warn_once(f"skipped {len(lines)} damaged line(s) of {path} (first: line {lines[0][0]})")
+    if duplicates:
+        warn_once(f"dropped {len(duplicates)} record(s) identical to one read before (a file given twice?): "
+                  f"{first_items(duplicates)}")
     if invalid:
         warn_once(f"dropped metric values that are not finite numbers: {first_items(invalid)}")
     if unusable:
@@ -131,15 +202,15 @@ def load_records(paths: list[Path]) -> list[dict]:
     return records
 
 
-def _not_json_lines(path, text: str, where: str, why: str) -> UsageError:
+def _not_json_lines(path, where: str, why: str) -> DatasetError:
     """The error for a records file whose first line is not JSON: one JSON document spread over
-    lines (a --json output) is named as such."""
-    try:
-        json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
-        return UsageError(f"{where} is not valid JSON ({why}); each line must be one record object")
-    return UsageError(f"{path} is a JSON document, not JSON lines (one record object per line); give the "
-                      f"{RECORDS_NAME} that bench, sweep or run --out DIR append to")
+    lines (a --json output, kilobytes) is named as such."""
+    with _open_regular(Path(path), DatasetError, "") as f:
+        whole = parse_record_line(f.read(MAX_RECORD_LINE).decode("utf-8", "replace"))
+    if isinstance(whole, RecordLineError):
+        return DatasetError(f"{where} is not valid JSON ({why}); each line must be one record object")
+    return DatasetError(f"{path} is a JSON document, not JSON lines (one record object per line); give the "
+                        f"{RECORDS_NAME} that bench, sweep or run --out DIR append to")
 
 
 def first_items(items: list[str], n: int = 5) -> str:
@@ -147,26 +218,36 @@ def first_items(items: list[str], n: int = 5) -> str:
     return ", ".join(items[:n]) + more
 
 
+def _shown(value) -> str:
+    return json.dumps(value, default=str)[:40]
+
+
 def validate(rec, where: str) -> dict:
+    """`rec` when it is a record: a JSON object of this schema_version and a known kind, its phase a
+    name, its other identity fields strings or null, its knobs and env objects; else a DatasetError."""
     if not isinstance(rec, dict):
-        raise UsageError(f"{where} is not a JSON object")
+        raise DatasetError(f"{where} is not a JSON object")
     version = rec.get("schema_version")
     if version is None:
-        raise UsageError(f"{where} is not a salactl record (no schema_version); records come from "
-                         "bench, sweep or run --out")
-    if version != SCHEMA_VERSION:
-        raise UsageError(f"{where} has schema_version {version!r}; this salactl reads version "
-                         f"{SCHEMA_VERSION}")
+        raise DatasetError(f"{where} is not a salactl record (no schema_version); records come from "
+                           "bench, sweep or run --out")
+    if isinstance(version, bool) or version != SCHEMA_VERSION:
+        raise DatasetError(f"{where} has schema_version {_shown(version)}; this salactl reads version "
+                           f"{SCHEMA_VERSION}")
     if rec.get("kind") not in KINDS:
-        raise UsageError(f"{where} has kind {rec.get('kind')!r}; valid: {', '.join(KINDS)}")
+        raise DatasetError(f"{where} has kind {_shown(rec.get('kind'))}; valid: {', '.join(KINDS)}")
     for key in ("knobs", "env"):
         if key in rec and not isinstance(rec[key], dict):
-            raise UsageError(f"{where}: {key!r} must be an object")
+            raise DatasetError(f"{where}: {key!r} must be an object")
     phase = rec.get("phase")
     if not isinstance(phase, str) or not phase:
-        got = "missing" if "phase" not in rec else f"got {json.dumps(phase)[:40]}"
-        raise UsageError(f"{where}: 'phase' must be the phase's name, a non-empty string ({got}); "
-                         "records come from bench, sweep or run")
+        got = "missing" if "phase" not in rec else f"got {_shown(phase)}"
+        raise DatasetError(f"{where}: 'phase' must be the phase's name, a non-empty string ({got}); "
+                           "records come from bench, sweep or run")
+    for key in IDENTITY:
+        if not isinstance(rec.get(key), (str, type(None))):
+            raise DatasetError(f"{where}: {key!r} must be a string or null, got {_shown(rec[key])}; records "
+                               "come from bench, sweep or run")
     return rec
 
 
@@ -183,11 +264,15 @@ def group_by_label(records: list[dict]) -> dict[str, list[dict]]:
 
 def present_metrics(records: list[dict]) -> list[str]:
     """Known metric columns that at least one record carries as a number, in display order."""
-    return [m for m in METRICS if any(_is_number(r.get(m)) for r in records)]
+    return [m for m in METRICS if any(is_finite_number(r.get(m)) for r in records)]
 
 
-def _is_number(v) -> bool:
-    """A finite int or float (not a bool, NaN or infinity)."""
-    if isinstance(v, bool):
+def is_finite_number(v) -> bool:
+    """A finite int or float that converts to a float (not a bool, NaN, infinity or an integer past
+    float's range, which arithmetic with floats would overflow on)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
         return False
-    return isinstance(v, int) or (isinstance(v, float) and math.isfinite(v))
+    try:
+        return math.isfinite(v)
+    except OverflowError:           # an int past float's range (10**400)
+        return False

@@ -7,7 +7,7 @@ import json
 import pandas as pd
 
 from salactl.reports.latency import ENV_KEYS, LatencyReport, SweepTable
-from salactl.reports.records import unit
+from salactl.reports.records import breaks_lines, unit
 
 
 def fmt(v) -> str:
@@ -40,13 +40,20 @@ def header_name(col: str) -> str:
     return f"{col} ({u})" if u else col
 
 
-def md_table(columns: list[str], rows: list[list]) -> str:
-    def cell(v) -> str:
-        return fmt(v).replace("|", "\\|")
+def md_text(text: str) -> str:
+    """`text` on one Markdown line: control characters and line separators (a label or phase name
+    edited by hand) written as escapes (\\n, \\x1b), not as the line breaks that split a heading or row."""
+    return "".join(c.encode("unicode_escape").decode("ascii") if breaks_lines(c) else c for c in text)
 
-    lines = ["| " + " | ".join(columns) + " |",
+
+def md_cell(v) -> str:
+    return md_text(fmt(v)).replace("|", "\\|")
+
+
+def md_table(columns: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(md_cell(c) for c in columns) + " |",
              "|" + "|".join("---" if i == 0 else "---:" for i in range(len(columns))) + "|"]
-    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
+    lines += ["| " + " | ".join(md_cell(v) for v in r) + " |" for r in rows]
     return "\n".join(lines)
 
 
@@ -55,21 +62,21 @@ def _used_columns(report: LatencyReport, rows: list[dict]) -> list[str]:
 
 
 def markdown(report: LatencyReport, title: str = "Latency report") -> str:
-    out = [f"# {title}", "", f"Runs: {', '.join(report.labels)}. Values as recorded; nothing is "
-           "recomputed.", ""]
+    out = [f"# {md_text(title)}", "", md_text(f"Runs: {', '.join(report.labels)}. Values as recorded; nothing "
+                                               "is recomputed."), ""]
     for phase in report.phases:
         rows = report.phase_rows(phase)
         cols = [c for c in _used_columns(report, rows) if c != "phase"]
-        out += [f"## phase: {phase}", "", md_table([header_name(c) for c in cols],
-                                                   [[r.get(c) for c in cols] for r in rows]), ""]
+        out += [f"## phase: {md_text(phase)}", "", md_table([header_name(c) for c in cols],
+                                                            [[r.get(c) for c in cols] for r in rows]), ""]
     for sweep in report.sweeps:
-        out += [f"## sweep: {sweep.label}", "", sweep_caption(sweep), "",
+        out += [f"## sweep: {md_text(sweep.label)}", "", md_text(sweep_caption(sweep)), "",
                 md_table(*sweep_table(sweep)), ""]
     if report.comparison_runs or report.notes:
         out += ["## side by side", ""]
     for heading, cols, rows in comparison_tables(report):
-        out += [f"### {heading}", "", md_table(cols, rows), ""]
-    out += [*(f"Note: {n}" for n in report.notes), *([""] if report.notes else [])]
+        out += [f"### {md_text(heading)}", "", md_table(cols, rows), ""]
+    out += [*(md_text(f"Note: {n}") for n in report.notes), *([""] if report.notes else [])]
     if report.env:
         out += ["## environment", "", md_table(*env_table(report)), ""]
     return "\n".join(out)

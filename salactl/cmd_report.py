@@ -78,6 +78,7 @@ def latency(
                      "html": lambda: html(report, title, not no_plots)}
         files = {out / f"report.{f}": renderers[f]() for f in fmts}
         written = [str(p) for p in write_all(files, overwrite)]
+        _stale_reports(out, fmts, overwrite)
     if json_out:
         output.print_json({**report.to_dict(), "files": written})
     elif out is None:
@@ -85,6 +86,23 @@ def latency(
         print(text, end="")
     else:
         output.stdout.print("wrote " + ", ".join(written))
+
+
+def _stale_reports(out: Path, fmts: list[str], overwrite: bool) -> None:
+    """The report.<fmt> files of an earlier report that this one did not write (it had more --format
+    values): removed with --overwrite, so that --out holds one report; else kept, which stderr says."""
+    stale = [out / f"report.{f}" for f in FORMATS if f not in fmts and (out / f"report.{f}").is_file()]
+    if not stale:
+        return
+    if overwrite:
+        for path in stale:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as e:
+                output.stderr.print(f"note: cannot remove {path} of an earlier report: {e.strerror or e}")
+    else:
+        output.stderr.print(f"note: kept {', '.join(p.name for p in stale)} of an earlier report in {out}; "
+                            "--overwrite removes the report files this one does not write")
 
 
 def _check_latency_options(ctx: typer.Context, out: Path | None, fmts: list[str]) -> None:
@@ -192,9 +210,10 @@ def memory(
         output.stderr.print(f"note: none of the {len(recs)} records has a measured peak (CPU runs have "
                             "none); no measured rows")
     for x in result["measured_models_unreadable"]:
-        output.stderr.print(f"note: {x['records']} measured record(s) are from model {x['model']!r}, "
-                            "which is neither a preset nor a checkpoint directory here: no prediction "
-                            f"for them (not with --model {model}'s shapes)")
+        whose = (f"are from model {x['model']!r}, which is neither a preset nor a checkpoint directory here"
+                 if x["model"] is not None else "name no model")
+        output.stderr.print(f"note: {x['records']} measured record(s) {whose}: no prediction for them (not "
+                            f"with --model {model}'s shapes)")
     hb = human_bytes
     for x in result["fixed_exceeds_memory"]:
         srv = result["server"][x["weights"]]

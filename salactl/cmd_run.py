@@ -72,6 +72,9 @@ def run(
     output.directory_option(out, files=("records.jsonl",))
     if out is None:
         refuse_unused(passed(ctx, "label"), "the records written to --out", "add --out DIR, or drop {it}")
+    from salactl.bench.records import check_label
+
+    check_label(label)
     given = [x is not None for x in (prompt, prompt_ids, prompt_file)]
     if sum(given) != 1:
         raise UsageError("give exactly one of --prompt, --prompt-ids or --prompt-file")

@@ -68,14 +68,21 @@ def sweep(
         return
     cols = ["point", "failed", "TTFT ms", "TPOT ms", "out tok/s", "cache MiB", "GPU peak MiB", "KL", "KL sparse",
             "top-1", "passkey", "front"]
+    front = set(run["pareto_point_keys"])      # by key: a point's name says only the knobs that vary in this sweep
     rows = [[p["phase"], p.get("failed"), p.get("mean_ttft_ms"), p.get("mean_tpot_ms"), p.get("output_throughput"),
-             p["cache_bytes_per_request"] / 2**20 if p.get("cache_bytes_per_request") else None,
-             p["peak_gpu_memory_bytes"] / 2**20 if p.get("peak_gpu_memory_bytes") else None,
+             _mib(p.get("cache_bytes_per_request")), _mib(p.get("peak_gpu_memory_bytes")),
              p.get("logit_kl_mean"), p.get("logit_kl_sparse_mean"), p.get("top1_agreement"),
-             p.get("passkey_accuracy"), "*" if p["phase"] in run["pareto"] else ""] for p in run["points"]]
+             p.get("passkey_accuracy"), "*" if p.get("point_key") in front else ""] for p in run["points"]]
     output.table(f"sweep {run['run_id']}", cols, rows)      # the notes were said as they arose
     output.stdout.print(f"records: {run['files']['records']}"
                         + (f"  plot: {run['files']['pareto_plot']}" if "pareto_plot" in run["files"] else ""))
+
+
+def _mib(v) -> float | None:
+    """Bytes as MiB; None for none, 0 or a value that is no finite number (a --resume'd record edited by hand)."""
+    from salactl.reports.records import is_finite_number
+
+    return v / 2**20 if is_finite_number(v) and v else None
 
 
 def register(app: typer.Typer) -> None:

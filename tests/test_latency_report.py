@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from salactl.errors import OutputExistsError, OutputWriteError, UsageError
+from salactl.errors import DatasetError, OutputExistsError, OutputWriteError, UsageError
 from salactl.reports.atomic import write_all
 from salactl.reports.latency import build
 from salactl.reports.records import load_records
@@ -125,13 +125,13 @@ def test_bad_record_fails_with_one_line_and_writes_nothing(records_file, tmp_pat
     bad.write_text(records_file.read_text() + "[1, 2]\n")          # JSON, but not a record object
     out = tmp_path / "out"
     p = salactl("report", str(bad), "--out", str(out))
-    assert p.returncode == UsageError.exit_code
+    assert p.returncode == DatasetError.exit_code            # a bad input file: exit 7, as --calib's
     assert "bad.jsonl:7" in p.stderr and p.stderr.strip().count("\n") == 0
     assert not out.exists() or not any(out.iterdir())
     old = tmp_path / "old.jsonl"
     old.write_text(json.dumps({**RECORDS[0], "schema_version": 99}))
     assert "schema_version" in salactl("report", str(old)).stderr
-    assert salactl("report", str(old), "--format", "pdf").returncode == UsageError.exit_code
+    assert salactl("report", str(old), "--format", "pdf").returncode == UsageError.exit_code   # the option first
 
 
 def one_error_line(p, code):
@@ -162,7 +162,7 @@ def test_existing_report_needs_overwrite(records_file, tmp_path):
     p = salactl("report", str(records_file), "--out", str(out), "--overwrite", "--format", "csv")
     assert p.returncode == 0, p.stderr
     assert (out / "report.csv").read_text().startswith("label,")
-    assert sorted(p.name for p in out.iterdir()) == ["report.csv", "report.html", "report.md"]
+    assert sorted(p.name for p in out.iterdir()) == ["report.csv"]     # the earlier report's md and html removed
 
 
 @pytest.mark.parametrize("case", ["proc", "below_a_file"])
@@ -247,13 +247,13 @@ def test_every_metric_the_bench_writes_is_reported(tmp_path):
 
 
 @pytest.mark.parametrize("cmd", [("report", "latency"), ("report", "memory", "--records")])
-def test_non_utf8_records_file_is_a_one_line_usage_error(tmp_path, cmd):
-    """F2: undecodable bytes give one line naming file:line and exit 2, and nothing is written."""
+def test_non_utf8_records_file_is_a_one_line_input_error(tmp_path, cmd):
+    """F2: undecodable bytes give one line naming file:line and exit 7, and nothing is written."""
     bad = tmp_path / "binary.jsonl"
     bad.write_bytes(json.dumps(RECORDS[0]).encode() + b"\n\xff\xfe garbage\n")
     out = tmp_path / "out"
     args = (*cmd, str(bad)) + (("--out", str(out)) if cmd[1] == "latency" else ())
-    err = one_error_line(salactl(*args), UsageError.exit_code)
+    err = one_error_line(salactl(*args), DatasetError.exit_code)
     assert f"{bad}:2" in err and "UTF-8" in err
     assert not out.exists()
 
@@ -265,11 +265,11 @@ def test_non_utf8_records_file_is_a_one_line_usage_error(tmp_path, cmd):
     {"schema_version": 1, "kind": "bench", "phase": "S1", "mean_ttft_ms": float("inf"), "completed": True},
 ])
 def test_records_without_a_usable_metric_are_an_error(tmp_path, line):
-    """F3: no record with a known metric as a finite number: one line, exit 2, nothing written."""
+    """F3: no record with a known metric as a finite number: one line, exit 7, nothing written."""
     p = tmp_path / "r.jsonl"
     p.write_text(json.dumps(line) + "\n")            # json.dumps writes NaN / Infinity as Python does
     out = tmp_path / "out"
-    err = one_error_line(salactl("report", "latency", str(p), "--out", str(out)), UsageError.exit_code)
+    err = one_error_line(salactl("report", "latency", str(p), "--out", str(out)), DatasetError.exit_code)
     assert f"{p}:1" in err and "finite number" in err
     assert not out.exists()
 

@@ -148,7 +148,7 @@ def test_a_json_line_without_schema_version_is_not_a_salactl_record(tmp_path):
     odd = tmp_path / "odd.jsonl"
     odd.write_text('{"a": 1}\n')
     r = salactl("report", "latency", odd)
-    assert r.returncode == 2 and f"error: {odd}:1 is not a salactl record (no schema_version)" in r.stderr
+    assert r.returncode == 7 and f"error: {odd}:1 is not a salactl record (no schema_version)" in r.stderr
 
 
 def test_profile_import_of_a_missing_directory_says_so(tmp_path, capsys):

@@ -1,5 +1,5 @@
 """Records files read and appended at their edges: `report latency` on a file that is not JSON lines
-(a pretty-printed --json output, an empty file) is a usage error naming the file, never a file
+(a pretty-printed --json output, an empty file) is an input error (exit 7) naming the file, never a file
 silently dropped; Ctrl-C ends a wait for another writer's lock on records.jsonl with nothing
 written; a first append that fails leaves neither the records file nor the directory it made."""
 
@@ -13,7 +13,7 @@ import time
 import pytest
 
 from salactl.bench.records import RecordWriter, interrupts_deferred
-from salactl.errors import OutputWriteError, UsageError
+from salactl.errors import DatasetError, OutputWriteError
 
 from conftest import run_cli
 from test_output_write_failures import RUN, error_line, salactl_with_file_limit
@@ -34,7 +34,7 @@ def run_outputs(tmp_path, capsys):
 
 def report_error(capsys, *files) -> str:
     code, out, err = run_cli(["report", "latency", *files, "--format", "csv"], capsys)
-    assert code == UsageError.exit_code and out == "", (code, err)
+    assert code == DatasetError.exit_code and out == "", (code, err)       # an input file error, as --calib's
     (line,) = err.strip().splitlines()
     return line
 

@@ -6,7 +6,7 @@ import csv
 import io
 import json
 
-from salactl.errors import UsageError
+from salactl.errors import DatasetError
 
 from conftest import run_cli
 from test_report_latency_records import rec
@@ -28,7 +28,7 @@ def test_a_file_of_damaged_lines_only_is_still_an_error(tmp_path, capsys):
     path = tmp_path / "records.jsonl"
     path.write_text(TORN + "\n")
     code, out, err = run_cli(["report", "latency", path], capsys)
-    assert code == UsageError.exit_code and out == ""
+    assert code == DatasetError.exit_code and out == ""
     (line,) = err.strip().splitlines()
     assert line.startswith(f"error: {path}:1 is not valid JSON (") and line.endswith("each line must be one "
                                                                                   "record object")

@@ -1,7 +1,8 @@
 """`salactl report latency` on mixed records: a phase that is not a name is a one-line error; the
 side-by-side table compares the labels each phase has, with their target, model and failures; every
 environment of a label is listed; plots draw every record and no invented zero; nested knobs are
-compact JSON; --format and a directory in place of a records file are usage errors that say why."""
+compact JSON; --format is a usage error and a directory in place of a records file an input error,
+each saying why."""
 
 import csv
 import io
@@ -11,7 +12,7 @@ import math
 import pytest
 
 from conftest import run_cli
-from salactl.errors import UsageError
+from salactl.errors import DatasetError, UsageError
 from salactl.reports import plots
 from salactl.reports.latency import build
 from salactl.reports.records import load_records
@@ -35,8 +36,9 @@ def report_of(tmp_path, records):
     return build(load_records([p]))
 
 
-def one_error_line(code, err):
-    assert code == UsageError.exit_code, (code, err)
+def one_error_line(code, err, exit_code=DatasetError.exit_code):
+    """A bad records file is an input file error (exit 7), as a bad --calib or --prompt-file is."""
+    assert code == exit_code, (code, err)
     (line,) = err.strip().splitlines()
     assert line.startswith("error: ")
     return line
@@ -131,7 +133,7 @@ def test_two_formats_without_out_are_refused_not_half_printed(tmp_path, capsys):
     p.write_text(json.dumps(MIXED[0]) + "\n")
     for formats in ("md,csv", "csv,html"):
         code, out, err = run_cli(["report", "latency", p, "--format", formats], capsys)
-        line = one_error_line(code, err)
+        line = one_error_line(code, err, UsageError.exit_code)
         assert f"--format {formats}" in line and "--out DIR" in line and out == ""
     code, out, err = run_cli(["report", "latency", p], capsys)       # the default: Markdown only
     assert code == 0 and out.startswith("# Latency report"), err

@@ -87,8 +87,8 @@ def test_records_are_predicted_with_their_own_models_shapes(tmp_path, capsys):
 
 def test_a_record_of_a_model_not_readable_here_gets_no_prediction_and_a_note(tmp_path, capsys):
     f = tmp_path / "records.jsonl"
-    f.write_text("".join(json.dumps(bench_record(model=m)) + "\n"
-                         for m in ("served-model", "served-model", str(EMBEDDED_DIR))))
+    f.write_text("".join(json.dumps(bench_record(model=m, run_id=f"b{i}")) + "\n"     # not duplicates
+                         for i, m in enumerate(("served-model", "served-model", str(EMBEDDED_DIR)))))
     rows, err = measured(["--model", "sala-9b", "--records", f], capsys)
     assert [r["predicted"] for r in rows] == [None, None, predicted(NANO, 1)]
     (note,) = err.strip().splitlines()

@@ -3,19 +3,16 @@ its plot (matplotlib is the optional `plots` extra; without it the plot is skipp
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from salactl.reports.atomic import atomic_path
-
-
-def _number(v) -> bool:
-    """A finite int or float: records store NaN/inf as strings ("nan"), and a bool is no measurement."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+from salactl.reports.records import is_finite_number
 
 
 def _usable(points: list[dict], x: str, y: str) -> list[dict]:
-    return [p for p in points if _number(p.get(x)) and _number(p.get(y))]
+    """Records store NaN/inf as strings ("nan"), a bool is no measurement, and an integer past float's
+    range (a --resume'd record edited by hand) none either."""
+    return [p for p in points if is_finite_number(p.get(x)) and is_finite_number(p.get(y))]
 
 
 def pareto_front(points: list[dict], x: str, y: str) -> list[dict]:

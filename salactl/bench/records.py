@@ -26,7 +26,8 @@ from salactl.bench.requests import RequestResult
 from salactl.errors import OutputWriteError, UsageError
 from salactl.output import jsonable
 from salactl.reports.atomic import exclusive_lock, new_dirs, write_atomic
-from salactl.reports.records import RECORDS_NAME, SCHEMA_VERSION, decode_records  # noqa: F401 - bench.records.RECORDS_NAME for its writers
+from salactl.reports.records import RECORDS_NAME  # noqa: F401 - bench.records.RECORDS_NAME for its writers
+from salactl.reports.records import SCHEMA_VERSION, breaks_lines, parse_record_line, record_lines
 
 DETAIL_COLUMNS = ("run_id", "phase", "request_id", "input_len", "expected_output_len", "output_len",
                   "success", "start_offset_s", "ttft_ms", "tpot_ms", "e2e_ms", "itl_ms", "error")
@@ -45,6 +46,17 @@ def make_record(kind: str, run_id: str, label: str | None, profile: str, phase: 
     rec["knobs"] = knobs
     rec["env"] = env
     return jsonable(rec)
+
+
+def check_label(label: str | None, flag: str = "--label") -> str | None:
+    """A --label for the records, as given: one holding a control character or line separator (a line
+    break would split the report's headings and table rows) is a UsageError."""
+    if label is not None:
+        bad = next((c for c in label if breaks_lines(c)), None)
+        if bad is not None:
+            raise UsageError(f"{flag} {label!r} holds the control character {bad!r}; give a name without "
+                             "control characters or line breaks")
+    return label
 
 
 INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -174,26 +186,16 @@ def _write_all(f, data: bytes) -> None:
 
 def read_records(path: Path) -> list[dict]:
     """The records already in `path` ([] when there is none), skipping lines that hold no JSON object
-    with one warning; a file that cannot be read or is not UTF-8 is a UsageError (exit 2), as
-    `salactl report` treats records files."""
+    with one warning; a file that is not a regular file, cannot be read or is not UTF-8 is a
+    UsageError (exit 2): it is the --out of this command."""
     path = Path(path)
     if not path.exists():
         return []
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise UsageError(f"cannot read records file {path}: {e.strerror}; fix its permissions or choose "
-                         "another --out") from None
-    text = decode_records(data, path, ": move it away or choose another --out")
     out = []
     damaged = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if line:
-            try:
-                record = json.loads(line)
-            except (json.JSONDecodeError, RecursionError):
-                record = None
+    for lineno, line in record_lines(path, UsageError, "move it away or choose another --out"):
+        if line.strip():
+            record = parse_record_line(line)
             if isinstance(record, dict):
                 out.append(record)
             else:

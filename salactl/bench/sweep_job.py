@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,14 +83,17 @@ class SweepRun:
     resumed: int = 0
     invalid: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    pareto: list[str] = field(default_factory=list)
+    pareto: list[str] = field(default_factory=list)            # the front's point names
+    pareto_keys: list[str] = field(default_factory=list)       # and their point_key, which marks them
     files: dict = field(default_factory=dict)
     interrupted: bool = False           # stopped early: points and front cover the finished points only
+    failure: SalactlError | None = None     # the last error that ended a point's measurement (not in to_dict)
 
     def to_dict(self) -> dict:
         return rec.jsonable({"run_id": self.run_id, "label": self.label, "points": self.points,
                              "resumed_points": self.resumed, "invalid_points": self.invalid,
-                             "notes": self.notes, "pareto": self.pareto, "interrupted": self.interrupted,
+                             "notes": self.notes, "pareto": self.pareto,
+                             "pareto_point_keys": self.pareto_keys, "interrupted": self.interrupted,
                              "files": self.files})
 
 
@@ -188,6 +192,7 @@ def _check_before_loading(s: SweepSettings) -> SweepSettings:
     from salactl.runtime.loader import resolve_device
 
     _refuse_skipped_options(s)
+    rec.check_label(s.label)
     s = dataclasses.replace(s, **{k: v for k, v in PASSKEY_DEFAULTS.items() if getattr(s, k) is None})
     if s.pareto_x not in PARETO_X:
         raise UsageError(f"--pareto-x must be one of {', '.join(PARETO_X)}, got {s.pareto_x!r}")
@@ -286,55 +291,59 @@ def _sweep(s: SweepSettings, progress) -> SweepRun:
     if not points:
         raise ConfigError(f"no point could be measured ({run.invalid[-1]['reason']}); nothing was recorded")
 
-    tok = None
-    try:
-        from salactl.runtime.tokenizer import check_fits, find_tokenizer
-
-        tok = find_tokenizer(s.tokenizer, lm.model_dir)
-        check_fits(tok, config.vocab_size)
-    except SalactlError as e:
-        if s.tokenizer:
-            raise
-        _note(run, f"no tokenizer ({e}); KL uses random token ids")
-        tok = None
+    tok = _tokenizer(s, lm, run)
     do_passkey = s.passkey
     if do_passkey and tok is None:
         do_passkey = False
         _note(run, "passkey skipped: it needs the model's tokenizer (pass --tokenizer)")
+    if do_passkey:
+        _check_passkey_lengths(tok, lengths, depths, s)
     if not s.kl:
         _note(run, f"no Pareto front: it trades {s.pareto_x} against the logit KL, which --no-kl skips")
 
     kl_len = s.kl_len or s.input_len
     longest = max([_speed_positions(s.input_len, s.output_len), kl_len if s.kl else 0,
                    *([n + ANSWER_TOKENS - 1 for n in lengths] if do_passkey else [])])
+    _warn_past_trained_length(s, kl_len, lengths if do_passkey else [], config.max_position_embeddings)
     for p in points:
         note = p.sparse_config(config.sparse_config).forced_blocks_note
         if note and longest >= p.dense_len:          # only a point whose sequences reach its sparse path
             output.warn_once(f"point {p.label(varying)}: {note}")
             run.notes.append(f"{p.label(varying)}: {note}")     # in the summary; said once, as the warning
+    prompt = None
+    if s.kl:
+        from salactl.bench.accuracy import kl_prompt
+
+        prompt = kl_prompt(tok, kl_len, config.vocab_size, s.seed)
     context = {"model": lm.source, "device": str(device), "dtype": str(base_dtype).replace("torch.", ""),
                "engine": engine_kind,
                "input_len": s.input_len, "output_len": s.output_len, "requests": s.requests,
                "kl": s.kl, "kl_len": kl_len, "passkey": do_passkey, "passkey_lengths": lengths,
-               "passkey_depths": depths, "passkey_trials": s.passkey_trials, "seed": s.seed}
+               "passkey_depths": depths, "passkey_trials": s.passkey_trials, "seed": s.seed,
+               **_prompt_sources(tok, prompt, kl_len, config.vocab_size, s),
+               **_engine_sizes(engine_kind, s)}
     # a point recorded under another --label belongs to another run: resume only this label's points
-    done = {r.get("point_key"): r for r in existing if r.get("label") == s.label}
+    done, lacking = _reusable([r for r in existing if r.get("label") == s.label])
     env = environment()
     writer = rec.RecordWriter(records_path)
     run.files["records"] = str(records_path)
 
-    ref_logits, prompt = None, None
+    ref_logits = None
     todo = [p for p in points if point_key(p, context) not in done]
-    other_labels = {r.get("point_key") for r in existing} - set(done)
+    for p in todo:
+        if point_key(p, context) in lacking:
+            output.stderr.print(f"note: the record of point {p.label(varying)} in {records_path} lacks "
+                                f"{lacking[point_key(p, context)]}; measuring it again")
+    other_labels = {r["point_key"] for r in existing
+                    if r.get("label") != s.label and isinstance(r.get("point_key"), str)} - set(done)
     relabelled = sum(point_key(p, context) in other_labels for p in todo)
     if relabelled:
         this = f"--label {s.label}" if s.label else "this sweep without --label"
         output.stderr.print(f"note: {relabelled} point(s) recorded under another --label are measured again "
                             f"for {this}: --resume reuses only points of the same --label")
     if s.kl and todo:
-        from salactl.bench.accuracy import dense_config, kl_prompt, prompt_logits, with_config
+        from salactl.bench.accuracy import dense_config, prompt_logits, with_config
 
-        prompt = kl_prompt(tok, kl_len, config.vocab_size, s.seed)
         with out_of_memory_is_capacity("the dense KL reference", "lower --kl-len, or pass --no-kl"):
             ref_logits = prompt_logits(with_config(base, dense_config(config, kl_len)), prompt,
                                        KL_REFERENCE_CHUNK)
@@ -348,7 +357,7 @@ def _sweep(s: SweepSettings, progress) -> SweepRun:
         for p in points:
             key = point_key(p, context)
             if key in done:
-                run.points.append(done[key])
+                run.points.append(dict(done[key], phase=p.label(varying)))   # named as this sweep names it
                 run.resumed += 1
             else:
                 record = _measure(p, key, ctx, run)
@@ -367,11 +376,142 @@ def _sweep(s: SweepSettings, progress) -> SweepRun:
                 progress.end()
             _finish(run, s, out)
     if not run.points:                   # every point failed to build, or all its requests failed
+        if run.failure is not None:      # its own error and exit code (NaN logits: 15), as bench's
+            raise run.failure
         raise ConfigError(f"no point could be measured ({run.invalid[-1]['reason']}); nothing was recorded")
     return run
 
 
+def _tokenizer(s: SweepSettings, lm: LoadedModel, run: SweepRun):
+    """The model's tokenizer (--tokenizer's), or None with a note where the model has none."""
+    from salactl.runtime.tokenizer import check_fits, find_tokenizer
+
+    try:
+        tok = find_tokenizer(s.tokenizer, lm.model_dir)
+        check_fits(tok, lm.config.vocab_size)
+        return tok
+    except SalactlError as e:
+        if s.tokenizer:
+            raise
+        _note(run, f"no tokenizer ({e}); KL uses random token ids")
+        return None
+
+
+def _check_passkey_lengths(tok, lengths: list[int], depths: list[float], s: SweepSettings) -> None:
+    """Every passkey prompt built once, before any point is measured: a length too short for the
+    passkey text is a usage error now, not after the first point."""
+    from salactl.evaluation.passkey import passkey_trials
+
+    try:
+        passkey_trials(tok, lengths, depths, s.passkey_trials, s.seed)
+    except UsageError as e:
+        raise UsageError(f"--passkey-lengths: {e}") from None
+
+
+def _warn_past_trained_length(s: SweepSettings, kl_len: int, passkey_lengths: list[int], limit: int) -> None:
+    """As run and eval passkey do, for the longest sequence of the sweep (the flag that sets it named)."""
+    lengths = [(s.input_len + s.output_len, "--input-len plus --output-len")]
+    if s.kl:
+        lengths.append((kl_len, "--kl-len" if s.kl_len else "--kl-len (default: --input-len)"))
+    if passkey_lengths:
+        lengths.append((max(passkey_lengths) + ANSWER_TOKENS,
+                        f"the longest --passkey-lengths plus the {ANSWER_TOKENS} answer tokens"))
+    tokens, what = max(lengths, key=lambda x: x[0])
+    output.warn_past_trained_length(tokens, limit, what)
+
+
+def _prompt_sources(tok, prompt: list[int] | None, kl_len: int, vocab_size: int, s: SweepSettings) -> dict:
+    """What the KL and passkey prompts are built from, for the point keys (--resume measures a point
+    again when they change): the tokenizer (its tokenizer.json path and the hash of its files) and
+    whether the KL prompt is text or random ids (a tokenizer's text too short or outside the
+    vocabulary falls back to random ids)."""
+    from salactl.bench.accuracy import kl_prompt
+
+    kl_source = None
+    if prompt is not None:
+        kl_source = "random" if tok is None or prompt == kl_prompt(None, kl_len, vocab_size, s.seed) else "text"
+    return {"tokenizer": None if tok is None else str(Path(tok.path).resolve()),
+            "tokenizer_sha256": None if tok is None else _tokenizer_hash(Path(tok.path)),
+            "kl_prompt": kl_source}
+
+
+def _tokenizer_hash(path: Path) -> str:
+    """sha256 of tokenizer.json and the side files beside it that change its ids (16 hex digits)."""
+    h = hashlib.sha256()
+    for f in (path, path.parent / "tokenizer_config.json", path.parent / "special_tokens_map.json"):
+        h.update(f.name.encode() + b"\0")
+        with contextlib.suppress(OSError):
+            h.update(f.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def _engine_sizes(engine_kind: str, s: SweepSettings) -> dict:
+    """The GPU engine's --max-running-requests and --mem-fraction (its defaults where not given),
+    which size its caches and batching; none on the reference engine, which refuses them."""
+    if engine_kind == "reference":
+        return {}
+    max_running, mem_fraction = gpu_engine_sizes(s.max_running_requests, s.mem_fraction)
+    return {"max_running_requests": max_running, "mem_fraction": mem_fraction}
+
+
+# what a recorded point needs to be reused: the knobs and fields the notes and the front read
+RESUME_KNOBS = ("dense_len", "input_len", "output_len")
+
+
+def _reusable(records: list[dict]) -> tuple[dict[str, dict], dict[str, str]]:
+    """({point_key: record} of the points --resume can reuse, {point_key: what it lacks} of those
+    whose record lacks what the sweep reads of it (a hand-edited or foreign line): measured again)."""
+    done, lacking = {}, {}
+    for r in records:
+        key = r.get("point_key")
+        if isinstance(key, str):
+            missing = _missing_fields(r)
+            if missing:
+                lacking[key] = missing
+            else:
+                done[key] = r
+    return done, lacking
+
+
+def _missing_fields(r: dict) -> str | None:
+    knobs = r.get("knobs")
+    if not isinstance(knobs, dict):
+        return "knobs"
+    for k in RESUME_KNOBS:
+        if not _is_int(knobs.get(k)):
+            return f"knobs.{k} (an integer)"
+    rows = r.get("passkey_results")
+    if rows is not None and not (isinstance(rows, list) and all(isinstance(x, dict) and _is_int(x.get("length"))
+                                                                for x in rows)):
+        return "passkey_results[].length (an integer)"
+    return None
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def _measure(p: SweepPoint, key: str, ctx: _SweepContext, run: SweepRun) -> dict | None:
+    """One grid point's record, or None when it measured nothing: its engine cannot be built, or its
+    requests, warmup included, or accuracy proxies failed (NaN logits in fp16, say); the reason goes
+    to run.invalid and the sweep goes on. Running out of memory (a CapacityError) ends the sweep."""
+    try:
+        return _measure_point(p, key, ctx, run)
+    except CapacityError:
+        raise
+    except SalactlError as e:
+        run.failure = e
+        return _skip_point(run, p, p.label(ctx.varying), str(e))
+
+
+def _skip_point(run: SweepRun, p: SweepPoint, label: str, reason: str) -> None:
+    """A point that measured nothing: listed under invalid_points with a warning (--resume measures it again)."""
+    run.invalid.append({"knobs": p.knobs(), "reason": reason})
+    output.warn_once(f"skipping point {label}: {reason}")
+
+
+def _measure_point(p: SweepPoint, key: str, ctx: _SweepContext, run: SweepRun) -> dict | None:
     """One grid point's record (speed, then the accuracy proxies), or None when its engine cannot be
     built (the reason goes to run.invalid)."""
     from salactl.bench.accuracy import logit_kl, passkey_accuracy, prompt_logits, with_config
@@ -408,10 +548,8 @@ def _measure(p: SweepPoint, key: str, ctx: _SweepContext, run: SweepRun) -> dict
             gc.collect()
             torch.cuda.empty_cache()
     failed = unmeasured(label, outcome.results)
-    if failed:                          # nothing to record (--resume measures it again)
-        run.invalid.append({"knobs": p.knobs(), "reason": failed})
-        output.warn_once(f"skipping point {label}: {failed}")
-        return None
+    if failed:
+        return _skip_point(run, p, label, failed)
     metrics = phase_metrics(outcome.results, outcome.duration)
     metrics.update(outcome.device)
     # bf16/fp16/fp32 cast the whole model: its KV ("bf16" stores the activation dtype) and K1 follow
@@ -502,6 +640,7 @@ def _finish(run: SweepRun, s: SweepSettings, out: Path) -> None:
     comparable = [p for p in run.points if not any(p is q for q in dense_kl)]
     front = pareto_front(comparable, x, PARETO_Y)
     run.pareto = [p["phase"] for p in front]
+    run.pareto_keys = [p["point_key"] for p in front]
     out.mkdir(parents=True, exist_ok=True)
     if front:
         path = plot_front(comparable, front, x, PARETO_Y, out / f"{run.run_id}-pareto.png")
