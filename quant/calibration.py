@@ -5,31 +5,36 @@ cut into non-overlapping `seqlen` windows; the first `nsamples` windows are used
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
 import torch
 
 from salactl.errors import DatasetError, UsageError
-from salactl.output import read_text_option
+from salactl.output import check_tokenizer_memory, jsonl_lines, lone_surrogate, parse_json_line, read_text_option
 
 RANDOM = "random"
+# host bytes held per byte of a --calib file: its text, its lines and their documents (the token
+# ids stop at nsamples x seqlen)
+CALIB_BYTES_PER_BYTE = 4
 
 
 def read_documents(path: Path) -> list[str]:
-    raw = read_text_option(path, "--calib", "give a text or JSONL file with a \"text\" field, or --calib random")
+    raw = read_text_option(path, "--calib", "give a text or JSONL file with a \"text\" field, or --calib random",
+                           CALIB_BYTES_PER_BYTE)
     if path.suffix == ".jsonl":
         docs = []
-        for lineno, line in enumerate(raw.splitlines(), 1):
+        for lineno, line in jsonl_lines(raw):
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DatasetError(f"{path}:{lineno} is not valid JSON ({e.msg})") from None
+            obj, problem = parse_json_line(line)
+            if problem is not None:
+                raise DatasetError(f"{path}:{lineno} {problem}")
             if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
                 raise DatasetError(f"{path}:{lineno} has no string \"text\" field")
+            surrogate = lone_surrogate(obj["text"])
+            if surrogate:
+                raise DatasetError(f"{path}:{lineno} has {surrogate} in its \"text\", which is no Unicode text")
             docs.append(obj["text"])
         return [d for d in docs if d.strip()]
     return [raw] if raw.strip() else []
@@ -69,6 +74,7 @@ def calibration_windows(calib: str | None, tokenizer, nsamples: int, seqlen: int
     need = nsamples * seqlen
     ids: list[int] = []
     for i in order:
+        check_tokenizer_memory(docs[i], f"a document of {where}", "split it into smaller documents")
         ids.extend(tokenizer.encode(docs[i]))
         if eos_id is not None:
             ids.append(eos_id)

@@ -17,7 +17,7 @@ from salactl.options import (SEED_MAX, DeviceOpt, DtypeOpt, JsonOpt, RandomWeigh
 def bench(
     ctx: typer.Context,
     profile: Annotated[str, typer.Option("--profile", parser=non_empty("--profile", "a shipped profile or a .toml file"), help="soar, decode, prefill, long-context, serving, or a .toml PATH.")] = "soar",
-    dataset: Annotated[Optional[str], typer.Option("--dataset", parser=non_empty("--dataset", "a SOAR-format JSONL file or S1=a.jsonl,..."), help="SOAR-format JSONL (question, model_response) for every phase, or S1=a.jsonl,S8=b.jsonl,...")] = None,
+    dataset: Annotated[Optional[str], typer.Option("--dataset", parser=non_empty("--dataset", "a SOAR-format JSONL file or S1=a.jsonl,..."), help="SOAR-format JSONL (question, model_response) for every phase, or S1=a.jsonl,S8=b.jsonl,... Every row runs in each phase, as SOAR's script passes --num-prompts = the file's rows (the profile's num_requests sizes only synthetic sets); --num-requests caps it.")] = None,
     skip_bad_rows: Annotated[bool, typer.Option("--skip-bad-rows", help="Drop malformed --dataset rows instead of stopping (needs --dataset).")] = False,
     scale: Annotated[Optional[float], typer.Option("--scale", help="Multiply the synthetic prompts' input and output lengths (e.g. 0.01 for a CPU; default 1); request counts are unchanged. Not with --dataset, whose rows keep their lengths.")] = None,
     num_requests: Annotated[Optional[int], typer.Option("--num-requests", help="At most N requests per phase. Not for the one-batch profiles (decode, prefill, long-context), whose batch size sets each phase's count: pick batch sizes with --phases.")] = None,

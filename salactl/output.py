@@ -6,6 +6,7 @@ import errno
 import json
 import math
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -49,13 +50,18 @@ def warn_past_trained_length(tokens: int, limit: int, what: str) -> None:
                   "it runs, but quality beyond the trained length is not guaranteed")
 
 
-def read_text_option(path: Path, name: str, hint: str = "save it as UTF-8") -> str:
+def read_text_option(path: Path, name: str, hint: str = "save it as UTF-8",
+                     memory_per_byte: int | None = None) -> str:
     """An input text file (`name`: its flag or what it is, e.g. "--calib", "dataset"), read as UTF-8
     whatever the locale says, without a leading byte-order mark (Windows editors write one); a
     one-line DatasetError (exit 7, as bench --dataset) when it is missing, unreadable or not UTF-8,
-    the last saying `hint`."""
+    the last saying `hint`. With `memory_per_byte` (the host bytes its reader holds per byte of the
+    file), it must also be a regular file (a device such as /dev/zero would be read forever, a FIFO
+    block) whose size fits the available host memory (else exit 11, before reading it)."""
     from salactl.errors import DatasetError
 
+    if memory_per_byte is not None:
+        _check_input_file(path, name, hint, memory_per_byte)
     try:
         # not encoding="utf-8-sig": its decode errors count bytes from after the mark
         return path.read_text(encoding="utf-8").removeprefix("\ufeff")
@@ -65,6 +71,75 @@ def read_text_option(path: Path, name: str, hint: str = "save it as UTF-8") -> s
         raise DatasetError(f"{name} {path} is not UTF-8 text ({e.reason} at byte {e.start}); {hint}") from None
     except OSError as e:
         raise DatasetError(f"cannot read {name} {path}: {e.strerror}") from None
+
+
+def _check_input_file(path: Path, name: str, hint: str, memory_per_byte: int) -> None:
+    from salactl.errors import DatasetError
+    from salactl.runtime.json_file import check_regular_file
+    from salactl.runtime.loader import available_host_bytes, check_fits
+    from salactl.units import human_bytes
+
+    try:
+        check_regular_file(path, DatasetError, 1 << 62, hint)
+    except FileNotFoundError:
+        raise DatasetError(f"{name} {path} does not exist") from None
+    except OSError as e:
+        raise DatasetError(f"cannot read {name} {path}: {e.strerror}") from None
+    size, avail = path.stat().st_size, available_host_bytes()
+    fits = "" if avail is None else f" (up to about {human_bytes(avail // memory_per_byte)} fits)"
+    check_fits(size * memory_per_byte, avail, f"reading {name} {path} ({human_bytes(size)})", "this machine",
+               f"give a smaller file{fits}")
+
+
+# Host bytes the tokenizers library holds per UTF-8 byte while it encodes one string (its offsets and
+# alignments per byte, then per token): 120-430 measured on plain text, digits and CJK, rounded up
+TOKENIZER_BYTES_PER_BYTE = 512
+TOKENIZER_CHECK_FROM = 1 << 18     # characters; shorter strings need under 512 MiB, unchecked
+
+
+def check_tokenizer_memory(text: str, what: str, fix: str) -> None:
+    """Refuse (exit 11) a string whose encoding the tokenizer could not hold in the available host
+    memory: the library aborts the whole process when an allocation fails."""
+    if len(text) < TOKENIZER_CHECK_FROM:
+        return
+    from salactl.runtime.loader import available_host_bytes, check_fits
+
+    size = len(text.encode("utf-8", "surrogatepass"))
+    avail = available_host_bytes()
+    fits = "" if avail is None else f" (about {avail // TOKENIZER_BYTES_PER_BYTE:,} bytes of UTF-8 fit)"
+    check_fits(size * TOKENIZER_BYTES_PER_BYTE, avail, f"tokenizing {what} ({size:,} bytes of UTF-8)",
+               "this machine", fix + fits)
+
+
+def jsonl_lines(text: str):
+    """(line number, line) of JSONL text, split at "\\n" only, a trailing "\\r" dropped:
+    str.splitlines() also splits at U+2028, U+2029 and U+0085, which JSON writers leave raw
+    inside strings (json.dumps(ensure_ascii=False))."""
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        yield lineno, line.removesuffix("\r")
+
+
+def parse_json_line(line: str) -> tuple[object, str | None]:
+    """(the value of one JSONL line, None), or (None, why it is none: "is not valid JSON (...)", ...)."""
+    try:
+        return json.loads(line), None
+    except json.JSONDecodeError as e:
+        # several of json's messages end in "at" ("Unterminated string starting at")
+        return None, f"is not valid JSON ({e.msg.removesuffix(' at')} at column {e.colno})"
+    except RecursionError:
+        return None, "nests JSON arrays/objects too deeply to parse"
+    except ValueError:          # Python's int-from-string digit limit (sys.set_int_max_str_digits)
+        return None, "holds an integer with too many digits to parse"
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate(text: str) -> str | None:
+    """Where `text` (from JSON, which may escape one: "\\ud83d") holds half of a surrogate pair,
+    which is no Unicode character and cannot be encoded or tokenized; None where it holds none."""
+    m = _SURROGATE.search(text)
+    return None if m is None else f"a lone surrogate (U+{ord(m.group()):04X} at character {m.start() + 1})"
 
 
 def directory_option(path: Path | None, flag: str = "--out", files: tuple[str, ...] = ()) -> Path | None:

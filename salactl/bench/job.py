@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from salactl import output
 from salactl.bench import phase_checks
 from salactl.bench import records as rec
 from salactl.bench.metrics import one_batch_metrics, parse_slo, phase_metrics
@@ -126,7 +127,8 @@ def check_target_options(s: BenchSettings) -> None:
 
 
 def build_target(s: BenchSettings, need_tokenizer: bool):
-    """Returns (target, tokenizer or None, vocab size for synthetic prompts)."""
+    """Returns (target, tokenizer or None, vocab size for synthetic prompts, the model's
+    max_position_embeddings or None for a server)."""
     if s.endpoint:
         from salactl.bench.targets.http import HttpTarget
 
@@ -137,7 +139,7 @@ def build_target(s: BenchSettings, need_tokenizer: bool):
         if need_tokenizer and tok is None:
             raise TokenizerError("counting the output tokens of SOAR rows needs the served model's "
                                  "tokenizer; pass --tokenizer PATH (tokenizer.json or its directory)")
-        return target, tok, _vocab_for_http(s, tok)
+        return target, tok, _vocab_for_http(s, tok), None
     if s.backend:
         raise UsageError("--backend needs --endpoint URL (without one, the embedded engine is benchmarked)")
     from salactl.bench.targets.embedded import build_embedded_target
@@ -153,7 +155,7 @@ def build_target(s: BenchSettings, need_tokenizer: bool):
         except TokenizerError:
             target.close()
             raise
-    return target, tok, lm.config.vocab_size
+    return target, tok, lm.config.vocab_size, lm.config.max_position_embeddings
 
 
 def _phase_knobs(plan, s: BenchSettings, target, slo, cache_flushed: bool | None) -> dict:
@@ -215,13 +217,23 @@ def run_bench(s: BenchSettings, progress=None) -> BenchRun:
     spec = parse_dataset_spec(s.dataset, [p.name for p in profile.phases])
     parsed = read_datasets(spec, phases, s.skip_bad_rows)
 
-    target, tok, vocab = build_target(s, need_tokenizer=bool(spec))
+    target, tok, vocab, trained_len = build_target(s, need_tokenizer=bool(spec))
     try:
         plans = plan_phases(profile, phases, spec, parsed, tok, vocab, s.scale, s.num_requests, s.seed)
+        if trained_len is not None:
+            _warn_past_trained_length(plans, trained_len)
         run = BenchRun(rec.new_run_id(), s, profile.name, target.kind, target.model)
         return _execute(run, plans, profile, target, s, slo, reference, weights, environment(), progress)
     finally:
         target.close()
+
+
+def _warn_past_trained_length(plans, limit: int) -> None:
+    """As run does: once, for the longest request (prompt plus output) of all the phases."""
+    plan, req = max(((p, r) for p in plans for r in p.requests), key=lambda pr: pr[1].input_len + pr[1].output_len)
+    where = f"phase {plan.phase.name}" if req.source_line is None else f"{plan.dataset['path']}:{req.source_line}"
+    output.warn_past_trained_length(req.input_len + req.output_len, limit,
+                                    f"the longest request ({where}, input plus output)")
 
 
 def _execute(run, plans, profile, target, s, slo, reference, weights, env, progress) -> BenchRun:
@@ -240,7 +252,6 @@ def _execute(run, plans, profile, target, s, slo, reference, weights, env, progr
                     why += ("; the reference engine serves one sequence at a time (use --engine gpu on "
                             "CUDA to batch)")
                 run.skipped.append({"phase": ph.name, "reason": why})
-                from salactl import output
                 output.stderr.print(f"note: skipping phase {ph.name}: {why}")
                 continue
             outcome = run_phase(target, ph, plan.requests, seed=plan.dataset["seed"], progress=progress)
@@ -292,7 +303,6 @@ def _execute(run, plans, profile, target, s, slo, reference, weights, env, progr
             if run.phases:                   # nothing finished: leave no files behind
                 _write_side_files(run, out, details)
     if run.score is not None and run.score["score_error"]:
-        from salactl import output
         output.warn_once(f"SOAR score not computed: {run.score['score_error']}")
     return run
 

@@ -11,7 +11,7 @@ from salactl import output
 from salactl.bench.datasets import read_soar_rows, soar_requests
 from salactl.bench.profiles import Phase, Profile
 from salactl.bench.requests import BenchRequest
-from salactl.bench.synthetic import random_lengths, soar_like
+from salactl.bench.synthetic import random_lengths, scaled, soar_like
 from salactl.errors import DatasetError, UsageError
 
 DEFAULT_SYNTHETIC_REQUESTS = 96
@@ -71,9 +71,10 @@ def read_datasets(spec: dict[str | None, Path], phases: list[Phase], skip_bad_ro
     needed = dict.fromkeys(spec.get(p.name, spec.get(None)) for p in phases) if spec else {}
     parsed = {path: read_soar_rows(path, skip_bad_rows) for path in needed}
     for path, (_, report) in parsed.items():
-        if report.bad_lines:
-            lines = ", ".join(map(str, report.bad_lines[:10])) + (", ..." if len(report.bad_lines) > 10 else "")
-            output.warn_once(f"skipped {len(report.bad_lines)} malformed rows of {path} (lines {lines})")
+        if report.bad_rows:
+            more = ", ..." if report.bad_rows > len(report.bad_lines) else ""
+            lines = ", ".join(map(str, report.bad_lines)) + more
+            output.warn_once(f"skipped {report.bad_rows} malformed rows of {path} (lines {lines})")
     return parsed
 
 
@@ -88,6 +89,8 @@ def check_request_options(profile: Profile, dataset: str | None, skip_bad_rows: 
                           cap: int | None) -> None:
     """Options that shape requests this profile and --dataset would not make (silently ignored
     otherwise). `scale`/`cap` are None when not given."""
+    if dataset and profile.mode == "one-batch":
+        raise UsageError(f"profile {profile.name} is a one-batch grid of random prompts; it takes no --dataset")
     if skip_bad_rows and not dataset:
         raise UsageError("--skip-bad-rows drops malformed --dataset rows, and without --dataset the prompts "
                          "are synthetic: drop --skip-bad-rows, or add --dataset")
@@ -103,7 +106,7 @@ def check_request_options(profile: Profile, dataset: str | None, skip_bad_rows: 
 
 def scaled_length(length: int, scale: float) -> int:
     """A random-dataset length after --scale (at least 1 token)."""
-    return max(1, round(length * scale))
+    return scaled(length, scale, least=1)
 
 
 def smallest_scale(length: int, tokens: int) -> float:
@@ -141,19 +144,20 @@ def plan_phases(profile: Profile, phases: list[Phase], spec: dict[str | None, Pa
     scale = DEFAULT_SCALE if scale is None else scale
     ds = profile.dataset
     seed = profile.seed if seed is None else seed
-    if spec and profile.mode == "one-batch":
-        raise UsageError(f"profile {profile.name} is a one-batch grid of random prompts; it takes no --dataset")
+    tokenized = {path: {} for path in parsed}       # each file's rows tokenized once, for every phase
     plans = []
     for ph in phases:
         prefix = f"{ph.name}-"
         if spec:
             path = spec.get(ph.name, spec.get(None))
             rows, report = parsed[path]
-            reqs, too_short = soar_requests(rows, tokenizer, seed=seed, limit=cap, prefix=prefix)
+            reqs, too_short = soar_requests(rows, tokenizer, seed=seed, limit=cap, prefix=prefix,
+                                            cache=tokenized[path], path=path)
             if not reqs:
                 raise DatasetError(f"every row of {path} is under 2 tokens; nothing to benchmark")
             info = {"kind": "soar-jsonl", "path": str(path), "rows": report.rows,
-                    "bad_rows_skipped": list(report.bad_lines), "too_short_dropped": too_short}
+                    "bad_rows_skipped": report.bad_rows, "bad_rows_first_lines": list(report.bad_lines),
+                    "too_short_dropped": too_short}
         elif ds.kind == "soar":
             n = min(ph.num_requests or ds.num_requests or DEFAULT_SYNTHETIC_REQUESTS, cap or 10**9)
             reqs = soar_like(n, scale, vocab_size, seed=seed, prefix=prefix, fix=BENCH_SIZE_FIX)

@@ -4,15 +4,19 @@ PATH), validated into frozen dataclasses with one-line errors that name the file
 Schema (version 1):
     name, description            strings
     mode                         "serving" (default) or "one-batch" (bench_one_batch-style grids)
-    seed                         shuffle / synthetic-data seed (default 1, as SGLang)
+    seed                         shuffle / synthetic-data seed (default 1, as SGLang; 0 .. 2^63-1)
     [dataset] kind               "soar" (a SOAR JSONL given with --dataset, else the synthetic
                                  SOAR-like mix) or "random" (exact token lengths)
-              num_requests, input_len, output_len, range_ratio
+              num_requests, input_len, output_len, range_ratio (the lengths and range_ratio are
+              refused with kind "soar", here and in the phases: its mix or rows set the lengths)
     [scoring] method = "soar"; weights = {S1 = 0.4, ...} (keys are phase names)
     [[phases]] name; max_concurrency (int or "unlimited"); request_rate (req/s or "inf");
                burstiness (gamma shape, 1 = Poisson); num_requests; warmup_requests (default 1);
                flush_cache (default true); input_len / output_len / range_ratio (dataset
-               overrides); batch_size (one-batch mode).
+               overrides); batch_size (one-batch mode, where it is each phase's request count and
+               concurrency: num_requests, max_concurrency, request_rate and burstiness are refused).
+    num_requests sizes the synthetic sets; with --dataset every row runs in every phase, as SOAR's
+    bench_serving.sh passes --num-prompts = the file's rows (--num-requests caps it).
     max_concurrency, request_rate, batch_size, input_len and output_len may be lists: the phase
     expands into the grid of their combinations (names get -c8 / -rate4 / -bs8 / -in1024 / -out16).
     Names keep the profile's lengths whatever --scale does to the prompts (they are the keys of
@@ -33,6 +37,7 @@ from importlib import resources
 from pathlib import Path
 
 from salactl.errors import ConfigError
+from salactl.options import SEED_MAX
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -46,6 +51,11 @@ PHASE_KEYS = {"name", "max_concurrency", "request_rate", "burstiness", "num_requ
 DATASET_KEYS = {"kind", "num_requests", "input_len", "output_len", "range_ratio"}
 TOP_KEYS = {"name", "description", "mode", "seed", "dataset", "scoring", "phases"}
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
+MAX_PROFILE_BYTES = 2**20       # profiles are a few hundred bytes of TOML
+# keys a profile may not set where they would be ignored: the SOAR mix has its own lengths, and a
+# one-batch phase sends its whole batch at once (its batch_size is its request count and concurrency)
+SOAR_LENGTH_KEYS = ("input_len", "output_len", "range_ratio")
+ONE_BATCH_SET_KEYS = ("num_requests", "max_concurrency", "request_rate", "burstiness")
 
 
 @dataclass(frozen=True)
@@ -123,10 +133,16 @@ def load_profile(spec: str) -> Profile:
 
 
 def _read_profile_file(path: Path) -> str:
+    from salactl.runtime.json_file import check_regular_file
+
     shipped = f"shipped profiles: {', '.join(shipped_profiles())}"
     if path.is_dir():
         raise ConfigError(f"--profile {path} is a directory, not a .toml file; give the file, or one of the {shipped}")
     try:
+        check_regular_file(path, ConfigError, 1 << 62, f"give a .toml file, or one of the {shipped}")
+        if path.stat().st_size > MAX_PROFILE_BYTES:
+            raise ConfigError(f"--profile {path} is {path.stat().st_size:,} bytes, over the "
+                              f"{MAX_PROFILE_BYTES // 2**20} MiB a profile may have; give a TOML profile file")
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"profile file {path} does not exist; {shipped}") from None
@@ -201,11 +217,24 @@ def _label(v) -> str:
     return str(v)
 
 
-def _expand_phase(c: _Checker, raw: dict, i: int, mode: str) -> list[Phase]:
+def _refuse_ignored(c: _Checker, raw: dict, where: str, mode: str, kind: str) -> None:
+    """Keys this profile's kind or mode would silently ignore."""
+    key = next((k for k in SOAR_LENGTH_KEYS if k in raw), None) if kind == "soar" else None
+    if key is not None:
+        c.fail(f"{where}.{key}", 'is ignored with kind = "soar" (the SOAR length mix, or the --dataset rows, '
+                                 'set the lengths); drop it, or use kind = "random"')
+    key = next((k for k in ONE_BATCH_SET_KEYS if k in raw), None) if mode == "one-batch" else None
+    if key is not None:
+        c.fail(f"{where}.{key}", "is set by batch_size in a one-batch profile (each phase sends one batch at "
+                                 "once); drop it")
+
+
+def _expand_phase(c: _Checker, raw: dict, i: int, mode: str, kind: str) -> list[Phase]:
     where = f"phases[{i}]"
     if not isinstance(raw, dict):
         c.fail(where, "must be a table")
     c.unknown(raw, PHASE_KEYS, where)
+    _refuse_ignored(c, raw, where, mode, kind)
     name = raw.get("name")
     if not isinstance(name, str) or not _NAME_RE.match(name):
         c.fail(f"{where}.name", f"must be a non-empty name of letters, digits, '_.+-', got {name!r}")
@@ -253,8 +282,8 @@ def parse_profile(data: dict, source: str) -> Profile:
     if mode not in ("serving", "one-batch"):
         c.fail("mode", f'must be "serving" or "one-batch", got {mode!r}')
     seed = data.get("seed", 1)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        c.fail("seed", f"must be an integer, got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
+        c.fail("seed", f"must be a non-negative integer of at most {SEED_MAX} (as --seed), got {seed!r}")
     ds_raw = data.get("dataset", {})
     if not isinstance(ds_raw, dict):
         c.fail("dataset", "must be a table")
@@ -264,11 +293,12 @@ def parse_profile(data: dict, source: str) -> Profile:
         c.fail("dataset.kind", f'must be "soar" or "random", got {kind!r}')
     if mode == "one-batch" and kind != "random":
         c.fail("dataset.kind", 'must be "random" in a one-batch profile')
+    _refuse_ignored(c, ds_raw, "dataset", mode, kind)
     ds = Dataset(kind=kind, **{k: _CONVERT[k](c, v, f"dataset.{k}") for k, v in ds_raw.items() if k != "kind"})
     raw_phases = data.get("phases")
     if not isinstance(raw_phases, list) or not raw_phases:
         c.fail("phases", "must be a non-empty array of tables ([[phases]])")
-    phases = [p for i, raw in enumerate(raw_phases) for p in _expand_phase(c, raw, i, mode)]
+    phases = [p for i, raw in enumerate(raw_phases) for p in _expand_phase(c, raw, i, mode, kind)]
     names = [p.name for p in phases]
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup:

@@ -14,10 +14,12 @@ r = 0 gives exactly L (SGLang's `--random-range-ratio 0` would give [1, L] inste
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from salactl.bench.requests import BenchRequest
-from salactl.errors import UsageError
+from salactl.errors import CapacityError, UsageError
 
 K = 1024
 SOAR_INPUT_BINS = ((0, 4 * K, 0.25), (4 * K, 16 * K, 0.40 / 3), (16 * K, 32 * K, 0.40 / 3),
@@ -56,8 +58,13 @@ def apportion(n: int, shares: list[float]) -> list[int]:
     return counts
 
 
-def scaled(length: int, scale: float) -> int:
-    return max(2, int(round(length * scale)))
+def scaled(length: int, scale: float, least: int = 2) -> int:
+    """`length` tokens times --scale, rounded (half to even), at least `least`."""
+    product = length * scale
+    if not math.isfinite(product):      # round() cannot make it an int; a finite one fails the memory check
+        raise CapacityError(f"--scale {scale:g} scales a length of {length:,} tokens to {product:g}, past any "
+                            "machine's memory; lower --scale")
+    return max(least, round(product))
 
 
 def _bin_lengths(bins, n: int, scale: float, rng: np.random.Generator) -> list[int]:
