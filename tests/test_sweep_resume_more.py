@@ -202,11 +202,12 @@ def test_too_short_passkey_lengths_are_refused_before_any_point_is_measured(tmp_
 
 
 @pytest.mark.parametrize("label", ["a\nb", "x\x1by", "tab\there", "line\u2028sep"])
-def test_labels_with_control_characters_are_refused_by_sweep_and_run(tmp_path, capsys, label):
+def test_labels_with_control_characters_are_refused_by_sweep_run_and_bench(tmp_path, capsys, label):
     with pytest.raises(UsageError, match="--label .* holds the control character"):
         check_label(label)
     for cmd in (["sweep", *("--device", "cpu", "--no-kl", "--no-passkey")],
-                ["run", "--prompt-ids", "1,2", "-n", 1, "--device", "cpu"]):
+                ["run", "--prompt-ids", "1,2", "-n", 1, "--device", "cpu"],
+                ["bench", "--phases", "S1", "--scale", "0.001", "--device", "cpu"]):
         code, out, err = run_cli([*cmd, "--label", label, "--out", tmp_path / "o"], capsys)
         assert code == UsageError.exit_code and out == "", err
         (line,) = err.strip().splitlines()
