@@ -44,13 +44,17 @@ CUDA_CONTEXT_ESTIMATE = 512 << 20   # driver + cuBLAS/cuDNN handles + allocator 
 # Datasheet memory capacity in GB (10^9 bytes), keyed like runtime/peaks.py DATASHEET names.
 GPU_MEMORY_GB = {
     "H200": 141.0,
+    "GH200 144G": 144.0,
+    "GH200": 96.0,
     "H100 SXM": 80.0,
     "H100 80GB HBM3": 80.0,
+    "H100 NVL": 94.0,
     "H100 PCIe": 80.0,
     "H100": 80.0,
     "A100-SXM4-80GB": 80.0,
     "A100 80GB PCIe": 80.0,
     "A100": 40.0,
+    "RTX PRO 6000D": 84.0,
     "RTX PRO 6000": 96.0,
     "RTX 5090": 32.0,
     "L40S": 48.0,

@@ -13,20 +13,26 @@ from pathlib import Path
 import torch
 
 
-# name fragment -> (memory GB/s, dense bf16 TFLOP/s); vendor datasheets (dense, no sparsity).
+# name fragment -> (memory GB/s, dense bf16 TFLOP/s, fp32 TFLOP/s or None); vendor datasheets (dense,
+# no sparsity). The fp32 rate is the CUDA cores' (no TF32: torch leaves it off for fp32 matmuls), so
+# a float32 model's FLOP floor is not the tensor cores'. The most specific fragment wins
+# ("GH200" before "H200", "H100 NVL" before "H100").
 DATASHEET = {
-    "H200": (4800.0, 989.0),
-    "H100 SXM": (3350.0, 989.0),
-    "H100 80GB HBM3": (3350.0, 989.0),
-    "H100 PCIe": (2000.0, 756.0),
-    "H100": (3350.0, 989.0),
-    "A100-SXM4-80GB": (2039.0, 312.0),
-    "A100 80GB PCIe": (1935.0, 312.0),
-    "A100": (1555.0, 312.0),
-    "RTX PRO 6000D": (1398.0, 148.0),
-    "RTX PRO 6000": (1792.0, 503.8),
-    "RTX 5090": (1792.0, 209.5),
-    "L40S": (864.0, 362.0),
+    "H200": (4800.0, 989.0, 67.0),
+    "GH200 144G": (4900.0, 989.0, 67.0),
+    "GH200": (4000.0, 989.0, 67.0),              # the 96 GB HBM3 part ("NVIDIA GH200 480GB")
+    "H100 SXM": (3350.0, 989.0, 67.0),
+    "H100 80GB HBM3": (3350.0, 989.0, 67.0),
+    "H100 NVL": (3900.0, 835.0, 60.0),
+    "H100 PCIe": (2000.0, 756.0, 51.0),
+    "H100": (3350.0, 989.0, 67.0),
+    "A100-SXM4-80GB": (2039.0, 312.0, 19.5),
+    "A100 80GB PCIe": (1935.0, 312.0, 19.5),
+    "A100": (1555.0, 312.0, 19.5),
+    "RTX PRO 6000D": (1398.0, 148.0, None),
+    "RTX PRO 6000": (1792.0, 503.8, None),
+    "RTX 5090": (1792.0, 209.5, 104.8),
+    "L40S": (864.0, 362.0, 91.6),
 }
 
 
@@ -36,7 +42,7 @@ class Peaks:
     mem_gbps: float
     bf16_tflops: float
     source: str          # "measured", "datasheet", "nvml", "cpu-default"
-    fp32_tflops: float | None = None     # measured or the CPU default (no datasheet column)
+    fp32_tflops: float | None = None     # measured, the datasheet's CUDA-core rate or the CPU default
 
     def matmul_tflops(self, dtype: torch.dtype) -> tuple[float, str]:
         """The compute ceiling for GEMMs in `dtype`, and which rate it is: a float32 model's
@@ -88,7 +94,7 @@ def device_name(device: torch.device) -> str:
     return f"cpu:{cpu_model()}:{usable_cpu_count()}cpus:{torch.get_num_threads()}t"
 
 
-def datasheet(name: str) -> tuple[float, float] | None:
+def datasheet(name: str) -> tuple[float, float, float | None] | None:
     for frag in sorted(DATASHEET, key=len, reverse=True):
         if frag.lower() in name.lower():
             return DATASHEET[frag]
@@ -192,7 +198,7 @@ def peaks_by_name(name: str, device_type: str, nvml_index: int | None = None) ->
     if device_type == "cuda":
         ds = datasheet(name)
         if ds:
-            return Peaks(name, ds[0], ds[1], "datasheet")
+            return Peaks(name, ds[0], ds[1], "datasheet", ds[2])
         bw = nvml_bandwidth_gbps(nvml_index) if nvml_index is not None else None
         return Peaks(name, bw or 1000.0, 100.0, "nvml" if bw else "unknown-gpu-default")
     # No CPU datasheet: a conservative default until `salactl info --measure` runs.

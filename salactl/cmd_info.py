@@ -36,7 +36,8 @@ def info(
     # with the matmul rate a model in the device's default dtype is held to, as `run --json` has it
     record = {"env": environment(), "device": str(dev), "peaks": peaks.for_dtype(resolve_dtype("auto", dev)),
               "peaks_cache": str(cache_path()),
-              "datasheet": {k: {"mem_gbps": v[0], "bf16_tflops": v[1]} for k, v in DATASHEET.items()}}
+              "datasheet": {k: {"mem_gbps": v[0], "bf16_tflops": v[1], "fp32_tflops": v[2]}
+                            for k, v in DATASHEET.items()}}
     if json_out:
         output.print_json(record)
         return
@@ -45,8 +46,8 @@ def info(
                  [[k, v] for k, v in env.items()])
     output.table("roofline ceilings in use", ["device", "GB/s", "bf16 TFLOP/s", "fp32 TFLOP/s", "source"],
                  [[peaks.device, peaks.mem_gbps, peaks.bf16_tflops, peaks.fp32_tflops, peaks.source]])
-    output.table("datasheet", ["GPU", "GB/s", "bf16 TFLOP/s"],
-                 [[k, v[0], v[1]] for k, v in DATASHEET.items()])
+    output.table("datasheet", ["GPU", "GB/s", "bf16 TFLOP/s", "fp32 TFLOP/s"],
+                 [[k, *v] for k, v in DATASHEET.items()])
 
 
 def register(app: typer.Typer) -> None:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from conftest import run_cli
 from salactl.errors import CheckpointError, ConfigError, UsageError
@@ -87,6 +88,24 @@ def test_max_concurrent_and_gpu_table():
     assert set(mem.GPU_MEMORY_GB) <= set(DATASHEET)
     assert mem.gpu_memory_bytes("NVIDIA H200") == 141 * 10**9
     assert mem.gpu_memory_bytes("NVIDIA H100 80GB HBM3") == 80 * 10**9
+    # the most specific name wins: the SOAR card is not the 96 GB RTX PRO 6000, a GH200 not an H200
+    assert mem.gpu_memory_bytes("NVIDIA RTX PRO 6000D") == 84 * 10**9
+    assert mem.gpu_memory_bytes("NVIDIA RTX PRO 6000 Blackwell Server Edition") == 96 * 10**9
+    assert mem.gpu_memory_bytes("NVIDIA GH200 480GB") == 96 * 10**9
+    assert mem.gpu_memory_bytes("NVIDIA H100 NVL") == 94 * 10**9
+
+
+def test_datasheet_ceilings_match_the_most_specific_name_and_hold_fp32_rates():
+    from salactl.runtime.peaks import peaks_by_name
+
+    assert peaks_by_name("NVIDIA H100 NVL", "cuda").mem_gbps == 3900.0
+    assert peaks_by_name("NVIDIA GH200 480GB", "cuda").mem_gbps == 4000.0
+    assert peaks_by_name("NVIDIA H200", "cuda").mem_gbps == 4800.0
+    h100 = peaks_by_name("NVIDIA H100 80GB HBM3", "cuda")
+    # without TF32 a float32 model's GEMMs run on the CUDA cores: its floor is not the tensor cores'
+    assert h100.matmul_tflops(torch.float32) == (67.0, "fp32")
+    assert h100.matmul_tflops(torch.bfloat16) == (989.0, "bf16")
+    assert peaks_by_name("NVIDIA RTX PRO 6000D", "cuda").matmul_tflops(torch.float32) == (148.0, "bf16")
     with pytest.raises(UsageError, match="--gpu-mem"):
         mem.gpu_memory_bytes("Voodoo 5")
     with pytest.raises(UsageError, match="fp8_e4m3"):
