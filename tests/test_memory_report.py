@@ -95,8 +95,10 @@ def test_max_concurrent_and_gpu_table():
     assert mem.gpu_memory_bytes("NVIDIA H100 NVL") == 94 * 10**9
 
 
-def test_datasheet_ceilings_match_the_most_specific_name_and_hold_fp32_rates():
+def test_datasheet_ceilings_match_the_most_specific_name_and_hold_fp32_rates(tmp_path, monkeypatch):
     from salactl.runtime.peaks import peaks_by_name
+
+    monkeypatch.setenv("SALACTL_CACHE_DIR", str(tmp_path))      # no measured ceilings
 
     assert peaks_by_name("NVIDIA H100 NVL", "cuda").mem_gbps == 3900.0
     assert peaks_by_name("NVIDIA GH200 480GB", "cuda").mem_gbps == 4000.0
