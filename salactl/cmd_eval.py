@@ -63,15 +63,31 @@ def _load(model: str, device: str, dtype: str, tokenizer: str | None):
     return lm, tok
 
 
+def _warn_capped_windows(seq_len: int, max_tokens: int) -> None:
+    """A window holds at most --max-tokens + 1 tokens: said where --seq-len asks for longer ones."""
+    if max_tokens and seq_len > max_tokens + 1:
+        output.warn_once(f"--seq-len {seq_len:,} is longer than --max-tokens {max_tokens:,} lets a window be: "
+                         f"one window of at most {max_tokens + 1:,} tokens is scored; pass --max-tokens 0 (the "
+                         f"whole text) or --max-tokens {seq_len - 1:,} or more")
+
+
 def _check_passkey_memory(model: str, device: str, dtype: str, lengths: list[int], depths: list[float],
                           trials: int, chunk_size: int) -> None:
-    """Before the model loads: the device, dtype and model as loading would check them, then memory."""
+    """Before the model loads: the device, dtype, model and its weights as loading would check them,
+    then memory with the weights counted."""
     from salactl.evaluation.passkey import check_passkey_memory
-    from salactl.runtime.loader import model_config, resolve_device, resolve_dtype
+    from salactl.evaluation.perplexity import model_weight_bytes
+    from salactl.runtime.loader import (check_host_memory, model_config, model_quantization, resolve_device,
+                                        resolve_dtype)
 
     dev = resolve_device(device)
     config = model_config(model)
-    check_passkey_memory(config, dev, resolve_dtype(dtype, dev).itemsize, lengths, depths, trials, chunk_size)
+    act = resolve_dtype(dtype, dev)
+    quantization = model_quantization(model)
+    if quantization is None:
+        check_host_memory(config, act, dev, model)
+    check_passkey_memory(config, dev, act.itemsize, lengths, depths, trials, chunk_size,
+                         weights=model_weight_bytes(config, quantization, act.itemsize))
 
 
 def _act_dtype(lm):
@@ -114,8 +130,8 @@ def ppl(
     """Perplexity of the model on held-out text, next to a unigram baseline."""
     from salactl.bench.out_of_memory import out_of_memory_is_capacity
     from salactl.env import environment
-    from salactl.evaluation.perplexity import (check_perplexity_memory, perplexity, score_windows, scored_targets,
-                                               unigram_baseline)
+    from salactl.evaluation.perplexity import (check_perplexity_memory, encode_text, perplexity, score_windows,
+                                               scored_targets, unigram_baseline)
     from salactl.runtime.kv_fp8 import fp8_dtype
 
     if max_tokens < 0:
@@ -130,6 +146,7 @@ def ppl(
                       "and --file")
         text = output.read_text_option(file, "--file")
         source = {"file": str(file)}
+        what = f"--file {file}"
     else:
         from salactl.data.corpus import SPLITS, corpus_sha256, corpus_text
 
@@ -137,20 +154,24 @@ def ppl(
             raise UsageError(f"unknown --split {split!r}; valid: {', '.join(SPLITS)}")
         text = corpus_text(split)
         source = {"split": split, "corpus_sha256": corpus_sha256(split)}     # env has the Python version
+        what = f"the {split} split"
     lm, tok = _load(model, device, dtype, tokenizer)
-    output.warn_past_trained_length(seq_len, lm.config.max_position_embeddings, "--seq-len")
-    ids = tok.encode(text, add_special_tokens=False, specials_as_text=True)
     cap = max_tokens or None
+    ids = encode_text(tok, text, cap and cap + 1, what)    # the windows score at most --max-tokens + 1 ids
     bos = tok.bos_id if tok.add_bos else None
     longest = max((len(w) for w in score_windows(ids, seq_len, cap, bos)), default=0)
+    _warn_capped_windows(seq_len, max_tokens)
+    output.warn_past_trained_length(longest, lm.config.max_position_embeddings,
+                                    "--seq-len" if longest == seq_len else "the longest window scored")
     check_perplexity_memory(lm.config, lm.model.device, _act_dtype(lm).itemsize, longest, chunk_size)
     out_of_memory = out_of_memory_is_capacity("eval ppl", "lower --chunk-size or --seq-len")
     with progress_bar("perplexity") as update, out_of_memory:
         res = perplexity(lm.model, ids, seq_len, cap, progress=update, bos_id=bos, chunk_size=chunk_size,
                          kv_cache_dtype=kv_cache_dtype)
     uni = unigram_baseline(scored_targets(ids, seq_len, cap, bos), lm.config.vocab_size)
-    record = {**_describe(lm), **_runtime_knobs(lm, kv_cache_dtype), **source, **res, "max_tokens": max_tokens,
-              "bos": bos is not None, "unigram": uni, "chunk_size": chunk_size, "env": environment()}
+    record = {**_describe(lm), **_runtime_knobs(lm, kv_cache_dtype), **source, **res, "longest_window": longest,
+              "max_tokens": max_tokens, "bos": bos is not None, "unigram": uni, "chunk_size": chunk_size,
+              "env": environment()}
     if json_out:
         output.print_json(record)
         return

@@ -8,12 +8,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from salactl import output
+from salactl.bench.out_of_memory import out_of_memory_is_capacity
 from salactl.errors import TokenizerError, UsageError
 from salactl.options import refuse_unused
 from salactl.quant.in_memory import quantized_as
 from salactl.runtime.engine import Engine, ending_token_ids
 from salactl.runtime.kv_fp8 import stored_kv_name
-from salactl.runtime.loader import generation_defaults, load_model, model_dir
+from salactl.runtime.loader import (generation_defaults, load_model, model_config, model_dir, resolve_device,
+                                    resolve_dtype)
 from salactl.runtime.peaks import peaks_for
 from salactl.runtime.roofline import linear_costs, phase_costs, roofline_rows
 from salactl.runtime.sampling import SamplingParams
@@ -21,6 +23,9 @@ from salactl.runtime.stream_decoder import GeneratedText, check_stop_strings
 from salactl.runtime.tokenizer import Tokenizer, check_chat_kwargs, check_fits, find_tokenizer
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from salactl.runtime.config import SalaConfig
     from salactl.runtime.loader import LoadedModel
 
 
@@ -69,18 +74,25 @@ def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
     # the given sampling values first: a bad one fails before the model is even looked up
     SamplingParams(**{k: v for k in (*SAMPLING_DEFAULTS, "seed") if (v := getattr(req, k)) is not None})
     check_stop_strings(req.stop)
-    gen = generation_defaults(model_dir(req.model, req.random_weights))
+    directory = model_dir(req.model, req.random_weights)
+    gen = generation_defaults(directory)
     _refuse_ignored_flags(req, gen)
-    lm = load_model(req.model, req.device, req.dtype, req.random_weights, req.seed or 0)
-    ids, tok = _prompt_ids(req, lm)
+    # the prompt is tokenized and sized before the weights load: a run that cannot fit loads nothing
+    device = resolve_device(req.device)
+    config = model_config(req.model, req.random_weights)
+    act_dtype = resolve_dtype(req.dtype, device)
+    ids, tok = _prompt_ids(req, directory)
     values, sources = _sampling(req, gen, len(ids))
     req = replace(req, seed=req.seed or 0, **values)
     params = SamplingParams(max_new_tokens=req.max_new_tokens, temperature=req.temperature, top_p=req.top_p,
                             top_k=req.top_k, seed=req.seed, ignore_eos=req.ignore_eos,
                             stop_token_ids=req.stop_token_ids)
-    _check_prompt(req, lm, ids, tok, _length_source(sources["max_new_tokens"], gen))
+    _check_prompt(req, config, ids, tok, _length_source(sources["max_new_tokens"], gen))
+    _check_memory(req, config, device, act_dtype, len(ids))
+    lm = load_model(req.model, device, act_dtype, req.random_weights, req.seed)
     _note_checkpoint_sampling(req, gen, sources)
-    engine, res, text, timing_note = _generate(req, lm, ids, tok, params, stream, prefill_progress)
+    with out_of_memory_is_capacity("run", "lower --chunk-size or shorten the prompt"):
+        engine, res, text, timing_note = _generate(req, lm, ids, tok, params, stream, prefill_progress)
     return _record(req, lm, ids, text, engine, res, timing_note, sources)
 
 
@@ -148,21 +160,24 @@ def _note_checkpoint_sampling(req: RunRequest, gen: dict, sources: dict) -> None
                             style="dim")
 
 
-def _prompt_ids(req: RunRequest, lm: LoadedModel) -> tuple[list[int], Tokenizer | None]:
-    """The prompt's token ids and the tokenizer (None where --prompt-ids come without one)."""
+def _prompt_ids(req: RunRequest, directory: Path | None) -> tuple[list[int], Tokenizer | None]:
+    """The prompt's token ids and the tokenizer (None where --prompt-ids come without one; `directory`:
+    the model's, where its tokenizer is looked for)."""
+    from salactl.output import check_tokenizer_memory
     from salactl.runtime.chat_template import CHATML_NOTE
 
     if req.prompt is None:
         if req.chat:
             raise UsageError("--chat needs a text prompt, not --prompt-ids")
         try:
-            tok = find_tokenizer(req.tokenizer, lm.model_dir)
+            tok = find_tokenizer(req.tokenizer, directory)
         except Exception as e:
             if req.stop:
                 raise TokenizerError(f"--stop matches the generated text, which needs a tokenizer: {e}") from None
             tok = None
         return req.prompt_ids, tok
-    tok = find_tokenizer(req.tokenizer, lm.model_dir)
+    tok = find_tokenizer(req.tokenizer, directory)
+    check_tokenizer_memory(req.prompt + (req.system or ""), "the prompt", "shorten the prompt")
     if req.chat:    # the checkpoint's template, tokenized without special tokens (HF apply_chat_template)
         ids = tok.chat_ids(req.prompt, system=req.system, template_kwargs=req.chat_template_kwargs)
         if not tok.has_chat_template:
@@ -182,19 +197,45 @@ def _length_source(source: str, gen: dict) -> str:
     return "generation_config.json's max_length (--max-new-tokens overrides it)"
 
 
-def _check_prompt(req: RunRequest, lm: LoadedModel, ids: list[int], tok: Tokenizer | None, length: str) -> None:
+def _check_prompt(req: RunRequest, config: SalaConfig, ids: list[int], tok: Tokenizer | None, length: str) -> None:
     """Warn where the prompt plus max_new_tokens (`length` says what set it) leaves what the model
     handles well; fail where the tokenizer's ids do not fit the model's vocabulary."""
-    sparse = lm.config.sparse_config
+    sparse = config.sparse_config
     if sparse.forced_blocks_note and len(ids) + req.max_new_tokens >= sparse.dense_len:
         output.warn_once(sparse.forced_blocks_note)
-    output.warn_past_trained_length(len(ids) + req.max_new_tokens, lm.config.max_position_embeddings, length)
+    output.warn_past_trained_length(len(ids) + req.max_new_tokens, config.max_position_embeddings, length)
     if tok is not None:
-        check_fits(tok, lm.config.vocab_size)
-    outside = [t for t in req.stop_token_ids if not 0 <= t < lm.config.vocab_size]
+        check_fits(tok, config.vocab_size)
+    outside = [t for t in req.stop_token_ids if not 0 <= t < config.vocab_size]
     if outside:
         raise UsageError(f"--stop-token-ids: {outside[0]} is outside the vocabulary (size "
-                         f"{lm.config.vocab_size}), so it could never end generation")
+                         f"{config.vocab_size}), so it could never end generation")
+
+
+def _check_memory(req: RunRequest, config: SalaConfig, device: torch.device, act_dtype: torch.dtype,
+                  prompt_tokens: int) -> None:
+    """Before the weights load, as loading would check them alone: where the reference engine runs,
+    the weights, the prompt's prefill and the KV cache of max_new_tokens more must fit the device (exit
+    11, naming a --chunk-size that fits). The GPU engine sizes its own KV pool."""
+    from salactl.evaluation.perplexity import check_eval_memory, engine_prefill_bytes, model_weight_bytes
+    from salactl.runtime.loader import check_host_memory, model_quantization
+    from salactl.units import human_bytes
+
+    quantization = model_quantization(req.model, req.random_weights)
+    if quantization is None:
+        check_host_memory(config, act_dtype, device, req.model)
+    if _gpu_engine_will_run(device, config) or not prompt_tokens:
+        return
+    item, total = act_dtype.itemsize, prompt_tokens + max(req.max_new_tokens - 1, 0)    # the last is never fed
+    weights = model_weight_bytes(config, quantization, item)
+
+    def need(chunk: int) -> int:
+        return engine_prefill_bytes(config, prompt_tokens, total, chunk, item)
+
+    what = (f"run (the prompt's prefill, {prompt_tokens:,} tokens at --chunk-size {req.chunk_size:,}, and "
+            f"{req.max_new_tokens:,} new tokens: {human_bytes(need(req.chunk_size))} of KV cache, states and the "
+            f"reference engine's workspace and attention scores; the model's weights: {human_bytes(weights)})")
+    check_eval_memory(device, what, 0, need, req.chunk_size, "a shorter prompt or fewer --max-new-tokens", weights)
 
 
 def _generate(req: RunRequest, lm: LoadedModel, ids: list[int], tok: Tokenizer | None,
@@ -236,6 +277,14 @@ def _text_callback(text: GeneratedText, stream):
             stream(shown)
         return text.stopped
     return on_token
+
+
+def _gpu_engine_will_run(device: torch.device, config: SalaConfig) -> bool:
+    """Whether _generate takes the GPU engine (without _gpu_engine_runs' note, said when it runs)."""
+    from salactl.runtime.gpu.available import gpu_engine_available
+    from salactl.runtime.ops.selection.gpu import unsupported_shape
+
+    return gpu_engine_available(device) and unsupported_shape(config) is None
 
 
 def _gpu_engine_runs(config) -> bool:

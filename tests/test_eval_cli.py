@@ -57,10 +57,13 @@ def test_eval_chunk_size_is_checked_before_the_model_loads():
         assert r.returncode == 2 and r.stderr.strip() == "error: --chunk-size must be a positive token count, got 0"
 
 
-def test_eval_warns_past_the_trained_length_and_still_runs():
+def test_eval_ppl_warns_by_the_longest_window_and_still_runs():
+    """--max-tokens 40 scores one 41-token window: said, and no false alarm about the trained length
+    (tests/test_eval_memory_more.py warns past it with a shorter max_position_embeddings)."""
     r = salactl("eval", "ppl", "--seq-len", "70000", "--max-tokens", "40", "--device", "cpu", "--json")
     assert r.returncode == 0, r.stderr
-    assert "--seq-len is 70,000 tokens, past the model's max_position_embeddings (65,536)" in r.stderr
+    assert "--seq-len 70,000 is longer than --max-tokens 40 lets a window be" in r.stderr
+    assert "max_position_embeddings" not in r.stderr and json.loads(r.stdout)["longest_window"] == 41
 
 
 def test_passkey_prompt_has_exact_length_and_hidden_key():
@@ -242,7 +245,8 @@ def test_eval_ppl_kv_cache_dtype_errors_before_scoring():
     bad = salactl("eval", "ppl", "--kv-cache-dtype", "fp9", "--device", "cpu")
     assert bad.returncode == 2 and "valid: auto, bf16, fp8_e4m3, fp8_e5m2" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
-    e4m3 = salactl("eval", "ppl", "--kv-cache-dtype", "fp8_e4m3", "--max-tokens", "8", "--device", "cpu")
+    e4m3 = salactl("eval", "ppl", "--kv-cache-dtype", "fp8_e4m3", "--max-tokens", "8", "--seq-len", "9",
+                   "--device", "cpu")
     assert e4m3.returncode == 3 and e4m3.stdout == "", e4m3.stderr
     (line,) = e4m3.stderr.strip().splitlines()
     assert "fp8_e4m3 needs calibrated k/v scales" in line

@@ -106,32 +106,33 @@ PROMPT_ID_BYTES = 8      # a Python list holds one 8-byte reference per token id
 def passkey_memory_bytes(config, act_bytes: int, lengths: list[int], depths: list[float], trials: int,
                          chunk_size: int) -> tuple[int, int]:
     """(host, prefill) bytes of a run: every prompt is built up front (passkey_trials) and held as a
-    list of ids; one at a time runs, the longest needing the most: its KV cache and states (answer
-    included) and the reference engine's prefill workspace and attention scores, as the sweep counts
-    them (bench.sweep_sizes.prefill_bytes)."""
-    from salactl.bench.sweep_sizes import prefill_bytes
+    list of ids; one at a time runs, the longest needing the most: its KV cache at its peak and states
+    (answer included) and the reference engine's prefill workspace and attention scores
+    (perplexity.engine_prefill_bytes)."""
+    from salactl.evaluation.perplexity import engine_prefill_bytes
 
     prompts = PROMPT_ID_BYTES * sum(lengths) * len(depths) * trials
     longest = max(lengths)
-    return prompts, prefill_bytes(config, longest, longest + ANSWER_TOKENS, 1, chunk_size,
-                                  config.sparse_config.dense_len, act_bytes)
+    return prompts, engine_prefill_bytes(config, longest, longest + ANSWER_TOKENS, chunk_size, act_bytes)
 
 
 def check_passkey_memory(config, device, act_bytes: int, lengths: list[int], depths: list[float],
-                         trials: int, chunk_size: int) -> None:
-    """Exit 11 before anything is built when the prompts (host) and the longest prompt's prefill (the
-    model's device) need more memory than is available; the error names a --chunk-size that fits."""
+                         trials: int, chunk_size: int, weights: int = 0) -> None:
+    """Exit 11 before anything is built when the prompts (host) and the longest prompt's prefill plus
+    the `weights` still to load (the model's device) need more memory than is available; the error
+    names a --chunk-size that fits."""
     from salactl.evaluation.perplexity import check_eval_memory
     from salactl.units import human_bytes
 
     prompts, prefill = passkey_memory_bytes(config, act_bytes, lengths, depths, trials, chunk_size)
     count = len(lengths) * len(depths) * trials
+    loading = f"; the model's weights: {human_bytes(weights)}" if weights else ""
     what = (f"eval passkey ({count:,} prompt{'' if count == 1 else 's'}: {human_bytes(prompts)}; the longest "
             f"one's prefill, {max(lengths):,} tokens at --chunk-size {chunk_size:,}: {human_bytes(prefill)} of KV "
-            "cache, states and the reference engine's workspace and attention scores)")
+            f"cache, states and the reference engine's workspace and attention scores{loading})")
     check_eval_memory(device, what, prompts,
                       lambda chunk: passkey_memory_bytes(config, act_bytes, lengths, depths, trials, chunk)[1],
-                      chunk_size, "shorter --lengths, fewer --depths or fewer --trials")
+                      chunk_size, "shorter --lengths, fewer --depths or fewer --trials", weights)
 
 
 def passkey_trials(tokenizer, lengths: list[int], depths: list[float], trials: int, seed: int) -> list[dict]:

@@ -8,6 +8,7 @@ model was trained); without one, each window scores its tokens 2..seq_len.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections import Counter
 from typing import Callable, Iterator
@@ -46,6 +47,58 @@ def scored_targets(token_ids: list[int], seq_len: int, max_tokens: int | None,
     return [t for w in score_windows(token_ids, seq_len, max_tokens, bos_id) for t in w[1:]]
 
 
+# Characters per piece of encode_text: the tokenizers library holds ~500 B per token of a string it
+# encodes (ids, token strings, offsets, masks), a list of ids ~40, so the text is encoded in pieces
+PIECE_CHARS = 1 << 16
+CUT_CONTEXT_CHARS = 256     # text either side of a cut that encode_text re-encodes to confirm the cut
+CUT_TRIES = 4               # cuts in a row that must fail before encode_text takes the rest whole
+LONG_LINE = 4               # pieces a line may run before encode_text cuts it between words
+
+
+def encode_text(tok, text: str, limit: int | None, what: str, piece_chars: int = PIECE_CHARS) -> list[int]:
+    """tok.encode(text, add_special_tokens=False, specials_as_text=True)[:limit] (every id where limit
+    is None), encoded a piece at a time and stopping once `limit` ids are in. A piece ends before the
+    whitespace that ends a line: a GPT-2-style (ByteLevel) pre-tokenizer always splits between a
+    non-space character and a space, so the pieces' ids are the whole text's; for any tokenizer a cut
+    is kept only where the text around it encodes to the same ids whole as in two parts. `what` names
+    the text in the error where a piece is too long for the tokenizer's memory (exit 11)."""
+    from salactl.output import check_tokenizer_memory
+
+    def encode(s: str) -> list[int]:
+        return tok.encode(s, add_special_tokens=False, specials_as_text=True)
+
+    ids, start, tries = [], 0, CUT_TRIES
+    while start < len(text) and (limit is None or len(ids) < limit):
+        end, tries = _next_cut(encode, text, start, piece_chars, tries)
+        check_tokenizer_memory(text[start:end], what, "give a shorter text")
+        ids += encode(text[start:end])
+        start = end
+    return ids[:limit]
+
+
+def _next_cut(encode, text: str, start: int, piece_chars: int, tries: int) -> tuple[int, int]:
+    """(where the piece from `start` ends, the failed cuts still allowed): before the spaces ending the
+    first line that runs `piece_chars` past `start` (between words where lines run longer than
+    LONG_LINE pieces); the text's end where no cut holds or `tries` runs out."""
+    at = start + piece_chars
+    while tries:
+        space = text.find("\n", at, at + LONG_LINE * piece_chars)
+        if space < 0:
+            space = text.find(" ", at)
+        if space < 0:
+            break
+        cut = space
+        while cut > start and text[cut - 1].isspace():
+            cut -= 1
+        if cut > start:
+            a, b = max(start, cut - CUT_CONTEXT_CHARS), min(len(text), cut + CUT_CONTEXT_CHARS)
+            if encode(text[a:b]) == encode(text[a:cut]) + encode(text[cut:b]):
+                return cut, CUT_TRIES
+            tries -= 1
+        at = space + 1
+    return len(text), 0
+
+
 # fp32 [window, vocab] logits held at once at the peak: the chunks' logits and their torch.cat in
 # Engine.prefill, then the logits and cross_entropy's log-softmax; the freed chunks' memory is not
 # reused for the log-softmax (a 16,384-token window of sala-nano peaks at 3.3 copies above the run's)
@@ -53,12 +106,61 @@ LOGIT_COPIES = 3
 
 
 def perplexity_memory_bytes(config, act_bytes: int, window: int, chunk_size: int) -> int:
-    """A window's scoring on the reference engine: its prefill (KV cache and states, one chunk's
-    workspace and attention scores, as bench.sweep_sizes counts them) and the window's logits."""
+    """A window's scoring on the reference engine: its prefill (KV cache at its peak and states, one
+    chunk's workspace and attention scores, as engine_prefill_bytes counts them) and the window's logits."""
+    logits = LOGIT_COPIES * 4 * window * config.vocab_size
+    return engine_prefill_bytes(config, window, window, chunk_size, act_bytes) + logits
+
+
+def engine_prefill_bytes(config, prompt: int, cached: int, chunk: int, act_bytes: int) -> int:
+    """One sequence on the reference engine: bench.sweep_sizes.prefill_bytes of a `prompt` prefilled
+    `chunk` tokens at a time with `cached` tokens cached in the end (KV cache and states, one chunk's
+    workspace and attention scores), plus what its KV cache holds at its peak beyond those tokens."""
     from salactl.bench.sweep_sizes import prefill_bytes
 
-    logits = LOGIT_COPIES * 4 * window * config.vocab_size
-    return prefill_bytes(config, window, window, 1, chunk_size, config.sparse_config.dense_len, act_bytes) + logits
+    return (prefill_bytes(config, prompt, cached, 1, chunk, config.sparse_config.dense_len, act_bytes)
+            + kv_growth_bytes(config, prompt, cached, chunk, act_bytes))
+
+
+def kv_capacity(prompt: int, total: int, chunk: int) -> tuple[int, int]:
+    """(capacity, capacity before its last growth; 0 where it never grew) in tokens of a reference-engine
+    sequence's KV cache once `total` tokens are in it: the `prompt` appended `chunk` at a time, then one
+    token a step. SequenceCache.append_kv (runtime/cache.py) grows a full buffer to the larger of what
+    the append needs and twice its capacity."""
+    from salactl.runtime.cache import SequenceCache
+
+    cap = inspect.signature(SequenceCache).parameters["capacity"].default
+    before = length = 0
+    for limit, step in ((prompt, chunk), (total, 1)):
+        while length < limit:
+            length += max(0, min(cap, limit) - length) // step * step      # the appends that fit as it is
+            if length < limit:
+                end = min(length + step, limit)
+                if end > cap:
+                    before, cap = cap, max(end, 2 * cap)
+                length = end
+    return cap, before
+
+
+def kv_growth_bytes(config, prompt: int, total: int, chunk: int, kv_bytes: int) -> int:
+    """The reference engine's KV cache at its peak beyond `total` tokens' keys and values (what
+    bench.sweep_sizes counts): every sparse layer's capacity past them (kv_capacity), and the last
+    layer's old values, alive while append_kv copies them into its grown buffer."""
+    cap, before = kv_capacity(prompt, total, chunk)
+    one = config.num_key_value_heads * config.head_dim * kv_bytes       # a token's keys (or values) in a layer
+    return one * (2 * len(config.sparse_layers) * (cap - total) + before)
+
+
+def model_weight_bytes(config, quantization: dict | None, act_bytes: int) -> int:
+    """The weights as loaded: every parameter in the activation dtype, or a GPTQ checkpoint's packed
+    linears (`quantization`: its quantization_config, loader.model_quantization's) and the rest."""
+    if quantization is None:
+        return config.parameter_count() * act_bytes
+    from salactl.quant.loading import parse_quant_config
+    from salactl.reports.memory import weight_bytes
+
+    spec = parse_quant_config(quantization)
+    return weight_bytes(config, f"w{spec['bits']}a16", spec["group_size"], act_bytes).total
 
 
 def check_perplexity_memory(config, device, act_bytes: int, window: int, chunk_size: int) -> None:
@@ -71,10 +173,11 @@ def check_perplexity_memory(config, device, act_bytes: int, window: int, chunk_s
 
 
 def check_eval_memory(device, what: str, host_bytes: int, device_bytes: Callable[[int], int], chunk_size: int,
-                      alternatives: str) -> None:
-    """A CapacityError (exit 11) when `host_bytes` (host memory) and device_bytes(chunk_size) (the model's
-    device: the host too, on CPU) need more than is available: "WHAT needs N, but WHERE has M
-    available; use --chunk-size C or less, or ALTERNATIVES", C the largest chunk that fits."""
+                      alternatives: str, weights: int = 0) -> None:
+    """A CapacityError (exit 11) when `host_bytes` (host memory) and device_bytes(chunk_size) plus the
+    `weights` not loaded yet (the model's device: the host too, on CPU) need more than is available:
+    "WHAT needs N, but WHERE has M available; use --chunk-size C or less, or ALTERNATIVES", C the
+    largest chunk that fits."""
     from salactl.profiling.preflight import largest_fitting
     from salactl.runtime.loader import available_bytes, available_host_bytes, check_fits
 
@@ -83,11 +186,17 @@ def check_eval_memory(device, what: str, host_bytes: int, device_bytes: Callable
         check_fits(host_bytes, available_host_bytes(), what, "this machine", f"use {alternatives}")
         host_bytes = 0
     room = available_bytes(device)
-    need = host_bytes + device_bytes(chunk_size)
+    fixed = host_bytes + weights
+    need = fixed + device_bytes(chunk_size)
     if room is None or need <= room:
         return
-    best = largest_fitting(lambda chunk: host_bytes + device_bytes(chunk) <= room, chunk_size)
-    fix = f"use --chunk-size {best:,} or less, or {alternatives}" if best else f"use {alternatives}"
+    best = largest_fitting(lambda chunk: fixed + device_bytes(chunk) <= room, chunk_size)
+    if best:
+        fix = f"use --chunk-size {best:,} or less, or {alternatives}"
+    elif weights and weights >= room:
+        fix = "the weights alone leave no room; use a smaller --dtype or a quantized checkpoint (salactl quantize)"
+    else:
+        fix = f"use {alternatives}"
     check_fits(need, room, what, "this machine" if on_cpu else str(device), fix)
 
 
