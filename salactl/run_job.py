@@ -282,9 +282,12 @@ def _text_callback(text: GeneratedText, stream):
 def _gpu_engine_will_run(device: torch.device, config: SalaConfig) -> bool:
     """Whether _generate takes the GPU engine (without _gpu_engine_runs' note, said when it runs)."""
     from salactl.runtime.gpu.available import gpu_engine_available
-    from salactl.runtime.ops.selection.gpu import unsupported_shape
 
-    return gpu_engine_available(device) and unsupported_shape(config) is None
+    if not gpu_engine_available(device):
+        return False
+    from salactl.runtime.ops.selection.gpu import unsupported_shape       # imports triton
+
+    return unsupported_shape(config) is None
 
 
 def _gpu_engine_runs(config) -> bool:
