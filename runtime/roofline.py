@@ -132,6 +132,19 @@ class RooflineRow:
         return asdict(self)
 
 
+def fit_op_times(op_seconds: dict[str, float] | None, phase_seconds: float) -> tuple[dict[str, float] | None, float]:
+    """Per-op times measured in another pass than the timed phase's (the GPU engine's eager pass),
+    made to fit it: where they sum past `phase_seconds` (the timed pass replayed a CUDA graph, without
+    the eager pass's launch gaps inside each op's span), all are scaled by one factor so that they sum
+    to it ("other" 0); where they fit they stay as measured. Returns them and that factor (1 where
+    they fit), so that the op rows and "other" add up to the phase's time."""
+    named = sum((op_seconds or {}).values())
+    if op_seconds is None or named <= phase_seconds:
+        return op_seconds, 1.0
+    scale = phase_seconds / named
+    return {k: v * scale for k, v in op_seconds.items()}, scale
+
+
 def roofline_rows(costs: dict[str, OpCost], op_seconds: dict[str, float] | None, phase_seconds: float,
                   mem_gbps: float, tflops: float) -> list[RooflineRow]:
     """One row per op class plus a 'total' row. Without per-op times only the total is timed;

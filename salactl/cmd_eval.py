@@ -144,7 +144,10 @@ def ppl(
     if file is not None:
         refuse_unused(passed(ctx, "split"), "the built-in corpus only (without --file)", "drop one of --split "
                       "and --file")
-        text = output.read_text_option(file, "--file")
+        # read whole before it is encoded piecewise; a device such as /dev/zero stops at what memory holds
+        cap = output.memory_read_cap(output.DECODED_BYTES_PER_BYTE, "its bytes and decoded text fit",
+                                     "give a smaller --file (eval ppl reads it whole before encoding it)")
+        text = output.read_text_option(file, "--file", cap=cap)
         source = {"file": str(file)}
         what = f"--file {file}"
     else:

@@ -79,7 +79,10 @@ def run(
     if sum(given) != 1:
         raise UsageError("give exactly one of --prompt, --prompt-ids or --prompt-file")
     if prompt_file is not None:
-        prompt = output.read_text_option(prompt_file, "--prompt-file")
+        # as check_tokenizer_memory would refuse it after reading; a device such as /dev/zero stops there
+        cap = output.memory_read_cap(output.TOKENIZER_BYTES_PER_BYTE, "the tokenizer can encode", "shorten the prompt",
+                                     floor=4 * output.TOKENIZER_CHECK_FROM)
+        prompt = output.read_text_option(prompt_file, "--prompt-file", cap=cap)
     req = RunRequest(prompt=prompt, prompt_ids=parse_list(prompt_ids, "--prompt-ids") if prompt_ids is not None else None,
                      model=model, random_weights=random_weights, seed=seed if passed(ctx, "seed") else None,
                      device=device, dtype=dtype,
@@ -151,12 +154,14 @@ def render(r: dict) -> None:
     output.stdout.print(f"TTFT {output.fmt(ttft_ms)} ms | prefill {output.fmt(r['prefill_tok_s'])} tok/s | "
                         f"decode {output.fmt(r['decode_tok_s'])} tok/s")
     p = r["peaks"]
-    output.stdout.print(f"ceilings: {p['mem_gbps']:.0f} GB/s, {p['compute_tflops']:.2g} TFLOP/s "
+    output.stdout.print(f"ceilings: {output.rate(p['mem_gbps'])} GB/s, {output.rate(p['compute_tflops'])} TFLOP/s "
                         f"({p['compute_rate']} matmul; {p['source']})")
     if r.get("timing"):
         op_times = r["timing"]["op_times"]
         per_op = f"per op {op_times}" if op_times == OP_TIMES_NOT_MEASURED else f"per op from {op_times}"
-        output.stdout.print(f"times: phases from {r['timing']['phase_times']}; {per_op}")
+        scaled = [f"{phase} x{f:.2f}" for phase, f in r["timing"].get("op_times_scale", {}).items() if f != 1]
+        output.stdout.print(f"times: phases from {r['timing']['phase_times']}; {per_op}"
+                            + (f"; op times scaled to fit the phase: {', '.join(scaled)}" if scaled else ""))
     for phase in ("prefill", "decode"):
         rows = r["roofline"][phase]
         if not rows:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import errno
+import io
 import json
 import math
 import os
 import re
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -50,27 +52,78 @@ def warn_past_trained_length(tokens: int, limit: int, what: str) -> None:
                   "it runs, but quality beyond the trained length is not guaranteed")
 
 
+@dataclass(frozen=True)
+class ReadCap:
+    """The most bytes an input file may hold, read so far and no further (a device such as /dev/zero
+    would be read forever; a FIFO is legitimate input), why that many, and the fix (exit 11 past it)."""
+
+    max_bytes: int
+    why: str
+    fix: str
+
+
+# Host bytes per byte of a text file while read_text_option holds it: the bytes, the decoded str (up
+# to 4 bytes a character: one character past U+FFFF widens the whole string) and a copy of it (newline
+# translation of \r\n, then of \r, or cutting a byte-order mark)
+DECODED_BYTES_PER_BYTE = 9
+_READ_CHUNK = 1 << 20
+
+
+def memory_read_cap(per_byte: int, holder: str, fix: str, floor: int = 0) -> ReadCap | None:
+    """A ReadCap of the available host memory over `per_byte` (the host bytes `holder` keeps per byte of
+    the file; at least `floor`); None where the available memory is unknown."""
+    from salactl.runtime.loader import available_host_bytes
+    from salactl.units import human_bytes
+
+    avail = available_host_bytes()
+    if avail is None:
+        return None
+    return ReadCap(max(avail // per_byte, floor), f"the most {holder} in the {human_bytes(avail)} of memory "
+                   f"available ({per_byte} bytes per byte of the file)", fix)
+
+
 def read_text_option(path: Path, name: str, hint: str = "save it as UTF-8",
-                     memory_per_byte: int | None = None) -> str:
+                     memory_per_byte: int | None = None, cap: ReadCap | None = None) -> str:
     """An input text file (`name`: its flag or what it is, e.g. "--calib", "dataset"), read as UTF-8
     whatever the locale says, without a leading byte-order mark (Windows editors write one); a
     one-line DatasetError (exit 7, as bench --dataset) when it is missing, unreadable or not UTF-8,
     the last saying `hint`. With `memory_per_byte` (the host bytes its reader holds per byte of the
     file), it must also be a regular file (a device such as /dev/zero would be read forever, a FIFO
-    block) whose size fits the available host memory (else exit 11, before reading it)."""
+    block) whose size fits the available host memory (else exit 11, before reading it). With `cap`,
+    any file (a FIFO, a device) is read until it holds more than cap.max_bytes: exit 11."""
     from salactl.errors import DatasetError
 
     if memory_per_byte is not None:
         _check_input_file(path, name, hint, memory_per_byte)
     try:
-        # not encoding="utf-8-sig": its decode errors count bytes from after the mark
-        return path.read_text(encoding="utf-8").removeprefix("\ufeff")
+        data = _read_capped(path, name, cap)
     except FileNotFoundError:
         raise DatasetError(f"{name} {path} does not exist") from None
-    except UnicodeDecodeError as e:
-        raise DatasetError(f"{name} {path} is not UTF-8 text ({e.reason} at byte {e.start}); {hint}") from None
     except OSError as e:
         raise DatasetError(f"cannot read {name} {path}: {e.strerror}") from None
+    try:
+        # as Path.read_text: universal newlines; not encoding="utf-8-sig": its decode errors count
+        # bytes from after the mark
+        return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8").read().removeprefix("\ufeff")
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"{name} {path} is not UTF-8 text ({e.reason} at byte {e.start}); {hint}") from None
+
+
+def _read_capped(path: Path, name: str, cap: ReadCap | None) -> bytes:
+    from salactl.errors import CapacityError
+    from salactl.units import human_bytes
+
+    with open(path, "rb") as f:
+        if cap is None:
+            return f.read()
+        chunks, total = [], 0
+        while chunk := f.read(min(_READ_CHUNK, cap.max_bytes + 1 - total)):
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > cap.max_bytes:
+                raise CapacityError(f"{name} {path} holds more than {human_bytes(cap.max_bytes)} ({cap.max_bytes:,} "
+                                    f"bytes), {cap.why}; {cap.fix}")
+    return b"".join(chunks)
 
 
 def _check_input_file(path: Path, name: str, hint: str, memory_per_byte: int) -> None:
@@ -228,6 +281,12 @@ class _NaturalWidth:
         natural = Measurement.get(console, options.update_width(1 << 20), self.table).maximum
         yield from console.render(self.table, options.update_width(natural) if natural > options.max_width
                                   else options)
+
+
+def rate(v: float) -> str:
+    """A roofline ceiling: whole numbers for a GPU's (989 TFLOP/s, not 9.9e+02), two significant
+    digits for small ones (a CPU's 0.2 TFLOP/s)."""
+    return f"{v:.0f}" if v >= 10 else f"{v:.2g}"
 
 
 def fmt(v) -> str:

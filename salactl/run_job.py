@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -17,7 +18,7 @@ from salactl.runtime.kv_fp8 import stored_kv_name
 from salactl.runtime.loader import (generation_defaults, load_model, model_config, model_dir, resolve_device,
                                     resolve_dtype)
 from salactl.runtime.peaks import peaks_for
-from salactl.runtime.roofline import linear_costs, phase_costs, roofline_rows
+from salactl.runtime.roofline import OpCost, linear_costs, phase_costs, roofline_rows
 from salactl.runtime.sampling import SamplingParams
 from salactl.runtime.stream_decoder import GeneratedText, check_stop_strings
 from salactl.runtime.tokenizer import Tokenizer, check_chat_kwargs, check_fits, find_tokenizer
@@ -380,13 +381,13 @@ def _stop_reason(req: RunRequest, res, text: GeneratedText | None) -> str | int 
 def _roofline(req: RunRequest, lm: LoadedModel, P: int, engine, res, ceilings: dict) -> dict:
     """Per phase (P prompt tokens), the measured times against the byte and FLOP floors of the calls
     the engine made: totals over the phase's `steps` (prefill chunks, decode steps), in every row."""
-    linears = linear_costs(lm.model)
     act_bytes = lm.model.model.embed_tokens.weight.element_size()
     pre_calls = [[(min(req.chunk_size, P - c), c)] for c in range(0, P, req.chunk_size)]
     dec_calls = [[(1, P + i)] for i in range(res.decode.forward_calls)]
-    kw = dict(act_bytes=act_bytes, kv_bytes=1 if engine.kv_scales is not None else act_bytes)
-    pre = phase_costs(lm.config, linears, pre_calls, [1] * len(pre_calls), **kw)
-    dec = phase_costs(lm.config, linears, dec_calls, [1] * len(dec_calls), **kw)
+    kv_bytes = 1 if engine.kv_scales is not None else act_bytes
+    fused = gates_in_qkv_layers(lm.model)
+    pre = run_phase_costs(lm.config, lm.model, pre_calls, act_bytes, kv_bytes, fused)
+    dec = run_phase_costs(lm.config, lm.model, dec_calls, act_bytes, kv_bytes, fused)
     mem_gbps, tflops = ceilings["mem_gbps"], ceilings["compute_tflops"]
     return {
         "prefill": [dict(r.to_dict(), steps=len(pre_calls))
@@ -395,6 +396,36 @@ def _roofline(req: RunRequest, lm: LoadedModel, P: int, engine, res, ceilings: d
                    for r in roofline_rows(dec, res.decode.op_seconds, res.decode.seconds, mem_gbps, tflops)]
         if dec_calls else [],
     }
+
+
+def gates_in_qkv_layers(model) -> frozenset:
+    """The layers whose gate projections (z_proj / o_gate) the GPU engine's fused attention runs inside
+    its "qkv" timer: every re-classed (fuse_model) layer, its projections concatenated into one GEMM or
+    (mixed quantized modules) run one after the other."""
+    return frozenset(i for i, layer in enumerate(model.model.layers)
+                     if hasattr(layer.self_attn, "_w_qkvz") or hasattr(layer.self_attn, "_w_qkvg"))
+
+
+def run_phase_costs(config: SalaConfig, model, calls: list[list[tuple[int, int]]], act_bytes: int, kv_bytes: int,
+                    gates_in_qkv: frozenset = frozenset()) -> dict[str, OpCost]:
+    """The analytic bytes and FLOPs of a phase's forward calls (each its (new, cached) rows and one
+    logit row), with qkv and gates split as profiling.analytic.scoped_costs splits them for the
+    `gates_in_qkv` layers: their gate projections under qkv, the elementwise gating under gates."""
+    costs = phase_costs(config, linear_costs(model), calls, [1] * len(calls), act_bytes=act_bytes, kv_bytes=kv_bytes)
+    if not gates_in_qkv:
+        return costs
+    from salactl.profiling.analytic import scoped_costs, sum_scopes
+
+    # qkv and gates depend on a call's token count alone: one scoped_costs per distinct count
+    counts = Counter(sum(n for n, _ in rows) for rows in calls)
+    for op in ("qkv", "gates"):
+        costs[op] = OpCost()
+    for n_tok, times in counts.items():
+        split = sum_scopes(scoped_costs(config, model, [(n_tok, 0)], 0, act_bytes, kv_bytes, gates_in_qkv))
+        for op in ("qkv", "gates"):
+            costs[op].bytes += times * int(split[op]["bytes"])
+            costs[op].flops += times * int(split[op]["flops"])
+    return costs
 
 
 def run_records(result: dict, req: RunRequest, label: str | None) -> list[dict]:

@@ -18,7 +18,7 @@ from salactl.bench.accuracy import passkey_accuracy
 from salactl.bench.pareto import pareto_front
 from salactl.bench.requests import RequestResult
 from salactl.bench.sweep_job import SweepSettings, run_sweep, unmeasured
-from salactl.bench.sweep_sizes import prefill_bytes
+from salactl.bench.sweep_sizes import sweep_prefill_bytes
 from salactl.errors import CapacityError, ConfigError, UsageError
 from salactl.runtime import loader
 from salactl.runtime.loader import load_model
@@ -152,7 +152,7 @@ def test_a_prefill_workspace_past_host_memory_is_refused_before_loading_saying_w
     (measured: 3.9 GB peak against 0.8 GB at chunk 512). With room for chunk 512 but not 6000, the
     sweep is refused with exit 11 and the largest chunk size that fits."""
     cfg = sala_nano()
-    small, big = (prefill_bytes(cfg, 6000, 6002, 1, c, 8192, 4) for c in (512, 6000))
+    small, big = (sweep_prefill_bytes(cfg, 6000, 6002, 1, c, 8192, 4) for c in (512, 6000))
     assert big > 3e9 and small < 0.4e9
     avail = (small + big) // 2
     monkeypatch.setattr(loader, "available_host_bytes", lambda: avail)
@@ -160,7 +160,7 @@ def test_a_prefill_workspace_past_host_memory_is_refused_before_loading_saying_w
         run_sweep(SweepSettings(**{**QUICK, "input_len": 6000}, kl=False, passkey=False, dense_len="8192",
                                 chunk_size="6000", dtype="float32", out=tmp_path / "o"))
     fits = int(str(e.value).split("use --chunk-size ")[1].split(" ")[0].replace(",", ""))
-    need = [prefill_bytes(cfg, 6000, 6002, 1, c, 8192, 4) for c in (fits, fits + 1)]
+    need = [sweep_prefill_bytes(cfg, 6000, 6002, 1, c, 8192, 4) for c in (fits, fits + 1)]
     assert need[0] <= avail < need[1]
     assert "the speed workload: 1 request(s) of 6,002 tokens, prefilled 6,000 at a time" in str(e.value)
     assert CapacityError.exit_code == 11 and not (tmp_path / "o").exists()

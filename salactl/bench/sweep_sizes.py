@@ -53,6 +53,16 @@ def prefill_bytes(config, tokens: int, cached: int, batch: int, chunk: int, dens
             + attention_scores_bytes(config, tokens, chunk, dense_len))
 
 
+def sweep_prefill_bytes(config, tokens: int, cached: int, batch: int, chunk: int, dense_len: int, item: int) -> int:
+    """prefill_bytes plus what each request's reference-engine KV cache holds at its peak beyond its
+    `cached` tokens (it grows by doubling and keeps the old copy while it grows), as run and eval count
+    it (evaluation.perplexity.kv_growth_bytes)."""
+    from salactl.evaluation.perplexity import kv_growth_bytes
+
+    return (prefill_bytes(config, tokens, cached, batch, chunk, dense_len, item)
+            + batch * kv_growth_bytes(config, tokens, cached, chunk, item))
+
+
 def _check_prefill(config, avail: int, prefill: tuple, chunk: int, dense_len: int, item: int,
                    chunk_fix: bool = True) -> None:
     """prefill: (what, the flag that sizes it, prompt tokens, tokens cached, requests)."""
@@ -60,15 +70,15 @@ def _check_prefill(config, avail: int, prefill: tuple, chunk: int, dense_len: in
     from salactl.runtime.loader import check_fits
 
     what, flag, tokens, cached, batch = prefill
-    need = prefill_bytes(config, tokens, cached, batch, chunk, dense_len, item)
+    need = sweep_prefill_bytes(config, tokens, cached, batch, chunk, dense_len, item)
     if need <= avail:
         return
-    best = largest_fitting(lambda c: prefill_bytes(config, tokens, cached, batch, c, dense_len, item) <= avail,
-                    chunk) if chunk_fix else 0
+    best = largest_fitting(lambda c: sweep_prefill_bytes(config, tokens, cached, batch, c, dense_len, item) <= avail,
+                           chunk) if chunk_fix else 0
     fix = f"use --chunk-size {best:,} or less, or lower {flag}" if best else f"lower {flag}"
     check_fits(need, avail, f"{what}: {batch} request(s) of {cached:,} tokens, prefilled {chunk:,} at a time "
-               f"with dense_len {dense_len:,} (the KV cache and states and the reference engine's prefill "
-               "workspace)", "this machine", fix)
+               f"with dense_len {dense_len:,} (the KV cache and states, the cache at its peak as "
+               "it grows by doubling, and the reference engine's prefill workspace)", "this machine", fix)
 
 
 def check_sizes_fit(s, device) -> None:
