@@ -385,6 +385,8 @@ def _roofline(req: RunRequest, lm: LoadedModel, P: int, engine, res, ceilings: d
     pre_calls = [[(min(req.chunk_size, P - c), c)] for c in range(0, P, req.chunk_size)]
     dec_calls = [[(1, P + i)] for i in range(res.decode.forward_calls)]
     kv_bytes = 1 if engine.kv_scales is not None else act_bytes
+    from salactl.profiling.analytic import gates_in_qkv_layers
+
     fused = gates_in_qkv_layers(lm.model)
     pre = run_phase_costs(lm.config, lm.model, pre_calls, act_bytes, kv_bytes, fused)
     dec = run_phase_costs(lm.config, lm.model, dec_calls, act_bytes, kv_bytes, fused)
@@ -396,14 +398,6 @@ def _roofline(req: RunRequest, lm: LoadedModel, P: int, engine, res, ceilings: d
                    for r in roofline_rows(dec, res.decode.op_seconds, res.decode.seconds, mem_gbps, tflops)]
         if dec_calls else [],
     }
-
-
-def gates_in_qkv_layers(model) -> frozenset:
-    """The layers whose gate projections (z_proj / o_gate) the GPU engine's fused attention runs inside
-    its "qkv" timer: every re-classed (fuse_model) layer, its projections concatenated into one GEMM or
-    (mixed quantized modules) run one after the other."""
-    return frozenset(i for i, layer in enumerate(model.model.layers)
-                     if hasattr(layer.self_attn, "_w_qkvz") or hasattr(layer.self_attn, "_w_qkvg"))
 
 
 def run_phase_costs(config: SalaConfig, model, calls: list[list[tuple[int, int]]], act_bytes: int, kv_bytes: int,

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from salactl import output
-from salactl.profiling.analytic import scoped_costs, sum_scopes
-from salactl.run_job import RunRequest, _roofline, execute, gates_in_qkv_layers, run_phase_costs
+from salactl.profiling.analytic import gates_in_qkv_layers, scoped_costs, sum_scopes
+from salactl.run_job import RunRequest, _roofline, execute, run_phase_costs
 from salactl.runtime.engine import Engine
 from salactl.runtime.layers.model import SalaForCausalLM
 from salactl.runtime.loader import load_model, model_config
@@ -69,7 +69,8 @@ def test_fused_layers_move_the_gate_projections_into_qkv(name, phase):
 
 def test_the_fused_layers_are_those_fuse_model_reclassed():
     """The reference model has none; a fused one has every layer, also one whose projections could
-    not be concatenated (the fused attention then runs the four one after the other, still under qkv)."""
+    not be concatenated (the fused attention then runs the four one after the other, still under qkv).
+    run's roofline and profile's engine workload both take their split from this."""
     pytest.importorskip("triton")
     from salactl.runtime.gpu.fast_model import fuse_model
 

@@ -14,6 +14,14 @@ def _zero() -> dict[str, dict]:
     return {op: {"bytes": 0.0, "flops": 0.0} for op in OP_CLASSES}
 
 
+def gates_in_qkv_layers(model) -> frozenset:
+    """The layers whose gate projections (z_proj / o_gate) the GPU engine's fused attention runs inside
+    its "qkv" timer: every re-classed (fuse_model) layer, its projections concatenated into one GEMM or
+    (mixed quantized modules) run one after the other."""
+    return frozenset(i for i, layer in enumerate(model.model.layers)
+                     if hasattr(layer.self_attn, "_w_qkvz") or hasattr(layer.self_attn, "_w_qkvg"))
+
+
 def scoped_costs(config, model, rows: list[tuple[int, int]], logit_rows: int, act_bytes: int,
                  kv_bytes: int, gates_in_qkv: frozenset = frozenset()) -> dict[str, dict[str, dict]]:
     """gates_in_qkv: layers whose gate projections (z_proj / o_gate) run inside the qkv GEMM (the

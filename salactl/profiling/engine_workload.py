@@ -43,14 +43,12 @@ class EngineWorkload(Workload):
         return runner.prefill(segments, timer)
 
     def scoped_analytic(self, phase: str) -> dict[str, dict[str, dict]]:
-        from salactl.profiling.analytic import scoped_costs
+        from salactl.profiling.analytic import gates_in_qkv_layers, scoped_costs
 
-        fused = frozenset(i for i, layer in enumerate(self.model.model.layers)
-                          if getattr(layer.self_attn, "_w_qkvz", getattr(layer.self_attn, "_w_qkvg", None)) is not None)
         new, cached = self.spec.step_rows(phase)
         act = torch.finfo(self.dtype).bits // 8
         return scoped_costs(self.config, self.model, [(new, cached)] * self.spec.batch, self.spec.batch, act,
-                            self.kv_bytes, gates_in_qkv=fused)
+                            self.kv_bytes, gates_in_qkv=gates_in_qkv_layers(self.model))
 
     def layer_ranges(self, ranges) -> list:
         handles = []
