@@ -71,14 +71,17 @@ MAX_RECORD_LINE = 64 * 2**20      # a record is kilobytes: a longer line is no r
 UTF8_BOM = b"\xef\xbb\xbf"        # Windows editors start a saved file with one
 
 
-def record_lines(path, error: type[SalactlError] = DatasetError, fix: str = "") -> Iterator[tuple[int, str]]:
+def record_lines(path, error: type[SalactlError] = DatasetError, fix: str = "",
+                 regular_only: bool = False) -> Iterator[tuple[int, str]]:
     """(line number, text) of each line of a records file, read one line at a time. A path that is
-    missing, a directory, not a regular file (a device such as /dev/zero, a FIFO) or unreadable, a
-    line over MAX_RECORD_LINE or one that is not UTF-8 raises `error`, naming the file (and line),
-    then "; `fix`" where given; a UTF-8 byte-order mark before the first line is dropped."""
+    missing, a directory or unreadable, a line over MAX_RECORD_LINE (so /dev/zero ends at once) or
+    one that is not UTF-8 raises `error`, naming the file (and line), then "; `fix`" where given; so
+    does a path that is not a regular file (a device, FIFO) with `regular_only` (a file to append
+    to). A pipe or process substitution is read as it comes. A UTF-8 byte-order mark before the
+    first line is dropped."""
     path = Path(path)
     also = f"; {fix}" if fix else ""
-    with _open_regular(path, error, fix) as f:
+    with _open_records(path, error, fix, regular_only) as f:
         offset = 0
         for lineno in itertools.count(1):
             try:
@@ -100,16 +103,16 @@ def record_lines(path, error: type[SalactlError] = DatasetError, fix: str = "") 
             yield lineno, text
 
 
-def _open_regular(path: Path, error: type[SalactlError], fix: str):
-    """`path` opened for reading, once it is known to be a regular file (reading a device or FIFO
-    would never end, or block)."""
+def _open_records(path: Path, error: type[SalactlError], fix: str, regular_only: bool):
+    """`path` opened for reading, once it is known not to be a directory (nor, with `regular_only`,
+    anything but a regular file)."""
     give = fix or "give a JSON lines file from bench, sweep or run"
     try:
         st = os.stat(path)
         if stat.S_ISDIR(st.st_mode):
             inside = path / RECORDS_NAME
             raise error(f"records file {path} is a directory; " + (f"give {inside}" if inside.is_file() else give))
-        if not stat.S_ISREG(st.st_mode):
+        if regular_only and not stat.S_ISREG(st.st_mode):
             raise error(f"records file {path} is not a regular file (a device, FIFO or socket); {give}")
         return open(path, "rb")
     except FileNotFoundError:
@@ -204,9 +207,11 @@ def load_records(paths: list[Path]) -> list[dict]:
 
 def _not_json_lines(path, where: str, why: str) -> DatasetError:
     """The error for a records file whose first line is not JSON: one JSON document spread over
-    lines (a --json output, kilobytes) is named as such."""
-    with _open_regular(Path(path), DatasetError, "") as f:
-        whole = parse_record_line(f.read(MAX_RECORD_LINE).decode("utf-8", "replace"))
+    lines (a --json output, kilobytes) is named as such where the file can be read again (not a pipe)."""
+    whole = RecordLineError(why)
+    if Path(path).is_file():
+        with open(path, "rb") as f:
+            whole = parse_record_line(f.read(MAX_RECORD_LINE).decode("utf-8", "replace"))
     if isinstance(whole, RecordLineError):
         return DatasetError(f"{where} is not valid JSON ({why}); each line must be one record object")
     return DatasetError(f"{path} is a JSON document, not JSON lines (one record object per line); give the "

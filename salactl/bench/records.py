@@ -193,7 +193,7 @@ def read_records(path: Path) -> list[dict]:
         return []
     out = []
     damaged = []
-    for lineno, line in record_lines(path, UsageError, "move it away or choose another --out"):
+    for lineno, line in record_lines(path, UsageError, "move it away or choose another --out", regular_only=True):
         if line.strip():
             record = parse_record_line(line)
             if isinstance(record, dict):
