@@ -63,9 +63,10 @@ def _load(model: str, device: str, dtype: str, tokenizer: str | None):
     return lm, tok
 
 
-def _warn_capped_windows(seq_len: int, max_tokens: int) -> None:
-    """A window holds at most --max-tokens + 1 tokens: said where --seq-len asks for longer ones."""
-    if max_tokens and seq_len > max_tokens + 1:
+def _warn_capped_windows(seq_len: int, max_tokens: int, text_tokens: int) -> None:
+    """A window holds at most --max-tokens + 1 tokens: said where --seq-len asks for longer ones and
+    the text (`text_tokens`, read up to the cap) is long enough that the cap cut it."""
+    if max_tokens and seq_len > max_tokens + 1 and text_tokens > max_tokens:
         output.warn_once(f"--seq-len {seq_len:,} is longer than --max-tokens {max_tokens:,} lets a window be: "
                          f"one window of at most {max_tokens + 1:,} tokens is scored; pass --max-tokens 0 (the "
                          f"whole text) or --max-tokens {seq_len - 1:,} or more")
@@ -163,7 +164,7 @@ def ppl(
     ids = encode_text(tok, text, cap and cap + 1, what)    # the windows score at most --max-tokens + 1 ids
     bos = tok.bos_id if tok.add_bos else None
     longest = max((len(w) for w in score_windows(ids, seq_len, cap, bos)), default=0)
-    _warn_capped_windows(seq_len, max_tokens)
+    _warn_capped_windows(seq_len, max_tokens, len(ids))
     output.warn_past_trained_length(longest, lm.config.max_position_embeddings,
                                     "--seq-len" if longest == seq_len else "the longest window scored")
     check_perplexity_memory(lm.config, lm.model.device, _act_dtype(lm).itemsize, longest, chunk_size)

@@ -117,6 +117,14 @@ def test_ppl_says_when_max_tokens_cuts_the_window_and_records_the_longest():
     assert json.loads(full.stdout)["longest_window"] == 40
 
 
+def test_ppl_does_not_blame_max_tokens_when_the_text_is_the_limit(tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text("short text here. just a few words.\n")
+    r = salactl("eval", "ppl", "--file", short, "--max-tokens", 100, "--device", "cpu", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["longest_window"] < 100 and "--max-tokens" not in r.stderr, r.stderr
+
+
 def model_with(tmp_path, **config) -> str:
     """sala-nano's checkpoint (its files linked) with config.json keys replaced."""
     model = tmp_path / "nano-copy"
