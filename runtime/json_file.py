@@ -14,13 +14,14 @@ from salactl.errors import SalactlError
 MAX_SIDE_FILE = 64 * 2**20      # JSON settings and chat templates are kilobytes; a bigger one is not one
 
 
-def check_regular_file(path: Path, error: type[SalactlError], limit: int, fix: str) -> None:
+def check_regular_file(path: Path, error: type[SalactlError], limit: int, fix: str, name: str = "") -> None:
     """`path` (symlinks followed, as HF cache layouts need) is a regular file of at most `limit`
-    bytes, else `error`: a device (/dev/zero) or FIFO would be read forever or block. A missing or
-    unstat-able file raises OSError, for the caller to decide whether the file is optional."""
+    bytes, else `error`, naming it as `name` (an option) where given: a device (/dev/zero) or FIFO
+    would be read forever or block. A missing or unstat-able file raises OSError, for the caller to
+    decide whether the file is optional."""
     st = os.stat(path)
     if not stat.S_ISREG(st.st_mode):
-        raise error(f"{path} is not a regular file; {fix}")
+        raise error(f"{name + ' ' if name else ''}{path} is not a regular file; {fix}")
     if st.st_size > limit:
         raise error(f"{path} is {st.st_size} bytes, over the {limit // 2**20} MiB a checkpoint's side file "
                     f"may have; {fix}")

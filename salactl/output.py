@@ -133,7 +133,7 @@ def _check_input_file(path: Path, name: str, hint: str, memory_per_byte: int) ->
     from salactl.units import human_bytes
 
     try:
-        check_regular_file(path, DatasetError, 1 << 62, hint)
+        check_regular_file(path, DatasetError, 1 << 62, hint, name)
     except FileNotFoundError:
         raise DatasetError(f"{name} {path} does not exist") from None
     except OSError as e:

@@ -105,7 +105,7 @@ def test_a_dataset_that_is_no_regular_file_is_refused_at_once(tmp_path, which):
     if not path.exists():
         pytest.skip("no /dev/zero here")
     r = embedded("--dataset", str(path), "--out", str(tmp_path / "o"), timeout=60)
-    one_line(r, 7, f"{path} is not a regular file")
+    one_line(r, 7, f"dataset {path} is not a regular file")
 
 
 def sparse_file(path: Path, size: int) -> Path:
@@ -201,7 +201,7 @@ def test_calibration_file_that_is_no_regular_file_is_refused(tmp_path):
 
     fifo = tmp_path / "calib.jsonl"
     os.mkfifo(fifo)
-    with pytest.raises(DatasetError, match=f"{fifo} is not a regular file; give a text or JSONL file"):
+    with pytest.raises(DatasetError, match=f"--calib {fifo} is not a regular file; give a text or JSONL file"):
         read_documents(fifo)
 
 

@@ -90,7 +90,7 @@ def test_a_profile_that_is_no_regular_file_is_refused_at_once(tmp_path, which):
     if not path.exists():
         pytest.skip("no /dev/zero here")
     r = salactl("bench", "--profile", str(path), "--out", str(tmp_path / "o"), timeout=60)
-    one_line(r, 3, f"{path} is not a regular file; give a .toml file")
+    one_line(r, 3, f"--profile {path} is not a regular file; give a .toml file")
 
 
 def test_an_oversized_profile_is_refused_before_reading(tmp_path):

@@ -139,7 +139,7 @@ def _read_profile_file(path: Path) -> str:
     if path.is_dir():
         raise ConfigError(f"--profile {path} is a directory, not a .toml file; give the file, or one of the {shipped}")
     try:
-        check_regular_file(path, ConfigError, 1 << 62, f"give a .toml file, or one of the {shipped}")
+        check_regular_file(path, ConfigError, 1 << 62, f"give a .toml file, or one of the {shipped}", "--profile")
         if path.stat().st_size > MAX_PROFILE_BYTES:
             raise ConfigError(f"--profile {path} is {path.stat().st_size:,} bytes, over the "
                               f"{MAX_PROFILE_BYTES // 2**20} MiB a profile may have; give a TOML profile file")
