@@ -132,11 +132,6 @@ def _gap(v):
     return None if v is None else f"{(v - 1) * 100:+.0f}%"
 
 
-def _rate(v: float) -> str:
-    """Whole numbers for GPU ceilings, two significant digits for small ones (a CPU's 0.2 TFLOP/s)."""
-    return f"{v:.0f}" if v >= 10 else f"{v:.2g}"
-
-
 def render(r: dict) -> None:
     m, p = r["manifest"], r["peaks"]
     # torch.profiler on CPU times aten ops (views and other wrappers among them), not kernels
@@ -144,7 +139,7 @@ def render(r: dict) -> None:
     output.stdout.print(
         f"{r['mode']} profile of {m['source']} ({m.get('backend', 'reference')} backend) on {m['device_name']} "
         f"({m['dtype']}, KV {m['kv_dtype']}, weights {m.get('weights') or m.get('spec', {}).get('weights', '?')}); "
-        f"ceilings {_rate(p['mem_gbps'])} GB/s, {_rate(p.get('compute_tflops', p['bf16_tflops']))} TFLOP/s "
+        f"ceilings {output.rate(p['mem_gbps'])} GB/s, {output.rate(p.get('compute_tflops', p['bf16_tflops']))} TFLOP/s "
         f"({p.get('compute_rate', 'bf16')} matmul; {p['source']}); "
         f"{r['kernel_count']} {unit}")
     measured = r["mode"] == "ncu"
