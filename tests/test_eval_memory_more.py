@@ -14,8 +14,8 @@ from salactl.bench.sweep_sizes import prefill_bytes
 from salactl.data.corpus import corpus_text
 from salactl.evaluation import perplexity as ppl
 from salactl.evaluation.passkey import ANSWER_TOKENS, passkey_memory_bytes
-from salactl.evaluation.perplexity import (encode_text, engine_prefill_bytes, kv_capacity, kv_growth_bytes,
-                                           model_weight_bytes)
+from salactl.bench.sweep_sizes import kv_capacity, kv_growth_bytes
+from salactl.evaluation.perplexity import encode_text, engine_prefill_bytes, model_weight_bytes
 from salactl.profiling.preflight import largest_fitting
 from salactl.runtime.engine import Engine
 from salactl.runtime.loader import EMBEDDED_DIR, load_model, model_config

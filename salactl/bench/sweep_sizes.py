@@ -4,6 +4,7 @@ CPU) every prefill's caches and reference-engine workspace that cannot fit are a
 
 from __future__ import annotations
 
+import inspect
 import itertools
 
 from salactl.bench.grid_memory import cache_bytes_per_request
@@ -53,12 +54,39 @@ def prefill_bytes(config, tokens: int, cached: int, batch: int, chunk: int, dens
             + attention_scores_bytes(config, tokens, chunk, dense_len))
 
 
+def kv_capacity(prompt: int, total: int, chunk: int) -> tuple[int, int]:
+    """(capacity, capacity before its last growth; 0 where it never grew) in tokens of a reference-engine
+    sequence's KV cache once `total` tokens are in it: the `prompt` appended `chunk` at a time, then one
+    token a step. SequenceCache.append_kv (runtime/cache.py) grows a full buffer to the larger of what
+    the append needs and twice its capacity."""
+    from salactl.runtime.cache import SequenceCache
+
+    cap = inspect.signature(SequenceCache).parameters["capacity"].default
+    before = length = 0
+    for limit, step in ((prompt, chunk), (total, 1)):
+        while length < limit:
+            length += max(0, min(cap, limit) - length) // step * step      # the appends that fit as it is
+            if length < limit:
+                end = min(length + step, limit)
+                if end > cap:
+                    before, cap = cap, max(end, 2 * cap)
+                length = end
+    return cap, before
+
+
+def kv_growth_bytes(config, prompt: int, total: int, chunk: int, kv_bytes: int) -> int:
+    """The reference engine's KV cache at its peak beyond `total` tokens' keys and values (what
+    prefill_bytes counts): every sparse layer's capacity past them (kv_capacity), and the last
+    layer's old values, alive while append_kv copies them into its grown buffer."""
+    cap, before = kv_capacity(prompt, total, chunk)
+    one = config.num_key_value_heads * config.head_dim * kv_bytes       # a token's keys (or values) in a layer
+    return one * (2 * len(config.sparse_layers) * (cap - total) + before)
+
+
 def sweep_prefill_bytes(config, tokens: int, cached: int, batch: int, chunk: int, dense_len: int, item: int) -> int:
     """prefill_bytes plus what each request's reference-engine KV cache holds at its peak beyond its
     `cached` tokens (it grows by doubling and keeps the old copy while it grows), as run and eval count
-    it (evaluation.perplexity.kv_growth_bytes)."""
-    from salactl.evaluation.perplexity import kv_growth_bytes
-
+    it (kv_growth_bytes)."""
     return (prefill_bytes(config, tokens, cached, batch, chunk, dense_len, item)
             + batch * kv_growth_bytes(config, tokens, cached, chunk, item))
 

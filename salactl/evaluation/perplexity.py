@@ -8,7 +8,6 @@ model was trained); without one, each window scores its tokens 2..seq_len.
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections import Counter
 from typing import Callable, Iterator
@@ -16,6 +15,7 @@ from typing import Callable, Iterator
 import torch
 import torch.nn.functional as F
 
+from salactl.bench.sweep_sizes import sweep_prefill_bytes
 from salactl.errors import DatasetError, NumericsError, UsageError
 from salactl.runtime.sampling import NON_FINITE
 
@@ -113,42 +113,9 @@ def perplexity_memory_bytes(config, act_bytes: int, window: int, chunk_size: int
 
 
 def engine_prefill_bytes(config, prompt: int, cached: int, chunk: int, act_bytes: int) -> int:
-    """One sequence on the reference engine: bench.sweep_sizes.prefill_bytes of a `prompt` prefilled
-    `chunk` tokens at a time with `cached` tokens cached in the end (KV cache and states, one chunk's
-    workspace and attention scores), plus what its KV cache holds at its peak beyond those tokens."""
-    from salactl.bench.sweep_sizes import prefill_bytes
-
-    return (prefill_bytes(config, prompt, cached, 1, chunk, config.sparse_config.dense_len, act_bytes)
-            + kv_growth_bytes(config, prompt, cached, chunk, act_bytes))
-
-
-def kv_capacity(prompt: int, total: int, chunk: int) -> tuple[int, int]:
-    """(capacity, capacity before its last growth; 0 where it never grew) in tokens of a reference-engine
-    sequence's KV cache once `total` tokens are in it: the `prompt` appended `chunk` at a time, then one
-    token a step. SequenceCache.append_kv (runtime/cache.py) grows a full buffer to the larger of what
-    the append needs and twice its capacity."""
-    from salactl.runtime.cache import SequenceCache
-
-    cap = inspect.signature(SequenceCache).parameters["capacity"].default
-    before = length = 0
-    for limit, step in ((prompt, chunk), (total, 1)):
-        while length < limit:
-            length += max(0, min(cap, limit) - length) // step * step      # the appends that fit as it is
-            if length < limit:
-                end = min(length + step, limit)
-                if end > cap:
-                    before, cap = cap, max(end, 2 * cap)
-                length = end
-    return cap, before
-
-
-def kv_growth_bytes(config, prompt: int, total: int, chunk: int, kv_bytes: int) -> int:
-    """The reference engine's KV cache at its peak beyond `total` tokens' keys and values (what
-    bench.sweep_sizes counts): every sparse layer's capacity past them (kv_capacity), and the last
-    layer's old values, alive while append_kv copies them into its grown buffer."""
-    cap, before = kv_capacity(prompt, total, chunk)
-    one = config.num_key_value_heads * config.head_dim * kv_bytes       # a token's keys (or values) in a layer
-    return one * (2 * len(config.sparse_layers) * (cap - total) + before)
+    """One sequence on the reference engine, at the model's own dense_len: sweep_prefill_bytes of a
+    `prompt` prefilled `chunk` tokens at a time with `cached` tokens cached in the end."""
+    return sweep_prefill_bytes(config, prompt, cached, 1, chunk, config.sparse_config.dense_len, act_bytes)
 
 
 def model_weight_bytes(config, quantization: dict | None, act_bytes: int) -> int:
