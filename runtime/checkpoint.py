@@ -17,7 +17,7 @@ from salactl.runtime.json_file import read_json
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "cos_cached", "sin_cached")
+_IGNORED_SUFFIXES = (".rotary_emb.inv_freq", ".cos_cached", ".sin_cached")   # whole name parts only
 _FLOAT_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64"}   # safetensors names
 
 

@@ -110,6 +110,14 @@ def test_rope_buffers_in_checkpoint_are_ignored(tmp_path):
     load_model(str(path), "cpu", "float32")
 
 
+@pytest.mark.parametrize("name", ["model.layers.1.self_attn.mycos_cached", "model.layers.1.self_attn.xrotary_emb.inv_freq"])
+def test_names_merely_ending_like_rope_buffers_are_refused(tmp_path, name):
+    _, _, path = write_tiny(tmp_path)
+    _edit_single(path, lambda t: t.__setitem__(name, torch.ones(4)))
+    with pytest.raises(CheckpointError, match=f"unexpected tensor {name}"):
+        load_model(str(path), "cpu", "float32")
+
+
 def test_save_refuses_existing_dir_and_leaves_no_temp(tmp_path):
     from salactl.errors import OutputExistsError
 
