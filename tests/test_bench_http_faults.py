@@ -46,7 +46,7 @@ def test_no_usage_counts_tokens_by_retokenizing_the_streamed_text(tok):
     res = _openai_request("none", tok, token_text=" the")
     assert len(tok.encode(" the" * N, add_special_tokens=False)) == N          # one token per streamed word
     assert res.success and res.output_len == N and res.output_len_estimated
-    assert not res.short                                            # estimates are not judged
+    assert not res.short                                            # an exact re-tokenized count is not short
 
 
 def test_no_usage_without_tokenizer_keeps_the_chunk_count_but_marks_it():

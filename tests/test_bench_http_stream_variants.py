@@ -164,29 +164,37 @@ def test_a_stream_of_empty_texts_only_succeeds():
 
 
 @pytest.mark.parametrize("usage", ["final", "none"])
-def test_without_per_chunk_usage_an_empty_text_chunk_is_a_token(usage):
-    """vLLM's client counts a choice-0 chunk whatever its text; the final usage or the chunk count
-    then gives the total."""
+def test_without_per_chunk_usage_an_empty_text_chunk_is_no_token(usage):
+    """TTFT runs to the first non-empty chunk (reference/benchmarks.md §3): a role-only frame sent at
+    once and a closing "" with finish_reason carry no token, so neither times nor counts one."""
     def script(body):
+        yield 0, _sse(_event("openai", "", None))
         for k in range(1, N + 1):
-            yield GAP, _sse(_event("openai", "" if k in EMPTY else "a", None))
+            yield GAP, _sse(_event("openai", "a", None))
+        closing = _event("openai", "", None)
+        closing["choices"][0]["finish_reason"] = "length"
         final = _sse(_event("openai", "", N, choice=False)) if usage == "final" else b""
-        yield 0, final + b"data: [DONE]\n\n"
+        yield 0, _sse(closing) + final + b"data: [DONE]\n\n"
 
     with RawServer(script) as srv:
         res = _one(srv.url)
     _on_time(res)
     assert res.output_len_source == ("usage" if usage == "final" else "chunks")
+    assert res.output_len_over_max is None
 
 
-def test_a_choice_0_chunk_without_text_or_usage_is_no_token():
+@pytest.mark.parametrize("usage,why", [
+    (False, "choices[0].text stayed empty and no event carried usage.completion_tokens"),
+    (True, "choices[0].text stayed empty and usage.completion_tokens did not count up with it"),
+])
+def test_a_stream_of_empty_texts_without_per_chunk_usage_has_no_token(usage, why):
     def script(body):
-        yield 0, _sse({"choices": [{"index": 0, "text": None}]}) + b"data: [DONE]\n\n"
+        final = _sse(_event("openai", "", N, choice=False)) if usage else b""
+        yield 0, _sse(_event("openai", "", None)) * N + final + b"data: [DONE]\n\n"
 
     with RawServer(script) as srv:
         res = _one(srv.url)
-    assert res.error == ("the stream ended without any token: no event carried choices[0].text or "
-                         "usage.completion_tokens")
+    assert res.error == f"the stream ended without any token: {why}"
 
 
 def _blocks(first: bytes, between: bytes, last: bytes):

@@ -2,17 +2,21 @@
 
 - duration: from dispatch of the first timed request until every request has returned.
 - completed / failed; totals count successful requests only (SGLang).
-- short_outputs: successful requests that got fewer tokens than asked (by the server's count);
-  output_len_estimated: requests whose server sent no token count (counted client-side).
+- short_outputs: successful requests that got fewer tokens than asked, by the server's count or
+  clearly fewer by re-tokenizing the streamed text (RequestResult.short); output_len_estimated:
+  requests whose server sent no token count (counted client-side).
 - request/input/output/total throughput = count / duration.
-- TTFT = send → first chunk carrying tokens; E2E = send → end of stream;
+- TTFT = send → first chunk carrying tokens (without per-chunk counts: the first non-empty text);
+  E2E = send → end of stream;
   TPOT = (E2E − TTFT) / (output_len − 1) per request, requests with ≤ 1 output token skipped;
   ITL pooled over requests, one entry per token after the first chunk, each chunk's gap spread
-  evenly over the tokens it carries (SGLang `/generate`).
+  evenly over the tokens it carries (SGLang `/generate`); a count known only at the end (usage in
+  a last chunk, or estimated) is spread evenly over the chunks after the first (runner.spread_count).
 - mean / median / std (population) / p90 / p95 / p99 with numpy's linear percentiles; max ITL.
 - concurrency = Σ E2E / duration (SGLang).
 - max_output_tokens_per_s: output tokens counted into 1-second buckets from the first request's
-  send time, the fullest bucket (vLLM); None when the successful requests span under 1 s (no
+  send time (the first chunk's tokens at its arrival, each later token at its ITL step), the
+  fullest bucket (vLLM); None when the successful requests span under 1 s (no
   bucket is a full second). Like vLLM's, it can sit a little below output_throughput when the
   tokens spread evenly over a span that is not a whole number of seconds (the buckets are fixed,
   not sliding).
@@ -66,14 +70,14 @@ def _max_output_tokens_per_s(ok: list[RequestResult]) -> float | None:
     tokens = np.zeros(int(math.ceil(t1 - t0)) + 1)
     for r in ok:
         t = r.start_time + r.ttft
-        times = [t]
+        times = [(t, r.output_len - len(r.itl))]        # the first chunk may carry several tokens
         for gap in r.itl:
             t += gap
-            times.append(t)
-        for x in times:
+            times.append((t, 1))
+        for x, n in times:
             b = int(x - t0)
             if 0 <= b < len(tokens):
-                tokens[b] += 1
+                tokens[b] += n
     return float(tokens.max())
 
 

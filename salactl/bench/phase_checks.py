@@ -41,9 +41,12 @@ def warn_short(phase: str, results: list[RequestResult]) -> None:
     short = [r for r in results if r.short]
     if short:
         r = short[0]
+        by, cause = "", "the server ignored ignore_eos/max_tokens or hit its context limit"
+        if r.output_len_estimated:
+            by = " by re-tokenizing the streamed text"
+            cause += " (or its text re-tokenizes to fewer tokens: a server that streams usage gives exact counts)"
         output.warn_once(f"phase {phase}: {len(short)} of {len(results)} requests returned fewer tokens "
-                         f"than requested (e.g. {r.output_len} of {r.expected_output_len}); the server "
-                         "ignored ignore_eos/max_tokens or hit its context limit")
+                         f"than requested (e.g. {r.output_len} of {r.expected_output_len}{by}); {cause}")
 
 
 def warn_estimated(phase: str, results: list[RequestResult]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 ESTIMATED_SOURCES = ("tokenizer", "chunks")
+RETOKENIZE_SLACK = 0.02         # how far a re-tokenized count may fall below the generated one
 
 
 @dataclass(frozen=True)
@@ -52,9 +53,14 @@ class RequestResult:
 
     @property
     def short(self) -> bool:
-        """Succeeded with fewer tokens than asked, by the server's own count (an estimate from
-        re-tokenized text or chunks can differ from the generated count either way)."""
-        return self.success and not self.output_len_estimated and self.output_len < self.expected_output_len
+        """Succeeded with fewer tokens than asked: by the target's own count, or clearly fewer by
+        re-tokenizing the streamed text, which can merge or split a token where the generated ids
+        did not decode to their own canonical encoding (so the larger of 1 token and 2% is let
+        pass). A chunk count tells nothing: one chunk may carry several tokens."""
+        if not self.success or self.output_len_source == "chunks":
+            return False
+        slack = max(1.0, RETOKENIZE_SLACK * self.expected_output_len) if self.output_len_estimated else 0
+        return self.output_len < self.expected_output_len - slack
 
     @property
     def tpot(self) -> float | None:

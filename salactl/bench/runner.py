@@ -63,26 +63,22 @@ def run_request(target: Target, req: BenchRequest, max_tokens: int, phase: str,
     st = time.perf_counter()
     res.start_time = st
     res.output_len_source = target.count_source
-    last_t, last_n, first = st, 0, True
+    marks: list[tuple[float, int]] = []     # (arrival, tokens so far) of each chunk that brought tokens
+    total = 0
     try:
         for ch in target.stream(req, max_tokens, cancel):
             if ch.counts_only:
-                last_n = ch.completion_tokens if ch.estimated_by else max(last_n, ch.completion_tokens)
+                total = ch.completion_tokens if ch.estimated_by else max(total, ch.completion_tokens)
                 res.output_len_source = ch.estimated_by or res.output_len_source
                 res.output_len_over_max = ch.over_max
-                continue
-            new = ch.completion_tokens - last_n
-            if new <= 0:
-                continue
-            if first:
-                res.ttft, first = ch.timestamp - st, False
-            else:
-                res.itl.extend([(ch.timestamp - last_t) / new] * new)
-            last_t, last_n = ch.timestamp, ch.completion_tokens
+            elif ch.completion_tokens > total:
+                total = ch.completion_tokens
+                marks.append((ch.timestamp, total))
         res.latency = time.perf_counter() - st
-        res.output_len = last_n
-        res.success = not first
-        if first:
+        res.output_len = total
+        res.success = bool(marks)
+        marks = spread_count(marks, total)
+        if not marks:
             res.error = "the stream ended without any token"
     except RequestFailed as e:
         res.latency = time.perf_counter() - st
@@ -90,7 +86,35 @@ def run_request(target: Target, req: BenchRequest, max_tokens: int, phase: str,
     except Exception as e:      # never let one request kill its client thread (the phase would hang)
         res.latency = time.perf_counter() - st
         res.error, res.failure = f"{type(e).__name__}: {e}", e
+    if marks:
+        res.ttft, res.itl = marks[0][0] - st, per_token_itl(marks)
     return res
+
+
+def spread_count(marks: list[tuple[float, int]], total: int) -> list[tuple[float, int]]:
+    """The timed chunks with their counts made to end at `total`, a count that came only at the end
+    (usage in a last chunk, or the client's estimate: the chunks were timed as one token each). The
+    difference is spread evenly over the chunks after the first, which is the prefill's one token
+    on vLLM and SGLang (several per later chunk under stream intervals or speculative decoding); a
+    lone chunk takes it all."""
+    if not marks or marks[-1][1] == total:
+        return marks
+    if len(marks) == 1:
+        return [(marks[0][0], total)]
+    diff, n = total - marks[-1][1], len(marks) - 1
+    return [marks[0]] + [(ts, count + diff * j // n) for j, (ts, count) in enumerate(marks[1:], 1)]
+
+
+def per_token_itl(marks: list[tuple[float, int]]) -> list[float]:
+    """One entry per token after the first chunk, each chunk's gap spread evenly over the tokens it
+    brought; a chunk that brought none (an estimate below the chunk count) joins the next one's gap."""
+    itl = []
+    last_t, last_n = marks[0]
+    for ts, n in marks[1:]:
+        if n > last_n:
+            itl.extend([(ts - last_t) / (n - last_n)] * (n - last_n))
+            last_t, last_n = ts, n
+    return itl
 
 
 def warmup(target: Target, req: BenchRequest, phase: str, cancel: threading.Event) -> None:

@@ -11,10 +11,12 @@ streaming; text prompts go as text, synthetic prompts as token ids (`input_ids` 
 list of ids as `prompt` for /v1/completions). Token counts per chunk come from
 `meta_info.completion_tokens` (/generate) or per-chunk usage (`stream_options.continuous_usage_stats`,
 vLLM and SGLang); a chunk whose count rises times its tokens even when its text is "" (vLLM and
-SGLang stream special tokens and partial UTF-8 characters that way). A server that sends no usage at
-all counts one token per choice-0 chunk with a text while streaming; at [DONE] the total is
-estimated by re-tokenizing the streamed text with the bench tokenizer when there is one (vLLM's
-client), else the chunk count stays, marked as estimated.
+SGLang stream special tokens and partial UTF-8 characters that way). Without per-chunk usage, each
+choice-0 chunk with a non-empty text is timed as one token (an empty one, such as a role-only frame
+or a closing finish_reason chunk, carries none: TTFT is the first non-empty chunk, as in
+reference/benchmarks.md); the total then comes at the end: a final usage chunk, else the streamed
+text re-tokenized with the bench tokenizer when there is one (vLLM's client), else the chunk count,
+marked as estimated. The runner spreads that total over the timed chunks.
 Only choice 0 counts, and an estimate is capped at max_tokens (flagged when it was above).
 
 `--request-timeout` is a total per request, as aiohttp's ClientTimeout(total=...) in SGLang's and
@@ -397,16 +399,17 @@ class HttpTarget(Target):
         raise _cut_off(last)
 
     def _openai_chunks(self, events, max_tokens: int):
-        """Each choice-0 chunk timestamps the tokens it brings, whatever its text (a special token or
-        part of a UTF-8 character streams as ""): usage counts them, else one per chunk with a text
-        until [DONE] replaces that with the estimate. A usage-only chunk corrects the count untimed."""
-        last, timed, usage_seen, choice0_seen, texts, n_chunks = 0, False, False, False, [], 0
+        """Each choice-0 chunk timestamps the tokens it brings: per-chunk usage counts them whatever
+        the text (a special token or part of a UTF-8 character streams as ""), else a chunk with a
+        non-empty text brings one until [DONE] gives the estimate. A usage-only chunk corrects the
+        count untimed."""
+        last, timed, usage_seen, empty_seen, texts, n_chunks = 0, False, False, False, [], 0
         for obj, ts in self._events(events):
             if obj is None:
                 if n_chunks and not usage_seen:
                     yield self._estimate(ts, texts, n_chunks, max_tokens)
                 elif not timed:
-                    raise RequestFailed(_why_openai_no_token(choice0_seen, usage_seen))
+                    raise RequestFailed(_why_openai_no_token(bool(n_chunks), empty_seen, usage_seen))
                 return
             choice = _choice0(obj)
             counted = _field(obj, "usage").get("completion_tokens")
@@ -418,15 +421,16 @@ class HttpTarget(Target):
                     last = counted
                     yield Chunk(ts, last, counts_only=True)
                 continue
-            choice0_seen = True
             text = choice.get("text")
-            if text is not None:
+            has_text = text not in (None, "")
+            if has_text:
                 n_chunks += 1
                 if isinstance(text, str):
                     texts.append(text)
+            empty_seen = empty_seen or text == ""
             tokens = counted
-            if tokens is None:                  # no usage: one token per chunk with a text
-                tokens = min(last + 1, max_tokens) if text is not None else last
+            if tokens is None:                  # no usage: one token per chunk with a non-empty text
+                tokens = min(last + 1, max_tokens) if has_text else last
             if tokens > last:
                 last, timed = tokens, True
                 yield Chunk(ts, tokens)
@@ -503,9 +507,13 @@ def _no_token(why: str) -> str:
     return f"the stream ended without any token: {why}"
 
 
-def _why_openai_no_token(choice0_seen: bool, usage_seen: bool) -> str:
-    if choice0_seen and usage_seen:
+def _why_openai_no_token(text_seen: bool, empty_seen: bool, usage_seen: bool) -> str:
+    if text_seen:               # untimed only where per-chunk usage said 0
         return _no_token("usage.completion_tokens stayed 0 although choices[0].text arrived")
+    if empty_seen:
+        return _no_token("choices[0].text stayed empty and " + (
+            "usage.completion_tokens did not count up with it" if usage_seen else
+            "no event carried usage.completion_tokens"))
     if usage_seen:
         return _no_token("usage.completion_tokens counted up but no event had choices[0].text")
     return _no_token("no event carried choices[0].text or usage.completion_tokens")
