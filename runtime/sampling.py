@@ -43,9 +43,7 @@ class SamplingParams:
             if not (value is None and name == "seed") and not is_int(value):    # numpy ints pass
                 raise UsageError(f"{_arg(name)} must be an integer, got {value!r}")
         for name in ("temperature", "top_p"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                raise UsageError(f"{_arg(name)} must be a number, got {value!r}")
+            object.__setattr__(self, name, _as_float(name, getattr(self, name)))
         if self.max_new_tokens < 0:
             raise UsageError(f"{_arg('max_new_tokens')} must be >= 0, got {self.max_new_tokens}")
         if not 0 <= self.temperature < math.inf:
@@ -60,6 +58,17 @@ class SamplingParams:
         if not isinstance(self.ignore_eos, bool):
             raise UsageError(f"{_arg('ignore_eos')} must be True or False, got {self.ignore_eos!r}")
         object.__setattr__(self, "stop_token_ids", as_token_ids(self.stop_token_ids, "stop_token_ids"))
+
+
+def _as_float(name: str, value) -> float:
+    """A real number (a Fraction, a numpy float, an int) as the float the sampler computes with."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise UsageError(f"{_arg(name)} must be a number, got {value!r}")
+    try:
+        return float(value)
+    except OverflowError:
+        raise UsageError(f"{_arg(name)} must be a number a float can hold (within ±1.8e308), got one "
+                         "past it") from None
 
 
 def _arg(name: str) -> str:

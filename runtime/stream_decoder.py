@@ -1,5 +1,6 @@
 """Incremental detokenization: generated ids to text increments whose concatenation equals
-`Tokenizer.decode(all ids)`, decoding only a short window of recent ids (HF TextStreamer / vLLM);
+`Tokenizer.decode(all ids)` (after the prompt's, given one), decoding only a short window of recent
+ids (HF TextStreamer / vLLM);
 GeneratedText ends that text at stop strings and stop ids, as vLLM does."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import re
 
 from salactl.errors import UsageError
 from salactl.runtime.sampling import as_token_ids, is_int
-from salactl.runtime.tokenizer import Tokenizer
+from salactl.runtime.tokenizer import Tokenizer, _check_utf8
 
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
@@ -51,15 +52,22 @@ class StreamDecoder:
     - other decoders: while the text ends in U+FFFD.
     `flush()` returns what is held at the end; all increments joined equal `decode(ids)`.
 
-    decoder = StreamDecoder(tokenizer); print(decoder.push(token_id), end="") per generated id,
-    then print(decoder.flush())."""
+    prompt_ids (the request's prompt) primes the decoder as vLLM's does: a short suffix of it starts
+    `ids`, and the increments joined are what `decode(ids)` adds to the suffix's text (a character
+    the prompt's last ids cut and the generated ids complete counts as generated). A
+    Llama/SentencePiece decoder strips the leading space of the first token it decodes; decoded
+    after the prompt, the first generated token keeps it, as vLLM and SGLang return it.
 
-    def __init__(self, tokenizer: Tokenizer):
+    decoder = StreamDecoder(tokenizer, prompt_ids=ids); print(decoder.push(token_id), end="") per
+    generated id, then print(decoder.flush())."""
+
+    def __init__(self, tokenizer: Tokenizer, *, prompt_ids=None):
         if not isinstance(tokenizer, Tokenizer):
             raise UsageError(f"tokenizer must be a Tokenizer (find_tokenizer(...) gives one), got "
                              f"{type(tokenizer).__name__}")
-        self.tokenizer, self.ids = tokenizer, []
-        self.prefix_offset = self.read_offset = 0
+        self.tokenizer, self.ids = tokenizer, _prompt_suffix(tokenizer, prompt_ids)
+        self.prefix_offset, self.read_offset = 0, _settled_length(tokenizer, self.ids)
+        self._base = tokenizer.decode(self.ids[:self.read_offset])     # the primer's text, not emitted
         self._chunks: list[str] = []
         kinds = _decoder_kinds(tokenizer.tok)
         self._mode = "bytelevel" if "ByteLevel" in kinds else "bytefallback" if "ByteFallback" in kinds else "text"
@@ -111,7 +119,7 @@ class StreamDecoder:
 
     def flush(self) -> str:
         """The text still held (an incomplete character at the end of the output, say)."""
-        full, done = self.tokenizer.decode(self.ids), self.emitted
+        full, done = self.tokenizer.decode(self.ids), self._base + self.emitted
         rest = full[len(done):] if full.startswith(done) else \
             self.tokenizer.decode(self.ids[self.prefix_offset:])[len(self.tokenizer.decode(
                 self.ids[self.prefix_offset:self.read_offset])):]
@@ -121,14 +129,43 @@ class StreamDecoder:
         return rest
 
 
+# vLLM primes its detokenizer with the shortest prompt suffix of 4 to 23 ids that decodes without
+# U+FFFD (a cut character); where none does, with the last 23 (vLLM: the whole prompt)
+_PRIMER_IDS = range(4, 24)
+
+
+def _prompt_suffix(tokenizer: Tokenizer, prompt_ids) -> list[int]:
+    """The prompt's last ids that give the generated ids their context (none without a prompt)."""
+    if isinstance(prompt_ids, (str, bytes)):
+        raise UsageError(f"prompt_ids must be token ids (Tokenizer.encode gives them), got text {prompt_ids!r}"[:200])
+    try:
+        prompt_ids = prompt_ids[-_PRIMER_IDS[-1]:]     # only these can prime it: a 1M-id prompt is not walked
+    except TypeError:           # None, an int, an iterator
+        pass
+    ids = list(as_token_ids(prompt_ids, "prompt_ids"))
+    for n in _PRIMER_IDS:
+        if n >= len(ids) or "\ufffd" not in tokenizer.decode(ids[-n:]):
+            return ids[-n:]
+    return ids[-_PRIMER_IDS[-1]:]
+
+
+def _settled_length(tokenizer: Tokenizer, ids: list[int]) -> int:
+    """How many of `ids` (a primer) decode to settled text: a cut character at its end (text ending
+    in U+FFFD) is left to the generated ids that complete it, as vLLM's priming leaves it."""
+    n = len(ids)
+    while n and tokenizer.decode(ids[:n]).endswith("\ufffd"):
+        n -= 1
+    return n
+
+
 def _check_token_id(value) -> None:
     if not is_int(value) or value < 0:
         raise UsageError(f"push takes a token id (an integer >= 0), got {value!r}"[:200])
 
 
 def check_stop_strings(stop) -> tuple[str, ...]:
-    """Stop strings as a tuple (None: none); an empty one (it would match at once) or one that is not text is a
-    UsageError."""
+    """Stop strings as a tuple (None: none); an empty one (it would match at once), one that is not text or
+    one that is not valid UTF-8 (bytes Python keeps as lone surrogates: the output is UTF-8) is a UsageError."""
     if stop is None:
         return ()
     try:
@@ -138,6 +175,10 @@ def check_stop_strings(stop) -> tuple[str, ...]:
     for s in stop:
         if not isinstance(s, str) or not s:
             raise UsageError(f"stop strings (--stop) must be non-empty text, got {s!r}")
+        try:
+            _check_utf8(s)
+        except UsageError as e:
+            raise UsageError(f"stop strings (--stop): {e}") from None
     return stop
 
 
@@ -151,19 +192,20 @@ class GeneratedText:
     - push() returns the text that can be shown now, holding back the last len(longest stop) - 1
       characters, which the next ids may turn into a stop string; flush() returns the rest.
     `text` is all that push() and flush() returned. stop_ids: a token id, ids or None (none).
+    prompt_ids: the request's prompt, which the text is decoded after, as StreamDecoder's says.
 
-        text = GeneratedText(tokenizer, stop=["\\n\\n"], stop_ids=eos_ids)
+        text = GeneratedText(tokenizer, stop=["\\n\\n"], stop_ids=eos_ids, prompt_ids=ids)
         for t in engine.stream(ids, params, eos_ids=eos_ids):
             print(text.push(t), end="")
             if text.stopped:
                 break
         print(text.flush())"""
 
-    def __init__(self, tokenizer, stop=(), stop_ids=()):
+    def __init__(self, tokenizer, stop=(), stop_ids=(), *, prompt_ids=None):
         self.stop = check_stop_strings(stop)
         self.stop_ids = frozenset(as_token_ids(stop_ids, "stop_ids"))
         self.stop_reason: str | None = None
-        self._decoder = StreamDecoder(tokenizer)
+        self._decoder = StreamDecoder(tokenizer, prompt_ids=prompt_ids)
         self._hold = max(map(len, self.stop), default=1) - 1
         self._text = ""            # the settled text, cut before the stop string once one appeared
         self._shown = 0            # characters of it returned so far

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import io
 import json
 import math
 import os
@@ -63,8 +62,8 @@ class ReadCap:
 
 
 # Host bytes per byte of a text file while read_text_option holds it: the bytes, the decoded str (up
-# to 4 bytes a character: one character past U+FFFF widens the whole string) and a copy of it (newline
-# translation of \r\n, then of \r, or cutting a byte-order mark)
+# to 4 bytes a character: one character past U+FFFF widens the whole string) and a copy of it (cutting
+# a byte-order mark)
 DECODED_BYTES_PER_BYTE = 9
 _READ_CHUNK = 1 << 20
 
@@ -85,7 +84,8 @@ def memory_read_cap(per_byte: int, holder: str, fix: str, floor: int = 0) -> Rea
 def read_text_option(path: Path, name: str, hint: str = "save it as UTF-8",
                      memory_per_byte: int | None = None, cap: ReadCap | None = None) -> str:
     """An input text file (`name`: its flag or what it is, e.g. "--calib", "dataset"), read as UTF-8
-    whatever the locale says, without a leading byte-order mark (Windows editors write one); a
+    whatever the locale says, without a leading byte-order mark (Windows editors write one) and with
+    its line endings as they are ("\r\n" stays: a prompt or a text scored is the file's text); a
     one-line DatasetError (exit 7, as bench --dataset) when it is missing, unreadable or not UTF-8,
     the last saying `hint`. With `memory_per_byte` (the host bytes its reader holds per byte of the
     file), it must also be a regular file (a device such as /dev/zero would be read forever, a FIFO
@@ -102,9 +102,8 @@ def read_text_option(path: Path, name: str, hint: str = "save it as UTF-8",
     except OSError as e:
         raise DatasetError(f"cannot read {name} {path}: {e.strerror}") from None
     try:
-        # as Path.read_text: universal newlines; not encoding="utf-8-sig": its decode errors count
-        # bytes from after the mark
-        return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8").read().removeprefix("\ufeff")
+        # not "utf-8-sig": its decode errors count bytes from after the mark
+        return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as e:
         raise DatasetError(f"{name} {path} is not UTF-8 text ({e.reason} at byte {e.start}); {hint}") from None
 

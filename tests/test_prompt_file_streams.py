@@ -105,11 +105,40 @@ def fifo_with(tmp_path, data: bytes):
 
 
 def test_a_fifo_within_the_cap_is_read_whole_as_a_file_is(tmp_path):
-    """Universal newlines and no byte-order mark, as Path.read_text reads a file."""
+    """The text as it is (its line endings too) without a leading byte-order mark, as from a file."""
     path, writer = fifo_with(tmp_path, b"\xef\xbb\xbfone\r\ntwo\rthree\n" * 1000)
     assert read_text_option(path, "--file", cap=ReadCap(1 << 20, "why", "fix")) == \
-        "one\ntwo\nthree\n" + "\ufeffone\ntwo\nthree\n" * 999
+        "one\r\ntwo\rthree\n" + "\ufeffone\r\ntwo\rthree\n" * 999
     writer.join(10)
+
+
+CRLF_TEXT = "def add(a, b):\r\n    return a + b\r\n"
+
+
+def _cli_json(*args) -> dict:
+    r = subprocess.run([sys.executable, "-m", "salactl", *args, "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_a_crlf_file_is_read_as_it_is(tmp_path):
+    path = tmp_path / "p.txt"
+    path.write_bytes(b"\xef\xbb\xbf" + CRLF_TEXT.encode() + b"old mac\rend")
+    assert read_text_option(path, "--prompt-file") == CRLF_TEXT + "old mac\rend"
+
+
+def test_run_prompt_file_and_eval_file_use_a_crlf_files_exact_text(tmp_path):
+    from salactl.runtime.loader import EMBEDDED_DIR
+    from salactl.runtime.tokenizer import Tokenizer
+
+    crlf, lf = tmp_path / "crlf.txt", tmp_path / "lf.txt"
+    crlf.write_bytes(CRLF_TEXT.encode())
+    lf.write_bytes(CRLF_TEXT.replace("\r\n", "\n").encode())
+    tok = Tokenizer(EMBEDDED_DIR)
+    run = _cli_json("run", "--prompt-file", str(crlf), "--max-new-tokens", "1", "--no-op-profile")
+    assert run["prompt_token_ids"] == tok.encode(CRLF_TEXT) != tok.encode(CRLF_TEXT.replace("\r\n", "\n"))
+    a, b = (_cli_json("eval", "ppl", "--device", "cpu", "--file", str(f)) for f in (crlf, lf))
+    assert a["tokens"] - b["tokens"] == len(tok.encode(CRLF_TEXT)) - len(tok.encode(CRLF_TEXT.replace("\r\n", "\n"))) > 0
 
 
 def test_a_fifo_past_the_cap_stops_there(tmp_path):
