@@ -28,8 +28,9 @@ pytestmark = pytest.mark.usefixtures("quick_thread_switches")
 
 class ScheduleServer:
     """/v1/completions streams `sizes[i]` tokens at `at(i)` s after the request (TTFT + i·GAP), with
-    usage per chunk ("continuous"), in one last chunk ("final") or not at all ("none"); chunk i's
-    text is words[i % len(words)] per token."""
+    usage per chunk ("continuous"), in one last chunk without choices ("final", vLLM), on a last
+    choice-0 chunk with an empty text and a finish_reason ("final-on-choice", llama.cpp) or not at
+    all ("none"); chunk i's text is words[i % len(words)] per token."""
 
     def __init__(self, sizes: list[int], usage: str, at=None, words=(WORD,)):
         owner = self
@@ -65,8 +66,11 @@ class ScheduleServer:
                     if usage == "continuous":
                         event["usage"] = {"prompt_tokens": 4, "completion_tokens": done}
                     self._send(event)
-                if usage == "final":
-                    self._send({"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": done}})
+                if usage.startswith("final"):
+                    on_choice = usage == "final-on-choice"
+                    closing = [{"index": 0, "text": "", "finish_reason": "length"}] if on_choice else []
+                    self._send({"choices": closing,
+                                "usage": {"prompt_tokens": 4, "completion_tokens": done}})
                 self.wfile.write(b"data: [DONE]\n\n")
                 self.wfile.flush()
 
@@ -103,14 +107,14 @@ def _one(url, n, tokenizer=None):
     return run_request(_target(url, tokenizer), req, n, "P", threading.Event())
 
 
-@pytest.mark.parametrize("usage", ["final", "none"])
+@pytest.mark.parametrize("usage", ["final", "final-on-choice", "none"])
 def test_a_count_known_only_at_the_end_gives_one_itl_entry_per_token(usage, tok):
     """The prefill's token alone, then 4 tokens per chunk: 16 entries of GAP/4, not 4 of GAP."""
     sizes = [1, 4, 4, 4, 4]
     with ScheduleServer(sizes, usage) as srv:
         res = _one(srv.url, sum(sizes), tok)
     assert res.success and res.output_len == 17, res.error
-    assert res.output_len_source == ("usage" if usage == "final" else "tokenizer")
+    assert res.output_len_source == ("tokenizer" if usage == "none" else "usage")
     assert 0.8 * TTFT <= res.ttft < TTFT + 0.5 * GAP, res.ttft
     assert len(res.itl) == 16 and all(0.8 * GAP / 4 <= x < 1.5 * GAP / 4 for x in res.itl), res.itl
 

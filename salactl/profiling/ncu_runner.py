@@ -164,15 +164,34 @@ def run_ncu(ncu: str, out_dir: Path, includes: list[str], spec_path: Path, manif
 
 
 # after Ctrl-C or SIGTERM: how long ncu and the process it profiles get to end after SIGINT, then
-# after SIGTERM, before SIGKILL
+# after SIGTERM, before SIGKILL (on Windows: after CTRL_BREAK_EVENT, both together, before the kill)
 STOP_GRACE_S = (3.0, 2.0)
+# subprocess has the name only on Windows; 0x200 is its documented value
+CREATE_NEW_PROCESS_GROUP = getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0x200)
+
+
+def group_popen_kwargs(os_name: str = os.name) -> dict:
+    """Popen arguments that start ncu at the head of a process group of its own. On Windows that is
+    a console process group, which Ctrl-C does not reach: only our CTRL_BREAK_EVENT stops it."""
+    if os_name == "nt":
+        return {"creationflags": CREATE_NEW_PROCESS_GROUP}
+    return {"start_new_session": True}
+
+
+def stop_signals(os_name: str = os.name) -> list[tuple[str, float]]:
+    """The signals (by name: each exists on its platform only) that ask ncu's group to end, each
+    with its grace period; what is left after them is killed: SIGKILL to the group on POSIX,
+    proc.kill() (TerminateProcess, ncu itself) on Windows."""
+    if os_name == "nt":
+        return [("CTRL_BREAK_EVENT", sum(STOP_GRACE_S))]
+    return list(zip(("SIGINT", "SIGTERM"), STOP_GRACE_S))
 
 
 def run_in_own_group(cmd: list[str], log, env: dict) -> int:
     """Run cmd, its output to `log`, in a process group of its own; its exit status. Interrupted
     (KeyboardInterrupt, which SIGTERM raises too), the whole group is stopped, the profiled
     process ncu started included, before the interrupt goes on."""
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, **group_popen_kwargs())
     try:
         return proc.wait()
     except KeyboardInterrupt:
@@ -181,15 +200,42 @@ def run_in_own_group(cmd: list[str], log, env: dict) -> int:
 
 
 def stop_group(proc: subprocess.Popen) -> None:
-    """SIGINT to the group proc leads, then SIGTERM, each with a grace period, then SIGKILL to
-    whatever of it is left; a second interrupt meanwhile skips to the SIGKILL."""
+    """The stop_signals in turn, each with its grace period, then the kill of whatever is left;
+    a second interrupt meanwhile skips to the kill."""
+    windows = os.name == "nt"
     try:
-        for sig, grace in zip((signal.SIGINT, signal.SIGTERM), STOP_GRACE_S):
-            if not _signal_group(proc.pid, sig) or _group_ended(proc, grace):
+        for name, grace in stop_signals():
+            sig = getattr(signal, name)
+            if windows:
+                if not _signal_console_group(proc, sig) or _ended(proc, grace):
+                    break
+            elif not _signal_group(proc.pid, sig) or _group_ended(proc, grace):
                 break
     finally:
-        _signal_group(proc.pid, signal.SIGKILL)
+        if windows:
+            proc.kill()
+        else:
+            _signal_group(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def _signal_console_group(proc: subprocess.Popen, sig: int) -> bool:
+    """Windows: `sig` to the console process group proc leads; whether it could be sent."""
+    if proc.poll() is not None:
+        return False
+    try:
+        proc.send_signal(sig)
+        return True
+    except OSError:             # no console to send it through: nothing but the kill is left
+        return False
+
+
+def _ended(proc: subprocess.Popen, seconds: float) -> bool:
+    try:
+        proc.wait(timeout=seconds)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
 
 
 def _signal_group(pgid: int, sig: int) -> bool:

@@ -402,7 +402,8 @@ class HttpTarget(Target):
         """Each choice-0 chunk timestamps the tokens it brings: per-chunk usage counts them whatever
         the text (a special token or part of a UTF-8 character streams as ""), else a chunk with a
         non-empty text brings one until [DONE] gives the estimate. A usage-only chunk corrects the
-        count untimed."""
+        count untimed, and so does an empty-text one whose usage is the first after chunks timed
+        without it (llama.cpp closes with usage on its choice-0 finish_reason chunk)."""
         last, timed, usage_seen, empty_seen, texts, n_chunks = 0, False, False, False, [], 0
         for obj, ts in self._events(events):
             if obj is None:
@@ -413,16 +414,17 @@ class HttpTarget(Target):
                 return
             choice = _choice0(obj)
             counted = _field(obj, "usage").get("completion_tokens")
+            late_total = False      # a total for tokens already timed one per chunk: to be spread
             if counted is not None:
                 counted = _count(counted, "usage.completion_tokens", max_tokens)
-                usage_seen = True
-            if choice is None:
+                late_total, usage_seen = timed and not usage_seen, True
+            text = None if choice is None else choice.get("text")
+            has_text = text not in (None, "")
+            if choice is None or (late_total and not has_text):
                 if counted is not None and counted > last:
                     last = counted
                     yield Chunk(ts, last, counts_only=True)
                 continue
-            text = choice.get("text")
-            has_text = text not in (None, "")
             if has_text:
                 n_chunks += 1
                 if isinstance(text, str):
