@@ -6,6 +6,7 @@ cut into non-overlapping `seqlen` windows; the first `nsamples` windows are used
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 
 import torch
@@ -37,7 +38,9 @@ def read_documents(path: Path) -> list[str]:
                 raise DatasetError(f"{path}:{lineno} has {surrogate} in its \"text\", which is no Unicode text")
             docs.append(obj["text"])
         return [d for d in docs if d.strip()]
-    return [raw] if raw.strip() else []
+    # calibration wants the text's content: Windows (or old Mac) line endings are the editor's artifact
+    text = re.sub(r"\r\n?", "\n", raw)
+    return [text] if text.strip() else []
 
 
 def builtin_documents() -> list[str]:

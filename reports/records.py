@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from salactl.errors import DatasetError, SalactlError, UsageError
-from salactl.output import warn_once
+from salactl.output import jsonl_byte_lines, warn_once
 
 SCHEMA_VERSION = 1
 RECORDS_NAME = "records.jsonl"       # what run, bench and sweep --out DIR append to
@@ -73,9 +73,10 @@ UTF8_BOM = b"\xef\xbb\xbf"        # Windows editors start a saved file with one
 
 def record_lines(path, error: type[SalactlError] = DatasetError, fix: str = "",
                  regular_only: bool = False) -> Iterator[tuple[int, str]]:
-    """(line number, text) of each line of a records file, read one line at a time. A path that is
-    missing, a directory or unreadable, a line over MAX_RECORD_LINE (so /dev/zero ends at once) or
-    one that is not UTF-8 raises `error`, naming the file (and line), then "; `fix`" where given; so
+    """(line number, text) of each line of a records file, read one line at a time (a line ends at
+    "\\r\\n", "\\r" or "\\n", as in other JSONL input: output.jsonl_lines). A path that is missing,
+    a directory or unreadable, a line over MAX_RECORD_LINE (so /dev/zero ends at once) or one that
+    is not UTF-8 raises `error`, naming the file (and line), then "; `fix`" where given; so
     does a path that is not a regular file (a device, FIFO) with `regular_only` (a file to append
     to). A pipe or process substitution is read as it comes. A UTF-8 byte-order mark before the
     first line is dropped."""
@@ -83,9 +84,10 @@ def record_lines(path, error: type[SalactlError] = DatasetError, fix: str = "",
     also = f"; {fix}" if fix else ""
     with _open_records(path, error, fix, regular_only) as f:
         offset = 0
+        lines = jsonl_byte_lines(f, MAX_RECORD_LINE + 1)
         for lineno in itertools.count(1):
             try:
-                raw = f.readline(MAX_RECORD_LINE + 1)
+                raw = next(lines, b"")
             except OSError as e:
                 raise error(f"cannot read records file {path}: {e.strerror or e}{also}") from None
             if not raw:

@@ -163,12 +163,38 @@ def check_tokenizer_memory(text: str, what: str, fix: str) -> None:
                "this machine", fix + fits)
 
 
+# A JSONL line ends at "\r\n", "\r" (old Mac files) or "\n": JSON holds no raw CR or LF inside a string.
+# Not at U+2028, U+2029 or U+0085, where str.splitlines() also splits: JSON writers leave those raw
+# inside strings (json.dumps(ensure_ascii=False)).
+_LINE_END = re.compile(r"\r\n|\r|\n")
+_LINE_END_BYTE = re.compile(rb"[\r\n]")
+
+
 def jsonl_lines(text: str):
-    """(line number, line) of JSONL text, split at "\\n" only, a trailing "\\r" dropped:
-    str.splitlines() also splits at U+2028, U+2029 and U+0085, which JSON writers leave raw
-    inside strings (json.dumps(ensure_ascii=False))."""
-    for lineno, line in enumerate(text.split("\n"), start=1):
-        yield lineno, line.removesuffix("\r")
+    """(line number, line) of JSONL text, split at each line end (_LINE_END), which is dropped."""
+    for lineno, line in enumerate(_LINE_END.split(text), start=1):
+        yield lineno, line
+
+
+def jsonl_byte_lines(f, limit: int):
+    """The lines of JSONL read from the binary file `f` (open(path, "rb")), each as bytes with its line
+    end (_LINE_END), as they come: a pipe is not read ahead of what has been written, except that a
+    line ending in "\\r" waits for the next byte (or the end), which may be the "\\n" of a "\\r\\n". A
+    line longer than `limit` bytes comes in pieces of `limit` bytes, as f.readline(limit) gives it."""
+    buf, scanned, eof = bytearray(), 0, False       # buf[:scanned] holds no line end
+    while buf or not eof:
+        m = _LINE_END_BYTE.search(buf, scanned, limit)
+        # a line is whole at a "\n", at a "\r" with the byte after it read, at the end or at `limit`
+        if (m and (buf[m.start()] == ord("\n") or m.end() < len(buf))) or eof or len(buf) >= limit:
+            end = min(m.end() + (buf[m.start():m.end() + 1] == b"\r\n") if m else len(buf), limit)
+            yield bytes(buf[:end])
+            del buf[:end]
+            scanned = 0
+        else:
+            scanned = m.start() if m else len(buf)
+            chunk = f.read1(_READ_CHUNK)
+            eof = not chunk
+            buf += chunk
 
 
 def parse_json_line(line: str) -> tuple[object, str | None]:

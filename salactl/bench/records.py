@@ -174,7 +174,7 @@ def _ends_in_partial_line(f, size: int) -> bool:
     if size == 0:
         return False
     f.seek(size - 1)
-    return f.read(1) != b"\n"
+    return f.read(1) not in (b"\n", b"\r")        # a CR-only file ends its lines in \r
 
 
 def _write_all(f, data: bytes) -> None:
