@@ -52,11 +52,16 @@ class StreamDecoder:
     - other decoders: while the text ends in U+FFFD.
     `flush()` returns what is held at the end; all increments joined equal `decode(ids)`.
 
-    prompt_ids (the request's prompt) primes the decoder as vLLM's does: a short suffix of it starts
-    `ids`, and the increments joined are what `decode(ids)` adds to the suffix's text (a character
-    the prompt's last ids cut and the generated ids complete counts as generated). A
-    Llama/SentencePiece decoder strips the leading space of the first token it decodes; decoded
-    after the prompt, the first generated token keeps it, as vLLM and SGLang return it.
+    prompt_ids (the request's prompt: a list or a 1-D tensor/array of ids) primes the decoder as
+    vLLM's does: a short suffix of it starts `ids`, and the increments joined are what `decode(ids)`
+    adds to the suffix's text. A Llama/SentencePiece decoder strips the leading space of the first
+    token it decodes; decoded after the prompt, the first generated token keeps it, as vLLM and
+    SGLang return it. Where the prompt's last ids are unsettled by the test above (a cut character;
+    for ByteFallback, any byte-token run), their text stays the prompt's while the generated ids
+    leave it as it is: no ids, or ids adding no text, give "" (as in vLLM), and a prompt cut
+    mid-character followed by "A" gives "A" (vLLM: "\ufffdA"). Where the generated ids change it,
+    the text from the change on counts as generated: a character the prompt cuts and the output
+    completes shows whole, as in vLLM.
 
     decoder = StreamDecoder(tokenizer, prompt_ids=ids); print(decoder.push(token_id), end="") per
     generated id, then print(decoder.flush())."""
@@ -65,15 +70,19 @@ class StreamDecoder:
         if not isinstance(tokenizer, Tokenizer):
             raise UsageError(f"tokenizer must be a Tokenizer (find_tokenizer(...) gives one), got "
                              f"{type(tokenizer).__name__}")
-        self.tokenizer, self.ids = tokenizer, _prompt_suffix(tokenizer, prompt_ids)
-        self.prefix_offset, self.read_offset = 0, _settled_length(tokenizer, self.ids)
-        self._base = tokenizer.decode(self.ids[:self.read_offset])     # the primer's text, not emitted
-        self._chunks: list[str] = []
+        self.tokenizer, self._chunks = tokenizer, []
         kinds = _decoder_kinds(tokenizer.tok)
         self._mode = "bytelevel" if "ByteLevel" in kinds else "bytefallback" if "ByteFallback" in kinds else "text"
         self._char_bytes = _bytes_to_unicode() if self._mode == "bytelevel" else None
         self._skipped = {i for i, t in tokenizer.tok.get_added_tokens_decoder().items() if t.special}
         self._added = {i: t.content for i, t in tokenizer.tok.get_added_tokens_decoder().items()}
+        self.ids = _prompt_suffix(tokenizer, prompt_ids)
+        self.prefix_offset, self.read_offset = 0, self._settled_length(self.ids)
+        self._base = tokenizer.decode(self.ids[:self.read_offset])     # the primer's text, not emitted
+        # while nothing is emitted: the texts of the whole primer and of its shorter prefixes through
+        # its unsettled tail that end at a character boundary, longest first (see _prefix)
+        self._primer = [tokenizer.decode(self.ids[:n]) for n in range(len(self.ids), self.read_offset, -1)
+                        if n == len(self.ids) or not self._cut(self.ids[:n])]
 
     @property
     def emitted(self) -> str:
@@ -83,23 +92,51 @@ class StreamDecoder:
         if i in self._added:
             return self._added[i].encode("utf-8")
         piece = self.tokenizer.tok.id_to_token(i) or ""
+        if self._mode == "bytefallback":
+            return bytes([int(m[1], 16)]) if (m := _BYTE_TOKEN.match(piece)) else piece.encode("utf-8")
         cb = self._char_bytes
         return b"".join(bytes([cb[c]]) if c in cb else c.encode("utf-8") for c in piece)
 
-    def _unsettled(self, text: str) -> bool:
-        ids = [i for i in self.ids[self.prefix_offset:] if i not in self._skipped]
-        if self._mode == "bytefallback":
-            return bool(ids) and _BYTE_TOKEN.match(self.tokenizer.tok.id_to_token(ids[-1]) or "") is not None
-        if self._mode == "bytelevel":
-            tail = b""
-            for i in reversed(ids):
+    def _cut(self, ids: list[int], text: str | None = None) -> bool:
+        """Whether `ids` end inside a character: their bytes end in an incomplete UTF-8 sequence (other
+        decoders: their text, `text` or decoded here, ends in U+FFFD)."""
+        if self._mode == "text":
+            return (self.tokenizer.decode(ids) if text is None else text).endswith("\ufffd")
+        tail = b""
+        for i in reversed(ids):
+            if i not in self._skipped:
                 tail = self._token_bytes(i) + tail
                 if len(tail) >= 4:
                     break
-            dec = codecs.getincrementaldecoder("utf-8")("replace")
-            dec.decode(tail[-4:], final=False)
-            return bool(dec.getstate()[0])             # bytes buffered: an incomplete character
-        return text.endswith("\ufffd")
+        dec = codecs.getincrementaldecoder("utf-8")("replace")
+        dec.decode(tail[-4:], final=False)
+        return bool(dec.getstate()[0])             # bytes buffered: an incomplete character
+
+    def _unsettled(self, ids: list[int], text: str | None = None) -> bool:
+        """Whether the text of `ids` (`text`, decoded here if None) may still change with the next ids."""
+        if self._mode == "bytefallback":
+            ids = [i for i in ids if i not in self._skipped]
+            return bool(ids) and _BYTE_TOKEN.match(self.tokenizer.tok.id_to_token(ids[-1]) or "") is not None
+        return self._cut(ids, text)
+
+    def _settled_length(self, ids: list[int]) -> int:
+        """How many of `ids` (a primer) are settled; the unsettled tail (a cut character) is left to the
+        generated ids that may complete it, as vLLM's priming leaves it. Decided by the ids, not by a
+        U+FFFD in the text: a prompt may end in a literal one."""
+        n = len(ids)
+        while n and self._unsettled(ids[:n]):
+            n -= 1
+        return n
+
+    def _prefix(self, text: str) -> str:
+        """The text of the window's ids before read_offset; before the first increment, the longest
+        of self._primer that `text` starts with: that much is the prompt's text, the rest generated.
+        A byte run decodes as a whole (U+FFFD per byte where any of it is invalid), so the prompt's
+        "中" and half of "文" decode as 5 U+FFFD; the output's last byte of "文" then gives "文"."""
+        for p in self._primer:
+            if text.startswith(p):
+                return p
+        return self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset])
 
     def push(self, token_id: int) -> str:
         """Add one generated id; returns the text it settles ("" while the text may still change).
@@ -108,29 +145,36 @@ class StreamDecoder:
         if token_id >= self.tokenizer.vocab_size:
             return ""
         self.ids.append(token_id)
-        prefix = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset])
         text = self.tokenizer.decode(self.ids[self.prefix_offset:])
-        if len(text) <= len(prefix) or not text.startswith(prefix) or self._unsettled(text):
+        prefix = self._prefix(text)
+        if len(text) <= len(prefix) or not text.startswith(prefix) or \
+                self._unsettled(self.ids[self.prefix_offset:], text):
             return ""
         new = text[len(prefix):]
+        if self._primer:
+            self._base, self._primer = prefix, []
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
         self._chunks.append(new)
         return new
 
     def flush(self) -> str:
         """The text still held (an incomplete character at the end of the output, say)."""
-        full, done = self.tokenizer.decode(self.ids), self._base + self.emitted
+        full = self.tokenizer.decode(self.ids)
+        done = self._prefix(full) if self._primer else self._base + self.emitted
         rest = full[len(done):] if full.startswith(done) else \
             self.tokenizer.decode(self.ids[self.prefix_offset:])[len(self.tokenizer.decode(
                 self.ids[self.prefix_offset:self.read_offset])):]
-        self.prefix_offset = self.read_offset = len(self.ids)
+        self.prefix_offset, self.read_offset, self._primer = len(self.ids), len(self.ids), []
         if rest:
             self._chunks.append(rest)
         return rest
 
 
 # vLLM primes its detokenizer with the shortest prompt suffix of 4 to 23 ids that decodes without
-# U+FFFD (a cut character); where none does, with the last 23 (vLLM: the whole prompt)
+# U+FFFD (a cut character); where none does, with the last 23 (vLLM: the whole prompt). Here the
+# suffix must also decode as it does in the last 23: one starting inside a run of byte tokens that
+# is invalid UTF-8 as a whole (every byte U+FFFD there) would show the output bytes that join the
+# run turning the prompt's own bytes into U+FFFD
 _PRIMER_IDS = range(4, 24)
 
 
@@ -138,24 +182,24 @@ def _prompt_suffix(tokenizer: Tokenizer, prompt_ids) -> list[int]:
     """The prompt's last ids that give the generated ids their context (none without a prompt)."""
     if isinstance(prompt_ids, (str, bytes)):
         raise UsageError(f"prompt_ids must be token ids (Tokenizer.encode gives them), got text {prompt_ids!r}"[:200])
+    if is_int(prompt_ids) or getattr(prompt_ids, "ndim", 1) == 0:        # 5, np.int64(5), tensor(5)
+        raise UsageError(f"prompt_ids must be a list or a 1-D tensor of token ids, got the scalar {prompt_ids!r}"[:200])
+    if hasattr(prompt_ids, "tolist") and hasattr(prompt_ids, "ndim"):      # torch tensor, numpy array
+        if prompt_ids.ndim != 1:
+            raise UsageError(f"prompt_ids must be a list or a 1-D tensor of token ids, got shape "
+                             f"{tuple(prompt_ids.shape)}")
+        prompt_ids = prompt_ids[-_PRIMER_IDS[-1]:].tolist()
     try:
         prompt_ids = prompt_ids[-_PRIMER_IDS[-1]:]     # only these can prime it: a 1M-id prompt is not walked
-    except TypeError:           # None, an int, an iterator
+    except TypeError:           # None, an iterator
         pass
-    ids = list(as_token_ids(prompt_ids, "prompt_ids"))
+    # ids past the tokenizer's vocabulary (a model's padding rows) have no text: push() skips them too
+    ids = [i for i in as_token_ids(prompt_ids, "prompt_ids") if i < tokenizer.vocab_size]
+    longest = tokenizer.decode(ids[-_PRIMER_IDS[-1]:])
     for n in _PRIMER_IDS:
-        if n >= len(ids) or "\ufffd" not in tokenizer.decode(ids[-n:]):
+        if n >= len(ids) or "\ufffd" not in (text := tokenizer.decode(ids[-n:])) and longest.endswith(text):
             return ids[-n:]
     return ids[-_PRIMER_IDS[-1]:]
-
-
-def _settled_length(tokenizer: Tokenizer, ids: list[int]) -> int:
-    """How many of `ids` (a primer) decode to settled text: a cut character at its end (text ending
-    in U+FFFD) is left to the generated ids that complete it, as vLLM's priming leaves it."""
-    n = len(ids)
-    while n and tokenizer.decode(ids[:n]).endswith("\ufffd"):
-        n -= 1
-    return n
 
 
 def _check_token_id(value) -> None:
