@@ -160,8 +160,11 @@ def render(r: dict) -> None:
         op_times = r["timing"]["op_times"]
         per_op = f"per op {op_times}" if op_times == OP_TIMES_NOT_MEASURED else f"per op from {op_times}"
         scaled = [f"{phase} x{f:.2f}" for phase, f in r["timing"].get("op_times_scale", {}).items() if f != 1]
+        warm = r["timing"].get("warm_up_s")
         output.stdout.print(f"times: phases from {r['timing']['phase_times']}; {per_op}"
-                            + (f"; op times scaled to fit the phase: {', '.join(scaled)}" if scaled else ""))
+                            + (f"; op times scaled to fit the phase: {', '.join(scaled)}" if scaled else "")
+                            + (f"; after {warm:.1f} s of untimed warm-up (kernel compiles, CUDA-graph capture)"
+                               if warm is not None else ""))
     for phase in ("prefill", "decode"):
         rows = r["roofline"][phase]
         if not rows:
