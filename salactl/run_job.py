@@ -327,9 +327,12 @@ def _warm_up_gpu_engine(engine, ids: list[int], params: SamplingParams, config: 
     the timed one will use; returns their wall seconds. Without them a cold 9B run on an H100
     reported TTFT 38.6 s and 19 tok/s decode: Triton's compiler and graph capture, not the engine.
     The tokens do not matter, only the regimes: prompts below and past dense_len take different
-    prefill and decode kernels, so a run whose decode crosses dense_len warms both."""
+    prefill and decode kernels, so a run whose decode crosses dense_len warms both (its second
+    prompt, dense_len + 1 tokens, may prefill more than the timed run: the memory peak is reset)."""
     import time
 
+    if not ids:
+        return 0.0          # the timed generation refuses the empty prompt in one line
     dense_len = config.sparse_config.dense_len if config.sparse_layers else None
     warm = replace(params, max_new_tokens=min(3, params.max_new_tokens), ignore_eos=True, stop_token_ids=())
     prompts = [ids[:len(ids) if dense_len is None else min(len(ids), dense_len + 64)]]
@@ -338,6 +341,8 @@ def _warm_up_gpu_engine(engine, ids: list[int], params: SamplingParams, config: 
     start = time.perf_counter()
     for prompt in prompts:
         engine.generate(prompt, warm)
+    if engine.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(engine.device)   # the record's peak is the timed run's
     return time.perf_counter() - start
 
 

@@ -153,3 +153,12 @@ def test_a_cr_only_line_over_the_cap_is_refused_at_its_line(tmp_path):
     assert r.returncode == DatasetError.exit_code, r.stderr
     assert r.stderr == (f"error: {path}:2 is over 64 MiB, longer than any record (records files are JSON lines "
                         "written by bench, sweep or run)\n")
+
+
+def test_appending_after_a_torn_record_of_a_cr_only_file_names_its_line(tmp_path, capsys):
+    from salactl.bench.records import RecordWriter
+
+    path = tmp_path / "records.jsonl"
+    path.write_bytes(b'{"phase": "S1"}\r{"phase": "S8"}\r\n{"phase": "Sm')        # line 3 torn
+    RecordWriter(path).append({"phase": "next"})
+    assert "ends in a partial line (line 3, a damaged record)" in capsys.readouterr().err

@@ -43,3 +43,10 @@ def test_warm_up_of_a_run_crossing_dense_len_captures_both_decode_graphs():
     engine = _engine(model)
     _warm_up_gpu_engine(engine, list(range(3, 39)), SamplingParams(max_new_tokens=8), model.config)
     assert {(1, False), (1, True)} <= set(engine.runner.graphs)
+
+
+def test_an_empty_prompt_is_left_to_the_timed_generation_to_refuse():
+    from salactl.run_job import _warm_up_gpu_engine
+
+    model = micro_model()
+    assert _warm_up_gpu_engine(None, [], SamplingParams(max_new_tokens=50), model.config) == 0.0

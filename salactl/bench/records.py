@@ -14,6 +14,7 @@ import csv
 import io
 import json
 import os
+import re
 import secrets
 import signal
 import threading
@@ -150,7 +151,7 @@ class RecordWriter:
                 f = stack.enter_context(open(self.path, "a+b", buffering=0))
                 size = f.seek(0, os.SEEK_END)
                 if _ends_in_partial_line(f, size):
-                    fragment_line = self.path.read_bytes().count(b"\n") + 1
+                    fragment_line = len(re.findall(rb"\r\n|\r|\n", self.path.read_bytes())) + 1
                     output.warn_once(f"{self.path} ends in a partial line (line {fragment_line}, a damaged "
                                      "record); the new records start on the next line")
                     text = "\n" + text
