@@ -7,12 +7,15 @@
   and stored as `model.layers.N.self_attn.{k,v}_scale`.
 - Policy without calibrated scales: fp8_e5m2 uses 1.0 (its range, ±57344, covers activations);
   fp8_e4m3 (±448) is refused, because unscaled e4m3 silently clips large keys/values.
+- Scales calibrated for the other FP8 dtype (quantization_config.meta.kv_cache_dtype) are rescaled
+  to the one run, keeping the amax they encode, with a warning.
 """
 
 from __future__ import annotations
 
 import torch
 
+from salactl import output
 from salactl.errors import ConfigError, UsageError
 
 KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {
@@ -88,8 +91,35 @@ def resolve_kv_scales(config, kv_cache_dtype: str, calibrated: KVScales | None, 
             f"--kv-cache-dtype fp8_e4m3 needs calibrated k/v scales, but layer {missing[0]} has none; "
             "quantize with `salactl quantize --kv-cache-dtype fp8_e4m3` or use fp8_e5m2 (scale 1.0)")
     one = torch.ones(hkv, device=device, dtype=torch.float32)
-    return {i: ((_per_head(calibrated[i][0], hkv, device), _per_head(calibrated[i][1], hkv, device))
+    f = _recalibration(config, kv_cache_dtype) if calibrated else 1.0
+    return {i: ((_per_head(calibrated[i][0], hkv, device) * f, _per_head(calibrated[i][1], hkv, device) * f)
                 if i in calibrated else (one, one)) for i in config.sparse_layers}
+
+
+def calibrated_kv_dtype(config) -> str | None:
+    """The FP8 dtype a checkpoint's k/v scales were calibrated for, as `salactl quantize` records it
+    (quantization_config.meta.kv_cache_dtype); None where the checkpoint does not say."""
+    qc = dict(config.extra).get("quantization_config")
+    meta = qc.get("meta") if isinstance(qc, dict) else None
+    name = meta.get("kv_cache_dtype") if isinstance(meta, dict) else None
+    return name if name in SGLANG_DTYPE_NAMES else None
+
+
+def _recalibration(config, kv_cache_dtype: str) -> float:
+    """What turns scales calibrated for another FP8 dtype into `kv_cache_dtype`'s: scale = amax /
+    fp8_max, so fp8_max(calibrated) / fp8_max(run) keeps the amax they encode (used unchanged,
+    e5m2's amax/57344 would make e4m3 saturate everything above amax/128)."""
+    calibrated = calibrated_kv_dtype(config)
+    # Unlabelled scales (other tools'; vLLM and SGLang store e4m3 ones) are assumed calibrated for
+    # the dtype run and used as they are: exact for fp8_e4m3; under fp8_e5m2, e4m3 scales keep
+    # values within +-448, far inside e5m2's range.
+    if calibrated is None or calibrated == kv_cache_dtype:
+        return 1.0
+    m_cal, m_run = fp8_max(fp8_dtype(calibrated)), fp8_max(fp8_dtype(kv_cache_dtype))
+    output.warn_once(f"the checkpoint's KV scales were calibrated for {calibrated}, not {kv_cache_dtype}: "
+                     f"they run multiplied by {m_cal / m_run:g} ({m_cal:g} / {m_run:g}, the two formats' "
+                     "largest values), which keeps their calibrated range")
+    return m_cal / m_run
 
 
 def scales_from_amax(amax: KVScales, dtype_name: str, per_head: bool) -> KVScales:
