@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 from salactl import output
+from salactl.bench.out_of_memory import out_of_memory_is_capacity
 from salactl.env import environment
 from salactl.errors import OutputExistsError, QuantizationError, SalactlError, UsageError
 from salactl.quant.calibration import RANDOM, calibration_windows, check_calibration_sizes
@@ -24,8 +25,8 @@ from salactl.runtime.checkpoint import StoredTensors, tensor_files
 from salactl.runtime.checkpoint_write import check_output_dir
 from salactl.runtime.config import SalaConfig
 from salactl.runtime.kv_fp8 import fp8_dtype, sglang_scales_json
-from salactl.runtime.loader import (EMBEDDED_DIR, LoadedModel, load_model, model_config, model_quantization,
-                                    resolve_device, resolve_dtype, stop_token_ids)
+from salactl.runtime.loader import (EMBEDDED_DIR, LoadedModel, available_bytes, check_fits, load_model, model_config,
+                                    model_quantization, resolve_device, resolve_dtype, stop_token_ids)
 from salactl.runtime.tokenizer import find_tokenizer
 
 # (done, total, label): once with done=0 before the first module group, then after each group
@@ -75,6 +76,7 @@ def quantize_checkpoint(model: str | Path | LoadedModel, out: str | Path, opts: 
     _check_out_is_not_the_source(out, model_dir)
     windows, calib_source = _calibration(config, model_dir, opts, calib, tokenizer, nsamples, seqlen, seed,
                                          random_weights)
+    _check_memory(model, config, device, dtype, windows)
     lm = model if isinstance(model, LoadedModel) else load_model(model, device, dtype, random_weights, seed)
     if copy and lm is model:
         lm = replace(lm, model=deepcopy(lm.model))
@@ -82,11 +84,16 @@ def quantize_checkpoint(model: str | Path | LoadedModel, out: str | Path, opts: 
     # are in the calibration dtype)
     source = None if isinstance(model, LoadedModel) or random_weights else StoredTensors(lm.model_dir)
     t_loaded = time.perf_counter()
-    result = quantize_model(lm.model, lm.config, windows, opts, progress=_counted(progress, lm.config), source=source)
+    with out_of_memory_is_capacity("quantize", "lower nsamples (--nsamples), seqlen (--seqlen) or batch_tokens "
+                                   "(--batch-tokens)"):
+        result = quantize_model(lm.model, lm.config, windows, opts, progress=_counted(progress, lm.config),
+                                source=source)
     for line in result.damp_raised:
         output.stderr.print(f"note: Cholesky failed at the requested damping; raised {line}")
     t_solved = time.perf_counter()
-    _write(out, lm, opts, result, overwrite, source)
+    with out_of_memory_is_capacity("quantize's checkpoint write", "free memory for it (it maps each source "
+                                   "shard in turn) and run again"):
+        _write(out, lm, opts, result, overwrite, source)
     t_done = time.perf_counter()
     seconds = {"load_and_calibration_data": t_loaded - t_start, "forward": result.forward_seconds,
                "solve": result.solve_seconds, "quantize_total": t_solved - t_loaded,
@@ -197,6 +204,40 @@ def _calibration(cfg: SalaConfig, model_dir: Path | None, opts: QuantOptions, ca
         output.stderr.print(f"warning: the calibration text gives {windows.shape[0]} windows of "
                             f"{windows.shape[1]} tokens, fewer than --nsamples {nsamples}")
     return windows, calib or "builtin-corpus"
+
+
+def _check_memory(model: str | Path | LoadedModel, config: SalaConfig, device: str, dtype: str,
+                  windows: torch.Tensor | None) -> None:
+    """Before the weights load: the calibration activations (each layer's inputs and outputs, two
+    [samples, seqlen, hidden] tensors in the forward dtype), the largest group's fp32 Hessian and the
+    weights not loaded yet must fit the model's device (exit 11, naming the --nsamples that fits)."""
+    from salactl.evaluation.perplexity import model_weight_bytes
+    from salactl.units import human_bytes
+
+    if windows is None:
+        return
+    if isinstance(model, LoadedModel):
+        dev, act, weights = model.model.device, model.model.model.embed_tokens.weight.dtype, 0
+    else:
+        dev = resolve_device(device)
+        act = resolve_dtype(dtype, dev)
+        weights = model_weight_bytes(config, None, act.itemsize)
+    samples, seqlen = windows.shape
+    per_sample = 2 * seqlen * config.hidden_size * act.itemsize
+    widest = max(config.hidden_size, config.intermediate_size, config.num_attention_heads * config.head_dim,
+                 config.lightning_nh * config.lightning_head_dim)
+    fixed = weights + widest * widest * 4
+    room = available_bytes(dev)
+    if room is None or fixed + samples * per_sample <= room:
+        return
+    fits = max(room - fixed, 0) // per_sample
+    fix = (f"use nsamples (--nsamples) {fits:,} or less, or a shorter seqlen (--seqlen)" if fits else
+           "use a shorter seqlen (--seqlen), a smaller dtype (--dtype) or a machine with more memory")
+    check_fits(fixed + samples * per_sample, room,
+               f"quantize (the calibration activations, 2 x {samples:,} samples x {seqlen:,} tokens x "
+               f"{config.hidden_size:,} in {str(act).removeprefix('torch.')}: {human_bytes(samples * per_sample)}; "
+               f"the widest fp32 Hessian and the weights: {human_bytes(fixed)})",
+               "this machine" if dev.type == "cpu" else str(dev), fix)
 
 
 def _counted(progress: ProgressCallback | None, config) -> Callable[[str], None] | None:

@@ -96,7 +96,8 @@ class ModuleReport:
     damp: float | None
     rtn_error: float | None       # ‖WX − QX‖/‖WX‖ of round-to-nearest
     error: float | None           # the same for the chosen method
-    seconds: float                # solve time (a jointly solved group's time, split by rows)
+    seconds: float                # its weight load, solve, error metrics and packing (a jointly solved
+                                  # group's load and solve split by rows): together, the solve time
 
 
 @dataclass
@@ -274,10 +275,10 @@ def quantize_model(model, config, calib: torch.Tensor | None, opts: QuantOptions
 def _solve_group(i, members, mods, h: Hessian | None, opts: QuantOptions, spec: QuantSpec,
                  outcome: QuantizeOutcome, source: StoredTensors | None) -> None:
     name = f"model.layers.{i}.{members[0]}" + (f" (+{len(members) - 1} sharing its input)" if len(members) > 1 else "")
+    t0 = time.perf_counter()
     W = torch.cat([_weight(f"model.layers.{i}.{n}", m, source) for n, m in zip(members, mods)])
     if not bool(torch.isfinite(W).all()):
         raise QuantizationError(f"{name} has NaN/Inf weights; the checkpoint is damaged (nothing was written)")
-    t0 = time.perf_counter()
     prep = None
     if opts.method == "gptq":
         prep = prepare_hessian(h.h, opts.damp, opts.desc_act, name)
@@ -293,9 +294,10 @@ def _solve_group(i, members, mods, h: Hessian | None, opts: QuantOptions, spec: 
         raise QuantizationError(f"{name} has weights too large for fp16 group scales (|w| up to "
                                 f"{W.abs().max().item():.3g}); it cannot be stored as GPTQ")
     synchronize(W.device)
-    seconds = time.perf_counter() - t0
+    shared = time.perf_counter() - t0          # the group's load and solve, split by rows
     row = 0
     for n, m in zip(members, mods):
+        t1 = time.perf_counter()
         rows = slice(row, row + m.out_features)
         row += m.out_features
         q: QuantizedWeight = solved.rows(rows.start, rows.stop)
@@ -307,9 +309,11 @@ def _solve_group(i, members, mods, h: Hessian | None, opts: QuantOptions, spec: 
         prefix = f"model.layers.{i}.{n}"
         packed = to_gptq_tensors(q.codes, q.scales, q.g_idx, spec.bits)
         outcome.quantized[prefix] = {k: t.cpu() for k, t in packed.items()}
-        outcome.reports.append(ModuleReport(prefix, m.out_features, m.in_features, prep.damp if prep else None,
-                                            rtn_err, err, seconds * m.out_features / W.shape[0]))
         m.weight.copy_(q.dequantized.to(m.weight.dtype))
+        synchronize(W.device)
+        own = time.perf_counter() - t1
+        outcome.reports.append(ModuleReport(prefix, m.out_features, m.in_features, prep.damp if prep else None,
+                                            rtn_err, err, shared * m.out_features / W.shape[0] + own))
 
 
 def _weight(prefix: str, module: torch.nn.Module, source: StoredTensors | None) -> torch.Tensor:

@@ -119,7 +119,8 @@ def render(r: dict) -> None:
         output.stdout.print("err, RTN err: relative layer-output error ‖WX − QX‖ / ‖WX‖ on the calibration "
                             "activations (the method's, round-to-nearest's)")
     if r["modules"]:
-        output.stdout.print("time s: the module's share, by output rows, of its group's solve")
+        output.stdout.print("time s: the module's share, by output rows, of its group's weight load and solve, "
+                            "plus its own error metrics and packing (the module times add up to solve)")
     for name, why in r["skipped"].items():
         output.stdout.print(f"unquantized: {name} ({why})")
     c, s = r["calibration"], r["seconds"]

@@ -11,8 +11,9 @@ from salactl.errors import CapacityError
 
 def is_out_of_memory(exc: BaseException | None) -> bool:
     """Python's MemoryError, or a torch allocator's RuntimeError: CUDA's OutOfMemoryError ("out of
-    memory"), the CPU allocator's "can't allocate memory"."""
-    allocator = ("out of memory", "can't allocate memory")
+    memory"), the CPU allocator's "can't allocate memory", safetensors' "unable to mmap ... Cannot
+    allocate memory (12)" (ENOMEM)."""
+    allocator = ("out of memory", "can't allocate memory", "Cannot allocate memory")
     return isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError) and any(m in str(exc) for m in allocator))
 
 

@@ -1,0 +1,95 @@
+"""`salactl quantize --out` at the edges of what the file system allows, through the real CLI: a
+name near NAME_MAX (the temp and backup names beside it must still fit), one past it (a usage error
+before any work), and an --out that is a mount point (a Docker volume), which cannot be renamed."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from salactl.runtime.checkpoint_write import is_mount_point
+from salactl.runtime.loader import load_model
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def quantize(out: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "SALACTL_DEBUG"}
+    return subprocess.run([sys.executable, "-m", "salactl", "quantize", "--model", "sala-nano", "--method", "rtn",
+                           "--out", str(out), *args], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+
+
+def test_a_name_just_under_name_max_is_written(tmp_path):
+    out = tmp_path / ("q" * 250)            # its temp dir ".<name>.tmp-<pid>-<8>" would be 272 bytes
+    p = quantize(out)
+    assert p.returncode == 0, p.stderr
+    load_model(str(out), "cpu", "auto")
+    assert [d.name for d in tmp_path.iterdir()] == [out.name]          # no temp or backup dir left
+    p = quantize(out, "--overwrite", "--bits", "8")                     # the backup name fits too
+    assert p.returncode == 0, p.stderr
+    assert '"bits": 8' in (out / "config.json").read_text()
+    assert [d.name for d in tmp_path.iterdir()] == [out.name]
+
+
+def test_a_name_past_name_max_is_a_usage_error_before_any_work(tmp_path):
+    p = quantize(tmp_path / ("q" * 256))
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "256 bytes, more than the 255" in lines[0] and "quantizing" not in p.stderr, p.stderr
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.fixture
+def mount(tmp_path):
+    """A tmpfs mounted at tmp_path/mnt (root only; skipped where mounting is not allowed). Its
+    size: 12 MiB, room for sala-nano's 4-bit checkpoint (8 MB) but not for a second one beside it."""
+    where = tmp_path / "mnt"
+    where.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(where)],
+                                           capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs needs root")
+    yield where
+    subprocess.run(["umount", str(where)], check=True)
+
+
+def test_an_empty_mount_point_gets_the_checkpoint_inside_it(mount):
+    p = quantize(mount)
+    assert p.returncode == 10 and "--overwrite" in p.stderr, p.stderr     # it exists, as any empty directory
+    p = quantize(mount, "--overwrite")
+    assert p.returncode == 0, p.stderr
+    assert is_mount_point(mount)
+    load_model(str(mount), "cpu", "auto")
+    assert not [f.name for f in mount.iterdir() if f.name.startswith(".")]      # no temp or backup dir
+
+
+def test_a_failed_write_into_a_mount_point_leaves_its_checkpoint_as_it_was(mount):
+    assert quantize(mount, "--overwrite").returncode == 0
+    before = {f.name: f.read_bytes() for f in mount.iterdir()}
+    p = quantize(mount, "--overwrite", "--bits", "8")     # ~12 MB beside the 8 MB there: the disk fills
+    assert p.returncode == 16, p.stderr
+    assert len(p.stderr.strip().splitlines()[-1:]) == 1 and "free space" in p.stderr, p.stderr
+    assert {f.name: f.read_bytes() for f in mount.iterdir()} == before
+
+
+def test_a_bind_mount_of_the_same_file_system_is_a_mount_point(tmp_path):
+    """os.path.ismount misses it (same device, a different inode than its parent); renaming it is EBUSY all the same."""
+    src, dst = tmp_path / "src", tmp_path / "a dir"      # mountinfo escapes the space
+    src.mkdir()
+    dst.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "--bind", str(src), str(dst)], capture_output=True).returncode:
+        pytest.skip("bind mounts need root")
+    try:
+        assert not os.path.ismount(dst) and is_mount_point(dst) and not is_mount_point(src)
+        p = quantize(dst, "--overwrite")
+        assert p.returncode == 0, p.stderr
+        assert (src / "config.json").is_file()
+    finally:
+        subprocess.run(["umount", str(dst)], check=True)
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")
+def test_a_directory_on_another_device_is_a_mount_point_only_at_its_root(tmp_path):
+    assert os.stat("/dev/shm").st_dev != os.stat(tmp_path).st_dev
+    assert is_mount_point(Path("/dev/shm")) and not is_mount_point(tmp_path)
