@@ -98,11 +98,19 @@ def resolve_kv_scales(config, kv_cache_dtype: str, calibrated: KVScales | None, 
 
 def calibrated_kv_dtype(config) -> str | None:
     """The FP8 dtype a checkpoint's k/v scales were calibrated for, as `salactl quantize` records it
-    (quantization_config.meta.kv_cache_dtype); None where the checkpoint does not say."""
+    (quantization_config.meta.kv_cache_dtype, torch's names such as float8_e4m3fn taken too); None
+    where the checkpoint does not say or names no FP8 dtype (then with a warning)."""
     qc = dict(config.extra).get("quantization_config")
     meta = qc.get("meta") if isinstance(qc, dict) else None
     name = meta.get("kv_cache_dtype") if isinstance(meta, dict) else None
-    return name if name in SGLANG_DTYPE_NAMES else None
+    if name is None or name in SGLANG_DTYPE_NAMES:
+        return name
+    by_torch_name = {v: k for k, v in SGLANG_DTYPE_NAMES.items()}
+    if name in by_torch_name:
+        return by_torch_name[name]
+    output.warn_once(f"quantization_config.meta.kv_cache_dtype {name!r} names no FP8 dtype (fp8_e4m3, fp8_e5m2); "
+                     "its KV scales are used as they are")
+    return None
 
 
 def _recalibration(config, kv_cache_dtype: str) -> float:

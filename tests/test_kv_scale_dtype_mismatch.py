@@ -84,3 +84,21 @@ def test_loaded_scales_are_rescaled_to_the_dtype_run(calibrated, tmp_path):
         for i, pair in resolve_kv_scales(lm.config, run, model_kv_scales(lm.model), "cpu").items():
             for got, want in zip(pair, stored[E5][i]):
                 torch.testing.assert_close(got, want.expand_as(got), rtol=0, atol=0)
+
+
+def test_torch_dtype_names_are_read_and_unknown_names_warned(calibrated, tmp_path, capsys):
+    """float8_e5m2 (torch's and SGLang's name) is e5m2's label too; a name that is no FP8 dtype keeps
+    the scales as they are, with a warning instead of silently."""
+    stored = model_kv_scales(load_model(calibrated[E5], "cpu", "float32").model)
+    for label, factor, warned in (("float8_e5m2", MAX[E5] / MAX[E4], ""),      # warned once per process
+                                  ("fp9_weird", 1.0, "'fp9_weird' names no FP8 dtype")):
+        d = tmp_path / label
+        shutil.copytree(calibrated[E5], d)
+        cfg = json.loads((d / "config.json").read_text())
+        cfg["quantization_config"]["meta"]["kv_cache_dtype"] = label
+        (d / "config.json").write_text(json.dumps(cfg))
+        lm = load_model(d, "cpu", "float32")
+        for i, pair in resolve_kv_scales(lm.config, E4, model_kv_scales(lm.model), "cpu").items():
+            for got, want in zip(pair, stored[i]):
+                torch.testing.assert_close(got, want.expand_as(got) * factor, rtol=0, atol=0)
+        assert warned in capsys.readouterr().err
