@@ -1,8 +1,8 @@
 """Writing a Hugging Face checkpoint: config.json + safetensors (sharded with an index when large)
 written into a temp dir beside the target and renamed into place, so that neither a failure, a full
 disk, a kill nor another process writing the same directory leaves a partial or mixed checkpoint.
-A target that is a mount point (a Docker volume), which cannot be renamed, gets the temp dir inside
-it and the files moved in, config.json last."""
+A target that is a mount point (a Docker volume) cannot be renamed, so it is refused before any work:
+a directory inside it can."""
 
 from __future__ import annotations
 
@@ -36,13 +36,16 @@ def check_output_dir(out_dir: Path, overwrite: bool) -> Path:
     directory_option(out_dir)                        # a file or a path below one: usage error, exit 2
     if not out_dir.exists():
         return out_dir
+    if out_dir.is_dir() and is_mount_point(out_dir):
+        raise UsageError(f"--out {out_dir} is a mount point, which cannot be swapped for a new checkpoint in one "
+                         f"rename; give a directory inside it, e.g. --out {out_dir / 'model'}")
     if not overwrite:
         raise OutputExistsError(f"{out_dir} already exists; choose another --out or pass --overwrite")
     cwd = Path.cwd().resolve()
     if out_dir == cwd or out_dir in cwd.parents:
         raise OutputExistsError(f"--overwrite would delete {out_dir}, which holds the working directory; "
                                 "choose a new --out")
-    if _entries(out_dir) and not (out_dir / "config.json").is_file():
+    if any(out_dir.iterdir()) and not (out_dir / "config.json").is_file():
         raise OutputExistsError(f"--overwrite only replaces a checkpoint, and {out_dir} has files but no "
                                 "config.json; choose a new --out")
     return out_dir
@@ -72,7 +75,7 @@ def save_checkpoint(state: dict[str, torch.Tensor], config_dict: dict, out_dir: 
     out_dir = check_output_dir(out_dir, overwrite)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     _remove_orphaned_temp_dirs(out_dir)
-    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(out_dir) + f"{os.getpid()}-", dir=_staging_dir(out_dir)))
+    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(out_dir) + f"{os.getpid()}-", dir=out_dir.parent))
     try:
         try:
             _write_files(tmp, state, config_dict, max_shard_bytes, extra_files or {})
@@ -80,10 +83,7 @@ def save_checkpoint(state: dict[str, torch.Tensor], config_dict: dict, out_dir: 
             raise _disk_full(out_dir, str(e)) from e
         except OSError as e:
             raise _write_error(e, tmp, out_dir) from e
-        if tmp.parent == out_dir:
-            _move_into_mount(tmp, out_dir)
-        else:
-            _swap_into_place(tmp, out_dir, overwrite)
+        _swap_into_place(tmp, out_dir, overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -158,9 +158,6 @@ def _short_name(out_dir: Path) -> str:
     return os.fsdecode(raw[:40]) + "~" + hashlib.sha256(raw).hexdigest()[:12]
 
 
-def _staging_dir(out_dir: Path) -> Path:
-    """Where the temp and backup dirs go: beside out_dir, or inside it where it is a mount point."""
-    return out_dir if out_dir.is_dir() and is_mount_point(out_dir) else out_dir.parent
 
 
 def is_mount_point(path: Path) -> bool:
@@ -179,15 +176,8 @@ def is_mount_point(path: Path) -> bool:
                for f in map(bytes.split, lines))
 
 
-def _staging_name(out_dir: Path) -> re.Pattern:
-    """The names of the temp and backup dirs made for out_dir (mkdtemp's 8 characters last)."""
-    return re.compile(re.escape(f".{_short_name(out_dir)}.") + r"(?:tmp|old)-(?:\d+-)?[a-z0-9_]{8}")
 
 
-def _entries(out_dir: Path) -> list[Path]:
-    """What out_dir holds, but for the temp and backup dirs of writes into it as a mount point."""
-    staging = _staging_name(out_dir)
-    return [p for p in out_dir.iterdir() if not staging.fullmatch(p.name)]
 
 
 def _remove_orphaned_temp_dirs(out_dir: Path) -> None:
@@ -195,7 +185,7 @@ def _remove_orphaned_temp_dirs(out_dir: Path) -> None:
     those whose name carries the pid of a process no longer running. A live writer's stays; so does
     one whose pid was reused, until that process ends."""
     ours = re.compile(re.escape(_temp_prefix(out_dir)) + r"(\d+)-[a-z0-9_]{8}")   # mkdtemp's names only
-    for leftover in _staging_dir(out_dir).iterdir():
+    for leftover in out_dir.parent.iterdir():
         m = ours.fullmatch(leftover.name)
         if m and leftover.is_dir() and not _process_alive(int(m[1])):
             shutil.rmtree(leftover, ignore_errors=True)
@@ -280,34 +270,6 @@ def _backup_prefix(out_dir: Path) -> str:
     return f".{_short_name(out_dir)}.old-"
 
 
-def _move_into_mount(new: Path, out_dir: Path) -> None:
-    """Move the finished checkpoint's files from `new` (a temp dir inside out_dir) into out_dir, a
-    mount point, which cannot be renamed. What out_dir held (check_output_dir allowed only a
-    checkpoint) is first moved into a backup dir inside it, config.json first, and deleted once the
-    new files are in; config.json comes in last, so a reader never finds a config without its
-    weights. Whatever fails midway takes the new files back out and restores the old ones."""
-    backup = Path(tempfile.mkdtemp(prefix=_backup_prefix(out_dir) + f"{os.getpid()}-", dir=out_dir))
-    old = sorted(_entries(out_dir), key=lambda p: p.name != "config.json")
-    moved, placed = [], []
-    try:
-        for p in old:
-            os.replace(p, backup / p.name)
-            moved.append(p.name)
-        for f in sorted(new.iterdir(), key=lambda p: p.name == "config.json"):
-            if os.path.lexists(out_dir / f.name):
-                raise OutputExistsError(f"another process wrote {out_dir} meanwhile, and its files stay; run "
-                                        "again to replace them, or choose another --out")
-            os.replace(f, out_dir / f.name)
-            placed.append(out_dir / f.name)
-    except BaseException:
-        for f in placed:
-            f.unlink(missing_ok=True)
-        for name in reversed(moved):
-            os.replace(backup / name, out_dir / name)
-        shutil.rmtree(backup, ignore_errors=True)
-        raise
-    shutil.rmtree(backup, ignore_errors=True)
-    new.rmdir()
 
 
 def _rename_unless_taken(new: Path, out_dir: Path, taken: str) -> None:
