@@ -7,7 +7,6 @@ a directory inside it can."""
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import re
@@ -32,7 +31,6 @@ def check_output_dir(out_dir: Path, overwrite: bool) -> Path:
     from salactl.output import directory_option
 
     out_dir = Path(out_dir).expanduser().resolve()
-    _check_name_lengths(out_dir)
     directory_option(out_dir)                        # a file or a path below one: usage error, exit 2
     if not out_dir.exists():
         return out_dir
@@ -50,19 +48,6 @@ def check_output_dir(out_dir: Path, overwrite: bool) -> Path:
                                 "config.json; choose a new --out")
     return out_dir
 
-
-def _check_name_lengths(out_dir: Path) -> None:
-    """A name longer than its file system allows (NAME_MAX, 255 bytes almost everywhere) is a usage
-    error now, not an OSError at its first use."""
-    existing = next(p for p in out_dir.parents if os.path.isdir(p))
-    try:
-        limit = os.pathconf(existing, "PC_NAME_MAX")
-    except (AttributeError, OSError, ValueError):       # no pathconf (Windows), or no such limit
-        limit = 255
-    for part in out_dir.parts[1:]:
-        if len(os.fsencode(part)) > limit:
-            raise UsageError(f"--out: the name {part[:24]}... is {len(os.fsencode(part))} bytes, more than the "
-                             f"{limit} its file system allows; choose a shorter name")
 
 
 def save_checkpoint(state: dict[str, torch.Tensor], config_dict: dict, out_dir: Path,
@@ -146,17 +131,9 @@ def _write_files(tmp: Path, state: dict[str, torch.Tensor], config_dict: dict, m
 
 
 def _temp_prefix(out_dir: Path) -> str:
-    return f".{_short_name(out_dir)}.tmp-"
+    from salactl.output import short_name
 
-
-def _short_name(out_dir: Path) -> str:
-    """out_dir's name as its temp and backup names carry it: a long one (up to NAME_MAX, 255 bytes)
-    is cut to 40 bytes plus a digest of the whole, so those names stay well inside NAME_MAX."""
-    raw = os.fsencode(out_dir.name)
-    if len(raw) <= 64:
-        return out_dir.name
-    return os.fsdecode(raw[:40]) + "~" + hashlib.sha256(raw).hexdigest()[:12]
-
+    return f".{short_name(out_dir)}.tmp-"
 
 
 
@@ -267,7 +244,9 @@ def _swap_into_place(new: Path, out_dir: Path, overwrite: bool) -> None:
 
 
 def _backup_prefix(out_dir: Path) -> str:
-    return f".{_short_name(out_dir)}.old-"
+    from salactl.output import short_name
+
+    return f".{short_name(out_dir)}.old-"
 
 
 

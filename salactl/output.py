@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import math
 import os
@@ -228,6 +229,7 @@ def directory_option(path: Path | None, flag: str = "--out", files: tuple[str, .
     options.non_empty_path)."""
     if path is None:
         return None
+    _check_name_lengths(path, flag)
     if path.exists() and not path.is_dir():
         raise UsageError(f"{flag} {path} is a file; give a directory")
     existing = next(p for p in (path, *path.absolute().parents) if p.exists())
@@ -240,6 +242,30 @@ def directory_option(path: Path | None, flag: str = "--out", files: tuple[str, .
     for name in files:
         _probe_appendable(path / name, path, flag)
     return path
+
+
+def _check_name_lengths(path: Path, flag: str) -> None:
+    """A name longer than its file system allows (NAME_MAX, 255 bytes almost everywhere) is a usage
+    error now, not an OSError (exit 1) at its first use."""
+    path = path.absolute()
+    existing = next(p for p in path.parents if os.path.isdir(p))
+    try:
+        limit = os.pathconf(existing, "PC_NAME_MAX")
+    except (AttributeError, OSError, ValueError):       # no pathconf (Windows), or no such limit
+        limit = 255
+    for part in path.parts[1:]:
+        if len(os.fsencode(part)) > limit:
+            raise UsageError(f"{flag}: the name {part[:24]}... is {len(os.fsencode(part))} bytes, more than the "
+                             f"{limit} its file system allows; choose a shorter name")
+
+
+def short_name(path: Path) -> str:
+    """path's name as the temp and backup names beside it carry it: a long one (up to NAME_MAX, 255
+    bytes) is cut to 40 bytes plus a digest of the whole, so those names stay inside NAME_MAX."""
+    raw = os.fsencode(path.name)
+    if len(raw) <= 64:
+        return path.name
+    return os.fsdecode(raw[:40]) + "~" + hashlib.sha256(raw).hexdigest()[:12]
 
 
 def _probe_appendable(file: Path, path: Path, flag: str) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from salactl import output
+from salactl.bench.records import interrupts_deferred
 from salactl.errors import (DeviceError, OutputWriteError, ProfilerFailedError, ProfilerPermissionError,
                             ToolMissingError, UsageError)
 from salactl.options import refuse_unused
@@ -137,10 +138,15 @@ def run(spec: ProfileSpec, opts: SessionOptions) -> dict:
 def run_staged(spec: ProfileSpec, opts: SessionOptions, mode: str, sampler=None) -> dict:
     """run() once its mode is resolved. A failed ncu run keeps ncu's log, beside --out, and names it."""
     final = opts.out_dir
-    # staged in --out's nearest existing ancestor (the same filesystem): the parents of --out that
-    # do not exist yet are created only when the files move in
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=_nearest_existing(final.parent)))
+    # staged on --out's filesystem: inside --out where it exists (it may be a mount point or a link
+    # to another filesystem, where a rename from beside it fails with EXDEV after all the work),
+    # else in its nearest existing ancestor (the parents that do not exist yet are created only
+    # when the files move in)
+    where = final if final.is_dir() else _nearest_existing(final.parent)
+    staging = None
     try:
+        with interrupts_deferred():         # a Ctrl-C right after mkdtemp still finds it to remove
+            staging = Path(tempfile.mkdtemp(prefix=f".{output.short_name(final)}.tmp-", dir=where))
         with _write_failures_name(final):
             result = _run(spec, replace(opts, out_dir=staging), mode, sampler)
             result["out_dir"] = str(final)
@@ -155,7 +161,8 @@ def run_staged(spec: ProfileSpec, opts: SessionOptions, mode: str, sampler=None)
             raise
         raise ProfilerFailedError(f"{e}; ncu's output is in {kept}") from e
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def _keep_log(log: Path, final: Path) -> Path | None:
