@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import torch
 
-from salactl import output
 from salactl.errors import ConfigError, UsageError
 
 KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {
@@ -108,7 +107,9 @@ def calibrated_kv_dtype(config) -> str | None:
     by_torch_name = {v: k for k, v in SGLANG_DTYPE_NAMES.items()}
     if name in by_torch_name:
         return by_torch_name[name]
-    output.warn_once(f"quantization_config.meta.kv_cache_dtype {name!r} names no FP8 dtype (fp8_e4m3, fp8_e5m2); "
+    from salactl.output import warn_once        # here: rich, which it imports, draws from `random`
+
+    warn_once(f"quantization_config.meta.kv_cache_dtype {name!r} names no FP8 dtype (fp8_e4m3, fp8_e5m2); "
                      "its KV scales are used as they are")
     return None
 
@@ -124,7 +125,9 @@ def _recalibration(config, kv_cache_dtype: str) -> float:
     if calibrated is None or calibrated == kv_cache_dtype:
         return 1.0
     m_cal, m_run = fp8_max(fp8_dtype(calibrated)), fp8_max(fp8_dtype(kv_cache_dtype))
-    output.warn_once(f"the checkpoint's KV scales were calibrated for {calibrated}, not {kv_cache_dtype}: "
+    from salactl.output import warn_once
+
+    warn_once(f"the checkpoint's KV scales were calibrated for {calibrated}, not {kv_cache_dtype}: "
                      f"they run multiplied by {m_cal / m_run:g} ({m_cal:g} / {m_run:g}, the two formats' "
                      "largest values), which keeps their calibrated range")
     return m_cal / m_run
