@@ -228,9 +228,7 @@ def _check_memory(model: str | Path | LoadedModel, config: SalaConfig, device: s
                  config.lightning_nh * config.lightning_head_dim)
     fixed = weights + widest * widest * 4
     room = available_bytes(dev)
-    if room is None or fixed + samples * per_sample <= room:
-        return
-    fits = max(room - fixed, 0) // per_sample
+    fits = max((room or 0) - fixed, 0) // per_sample
     fix = (f"use nsamples (--nsamples) {fits:,} or less, or a shorter seqlen (--seqlen)" if fits else
            "use a shorter seqlen (--seqlen), a smaller dtype (--dtype) or a machine with more memory")
     check_fits(fixed + samples * per_sample, room,
