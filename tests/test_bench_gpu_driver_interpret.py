@@ -54,3 +54,16 @@ def test_cancelled_request_is_aborted_and_frees_its_slot():
     assert 2 <= len(got) < 200 and len(after) == 2
     assert not engine.requests                          # the driver released both requests
     assert (engine.scheduler.slots.free, engine.scheduler.pages.free) == (engine.plan.slots, engine.plan.pages)
+
+
+def test_prepare_goes_through_the_driver_and_captures_nothing_without_cuda_graphs():
+    engine = GPUEngine(micro_model(), "cpu", max_running_requests=4, chunk_size=32, kv_tokens=256)
+    driver = EngineDriver(GpuStepper(engine))
+    try:
+        driver.prepare(4, 100)
+        assert engine.capture_decode_graphs(4, 100) == 0 and not engine.runner.graphs
+        out = [tok for tok, _ in driver.submit([5, 6, 7], SamplingParams(max_new_tokens=2, ignore_eos=True),
+                                               threading.Event())]
+    finally:
+        driver.close()
+    assert len(out) == 2

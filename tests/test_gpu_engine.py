@@ -87,3 +87,31 @@ def test_w4a16_engine_matches_reference(bits, layout):
     rows = check_model(model, "cuda", prompt_len=700, decode_steps=4, chunk=100, cuda_graph=True, tol=5e-2)
     bad = [r for r in rows if not r[1] <= r[2]]
     assert not bad, rows
+
+
+def test_decode_graphs_captured_ahead_are_the_ones_decode_replays():
+    """capture_decode_graphs(rows, longest) captures every bucket up to bucket(rows), dense and
+    (past dense_len) sparse, so a batch of that many requests captures nothing more; the tokens
+    match an engine that captured lazily."""
+    from salactl.runtime.gpu.engine import GPUEngine
+    from salactl.runtime.sampling import SamplingParams
+
+    g = torch.Generator().manual_seed(1)
+    model = _model(torch.float32)
+    dense_len = model.config.sparse_config.dense_len
+    lens = [dense_len + 20, 30, dense_len - 2, 7, 60]
+    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in lens]
+    batch = [(p, SamplingParams(max_new_tokens=6, ignore_eos=True)) for p in prompts]
+
+    ahead = GPUEngine(model, "cuda", max_running_requests=6, chunk_size=128, kv_tokens=8192)
+    assert ahead.capture_decode_graphs(1, 10) == 1                       # dense bucket 1 only
+    assert ahead.capture_decode_graphs(5, dense_len + 26) == 2 * 4 - 1   # buckets 1, 2, 4, 6
+    captured = set(ahead.runner.graphs)
+    assert captured == {(b, s) for b in (1, 2, 4, 6) for s in (False, True)}
+    assert ahead.capture_decode_graphs(64, dense_len + 26) == 0          # capped at max_running_requests
+    got = ahead.generate_batch(batch)
+    assert set(ahead.runner.graphs) == captured
+
+    lazy = GPUEngine(_model(torch.float32), "cuda", max_running_requests=6, chunk_size=128, kv_tokens=8192)
+    want = lazy.generate_batch(batch)
+    assert [r.output_token_ids for r in got] == [r.output_token_ids for r in want]

@@ -142,6 +142,14 @@ class GPUEngine:
     def fallback_notes(self) -> list[str]:
         return fallback_notes(self.device)
 
+    @_serialised
+    def capture_decode_graphs(self, rows: int, longest: int) -> int:
+        """Capture ahead of time the decode CUDA graphs that up to `rows` running requests of at
+        most `longest` tokens (prompt + output) can use, so the first step at each batch size does
+        not pay for kernel compilation and capture (a bench phase calls this before its clock).
+        Returns how many graphs were captured."""
+        return self.runner.capture_graphs(rows, sparse=longest >= self.config.sparse_config.dense_len)
+
     def _set_kv_scales(self, model) -> None:
         """FP8 KV: calibrated per-layer scales from the checkpoint (runtime/kv_fp8.py policy:
         e5m2 defaults to 1.0, e4m3 without calibration is refused)."""

@@ -5,8 +5,8 @@ Decode inputs live in one static int64 buffer [3, max_bs] (token ids, positions,
 from a pinned host buffer by one copy per step; padded rows point at the trash slot/page, so
 their writes never reach a live request. Two graphs per bucket: dense (every row below
 dense_len: no selection) and sparse (selection on the GPU, per-row dense/sparse in the kernel).
-Graphs are captured on first use (after an eager warm-up that compiles every kernel) into one
-shared memory pool, largest buckets reuse it."""
+Graphs are captured on first use (after an eager warm-up that compiles every kernel), or ahead
+of time by capture_graphs, into one shared memory pool."""
 
 from __future__ import annotations
 
@@ -95,6 +95,20 @@ class ModelRunner:
             for slot, _, p in rows:
                 self.backend.k1_have[slot] = num_windows(p + 1, sc)
         return out[:n].clone() if use_graph else out
+
+    @torch.inference_mode()
+    def capture_graphs(self, rows: int, sparse: bool) -> int:
+        """Capture now every decode graph a step of up to `rows` requests can replay (each bucket up
+        to bucket(rows); the sparse graphs too when `sparse`), largest first so the smaller ones
+        fit in the pool it leaves; returns how many were captured (0 without CUDA graphs)."""
+        if not self.cuda_graph:
+            return 0
+        top = self.bucket(max(1, min(rows, self.max_batch)))
+        keys = [(b, s) for b in reversed(self.buckets) if b <= top for s in ((False, True) if sparse else (False,))]
+        todo = [k for k in keys if k not in self.graphs]
+        for bs, s in todo:
+            self._graph(bs, s)
+        return len(todo)
 
     def _graph(self, bs: int, sparse: bool):
         key = (bs, sparse)

@@ -7,7 +7,8 @@ loop holding N requests in flight (SOAR S1/S8). The send time is taken when a cl
 the request up, so TTFT excludes client-side waiting, as behind SGLang's semaphore.
 
 Before the clock: one warmup request (the phase's first request, output capped at 32 tokens),
-then a cache flush. Duration = first dispatch → last request returned.
+the target's preparation for the phase's concurrency (the embedded GPU engine captures the decode
+CUDA graphs of every batch size it can reach), then a cache flush. Duration = first dispatch → last request returned.
 Ctrl-C cancels the phase: in-flight streams are unblocked, client threads take no further request
 (the cut ones count neither as done nor as failed) and KeyboardInterrupt propagates; the caller
 keeps the records of phases that finished.
@@ -135,6 +136,9 @@ def run_phase(target: Target, phase: Phase, requests: list[BenchRequest], seed: 
     try:
         for _ in range(phase.warmup_requests):
             warmup(target, requests[0], phase.name, cancel)
+        if requests:
+            target.prepare(min(phase.max_concurrency or len(requests), len(requests)),
+                           max(r.input_len + r.output_len for r in requests))
         flushed = target.flush_cache() if phase.flush_cache else None
         outcome = _timed(target, phase, requests, seed, progress, cancel)
         outcome.cache_flushed = flushed

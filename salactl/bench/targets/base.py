@@ -44,6 +44,10 @@ class Target(ABC):
         """Drop any prefix cache so a phase does not reuse the warmup's work; False when that failed."""
         return True
 
+    def prepare(self, max_concurrency: int, longest: int) -> None:
+        """Before the clock: build what the target would otherwise build lazily inside the timed phase
+        for up to max_concurrency requests at once of at most `longest` tokens (prompt + output)."""
+
     def cancel_all(self) -> None:
         """Unblock every in-flight stream (Ctrl-C)."""
 

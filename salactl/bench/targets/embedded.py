@@ -72,6 +72,9 @@ class EmbeddedTarget(Target):
                 if is_out_of_memory(e) else e
             raise RequestFailed(f"{type(e).__name__}: {e}") from cause
 
+    def prepare(self, max_concurrency: int, longest: int) -> None:
+        self.engine.prepare(max_concurrency, longest)
+
     def phase_begin(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

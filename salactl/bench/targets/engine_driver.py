@@ -108,6 +108,9 @@ class GpuStepper:
     def step(self):
         return self.engine.step()
 
+    def prepare(self, rows: int, longest: int) -> None:
+        self.engine.capture_decode_graphs(rows, longest)
+
 
 class _Job:
     def __init__(self, prompt_ids, params, cancel):
@@ -187,6 +190,14 @@ class EngineDriver:
                 self._inbox.get_nowait().out.put(err)
             except queue.Empty:
                 return
+
+    def prepare(self, rows: int, longest: int) -> None:
+        """Build ahead what the stepping engine would build lazily for `rows` requests at once of at
+        most `longest` tokens (the GPU engine's decode CUDA graphs). Called between phases, while the
+        worker is idle; the engine's own lock keeps it apart from a step."""
+        prepare = getattr(self.stepper, "prepare", None)
+        if prepare is not None:
+            prepare(rows, longest)
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Stop the worker (after its current step) and drop the engine, so its memory (the GPU
