@@ -32,6 +32,17 @@ from salactl.errors import OutputExistsError, OutputWriteError, UsageError
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
+def write_remedy(e: OSError, elsewhere: str = "choose another --out") -> str:
+    """What to do about a failed write, by its errno: free space only when space is the problem."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"free space on its disk or {elsewhere}"
+    if e.errno == errno.EFBIG:
+        return f"the file reached a size limit of its file system or of this process (ulimit -f); {elsewhere}"
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"make it writable or {elsewhere}"
+    return elsewhere
+
+
 class DiskFullError(OutputWriteError):
     """An output the disk had no room for (full, over quota, past a file-size limit); `path` and
     `reason` let a caller that stages its files name the output its own way."""

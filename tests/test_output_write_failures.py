@@ -44,8 +44,8 @@ def test_a_full_disk_during_a_records_append_leaves_the_records_file_as_it_was(t
     before = records.read_bytes()
     r = salactl_with_file_limit(len(before) + 200, *RUN, "--out", records.parent)     # a record is ~1 KB
     assert r.returncode == OutputWriteError.exit_code == 16, r.stderr
-    assert error_line(r.stderr) == (f"error: cannot append to {records}: File too large; free space on its "
-                                    "disk or choose another --out")
+    assert error_line(r.stderr) == (f"error: cannot append to {records}: File too large; the file reached a size "
+                                    "limit of its file system or of this process (ulimit -f); choose another --out")
     assert records.read_bytes() == before                  # no torn line for `report latency` to refuse
 
 

@@ -26,7 +26,7 @@ from salactl import output
 from salactl.bench.requests import RequestResult
 from salactl.errors import OutputWriteError, UsageError
 from salactl.output import jsonable
-from salactl.reports.atomic import exclusive_lock, new_dirs, write_atomic
+from salactl.reports.atomic import exclusive_lock, new_dirs, write_atomic, write_remedy
 from salactl.reports.records import RECORDS_NAME  # noqa: F401 - bench.records.RECORDS_NAME for its writers
 from salactl.reports.records import SCHEMA_VERSION, breaks_lines, parse_record_line, record_lines
 
@@ -166,8 +166,7 @@ class RecordWriter:
                             self.path.unlink()
                     raise
         except OSError as e:
-            raise OutputWriteError(f"cannot append to {self.path}: {e.strerror or e}; free space on its disk "
-                                   "or choose another --out") from e
+            raise OutputWriteError(f"cannot append to {self.path}: {e.strerror or e}; {write_remedy(e)}") from e
 
 
 def _ends_in_partial_line(f, size: int) -> bool:

@@ -23,7 +23,7 @@ from salactl.profiling.ncu_runner import (NcuOptions, export_command, export_csv
 from salactl.profiling.manifest import read_ncu_manifest
 from salactl.profiling.spec import ProfileSpec
 from salactl.profiling.step_runner import write_json
-from salactl.reports.atomic import DiskFullError, check_destinations, exclusive_lock, move_all
+from salactl.reports.atomic import DiskFullError, check_destinations, exclusive_lock, move_all, write_remedy
 from salactl.reports.ncu import parse_csv
 from salactl.reports.profile_table import from_ncu, in_scopes, kernel_rows, layer_rows, op_rows
 
@@ -197,12 +197,12 @@ def _write_failures_name(final: Path) -> Iterator[None]:
     except OSError as e:
         if e.errno not in WRITE_ERRNOS:
             raise
-        raise _cannot_write_profile(final, e.strerror) from e
+        raise _cannot_write_profile(final, e.strerror, write_remedy(e)) from e
 
 
-def _cannot_write_profile(final: Path, cause: str) -> OutputWriteError:
-    return OutputWriteError(f"cannot write the profile in {final}: {cause}; free space on its disk or choose "
-                            "another --out")
+def _cannot_write_profile(final: Path, cause: str,
+                          remedy: str = "free space on its disk or choose another --out") -> OutputWriteError:
+    return OutputWriteError(f"cannot write the profile in {final}: {cause}; {remedy}")
 
 
 def _nearest_existing(path: Path) -> Path:
