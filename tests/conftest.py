@@ -120,6 +120,28 @@ def run_cli_ok(*args) -> None:
         sys.argv = argv
 
 
+@pytest.fixture
+def tmpfs(tmp_path):
+    """mount(size): a tmpfs of that size (say "12m") mounted at a new directory under tmp_path,
+    unmounted after the test (root only; skipped where mounting is not allowed)."""
+    import subprocess
+
+    mounted = []
+
+    def mount(size: str):
+        where = tmp_path / f"mnt{len(mounted)}"
+        where.mkdir()
+        if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                                               capture_output=True).returncode:
+            pytest.skip("mounting a tmpfs needs root")
+        mounted.append(where)
+        return where
+
+    yield mount
+    for where in mounted:
+        subprocess.run(["umount", str(where)], check=True)
+
+
 @pytest.fixture(scope="session")
 def nano_rtn_dir(tmp_path_factory):
     """sala-nano quantized by `salactl quantize --method rtn` (W4A16 g128); tests copy it before editing."""

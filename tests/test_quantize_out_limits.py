@@ -43,16 +43,9 @@ def test_a_name_past_name_max_is_a_usage_error_before_any_work(tmp_path):
 
 
 @pytest.fixture
-def mount(tmp_path):
-    """A tmpfs mounted at tmp_path/mnt (root only; skipped where mounting is not allowed), room for
-    sala-nano's 4-bit checkpoint (8 MB)."""
-    where = tmp_path / "mnt"
-    where.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(where)],
-                                           capture_output=True).returncode:
-        pytest.skip("mounting a tmpfs needs root")
-    yield where
-    subprocess.run(["umount", str(where)], check=True)
+def mount(tmpfs):
+    """Room for sala-nano's 4-bit checkpoint (8 MB)."""
+    return tmpfs("12m")
 
 
 @pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])

@@ -12,18 +12,8 @@ from salactl.errors import OutputWriteError
 from salactl.reports.atomic import write_remedy
 
 
-@pytest.fixture
-def tmpfs(tmp_path):
-    where = tmp_path / "mnt"
-    where.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)],
-                                           capture_output=True).returncode:
-        pytest.skip("mounting a tmpfs needs root")
-    yield where
-    subprocess.run(["umount", str(where)], check=True)
-
-
 def test_a_read_only_file_system_asks_for_a_writable_place_not_free_space(tmpfs):
+    tmpfs = tmpfs("64k")
     path = tmpfs / "records.jsonl"
     path.write_text('{"phase": "S1"}\n')
     subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
@@ -35,6 +25,7 @@ def test_a_read_only_file_system_asks_for_a_writable_place_not_free_space(tmpfs)
 
 
 def test_a_full_disk_asks_for_free_space_and_leaves_the_file_as_it_was(tmpfs):
+    tmpfs = tmpfs("64k")
     (tmpfs / "filler").write_bytes(b"\0" * (60 << 10))
     path = tmpfs / "records.jsonl"
     path.write_text('{"phase": "S1"}\n')
