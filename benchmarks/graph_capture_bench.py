@@ -31,9 +31,9 @@ def run_mode(model, ahead: bool, args, requests) -> dict:
     from salactl.bench.targets.engine_driver import EngineDriver, GpuStepper
     from salactl.runtime.gpu.engine import GPUEngine
 
-    engine = GPUEngine(model, "cuda", max_running_requests=64, chunk_size=8192)
+    engine = GPUEngine(model, args.device, max_running_requests=64, chunk_size=8192)
     target = EmbeddedTarget(EngineDriver(GpuStepper(engine), 64), args.model, model.config.vocab_size,
-                            torch.device("cuda"))
+                            torch.device(args.device))
     prepare_s = []
     real_prepare = target.prepare
 
@@ -49,6 +49,8 @@ def run_mode(model, ahead: bool, args, requests) -> dict:
     finally:
         target.close()
     ok = [r for r in out.results if r.success]
+    if not ok:
+        raise SystemExit(f"every request failed; the first: {out.results[0].error}")
     ttft = np.array([r.ttft for r in ok]) * 1e3
     itl = np.array([x for r in ok for x in r.itl]) * 1e3
     row = {"mode": "ahead" if ahead else "lazy", "completed": len(ok), "duration_s": out.duration,
@@ -59,7 +61,8 @@ def run_mode(model, ahead: bool, args, requests) -> dict:
            "req_per_s": len(ok) / out.duration}
     del engine, target
     gc.collect()
-    torch.cuda.empty_cache()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     return row
 
 
@@ -70,6 +73,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--input-len", type=int, default=1024)
     ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
 
     from salactl.bench.synthetic import random_lengths
@@ -77,22 +81,23 @@ def main() -> None:
     from salactl.runtime.loader import load_model
     from salactl.runtime.sampling import SamplingParams
 
-    model = load_model(args.model, "cuda", "bf16", random_weights=True, seed=0).model
+    model = load_model(args.model, args.device, "bf16", random_weights=True, seed=0).model
     requests = random_lengths(args.requests, args.input_len, args.output_len, model.config.vocab_size,
                               range_ratio=0.5, seed=1)      # mixed lengths: the running batch size varies
     t0 = time.perf_counter()            # compile every kernel once (eager steps at several batch sizes)
-    jit = GPUEngine(model, "cuda", max_running_requests=64, chunk_size=8192, cuda_graph=False)
+    jit = GPUEngine(model, args.device, max_running_requests=64, chunk_size=8192, cuda_graph=False)
     jit.generate_batch([(list(r.prompt_ids), SamplingParams(max_new_tokens=4, ignore_eos=True))
                         for r in requests[:args.concurrency]])
     del jit
     gc.collect()
-    torch.cuda.empty_cache()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     print(f"kernels compiled in {time.perf_counter() - t0:.1f} s", flush=True)
     rows = [run_mode(model, ahead, args, requests) for ahead in (False, True, False, True)]
     out = Path(os.environ.get("OUT", "out"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "graph_capture.json").write_text(json.dumps({"args": vars(args), "rows": rows,
-                                                        "gpu": torch.cuda.get_device_name()}, indent=1))
+                                                        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}, indent=1))
     cols = ("mode", "graphs", "prepare_s", "duration_s", "ttft_ms_p50", "ttft_ms_p99", "ttft_ms_max",
             "itl_ms_p50", "itl_ms_p99", "itl_ms_max", "req_per_s")
     print(" | ".join(cols))
