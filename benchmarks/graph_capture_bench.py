@@ -37,10 +37,10 @@ def run_mode(model, ahead: bool, args, requests) -> dict:
     prepare_s = []
     real_prepare = target.prepare
 
-    def prepare(rows, longest):
+    def prepare(*args):
         t0 = time.perf_counter()
         if ahead:
-            real_prepare(rows, longest)
+            real_prepare(*args)
         prepare_s.append(time.perf_counter() - t0)
 
     target.prepare = prepare

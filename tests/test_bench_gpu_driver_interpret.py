@@ -60,8 +60,8 @@ def test_prepare_goes_through_the_driver_and_captures_nothing_without_cuda_graph
     engine = GPUEngine(micro_model(), "cpu", max_running_requests=4, chunk_size=32, kv_tokens=256)
     driver = EngineDriver(GpuStepper(engine))
     try:
-        driver.prepare(4, 100)
-        assert engine.capture_decode_graphs(4, 100) == 0 and not engine.runner.graphs
+        driver.prepare(4, 3, 100)
+        assert engine.capture_decode_graphs(4, 3, 100) == 0 and not engine.runner.graphs
         out = [tok for tok, _ in driver.submit([5, 6, 7], SamplingParams(max_new_tokens=2, ignore_eos=True),
                                                threading.Event())]
     finally:

@@ -90,9 +90,9 @@ def test_w4a16_engine_matches_reference(bits, layout):
 
 
 def test_decode_graphs_captured_ahead_are_the_ones_decode_replays():
-    """capture_decode_graphs(rows, longest) captures every bucket up to bucket(rows), dense and
-    (past dense_len) sparse, so a batch of that many requests captures nothing more; the tokens
-    match an engine that captured lazily."""
+    """capture_decode_graphs(rows, first, last) captures every bucket up to bucket(rows), dense when
+    a fed position p has p + 1 < dense_len and sparse when one has p + 1 >= dense_len, so a batch of
+    that many requests captures nothing more; the tokens match an engine that captured lazily."""
     from salactl.runtime.gpu.engine import GPUEngine
     from salactl.runtime.sampling import SamplingParams
 
@@ -104,11 +104,13 @@ def test_decode_graphs_captured_ahead_are_the_ones_decode_replays():
     batch = [(p, SamplingParams(max_new_tokens=6, ignore_eos=True)) for p in prompts]
 
     ahead = GPUEngine(model, "cuda", max_running_requests=6, chunk_size=128, kv_tokens=8192)
-    assert ahead.capture_decode_graphs(1, 10) == 1                       # dense bucket 1 only
-    assert ahead.capture_decode_graphs(5, dense_len + 26) == 2 * 4 - 1   # buckets 1, 2, 4, 6
+    assert ahead.capture_decode_graphs(1, 3, dense_len - 2) == 1             # dense bucket 1 only
+    assert set(ahead.runner.graphs) == {(1, False)}
+    assert ahead.capture_decode_graphs(1, dense_len - 1, dense_len + 9) == 1  # sparse bucket 1 only
+    assert ahead.capture_decode_graphs(5, 7, dense_len + 24) == 2 * 4 - 2     # buckets 1, 2, 4, 6
     captured = set(ahead.runner.graphs)
     assert captured == {(b, s) for b in (1, 2, 4, 6) for s in (False, True)}
-    assert ahead.capture_decode_graphs(64, dense_len + 26) == 0          # capped at max_running_requests
+    assert ahead.capture_decode_graphs(64, 7, dense_len + 24) == 0           # capped at max_running_requests
     got = ahead.generate_batch(batch)
     assert set(ahead.runner.graphs) == captured
 

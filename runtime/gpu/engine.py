@@ -143,12 +143,16 @@ class GPUEngine:
         return fallback_notes(self.device)
 
     @_serialised
-    def capture_decode_graphs(self, rows: int, longest: int) -> int:
-        """Capture ahead of time the decode CUDA graphs that up to `rows` running requests of at
-        most `longest` tokens (prompt + output) can use, so the first step at each batch size does
-        not pay for kernel compilation and capture (a bench phase calls this before its clock).
-        Returns how many graphs were captured."""
-        return self.runner.capture_graphs(rows, sparse=longest >= self.config.sparse_config.dense_len)
+    def capture_decode_graphs(self, rows: int, first_position: int, last_position: int) -> int:
+        """Capture ahead of time the decode CUDA graphs that steps of up to `rows` requests can
+        replay when the positions they feed span [first_position, last_position] (a request's first
+        decode step feeds its prompt length, its last prompt + output - 2), so the first step at each
+        batch size pays for no kernel compilation or capture (a bench phase calls this before its
+        clock). A step is sparse iff some row's p + 1 >= dense_len (ModelRunner.decode). Returns how
+        many graphs were captured."""
+        dense_len = self.config.sparse_config.dense_len
+        return self.runner.capture_graphs(rows, dense=first_position + 1 < dense_len,
+                                          sparse=last_position + 1 >= dense_len)
 
     def _set_kv_scales(self, model) -> None:
         """FP8 KV: calibrated per-layer scales from the checkpoint (runtime/kv_fp8.py policy:

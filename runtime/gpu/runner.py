@@ -97,14 +97,15 @@ class ModelRunner:
         return out[:n].clone() if use_graph else out
 
     @torch.inference_mode()
-    def capture_graphs(self, rows: int, sparse: bool) -> int:
-        """Capture now every decode graph a step of up to `rows` requests can replay (each bucket up
-        to bucket(rows); the sparse graphs too when `sparse`), largest first so the smaller ones
-        fit in the pool it leaves; returns how many were captured (0 without CUDA graphs)."""
+    def capture_graphs(self, rows: int, dense: bool, sparse: bool) -> int:
+        """Capture now the decode graphs a step of up to `rows` requests can replay (each bucket up
+        to bucket(rows); the dense and/or the sparse ones), largest first so the smaller ones fit in
+        the pool it leaves; returns how many were captured (0 without CUDA graphs)."""
         if not self.cuda_graph:
             return 0
         top = self.bucket(max(1, min(rows, self.max_batch)))
-        keys = [(b, s) for b in reversed(self.buckets) if b <= top for s in ((False, True) if sparse else (False,))]
+        kinds = [s for s, wanted in ((False, dense), (True, sparse)) if wanted]
+        keys = [(b, s) for b in reversed(self.buckets) if b <= top for s in kinds]
         todo = [k for k in keys if k not in self.graphs]
         for bs, s in todo:
             self._graph(bs, s)

@@ -129,6 +129,15 @@ def warmup(target: Target, req: BenchRequest, phase: str, cancel: threading.Even
                             "the target cannot serve this workload")
 
 
+def _prepare(target: Target, phase: Phase, requests: list[BenchRequest]) -> None:
+    """Let the target build, before the clock, what the phase's decode steps would build lazily; a
+    phase whose requests all stop after their first token (prefill) decodes nothing."""
+    decoding = [r for r in requests if r.output_len >= 2]
+    if decoding:
+        target.prepare(min(phase.max_concurrency or len(requests), len(requests)),
+                       min(r.input_len for r in decoding), max(r.input_len + r.output_len - 2 for r in decoding))
+
+
 def run_phase(target: Target, phase: Phase, requests: list[BenchRequest], seed: int = 1,
               progress=None) -> PhaseOutcome:
     progress = progress or NullProgress()
@@ -136,9 +145,7 @@ def run_phase(target: Target, phase: Phase, requests: list[BenchRequest], seed: 
     try:
         for _ in range(phase.warmup_requests):
             warmup(target, requests[0], phase.name, cancel)
-        if requests:
-            target.prepare(min(phase.max_concurrency or len(requests), len(requests)),
-                           max(r.input_len + r.output_len for r in requests))
+        _prepare(target, phase, requests)
         flushed = target.flush_cache() if phase.flush_cache else None
         outcome = _timed(target, phase, requests, seed, progress, cancel)
         outcome.cache_flushed = flushed

@@ -44,9 +44,11 @@ class Target(ABC):
         """Drop any prefix cache so a phase does not reuse the warmup's work; False when that failed."""
         return True
 
-    def prepare(self, max_concurrency: int, longest: int) -> None:
+    def prepare(self, max_concurrency: int, first_position: int, last_position: int) -> None:
         """Before the clock: build what the target would otherwise build lazily inside the timed phase
-        for up to max_concurrency requests at once of at most `longest` tokens (prompt + output)."""
+        for decode steps of up to max_concurrency requests feeding positions in [first_position,
+        last_position] (a request's first decode step feeds position input_len, its last
+        input_len + output_len - 2)."""
 
     def cancel_all(self) -> None:
         """Unblock every in-flight stream (Ctrl-C)."""

@@ -12,7 +12,7 @@ import time
 import torch
 
 from salactl import output
-from salactl.bench.out_of_memory import capacity_error, is_out_of_memory
+from salactl.bench.out_of_memory import capacity_error, is_out_of_memory, out_of_memory_is_capacity
 from salactl.bench.requests import BenchRequest
 from salactl.bench.targets.base import Chunk, RequestFailed, Target
 from salactl.errors import UsageError
@@ -72,8 +72,10 @@ class EmbeddedTarget(Target):
                 if is_out_of_memory(e) else e
             raise RequestFailed(f"{type(e).__name__}: {e}") from cause
 
-    def prepare(self, max_concurrency: int, longest: int) -> None:
-        self.engine.prepare(max_concurrency, longest)
+    def prepare(self, max_concurrency: int, first_position: int, last_position: int) -> None:
+        with out_of_memory_is_capacity("the embedded engine's decode CUDA-graph capture",
+                                       "lower --max-running-requests or --mem-fraction"):
+            self.engine.prepare(max_concurrency, first_position, last_position)
 
     def phase_begin(self) -> None:
         if self.device.type == "cuda":

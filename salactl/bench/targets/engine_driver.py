@@ -108,8 +108,8 @@ class GpuStepper:
     def step(self):
         return self.engine.step()
 
-    def prepare(self, rows: int, longest: int) -> None:
-        self.engine.capture_decode_graphs(rows, longest)
+    def prepare(self, rows: int, first_position: int, last_position: int) -> None:
+        self.engine.capture_decode_graphs(rows, first_position, last_position)
 
 
 class _Job:
@@ -191,13 +191,14 @@ class EngineDriver:
             except queue.Empty:
                 return
 
-    def prepare(self, rows: int, longest: int) -> None:
-        """Build ahead what the stepping engine would build lazily for `rows` requests at once of at
-        most `longest` tokens (the GPU engine's decode CUDA graphs). Called between phases, while the
-        worker is idle; the engine's own lock keeps it apart from a step."""
+    def prepare(self, rows: int, first_position: int, last_position: int) -> None:
+        """Build ahead what the stepping engine would build lazily for decode steps of up to `rows`
+        requests feeding positions in [first_position, last_position] (the GPU engine's decode CUDA
+        graphs). Called between phases, while the worker is idle; the engine's own lock keeps it
+        apart from a step."""
         prepare = getattr(self.stepper, "prepare", None)
         if prepare is not None:
-            prepare(rows, longest)
+            prepare(rows, first_position, last_position)
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Stop the worker (after its current step) and drop the engine, so its memory (the GPU
