@@ -183,6 +183,10 @@ def _refuse_skipped_options(s: SweepSettings) -> None:
         refuse_unused([f"--{k.replace('_', '-')}" for k in PASSKEY_DEFAULTS if getattr(s, k) is not None],
                       "the passkey test, which --no-passkey skips", "drop {it}, or drop --no-passkey",
                       verb=("configures", "configure"))
+    if not s.kl and not s.passkey:          # the speed workload's prompts are token ids already
+        refuse_unused(["--tokenizer"] if s.tokenizer is not None else [],
+                      "the KL and passkey prompts, which --no-kl and --no-passkey skip",
+                      "drop {it}, or drop --no-kl or --no-passkey")
 
 
 def _check_before_loading(s: SweepSettings) -> SweepSettings:
@@ -225,7 +229,31 @@ def _check_before_loading(s: SweepSettings) -> SweepSettings:
                          "today: 1 with the reference engine (one sequence at a time), up to "
                          "--max-running-requests with --engine gpu on CUDA")
     check_sizes_fit(s, device)
+    if s.passkey:
+        _check_passkey_prompts(s)
     return s
+
+
+def _check_passkey_prompts(s: SweepSettings) -> None:
+    """Every passkey prompt is built up front (and again at each point), as eval passkey builds them:
+    exit 11 before any is built when they cannot fit the host's memory, counted as eval counts them."""
+    from salactl.bench.synthetic import check_host_memory
+    from salactl.evaluation.passkey import passkey_memory_bytes
+    from salactl.runtime.loader import model_config
+
+    try:
+        config = model_config(s.model, s.random_weights)
+    except SalactlError:
+        return                          # loading the model says why, after the sweep's own checks
+    lengths = parse_ints(s.passkey_lengths, "passkey-lengths", 512)
+    depths = parse_list(s.passkey_depths, "--passkey-depths", float)
+    # the host part only: check_sizes_fit checks each prefill at each --chunk-size
+    prompts, _ = passkey_memory_bytes(config, 1, lengths, depths, s.passkey_trials, max(lengths))
+    count = len(lengths) * len(depths) * s.passkey_trials
+    check_host_memory(prompts, f"the passkey test ({count:,} prompts: --passkey-trials {s.passkey_trials:,} x "
+                      f"{len(lengths):,} length(s) x {len(depths):,} depth(s))",
+                      "lower --passkey-trials, fewer or shorter --passkey-lengths or fewer --passkey-depths, "
+                      "or pass --no-passkey")
 
 
 def run_sweep(s: SweepSettings, progress=None) -> SweepRun:

@@ -273,11 +273,21 @@ class HttpTarget(Target):
             raise EndpointError(f"{self.origin}{info} answered HTTP 404 and {self.origin}{self.prefix}"
                                 "/v1/models lists models: this looks like an OpenAI-compatible (vLLM) "
                                 "server: pass --backend vllm")
+        default = f"sglang@{_netloc(self.host, self.port)}"
+        self.model = self.model or self._model_path(info, status, body, default) or default
+
+    def _model_path(self, info: str, status: int | None, body: bytes, default: str) -> str:
+        """/get_model_info's model_path; "" where there is none, and (with a warning) where it is no
+        name: the records' model must be a string."""
         try:
-            found = json.loads(body).get("model_path") or "" if status == 200 else ""
-        except (ValueError, AttributeError):
-            found = ""
-        self.model = self.model or found or f"sglang@{_netloc(self.host, self.port)}"
+            found = json.loads(body).get("model_path") if status == 200 else None
+        except (ValueError, AttributeError, RecursionError):
+            return ""
+        if found is None or isinstance(found, str):
+            return found or ""
+        output.warn_once(f"{self.origin}{info} answered model_path = {_json_kind(found)}, not a model name; "
+                         f"the records name the model {default} (pass --model to name it)")
+        return ""
 
     def _answers(self, path: str) -> bool:
         """Whether GET `path` answers HTTP 200 (no answer is a no)."""
@@ -294,10 +304,14 @@ class HttpTarget(Target):
                    "--endpoint / --backend" if status == 404 else
                    "pass the API key (OPENAI_API_KEY) / check the URL")
             raise EndpointError(f"{where} answered HTTP {status}: {text}; {fix}")
+        fix = "pass --model with the served model name"
         try:
-            return json.loads(body)["data"][0]["id"]
-        except (ValueError, KeyError, IndexError, TypeError):
-            raise EndpointError(f"{where} did not list a model; pass --model with the served model name") from None
+            found = json.loads(body)["data"][0]["id"]
+        except (ValueError, KeyError, IndexError, TypeError, RecursionError):
+            raise EndpointError(f"{where} did not list a model; {fix}") from None
+        if not isinstance(found, str) or not found:     # requests and records name the model with it
+            raise EndpointError(f"{where} lists data[0].id = {_json_kind(found)}, not a model name; {fix}")
+        return found
 
     def _payload(self, request: BenchRequest, max_tokens: int) -> dict:
         prompt = request.prompt_text if request.prompt_text is not None else list(request.prompt_ids)
@@ -485,6 +499,13 @@ class HttpTarget(Target):
     def knobs(self) -> dict:
         return {"endpoint": self.url, "backend": self.backend, "protocol": self.protocol,
                 "flush_sleep_s": self.flush_sleep_s, "request_timeout_s": self.read_timeout_s}
+
+
+def _json_kind(value) -> str:
+    """A JSON value in an error: a scalar as JSON, an array or object by its kind only (it may be long)."""
+    if isinstance(value, (list, dict)):
+        return f"a JSON {'array' if isinstance(value, list) else 'object'}"
+    return json.dumps(value)[:60]
 
 
 def _read_block(resp, sock, deadline: Deadline) -> bytes:
