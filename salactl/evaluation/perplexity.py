@@ -9,6 +9,7 @@ model was trained); without one, each window scores its tokens 2..seq_len.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from typing import Callable, Iterator
 
@@ -53,13 +54,16 @@ PIECE_CHARS = 1 << 16
 CUT_CONTEXT_CHARS = 256     # text either side of a cut that encode_text re-encodes to confirm the cut
 CUT_TRIES = 4               # cuts in a row that must fail before encode_text takes the rest whole
 LONG_LINE = 4               # pieces a line may run before encode_text cuts it between words
+# Where a text has no whitespace (minified JSON): between punctuation and a letter or digit
+_PUNCTUATION_EDGE = re.compile(r"(?<=[^\w\s])(?=[^\W_])|(?<=[^\W_])(?=[^\w\s])")
 
 
 def encode_text(tok, text: str, limit: int | None, what: str, piece_chars: int = PIECE_CHARS) -> list[int]:
     """tok.encode(text, add_special_tokens=False, specials_as_text=True)[:limit] (every id where limit
     is None), encoded a piece at a time and stopping once `limit` ids are in. A piece ends before the
-    whitespace that ends a line: a GPT-2-style (ByteLevel) pre-tokenizer always splits between a
-    non-space character and a space, so the pieces' ids are the whole text's; for any tokenizer a cut
+    whitespace that ends a line (or, in a text without whitespace, after punctuation): a GPT-2-style
+    (ByteLevel) pre-tokenizer always splits between a non-space character and a space, and between
+    punctuation and a letter, so the pieces' ids are the whole text's; for any tokenizer a cut
     is kept only where the text around it encodes to the same ids whole as in two parts. `what` names
     the text in the error where a piece is too long for the tokenizer's memory (exit 11)."""
     from salactl.output import check_tokenizer_memory
@@ -77,26 +81,46 @@ def encode_text(tok, text: str, limit: int | None, what: str, piece_chars: int =
 
 
 def _next_cut(encode, text: str, start: int, piece_chars: int, tries: int) -> tuple[int, int]:
-    """(where the piece from `start` ends, the failed cuts still allowed): before the spaces ending the
-    first line that runs `piece_chars` past `start` (between words where lines run longer than
-    LONG_LINE pieces); the text's end where no cut holds or `tries` runs out."""
+    """(where the piece from `start` ends, the failed cuts still allowed): the first cut that holds
+    (_cut_candidate's) from `piece_chars` past `start` on; the text's end where none holds before
+    `tries` runs out."""
     at = start + piece_chars
-    while tries:
-        space = text.find("\n", at, at + LONG_LINE * piece_chars)
-        if space < 0:
-            space = text.find(" ", at)
-        if space < 0:
-            break
-        cut = space
-        while cut > start and text[cut - 1].isspace():
-            cut -= 1
+    while tries and at < len(text):
+        cut, after = _cut_candidate(text, start, at, piece_chars)
         if cut > start:
-            a, b = max(start, cut - CUT_CONTEXT_CHARS), min(len(text), cut + CUT_CONTEXT_CHARS)
-            if encode(text[a:b]) == encode(text[a:cut]) + encode(text[cut:b]):
+            if _cut_holds(encode, text, start, cut):
                 return cut, CUT_TRIES
             tries -= 1
-        at = space + 1
+        at = after if after is not None else re.compile(re.escape(text[at]) + "*").match(text, at).end()
     return len(text), 0
+
+
+def _cut_candidate(text: str, start: int, at: int, piece_chars: int) -> tuple[int, int | None]:
+    """(a cut at or after `at`, where to look for the next one should it not hold), within LONG_LINE
+    pieces of `at`: before the spaces ending a line, else between words, else between punctuation and a
+    letter or digit, else at `at` itself (the next one past the run of `text[at]`: None)."""
+    stop = at + LONG_LINE * piece_chars
+    for space in (text.find("\n", at, stop), text.find(" ", at, stop)):
+        if space >= 0:
+            cut = space
+            while cut > start and text[cut - 1].isspace():
+                cut -= 1
+            return cut, space + 1
+    edge = _PUNCTUATION_EDGE.search(text, at, stop)
+    if edge:
+        return edge.start(), edge.start() + 1
+    return at, None
+
+
+def _cut_holds(encode, text: str, start: int, cut: int) -> bool:
+    """Whether the text around `cut` encodes to the same ids whole as in two parts, with the context
+    starting at two characters in a row: a run the tokenizer merges in blocks counted from its start
+    ("-----") then splits at the cut from at most one of them."""
+    for context in (CUT_CONTEXT_CHARS, CUT_CONTEXT_CHARS - 1):
+        a, b = max(start, cut - context), min(len(text), cut + context)
+        if encode(text[a:b]) != encode(text[a:cut]) + encode(text[cut:b]):
+            return False
+    return True
 
 
 # fp32 [window, vocab] logits held at once at the peak: the chunks' logits and their torch.cat in
