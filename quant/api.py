@@ -16,11 +16,11 @@ import torch
 from salactl import output
 from salactl.bench.out_of_memory import out_of_memory_is_capacity
 from salactl.env import environment
-from salactl.errors import OutputExistsError, QuantizationError, SalactlError, UsageError
+from salactl.errors import CheckpointError, OutputExistsError, QuantizationError, SalactlError, UsageError
 from salactl.quant.calibration import RANDOM, calibration_windows, check_calibration_sizes
 from salactl.quant.in_memory import quantized_as
 from salactl.quant.sequential import QuantizeOutcome, QuantOptions, layer_groups, quantize_model
-from salactl.quant.writer import quantization_config, write_quantized_checkpoint
+from salactl.quant.writer import copied_files, quantization_config, write_quantized_checkpoint
 from salactl.runtime.checkpoint import StoredTensors, tensor_files
 from salactl.runtime.checkpoint_write import check_output_dir
 from salactl.runtime.config import SalaConfig
@@ -56,7 +56,7 @@ def quantize_checkpoint(model: str | Path | LoadedModel, out: str | Path, opts: 
     out: must not exist, or overwrite=True to replace a checkpoint there; never the model's own
     directory, one inside it or one holding it.
     Every check that needs no weights (the output, the calibration data and tokenizer, an already
-    quantized source) runs before the model loads.
+    quantized source, the files copied beside the weights) runs before the model loads.
     progress: called as progress(done, total, label) per module group (None: silent). Notes and
     warnings go to stderr, as the CLI's do. Errors are SalactlError subclasses (salactl.errors)."""
     if not str(out).strip():
@@ -74,6 +74,7 @@ def quantize_checkpoint(model: str | Path | LoadedModel, out: str | Path, opts: 
     t_start = time.perf_counter()
     config, model_dir = _unquantized_source(model, device, dtype, random_weights)
     _check_out_is_not_the_source(out, model_dir)
+    _check_copied_files(config, model_dir)
     windows, calib_source = _calibration(config, model_dir, opts, calib, tokenizer, nsamples, seqlen, seed,
                                          random_weights)
     _check_memory(model, config, device, dtype, windows)
@@ -163,6 +164,20 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def _check_copied_files(config: SalaConfig, model_dir: Path | None) -> None:
+    """The files the write copies from the model's directory (copied_files) can be read: a README
+    without read permission fails now, not after the solve, with the write's own message."""
+    try:
+        with output.stderr.capture():       # its missing-auto_map warning is said once, by the write
+            files = copied_files(config, model_dir)
+        for f in files.values():
+            with open(f, "rb"):
+                pass
+    except OSError as e:
+        raise CheckpointError(f"cannot read {e.filename}, to copy into the checkpoint: {e.strerror or e}; "
+                              "make it a readable file") from None
+
+
 def _check_load_arguments(lm: LoadedModel, device: str, dtype: str, random_weights: bool) -> None:
     """A LoadedModel is quantized on its own device and dtype: load arguments that say otherwise
     would be silently ignored, so they are refused."""
@@ -193,9 +208,9 @@ def _calibration(cfg: SalaConfig, model_dir: Path | None, opts: QuantOptions, ca
         try:
             tok = find_tokenizer(tokenizer, model_dir)
         except Exception:
-            if calib is not None or not random_weights:
+            if calib is not None or not random_weights or tokenizer is not None:
                 raise
-            calib = RANDOM          # random weights without any tokenizer: random ids
+            calib = RANDOM          # random weights whose model has no tokenizer: random ids
             output.stderr.print("note: no tokenizer for random weights; calibrating on random token ids")
     output.warn_past_trained_length(seqlen, cfg.max_position_embeddings, "--seqlen")
     eos_id = next(iter(stop_token_ids(cfg, model_dir, tok)), None)     # config.json's eos may be null

@@ -114,6 +114,8 @@ def load_gptq_model(path: Path, config: SalaConfig, quant_cfg: dict, device, dty
     expected = expected_tensor_shapes(config)
     quantized = {n[: -len(".weight")]: s for n, s in expected.items()
                  if n.endswith(".weight") and len(s) == 2 and n[: -len(".weight")] + ".qweight" in files}
+    if not quantized:
+        _refuse_float_weights_under_gptq(config, quant_cfg)
     if "model.embed_tokens" in quantized:
         raise CheckpointError("model.embed_tokens is quantized; embeddings must stay unquantized")
     plain = {n: s for n, s in expected.items() if n[: -len(".weight")] not in quantized}
@@ -134,6 +136,16 @@ def load_gptq_model(path: Path, config: SalaConfig, quant_cfg: dict, device, dty
     if left:
         raise CheckpointError(f"checkpoint {path} left {left[0]} unset")
     return model.eval().requires_grad_(False)
+
+
+def _refuse_float_weights_under_gptq(config: SalaConfig, quant_cfg: dict) -> None:
+    """A GPTQ config over a checkpoint without any .qweight is float weights that would pass for the
+    quantized model (HF and vLLM refuse it), unless `dynamic` "-:" rules leave modules unquantized."""
+    if any(str(rule).startswith("-:") for rule in quant_cfg.get("dynamic") or {}):
+        return
+    said, fix = (("quantization_config", "quantization_config from config.json")
+                 if "quantization_config" in dict(config.extra) else ("quantize_config.json", "quantize_config.json"))
+    raise CheckpointError(f"{said} says GPTQ but the checkpoint has no .qweight tensors; remove {fix} or re-quantize")
 
 
 def attach_kv_scales(model, config: SalaConfig, files, device) -> None:

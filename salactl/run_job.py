@@ -19,7 +19,7 @@ from salactl.runtime.loader import (generation_defaults, load_model, model_confi
                                     resolve_dtype)
 from salactl.runtime.peaks import peaks_for
 from salactl.runtime.roofline import OpCost, linear_costs, phase_costs, roofline_rows
-from salactl.runtime.sampling import SamplingParams
+from salactl.runtime.sampling import SamplingParams, is_int
 from salactl.runtime.stream_decoder import GeneratedText, check_stop_strings
 from salactl.runtime.tokenizer import Tokenizer, check_chat_kwargs, check_fits, find_tokenizer
 
@@ -74,6 +74,9 @@ def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
     check_chat_kwargs(req.chat_template_kwargs)
     # the given sampling values first: a bad one fails before the model is even looked up
     SamplingParams(**{k: v for k in (*SAMPLING_DEFAULTS, "seed") if (v := getattr(req, k)) is not None})
+    # as the engines word it, but before _check_memory divides by it
+    if not is_int(req.chunk_size) or req.chunk_size <= 0:
+        raise UsageError(f"chunk_size (--chunk-size) must be a positive integer, got {req.chunk_size!r}")
     check_stop_strings(req.stop)
     directory = model_dir(req.model, req.random_weights)
     gen = generation_defaults(directory)
@@ -173,6 +176,8 @@ def _prompt_ids(req: RunRequest, directory: Path | None) -> tuple[list[int], Tok
         try:
             tok = find_tokenizer(req.tokenizer, directory)
         except Exception as e:
+            if req.tokenizer is not None:       # only the model's own may be missing: ids need none
+                raise
             if req.stop:
                 raise TokenizerError(f"--stop matches the generated text, which needs a tokenizer: {e}") from None
             tok = None
