@@ -5,6 +5,7 @@ runtime/checkpoint_write.py)."""
 from __future__ import annotations
 
 import json
+import os
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from safetensors import SafetensorError, safe_open
 
 from salactl.errors import CheckpointError
 from salactl.runtime.config import SPARSE, SalaConfig
-from salactl.runtime.json_file import read_json
+from salactl.runtime.json_file import cannot_read, check_regular_file, read_json
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -54,13 +55,26 @@ def expected_tensor_shapes(config: SalaConfig) -> dict[str, tuple[int, ...]]:
 
 @contextmanager
 def open_safetensors(path: Path):
-    """safe_open on CPU; a truncated or corrupt file is a one-line CheckpointError naming it."""
+    """safe_open on CPU; a truncated or corrupt file is a one-line CheckpointError naming it, and so
+    is one that cannot be opened, with the real reason (safetensors calls every failed open a
+    missing file)."""
+    _check_openable(path)
     try:
         with safe_open(path, framework="pt", device="cpu") as f:
             yield f
     except SafetensorError as e:
         raise CheckpointError(f"{path} is not a complete safetensors file ({str(e).splitlines()[0]}); "
                               "re-download or re-save the checkpoint") from None
+
+
+def _check_openable(path: Path) -> None:
+    fix = "re-download the checkpoint"
+    try:
+        check_regular_file(path, CheckpointError, 1 << 62, fix)     # a FIFO would block safe_open
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        raise cannot_read(path, e, CheckpointError, fix) from None
 
 
 def tensor_files(model_dir: Path) -> dict[str, Path]:
@@ -73,7 +87,7 @@ def tensor_files(model_dir: Path) -> dict[str, Path]:
         with open_safetensors(single) as f:
             return {name: single for name in f.keys()}
     index = model_dir / INDEX_NAME
-    if not index.exists():
+    if not os.path.lexists(index):        # a dangling or looping symlink is there, and unreadable
         raise CheckpointError(f"{model_dir} has neither {SINGLE_NAME} nor {INDEX_NAME}")
     files = {name: model_dir / f for name, f in _weight_map(index).items()}
     listed: dict[Path, set[str]] = {}
@@ -109,7 +123,11 @@ class StoredTensors:
 def _weight_map(index: Path) -> dict[str, str]:
     """The index's weight_map, refused whole before any shard is opened: each value must be a file
     name inside the model directory (a relative path without '..'; a symlinked shard is fine)."""
-    d = read_json(index, CheckpointError, "fix or re-download the index")
+    fix = "fix or re-download the index"
+    try:
+        d = read_json(index, CheckpointError, fix)
+    except OSError as e:
+        raise cannot_read(index, e, CheckpointError, fix) from None
     weight_map = d.get("weight_map") if isinstance(d, dict) else None
     if weight_map is None:
         raise CheckpointError(f"{index} is not a valid safetensors index (needs a 'weight_map' object)")
@@ -127,7 +145,7 @@ def _weight_map(index: Path) -> dict[str, str]:
 
 
 def _shard_keys(shard: Path) -> set[str]:
-    if not shard.is_file():
+    if not os.path.lexists(shard):
         raise CheckpointError(f"shard {shard} named in {INDEX_NAME} does not exist; "
                               "re-download the checkpoint or fix the index")
     with open_safetensors(shard) as f:

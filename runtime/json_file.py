@@ -4,6 +4,7 @@ the bytes is one line of the caller's error class naming the file."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -36,6 +37,53 @@ def read_side_file(path: Path, error: type[SalactlError], fix: str) -> bytes:
     if len(data) > MAX_SIDE_FILE:
         raise error(f"{path} is over the {MAX_SIDE_FILE // 2**20} MiB a checkpoint's side file may have; {fix}")
     return data
+
+
+def lookup(path: Path, error: type[SalactlError], what: str = "") -> os.stat_result | None:
+    """os.stat(path) (symlinks followed), None where nothing is there (no such name, a dangling
+    symlink, a parent that is not a directory). What else stops the lookup (a directory above it
+    without search permission, a name longer than the filesystem takes, a symlink loop) is `error`
+    naming it as `what` (an option) where given: not a missing path, and no traceback."""
+    try:
+        return os.stat(path)
+    except (FileNotFoundError, NotADirectoryError, ValueError):     # ValueError: an embedded NUL
+        return None
+    except OSError as e:
+        fix = ("fix the permissions of the directories above it" if isinstance(e, PermissionError)
+               else "fix the symlinks" if e.errno == errno.ELOOP else "give another path")
+        raise error(f"cannot look up {what + ' ' if what else ''}{path} ({e.strerror or e}); {fix}") from None
+
+
+def is_dir(path: Path, error: type[SalactlError], what: str = "") -> bool:
+    """Path.is_dir(), but a path that cannot be looked up is `error`, as lookup() says."""
+    st = lookup(path, error, what)
+    return st is not None and stat.S_ISDIR(st.st_mode)
+
+
+def cannot_read(path: Path, e: OSError, error: type[SalactlError], fix: str) -> SalactlError:
+    """`error` for a file that is there but cannot be opened: "cannot read PATH (why); FIX", where a
+    permission problem's fix is its permissions and a dangling symlink names what it points to."""
+    why = e.strerror or str(e)
+    if isinstance(e, FileNotFoundError) and os.path.islink(path):     # e.g. a cleaned HF-cache blob
+        why = f"a symlink to {os.readlink(path)}, which does not exist"
+    return error(f"cannot read {path} ({why}); {'fix its permissions' if isinstance(e, PermissionError) else fix}")
+
+
+def read_optional_json(path: Path, error: type[SalactlError], fix: str = "fix or remove it",
+                       missing: object = None) -> object:
+    """read_json of a side file that may be left out; `missing` where no file has that name. One
+    that is there but cannot be read (no permission, a dangling symlink, a symlink loop, a
+    directory) is `error`: taking it for absent would silently drop its settings."""
+    try:
+        return read_json(path, error, fix)
+    except OSError as e:
+        try:
+            os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return missing
+        except OSError:
+            pass
+        raise cannot_read(Path(path), e, error, fix) from None
 
 
 def read_json(path: Path, error: type[SalactlError], fix: str = "fix or remove it") -> object:

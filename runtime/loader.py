@@ -19,7 +19,7 @@ from salactl.errors import CapacityError, CheckpointError, ConfigError, DeviceEr
 from salactl.runtime.checkpoint import (expected_tensor_shapes, load_state_dict, random_state_dict,
                                         tensor_files)
 from salactl.runtime.config import SalaConfig
-from salactl.runtime.json_file import read_json
+from salactl.runtime.json_file import is_dir, lookup, read_optional_json
 from salactl.runtime.layers.model import SalaForCausalLM
 from salactl.runtime.presets import PRESETS, preset
 from salactl.runtime.sampling import is_int
@@ -188,7 +188,7 @@ def _resolve_source(model: str | Path | None, random_weights: bool) -> tuple[str
     name = _model_name(model)
     path = Path(name)
     if random_weights:
-        if name not in PRESETS and not (path / "config.json").exists():
+        if name not in PRESETS and not (_is_dir(path) and lookup(path / "config.json", CheckpointError)):
             raise ConfigError(f"random_weights (--random-weights) needs a preset "
                               f"({', '.join(sorted(PRESETS))}) or a directory with config.json, got {name!r}")
         return name, path, preset(name) if name in PRESETS else SalaConfig.from_file(path / "config.json")
@@ -200,10 +200,14 @@ def _resolve_source(model: str | Path | None, random_weights: bool) -> tuple[str
     elif name in PRESETS:
         raise CheckpointError(f"preset {name!r} has no embedded weights; pass random_weights=True "
                               "(--random-weights) or a checkpoint directory")
-    elif not path.is_dir():
+    elif not _is_dir(path):
         raise CheckpointError(f"{name!r} is neither a checkpoint directory nor a preset "
                               f"({', '.join(sorted(PRESETS))})")
     return name, path, SalaConfig.from_file(path / "config.json")
+
+
+def _is_dir(path: Path) -> bool:
+    return is_dir(path, CheckpointError, "model (--model)")
 
 
 def model_config(model: str | Path | None = None, random_weights: bool = False) -> SalaConfig:
@@ -230,7 +234,7 @@ def _model_dir(name: str, path: Path, random_weights: bool) -> Path | None:
         return path
     if name == "sala-nano" and EMBEDDED_DIR.exists():
         return EMBEDDED_DIR
-    return path if path.is_dir() else None
+    return path if _is_dir(path) else None
 
 
 def model_dir(model: str | Path | None = None, random_weights: bool = False) -> Path | None:
@@ -282,21 +286,20 @@ def quantization_config(path: Path, config: SalaConfig | None = None) -> dict | 
     if config is None:
         config = SalaConfig.from_file(path / "config.json")
     qc = dict(config.extra).get("quantization_config")
-    standalone = path / "quantize_config.json"
-    if qc is not None or not standalone.is_file():
+    if qc is not None:
         return qc
-    qc = read_json(standalone, CheckpointError)
+    qc = read_optional_json(path / "quantize_config.json", CheckpointError)
     if isinstance(qc, dict):
         qc.setdefault("quant_method", "gptq")
     return qc
 
 
 def _generation_config(model_dir: Path | None) -> tuple[Path | None, dict]:
-    """generation_config.json (the file is optional) and its JSON object; (None, {}) without one."""
-    f = None if model_dir is None else Path(model_dir) / "generation_config.json"
-    if f is None or not f.is_file():
+    """generation_config.json (the file is optional) and its JSON object, {} without one."""
+    if model_dir is None:
         return None, {}
-    d = read_json(f, CheckpointError)
+    f = Path(model_dir) / "generation_config.json"
+    d = read_optional_json(f, CheckpointError, missing={})
     if not isinstance(d, dict):
         raise CheckpointError(f"{f} must hold a JSON object, not a {type(d).__name__}; fix or remove it")
     return f, d

@@ -3,14 +3,17 @@ clock), and measured ceilings (`salactl info --measure`, runtime/peaks_measure.p
 
 from __future__ import annotations
 
-import json
 import math
 import os
+import stat
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+
+from salactl.errors import UsageError
+from salactl.runtime.json_file import read_json
 
 
 # name fragment -> (memory GB/s, dense bf16 TFLOP/s, fp32 TFLOP/s or None); vendor datasheets (dense,
@@ -120,17 +123,15 @@ def load_measured(warn: bool = True) -> dict:
     (`warn`): defaults apply."""
     path = cache_path()
     try:
-        data = json.loads(path.read_text())
+        data = _read_cache(path)
     except (FileNotFoundError, NotADirectoryError):
         return {}
-    except OSError as e:                # a directory, no permission: --measure cannot rewrite it either
+    except OSError as e:        # a directory or FIFO, no permission: --measure cannot rewrite it either
         if warn:
             from salactl.output import warn_once
 
             warn_once(f"cannot read the peaks cache {path} ({e.strerror or e}); the default ceilings apply")
         return {}
-    except ValueError:
-        data = None
     if not isinstance(data, dict):
         if warn:
             _warn_unusable_cache(f"the peaks cache {path}: it is not a JSON object of measurements")
@@ -141,6 +142,18 @@ def load_measured(warn: bool = True) -> dict:
         _warn_unusable_cache(f"{invalid} entr{'y' if invalid == 1 else 'ies'} of the peaks cache {path}: "
                              "not positive finite ceilings")
     return valid
+
+
+def _read_cache(path: Path) -> object:
+    """peaks.json's JSON; None where its bytes are no JSON we can parse (not UTF-8, not JSON, over
+    the side-file size cap, nested too deeply for the parser). OSError where it cannot be read or is
+    not a regular file (a FIFO would block the read)."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise OSError("not a regular file")
+    try:
+        return read_json(path, UsageError)
+    except UsageError:
+        return None
 
 
 def _warn_unusable_cache(what: str) -> None:

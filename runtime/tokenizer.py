@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 
 from salactl.errors import TokenizerError, UsageError
 from salactl.runtime.chat_template import (CHATML_MARKERS, chatml, compile_template, pick_template,
                                            read_chat_template)
-from salactl.runtime.json_file import check_regular_file, read_json
+from salactl.runtime.json_file import check_regular_file, is_dir, lookup, read_optional_json
 from salactl.runtime.sampling import is_int
 
 # transformers classes whose __init__ rebuilds the post-processor from add_bos_token/add_eos_token
@@ -39,9 +40,9 @@ class Tokenizer:
 
         _check_path(path, "Tokenizer's path (a tokenizer.json or its directory)")
         path = Path(path)
-        file = path / "tokenizer.json" if path.is_dir() else path
+        file = path / "tokenizer.json" if is_dir(path, TokenizerError) else path
         _refuse_sentencepiece(file)
-        if not file.exists():
+        if not lookup(file, TokenizerError):
             raise TokenizerError(f"no tokenizer.json at {file}; pass --tokenizer PATH (a tokenizer.json or "
                                  "its directory)")
         _check_readable(file)
@@ -315,7 +316,8 @@ def _refuse_sentencepiece(file: Path) -> None:
     """`file`, the tokenizer.json looked for, is a SentencePiece tokenizer.model, or missing beside
     one: say that salactl reads only tokenizer.json, and how transformers converts the model."""
     spm = file if file.suffix == ".model" else file.parent / "tokenizer.model"
-    if spm.is_file() and (file == spm or not file.exists()):
+    found = lookup(spm, TokenizerError)
+    if found and stat.S_ISREG(found.st_mode) and (file == spm or not lookup(file, TokenizerError)):
         d = str(spm.parent)
         raise TokenizerError(f"{spm} is a SentencePiece model, but salactl reads only tokenizer.json; convert it: "
                              f"python -c \"from transformers import AutoTokenizer as T; T.from_pretrained({d!r})"
@@ -356,11 +358,8 @@ def _int(v, path: Path) -> int:
 
 
 def _read_json(path: Path) -> dict:
-    """tokenizer_config.json is optional, but one that is there must be a JSON object."""
-    try:
-        d = read_json(path, TokenizerError)
-    except OSError:
-        return {}
+    """tokenizer_config.json is optional, but one that is there must be a readable JSON object."""
+    d = read_optional_json(path, TokenizerError, missing={})
     if not isinstance(d, dict):
         raise TokenizerError(f"{path} must hold a JSON object, not a {type(d).__name__}; fix or remove it")
     return d
@@ -390,7 +389,7 @@ def find_tokenizer(explicit: str | None, model_dir: str | Path | None) -> Tokeni
         _check_path(model_dir, "model_dir (the checkpoint's directory)")
         model_dir = Path(model_dir)
         _refuse_sentencepiece(model_dir / "tokenizer.json")
-        if not (model_dir / "tokenizer.json").exists():
+        if not lookup(model_dir / "tokenizer.json", TokenizerError):
             raise TokenizerError(f"checkpoint {model_dir} has no tokenizer.json; pass --tokenizer PATH "
                                  "(the model's tokenizer.json or its directory)")
         return Tokenizer(model_dir)

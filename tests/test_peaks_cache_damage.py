@@ -1,0 +1,47 @@
+"""A damaged peaks cache ($SALACTL_CACHE_DIR/peaks.json) is ignored with a warning by every command
+that reads it: nested too deeply for the JSON parser, it is no traceback; a FIFO in its place does
+not block `info` or `run`."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from salactl.runtime.peaks import load_measured, peaks_for
+
+
+def salactl(cache, *args):
+    env = {**os.environ, "SALACTL_CACHE_DIR": str(cache), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "salactl", *args], capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+RUN = ["run", "--prompt-ids", "1,2,3", "-n", "2", "--device", "cpu", "--json"]
+
+
+def test_a_deeply_nested_cache_is_ignored_with_a_warning(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SALACTL_CACHE_DIR", str(tmp_path))
+    (tmp_path / "peaks.json").write_text("[" * 100_000)
+    assert load_measured() == {} and peaks_for(torch.device("cpu")).source == "cpu-default"
+    warning, = capsys.readouterr().err.strip().splitlines()
+    assert warning.startswith(f"warning: ignoring the peaks cache {tmp_path / 'peaks.json'}")
+
+
+def test_run_with_a_deeply_nested_cache_uses_the_defaults(tmp_path):
+    (tmp_path / "peaks.json").write_text("[" * 100_000)
+    r = salactl(tmp_path, *RUN)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "ignoring the peaks cache" in r.stderr
+    assert json.loads(r.stdout)["peaks"]["source"] == "cpu-default"
+
+
+@pytest.mark.parametrize("args", [["info", "--json"], RUN], ids=["info", "run"])
+def test_a_fifo_cache_does_not_block(tmp_path, args):
+    os.mkfifo(tmp_path / "peaks.json")
+    r = salactl(tmp_path, *args)
+    assert r.returncode == 0, r.stderr
+    assert f"cannot read the peaks cache {tmp_path / 'peaks.json'} (not a regular file)" in r.stderr
+    assert json.loads(r.stdout)["peaks"]["source"] == "cpu-default"
