@@ -19,6 +19,7 @@ from pathlib import Path
 
 from salactl.errors import UsageError
 from salactl.output import warn_once
+from salactl.runtime.json_file import check_regular_file
 
 TIME = "gpu__time_duration.sum"
 DRAM_READ = "dram__bytes_read.sum"
@@ -27,6 +28,7 @@ SM_PCT = "sm__throughput.avg.pct_of_peak_sustained_elapsed"
 MEM_PCT = "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"
 DRAM_PCT = "dram__throughput.avg.pct_of_peak_sustained_elapsed"
 REQUIRED = (TIME, DRAM_READ, DRAM_WRITE)
+GZIP_MAGIC = b"\x1f\x8b"          # a file compressed to be copied off the GPU machine
 EXPORT_HINT = "export it with: ncu --import R.ncu-rep --csv --page raw --print-units base"
 
 _SCALE = {"nsecond": 1e-9, "ns": 1e-9, "usecond": 1e-6, "us": 1e-6, "msecond": 1e-3, "ms": 1e-3,
@@ -155,12 +157,13 @@ def _warn_missing(source: str, total: int, untimed: int, no_bytes: int) -> None:
 
 def parse_csv(path: Path, source: str | None = None, hint: str = EXPORT_HINT) -> list[Kernel]:
     """The kernels of an export file; `source` names it in errors (default: its path)."""
+    source = source or str(path)
     try:
+        check_regular_file(Path(path), UsageError, 1 << 62, hint)      # a FIFO would block the read
         data = Path(path).read_bytes()
     except OSError as e:
-        raise UsageError(f"cannot read ncu CSV {path}: {e.strerror}") from None
-    source = source or str(path)
-    if data.startswith(b"\x1f\x8b"):
+        raise UsageError(f"cannot read ncu CSV {path}: {e.strerror or e}") from None
+    if data.startswith(GZIP_MAGIC):
         raise UsageError(f"{source} is gzip-compressed; gunzip it first")
     try:
         # not "utf-8-sig": its decode errors count bytes from after the mark

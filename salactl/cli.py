@@ -106,7 +106,7 @@ def _interrupted() -> None:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
-            except (OSError, ValueError):
+            except (OSError, ValueError, SalactlError):     # SalactlError: output.StdoutWriteError
                 pass
         os._exit(code)
     sys.exit(code)
@@ -161,7 +161,10 @@ def _streams_that_cannot_fail_to_encode() -> None:
 
 
 def main() -> None:
+    from salactl import output
+
     _streams_that_cannot_fail_to_encode()
+    output.check_stdout_writes()
     if threading.current_thread() is threading.main_thread():
         _handle(_on_interrupt)
     try:
@@ -179,6 +182,8 @@ def main() -> None:
         if os.environ.get("SALACTL_DEBUG") == "1":
             traceback.print_exc()
         print(f"error: {e}", file=sys.stderr)
+        if isinstance(e, output.StdoutWriteError):
+            _stdout_to_devnull()        # what is still buffered for it goes nowhere, not into a second error
         sys.exit(e.exit_code)
     except BrokenPipeError:
         _closed_pipe()
@@ -215,11 +220,15 @@ def main() -> None:
 def _closed_pipe() -> None:
     """stdout's reader went away (`salactl ... | head -1`): exit 141 in silence, as SIGPIPE ends a C
     tool, with stdout on /dev/null so that the interpreter's last flush has nowhere to fail."""
+    _stdout_to_devnull()
+    sys.exit(128 + getattr(signal, "SIGPIPE", 13))    # Windows has no SIGPIPE
+
+
+def _stdout_to_devnull() -> None:
     try:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except (OSError, ValueError, AttributeError):    # a stdout without a file descriptor (tests)
         pass
-    sys.exit(128 + getattr(signal, "SIGPIPE", 13))    # Windows has no SIGPIPE
 
 
 def _click_errors() -> tuple[type, ...]:

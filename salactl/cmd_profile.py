@@ -5,6 +5,7 @@ analytic roofline."""
 
 from __future__ import annotations
 
+import stat
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -119,9 +120,14 @@ IMPORT_OPTIONS = ("import_dir", "top", "json_out", "ncu_path")
 
 
 def _check_import_dir(import_dir: Path) -> None:
-    if not import_dir.is_dir():
-        what = "is a file, not a directory" if import_dir.exists() else "does not exist"
-        raise UsageError(f"--import {import_dir} {what}; give a directory written by salactl profile --ncu")
+    from salactl.runtime.json_file import lookup
+
+    fix = "give a directory written by salactl profile --ncu"
+    st = lookup(import_dir, UsageError, "--import")      # a path that cannot be looked up: its own line
+    if st is None:
+        raise UsageError(f"--import {import_dir} does not exist; {fix}")
+    if not stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"--import {import_dir} is a file, not a directory; {fix}")
 
 
 def _ms(v):

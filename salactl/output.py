@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import json
 import math
 import os
@@ -17,7 +18,7 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
-from salactl.errors import UsageError
+from salactl.errors import OutputWriteError, UsageError
 
 
 class _Console(Console):
@@ -305,6 +306,73 @@ def jsonable(obj):
     if isinstance(obj, (list, tuple)):
         return [jsonable(v) for v in obj]
     return obj
+
+
+class StdoutWriteError(OutputWriteError):
+    """stdout could not take what the command printed (a full disk, a file-size limit); what it took
+    stays there, cut short, so the exit code (16) is what tells."""
+
+    def __init__(self, e: OSError):
+        from salactl.reports.atomic import write_remedy
+
+        super().__init__(f"cannot write to stdout: {e.strerror or e}; {write_remedy(e, 'redirect it elsewhere')}")
+
+
+class _WholeWrites(io.RawIOBase):
+    """stdout's file descriptor, every write of it whole or a StdoutWriteError. Python's own stdout,
+    unbuffered (PYTHONUNBUFFERED, -u), drops the rest of a short write: one that reaches a file-size
+    limit (ulimit -f; Python ignores SIGXFSZ) writes the bytes below it and the command exits 0. A
+    closed pipe stays a BrokenPipeError (exit 141)."""
+
+    def __init__(self, fd: int):
+        super().__init__()
+        self._fd = fd
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        return os.isatty(self._fd)
+
+    def write(self, b) -> int:
+        view = memoryview(b).cast("B")
+        done = 0
+        while done < len(view):
+            try:
+                n = os.write(self._fd, view[done:])
+                if not n:       # a device that takes nothing: looping would never end
+                    raise OSError(errno.EIO, os.strerror(errno.EIO))
+                done += n
+            except BrokenPipeError:
+                raise
+            except BlockingIOError:         # a non-blocking stdout another program set: wait for room
+                import select
+
+                select.select([], [self._fd], [])
+            except OSError as e:
+                raise StdoutWriteError(e) from None
+        return done
+
+
+def check_stdout_writes() -> None:
+    """Point sys.stdout at _WholeWrites over the same file descriptor, keeping its encoding and
+    buffering, where it is the process's own file-backed stdout (not a test's capture, a Windows
+    console): a failed write is then exit 16 with one line, not exit 1 naming no file (buffered)
+    or exit 0 with the output cut short (unbuffered)."""
+    old = sys.stdout
+    buffer = getattr(old, "buffer", None)
+    raw = getattr(buffer, "raw", buffer)
+    if old is not sys.__stdout__ or not isinstance(old, io.TextIOWrapper) or type(raw) is not io.FileIO:
+        return
+    old.flush()
+    whole = _WholeWrites(raw.fileno())
+    unbuffered = buffer is raw
+    sys.stdout = io.TextIOWrapper(whole if unbuffered else io.BufferedWriter(whole), encoding=old.encoding,
+                                  errors=old.errors, newline=None if os.name == "nt" else "\n",
+                                  line_buffering=old.line_buffering, write_through=unbuffered)
 
 
 def print_json(obj) -> None:

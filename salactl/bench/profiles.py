@@ -38,6 +38,7 @@ from pathlib import Path
 
 from salactl.errors import ConfigError
 from salactl.options import SEED_MAX
+from salactl.runtime.json_file import check_regular_file, is_dir, lookup
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -118,9 +119,9 @@ def load_profile(spec: str) -> Profile:
     path = Path(spec)
     shipped = resources.files("salactl.profiles") / f"{spec}.toml"
     names_a_path = spec.endswith(".toml") or path.name != spec
-    if not names_a_path and shipped.is_file():
+    if not names_a_path and _is_file(shipped):
         text, source = shipped.read_text(encoding="utf-8"), spec
-    elif names_a_path or path.exists():
+    elif names_a_path or lookup(path, ConfigError, "--profile") is not None:
         text, source = _read_profile_file(path), str(path)
     else:
         raise ConfigError(f"unknown profile {spec!r}; shipped profiles: {', '.join(shipped_profiles())}"
@@ -132,11 +133,17 @@ def load_profile(spec: str) -> Profile:
     return parse_profile(data, source)
 
 
-def _read_profile_file(path: Path) -> str:
-    from salactl.runtime.json_file import check_regular_file
+def _is_file(shipped) -> bool:
+    """A shipped profile of that name exists; a name too long for the file system names none."""
+    try:
+        return shipped.is_file()
+    except OSError:
+        return False
 
+
+def _read_profile_file(path: Path) -> str:
     shipped = f"shipped profiles: {', '.join(shipped_profiles())}"
-    if path.is_dir():
+    if is_dir(path, ConfigError, "--profile"):
         raise ConfigError(f"--profile {path} is a directory, not a .toml file; give the file, or one of the {shipped}")
     try:
         check_regular_file(path, ConfigError, 1 << 62, f"give a .toml file, or one of the {shipped}", "--profile")

@@ -3,10 +3,12 @@ tables read it, so a JSON file that is not a manifest is a one-line usage error,
 
 from __future__ import annotations
 
-import json
+import math
 from pathlib import Path
 
 from salactl.errors import UsageError
+from salactl.reports.ncu import GZIP_MAGIC
+from salactl.runtime.json_file import MAX_SIDE_FILE, cannot_read, check_regular_file, read_json
 
 MANIFEST_KEYS = ("source", "device", "device_name", "dtype", "kv_dtype", "steps")
 STEP_KEYS = ("new_tokens", "cached_tokens", "batch", "analytic")
@@ -15,13 +17,7 @@ STEP_KEYS = ("new_tokens", "cached_tokens", "batch", "analytic")
 def read_ncu_manifest(path: Path) -> dict:
     """step.json of an ncu profile, its shape checked (one-line usage errors, not a KeyError later).
     A manifest without `mode` predates the key, which only ncu manifests were imported with."""
-    if not path.exists():
-        raise UsageError(f"{path} is missing; a saved profile directory holds step.json and profile.csv "
-                         "(written by salactl profile --ncu)")
-    try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{path} is not valid JSON ({e.msg})") from None
+    manifest = _read_manifest_json(path)
     problem = manifest_problem(manifest)
     if problem:
         raise UsageError(f"{path} is not a salactl profile manifest: {problem}; give a directory written by "
@@ -31,6 +27,29 @@ def read_ncu_manifest(path: Path) -> dict:
         raise UsageError(f"{path} is the manifest of a {mode} profile, not an ncu one; --import re-renders "
                          "--ncu profiles only (a --torch profile's tables are in its result.json)")
     return manifest
+
+
+_FIX = "give a directory written by salactl profile --ncu"
+
+
+def _read_manifest_json(path: Path) -> object:
+    """The parsed step.json: missing, unreadable, not a regular file (a FIFO would block), gzip-compressed,
+    not UTF-8 or not JSON each a one-line usage error."""
+    try:
+        check_regular_file(path, UsageError, MAX_SIDE_FILE, _FIX)
+        if _is_gzip(path):
+            raise UsageError(f"{path} is gzip-compressed; gunzip it first")
+        return read_json(path, UsageError, _FIX)
+    except FileNotFoundError:
+        raise UsageError(f"{path} is missing; a saved profile directory holds step.json and profile.csv "
+                         "(written by salactl profile --ncu)") from None
+    except OSError as e:
+        raise cannot_read(path, e, UsageError, _FIX) from None
+
+
+def _is_gzip(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(len(GZIP_MAGIC)) == GZIP_MAGIC
 
 
 def manifest_problem(m) -> str | None:
@@ -93,4 +112,10 @@ def _costs_problem(costs, where: str) -> str | None:
 
 
 def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A finite JSON number the tables can compute with as a float (a 400-digit integer overflows one)."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
