@@ -63,8 +63,8 @@ class NumericsError(SalactlError):
 
 
 class OutputWriteError(SalactlError):
-    """An output file could not be written (disk full, a file-size limit, a read-only file); what
-    was written is taken back, so no partial output is left."""
+    """An output could not be written (disk full, a file-size limit, a read-only file). A file's
+    write is taken back, so no partial file is left; what stdout already took stays there."""
     exit_code = 16
 
 
