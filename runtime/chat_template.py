@@ -7,10 +7,11 @@ ChatML is only the fallback for a checkpoint without a template."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from salactl.errors import TokenizerError
-from salactl.runtime.json_file import read_side_file
+from salactl.runtime.json_file import cannot_read, read_side_file
 
 CHATML_NOTE = ("the checkpoint has no chat template (chat_template.jinja or tokenizer_config.json's "
                "chat_template); --chat uses ChatML")
@@ -34,12 +35,10 @@ def read_chat_template(directory: Path, cfg: dict, cfg_file: Path) -> dict[str, 
     list of {"name", "template"} as transformers keeps it (the name picks it: see pick_template).
     Empty when there is none."""
     jinja_file = directory / "chat_template.jinja"
-    if jinja_file.exists():
-        try:
-            text = read_side_file(jinja_file, TokenizerError, "fix or remove it").decode("utf-8")
-            return {"default": (text, str(jinja_file))}
-        except (OSError, UnicodeDecodeError) as e:
-            raise TokenizerError(f"cannot read {jinja_file} ({one_line(e)})") from None
+    # lexists: a dangling or looping symlink is a template that cannot be read (an error), not a missing
+    # one that silently leaves tokenizer_config's or ChatML in its place
+    if os.path.lexists(jinja_file):
+        return {"default": (_read_jinja(jinja_file), str(jinja_file))}
     t = cfg.get("chat_template")
     if t is None:
         return {}
@@ -50,6 +49,16 @@ def read_chat_template(directory: Path, cfg: dict, cfg_file: Path) -> dict[str, 
         raise TokenizerError(f"{cfg_file} has a chat_template that is neither a string nor a list of "
                              "{\"name\": ..., \"template\": ...} strings; fix or remove it")
     return {d["name"]: (d["template"], f"{cfg_file} (chat_template \"{d['name']}\")") for d in t}
+
+
+def _read_jinja(path: Path) -> str:
+    fix = "fix or remove it"
+    try:
+        return read_side_file(path, TokenizerError, fix).decode("utf-8")
+    except OSError as e:
+        raise cannot_read(path, e, TokenizerError, fix) from None
+    except UnicodeDecodeError as e:
+        raise TokenizerError(f"cannot read {path} ({one_line(e)}); {fix}") from None
 
 
 def pick_template(names, tools, cfg_file: Path) -> str:

@@ -42,21 +42,22 @@ class LoadedModel:
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
     """A device name ("cpu", "cuda", "cuda:N"; None or "auto" = cuda when visible, else cpu) or a
-    torch.device, checked against this machine (DeviceError)."""
+    torch.device. A name that is none of these is a UsageError; one this machine lacks (cuda without
+    a GPU, cuda:7 with one) is a DeviceError."""
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         dev = torch.device(device)
-    except RuntimeError:
-        raise DeviceError(f"unknown device {device!r}; use cpu, cuda or cuda:N") from None
+    except (RuntimeError, TypeError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise UsageError(f"device (--device) {str(device)!r} is unknown; use auto, cpu, cuda or cuda:N")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise DeviceError(f"device (--device) {device} was asked for but no CUDA GPU is visible; use cpu")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
         n = torch.cuda.device_count()
         raise DeviceError(f"device (--device) {device}: this machine has {n} CUDA GPU(s), "
                           f"cuda:0 to cuda:{n - 1}")
-    if dev.type not in ("cpu", "cuda"):
-        raise DeviceError(f"device type {dev.type!r} is not supported; use cpu or cuda")
     return dev
 
 

@@ -10,15 +10,18 @@ from typing import Annotated, Optional
 import typer
 
 from salactl import output
-from salactl.errors import UsageError
+from salactl.errors import CheckpointError, UsageError
 from salactl.lists import parse_list
-from salactl.options import (SEED_MAX, ChunkOpt, DeviceOpt, DtypeOpt, JsonOpt, KvCacheDtypeOpt, ModelOpt, TokenizerOpt, non_empty_path,
+from salactl.options import (SEED_MAX, ChunkOpt, DeviceOpt, DtypeOpt, JsonOpt, KvCacheDtypeOpt, TokenizerOpt, non_empty_path,
                              passed, refuse_unused)
 
 eval_app = typer.Typer(no_args_is_help=True, help="Evaluate a model: perplexity and passkey retrieval.")
 
 DEFAULT_DEPTHS = "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9"
 DEFAULT_SPLIT = "heldout"
+# not options.ModelOpt: that offers every preset, and eval (without --random-weights) scores trained weights only
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Checkpoint directory with trained weights, or "
+                                       "sala-nano (the preset whose weights ship with salactl).")]
 
 
 @contextmanager
@@ -53,10 +56,21 @@ def _check_chunk(chunk_size: int) -> None:
         raise UsageError(f"--chunk-size must be a positive token count, got {chunk_size}")
 
 
+def _check_trained(model: str) -> None:
+    """A preset other than sala-nano has only shapes, no weights; loading would suggest
+    --random-weights, which eval lacks (scores of random weights mean nothing)."""
+    from salactl.runtime.presets import PRESETS
+
+    if model in PRESETS and model != "sala-nano":
+        raise CheckpointError(f"preset {model!r} has no trained weights, and eval scores trained weights only; "
+                              "pass a checkpoint directory or sala-nano (the default)")
+
+
 def _load(model: str, device: str, dtype: str, tokenizer: str | None):
     from salactl.runtime.loader import load_model
     from salactl.runtime.tokenizer import check_fits, find_tokenizer
 
+    _check_trained(model)
     lm = load_model(model, device, dtype)
     tok = find_tokenizer(tokenizer, lm.model_dir)
     check_fits(tok, lm.config.vocab_size)
@@ -82,6 +96,7 @@ def _check_passkey_memory(model: str, device: str, dtype: str, lengths: list[int
                                         resolve_dtype)
 
     dev = resolve_device(device)
+    _check_trained(model)
     config = model_config(model)
     act = resolve_dtype(dtype, dev)
     quantization = model_quantization(model)

@@ -136,10 +136,11 @@ def test_engine_takes_a_loaded_model_and_defaults_to_its_device():
         Engine(lm.model, "cpu").generate([1, 5, 9], GREEDY3).output_token_ids
 
 
-@pytest.mark.parametrize("device, message", [("gpu", "unknown device 'gpu'"),
-                                             ("cpu", "device 'cpu' differs from the model's device 'meta'")])
-def test_engine_device_must_be_the_models(device, message):
-    with pytest.raises(DeviceError, match=message):
+@pytest.mark.parametrize("device, error, message", [
+    ("gpu", UsageError, "device \\(--device\\) 'gpu' is unknown"),
+    ("cpu", DeviceError, "device 'cpu' differs from the model's device 'meta'")])
+def test_engine_device_must_be_the_models(device, error, message):
+    with pytest.raises(error, match=message):
         Engine(meta_model(micro_model().config), device)
 
 
