@@ -448,3 +448,12 @@ def test_gpu_engine_and_engine_share_the_eos_contract():
                                   (SamplingParams(max_new_tokens=5, ignore_eos=True), (free[0],), free)):
         assert Engine(model, "cpu").generate(prompt, params, eos_ids).output_token_ids == want
         assert gpu.generate(prompt, params, eos_ids).output_token_ids == want
+
+
+def test_engine_runs_ragged_prompts_in_one_prefill_and_batched_decode():
+    """Several prompts in one prefill call (one past dense_len 40) and decode steps over all rows,
+    each row against the reference Engine running it alone."""
+    rows = S.check_model_batched(micro_model(), "cpu", (5, 30, 47), decode_steps=3, chunk=256, tol=1e-3)
+    assert len(rows) == 3 * 4
+    bad = [r for r in rows if not r[1] <= r[2]]
+    assert not bad, bad

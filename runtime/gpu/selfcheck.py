@@ -318,6 +318,45 @@ def check_model(model, device, prompt_len: int, decode_steps: int = 3, chunk: in
     return out
 
 
+def check_model_batched(model, device, prompt_lens: tuple[int, ...], decode_steps: int = 3, chunk: int = 4096,
+                        cuda_graph: bool = False, tol: float = 1e-2, seed: int = 0) -> list:
+    """Several requests at once, as bench and serving run them: one prefill call holding every
+    prompt as its own segment (ragged lengths), then decode steps over all rows together (batched
+    linears: the skinny GEMM at 9B widths; the CUDA graph of the row count's bucket), each row's
+    last-token logits against the reference Engine running that request alone."""
+    from salactl.runtime.engine import Engine
+    from salactl.runtime.gpu.engine import GPUEngine
+
+    g = torch.Generator().manual_seed(seed)
+    cfg = model.config
+    B = cfg.sparse_config.block_size
+    prompts = [torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist() for n in prompt_lens]
+    feeds = [torch.randint(0, cfg.vocab_size, (decode_steps,), generator=g).tolist() for _ in prompt_lens]
+    ref = Engine(copy.deepcopy(model), device, chunk_size=chunk)
+    r_logits = []
+    for prompt, feed in zip(prompts, feeds):
+        seq = ref.new_sequence()
+        rows = [ref.prefill(seq, prompt)[-1]]
+        rows += [ref.forward(seq, [t])[-1] for t in feed]
+        r_logits.append(rows)
+    need = sum(math.ceil((n + decode_steps) / B) for n in prompt_lens)
+    eng = GPUEngine(model, device, max_running_requests=len(prompts), chunk_size=chunk,
+                    kv_tokens=(need + 2) * B, cuda_graph=cuda_graph)
+    slots = eng.scheduler.slots.alloc(len(prompts))
+    for slot, n in zip(slots, prompt_lens):          # as GPUEngine.step admits a request
+        eng.pools.assign_pages(slot, eng.scheduler.pages.alloc(math.ceil((n + decode_steps) / B)))
+        eng.pools.state[:, slot].zero_()
+        eng.backend.release_slot(slot)
+    g_logits = [[row] for row in eng.runner.prefill([(slot, p, 0) for slot, p in zip(slots, prompts)])]
+    for i in range(decode_steps):
+        out = eng.runner.decode([(slot, feed[i], n + i) for slot, feed, n in zip(slots, feeds, prompt_lens)])
+        for rows, row in zip(g_logits, out):
+            rows.append(row)
+    tag = f"batched(prompts={','.join(map(str, prompt_lens))}, graph={cuda_graph})"
+    return [(f"{tag}.request{r}.{'prefill' if i == 0 else f'decode{i - 1}'}_logits", rel_err(a, b), tol)
+            for r, (gs, rs) in enumerate(zip(g_logits, r_logits)) for i, (a, b) in enumerate(zip(gs, rs))]
+
+
 def run_all(device, dtype=torch.bfloat16) -> list:
     rows = []
     rows += check_gla(device, dtype)
