@@ -160,7 +160,16 @@ def _streams_that_cannot_fail_to_encode() -> None:
             pass
 
 
+def _closed_streams_discard() -> None:
+    """A stdout or stderr closed before the start (`salactl ... >&-`; pythonw has none) is None in
+    Python: what the command prints there goes nowhere, instead of a traceback at the first write."""
+    for name in ("stdout", "stderr"):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))
+
+
 def main() -> None:
+    _closed_streams_discard()
     from salactl import output
 
     _streams_that_cannot_fail_to_encode()

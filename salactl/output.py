@@ -31,7 +31,8 @@ class _Console(Console):
 
 # markup off: messages and table cells carry user text and install hints ("pip install
 # 'salactl[plots]'", paths, list reprs) that rich would otherwise read as style tags and drop
-stdout = _Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160, markup=False)
+stdout = _Console(soft_wrap=True, width=None if sys.stdout is not None and sys.stdout.isatty() else 160,
+                  markup=False)
 stderr = _Console(stderr=True, soft_wrap=True, markup=False)
 
 
