@@ -104,6 +104,7 @@ def test_a_failed_first_append_leaves_neither_the_records_file_nor_its_new_direc
     out = tmp_path / "r4" / "sub"
     r = salactl_with_file_limit(100, *RUN, "--out", out)   # a record is ~1 KB
     assert r.returncode == OutputWriteError.exit_code, r.stderr
-    assert error_line(r.stderr) == (f"error: cannot append to {out / 'records.jsonl'}: File too large; free "
-                                    "space on its disk or choose another --out")
+    assert error_line(r.stderr) == (f"error: cannot append to {out / 'records.jsonl'}: File too large; the file "
+                                    "reached a size limit of its file system or of this process (ulimit -f); "
+                                    "choose another --out")
     assert os.listdir(tmp_path) == []
