@@ -238,17 +238,11 @@ def _check_passkey_prompts(s: SweepSettings) -> None:
     """Every passkey prompt is built up front (and again at each point), as eval passkey builds them:
     exit 11 before any is built when they cannot fit the host's memory, counted as eval counts them."""
     from salactl.bench.synthetic import check_host_memory
-    from salactl.evaluation.passkey import passkey_memory_bytes
-    from salactl.runtime.loader import model_config
+    from salactl.evaluation.passkey import passkey_prompt_bytes
 
-    try:
-        config = model_config(s.model, s.random_weights)
-    except SalactlError:
-        return                          # loading the model says why, after the sweep's own checks
     lengths = parse_ints(s.passkey_lengths, "passkey-lengths", 512)
     depths = parse_list(s.passkey_depths, "--passkey-depths", float)
-    # the host part only: check_sizes_fit checks each prefill at each --chunk-size
-    prompts, _ = passkey_memory_bytes(config, 1, lengths, depths, s.passkey_trials, max(lengths))
+    prompts = passkey_prompt_bytes(lengths, depths, s.passkey_trials)
     count = len(lengths) * len(depths) * s.passkey_trials
     check_host_memory(prompts, f"the passkey test ({count:,} prompts: --passkey-trials {s.passkey_trials:,} x "
                       f"{len(lengths):,} length(s) x {len(depths):,} depth(s))",

@@ -103,6 +103,11 @@ def _model_device(model):
 PROMPT_ID_BYTES = 8      # a Python list holds one 8-byte reference per token id
 
 
+def passkey_prompt_bytes(lengths: list[int], depths: list[float], trials: int) -> int:
+    """Host bytes of every prompt, all built up front as lists of ids."""
+    return PROMPT_ID_BYTES * sum(lengths) * len(depths) * trials
+
+
 def passkey_memory_bytes(config, act_bytes: int, lengths: list[int], depths: list[float], trials: int,
                          chunk_size: int) -> tuple[int, int]:
     """(host, prefill) bytes of a run: every prompt is built up front (passkey_trials) and held as a
@@ -111,9 +116,9 @@ def passkey_memory_bytes(config, act_bytes: int, lengths: list[int], depths: lis
     (perplexity.engine_prefill_bytes)."""
     from salactl.evaluation.perplexity import engine_prefill_bytes
 
-    prompts = PROMPT_ID_BYTES * sum(lengths) * len(depths) * trials
     longest = max(lengths)
-    return prompts, engine_prefill_bytes(config, longest, longest + ANSWER_TOKENS, chunk_size, act_bytes)
+    prefill = engine_prefill_bytes(config, longest, longest + ANSWER_TOKENS, chunk_size, act_bytes)
+    return passkey_prompt_bytes(lengths, depths, trials), prefill
 
 
 def check_passkey_memory(config, device, act_bytes: int, lengths: list[int], depths: list[float],
