@@ -457,3 +457,17 @@ def test_engine_runs_ragged_prompts_in_one_prefill_and_batched_decode():
     assert len(rows) == 3 * 4
     bad = [r for r in rows if not r[1] <= r[2]]
     assert not bad, bad
+
+
+def test_split_k_tickets_are_one_zeroed_buffer_per_device_and_outgrown_ones_are_kept(monkeypatch):
+    from salactl.runtime.ops import split_k
+
+    monkeypatch.setattr(split_k, "_BUFFERS", {})
+    monkeypatch.setattr(split_k, "_RETIRED", [])
+    cpu = torch.device("cpu")
+    first = split_k.split_counters(cpu, 10)
+    assert first.numel() == split_k.TICKETS and first.dtype == torch.int32 and not first.any()
+    assert split_k.split_counters(cpu, split_k.TICKETS) is first
+    grown = split_k.split_counters(cpu, split_k.TICKETS + 5)
+    assert grown.numel() == split_k.TICKETS + 5 and not grown.any()
+    assert split_k._RETIRED == [first] and split_k.split_counters(cpu, 3) is grown

@@ -30,6 +30,10 @@ class ModelRunner:
         self.static_in = torch.zeros(3, max_batch, dtype=torch.int64, device=self.device)
         self.host_in = torch.zeros(3, max_batch, dtype=torch.int64,
                                    pin_memory=self.device.type == "cuda")
+        # host_in may be rewritten only once the previous step's copy out of it has run: the copy
+        # is asynchronous, and a caller that does not sync between steps (graph replays sync
+        # nothing) would otherwise feed the previous step the next step's tokens and positions
+        self._host_in_read = torch.cuda.Event() if self.device.type == "cuda" else None
         self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
 
@@ -80,12 +84,16 @@ class ModelRunner:
         use_graph = self.cuda_graph and timer is NULL_TIMER
         bs = self.bucket(n) if use_graph else n
         h = self.host_in
+        if self._host_in_read is not None:
+            self._host_in_read.synchronize()
         # one tensor and one copy per step: this host work is not overlapped with the GPU
         h[:, :n] = torch.tensor([[r[1] for r in rows], [r[2] for r in rows], [r[0] for r in rows]])
         if bs > n:
             h[:, n:bs] = 0
             h[2, n:bs] = self.pools.trash_slot
         self.static_in[:, :bs].copy_(h[:, :bs], non_blocking=True)
+        if self._host_in_read is not None:
+            self._host_in_read.record()
         if not use_graph:
             out = self._decode_forward(self.static_in[:, :n], sparse, timer)
         else:

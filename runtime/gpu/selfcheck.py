@@ -319,11 +319,13 @@ def check_model(model, device, prompt_len: int, decode_steps: int = 3, chunk: in
 
 
 def check_model_batched(model, device, prompt_lens: tuple[int, ...], decode_steps: int = 3, chunk: int = 4096,
-                        cuda_graph: bool = False, tol: float = 1e-2, seed: int = 0) -> list:
+                        cuda_graph: bool = False, tol: float = 1e-2, seed: int = 0, ahead: int = 0) -> list:
     """Several requests at once, as bench and serving run them: one prefill call holding every
     prompt as its own segment (ragged lengths), then decode steps over all rows together (batched
     linears: the skinny GEMM at 9B widths; the CUDA graph of the row count's bucket), each row's
-    last-token logits against the reference Engine running that request alone."""
+    last-token logits against the reference Engine running that request alone. ahead > 0: the
+    graphs for up to that many rows are captured before the first step, largest first (as bench's
+    prepare does), so a smaller bucket replays before the larger ones captured ahead of it."""
     from salactl.runtime.engine import Engine
     from salactl.runtime.gpu.engine import GPUEngine
 
@@ -340,7 +342,7 @@ def check_model_batched(model, device, prompt_lens: tuple[int, ...], decode_step
         rows += [ref.forward(seq, [t])[-1] for t in feed]
         r_logits.append(rows)
     need = sum(math.ceil((n + decode_steps) / B) for n in prompt_lens)
-    eng = GPUEngine(model, device, max_running_requests=len(prompts), chunk_size=chunk,
+    eng = GPUEngine(model, device, max_running_requests=max(len(prompts), ahead), chunk_size=chunk,
                     kv_tokens=(need + 2) * B, cuda_graph=cuda_graph)
     slots = eng.scheduler.slots.alloc(len(prompts))
     for slot, n in zip(slots, prompt_lens):          # as GPUEngine.step admits a request
@@ -348,11 +350,13 @@ def check_model_batched(model, device, prompt_lens: tuple[int, ...], decode_step
         eng.pools.state[:, slot].zero_()
         eng.backend.release_slot(slot)
     g_logits = [[row] for row in eng.runner.prefill([(slot, p, 0) for slot, p in zip(slots, prompts)])]
+    if ahead:
+        eng.runner.capture_graphs(ahead, dense=True, sparse=True)
     for i in range(decode_steps):
         out = eng.runner.decode([(slot, feed[i], n + i) for slot, feed, n in zip(slots, feeds, prompt_lens)])
         for rows, row in zip(g_logits, out):
             rows.append(row)
-    tag = f"batched(prompts={','.join(map(str, prompt_lens))}, graph={cuda_graph})"
+    tag = f"batched(prompts={','.join(map(str, prompt_lens))}, graph={cuda_graph}, ahead={ahead})"
     return [(f"{tag}.request{r}.{'prefill' if i == 0 else f'decode{i - 1}'}_logits", rel_err(a, b), tol)
             for r, (gs, rs) in enumerate(zip(g_logits, r_logits)) for i, (a, b) in enumerate(zip(gs, rs))]
 

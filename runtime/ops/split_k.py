@@ -4,9 +4,14 @@ split of a tile sums the partials in split order (deterministic) and writes y. N
 With GLU the tile's first half of rows is the gate and its second half the up projection of the
 same outputs, and the store is silu(gate)·up (the MLP's silu·mul as an epilogue, `_store_y`).
 
-The tickets are an int32 buffer per (device, stream), zero between calls because every kernel
-resets the tickets it used; sized once (4096 tiles) so CUDA graphs captured later keep pointing at
-the same buffer. Import lazily: CPU-only installs have no triton."""
+The tickets are one int32 buffer per device, zero between calls because every kernel resets the
+tickets it used, so kernels using it must not run concurrently (the engine runs one stream at a
+time). It is allocated outside any CUDA graph capture and never freed: a larger grid gets a larger
+buffer and the old one is kept, since captured graphs keep its address. (It was once one buffer per
+stream; the capture stream's was allocated inside a capture, in that graph's memory pool, and zeroed
+only when that graph replayed, so a graph captured after it that replayed first read garbage
+tickets: NaN logits in batched sala-9b decode, session 50.) Import lazily: CPU-only installs have
+no triton."""
 
 from __future__ import annotations
 
@@ -14,15 +19,22 @@ import torch
 import triton
 import triton.language as tl
 
-_BUFFERS: dict[tuple, torch.Tensor] = {}
+TICKETS = 1 << 16          # initial size in tiles: every decode-sized grid fits; prefill grids may grow it
+_BUFFERS: dict[torch.device, torch.Tensor] = {}
+_RETIRED: list[torch.Tensor] = []      # outgrown buffers, kept: captured graphs still use their addresses
 
 
 def split_counters(device: torch.device, n: int) -> torch.Tensor:
-    key = (device, torch.cuda.current_stream(device).stream_id if device.type == "cuda" else 0)
-    buf = _BUFFERS.get(key)
+    """The device's ticket buffer, at least n long."""
+    buf = _BUFFERS.get(device)
     if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _BUFFERS[key] = buf
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("split-K tickets first needed inside a CUDA graph capture, where they would "
+                               "not be zeroed until that graph replays; run the forward once eagerly "
+                               "before capturing it")
+        if buf is not None:
+            _RETIRED.append(buf)
+        buf = _BUFFERS[device] = torch.zeros(max(n, TICKETS), dtype=torch.int32, device=device)
     return buf
 
 
