@@ -44,13 +44,15 @@ def write_remedy(e: OSError, elsewhere: str = "choose another --out") -> str:
 
 
 class DiskFullError(OutputWriteError):
-    """An output the disk had no room for (full, over quota, past a file-size limit); `path` and
-    `reason` let a caller that stages its files name the output its own way."""
+    """An output the disk had no room for (full, over quota, past a file-size limit); `path`,
+    `reason` and `remedy` (by errno: freeing space is no help past a size limit) let a caller that
+    stages its files name the output its own way."""
 
-    def __init__(self, path: Path, reason: str):
-        super().__init__(f"cannot write {path}: {reason}; free space on its disk or choose another --out")
-        self.path = path
-        self.reason = reason
+    def __init__(self, path: Path, error: OSError):
+        self.path, self.error = path, error
+        self.reason = error.strerror
+        self.remedy = write_remedy(error)
+        super().__init__(f"cannot write {path}: {self.reason}; {self.remedy}")
 
 
 @contextmanager
@@ -62,7 +64,7 @@ def _disk_full_names(path: Path) -> Iterator[None]:
     except OSError as e:
         if e.errno not in DISK_FULL_ERRNOS:
             raise
-        raise DiskFullError(path, e.strerror) from e
+        raise DiskFullError(path, e) from e
 
 
 def check_out_dir(out: Path, names: tuple[str, ...], overwrite: bool = False, flag: str = "--out") -> Path:

@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from salactl.errors import CheckpointError, OutputExistsError, OutputWriteError, SalactlError, UsageError
-from salactl.reports.atomic import DISK_FULL_ERRNOS
+from salactl.reports.atomic import DISK_FULL_ERRNOS, write_remedy
 from salactl.runtime.checkpoint import INDEX_NAME, SINGLE_NAME
 
 
@@ -65,7 +65,7 @@ def save_checkpoint(state: dict[str, torch.Tensor], config_dict: dict, out_dir: 
         try:
             _write_files(tmp, state, config_dict, max_shard_bytes, extra_files or {})
         except SafetensorError as e:                # safetensors' I/O errors are not OSErrors
-            raise _disk_full(out_dir, str(e)) from e
+            raise _disk_full(out_dir, str(e), _safetensors_remedy(e)) from e
         except OSError as e:
             raise _write_error(e, tmp, out_dir) from e
         _swap_into_place(tmp, out_dir, overwrite)
@@ -76,9 +76,17 @@ def save_checkpoint(state: dict[str, torch.Tensor], config_dict: dict, out_dir: 
     return out_dir
 
 
-def _disk_full(out_dir: Path, cause: str) -> OutputWriteError:
-    return OutputWriteError(f"cannot write the checkpoint {out_dir}: {cause}; free space on its disk or "
-                            "choose another --out")
+_FREE_SPACE = "free space on its disk or choose another --out"
+
+
+def _disk_full(out_dir: Path, cause: str, remedy: str = _FREE_SPACE) -> OutputWriteError:
+    return OutputWriteError(f"cannot write the checkpoint {out_dir}: {cause}; {remedy}")
+
+
+def _safetensors_remedy(e: SafetensorError) -> str:
+    """By the errno that Rust's message carries ("... (os error 27)"); free space when it has none."""
+    m = re.search(r"\(os error (\d+)\)", str(e))
+    return write_remedy(OSError(int(m.group(1)), "")) if m else _FREE_SPACE
 
 
 def _write_error(e: OSError, tmp: Path, out_dir: Path) -> SalactlError:
@@ -87,7 +95,7 @@ def _write_error(e: OSError, tmp: Path, out_dir: Path) -> SalactlError:
     cannot be read (a model directory's LICENSE without read permission) is the source's fault."""
     cause = e.strerror or str(e)
     if e.errno in DISK_FULL_ERRNOS:
-        return _disk_full(out_dir, cause)
+        return _disk_full(out_dir, cause, write_remedy(e))
     name = Path(e.filename) if e.filename else tmp
     if name != tmp and tmp not in name.parents:
         return CheckpointError(f"cannot read {name}, to copy into the checkpoint: {cause}; make it a readable file")

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from salactl.errors import OutputWriteError
-from salactl.reports.atomic import DiskFullError, exclusive_lock, write_atomic
+from salactl.reports.atomic import DiskFullError, exclusive_lock, write_atomic, write_remedy
 from salactl.runtime.loader import available_host_bytes
 from salactl.runtime.peaks import Peaks, cannot_write, cache_path, check_cache_dir, device_name, load_measured
 
@@ -142,7 +142,7 @@ def store_measurement(name: str, entry: dict) -> None:
             data[name] = entry
             write_atomic(path, json.dumps(data, indent=2))
     except DiskFullError as e:
-        raise OutputWriteError(f"cannot write the peaks cache {path}: {e.reason}; free space on its disk or set "
-                               "SALACTL_CACHE_DIR to a directory on another disk") from e
+        fix = write_remedy(e.error, "set SALACTL_CACHE_DIR to a directory on another disk")
+        raise OutputWriteError(f"cannot write the peaks cache {path}: {e.reason}; {fix}") from e
     except OSError as e:
         raise cannot_write(path, e.strerror or str(e)) from e

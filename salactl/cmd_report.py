@@ -13,7 +13,7 @@ from typer.core import TyperGroup
 
 from salactl import output
 from salactl.units import human_bytes
-from salactl.errors import UsageError
+from salactl.errors import CheckpointError, UsageError
 from salactl.lists import parse_list
 from salactl.options import JsonOpt, ModelOpt, non_empty_path, passed, refuse_unused
 
@@ -130,12 +130,15 @@ def _names(text: str, name: str) -> tuple[str, ...]:
 def _group_size(model: str, given: int | None) -> int:
     """--group-size, else the checkpoint's quantization_config group, else GPTQ's usual 128."""
     from salactl.quant.quantizer import SUPPORTED_GROUP_SIZES as GROUP_SIZES
+    from salactl.runtime.json_file import is_dir
+    from salactl.runtime.presets import PRESETS
 
     if given is not None:
         if given not in GROUP_SIZES:
             raise UsageError(f"--group-size must be one of {', '.join(map(str, GROUP_SIZES))}, got {given}")
         return given
-    if Path(model).is_dir():
+    # a preset name is the preset, as planning_config reads it, never a directory of that name here
+    if model not in PRESETS and is_dir(Path(model), CheckpointError, "model (--model)"):
         from salactl.runtime.loader import quantization_config
 
         qc = quantization_config(Path(model))

@@ -164,6 +164,6 @@ except OutputWriteError as e:
 """
     r = python_with_file_limit(4096, code)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == (f"DiskFullError 16 cannot write {path}: File too large; free space on its disk or "
-                                "choose another --out")
+    assert r.stdout.strip() == (f"DiskFullError 16 cannot write {path}: File too large; the file reached a size "
+                                "limit of its file system or of this process (ulimit -f); choose another --out")
     assert os.listdir(tmp_path) == []

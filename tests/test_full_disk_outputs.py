@@ -22,8 +22,9 @@ def test_a_full_disk_while_writing_a_latency_report_leaves_no_report_file(tmp_pa
     r = salactl_with_file_limit(600, "report", "latency", records, "--out", out, "--format", "md,csv,html",
                                 "--no-plots")
     assert r.returncode == OutputWriteError.exit_code, r.stderr
-    assert error_line(r.stderr) == (f"error: cannot write {out / 'report.html'}: File too large; free space on "
-                                    "its disk or choose another --out")
+    assert error_line(r.stderr) == (f"error: cannot write {out / 'report.html'}: File too large; the file "
+                                    "reached a size limit of its file system or of this process (ulimit -f); "
+                                    "choose another --out")
     assert not out.exists()                         # nor a temp file, nor the directory the write made
 
 
@@ -40,6 +41,7 @@ except OutputWriteError as e:
 """
     r = python_with_file_limit(4096, code)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == (f"16 cannot write the peaks cache {tmp_path / 'peaks.json'}: File too large; free "
-                                "space on its disk or set SALACTL_CACHE_DIR to a directory on another disk")
+    assert r.stdout.strip() == (f"16 cannot write the peaks cache {tmp_path / 'peaks.json'}: File too large; the "
+                                "file reached a size limit of its file system or of this process (ulimit -f); "
+                                "set SALACTL_CACHE_DIR to a directory on another disk")
     assert os.listdir(tmp_path) == []              # no temp, and the lock file is gone

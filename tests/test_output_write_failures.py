@@ -55,6 +55,7 @@ def test_a_full_disk_while_quantizing_is_one_line_and_leaves_no_checkpoint(tmp_p
     assert r.returncode == OutputWriteError.exit_code, r.stderr
     line = error_line(r.stderr)
     assert line.startswith(f"error: cannot write the checkpoint {out}: ") and "File too large" in line
+    assert line.endswith("a size limit of its file system or of this process (ulimit -f); choose another --out")
     assert os.listdir(tmp_path) == []                       # neither the checkpoint nor its temp dir
 
 

@@ -34,6 +34,7 @@ OUTPUT_FILES = ("result.json", "step.json", "spec.json", "trace.json", "profile.
 PROFILE_LOCK = ".salactl-profile.lock"     # in --out while a profile's files move in
 # a failed write that says the disk (or file system) is the problem, wherever in the session it happens
 WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+FREE_SPACE = "free space on its disk or choose another --out"     # where no errno tells (torch's trace)
 
 
 @dataclass(frozen=True)
@@ -167,17 +168,19 @@ def run_staged(spec: ProfileSpec, opts: SessionOptions, mode: str, sampler=None)
 
 def _keep_log(log: Path, final: Path) -> Path | None:
     """Move a failed run's ncu.log out of the staging directory that is about to be removed, to a new
-    name beside it (FINAL.ncu-XXXX.log, never an existing file's); None where there is no log or it
-    cannot be moved."""
+    name beside --out (FINAL.ncu-XXXX.log, never an existing file's; --out's parent is created where
+    it does not exist yet); None where there is no log or it cannot be moved."""
     if not log.is_file():
         return None
+    final = Path(os.path.abspath(final))        # "." or "..": a parent that is not inside --out
     try:
-        fd, kept = tempfile.mkstemp(prefix=f"{final.name}.ncu-", suffix=".log", dir=log.parent.parent)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        fd, kept = tempfile.mkstemp(prefix=f"{output.short_name(final)}.ncu-", suffix=".log", dir=final.parent)
     except OSError:
         return None
     os.close(fd)
     try:
-        os.replace(log, kept)
+        shutil.move(log, kept)      # a copy where the staging directory, in --out, is on another disk
     except OSError:
         Path(kept).unlink(missing_ok=True)
         return None
@@ -191,7 +194,7 @@ def _write_failures_name(final: Path) -> Iterator[None]:
     try:
         yield
     except DiskFullError as e:
-        raise _cannot_write_profile(final, e.reason) from e
+        raise _cannot_write_profile(final, e.reason, e.remedy) from e
     except OutputWriteError as e:
         raise _cannot_write_profile(final, str(e)) from e
     except OSError as e:
@@ -200,8 +203,7 @@ def _write_failures_name(final: Path) -> Iterator[None]:
         raise _cannot_write_profile(final, e.strerror, write_remedy(e)) from e
 
 
-def _cannot_write_profile(final: Path, cause: str,
-                          remedy: str = "free space on its disk or choose another --out") -> OutputWriteError:
+def _cannot_write_profile(final: Path, cause: str, remedy: str = FREE_SPACE) -> OutputWriteError:
     return OutputWriteError(f"cannot write the profile in {final}: {cause}; {remedy}")
 
 
