@@ -406,11 +406,9 @@ def test_kernel_scales_builds_tensors_for_fp8_pages_only():
     assert ks.dtype == vs.dtype == torch.float32
 
 
-def test_a_failed_step_frees_its_requests_and_the_engine_carries_on():
-    """A request whose logits are NaN (an inf embedding row) fails its step with NumericsError;
-    it is finished as "error" with its slot and pages freed, so later requests still run (with
-    one running request at most, a leaked slot would stall them for ever)."""
-    from salactl.errors import NumericsError
+def _engine_with_an_inf_token():
+    """A one-request GPUEngine whose token 99 embeds as inf (NaN logits for any prompt holding it),
+    a good prompt, its params and the good prompt's tokens from a healthy engine."""
     from salactl.runtime.gpu.engine import GPUEngine
     from salactl.runtime.sampling import SamplingParams
 
@@ -420,7 +418,16 @@ def test_a_failed_step_frees_its_requests_and_the_engine_carries_on():
         .generate(good, params).output_token_ids
     with torch.no_grad():
         model.model.embed_tokens.weight[99] = float("inf")
-    engine = GPUEngine(model, "cpu", max_running_requests=1, chunk_size=32, kv_tokens=256)
+    return GPUEngine(model, "cpu", max_running_requests=1, chunk_size=32, kv_tokens=256), good, params, want
+
+
+def test_a_failed_step_frees_its_requests_and_the_engine_carries_on():
+    """A request whose logits are NaN (an inf embedding row) fails its step with NumericsError;
+    it is finished as "error" with its slot and pages freed, so later requests still run (with
+    one running request at most, a leaked slot would stall them for ever)."""
+    from salactl.errors import NumericsError
+
+    engine, good, params, want = _engine_with_an_inf_token()
     pages, slots = engine.scheduler.pages.free, engine.scheduler.slots.free
     bad = engine.submit([5, 99, 6], params)
     with pytest.raises(NumericsError):
@@ -431,6 +438,31 @@ def test_a_failed_step_frees_its_requests_and_the_engine_carries_on():
     queued = engine.submit(good, params)
     engine.abort(queued)
     assert engine.result(queued).finish_reason == "abort" and not engine.scheduler.has_work()
+
+
+def test_the_pages_of_a_request_that_failed_with_nan_do_not_fail_their_next_owner():
+    """A failed request's NaN K/V stay in its freed pages, and the next request (LIFO page reuse)
+    has them in the tail of its last, partly filled page, past its length: masked in the scores,
+    but 0 x NaN in the V product. The engine zeroes a failed request's pages."""
+    from salactl.errors import NumericsError
+
+    engine, good, params, want = _engine_with_an_inf_token()
+    with pytest.raises(NumericsError):
+        engine.generate([99] + list(range(3, 33)), params)      # every position of both its pages NaN
+    assert engine.generate(good, params).output_token_ids == want
+
+
+@pytest.mark.parametrize("kv", ["bf16", "fp8_e5m2"])
+def test_clearing_pages_zeroes_them_in_every_sparse_layer_and_nothing_else(kv):
+    from salactl.runtime.gpu.engine import GPUEngine
+
+    pools = GPUEngine(micro_model(), "cpu", max_running_requests=1, chunk_size=32, kv_tokens=256,
+                      kv_cache_dtype=kv).pools
+    for t in (pools.k, pools.v, pools.k1):
+        t.copy_(torch.full(t.shape, 1.5))
+    pools.clear_pages([2, 0])
+    for t in (pools.k, pools.v, pools.k1):
+        assert t.shape[0] == 2 and not t[:, [0, 2]].float().any() and bool((t[:, [1, 3]].float() == 1.5).all())
 
 
 def test_gpu_engine_and_engine_share_the_eos_contract():

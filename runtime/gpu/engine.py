@@ -425,6 +425,7 @@ class GPUEngine:
 
     def _fail(self, req: Request, error: NumericsError, now: float, events) -> None:
         req.error = error
+        self.pools.clear_pages(req.pages)       # its NaN/Inf K/V must not reach the pages' next owner
         self.abort(req.rid, "error")
         events.append((req.rid, error, now))
 

@@ -142,6 +142,17 @@ class CachePools:
         self.k_scale = [torch.ones(hkv, device=device) for _ in range(ls)]
         self.v_scale = [torch.ones(hkv, device=device) for _ in range(ls)]
 
+    def clear_pages(self, pages: list[int]) -> None:
+        """Zero the K, V and compressed keys of `pages` in every sparse layer. For the pages of a
+        request that failed with NaN/Inf: attention masks the tokens past a row's length in the
+        scores only, so their weight 0 still multiplies the V left in the tail of the last, partly
+        filled page, and 0 x NaN = NaN would fail the page's next owner."""
+        if not pages:
+            return
+        idx = torch.tensor(pages, device=self.k.device)
+        for t in (self.k, self.v, self.k1):      # fp8 has no index_fill: zero bytes are +0.0 there too
+            (t.view(torch.uint8) if t.element_size() == 1 else t).index_fill_(1, idx, 0)
+
     def assign_pages(self, slot: int, pages: list[int]) -> None:
         row = torch.full((self.plan.max_pages_per_seq,), self.trash_page, dtype=torch.int32)
         row[:len(pages)] = torch.tensor(pages, dtype=torch.int32)

@@ -4,10 +4,11 @@ than the eager reference step (so a whole 9B decode step fits an Nsight Compute 
 
 The cache is real: each phase's cached tokens (random ids) are prefilled through the engine, into
 that phase's own request slots, before any profiled step. Each profiled step is run eagerly (no
-CUDA graph, so the NVTX op ranges hold); it is not committed, so warm-up and profiled steps do
-the same work. Decoder-layer ranges
-open at the attention block and close after the MLP (the fused forward calls those two modules,
-not the layer module)."""
+CUDA graph, so the NVTX op ranges hold) on the same tokens at the same positions, so the cache
+does not grow and warm-up and profiled steps do the same work (each step does advance the
+lightning layers' recurrent state and rewrite its K/V at those positions: values change, the work
+does not). Decoder-layer ranges open at the attention block and close after the MLP (the fused
+forward calls those two modules, not the layer module)."""
 
 from __future__ import annotations
 
