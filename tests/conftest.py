@@ -175,3 +175,23 @@ def assert_stop_token_and_stream_order(engine) -> None:
     assert res.finish_reason == "stop" and res.output_token_ids == free[:free.index(stop) + 1]
     assert [t for r, t, _ in events if r == rid] == res.output_token_ids
     assert all(a[2] <= b[2] for a, b in zip(events, events[1:]))
+
+
+def end_a_nan_request(engine, prompt, params, end: str, chunk: int) -> None:
+    """Run `prompt` (NaN K/V from its first token) on a one-request GPUEngine until it ends as
+    `end`: "failed" (NumericsError at its first token), "prefill_only" (max_new_tokens 0: never
+    sampled) or "aborted_mid_prefill" (after two prefill chunks of `chunk` tokens)."""
+    from salactl.errors import NumericsError
+    from salactl.runtime.sampling import SamplingParams
+
+    if end == "failed":
+        with pytest.raises(NumericsError):
+            engine.generate(prompt, params)
+    elif end == "prefill_only":
+        assert engine.generate(prompt, SamplingParams(max_new_tokens=0)).finish_reason == "length"
+    else:
+        rid = engine.submit(prompt, params)
+        engine.step()
+        engine.step()
+        assert engine.requests[rid].prefilled == 2 * chunk
+        engine.abort(rid)

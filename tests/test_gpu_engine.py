@@ -5,7 +5,7 @@ without CUDA graphs, and continuous batching giving the same greedy tokens as on
 import pytest
 import torch
 
-from conftest import assert_stop_token_and_stream_order, gpu, tiny_model
+from conftest import assert_stop_token_and_stream_order, end_a_nan_request, gpu, tiny_model
 
 pytestmark = [pytest.mark.gpu, gpu]
 
@@ -153,21 +153,20 @@ def test_ragged_prefill_and_batched_decode_match_reference(graph, wide):
 
 
 @pytest.mark.parametrize("graph", [False, True])
-def test_the_pages_of_a_request_that_failed_with_nan_do_not_fail_their_next_owner(graph):
-    """Its NaN K/V would sit in the tail of the next owner's last page (0 x NaN in the V product);
-    the engine zeroes a failed request's pages."""
-    from salactl.errors import NumericsError
+@pytest.mark.parametrize("end", ["failed", "prefill_only", "aborted_mid_prefill"])
+def test_the_pages_of_a_request_with_nan_kv_do_not_fail_their_next_owner(end, graph):
+    """Its NaN K/V would sit in the tail of the next owner's last page (0 x NaN in the V product),
+    however it ended; the engine zeroes a newly admitted request's pages."""
     from salactl.runtime.gpu.engine import GPUEngine
     from salactl.runtime.sampling import SamplingParams
 
     model = _model(torch.bfloat16)
     B = model.config.sparse_config.block_size
     good, params = [5, 6, 7, 8], SamplingParams(max_new_tokens=4, ignore_eos=True)
-    want = GPUEngine(_model(torch.bfloat16), "cuda", max_running_requests=1, chunk_size=4 * B, kv_tokens=8 * B,
-                     cuda_graph=graph).generate(good, params).output_token_ids
+    opts = dict(max_running_requests=1, chunk_size=B, kv_tokens=8 * B, cuda_graph=graph)
+    want = GPUEngine(_model(torch.bfloat16), "cuda", **opts).generate(good, params).output_token_ids
     with torch.no_grad():
         model.model.embed_tokens.weight[99] = float("inf")
-    engine = GPUEngine(model, "cuda", max_running_requests=1, chunk_size=4 * B, kv_tokens=8 * B, cuda_graph=graph)
-    with pytest.raises(NumericsError):
-        engine.generate([99] + [5] * (2 * B - 1), params)
+    engine = GPUEngine(model, "cuda", **opts)
+    end_a_nan_request(engine, [99] + [5] * (2 * B + 5), params, end, B)
     assert engine.generate(good, params).output_token_ids == want

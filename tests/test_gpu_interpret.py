@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from conftest import assert_stop_token_and_stream_order, micro_model
+from conftest import assert_stop_token_and_stream_order, end_a_nan_request, micro_model
 
 if torch.cuda.is_available():
     pytest.skip("CUDA present: the GPU tests cover these kernels", allow_module_level=True)
@@ -406,7 +406,7 @@ def test_kernel_scales_builds_tensors_for_fp8_pages_only():
     assert ks.dtype == vs.dtype == torch.float32
 
 
-def _engine_with_an_inf_token():
+def _engine_with_an_inf_token(chunk_size: int = 32):
     """A one-request GPUEngine whose token 99 embeds as inf (NaN logits for any prompt holding it),
     a good prompt, its params and the good prompt's tokens from a healthy engine."""
     from salactl.runtime.gpu.engine import GPUEngine
@@ -418,7 +418,7 @@ def _engine_with_an_inf_token():
         .generate(good, params).output_token_ids
     with torch.no_grad():
         model.model.embed_tokens.weight[99] = float("inf")
-    return GPUEngine(model, "cpu", max_running_requests=1, chunk_size=32, kv_tokens=256), good, params, want
+    return GPUEngine(model, "cpu", max_running_requests=1, chunk_size=chunk_size, kv_tokens=256), good, params, want
 
 
 def test_a_failed_step_frees_its_requests_and_the_engine_carries_on():
@@ -440,15 +440,16 @@ def test_a_failed_step_frees_its_requests_and_the_engine_carries_on():
     assert engine.result(queued).finish_reason == "abort" and not engine.scheduler.has_work()
 
 
-def test_the_pages_of_a_request_that_failed_with_nan_do_not_fail_their_next_owner():
-    """A failed request's NaN K/V stay in its freed pages, and the next request (LIFO page reuse)
-    has them in the tail of its last, partly filled page, past its length: masked in the scores,
-    but 0 x NaN in the V product. The engine zeroes a failed request's pages."""
-    from salactl.errors import NumericsError
-
-    engine, good, params, want = _engine_with_an_inf_token()
-    with pytest.raises(NumericsError):
-        engine.generate([99] + list(range(3, 33)), params)      # every position of both its pages NaN
+@pytest.mark.parametrize("end", ["failed", "prefill_only", "aborted_mid_prefill"])
+def test_the_pages_of_a_request_with_nan_kv_do_not_fail_their_next_owner(end):
+    """A request whose K/V went NaN leaves them in its freed pages, and the next request (LIFO page
+    reuse) has them in the tail of its last, partly filled page, past its length: masked in the
+    scores, but 0 x NaN in the V product. However the request ended (failed on its NaN logits, a
+    prefill-only request that never samples, aborted before its first token), the engine zeroes
+    a newly admitted request's pages."""
+    engine, good, params, want = _engine_with_an_inf_token(chunk_size=16)
+    end_a_nan_request(engine, [99] + list(range(3, 40)), params, end, 16)      # 38 tokens, all NaN
+    assert torch.isnan(engine.pools.v.float()).any()
     assert engine.generate(good, params).output_token_ids == want
 
 

@@ -355,6 +355,7 @@ class GPUEngine:
         with self._abort_on_error(admitted):     # a slot is never left half reset
             for req in admitted:
                 self.pools.assign_pages(req.slot, req.pages)
+                self.pools.clear_pages(req.pages)         # whatever an earlier owner left (NaN K/V)
                 self.pools.state[:, req.slot].zero_()
                 self.backend.release_slot(req.slot)
         plan = sched.prefill_plan()
@@ -425,7 +426,6 @@ class GPUEngine:
 
     def _fail(self, req: Request, error: NumericsError, now: float, events) -> None:
         req.error = error
-        self.pools.clear_pages(req.pages)       # its NaN/Inf K/V must not reach the pages' next owner
         self.abort(req.rid, "error")
         events.append((req.rid, error, now))
 
