@@ -289,7 +289,9 @@ class GPUEngine:
         each request's GenerationResult once it has finished. A request that fails alone (NaN/Inf
         logits) finishes with reason "error" while the others run on; once all have finished,
         events() raises the first such error (every result(rid), the others' included, stays
-        available)."""
+        available). Only the steps events() runs itself are seen: a token that another caller's
+        step produced (a stream() or generate() in this thread or another) reaches result(rid),
+        not events(); follow a set of requests with one events() loop, not mixed with those."""
         failed = None
         while self.scheduler.has_work():
             for event in self.step():
