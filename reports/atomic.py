@@ -32,10 +32,15 @@ from salactl.errors import OutputExistsError, OutputWriteError, UsageError
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
+def free_space(elsewhere: str = "choose another --out") -> str:
+    """The remedy for a write that found no room (or, with no errno to tell, may have)."""
+    return f"free space on its disk or {elsewhere}"
+
+
 def write_remedy(e: OSError, elsewhere: str = "choose another --out") -> str:
     """What to do about a failed write, by its errno: free space only when space is the problem."""
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return f"free space on its disk or {elsewhere}"
+        return free_space(elsewhere)
     if e.errno == errno.EFBIG:
         return f"the file reached a size limit of its file system or of this process (ulimit -f); {elsewhere}"
     if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):

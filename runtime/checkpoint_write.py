@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from salactl.errors import CheckpointError, OutputExistsError, OutputWriteError, SalactlError, UsageError
-from salactl.reports.atomic import DISK_FULL_ERRNOS, write_remedy
+from salactl.reports.atomic import DISK_FULL_ERRNOS, free_space, write_remedy
 from salactl.runtime.checkpoint import INDEX_NAME, SINGLE_NAME
 
 
@@ -76,17 +76,14 @@ def save_checkpoint(state: dict[str, torch.Tensor], config_dict: dict, out_dir: 
     return out_dir
 
 
-_FREE_SPACE = "free space on its disk or choose another --out"
-
-
-def _disk_full(out_dir: Path, cause: str, remedy: str = _FREE_SPACE) -> OutputWriteError:
+def _disk_full(out_dir: Path, cause: str, remedy: str) -> OutputWriteError:
     return OutputWriteError(f"cannot write the checkpoint {out_dir}: {cause}; {remedy}")
 
 
 def _safetensors_remedy(e: SafetensorError) -> str:
     """By the errno that Rust's message carries ("... (os error 27)"); free space when it has none."""
     m = re.search(r"\(os error (\d+)\)", str(e))
-    return write_remedy(OSError(int(m.group(1)), "")) if m else _FREE_SPACE
+    return write_remedy(OSError(int(m.group(1)), "")) if m else free_space()
 
 
 def _write_error(e: OSError, tmp: Path, out_dir: Path) -> SalactlError:

@@ -23,7 +23,8 @@ from salactl.profiling.ncu_runner import (NcuOptions, export_command, export_csv
 from salactl.profiling.manifest import read_ncu_manifest
 from salactl.profiling.spec import ProfileSpec
 from salactl.profiling.step_runner import write_json
-from salactl.reports.atomic import DiskFullError, check_destinations, exclusive_lock, move_all, write_remedy
+from salactl.reports.atomic import (DiskFullError, check_destinations, exclusive_lock, free_space, move_all,
+                                     write_remedy)
 from salactl.reports.ncu import parse_csv
 from salactl.reports.profile_table import from_ncu, in_scopes, kernel_rows, layer_rows, op_rows
 
@@ -34,7 +35,6 @@ OUTPUT_FILES = ("result.json", "step.json", "spec.json", "trace.json", "profile.
 PROFILE_LOCK = ".salactl-profile.lock"     # in --out while a profile's files move in
 # a failed write that says the disk (or file system) is the problem, wherever in the session it happens
 WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
-FREE_SPACE = "free space on its disk or choose another --out"     # where no errno tells (torch's trace)
 
 
 @dataclass(frozen=True)
@@ -203,8 +203,9 @@ def _write_failures_name(final: Path) -> Iterator[None]:
         raise _cannot_write_profile(final, e.strerror, write_remedy(e)) from e
 
 
-def _cannot_write_profile(final: Path, cause: str, remedy: str = FREE_SPACE) -> OutputWriteError:
-    return OutputWriteError(f"cannot write the profile in {final}: {cause}; {remedy}")
+def _cannot_write_profile(final: Path, cause: str, remedy: str | None = None) -> OutputWriteError:
+    """remedy None: no errno tells why (torch's trace export), so space is the likely cause."""
+    return OutputWriteError(f"cannot write the profile in {final}: {cause}; {remedy or free_space()}")
 
 
 def _nearest_existing(path: Path) -> Path:
