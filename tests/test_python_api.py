@@ -373,6 +373,27 @@ def test_gpu_streams_survive_a_caller_taking_results_from_events():
 
 
 @gpu_engine_api
+def test_events_yield_the_tokens_another_callers_steps_made_once_each_in_time_order():
+    """A submit()ted request advances in the steps of another caller's generate(); events() read
+    afterwards still yields every one of its tokens, in the order they were sampled, and a second
+    events() yields none of them again."""
+    gpu = _gpu()
+    long = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    rid = gpu.submit([9, 8, 7], long)
+    assert gpu.generate([5, 6, 7], GREEDY3).output_token_ids == Engine(micro_model()).generate(
+        [5, 6, 7], GREEDY3).output_token_ids
+    made_meanwhile = len(gpu.requests[rid].output)
+    assert 0 < made_meanwhile < 6                     # part of it ran in generate()'s steps
+    events = list(gpu.events())
+    assert list(gpu.events()) == []
+    res = gpu.result(rid)
+    assert [(r, t) for r, t, _ in events] == [(rid, t) for t in res.output_token_ids]
+    assert res.output_token_ids == Engine(micro_model()).generate([9, 8, 7], long).output_token_ids
+    assert all(a[2] <= b[2] for a, b in zip(events, events[1:]))
+    assert _idle(gpu)
+
+
+@gpu_engine_api
 def test_gpu_generate_reports_prefill_progress_as_engine_does():
     prompt = list(range(3, 80))                       # 77 tokens: chunks of 32
     calls = {"gpu": [], "ref": []}

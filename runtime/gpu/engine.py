@@ -218,7 +218,7 @@ class GPUEngine:
             self.abort(req.rid, "stop")
         elif req.finish_reason == "length":         # its last token ended the text as well
             req.finish_reason = "stop"
-        del req.output[kept:]
+        del req.output[kept:], req.token_times[kept:]
 
     def stream(self, prompt, params: SamplingParams | None = None, eos_ids=()) -> Iterator[int]:
         """Engine.stream's contract for one request: its token ids, each as soon as it is sampled.
@@ -284,23 +284,43 @@ class GPUEngine:
         return results
 
     def events(self) -> Iterator[tuple[int, int, float]]:
-        """(request_id, token_id, perf_counter timestamp) as tokens are produced, until every
-        submitted request has finished. submit() may be called between items; result(rid) gives
-        each request's GenerationResult once it has finished. A request that fails alone (NaN/Inf
-        logits) finishes with reason "error" while the others run on; once all have finished,
-        events() raises the first such error (every result(rid), the others' included, stays
-        available). Only the steps events() runs itself are seen: a token that another caller's
-        step produced (a stream() or generate() in this thread or another) reaches result(rid),
-        not events(); follow a set of requests with one events() loop, not mixed with those."""
+        """(request_id, token_id, perf_counter timestamp) for every token the engine's requests
+        produce, in the order they were sampled, stepping the engine until every submitted request
+        has finished. submit() may be called between items; result(rid) gives each request's
+        GenerationResult once it has finished. Tokens sampled by any caller's step (a stream() or
+        generate() in this thread or another) are yielded too, each once: two events() readers
+        share them, and a request whose result() was taken before its tokens were read is skipped.
+        A request that fails alone (NaN/Inf logits) finishes with reason "error" while the others
+        run on; once all have finished, events() raises the first such error (every result(rid),
+        the others' included, stays available). The lock is held for a snapshot or a step, never
+        across a yield: an abandoned events() blocks no other thread."""
         failed = None
-        while self.scheduler.has_work():
-            for event in self.step():
-                if isinstance(event[1], BaseException):
-                    failed = failed or event[1]
-                else:
-                    yield event
+        while True:
+            with self._lock:
+                new, error = self._unread_events()
+                if not new and error is None:
+                    if not self.scheduler.has_work():
+                        break
+                    self.step()
+                    continue
+            failed = failed or error
+            yield from new
         if failed is not None:
             raise failed
+
+    def _unread_events(self) -> tuple[list[tuple[int, int, float]], BaseException | None]:
+        """The tokens no events() reader has yielded yet (marked as yielded), oldest first, and
+        the first error not yet taken for raising. Call with the lock held."""
+        new, error = [], None
+        for req in self.requests.values():
+            times = req.token_times
+            new += [(req.rid, req.output[i], times[i]) for i in range(req.evented, len(req.output))]
+            req.evented = len(req.output)
+            if req.error is not None and not req.error_evented:
+                req.error_evented = True
+                error = error or req.error
+        new.sort(key=lambda event: event[2])          # stable: one step's tokens stay in request order
+        return new, error
 
     @_serialised
     def _drop(self, rids: list[int]) -> None:
@@ -403,7 +423,7 @@ class GPUEngine:
                     continue
                 r.first_token_time = now
                 events.append((r.rid, tok, now))
-                if r.accept(tok):
+                if r.accept(tok, now):
                     self._finish(r)
                 else:
                     sched.start_decoding(r)
@@ -418,7 +438,7 @@ class GPUEngine:
                 self._fail(r, tok, now, events)
                 continue
             events.append((r.rid, tok, now))
-            if r.accept(tok):
+            if r.accept(tok, now):
                 self._finish(r)
 
     def _finish(self, req: Request) -> None:

@@ -28,6 +28,7 @@ class Request:
     pages: list[int] = field(default_factory=list)
     prefilled: int = 0
     output: list[int] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)   # perf_counter when each output token was sampled
     finish_reason: str | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
@@ -35,6 +36,8 @@ class Request:
     error: BaseException | None = None          # what failed the step that finished it ("error")
 
     prefill_calls: int = 0
+    evented: int = 0                            # output tokens GPUEngine.events() has yielded
+    error_evented: bool = False                 # whether events() has taken its error for raising
 
     @property
     def tokens_needed(self) -> int:
@@ -46,9 +49,11 @@ class Request:
         """Position of output[-1] when it is fed back (decode)."""
         return len(self.prompt) + len(self.output) - 1
 
-    def accept(self, token: int) -> bool:
-        """Record a sampled token; returns True when the request is finished."""
+    def accept(self, token: int, at: float | None = None) -> bool:
+        """Record a token sampled at perf_counter time `at` (None: now); returns True when the
+        request is finished."""
         self.output.append(token)
+        self.token_times.append(time.perf_counter() if at is None else at)
         if token in self.stops:
             self.finish_reason = "stop"
         elif len(self.output) >= self.params.max_new_tokens:
