@@ -35,6 +35,7 @@ carry a `perm` buffer that gathers the activations.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 from torch import nn
@@ -250,6 +251,19 @@ class GPTQLinear(nn.Module):
 
         y = w4a16_glu(_sixteen_bit(self._rows(x)), self.qweight.contiguous(), self.scales.contiguous(), self.group_size)
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features // 2)
+
+    def bf16_rows(self) -> float:
+        """Up to how many rows a call computes in bf16 whatever the model's dtype (forward's
+        dispatch; the roofline floors those FLOPs at the bf16 rate): every row for the int4 kernels
+        (CPU, Triton), triton8 and CPU int8; the Triton W8A16 kernel's rows for CUDA int8, above
+        which the weight is dequantized to the model's dtype; none for the dequantizing reference."""
+        if self.layout in ("triton", "cpu_int4", "triton8") or (self.layout == "int8" and self.qweight.device.type == "cpu"):
+            return math.inf
+        if self.layout == "int8" and _triton_available():
+            from salactl.runtime.ops.w8a16.triton import MAX_ROWS, group_fits
+
+            return MAX_ROWS if group_fits(self.qweight.shape[2]) else 0
+        return 0
 
     def _rows(self, x: torch.Tensor) -> torch.Tensor:
         """x as [rows, in_features], gathered by the act-order permutation when there is one."""

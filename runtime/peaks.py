@@ -57,10 +57,17 @@ class Peaks:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def for_dtype(self, dtype: torch.dtype) -> dict:
-        """to_dict() plus the ceiling a `dtype` model's FLOP floors use: compute_tflops, compute_rate."""
+    def for_dtype(self, dtype: torch.dtype, quantized: bool = False) -> dict:
+        """to_dict() plus the ceiling a `dtype` model's FLOP floors use: compute_tflops, compute_rate;
+        `quantized`: some linears compute in bf16 whatever the model's dtype (W4A16/W8A16 kernels,
+        quant/linear.py GPTQLinear.bf16_rows), whose FLOP floors use quantized_compute_tflops and
+        quantized_compute_rate, given where that rate is not the model's."""
         tflops, rate = self.matmul_tflops(dtype)
-        return {**self.to_dict(), "compute_tflops": tflops, "compute_rate": rate}
+        out = {**self.to_dict(), "compute_tflops": tflops, "compute_rate": rate}
+        q_tflops, q_rate = self.matmul_tflops(torch.bfloat16)
+        if quantized and q_tflops != tflops:
+            out.update(quantized_compute_tflops=q_tflops, quantized_compute_rate=q_rate)
+        return out
 
 
 def cache_path() -> Path:

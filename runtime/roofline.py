@@ -3,7 +3,9 @@
 Counting rules (minimum traffic: every operand read once per forward call, every result written
 once):
 - linear classes (qkv, gates, o_proj, mlp, lm_head): the module's stored bytes (so bf16, W4A16 +
-  scales, ... count as they are) + input/output activations; FLOPs = 2 · rows · in · out.
+  scales, ... count as they are) + input/output activations; FLOPs = 2 · rows · in · out. Of those,
+  `bf16_flops` are the quantized linears' whose kernels compute in bf16 whatever the model's dtype
+  (bf16_row_limit): their floor takes the bf16 matmul rate, the rest the model dtype's.
 - attention (minicpm4 layers): per sequence, the K/V it attends (all cached tokens when dense, the
   union of selected blocks, bounded by topk+window blocks per query, when sparse) read once, the
   new K/V written, q read and o written; compressed-key scoring reads K1 once. FLOPs = 4·Hq·d per
@@ -15,7 +17,7 @@ once):
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 from torch import nn
@@ -34,6 +36,24 @@ class LinearCost:
     stored_bytes: int = 0
     macs_per_row: int = 0        # Σ in·out over the class's linears (for one token through all layers)
     act_elems_per_row: int = 0   # Σ (in + out)
+    # of macs_per_row, those computed in bf16 in calls of up to so many rows (bf16_row_limit): {limit: Σ in·out}
+    bf16_macs_per_row: dict[float, int] = field(default_factory=dict)
+
+    def bf16_macs(self, rows: int) -> int:
+        """Of macs_per_row, those a call of `rows` rows computes in bf16."""
+        return sum(macs for limit, macs in self.bf16_macs_per_row.items() if rows <= limit)
+
+
+def bf16_row_limit(mod: nn.Module) -> float:
+    """Up to how many rows a call of this linear computes in bf16 whatever the model's dtype
+    (quant/linear.py GPTQLinear.bf16_rows); 0 for float linears (the model dtype's rate)."""
+    rows = getattr(mod, "bf16_rows", None)
+    return rows() if rows else 0
+
+
+def computes_in_bf16(model: nn.Module) -> bool:
+    """Whether some linear of `model` computes in bf16 whatever its dtype (bf16_row_limit)."""
+    return any(bf16_row_limit(m) > 0 for m in model.modules())
 
 
 def linear_costs(model: nn.Module) -> dict[str, LinearCost]:
@@ -48,6 +68,9 @@ def linear_costs(model: nn.Module) -> dict[str, LinearCost]:
                               list(mod.parameters(recurse=False)) + list(mod.buffers(recurse=False)))
         c.macs_per_row += mod.in_features * mod.out_features
         c.act_elems_per_row += mod.in_features + mod.out_features
+        limit = bf16_row_limit(mod)
+        if limit:
+            c.bf16_macs_per_row[limit] = c.bf16_macs_per_row.get(limit, 0) + mod.in_features * mod.out_features
     return out
 
 
@@ -55,6 +78,7 @@ def linear_costs(model: nn.Module) -> dict[str, LinearCost]:
 class OpCost:
     bytes: int = 0
     flops: int = 0
+    bf16_flops: int = 0     # of flops, those computed in bf16 whatever the model's dtype (quantized linears)
 
 
 def call_costs(config: SalaConfig, linears: dict[str, LinearCost], rows: list[tuple[int, int]],
@@ -66,9 +90,11 @@ def call_costs(config: SalaConfig, linears: dict[str, LinearCost], rows: list[tu
         lc = linears[cls]
         costs[cls].bytes += lc.stored_bytes + n_tok * lc.act_elems_per_row * act_bytes
         costs[cls].flops += 2 * n_tok * lc.macs_per_row
+        costs[cls].bf16_flops += 2 * n_tok * lc.bf16_macs(n_tok)
     lm = linears["lm_head"]
     costs["lm_head"].bytes += lm.stored_bytes + logit_rows * (config.hidden_size * act_bytes + config.vocab_size * 4)
     costs["lm_head"].flops += 2 * logit_rows * lm.macs_per_row
+    costs["lm_head"].bf16_flops += 2 * logit_rows * lm.bf16_macs(logit_rows)
 
     sc = config.sparse_config
     hq, hkv, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
@@ -107,6 +133,7 @@ def add(into: dict[str, OpCost], more: dict[str, OpCost]) -> None:
     for k, v in more.items():
         into[k].bytes += v.bytes
         into[k].flops += v.flops
+        into[k].bf16_flops += v.bf16_flops
 
 
 def phase_costs(config, linears, calls: list[list[tuple[int, int]]], logit_rows_per_call: list[int],
@@ -146,9 +173,11 @@ def fit_op_times(op_seconds: dict[str, float] | None, phase_seconds: float) -> t
 
 
 def roofline_rows(costs: dict[str, OpCost], op_seconds: dict[str, float] | None, phase_seconds: float,
-                  mem_gbps: float, tflops: float) -> list[RooflineRow]:
+                  mem_gbps: float, tflops: float, bf16_tflops: float | None = None) -> list[RooflineRow]:
     """One row per op class plus a 'total' row. Without per-op times only the total is timed;
-    'other' gets the phase time not attributed to a named class."""
+    'other' gets the phase time not attributed to a named class. FLOPs take the model dtype's
+    `tflops`, each op's bf16_flops `bf16_tflops` (None: the same), so the total's FLOP floor is the
+    sum of the ops'."""
     rows = []
     named = sum((op_seconds or {}).values())
     for op in OP_CLASSES:
@@ -156,11 +185,22 @@ def roofline_rows(costs: dict[str, OpCost], op_seconds: dict[str, float] | None,
         t = None
         if op_seconds is not None:
             t = op_seconds.get(op, 0.0) if op != "other" else max(phase_seconds - named, 0.0)
-        rows.append(_row(op, c.bytes, c.flops, t, mem_gbps, tflops))
-    tb = sum(c.bytes for c in costs.values())
-    tf = sum(c.flops for c in costs.values())
-    rows.append(_row("total", tb, tf, phase_seconds, mem_gbps, tflops))
+        rows.append(_row(op, c.bytes, c.flops, t, mem_gbps, compute_tflops(c, tflops, bf16_tflops)))
+    total = OpCost(sum(c.bytes for c in costs.values()), sum(c.flops for c in costs.values()),
+                   sum(c.bf16_flops for c in costs.values()))
+    rows.append(_row("total", total.bytes, total.flops, phase_seconds, mem_gbps,
+                     compute_tflops(total, tflops, bf16_tflops)))
     return rows
+
+
+def compute_tflops(cost: OpCost, tflops: float, bf16_tflops: float | None) -> float:
+    """The one rate at which all of `cost`'s FLOPs take as long as its bf16_flops at `bf16_tflops`
+    and the rest at `tflops`: the row's FLOP floor and compute % of peak."""
+    if not cost.bf16_flops or bf16_tflops is None or bf16_tflops == tflops:
+        return tflops
+    if cost.bf16_flops == cost.flops:
+        return bf16_tflops
+    return cost.flops / ((cost.flops - cost.bf16_flops) / tflops + cost.bf16_flops / bf16_tflops)
 
 
 def _row(op, nbytes, flops, t, mem_gbps, tflops) -> RooflineRow:

@@ -145,8 +145,7 @@ def render(r: dict) -> None:
     output.stdout.print(
         f"{r['mode']} profile of {m['source']} ({m.get('backend', 'reference')} backend) on {m['device_name']} "
         f"({m['dtype']}, KV {m['kv_dtype']}, weights {m.get('weights') or m.get('spec', {}).get('weights', '?')}); "
-        f"ceilings {output.rate(p['mem_gbps'])} GB/s, {output.rate(p.get('compute_tflops', p['bf16_tflops']))} TFLOP/s "
-        f"({p.get('compute_rate', 'bf16')} matmul; {p['source']}); "
+        f"ceilings {output.ceilings(p)}; "
         f"{r['kernel_count']} {unit}")
     measured = r["mode"] == "ncu"
     bytes_note = ("bytes = DRAM" if measured

@@ -153,9 +153,7 @@ def render(r: dict) -> None:
     ttft_ms = r["ttft_s"] and r["ttft_s"] * 1e3          # rates are None when the phase did not run
     output.stdout.print(f"TTFT {output.fmt(ttft_ms)} ms | prefill {output.fmt(r['prefill_tok_s'])} tok/s | "
                         f"decode {output.fmt(r['decode_tok_s'])} tok/s")
-    p = r["peaks"]
-    output.stdout.print(f"ceilings: {output.rate(p['mem_gbps'])} GB/s, {output.rate(p['compute_tflops'])} TFLOP/s "
-                        f"({p['compute_rate']} matmul; {p['source']})")
+    output.stdout.print(f"ceilings: {output.ceilings(r['peaks'])}")
     if r.get("timing"):
         op_times = r["timing"]["op_times"]
         per_op = f"per op {op_times}" if op_times == OP_TIMES_NOT_MEASURED else f"per op from {op_times}"

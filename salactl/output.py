@@ -409,6 +409,16 @@ def rate(v: float) -> str:
     return f"{v:.0f}" if v >= 10 else f"{v:.2g}"
 
 
+def ceilings(peaks: dict) -> str:
+    """A roofline record's ceilings (runtime/peaks.py Peaks.for_dtype) in words: "25 GB/s, 0.1
+    TFLOP/s (fp32 matmul, 0.4 TFLOP/s bf16 for the quantized linears; measured)"; a record written
+    before compute_rate existed is bf16's."""
+    quantized = (f", {rate(peaks['quantized_compute_tflops'])} TFLOP/s {peaks['quantized_compute_rate']} for the "
+                 "quantized linears" if "quantized_compute_tflops" in peaks else "")
+    return (f"{rate(peaks['mem_gbps'])} GB/s, {rate(peaks.get('compute_tflops', peaks['bf16_tflops']))} TFLOP/s "
+            f"({peaks.get('compute_rate', 'bf16')} matmul{quantized}; {peaks['source']})")
+
+
 def fmt(v) -> str:
     if v is None:
         return "-"

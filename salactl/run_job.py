@@ -18,7 +18,7 @@ from salactl.runtime.kv_fp8 import stored_kv_name
 from salactl.runtime.loader import (generation_defaults, load_model, model_config, model_dir, resolve_device,
                                     resolve_dtype)
 from salactl.runtime.peaks import peaks_for
-from salactl.runtime.roofline import OpCost, linear_costs, phase_costs, roofline_rows
+from salactl.runtime.roofline import OpCost, computes_in_bf16, linear_costs, phase_costs, roofline_rows
 from salactl.runtime.sampling import SamplingParams, is_int
 from salactl.runtime.stream_decoder import GeneratedText, check_stop_strings
 from salactl.runtime.tokenizer import Tokenizer, check_chat_kwargs, check_fits, find_tokenizer
@@ -370,7 +370,7 @@ def _record(req: RunRequest, lm: LoadedModel, ids: list[int], text: GeneratedTex
     peak_memory = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     act_dtype = lm.model.model.embed_tokens.weight.dtype
     dtype_name = str(act_dtype).replace("torch.", "")
-    ceilings = peaks_for(device).for_dtype(act_dtype)
+    ceilings = peaks_for(device).for_dtype(act_dtype, quantized=computes_in_bf16(lm.model))
     P = len(ids)
     return {
         "model": lm.source,
@@ -422,12 +422,13 @@ def _roofline(req: RunRequest, lm: LoadedModel, P: int, engine, res, ceilings: d
     fused = gates_in_qkv_layers(lm.model)
     pre = run_phase_costs(lm.config, lm.model, pre_calls, act_bytes, kv_bytes, fused)
     dec = run_phase_costs(lm.config, lm.model, dec_calls, act_bytes, kv_bytes, fused)
-    mem_gbps, tflops = ceilings["mem_gbps"], ceilings["compute_tflops"]
+    # the quantized linears' bf16 FLOPs take their own ceiling where it is not the model dtype's
+    rates = ceilings["mem_gbps"], ceilings["compute_tflops"], ceilings.get("quantized_compute_tflops")
     return {
         "prefill": [dict(r.to_dict(), steps=len(pre_calls))
-                    for r in roofline_rows(pre, res.prefill.op_seconds, res.prefill.seconds, mem_gbps, tflops)],
+                    for r in roofline_rows(pre, res.prefill.op_seconds, res.prefill.seconds, *rates)],
         "decode": [dict(r.to_dict(), steps=len(dec_calls))
-                   for r in roofline_rows(dec, res.decode.op_seconds, res.decode.seconds, mem_gbps, tflops)]
+                   for r in roofline_rows(dec, res.decode.op_seconds, res.decode.seconds, *rates)]
         if dec_calls else [],
     }
 
@@ -444,6 +445,8 @@ def run_phase_costs(config: SalaConfig, model, calls: list[list[tuple[int, int]]
 
     # qkv and gates depend on a call's token count alone: one scoped_costs per distinct count
     counts = Counter(sum(n for n, _ in rows) for rows in calls)
+    gate_projections = [linear_costs(model.model.layers[i])["gates"] for i in gates_in_qkv]
+    bf16_flops = {op: costs[op].bf16_flops for op in ("qkv", "gates")}
     for op in ("qkv", "gates"):
         costs[op] = OpCost()
     for n_tok, times in counts.items():
@@ -451,6 +454,10 @@ def run_phase_costs(config: SalaConfig, model, calls: list[list[tuple[int, int]]
         for op in ("qkv", "gates"):
             costs[op].bytes += times * int(split[op]["bytes"])
             costs[op].flops += times * int(split[op]["flops"])
+        moved = times * 2 * n_tok * sum(g.bf16_macs(n_tok) for g in gate_projections)
+        bf16_flops["qkv"], bf16_flops["gates"] = bf16_flops["qkv"] + moved, bf16_flops["gates"] - moved
+    for op in ("qkv", "gates"):
+        costs[op].bf16_flops = bf16_flops[op]
     return costs
 
 
