@@ -12,6 +12,7 @@ engine's page pool allocates them):
   what SGLang also keeps. Our runtime keeps K1 only (DESIGN.md §2: K2 is not needed by our exact
   selection), so K2 is counted only with compressed_keys="k1k2".
 - GLA states: n_lightning · H · dk · dv fp32 (48 MiB for the real config), independent of L.
+The full-attention comparison (every layer GQA softmax, no GLA state) counts the same whole pages.
 Per server (fixed): weights (bf16, or W4A16 = qweight + qzeros + scales + g_idx for every linear
 that satisfies Marlin's shape rules, the rest bf16), prefill activations/workspace for one chunk,
 CUDA-graph pool and CUDA context (both estimates, labelled as such).
@@ -41,24 +42,32 @@ COMPRESSED_KEY_MODES = ("k1", "k1k2")
 K2_FACTOR = 4                       # K2 kernel and stride are 4x K1's (hard-coded in HF/SGLang)
 CUDA_CONTEXT_ESTIMATE = 512 << 20   # driver + cuBLAS/cuDNN handles + allocator slack (estimate)
 
-# Datasheet memory capacity in GB (10^9 bytes), keyed like runtime/peaks.py DATASHEET names.
-GPU_MEMORY_GB = {
-    "H200": 141.0,
-    "GH200 144G": 144.0,
-    "GH200": 96.0,
-    "H100 SXM": 80.0,
-    "H100 80GB HBM3": 80.0,
-    "H100 NVL": 94.0,
-    "H100 PCIe": 80.0,
-    "H100": 80.0,
-    "A100-SXM4-80GB": 80.0,
-    "A100 80GB PCIe": 80.0,
-    "A100": 40.0,
-    "RTX PRO 6000D": 84.0,
-    "RTX PRO 6000": 96.0,
-    "RTX 5090": 32.0,
-    "L40S": 48.0,
+MIB, GB = 2**20, 10**9
+# Total memory of each GPU, keyed like runtime/peaks.py DATASHEET names: nvidia-smi's memory.total
+# (MiB) on those cards, as seen in its output. The datasheets' "80 GB" are GiB less a driver reserve,
+# so reading them as 10^9 bytes came out ~7% low. CUDA's own total (torch.cuda.mem_get_info) can be
+# a few hundred MiB below nvidia-smi's (81089 MiB on an H100 80GB HBM3 that nvidia-smi shows at 81559).
+GPU_MEMORY_MIB = {
+    "H200": 143771,
+    "GH200 144G": 146831,
+    "GH200": 97871,                 # the 96 GB HBM3 part ("NVIDIA GH200 480GB")
+    "H100 SXM": 81559,
+    "H100 80GB HBM3": 81559,
+    "H100 NVL": 95830,
+    "H100 PCIe": 81559,
+    "H100": 81559,
+    "A100-SXM4-80GB": 81920,
+    "A100 80GB PCIe": 81920,
+    "A100": 40960,                  # the 40 GB parts
+    "RTX PRO 6000": 97887,
+    "RTX 5090": 32607,
+    "L40S": 46068,
 }
+# No nvidia-smi total found for these: the datasheet's GB as 10^9 bytes (likely ~7% low, as above).
+GPU_MEMORY_DATASHEET_GB = {
+    "RTX PRO 6000D": 84,
+}
+GPU_NAMES = (*GPU_MEMORY_MIB, *GPU_MEMORY_DATASHEET_GB)
 
 
 def kv_bytes_per_elem(kv_dtype: str) -> int:
@@ -70,11 +79,15 @@ def kv_bytes_per_elem(kv_dtype: str) -> int:
                          f"or for planning only: {', '.join(PLANNING_ONLY_KV_BYTES)}") from None
 
 
-def gpu_memory_bytes(name: str) -> int:
-    for frag in sorted(GPU_MEMORY_GB, key=len, reverse=True):
+def gpu_memory(name: str) -> tuple[int, str]:
+    """(total bytes, "nvidia-smi" or "datasheet") of the known GPU whose name `name` contains
+    (case-insensitive), the most specific name first."""
+    for frag in sorted(GPU_NAMES, key=len, reverse=True):
         if frag.lower() in name.lower():
-            return int(GPU_MEMORY_GB[frag] * 1e9)
-    raise UsageError(f"no memory size known for GPU {name!r}; known: {', '.join(GPU_MEMORY_GB)}; "
+            if frag in GPU_MEMORY_MIB:
+                return GPU_MEMORY_MIB[frag] * MIB, "nvidia-smi"
+            return GPU_MEMORY_DATASHEET_GB[frag] * GB, "datasheet"
+    raise UsageError(f"no memory size known for GPU {name!r}; known: {', '.join(GPU_NAMES)}; "
                      "or pass --gpu-mem GB")
 
 
@@ -168,16 +181,24 @@ def request_memory(config: SalaConfig, context: int, kv_dtype: str = "bf16",
         raise UsageError(f"context length must be >= 0, got {context}")
     sc = config.sparse_config
     per_window = len(config.sparse_layers) * config.num_key_value_heads * config.head_dim * key_bytes
-    pages = -(-context // sc.block_size)          # whole pages, as the GPU engine allocates them
+    pages = paged_tokens(config, context) // sc.block_size
     k1 = pages * (sc.block_size // sc.kernel_stride) * per_window
     k2 = compressed_windows(context, K2_FACTOR * sc.kernel_size, K2_FACTOR * sc.kernel_stride) * per_window
     return RequestMemory(context, pages * sc.block_size * kv_bytes_per_token(config, kv_dtype), k1, k2,
                          gla_state_bytes(config), compressed_keys)
 
 
+def paged_tokens(config: SalaConfig, context: int) -> int:
+    """Token slots holding `context` tokens: whole pages of block_size, as the GPU engine allocates them."""
+    block = config.sparse_config.block_size
+    return -(-context // block) * block
+
+
 def full_attention_request(config: SalaConfig, context: int, kv_dtype: str = "bf16") -> int:
-    """The same model with all layers GQA softmax attention: KV for every layer, no GLA state."""
-    return context * kv_bytes_per_token(config, kv_dtype, layers=config.num_hidden_layers)
+    """The same model with all layers GQA softmax attention: KV for every layer, in the same whole
+    pages as request_memory's (so the two compare at any context), no GLA state."""
+    per_token = kv_bytes_per_token(config, kv_dtype, layers=config.num_hidden_layers)
+    return paged_tokens(config, context) * per_token
 
 
 # ---- per server ------------------------------------------------------------------------------

@@ -6,12 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
+from typing import NamedTuple
 
 from salactl.errors import SalactlError
 from salactl.quant.in_memory import QUANTIZED_BITS
-from salactl.reports.memory import (KV_DTYPE_BYTES, full_attention_request, gpu_memory_bytes,
-                                    kv_bytes_per_token, max_concurrent, prefill_workspace_bytes,
-                                    request_memory, server_memory, weight_bytes)
+from salactl.reports.memory import (GB, KV_DTYPE_BYTES, full_attention_request, gpu_memory,
+                                    kv_bytes_per_token, max_concurrent, paged_tokens,
+                                    prefill_workspace_bytes, request_memory, server_memory, weight_bytes)
 from salactl.reports.records import is_finite_number
 from salactl.runtime.config import SalaConfig
 from salactl.runtime.loader import planning_config, quantization_config
@@ -28,12 +29,18 @@ DTYPES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16",
           "float32": "fp32"}
 
 
+class Gpu(NamedTuple):
+    name: str
+    bytes: int              # total memory
+    source: str             # where `bytes` comes from: "nvidia-smi", "datasheet" or "--gpu-mem"
+
+
 @dataclass(frozen=True)
 class MemoryQuery:
     contexts: tuple[int, ...]
     kv_dtypes: tuple[str, ...] = ("bf16",)
     weights: tuple[str, ...] = ("bf16",)
-    gpus: tuple[tuple[str, int], ...] = ()       # (name, bytes)
+    gpus: tuple[Gpu, ...] = ()
     mem_fraction: float = 0.9
     prefill_chunk: int = 8192
     max_batch: int = 32
@@ -52,17 +59,17 @@ def build(config: SalaConfig, q: MemoryQuery, records: list[dict] | None = None,
     for kv in q.kv_dtypes:
         for ctx in q.contexts:
             r = request_memory(config, ctx, kv, q.compressed_keys)
-            per_request.append({"kv_dtype": kv, **r.to_dict(),
+            per_request.append({"kv_dtype": kv, **r.to_dict(), "paged_tokens": paged_tokens(config, ctx),
                                 "full_attention": full_attention_request(config, ctx, kv)})
     measured, unreadable = measured_rows(config, records or [], q, model)
     concurrency = []
-    for gpu, gpu_bytes in q.gpus:
+    for gpu, gpu_bytes, source in q.gpus:
         for w, srv in servers.items():
             for row in per_request:
                 sala = max_concurrent(gpu_bytes, q.mem_fraction, srv.fixed, row["total"])
                 full = max_concurrent(gpu_bytes, q.mem_fraction, srv.fixed, row["full_attention"])
-                concurrency.append({"gpu": gpu, "gpu_bytes": gpu_bytes, "weights": w,
-                                    "kv_dtype": row["kv_dtype"], "context": row["context"],
+                concurrency.append({"gpu": gpu, "gpu_bytes": gpu_bytes, "gpu_bytes_source": source,
+                                    "weights": w, "kv_dtype": row["kv_dtype"], "context": row["context"],
                                     "max_requests": sala, "max_requests_full_attention": full,
                                     "ratio": (sala / full) if full else None})
     return {
@@ -76,6 +83,10 @@ def build(config: SalaConfig, q: MemoryQuery, records: list[dict] | None = None,
             "compressed_keys_note": "our runtime keeps K1 only; SGLang keeps K1 and K2",
             "estimates": ["workspace_estimate", "cuda_graphs_estimate", "cuda_context_estimate"],
             "full_attention": "same weights, all layers GQA softmax (KV for every layer, no GLA state)",
+            "paging": "both KV columns hold paged_tokens: the context rounded up to whole pages of "
+                      f"{config.sparse_config.block_size} tokens, as the GPU engine allocates them",
+            "gpu_bytes": "total memory: nvidia-smi's memory.total (MiB x 2^20) for a --gpu name, the "
+                         "datasheet's GB x 10^9 where gpu_bytes_source says datasheet, --gpu-mem GB x 10^9",
         },
         "kv_bytes_per_token": {kv: kv_bytes_per_token(config, kv) for kv in q.kv_dtypes},
         "kv_bytes_per_token_full_attention": {
@@ -94,7 +105,7 @@ def weights_exceed_memory(servers, q: MemoryQuery) -> list[dict]:
     """(GPU, weights) pairs whose weights alone exceed the usable memory (all their rows say 0)."""
     return [{"gpu": gpu, "weights": w, "weights_bytes": srv.weights.total,
              "usable_bytes": int(gpu_bytes * q.mem_fraction)}
-            for gpu, gpu_bytes in q.gpus for w, srv in servers.items()
+            for gpu, gpu_bytes, _ in q.gpus for w, srv in servers.items()
             if srv.weights.total > gpu_bytes * q.mem_fraction]
 
 
@@ -102,7 +113,7 @@ def fixed_exceeds_memory(servers, q: MemoryQuery) -> list[dict]:
     """(GPU, weights) pairs whose fixed total exceeds the usable memory (all their rows say 0), with
     the part of weights + workspace + CUDA graphs + CUDA context whose addition exceeds it."""
     out = []
-    for gpu, gpu_bytes in q.gpus:
+    for gpu, gpu_bytes, _ in q.gpus:
         for w, srv in servers.items():
             parts = {"weights": srv.weights.total, "workspace_estimate": srv.workspace,
                      "cuda_graphs_estimate": srv.cuda_graphs, "cuda_context_estimate": srv.cuda_context}
@@ -207,55 +218,95 @@ def readable_config(name: str) -> SalaConfig | None:
         return None
 
 
+@dataclass(frozen=True)
+class RecordShape:
+    """What a record's peak depends on, as the record says it (None or "unknown": not said)."""
+    context: int | None             # prompt + generated tokens of a request
+    prompt: int | None
+    batch: int | None
+    weights: str
+    act_bytes: int | None
+    group: int | None
+    kv_dtype: str
+    chunk: int | None               # the prefill chunk setting
+    cache_pool: int | None          # the GPU engine's reserved cache pools (cache_pool_bytes)
+
+
+def record_shape(rec: dict) -> RecordShape:
+    settings = record_settings(rec)
+    ctx, prompt = record_context(rec, settings)
+    pool = rec.get("cache_pool_bytes")
+    return RecordShape(ctx, prompt, record_batch(rec, settings), *record_weights(rec),
+                       _text(settings, KV_KNOBS) or "unknown", _knob(rec, settings, ("chunk_size",)),
+                       pool if is_finite_number(pool) and pool > 0 else None)
+
+
+def predicted_peak(config: SalaConfig, s: RecordShape, q: MemoryQuery) -> tuple[int | None, str | None]:
+    """(prediction, what it adds to weights + workspace: "cache_pool" or "per_request"), or (None,
+    None) where the record does not say enough. A recorded cache pool is what the GPU engine
+    reserved from the free memory, whatever the requests needed: the requests' own memory would
+    compare the peak with a fraction of what it holds."""
+    if not s.act_bytes:
+        return None, None
+    chunk = s.chunk or q.prefill_chunk
+    weights = weight_bytes(config, s.weights if s.weights in QUANTIZED_BITS else "bf16",
+                           s.group or q.group_size, s.act_bytes).total
+    if s.cache_pool:        # the GPU engine's prefill step packs the prompts of all its requests
+        tokens = min(chunk, s.prompt * s.batch) if s.prompt and s.batch else chunk
+        return weights + prefill_workspace_bytes(config, tokens, s.act_bytes) + s.cache_pool, "cache_pool"
+    if not (s.context and s.batch and s.kv_dtype in KV_DTYPE_BYTES):
+        return None, None
+    request = request_memory(config, s.context, s.kv_dtype, q.compressed_keys, s.act_bytes).total
+    workspace = prefill_workspace_bytes(config, min(chunk, s.prompt or s.context), s.act_bytes)
+    return weights + workspace + s.batch * request, "per_request"
+
+
 def measured_rows(config, records, q: MemoryQuery, model: str | None = None) -> tuple[list[dict], dict]:
     """Measured allocator peaks next to the analytic prediction for the record's model, context,
-    batch, weights, dtype and prefill chunk (prediction = weights + workspace + batch × per-request;
-    the CUDA context is not seen by the allocator and not included). The context is the prompt plus
-    the generated tokens (a peak is the whole request's): a `run` record's token totals, else the
-    input and output length knobs. Also returns {model: records} of the models that could not be
-    read, None for records that name no model (their rows have no prediction)."""
+    batch, weights, dtype and prefill chunk (predicted_peak; the CUDA context is not seen by the
+    allocator and not included). The context is the prompt plus the generated tokens (a peak is
+    the whole request's). Also returns {model: records} of the models that could not be read, None
+    for records that name no model (their rows have no prediction)."""
     rows, unreadable = [], {}
     configs = {model: config}     # records of --model's model; one naming none has no prediction
     for rec in records:
         peak = next((rec[k] for k in PEAK_KEYS if is_finite_number(rec.get(k)) and rec[k] > 0), None)
         if peak is None:
             continue
-        settings = record_settings(rec)
-        ctx = prompt = _knob(rec, settings, CONTEXT_KNOBS)
-        if ctx is not None:
-            ctx += _knob(rec, settings, OUTPUT_KNOBS) or 0
-        n_in, n_out = rec.get("total_input_tokens"), rec.get("total_output_tokens")
-        if ctx is None and rec.get("kind") == "run" and all(isinstance(n, int) and 0 <= n < MAX_SIZE_KNOB
-                                                            for n in (n_in, n_out)):
-            ctx, prompt = n_in + n_out, n_in
-        batch = record_batch(rec, settings)
-        weights, act_bytes, group = record_weights(rec)
-        kv = _text(settings, KV_KNOBS) or "unknown"
         name = record_model(rec)
         if name is not None and name not in configs:
             configs[name] = readable_config(name)
         rec_config = configs.get(name)
         if rec_config is None:              # None: the records that name no model
             unreadable[name] = unreadable.get(name, 0) + 1
-        predicted = None
-        if rec_config and ctx and batch and act_bytes and kv in KV_DTYPE_BYTES:
-            chunk = min(_knob(rec, settings, ("chunk_size",)) or q.prefill_chunk, prompt or ctx)
-            predicted = (weight_bytes(rec_config, weights if weights in QUANTIZED_BITS else "bf16",
-                                      group or q.group_size, act_bytes).total
-                         + prefill_workspace_bytes(rec_config, chunk, act_bytes)
-                         + batch * request_memory(rec_config, ctx, kv, q.compressed_keys, act_bytes).total)
+        s = record_shape(rec)
+        predicted, predicted_with = predicted_peak(rec_config, s, q) if rec_config else (None, None)
         rows.append({"label": rec.get("label") or rec.get("run_id"), "phase": rec.get("phase"),
-                     "model": rec.get("model"), "context": ctx, "batch": batch, "weights": weights,
-                     "kv_dtype": kv, "measured_peak": peak, "predicted": predicted,
+                     "model": rec.get("model"), "context": s.context, "batch": s.batch, "weights": s.weights,
+                     "kv_dtype": s.kv_dtype, "measured_peak": peak, "cache_pool_bytes": s.cache_pool,
+                     "predicted": predicted, "predicted_with": predicted_with,
                      "ratio": (peak / predicted) if predicted else None})
     return rows, unreadable
 
 
-def gpu_list(names: list[str] | None, gpu_mem_gb: float | None) -> tuple[tuple[str, int], ...]:
-    """(name, bytes) of one GPU of gpu_mem_gb GB when given (names unused, may be None), else of
-    each named GPU (the CLI's default list: cmd_report.DEFAULT_GPUS)."""
+def record_context(rec: dict, settings: dict) -> tuple[int | None, int | None]:
+    """(context, prompt) tokens of a record's requests: the input and output length knobs, else a
+    `run` record's token totals; None where neither says."""
+    ctx = prompt = _knob(rec, settings, CONTEXT_KNOBS)
+    if ctx is not None:
+        return ctx + (_knob(rec, settings, OUTPUT_KNOBS) or 0), prompt
+    n_in, n_out = rec.get("total_input_tokens"), rec.get("total_output_tokens")
+    if rec.get("kind") == "run" and all(isinstance(n, int) and 0 <= n < MAX_SIZE_KNOB
+                                        for n in (n_in, n_out)):
+        return n_in + n_out, n_in
+    return None, None
+
+
+def gpu_list(names: list[str] | None, gpu_mem_gb: float | None) -> tuple[Gpu, ...]:
+    """One GPU of gpu_mem_gb GB (10^9 bytes) when given (names unused, may be None), else each
+    named GPU (the CLI's default list: cmd_report.DEFAULT_GPUS) with its total memory."""
     if gpu_mem_gb is None and names is None:
         raise ValueError("gpu_list needs GPU names or gpu_mem_gb")
     if gpu_mem_gb is not None:
-        return ((f"{gpu_mem_gb:g} GB", int(gpu_mem_gb * 1e9)),)
-    return tuple((n, gpu_memory_bytes(n)) for n in names)
+        return (Gpu(f"{gpu_mem_gb:g} GB", int(gpu_mem_gb * GB), "--gpu-mem"),)
+    return tuple(Gpu(n, *gpu_memory(n)) for n in names)

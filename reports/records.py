@@ -38,8 +38,9 @@ METRICS = (
     "total_latency", "overall_throughput",
     "ttft_s", "prefill_tok_s", "decode_tok_s", "tok_s", "peak_memory_bytes",
     "floor_s", "time_over_floor",       # `run`: the phase's roofline floor, its time / floor
-    # bench on CUDA (embedded target's phase_end): allocator peak and NVML energy
-    "peak_gpu_memory_bytes", "energy_j", "mean_power_w", "energy_per_output_token_j",
+    # bench on CUDA (embedded target's phase_end): allocator peak, the GPU engine's reserved cache
+    # pools (most of that peak: sized from the free memory) and NVML energy
+    "peak_gpu_memory_bytes", "cache_pool_bytes", "energy_j", "mean_power_w", "energy_per_output_token_j",
     # sweep (salactl/bench/sweep_job.py): the point's cache per request and its accuracy proxies
     "cache_bytes_per_request", "logit_kl_mean", "logit_kl_sparse_mean", "logit_kl_max", "top1_agreement",
     "passkey_accuracy", "kl_positions", "kl_sparse_positions",
@@ -51,7 +52,7 @@ UNITS = {"duration": "s", "request_throughput": "req/s", "input_throughput": "to
          "overall_throughput": "tok/s",
          "prefill_tok_s": "tok/s", "decode_tok_s": "tok/s", "tok_s": "tok/s",
          "request_goodput": "req/s", "peak_memory_bytes": "B", "floor_s": "s",
-         "peak_gpu_memory_bytes": "B", "energy_j": "J", "mean_power_w": "W",
+         "peak_gpu_memory_bytes": "B", "cache_pool_bytes": "B", "energy_j": "J", "mean_power_w": "W",
          "energy_per_output_token_j": "J", "cache_bytes_per_request": "B"}
 
 

@@ -161,7 +161,7 @@ def memory(
     gpu: Annotated[Optional[str], typer.Option("--gpu", show_default=DEFAULT_GPUS, help="GPU names, comma "
                                                "list; each is matched by the known name it contains "
                                                "(case-insensitive), e.g. 'NVIDIA H100 80GB HBM3'.")] = None,
-    gpu_mem: Annotated[Optional[float], typer.Option("--gpu-mem", help="GPU memory in GB instead.")] = None,
+    gpu_mem: Annotated[Optional[float], typer.Option("--gpu-mem", help="GPU memory in GB (10^9 bytes) instead of a --gpu name's (nvidia-smi's total).")] = None,
     mem_fraction: Annotated[float, typer.Option("--mem-fraction", help="Share of each GPU's total memory "
                                                 "usable, in (0, 1]; the weights and fixed parts come out of "
                                                 "it (bench/sweep --mem-fraction is a share of the memory "
@@ -270,15 +270,17 @@ def render_memory(r: dict) -> None:
                   for x in r["per_request"]])
     if r["concurrency"]:
         output.table(f"max concurrent requests (mem fraction {r['assumptions']['mem_fraction']})",
-                     ["GPU", "weights", "KV dtype", "context", "SALA", "full attention", "ratio"],
-                     [[x["gpu"], x["weights"], x["kv_dtype"], x["context"], x["max_requests"],
-                       x["max_requests_full_attention"], x["ratio"]] for x in r["concurrency"]])
+                     ["GPU", "memory", "weights", "KV dtype", "context", "SALA", "full attention", "ratio"],
+                     [[x["gpu"], f"{hb(x['gpu_bytes'])} ({x['gpu_bytes_source']})", x["weights"], x["kv_dtype"],
+                       x["context"], x["max_requests"], x["max_requests_full_attention"], x["ratio"]]
+                      for x in r["concurrency"]])
     if r["measured"]:
         output.table("measured peaks vs analytic", ["label", "phase", "model", "context", "batch",
-                                                    "weights", "KV dtype", "measured", "predicted", "ratio"],
+                                                    "weights", "KV dtype", "measured", "predicted", "from",
+                                                    "ratio"],
                      [[x["label"], x["phase"], x["model"], x["context"], x["batch"], x["weights"],
                        x["kv_dtype"], hb(x["measured_peak"]),
-                       None if x["predicted"] is None else hb(x["predicted"]), x["ratio"]]
+                       None if x["predicted"] is None else hb(x["predicted"]), x["predicted_with"], x["ratio"]]
                       for x in r["measured"]])
 
 

@@ -66,16 +66,25 @@ def sweep(
     if json_out:
         output.print_json(run)
         return
-    cols = ["point", "failed", "TTFT ms", "TPOT ms", "out tok/s", "cache MiB", "GPU peak MiB", "KL", "KL sparse",
-            "top-1", "passkey", "front"]
-    front = set(run["pareto_point_keys"])      # by key: a point's name says only the knobs that vary in this sweep
-    rows = [[p["phase"], p.get("failed"), p.get("mean_ttft_ms"), p.get("mean_tpot_ms"), p.get("output_throughput"),
-             _mib(p.get("cache_bytes_per_request")), _mib(p.get("peak_gpu_memory_bytes")),
-             p.get("logit_kl_mean"), p.get("logit_kl_sparse_mean"), p.get("top1_agreement"),
-             p.get("passkey_accuracy"), "*" if p.get("point_key") in front else ""] for p in run["points"]]
+    cols, rows = table_rows(run)
     output.table(f"sweep {run['run_id']}", cols, rows)      # the notes were said as they arose
     output.stdout.print(f"records: {run['files']['records']}"
                         + (f"  plot: {run['files']['pareto_plot']}" if "pareto_plot" in run["files"] else ""))
+
+
+def table_rows(run: dict) -> tuple[list[str], list[list]]:
+    """The sweep table's columns and a row per point; "cache pool MiB" (the GPU engine's caches, sized
+    from the free memory: most of its peak) where a point has one."""
+    pool = any(p.get("cache_pool_bytes") for p in run["points"])
+    cols = ["point", "failed", "TTFT ms", "TPOT ms", "out tok/s", "cache MiB", "GPU peak MiB",
+            *(["cache pool MiB"] if pool else []), "KL", "KL sparse", "top-1", "passkey", "front"]
+    front = set(run["pareto_point_keys"])      # by key: a point's name says only the knobs that vary in this sweep
+    rows = [[p["phase"], p.get("failed"), p.get("mean_ttft_ms"), p.get("mean_tpot_ms"), p.get("output_throughput"),
+             _mib(p.get("cache_bytes_per_request")), _mib(p.get("peak_gpu_memory_bytes")),
+             *([_mib(p.get("cache_pool_bytes"))] if pool else []),
+             p.get("logit_kl_mean"), p.get("logit_kl_sparse_mean"), p.get("top1_agreement"),
+             p.get("passkey_accuracy"), "*" if p.get("point_key") in front else ""] for p in run["points"]]
+    return cols, rows
 
 
 def _mib(v) -> float | None:

@@ -85,14 +85,16 @@ def test_request_memory_matches_the_gpu_engines_page_pool():
 def test_max_concurrent_and_gpu_table():
     assert mem.max_concurrent(100, 0.9, 50, 10) == 4
     assert mem.max_concurrent(100, 0.9, 95, 10) == 0
-    assert set(mem.GPU_MEMORY_GB) <= set(DATASHEET)
-    assert mem.gpu_memory_bytes("NVIDIA H200") == 141 * 10**9
-    assert mem.gpu_memory_bytes("NVIDIA H100 80GB HBM3") == 80 * 10**9
+    assert set(mem.GPU_NAMES) <= set(DATASHEET)
+    # nvidia-smi's memory.total (MiB), not the datasheet's GB read as 10^9 bytes
+    assert mem.gpu_memory("NVIDIA H200") == (143771 * 2**20, "nvidia-smi")
+    assert mem.gpu_memory("NVIDIA H100 80GB HBM3") == (81559 * 2**20, "nvidia-smi")
     # the most specific name wins: the SOAR card is not the 96 GB RTX PRO 6000, a GH200 not an H200
-    assert mem.gpu_memory_bytes("NVIDIA RTX PRO 6000D") == 84 * 10**9
-    assert mem.gpu_memory_bytes("NVIDIA RTX PRO 6000 Blackwell Server Edition") == 96 * 10**9
-    assert mem.gpu_memory_bytes("NVIDIA GH200 480GB") == 96 * 10**9
-    assert mem.gpu_memory_bytes("NVIDIA H100 NVL") == 94 * 10**9
+    assert mem.gpu_memory("NVIDIA RTX PRO 6000D") == (84 * 10**9, "datasheet")
+    assert mem.gpu_memory("NVIDIA RTX PRO 6000 Blackwell Server Edition") == (97887 * 2**20, "nvidia-smi")
+    assert mem.gpu_memory("NVIDIA GH200 480GB") == (97871 * 2**20, "nvidia-smi")
+    assert mem.gpu_memory("NVIDIA H100 NVL") == (95830 * 2**20, "nvidia-smi")
+    assert mem.gpu_memory("NVIDIA A100-SXM4-40GB") == (40960 * 2**20, "nvidia-smi")
 
 
 def test_datasheet_ceilings_match_the_most_specific_name_and_hold_fp32_rates(tmp_path, monkeypatch):
@@ -109,7 +111,7 @@ def test_datasheet_ceilings_match_the_most_specific_name_and_hold_fp32_rates(tmp
     assert h100.matmul_tflops(torch.bfloat16) == (989.0, "bf16")
     assert peaks_by_name("NVIDIA RTX PRO 6000D", "cuda").matmul_tflops(torch.float32) == (148.0, "bf16")
     with pytest.raises(UsageError, match="--gpu-mem"):
-        mem.gpu_memory_bytes("Voodoo 5")
+        mem.gpu_memory("Voodoo 5")
     with pytest.raises(UsageError, match="fp8_e4m3"):
         mem.kv_bytes_per_elem("int3")
 

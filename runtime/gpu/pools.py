@@ -142,6 +142,11 @@ class CachePools:
         self.k_scale = [torch.ones(hkv, device=device) for _ in range(ls)]
         self.v_scale = [torch.ones(hkv, device=device) for _ in range(ls)]
 
+    def nbytes(self) -> int:
+        """Device bytes the pools hold: KV, compressed keys, GLA states, page table, FP8 scales."""
+        return sum(t.nbytes for t in (self.k, self.v, self.k1, self.state, self.page_table, *self.k_scale,
+                                      *self.v_scale))
+
     def clear_pages(self, pages: list[int]) -> None:
         """Zero the K, V and compressed keys of `pages` in every sparse layer, for a newly admitted
         request: attention masks the tokens past a row's length in the scores only, so their zero

@@ -14,6 +14,7 @@ COLUMNS = [("phase", "phase"), ("conc", "max_concurrency"), ("rate", "request_ra
 
 
 LENGTH_COLUMNS = [("in tok", "input_len"), ("out tok", "output_len")]
+GIB_COLUMNS = {"peak_gpu_memory_gib": "peak_gpu_memory_bytes", "cache_pool_gib": "cache_pool_bytes"}
 
 
 def _prompt_length(rec: dict, key: str) -> int | None:
@@ -25,8 +26,8 @@ def _prompt_length(rec: dict, key: str) -> int | None:
 def _cell(rec: dict, key: str):
     if key in ("input_len", "output_len"):
         return _prompt_length(rec, key)
-    if key == "peak_gpu_memory_gib":
-        v = rec.get("peak_gpu_memory_bytes")
+    if key in GIB_COLUMNS:
+        v = rec.get(GIB_COLUMNS[key])
         return v / 2 ** 30 if v else None
     v = rec.get(key)
     if key == "max_concurrency" and v is None:
@@ -44,6 +45,8 @@ def table_rows(run: dict) -> tuple[list[str], list[list]]:
         cols.append(("goodput req/s", "request_goodput"))
     if any(p.get("peak_gpu_memory_bytes") for p in run["phases"]):
         cols.append(("peak GiB", "peak_gpu_memory_gib"))
+    if any(p.get("cache_pool_bytes") for p in run["phases"]):      # the GPU engine's: part of the peak
+        cols.append(("cache pool GiB", "cache_pool_gib"))
     if any(p.get("energy_per_output_token_j") is not None for p in run["phases"]):
         cols += [("W", "mean_power_w"), ("J/out tok", "energy_per_output_token_j")]
     return [c for c, _ in cols], [[_cell(p, k) for _, k in cols] for p in run["phases"]]

@@ -2,7 +2,8 @@
 process (`EngineDriver` over the GPU engine's continuous batching, or the single-sequence Engine
 in FIFO order), with ignore_eos, temperature 0 and a fixed output length, as SOAR's client asks
 of a server. On CUDA it also reports the phase's
-peak GPU memory and, through NVML, energy and mean power."""
+peak GPU memory and, through NVML, energy and mean power; on the GPU engine, the bytes its cache
+pools reserve (sized from the free memory, they are most of that peak)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,7 @@ class EmbeddedTarget(Target):
         self._knobs = dict(knobs or {})
         self._energy = _Energy(self.device) if self.device.type == "cuda" else None
         self._t0 = self._e0 = None
+        self._cache_pool_bytes = cache_pool_bytes(engine)
 
     def stream(self, request: BenchRequest, max_tokens: int, cancel: threading.Event):
         if request.prompt_ids is None:
@@ -85,10 +87,11 @@ class EmbeddedTarget(Target):
         self._e0 = self._energy.read_j() if self._energy else None
 
     def phase_end(self, output_tokens: int) -> dict:
+        pools = {} if self._cache_pool_bytes is None else {"cache_pool_bytes": self._cache_pool_bytes}
         if self.device.type != "cuda":
-            return {}
+            return pools
         torch.cuda.synchronize(self.device)
-        out = {"peak_gpu_memory_bytes": int(torch.cuda.max_memory_allocated(self.device))}
+        out = {"peak_gpu_memory_bytes": int(torch.cuda.max_memory_allocated(self.device)), **pools}
         e1 = self._energy.read_j() if self._energy else None
         if self._e0 is not None and e1 is not None:
             joules, secs = e1 - self._e0, time.perf_counter() - self._t0
@@ -101,6 +104,13 @@ class EmbeddedTarget(Target):
 
     def close(self) -> None:
         self.engine.close()
+
+
+def cache_pool_bytes(driver) -> int | None:
+    """Bytes of the GPU engine's cache pools behind an EngineDriver; None for the reference Engine,
+    whose cache grows with its request."""
+    pools = getattr(driver.stepper.engine, "pools", None)
+    return None if pools is None else pools.nbytes()
 
 
 ENGINES = ("auto", "reference", "gpu")
