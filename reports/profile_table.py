@@ -1,13 +1,15 @@
 """Join measured kernels (Nsight Compute or torch.profiler) with the analytic roofline of the
 same step: per model op, per layer and per kernel, time, DRAM bytes, achieved bandwidth and FLOP
 rate, % of peak, the analytic prediction and the gap; op and kernel rows sorted by excess time over
-the floor (top offenders first), layer rows in model order."""
+the floor (top offenders first), layer rows in model order. FLOPs take the model dtype's matmul
+rate, an op's bf16_flops (quantized linears that compute in bf16 whatever the model's dtype) the
+bf16 rate where one is given: runtime/roofline.py compute_tflops, as `salactl run`'s roofline."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from salactl.runtime.roofline import OP_CLASSES
+from salactl.runtime.roofline import OP_CLASSES, OpCost, compute_tflops
 
 PHASES = ("prefill", "decode")
 
@@ -116,36 +118,33 @@ class KernelRow:
 
 
 def op_rows(samples: list[KernelSample], analytic: dict[str, dict[str, dict]], mem_gbps: float,
-            tflops: float) -> list[OpRow]:
+            tflops: float, bf16_tflops: float | None = None) -> list[OpRow]:
     rows = []
     has_bytes = any(s.dram_bytes is not None for s in samples)
     for phase, costs in analytic.items():
         mine = [s for s in samples if s.phase == phase]
         for op in (*OP_CLASSES, "total"):
             sel = mine if op == "total" else [s for s in mine if s.op == op]
-            if op == "total":
-                ab = sum(c["bytes"] for c in costs.values())
-                af = sum(c["flops"] for c in costs.values())
-            else:
-                ab, af = costs[op]["bytes"], costs[op]["flops"]
+            ab, af, rate = _summed(costs.values() if op == "total" else [costs[op]], tflops, bf16_tflops)
             t = sum(s.time_s for s in sel)
             mb = _measured_bytes(sel) if has_bytes else None
             moved = mb if mb is not None else ab
             gbps = moved / t / 1e9 if t else None
             done_tflops = af / t / 1e12 if t else None
-            floor = _floor(ab, af, mem_gbps, tflops)
+            floor = _floor(ab, af, mem_gbps, rate)
             rows.append(OpRow(phase, op, len(sel), t, mb, gbps, _pct(gbps, mem_gbps), ab, af, floor,
                               _ratio(mb, ab), _ratio(t, floor) if t else None, done_tflops,
-                              _pct_of_peak(gbps, done_tflops, mem_gbps, tflops)))
+                              _pct_of_peak(gbps, done_tflops, mem_gbps, rate)))
     return sort_ops(rows)
 
 
 def layer_rows(samples: list[KernelSample], by_scope: dict[str, dict[str, dict]], scopes: dict[str, list | None],
-               mixer_kinds: list[str], mem_gbps: float, tflops: float) -> list[LayerRow]:
+               mixer_kinds: list[str], mem_gbps: float, tflops: float,
+               bf16_tflops: float | None = None) -> list[LayerRow]:
     """Per phase, one row per analytic scope the profile covers (`scopes[phase]`, None = all), in
     model order. by_scope: the manifest's analytic_by_scope per phase; mixer_kinds: "sparse" or
     "lightning" per decoder layer. The floor is the total row's: the scope's bytes at peak
-    bandwidth or its FLOPs at the peak matmul rate, whichever takes longer."""
+    bandwidth or its FLOPs at the peak matmul rates, whichever takes longer."""
     from salactl.profiling.ranges import parse_layer
 
     has_bytes = any(s.dram_bytes is not None for s in samples)
@@ -157,18 +156,26 @@ def layer_rows(samples: list[KernelSample], by_scope: dict[str, dict[str, dict]]
             if covered is not None and scope not in covered:
                 continue
             sel = [s for s in mine if sample_scope(s) == scope]
-            ab = sum(c["bytes"] for c in cost.values())
-            af = sum(c["flops"] for c in cost.values())
+            ab, af, rate = _summed(cost.values(), tflops, bf16_tflops)
             t = sum(s.time_s for s in sel)
             mb = _measured_bytes(sel) if has_bytes else None
             layer = parse_layer(scope)
             kind = mixer_kinds[layer] if layer is not None and layer < len(mixer_kinds) else None
-            floor = _floor(ab, af, mem_gbps, tflops)
+            floor = _floor(ab, af, mem_gbps, rate)
             gbps = (mb if mb is not None else ab) / t / 1e9 if t else None
-            pct = _pct_of_peak(gbps, af / t / 1e12 if t else None, mem_gbps, tflops)
+            pct = _pct_of_peak(gbps, af / t / 1e12 if t else None, mem_gbps, rate)
             rows.append(LayerRow(phase, scope, layer, kind, len(sel), t, mb, ab, af, floor, pct,
                                  _ratio(t, floor) if t else None))
     return rows
+
+
+def _summed(costs, tflops: float, bf16_tflops: float | None) -> tuple[float, float, float]:
+    """The analytic bytes and FLOPs of `costs` (a manifest's per-op costs) and the one matmul rate
+    their FLOP floor takes; a manifest written before bf16_flops were counted has none: one rate."""
+    costs = list(costs)
+    total = OpCost(sum(c["bytes"] for c in costs), sum(c["flops"] for c in costs),
+                   sum(c.get("bf16_flops", 0) for c in costs))
+    return total.bytes, total.flops, compute_tflops(total, tflops, bf16_tflops)
 
 
 def _measured_bytes(sel: list[KernelSample]) -> float | None:

@@ -54,6 +54,12 @@ def _manifest_with_huge_cost() -> bytes:
     return json.dumps(m).encode()
 
 
+def _manifest_with_text_bf16_flops() -> bytes:
+    m = json.loads((FIXTURE / "step.json").read_text())
+    m["steps"]["decode"]["analytic"]["mlp"]["bf16_flops"] = "many"
+    return json.dumps(m).encode()
+
+
 STEP_JSON = {    # what step.json holds: the error's tail
     "gzip": (lambda: gzip.compress((FIXTURE / "step.json").read_bytes()), "is gzip-compressed; gunzip it first"),
     "latin-1": (lambda: (FIXTURE / "step.json").read_text().replace('"decode"', '"décodé"').encode("latin-1"),
@@ -61,6 +67,8 @@ STEP_JSON = {    # what step.json holds: the error's tail
     "deep": (lambda: b"[" * 100_000 + b"]" * 100_000, f"nests JSON arrays/objects too deeply to parse; {FIX}"),
     "huge cost": (_manifest_with_huge_cost, "is not a salactl profile manifest: steps.decode.analytic.qkv is not "
                                             f"an object with numbers bytes and flops; {FIX}"),
+    "text bf16_flops": (_manifest_with_text_bf16_flops, "is not a salactl profile manifest: "
+                                                        f"steps.decode.analytic.mlp.bf16_flops is not a number; {FIX}"),
 }
 
 

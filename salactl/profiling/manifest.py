@@ -100,7 +100,8 @@ def _step_problem(phase: str, step) -> str | None:
 
 
 def _costs_problem(costs, where: str) -> str | None:
-    """Analytic costs: {op class: {"bytes": number, "flops": number}} for every op class."""
+    """Analytic costs: {op class: {"bytes": number, "flops": number}} for every op class, with an
+    optional number bf16_flops (the quantized linears' share of flops)."""
     from salactl.runtime.roofline import OP_CLASSES
 
     if not isinstance(costs, dict) or any(op not in costs for op in OP_CLASSES):
@@ -108,6 +109,8 @@ def _costs_problem(costs, where: str) -> str | None:
     for op, c in costs.items():
         if not (isinstance(c, dict) and all(_is_number(c.get(k)) for k in ("bytes", "flops"))):
             return f"{where}.{op} is not an object with numbers bytes and flops"
+        if "bf16_flops" in c and not _is_number(c["bf16_flops"]):
+            return f"{where}.{op}.bf16_flops is not a number"
     return None
 
 

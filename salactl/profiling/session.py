@@ -49,23 +49,34 @@ class SessionOptions:
     overwrite: bool = False             # --overwrite: replace a profile in out_dir, even one written meanwhile
 
 
-def peaks_for_name(name: str, device_type: str, dtype: str | None) -> dict:
-    """The ceilings, with the matmul rate of the profiled model's dtype as `compute_tflops`."""
+def peaks_for_name(name: str, device_type: str, dtype: str | None, quantized: bool = False) -> dict:
+    """The ceilings, with the matmul rate of the profiled model's dtype as `compute_tflops`; `quantized`
+    (some FLOPs compute in bf16 whatever that dtype) adds the bf16 rate where it differs."""
     import torch
 
     from salactl.runtime.peaks import peaks_by_name
 
-    return peaks_by_name(name, device_type).for_dtype(torch.float32 if dtype == "float32" else torch.bfloat16)
+    dt = torch.float32 if dtype == "float32" else torch.bfloat16
+    return peaks_by_name(name, device_type).for_dtype(dt, quantized=quantized)
+
+
+def manifest_peaks(manifest: dict, device_type: str) -> dict:
+    """The ceilings of a manifest's profile: quantized where its analytic costs count bf16 FLOPs
+    (so --import of an ncu profile gets the rates its session rendered; a manifest written before
+    they were counted keeps the one rate it had)."""
+    quantized = any(c.get("bf16_flops") for step in manifest["steps"].values() for c in step["analytic"].values())
+    return peaks_for_name(manifest["device_name"], device_type, manifest.get("dtype"), quantized)
 
 
 def tables(samples, manifest: dict, peaks: dict, top: int) -> dict:
     steps = manifest["steps"]
     analytic = {p: s["analytic"] for p, s in steps.items()}
     samples = [s for s in samples if s.phase not in steps or in_scopes(s, steps[s.phase].get("scopes"))]
-    ops = op_rows(samples, analytic, peaks["mem_gbps"], peaks["compute_tflops"])
+    rates = peaks["mem_gbps"], peaks["compute_tflops"], peaks.get("quantized_compute_tflops")
+    ops = op_rows(samples, analytic, *rates)
     by_scope = {p: s["analytic_by_scope"] for p, s in steps.items() if "analytic_by_scope" in s}
     layers = layer_rows(samples, by_scope, {p: s.get("scopes") for p, s in steps.items()},
-                        mixer_kinds(manifest.get("config", {})), peaks["mem_gbps"], peaks["compute_tflops"])
+                        mixer_kinds(manifest.get("config", {})), *rates)
     kernels = kernel_rows(samples, peaks["mem_gbps"], top)
     return {"ops": [r.to_dict() for r in ops], "layers": [r.to_dict() for r in layers],
             "kernels": [r.to_dict() for r in kernels],
@@ -322,7 +333,7 @@ def ncu_tables(manifest: dict, kernels, top: int, source: str) -> dict:
         raise UsageError(f"none of the {len(samples)} kernels in {source} ran inside salactl's NVTX range "
                          f"{' or '.join(map(repr, steps))}; capture with salactl profile --ncu (ncu --nvtx, with "
                          "salactl's ranges open)")
-    peaks = peaks_for_name(manifest["device_name"], manifest["device"].split(":")[0], manifest.get("dtype"))
+    peaks = manifest_peaks(manifest, manifest["device"].split(":")[0])
     return {"mode": "ncu", "manifest": manifest, "peaks": peaks, **tables(samples, manifest, peaks, top)}
 
 
@@ -353,7 +364,7 @@ def _run_torch(spec: ProfileSpec, opts: SessionOptions) -> dict:
     samples, seconds = profile_torch(w, trace)
     manifest = {"mode": "torch", **describe(w, seconds)}     # --import refuses it: no counters to re-render
     write_json(opts.out_dir / "step.json", manifest)
-    peaks = peaks_for_name(manifest["device_name"], w.device.type, manifest.get("dtype"))
+    peaks = manifest_peaks(manifest, w.device.type)
     return {"manifest": manifest, "peaks": peaks,
             "files": {"chrome_trace": str(trace), "manifest": str(opts.out_dir / "step.json")},
             **tables(samples, manifest, peaks, opts.top)}
