@@ -70,7 +70,6 @@ def profile(
 ) -> None:
     """Profile a prefill/decode step per layer and op against the analytic roofline."""
     from salactl.profiling.ncu_runner import NcuOptions
-    from salactl.profiling.preflight import check_spec
     from salactl.profiling.session import OUTPUT_FILES, SessionOptions, load_saved, run
     from salactl.profiling.spec import ProfileSpec, parse_layers
     from salactl.reports.atomic import check_out_dir
@@ -100,7 +99,6 @@ def profile(
         out_dir = check_out_dir(out or Path(f"salactl-profile-{time.strftime('%Y%m%d-%H%M%S')}"),
                                 OUTPUT_FILES, overwrite)
         spec = spec.with_checkpoint_weights()       # --weights auto, or one that conflicts, before loading
-        check_spec(spec)
         opts = SessionOptions(mode=mode, nvml=nvml, out_dir=out_dir, ncu_path=ncu_path,
                               ncu=NcuOptions(launch_skip, launch_count, metric_set=ncu_metrics), top=top,
                               ncu_given=tuple(passed(ctx, *NCU_OPTIONS)), overwrite=overwrite)

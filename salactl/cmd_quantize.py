@@ -39,10 +39,11 @@ def quantize(
     nsamples: Annotated[int, typer.Option("--nsamples", help="Calibration sequences.")] = 128,
     seqlen: Annotated[int, typer.Option("--seqlen", help="Tokens per calibration sequence.")] = 2048,
     device: DeviceOpt = "auto",
-    dtype: Annotated[str, typer.Option("--dtype", help=f"Dtype the calibration forwards run in: {DTYPE_HELP} "
-                                       "A checkpoint's linears are quantized from their stored weights and its "
-                                       "other tensors copied as stored (its torch_dtype); random weights are "
-                                       "drawn in this dtype.")] = "auto",
+    dtype: Annotated[str, typer.Option("--dtype", help=f"Dtype the model loads and the calibration forwards "
+                                       f"run in: {DTYPE_HELP} A checkpoint's linears are quantized from their "
+                                       "stored weights and its other tensors copied as stored (its torch_dtype): "
+                                       "without calibration it sets only the memory the load takes; random "
+                                       "weights are drawn in this dtype.")] = "auto",
     tokenizer: TokenizerOpt = None,
     kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="bf16 or auto (no KV scales), "
                                                 "fp8_e4m3 or fp8_e5m2: calibrate and store FP8 KV "
@@ -64,6 +65,11 @@ def quantize(
     if not needs_calibration(opts, calib):
         refuse_unused(passed(ctx, *CALIBRATION_OPTIONS), "calibration data, which --method rtn reads only with "
                       "--calib or an fp8 --kv-cache-dtype", "drop {it}, or add --calib FILE (or random)")
+        if not random_weights:
+            # --dtype stays: it sets the memory the weights load into (the exit-11 advice names it)
+            refuse_unused(passed(ctx, "seed"), "--random-weights and the calibration windows, neither of which "
+                          "this quantize has (--method rtn without --calib or an fp8 --kv-cache-dtype)",
+                          "drop {it}")
     with _ProgressBar() as bar:
         record = quantize_checkpoint(model, out, opts, calib=calib, nsamples=nsamples, seqlen=seqlen,
                                      tokenizer=tokenizer, seed=seed, device=device, dtype=dtype,

@@ -42,7 +42,7 @@ def sweep(
     engine: Annotated[str, typer.Option("--engine", help="auto, reference or gpu.")] = "auto",
     max_running_requests: Annotated[Optional[int], typer.Option("--max-running-requests", help="GPU engine: requests batched at once (default 64); refused on the reference engine, which runs one.")] = None,
     mem_fraction: Annotated[Optional[float], typer.Option("--mem-fraction", help="GPU engine: share of the GPU memory still free once the weights are loaded that its KV/state caches and prefill workspace take, in (0, 1] (default 0.9). Refused on the reference engine.")] = None,
-    pareto_x: Annotated[str, typer.Option("--pareto-x", help="Latency axis of the front: e2e, ttft or tpot.")] = "e2e",
+    pareto_x: Annotated[Optional[str], typer.Option("--pareto-x", help="Latency axis of the front: e2e, ttft or tpot (default e2e; not with --no-kl).")] = None,
     out: Annotated[Path, typer.Option("--out", "-o", metavar="<path>", parser=non_empty_path("--out", "a directory"), help="Directory for records.jsonl and the plot.")] = Path("salactl-results/sweep"),
     resume: Annotated[bool, typer.Option("--resume", help="Skip points already recorded in --out under the same --label (another --label measures them again).")] = False,
     label: Annotated[Optional[str], typer.Option("--label", help="A name for this sweep in the records.")] = None,

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 PARETO_X = {"e2e": "mean_e2e_latency_ms", "ttft": "mean_ttft_ms", "tpot": "mean_tpot_ms"}
 PARETO_Y = "logit_kl_mean"
 PASSKEY_DEFAULTS = {"passkey_lengths": "512", "passkey_depths": "0.25,0.75", "passkey_trials": 2}
+PARETO_X_DEFAULT = "e2e"
 SWEEP_LOCK = ".salactl-sweep.lock"     # held in --out while a sweep runs, removed when it ends
 
 
@@ -72,7 +73,7 @@ class SweepSettings:
     out: Path = Path("salactl-results/sweep")
     resume: bool = False
     label: str | None = None
-    pareto_x: str = "e2e"
+    pareto_x: str | None = None         # None: PARETO_X_DEFAULT (None so that --no-kl can refuse it)
 
 
 @dataclass
@@ -179,6 +180,8 @@ def _refuse_skipped_options(s: SweepSettings) -> None:
     if not s.kl:
         refuse_unused(["--kl-len"] if s.kl_len is not None else [], "the logit KL, which --no-kl skips",
                       "drop {it}, or drop --no-kl")
+        refuse_unused(["--pareto-x"] if s.pareto_x is not None else [], "the Pareto front, which trades "
+                      "latency against the logit KL that --no-kl skips", "drop {it}, or drop --no-kl")
     if not s.passkey:
         refuse_unused([f"--{k.replace('_', '-')}" for k in PASSKEY_DEFAULTS if getattr(s, k) is not None],
                       "the passkey test, which --no-passkey skips", "drop {it}, or drop --no-passkey",
@@ -191,13 +194,14 @@ def _refuse_skipped_options(s: SweepSettings) -> None:
 
 def _check_before_loading(s: SweepSettings) -> SweepSettings:
     """Everything that does not need the model, so bad input fails in a second; returns `s` with the
-    passkey options left out at their defaults."""
+    passkey options and --pareto-x left out at their defaults."""
     from salactl.bench.targets.embedded import resolve_engine
     from salactl.runtime.loader import resolve_device
 
     _refuse_skipped_options(s)
     rec.check_label(s.label)
-    s = dataclasses.replace(s, **{k: v for k, v in PASSKEY_DEFAULTS.items() if getattr(s, k) is None})
+    s = dataclasses.replace(s, **{k: v for k, v in PASSKEY_DEFAULTS.items() if getattr(s, k) is None},
+                            pareto_x=PARETO_X_DEFAULT if s.pareto_x is None else s.pareto_x)
     if s.pareto_x not in PARETO_X:
         raise UsageError(f"--pareto-x must be one of {', '.join(PARETO_X)}, got {s.pareto_x!r}")
     if s.pareto_x == "tpot" and s.output_len < 2:

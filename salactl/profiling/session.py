@@ -137,13 +137,17 @@ def _refuse_ncu_options(flags: tuple[str, ...], instead: str) -> None:
 def run(spec: ProfileSpec, opts: SessionOptions) -> dict:
     """Profile into a staging directory and move its files into --out only when the whole session
     succeeded, so an interrupted or failed run leaves no partial profile, and no directory, behind."""
-    # a mode that cannot run, or NVML that cannot sample, fails before any file or directory exists
+    from salactl.profiling.preflight import check_spec
+
+    # a mode that cannot run, or NVML that cannot sample, fails before any file or directory exists,
+    # and before the spec's size checks (exit 11), whose advice is moot for a profile that cannot run
     mode = resolve_mode(opts.mode, spec, opts.ncu_path, opts.ncu_given)
     sampler = None
     if opts.nvml:
         from salactl.profiling.nvml_sampler import NvmlSampler
 
         sampler = NvmlSampler()
+    check_spec(spec)
     return run_staged(spec, opts, mode, sampler)
 
 
