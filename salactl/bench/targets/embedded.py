@@ -108,8 +108,8 @@ class EmbeddedTarget(Target):
 
 def cache_pool_bytes(driver) -> int | None:
     """Bytes of the GPU engine's cache pools behind an EngineDriver; None for the reference Engine,
-    whose cache grows with its request."""
-    pools = getattr(driver.stepper.engine, "pools", None)
+    whose cache grows with its request (or a stepper over no engine)."""
+    pools = getattr(getattr(driver.stepper, "engine", None), "pools", None)
     return None if pools is None else pools.nbytes()
 
 
