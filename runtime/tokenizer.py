@@ -29,6 +29,9 @@ SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
 _VOCAB_SPECIALS = ("bos_token", "eos_token", "unk_token", "pad_token")   # must be in the vocabulary when named
 LLAMA_DEFAULTS = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}   # LlamaTokenizerFast.__init__
 MAX_TOKENIZER_FILE = 2**30     # the `tokenizers` library reads tokenizer.json whole; real ones are tens of MiB
+# Text that encode(continuation=True) puts before its text and then drops, each tried until one's ids stay a
+# prefix (the text's first token did not merge into it): a line break, then characters words seldom merge with
+CONTINUATION_ANCHORS = ("\n", ".", "\x00")
 
 
 class Tokenizer:
@@ -104,6 +107,7 @@ class Tokenizer:
         self.chat_templates = read_chat_template(file.parent, cfg, cfg_file)   # name -> (template, its source)
         self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)   # every id, added tokens too
         self._compiled = {}
+        self._anchors = self._continuation_anchors()
 
     # ---------------------------------------------------------------- loading, as transformers does
     @property
@@ -195,14 +199,42 @@ class Tokenizer:
                         return full[:i]
         return []
 
+    def _continuation_anchors(self) -> tuple[tuple[str, list[int]], ...]:
+        """The anchors (with their ids) that encode(continuation=True) tries; none for a tokenizer whose
+        ids of a text do not depend on what precedes it. One that marks where a text starts (the "▁"
+        of a SentencePiece-style Prepend normalizer or Metaspace pre-tokenizer, ByteLevel's
+        add_prefix_space) encodes a word alone otherwise than after other text."""
+        anchors = tuple((a, ids) for a in CONTINUATION_ANCHORS if (ids := self._plain(a)))
+        marks = any(self._after_anchor(probe, anchors) not in (None, self._plain(probe)) for probe in ("a", "The"))
+        return anchors if marks else ()
+
+    def _plain(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def _after_anchor(self, text: str, anchors) -> list[int] | None:
+        """`text`'s ids after the first anchor whose ids stay a prefix of the anchor's and the text's
+        (the text's first token did not merge into it); None where none does."""
+        for anchor, head in anchors:
+            ids = self._plain(anchor + text)
+            if ids[:len(head)] == head:
+                return ids[len(head):]
+        return None
+
     # ---------------------------------------------------------------- API
-    def encode(self, text: str, add_special_tokens: bool = True, specials_as_text: bool = False) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True, specials_as_text: bool = False,
+               continuation: bool = False) -> list[int]:
         """Text to token ids, like HF `encode`: with whatever special tokens the post-processor adds
         (e.g. BOS, as `salactl run --prompt` encodes), or the text's ids alone with
         `add_special_tokens=False`. specials_as_text: a literal "<s>" or "</s>" in the text is
-        tokenized as those characters, not as the special id (HF's split_special_tokens=True)."""
+        tokenized as those characters, not as the special id (HF's split_special_tokens=True).
+        continuation: the ids the text gets where it follows other text, without special tokens, so
+        that pieces encoded one by one join as their text does: a tokenizer that marks a text's start
+        (SentencePiece-style "▁") puts none there (the text's ids alone where no anchor holds)."""
         self.tok.encode_special_tokens = specials_as_text     # a flag of the HF object: set for this call only
         try:
+            if continuation:
+                ids = self._after_anchor(text, self._anchors)
+                return self._plain(text) if ids is None else ids
             return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
         except TypeError:
             _check_utf8(text)

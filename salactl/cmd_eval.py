@@ -77,13 +77,37 @@ def _load(model: str, device: str, dtype: str, tokenizer: str | None):
     return lm, tok
 
 
-def _warn_capped_windows(seq_len: int, max_tokens: int, text_tokens: int) -> None:
+def _warn_capped_windows(seq_len: int, max_tokens: int, text_tokens: int, bos: bool) -> None:
     """A window holds at most --max-tokens + 1 tokens: said where --seq-len asks for longer ones and
-    the text (`text_tokens`, read up to the cap) is long enough that the cap cut it."""
-    if max_tokens and seq_len > max_tokens + 1 and text_tokens > max_tokens:
+    the text (`text_tokens`, encoded up to one past what the window takes) has tokens the cap left
+    unscored (without <s>, the text's first token is context only)."""
+    if max_tokens and seq_len > max_tokens + 1 and text_tokens > max_tokens + (not bos):
         output.warn_once(f"--seq-len {seq_len:,} is longer than --max-tokens {max_tokens:,} lets a window be: "
                          f"one window of at most {max_tokens + 1:,} tokens is scored; pass --max-tokens 0 (the "
                          f"whole text) or --max-tokens {seq_len - 1:,} or more")
+
+
+# Host bytes per byte of a --file that its token ids take where eval ppl holds them all: at most an id
+# a byte (a byte-level tokenizer's worst case; sala-nano's has 0.27 on plain text, 0.9-1.0 on
+# punctuation, digits and CJK), each an 8-byte list slot and a 32-byte int object (CPython shares
+# those of ids up to 256 only), a list's growth slack, and a second list of them (the unigram
+# baseline's targets): 12-22 bytes per byte measured on those texts, counted for the worst case
+IDS_BYTES_PER_BYTE = 50
+# a --max-tokens below this holds few ids (50 MiB at most, as IDS_BYTES_PER_BYTE counts them): not counted
+FEW_IDS = 1 << 20
+IDS_FIX = "lower --max-tokens or give a shorter text"
+
+
+def _file_read_cap(max_tokens: int) -> output.ReadCap | None:
+    """The most bytes eval ppl reads of --file: as its bytes and decoded text fit the available
+    memory, with its token ids where --max-tokens (0: every token) lets it hold many."""
+    if max_tokens and max_tokens < FEW_IDS:
+        return output.memory_read_cap(output.DECODED_BYTES_PER_BYTE, "its bytes and decoded text fit",
+                                      "give a smaller --file (eval ppl reads it whole before encoding it)")
+    return output.memory_read_cap(output.DECODED_BYTES_PER_BYTE + IDS_BYTES_PER_BYTE,
+                                  "its bytes, decoded text and token ids fit", "give a smaller --file or "
+                                  f"--max-tokens 1 to {FEW_IDS - 1:,} (eval ppl reads it whole, then holds the "
+                                  "ids of the tokens it scores)")
 
 
 def _check_passkey_memory(model: str, device: str, dtype: str, lengths: list[int], depths: list[float],
@@ -146,7 +170,7 @@ def ppl(
     """Perplexity of the model on held-out text, next to a unigram baseline."""
     from salactl.bench.out_of_memory import out_of_memory_is_capacity
     from salactl.env import environment
-    from salactl.evaluation.perplexity import (check_perplexity_memory, encode_text, perplexity, score_windows,
+    from salactl.evaluation.perplexity import (check_perplexity_memory, encode_text, longest_window, perplexity,
                                                scored_targets, unigram_baseline)
     from salactl.runtime.kv_fp8 import fp8_dtype
 
@@ -161,9 +185,7 @@ def ppl(
         refuse_unused(passed(ctx, "split"), "the built-in corpus only (without --file)", "drop one of --split "
                       "and --file")
         # read whole before it is encoded piecewise; a device such as /dev/zero stops at what memory holds
-        cap = output.memory_read_cap(output.DECODED_BYTES_PER_BYTE, "its bytes and decoded text fit",
-                                     "give a smaller --file (eval ppl reads it whole before encoding it)")
-        text = output.read_text_option(file, "--file", cap=cap)
+        text = output.read_text_option(file, "--file", cap=_file_read_cap(max_tokens))
         source = {"file": str(file)}
         what = f"--file {file}"
     else:
@@ -176,10 +198,13 @@ def ppl(
         what = f"the {split} split"
     lm, tok = _load(model, device, dtype, tokenizer)
     cap = max_tokens or None
-    ids = encode_text(tok, text, cap and cap + 1, what)    # the windows score at most --max-tokens + 1 ids
     bos = tok.bos_id if tok.add_bos else None
-    longest = max((len(w) for w in score_windows(ids, seq_len, cap, bos)), default=0)
-    _warn_capped_windows(seq_len, max_tokens, len(ids))
+    with out_of_memory_is_capacity("eval ppl", IDS_FIX):
+        # the windows take at most --max-tokens + 1 ids; one more tells whether the cap left any unscored
+        ids = encode_text(tok, text, cap and cap + 2, what)
+    del text                                    # scoring needs the ids only: the text's memory goes
+    longest = longest_window(len(ids), seq_len, cap, bos)
+    _warn_capped_windows(seq_len, max_tokens, len(ids), bos is not None)
     output.warn_past_trained_length(longest, lm.config.max_position_embeddings,
                                     "--seq-len" if longest == seq_len else "the longest window scored")
     check_perplexity_memory(lm.config, lm.model.device, _act_dtype(lm).itemsize, longest, chunk_size)
@@ -187,7 +212,8 @@ def ppl(
     with progress_bar("perplexity") as update, out_of_memory:
         res = perplexity(lm.model, ids, seq_len, cap, progress=update, bos_id=bos, chunk_size=chunk_size,
                          kv_cache_dtype=kv_cache_dtype)
-    uni = unigram_baseline(scored_targets(ids, seq_len, cap, bos), lm.config.vocab_size)
+    with out_of_memory_is_capacity("eval ppl", IDS_FIX):
+        uni = unigram_baseline(scored_targets(ids, seq_len, cap, bos), lm.config.vocab_size)
     record = {**_describe(lm), **_runtime_knobs(lm, kv_cache_dtype), **source, **res, "longest_window": longest,
               "max_tokens": max_tokens, "bos": bos is not None, "unigram": uni, "chunk_size": chunk_size,
               "env": environment()}
@@ -257,7 +283,7 @@ def passkey(
         table_rows.append([n, *[acc[d] for d in depth_list], by_length[str(n)]])
     output.table(f"passkey accuracy ({trials} trials per cell, dense_len "
                  f"{lm.config.sparse_config.dense_len})",
-                 ["length", *[f"d={d:g}" for d in depth_list], "mean"], table_rows)
+                 ["length", *[f"d={d:g}" if float(f"{d:g}") == d else f"d={d!r}" for d in depth_list], "mean"], table_rows)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,7 +1,8 @@
 """Passkey retrieval (Mohtashami & Jaggi, "Landmark Attention", 2023): a 5-digit number is hidden at a
 chosen depth inside repetitive filler text and asked for at the end. The prompt is assembled from
-separately tokenized segments so its length in tokens is exact; training (tools/train_nano.py) and
-evaluation build prompts with the same function.
+separately tokenized segments so its length in tokens is exact (each after the first encoded as text that
+follows other text, so the ids read as the constants join); training (tools/train_nano.py) and evaluation
+build prompts with the same function.
 """
 
 from __future__ import annotations
@@ -29,17 +30,22 @@ class _Segments:
     _cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def __init__(self, tokenizer):
-        enc = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
         self.bos = list(tokenizer.prefix_ids)       # what default encoding puts first (<s>), if anything
-        self.instruction = enc(INSTRUCTION)
-        self.sentences = [enc(s) for s in FILLER]
-        self.question = enc(QUESTION)
+        self.instruction = tokenizer.encode(INSTRUCTION, add_special_tokens=False)
+        self.sentences = [_following(tokenizer, s) for s in FILLER]
+        self.question = _following(tokenizer, QUESTION)
 
     @classmethod
     def of(cls, tokenizer) -> "_Segments":
         if tokenizer not in cls._cache:
             cls._cache[tokenizer] = cls(tokenizer)
         return cls._cache[tokenizer]
+
+
+def _following(tokenizer, text: str) -> list[int]:
+    """`text`'s ids where it follows other text (no "▁" word-start mark of its own in a
+    SentencePiece-style tokenizer, which would read as a doubled space)."""
+    return tokenizer.encode(text, add_special_tokens=False, continuation=True)
 
 
 def _filler(segs: _Segments, n_tokens: int) -> tuple[list[int], list[int]]:
@@ -65,7 +71,7 @@ def _passkey_prompt(tokenizer, length_tokens: int, depth: float, rng: random.Ran
         raise UsageError(f"passkey depth must be in [0, 1], got {depth}")
     key = str(rng.randint(10 ** (KEY_DIGITS - 1), 10 ** KEY_DIGITS - 1))
     segs = _Segments.of(tokenizer)
-    needle = tokenizer.encode(NEEDLE.format(key=key), add_special_tokens=False)
+    needle = _following(tokenizer, NEEDLE.format(key=key))
     fixed = len(segs.bos) + len(segs.instruction) + len(needle) + len(segs.question)
     n_fill = length_tokens - fixed
     if n_fill < 0:
@@ -80,7 +86,7 @@ def _passkey_prompt(tokenizer, length_tokens: int, depth: float, rng: random.Ran
 
 def answer_ids(tokenizer, answer: str) -> list[int]:
     """The ids a model should produce after the prompt (training targets)."""
-    return tokenizer.encode(ANSWER.format(key=answer), add_special_tokens=False)
+    return _following(tokenizer, ANSWER.format(key=answer))
 
 
 def extract_answer(text: str) -> str | None:
@@ -89,7 +95,10 @@ def extract_answer(text: str) -> str | None:
 
 
 def trial_rng(seed: int, length: int, depth: float, trial: int) -> random.Random:
-    return random.Random(f"passkey:{seed}:{length}:{depth:.6f}:{trial}")
+    """A depth that 6 decimals hold exactly keeps the seed it always had; any other is seeded with all
+    its digits, so depths that differ only past 6 decimals get trials of their own."""
+    shown = f"{depth:.6f}"
+    return random.Random(f"passkey:{seed}:{length}:{shown if float(shown) == depth else repr(float(depth))}:{trial}")
 
 
 def _model_device(model):

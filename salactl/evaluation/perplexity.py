@@ -23,29 +23,40 @@ from salactl.runtime.sampling import NON_FINITE
 
 def score_windows(token_ids: list[int], seq_len: int, max_tokens: int | None,
                   bos_id: int | None = None) -> Iterator[list[int]]:
-    """Yield the windows (model inputs); window[1:] are the scored targets."""
-    if seq_len < 2:
-        raise UsageError(f"--seq-len must be at least 2, got {seq_len}")
-    if max_tokens is not None and max_tokens < 1:
-        raise UsageError(f"--max-tokens must be positive, got {max_tokens}")
+    """Yield the windows (model inputs), one at a time; window[1:] are the scored targets: seq_len - 1
+    of them a window, after <s> (with bos_id) or after the id before them (without)."""
     prefix = [] if bos_id is None else [bos_id]
-    body = seq_len - len(prefix)
-    step = body if prefix else body - 1          # without bos a window's first token is context only
-    budget = max_tokens if max_tokens is not None else math.inf
-    i = 0
-    while budget > 0 and i + (0 if prefix else 1) < len(token_ids):
-        window = prefix + token_ids[i:i + body]
-        window = window[: int(min(len(window), budget + 1))]
-        if len(window) < 2:
-            break
-        yield window
-        budget -= len(window) - 1
-        i += step
+    first, end = _target_run(len(token_ids), seq_len, max_tokens, bos_id)
+    for start in range(first, end, seq_len - 1):
+        yield prefix + token_ids[start - first:min(start + seq_len - 1, end)]
 
 
 def scored_targets(token_ids: list[int], seq_len: int, max_tokens: int | None,
                    bos_id: int | None = None) -> list[int]:
-    return [t for w in score_windows(token_ids, seq_len, max_tokens, bos_id) for t in w[1:]]
+    """Every window's window[1:], in order: one run of the ids (the windows leave no gap)."""
+    first, end = _target_run(len(token_ids), seq_len, max_tokens, bos_id)
+    return token_ids[first:end]
+
+
+def longest_window(n_tokens: int, seq_len: int, max_tokens: int | None,
+                   bos_id: int | None = None) -> int:
+    """The length of score_windows' longest (its first) window over `n_tokens` ids, 0 where it
+    yields none; counted, not built (one window may hold the whole text)."""
+    first, end = _target_run(n_tokens, seq_len, max_tokens, bos_id)
+    return min(end - first, seq_len - 1) + 1 if end > first else 0
+
+
+def _target_run(n_tokens: int, seq_len: int, max_tokens: int | None,
+                bos_id: int | None) -> tuple[int, int]:
+    """[first, end) of the ids the windows score: all (without bos_id all but the first, context
+    only), up to max_tokens of them."""
+    if seq_len < 2:
+        raise UsageError(f"--seq-len must be at least 2, got {seq_len}")
+    if max_tokens is not None and max_tokens < 1:
+        raise UsageError(f"--max-tokens must be positive, got {max_tokens}")
+    first = 0 if bos_id is not None else 1
+    end = max(n_tokens, first)
+    return first, end if max_tokens is None else min(end, first + max_tokens)
 
 
 # Characters per piece of encode_text: the tokenizers library holds ~500 B per token of a string it
@@ -64,18 +75,20 @@ def encode_text(tok, text: str, limit: int | None, what: str, piece_chars: int =
     whitespace that ends a line (or, in a text without whitespace, after punctuation): a GPT-2-style
     (ByteLevel) pre-tokenizer always splits between a non-space character and a space, and between
     punctuation and a letter, so the pieces' ids are the whole text's; for any tokenizer a cut
-    is kept only where the text around it encodes to the same ids whole as in two parts. `what` names
-    the text in the error where a piece is too long for the tokenizer's memory (exit 11)."""
+    is kept only where the text around it encodes to the same ids whole as in two parts. Every piece
+    after the first is encoded as text that follows other text (tok.encode's continuation), without the
+    word-start mark a SentencePiece-style tokenizer gives a text's start. `what` names the text in the
+    error where a piece is too long for the tokenizer's memory (exit 11)."""
     from salactl.output import check_tokenizer_memory
 
-    def encode(s: str) -> list[int]:
-        return tok.encode(s, add_special_tokens=False, specials_as_text=True)
+    def encode(s: str, continuation: bool = True) -> list[int]:
+        return tok.encode(s, add_special_tokens=False, specials_as_text=True, continuation=continuation)
 
     ids, start, tries = [], 0, CUT_TRIES
     while start < len(text) and (limit is None or len(ids) < limit):
         end, tries = _next_cut(encode, text, start, piece_chars, tries)
         check_tokenizer_memory(text[start:end], what, "give a shorter text")
-        ids += encode(text[start:end])
+        ids += encode(text[start:end], continuation=start > 0)
         start = end
     return ids[:limit]
 
@@ -83,11 +96,12 @@ def encode_text(tok, text: str, limit: int | None, what: str, piece_chars: int =
 def _next_cut(encode, text: str, start: int, piece_chars: int, tries: int) -> tuple[int, int]:
     """(where the piece from `start` ends, the failed cuts still allowed): the first cut that holds
     (_cut_candidate's) from `piece_chars` past `start` on; the text's end where none holds before
-    `tries` runs out."""
+    `tries` runs out. The check encodes its text as following other text, which the text's own start
+    may not (a SentencePiece-style word-start mark): the first piece's cuts are tried only past its context."""
     at = start + piece_chars
     while tries and at < len(text):
         cut, after = _cut_candidate(text, start, at, piece_chars)
-        if cut > start:
+        if cut > (start or CUT_CONTEXT_CHARS):
             if _cut_holds(encode, text, start, cut):
                 return cut, CUT_TRIES
             tries -= 1
@@ -204,20 +218,16 @@ def perplexity(model, token_ids: list[int], seq_len: int, max_tokens: int | None
     kv_cache_dtype: the Engine's, as `salactl run --kv-cache-dtype` (fp8 uses the model's scales)."""
     from salactl.runtime.engine import Engine
 
-    windows = list(score_windows(token_ids, seq_len, max_tokens, bos_id))
-    if not windows:
+    first, end = _target_run(len(token_ids), seq_len, max_tokens, bos_id)
+    if end == first:
         least = 1 if bos_id is not None else 2          # without <s> a window's first token is context only
         raise DatasetError(f"the text is too short to score: it has {len(token_ids)} token(s) and needs at least "
                            f"{least}")
-    vocab = model.config.vocab_size
-    bad = next((t for w in windows for t in w if not 0 <= t < vocab), None)
-    if bad is not None:
-        raise UsageError(f"token id {bad} is outside the model's vocabulary (size {vocab}); "
-                         "use the model's own tokenizer")
+    _check_vocabulary(token_ids, end, bos_id, model.config.vocab_size)
     engine = Engine(model, _device(model), chunk_size=chunk_size, backend=backend, kv_cache_dtype=kv_cache_dtype)
-    total = sum(len(w) - 1 for w in windows)
+    total, windows = end - first, -(-(end - first) // (seq_len - 1))
     nll_sum, done = 0.0, 0
-    for w in windows:
+    for w in score_windows(token_ids, seq_len, max_tokens, bos_id):
         seq = engine.new_sequence()
         logits = engine.prefill(seq, w, all_logits=True)
         target = torch.tensor(w[1:], device=logits.device)
@@ -228,7 +238,18 @@ def perplexity(model, token_ids: list[int], seq_len: int, max_tokens: int | None
     nll = nll_sum / total
     if not math.isfinite(nll):
         raise NumericsError(NON_FINITE)
-    return {"nll": nll, "ppl": math.exp(nll) if nll < 700 else math.inf, "tokens": total, "windows": len(windows), "seq_len": seq_len}
+    return {"nll": nll, "ppl": math.exp(nll) if nll < 700 else math.inf, "tokens": total, "windows": windows, "seq_len": seq_len}
+
+
+def _check_vocabulary(token_ids: list[int], end: int, bos_id: int | None, vocab: int) -> None:
+    """A UsageError naming the first id the windows hold (bos_id, token_ids[:end]) past the vocabulary."""
+    from itertools import chain, islice
+
+    held = chain([] if bos_id is None else [bos_id], islice(token_ids, end))
+    bad = next((t for t in held if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise UsageError(f"token id {bad} is outside the model's vocabulary (size {vocab}); "
+                         "use the model's own tokenizer")
 
 
 def unigram_baseline(targets: list[int], vocab_size: int, fit_ids: list[int] | None = None) -> dict:
