@@ -64,7 +64,7 @@ def test_the_file_read_cap_counts_the_ids_where_they_may_all_be_held():
     assert f"({output.DECODED_BYTES_PER_BYTE} bytes per byte of the file)" in few.why
 
 
-# The runtime modules load before the address-space limit, which then leaves 215 MiB: enough to load
+# The runtime modules load before the address-space limit, which then leaves 240 MiB: enough to load
 # sala-nano and tokenize 8 MB of digits (an id a byte, 64 MiB of ids; the tokenizer aborts the
 # process below ~170), not for the whole-text copies of the ids that counting the longest window
 # (one window: --seq-len past the text) by building it took (~260): a traceback, exit 1
@@ -72,7 +72,7 @@ LIMITED = """
 import resource, sys
 import salactl.cli, salactl.cmd_eval, salactl.runtime.engine, salactl.runtime.loader, tokenizers, torch
 vm = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmSize:"))
-resource.setrlimit(resource.RLIMIT_AS, (vm + 215 * 2**20, resource.RLIM_INFINITY))
+resource.setrlimit(resource.RLIMIT_AS, (vm + 240 * 2**20, resource.RLIM_INFINITY))
 sys.argv = ["salactl", *sys.argv[1:]]
 salactl.cli.main()
 """
