@@ -90,7 +90,7 @@ def encode_text(tok, text: str, limit: int | None, what: str, piece_chars: int =
         check_tokenizer_memory(text[start:end], what, "give a shorter text")
         ids += encode(text[start:end], continuation=start > 0)
         start = end
-    return ids[:limit]
+    return ids if limit is None else ids[:limit]      # no copy of every id when nothing is cut
 
 
 def _next_cut(encode, text: str, start: int, piece_chars: int, tries: int) -> tuple[int, int]:
