@@ -7,7 +7,6 @@ import json
 import math
 import numbers
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from salactl.errors import CapacityError, CheckpointError, ConfigError, DeviceEr
 from salactl.runtime.checkpoint import (expected_tensor_shapes, load_state_dict, random_state_dict,
                                         tensor_files)
 from salactl.runtime.config import SalaConfig
+from salactl.runtime.host_memory import available_host_bytes
 from salactl.runtime.json_file import is_dir, lookup, read_optional_json
 from salactl.runtime.layers.model import SalaForCausalLM
 from salactl.runtime.presets import PRESETS, preset
@@ -103,43 +103,6 @@ def build_model(config: SalaConfig, state: dict[str, torch.Tensor]) -> SalaForCa
     model = meta_model(config)
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval().requires_grad_(False)
-
-
-def available_host_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
-    """The host memory a new allocation can have, for the checks that refuse what cannot fit (exit
-    11): MemAvailable from `meminfo` on Linux, the available physical memory on Windows
-    (GlobalMemoryStatusEx), elsewhere (macOS) the total physical memory. That is an upper bound
-    (macOS tells what is reclaimable only through vm_stat's page classes, a subprocess): it refuses
-    only what could never fit, where counting the free pages alone would refuse what fits once the
-    cache is reclaimed. None where none of these can be read."""
-    try:
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024       # reported in kB
-    except (OSError, ValueError, IndexError):
-        pass
-    if sys.platform == "win32":
-        return _windows_available_bytes()
-    try:
-        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, OSError, ValueError):       # no sysconf, or not these names
-        return None
-    return total if total > 0 else None
-
-
-def _windows_available_bytes() -> int | None:
-    import ctypes
-
-    class MemoryStatusEx(ctypes.Structure):
-        _fields_ = [("dwLength", ctypes.c_uint32), ("dwMemoryLoad", ctypes.c_uint32),
-                    *((name, ctypes.c_uint64) for name in ("ullTotalPhys", "ullAvailPhys", "ullTotalPageFile",
-                                                           "ullAvailPageFile", "ullTotalVirtual",
-                                                           "ullAvailVirtual", "ullAvailExtendedVirtual"))]
-
-    status = MemoryStatusEx(dwLength=ctypes.sizeof(MemoryStatusEx))
-    if not ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(status)):
-        return None
-    return status.ullAvailPhys
 
 
 def check_fits(need: int, avail: int | None, what: str, where: str, fix: str) -> None:

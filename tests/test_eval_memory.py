@@ -70,6 +70,8 @@ def test_eval_ppl_refuses_a_window_that_cannot_fit_before_scoring(tmp_path):
 LIMITED = """
 import resource, sys
 import salactl.cli, salactl.cmd_eval, salactl.runtime.engine, salactl.runtime.loader, tokenizers, torch
+import salactl.runtime.host_memory as host_memory
+host_memory._address_space_available = lambda proc: None   # the checks see no limit, as with one a container hides
 vm = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmSize:"))
 resource.setrlimit(resource.RLIMIT_AS, (vm + 600_000_000, resource.RLIM_INFINITY))
 sys.argv = ["salactl", *sys.argv[1:]]

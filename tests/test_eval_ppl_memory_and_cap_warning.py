@@ -71,6 +71,8 @@ def test_the_file_read_cap_counts_the_ids_where_they_may_all_be_held():
 LIMITED = """
 import resource, sys
 import salactl.cli, salactl.cmd_eval, salactl.runtime.engine, salactl.runtime.loader, tokenizers, torch
+import salactl.runtime.host_memory as host_memory
+host_memory._address_space_available = lambda proc: None   # the checks see no limit, as with one a container hides
 vm = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmSize:"))
 resource.setrlimit(resource.RLIMIT_AS, (vm + 240 * 2**20, resource.RLIM_INFINITY))
 sys.argv = ["salactl", *sys.argv[1:]]
