@@ -31,7 +31,7 @@ from salactl.quant.rtn import rtn_quantize
 from salactl.runtime.backend_reference import ReferenceBackend
 from salactl.runtime.batch import ForwardBatch
 from salactl.runtime.cache import SequenceCache
-from salactl.runtime.checkpoint import StoredTensors
+from salactl.runtime.checkpoint import StoredTensors, expected_tensor_shapes
 from salactl.runtime.config import SPARSE
 from salactl.runtime.device_sync import synchronize
 from salactl.runtime.kv_fp8 import fp8_dtype, scales_from_amax
@@ -125,22 +125,50 @@ def layer_groups(config, i: int):
     return _SPARSE_GROUPS if config.mixer_types[i] == SPARSE else _LIGHTNING_GROUPS
 
 
-def plan_skips(model, config, group_size: int) -> dict[str, str]:
-    """Linears that stay unquantized because they (or a linear fused with them) break Marlin's rules."""
+def layer_linears(config, i: int) -> list[str]:
+    """The linears of decoder layer i, in layer_groups' order."""
+    return [n for g in layer_groups(config, i) for n in g]
+
+
+def skip_plan(config, group_size: int,
+              shape: Callable[[str], tuple[int, int]] | None = None) -> dict[str, str]:
+    """Linears (by prefix) that stay unquantized because they, or a linear fused with them (FUSED),
+    break Marlin's rules: the one rule of `salactl quantize` and of the memory report.
+    shape(prefix) is a linear's (out, in); by default the config's (expected_tensor_shapes)."""
+    if shape is None:
+        shapes = expected_tensor_shapes(config)
+        shape = lambda prefix: shapes[prefix + ".weight"]      # noqa: E731
     skipped: dict[str, str] = {}
-    for i, layer in enumerate(model.model.layers):
-        names = [n for g in layer_groups(config, i) for n in g]
-        for n in names:
-            m = layer.get_submodule(n)
-            why = marlin_violation(m.out_features, m.in_features, group_size)
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        for n in layer_linears(config, i):
+            why = marlin_violation(*shape(p + n), group_size)
             if why:
-                skipped[f"model.layers.{i}.{n}"] = why
+                skipped[p + n] = why
         for fused in FUSED:
-            bad = [n for n in fused if f"model.layers.{i}.{n}" in skipped]
+            bad = [n for n in fused if p + n in skipped]
             for n in fused:
-                if bad and f"model.layers.{i}.{n}" not in skipped:
-                    skipped[f"model.layers.{i}.{n}"] = f"fused with {bad[0]}, which breaks Marlin's rules"
+                if bad and p + n not in skipped:
+                    skipped[p + n] = f"fused with {bad[0]}, which breaks Marlin's rules"
     return skipped
+
+
+def quantized_linears(config, group_size: int) -> list[str]:
+    """The decoder linears (by prefix) a GPTQ checkpoint of `config` holds quantized: all that
+    skip_plan does not skip."""
+    skipped = skip_plan(config, group_size)
+    prefixes = (f"model.layers.{i}.{n}" for i in range(config.num_hidden_layers)
+                for n in layer_linears(config, i))
+    return [p for p in prefixes if p not in skipped]
+
+
+def plan_skips(model, config, group_size: int) -> dict[str, str]:
+    """skip_plan with the shapes of `model`'s own linears."""
+    def shape(prefix: str) -> tuple[int, int]:
+        m = model.get_submodule(prefix)
+        return m.out_features, m.in_features
+
+    return skip_plan(config, group_size, shape)
 
 
 class _Stop(Exception):

@@ -14,8 +14,9 @@ engine's page pool allocates them):
 - GLA states: n_lightning · H · dk · dv fp32 (48 MiB for the real config), independent of L.
 The full-attention comparison (every layer GQA softmax, no GLA state) counts the same whole pages.
 Per server (fixed): weights (bf16, or W4A16 = qweight + qzeros + scales + g_idx for every linear
-that satisfies Marlin's shape rules, the rest bf16), prefill activations/workspace for one chunk,
-CUDA-graph pool and CUDA context (both estimates, labelled as such).
+that `salactl quantize` quantizes: those that satisfy Marlin's shape rules, a fused group (q/k/v,
+gate/up) all or none; the rest bf16), prefill activations/workspace for one chunk, CUDA-graph pool
+and CUDA context (both estimates, labelled as such).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 
 from salactl.errors import UsageError
 from salactl.quant.in_memory import QUANTIZED_BITS
+from salactl.quant.sequential import quantized_linears
 from salactl.runtime.checkpoint import expected_tensor_shapes
 from salactl.runtime.config import SalaConfig
 from salactl.runtime.kv_fp8 import KV_CACHE_DTYPES
@@ -93,11 +95,6 @@ def gpu_memory(name: str) -> tuple[int, str]:
 
 # ---- weights ---------------------------------------------------------------------------------
 
-def _marlin_ok(n_out: int, k_in: int, group: int) -> bool:
-    g = k_in if group == -1 else group
-    return n_out % 64 == 0 and k_in % 128 == 0 and k_in % g == 0
-
-
 def gptq_linear_bytes(k_in: int, n_out: int, group: int = 128, scale_bytes: int = 2, bits: int = 4) -> dict:
     """GPTQ v1 tensors of one Linear (reference/quantization.md §2): 32 // bits values per int32."""
     groups = 1 if group == -1 else math.ceil(k_in / group)
@@ -126,10 +123,9 @@ def weight_bytes(config: SalaConfig, weights: str = "bf16", group_size: int = 12
     if weights == "bf16":
         return WeightBytes("bf16", params * act_bytes, params, {"bf16": params * act_bytes})
     parts = {"qweight": 0, "qzeros": 0, "scales": 0, "g_idx": 0, "bf16": 0}
+    quantized = {prefix + ".weight" for prefix in quantized_linears(config, group_size)}
     for name, shape in shapes.items():
-        quantizable = (name.startswith("model.layers.") and len(shape) == 2
-                       and _marlin_ok(shape[0], shape[1], group_size))
-        if quantizable:
+        if name in quantized:
             linear = gptq_linear_bytes(shape[1], shape[0], group_size, act_bytes, QUANTIZED_BITS[weights])
             for k, v in linear.items():
                 parts[k] += v

@@ -20,6 +20,7 @@ from salactl.options import JsonOpt, ModelOpt, non_empty_path, passed, refuse_un
 FORMATS = ("md", "csv", "html")
 DEFAULT_CONTEXTS = "4096,32768,131072,524288"
 DEFAULT_GPUS = "H200,H100,A100-SXM4-80GB,RTX PRO 6000,L40S,RTX 5090"
+DEFAULT_WEIGHTS = ("bf16", "w4a16")
 FIXED_PARTS = {"workspace_estimate": "workspace (est.)", "cuda_graphs_estimate": "CUDA graphs (est.)",
                "cuda_context_estimate": "CUDA context (est.)"}
 
@@ -127,24 +128,38 @@ def _names(text: str, name: str) -> tuple[str, ...]:
     return vals
 
 
-def _group_size(model: str, given: int | None) -> int:
-    """--group-size, else the checkpoint's quantization_config group, else GPTQ's usual 128."""
-    from salactl.quant.quantizer import SUPPORTED_GROUP_SIZES as GROUP_SIZES
+def _checkpoint_quantization(model: str) -> dict:
+    """The quantization_config of the checkpoint --model names; {} for a float checkpoint or a
+    preset (a preset name is the preset, as planning_config reads it, never a directory of that
+    name here)."""
     from salactl.runtime.json_file import is_dir
     from salactl.runtime.presets import PRESETS
+
+    if model in PRESETS or not is_dir(Path(model), CheckpointError, "model (--model)"):
+        return {}
+    from salactl.runtime.loader import quantization_config
+
+    qc = quantization_config(Path(model))
+    return qc if isinstance(qc, dict) else {}
+
+
+def _group_size(given: int | None, quant: dict) -> int:
+    """--group-size, else the checkpoint's quantization_config group, else GPTQ's usual 128."""
+    from salactl.quant.quantizer import SUPPORTED_GROUP_SIZES as GROUP_SIZES
 
     if given is not None:
         if given not in GROUP_SIZES:
             raise UsageError(f"--group-size must be one of {', '.join(map(str, GROUP_SIZES))}, got {given}")
         return given
-    # a preset name is the preset, as planning_config reads it, never a directory of that name here
-    if model not in PRESETS and is_dir(Path(model), CheckpointError, "model (--model)"):
-        from salactl.runtime.loader import quantization_config
+    return quant["group_size"] if quant.get("group_size") in GROUP_SIZES else 128
 
-        qc = quantization_config(Path(model))
-        if qc and qc.get("group_size") in GROUP_SIZES:
-            return qc["group_size"]
-    return 128
+
+def _default_weights(quant: dict) -> tuple[str, ...]:
+    """DEFAULT_WEIGHTS, plus the checkpoint's own format where it is another (w8a16 for 8-bit)."""
+    from salactl.quant.in_memory import QUANTIZED_BITS
+
+    own = f"w{quant.get('bits')}a16"
+    return DEFAULT_WEIGHTS + ((own,) if own in QUANTIZED_BITS and own not in DEFAULT_WEIGHTS else ())
 
 
 @report_app.command("memory")
@@ -157,7 +172,9 @@ def memory(
                                                 "fp8_e4m3, fp8_e5m2 (as run takes them); planning only: "
                                                 "bfloat16, fp16, float16, fp32, float32, fp8.")]
     = "bf16,fp8_e4m3",
-    weights: Annotated[str, typer.Option("--weights", help="Comma list: bf16, w4a16, w8a16.")] = "bf16,w4a16",
+    weights: Annotated[Optional[str], typer.Option("--weights", show_default=",".join(DEFAULT_WEIGHTS) + ", plus w8a16 "
+                                                   "for an 8-bit checkpoint", help="Comma list: bf16, w4a16, w8a16.")]
+    = None,
     gpu: Annotated[Optional[str], typer.Option("--gpu", show_default=DEFAULT_GPUS, help="GPU names, comma "
                                                "list; each is matched by the known name it contains "
                                                "(case-insensitive), e.g. 'NVIDIA H100 80GB HBM3'.")] = None,
@@ -195,12 +212,15 @@ def memory(
     if chunk_size <= 0 or max_batch <= 0:
         raise UsageError("--chunk-size and --max-batch must be positive")
     contexts, kv_dtypes = tuple(parse_list(context, "--context", minimum=1)), _names(kv_cache_dtype, "--kv-cache-dtype")
-    weight_names, gpus = _names(weights, "--weights"), list(_names(DEFAULT_GPUS if gpu is None else gpu, "--gpu"))
-    _check_memory_options(ctx, weight_names, records, no_cuda_graphs)
+    weight_names = None if weights is None else _names(weights, "--weights")
+    gpus = list(_names(DEFAULT_GPUS if gpu is None else gpu, "--gpu"))
+    _check_memory_options(ctx, weight_names or DEFAULT_WEIGHTS, records, no_cuda_graphs)
     from salactl.runtime.loader import planning_config
 
     config = planning_config(model)
-    group_size = _group_size(model, group_size)
+    quant = _checkpoint_quantization(model) if group_size is None or weight_names is None else {}
+    group_size = _group_size(group_size, quant)
+    weight_names = weight_names or _default_weights(quant)
     q = mr.MemoryQuery(
         contexts=contexts, kv_dtypes=kv_dtypes, weights=weight_names, gpus=mr.gpu_list(gpus, gpu_mem),
         mem_fraction=mem_fraction, prefill_chunk=chunk_size, max_batch=max_batch,
