@@ -6,13 +6,14 @@ strictly like a plain checkpoint; calibrated FP8 KV scales (`self_attn.k_scale/v
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
 
 from salactl.errors import CheckpointError
 from salactl.quant.linear import GPTQLinear, gptq_scales_fp16
-from salactl.quant.packing import num_groups, symmetric_qzeros_word
+from salactl.quant.packing import FORMATS, num_groups, symmetric_qzeros_word
 from salactl.runtime.checkpoint import expected_tensor_shapes, load_state_dict, open_safetensors, tensor_files
 from salactl.runtime.config import SalaConfig
 from salactl.runtime.layers.model import SalaForCausalLM
@@ -24,12 +25,11 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def parse_quant_config(qc: dict) -> dict:
-    """Validate `quantization_config`; returns {bits, group_size, fmt, desc_act}."""
+    """Validate `quantization_config`; returns {bits, group_size, fmt, desc_act}. What `dynamic` rules
+    override is checked against the model's layers by check_dynamic_overrides."""
     if not isinstance(qc, dict):
         raise CheckpointError("quantization_config (config.json or quantize_config.json) must be a JSON object")
-    method = qc.get("quant_method")
-    if method not in ("gptq", "gptq_marlin"):
-        raise CheckpointError(f"quant_method {method!r} is not supported; salactl loads only GPTQ checkpoints")
+    _check_quant_method(qc.get("quant_method"))
     bits, group = qc.get("bits"), qc.get("group_size", -1)
     if bits not in (4, 8) or not isinstance(bits, int):
         raise CheckpointError(f"quantization_config.bits = {bits!r}; only 4- and 8-bit GPTQ load")
@@ -39,22 +39,78 @@ def parse_quant_config(qc: dict) -> dict:
         raise CheckpointError("asymmetric GPTQ (sym=false) is not supported; quantize with sym=true "
                               "(the only form Marlin runs)")
     fmt = qc.get("checkpoint_format") or qc.get("format") or "gptq"
-    if fmt not in ("gptq", "gptq_v2"):
-        raise CheckpointError(f"checkpoint_format {fmt!r} is not supported; valid: gptq, gptq_v2")
+    if fmt not in FORMATS:
+        # vLLM and SGLang compare it as written (unlike quant_method): "GPTQ_V2" would be v1 to vLLM
+        case = " (case matters: vLLM and SGLang compare it as written)" if str(fmt).lower() in FORMATS else ""
+        raise CheckpointError(f"checkpoint_format {fmt!r} is not supported; valid: {', '.join(FORMATS)}{case}")
+    dynamic_rules(qc)
+    return {"bits": bits, "group_size": group, "fmt": fmt, "desc_act": bool(qc.get("desc_act", False))}
+
+
+def _check_quant_method(method) -> None:
+    """Any case, as vLLM and SGLang lowercase quant_method before dispatching on it."""
+    if not isinstance(method, str):
+        raise CheckpointError(f"quantization_config.quant_method is {json.dumps(method, default=repr)}; "
+                              "expected a string such as \"gptq\"")
+    if method.lower() not in ("gptq", "gptq_marlin"):
+        raise CheckpointError(f"quant_method {method!r} is not supported; salactl loads only GPTQ checkpoints "
+                              "(quant_method \"gptq\")")
+
+
+def dynamic_rules(qc: dict) -> list[tuple[str, re.Pattern, dict | None]]:
+    """GPTQModel's `dynamic`, in order: (rule, its regex, its overrides; None for a "-:" rule)."""
     dynamic = qc.get("dynamic") or {}
     if not isinstance(dynamic, dict):
         raise CheckpointError(f"quantization_config.dynamic is a {type(dynamic).__name__}; expected an object "
                               "mapping module regexes to override objects (or remove it)")
+    rules = []
     for rule, override in dynamic.items():
-        if str(rule).startswith("-:"):
-            continue                     # "leave unquantized": decided by the tensors present
-        if not isinstance(override, dict):
-            raise CheckpointError(f"quantization_config.dynamic rule {rule!r} maps to {json.dumps(override, default=repr)}; "
-                                  "expected an object of overrides such as {\"bits\": 4}")
-        if any(override.get(k, v) != v for k, v in (("bits", bits), ("group_size", group), ("sym", True))):
-            raise CheckpointError(f"per-module override {rule!r} changes bits/group_size/sym; "
-                                  "mixed-precision GPTQ checkpoints are not supported")
-    return {"bits": bits, "group_size": group, "fmt": fmt, "desc_act": bool(qc.get("desc_act", False))}
+        rule = str(rule)
+        skip = rule.startswith("-:")
+        if not skip and not isinstance(override, dict):
+            raise CheckpointError(f"quantization_config.dynamic rule {rule!r} maps to "
+                                  f"{json.dumps(override, default=repr)}; expected an object of overrides such as "
+                                  "{\"bits\": 4}")
+        try:
+            pattern = re.compile(rule[2:] if rule.startswith(("-:", "+:")) else rule)
+        except re.error as e:
+            raise CheckpointError(f"quantization_config.dynamic rule {rule!r} is not a valid regular expression "
+                                  f"({e})") from None
+        rules.append((rule, pattern, None if skip else override))
+    return rules
+
+
+def engine_layer(module: str) -> str:
+    """The layer prefix vLLM and SGLang build for a checkpoint module, which their `dynamic` rules
+    match: the fused self_attn.qkv_proj / mlp.gate_up_proj for q/k/v and gate/up, else its own."""
+    from salactl.quant.writer import ENGINE_MERGED
+
+    head, _, tail = module.rpartition(".")
+    parent, _, block = head.rpartition(".")
+    for parts, merged in ENGINE_MERGED.items():
+        if f"{block}.{tail}" in parts:
+            return f"{parent}.{merged}"
+    return module
+
+
+def check_dynamic_overrides(qc: dict, spec: dict, quantized) -> None:
+    """Refuse a `dynamic` rule that gives a quantized module other bits/group_size/sym than the
+    checkpoint's (mixed precision). As the engines' get_dynamic_override: the first rule whose regex
+    re.match-es the module's engine layer decides; a "-:" rule overrides nothing (which modules are
+    quantized is decided by the tensors present)."""
+    rules = dynamic_rules(qc)
+    if not any(override for _, _, override in rules):
+        return
+    own = {"bits": spec["bits"], "group_size": spec["group_size"], "sym": True}
+    for module in quantized:
+        layer = engine_layer(module)
+        rule, _, override = next((r for r in rules if r[1].match(layer)), (None, None, None))
+        changes = [f"{k} from {json.dumps(v)} to {json.dumps(override[k], default=repr)}" for k, v in own.items()
+                   if override and override.get(k, v) != v]
+        if changes:
+            fused = f" (the fused layer vLLM and SGLang build from {module})" if layer != module else ""
+            raise CheckpointError(f"quantization_config.dynamic rule {rule!r} changes {', '.join(changes)} for "
+                                  f"{layer}{fused}; mixed-precision GPTQ checkpoints are not supported")
 
 
 def _read(files: dict[str, Path], name: str) -> torch.Tensor:
@@ -118,6 +174,7 @@ def load_gptq_model(path: Path, config: SalaConfig, quant_cfg: dict, device, dty
         _refuse_float_weights_under_gptq(config, quant_cfg)
     if "model.embed_tokens" in quantized:
         raise CheckpointError("model.embed_tokens is quantized; embeddings must stay unquantized")
+    check_dynamic_overrides(quant_cfg, spec, quantized)
     plain = {n: s for n, s in expected.items() if n[: -len(".weight")] not in quantized}
     state = load_state_dict(path, plain, device, dtype, allow_extra=QUANT_SUFFIXES + KV_SCALE_SUFFIXES)
     orphans = sorted(n for n in files if n.endswith(QUANT_SUFFIXES)
