@@ -24,7 +24,7 @@ def bench(
     phases: Annotated[Optional[str], typer.Option("--phases", help="Run only these phases, e.g. S1,S8.")] = None,
     endpoint: Annotated[Optional[str], typer.Option("--endpoint", parser=non_empty("--endpoint", "a server URL, or leave it out for the embedded runtime"), help="Server URL, e.g. http://127.0.0.1:30000.")] = None,
     backend: Annotated[Optional[str], typer.Option("--backend", help="With --endpoint: sglang (/generate, the default), openai (/v1/completions) or vllm (vLLM's server: the openai protocol).")] = None,
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Embedded: checkpoint dir or preset (default sala-nano). Server: served model name.")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Embedded: checkpoint dir or preset (default sala-nano). Server: served model name (default: the one it reports); a local directory's config.json, of any model, sizes the random prompt ids.")] = None,
     tokenizer: TokenizerOpt = None,
     random_weights: RandomWeightsOpt = False,
     seed: Annotated[Optional[int], typer.Option("--seed", min=0, max=SEED_MAX, help="Seed for the dataset shuffle, synthetic prompts and arrival times (default: the profile's own, 1 for soar), and for --random-weights (default 0).")] = None,
@@ -41,8 +41,8 @@ def bench(
     details: Annotated[bool, typer.Option("--details", help="Also write a per-request CSV.")] = False,
     out: Annotated[Path, typer.Option("--out", "-o", metavar="<path>", parser=non_empty_path("--out", "a directory"), help="Directory for records.jsonl and summaries.")] = Path("salactl-results"),
     label: Annotated[Optional[str], typer.Option("--label", help="A name for this run in the records.")] = None,
-    flush_sleep: Annotated[float, typer.Option("--flush-sleep", help="Seconds to wait after a server cache flush (SGLang waits 1).")] = 1.0,
-    request_timeout: Annotated[float, typer.Option("--request-timeout", help="Total time one server request may take, in seconds, from connecting to its last token (time queued on the server counts): a request still unfinished then fails. Default 6 h, the total limit of SGLang's and vLLM's bench clients; 0: no limit. The endpoint probe and cache flush wait min(30 s, this).")] = 21600.0,
+    flush_sleep: Annotated[float, typer.Option("--flush-sleep", help="Seconds to wait after a server cache flush (SGLang waits 1), at most 3600.")] = 1.0,
+    request_timeout: Annotated[float, typer.Option("--request-timeout", help="Total time one server request may take, in seconds, from connecting to its last token (time queued on the server counts): a request still unfinished then fails. Default 6 h, the total limit of SGLang's and vLLM's bench clients; at most 604800 (a week); 0: no limit. The endpoint probe and cache flush wait min(30 s, this).")] = 21600.0,
     json_out: JsonOpt = False,
 ) -> None:
     """Benchmark a profile (SOAR S1/S8/Smax by default) and record SGLang-style metrics."""

@@ -19,12 +19,15 @@ from salactl.bench.runner import run_phase
 from salactl.bench.scoring import accuracy_coefficient, check_reference, parse_reference, soar_score
 from salactl.bench.engine_options import check_gpu_engine_values, refuse_gpu_engine_options
 from salactl.bench.sweep_grid import KV_DTYPES, parse_name
+from salactl.bench.open_files import check_open_files
 from salactl.bench.targets.http import DEFAULT_READ_TIMEOUT_S
 from salactl.errors import EndpointError, TokenizerError, UsageError
 from salactl.options import refuse_unused
 from salactl.reports.atomic import write_atomic
 
 FALLBACK_VOCAB = 1000   # random prompt ids for a server whose vocabulary we cannot learn
+MAX_FLUSH_SLEEP_S = 3600.0                  # an hour; time.sleep overflows far above
+MAX_REQUEST_TIMEOUT_S = 7 * 24 * 3600.0     # a week; socket timeouts overflow near 9.2e9 s
 
 
 @dataclass(frozen=True)
@@ -98,14 +101,25 @@ def _tokenizer_for_http(s: BenchSettings):
 def _vocab_for_http(s: BenchSettings, tokenizer) -> int:
     if tokenizer is not None:
         return tokenizer.vocab_size
-    from salactl.runtime.config import SalaConfig
     from salactl.runtime.presets import PRESETS, preset
 
     if s.model in PRESETS:
         return preset(s.model).vocab_size
-    if s.model and (Path(s.model) / "config.json").exists():
-        return SalaConfig.from_file(Path(s.model) / "config.json").vocab_size
-    return FALLBACK_VOCAB
+    return _config_vocab(Path(s.model) / "config.json") if s.model else FALLBACK_VOCAB
+
+
+def _config_vocab(path: Path) -> int:
+    """vocab_size of any model's config.json (a server's --model is a name that may be the local
+    checkpoint it serves, SALA or not); FALLBACK_VOCAB when there is no file or no positive count."""
+    try:
+        cfg = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return FALLBACK_VOCAB
+    if not isinstance(cfg, dict):
+        return FALLBACK_VOCAB
+    text = cfg.get("text_config")           # multimodal configs keep the language model's vocabulary there
+    vocab = cfg.get("vocab_size", text.get("vocab_size") if isinstance(text, dict) else None)
+    return vocab if type(vocab) is int and vocab > 0 else FALLBACK_VOCAB
 
 
 EMBEDDED_ONLY = {"random_weights": "--random-weights", "device": "--device", "dtype": "--dtype",
@@ -177,9 +191,16 @@ def check_settings(s: BenchSettings) -> None:
     if s.chunk_size is not None and s.chunk_size < 1:
         raise UsageError(f"--chunk-size must be a positive token count, got {s.chunk_size}")
     check_gpu_engine_values(s.max_running_requests, s.mem_fraction)
-    for flag, v in (("--flush-sleep", s.flush_sleep), ("--request-timeout", s.request_timeout)):
+    for flag, v, most, what in (
+            ("--flush-sleep", s.flush_sleep, MAX_FLUSH_SLEEP_S, "an hour"),
+            ("--request-timeout", s.request_timeout, MAX_REQUEST_TIMEOUT_S, "a week; 0: no limit")):
         if not (math.isfinite(v) and v >= 0):
             raise UsageError(f"{flag} must be a number of seconds >= 0, got {v}")
+        if v > most:
+            raise UsageError(f"{flag} must be at most {most:g} s ({what}), got {v:g}")
+    if s.endpoint and s.model is not None and not s.model.strip():
+        raise UsageError("--model is empty; give the served model name, or drop --model to record the name "
+                         "the server reports")
     check_target_options(s)
     if not s.endpoint:
         check_embedded_options(s)
@@ -220,6 +241,8 @@ def run_bench(s: BenchSettings, progress=None) -> BenchRun:
     target, tok, vocab, trained_len = build_target(s, need_tokenizer=bool(spec))
     try:
         plans = plan_phases(profile, phases, spec, parsed, tok, vocab, s.scale, s.num_requests, s.seed)
+        if s.endpoint:
+            check_open_files(plans)
         if trained_len is not None:
             _warn_past_trained_length(plans, trained_len)
         run = BenchRun(rec.new_run_id(), s, profile.name, target.kind, target.model)

@@ -69,8 +69,8 @@ def run_request(target: Target, req: BenchRequest, max_tokens: int, phase: str,
     try:
         for ch in target.stream(req, max_tokens, cancel):
             if ch.counts_only:
-                total = ch.completion_tokens if ch.estimated_by else max(total, ch.completion_tokens)
-                res.output_len_source = ch.estimated_by or res.output_len_source
+                total = ch.completion_tokens if ch.counted_by else max(total, ch.completion_tokens)
+                res.output_len_source = ch.counted_by or res.output_len_source
                 res.output_len_over_max = ch.over_max
             elif ch.completion_tokens > total:
                 total = ch.completion_tokens

@@ -16,8 +16,10 @@ class Chunk:
     timestamp: float            # time.perf_counter() when the chunk reached the client
     completion_tokens: int      # tokens generated so far (cumulative)
     counts_only: bool = False   # a final usage report: corrects the count, carries no timing
-    # counts_only, from the client's own count (the server sent no usage): "tokenizer" or "chunks"
-    estimated_by: str | None = None
+    # counts_only: who counted a total that replaces the running count even when lower: "usage" (the
+    # server's last report, no estimate), or the client's own count (the server sent no usage):
+    # "tokenizer" or "chunks"
+    counted_by: str | None = None
     over_max: int | None = None  # that estimate before it was capped at max_tokens, when it was above
 
 

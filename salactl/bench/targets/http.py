@@ -14,9 +14,13 @@ vLLM and SGLang); a chunk whose count rises times its tokens even when its text 
 SGLang stream special tokens and partial UTF-8 characters that way). Without per-chunk usage, each
 choice-0 chunk with a non-empty text is timed as one token (an empty one, such as a role-only frame
 or a closing finish_reason chunk, carries none: TTFT is the first non-empty chunk, as in
-reference/benchmarks.md); the total then comes at the end: a final usage chunk, else the streamed
-text re-tokenized with the bench tokenizer when there is one (vLLM's client), else the chunk count,
-marked as estimated. The runner spreads that total over the timed chunks.
+reference/benchmarks.md); the total then comes at the end: the last usage the server reported once
+output began (a final usage chunk; a role-only first frame's usage of 0 is no count), even below
+the chunk count, else the streamed text re-tokenized with the bench tokenizer when there is one
+(vLLM's client), else the chunk count, marked as estimated. The runner spreads that total over the
+timed chunks. A stream ends at `data: [DONE]` or at the end of a body whose framing (its last
+chunk, its Content-Length) says it is whole, as the reference clients count it; a connection cut
+before either fails the request.
 Only choice 0 counts, and an estimate is capped at max_tokens (flagged when it was above).
 
 `--request-timeout` is a total per request, as aiohttp's ClientTimeout(total=...) in SGLang's and
@@ -26,6 +30,7 @@ trickle can hold a request open past it.
 
 from __future__ import annotations
 
+import errno
 import http.client
 import json
 import os
@@ -36,10 +41,15 @@ import threading
 import time
 from urllib.parse import urlsplit
 
+try:
+    import resource                 # the open-file limit an EMFILE names; imported before one can happen
+except ImportError:                 # Windows
+    resource = None
+
 from salactl import output
 from salactl.bench.requests import BenchRequest
 from salactl.bench.targets.base import Chunk, RequestFailed, Target
-from salactl.errors import EndpointError, UsageError
+from salactl.errors import CapacityError, EndpointError, SalactlError, UsageError
 
 BACKENDS = ("sglang", "openai", "vllm")
 PROTOCOLS = {"sglang": "sglang", "openai": "openai", "vllm": "openai"}     # backend -> the API it speaks
@@ -49,6 +59,10 @@ _PATHS = {"sglang": ("/generate", "/flush_cache", "/health"),
 _API_SUFFIXES = ("/v1/chat/completions", "/v1/completions", "/generate")
 DEFAULT_READ_TIMEOUT_S = 6 * 60 * 60     # SGLang's and vLLM's bench clients: ClientTimeout(total=6 h)
 SIDE_CALL_TIMEOUT_S = 30.0               # the probe and the cache flush, capped by --request-timeout
+SIDE_CALL_MAX_BODY = 2 ** 20             # a probe's or flush's answer is a few bytes; an endless one is cut
+# the longest socket wait every platform takes (poll's int milliseconds: 24.8 days); a longer
+# --request-timeout is clamped to it rather than overflowing the socket's timeout
+MAX_DEADLINE_S = (2 ** 31 - 1) // 1000
 MAX_SSE_LINE = 16 * 2 ** 20              # a longer line is a broken server or proxy, not a token
 READ_BLOCK = 64 * 1024
 _LINE_END = re.compile(rb"\r\n|\r|\n")
@@ -58,8 +72,8 @@ class Deadline:
     """A total time limit over many socket reads (None: no limit)."""
 
     def __init__(self, seconds: float | None):
-        self.seconds = seconds
-        self.end = None if seconds is None else time.monotonic() + seconds
+        self.seconds = seconds if seconds is None or seconds <= MAX_DEADLINE_S else MAX_DEADLINE_S
+        self.end = None if self.seconds is None else time.monotonic() + self.seconds
 
     def arm(self, sock) -> None:
         """Let the next read on `sock` wait at most the time left; raise TimeoutError when none is."""
@@ -72,6 +86,38 @@ class Deadline:
         if left <= 0:
             raise TimeoutError("deadline passed")
         sock.settimeout(left)
+
+
+class Body:
+    """A response body read block by block, each read waiting at most the deadline's time left.
+    Once a read returns b"" (`ended`), `whole` tells whether the body's framing said it was complete
+    (its last chunk came, or all of its Content-Length) or the connection was cut; a body that only
+    the connection's close ends has no framing to tell by, so it never counts as whole."""
+
+    def __init__(self, resp, sock, deadline: Deadline):
+        self.resp, self.sock, self.deadline = resp, sock, deadline
+        self.ended = self.whole = False
+
+    def read(self) -> bytes:
+        self.deadline.arm(self.sock)
+        try:
+            block = self.resp.read1(READ_BLOCK)
+        except http.client.IncompleteRead:      # cut: the stream parser says what was missing
+            block = b""
+        else:
+            self.whole = not block and (bool(self.resp.chunked) or self.resp.length == 0)
+        self.ended = not block
+        return block
+
+    def read_all(self, cap: int) -> bytes | None:
+        """The rest of the body (what came, if it was cut); None once it runs past `cap` bytes."""
+        blocks, size = [], 0
+        while block := self.read():
+            size += len(block)
+            if size > cap:
+                return None
+            blocks.append(block)
+        return b"".join(blocks)
 
 
 def iter_sse(read, max_line: int = MAX_SSE_LINE):
@@ -150,6 +196,15 @@ def api_key_header() -> dict:
     return {"Authorization": f"Bearer {key}"}
 
 
+def _refuse_userinfo(netloc: str) -> None:
+    """`user:password@` in --endpoint: SGLang and vLLM take their --api-key as a Bearer token, never
+    from URL credentials, so they would be dropped silently; the message does not echo them."""
+    if "@" in netloc:
+        raise UsageError("--endpoint carries credentials (user:password@host), which salactl does not "
+                         "send; drop them and set OPENAI_API_KEY to the server's API key (sent as "
+                         "Authorization: Bearer, what SGLang's and vLLM's --api-key check)")
+
+
 def _netloc(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -166,6 +221,7 @@ class HttpTarget(Target):
         bad_url = UsageError(f"--endpoint must be an http(s) URL like http://127.0.0.1:30000, got {endpoint!r}")
         try:
             parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+            _refuse_userinfo(parts.netloc)
             port = parts.port               # parsed lazily: raises on a bad or out-of-range port
         except ValueError:
             raise bad_url from None
@@ -212,6 +268,8 @@ class HttpTarget(Target):
                                 f"({e.verify_message}); if a private CA signed it, set SSL_CERT_FILE to "
                                 "that CA's bundle") from None
         except (OSError, http.client.HTTPException) as e:
+            if (limit := _local_limit(e)) is not None:
+                raise CapacityError(f"cannot open a connection to {self.url}: {limit}") from None
             raise EndpointError(f"cannot reach {self.url} ({_why(e)}); start the {self.backend} server "
                                 f"or fix --endpoint{self._plain_http_hint(e)}") from None
         return conn
@@ -234,13 +292,18 @@ class HttpTarget(Target):
         return conn.getresponse()
 
     def _call(self, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
-        """A side request (probe, flush) within min(30 s, --request-timeout)."""
+        """A side request (probe, flush) within min(30 s, --request-timeout), its answer within 1 MiB."""
         deadline = Deadline(self.side_call_timeout_s)
         conn = self._connect(deadline.seconds)
         sock = conn.sock
         try:
             resp = self._send(conn, deadline, method, path, body)
-            return resp.status, b"".join(iter(lambda: _read_block(resp, sock, deadline), b""))
+            answer = Body(resp, sock, deadline).read_all(SIDE_CALL_MAX_BODY)
+            if answer is None:
+                raise EndpointError(f"{method} {self.origin}{path} answered with more than "
+                                    f"{SIDE_CALL_MAX_BODY // 2 ** 20} MiB (the cap on a probe's or cache "
+                                    "flush's answer); check --endpoint and the server")
+            return resp.status, answer
         except (socket.timeout, TimeoutError):
             raise EndpointError(f"{method} {self.origin}{path} did not answer within {deadline.seconds:g} s; "
                                 "check the server (side requests wait min(30 s, --request-timeout))") from None
@@ -330,8 +393,8 @@ class HttpTarget(Target):
         deadline = Deadline(self.read_timeout_s)
         try:
             conn = self._connect(deadline.seconds)
-        except EndpointError as e:
-            raise RequestFailed(str(e)) from None
+        except SalactlError as e:      # kept as the cause: a CapacityError is this machine's, not the server's
+            raise RequestFailed(str(e)) from e
         sock = conn.sock                    # http.client drops conn.sock once a response will close
         with self._lock:
             self._active.add(sock)
@@ -342,11 +405,12 @@ class HttpTarget(Target):
             try:
                 resp = self._send(conn, deadline, "POST", self.generate_path, self._payload(request, max_tokens))
                 self._check_stream_response(resp)
-                events = iter_sse(lambda: _read_block(resp, sock, deadline))
+                body = Body(resp, sock, deadline)
+                events = self._events(iter_sse(body.read), body)
                 chunks = self._sglang_chunks if self.protocol == "sglang" else self._openai_chunks
                 yield from chunks(events, max_tokens)
             except (socket.timeout, TimeoutError):
-                raise RequestFailed(f"no complete answer within {self.read_timeout_s:g} s (--request-timeout, "
+                raise RequestFailed(f"no complete answer within {deadline.seconds:g} s (--request-timeout, "
                                     "the total time one request may take)") from None
             except (OSError, http.client.HTTPException) as e:
                 raise RequestFailed("cancelled" if cancel.is_set() else f"connection lost ({_why(e)})") from None
@@ -377,9 +441,10 @@ class HttpTarget(Target):
                                 f"(does the server ignore \"stream\"?): {text}")
 
     @staticmethod
-    def _events(events):
-        """The JSON objects of a stream up to its `[DONE]` (then None, with its timestamp); a stream
-        is complete only with `[DONE]` (a connection closed before it is a failed request)."""
+    def _events(events, body: Body):
+        """The JSON objects of a stream up to its end (then None, with its timestamp): `[DONE]`, or
+        a body that ended whole without it (SGLang's and vLLM's clients count a request done when its
+        body ends); a connection cut before either just stops, and the parser fails the request."""
         for data, ts in events:
             if data == "[DONE]":
                 yield None, ts
@@ -387,6 +452,8 @@ class HttpTarget(Target):
             try:
                 obj = json.loads(data)
             except ValueError:
+                if body.ended and not body.whole:
+                    return                      # the line the cut broke off: the parser says it was cut
                 raise RequestFailed(f"the server streamed a line that is not JSON: {data[:100]!r}") from None
             if not isinstance(obj, dict):
                 raise RequestFailed(f"the server streamed a non-object: {data[:100]!r}")
@@ -395,10 +462,12 @@ class HttpTarget(Target):
             if obj.get("object") == "error":            # vLLM's ErrorResponse, streamed flat
                 raise RequestFailed(f"server error: {str(obj.get('message') or obj)[:200]}")
             yield obj, ts
+        if body.whole:
+            yield None, time.perf_counter()
 
     def _sglang_chunks(self, events, max_tokens: int):
         last, counted = 0, False
-        for obj, ts in self._events(events):
+        for obj, ts in events:
             if obj is None:
                 if not last:
                     raise RequestFailed(_no_token("meta_info.completion_tokens stayed 0" if counted else
@@ -415,40 +484,44 @@ class HttpTarget(Target):
     def _openai_chunks(self, events, max_tokens: int):
         """Each choice-0 chunk timestamps the tokens it brings: per-chunk usage counts them whatever
         the text (a special token or part of a UTF-8 character streams as ""), else a chunk with a
-        non-empty text brings one until [DONE] gives the estimate. A usage-only chunk corrects the
-        count untimed, and so does an empty-text one whose usage is the first after chunks timed
-        without it (llama.cpp closes with usage on its choice-0 finish_reason chunk)."""
-        last, timed, usage_seen, empty_seen, texts, n_chunks = 0, False, False, False, [], 0
-        for obj, ts in self._events(events):
+        non-empty text brings one. A usage-only chunk times nothing, and neither does an empty-text
+        one whose usage is the first after chunks timed without it (llama.cpp closes with usage on
+        its choice-0 finish_reason chunk). The total is the last usage the server reported once
+        output began, even below the chunks timed (a role-only first frame's usage of 0 counts
+        nothing); without one, the estimate at the end."""
+        last, by_usage, empty_seen, texts, n_chunks = 0, False, False, [], 0
+        reported, usage_any = None, False
+        for obj, ts in events:
             if obj is None:
-                if n_chunks and not usage_seen:
+                if reported is None and n_chunks:
                     yield self._estimate(ts, texts, n_chunks, max_tokens)
-                elif not timed:
-                    raise RequestFailed(_why_openai_no_token(bool(n_chunks), empty_seen, usage_seen))
+                elif not (last and reported):
+                    raise RequestFailed(_why_openai_no_token(bool(n_chunks), empty_seen, usage_any))
+                elif reported != last:
+                    # "usage" names the server as the counter: its total replaces the runner's, even lower
+                    yield Chunk(ts, reported, counts_only=True, counted_by="usage")
                 return
             choice = _choice0(obj)
             counted = _field(obj, "usage").get("completion_tokens")
-            late_total = False      # a total for tokens already timed one per chunk: to be spread
-            if counted is not None:
-                counted = _count(counted, "usage.completion_tokens", max_tokens)
-                late_total, usage_seen = timed and not usage_seen, True
             text = None if choice is None else choice.get("text")
             has_text = text not in (None, "")
-            if choice is None or (late_total and not has_text):
-                if counted is not None and counted > last:
-                    last = counted
-                    yield Chunk(ts, last, counts_only=True)
-                continue
             if has_text:
                 n_chunks += 1
                 if isinstance(text, str):
                     texts.append(text)
+            if counted is not None:
+                counted = _count(counted, "usage.completion_tokens", max_tokens)
+                usage_any = True
+                if n_chunks or counted:
+                    reported = counted
+            if choice is None or (counted is not None and last and not by_usage and not has_text):
+                continue
             empty_seen = empty_seen or text == ""
             tokens = counted
             if tokens is None:                  # no usage: one token per chunk with a non-empty text
                 tokens = min(last + 1, max_tokens) if has_text else last
             if tokens > last:
-                last, timed = tokens, True
+                last, by_usage = tokens, by_usage or counted is not None
                 yield Chunk(ts, tokens)
         raise _cut_off(last)
 
@@ -461,7 +534,7 @@ class HttpTarget(Target):
                 retokenized = len(self.tokenizer.encode("".join(texts), add_special_tokens=False))
             if retokenized:
                 by, n = "tokenizer", retokenized
-        return Chunk(ts, min(n, max_tokens), counts_only=True, estimated_by=by,
+        return Chunk(ts, min(n, max_tokens), counts_only=True, counted_by=by,
                      over_max=n if n > max_tokens else None)
 
     def flush_cache(self) -> bool:
@@ -508,16 +581,6 @@ def _json_kind(value) -> str:
     return json.dumps(value)[:60]
 
 
-def _read_block(resp, sock, deadline: Deadline) -> bytes:
-    """The next bytes of a response body (b"" at its end, also a cut one: the stream parser then
-    says what was missing), waiting at most the deadline's time left."""
-    deadline.arm(sock)
-    try:
-        return resp.read1(READ_BLOCK)
-    except http.client.IncompleteRead:
-        return b""
-
-
 def _choice0(obj: dict) -> dict | None:
     """Choice index 0 (a chunk may carry other choices only; they are not ours)."""
     for choice in obj.get("choices") or []:
@@ -531,7 +594,7 @@ def _no_token(why: str) -> str:
 
 
 def _why_openai_no_token(text_seen: bool, empty_seen: bool, usage_seen: bool) -> str:
-    if text_seen:               # untimed only where per-chunk usage said 0
+    if text_seen:               # per-chunk usage stayed 0, or the final usage said 0
         return _no_token("usage.completion_tokens stayed 0 although choices[0].text arrived")
     if empty_seen:
         return _no_token("choices[0].text stayed empty and " + (
@@ -567,6 +630,27 @@ def _count(value, name: str, max_tokens: int) -> int:
     if not 0 <= value <= max_tokens:
         raise RequestFailed(f"the server streamed {name} = {int(value)} for max_tokens {max_tokens}")
     return int(value)
+
+
+def _local_limit(e: BaseException) -> str | None:
+    """What a client-side OS resource error says about this machine; None for any other error."""
+    code = getattr(e, "errno", None)
+    if code == errno.EMFILE:
+        return f"this machine ran out of file descriptors ({_fd_limit()}); raise it"
+    if code == errno.ENFILE:
+        return "this machine's system-wide open-file table is full (ENFILE); close files or raise fs.file-max"
+    if code in (errno.ENOBUFS, errno.ENOMEM):
+        return (f"this machine ran out of memory for sockets ({errno.errorcode[code]}); free memory or "
+                "lower the concurrency")
+    return None
+
+
+def _fd_limit() -> str:
+    try:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (AttributeError, OSError, ValueError):       # no resource module (Windows)
+        return "its open-file limit"
+    return f"ulimit -n {'unlimited' if soft == resource.RLIM_INFINITY else soft}"
 
 
 def _why(e: BaseException) -> str:
