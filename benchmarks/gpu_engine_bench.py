@@ -14,7 +14,7 @@
 Decode contexts are synthetic (random K/V pages and compressed keys, zero states); prefill
 and batching run real prompts of random token ids. Timings: CUDA events around graph replays
 or host clocks after a synchronize, medians. Results: $OUT/gpu_bench.json (or --out), a short
-table last.
+table last; exit status 1 when any section, case or check failed (each named in the table).
 """
 
 from __future__ import annotations
@@ -61,6 +61,44 @@ def section(name):
             return RESULTS[name]
         return run
     return wrap
+
+
+def failures(results: dict | None = None) -> list[tuple[str, str]]:
+    """(where, what) of everything that failed in `results` (RESULTS), at any depth: an exception a
+    section or case caught (an "error" text), a result checked wrong (a numeric "error": its
+    relative error) and a check section's failed count."""
+    out: list[tuple[str, str]] = []
+
+    def walk(where: str, r) -> None:
+        if not isinstance(r, dict):
+            return
+        err = r.get("error")
+        if isinstance(err, str):
+            out.append((where, err))
+        elif isinstance(err, (int, float)):
+            out.append((where, f"wrong result, rel err {err:.3g}"))
+        if isinstance(r.get("failed"), int) and r["failed"]:
+            out.append((where, f"{r['failed']} checks failed"))
+        for k, v in r.items():
+            walk(f"{where} {k}", v)
+
+    for name, r in (RESULTS if results is None else results).items():
+        walk(name, r)
+    return out
+
+
+def error_rows() -> list[str]:
+    """The table's rows naming every failure."""
+    return [f"| {where} | ERROR {what[:80]} | |" for where, what in failures()]
+
+
+def exit_status(script: str) -> int:
+    """1 (after a line on stderr naming them) when anything failed, else 0: a run whose sections
+    errored must not look like a good one to whatever runs the script."""
+    bad = failures()
+    if bad:
+        print(f"{script}: {len(bad)} failed: {'; '.join(where for where, _ in bad)}", file=sys.stderr)
+    return 1 if bad else 0
 
 
 @section("ceilings")
@@ -384,13 +422,10 @@ def table():
         lines.append(f"| 1M prefill+decode | ttft {m.get('ttft_s', float('nan')):.1f} s, decode "
                      f"{m.get('decode_tok_s', float('nan')):.1f} tok/s, peak {m['peak_gb']:.1f} GB "
                      f"(prefilled {m['prefilled']}) | <= 45 GB |")
-    for name, r in RESULTS.items():
-        if isinstance(r, dict) and "error" in r:
-            lines.append(f"| {name} | ERROR {r['error'][:80]} | |")
-    print("\n".join(lines))
+    print("\n".join(lines + error_rows()))
 
 
-def main():
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=",".join(SECTIONS))
     ap.add_argument("--skip-1m", action="store_true")
@@ -480,7 +515,8 @@ def main():
             long_1m(model, args.deadline_1m)
     save()
     table()
+    return exit_status("gpu_engine_bench.py")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -7,8 +7,9 @@ phase, as before e3ab863) and ahead (Target.prepare before the clock), on one wa
 Each mode builds a fresh GPUEngine on the same model (random bf16 weights), so the lazy one starts
 with no graph captured; the Triton kernels are compiled once by a throwaway engine first, so
 neither mode pays for JIT (only capture and the per-bucket warm-up forwards differ). Prints TTFT
-and ITL percentiles, request throughput and the untimed prepare time of each mode; writes
-$OUT/graph_capture.json.
+and ITL percentiles (of the requests that completed), completed/requests, request throughput and
+the untimed prepare time of each mode; writes $OUT/graph_capture.json. Exit status 1 when any
+request failed (each mode's count and first error named after the table).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import gc
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -49,16 +51,15 @@ def run_mode(model, ahead: bool, args, requests) -> dict:
     finally:
         target.close()
     ok = [r for r in out.results if r.success]
-    if not ok:
-        raise SystemExit(f"every request failed; the first: {out.results[0].error}")
+    failed = [r for r in out.results if not r.success]
     ttft = np.array([r.ttft for r in ok]) * 1e3
     itl = np.array([x for r in ok for x in r.itl]) * 1e3
-    row = {"mode": "ahead" if ahead else "lazy", "completed": len(ok), "duration_s": out.duration,
-           "graphs": len(engine.runner.graphs), "prepare_s": prepare_s[0],
-           "ttft_ms_p50": float(np.median(ttft)), "ttft_ms_p99": float(np.percentile(ttft, 99)),
-           "ttft_ms_max": float(ttft.max()), "itl_ms_p50": float(np.median(itl)),
-           "itl_ms_p99": float(np.percentile(itl, 99)), "itl_ms_max": float(itl.max()),
+    row = {"mode": "ahead" if ahead else "lazy", "completed": len(ok), "requests": len(out.results),
+           "duration_s": out.duration, "graphs": len(engine.runner.graphs), "prepare_s": prepare_s[0],
+           **percentiles("ttft_ms", ttft), **percentiles("itl_ms", itl),
            "req_per_s": len(ok) / out.duration}
+    if failed:
+        row["first_error"] = failed[0].error
     del engine, target
     gc.collect()
     if torch.cuda.is_available():
@@ -66,7 +67,31 @@ def run_mode(model, ahead: bool, args, requests) -> dict:
     return row
 
 
-def main() -> None:
+def percentiles(name: str, ms) -> dict:
+    """p50, p99 and max of `ms`; NaN where nothing completed to measure."""
+    if not len(ms):
+        return {f"{name}_p50": float("nan"), f"{name}_p99": float("nan"), f"{name}_max": float("nan")}
+    return {f"{name}_p50": float(np.median(ms)), f"{name}_p99": float(np.percentile(ms, 99)),
+            f"{name}_max": float(ms.max())}
+
+
+def report(rows: list[dict]) -> int:
+    """Print the table of `rows` (completed/requests in each), then name the modes where requests
+    failed (stderr); 1 when any request failed, else 0."""
+    cols = ("mode", "completed", "graphs", "prepare_s", "duration_s", "ttft_ms_p50", "ttft_ms_p99", "ttft_ms_max",
+            "itl_ms_p50", "itl_ms_p99", "itl_ms_max", "req_per_s")
+    print(" | ".join(cols))
+    for r in rows:
+        cells = {**r, "completed": f"{r['completed']}/{r['requests']}"}
+        print(" | ".join(f"{cells[c]:.2f}" if isinstance(cells[c], float) else str(cells[c]) for c in cols))
+    bad = [(i, r) for i, r in enumerate(rows) if r["completed"] < r["requests"]]
+    for i, r in bad:
+        print(f"graph_capture_bench.py: run {i + 1} ({r['mode']}): {r['requests'] - r['completed']} of "
+              f"{r['requests']} requests failed; the first: {r.get('first_error')}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="sala-9b")
     ap.add_argument("--concurrency", type=int, default=8)
@@ -98,12 +123,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "graph_capture.json").write_text(json.dumps({"args": vars(args), "rows": rows,
                                                         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}, indent=1))
-    cols = ("mode", "graphs", "prepare_s", "duration_s", "ttft_ms_p50", "ttft_ms_p99", "ttft_ms_max",
-            "itl_ms_p50", "itl_ms_p99", "itl_ms_max", "req_per_s")
-    print(" | ".join(cols))
-    for r in rows:
-        print(" | ".join(f"{r[c]:.2f}" if isinstance(r[c], float) else str(r[c]) for c in cols))
+    return report(rows)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -17,8 +17,10 @@ breakdown of the CUDA-graph replay).
    `--w4a16-variants "label:fields;label2:fields"` then times the W4A16 engine again per variant,
    with `fields` (spec text, e.g. `ew=-1`) appended to every W4A16 dispatch-table entry and
    SALACTL_NAME=VALUE fields set in the environment (e.g. `nopdl:SALACTL_PDL=0`), in two
-   interleaved rounds (base, variants..., base, variants...) so drift shows as base-vs-base.
-Results: OUT/gpu_bench.json, a short table last.
+   interleaved rounds (base, variants..., base, variants...) so drift shows as base-vs-base
+   (W4A16 only: refused with `--bits 8`).
+Results: OUT/gpu_bench.json, a short table last; exit status 1 when any section, GEMV candidate
+or check failed (each named in the table).
 """
 
 from __future__ import annotations
@@ -258,7 +260,7 @@ def decode(ceil, variants=(), bits=4):
         for rnd in (1, 2):
             for label, fields in [("base", ""), *variants]:
                 with table_variant(fields):
-                    r = engine_decode(model, ceil, f"w4a16 {label} (round {rnd})", breakdown=False)
+                    r = engine_decode(model, ceil, f"{q} {label} (round {rnd})", breakdown=False)
                 out["variants"].setdefault(label, []).append({n: r[n]["replay_ms"] for n in ("b1", "b8") if n in r})
     for n in ("b1", "b8"):
         if "replay_ms" in out["bf16"].get(n, {}) and "replay_ms" in out[q].get(n, {}):
@@ -277,6 +279,7 @@ def table():
                          f"{r['fp8_e4m3']['us']:.1f} us = {r['speedup']:.2f}x (KV {r['bf16']['kv_mb']:.0f} -> "
                          f"{r['fp8_e4m3']['kv_mb']:.0f} MB; {r['bf16']['gb_s']:.0f} / {r['fp8_e4m3']['gb_s']:.0f} GB/s) | >= 1.7x at 128K |")
     d = RESULTS.get("decode", {})
+    q = "W8A16" if "w8a16" in d else "W4A16"
     g = RESULTS.get("gemv", {})
     for name in DECODE_SHAPES:
         r = g.get(name)
@@ -291,15 +294,11 @@ def table():
                              f"{x['pct_of_floor']:.0f}% of {x['floor_ms']:.2f} ms floor) | |")
     for label, runs in d.get("variants", {}).items():
         cells = " / ".join(f"b1 {r.get('b1', float('nan')):.3f} b8 {r.get('b8', float('nan')):.3f}" for r in runs)
-        lines.append(f"| W4A16 table variant {label} (ms, two rounds) | {cells} | |")
+        lines.append(f"| {q} table variant {label} (ms, two rounds) | {cells} | |")
     for n in ("b1", "b8"):
         if f"speedup_{n}" in d:
-            q = "W8A16" if "w8a16" in d else "W4A16"
             lines.append(f"| {q} / bf16 decode {n} | {d[f'speedup_{n}']:.2f}x | >= 2.6x (b1, W4A16) |")
-    for name, r in RESULTS.items():
-        if isinstance(r, dict) and "error" in r:
-            lines.append(f"| {name} | ERROR {r['error'][:80]} | |")
-    print("\n".join(lines))
+    print("\n".join(lines + G.error_rows()))
     for w in ("bf16", "w4a16", "w8a16"):
         k = d.get(w, {}).get("b1", {}).get("kernels")
         if k:
@@ -311,7 +310,7 @@ def table():
 SECTIONS = ("check", "gemv", "fp8", "decode")
 
 
-def main():
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=",".join(SECTIONS))
     ap.add_argument("--out", default=None)
@@ -320,6 +319,9 @@ def main():
     ap.add_argument("--bits", type=int, choices=(4, 8), default=4,
                     help="decode: quantize the 9B to W4A16 (default) or W8A16 (RTN g128)")
     args = ap.parse_args()
+    if args.bits != 4 and args.w4a16_variants:
+        ap.error(f"--w4a16-variants changes the W4A16 dispatch tables; with --bits {args.bits} the engine "
+                 f"runs W{args.bits}A16 and no variant would differ from the base: drop one of them")
     variants = parse_variants(args.w4a16_variants)
     if args.out:
         G.OUT = Path(args.out)
@@ -340,7 +342,8 @@ def main():
         decode(ceil, variants, args.bits)
     G.save()
     table()
+    return G.exit_status("quant_engine_bench.py")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

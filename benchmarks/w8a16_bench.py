@@ -3,7 +3,8 @@
 For each shape and row count: checks our Triton kernel (runtime/ops/w8a16/triton.py) and every
 `--configs` variant against the fp32 product of the dequantized weight, then times bf16 cuBLAS, the
 kernel, the variants and the per-call dequantization + cuBLAS (the path above 64 rows) as CUDA-graph
-replays over rotating weight copies (> 200 MB, so no call finds its weight in L2). Prints a table.
+replays over rotating weight copies (> 200 MB, so no call finds its weight in L2). Prints a table
+(a wrong kernel or variant shows as "wrong" there, is named after it and makes the exit status 1).
 
     cd benchmarks && python w8a16_bench.py --batches 1,8,32 --configs "bn=32,pps=4;stages=6"
     cd benchmarks && python w8a16_bench.py --tc8 ";un=2;waves=8"     # the tensor-core kernel's configs
@@ -37,6 +38,8 @@ def parse_config(spec: str, rows: int) -> W8Config:
         key, _, value = item.partition("=")
         if key not in _KEYS:
             sys.exit(f"config {spec!r}: unknown key {key!r} (known: {', '.join(_KEYS)})")
+        if not value.lstrip("-").isdigit():
+            sys.exit(f"config {spec!r}: {key} wants an integer, got {value!r}")
         fields[_KEYS[key]] = int(value)
     return dataclasses.replace(DEFAULT_GEMV if rows == 1 else DEFAULT, **fields)
 
@@ -91,7 +94,12 @@ def bench_shape(name, N, K, batches, configs, tc8, gen, sms, log) -> list[dict]:
     return rows
 
 
-def main() -> None:
+def wrong_cells(rows: list[dict], labels: list[str]) -> list[str]:
+    """'shape M=rows label' of every kernel or variant checked wrong (so not timed) in `rows`."""
+    return [f"{r['shape']} M={r['M']} {c}" for r in rows for c in labels if c not in r]
+
+
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default="0,2,3,4,5", help="indices into w4a16_bench.SHAPES")
     ap.add_argument("--batches", default="1,8,32")
@@ -100,14 +108,17 @@ def main() -> None:
                     "(triton_tc.py; '' = its default), e.g. ';un=2;waves=8'")
     args = ap.parse_args()
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
     configs = list(filter(None, args.configs.split(";")))
     tc8 = args.tc8.split(";") if args.tc8 is not None else []
     for spec in configs:
         parse_config(spec, 1)                   # a bad spec stops here, before any GPU work
     for spec in tc8:
-        TC8Config.parse(spec, TC8Config())
+        try:
+            TC8Config.parse(spec, TC8Config())
+        except ValueError as e:
+            sys.exit(f"--tc8 {spec!r}: {e}")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     bw = copy_bandwidth()
     rows = []
     for i in args.shapes.split(","):
@@ -121,7 +132,11 @@ def main() -> None:
         cells = [f"{r[c]:.2f} ({r['bf16_us'] / r[c]:.2f}x)" if c in r else "wrong" for c in labels]
         print(f"| {r['shape']} | {r['M']} | {r['bf16_us']:.2f} | {r['dequant_us']:.2f} | " + " | ".join(cells)
               + f" | {r['bytes'] / bw / 1e3:.2f} |")
+    wrong = wrong_cells(rows, labels)
+    if wrong:
+        print(f"w8a16_bench.py: {len(wrong)} wrong: {'; '.join(wrong)}", file=sys.stderr)
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
