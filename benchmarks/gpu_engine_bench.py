@@ -126,7 +126,9 @@ def checks():
     rows += S.check_gla("cuda", torch.float32) + S.check_decode_attention("cuda", torch.float32)
     rows += S.check_selection("cuda", torch.float32)
     cfg = sala_nano(vocab_size=512)
-    for dtype, tol in ((torch.float32, 1e-3), (torch.bfloat16, 3e-2)):
+    # bf16: the bound tests/test_gpu_engine.py sets for this model, prompt and 4 decode steps (bf16 noise of
+    # random weights: 1.9-3.4e-2 on an H200, 3.24e-2 on an H100)
+    for dtype, tol in ((torch.float32, 1e-3), (torch.bfloat16, 5e-2)):
         for graph in (False, True):
             m = build_model(cfg, random_state_dict(cfg, "cuda", dtype, 3))
             rows += S.check_model(m, "cuda", 700, decode_steps=4, chunk=100, cuda_graph=graph, tol=tol)
