@@ -1,12 +1,22 @@
-"""PNG plots for the HTML report (matplotlib, from the optional `plots` extra). Returns PNG bytes
-per figure; `available()` is False when matplotlib is missing, and the report says so."""
+"""PNG plots for the HTML report (matplotlib, from the optional `plots` extra). Returns (caption,
+PNG bytes) per figure; `available()` is False when matplotlib is missing, and the report says so.
+
+All text (labels, phases, knob and metric names) is drawn literally: no mathtext for `$`, and a
+label starting with `_` still gets its legend entry. A chart draws at most MAX_SERIES records
+(bars) or lines, the first ones in report order; its caption says how many more the tables hold.
+A line chart needs a knob with at least 2 distinct finite values among the points it draws. A
+figure that fails to draw anyway is left out with one `warning:` line (the tables are still written),
+and a matplotlib warning (a glyph its font lacks) is one such line too."""
 
 from __future__ import annotations
 
 import io
 import math
+import warnings
+from collections.abc import Callable
 
 from salactl.reports.latency import SWEEP, LatencyReport
+from salactl.reports.records import is_finite_number
 from salactl.reports.render_text import fmt
 
 LATENCY_FAMILIES = {
@@ -19,6 +29,8 @@ LATENCY_FAMILIES = {
 }
 SWEEP_METRICS = ("output_throughput", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms")
 SWEEP_RUN_METRICS = (*SWEEP_METRICS, "logit_kl_mean", "passkey_accuracy")     # a sweep's accuracy proxies too
+# bars or lines per chart: a legend of hundreds is unreadable, and 1500 took matplotlib ~50 s
+MAX_SERIES = 20
 
 
 def available() -> bool:
@@ -29,25 +41,70 @@ def available() -> bool:
     return True
 
 
-def _png(fig) -> bytes:
+def _figure(caption: str, size: tuple[float, float], draw: Callable) -> tuple[str, bytes] | None:
+    """(caption, PNG) of a figure that draw(ax) fills, with every text literal; None, with one
+    warning line, where matplotlib fails on it. matplotlib's own warnings become one line each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()
+    from salactl.output import warn_once
+
+    with matplotlib.rc_context({"text.parse_math": False}), warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        # numpy's overflow warnings (bars at +-1.7e308) mean an empty, wrong figure: left out too
+        warnings.simplefilter("error", RuntimeWarning)
+        fig, ax = plt.subplots(figsize=size)
+        try:
+            draw(ax)
+            ax.set_title(caption, fontsize=9)
+            buf = io.BytesIO()
+            fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+        except Exception as e:          # a figure must not cost the report its tables
+            warn_once(f"plot {caption!r} left out: matplotlib failed: {type(e).__name__}: {_first_line(e)}")
+            return None
+        finally:
+            plt.close(fig)
+    for w in said:
+        if "missing from font" in str(w.message):         # one per glyph and figure otherwise
+            warn_once("plots: a character in a label has no glyph in matplotlib's font; drawn as a box")
+        else:
+            warn_once(f"plot {caption!r}: matplotlib: {_first_line(w.message)}")
+    return caption, buf.getvalue()
 
 
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+def _first_line(what) -> str:
+    return (str(what).strip().splitlines() or [""])[0]
+
+
+def _legend(ax, handles: list, names: list[str], fontsize: int) -> None:
+    # explicit: matplotlib leaves out artists whose label starts with "_"; beside the axes, where
+    # MAX_SERIES entries do not cover the bars or the title
+    ax.legend(handles, names, fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.01, 1))
+
+
+def _capped(caption: str, items: list, noun: str) -> tuple[str, list]:
+    if len(items) <= MAX_SERIES:
+        return caption, items
+    more = len(items) - MAX_SERIES
+    return f"{caption} (first {MAX_SERIES} {noun}; {more} more in the tables)", items[:MAX_SERIES]
+
+
+def _by_label(rows: list[dict]) -> dict[str, list[dict]]:
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(r["label"], []).append(r)
+    return groups
 
 
 def _record_names(rows: list[dict], knobs: list[str]) -> list[str]:
     """Legend names: the label; for a label with several records in the phase, also the knobs that
     tell them apart (or the run_id where none does)."""
+    by_label = _by_label(rows)
     names = []
     for r in rows:
-        same = [x for x in rows if x["label"] == r["label"]]
+        same = by_label[r["label"]]
         if len(same) == 1:
             names.append(str(r["label"]))
             continue
@@ -62,18 +119,24 @@ def bar_series(report: LatencyReport, phase: str,
     """(metrics of the family some record of the phase has, [(legend name, values)] per record of
     the phase); a metric a record lacks is NaN, so it gets no bar rather than a 0 bar."""
     rows = report.phase_rows(phase)
-    metrics = [m for m in family if any(_number(r.get(m)) for r in rows)]
-    return metrics, [(name, [r[m] if _number(r.get(m)) else math.nan for m in metrics])
+    metrics = [m for m in family if any(is_finite_number(r.get(m)) for r in rows)]
+    return metrics, [(name, [r[m] if is_finite_number(r.get(m)) else math.nan for m in metrics])
                      for name, r in zip(_record_names(rows, report.knobs), rows)]
+
+
+def _bars(metrics: list[str], series: list[tuple[str, list[float]]]) -> Callable:
+    def draw(ax) -> None:
+        width = 0.8 / len(series)
+        handles = [ax.bar([j + i * width for j in range(len(metrics))], values, width)
+                   for i, (_, values) in enumerate(series)]
+        ax.set_xticks([j + width * (len(series) - 1) / 2 for j in range(len(metrics))])
+        ax.set_xticklabels(metrics, fontsize=8)
+        _legend(ax, handles, [name for name, _ in series], 7)
+    return draw
 
 
 def bar_charts(report: LatencyReport) -> list[tuple[str, bytes]]:
     """Per phase and metric family: grouped bars, one group per metric, one bar per record."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     figs = []
     for phase in report.phases:
         for title, family in LATENCY_FAMILIES.items():
@@ -82,66 +145,63 @@ def bar_charts(report: LatencyReport) -> list[tuple[str, bytes]]:
                 continue
             missing = any(math.isnan(v) for _, values in series for v in values)
             caption = f"{phase}: {title}" + (" (no bar: not recorded)" if missing else "")
-            fig, ax = plt.subplots(figsize=(7, 3.2))
-            width = 0.8 / len(series)
-            for i, (name, values) in enumerate(series):
-                ax.bar([j + i * width for j in range(len(metrics))], values, width, label=name)
-            ax.set_xticks([j + width * (len(series) - 1) / 2 for j in range(len(metrics))])
-            ax.set_xticklabels(metrics, fontsize=8)
-            ax.set_title(caption, fontsize=9)
-            ax.legend(fontsize=7)
-            figs.append((caption, _png(fig)))
-    return figs
+            caption, series = _capped(caption, series, "records")
+            figs.append(_figure(caption, (7, 3.2), _bars(metrics, series)))
+    return [f for f in figs if f is not None]
 
 
-def _line_chart(title: str, knob: str, metric: str, lines: list[tuple[str, list[dict]]]) -> bytes | None:
-    """`metric` against `knob`, one line per (legend name, rows); None when no row has both."""
-    import matplotlib
+def _points(rows: list[dict], knob: str, metric: str) -> list[tuple]:
+    """(knob, metric) of the rows that have both as finite numbers (a knob of 10**400 is left out:
+    matplotlib cannot place it), sorted by the knob."""
+    return sorted((r[f"knob.{knob}"], r[metric]) for r in rows
+                  if is_finite_number(r.get(metric)) and is_finite_number(r.get(f"knob.{knob}")))
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    drawn = [(name, sorted((r[f"knob.{knob}"], r[metric]) for r in rows
-                           if _number(r.get(metric)) and _number(r.get(f"knob.{knob}"))))
-             for name, rows in lines]
+def _line_chart(title: str, knob: str, metric: str,
+                lines: list[tuple[str, list[dict]]]) -> tuple[str, bytes] | None:
+    """`metric` against `knob`, one line per (legend name, rows); None when the points it would
+    draw have fewer than 2 distinct knob values (nothing to draw a line along)."""
+    drawn = [(name, _points(rows, knob, metric)) for name, rows in lines]
     drawn = [(name, pts) for name, pts in drawn if pts]
-    if not drawn:
+    if len({x for _, pts in drawn for x, _ in pts}) < 2:
         return None
-    fig, ax = plt.subplots(figsize=(6, 3.2))
-    for name, pts in drawn:
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
-    ax.set_xlabel(knob)
-    ax.set_ylabel(metric)
-    ax.set_title(title)
-    ax.legend(fontsize=8)
-    return _png(fig)
+    title, drawn = _capped(title, drawn, "lines")
+
+    def draw(ax) -> None:
+        handles = [ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")[0] for _, pts in drawn]
+        ax.set_xlabel(knob)
+        ax.set_ylabel(metric)
+        _legend(ax, handles, [name for name, _ in drawn], 8)
+    return _figure(title, (6, 3.2), draw)
+
+
+def _numeric_knob(knobs: list[str], rows: list[dict]) -> str | None:
+    """The first knob that is a number (or unset) in every row and has 2 or more finite values."""
+    def numeric(k: str) -> bool:
+        values = [r.get(f"knob.{k}") for r in rows if r.get(f"knob.{k}") is not None]
+        return (all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+                and len({v for v in values if is_finite_number(v)}) >= 2)
+    return next((k for k in knobs if numeric(k)), None)
 
 
 def sweep_charts(report: LatencyReport) -> list[tuple[str, bytes]]:
-    """Bench/run records: metric vs. the first numeric varying knob, one line per label, per phase."""
-    rows = [r for r in report.rows if r["kind"] != SWEEP]
-    knob = next((k for k in report.knobs
-                 if all(_number(r.get(f"knob.{k}")) for r in rows if r.get(f"knob.{k}") is not None)
-                 and len({r.get(f"knob.{k}") for r in rows}) > 2), None)
-    if knob is None:
-        return []
+    """Bench/run records: per phase, metric vs. the first numeric knob that varies within the phase,
+    one line per label (a SOAR bench, whose phases differ only in max_concurrency, has none)."""
     figs = []
     for phase in report.phases:
         mine = report.phase_rows(phase)
-        for m in SWEEP_METRICS:
-            title = f"{phase}: {m} vs {knob}"
-            png = _line_chart(title, knob, m, [(label, [r for r in mine if r["label"] == label])
-                                               for label in report.labels])
-            if png is not None:
-                figs.append((title, png))
-    return figs
+        knob = _numeric_knob(report.knobs, mine)
+        if knob is None:
+            continue
+        lines = [(str(label), rows) for label, rows in _by_label(mine).items()]
+        figs += [_line_chart(f"{phase}: {m} vs {knob}", knob, m, lines) for m in SWEEP_METRICS]
+    return [f for f in figs if f is not None]
 
 
 def sweep_lines(report: LatencyReport) -> tuple[str | None, list[tuple[str, list[dict]]]]:
     """(the first numeric knob a sweep varies, [(legend name, points)]): one line per sweep label and
     combination of its other varying knobs; (None, []) when no sweep varies a numeric knob."""
-    knob = next((k for t in report.sweeps for k in t.knobs
-                 if all(_number(r.get(f"knob.{k}")) for r in t.rows)), None)
+    knob = next((k for t in report.sweeps for k in [_numeric_knob(t.knobs, t.rows)] if k), None)
     lines = []
     for t in report.sweeps:
         if knob not in t.knobs:
@@ -161,10 +221,5 @@ def sweep_run_charts(report: LatencyReport) -> list[tuple[str, bytes]]:
     knob, lines = sweep_lines(report)
     if knob is None:
         return []
-    figs = []
-    for m in SWEEP_RUN_METRICS:
-        title = f"sweep: {m} vs {knob}"
-        png = _line_chart(title, knob, m, lines)
-        if png is not None:
-            figs.append((title, png))
-    return figs
+    figs = [_line_chart(f"sweep: {m} vs {knob}", knob, m, lines) for m in SWEEP_RUN_METRICS]
+    return [f for f in figs if f is not None]
