@@ -96,7 +96,9 @@ def _already_exists(path: Path) -> OutputExistsError:
 
 def write_atomic(path: Path, data: str | bytes) -> None:
     """One file all-or-nothing: `data` (str as UTF-8, bytes as they are) goes to a temp name beside
-    `path`, then is renamed onto it; a failed write leaves `path` as it was and no temp behind."""
+    `path`, then is renamed onto it; a failed write leaves `path` as it was and no temp behind. A lone
+    surrogate in str (a byte of a non-UTF-8 file name or label, as Python decodes it) is written as its
+    escape, \\udce9, not refused."""
     with atomic_path(path) as tmp:
         _write_data(tmp, data)
 
@@ -105,7 +107,8 @@ def _write_data(path: Path, data: str | bytes) -> None:
     if isinstance(data, bytes):
         path.write_bytes(data)
     else:
-        path.write_text(data, encoding="utf-8", newline="")     # "\n" stays "\n" on Windows too
+        # newline="": "\n" stays "\n" on Windows too; backslashreplace: only a lone surrogate needs it
+        path.write_text(data, encoding="utf-8", errors="backslashreplace", newline="")
 
 
 @contextmanager

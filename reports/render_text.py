@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import re
 
 import pandas as pd
 
@@ -40,10 +43,16 @@ def header_name(col: str) -> str:
     return f"{col} ({u})" if u else col
 
 
+# &, < and > as entities: a label, model path or knob holding HTML (<script>) shows it as text
+MD_HTML_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
+
+
 def md_text(text: str) -> str:
-    """`text` on one Markdown line: control characters and line separators (a label or phase name
-    edited by hand) written as escapes (\\n, \\x1b), not as the line breaks that split a heading or row."""
-    return "".join(c.encode("unicode_escape").decode("ascii") if breaks_lines(c) else c for c in text)
+    """`text` on one Markdown line, shown as it is: control characters and line separators (a label or
+    phase name edited by hand) written as escapes (\\n, \\x1b), not as the line breaks that split a
+    heading or row, and HTML as text."""
+    return "".join(c.encode("unicode_escape").decode("ascii") if breaks_lines(c) else c
+                   for c in text).translate(MD_HTML_ESCAPES)
 
 
 def md_cell(v) -> str:
@@ -126,7 +135,7 @@ def csv_text(report: LatencyReport) -> str:
     """Values as recorded: object columns (no float re-inference), booleans and nested knobs as the
     Markdown writes them (true/false, compact JSON), and a column whose values are all integers
     stays integer (nullable Int64) when some rows lack it."""
-    rows = [{k: fmt(v) if isinstance(v, (bool, dict, list)) else v for k, v in r.items()}
+    rows = [{k: csv_cell(fmt(v) if isinstance(v, (bool, dict, list)) else v) for k, v in r.items()}
             for r in report.rows]
     table = pd.DataFrame(rows, columns=_used_columns(report, report.rows), dtype=object)
     for col in table.columns:
@@ -134,4 +143,31 @@ def csv_text(report: LatencyReport) -> str:
         if vals and all(isinstance(v, int) and not isinstance(v, bool) and -2**63 <= v < 2**63
                         for v in vals):
             table[col] = table[col].astype("Int64")
-    return table.to_csv(index=False, lineterminator="\n")   # not os.linesep: the same file on every OS
+    return lf_records(table.to_csv(index=False, lineterminator="\r\n"))
+
+
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(v):
+    """`v` for a CSV cell: a string that a spreadsheet would run as a formula (a label, a server's error
+    text) starts with ' (OWASP's advice on CSV injection); numbers stay as they are, -1 included."""
+    return "'" + v if isinstance(v, str) and v.startswith(FORMULA_STARTS) else v
+
+
+def csv_rows(rows) -> str:
+    """CSV of `rows` (the first the header), each cell through csv_cell."""
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\r\n").writerows([csv_cell(v) for v in row] for row in rows)
+    return lf_records(buf.getvalue())
+
+
+# a quoted field (its quotes doubled inside), or a record's end: no other " or CR LF is left unquoted
+CSV_FIELD_OR_END = re.compile(r'("[^"]*(?:""[^"]*)*")|\r\n')
+
+
+def lf_records(text: str) -> str:
+    """CSV written with CR LF as its line terminator, each record ended in LF instead (not os.linesep:
+    the same file on every OS). The writer quotes a field holding a character of its terminator and
+    no other line break, so CR LF makes it quote a bare CR too, which would split a row for readers."""
+    return CSV_FIELD_OR_END.sub(lambda m: m.group(1) or "\n", text)

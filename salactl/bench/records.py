@@ -10,8 +10,6 @@ written whole through a temp file. Schema version 1 (DESIGN.md §4):
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
 import json
 import os
 import re
@@ -19,6 +17,7 @@ import secrets
 import signal
 import threading
 import time
+import unicodedata
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -51,12 +50,15 @@ def make_record(kind: str, run_id: str, label: str | None, profile: str, phase: 
 
 def check_label(label: str | None, flag: str = "--label") -> str | None:
     """A --label for the records, as given: one holding a control character or line separator (a line
-    break would split the report's headings and table rows) is a UsageError."""
+    break would split the report's headings and table rows), or a lone surrogate (a byte that is not
+    UTF-8, as Python decodes it from the command line; no UTF-8 file can hold it), is a UsageError."""
     if label is not None:
         bad = next((c for c in label if breaks_lines(c)), None)
         if bad is not None:
             raise UsageError(f"{flag} {label!r} holds the control character {bad!r}; give a name without "
                              "control characters or line breaks")
+        if any(unicodedata.category(c) == "Cs" for c in label):
+            raise UsageError(f"{flag} {label!r} is not valid UTF-8; give the name in UTF-8")
     return label
 
 
@@ -220,8 +222,6 @@ def detail_rows(run_id: str, results: list[RequestResult], t0: float) -> list[li
 
 
 def write_details(path: Path, rows: list[list]) -> None:
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(DETAIL_COLUMNS)
-    w.writerows(rows)
-    write_atomic(path, buf.getvalue())
+    from salactl.reports.render_text import csv_rows     # pandas with it: only a --details bench needs it
+
+    write_atomic(path, csv_rows([DETAIL_COLUMNS, *rows]))

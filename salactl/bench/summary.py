@@ -4,7 +4,6 @@ with plots is rendered from the records by `salactl.reports`)."""
 from __future__ import annotations
 
 from salactl.bench.requests import ESTIMATED_SOURCES
-from salactl.output import fmt
 
 COLUMNS = [("phase", "phase"), ("conc", "max_concurrency"), ("rate", "request_rate"),
            ("ok", "completed"), ("fail", "failed"), ("duration s", "duration"),
@@ -85,11 +84,13 @@ def phase_notes(run: dict) -> list[str]:
 
 
 def markdown_summary(run: dict) -> str:
+    from salactl.reports.render_text import md_cell, md_text
+
     cols, rows = table_rows(run)
     lines = [f"# salactl bench {run['run_id']}", "",
-             f"- profile: `{run['profile']}`, target: `{run['target']}`, model: `{run['model']}`"]
+             f"- profile: {md_text(str(run['profile']))}, target: {run['target']}, model: {md_text(str(run['model']))}"]
     if run.get("label"):
-        lines.append(f"- label: {run['label']}")
+        lines.append(f"- label: {md_text(run['label'])}")
     if run.get("interrupted"):
         lines.append("- **interrupted**: only the phases below finished")
     if run.get("stopped"):
@@ -99,7 +100,7 @@ def markdown_summary(run: dict) -> str:
         lines.append(f"- {s}")
     lines += [f"- {note}" for note in phase_notes(run)]
     lines += ["", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
+    lines += ["| " + " | ".join(md_cell(v) for v in r) + " |" for r in rows]
     for sk in run.get("skipped_phases", []):
         lines.append(f"\nskipped {sk['phase']}: {sk['reason']}")
     from pathlib import Path
