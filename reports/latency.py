@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
+from salactl.bench.sweep_grid import LABEL_ABBR
 from salactl.reports.records import IDENTITY, first_items, group_by_label, label_of, present_metrics
 
 IDENTITY_COLUMNS = ("label", "kind", "profile", "phase", "target", "model", "run_id")
@@ -33,7 +34,8 @@ class SweepTable:
     label: str
     shared: dict                         # SWEEP_RUN_FIELDS every point has the same value of
     knobs: list[str]                     # knobs that vary between its points, the sort keys in order
-    columns: list[str]                   # "phase" (the point's name), run fields that vary, knob.<name>, metrics
+    columns: list[str]                   # "phase" (the point's name), run fields that vary, knob.<name> (those
+                                         # that vary, then those that set the report's sweeps apart), metrics
     rows: list[dict]
 
     def to_dict(self) -> dict:
@@ -109,8 +111,11 @@ def build(records: list[dict]) -> LatencyReport:
 
 def sweep_tables(rows: list[dict], knobs: list[str], metrics: list[str]) -> list[SweepTable]:
     """One table per sweep label of the (already ordered) sweep rows: its point, the run fields and
-    knobs that vary between its points, then `salactl sweep`'s columns and every other metric present."""
+    knobs that vary between its points, the knobs that differ between the sweeps (constant in this one,
+    but what tells it from another), then `salactl sweep`'s columns and every other metric present."""
     tables = []
+    # knobs that set sweeps apart: a column of every sweep's table, also where it is constant in it
+    apart = [k for k in knobs if len({repr(r.get(f"knob.{k}")) for r in rows}) > 1]
     for label in dict.fromkeys(r["label"] for r in rows):
         points = [r for r in rows if r["label"] == label]
         varying = [k for k in knobs if len({repr(p.get(f"knob.{k}")) for p in points}) > 1]
@@ -118,9 +123,38 @@ def sweep_tables(rows: list[dict], knobs: list[str], metrics: list[str]) -> list
         present = [m for m in metrics if any(p.get(m) is not None for p in points)]
         lead = [m for m in SWEEP_LEAD_METRICS if m in present]
         columns = ["phase", *(f for f in SWEEP_RUN_FIELDS if f not in shared), *(f"knob.{k}" for k in varying),
-                   *lead, *(m for m in present if m not in lead)]
-        tables.append(SweepTable(label, shared, varying, columns, [{c: p.get(c) for c in columns} for p in points]))
+                   *(f"knob.{k}" for k in apart if k not in varying), *lead, *(m for m in present if m not in lead)]
+        names = point_names(points, varying)
+        tables.append(SweepTable(label, shared, varying, columns,
+                                 [{c: p.get(c) for c in columns} | {"phase": n} for p, n in zip(points, names)]))
     return tables
+
+
+def point_names(points: list[dict], varying: list[str]) -> list:
+    """Each point's name as the label's latest sweep names it: --resume reuses a recorded point under
+    the name this sweep gives it (the knobs its grid varies, salactl/bench/sweep_grid.py), but the
+    record keeps the name it was measured under. Where the points come from one run, their names as
+    recorded; where the latest run's names would not tell the points apart (it measured none of its
+    own), names by the knobs that vary between them, as a sweep over all of them names them."""
+    names = [p.get("phase") for p in points]
+    runs = sorted({str(p.get("run_id")) for p in points})      # run ids begin with their start time
+    if len(runs) < 2:
+        return names
+    latest = [p for p in points if str(p.get("run_id")) == runs[-1]]
+    named_by = _name_knobs(latest[0])
+    if all(_point_name(p, named_by) == p.get("phase") for p in latest):    # else a name edited by hand
+        names = [_point_name(p, named_by) for p in points]
+    return names if len(set(map(repr, names))) == len(names) else [_point_name(p, varying) for p in points]
+
+
+def _name_knobs(point: dict) -> list[str]:
+    """The knobs a recorded point's name is made of, in the sweep's order."""
+    parts = set(str(point.get("phase")).split("-"))
+    return [k for k, abbr in LABEL_ABBR.items() if f"{abbr}{point.get(f'knob.{k}')}" in parts]
+
+
+def _point_name(point: dict, knobs: list[str]) -> str:
+    return "-".join(f"{LABEL_ABBR[k]}{point.get(f'knob.{k}')}" for k in knobs) or "default"
 
 
 ENV_KEYS = ("gpu", "cpu", "git_sha", "git_dirty", "salactl", "torch", "triton", "cuda", "driver")

@@ -69,7 +69,7 @@ def latency(
     fmts = _formats(formats)
     if out is None and not {"md", "csv"} & set(fmts):
         raise UsageError("--format html needs --out DIR (only md or csv can go to stdout)")
-    _check_latency_options(ctx, out, fmts)
+    _check_latency_options(ctx, out, fmts, json_out)
     if out is not None:
         check_out_dir(out, tuple(f"report.{f}" for f in fmts), overwrite)
     report = model.build(load_records(list(records)))
@@ -106,11 +106,15 @@ def _stale_reports(out: Path, fmts: list[str], overwrite: bool) -> None:
                             "--overwrite removes the report files this one does not write")
 
 
-def _check_latency_options(ctx: typer.Context, out: Path | None, fmts: list[str]) -> None:
-    """--overwrite, --no-plots and --title only where a file they change is written."""
-    written = fmts if out is not None else ["md" if "md" in fmts else "csv"]     # stdout gets one
+def _check_latency_options(ctx: typer.Context, out: Path | None, fmts: list[str], json_out: bool) -> None:
+    """--overwrite, --no-plots, --format and --title only where a file or output they change is written."""
+    # stdout gets one, or only the JSON
+    written = fmts if out is not None else [] if json_out else ["md" if "md" in fmts else "csv"]
     if out is None:
         refuse_unused(passed(ctx, "overwrite"), "files written to --out", "add --out DIR, or drop {it}")
+        if json_out:
+            refuse_unused(passed(ctx, "formats", "title"), "the report files written to --out (--json alone "
+                          "prints only the JSON)", "add --out DIR, or drop {it}")
         if passed(ctx, "formats") and len(fmts) > 1:
             raise UsageError(f"--format {','.join(fmts)} names {len(fmts)} formats but only one goes to "
                              f"stdout without --out; give --format {written[0]}, or add --out DIR")

@@ -225,13 +225,14 @@ def lone_surrogate(text: str) -> str | None:
 
 def directory_option(path: Path | None, flag: str = "--out", files: tuple[str, ...] = ()) -> Path | None:
     """A directory option's path (None passes), checked before any work starts: a usage error when
-    it is a file, lies below a file, cannot be created (no file can be made in the nearest existing
-    directory), holds a directory where one of `files` must be written, or holds one of `files`
-    that cannot be opened for writing (an empty value is refused when the option is parsed:
-    options.non_empty_path)."""
+    it is a file, lies below a file, is or lies below a symlink to a missing target, cannot be
+    created (no file can be made in the nearest existing directory), holds a directory where one of
+    `files` must be written, or holds one of `files` that cannot be opened for writing (an empty
+    value is refused when the option is parsed: options.non_empty_path)."""
     if path is None:
         return None
     _check_name_lengths(path, flag)
+    _refuse_dangling_link(path, flag)
     if path.exists() and not path.is_dir():
         raise UsageError(f"{flag} {path} is a file; give a directory")
     existing = next(p for p in (path, *path.absolute().parents) if p.exists())
@@ -244,6 +245,22 @@ def directory_option(path: Path | None, flag: str = "--out", files: tuple[str, .
     for name in files:
         _probe_appendable(path / name, path, flag)
     return path
+
+
+def _refuse_dangling_link(path: Path, flag: str) -> None:
+    """A symlink whose target is missing, as `path` or a directory above it up to the nearest one that
+    exists: it reads as absent, so the check passes, but creating the directory fails after the work."""
+    for p in (path, *path.parents):
+        if p.exists():
+            return
+        if p.is_symlink():
+            try:
+                target = os.readlink(p)
+            except OSError:
+                target = "?"
+            where = f"{flag} {path} is" if p == path else f"{flag} {path}: {p} is"
+            raise UsageError(f"{where} a symlink to {target}, which does not exist; remove the link or "
+                             f"point {flag} elsewhere")
 
 
 def _check_name_lengths(path: Path, flag: str) -> None:
