@@ -15,6 +15,8 @@ import os
 import sys
 from pathlib import Path
 
+from salactl.errors import CapacityError
+
 _UNLIMITED_CGROUP = 1 << 60     # cgroup v1 writes "no limit" as a page-rounded 2^63-1
 
 
@@ -148,3 +150,13 @@ def _v1_headroom(d: Path) -> int | None:
     stat = _stat(d / "memory.stat")
     reclaimable = stat.get("total_inactive_file", 0) + stat.get("total_active_file", 0)
     return max(0, limit - usage + reclaimable)
+
+
+def check_fits(need: int, avail: int | None, what: str, where: str, fix: str) -> None:
+    """A CapacityError (exit 11) before allocating, where `need` bytes exceed `avail` (None:
+    unknown, no check): "{what} needs N, but {where} has M available; {fix}"."""
+    from salactl.units import human_bytes
+
+    if avail is not None and need > avail:
+        raise CapacityError(f"{what} needs {human_bytes(need)}, but {where} has {human_bytes(avail)} "
+                            f"available; {fix}")

@@ -18,7 +18,7 @@ from salactl.errors import CapacityError, CheckpointError, ConfigError, DeviceEr
 from salactl.runtime.checkpoint import (expected_tensor_shapes, load_state_dict, random_state_dict,
                                         tensor_files)
 from salactl.runtime.config import SalaConfig
-from salactl.runtime.host_memory import available_host_bytes
+from salactl.runtime.host_memory import available_host_bytes, check_fits
 from salactl.runtime.json_file import is_dir, lookup, read_optional_json
 from salactl.runtime.layers.model import SalaForCausalLM
 from salactl.runtime.presets import PRESETS, preset
@@ -103,16 +103,6 @@ def build_model(config: SalaConfig, state: dict[str, torch.Tensor]) -> SalaForCa
     model = meta_model(config)
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval().requires_grad_(False)
-
-
-def check_fits(need: int, avail: int | None, what: str, where: str, fix: str) -> None:
-    """A CapacityError (exit 11) before allocating, where `need` bytes exceed `avail` (None:
-    unknown, no check): "{what} needs N, but {where} has M available; {fix}"."""
-    from salactl.units import human_bytes
-
-    if avail is not None and need > avail:
-        raise CapacityError(f"{what} needs {human_bytes(need)}, but {where} has {human_bytes(avail)} "
-                            f"available; {fix}")
 
 
 def check_host_memory(config: SalaConfig, dtype: torch.dtype, device: torch.device, name: str) -> None:

@@ -12,11 +12,13 @@ def check_open_files(plans) -> None:
     """Each request in flight holds a socket: raise the soft open-files limit as SGLang's bench_serving
     does, then refuse a phase that would still run out, before its first request, rather than fail
     the requests past the limit as if the server had."""
-    limit = raise_open_files_limit()
-    if limit is None or not plans:
+    if not plans:
         return
     plan = max(plans, key=_in_flight)
     need = _in_flight(plan) + OWN_FILES
+    limit = raise_open_files_limit(need)
+    if limit is None:
+        return
     if need > limit:
         raise CapacityError(f"phase {plan.phase.name} holds up to {_in_flight(plan)} requests in flight, a "
                             f"connection each, and needs {need} open files ({OWN_FILES} for salactl's own), "
@@ -30,15 +32,16 @@ def _in_flight(plan) -> int:
     return min(plan.phase.max_concurrency or len(plan.requests), len(plan.requests))
 
 
-def raise_open_files_limit() -> int | None:
-    """The soft RLIMIT_NOFILE raised to OPEN_FILES_WANTED, or to the hard limit when that is lower;
-    None where there is no such limit (Windows) or it is unlimited."""
+def raise_open_files_limit(need: int = 0) -> int | None:
+    """The soft RLIMIT_NOFILE raised to OPEN_FILES_WANTED, or to `need` where that is more, but never
+    past the hard limit; None where there is no such limit (Windows) or it is unlimited."""
     try:
         import resource
     except ImportError:
         return None
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = OPEN_FILES_WANTED if hard == resource.RLIM_INFINITY else min(OPEN_FILES_WANTED, hard)
+    want = max(OPEN_FILES_WANTED, need)
+    want = want if hard == resource.RLIM_INFINITY else min(want, hard)
     if soft != resource.RLIM_INFINITY and soft < want:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))

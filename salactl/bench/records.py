@@ -17,7 +17,6 @@ import secrets
 import signal
 import threading
 import time
-import unicodedata
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from salactl.output import jsonable
 from salactl.reports.atomic import exclusive_lock, new_dirs, write_atomic, write_remedy
 from salactl.reports.records import RECORDS_NAME  # noqa: F401 - bench.records.RECORDS_NAME for its writers
 from salactl.reports.records import SCHEMA_VERSION, breaks_lines, parse_record_line, record_lines
+from salactl.reports.text_cells import csv_rows
 
 DETAIL_COLUMNS = ("run_id", "phase", "request_id", "input_len", "expected_output_len", "output_len",
                   "success", "start_offset_s", "ttft_ms", "tpot_ms", "e2e_ms", "itl_ms", "error")
@@ -57,7 +57,7 @@ def check_label(label: str | None, flag: str = "--label") -> str | None:
         if bad is not None:
             raise UsageError(f"{flag} {label!r} holds the control character {bad!r}; give a name without "
                              "control characters or line breaks")
-        if any(unicodedata.category(c) == "Cs" for c in label):
+        if output.lone_surrogate(label):
             raise UsageError(f"{flag} {label!r} is not valid UTF-8; give the name in UTF-8")
     return label
 
@@ -222,6 +222,5 @@ def detail_rows(run_id: str, results: list[RequestResult], t0: float) -> list[li
 
 
 def write_details(path: Path, rows: list[list]) -> None:
-    from salactl.reports.render_text import csv_rows     # pandas with it: only a --details bench needs it
 
     write_atomic(path, csv_rows([DETAIL_COLUMNS, *rows]))

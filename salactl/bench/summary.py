@@ -4,6 +4,8 @@ with plots is rendered from the records by `salactl.reports`)."""
 from __future__ import annotations
 
 from salactl.bench.requests import ESTIMATED_SOURCES
+from salactl.output import fmt
+from salactl.reports.text_cells import md_text
 
 COLUMNS = [("phase", "phase"), ("conc", "max_concurrency"), ("rate", "request_rate"),
            ("ok", "completed"), ("fail", "failed"), ("duration s", "duration"),
@@ -84,8 +86,6 @@ def phase_notes(run: dict) -> list[str]:
 
 
 def markdown_summary(run: dict) -> str:
-    from salactl.reports.render_text import md_cell, md_text
-
     cols, rows = table_rows(run)
     lines = [f"# salactl bench {run['run_id']}", "",
              f"- profile: {md_text(str(run['profile']))}, target: {run['target']}, model: {md_text(str(run['model']))}"]
@@ -100,7 +100,7 @@ def markdown_summary(run: dict) -> str:
         lines.append(f"- {s}")
     lines += [f"- {note}" for note in phase_notes(run)]
     lines += ["", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(md_cell(v) for v in r) + " |" for r in rows]
+    lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
     for sk in run.get("skipped_phases", []):
         lines.append(f"\nskipped {sk['phase']}: {sk['reason']}")
     from pathlib import Path
