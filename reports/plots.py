@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Callable
 
 from salactl.reports.latency import SWEEP, LatencyReport
-from salactl.reports.records import is_finite_number
+from salactl.reports.records import group_by_label, is_finite_number
 from salactl.reports.render_text import fmt
 
 LATENCY_FAMILIES = {
@@ -91,17 +91,10 @@ def _capped(caption: str, items: list, noun: str) -> tuple[str, list]:
     return f"{caption} (first {MAX_SERIES} {noun}; {more} more in the tables)", items[:MAX_SERIES]
 
 
-def _by_label(rows: list[dict]) -> dict[str, list[dict]]:
-    groups: dict[str, list[dict]] = {}
-    for r in rows:
-        groups.setdefault(r["label"], []).append(r)
-    return groups
-
-
 def _record_names(rows: list[dict], knobs: list[str]) -> list[str]:
     """Legend names: the label; for a label with several records in the phase, also the knobs that
     tell them apart (or the run_id where none does)."""
-    by_label = _by_label(rows)
+    by_label = group_by_label(rows)
     names = []
     for r in rows:
         same = by_label[r["label"]]
@@ -193,7 +186,7 @@ def sweep_charts(report: LatencyReport) -> list[tuple[str, bytes]]:
         knob = _numeric_knob(report.knobs, mine)
         if knob is None:
             continue
-        lines = [(str(label), rows) for label, rows in _by_label(mine).items()]
+        lines = [(str(label), rows) for label, rows in group_by_label(mine).items()]
         figs += [_line_chart(f"{phase}: {m} vs {knob}", knob, m, lines) for m in SWEEP_METRICS]
     return [f for f in figs if f is not None]
 

@@ -34,12 +34,9 @@ def available_host_bytes(meminfo: Path = Path("/proc/meminfo"), proc: Path = Pat
 
 
 def _machine_available(meminfo: Path) -> int | None:
-    try:
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024       # reported in kB
-    except (OSError, ValueError, IndexError):
-        pass
+    kib = _status_kib(meminfo, "MemAvailable:")
+    if kib is not None:
+        return kib * 1024
     if sys.platform == "win32":
         return _windows_available_bytes()
     try:

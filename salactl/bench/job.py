@@ -27,7 +27,7 @@ from salactl.reports.atomic import write_atomic
 
 FALLBACK_VOCAB = 1000   # random prompt ids for a server whose vocabulary we cannot learn
 MAX_FLUSH_SLEEP_S = 3600.0                  # an hour; time.sleep overflows far above
-MAX_REQUEST_TIMEOUT_S = 7 * 24 * 3600.0     # a week; socket timeouts overflow near 9.2e9 s
+MAX_REQUEST_TIMEOUT_S = 7 * 24 * 3600.0     # a week: within the 24.8-day socket wait the HTTP target clamps to
 
 
 @dataclass(frozen=True)
