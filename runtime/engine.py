@@ -21,7 +21,8 @@ from salactl.runtime.kv_fp8 import model_kv_scales, resolve_kv_scales
 from salactl.runtime.layers.model import SalaForCausalLM
 from salactl.runtime.loader import LoadedModel, resolve_device
 from salactl.runtime.op_timer import NULL_TIMER, OpTimer
-from salactl.runtime.sampling import SamplingParams, as_token_ids, is_int, resolve_params, sample
+from salactl.runtime.sampling import (SamplingParams, as_token_ids, is_int, logits_processors, resolve_params,
+                                      sample)
 
 
 @dataclass
@@ -265,6 +266,7 @@ class Engine:
         """The tokens of one generation, its GenerationResult to `deliver` at the end; the
         arguments are checked already (_check_request). on_token: as generate() takes it."""
         stops = ending_token_ids(self.config, params, eos_ids)
+        processors = logits_processors(params, prompt, stops, self.config.vocab_size, self.device)
         gen = None
         if params.temperature > 0:
             gen = torch.Generator(device=self.device).manual_seed(params.seed if params.seed is not None else 0)
@@ -277,7 +279,7 @@ class Engine:
         out: list[int] = []
         finish = "length"
         if params.max_new_tokens > 0:
-            tok = sample(logits[-1], params, gen)      # sampling reads the logits: an implicit sync
+            tok = sample(logits[-1], params, gen, processors)     # reads the logits: an implicit sync
         synchronize(self.device)
         ttft = time.perf_counter() - t0
         pre.tokens, pre.forward_calls, pre.seconds = len(prompt), -(-len(prompt) // self.chunk_size), ttft
@@ -296,7 +298,7 @@ class Engine:
                 break
             logits = self.forward(seq, [tok], timer)
             dec.forward_calls += 1
-            tok = sample(logits[-1], params, gen)
+            tok = sample(logits[-1], params, gen, processors)
         synchronize(self.device)
         dec.seconds = time.perf_counter() - t1 if len(out) > 1 else 0.0
         dec.tokens = dec.forward_calls

@@ -288,6 +288,21 @@ GENERATION_KEYS = {
     "top_k": (lambda v: is_int(v) and v >= 0, "an integer >= 0 (0 = off)"),
     "max_new_tokens": (lambda v: is_int(v) and v >= 0, "an integer >= 0"),
     "max_length": (lambda v: is_int(v) and v >= 1, "an integer >= 1"),
+    "repetition_penalty": (lambda v: _number(v) and 0 < v < math.inf, "a finite number > 0 (1 = off)"),
+    "no_repeat_ngram_size": (lambda v: is_int(v) and v >= 0, "an integer >= 0 (0 = off)"),
+    "min_new_tokens": (lambda v: is_int(v) and v >= 0, "an integer >= 0"),
+    "min_p": (lambda v: _number(v) and 0 <= v <= 1, "a number in [0, 1] (0 = off)"),
+}
+
+# generation_config.json keys that change HF generate()'s output and that salactl does not apply,
+# with their neutral values (None, false and an empty list are neutral too)
+UNAPPLIED_GENERATION_KEYS = {
+    "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "num_beams": 1, "num_beam_groups": 1,
+    "min_length": 0, "bad_words_ids": None, "suppress_tokens": None, "begin_suppress_tokens": None,
+    "forced_bos_token_id": None, "forced_eos_token_id": None, "sequence_bias": None,
+    "exponential_decay_length_penalty": None, "diversity_penalty": 0.0, "renormalize_logits": False,
+    "guidance_scale": 1.0, "penalty_alpha": None, "encoder_repetition_penalty": 1.0,
+    "encoder_no_repeat_ngram_size": 0, "stop_strings": None, "dola_layers": None, "watermarking_config": None,
 }
 
 
@@ -304,6 +319,14 @@ def generation_defaults(model_dir: Path | None) -> dict:
             raise CheckpointError(f"{f} has {key} = {json.dumps(value)}; expected {expected}; fix or remove it")
         found[key] = value
     return found
+
+
+def unapplied_generation_settings(model_dir: Path | None) -> dict:
+    """generation_config.json's UNAPPLIED_GENERATION_KEYS whose values are not neutral: settings
+    HF generate() would apply and salactl does not."""
+    _, d = _generation_config(model_dir)
+    return {key: d[key] for key, neutral in UNAPPLIED_GENERATION_KEYS.items()
+            if d.get(key) not in (None, False, [], {}, neutral)}
 
 
 def stop_token_ids(config: SalaConfig, model_dir: Path | None, tokenizer=None) -> tuple[int, ...]:

@@ -1,4 +1,6 @@
-"""Per-request sampling parameters and the sampler (greedy / temperature / top-k / top-p)."""
+"""Per-request sampling parameters and the sampler: HF generate()'s logits processors (repetition
+penalty, no-repeat n-grams, min_new_tokens) on the raw logits, then greedy, or its warpers
+(temperature, top-k, top-p, min-p) and a draw."""
 
 from __future__ import annotations
 
@@ -26,8 +28,15 @@ class SamplingParams:
     request draws from its own generator seeded with `seed`; None means 0, so unseeded requests
     are reproducible, not random. stop_token_ids: extra ids that end generation (token ids, not
     strings; an int or an iterable, stored as a tuple). ignore_eos: True runs to max_new_tokens
-    past the model's and tokenizer's EOS ids (stop_token_ids still apply). Bad values raise
-    UsageError."""
+    past the model's and tokenizer's EOS ids (stop_token_ids still apply).
+
+    As HF generate()'s logits processors, greedy or not, on the raw logits: repetition_penalty
+    (> 0, 1 = off) divides the positive logits of every id in the prompt or the output so far and
+    multiplies the negative ones; no_repeat_ngram_size (0 = off) bans each token that would repeat
+    an n-gram of the prompt and output; min_new_tokens: until that many tokens are out, the ending
+    ids (EOS unless ignore_eos, and stop_token_ids) cannot be sampled (more than max_new_tokens is
+    allowed: no EOS then). min_p in [0, 1] (0 = off): when sampling, after top_p, drop the tokens
+    less likely than min_p times the most likely one. Bad values raise UsageError."""
 
     max_new_tokens: int = 64
     temperature: float = 0.0          # 0 = greedy
@@ -36,14 +45,19 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    repetition_penalty: float = 1.0   # 1 = off
+    no_repeat_ngram_size: int = 0     # 0 = off
+    min_new_tokens: int = 0
+    min_p: float = 0.0                # 0 = off
 
     def __post_init__(self) -> None:
-        for name in ("max_new_tokens", "top_k", "seed"):
+        for name in ("max_new_tokens", "top_k", "seed", "no_repeat_ngram_size", "min_new_tokens"):
             value = getattr(self, name)
             if not (value is None and name == "seed") and not is_int(value):    # numpy ints pass
                 raise UsageError(f"{_arg(name)} must be an integer, got {value!r}")
-        for name in ("temperature", "top_p"):
+        for name in ("temperature", "top_p", "repetition_penalty", "min_p"):
             object.__setattr__(self, name, _as_float(name, getattr(self, name)))
+        self._check_processors()
         if self.max_new_tokens < 0:
             raise UsageError(f"{_arg('max_new_tokens')} must be >= 0, got {self.max_new_tokens}")
         if not 0 <= self.temperature < math.inf:
@@ -58,6 +72,21 @@ class SamplingParams:
         if not isinstance(self.ignore_eos, bool):
             raise UsageError(f"{_arg('ignore_eos')} must be True or False, got {self.ignore_eos!r}")
         object.__setattr__(self, "stop_token_ids", as_token_ids(self.stop_token_ids, "stop_token_ids"))
+
+    def _check_processors(self) -> None:
+        if not 0 < self.repetition_penalty < math.inf:
+            raise UsageError(f"{_arg('repetition_penalty')} must be a finite number > 0 (1 = off), "
+                             f"got {self.repetition_penalty}")
+        for name in ("no_repeat_ngram_size", "min_new_tokens"):
+            if getattr(self, name) < 0:
+                raise UsageError(f"{_arg(name)} must be >= 0 (0 = off), got {getattr(self, name)}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise UsageError(f"{_arg('min_p')} must be in [0, 1] (0 = off), got {self.min_p}")
+
+    @property
+    def has_processors(self) -> bool:
+        """Whether a logits processor is on (then even greedy decoding samples row by row)."""
+        return self.repetition_penalty != 1.0 or self.no_repeat_ngram_size > 0 or self.min_new_tokens > 0
 
 
 def _as_float(name: str, value) -> float:
@@ -128,8 +157,86 @@ def greedy(logits: torch.Tensor) -> list[int]:
     return [int(i) for i in ids]
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """logits: fp32 [V] for one sequence."""
+class _NGramBans:
+    """HF NoRepeatNGramLogitsProcessor, kept incrementally: each (n-1)-gram of the ids so far maps
+    to the tokens that followed it."""
+
+    def __init__(self, n: int, ids: list[int]):
+        self.n, self.ids, self.next = n, [], {}
+        for t in ids:
+            self.append(t)
+
+    def append(self, token: int) -> None:
+        self.ids.append(token)
+        if len(self.ids) >= self.n:
+            self.next.setdefault(tuple(self.ids[len(self.ids) - self.n:-1]), set()).add(token)
+
+    def banned(self) -> set[int]:
+        if len(self.ids) + 1 < self.n:
+            return set()
+        return self.next.get(tuple(self.ids[len(self.ids) - self.n + 1:]), set())
+
+
+class LogitsProcessors:
+    """One request's state for HF generate()'s logits processors, in HF's order: repetition
+    penalty, no-repeat n-grams, min_new_tokens. Made by logits_processors(); told each sampled
+    token by sample()."""
+
+    def __init__(self, params: SamplingParams, prompt: list[int], ending_ids, vocab_size: int,
+                 device: torch.device):
+        self.params, self.generated = params, 0
+        self.seen = None
+        if params.repetition_penalty != 1.0:     # a mask, not a gather over the whole history per step
+            self.seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+            self.seen[torch.tensor(prompt, dtype=torch.long, device=device)] = True
+        self.ngrams = _NGramBans(params.no_repeat_ngram_size, prompt) if params.no_repeat_ngram_size else None
+        self.ending = sorted(ending_ids)
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [V] with the processors applied (a new tensor)."""
+        p = self.params
+        if self.seen is not None:
+            penalised = torch.where(logits < 0, logits * p.repetition_penalty, logits / p.repetition_penalty)
+            logits = torch.where(self.seen, penalised, logits)
+        banned = sorted(self.ngrams.banned()) if self.ngrams is not None else []
+        if self.generated < p.min_new_tokens:
+            banned += self.ending
+        if banned:
+            logits = logits.index_fill(0, torch.tensor(banned, dtype=torch.long, device=logits.device),
+                                       float("-inf"))
+        return logits
+
+    def append(self, token: int) -> None:
+        self.generated += 1
+        if self.seen is not None:
+            self.seen[token] = True
+        if self.ngrams is not None:
+            self.ngrams.append(token)
+
+
+def logits_processors(params: SamplingParams, prompt: list[int], ending_ids, vocab_size: int,
+                      device: torch.device) -> LogitsProcessors | None:
+    """The request's LogitsProcessors; None when none is on (a request then costs nothing more).
+    ending_ids: the ids min_new_tokens holds back (the request's EOS and stop ids)."""
+    if not params.has_processors:
+        return None
+    return LogitsProcessors(params, prompt, ending_ids, vocab_size, device)
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
+           processors: LogitsProcessors | None = None) -> int:
+    """logits: fp32 [V] for one sequence. processors: the request's (logits_processors()), applied
+    first and told the token sampled."""
+    if processors is not None:
+        logits = processors(logits)
+    tok = _warp_and_draw(logits, params, generator)
+    if processors is not None:
+        processors.append(tok)
+    return tok
+
+
+def _warp_and_draw(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    """Greedy, or HF's warpers (temperature, top-k, top-p, min-p) and a draw."""
     if params.temperature == 0.0:
         return greedy(logits[None])[0]
     top = logits.max()
@@ -149,4 +256,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         drop[-1] = False
         logits = logits.scatter(0, order, sorted_logits.masked_fill(drop, float("-inf")))
     probs = torch.softmax(logits, dim=-1)
+    if params.min_p > 0.0:
+        # HF's MinPLogitsWarper: its top token always stays (min_p <= 1), so renormalising is all
+        probs = torch.softmax(logits.masked_fill(probs < params.min_p * probs.max(), float("-inf")), dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator))

@@ -168,14 +168,39 @@ def _closed_streams_discard() -> None:
             setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))
 
 
+def _exit_after_main(signum, frame) -> None:
+    """An interrupt once main() is done: its results are complete, so the process ends at once,
+    quietly, with the signal's status. Raising then would land in the interpreter's teardown (torch's
+    atexit finalizers), which prints a traceback and exits 0."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:           # a closed or failing stream: nothing more can reach it
+            pass
+    os._exit(128 + signum)
+
+
 def main() -> None:
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    # the console script and `python -m salactl` end right after main(); a host that calls it (a
+    # test runner) runs on, with its own handlers back
+    ends_the_process = _is_the_command() and sys._getframe(1).f_globals.get("__name__") == "__main__"
+    before = _handle(_on_interrupt) if on_main_thread else {}
+    try:
+        _main()
+    finally:
+        if ends_the_process and on_main_thread:
+            _handle(_exit_after_main)
+        else:
+            _restore(before)
+
+
+def _main() -> None:
     _closed_streams_discard()
     from salactl import output
 
     _streams_that_cannot_fail_to_encode()
     output.check_stdout_writes()
-    if threading.current_thread() is threading.main_thread():
-        _handle(_on_interrupt)
     try:
         with warnings.catch_warnings():
             # the commands say the same with the flag to change (output.warn_past_trained_length)

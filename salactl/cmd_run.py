@@ -18,6 +18,12 @@ from salactl.options import (ChunkOpt, DeviceOpt, DtypeOpt, JsonOpt, KvCacheDtyp
                              TokenizerOpt, non_empty_path, passed, refuse_unused, seed_option)
 
 
+def _filed(kind: type, flag: str, what: str, default) -> type:
+    """A sampling option whose default is the checkpoint's generation_config.json value, else `default`."""
+    return Annotated[Optional[kind], typer.Option(flag, help=f"{what} Default: generation_config.json's, "
+                                                  f"else {default}.")]
+
+
 def run(
     ctx: typer.Context,
     prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text.")] = None,
@@ -36,11 +42,18 @@ def run(
     temperature: Annotated[Optional[float], typer.Option("--temperature", "-t", help="Sampling temperature, a "
                            "finite number >= 0; 0 = greedy. Default: generation_config.json's (do_sample true: "
                            "its temperature, 1 if unset), else 0.")] = None,
-    top_p: Annotated[Optional[float], typer.Option("--top-p", help="Nucleus sampling, in (0, 1]: keep the "
-                     "smallest set of tokens reaching this probability (1 = off). Only when sampling. Default: "
-                     "generation_config.json's, else 1.")] = None,
-    top_k: Annotated[Optional[int], typer.Option("--top-k", help="Keep the k most likely tokens (0 = off). Only "
-                     "when sampling. Default: generation_config.json's, else 0.")] = None,
+    top_p: _filed(float, "--top-p", "Nucleus sampling, in (0, 1]: keep the smallest set of tokens reaching this "
+                  "probability (1 = off). Only when sampling.", 1) = None,
+    top_k: _filed(int, "--top-k", "Keep the k most likely tokens (0 = off). Only when sampling.", 0) = None,
+    min_p: _filed(float, "--min-p", "Min-p sampling, in [0, 1]: drop the tokens less likely than this times the "
+                  "most likely one, after --top-p (0 = off). Only when sampling.", 0) = None,
+    repetition_penalty: _filed(float, "--repetition-penalty", "HF's repetition penalty, > 0 (1 = off): the logits "
+                               "of the ids in the prompt and output so far are divided by it (negative ones "
+                               "multiplied), greedy or not.", 1) = None,
+    no_repeat_ngram_size: _filed(int, "--no-repeat-ngram-size", "Never repeat an n-gram of this size from the "
+                                 "prompt and output (0 = off), greedy or not.", 0) = None,
+    min_new_tokens: _filed(int, "--min-new-tokens", "Hold back EOS and --stop-token-ids until this many tokens "
+                           "are generated, greedy or not.", 0) = None,
     chunk_size: ChunkOpt = 512,
     op_profile: Annotated[bool, typer.Option("--op-profile/--no-op-profile", help="Per-op times in the "
                           "roofline: on the GPU engine (CUDA with triton) a second, eager pass over the prompt "
@@ -87,7 +100,9 @@ def run(
                      model=model, random_weights=random_weights, seed=seed if passed(ctx, "seed") else None,
                      device=device, dtype=dtype,
                      tokenizer=tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,
-                     top_p=top_p, top_k=top_k, chunk_size=chunk_size, chat=chat, system=system,
+                     top_p=top_p, top_k=top_k, min_p=min_p, repetition_penalty=repetition_penalty,
+                     no_repeat_ngram_size=no_repeat_ngram_size, min_new_tokens=min_new_tokens,
+                     chunk_size=chunk_size, chat=chat, system=system,
                      chat_template_kwargs=_template_kwargs(chat_template_kwargs), ignore_eos=ignore_eos,
                      stop=tuple(stop or ()), stop_token_ids=_stop_token_ids(stop_token_ids),
                      kv_cache_dtype=kv_cache_dtype, op_profile=op_profile)

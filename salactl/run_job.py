@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -16,7 +17,7 @@ from salactl.quant.in_memory import quantized_as
 from salactl.runtime.engine import Engine, ending_token_ids
 from salactl.runtime.kv_fp8 import stored_kv_name
 from salactl.runtime.loader import (generation_defaults, load_model, model_config, model_dir, resolve_device,
-                                    resolve_dtype)
+                                    resolve_dtype, unapplied_generation_settings)
 from salactl.runtime.peaks import peaks_for
 from salactl.runtime.roofline import OpCost, computes_in_bf16, linear_costs, phase_costs, roofline_rows
 from salactl.runtime.sampling import SamplingParams, is_int
@@ -31,7 +32,10 @@ if TYPE_CHECKING:
 
 
 # what run samples with when neither a flag nor the checkpoint's generation_config.json says
-SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 64}
+SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 64,
+                     "repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_new_tokens": 0, "min_p": 0.0}
+# the warpers, which apply only when sampling: under greedy decoding the file's are not read, the flags refused
+WARPERS = ("top_p", "top_k", "min_p")
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,10 @@ class RunRequest:
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    repetition_penalty: float | None = None
+    no_repeat_ngram_size: int | None = None
+    min_new_tokens: int | None = None
+    min_p: float | None = None
     chunk_size: int = 512
     chat: bool = False
     system: str | None = None               # chat: a system message before the prompt
@@ -81,6 +89,7 @@ def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
     directory = model_dir(req.model, req.random_weights)
     gen = generation_defaults(directory)
     _refuse_ignored_flags(req, gen)
+    _warn_unapplied(directory)
     # the prompt is tokenized and sized before the weights load: a run that cannot fit loads nothing
     device = resolve_device(req.device)
     config = model_config(req.model, req.random_weights)
@@ -88,11 +97,12 @@ def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
     ids, tok = _prompt_ids(req, directory)
     values, sources = _sampling(req, gen, len(ids))
     req = replace(req, seed=req.seed or 0, **values)
-    params = SamplingParams(max_new_tokens=req.max_new_tokens, temperature=req.temperature, top_p=req.top_p,
-                            top_k=req.top_k, seed=req.seed, ignore_eos=req.ignore_eos,
-                            stop_token_ids=req.stop_token_ids)
-    _check_prompt(req, config, ids, tok, _length_source(sources["max_new_tokens"], gen))
+    params = SamplingParams(**{k: getattr(req, k) for k in SAMPLING_DEFAULTS}, seed=req.seed,
+                            ignore_eos=req.ignore_eos, stop_token_ids=req.stop_token_ids)
+    _check_prompt(req, config, ids, tok)
     _check_memory(req, config, device, act_dtype, len(ids))
+    # only now: a run refused for memory would be told "it runs"
+    _warn_model_limits(req, config, len(ids), _length_source(sources["max_new_tokens"], gen))
     lm = load_model(req.model, device, act_dtype, req.random_weights, req.seed)
     _note_checkpoint_sampling(req, gen, sources)
     with out_of_memory_is_capacity("run", "lower --chunk-size or shorten the prompt"):
@@ -119,27 +129,33 @@ def _refuse_ignored_flags(req: RunRequest, gen: dict) -> None:
         return
     why = "" if req.temperature is not None or "do_sample" not in gen else \
         " (greedy from the checkpoint's generation_config.json)"
-    refuse_unused([f for f, v in (("--top-p", req.top_p), ("--top-k", req.top_k)) if v is not None],
+    refuse_unused([f"--{k.replace('_', '-')}" for k in WARPERS if getattr(req, k) is not None],
                   f"sampling (--temperature > 0), not greedy decoding{why}", "add --temperature T, or drop {it}")
     if not req.random_weights:
         refuse_unused(["--seed"] if req.seed is not None else [], "--random-weights and sampling "
                       f"(--temperature > 0), neither of which runs{why}", "drop {it}")
 
 
+def _warn_unapplied(directory: Path | None) -> None:
+    """One warning per generation_config.json setting HF generate() would apply and salactl does not."""
+    for key, value in unapplied_generation_settings(directory).items():
+        output.warn_once(f"the checkpoint's generation_config.json sets {key} {json.dumps(value)}, which "
+                         "salactl does not apply; the run goes on without it")
+
+
 def _sampling(req: RunRequest, gen: dict, prompt_tokens: int) -> tuple[dict, dict]:
     """The SAMPLING_DEFAULTS keys' values and where each came from: the flag ("cli"), else
-    generation_config.json (`gen`: its temperature as _file_temperature; top_p and top_k only when
+    generation_config.json (`gen`: its temperature as _file_temperature; the WARPERS only when
     sampling; max_new_tokens, else max_length less the prompt's tokens, a UsageError where that leaves
-    none), else "default"."""
+    none; the logits processors' keys as they are), else "default"."""
     sampling = bool(_temperature(req, gen))
     budget = gen["max_length"] - prompt_tokens if "max_length" in gen else None
     if req.max_new_tokens is None and "max_new_tokens" not in gen and budget is not None and budget <= 0:
         # HF generate() refuses this too, rather than generate nothing
         raise UsageError(f"the checkpoint's generation_config.json has max_length {gen['max_length']}, but the "
                          f"prompt is {prompt_tokens} tokens, leaving none to generate; pass --max-new-tokens N")
-    from_file = {"temperature": _file_temperature(gen), "top_p": gen.get("top_p") if sampling else None,
-                 "top_k": gen.get("top_k") if sampling else None,
-                 "max_new_tokens": gen.get("max_new_tokens", budget)}
+    from_file = {name: gen.get(name) if sampling or name not in WARPERS else None for name in SAMPLING_DEFAULTS}
+    from_file.update(temperature=_file_temperature(gen), max_new_tokens=gen.get("max_new_tokens", budget))
     values, sources = {}, {}
     for name, default in SAMPLING_DEFAULTS.items():
         for source, value in (("cli", getattr(req, name)), ("generation_config", from_file[name]),
@@ -203,13 +219,17 @@ def _length_source(source: str, gen: dict) -> str:
     return "generation_config.json's max_length (--max-new-tokens overrides it)"
 
 
-def _check_prompt(req: RunRequest, config: SalaConfig, ids: list[int], tok: Tokenizer | None, length: str) -> None:
+def _warn_model_limits(req: RunRequest, config: SalaConfig, prompt_tokens: int, length: str) -> None:
     """Warn where the prompt plus max_new_tokens (`length` says what set it) leaves what the model
-    handles well; fail where the tokenizer's ids do not fit the model's vocabulary."""
+    handles well."""
     sparse = config.sparse_config
-    if sparse.forced_blocks_note and len(ids) + req.max_new_tokens >= sparse.dense_len:
+    if sparse.forced_blocks_note and prompt_tokens + req.max_new_tokens >= sparse.dense_len:
         output.warn_once(sparse.forced_blocks_note)
-    output.warn_past_trained_length(len(ids) + req.max_new_tokens, config.max_position_embeddings, length)
+    output.warn_past_trained_length(prompt_tokens + req.max_new_tokens, config.max_position_embeddings, length)
+
+
+def _check_prompt(req: RunRequest, config: SalaConfig, ids: list[int], tok: Tokenizer | None) -> None:
+    """Fail where the tokenizer's ids or --stop-token-ids do not fit the model's vocabulary."""
     if tok is not None:
         check_fits(tok, config.vocab_size)
     outside = [t for t in req.stop_token_ids if not 0 <= t < config.vocab_size]
@@ -389,8 +409,7 @@ def _record(req: RunRequest, lm: LoadedModel, ids: list[int], text: GeneratedTex
         "timing": timing_note,
         "peaks": ceilings,
         "peak_memory_bytes": peak_memory,
-        "sampling": {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
-                     "seed": req.seed, "max_new_tokens": req.max_new_tokens, "ignore_eos": req.ignore_eos,
+        "sampling": {**{k: getattr(req, k) for k in SAMPLING_DEFAULTS}, "seed": req.seed, "ignore_eos": req.ignore_eos,
                      "stop": list(req.stop), "stop_token_ids": list(req.stop_token_ids)},
         "sampling_source": sampling_source,
         "chunk_size": req.chunk_size,

@@ -68,7 +68,8 @@ def test_run_json_with_text_prompt(ckpt):
     # which GLA prefill ran (README: `run --json`'s gla_prefill): the reference on CPU
     assert out["gla_prefill"] == "reference"
     assert out["sampling"] == {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "max_new_tokens": 6,
-                               "ignore_eos": True, "stop": [], "stop_token_ids": []}
+                               "repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_new_tokens": 0,
+                               "min_p": 0.0, "ignore_eos": True, "stop": [], "stop_token_ids": []}
     assert out["finish_reason"] == "length" and out["stop_reason"] is None
     assert "fla_core" in out["env"] and out["env"]["fla_core"] == _fla_core_version()
 

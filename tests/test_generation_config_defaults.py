@@ -38,7 +38,9 @@ def test_do_sample_true_samples_with_the_checkpoints_temperature_and_top_p(tmp_p
     rec, err = run_json(capsys, "--model", model, "-n", "12", "--ignore-eos", "--out", tmp_path / "runs")
     assert (rec["sampling"]["temperature"], rec["sampling"]["top_p"], rec["sampling"]["top_k"]) == (0.8, 0.8, 0)
     assert rec["sampling_source"] == {"temperature": "generation_config", "top_p": "generation_config",
-                                      "top_k": "default", "max_new_tokens": "cli"}
+                                      "top_k": "default", "max_new_tokens": "cli",
+                                      "repetition_penalty": "default", "no_repeat_ngram_size": "default",
+                                      "min_new_tokens": "default", "min_p": "default"}
     assert err.strip() == ("from the checkpoint's generation_config.json: temperature 0.8, top_p 0.8; "
                            "flags override")
     # the same draw as those values given as flags (seed 0 in both)

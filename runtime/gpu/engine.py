@@ -40,7 +40,8 @@ from salactl.runtime.ops.device_props import sm_count
 from salactl.runtime.ops.gla.triton import FLA, prefill_impl
 from salactl.runtime.ops.selection.gpu import check_shapes
 from salactl.runtime.op_timer import NULL_TIMER, OpTimer
-from salactl.runtime.sampling import SamplingParams, as_token_ids, greedy, resolve_params, sample
+from salactl.runtime.sampling import (SamplingParams, as_token_ids, greedy, logits_processors, resolve_params,
+                                      sample)
 
 
 def fallback_notes(device: torch.device) -> list[str]:
@@ -183,6 +184,7 @@ class GPUEngine:
         warn_model_limits(self.config, len(prompt), params.max_new_tokens)
         stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else eos)
         req = Request(self._next_id, prompt, params, stops)
+        req.processors = logits_processors(params, prompt, stops, self.config.vocab_size, self.device)
         if params.temperature > 0:
             seed = params.seed if params.seed is not None else 0
             req.generator = torch.Generator(device=self.device).manual_seed(seed)
@@ -454,11 +456,12 @@ class GPUEngine:
     @staticmethod
     def _sample(logits: torch.Tensor, reqs: list[Request]) -> list[int | NumericsError]:
         """Each request's next token, or the NumericsError of a row of NaN/Inf logits: that row
-        fails only its own request."""
+        fails only its own request. Greedy rows take the batched argmax, unless a logits processor
+        of theirs is on: those, like sampled rows, go row by row."""
         try:
             top = greedy(logits)
         except NumericsError as e:      # which rows: rare, so a second pass here, not a sync every step
             finite = torch.isfinite(logits.max(dim=-1).values).tolist()
             top = [greedy(row[None])[0] if ok else e for row, ok in zip(logits, finite)]
-        return [g if isinstance(g, NumericsError) or r.params.temperature == 0
-                else sample(logits[i], r.params, r.generator) for i, (g, r) in enumerate(zip(top, reqs))]
+        return [g if isinstance(g, NumericsError) or (r.params.temperature == 0 and r.processors is None)
+                else sample(logits[i], r.params, r.generator, r.processors) for i, (g, r) in enumerate(zip(top, reqs))]

@@ -33,6 +33,7 @@ class Request:
     first_token_time: float | None = None
     finish_time: float | None = None
     generator: object = None
+    processors: object = None                   # its sampling.LogitsProcessors; None when none is on
     error: BaseException | None = None          # what failed the step that finished it ("error")
 
     prefill_calls: int = 0
