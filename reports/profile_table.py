@@ -117,25 +117,59 @@ class KernelRow:
         return asdict(self)
 
 
+# the op row of a step's wall time that no op's time covers (launch gaps, Python, the profiler's own
+# work between ops): as `salactl run`'s roofline gives it to "other", but "other" is an op class here
+UNATTRIBUTED = "other (unattributed)"
+
+
 def op_rows(samples: list[KernelSample], analytic: dict[str, dict[str, dict]], mem_gbps: float,
-            tflops: float, bf16_tflops: float | None = None) -> list[OpRow]:
+            tflops: float, bf16_tflops: float | None = None,
+            wall_s: dict[str, float | None] | None = None) -> list[OpRow]:
+    """Per phase, one row per op class and the total. With the phase's wall time (wall_s; a
+    torch.profiler step, timed in the same run as its ops) the total is that time, and an
+    UNATTRIBUTED row (no op, no analytic cost) holds what the ops' times leave of it; without
+    (Nsight Compute, which replays every kernel), the total is the ops' sum."""
     rows = []
     has_bytes = any(s.dram_bytes is not None for s in samples)
     for phase, costs in analytic.items():
         mine = [s for s in samples if s.phase == phase]
+        wall = (wall_s or {}).get(phase)
         for op in (*OP_CLASSES, "total"):
             sel = mine if op == "total" else [s for s in mine if s.op == op]
             ab, af, rate = _summed(costs.values() if op == "total" else [costs[op]], tflops, bf16_tflops)
             t = sum(s.time_s for s in sel)
-            mb = _measured_bytes(sel) if has_bytes else None
-            moved = mb if mb is not None else ab
-            gbps = moved / t / 1e9 if t else None
-            done_tflops = af / t / 1e12 if t else None
-            floor = _floor(ab, af, mem_gbps, rate)
-            rows.append(OpRow(phase, op, len(sel), t, mb, gbps, _pct(gbps, mem_gbps), ab, af, floor,
-                              _ratio(mb, ab), _ratio(t, floor) if t else None, done_tflops,
-                              _pct_of_peak(gbps, done_tflops, mem_gbps, rate)))
+            if op == "total" and wall is not None:
+                rows.append(_op_row(phase, UNATTRIBUTED, [], max(wall - t, 0.0), 0.0, 0.0, tflops, has_bytes,
+                                    mem_gbps))
+                t = wall
+            rows.append(_op_row(phase, op, sel, t, ab, af, rate, has_bytes, mem_gbps))
     return sort_ops(rows)
+
+
+def _op_row(phase: str, op: str, sel: list[KernelSample], t: float, ab: float, af: float, rate: float,
+            has_bytes: bool, mem_gbps: float) -> OpRow:
+    mb = _measured_bytes(sel) if has_bytes else None
+    moved = mb if mb is not None else ab
+    gbps = moved / t / 1e9 if t else None
+    done_tflops = af / t / 1e12 if t else None
+    floor = _floor(ab, af, mem_gbps, rate)
+    return OpRow(phase, op, len(sel), t, mb, gbps, _pct(gbps, mem_gbps), ab, af, floor, _ratio(mb, ab),
+                 _ratio(t, floor) if t else None, done_tflops, _pct_of_peak(gbps, done_tflops, mem_gbps, rate))
+
+
+def overcounted(rows: list[OpRow]) -> dict[str, tuple[float, float]]:
+    """{phase: (the ops' summed time, the wall time)} where the ops' times add up to more than the
+    step's wall time (its UNATTRIBUTED row is then 0)."""
+    out = {}
+    for phase in dict.fromkeys(r.phase for r in rows):
+        mine = [r for r in rows if r.phase == phase]
+        if not any(r.op == UNATTRIBUTED for r in mine):
+            continue
+        named = sum(r.time_s for r in mine if r.op not in ("total", UNATTRIBUTED))
+        wall = next(r.time_s for r in mine if r.op == "total")
+        if named > wall:
+            out[phase] = (named, wall)
+    return out
 
 
 def layer_rows(samples: list[KernelSample], by_scope: dict[str, dict[str, dict]], scopes: dict[str, list | None],
@@ -208,12 +242,14 @@ def _pct_of_peak(gbps, done_tflops, mem_gbps, tflops):
 
 
 def sort_ops(rows: list[OpRow]) -> list[OpRow]:
-    """Per phase: ops by excess time over their floor (largest first), the total row last."""
+    """Per phase: ops by excess time over their floor (largest first), then the unattributed time,
+    the total row last."""
     out = []
+    last = (UNATTRIBUTED, "total")
     for phase in dict.fromkeys(r.phase for r in rows):
         mine = [r for r in rows if r.phase == phase]
-        ops = sorted((r for r in mine if r.op != "total"), key=lambda r: r.floor_s - r.time_s)
-        out += ops + [r for r in mine if r.op == "total"]
+        ops = sorted((r for r in mine if r.op not in last), key=lambda r: r.floor_s - r.time_s)
+        out += ops + [r for op in last for r in mine if r.op == op]
     return out
 
 

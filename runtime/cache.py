@@ -73,6 +73,13 @@ class SequenceCache:
             self._k1[layer] = torch.cat([self._k1[layer], compress_keys(span, sc, 0, need - have)])
         return self._k1[layer][:need]
 
+    def drop_compressed_keys_past(self, windows: int) -> None:
+        """Keep the first `windows` K1 windows of every layer (a view: no copy); a caller that ran
+        an uncommitted step (profile's repeated steps) drops the windows that step compressed."""
+        for layer, k1 in self._k1.items():
+            if k1.shape[0] > windows:
+                self._k1[layer] = k1[:windows]
+
     def kv_bytes(self) -> int:
         per_tok = 2 * self.config.num_key_value_heads * self.config.head_dim * self.kv_dtype.itemsize
         return per_tok * self.length * len(self._k)

@@ -137,6 +137,8 @@ def _gap(v):
 
 
 def render(r: dict) -> None:
+    from salactl.reports.profile_table import UNATTRIBUTED
+
     m, p = r["manifest"], r["peaks"]
     # torch.profiler on CPU times aten ops (views and other wrappers among them), not kernels
     unit = "kernels" if r["mode"] == "ncu" or m["device"].startswith("cuda") else "aten ops"
@@ -150,10 +152,11 @@ def render(r: dict) -> None:
                   else "no measured bytes: GB/s and % peak come from the analytic bytes")
     for phase, step in m["steps"].items():
         rows = [x for x in r["ops"] if x["phase"] == phase]
+        wall = ("; total = the step's wall time" if any(x["op"] == UNATTRIBUTED for x in rows) else "")
         _table(
             f"{phase}: batch {step['batch']} × {step['new_tokens']} new tokens after "
             f"{step['cached_tokens']} cached — per op (top offenders first: time ms − floor ms, largest "
-            f"first; {bytes_note}; % peak = bandwidth or compute, the higher)",
+            f"first; {bytes_note}; % peak = bandwidth or compute, the higher{wall})",
             ["op", unit, "time ms", "bytes", "GB/s", "TFLOP/s", "% peak BW", "% peak", "analytic bytes",
              "floor ms", "bytes gap", "time/floor"],
             [[x["op"], x["kernels"], _ms(x["time_s"]),
@@ -172,6 +175,8 @@ def render(r: dict) -> None:
           None if x["dram_bytes"] is None else human_bytes(x["dram_bytes"]),
           x["achieved_gbps"], x["pct_of_peak_bw"], x["sm_pct"], x["mem_pct"], _ms(x["floor_s"])]
          for x in r["kernels"]], () if measured else TORCH_UNFILLED_KERNEL_COLUMNS)
+    for note in r.get("notes", []):
+        output.stdout.print(f"note: {note}")
     if r.get("nvml"):
         n = r["nvml"]
         parts = [f"{k} {v['min']:.0f}..{v['max']:.0f}" for k, v in n.items() if isinstance(v, dict)]

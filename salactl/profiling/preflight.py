@@ -1,6 +1,6 @@
 """Checks of a ProfileSpec against the model and the machine before anything is loaded or
 allocated: the device, dtype, model, --layers, --backend, and the memory the step's caches need
-(a --context or --batch too large fails here with exit 11, not in an allocator), and run's warning
+(a --context, --batch or --chunk-size too large fails here with exit 11, not in an allocator), and run's warning
 where --context passes the model's trained length."""
 
 from __future__ import annotations
@@ -27,21 +27,14 @@ def check_backend(spec: ProfileSpec, device) -> bool:
     return spec.backend != "reference" and usable
 
 
-def _kv_bytes_per_token(spec: ProfileSpec, config, act_bytes: int) -> int:
-    from salactl.reports.memory import kv_bytes_per_token
-
-    kv_dtype = "fp8" if spec.kv_cache_dtype.startswith("fp8") else {2: "bfloat16", 4: "float32"}[act_bytes]
-    return kv_bytes_per_token(config, kv_dtype)
-
-
-# fp32 [Hkv, G, n, W] tensors the reference selection holds at once for a prefill chunk of n queries
+# fp32 [Hkv, G, n, W] tensors the reference selection holds at once for a step of n queries
 # over W compressed keys (logits and their softmax, plus the summed scores' share)
 SELECTION_TEMPORARIES = 3
 
 
 def reference_attention_bytes(spec: ProfileSpec, config) -> int:
-    """The reference backend's largest attention temporaries over the profiled steps: a prefill
-    chunk's block-selection window scores (the gathered attention stays under ops/attention/
+    """The reference backend's largest attention temporaries over the profiled steps: the step's
+    block-selection window scores (a prefill chunk's gathered attention stays under ops/attention/
     gathered.py's ROW_GROUP_BYTES) and, for rows below dense_len, the dense scores over every cached
     key (bench/sweep_sizes.py's count, which the sweep and eval checks use too)."""
     from salactl.bench.sweep_sizes import SCORE_COPIES
@@ -54,8 +47,9 @@ def reference_attention_bytes(spec: ProfileSpec, config) -> int:
         n, cached = spec.step_rows(phase)
         end = n + cached
         dense = max(0, min(end, dense_len - 1) - cached)
-        selection = (SELECTION_TEMPORARIES * 4 * heads * n * num_windows(end, config.sparse_config)
-                     + ROW_GROUP_BYTES) if phase == "prefill" else 0
+        selection = SELECTION_TEMPORARIES * 4 * heads * n * num_windows(end, config.sparse_config)
+        if phase == "prefill":
+            selection += ROW_GROUP_BYTES        # a decode row gathers only its kept blocks' tokens
         worst = max(worst, selection + SCORE_COPIES * 4 * heads * dense * end)
     return worst
 
@@ -63,17 +57,35 @@ def reference_attention_bytes(spec: ProfileSpec, config) -> int:
 def step_memory_bytes(spec: ProfileSpec, config, act_bytes: int, quantized: bool,
                       reference: bool = True) -> tuple[int, int]:
     """(caches and working memory, weights) in bytes: every profiled sequence (batch per phase)
-    holds its context plus the new tokens in KV (sparse layers) and one fp32 state per lightning
-    layer, and the reference backend its attention temporaries; the weights are counted as
-    loaded (full precision unless the checkpoint is quantized)."""
-    from salactl.reports.memory import gla_state_bytes, weight_bytes
+    holds its context plus the new tokens in KV (sparse layers), their compressed keys (K1) and one
+    fp32 state per lightning layer, and the reference backend its attention temporaries and the
+    step's key compression; the weights are counted as loaded (full precision unless the checkpoint
+    is quantized)."""
+    from salactl.bench.grid_memory import cache_bytes_per_request
+    from salactl.reports.memory import weight_bytes
 
-    per_token = _kv_bytes_per_token(spec, config, act_bytes)
-    caches = sum(spec.batch * (sum(spec.step_rows(p)) * per_token + gla_state_bytes(config))
+    kv_item = 1 if spec.kv_cache_dtype.startswith("fp8") else act_bytes
+    caches = sum(spec.batch * cache_bytes_per_request(config, sum(spec.step_rows(p)), kv_item, act_bytes)
                  for p in spec.phases)
-    working = spec.batch * reference_attention_bytes(spec, config) if reference else 0
+    working = (spec.batch * reference_attention_bytes(spec, config) + compression_bytes(spec, config, act_bytes)
+               if reference else 0)
     weights = weight_bytes(config, spec.weights if quantized else "bf16", act_bytes=act_bytes).total
     return caches + working, weights
+
+
+def compression_bytes(spec: ProfileSpec, config, act_bytes: int) -> int:
+    """The reference step's largest key-compression temporaries (runtime/cache.py compressed_keys,
+    one layer of one sequence at a time): the fp32 copy of the keys of the windows it adds (the
+    step's own tokens: the workload builds the context's K1 beforehand) and the layer's whole K1,
+    which torch.cat copies while the old one is alive."""
+    from salactl.runtime.ops.selection import num_windows
+
+    sc, per_key = config.sparse_config, config.num_key_value_heads * config.head_dim
+    worst = 0
+    for phase in spec.phases:
+        n, cached = spec.step_rows(phase)
+        worst = max(worst, per_key * (4 * (n + sc.kernel_size) + act_bytes * num_windows(n + cached, sc)))
+    return worst
 
 
 def largest_fitting(fits, high: int) -> int:
@@ -87,7 +99,8 @@ def largest_fitting(fits, high: int) -> int:
 
 def _fixes(spec: ProfileSpec, config, act_bytes: int, quantized: bool, reference: bool, avail: int) -> str:
     """What fits in `avail` bytes: the largest --context at this --batch, the largest --batch at
-    this --context (by the same count as the check)."""
+    this --context and, for a prefill step, the largest --chunk-size at both (by the same count as
+    the check)."""
     import dataclasses
 
     def fits(**change) -> bool:
@@ -96,8 +109,11 @@ def _fixes(spec: ProfileSpec, config, act_bytes: int, quantized: bool, reference
 
     context = largest_fitting(lambda c: fits(context=c), spec.context)
     batch = largest_fitting(lambda b: fits(batch=b), spec.batch)
+    chunk = (largest_fitting(lambda c: fits(chunk_size=c), min(spec.chunk_size, spec.context))
+             if "prefill" in spec.phases else 0)
     fixes = [f"--context (at most about {context:,} tokens at this --batch)" if context else None,
-             f"--batch (at most {batch:,} at this --context)" if batch else None]
+             f"--batch (at most {batch:,} at this --context)" if batch else None,
+             f"--chunk-size (at most {chunk:,} at this --context and --batch)" if chunk else None]
     fixes = [f for f in fixes if f]
     if not fixes:
         return "the weights leave no room for the caches; use --weights w4a16 or a device with more memory"

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from salactl import output
+from salactl.bench.out_of_memory import out_of_memory_is_capacity
 from salactl.bench.records import interrupts_deferred
 from salactl.errors import (DeviceError, OutputWriteError, ProfilerFailedError, ProfilerPermissionError,
                             ToolMissingError, UsageError)
@@ -26,7 +27,7 @@ from salactl.profiling.step_runner import write_json
 from salactl.reports.atomic import (DiskFullError, check_destinations, exclusive_lock, free_space, move_all,
                                      write_remedy)
 from salactl.reports.ncu import parse_csv
-from salactl.reports.profile_table import from_ncu, in_scopes, kernel_rows, layer_rows, op_rows
+from salactl.reports.profile_table import from_ncu, in_scopes, kernel_rows, layer_rows, op_rows, overcounted
 
 MODES = ("auto", "ncu", "torch")
 # every file a session may write in its directory (--ncu or --torch)
@@ -73,14 +74,28 @@ def tables(samples, manifest: dict, peaks: dict, top: int) -> dict:
     analytic = {p: s["analytic"] for p, s in steps.items()}
     samples = [s for s in samples if s.phase not in steps or in_scopes(s, steps[s.phase].get("scopes"))]
     rates = peaks["mem_gbps"], peaks["compute_tflops"], peaks.get("quantized_compute_tflops")
-    ops = op_rows(samples, analytic, *rates)
+    # a torch.profiler step's wall time was taken in the same run as its ops (ncu replays kernels),
+    # and covers the whole step: not the total of a profile of some layers (--layers)
+    wall = ({p: s.get("wall_s") for p, s in steps.items() if s.get("scopes") is None}
+            if manifest.get("mode") == "torch" else None)
+    ops = op_rows(samples, analytic, *rates, wall_s=wall)
     by_scope = {p: s["analytic_by_scope"] for p, s in steps.items() if "analytic_by_scope" in s}
     layers = layer_rows(samples, by_scope, {p: s.get("scopes") for p, s in steps.items()},
                         mixer_kinds(manifest.get("config", {})), *rates)
     kernels = kernel_rows(samples, peaks["mem_gbps"], top)
     return {"ops": [r.to_dict() for r in ops], "layers": [r.to_dict() for r in layers],
             "kernels": [r.to_dict() for r in kernels],
-            "kernel_count": len(samples)}        # in the profiled scope (--layers), not every launch
+            "kernel_count": len(samples),        # in the profiled scope (--layers), not every launch
+            "notes": [_overcount_note(phase, *times, manifest["device"])
+                      for phase, times in overcounted(ops).items()]}
+
+
+def _overcount_note(phase: str, named: float, wall: float, device: str) -> str:
+    what = ("kernel durations, which overlap where kernels run at once" if device.startswith("cuda")
+            else "self times of the aten ops")
+    return (f"{phase}: its ops' times add up to {named * 1e3:.3f} ms, more than the step's wall time, "
+            f"{wall * 1e3:.3f} ms (the host clock around the synchronised step); the ops' times are "
+            f"torch.profiler's {what}, so the total is the wall time and nothing is unattributed")
 
 
 def mixer_kinds(hf_config: dict) -> list[str]:
@@ -163,7 +178,7 @@ def run_staged(spec: ProfileSpec, opts: SessionOptions, mode: str, sampler=None)
     try:
         with interrupts_deferred():         # a Ctrl-C right after mkdtemp still finds it to remove
             staging = Path(tempfile.mkdtemp(prefix=f".{output.short_name(final)}.tmp-", dir=where))
-        with _write_failures_name(final):
+        with _write_failures_name(final), out_of_memory_is_capacity("profile", _memory_fix(spec)):
             result = _run(spec, replace(opts, out_dir=staging), mode, sampler)
             result["out_dir"] = str(final)
             result["files"] = {k: str(final / Path(v).name) for k, v in result.get("files", {}).items()}
@@ -179,6 +194,10 @@ def run_staged(spec: ProfileSpec, opts: SessionOptions, mode: str, sampler=None)
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def _memory_fix(spec: ProfileSpec) -> str:
+    return "lower --context, --batch or --chunk-size" if "prefill" in spec.phases else "lower --context or --batch"
 
 
 def _keep_log(log: Path, final: Path) -> Path | None:

@@ -1,5 +1,6 @@
 """The profiled work: a model with caches already holding `context` tokens (synthesised with
-random keys/values/states, which cost the same bytes as real ones), and one forward step of a
+random keys/values/states, which cost the same bytes as real ones, and the compressed keys a
+prefill of them would have built), and one forward step of a
 phase, plus the analytic bytes/FLOPs of exactly that step (salactl/profiling/analytic.py over
 runtime/roofline.py call_costs)."""
 
@@ -19,6 +20,7 @@ from salactl.runtime.batch import ForwardBatch
 from salactl.runtime.cache import SequenceCache
 from salactl.runtime.loader import load_model
 from salactl.runtime.op_timer import NULL_TIMER
+from salactl.runtime.ops.selection import num_windows
 
 
 def _cache_kwargs(spec: ProfileSpec, model, config, device) -> dict:
@@ -55,6 +57,8 @@ class Workload:
     def prepare(self, phase: str, timer=NULL_TIMER):
         """Token ids and the ForwardBatch of one step (kept out of the profiled range)."""
         seqs = self.seqs[phase]
+        for seq in seqs:            # an earlier step's K1 windows: not this step's to skip
+            uncommit_k1(seq)
         new, _ = self.spec.step_rows(phase)
         gen = torch.Generator(device=self.device).manual_seed(self.spec.seed + 1)
         ids = torch.randint(0, self.config.vocab_size, (new * len(seqs),), device=self.device,
@@ -64,8 +68,9 @@ class Workload:
 
     @torch.inference_mode()
     def forward(self, prepared) -> torch.Tensor:
-        """One forward call of every sequence. It is not committed (cache lengths stay put), so
-        repeated steps (warm-up, then the profiled one) do identical work."""
+        """One forward call of every sequence. It is not committed (cache lengths stay put, and
+        prepare drops the compressed keys it adds), so repeated steps (warm-up, then the profiled
+        one) do identical work: that of a real step at this context, whatever --warmup is."""
         ids, batch, rows = prepared
         return self.model(ids, batch, rows)
 
@@ -83,18 +88,51 @@ class Workload:
         return sum_scopes(self.scoped_analytic(phase), self.spec.scopes)
 
 
+# tokens of synthetic keys/values drawn (and compressed) at a time: the fill's temporaries stay a few
+# MB at any --context, beside caches that may take most of the memory
+FILL_SLICE = 8192
+
+
+def committed_windows(config, length: int) -> int:
+    """The compressed keys (K1 windows) a sequence holds after an engine prefilled `length` tokens:
+    every full window once its last prefill chunk had a sparse row (length >= dense_len), else none
+    (dense rows never compress, so the first sparse step compresses them all)."""
+    sc = config.sparse_config
+    return num_windows(length, sc) if length >= sc.dense_len else 0
+
+
+def uncommit_k1(seq) -> None:
+    """Drop the K1 windows a step (warm-up or profiled, never committed) added past the committed
+    length, so the next step compresses its own tokens' windows as a real step at that context
+    does."""
+    seq.drop_compressed_keys_past(committed_windows(seq.config, seq.length))
+
+
+def _fill_layer(seq, layer: int, cached: int, gen, k1: bool) -> None:
+    """`cached` random keys/values, drawn in the cache's activation dtype FILL_SLICE tokens at a
+    time, and (k1) their compressed keys, built slice by slice as a chunked prefill builds them."""
+    config = seq.config
+    shape = (config.num_key_value_heads, config.head_dim)
+    for start in range(0, cached, FILL_SLICE):
+        n = min(FILL_SLICE, cached - start)
+        k = torch.randn(n, *shape, device=seq.device, dtype=seq.dtype, generator=gen)
+        v = torch.randn(n, *shape, device=seq.device, dtype=seq.dtype, generator=gen)
+        seq.length = start
+        keys, _ = seq.append_kv(layer, k, v)
+        if k1:
+            seq.compressed_keys(layer, keys)
+
+
 def _sequences(config, device, dtype, batch: int, cached: int, new: int, seed: int, cache_kw: dict):
     gen = torch.Generator(device=device).manual_seed(seed)
-    hkv, d = config.num_key_value_heads, config.head_dim
     h, dk = config.lightning_nh, config.lightning_head_dim
+    k1 = committed_windows(config, cached) > 0
     seqs = []
     for _ in range(batch):
         seq = SequenceCache(config, device, dtype, capacity=cached + new, **cache_kw)
         if cached:
             for layer in config.sparse_layers:
-                k = torch.randn(cached, hkv, d, device=device, generator=gen).to(dtype)
-                v = torch.randn(cached, hkv, d, device=device, generator=gen).to(dtype)
-                seq.append_kv(layer, k, v)
+                _fill_layer(seq, layer, cached, gen, k1)
             for layer in config.lightning_layers:
                 seq.state[layer] = 0.01 * torch.randn(h, dk, dk, device=device, generator=gen)
         seq.length = cached
