@@ -170,3 +170,29 @@ def test_the_pages_of_a_request_with_nan_kv_do_not_fail_their_next_owner(end, gr
     engine = GPUEngine(model, "cuda", **opts)
     end_a_nan_request(engine, [99] + [5] * (2 * B + 5), params, end, B)
     assert engine.generate(good, params).output_token_ids == want
+
+
+def test_logits_processors_on_the_gpu_engine():
+    """HF's processors on CUDA, batched beside a plain request and under decode graphs: each request
+    keeps its own state (batched = one at a time), no bigram repeats under no_repeat_ngram_size 2,
+    and min_new_tokens holds back a stop id that plain greedy decoding samples first."""
+    from salactl.runtime.gpu.engine import GPUEngine
+    from salactl.runtime.sampling import SamplingParams
+
+    engine = GPUEngine(_model(torch.float32), "cuda", max_running_requests=4, chunk_size=128, kv_tokens=8192)
+    prompt = torch.randint(0, 512, (60,), generator=torch.Generator().manual_seed(1)).tolist()
+    plain = engine.generate(prompt, SamplingParams(max_new_tokens=16, ignore_eos=True)).output_token_ids
+    first = plain[0]
+    params = [SamplingParams(max_new_tokens=16, ignore_eos=True),
+              SamplingParams(max_new_tokens=16, ignore_eos=True, no_repeat_ngram_size=2, repetition_penalty=1.3),
+              SamplingParams(max_new_tokens=16, ignore_eos=True, stop_token_ids=[first], min_new_tokens=6),
+              SamplingParams(max_new_tokens=16, ignore_eos=True, temperature=0.9, min_p=0.1, seed=5,
+                             repetition_penalty=1.2)]
+    batched = [r.output_token_ids for r in engine.generate_batch([(prompt, p) for p in params])]
+    single = [engine.generate(prompt, p).output_token_ids for p in params]
+    assert batched == single
+    assert batched[0] == plain and batched[1] != plain
+    ids = prompt + batched[1]
+    for j in range(len(prompt), len(ids)):       # no generated token completes an earlier bigram
+        assert (ids[j - 1], ids[j]) not in set(zip(ids[:j - 1], ids[1:j]))
+    assert len(batched[2]) >= 6 and first not in batched[2][:6]
