@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from salactl.errors import NumericsError, UsageError
+from salactl.errors import AllTokensBannedError, NumericsError, UsageError
 
 NON_FINITE = ("the model computed NaN/Inf logits: its weights hold NaN/Inf, or the activations "
               "overflowed the dtype; check the checkpoint, or, if it runs in float16, use --dtype "
@@ -56,7 +56,7 @@ class SamplingParams:
             if not (value is None and name == "seed") and not is_int(value):    # numpy ints pass
                 raise UsageError(f"{_arg(name)} must be an integer, got {value!r}")
         for name in ("temperature", "top_p", "repetition_penalty", "min_p"):
-            object.__setattr__(self, name, _as_float(name, getattr(self, name)))
+            object.__setattr__(self, name, as_float(name, getattr(self, name)))
         self._check_processors()
         if self.max_new_tokens < 0:
             raise UsageError(f"{_arg('max_new_tokens')} must be >= 0, got {self.max_new_tokens}")
@@ -89,8 +89,9 @@ class SamplingParams:
         return self.repetition_penalty != 1.0 or self.no_repeat_ngram_size > 0 or self.min_new_tokens > 0
 
 
-def _as_float(name: str, value) -> float:
-    """A real number (a Fraction, a numpy float, an int) as the float the sampler computes with."""
+def as_float(name: str, value) -> float:
+    """A real number (a Fraction, a numpy float, an int) as a float; anything else (a bool, text) is a
+    UsageError naming the argument `name` and its flag."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise UsageError(f"{_arg(name)} must be a number, got {value!r}")
     try:
@@ -206,6 +207,20 @@ class LogitsProcessors:
                                        float("-inf"))
         return logits
 
+    def all_banned(self) -> str:
+        """Why every token is banned before the next one (AllTokensBannedError's message)."""
+        p, why = self.params, []
+        repeats = len(self.ngrams.banned()) if self.ngrams is not None else 0
+        if repeats:
+            why.append(f"{_arg('no_repeat_ngram_size')} {p.no_repeat_ngram_size} bans the {repeats} ids "
+                       "that would repeat an n-gram")
+        if self.generated < p.min_new_tokens:
+            why.append(f"{_arg('min_new_tokens')} {p.min_new_tokens} holds back the ending ids (EOS, stop ids)")
+        if not why:          # only the penalty is left to have pushed the logits to -inf
+            why.append(f"{_arg('repetition_penalty')} {p.repetition_penalty} scales every logit to -inf")
+        return (f"every token was banned by the logits processors at output token {self.generated + 1}: "
+                f"{' and '.join(why)}; lower or turn off one of these settings")
+
     def append(self, token: int) -> None:
         self.generated += 1
         if self.seen is not None:
@@ -226,12 +241,18 @@ def logits_processors(params: SamplingParams, prompt: list[int], ending_ids, voc
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
            processors: LogitsProcessors | None = None) -> int:
     """logits: fp32 [V] for one sequence. processors: the request's (logits_processors()), applied
-    first and told the token sampled."""
-    if processors is not None:
-        logits = processors(logits)
-    tok = _warp_and_draw(logits, params, generator)
-    if processors is not None:
-        processors.append(tok)
+    first and told the token sampled. NaN/Inf logits are a NumericsError; finite ones the processors
+    left no token of are an AllTokensBannedError."""
+    if processors is None:
+        return _warp_and_draw(logits, params, generator)
+    kept = processors(logits)
+    try:
+        tok = _warp_and_draw(kept, params, generator)
+    except NumericsError:
+        if float(kept.max()) == -math.inf and math.isfinite(float(logits.max())):
+            raise AllTokensBannedError(processors.all_banned()) from None
+        raise
+    processors.append(tok)
     return tok
 
 

@@ -57,6 +57,12 @@ class ProfilerFailedError(SalactlError):
     exit_code = 14
 
 
+class AllTokensBannedError(UsageError):
+    """A request's logits processors banned every token (no_repeat_ngram_size with min_new_tokens
+    over a small vocabulary, say): its settings conflict, the model is fine (NaN/Inf logits are a
+    NumericsError)."""
+
+
 class NumericsError(SalactlError):
     """The model computed NaN/Inf logits: broken weights, or a dtype whose range overflowed."""
     exit_code = 15

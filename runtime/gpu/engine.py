@@ -26,8 +26,8 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
-from salactl.errors import DeviceError, NumericsError, UsageError
-from salactl.runtime.engine import (GenerationResult, PhaseStats, check_ending_ids, check_prompt,
+from salactl.errors import AllTokensBannedError, DeviceError, NumericsError, UsageError
+from salactl.runtime.engine import (GenerationResult, PhaseStats, check_callback, check_ending_ids, check_prompt,
                                     current_cuda_device, model_and_device, warn_model_limits)
 from salactl.runtime.gpu.backend import GPUBackend
 from salactl.runtime.gpu.fast_model import fuse_model
@@ -40,8 +40,10 @@ from salactl.runtime.ops.device_props import sm_count
 from salactl.runtime.ops.gla.triton import FLA, prefill_impl
 from salactl.runtime.ops.selection.gpu import check_shapes
 from salactl.runtime.op_timer import NULL_TIMER, OpTimer
-from salactl.runtime.sampling import (SamplingParams, as_token_ids, greedy, logits_processors, resolve_params,
-                                      sample)
+from salactl.runtime.sampling import (SamplingParams, as_float, as_token_ids, greedy, is_int,
+                                      logits_processors, resolve_params, sample)
+
+ROW_FAILURES = (NumericsError, AllTokensBannedError)    # what fails one request of a step, not the step
 
 
 def fallback_notes(device: torch.device) -> list[str]:
@@ -96,6 +98,8 @@ class GPUEngine:
                  kv_tokens: int | None = None, kv_cache_dtype: str = "bf16",
                  profile_ops: bool = False, fuse: bool = True, free_bytes: int | None = None,
                  eos_ids: Iterable[int] = ()):
+        mem_fraction = _check_sizes(mem_fraction, max_running_requests, chunk_size, max_context, kv_tokens,
+                                    free_bytes)
         kv_dtype = fp8_dtype(kv_cache_dtype)           # an unknown name fails before any work
         self.kv_cache_dtype = kv_cache_dtype
         model, self.device = model_and_device(model, device)
@@ -136,9 +140,11 @@ class GPUEngine:
         self._next_id = 0
         self.timers = {"prefill": OpTimer(self.device), "decode": OpTimer(self.device)}
         self.gla_prefill = prefill_impl(self.device)
-        # re-entrant: locked methods call each other (step -> abort), and a stream collected
-        # mid-step releases its request in the stepping thread
+        # re-entrant: locked methods call each other, and a stream collected by a GC pass mid-step
+        # drops its request in the stepping thread (deferred to the step's end: _deferring)
         self._lock = threading.RLock()
+        self._stepping = 0
+        self._deferred: list[tuple[int, str, bool]] = []     # (rid, finish reason, forget it)
 
     def fallback_notes(self) -> list[str]:
         return fallback_notes(self.device)
@@ -201,6 +207,8 @@ class GPUEngine:
         (returning True ends the request after that token, finish_reason "stop") and
         prefill_progress(done, total) after each step that prefilled part of its prompt. Other
         requests submitted to the engine advance in the same steps (and may still be running)."""
+        check_callback(on_token, "on_token")
+        check_callback(prefill_progress, "prefill_progress")
         req = self._submit(prompt, params, eos_ids)
         try:
             for kept, tok in enumerate(self._tokens(req, prefill_progress), 1):
@@ -215,11 +223,12 @@ class GPUEngine:
     @_serialised
     def _stop_after(self, req: Request, kept: int) -> None:
         """Finish the request as "stop" after its first `kept` tokens (its on_token asked to), dropping
-        any sampled since: one step may sample two, or another caller's step may have run it on."""
+        any sampled since: one step may sample two, or another caller's step may have run it on. The
+        caller's stop wins, as in Engine, over "length" and over an "error" of a later token."""
         if req.finish_reason is None:
             self.abort(req.rid, "stop")
-        elif req.finish_reason == "length":         # its last token ended the text as well
-            req.finish_reason = "stop"
+        elif req.finish_reason in ("length", "error"):
+            req.finish_reason, req.error = "stop", None
         del req.output[kept:], req.token_times[kept:]
 
     def stream(self, prompt, params: SamplingParams | None = None, eos_ids=()) -> Iterator[int]:
@@ -267,13 +276,18 @@ class GPUEngine:
     def generate_batch(self, requests: list[tuple[list[int], SamplingParams | None]]) -> list[GenerationResult]:
         """Run [(prompt_ids, params), ...] batched together (with anything submitted before) to
         completion; returns their GenerationResults in order. A request that fails alone (NaN/Inf
-        logits) finishes with reason "error" and its tokens so far while the others run on; only
-        when every request failed so is its NumericsError raised (as generate() raises it). Any
-        other error drops the batch's requests and propagates."""
+        logits, or logits processors that ban every token) finishes with reason "error" and its
+        tokens so far while the others run on; only when every request failed so is the first one's
+        error raised (as generate() raises it). Any other error drops the batch's requests and
+        propagates."""
         rids = []
         try:
-            for p, s in requests:
-                rids.append(self.submit(p, s))
+            for i, item in enumerate(requests):
+                if not isinstance(item, (tuple, list)) or len(item) != 2:
+                    size = f" of length {len(item)}" if isinstance(item, (tuple, list)) else ""
+                    raise UsageError(f"generate_batch takes a list of (prompt_ids, params) pairs; item {i} is "
+                                     f"{type(item).__name__}{size}: pass [(ids, SamplingParams(...) or None), ...]")
+                rids.append(self.submit(*item))
             while self.scheduler.has_work():        # events() without its raise: the requests keep their errors
                 self.step()
         except BaseException:
@@ -292,10 +306,10 @@ class GPUEngine:
         GenerationResult once it has finished. Tokens sampled by any caller's step (a stream() or
         generate() in this thread or another) are yielded too, each once: two events() readers
         share them, and a request whose result() was taken before its tokens were read is skipped.
-        A request that fails alone (NaN/Inf logits) finishes with reason "error" while the others
-        run on; once all have finished, events() raises the first such error (every result(rid),
-        the others' included, stays available). The lock is held for a snapshot or a step, never
-        across a yield: an abandoned events() blocks no other thread."""
+        A request that fails alone (NaN/Inf logits, every token banned) finishes with reason
+        "error" while the others run on; once all have finished, events() raises the first such
+        error (every result(rid), the others' included, stays available). The lock is held for a
+        snapshot or a step, never across a yield: an abandoned events() blocks no other thread."""
         failed = None
         while True:
             with self._lock:
@@ -314,7 +328,7 @@ class GPUEngine:
         """The tokens no events() reader has yielded yet (marked as yielded), oldest first, and
         the first error not yet taken for raising. Call with the lock held."""
         new, error = [], None
-        for req in self.requests.values():
+        for req in list(self.requests.values()):     # a stream collected meanwhile may drop its request
             times = req.token_times
             new += [(req.rid, req.output[i], times[i]) for i in range(req.evented, len(req.output))]
             req.evented = len(req.output)
@@ -327,11 +341,14 @@ class GPUEngine:
     @_serialised
     def _drop(self, rids: list[int]) -> None:
         """Abort (if still running) and forget these requests (skipping any whose result was
-        taken already, e.g. by a caller reading events())."""
+        taken already, e.g. by a caller reading events()); at the end of a step running now."""
         for rid in rids:
-            if rid in self.requests:
-                self.abort(rid)
-                del self.requests[rid]
+            if rid not in self.requests:
+                continue
+            if self._stepping:
+                self._deferred.append((rid, "abort", True))
+            else:
+                self._end(self.requests.pop(rid), "abort")
 
     @_serialised
     def result(self, rid: int) -> GenerationResult:
@@ -356,24 +373,54 @@ class GPUEngine:
     def abort(self, rid: int, reason: str = "abort") -> None:
         """Finish a request now (finish_reason `reason` unless it already finished), freeing its
         slot and pages; later steps carry on with the other requests. Its output so far stays
-        available to result(rid)."""
+        available to result(rid). Called during a step (from a finalizer), it ends the request
+        when that step ends."""
         req = self.requests.get(rid)
         if req is None:
             raise UsageError(f"request {rid} is unknown: never submitted, or its result was taken already")
+        if self._stepping:
+            self._deferred.append((rid, reason, False))
+        else:
+            self._end(req, reason)
+
+    def _end(self, req: Request, reason: str) -> None:
         if req.finish_reason is None:
             req.finish_reason = reason
             if req.slot >= 0:
                 self.backend.release_slot(req.slot)
             self.scheduler.cancel(req)
 
+    @contextmanager
+    def _deferring(self):
+        """Hold back the abort() / _drop() calls that arrive during a step until it ends. They come
+        from finalizers (a stream collected by a GC pass inside the step's forward, in this thread
+        under the re-entrant lock); run at once, they would pull requests out of the scheduler's
+        lists while the step works on them."""
+        self._stepping += 1
+        try:
+            yield
+        finally:
+            try:
+                while self._stepping == 1 and self._deferred:     # any arriving meanwhile join the queue
+                    rid, reason, forget = self._deferred.pop(0)
+                    req = self.requests.pop(rid, None) if forget else self.requests.get(rid)
+                    if req is not None:
+                        self._end(req, reason)
+            finally:
+                self._stepping -= 1
+
     # ---- one scheduler step -----------------------------------------------------------------
     @_serialised
     def step(self) -> list[tuple[int, int | BaseException, float]]:
         """One admission + prefill chunk + decode step; returns (request id, token id, timestamp)
-        events. A request whose logits are NaN/Inf fails alone: it is finished with reason "error"
-        and its event carries the NumericsError instead of a token id. If a phase raises, the
-        requests it ran are finished with reason "error" (their memory freed) before the error
-        propagates."""
+        events. A request whose logits are NaN/Inf, or whose logits processors ban every token, fails
+        alone: it is finished with reason "error" and its event carries the NumericsError or
+        AllTokensBannedError instead of a token id. If a phase raises, the requests it ran are
+        finished with reason "error" (their memory freed) before the error propagates."""
+        with self._deferring():
+            return self._step()
+
+    def _step(self) -> list[tuple[int, int | BaseException, float]]:
         sched, events = self.scheduler, []
         admitted = sched.admit()
         with self._abort_on_error(admitted):     # a slot is never left half reset
@@ -401,7 +448,7 @@ class GPUEngine:
                 if r.finish_reason is None:      # what its own stream() raises when read later
                     r.error = e if isinstance(e, Exception) else RuntimeError(
                         f"the step that ran this request was interrupted ({type(e).__name__})")
-                self.abort(r.rid, "error")
+                self._end(r, "error")
             raise
 
     def _prefill_step(self, plan, events) -> None:
@@ -420,7 +467,7 @@ class GPUEngine:
             toks = self._sample(logits[[i for i, _ in live]], [r for _, r in live])
             now = time.perf_counter()
             for (_, r), tok in zip(live, toks):
-                if isinstance(tok, NumericsError):
+                if isinstance(tok, ROW_FAILURES):
                     self._fail(r, tok, now, events)
                     continue
                 r.first_token_time = now
@@ -436,7 +483,7 @@ class GPUEngine:
         toks = self._sample(logits, reqs)
         now = time.perf_counter()
         for r, tok in zip(reqs, toks):
-            if isinstance(tok, NumericsError):
+            if isinstance(tok, ROW_FAILURES):
                 self._fail(r, tok, now, events)
                 continue
             events.append((r.rid, tok, now))
@@ -448,20 +495,41 @@ class GPUEngine:
             self.backend.release_slot(req.slot)
         self.scheduler.finish(req)
 
-    def _fail(self, req: Request, error: NumericsError, now: float, events) -> None:
+    def _fail(self, req: Request, error: Exception, now: float, events) -> None:
         req.error = error
-        self.abort(req.rid, "error")
+        self._end(req, "error")
         events.append((req.rid, error, now))
 
     @staticmethod
-    def _sample(logits: torch.Tensor, reqs: list[Request]) -> list[int | NumericsError]:
-        """Each request's next token, or the NumericsError of a row of NaN/Inf logits: that row
-        fails only its own request. Greedy rows take the batched argmax, unless a logits processor
-        of theirs is on: those, like sampled rows, go row by row."""
+    def _sample(logits: torch.Tensor, reqs: list[Request]) -> list[int | NumericsError | AllTokensBannedError]:
+        """Each request's next token, or the error of a row that has none (NaN/Inf logits, every
+        token banned by its logits processors): that row fails only its own request. Greedy rows
+        take the batched argmax, unless a logits processor of theirs is on: those, like sampled
+        rows, go row by row."""
         try:
             top = greedy(logits)
         except NumericsError as e:      # which rows: rare, so a second pass here, not a sync every step
             finite = torch.isfinite(logits.max(dim=-1).values).tolist()
             top = [greedy(row[None])[0] if ok else e for row, ok in zip(logits, finite)]
         return [g if isinstance(g, NumericsError) or (r.params.temperature == 0 and r.processors is None)
-                else sample(logits[i], r.params, r.generator, r.processors) for i, (g, r) in enumerate(zip(top, reqs))]
+                else _sample_row(logits[i], r) for i, (g, r) in enumerate(zip(top, reqs))]
+
+
+def _sample_row(logits: torch.Tensor, req: Request) -> int | NumericsError | AllTokensBannedError:
+    try:
+        return sample(logits, req.params, req.generator, req.processors)
+    except ROW_FAILURES as e:
+        return e
+
+
+def _check_sizes(mem_fraction, max_running_requests, chunk_size, max_context, kv_tokens, free_bytes) -> float:
+    """GPUEngine's sizing arguments checked before any work (UsageError naming the bad one); returns
+    mem_fraction as a float (plan_pools checks its range)."""
+    for name, flag, value, optional in (
+            ("max_running_requests", " (--max-running-requests)", max_running_requests, False),
+            ("chunk_size", " (--chunk-size)", chunk_size, False), ("max_context", "", max_context, True),
+            ("kv_tokens", "", kv_tokens, True), ("free_bytes", "", free_bytes, True)):
+        if not (optional and value is None) and (not is_int(value) or value <= 0):
+            none = " or None" if optional else ""
+            raise UsageError(f"{name}{flag} must be a positive integer{none}, got {value!r}")
+    return as_float("mem_fraction", mem_fraction)
