@@ -40,3 +40,16 @@ def test_default_files_are_every_test_file_with_gpu_tests():
     assert {"test_gpu_kernels.py", "test_w4a16_triton.py", "test_w8a16_triton.py", "test_quant_packing.py",
             "test_gpu_engine.py", "test_flex_sparse_engine.py"} <= names
     assert "test_memory_report.py" not in names
+
+
+def test_a_failing_shard_prints_its_traceback(tmp_path):
+    """The shard logs stay on the GPU machine, which may be handed back: the traceback reaches stdout."""
+    tests = tmp_path / "t"
+    tests.mkdir()
+    (tests / "test_fails.py").write_text("def test_ok():\n    pass\n\n\ndef test_bad():\n"
+                                         "    assert 1 == 2, 'the reason it failed'\n")
+    r = subprocess.run([sys.executable, str(TOOL), "--out", str(tmp_path / "logs"), "--shards", "2",
+                        str(tests / "test_fails.py")], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "FAILED" in r.stdout and "test_bad" in r.stdout
+    assert ">       assert 1 == 2, 'the reason it failed'" in r.stdout    # the traceback, not only the summary line

@@ -9,7 +9,8 @@ Cold Triton compilation dominates these tests (one file took > 200 s alone); com
 processes at once uses the host's cores, and the kernels themselves share the GPU. Test ids are
 collected once and dealt round-robin, so parametrized variants of one kernel spread over shards.
 A shard past --timeout gets SIGINT, so pytest still prints its summary. Each shard's log goes to
-DIR/shardI.txt; stdout gets one summary line per shard, then every FAILED/ERROR line. Exit status:
+DIR/shardI.txt; stdout gets one summary line per shard, then every FAILED/ERROR line and the end of
+each failing shard's tracebacks (the logs may stay on a machine that is handed back). Exit status:
 1 if any shard failed or timed out, else 0.
 
 pytest-xdist would do the same but is not installed on the GPU machine (no network); this needs
@@ -42,6 +43,15 @@ def collect(files: list[str]) -> list[str]:
     return ids
 
 
+def failure_details(lines: list[str], most: int = 80) -> list[str]:
+    """The last `most` lines of a pytest log's FAILURES/ERRORS sections (its tracebacks)."""
+    start = next((i for i, ln in enumerate(lines) if ln.startswith("=") and ("FAILURES" in ln or "ERRORS" in ln)), None)
+    if start is None:
+        return []
+    end = next((i for i in range(start + 1, len(lines)) if "short test summary info" in lines[i]), len(lines))
+    return lines[start:end][-most:]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="*")
@@ -60,7 +70,7 @@ def main() -> int:
                "-p", "no:cacheprovider", *shard]
         procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
     bad = False
-    failures = []
+    failures, details = [], []
     for i, (p, log) in enumerate(procs):
         rc = p.wait()
         log.close()
@@ -68,7 +78,10 @@ def main() -> int:
         lines = (out / f"shard{i}.txt").read_text().splitlines()
         print(f"shard{i} ({len(shards[i])} tests, rc {rc}): {lines[-1] if lines else '(no output)'}")
         failures += [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))]
+        details += failure_details(lines)
     for ln in failures:
+        print(ln)
+    for ln in details:
         print(ln)
     print(f"{len(ids)} tests in {len(shards)} shards; logs in {out}/")
     return 1 if bad else 0
