@@ -1,7 +1,8 @@
 """PNG plots for the HTML report (matplotlib, from the optional `plots` extra). Returns (caption,
 PNG bytes) per figure; `available()` is False when matplotlib is missing, and the report says so.
 
-All text (labels, phases, knob and metric names) is drawn literally: no mathtext for `$`, and a
+All text (labels, phases, knob and metric names) is drawn literally (a lone surrogate as its backslash
+escape, as the files write it): no mathtext for `$`, and a
 label starting with `_` still gets its legend entry. A chart draws at most MAX_SERIES records
 (bars) or lines, the first ones in report order; its caption says how many more the tables hold.
 A line chart needs a knob with at least 2 distinct finite values among the points it draws. A
@@ -48,6 +49,7 @@ def _figure(caption: str, size: tuple[float, float], draw: Callable) -> tuple[st
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.text
 
     from salactl.output import warn_once
 
@@ -59,6 +61,8 @@ def _figure(caption: str, size: tuple[float, float], draw: Callable) -> tuple[st
         try:
             draw(ax)
             ax.set_title(caption, fontsize=9)
+            for text in fig.findobj(matplotlib.text.Text):
+                text.set_text(_drawable(text.get_text()))
             buf = io.BytesIO()
             fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
         except Exception as e:          # a figure must not cost the report its tables
@@ -72,6 +76,12 @@ def _figure(caption: str, size: tuple[float, float], draw: Callable) -> tuple[st
         else:
             warn_once(f"plot {caption!r}: matplotlib: {_first_line(w.message)}")
     return caption, buf.getvalue()
+
+
+def _drawable(text: str) -> str:
+    """A lone surrogate (a byte of a non-UTF-8 label or file name, as Python decodes it) as the
+    backslash escape the report's files write: matplotlib's font code takes only valid Unicode."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _first_line(what) -> str:
