@@ -116,3 +116,19 @@ def test_a_malformed_template_list_is_refused_at_load(tmp_path, templates):
     d = nano_with_templates(tmp_path, templates)
     with pytest.raises(TokenizerError, match="has a chat_template that is neither a string nor a list of"):
         Tokenizer(d)
+
+
+def test_templates_render_with_hfs_trim_blocks_and_lstrip_blocks():
+    """As in HF apply_chat_template, a block tag's own line (indent and newline) leaves nothing in the prompt."""
+    from salactl.runtime.chat_template import compile_template
+
+    t = '{% for m in messages %}\n  {% if m.role == "user" %}\n<u>{{ m.content }}\n  {% endif %}\n{% endfor %}'
+    render = compile_template(t, "x")
+    assert render({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}) == "<u>a\n<u>b\n"
+
+
+def test_tojson_in_a_template_keeps_non_ascii_text_as_is():
+    """Tools rendered with `| tojson` keep "café" readable (HF's ensure_ascii=False), not "caf\\u00e9"."""
+    from salactl.runtime.chat_template import compile_template
+
+    assert compile_template("{{ tools | tojson }}", "x")({"tools": [{"d": "café"}]}) == '[{"d": "café"}]'

@@ -104,6 +104,17 @@ def test_wrong_shape_is_named(tmp_path):
         load_model(str(path), "cpu", "float32")
 
 
+def test_a_transposed_weight_is_named_as_a_wrong_shape(tmp_path):
+    """A non-square weight stored transposed (same numbers of elements and dims) is refused by name."""
+    _, state, path = write_tiny(tmp_path)
+    name = "model.layers.0.mlp.down_proj.weight"
+    rows, cols = state[name].shape
+    assert rows != cols
+    _edit_single(path, lambda t: t.__setitem__(name, t[name].t().contiguous()))
+    with pytest.raises(CheckpointError, match=rf"{name} has shape \[{cols}, {rows}\]"):
+        load_model(str(path), "cpu", "float32")
+
+
 def test_rope_buffers_in_checkpoint_are_ignored(tmp_path):
     _, _, path = write_tiny(tmp_path)
     _edit_single(path, lambda t: t.__setitem__("model.layers.1.self_attn.rotary_emb.inv_freq", torch.ones(4)))

@@ -104,3 +104,13 @@ def test_shared_option_helps_say_what_the_options_do(capsys):
     assert code == 0, err
     assert json.loads(out)["model"].startswith(f"random:{EMBEDDED_DIR}")
     assert json.loads(out)["prompt_token_ids"] == [1, 2]              # --prompt-ids: no BOS added
+
+
+def test_auto_dtype_is_bfloat16_on_cuda_as_the_help_says():
+    """--dtype auto (or no --dtype) picks bfloat16 on a CUDA device, as DTYPE_HELP promises, not float16."""
+    from salactl.options import DTYPE_HELP
+    from salactl.runtime.loader import resolve_dtype
+
+    assert "bfloat16 on CUDA" in DTYPE_HELP
+    assert resolve_dtype(None, torch.device("cuda")) == torch.bfloat16
+    assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16

@@ -101,6 +101,11 @@ def test_weights_larger_than_host_memory_are_refused_before_allocating(tmp_path)
     r = salactl("run", "--model", str(tmp_path), "--random-weights", "--device", "cpu", "--prompt-ids", "1")
     assert r.returncode == 11 and "available; use dtype bf16 (--dtype bf16" in r.stderr, r.stderr
     assert r.stderr.strip().count("\n") == 0
+    # the size stated is the float32 weights' (4 bytes a parameter), with bf16's (2 bytes) as the way out
+    from salactl.units import human_bytes
+    params = cfg.parameter_count()
+    assert f"in float32 (its weights) needs {human_bytes(params * 4)}, but" in r.stderr, r.stderr
+    assert f"(--dtype bf16, {human_bytes(params * 2)})" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("n", ["0", "1"])

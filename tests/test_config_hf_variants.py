@@ -44,6 +44,12 @@ def test_null_eos_means_none_from_config_and_the_stops_come_from_generation_conf
     assert code == 0, err
 
 
+def test_a_missing_eos_token_id_defaults_to_2_as_in_minicpm(nano):
+    """config.json without eos_token_id reads as 2 (MiniCPM's </s>), the id HF's config class defaults to."""
+    edit(nano, "config.json", lambda d: d.pop("eos_token_id"))
+    assert SalaConfig.from_file(nano / "config.json").eos_token_id == (2,)
+
+
 def test_dtype_wins_over_its_deprecated_alias_torch_dtype():
     d = SalaConfig.from_file(EMBEDDED_DIR / "config.json").to_hf_dict()
     assert SalaConfig.from_hf_dict({**d, "torch_dtype": "float32", "dtype": "bfloat16"}).torch_dtype == "bfloat16"

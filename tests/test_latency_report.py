@@ -99,6 +99,34 @@ def test_side_by_side_comparison_for_one_record_per_label(tmp_path):
     assert "## side by side" in md and "### phase main (relative to bf16)" in md
 
 
+def test_side_by_side_table_puts_each_labels_ratio_under_its_own_column():
+    """The Markdown side-by-side row has one cell per column, the "B / A" column holding B's ratio to A."""
+    from salactl.reports.render_text import comparison_tables
+
+    (heading, cols, rows), = comparison_tables(build([RECORDS[0], RECORDS[3]]))
+    row = next(r for r in rows if r[0] == "median_tpot_ms")
+    assert len(row) == len(cols)
+    assert row[cols.index("w4a16+fp8 / bf16")] == pytest.approx(5.25 / 7.75)
+
+
+def test_a_metric_one_label_lacks_stays_in_the_side_by_side_comparison():
+    """A metric recorded for only some labels is still compared, the missing label's value and ratio None."""
+    rep = build([record("A", "main", 1, median_tpot_ms=7.0, mean_ttft_ms=100.0),
+                 record("B", "main", 1, median_tpot_ms=3.5)])
+    comp = {c["metric"]: c for c in rep.comparison}
+    assert comp["mean_ttft_ms"]["values"] == {"A": 100.0, "B": None}
+    assert comp["mean_ttft_ms"]["relative"]["B"] is None
+    assert comp["median_tpot_ms"]["relative"]["B"] == pytest.approx(0.5)
+
+
+def test_report_numbers_show_a_decimal_from_a_thousand_up():
+    """Report cells print 12345.6 in full (one decimal), not rounded to four significant digits."""
+    from salactl.reports.render_text import fmt
+
+    assert fmt(12345.6) == "12345.6"
+    assert fmt(123.456) == "123.5"
+
+
 def test_run_records_keep_their_floor_columns(tmp_path):
     """`salactl run --out` records carry the roofline floor and time over it (salactl/run_job.py)."""
     from salactl.reports.render_text import csv_text, markdown

@@ -124,6 +124,13 @@ def test_no_processor_on_means_none_to_carry():
     assert logits_processors(SamplingParams(temperature=1.0, top_p=0.5, min_p=0.3), [1, 2], {2}, 40, "cpu") is None
 
 
+def test_min_new_tokens_alone_turns_the_processors_on():
+    """--min-new-tokens with no other processor still holds EOS back (it is not dropped as a no-op)."""
+    params = SamplingParams(min_new_tokens=3)
+    assert params.has_processors
+    assert logits_processors(params, [1, 2], {2}, 40, "cpu") is not None
+
+
 @pytest.mark.parametrize("min_p", [0.05, 0.2, 0.5, 1.0])
 def test_min_p_keeps_what_hfs_warper_keeps(min_p):
     logits = [2.0, 2.0, 1.5, 1.0, 0.0, -1.0, 2.0 - 0.6931471805599453, -3.0]     # ties; p/pmax = 0.5 exactly

@@ -295,6 +295,14 @@ def test_max_position_embeddings_must_be_at_least_one(nano, value):
         SalaConfig.from_file(nano / "config.json")
 
 
+@pytest.mark.parametrize("key", ["bos_token_id", "eos_token_id"])
+def test_special_token_id_at_the_vocabulary_size_is_refused(nano, key):
+    """A config.json bos/eos id equal to vocab_size (one past the last id) is a config error, not an index error."""
+    edit_json(nano / "config.json", lambda d: d.update({key: d["vocab_size"]}))
+    with pytest.raises(ConfigError, match=r"special token id 4096 is outside the vocabulary \(size 4096\)"):
+        SalaConfig.from_file(nano / "config.json")
+
+
 @pytest.mark.parametrize("key", ["num_key_value_heads", "head_dim", "lightning_nh", "lightning_nkv",
                                  "lightning_head_dim"])
 def test_zero_head_counts_are_not_read_as_missing(nano, key):
@@ -370,6 +378,7 @@ def test_kv_scale_error_reports_the_stored_shape():
     ("[1]", "must hold a JSON object, not a list"),
     ('{"eos_token_id": [99999, -3]}', "has eos_token_id 99999, outside the model's vocabulary [0, 4096)"),
     ('{"eos_token_id": -3}', "has eos_token_id -3, outside"),
+    ('{"eos_token_id": [2, 4096]}', "has eos_token_id 4096, outside the model's vocabulary [0, 4096)"),  # == vocab
 ])
 def test_bad_generation_config_is_refused_at_load(nano, capsys, content, msg):
     (nano / "generation_config.json").write_text(content)

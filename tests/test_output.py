@@ -26,6 +26,12 @@ def test_warn_once_prints_each_warning_once(capsys):
     assert err.count("warning: fla-core is missing (test)") == 1 and err.count("warning: another (test)") == 1
 
 
+def test_console_numbers_show_one_decimal_from_a_hundred_up():
+    """Console tables print 1234.5 in full (one decimal), not rounded to four significant digits."""
+    assert output.fmt(1234.5) == "1234.5"
+    assert output.fmt(12.345) == "12.35"
+
+
 @pytest.mark.parametrize("args", [["run", "--prompt", "hi", "-n", "2"], ["sweep", "--topk", "2"],
                                   ["profile", "--torch", "--phase", "decode"],
                                   ["bench", "--profile", "decode", "--scale", "0.002"]])

@@ -75,6 +75,8 @@ def test_quantize_writes_a_marlin_compatible_gptq_checkpoint(ckpt, calib_jsonl, 
         "quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True,
         "checkpoint_format": "gptq", "format": "gptq", "lm_head": False}
     assert qc["meta"]["quantizer"][0].startswith("salactl:")
+    # lm_head stays full precision (qc["lm_head"] False) and the meta lists it with the embeddings
+    assert qc["meta"]["unquantized_modules"][:2] == ["model.embed_tokens", "lm_head"]
     for f in TOKENIZER_FILES:
         assert (out / f).read_bytes() == (ckpt / f).read_bytes()
     t = _tensors(out)

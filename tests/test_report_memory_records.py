@@ -66,6 +66,16 @@ def test_an_unrecorded_kv_dtype_is_unknown_and_gets_no_prediction():
     assert (row["weights"], row["kv_dtype"], row["predicted"]) == ("unknown", "unknown", None)
 
 
+def test_a_recorded_cache_pool_is_predicted_with_all_prompts_packed_into_one_prefill_chunk():
+    """A GPU record with cache_pool_bytes predicts weights + the pool + the workspace of batch x prompt tokens
+    (8 x 51 = 408 of the 512-token chunk), as the GPU engine prefills its requests' prompts together."""
+    target = {**REFERENCE_TARGET, "engine": "gpu", "max_running_requests": 64}
+    (row,) = build(NANO, Q, [bench_record(8, target, cache_pool_bytes=1 << 30)], "sala-nano")["measured"]
+    assert row["batch"] == 8 and row["cache_pool_bytes"] == 1 << 30
+    assert row["predicted"] == (mem.weight_bytes(NANO, "bf16", 128, 4).total
+                                + mem.prefill_workspace_bytes(NANO, 8 * 51, 4) + (1 << 30))
+
+
 def measured(args, capsys):
     code, out, err = run_cli(["report", "memory", "--gpu-mem", "80", "--weights", "bf16", "--json", *args],
                              capsys)

@@ -112,6 +112,13 @@ def test_markdown_shows_html_from_records_as_text(tmp_path):
     assert any("| &amp; |" in r for r in table_rows)
 
 
+def test_a_pipe_in_a_markdown_cell_is_escaped():
+    """A "|" in a label or value cannot split a Markdown table cell."""
+    from salactl.reports.render_text import md_cell
+
+    assert md_cell("a|b") == "a\\|b"
+
+
 def test_the_bench_summary_shows_html_from_the_label_and_model_path_as_text(tmp_path):
     """bench's own <run_id>.md: the label and the model's path are user text."""
     from salactl.runtime.loader import EMBEDDED_DIR

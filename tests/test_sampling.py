@@ -51,6 +51,14 @@ def test_top_p_ties_at_the_cut_go_the_way_of_hf_top_p_warper():
     assert _seen([1.0] * 10, temperature=1.0, top_p=0.1) == {8, 9}
 
 
+def test_a_tiny_top_p_still_keeps_the_top_token():
+    """A top_p below the top token's probability keeps that token (HF's min_tokens_to_keep=1), never none."""
+    logits = torch.randn(1000, generator=torch.Generator().manual_seed(1)) * 3
+    g = torch.Generator().manual_seed(0)
+    for top_p in (1e-7, 1e-8, 1e-9):
+        assert sample(logits, SamplingParams(temperature=1.0, top_p=top_p), g) == int(logits.argmax())
+
+
 @pytest.mark.parametrize("kw", [dict(max_new_tokens=2.5), dict(top_k=3.0), dict(max_new_tokens=True)])
 def test_sampling_params_take_integer_counts_only(kw):
     with pytest.raises(UsageError, match="must be an integer"):

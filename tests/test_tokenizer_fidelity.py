@@ -269,3 +269,31 @@ def test_null_bos_and_eos_mean_none(tmp_path):
     assert tok.encode("Hello world") == HELLO
     with pytest.raises(TokenizerError, match="add_bos_token = true but no bos_token"):
         Tokenizer(build(tmp_path / "b", bos_token=None))
+
+
+def test_a_token_named_in_additional_special_tokens_is_special_whatever_added_tokens_decoder_says(tmp_path):
+    """A token listed as special in tokenizer_config is skipped on decode even where added_tokens_decoder says
+    special: false, as HF does."""
+    d = build(tmp_path, chat_in_json=False)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    for v in cfg["added_tokens_decoder"].values():
+        if v["content"] == "<|tool_call|>":
+            v["special"] = False
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    tok = Tokenizer(d)
+    assert tok.decode(tok.encode("Hi <|tool_call|> x")) == "Hi   x"
+
+
+def test_a_non_llama_tokenizer_class_gets_no_llama_default_special_tokens(tmp_path):
+    """Only a LlamaTokenizer class defaults a missing bos_token/unk_token to <s>/<unk>; a fast one has none."""
+    tok = Tokenizer(build(tmp_path, tokenizer_class="PreTrainedTokenizerFast", bos_token="DROP", unk_token="DROP"))
+    assert tok.special["bos_token"] is None and tok.special["unk_token"] is None
+
+
+def test_a_legacy_added_tokens_json_does_not_override_tokenizer_json(tmp_path):
+    """added_tokens.json naming a token tokenizer.json already has keeps tokenizer.json's definition (one id)."""
+    d = build(tmp_path, tool_call_special=False, added_tokens_decoder="DROP",
+              additional_special_tokens=["<|im_end|>", "<|im_start|>"])
+    ids = {t["content"]: t["id"] for t in json.loads((d / "tokenizer.json").read_text())["added_tokens"]}
+    (d / "added_tokens.json").write_text(json.dumps({"<|tool_call|>": ids["<|tool_call|>"]}))
+    assert Tokenizer(d).encode("Hi <|tool_call|> x") == [1, 296, 267, 278, 296, 429, 301, 293]
