@@ -43,6 +43,23 @@ def test_engine_with_fp8_kv_matches_reference(kv):
     assert not bad, rows
 
 
+@pytest.mark.parametrize("kv", ["fp8_e4m3", "bf16"])
+def test_prefill_logits_do_not_depend_on_the_chunk_size(kv):
+    """Dense prefill (whole, or over a cached prefix) and sparse prefill past dense_len attend the
+    keys as stored, FP8 pages included, whatever the chunk size (fp32 weights; the Triton kernels'
+    TF32 dots allow the fp32 engine tolerance)."""
+    from salactl.runtime.gpu.selfcheck import check_chunk_invariance
+
+    model = _model(torch.float32)
+    for i in model.config.sparse_layers:
+        attn = model.model.layers[i].self_attn
+        attn.register_buffer("k_scale", torch.tensor(0.05, device="cuda"))
+        attn.register_buffer("v_scale", torch.tensor(0.03, device="cuda"))
+    rows = check_chunk_invariance(model, "cuda", prompt_len=400, chunks=(400, 100, 64), tol=1e-3, kv_cache_dtype=kv)
+    bad = [r for r in rows if not r[1] <= r[2]]
+    assert not bad, rows
+
+
 def test_continuous_batching_equals_one_at_a_time():
     from salactl.runtime.gpu.engine import GPUEngine
     from salactl.runtime.sampling import SamplingParams

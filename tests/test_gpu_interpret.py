@@ -228,6 +228,19 @@ def test_engine_with_fp8_kv_matches_reference_engine(kv):
     assert not bad, rows
 
 
+@pytest.mark.parametrize("kv", ["fp8_e4m3", "fp8_e5m2", "bf16"])
+def test_prefill_logits_do_not_depend_on_the_chunk_size(kv):
+    """A first chunk attends the keys as stored: with FP8 pages, a prompt prefilled whole used to
+    attend its unquantized keys and one in chunks the quantized ones (6e-3 / 1.5e-2 apart)."""
+    from salactl.runtime.gpu.selfcheck import check_chunk_invariance
+
+    model = micro_model()
+    for i in model.config.sparse_layers:
+        model.model.layers[i].self_attn.register_buffer("k_scale", torch.tensor(0.2))
+        model.model.layers[i].self_attn.register_buffer("v_scale", torch.tensor(0.2))
+    _assert_rows(check_chunk_invariance(model, "cpu", prompt_len=36, chunks=(36, 12), tol=1e-5, kv_cache_dtype=kv))
+
+
 def test_continuous_batching_equals_one_at_a_time():
     """Queued requests, shared prefill chunks, mixed dense/sparse decode rows and per-request
     stop conditions give each request the tokens it gets alone."""

@@ -154,18 +154,22 @@ class GPUBackend:
         self._pending_k1.pop(slot, None)
 
     def _dense_prefill(self, li, q, k_new, v_new, slot, p0):
-        """Causal GQA attention for queries at positions p0.. over cached keys [0, p0) + new."""
+        """Causal GQA attention for queries at positions p0.. over cached keys [0, p0) + new, as
+        stored: FP8 pages are read back even for a first chunk, so the result does not depend on
+        the chunk size (the reference Engine attends its stored cache too)."""
         nd = q.shape[0]
         qh = q.transpose(0, 1).unsqueeze(0)
-        if p0 == 0:
+        p = self.pools
+        if p0 == 0 and p.k.dtype == q.dtype:       # the new keys are exactly what was stored
             kh, vh = k_new.transpose(0, 1).unsqueeze(0), v_new.transpose(0, 1).unsqueeze(0)
-            out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=True)
         else:
-            p, B = self.pools, self.config.sparse_config.block_size
             L = p0 + nd
-            pages = p.page_table[slot, :math.ceil(L / B)].long()
+            pages = p.page_table[slot, :math.ceil(L / self.config.sparse_config.block_size)].long()
             kh, vh = (self._gather(pool, pages, L, scale, q.dtype)
                       for pool, scale in ((p.k[li], p.k_scale[li]), (v_rows(p.v[li]), p.v_scale[li])))
+        if p0 == 0:
+            out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=True)
+        else:
             mask = (torch.arange(L, device=q.device)[None, :]
                     <= (p0 + torch.arange(nd, device=q.device))[:, None])
             g = q.shape[1] // kh.shape[1]          # masked SDPA kernels take no GQA: expand heads

@@ -318,6 +318,29 @@ def check_model(model, device, prompt_len: int, decode_steps: int = 3, chunk: in
     return out
 
 
+def check_chunk_invariance(model, device, prompt_len: int, chunks: tuple[int, ...], tol: float = 1e-4,
+                           seed: int = 0, kv_cache_dtype: str = "bf16") -> list:
+    """The GPU engine's last-token logits after prefilling one prompt in chunks of each size,
+    against the first size's: DESIGN §2 makes them independent of the chunk size, FP8 caches
+    included (every chunk attends the stored, quantized keys)."""
+    from salactl.runtime.gpu.engine import GPUEngine
+
+    g = torch.Generator().manual_seed(seed)
+    cfg = model.config
+    prompt = torch.randint(0, cfg.vocab_size, (prompt_len,), generator=g).tolist()
+    logits = []
+    for chunk in chunks:
+        eng = GPUEngine(copy.deepcopy(model), device, max_running_requests=1, chunk_size=chunk,
+                        kv_tokens=prompt_len + cfg.sparse_config.block_size, kv_cache_dtype=kv_cache_dtype)
+        slot = eng.scheduler.slots.alloc(1)[0]
+        eng.pools.assign_pages(slot, eng.scheduler.pages.alloc(math.ceil(prompt_len / cfg.sparse_config.block_size)))
+        for c0 in range(0, prompt_len, chunk):
+            last = eng.runner.prefill([(slot, prompt[c0:c0 + chunk], c0)])
+        logits.append(last[0])
+    tag = f"chunk_invariance(prompt={prompt_len}, kv={kv_cache_dtype})"
+    return [(f"{tag}.chunk{c}_vs_{chunks[0]}", rel_err(x, logits[0]), tol) for c, x in zip(chunks[1:], logits[1:])]
+
+
 def check_model_batched(model, device, prompt_lens: tuple[int, ...], decode_steps: int = 3, chunk: int = 4096,
                         cuda_graph: bool = False, tol: float = 1e-2, seed: int = 0, ahead: int = 0) -> list:
     """Several requests at once, as bench and serving run them: one prefill call holding every
