@@ -164,3 +164,13 @@ def test_generate_batch_refuses_an_item_that_is_not_a_pair(item, what):
     with pytest.raises(UsageError, match=f"takes a list of \\(prompt_ids, params\\) pairs; item 1 is {what}:"):
         engine.generate_batch([([5, 6], THREE), item])
     assert not engine.requests and not engine.scheduler.has_work() and _memory(engine) == before
+
+
+def test_fp8_e4m3_without_calibrated_scales_is_refused_before_the_model_is_fused():
+    """The refusal comes before fuse_model and the cache pools (sized from the GPU's free memory)."""
+    from salactl.errors import ConfigError
+
+    model = micro_model()
+    with pytest.raises(ConfigError, match="fp8_e4m3 needs calibrated k/v scales"):
+        GPUEngine(model, "cpu", max_running_requests=2, chunk_size=32, kv_tokens=512, kv_cache_dtype="fp8_e4m3")
+    assert type(model.model.layers[0].self_attn) is type(micro_model().model.layers[0].self_attn)

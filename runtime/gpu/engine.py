@@ -108,6 +108,9 @@ class GPUEngine:
                               "CPU (TRITON_INTERPRET=1 runs the kernels in Triton's interpreter, for tests)")
         self.config = model.config
         check_shapes(self.config)                      # before fuse_model changes the caller's model
+        # FP8 KV policy (runtime/kv_fp8.py: e5m2 defaults to 1.0, e4m3 without calibration is
+        # refused), before the pools take the GPU's memory
+        self.kv_scales = resolve_kv_scales(self.config, kv_cache_dtype, model_kv_scales(model), self.device)
         self.dtype = model.model.embed_tokens.weight.dtype
         self.model = fuse_model(model) if fuse else model
         if free_bytes is None:
@@ -122,7 +125,8 @@ class GPUEngine:
                           kv_tokens=kv_tokens)
         self.plan = plan
         self.pools = CachePools(self.config, plan, self.device, self.dtype, kv_dtype)
-        self._set_kv_scales(model)
+        for li, layer in enumerate(self.config.sparse_layers if self.kv_scales else ()):
+            self.pools.k_scale[li], self.pools.v_scale[li] = self.kv_scales[layer]
         sms = sm_count(self.device) if self.device.type == "cuda" else 4
         self.backend = GPUBackend(self.config, self.pools, num_sms=sms)
         self.profile_ops = profile_ops
@@ -160,15 +164,6 @@ class GPUEngine:
         dense_len = self.config.sparse_config.dense_len
         return self.runner.capture_graphs(rows, dense=first_position + 1 < dense_len,
                                           sparse=last_position + 1 >= dense_len)
-
-    def _set_kv_scales(self, model) -> None:
-        """FP8 KV: calibrated per-layer scales from the checkpoint (runtime/kv_fp8.py policy:
-        e5m2 defaults to 1.0, e4m3 without calibration is refused)."""
-        self.kv_scales = resolve_kv_scales(self.config, self.kv_cache_dtype, model_kv_scales(model), self.device)
-        if self.kv_scales is None:
-            return
-        for li, layer in enumerate(self.config.sparse_layers):
-            self.pools.k_scale[li], self.pools.v_scale[li] = self.kv_scales[layer]
 
     # ---- API --------------------------------------------------------------------------------
     def submit(self, prompt_ids, params: SamplingParams | None = None,
