@@ -8,7 +8,8 @@ Misbehaviours a test can switch on: `usage` ("per-chunk", "final" = one usage-on
 (fn(body) -> a JSON object sent as a plain 200 instead of a stream); `edit_event` (fn(event) -> the
 event streamed instead, or a list of events); `ping_every` (a `: ping` comment every so many s while
 a token is due); `content_encoding` (a Content-Encoding header on the stream); `flush_routes` (the
-flush paths that exist); `api_key` (every path answers 401 without `Authorization: Bearer <key>`)."""
+flush paths that exist); `api_key` (every path answers 401 without `Authorization: Bearer <key>`).
+`post_log` records when each POST arrived (perf_counter: the client shares this process's clock)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ class FakeServer:
         self.requests: list[dict] = []
         self.flushes = 0
         self.side_posts: list[str] = []     # POST paths other than generation, in order
+        self.post_log: list[tuple[float, str]] = []     # (perf_counter at arrival, path) of every POST
         self.lock = threading.Lock()
         owner = self
 
@@ -97,6 +99,8 @@ class FakeServer:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 if not self._authorized():
                     return
+                with owner.lock:
+                    owner.post_log.append((t0, self.path))
                 if self.path in owner.flush_routes:
                     with owner.lock:
                         owner.flushes += 1

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +25,7 @@ from salactl.bench.open_files import check_open_files
 from salactl.bench.targets.http import DEFAULT_READ_TIMEOUT_S
 from salactl.errors import EndpointError, TokenizerError, UsageError
 from salactl.options import refuse_unused
-from salactl.reports.atomic import write_atomic
+from salactl.reports.atomic import DiskFullError, move_all, write_atomic
 
 FALLBACK_VOCAB = 1000   # random prompt ids for a server whose vocabulary we cannot learn
 MAX_FLUSH_SLEEP_S = 3600.0                  # an hour; time.sleep overflows far above
@@ -340,24 +342,36 @@ def _finished_files_note(run: BenchRun, out: Path) -> str:
 
 
 def _write_side_files(run: BenchRun, out: Path, details: list) -> None:
+    """The per-request CSV, plots and summaries, all or none: written into a staging directory in
+    `out`, then moved in together (records.jsonl, appended as each phase ends, is not among them)."""
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{run.run_id}.tmp-", dir=out))
+    try:
+        _stage_side_files(run, out, staging, details)
+        move_all(staging, out)
+    except DiskFullError as e:
+        if e.path.parent != staging:
+            raise
+        raise DiskFullError(out / e.path.name, e.error) from e      # the output's name, not the staging one
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _stage_side_files(run: BenchRun, out: Path, staging: Path, details: list) -> None:
+    """Write the side files into `staging`; run.files names them where they will be, in `out`."""
     from salactl.bench import report_plots
     from salactl.bench.summary import markdown_summary
 
-    out.mkdir(parents=True, exist_ok=True)
-    plots = []
-    if run.phases:
-        plots.append(report_plots.throughput_plot(run.phases, out / f"{run.run_id}-throughput.png"))
+    plots = [report_plots.throughput_plot(run.phases, staging / f"{run.run_id}-throughput.png")]
     if details:
-        path = out / f"{run.run_id}-requests.csv"
-        rec.write_details(path, details)
-        run.files["details"] = str(path)
-        per_request = report_plots.read_details(path)
-        plots.append(report_plots.cdf_plot(per_request, out / f"{run.run_id}-latency-cdf.png"))
-        plots.append(report_plots.ttft_vs_input_plot(per_request, out / f"{run.run_id}-ttft-vs-input.png"))
-    run.files["plots"] = [str(p) for p in plots if p is not None]
-    md = out / f"{run.run_id}.md"
-    run.files["summary_md"] = str(md)
-    js = out / f"{run.run_id}.json"
-    run.files["summary_json"] = str(js)
-    write_atomic(md, markdown_summary(run.to_dict()))
-    write_atomic(js, json.dumps(run.to_dict(), indent=2) + "\n")
+        csv = staging / f"{run.run_id}-requests.csv"
+        rec.write_details(csv, details)
+        run.files["details"] = str(out / csv.name)
+        per_request = report_plots.read_details(csv)
+        plots.append(report_plots.cdf_plot(per_request, staging / f"{run.run_id}-latency-cdf.png"))
+        plots.append(report_plots.ttft_vs_input_plot(per_request, staging / f"{run.run_id}-ttft-vs-input.png"))
+    run.files["plots"] = [str(out / p.name) for p in plots if p is not None]
+    run.files["summary_md"] = str(out / f"{run.run_id}.md")
+    run.files["summary_json"] = str(out / f"{run.run_id}.json")
+    write_atomic(staging / f"{run.run_id}.md", markdown_summary(run.to_dict()))
+    write_atomic(staging / f"{run.run_id}.json", json.dumps(run.to_dict(), indent=2) + "\n")

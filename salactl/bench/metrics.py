@@ -21,9 +21,10 @@
   tokens spread evenly over a span that is not a whole number of seconds (the buckets are fixed,
   not sliding).
 - max_concurrent_requests: the most requests in flight at one instant, each over
-  [send, end of stream] (a request ending as another is sent does not overlap it). vLLM counts
-  every request active at any time within a 1-second bucket, which adds up requests that never
-  ran together (12 one-at-a-time requests in a 0.8 s phase would give 12, not 1).
+  [send, end of stream) (a request ending as another is sent does not overlap it), as recent vLLM
+  counts it. SGLang (and older vLLM) count every request active at any time within a 1-second
+  bucket, which adds up requests that never ran together (12 one-at-a-time requests in a 0.8 s
+  phase would give 12, not 1).
 - request_goodput (when SLOs are given): requests whose TTFT, TPOT (0 for ≤ 1 token) and E2E are
   all ≤ their SLO, per second (vLLM / DistServe).
 Empty samples give None (SGLang would print 0).

@@ -18,6 +18,8 @@ def parse_positive_pairs(text: str | None, option: str, unit: str, example: str,
         if not sep or not key or (keys is not None and key not in keys):
             what = "/".join(keys) if keys else "NAME"
             raise UsageError(f"{option} takes {what}={unit.upper()} pairs, e.g. {example}; got {part!r}")
+        if key in out:
+            raise UsageError(f"{option} gives {key} twice ({out[key]:g} and {val.strip()}); give each name once")
         try:
             num = float(val)
         except ValueError:

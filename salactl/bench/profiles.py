@@ -11,10 +11,11 @@ Schema (version 1):
               refused with kind "soar", here and in the phases: its mix or rows set the lengths)
     [scoring] method = "soar"; weights = {S1 = 0.4, ...} (keys are phase names)
     [[phases]] name; max_concurrency (int or "unlimited"); request_rate (req/s or "inf");
-               burstiness (gamma shape, 1 = Poisson); num_requests; warmup_requests (default 1);
-               flush_cache (default true); input_len / output_len / range_ratio (dataset
-               overrides); batch_size (one-batch mode, where it is each phase's request count and
-               concurrency: num_requests, max_concurrency, request_rate and burstiness are refused).
+               burstiness (gamma shape, 1 = Poisson; only with a finite request_rate);
+               num_requests; warmup_requests (default 1); flush_cache (default true);
+               input_len / output_len / range_ratio (dataset overrides); batch_size (one-batch
+               mode, where it is each phase's request count and concurrency: num_requests,
+               max_concurrency, request_rate and burstiness are refused).
     num_requests sizes the synthetic sets; with --dataset every row runs in every phase, as SOAR's
     bench_serving.sh passes --num-prompts = the file's rows (--num-requests caps it).
     max_concurrency, request_rate, batch_size, input_len and output_len may be lists: the phase
@@ -179,8 +180,8 @@ class _Checker:
         return v
 
     def pos_float(self, v, where: str) -> float:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or math.isnan(v):
-            self.fail(where, f"must be a positive number, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+            self.fail(where, f"must be a positive finite number, got {v!r}")
         return float(v)
 
     def concurrency(self, v, where: str) -> int | None:
@@ -278,6 +279,9 @@ def _expand_phase(c: _Checker, raw: dict, i: int, mode: str, kind: str) -> list[
                          "request_rate": math.inf})
         elif p.batch_size is not None:
             c.fail(f"{where}.batch_size", 'is only valid with mode = "one-batch"')
+        elif "burstiness" in raw and math.isinf(p.request_rate):
+            c.fail(f"{where}.burstiness", f"is ignored by phase {p.name}, whose request_rate is inf (every request "
+                                          "leaves at t=0); drop it, or set a finite request_rate")
         phases.append(p)
     return phases
 

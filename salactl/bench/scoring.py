@@ -58,7 +58,8 @@ def soar_score(durations: dict[str, float], reference: dict[str, float], weights
     perf = sum(weights[k] * tiers[k] for k in tiers) if len(tiers) == len(weights) else None
     c = accuracy_coefficient(accuracy)
     return {
-        "score": None if perf is None else perf * c,
+        # C = 0 eliminates: 0, also for a performance past the float range (inf × 0 would be nan)
+        "score": None if perf is None else (perf * c if c else 0.0),
         "score_error": "; ".join(f"{k}: {problems[k]}" for k in weights if k in problems) or None,
         "performance": perf,
         "tier_scores": tiers,

@@ -53,17 +53,22 @@ def table_rows(run: dict) -> tuple[list[str], list[list]]:
     return [c for c, _ in cols], [[_cell(p, k) for _, k in cols] for p in run["phases"]]
 
 
+def _score(v: float | str) -> str:
+    """A score to 2 decimals; one past the float range is the string "inf" once the run is JSON-ready."""
+    return v if isinstance(v, str) else f"{v:.2f}"
+
+
 def score_line(run: dict) -> str | None:
     d = run.get("score_details")
     if not d:
         return None
-    tiers = ", ".join(f"{k} {v:.2f}" for k, v in d["tier_scores"].items())
+    tiers = ", ".join(f"{k} {_score(v)}" for k, v in d["tier_scores"].items())
     if d["score"] is None and d.get("score_error"):
         return f"SOAR score: not computed ({d['score_error']})"
     if d["score"] is None:
         return f"SOAR score: incomplete (tiers: {tiers or 'none'})"
     acc = "" if d["accuracy"] is None else f" × C {d['accuracy_coefficient']} (accuracy {d['accuracy']})"
-    return f"SOAR score {d['score']:.2f} = Σ w·ref/own·100 ({tiers}){acc}"
+    return f"SOAR score {_score(d['score'])} = Σ w·ref/own·100 ({tiers}){acc}"
 
 
 def phase_notes(run: dict) -> list[str]:
@@ -109,7 +114,7 @@ def markdown_summary(run: dict) -> str:
     if plots:
         lines.append("")
         lines += [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
-    lines.append("\nMetrics follow SGLang bench_serving (TTFT, TPOT, per-token ITL, E2E in ms; "
-                 "duration in s). Records: `records.jsonl` (render several runs side by side with "
-                 "`salactl report latency records.jsonl`).")
+    lines.append("\nMetrics follow SGLang bench_serving except where docs/reference.md (salactl bench) "
+                 "notes (TTFT, TPOT, per-token ITL, E2E in ms; duration in s). Records: `records.jsonl` "
+                 "(render several runs side by side with `salactl report latency records.jsonl`).")
     return "\n".join(lines) + "\n"
