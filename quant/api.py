@@ -19,7 +19,8 @@ from salactl.env import environment
 from salactl.errors import CheckpointError, OutputExistsError, QuantizationError, SalactlError, UsageError
 from salactl.quant.calibration import RANDOM, calibration_windows, check_calibration_sizes
 from salactl.quant.in_memory import quantized_as
-from salactl.quant.sequential import QuantizeOutcome, QuantOptions, layer_groups, quantize_model
+from salactl.quant.sequential import (QuantizeOutcome, QuantOptions, layer_groups, quantize_model,
+                                      widest_quantized_input)
 from salactl.quant.writer import copied_files, quantization_config, write_quantized_checkpoint
 from salactl.runtime.checkpoint import StoredTensors, tensor_files
 from salactl.runtime.checkpoint_write import check_output_dir
@@ -77,6 +78,10 @@ def quantize_checkpoint(model: str | Path | LoadedModel, out: str | Path, opts: 
     _check_copied_files(config, model_dir)
     windows, calib_source = _calibration(config, model_dir, opts, calib, tokenizer, nsamples, seqlen, seed,
                                          random_weights)
+    fit = _calibration_fit(config, opts, windows)
+    # knobs the result depends on beyond the solve's settings: recorded and kept in the checkpoint's meta
+    knobs = {"kv_scales_per_head": opts.kv_scales_per_head,
+             "batch_tokens": opts.batch_tokens if windows is not None else None}
     _check_memory(model, config, device, dtype, windows)
     lm = model if isinstance(model, LoadedModel) else load_model(model, device, dtype, random_weights, seed)
     if copy and lm is model:
@@ -91,15 +96,20 @@ def quantize_checkpoint(model: str | Path | LoadedModel, out: str | Path, opts: 
                                 source=source)
     for line in result.damp_raised:
         output.stderr.print(f"note: Cholesky failed at the requested damping; raised {line}")
+    if fit["calibration_underdetermined"] and opts.method == "gptq":
+        output.stderr.print(f"warning: {int(windows.numel()):,} calibration tokens are fewer than the "
+                            f"{fit['widest_in_features']:,} inputs of the widest quantized linear, so its Hessian "
+                            "is rank-deficient: the err columns (and 'error below RTN') are in-sample fits, not "
+                            "the error on other text; give more calibration text (--calib, --nsamples, --seqlen)")
     t_solved = time.perf_counter()
     with out_of_memory_is_capacity("quantize's checkpoint write", "free memory for it (it maps each source "
                                    "shard in turn) and run again"):
-        _write(out, lm, opts, result, overwrite, source)
+        _write(out, lm, opts, result, overwrite, source, knobs)
     t_done = time.perf_counter()
     seconds = {"load_and_calibration_data": t_loaded - t_start, "forward": result.forward_seconds,
                "solve": result.solve_seconds, "quantize_total": t_solved - t_loaded,
                "write": t_done - t_solved, "total": t_done - t_start}
-    return _record(out, lm, opts, windows, calib_source, result, seconds,
+    return _record(out, lm, opts, windows, calib_source, fit, knobs, result, seconds,
                    lm.model_dir if source is not None else None)
 
 
@@ -221,6 +231,16 @@ def _calibration(cfg: SalaConfig, model_dir: Path | None, opts: QuantOptions, ca
     return windows, calib or "builtin-corpus"
 
 
+def _calibration_fit(config: SalaConfig, opts: QuantOptions, windows: torch.Tensor | None) -> dict:
+    """The record's widest_in_features and calibration_underdetermined (None without calibration).
+    With fewer calibration tokens than a quantized linear's inputs its Hessian is rank-deficient:
+    GPTQ can fit those few activations almost exactly, so the errors measured on them (the ones it
+    fitted) say little about other text."""
+    widest = widest_quantized_input(config, opts.group_size)
+    return {"widest_in_features": widest,
+            "calibration_underdetermined": None if windows is None else int(windows.numel()) < widest}
+
+
 def _check_memory(model: str | Path | LoadedModel, config: SalaConfig, device: str, dtype: str,
                   windows: torch.Tensor | None) -> None:
     """Before the weights load: the calibration activations (each layer's inputs and outputs, two
@@ -271,16 +291,18 @@ def _counted(progress: ProgressCallback | None, config) -> Callable[[str], None]
 
 
 def _write(out: str | Path, lm: LoadedModel, opts: QuantOptions, result: QuantizeOutcome, overwrite: bool,
-           source: StoredTensors | None) -> None:
+           source: StoredTensors | None, knobs: dict) -> None:
     fp8 = fp8_dtype(opts.kv_cache_dtype) is not None
     kv_json = sglang_scales_json(result.kv_scales, opts.kv_cache_dtype, lm.config) if fp8 else None
-    write_quantized_checkpoint(Path(out), lm.config, lm.model, result.quantized,
-                               quantization_config(opts, result.skipped), lm.model_dir, result.kv_scales, kv_json,
-                               overwrite=overwrite, source=source)
+    qconfig = quantization_config(opts, result.skipped)
+    qconfig["meta"].update(knobs)
+    write_quantized_checkpoint(Path(out), lm.config, lm.model, result.quantized, qconfig, lm.model_dir,
+                               result.kv_scales, kv_json, overwrite=overwrite, source=source)
 
 
 def _record(out: str | Path, lm: LoadedModel, opts: QuantOptions, windows: torch.Tensor | None,
-            calib_source: str | None, result: QuantizeOutcome, seconds: dict, source_dir: Path | None) -> dict:
+            calib_source: str | None, fit: dict, knobs: dict, result: QuantizeOutcome, seconds: dict,
+            source_dir: Path | None) -> dict:
     # RTN against itself is no comparison
     better = [r for r in result.reports if r.error is not None and r.rtn_error is not None] \
         if opts.method != "rtn" else []
@@ -290,9 +312,11 @@ def _record(out: str | Path, lm: LoadedModel, opts: QuantOptions, windows: torch
         "method": opts.method, "bits": opts.bits, "group_size": opts.group_size, "desc_act": opts.desc_act,
         "clip_search": opts.clip_search,
         "damp": opts.damp if opts.method == "gptq" else None, "kv_cache_dtype": opts.kv_cache_dtype,
+        **knobs,
         "calibration": None if windows is None else {
             "source": calib_source, "samples": int(windows.shape[0]),
             "seqlen": int(windows.shape[1]), "tokens": int(windows.numel())},
+        **fit,
         "modules": [r.__dict__ for r in result.reports],
         "skipped": result.skipped,
         "damp_raised": result.damp_raised,

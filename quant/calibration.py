@@ -23,7 +23,7 @@ CALIB_BYTES_PER_BYTE = 4
 def read_documents(path: Path) -> list[str]:
     raw = read_text_option(path, "--calib", "give a text or JSONL file with a \"text\" field, or --calib random",
                            CALIB_BYTES_PER_BYTE)
-    if path.suffix == ".jsonl":
+    if path.suffix.lower() == ".jsonl":
         docs = []
         for lineno, line in jsonl_lines(raw):
             if not line.strip():

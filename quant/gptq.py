@@ -31,6 +31,7 @@ class Hessian:
     def __init__(self, dim: int, device):
         self.h = torch.zeros(dim, dim, device=device, dtype=torch.float32)
         self.n = 0
+        self.act_dtype: torch.dtype | None = None      # the dtype of the activations added
 
     @torch.no_grad()
     def add(self, x: torch.Tensor) -> None:
@@ -38,6 +39,7 @@ class Hessian:
         t = x.shape[0]
         if t == 0:
             return
+        self.act_dtype = x.dtype
         self.h *= self.n / (self.n + t)
         self.n += t
         xf = x.float()
@@ -60,10 +62,23 @@ class PreparedHessian:
     damp: float                  # the damping fraction that worked
 
 
-def prepare_hessian(h: torch.Tensor, damp: float, act_order: bool, name: str) -> PreparedHessian:
+def overflow_error(name: str, act_dtype: torch.dtype | None) -> QuantizationError:
+    """A NaN/Inf Hessian: float32 calibration forwards are the fix only where they ran in 16 bits."""
+    if act_dtype in (torch.float16, torch.bfloat16):
+        fix = (f"its calibration activations overflowed in {str(act_dtype).removeprefix('torch.')}; "
+               "quantize in float32 (--dtype float32), or check the checkpoint's weights")
+    else:       # float32 forwards: nothing to widen, the weights themselves give such activations
+        ran = "" if act_dtype is None else f"{str(act_dtype).removeprefix('torch.')} "
+        fix = (f"its {ran}calibration activations or their float32 products overflowed: the checkpoint's "
+               "weights drive its activations out of range; check the checkpoint")
+    return QuantizationError(f"the Hessian of {name} has NaN/Inf: {fix}")
+
+
+def prepare_hessian(h: torch.Tensor, damp: float, act_order: bool, name: str,
+                    act_dtype: torch.dtype | None = None) -> PreparedHessian:
+    """act_dtype: what the activations accumulated into `h` were in (None: float32 or not known)."""
     if not bool(torch.isfinite(h).all()):
-        raise QuantizationError(f"the Hessian of {name} has NaN/Inf: its calibration activations "
-                                "overflowed; check the checkpoint's weights or quantize in float32 (--dtype float32)")
+        raise overflow_error(name, act_dtype)
     raw = h
     h = h.clone()
     diag = torch.diagonal(h)

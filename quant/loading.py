@@ -1,6 +1,7 @@
 """Load symmetric GPTQ checkpoints (ours, and other tools' v1 `gptq` / v2 `gptq_v2` of this
 architecture) into the runtime: quantized linears become `GPTQLinear`, everything else loads
-strictly like a plain checkpoint; calibrated FP8 KV scales (`self_attn.k_scale/v_scale`) are kept.
+strictly like a plain checkpoint; calibrated FP8 KV scales (`self_attn.k_scale/v_scale`, or other tools'
+names for them) are kept.
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ from salactl.runtime.layers.model import SalaForCausalLM
 from salactl.runtime.loader import meta_model
 
 QUANT_SUFFIXES = (".qweight", ".qzeros", ".scales", ".g_idx")
-KV_SCALE_SUFFIXES = (".k_scale", ".v_scale")
+# the tensors attach_kv_scales reads (load_state_dict lets them through)
+KV_SCALE_SUFFIXES = (".k_scale", ".v_scale", ".kv_scale")
+# a sparse layer's name under self_attn -> the scales it sets: ours, ModelOpt's and vLLM's per-projection
+# names, and the legacy single kv_scale, which is both k's and v's
+_KV_SCALE_NAMES = {"k_scale": ("k_scale",), "v_scale": ("v_scale",), "k_proj.k_scale": ("k_scale",),
+                   "v_proj.v_scale": ("v_scale",), "kv_scale": ("k_scale", "v_scale")}
+_KV_SCALE_NAME = re.compile(r"model\.layers\.(0|[1-9]\d*)\.self_attn\.(.+)")
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -206,19 +213,38 @@ def _refuse_float_weights_under_gptq(config: SalaConfig, quant_cfg: dict) -> Non
 
 
 def attach_kv_scales(model, config: SalaConfig, files, device) -> None:
-    names = [n for n in files if n.endswith(KV_SCALE_SUFFIXES)]
-    valid = {f"model.layers.{i}.self_attn{s}" for i in config.sparse_layers for s in KV_SCALE_SUFFIXES}
-    bad = sorted(set(names) - valid)
-    if bad:
-        raise CheckpointError(f"KV scale {bad[0]} is not under a minicpm4 (softmax attention) layer")
+    """Register each sparse layer's FP8 KV scales (fp32, a scalar or one per KV head) as its
+    self_attn.k_scale / v_scale buffers, from our names or another tool's (_KV_SCALE_NAMES)."""
     hkv = config.num_key_value_heads
-    for name in names:
+    for (layer, attr), name in _kv_scale_sources(config, files).items():
         t = _read(files, name)
         if t.numel() not in (1, hkv) or t.dtype not in _FLOAT_DTYPES or not bool(((t > 0) & t.isfinite()).all()):
             raise CheckpointError(f"{name} must be a positive finite float scalar or one per KV head ({hkv})")
-        module_name, _, attr = name.rpartition(".")
-        model.get_submodule(module_name).register_buffer(attr, t.to(device=device, dtype=torch.float32))
+        model.model.layers[layer].self_attn.register_buffer(attr, t.to(device=device, dtype=torch.float32))
     for i in config.sparse_layers:
         attn = model.model.layers[i].self_attn
         if hasattr(attn, "k_scale") != hasattr(attn, "v_scale"):
             raise CheckpointError(f"layer {i} has only one of self_attn.k_scale / v_scale")
+
+
+def _kv_scale_sources(config: SalaConfig, files) -> dict[tuple[int, str], str]:
+    """(sparse layer, "k_scale" or "v_scale") -> the checkpoint tensor that holds it."""
+    sources: dict[tuple[int, str], str] = {}
+    for name in sorted(n for n in files if n.endswith(KV_SCALE_SUFFIXES)):
+        m = _KV_SCALE_NAME.fullmatch(name)
+        if m is None or m[2] not in _KV_SCALE_NAMES:
+            raise CheckpointError(f"KV scale {name} has a name salactl does not read; expected "
+                                  "model.layers.N.self_attn.k_scale / v_scale (or self_attn.k_proj.k_scale / "
+                                  "v_proj.v_scale, or one self_attn.kv_scale for both)")
+        layer = int(m[1])
+        if layer not in config.sparse_layers:
+            what = (f"layer {layer} is {config.mixer_types[layer]}" if layer < config.num_hidden_layers
+                    else f"the model has no layer {layer}")
+            raise CheckpointError(f"KV scale {name} is not under a minicpm4 (softmax attention) layer: {what}; "
+                                  f"the minicpm4 layers are {', '.join(map(str, config.sparse_layers)) or 'none'}")
+        for attr in _KV_SCALE_NAMES[m[2]]:
+            other = sources.setdefault((layer, attr), name)
+            if other != name:
+                raise CheckpointError(f"checkpoint has both {other} and {name} for layer {layer}'s self_attn."
+                                      f"{attr}; keep one")
+    return sources

@@ -24,7 +24,7 @@ import torch
 
 from salactl.errors import QuantizationError, UsageError
 from salactl.quant.defaults import DEFAULT_DAMP
-from salactl.quant.gptq import Hessian, gptq_quantize, prepare_hessian
+from salactl.quant.gptq import Hessian, gptq_quantize, overflow_error, prepare_hessian
 from salactl.quant.packing import to_gptq_tensors
 from salactl.quant.quantizer import QuantizedWeight, QuantSpec, output_error
 from salactl.quant.rtn import rtn_quantize
@@ -160,6 +160,12 @@ def quantized_linears(config, group_size: int) -> list[str]:
     prefixes = (f"model.layers.{i}.{n}" for i in range(config.num_hidden_layers)
                 for n in layer_linears(config, i))
     return [p for p in prefixes if p not in skipped]
+
+
+def widest_quantized_input(config, group_size: int) -> int:
+    """The largest in_features of the linears quantized_linears quantizes (0 if none)."""
+    shapes = expected_tensor_shapes(config)
+    return max((shapes[p + ".weight"][1] for p in quantized_linears(config, group_size)), default=0)
 
 
 def plan_skips(model, config, group_size: int) -> dict[str, str]:
@@ -309,14 +315,14 @@ def _solve_group(i, members, mods, h: Hessian | None, opts: QuantOptions, spec: 
         raise QuantizationError(f"{name} has NaN/Inf weights; the checkpoint is damaged (nothing was written)")
     prep = None
     if opts.method == "gptq":
-        prep = prepare_hessian(h.h, opts.damp, opts.desc_act, name)
+        prep = prepare_hessian(h.h, opts.damp, opts.desc_act, name, h.act_dtype)
         if prep.damp > opts.damp:
             outcome.damp_raised.append(f"{name}: damp {opts.damp} -> {prep.damp}")
         solved = gptq_quantize(W, prep, spec, clip_search=opts.clip_search)
         rtn = rtn_quantize(W, spec)
     else:
         if h is not None and not bool(torch.isfinite(h.h).all()):
-            raise QuantizationError(f"the Hessian of {name} has NaN/Inf: its calibration activations overflowed")
+            raise overflow_error(name, h.act_dtype)
         solved = rtn = rtn_quantize(W, spec)
     if not bool(torch.isfinite(solved.scales).all()):
         raise QuantizationError(f"{name} has weights too large for fp16 group scales (|w| up to "

@@ -133,7 +133,7 @@ def render(r: dict) -> None:
     frac = r["fraction_better_than_rtn"]
     output.stdout.print(
         (f"calibration: {c['samples']} x {c['seqlen']} tokens ({c['source']}); " if c else "calibration: none; ")
-        + (f"error below RTN on {frac * 100:.1f}% of modules; " if frac is not None else "")
+        + (f"error below RTN on {frac * 100:.1f}% of modules{_in_sample(r)}; " if frac is not None else "")
         + f"time {s['total']:.1f} s (forward {s['forward']:.1f}, solve {s['solve']:.1f}, write {s['write']:.1f})"
         + (f"; peak GPU memory {r['peak_gpu_gib']:.1f} GiB" if r.get("peak_gpu_gib") is not None else ""))
     if r["kv_scales"]:
@@ -141,6 +141,14 @@ def render(r: dict) -> None:
     size = r.get("checkpoint_bytes") or {}
     output.stdout.print(f"wrote {r['out']}" + (f" ({human_bytes(size['written'])} of safetensors" + (
         f", from {human_bytes(size['source'])})" if size.get("source") else ")") if size.get("written") else ""))
+
+
+def _in_sample(r: dict) -> str:
+    """Where the calibration tokens cannot determine the widest linear's Hessian, GPTQ's errors were
+    fitted, not measured."""
+    if not r.get("calibration_underdetermined"):
+        return ""
+    return f" (in-sample: {r['calibration']['tokens']:,} calibration tokens < {r['widest_in_features']:,} inputs)"
 
 
 def register(app: typer.Typer) -> None:
