@@ -216,7 +216,7 @@ def attach_kv_scales(model, config: SalaConfig, files, device) -> None:
     """Register each sparse layer's FP8 KV scales (fp32, a scalar or one per KV head) as its
     self_attn.k_scale / v_scale buffers, from our names or another tool's (_KV_SCALE_NAMES)."""
     hkv = config.num_key_value_heads
-    for (layer, attr), name in _kv_scale_sources(config, files).items():
+    for (layer, attr), name in kv_scale_sources(config, files).items():
         t = _read(files, name)
         if t.numel() not in (1, hkv) or t.dtype not in _FLOAT_DTYPES or not bool(((t > 0) & t.isfinite()).all()):
             raise CheckpointError(f"{name} must be a positive finite float scalar or one per KV head ({hkv})")
@@ -227,7 +227,7 @@ def attach_kv_scales(model, config: SalaConfig, files, device) -> None:
             raise CheckpointError(f"layer {i} has only one of self_attn.k_scale / v_scale")
 
 
-def _kv_scale_sources(config: SalaConfig, files) -> dict[tuple[int, str], str]:
+def kv_scale_sources(config: SalaConfig, files) -> dict[tuple[int, str], str]:
     """(sparse layer, "k_scale" or "v_scale") -> the checkpoint tensor that holds it."""
     sources: dict[tuple[int, str], str] = {}
     for name in sorted(n for n in files if n.endswith(KV_SCALE_SUFFIXES)):

@@ -86,13 +86,32 @@ def resolve_kv_scales(config, kv_cache_dtype: str, calibrated: KVScales | None, 
     hkv = config.num_key_value_heads
     missing = [i for i in config.sparse_layers if i not in calibrated]
     if missing and dt == torch.float8_e4m3fn:
-        raise ConfigError(
-            f"--kv-cache-dtype fp8_e4m3 needs calibrated k/v scales, but layer {missing[0]} has none; "
-            "quantize with `salactl quantize --kv-cache-dtype fp8_e4m3` or use fp8_e5m2 (scale 1.0)")
+        raise _no_scales_error(missing[0])
     one = torch.ones(hkv, device=device, dtype=torch.float32)
     f = _recalibration(config, kv_cache_dtype) if calibrated else 1.0
     return {i: ((_per_head(calibrated[i][0], hkv, device) * f, _per_head(calibrated[i][1], hkv, device) * f)
                 if i in calibrated else (one, one)) for i in config.sparse_layers}
+
+
+def _no_scales_error(layer: int) -> ConfigError:
+    return ConfigError(
+        f"--kv-cache-dtype fp8_e4m3 needs calibrated k/v scales, but layer {layer} has none; "
+        "quantize with `salactl quantize --kv-cache-dtype fp8_e4m3` or use fp8_e5m2 (scale 1.0)")
+
+
+def check_scales_before_loading(config, directory, random_weights: bool, kv_cache_dtype: str) -> None:
+    """resolve_kv_scales' refusal of fp8_e4m3 without calibrated scales, from the checkpoint's
+    tensor names alone (random weights have none): a run it refuses loads no weights."""
+    if fp8_dtype(kv_cache_dtype) != torch.float8_e4m3fn:
+        return
+    from salactl.quant.loading import kv_scale_sources
+    from salactl.runtime.checkpoint import tensor_files
+
+    names = {} if random_weights or directory is None else tensor_files(directory)
+    have = kv_scale_sources(config, names)
+    missing = [i for i in config.sparse_layers if (i, "k_scale") not in have or (i, "v_scale") not in have]
+    if missing:
+        raise _no_scales_error(missing[0])
 
 
 def calibrated_kv_dtype(config) -> str | None:

@@ -66,11 +66,13 @@ def _check_trained(model: str) -> None:
                               "pass a checkpoint directory or sala-nano (the default)")
 
 
-def _load(model: str, device: str, dtype: str, tokenizer: str | None):
-    from salactl.runtime.loader import load_model
+def _load(model: str, device: str, dtype: str, tokenizer: str | None, kv_cache_dtype: str):
+    from salactl.runtime.kv_fp8 import check_scales_before_loading
+    from salactl.runtime.loader import load_model, model_config, model_dir
     from salactl.runtime.tokenizer import check_fits, find_tokenizer
 
     _check_trained(model)
+    check_scales_before_loading(model_config(model), model_dir(model), False, kv_cache_dtype)
     lm = load_model(model, device, dtype)
     tok = find_tokenizer(tokenizer, lm.model_dir)
     check_fits(tok, lm.config.vocab_size)
@@ -196,7 +198,7 @@ def ppl(
         text = corpus_text(split)
         source = {"split": split, "corpus_sha256": corpus_sha256(split)}     # env has the Python version
         what = f"the {split} split"
-    lm, tok = _load(model, device, dtype, tokenizer)
+    lm, tok = _load(model, device, dtype, tokenizer, kv_cache_dtype)
     cap = max_tokens or None
     bos = tok.bos_id if tok.add_bos else None
     with out_of_memory_is_capacity("eval ppl", IDS_FIX):
@@ -258,7 +260,7 @@ def passkey(
     _check_chunk(chunk_size)
     fp8_dtype(kv_cache_dtype)                   # an unknown name is a usage error before the model loads
     _check_passkey_memory(model, device, dtype, length_list, depth_list, trials, chunk_size)
-    lm, tok = _load(model, device, dtype, tokenizer)
+    lm, tok = _load(model, device, dtype, tokenizer, kv_cache_dtype)
     output.warn_past_trained_length(max(length_list) + ANSWER_TOKENS, lm.config.max_position_embeddings,
                                     f"the longest --lengths plus the {ANSWER_TOKENS} answer tokens")
     prompts = passkey_trials(tok, length_list, depth_list, trials, seed)

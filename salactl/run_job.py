@@ -15,7 +15,7 @@ from salactl.errors import TokenizerError, UsageError
 from salactl.options import refuse_unused
 from salactl.quant.in_memory import quantized_as
 from salactl.runtime.engine import Engine, ending_token_ids
-from salactl.runtime.kv_fp8 import stored_kv_name
+from salactl.runtime.kv_fp8 import check_scales_before_loading, stored_kv_name
 from salactl.runtime.loader import (generation_defaults, load_model, model_config, model_dir, resolve_device,
                                     resolve_dtype, unapplied_generation_settings)
 from salactl.runtime.peaks import peaks_for
@@ -93,6 +93,7 @@ def execute(req: RunRequest, stream=None, prefill_progress=None) -> dict:
     # the prompt is tokenized and sized before the weights load: a run that cannot fit loads nothing
     device = resolve_device(req.device)
     config = model_config(req.model, req.random_weights)
+    check_scales_before_loading(config, directory, req.random_weights, req.kv_cache_dtype)
     act_dtype = resolve_dtype(req.dtype, device)
     ids, tok = _prompt_ids(req, directory)
     values, sources = _sampling(req, gen, len(ids))

@@ -173,9 +173,11 @@ def build_embedded_target(model: str | None, random_weights: bool, seed: int, de
     import dataclasses
 
     from salactl.quant.in_memory import quantized_as
-    from salactl.runtime.kv_fp8 import stored_kv_name
-    from salactl.runtime.loader import load_model
+    from salactl.runtime.kv_fp8 import check_scales_before_loading, stored_kv_name
+    from salactl.runtime.loader import load_model, model_config, model_dir
 
+    check_scales_before_loading(model_config(model, random_weights), model_dir(model, random_weights),
+                                random_weights, kv_cache_dtype)
     lm = load_model(model, device, dtype, random_weights, seed)
     dev = lm.model.device
     driver, engine_name, chunk_size = build_engine(lm.model, dev, engine, chunk_size, kv_cache_dtype, max_running,
