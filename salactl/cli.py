@@ -131,6 +131,35 @@ def _on_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def _install_interrupt_handlers() -> tuple[dict, object]:
+    """_on_interrupt for SIGINT/SIGTERM, and an unraisable hook that delivers again an interrupt
+    raised where Python cannot propagate it (a weakref callback such as importlib's module-lock
+    cleanup, a __del__): Python prints it as "Exception ignored" and runs on, so a SIGTERM arriving
+    there was lost and the command went on to its end. Returns what _restore_interrupt_handlers puts back."""
+    before = _handle(_on_interrupt), sys.unraisablehook
+    sys.unraisablehook = _redeliver_swallowed_interrupts(sys.unraisablehook)
+    return before
+
+
+def _restore_interrupt_handlers(before: tuple[dict, object]) -> None:
+    _restore(before[0])
+    sys.unraisablehook = before[1]
+
+
+def _redeliver_swallowed_interrupts(previous):
+    def hook(unraisable) -> None:
+        if not isinstance(unraisable.exc_value, KeyboardInterrupt):     # Terminated is one
+            previous(unraisable)
+            return
+        import _thread
+
+        # from another thread, a moment later: delivered now, it would be raised inside this hook
+        # (or the callback still running) and swallowed again
+        signum = signal.SIGTERM if isinstance(unraisable.exc_value, Terminated) else signal.SIGINT
+        threading.Timer(0.01, _thread.interrupt_main, args=(signum,)).start()
+    return hook
+
+
 def _importing_torch() -> bool:
     spec = getattr(sys.modules.get("torch"), "__spec__", None)
     return bool(getattr(spec, "_initializing", False))      # set by importlib while the module executes
@@ -185,14 +214,14 @@ def main() -> None:
     # the console script and `python -m salactl` end right after main(); a host that calls it (a
     # test runner) runs on, with its own handlers back
     ends_the_process = _is_the_command() and sys._getframe(1).f_globals.get("__name__") == "__main__"
-    before = _handle(_on_interrupt) if on_main_thread else {}
+    before = _install_interrupt_handlers() if on_main_thread else None
     try:
         _main()
     finally:
         if ends_the_process and on_main_thread:
             _handle(_exit_after_main)
-        else:
-            _restore(before)
+        elif before is not None:
+            _restore_interrupt_handlers(before)
 
 
 def _main() -> None:

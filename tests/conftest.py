@@ -43,6 +43,22 @@ def micro_model(dtype=torch.float32) -> SalaForCausalLM:
     return build_model(cfg, random_state_dict(cfg, "cpu", dtype, 5))
 
 
+def topk_micro_model(dtype=torch.float32) -> SalaForCausalLM:
+    """micro_model's shapes in 2 layers (sparse, lightning) with topk 4 > init_blocks 1 and dense_len
+    136: at the first sparse position (135, block 8), six unforced blocks compete for the two places
+    the forced ones leave, so selection reads the compressed keys (micro_model's topk 1 keeps only
+    forced blocks). One sparse layer halves the interpreter's sparse decode step (~4 s)."""
+    from salactl.runtime.config import LIGHTNING, SPARSE, SalaConfig, SparseConfig
+
+    cfg = SalaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                     mixer_types=(SPARSE, LIGHTNING), lightning_nh=4, lightning_nkv=4,
+                     lightning_head_dim=16, dim_model_base=16, eos_token_id=(2,), initializer_range=0.1,
+                     sparse_config=SparseConfig(block_size=16, dense_len=136, init_blocks=1, kernel_size=8,
+                                                kernel_stride=4, topk=4, window_size=16))
+    return build_model(cfg, random_state_dict(cfg, "cpu", dtype, 5))
+
+
 def run_backend(cfg, q, k, v, chunks, backend=None, **cache_kwargs):
     """One sparse layer's softmax attention through a backend (the reference one by default), fed
     in the given chunk sizes as prefill and decode feed it; the outputs of every chunk, in order.

@@ -16,7 +16,7 @@ if torch.cuda.is_available():
 os.environ["TRITON_INTERPRET"] = "1"     # must be set before triton is first imported
 pytest.importorskip("triton")
 
-from salactl.errors import AllTokensBannedError, NumericsError, UsageError  # noqa: E402
+from salactl.errors import AllTokensBannedError, CapacityError, NumericsError, UsageError  # noqa: E402
 from salactl.runtime.engine import Engine  # noqa: E402
 from salactl.runtime.gpu.engine import GPUEngine  # noqa: E402
 from salactl.runtime.sampling import SamplingParams, logits_processors, sample  # noqa: E402
@@ -147,12 +147,26 @@ def test_generate_refuses_a_callback_that_is_not_callable_before_any_work(kw, na
     ({"kv_tokens": 100.5}, "kv_tokens must be a positive integer or None"),
     ({"max_context": 0}, "max_context must be a positive integer or None"),
     ({"mem_fraction": "0.5"}, "mem_fraction (--mem-fraction) must be a number"),
+    ({"mem_fraction": 0}, "mem_fraction (--mem-fraction) must be in (0, 1]"),
+    ({"mem_fraction": 1.5}, "mem_fraction (--mem-fraction) must be in (0, 1]"),
+    ({"mem_fraction": float("nan")}, "mem_fraction (--mem-fraction) must be in (0, 1]"),
 ])
 def test_the_constructor_refuses_bad_sizes_naming_the_argument(kw, words):
     model = micro_model()
     with pytest.raises(UsageError) as err:
         GPUEngine(model, "cpu", **{"max_running_requests": 2, "chunk_size": 32, "kv_tokens": 512, **kw})
     assert str(err.value).startswith(words)
+    assert type(model.model.layers[0].self_attn) is type(micro_model().model.layers[0].self_attn)   # not fused
+
+
+@pytest.mark.parametrize("kw, words", [
+    ({"kv_tokens": 10 ** 9}, "a KV cache of 1000000000 tokens needs"),
+    ({"max_running_requests": 10 ** 7}, "a KV cache of 512 tokens needs"),      # the GLA state slots take it all
+])
+def test_a_cache_that_cannot_fit_is_refused_before_the_model_is_fused(kw, words):
+    model = micro_model()
+    with pytest.raises(CapacityError, match=f"^{words}"):
+        GPUEngine(model, "cpu", **{"max_running_requests": 2, "chunk_size": 32, "kv_tokens": 512, **kw})
     assert type(model.model.layers[0].self_attn) is type(micro_model().model.layers[0].self_attn)   # not fused
 
 

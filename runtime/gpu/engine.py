@@ -31,7 +31,7 @@ from salactl.runtime.engine import (GenerationResult, PhaseStats, check_callback
                                     current_cuda_device, model_and_device, warn_model_limits)
 from salactl.runtime.gpu.backend import GPUBackend
 from salactl.runtime.gpu.fast_model import fuse_model
-from salactl.runtime.gpu.mem_fraction import DEFAULT_MEM_FRACTION
+from salactl.runtime.gpu.mem_fraction import DEFAULT_MEM_FRACTION, check_mem_fraction
 from salactl.runtime.gpu.pools import CachePools, IdAllocator, plan_pools
 from salactl.runtime.gpu.runner import ModelRunner
 from salactl.runtime.gpu.scheduler import Request, Scheduler
@@ -112,18 +112,21 @@ class GPUEngine:
         # refused), before the pools take the GPU's memory
         self.kv_scales = resolve_kv_scales(self.config, kv_cache_dtype, model_kv_scales(model), self.device)
         self.dtype = model.model.embed_tokens.weight.dtype
-        self.model = fuse_model(model) if fuse else model
+        # measured before fuse_model, whose concatenated weights replace the originals (these go to
+        # torch's allocator cache, which mem_get_info would count as used)
         if free_bytes is None:
             free_bytes = (torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else 2 << 30)
         kv_dtype = kv_dtype or self.dtype
         if max_context is None and kv_tokens is None:
             max_context = 1 << 20 | 1 << 14
+        # a cache that cannot fit is refused before fuse_model changes the caller's model
         plan = plan_pools(self.config, free_bytes, mem_fraction, max_running_requests, chunk_size,
                           kv_itemsize=torch.empty(0, dtype=kv_dtype).element_size(),
                           act_itemsize=torch.empty(0, dtype=self.dtype).element_size(),
                           max_context=max_context if max_context is not None else kv_tokens,
                           kv_tokens=kv_tokens)
         self.plan = plan
+        self.model = fuse_model(model) if fuse else model
         self.pools = CachePools(self.config, plan, self.device, self.dtype, kv_dtype)
         for li, layer in enumerate(self.config.sparse_layers if self.kv_scales else ()):
             self.pools.k_scale[li], self.pools.v_scale[li] = self.kv_scales[layer]
@@ -519,7 +522,7 @@ def _sample_row(logits: torch.Tensor, req: Request) -> int | NumericsError | All
 
 def _check_sizes(mem_fraction, max_running_requests, chunk_size, max_context, kv_tokens, free_bytes) -> float:
     """GPUEngine's sizing arguments checked before any work (UsageError naming the bad one); returns
-    mem_fraction as a float (plan_pools checks its range)."""
+    mem_fraction as a float."""
     for name, flag, value, optional in (
             ("max_running_requests", " (--max-running-requests)", max_running_requests, False),
             ("chunk_size", " (--chunk-size)", chunk_size, False), ("max_context", "", max_context, True),
@@ -527,4 +530,6 @@ def _check_sizes(mem_fraction, max_running_requests, chunk_size, max_context, kv
         if not (optional and value is None) and (not is_int(value) or value <= 0):
             none = " or None" if optional else ""
             raise UsageError(f"{name}{flag} must be a positive integer{none}, got {value!r}")
-    return as_float("mem_fraction", mem_fraction)
+    mem_fraction = as_float("mem_fraction", mem_fraction)
+    check_mem_fraction(mem_fraction)
+    return mem_fraction

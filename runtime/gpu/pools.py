@@ -96,25 +96,40 @@ def plan_pools(config: SalaConfig, free_bytes: int, mem_fraction: float, max_run
     B = config.sparse_config.block_size
     pb, sb = page_bytes(config, kv_itemsize, act_itemsize), slot_bytes(config)
     reserve = activation_reserve(config, chunk_tokens, act_itemsize)
-    budget = int(free_bytes * mem_fraction) - reserve - (max_running + 1) * sb
-    pages_fit = budget // pb - 1
-    if kv_tokens is not None:
-        want = math.ceil(kv_tokens / B)
-        if want > pages_fit:
-            raise CapacityError(
-                f"a KV cache of {kv_tokens} tokens needs {want * pb / 2**30:.1f} GiB but only "
-                f"{max(pages_fit, 0) * pb / 2**30:.1f} GiB fit in --mem-fraction {mem_fraction} of "
-                f"{free_bytes / 2**30:.1f} GiB free; lower the context or raise --mem-fraction")
-        pages = want
-    else:
-        pages = pages_fit
-    if pages < 1:
-        raise CapacityError(
-            f"no room for a KV cache: {free_bytes / 2**30:.1f} GiB free x --mem-fraction {mem_fraction} "
-            f"leaves nothing after {max_running} GLA state slots and {reserve / 2**30:.1f} GiB of "
-            "prefill working memory; raise --mem-fraction, or lower --max-running-requests or --chunk-size")
+    usable, states = int(free_bytes * mem_fraction), (max_running + 1) * sb
+    pages_fit = (usable - reserve - states) // pb - 1          # one more page is the trash page
+    pages = pages_fit if kv_tokens is None else math.ceil(kv_tokens / B)
+    if pages_fit < 1 or pages > pages_fit:
+        raise CapacityError(_no_room(kv_tokens, (pages + 1) * pb, pages_fit >= 1, free_bytes, mem_fraction,
+                                     usable, max_running, states, chunk_tokens, reserve))
     ctx_pages = pages if max_context is None else min(pages, math.ceil(max_context / B))
     return PoolPlan(pages, max_running, ctx_pages, pb, sb, reserve, B)
+
+
+def _no_room(kv_tokens, kv_bytes, some_kv_fits, free_bytes, mem_fraction, usable, max_running, states,
+             chunk_tokens, reserve) -> str:
+    """What takes the memory and which engine arguments would make the pools fit. An exact kv_tokens
+    comes from `salactl run` / `profile`, which size the engine themselves (no --mem-fraction or
+    --max-running-requests there): that advice names arguments only; sizing to the free memory is
+    what bench and sweep ask for, and that advice names their flags too."""
+    from salactl.units import human_bytes as hb
+
+    what = "no room for a KV cache" if kv_tokens is None else f"a KV cache of {kv_tokens} tokens needs {hb(kv_bytes)}"
+    left = usable - states - reserve
+
+    def knob(name: str) -> str:         # bench and sweep (sizing to free memory) have these flags
+        return name if kv_tokens is not None else f"--{name.replace('_', '-')}"
+
+    budget = (f"{knob('mem_fraction')} {mem_fraction:g} of the {hb(free_bytes)} free gives {hb(usable)}; the GLA "
+              f"state slots for {knob('max_running_requests')} {max_running} take {hb(states)} and the prefill "
+              f"working memory for {knob('chunk_size')} {chunk_tokens} takes {hb(reserve)}, leaving "
+              f"{hb(left) if left > 0 else 'nothing'}")
+    lower = ["kv_tokens"] * some_kv_fits + ["chunk_size"] + ["max_running_requests"] * (max_running > 1)
+    higher = ["mem_fraction"] * (mem_fraction < 1)
+    lower, higher = ([knob(k) for k in names] for names in (lower, higher))
+    advice = f"lower {', '.join(lower[:-1])} or {lower[-1]}" if len(lower) > 1 else f"lower {lower[0]}"
+    advice += "".join(f", raise {k}" for k in higher)
+    return f"{what}: {budget}; {advice}, or free GPU memory"
 
 
 class CachePools:

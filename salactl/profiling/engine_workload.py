@@ -65,21 +65,22 @@ def build_engine_workload(w: Workload) -> EngineWorkload:
     from salactl.runtime.gpu.engine import GPUEngine
 
     spec, cfg = w.spec, w.config
-    room = spec.context + max(spec.chunk_size, 1) + cfg.sparse_config.block_size
+    B = cfg.sparse_config.block_size
+    row_pages = -(-(spec.context + max(spec.chunk_size, 1) + B) // B)      # each row's whole pages
     rows = spec.batch * len(spec.phases)
     engine = GPUEngine(w.model, w.device, max_running_requests=rows, cuda_graph=False,
-                       chunk_size=min(16384, max(spec.context, spec.chunk_size)), kv_tokens=rows * room,
+                       chunk_size=min(16384, max(spec.context, spec.chunk_size)), kv_tokens=rows * row_pages * B,
                        kv_cache_dtype=spec.kv_cache_dtype, eos_ids=())
     for note in engine.fallback_notes():
         output.warn_once(note)
-    B, step = cfg.sparse_config.block_size, engine.scheduler.chunk_tokens
+    step = engine.scheduler.chunk_tokens
     gen = torch.Generator().manual_seed(spec.seed)
     slots = {}
     for phase in spec.phases:
         cached = spec.step_rows(phase)[1]
         slots[phase] = tuple(engine.scheduler.slots.alloc(spec.batch))
         for s in slots[phase]:
-            engine.pools.assign_pages(s, engine.scheduler.pages.alloc(-(-room // B)))
+            engine.pools.assign_pages(s, engine.scheduler.pages.alloc(row_pages))
             engine.pools.state[:, s].zero_()
             engine.backend.release_slot(s)
             ids = torch.randint(0, cfg.vocab_size, (cached,), generator=gen).tolist()
