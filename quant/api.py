@@ -26,9 +26,10 @@ from salactl.runtime.checkpoint import StoredTensors, tensor_files
 from salactl.runtime.checkpoint_write import check_output_dir
 from salactl.runtime.config import SalaConfig
 from salactl.runtime.kv_fp8 import fp8_dtype, sglang_scales_json
-from salactl.runtime.loader import (EMBEDDED_DIR, LoadedModel, available_bytes, check_fits, load_model, model_config,
+from salactl.runtime.loader import (LoadedModel, available_bytes, check_fits, load_model, model_config,
                                     model_quantization, resolve_device, resolve_dtype, stop_token_ids)
-from salactl.runtime.tokenizer import find_tokenizer
+from salactl.runtime.loader import model_dir as checkpoint_dir
+from salactl.runtime.tokenizer import Tokenizer, find_tokenizer
 
 # (done, total, label): once with done=0 before the first module group, then after each group
 ProgressCallback = Callable[[int, int, str], None]
@@ -76,13 +77,15 @@ def quantize_checkpoint(model: str | Path | LoadedModel, out: str | Path, opts: 
     config, model_dir = _unquantized_source(model, device, dtype, random_weights)
     _check_out_is_not_the_source(out, model_dir)
     _check_copied_files(config, model_dir)
-    windows, calib_source = _calibration(config, model_dir, opts, calib, tokenizer, nsamples, seqlen, seed,
-                                         random_weights)
+    plan = _calibration_plan(model_dir, opts, calib, tokenizer, random_weights)
+    if plan is not None and plan[0] == RANDOM:
+        # random ids are drawn whole (a text's windows stop where it ends): check their size first
+        _check_memory(model, config, device, dtype, (nsamples, seqlen))
+    windows = None if plan is None else _calibration_windows(config, model_dir, *plan, nsamples, seqlen, seed)
+    calib_source = None if plan is None else plan[0] or "builtin-corpus"
     fit = _calibration_fit(config, opts, windows)
-    # knobs the result depends on beyond the solve's settings: recorded and kept in the checkpoint's meta
-    knobs = {"kv_scales_per_head": opts.kv_scales_per_head,
-             "batch_tokens": opts.batch_tokens if windows is not None else None}
-    _check_memory(model, config, device, dtype, windows)
+    knobs = _knobs(model, opts, device, dtype, random_weights, seed, nsamples, seqlen, windows, calib_source)
+    _check_memory(model, config, device, dtype, None if windows is None else tuple(windows.shape))
     lm = model if isinstance(model, LoadedModel) else load_model(model, device, dtype, random_weights, seed)
     if copy and lm is model:
         lm = replace(lm, model=deepcopy(lm.model))
@@ -109,8 +112,7 @@ def quantize_checkpoint(model: str | Path | LoadedModel, out: str | Path, opts: 
     seconds = {"load_and_calibration_data": t_loaded - t_start, "forward": result.forward_seconds,
                "solve": result.solve_seconds, "quantize_total": t_solved - t_loaded,
                "write": t_done - t_solved, "total": t_done - t_start}
-    return _record(out, lm, opts, windows, calib_source, fit, knobs, result, seconds,
-                   lm.model_dir if source is not None else None)
+    return _record(out, lm, opts, fit, knobs, result, seconds, lm.model_dir if source is not None else None)
 
 
 def needs_calibration(opts: QuantOptions, calib: str | Path | None) -> bool:
@@ -127,20 +129,10 @@ def _unquantized_source(model: str | Path | LoadedModel, device: str, dtype: str
         name, quantized, config, model_dir = model.source, quantized_as(model.model), model.config, model.model_dir
     else:
         name, quantized = model, model_quantization(model, random_weights)
-        config, model_dir = model_config(model, random_weights), _model_dir(model, random_weights)
+        config, model_dir = model_config(model, random_weights), checkpoint_dir(model, random_weights)
     if quantized:
         raise QuantizationError(f"{name} is already quantized; quantize the original checkpoint")
     return config, model_dir
-
-
-def _model_dir(model: str | Path | None, random_weights: bool) -> Path | None:
-    """The LoadedModel.model_dir load_model(model, random_weights=...) gives (a checkpoint's
-    directory; for random weights the embedded sala-nano's or a directory with config.json), for the
-    checks made before it loads."""
-    name = "sala-nano" if model is None else str(model)
-    if name == "sala-nano" and (not random_weights or EMBEDDED_DIR.exists()):
-        return EMBEDDED_DIR
-    return Path(name) if Path(name).is_dir() else None
 
 
 def _check_out_is_not_the_source(out: str | Path, model_dir: Path | None) -> None:
@@ -204,15 +196,15 @@ def _check_load_arguments(lm: LoadedModel, device: str, dtype: str, random_weigh
                          "is quantized as loaded (choose with load_model(..., device=, dtype=))")
 
 
-def _calibration(cfg: SalaConfig, model_dir: Path | None, opts: QuantOptions, calib: str | Path | None,
-                 tokenizer: str | Path | None, nsamples: int, seqlen: int, seed: int,
-                 random_weights: bool) -> tuple[torch.Tensor | None, str | None]:
-    """The calibration windows [S, T] and what they came from; (None, None) when none are needed."""
+def _calibration_plan(model_dir: Path | None, opts: QuantOptions, calib: str | Path | None,
+                      tokenizer: str | Path | None, random_weights: bool) -> tuple[str | None, Tokenizer | None] | None:
+    """What the calibration windows come from, checked without building them: (calib, tokenizer) as
+    calibration_windows takes them (calib None: the built-in corpus), or None when none are needed."""
     calib = None if calib is None else str(calib)
     if not needs_calibration(opts, calib):
         output.stderr.print("note: RTN needs no calibration data; pass --calib FILE (or 'random') to also "
                             "report each module's output error")
-        return None, None
+        return None
     tok = None
     if calib != RANDOM:
         try:
@@ -222,13 +214,19 @@ def _calibration(cfg: SalaConfig, model_dir: Path | None, opts: QuantOptions, ca
                 raise
             calib = RANDOM          # random weights whose model has no tokenizer: random ids
             output.stderr.print("note: no tokenizer for random weights; calibrating on random token ids")
+    return calib, tok
+
+
+def _calibration_windows(cfg: SalaConfig, model_dir: Path | None, calib: str | None, tok: Tokenizer | None,
+                         nsamples: int, seqlen: int, seed: int) -> torch.Tensor:
+    """The calibration windows [S, T] of _calibration_plan's (calib, tokenizer)."""
     output.warn_past_trained_length(seqlen, cfg.max_position_embeddings, "--seqlen")
     eos_id = next(iter(stop_token_ids(cfg, model_dir, tok)), None)     # config.json's eos may be null
     windows = calibration_windows(calib, tok, nsamples, seqlen, cfg.vocab_size, seed, eos_id=eos_id)
     if windows.shape[0] < nsamples:
         output.stderr.print(f"warning: the calibration text gives {windows.shape[0]} windows of "
                             f"{windows.shape[1]} tokens, fewer than --nsamples {nsamples}")
-    return windows, calib or "builtin-corpus"
+    return windows
 
 
 def _calibration_fit(config: SalaConfig, opts: QuantOptions, windows: torch.Tensor | None) -> dict:
@@ -241,23 +239,55 @@ def _calibration_fit(config: SalaConfig, opts: QuantOptions, windows: torch.Tens
             "calibration_underdetermined": None if windows is None else int(windows.numel()) < widest}
 
 
+def _knobs(model: str | Path | LoadedModel, opts: QuantOptions, device: str, dtype: str, random_weights: bool,
+           seed: int, nsamples: int, seqlen: int, windows: torch.Tensor | None, calib_source: str | None) -> dict:
+    """What the result depends on beyond quantization_config's own keys, recorded and kept in the
+    checkpoint's meta. Each is None where it could not change the result: without calibration no
+    batch, windows or forward ran, so only random weights use the seed and only weights quantized
+    from memory (random, or a LoadedModel's) the dtype. nsamples and seqlen are as asked; calibration
+    says what the data gave."""
+    calibrated = windows is not None
+    from_memory = random_weights or isinstance(model, LoadedModel)
+    return {"kv_scales_per_head": opts.kv_scales_per_head,
+            "batch_tokens": opts.batch_tokens if calibrated else None,
+            "seed": seed if calibrated or random_weights else None,
+            "dtype": _dtype_name(_compute_dtype(model, device, dtype)) if calibrated or from_memory else None,
+            "nsamples": nsamples if calibrated else None,
+            "seqlen": seqlen if calibrated else None,
+            "calibration": None if not calibrated else {
+                "source": calib_source, "samples": int(windows.shape[0]),
+                "seqlen": int(windows.shape[1]), "tokens": int(windows.numel())}}
+
+
+def _compute_dtype(model: str | Path | LoadedModel, device: str, dtype: str) -> torch.dtype:
+    """The dtype the model is loaded in, which the calibration forwards run in."""
+    if isinstance(model, LoadedModel):
+        return model.model.model.embed_tokens.weight.dtype
+    return resolve_dtype(dtype, resolve_device(device))
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def _check_memory(model: str | Path | LoadedModel, config: SalaConfig, device: str, dtype: str,
-                  windows: torch.Tensor | None) -> None:
+                  shape: tuple[int, int] | None) -> None:
     """Before the weights load: the calibration activations (each layer's inputs and outputs, two
-    [samples, seqlen, hidden] tensors in the forward dtype), the largest group's fp32 Hessian and the
-    weights not loaded yet must fit the model's device (exit 11, naming the --nsamples that fits)."""
+    [samples, seqlen, hidden] tensors in the forward dtype, for calibration windows of `shape`), the
+    largest group's fp32 Hessian and the weights not loaded yet must fit the model's device (exit 11,
+    naming the --nsamples that fits)."""
     from salactl.evaluation.perplexity import model_weight_bytes
     from salactl.units import human_bytes
 
-    if windows is None:
+    if shape is None:
         return
+    act = _compute_dtype(model, device, dtype)
     if isinstance(model, LoadedModel):
-        dev, act, weights = model.model.device, model.model.model.embed_tokens.weight.dtype, 0
+        dev, weights = model.model.device, 0
     else:
         dev = resolve_device(device)
-        act = resolve_dtype(dtype, dev)
         weights = model_weight_bytes(config, None, act.itemsize)
-    samples, seqlen = windows.shape
+    samples, seqlen = shape
     per_sample = 2 * seqlen * config.hidden_size * act.itemsize
     widest = max(config.hidden_size, config.intermediate_size, config.num_attention_heads * config.head_dim,
                  config.lightning_nh * config.lightning_head_dim)
@@ -268,7 +298,7 @@ def _check_memory(model: str | Path | LoadedModel, config: SalaConfig, device: s
            "use a shorter seqlen (--seqlen), a smaller dtype (--dtype) or a machine with more memory")
     check_fits(fixed + samples * per_sample, room,
                f"quantize (the calibration activations, 2 x {samples:,} samples x {seqlen:,} tokens x "
-               f"{config.hidden_size:,} in {str(act).removeprefix('torch.')}: {human_bytes(samples * per_sample)}; "
+               f"{config.hidden_size:,} in {_dtype_name(act)}: {human_bytes(samples * per_sample)}; "
                f"the widest fp32 Hessian and the weights: {human_bytes(fixed)})",
                "this machine" if dev.type == "cpu" else str(dev), fix)
 
@@ -300,9 +330,8 @@ def _write(out: str | Path, lm: LoadedModel, opts: QuantOptions, result: Quantiz
                                result.kv_scales, kv_json, overwrite=overwrite, source=source)
 
 
-def _record(out: str | Path, lm: LoadedModel, opts: QuantOptions, windows: torch.Tensor | None,
-            calib_source: str | None, fit: dict, knobs: dict, result: QuantizeOutcome, seconds: dict,
-            source_dir: Path | None) -> dict:
+def _record(out: str | Path, lm: LoadedModel, opts: QuantOptions, fit: dict, knobs: dict, result: QuantizeOutcome,
+            seconds: dict, source_dir: Path | None) -> dict:
     # RTN against itself is no comparison
     better = [r for r in result.reports if r.error is not None and r.rtn_error is not None] \
         if opts.method != "rtn" else []
@@ -313,9 +342,6 @@ def _record(out: str | Path, lm: LoadedModel, opts: QuantOptions, windows: torch
         "clip_search": opts.clip_search,
         "damp": opts.damp if opts.method == "gptq" else None, "kv_cache_dtype": opts.kv_cache_dtype,
         **knobs,
-        "calibration": None if windows is None else {
-            "source": calib_source, "samples": int(windows.shape[0]),
-            "seqlen": int(windows.shape[1]), "tokens": int(windows.numel())},
         **fit,
         "modules": [r.__dict__ for r in result.reports],
         "skipped": result.skipped,

@@ -8,14 +8,17 @@ Sharded safetensors + index, written to a temp dir and renamed (runtime/checkpoi
 from __future__ import annotations
 
 import json
+import os
 import re
 import tempfile
+from fnmatch import fnmatch
 from pathlib import Path
 
 import torch
 
 import salactl
 from salactl import output
+from salactl.errors import CheckpointError
 from salactl.quant.gptq import DAMP_STEP
 from salactl.quant.sequential import QuantOptions
 from salactl.runtime.checkpoint import StoredTensors, expected_tensor_shapes
@@ -129,19 +132,34 @@ def copied_files(config: SalaConfig, model_dir: Path | None) -> dict[str, Path]:
     """Name in the output -> file of `model_dir` copied there: the tokenizer and generation config,
     the license, notice and README, and the Python files config.json's auto_map names (with those
     they import relatively, as transformers loads them), which SGLang/vLLM run under
-    --trust-remote-code. An auto_map file that is missing gets a one-line warning."""
+    --trust-remote-code. An auto_map file that is missing gets a one-line warning; any of them that is
+    a symlink to a missing target (a partial download into a Hub cache) is a CheckpointError."""
     if model_dir is None:
         return {}
-    names = [f for f in COPIED_FILES if (model_dir / f).is_file()]
-    names += sorted({p.name for pattern in COPIED_PATTERNS for p in model_dir.glob(pattern) if p.is_file()})
+    names = [f for f in COPIED_FILES if _is_file(model_dir / f)]
+    # not glob: it leaves out a dangling symlink named by a pattern without wildcards (README.md)
+    names += sorted(p.name for p in model_dir.iterdir()
+                    if any(fnmatch(p.name, pattern) for pattern in COPIED_PATTERNS) and _is_file(p))
     for module in _auto_map_modules(dict(config.extra).get("auto_map")):
         f = model_dir / f"{module}.py"
-        if not f.is_file():
+        if not _is_file(f):
             output.stderr.print(f"warning: config.json's auto_map names {module}.py, which {model_dir} lacks; "
                                 "the output cannot be loaded with --trust-remote-code without it")
             continue
         names += [f.name, *(p.name for p in _relative_imports(f))]
     return {name: model_dir / name for name in dict.fromkeys(names)}
+
+
+def _is_file(path: Path) -> bool:
+    """Whether `path` is a file to copy; a symlink to a missing target would be skipped as absent,
+    leaving the checkpoint without it unnoticed, so it is an error."""
+    if path.is_file():
+        return True
+    if path.is_symlink() and not path.exists():
+        raise CheckpointError(f"{path} is a symlink to {os.readlink(path)}, which does not exist, so it cannot "
+                              "be copied into the checkpoint; restore its target (download it again) or remove "
+                              "the link")
+    return False
 
 
 def _auto_map_modules(auto_map) -> list[str]:
@@ -164,7 +182,7 @@ def _relative_imports(module: Path) -> list[Path]:
         for name in re.findall(r"^\s*(?:from\s+\.(\S+)\s+import|import\s+\.(\S+)\s*$)", text, flags=re.MULTILINE):
             name = name[0] or name[1]
             f = module.parent / f"{name}.py"
-            if name.isidentifier() and f not in found and f != module and f.is_file():
+            if name.isidentifier() and f not in found and f != module and _is_file(f):
                 found.append(f)
                 todo.append(f)
     return found

@@ -88,7 +88,8 @@ def tensor_files(model_dir: Path) -> dict[str, Path]:
             return {name: single for name in f.keys()}
     index = model_dir / INDEX_NAME
     if not os.path.lexists(index):        # a dangling or looping symlink is there, and unreadable
-        raise CheckpointError(f"{model_dir} has neither {SINGLE_NAME} nor {INDEX_NAME}")
+        raise CheckpointError(f"{model_dir} has neither {SINGLE_NAME} nor {INDEX_NAME}; "
+                              "finish the download or point --model at a complete checkpoint")
     files = {name: model_dir / f for name, f in _weight_map(index).items()}
     listed: dict[Path, set[str]] = {}
     for name, shard in files.items():

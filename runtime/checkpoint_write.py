@@ -27,11 +27,14 @@ from salactl.runtime.checkpoint import INDEX_NAME, SINGLE_NAME
 def check_output_dir(out_dir: Path, overwrite: bool) -> Path:
     """The absolute checkpoint directory to write, or a one-line error before any work: an existing
     path needs `overwrite`, and even then only an empty directory or a checkpoint (config.json)
-    is replaced, never the working directory or one above it; no parent may be a file."""
+    is replaced, never the working directory or one above it; no parent may be a file, and neither
+    it nor a directory above it a symlink to a missing target."""
     from salactl.output import directory_option
 
-    out_dir = Path(out_dir).expanduser().resolve()
-    directory_option(out_dir)                        # a file or a path below one: usage error, exit 2
+    given = Path(out_dir).expanduser()
+    # before resolving: a symlink to a missing target resolves to that target, which reads as absent
+    directory_option(given)                          # a file, a path below one, a dangling link: exit 2
+    out_dir = given.resolve()
     if not out_dir.exists():
         return out_dir
     if out_dir.is_dir() and is_mount_point(out_dir):

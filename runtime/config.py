@@ -314,6 +314,7 @@ class SalaConfig:
         for k in simple:
             if d.get(k) is not None:
                 kw[k] = d[k]
+        _refuse_unimplemented_top_level(d)
         rope_theta = _rope_theta(d)
         if rope_theta is not None:
             kw["rope_theta"] = rope_theta
@@ -433,20 +434,42 @@ def _check_types(d: dict, kinds: dict[str, str], prefix: str = "", nullable=froz
 _ROPE_TYPE_KEYS = ("rope_type", "type")
 
 
+def _is_one(v: object) -> bool:
+    return _KIND_CHECKS["a number"](v) and v == 1
+
+
+# top-level keys that transformers' Llama-family code reads (default RoPE: partial_rotary_factor;
+# LlamaMLP: mlp_bias) or that name a RoPE variant, with the only value salactl implements: anything
+# else changes the maths, so it is refused rather than kept in `extra` (null means the default)
+_TOP_LEVEL_ONLY = {
+    "partial_rotary_factor": (_is_one, "1.0 (RoPE over every dimension of a head)"),
+    "rope_type": (lambda v: v == "default", '"default" (unscaled RoPE)'),
+    "mlp_bias": (lambda v: v is False, "false (MiniCPM-SALA's MLP has no biases)"),
+}
+
+
+def _refuse_unimplemented_top_level(d: dict) -> None:
+    for key, (implemented, only) in _TOP_LEVEL_ONLY.items():
+        if d.get(key) is not None and not implemented(d[key]):
+            raise ConfigError(f"config.json has {key} = {json.dumps(d[key], default=repr)}, which salactl does not "
+                              f"implement; it runs only {only}: remove the key or set it to that")
+
+
 def _default_rope(name: str, value: object, extra_keys: tuple[str, ...] = ()) -> dict:
     """`value` as a dict that asks for plain (unscaled) RoPE, else a ConfigError naming what it asks.
     An explicit rope_type default ignores other keys (factor, ...) as transformers does, except
-    partial_rotary_factor, which transformers' default RoPE applies."""
+    partial_rotary_factor, which transformers' default RoPE applies: only 1.0 (or null) passes."""
     if not isinstance(value, dict):
         raise ConfigError(f"config.{name} must be an object or null, got {type(value).__name__}")
     kind = next((value[k] for k in _ROPE_TYPE_KEYS if k in value), None)
     if kind not in (None, "default"):
         raise ConfigError(f"config.{name} asks for {kind!r} RoPE scaling; salactl runs the lightning layers' "
                           f"RoPE unscaled only (rope_type default; the sparse layers are NoPE)")
+    full = value.get("partial_rotary_factor") is None or _is_one(value["partial_rotary_factor"])
     if kind is None:
-        unknown = sorted(set(value) - set(extra_keys))
+        unknown = sorted(set(value) - set(extra_keys) - ({"partial_rotary_factor"} if full else set()))
     else:
-        unknown = [] if value.get("partial_rotary_factor", 1.0) == 1.0 else ["partial_rotary_factor"]
+        unknown = [] if full else ["partial_rotary_factor"]
     if unknown:
         raise ConfigError(f"config.{name} has {', '.join(unknown)}, which salactl does not implement; "
                           f"only unscaled RoPE (rope_type default) is supported")

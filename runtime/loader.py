@@ -15,8 +15,8 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from salactl.errors import CapacityError, CheckpointError, ConfigError, DeviceError, UsageError
-from salactl.runtime.checkpoint import (expected_tensor_shapes, load_state_dict, random_state_dict,
-                                        tensor_files)
+from salactl.runtime.checkpoint import (INDEX_NAME, SINGLE_NAME, expected_tensor_shapes, load_state_dict,
+                                        random_state_dict, tensor_files)
 from salactl.runtime.config import SalaConfig
 from salactl.runtime.host_memory import available_host_bytes, check_fits
 from salactl.runtime.json_file import is_dir, lookup, read_optional_json
@@ -137,27 +137,52 @@ def _model_name(model: str | Path | None) -> str:
     return str(model)
 
 
-def _resolve_source(model: str | Path | None, random_weights: bool) -> tuple[str, Path, SalaConfig]:
-    """(name, directory, config) of what load_model loads, read without any weights."""
+def _is_preset(model: str | Path | None, name: str) -> bool:
+    """A bare preset name (a str, or None for sala-nano) means the preset from any working directory,
+    so the README's commands do what they say; anything with a path separator or a leading ./, or a
+    Path object (which drops the ./), is a path."""
+    return name in PRESETS and not isinstance(model, os.PathLike)
+
+
+def _resolve_source(model: str | Path | None, random_weights: bool) -> tuple[str, Path | None, SalaConfig]:
+    """(name, directory, config) of what load_model loads, read without any weights. The directory
+    holds the tokenizer and generation_config.json: None for random weights of a preset other than
+    sala-nano."""
     name = _model_name(model)
     path = Path(name)
+    if _is_preset(model, name):
+        return _preset_source(name, random_weights)
     if random_weights:
-        if name not in PRESETS and not (_is_dir(path) and lookup(path / "config.json", CheckpointError)):
+        if not (_is_dir(path) and lookup(path / "config.json", CheckpointError)):
             raise ConfigError(f"random_weights (--random-weights) needs a preset "
                               f"({', '.join(sorted(PRESETS))}) or a directory with config.json, got {name!r}")
-        return name, path, preset(name) if name in PRESETS else SalaConfig.from_file(path / "config.json")
-    if name == "sala-nano":
-        path = EMBEDDED_DIR
-        if not (path / "config.json").exists():
-            raise CheckpointError("the embedded sala-nano checkpoint is missing from this install; "
-                                  "reinstall salactl or pass random_weights=True (--random-weights)")
-    elif name in PRESETS:
-        raise CheckpointError(f"preset {name!r} has no embedded weights; pass random_weights=True "
-                              "(--random-weights) or a checkpoint directory")
     elif not _is_dir(path):
         raise CheckpointError(f"{name!r} is neither a checkpoint directory nor a preset "
                               f"({', '.join(sorted(PRESETS))})")
     return name, path, SalaConfig.from_file(path / "config.json")
+
+
+def _preset_source(name: str, random_weights: bool) -> tuple[str, Path | None, SalaConfig]:
+    try:                    # a directory of the preset's name in the working directory (unsearchable: none)
+        shadowed = Path(name).is_dir()
+    except OSError:
+        shadowed = False
+    if name != "sala-nano" and not random_weights:
+        local = f" (--model ./{name} loads the directory ./{name} here)" if shadowed else ""
+        raise CheckpointError(f"preset {name!r} has no embedded weights; pass random_weights=True "
+                              f"(--random-weights) or a checkpoint directory{local}")
+    if shadowed:
+        from salactl.output import warn_once
+
+        warn_once(f"model (--model) {name!r} is the {name} preset, not the directory ./{name} here; "
+                  f"--model ./{name} loads that directory")
+    if random_weights:
+        embedded = name == "sala-nano" and EMBEDDED_DIR.exists()
+        return name, EMBEDDED_DIR if embedded else None, preset(name)
+    if not (EMBEDDED_DIR / "config.json").exists():
+        raise CheckpointError("the embedded sala-nano checkpoint is missing from this install; "
+                              "reinstall salactl or pass random_weights=True (--random-weights)")
+    return name, EMBEDDED_DIR, SalaConfig.from_file(EMBEDDED_DIR / "config.json")
 
 
 def _is_dir(path: Path) -> bool:
@@ -173,29 +198,26 @@ def model_config(model: str | Path | None = None, random_weights: bool = False) 
 def planning_config(model: str | Path | None = None) -> SalaConfig:
     """A preset's shapes or a checkpoint's config.json, for estimates made without weights (a preset
     needs no random_weights here)."""
-    return model_config(model, random_weights=str(model) in PRESETS)
+    return model_config(model, random_weights=_is_preset(model, _model_name(model)))
 
 
 def model_quantization(model: str | Path | None = None, random_weights: bool = False) -> dict | None:
     """The quantization config load_model would load `model` with (config.json's or a standalone
-    quantize_config.json), None for full-precision checkpoints and random weights; no weights read."""
-    name, path, config = _resolve_source(model, random_weights)
-    return None if random_weights else quantization_config(path, config)
-
-
-def _model_dir(name: str, path: Path, random_weights: bool) -> Path | None:
-    if not random_weights:
-        return path
-    if name == "sala-nano" and EMBEDDED_DIR.exists():
-        return EMBEDDED_DIR
-    return path if _is_dir(path) else None
+    quantize_config.json), None for full-precision checkpoints and random weights; no weights read.
+    A checkpoint without weight files (a download that stopped after config.json) is load_model's
+    CheckpointError here already: callers check memory next, which would refuse it with wrong advice."""
+    _, path, config = _resolve_source(model, random_weights)
+    if random_weights:
+        return None
+    if not any(os.path.lexists(path / f) for f in (SINGLE_NAME, INDEX_NAME)):
+        tensor_files(path)          # raises its "has neither ..." error; their contents are checked on loading
+    return quantization_config(path, config)
 
 
 def model_dir(model: str | Path | None = None, random_weights: bool = False) -> Path | None:
     """The LoadedModel.model_dir load_model(model, random_weights=...) gives, with the same errors,
     but no weights read: for the tokenizer and generation_config.json before loading."""
-    name, path, _ = _resolve_source(model, random_weights)
-    return _model_dir(name, path, random_weights)
+    return _resolve_source(model, random_weights)[1]
 
 
 def load_model(model: str | Path | None = None, device=None, dtype: str | torch.dtype | None = None,
@@ -215,8 +237,7 @@ def load_model(model: str | Path | None = None, device=None, dtype: str | torch.
     if random_weights:
         check_host_memory(config, dt, dev, name)
         state = random_state_dict(config, dev, dt, seed)
-        return LoadedModel(build_model(config, state), config, _model_dir(name, path, random_weights),
-                           f"random:{name}:seed={seed}")
+        return LoadedModel(build_model(config, state), config, path, f"random:{name}:seed={seed}")
     generation_eos_ids(path, config.vocab_size)          # a bad generation_config.json fails here, not mid-run
     quant = quantization_config(path, config)
     if quant is not None:
@@ -225,11 +246,11 @@ def load_model(model: str | Path | None = None, device=None, dtype: str | torch.
         return LoadedModel(load_gptq_model(path, config, quant, dev, dt), config, path, str(path))
     from salactl.quant.loading import KV_SCALE_SUFFIXES, attach_kv_scales
 
+    files = tensor_files(path)          # headers only: missing weight files are exit 4, before any memory check
     check_host_memory(config, dt, dev, str(path))
-
     state = load_state_dict(path, expected_tensor_shapes(config), dev, dt, allow_extra=KV_SCALE_SUFFIXES)
     model = build_model(config, state)
-    attach_kv_scales(model, config, tensor_files(path), dev)
+    attach_kv_scales(model, config, files, dev)
     return LoadedModel(model, config, path, str(path))
 
 

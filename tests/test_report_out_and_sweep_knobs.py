@@ -1,5 +1,5 @@
 """An --out that is a symlink to a missing target is refused before any work (run, bench, sweep,
-report; a link to a directory still works); report latency --json without --out refuses --format and
+report, quantize; a link to a directory still works); report latency --json without --out refuses --format and
 --title, which only change report files; a report of several sweeps shows the knob that sets them
 apart; and a --resume'd sweep's points are named in the report as that sweep names them."""
 
@@ -42,7 +42,8 @@ def sweeps(tmp_path_factory):
     ("run", "-p", "x", "--max-new-tokens", 2, "--device", "cpu"),
     ("bench", "--scale", "0.01", "--phases", "S1", "--num-requests", 1, "--device", "cpu"),
     ("sweep", "--no-kl", "--no-passkey", "--device", "cpu", "--input-len", 16, "--output-len", 2, "--requests", 1),
-    ("report", "latency", "RECORDS")])
+    ("report", "latency", "RECORDS"),
+    ("quantize", "--method", "rtn", "--device", "cpu")])
 def test_an_out_linked_to_a_missing_target_is_refused_before_any_work(tmp_path, sweeps, command):
     (tmp_path / "L").symlink_to(tmp_path / "missing")
     args = [str(sweeps["tk2"]) if a == "RECORDS" else a for a in command]
@@ -62,6 +63,9 @@ def test_an_out_linked_to_a_directory_still_works(tmp_path, sweeps):
     r = salactl("run", "-p", "hi", "--max-new-tokens", 2, "--device", "cpu", "--out", "G", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert {json.loads(x)["kind"] for x in (tmp_path / "real" / "records.jsonl").read_text().splitlines()} == {"run"}
+    r = salactl("quantize", "--method", "rtn", "--device", "cpu", "--out", "G/q", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "real" / "q" / "config.json").is_file() and (tmp_path / "G").is_symlink()
 
 
 # ---------------------------------------------------------------- --json without --out
