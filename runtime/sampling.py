@@ -17,6 +17,12 @@ NON_FINITE = ("the model computed NaN/Inf logits: its weights hold NaN/Inf, or t
               "bfloat16 or float32")
 
 
+class PenaltyOverflowError(AllTokensBannedError):
+    """A repetition penalty so near 0 that a penalised logit overflowed to +inf. Like an
+    AllTokensBannedError the request's settings are wrong, not the model (a UsageError), and so a
+    GPUEngine fails that request alone (its ROW_FAILURES)."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Per-request generation settings (`salactl run`'s sampling flags, as Python arguments).
@@ -115,14 +121,18 @@ _NOT_TEXT = "stop strings are not token ids"
 
 
 def as_token_ids(value, what: str) -> tuple[int, ...]:
-    """An int, an iterable of ints or None (= none) as a tuple of ints; anything else, text and
-    negative ids above all, is a UsageError naming `what`. The upper bound is the model's
-    vocabulary, checked where the model is known (the engines)."""
+    """An int, an iterable of ints, a 0-D or 1-D integer tensor / array or None (= none) as a tuple
+    of ints; anything else, text and negative ids above all, is a UsageError naming `what`. The
+    upper bound is the model's vocabulary, checked where the model is known (the engines)."""
     if value is None:
         return ()
     if isinstance(value, (str, bytes)):
         raise UsageError(f"{what} got text {value!r}: {_NOT_TEXT}; pass token ids (Tokenizer.encode gives "
                          "them), or the text as GeneratedText(stop=...) (`run --stop`)")
+    if hasattr(value, "tolist") and hasattr(value, "ndim"):      # torch tensor, numpy array (as prompts)
+        if value.ndim > 1:
+            raise UsageError(f"{what} as a tensor must be 1-D (or 0-D), got shape {tuple(value.shape)}")
+        value = value.tolist()          # float / bool elements stay floats / bools: refused below
     try:
         items = [value] if is_int(value) else list(value)
     except TypeError:
@@ -207,6 +217,16 @@ class LogitsProcessors:
                                        float("-inf"))
         return logits
 
+    def settings_error(self, kept: torch.Tensor) -> AllTokensBannedError:
+        """Why the processed logits `kept` leave no token to draw though the model's were finite."""
+        if float(kept.max()) == -math.inf:
+            return AllTokensBannedError(self.all_banned())
+        # only the penalty makes +inf: a positive logit divided by a penalty near 0
+        dtype = str(kept.dtype).removeprefix("torch.")
+        return PenaltyOverflowError(
+            f"{_arg('repetition_penalty')} {self.params.repetition_penalty} divides a positive logit past "
+            f"{dtype}'s range (to inf) at output token {self.generated + 1}; use a penalty nearer 1 (1 = off)")
+
     def all_banned(self) -> str:
         """Why every token is banned before the next one (AllTokensBannedError's message)."""
         p, why = self.params, []
@@ -242,15 +262,16 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
            processors: LogitsProcessors | None = None) -> int:
     """logits: fp32 [V] for one sequence. processors: the request's (logits_processors()), applied
     first and told the token sampled. NaN/Inf logits are a NumericsError; finite ones the processors
-    left no token of are an AllTokensBannedError."""
+    banned entirely are an AllTokensBannedError, or pushed to +inf (a repetition penalty near 0) its
+    subclass PenaltyOverflowError."""
     if processors is None:
         return _warp_and_draw(logits, params, generator)
     kept = processors(logits)
     try:
         tok = _warp_and_draw(kept, params, generator)
     except NumericsError:
-        if float(kept.max()) == -math.inf and math.isfinite(float(logits.max())):
-            raise AllTokensBannedError(processors.all_banned()) from None
+        if math.isfinite(float(logits.max())):      # no NaN/Inf from the model: the processors made them
+            raise processors.settings_error(kept) from None
         raise
     processors.append(tok)
     return tok

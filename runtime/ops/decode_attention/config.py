@@ -30,11 +30,17 @@ class DecodeConfig:
     # > 0: each program preloads the page ids of its split, at most this many (a power of 2) at a
     # time, so `stages - 1` pages' K/V are in flight per program (0: one page, after the math)
     preload: int = 0
-    sub: int = 0           # tokens per online-softmax step (a divisor of the page; 0: the page)
+    sub: int = 0           # tokens per online-softmax step (a power-of-2 divisor of the page; 0: the page)
     early: bool = False    # load slots and seq_lens before the PDL wait (see _split_kernel)
     tma: bool = False      # K/V pages by Hopper TMA copies (one per page and operand; whole pages)
 
     def __post_init__(self):
+        # tl.arange spans (sub tokens, preload page ids) are powers of 2; sub is tl.dot's K (>= 16)
+        if self.sub and (self.sub < 16 or self.sub & (self.sub - 1)):
+            raise ValueError(f"DecodeConfig: sub {self.sub} must be 0 (whole pages) or a power of two >= 16 "
+                             "dividing the page size")
+        if self.preload < 0 or self.preload & (self.preload - 1):
+            raise ValueError(f"DecodeConfig: preload {self.preload} must be 0 (off) or a power of two")
         if self.tma and self.sub:
             raise ValueError("DecodeConfig: TMA pages are whole pages per softmax step; set sub=0 or tma=False")
 

@@ -255,6 +255,9 @@ def split_partials(q, k_pages, v_pages, page_table, slots, seq_lens, block_ids=N
     po = torch.empty(rows, num_splits, BG, d, device=q.device, dtype=torch.float32)
     plse = torch.empty(rows, num_splits, BG, device=q.device, dtype=torch.float32)
     cfg = config or default_config(k_pages.dtype, rows)
+    if B % (cfg.sub or B):      # the kernel takes B // sub steps per page: the rest (all if sub > B) unread
+        raise ValueError(f"DecodeConfig.sub {cfg.sub} does not divide the KV pages of {B} tokens; use sub=0 "
+                         f"(whole pages) or a power of two >= 16 dividing {B}")
     # the longest row: dense rows have at most page_table.shape[1] blocks (sparse calls: below
     # dense_len), sparse rows at most block_ids.shape[-1]
     max_blocks = page_table.shape[1]
