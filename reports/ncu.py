@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,14 +59,30 @@ class Kernel:
         return self.dram_read + self.dram_write
 
 
-def _number(text: str) -> float | None:
-    t = text.strip().replace(",", "")
-    if not t or t.lower() in ("n/a", "nan"):
+def _kernel_id(cell: str) -> int | None:
+    """A kernel row's ID (a whole number), else None."""
+    t = cell.strip().replace(",", "")
+    return int(t) if t.isascii() and t.isdigit() else None
+
+
+def _metric(row: list[str], i: int, metric: str, scale: float, source: str, hint: str) -> float | None:
+    """`metric` of one kernel row in base units; None where ncu wrote no value (empty or n/a; nan or
+    inf too for a percentage, a ratio that may divide by zero). A time or byte count that is not a
+    finite non-negative number is a usage error naming the row, the metric and the cell."""
+    cell = row[i]
+    t = cell.strip().replace(",", "")
+    if not t or t.lower() == "n/a":
         return None
     try:
-        return float(t)
+        v = float(t) * scale
     except ValueError:
+        v = None
+    if v is not None and not math.isfinite(v) and metric not in REQUIRED:
         return None
+    if v is None or not math.isfinite(v) or v < 0:
+        raise UsageError(f"{source}: kernel row {row[0].strip()} has {metric} {cell!r}, not a finite "
+                         f"non-negative number; {hint}")
+    return v
 
 
 def parse_nvtx(cell: str) -> list[str]:
@@ -81,7 +98,8 @@ def parse_nvtx(cell: str) -> list[str]:
 def parse_csv_text(text: str, source: str = "ncu CSV", hint: str = EXPORT_HINT) -> list[Kernel]:
     """Kernels of an export; a kernel without a time (n/a) is left out and one without DRAM bytes
     kept with None, each counted in a warning. A table cut short (an interrupted export or copy) is
-    refused, not read as the kernels before the cut. `hint` ends the errors about the export's form."""
+    refused, not read as the kernels before the cut, and so is a time or byte count that is no
+    finite non-negative number. `hint` ends the errors about the export's form."""
     header, units, body = _table(text, source, hint)
     col = {h: i for i, h in enumerate(header)}
     nvtx_col = next((i for i, h in enumerate(header) if "Push/Pop_Range" in h), None)
@@ -89,17 +107,19 @@ def parse_csv_text(text: str, source: str = "ncu CSV", hint: str = EXPORT_HINT) 
              for m in (*REQUIRED, SM_PCT, MEM_PCT, DRAM_PCT) if m in col}
 
     def value(row, metric) -> float | None:
-        v = _number(row[col[metric]]) if metric in col else None
-        return None if v is None else v * scale[metric]
+        return _metric(row, col[metric], metric, scale[metric], source, hint) if metric in col else None
 
     kernels, untimed = [], 0
     for row in body:
+        kernel_id = _kernel_id(row[0])
+        if kernel_id is None:
+            raise UsageError(f"{source} has a kernel row whose ID {row[0]!r} is not a whole number; {hint}")
         t, r, w = (value(row, m) for m in REQUIRED)
         if t is None:
             untimed += 1
             continue
         kernels.append(Kernel(
-            id=int(_number(row[col["ID"]]) or 0), name=row[col["Kernel Name"]],
+            id=kernel_id, name=row[col["Kernel Name"]],
             nvtx=parse_nvtx(row[nvtx_col]) if nvtx_col is not None else [],
             time_s=t, dram_read=r, dram_write=w,
             sm_pct=value(row, SM_PCT), mem_pct=value(row, MEM_PCT), dram_pct=value(row, DRAM_PCT)))
@@ -129,12 +149,19 @@ def _table(text: str, source: str, hint: str) -> tuple[list[str], list[str], lis
         raise UsageError(f"{source} has no units row after its header (ncu writes one); {hint}")
     units, body = body[0], body[1:]
     last = next(ln for ln in reversed(lines) if ln.strip())
-    if not last.startswith("==") and last.count('"') % 2:     # every cell is quoted: a cut one is open
+    table_last = not last.startswith("==")
+    if table_last and last.count('"') % 2:     # every cell is quoted: a cut one is open
         raise UsageError(f"{source} is cut short inside its last row; {hint}")
-    short = next((r for r in body if len(r) < len(header) and _number(r[0]) is not None), None)
+    short = next((r for r in body if len(r) < len(header) and _kernel_id(r[0]) is not None), None)
     if short is not None:
         raise UsageError(f"{source} is cut short: kernel row {short[0]} has {len(short)} of {len(header)} "
                          f"columns; {hint}")
+    # ncu ends every row with a line end: a row without one was cut after a cell (maybe the last
+    # one's closing quote, or the comma before an empty-looking last cell). A cut just after a line
+    # end cannot be told from a shorter capture (--launch-count), so it is read.
+    if table_last and text.rstrip(" \t")[-1:] not in ("\n", "\r"):
+        raise UsageError(f"{source} is cut short: its last row has no line end (ncu ends every row with one); "
+                         f"{hint}")
     return header, units, [r for r in body if len(r) >= len(header) and r[0].strip()]
 
 

@@ -179,13 +179,17 @@ def _valid(entry) -> bool:
 
 def check_cache_dir() -> Path:
     """The cache file's path, or a usage error before measuring when it cannot be written: its
-    directory cannot be made or written to, or peaks.json is a directory."""
+    directory cannot be looked up (a name too long, no search permission), made or written to, or
+    peaks.json is a directory."""
     path = cache_path()
-    existing = next(p for p in path.parents if p.exists())
-    if not existing.is_dir():
-        raise cannot_write(path, f"{existing} is a file")
-    if path.exists() and not path.is_file():
-        raise cannot_write(path, "it is a directory" if path.is_dir() else "it is not a regular file")
+    try:
+        existing = next(p for p in path.parents if p.exists())
+        if not existing.is_dir():
+            raise cannot_write(path, f"{existing} is a file")
+        if path.exists() and not path.is_file():
+            raise cannot_write(path, "it is a directory" if path.is_dir() else "it is not a regular file")
+    except OSError as e:
+        raise cannot_write(path, f"cannot look up its directory: {e.strerror or e}") from e
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:

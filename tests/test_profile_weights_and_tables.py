@@ -29,11 +29,13 @@ def test_a_gptq_checkpoint_profiles_as_its_own_format_without_weights_flag(nano_
 
 
 def test_a_conflicting_weights_flag_is_refused_before_any_weight_is_read(nano_rtn_dir, tmp_path, capsys):
-    """The checkpoint's config alone (its weights file gone) is enough to refuse --weights bf16: the
-    check reads quantization_config, not the tensors (loading first said 'no model.safetensors')."""
+    """The checkpoint's config is enough to refuse --weights bf16: the check reads
+    quantization_config, not the tensors (a weights file that cannot be read is not reached; loading
+    first said the file was bad)."""
     ckpt = tmp_path / "config-only"
     ckpt.mkdir()
     shutil.copy(nano_rtn_dir / "config.json", ckpt / "config.json")
+    (ckpt / "model.safetensors").write_bytes(b"not a safetensors file")
     code, out, err = run_cli([*PROFILE, "--model", ckpt, "--weights", "bf16", "--out", tmp_path / "p"], capsys)
     assert code == ConfigError.exit_code and out == "", err
     (line,) = err.strip().splitlines()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import micro_model
+from conftest import micro_model, run_cli
 from salactl.errors import DeviceError, ModelLimitWarning, UsageError
 from salactl.runtime.engine import Engine, GenerationResult, PhaseStats
 from salactl.runtime.loader import load_model, meta_model, resolve_dtype
@@ -316,13 +316,19 @@ def test_gpu_engine_refuses_an_unknown_kv_cache_dtype():
         _gpu(kv_cache_dtype="int3")
 
 
-def test_readme_python_examples_run_as_written(tmp_path):
+def test_readme_python_examples_run_as_written(tmp_path, capsys):
     """Every ```python block of README.md's "Python API" section runs, in a fresh interpreter (the
-    quantize one with fewer windows), and the greedy example prints `salactl run`'s first tokens."""
+    quantize one with fewer windows), and the greedy example prints what the section says it equals:
+    `salactl run --json`'s first tokens and finish reason for the example's own prompt and length."""
+    import ast
+    import json
+    import re
     from pathlib import Path
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     section = readme.split("## Python API", 1)[1].split("\n## ", 1)[0]
+    claim = "greedy output equals `salactl run --json`'s for the same prompt and settings"
+    assert claim in " ".join(section.split())
     blocks = [b.split("```", 1)[0] for b in section.split("```python\n")[1:]]
     assert len(blocks) == 2, "the section's examples changed: update this test"
     blocks[1] = blocks[1].replace("nsamples=8, seqlen=512", "nsamples=2, seqlen=64")
@@ -330,10 +336,17 @@ def test_readme_python_examples_run_as_written(tmp_path):
                            timeout=600) for code in blocks]
     for i, p in enumerate(runs):
         assert p.returncode == 0, (i, p.stderr[-2000:])
-    first = runs[0].stdout.splitlines()[0]
-    if not torch.cuda.is_available():       # "auto" is float32 on the CPU, as `salactl run` there
-        assert first.startswith("[277, 375, 696, 295, 517, 825] length"), first
     assert (tmp_path / "nano-w4" / "config.json").exists()
+    (prompt,) = re.findall(r'ids = tok\.encode\(("(?:[^"\\]|\\.)*")\)', blocks[0])
+    (greedy,) = re.findall(r"engine\.generate\(ids, SamplingParams\(max_new_tokens=(\d+)\), eos_ids=eos\)",
+                           blocks[0])
+    assert 'print(res.output_token_ids[:6], res.finish_reason, f"TTFT' in blocks[0]
+    code, out, err = run_cli(["run", "--prompt", ast.literal_eval(prompt), "--max-new-tokens", greedy, "--json"],
+                             capsys)
+    assert code == 0, err
+    ran = json.loads(out)
+    first = runs[0].stdout.splitlines()[0]
+    assert first.startswith(f"{ran['output_token_ids'][:6]} {ran['finish_reason']} TTFT "), (first, ran)
 
 
 @gpu_engine_api

@@ -101,7 +101,7 @@ def _step_problem(phase: str, step) -> str | None:
 
 def _costs_problem(costs, where: str) -> str | None:
     """Analytic costs: {op class: {"bytes": number, "flops": number}} for every op class, with an
-    optional number bf16_flops (the quantized linears' share of flops)."""
+    optional number bf16_flops (the quantized linears' share of flops); none negative."""
     from salactl.runtime.roofline import OP_CLASSES
 
     if not isinstance(costs, dict) or any(op not in costs for op in OP_CLASSES):
@@ -111,6 +111,9 @@ def _costs_problem(costs, where: str) -> str | None:
             return f"{where}.{op} is not an object with numbers bytes and flops"
         if "bf16_flops" in c and not _is_number(c["bf16_flops"]):
             return f"{where}.{op}.bf16_flops is not a number"
+        negative = next((k for k in ("bytes", "flops", "bf16_flops") if k in c and c[k] < 0), None)
+        if negative:
+            return f"{where}.{op}.{negative} is negative ({c[negative]})"
     return None
 
 

@@ -34,11 +34,15 @@ _USE_REFERENCE = ("run it on the reference engine (profile --backend reference, 
 
 def unsupported_shape(config: SalaConfig) -> str | None:
     """Why the GPU engine's Triton kernels cannot run the model, or None: they take power-of-two sparse
-    kernel and block sizes, and power-of-two head dimensions of at least 16 (tl.dot's smallest)."""
+    kernel and block sizes, blocks (the KV pages) of at least 16 tokens and power-of-two head
+    dimensions of at least 16 (16 is tl.dot's smallest K on NVIDIA for 16-bit and FP8 operands; the
+    decode attention's P @ V contracts over a page's tokens; Triton's CPU interpreter has no minimum)."""
     sc = config.sparse_config
     for name, v in (("kernel_size", sc.kernel_size), ("block_size", sc.block_size)):
         if v & (v - 1):
             return f"the GPU selection needs a power-of-two sparse_config.{name}, got {v}"
+    if sc.block_size < 16:
+        return f"the GPU engine's KV pages are sparse blocks, which its attention needs >= 16 tokens, got {sc.block_size}"
     dims = (("head_dim", config.head_dim, SPARSE), ("lightning_head_dim", config.lightning_head_dim, LIGHTNING))
     for name, v, mixer in dims:
         if mixer in config.mixer_types and (v < 16 or v & (v - 1)):
@@ -144,6 +148,16 @@ def words_constexprs(sc: SparseConfig, hq: int, hkv: int, D: int, nbc: int, lse_
                 EARLY=early, FUSE_K1=fuse)
 
 
+def default_lse_splits(rows: int, sms: int, fuse: bool) -> int:
+    """select_decode's lse-pass splits per row where the tuning gives none: about four programs per SM."""
+    splits = max(1, min(256, math.ceil(4 * sms / rows)))
+    # with the K1 update the last split only compresses (triton_decode.py): one more split,
+    # unless that would double pass 2's merge tile (SP2, a power of 2)
+    if fuse and triton.next_power_of_2(splits + 1) == triton.next_power_of_2(splits):
+        splits += 1
+    return splits
+
+
 def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb_max: int,
                   k_pages=None, k1_start=None, k1_count=None, k_scale=1.0,
                   tuning: SelectionTuning | None = None):
@@ -166,13 +180,13 @@ def select_decode(q, k1_pages, page_table, slots, seq_lens, sc: SparseConfig, nb
     check_index_strides(page_table, slots=slots, seq_lens=seq_lens)
     if fuse:
         check_index_strides(page_table, k1_start=k1_start, k1_count=k1_count)
+    # the kernels mask a row's blocks by its seq_len, which the host does not read: only a width that
+    # covers every page of the table keeps the score words in their [rows, nb_max] buffer
+    assert nb_max >= page_table.shape[1], \
+        f"nb_max {nb_max} is narrower than the page table's {page_table.shape[1]} pages per row; pass page_table.shape[1]"
     lse_splits = tuning.lse_splits
-    if lse_splits is None:                # about four programs per SM
-        lse_splits = max(1, min(256, math.ceil(4 * sm_count(dev) / rows)))
-        # with the K1 update the last split only compresses (triton_decode.py): one more split,
-        # unless that would double pass 2's merge tile (SP2, a power of 2)
-        if fuse and triton.next_power_of_2(lse_splits + 1) == triton.next_power_of_2(lse_splits):
-            lse_splits += 1
+    if lse_splits is None:
+        lse_splits = default_lse_splits(rows, sm_count(dev), fuse)
     if fuse:
         lse_splits = max(2, lse_splits)
     K = min(sc.selected_blocks, nb_max)
