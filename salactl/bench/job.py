@@ -23,7 +23,7 @@ from salactl.bench.engine_options import check_gpu_engine_values, refuse_gpu_eng
 from salactl.bench.sweep_grid import KV_DTYPES, parse_name
 from salactl.bench.open_files import check_open_files
 from salactl.bench.targets.http import DEFAULT_READ_TIMEOUT_S
-from salactl.errors import EndpointError, TokenizerError, UsageError
+from salactl.errors import EndpointError, OutputWriteError, TokenizerError, UsageError
 from salactl.options import refuse_unused
 from salactl.reports.atomic import DiskFullError, move_all, write_atomic
 
@@ -268,6 +268,7 @@ def _execute(run, plans, profile, target, s, slo, reference, weights, env, progr
     details = []
     durations: dict[str, float] = {}
     problems: dict[str, str] = {}
+    side_files_failed = False
     try:
         for plan in plans:
             ph = plan.phase
@@ -309,9 +310,13 @@ def _execute(run, plans, profile, target, s, slo, reference, weights, env, progr
                                      _phase_knobs(plan, s, target, slo, outcome.cache_flushed), env,
                                      outcome.started_at)
             with rec.interrupts_deferred():     # the summaries written on the way out cover every record
-                writer.append(record)
                 run.phases.append(record)
                 details += rows
+                side_files_error = _side_files_before_record(run, out, details, record) if rows else None
+                writer.append(record)
+                if side_files_error is not None:
+                    side_files_failed = True
+                    raise side_files_error
                 durations[ph.name] = outcome.duration
                 if problem:
                     problems[ph.name] = problem
@@ -325,7 +330,7 @@ def _execute(run, plans, profile, target, s, slo, reference, weights, env, progr
         with rec.interrupts_deferred():         # a second interrupt waits for the files of the first
             if reference and weights:
                 run.score = soar_score(durations, reference, weights, s.accuracy, problems)
-            if run.phases:                   # nothing finished: leave no files behind
+            if run.phases and not side_files_failed:        # nothing finished: leave no files behind
                 _write_side_files(run, out, details)
     if run.score is not None and run.score["score_error"]:
         output.warn_once(f"SOAR score not computed: {run.score['score_error']}")
@@ -339,6 +344,19 @@ def _finished_files_note(run: BenchRun, out: Path) -> str:
     names = ", ".join(p["phase"] for p in run.phases)
     return (f"the finished phases ({names}) are in {out / rec.RECORDS_NAME} and "
             f"{out / run.run_id}.md/.json")
+
+
+def _side_files_before_record(run: BenchRun, out: Path, details: list, record: dict) -> OutputWriteError | None:
+    """Write the side files (the CSV with this phase's rows) before `record` is appended, so that its
+    details_csv names a file in place; where they cannot be written, the record names no CSV and says
+    why, and the error is returned for the caller to raise once the record is on disk."""
+    try:
+        _write_side_files(run, out, details)
+    except OutputWriteError as e:
+        record["details_csv"] = None
+        record["details_error"] = str(e)
+        return e
+    return None
 
 
 def _write_side_files(run: BenchRun, out: Path, details: list) -> None:

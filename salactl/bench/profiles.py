@@ -279,10 +279,12 @@ def _expand_phase(c: _Checker, raw: dict, i: int, mode: str, kind: str) -> list[
                          "request_rate": math.inf})
         elif p.batch_size is not None:
             c.fail(f"{where}.batch_size", 'is only valid with mode = "one-batch"')
-        elif "burstiness" in raw and math.isinf(p.request_rate):
-            c.fail(f"{where}.burstiness", f"is ignored by phase {p.name}, whose request_rate is inf (every request "
-                                          "leaves at t=0); drop it, or set a finite request_rate")
         phases.append(p)
+    # A grid cannot set burstiness per point: refuse it only where no point of the phase uses it.
+    if mode != "one-batch" and "burstiness" in raw and all(math.isinf(p.request_rate) for p in phases):
+        names = phases[0].name if len(phases) == 1 else f"{phases[0].name} (and every other point of its grid)"
+        c.fail(f"{where}.burstiness", f"is ignored by phase {names}, whose request_rate is inf (every request "
+                                      "leaves at t=0); drop it, or set a finite request_rate")
     return phases
 
 

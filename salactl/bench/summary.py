@@ -99,7 +99,7 @@ def markdown_summary(run: dict) -> str:
     if run.get("interrupted"):
         lines.append("- **interrupted**: only the phases below finished")
     if run.get("stopped"):
-        lines.append(f"- **stopped**: {run['stopped']}")
+        lines.append(f"- **stopped**: {md_text(run['stopped'])}")
     s = score_line(run)
     if s:
         lines.append(f"- {s}")
@@ -107,7 +107,7 @@ def markdown_summary(run: dict) -> str:
     lines += ["", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
     for sk in run.get("skipped_phases", []):
-        lines.append(f"\nskipped {sk['phase']}: {sk['reason']}")
+        lines.append(f"\nskipped {md_text(sk['phase'])}: {md_text(sk['reason'])}")
     from pathlib import Path
 
     plots = (run.get("files") or {}).get("plots") or []
