@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from salactl.errors import ConfigError, UsageError
+from salactl.errors import CheckpointError, ConfigError, UsageError
 
 KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {
     "auto": None, "bf16": None, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2,
@@ -101,7 +101,8 @@ def _no_scales_error(layer: int) -> ConfigError:
 
 def check_scales_before_loading(config, directory, random_weights: bool, kv_cache_dtype: str) -> None:
     """resolve_kv_scales' refusal of fp8_e4m3 without calibrated scales, from the checkpoint's
-    tensor names alone (random weights have none): a run it refuses loads no weights."""
+    tensor names alone (random weights have none): a run it refuses loads no weights. A layer with
+    only one of the pair is the loader's CheckpointError (attach_kv_scales), as other dtypes get it."""
     if fp8_dtype(kv_cache_dtype) != torch.float8_e4m3fn:
         return
     from salactl.quant.loading import kv_scale_sources
@@ -109,7 +110,10 @@ def check_scales_before_loading(config, directory, random_weights: bool, kv_cach
 
     names = {} if random_weights or directory is None else tensor_files(directory)
     have = kv_scale_sources(config, names)
-    missing = [i for i in config.sparse_layers if (i, "k_scale") not in have or (i, "v_scale") not in have]
+    for i in config.sparse_layers:
+        if ((i, "k_scale") in have) != ((i, "v_scale") in have):
+            raise CheckpointError(f"layer {i} has only one of self_attn.k_scale / v_scale")
+    missing = [i for i in config.sparse_layers if (i, "k_scale") not in have]
     if missing:
         raise _no_scales_error(missing[0])
 

@@ -235,7 +235,27 @@ def _check_before_loading(s: SweepSettings) -> SweepSettings:
     check_sizes_fit(s, device)
     if s.passkey:
         _check_passkey_prompts(s)
+    _check_kv_scales_before_loading(s, parse_names(s.kv_dtype, "kv-cache-dtype", "bf16", KV_DTYPES))
     return s
+
+
+def _check_kv_scales_before_loading(s: SweepSettings, kv_dtypes: list[str]) -> None:
+    """run's check of the checkpoint's KV scales (check_scales_before_loading) per grid KV dtype: a
+    grid none of whose dtypes has its scales loads no weights; otherwise the points of a dtype
+    without them are skipped after loading (_with_usable_kv_scales)."""
+    from salactl.runtime.kv_fp8 import check_scales_before_loading
+    from salactl.runtime.loader import model_config, model_dir
+
+    config, directory = model_config(s.model, s.random_weights), model_dir(s.model, s.random_weights)
+    reasons = []
+    for kv in kv_dtypes:
+        try:
+            check_scales_before_loading(config, directory, s.random_weights, kv)
+        except ConfigError as e:
+            reasons.append(str(e))
+        else:
+            return
+    raise ConfigError(f"no point could be measured ({reasons[-1]}); nothing was recorded")
 
 
 def _check_passkey_prompts(s: SweepSettings) -> None:

@@ -60,17 +60,44 @@ class EngineWorkload(Workload):
         return handles
 
 
+def _row_pages(spec, block_size: int) -> int:
+    """Each profiled row's whole pages: its context, a chunk and a page of slack."""
+    return -(-(spec.context + max(spec.chunk_size, 1) + block_size) // block_size)
+
+
+def engine_sizes(spec, config) -> dict:
+    """GPUEngine's sizing arguments for the profile's rows (batch per phase), which the preflight
+    checks before loading (preflight.check_engine_memory)."""
+    B = config.sparse_config.block_size
+    rows = spec.batch * len(spec.phases)
+    return {"max_running_requests": rows, "chunk_size": min(16384, max(spec.context, spec.chunk_size)),
+            "kv_tokens": rows * _row_pages(spec, B) * B}
+
+
+def _uncalibrated_scales_at_one(model, config, kv_cache_dtype: str) -> None:
+    """The reference backend's policy (workload._cache_kwargs): an FP8 cache of a model without
+    calibrated scales runs at 1.0. GPUEngine reads scales only from the model's self_attn.k_scale /
+    v_scale buffers and refuses fp8_e4m3 without them, so they are registered here as 1.0."""
+    from salactl.runtime.kv_fp8 import fp8_dtype, model_kv_scales
+
+    if fp8_dtype(kv_cache_dtype) is None or model_kv_scales(model):
+        return
+    device = model.model.embed_tokens.weight.device
+    for i in config.sparse_layers:
+        attn = model.model.layers[i].self_attn
+        attn.register_buffer("k_scale", torch.ones((), device=device))
+        attn.register_buffer("v_scale", torch.ones((), device=device))
+
+
 def build_engine_workload(w: Workload) -> EngineWorkload:
     """Same model and spec as the reference workload `w`; caches filled by real prefill."""
     from salactl.runtime.gpu.engine import GPUEngine
 
     spec, cfg = w.spec, w.config
-    B = cfg.sparse_config.block_size
-    row_pages = -(-(spec.context + max(spec.chunk_size, 1) + B) // B)      # each row's whole pages
-    rows = spec.batch * len(spec.phases)
-    engine = GPUEngine(w.model, w.device, max_running_requests=rows, cuda_graph=False,
-                       chunk_size=min(16384, max(spec.context, spec.chunk_size)), kv_tokens=rows * row_pages * B,
-                       kv_cache_dtype=spec.kv_cache_dtype, eos_ids=())
+    row_pages = _row_pages(spec, cfg.sparse_config.block_size)
+    _uncalibrated_scales_at_one(w.model, cfg, spec.kv_cache_dtype)
+    engine = GPUEngine(w.model, w.device, cuda_graph=False, kv_cache_dtype=spec.kv_cache_dtype, eos_ids=(),
+                       **engine_sizes(spec, cfg))
     for note in engine.fallback_notes():
         output.warn_once(note)
     step = engine.scheduler.chunk_tokens

@@ -98,14 +98,17 @@ def largest_fitting(fits, high: int) -> int:
 
 
 def _fixes(spec: ProfileSpec, config, act_bytes: int, quantized: bool, reference: bool, avail: int) -> str:
-    """What fits in `avail` bytes: the largest --context at this --batch, the largest --batch at
-    this --context and, for a prefill step, the largest --chunk-size at both (by the same count as
-    the check)."""
+    """What fits in `avail` bytes (by the same count as check_memory)."""
+    return _advice(spec, lambda s: sum(step_memory_bytes(s, config, act_bytes, quantized, reference)) <= avail)
+
+
+def _advice(spec: ProfileSpec, fits_spec) -> str:
+    """The largest --context at this --batch, the largest --batch at this --context and, for a
+    prefill step, the largest --chunk-size at both, for which fits_spec(spec) holds."""
     import dataclasses
 
     def fits(**change) -> bool:
-        return sum(step_memory_bytes(dataclasses.replace(spec, **change), config, act_bytes, quantized,
-                                     reference)) <= avail
+        return fits_spec(dataclasses.replace(spec, **change))
 
     context = largest_fitting(lambda c: fits(context=c), spec.context)
     batch = largest_fitting(lambda b: fits(batch=b), spec.batch)
@@ -120,20 +123,62 @@ def _fixes(spec: ProfileSpec, config, act_bytes: int, quantized: bool, reference
     return "use a smaller " + " or a smaller ".join(fixes)
 
 
-def check_memory(spec: ProfileSpec, config, device, act_bytes: int, quantized: bool, reference: bool) -> None:
-    """Exit 11 when the caches, the working memory and the weights need more than `device` has."""
+def check_memory(spec: ProfileSpec, config, device, act_bytes: int, quantized: bool) -> None:
+    """Exit 11 when the reference backend's caches, working memory and weights need more than
+    `device` has."""
     from salactl.runtime.loader import available_bytes
 
     avail = available_bytes(device)
     if avail is None:
         return
-    caches, weights = step_memory_bytes(spec, config, act_bytes, quantized, reference)
+    caches, weights = step_memory_bytes(spec, config, act_bytes, quantized)
     if caches + weights <= avail:
         return
     raise CapacityError(
         f"--context {spec.context:,} x --batch {spec.batch:,} needs {human_bytes(caches)} for the caches "
         f"and working memory (+ {human_bytes(weights)} for the weights), but {device} has "
-        f"{human_bytes(avail)} available; {_fixes(spec, config, act_bytes, quantized, reference, avail)}")
+        f"{human_bytes(avail)} available; {_fixes(spec, config, act_bytes, quantized, True, avail)}")
+
+
+def _engine_plan(spec: ProfileSpec, config, free_bytes: int, act_bytes: int):
+    """GPUEngine's plan_pools over build_engine_workload's sizes (CapacityError where they cannot fit)."""
+    from salactl.profiling.engine_workload import engine_sizes
+    from salactl.runtime.gpu.mem_fraction import DEFAULT_MEM_FRACTION
+    from salactl.runtime.gpu.pools import plan_pools
+
+    sizes = engine_sizes(spec, config)
+    return plan_pools(config, free_bytes, DEFAULT_MEM_FRACTION, sizes["max_running_requests"], sizes["chunk_size"],
+                      kv_itemsize=1 if spec.kv_cache_dtype.startswith("fp8") else act_bytes,
+                      act_itemsize=act_bytes, max_context=sizes["kv_tokens"], kv_tokens=sizes["kv_tokens"])
+
+
+def check_engine_memory(spec: ProfileSpec, config, device, act_bytes: int, quantized: bool,
+                        avail: int | None) -> None:
+    """Exit 11, before loading, where the engine backend's pools (KV pages, GLA state slots, the
+    prefill reserve, in the engine's share of the memory the weights leave free) cannot fit:
+    GPUEngine's own check (plan_pools), restated in profile's flags."""
+    if avail is None:
+        return
+    weights = step_memory_bytes(spec, config, act_bytes, quantized)[1]
+    free = max(avail - weights, 0)
+
+    def fits(s: ProfileSpec) -> bool:
+        try:
+            _engine_plan(s, config, free, act_bytes)
+        except CapacityError:
+            return False
+        return True
+
+    if fits(spec):
+        return
+    from salactl.runtime.gpu.mem_fraction import DEFAULT_MEM_FRACTION
+
+    raise CapacityError(
+        f"--context {spec.context:,} x --batch {spec.batch:,} does not fit the GPU engine's caches: its KV pages, "
+        f"state slots and prefill working memory must fit in {DEFAULT_MEM_FRACTION:g} of what {device} has left "
+        f"after the weights: {human_bytes(free)} ({human_bytes(avail)} available, {human_bytes(weights)} of "
+        "weights); "
+        f"{_advice(spec, fits)}")
 
 
 def check_spec(spec: ProfileSpec) -> None:
@@ -150,7 +195,12 @@ def check_spec(spec: ProfileSpec) -> None:
     engine = check_backend(spec, device)
     if not quantized:
         check_host_memory(config, dtype, device, spec.model)     # the weights alone, as loading would
-    check_memory(spec, config, device, dtype.itemsize, quantized, reference=not engine)
+    if engine:
+        from salactl.runtime.loader import available_bytes
+
+        check_engine_memory(spec, config, device, dtype.itemsize, quantized, available_bytes(device))
+    else:
+        check_memory(spec, config, device, dtype.itemsize, quantized)
     warn_long_context(spec, config)
 
 
