@@ -139,9 +139,17 @@ def _model_name(model: str | Path | None) -> str:
 
 def _is_preset(model: str | Path | None, name: str) -> bool:
     """A bare preset name (a str, or None for sala-nano) means the preset from any working directory,
-    so the README's commands do what they say; anything with a path separator or a leading ./, or a
-    Path object (which drops the ./), is a path."""
-    return name in PRESETS and not isinstance(model, os.PathLike)
+    so the README's commands do what they say; anything with a path separator or a leading ./ is a
+    path. A Path object drops the ./, so Path("sala-nano") is the directory where one exists, else
+    the preset."""
+    if name not in PRESETS:
+        return False
+    if isinstance(model, os.PathLike):
+        try:
+            return not Path(model).is_dir()
+        except OSError:
+            return True
+    return True
 
 
 def _resolve_source(model: str | Path | None, random_weights: bool) -> tuple[str, Path | None, SalaConfig]:

@@ -99,3 +99,12 @@ def test_quantize_takes_random_sala_9b_weights_without_reading_a_local_directory
     config, source = _unquantized_source("sala-9b", "cpu", "auto", True)
     assert source is None and config == sala_9b()
     assert _unquantized_source("sala-nano", "cpu", "auto", False)[1] == EMBEDDED_DIR
+
+
+def test_a_path_object_of_a_preset_name_is_the_preset_unless_that_directory_exists(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert model_dir(Path("sala-nano")) == EMBEDDED_DIR                  # as before the bare-name rule
+    assert model_config(Path("sala-9b"), random_weights=True) == sala_9b()
+    broken_copy(tmp_path / "sala-nano")
+    with pytest.raises(ConfigError, match="mlp_bias"):                   # the directory, not the preset
+        model_config(Path("sala-nano"))
