@@ -444,7 +444,8 @@ def _is_one(v: object) -> bool:
 _TOP_LEVEL_ONLY = {
     "partial_rotary_factor": (_is_one, "1.0 (RoPE over every dimension of a head)"),
     "rope_type": (lambda v: v == "default", '"default" (unscaled RoPE)'),
-    "mlp_bias": (lambda v: v is False, "false (MiniCPM-SALA's MLP has no biases)"),
+    # nn.Linear(bias=config.mlp_bias): any falsy value (false, 0) builds no bias, as salactl runs
+    "mlp_bias": (lambda v: not v, "false (MiniCPM-SALA's MLP has no biases)"),
 }
 
 

@@ -217,7 +217,8 @@ def model_quantization(model: str | Path | None = None, random_weights: bool = F
     _, path, config = _resolve_source(model, random_weights)
     if random_weights:
         return None
-    if not any(os.path.lexists(path / f) for f in (SINGLE_NAME, INDEX_NAME)):
+    # as tensor_files looks: a model.safetensors that is no file (a dangling Hub-cache link) is absent
+    if not ((path / SINGLE_NAME).is_file() or os.path.lexists(path / INDEX_NAME)):
         tensor_files(path)          # raises its "has neither ..." error; their contents are checked on loading
     return quantization_config(path, config)
 

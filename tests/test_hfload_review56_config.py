@@ -42,6 +42,7 @@ def run(model, capsys) -> tuple[int, str]:
     ("partial_rotary_factor", True),           # json true, not the number 1
     ("rope_type", "yarn"),
     ("mlp_bias", True),
+    ("mlp_bias", "false"),                     # a non-empty string is a bias in nn.Linear
 ])
 def test_a_top_level_key_that_changes_the_maths_is_exit_3(nano, key, value, capsys):
     with_keys(nano, **{key: value})
@@ -56,6 +57,7 @@ def test_a_top_level_key_that_changes_the_maths_is_exit_3(nano, key, value, caps
     {"partial_rotary_factor": 1.0, "rope_type": "default", "mlp_bias": False},
     {"partial_rotary_factor": 1, "rope_type": None, "mlp_bias": None},
     {"partial_rotary_factor": None},
+    {"mlp_bias": 0},                          # nn.Linear(bias=0) has none
 ])
 def test_top_level_keys_that_state_salactls_maths_read_as_the_plain_config(nano, keys, capsys):
     with_keys(nano, **keys)

@@ -2,6 +2,7 @@
 (a half-finished download): exit 4 naming the missing files, never a memory error with wrong advice."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -108,3 +109,11 @@ def test_a_path_object_of_a_preset_name_is_the_preset_unless_that_directory_exis
     broken_copy(tmp_path / "sala-nano")
     with pytest.raises(ConfigError, match="mlp_bias"):                   # the directory, not the preset
         model_config(Path("sala-nano"))
+
+
+def test_a_dangling_single_file_link_is_exit_4_before_any_memory_check(half_downloaded, capsys):
+    """A Hub-cache snapshot whose model.safetensors blob is missing: tensor_files reads no file there."""
+    os.symlink(half_downloaded / "blob-never-downloaded", half_downloaded / "model.safetensors")
+    code, _, err = run_cli(["run", "--model", str(half_downloaded), "--prompt-ids", "1,2", "-n", 1, "--device", "cpu"],
+                           capsys)
+    assert code == CheckpointError.exit_code and NO_WEIGHTS in err, err

@@ -76,3 +76,8 @@ def test_a_loaded_model_records_the_dtype_it_is_quantized_from(ckpt, tmp_path):
     rec = quantize_checkpoint(lm, tmp_path / "q", QuantOptions(method="rtn"))
     assert rec["dtype"] == "bfloat16" and rec["seed"] is None
     assert _meta(tmp_path / "q")["dtype"] == "bfloat16"
+
+
+def test_gptq_without_calib_records_the_built_in_corpus_as_its_source(tmp_path, capsys):
+    rec = _quantize(tmp_path / "q", capsys, "--model", "sala-nano", "--nsamples", 1, "--seqlen", 16)
+    assert rec["calibration"] == {"source": "builtin-corpus", "samples": 1, "seqlen": 16, "tokens": 16}

@@ -15,6 +15,7 @@ if not torch.cuda.is_available():
 
 
 @pytest.mark.parametrize("kw,match", [(dict(sub=12), "sub 12 must be 0"), (dict(sub=8), "sub 8 must be 0"),
+                                      (dict(sub=48), "sub 48 must be 0"), (dict(sub=24), "sub 24 must be 0"),
                                       (dict(sub=-16), "sub -16 must be 0"),
                                       (dict(preload=12), "preload 12 must be 0 .off. or a power of two"),
                                       (dict(preload=-4), "preload -4 must be 0")])

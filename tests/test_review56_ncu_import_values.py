@@ -95,7 +95,7 @@ def test_a_percentage_over_zero_cycles_stays_unknown_while_costs_are_kept():
     assert all(k.time_s > 0 for k in kernels) and len(kernels) == 420
 
 
-@pytest.mark.parametrize("kernel_id", ["7.5", "x", "-7"])
+@pytest.mark.parametrize("kernel_id", ["7.5", "x", "-7", "\u00b2", "\u0661"])   # superscript 2, Arabic-Indic 1
 def test_a_kernel_id_that_is_no_whole_number_is_refused(tmp_path, capsys, kernel_id):
     line = refused(tmp_path, capsys, with_cell("ID", kernel_id))
     assert line == (f"error: {tmp_path / 'p' / 'profile.csv'} has a kernel row whose ID {kernel_id!r} is not a "
@@ -127,3 +127,19 @@ def test_a_negative_analytic_cost_in_the_manifest_is_refused(tmp_path, capsys, k
     assert line == (f"error: {tmp_path / 'p' / 'step.json'} is not a salactl profile manifest: "
                     f"steps.decode.analytic.mlp.{key} is negative (-1); give a directory written by salactl "
                     "profile --ncu")
+
+
+def test_a_kernel_id_with_thousands_separators_reads_as_its_number():
+    kernels = parse_csv_text(with_cell("ID", "1,000"))
+    assert 1000 in [k.id for k in kernels] and len(kernels) == 420
+
+
+@pytest.mark.parametrize("ending", ["blanks after the last line end", "CRLF cut between CR and LF",
+                                    "a last ==PROF== line without its line end", "a short row that is no kernel"])
+def test_endings_a_whole_export_can_have_are_read(ending):
+    text = {"blanks after the last line end": CSV_TEXT + "  \t",
+            "CRLF cut between CR and LF": CSV_TEXT.replace("\n", "\r\n")[:-1],
+            "a last ==PROF== line without its line end": CSV_TEXT + "==PROF== Disconnected from process 1",
+            "a short row that is no kernel": "".join(
+                (lambda ls: ls[:2] + ['"x"\n'] + ls[2:])(CSV_TEXT.splitlines(keepends=True)))}[ending]
+    assert len(parse_csv_text(text)) == 420

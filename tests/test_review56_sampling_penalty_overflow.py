@@ -44,3 +44,11 @@ def test_run_cli_exits_2_with_one_line_naming_the_penalty(capsys):
     assert code == 2, err
     assert err.strip().count("\n") == 0 and "--repetition-penalty" in err and "1e-38" in err, err
     assert "NaN" not in err and out == ""
+
+
+def test_the_message_names_the_dtype_the_logits_overflowed():
+    """bf16 logits (a bf16 model on the GPU engine) overflow at bf16's range, not float32's."""
+    params = SamplingParams(repetition_penalty=TINY)
+    processors = logits_processors(params, [0], set(), 3, torch.device("cpu"))
+    err = processors.settings_error(torch.tensor([float("inf"), 1.0, 0.0], dtype=torch.bfloat16))
+    assert "past bfloat16's range" in str(err) and isinstance(err, PenaltyOverflowError)
