@@ -73,7 +73,8 @@ def test_an_eliminated_run_scores_0_even_when_its_performance_overflows():
 # ---------------------------------------------------------------- side files: all or none
 def test_a_full_disk_while_writing_the_side_files_leaves_none_of_them(tmp_path):
     """The per-request CSV (~160 KB: 1000-token ITL lists) goes past a 48 KB file-size limit that the
-    record and the throughput plot (~13 KB) fit under: no plot, CSV or summary is left, only the record."""
+    record and the throughput plot (~13 KB) fit under: no plot, CSV or summary is left, only the record,
+    which names no CSV."""
     pytest.importorskip("matplotlib")       # the plot written before the CSV is what was left behind
     profile = _write(tmp_path, '[dataset]\nkind = "random"\ninput_len = 4\noutput_len = 1000\nnum_requests = 16\n'
                                '[[phases]]\nname = "P"\nmax_concurrency = 4\nwarmup_requests = 0\n'
@@ -88,7 +89,10 @@ def test_a_full_disk_while_writing_the_side_files_leaves_none_of_them(tmp_path):
         "-requests.csv: File too large; the file reached a size limit of its file system or of this process "
         "(ulimit -f); choose another --out"), line
     assert sorted(os.listdir(out)) == ["records.jsonl"]         # nor a staging directory
-    assert json.loads((out / "records.jsonl").read_text())["phase"] == "P"
+    record = json.loads((out / "records.jsonl").read_text())
+    assert record["phase"] == "P"
+    # still appended, it names no CSV (not a path that does not exist) and says why
+    assert record["details_csv"] is None and "-requests.csv: File too large" in record["details_error"]
 
 
 # ---------------------------------------------------------------- burstiness only where it acts

@@ -10,9 +10,7 @@ from bench_server import FakeServer
 from salactl.bench.job import BenchSettings, run_bench
 from salactl.bench.profiles import load_profile
 from salactl.bench.summary import markdown_summary
-from salactl.errors import EndpointError, OutputWriteError
-
-from test_output_write_failures import error_line, salactl_with_file_limit
+from salactl.errors import EndpointError
 
 pytestmark = pytest.mark.usefixtures("quick_thread_switches")
 
@@ -66,26 +64,6 @@ def test_burstiness_on_a_grid_of_only_infinite_rates_is_still_refused(tmp_path):
 
 
 # ---------------------------------------------------------------- no record names a missing CSV
-def test_a_record_names_no_csv_that_a_file_size_limit_kept_out(tmp_path):
-    """The CSV (~160 KB) goes past a 48 KB file-size limit: exit 16, and the record, still appended,
-    names no CSV (details_csv null, details_error why), instead of a path that does not exist."""
-    pytest.importorskip("matplotlib")
-    profile = _write(tmp_path, '[dataset]\nkind = "random"\ninput_len = 4\noutput_len = 1000\nnum_requests = 16\n'
-                               '[[phases]]\nname = "P"\nmax_concurrency = 4\nwarmup_requests = 0\n'
-                               'flush_cache = false\n')
-    out = tmp_path / "o"
-    with FakeServer(0.0, 0.0) as srv:
-        r = salactl_with_file_limit(48 * 1024, "bench", "--profile", profile, "--endpoint", srv.url,
-                                    "--flush-sleep", "0", "--details", "--out", out)
-    assert r.returncode == OutputWriteError.exit_code == 16, r.stderr
-    assert error_line(r.stderr).endswith("-requests.csv: File too large; the file reached a size limit of its "
-                                         "file system or of this process (ulimit -f); choose another --out")
-    assert sorted(os.listdir(out)) == ["records.jsonl"]
-    record = json.loads((out / "records.jsonl").read_text())
-    assert record["phase"] == "P" and record["details_csv"] is None
-    assert "-requests.csv: File too large" in record["details_error"]
-
-
 def test_each_record_names_a_csv_that_is_in_place_as_it_is_appended(tmp_path):
     """Phase B fails (all its requests): the run stops, and A's record, appended before that, names the
     CSV, which was written before the record (not only on the way out)."""
