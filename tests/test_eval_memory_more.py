@@ -187,12 +187,14 @@ def test_passkey_counts_the_kv_cache_at_its_peak():
 
 def test_eval_passkey_counts_the_weights_before_loading_them(tmp_path):
     """A checkpoint whose weights take ~65% of the memory and a passkey prefill of ~65% more: each fits,
-    both do not, and the check says so before loading (this config has no weight files to load)."""
+    both do not, and the check says so before loading (this config's weight file holds no weights: a
+    missing one is exit 4 before any memory check, a bad one is found only by loading it)."""
     avail = avail_or_skip()
     vocab = int(0.65 * avail) // (2 * sala_nano().hidden_size * 4)
     model = model_with(tmp_path, vocab_size=vocab)
     for f in tmp_path.joinpath("nano-copy").glob("model*"):
         f.unlink()
+    tmp_path.joinpath("nano-copy", "model.safetensors").write_bytes(b"never read: the memory check comes first")
     config = model_config(model)
     weights = model_weight_bytes(config, None, 4)
     length = 200_000
