@@ -4,12 +4,8 @@ a negative analytic cost in step.json, or a profile.csv cut just before its last
 naming the row, the metric and the cell, exit 2, never a table built from it. A cut just after a
 line end leaves what a shorter capture (ncu --launch-count) writes, so that file is read."""
 
-import csv
-import gzip
-import io
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
@@ -17,9 +13,7 @@ from salactl.errors import UsageError
 from salactl.reports.ncu import SM_PCT, parse_csv_text
 
 from conftest import run_cli
-
-FIXTURE = Path(__file__).parent / "fixtures" / "ncu"
-CSV_TEXT = gzip.decompress((FIXTURE / "profile.csv.gz").read_bytes()).decode()
+from test_ncu_import_variants import CSV_TEXT, FIXTURE, rows, written
 HINT = "export it with: ncu --import R.ncu-rep --csv --page raw --print-units base"
 TIME, READ = "gpu__time_duration.sum", "dram__bytes_read.sum"
 
@@ -27,16 +21,6 @@ TIME, READ = "gpu__time_duration.sum", "dram__bytes_read.sum"
 @pytest.fixture(autouse=True)
 def datasheet_peaks(tmp_path, monkeypatch):
     monkeypatch.setenv("SALACTL_CACHE_DIR", str(tmp_path / "cache"))
-
-
-def rows() -> list[list[str]]:
-    return list(csv.reader(io.StringIO(CSV_TEXT)))
-
-
-def written(table: list[list[str]]) -> str:
-    buf = io.StringIO()
-    csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows(table)
-    return buf.getvalue()
 
 
 def with_cell(column: str, value: str, kernel: int = 7) -> str:
