@@ -29,12 +29,24 @@ from salactl.runtime.kv_fp8 import dequantize_kv
 ROW_GROUP_BYTES = 256 << 20
 
 
-def _gather_tokens(x, idx, scale, dtype):
-    """x [Hkv, L, d] as stored, idx [Hkv, m, d] token ids -> fp32 [Hkv, m, d] values."""
+def _kept_blocks(block_mask, keep):
+    """[Hkv, n, keep] ascending block ids: each row's kept blocks, padded where it keeps fewer with
+    its lowest-indexed unkept ones (masked out later). The same ids in the same order as the first
+    `keep` of a stable sort of the mask, so the sums run in the same order."""
+    hkv, n, _ = block_mask.shape
+    unkept = ~block_mask
+    pad = unkept & (unkept.cumsum(dim=-1) <= keep - block_mask.sum(dim=-1, keepdim=True))
+    return (block_mask | pad).nonzero()[:, -1].view(hkv, n, keep)
+
+
+def _gather_tokens(x, tokens, heads, scale, dtype):
+    """x [L, Hkv, d] as stored, tokens [Hkv, m, T] -> fp32 [Hkv, m, T, d] values: whole d-rows
+    indexed in the cache's own layout (no copy of the cache; CPU indexing has no float8 kernel,
+    so FP8 is taken as its bytes)."""
     if scale is None:
-        return torch.gather(x, 1, idx).float()
-    raw = torch.gather(x.view(torch.uint8), 1, idx).view(x.dtype)   # CPU gather has no float8 kernel
-    return dequantize_kv(raw.transpose(0, 1), scale, dtype).transpose(0, 1).float()
+        return x[tokens, heads].float()
+    raw = x.view(torch.uint8)[tokens, heads].view(x.dtype)
+    return dequantize_kv(raw.movedim(0, -2), scale, dtype).movedim(-2, 0).float()
 
 
 def selected_attention(q, k, v, q_pos, block_mask, block_size: int, keep: int, kv_scales=None):
@@ -44,26 +56,23 @@ def selected_attention(q, k, v, q_pos, block_mask, block_size: int, keep: int, k
     keep = min(keep, block_mask.shape[-1])
     if block_mask.shape[-1] and int(block_mask.sum(dim=-1).max()) > keep:
         raise ValueError(f"selected_attention: a row keeps more than keep={keep} blocks")
-    # the kept block ids in ascending order, padded with unkept ones where a row keeps fewer
-    blocks = torch.sort(block_mask.to(torch.int8), dim=-1, descending=True, stable=True).indices[..., :keep]
-    blocks = blocks.sort(dim=-1).values                                          # [Hkv, n, keep]
+    blocks = _kept_blocks(block_mask, keep)                                      # [Hkv, n, keep]
     kept = torch.gather(block_mask, -1, blocks)
     tokens = (blocks[..., None] * block_size + torch.arange(block_size, device=q.device)).flatten(-2)
     allowed = kept.repeat_interleave(block_size, dim=-1) & (tokens <= q_pos[None, :, None])
     tokens = tokens.clamp(max=L - 1)                                             # [Hkv, n, T]
     T = tokens.shape[-1]
-    kt, vt = k.transpose(0, 1), v.transpose(0, 1)                                # [Hkv, L, d]
     k_scale, v_scale = kv_scales if kv_scales is not None else (None, None)
-    qg = q.float().view(n, hkv, g, d)
-    out = torch.empty(n, hkv, g, d, dtype=torch.float32, device=q.device)
+    heads = torch.arange(hkv, device=q.device)[:, None, None]
+    # (KV head, row) batch order throughout, the gathered keys' own: matmul copies nothing
+    qh = q.float().view(n, hkv, g, d).transpose(0, 1)                            # [Hkv, n, G, d]
+    out = torch.empty(hkv, n, g, d, dtype=torch.float32, device=q.device)
     step = max(1, ROW_GROUP_BYTES // (4 * hkv * T * (2 * d + 2 * g)))
     for r0 in range(0, n, step):
         r = slice(r0, min(n, r0 + step))
-        m = r.stop - r.start
-        idx = tokens[:, r].reshape(hkv, m * T, 1).expand(-1, -1, d)
-        kg = _gather_tokens(kt, idx, k_scale, q.dtype).view(hkv, m, T, d)
-        vg = _gather_tokens(vt, idx, v_scale, q.dtype).view(hkv, m, T, d)
-        scores = torch.einsum("nhgd,hntd->hgnt", qg[r], kg).div_(math.sqrt(d))
-        scores.masked_fill_(~allowed[:, None, r], float("-inf"))
-        out[r] = torch.einsum("hgnt,hntd->nhgd", torch.softmax(scores, dim=-1), vg)
-    return out.reshape(n, hq, d).to(q.dtype)
+        kg = _gather_tokens(k, tokens[:, r], heads, k_scale, q.dtype)
+        vg = _gather_tokens(v, tokens[:, r], heads, v_scale, q.dtype)
+        scores = torch.matmul(qh[:, r], kg.transpose(-1, -2)).div_(math.sqrt(d))  # [Hkv, m, G, T]
+        scores.masked_fill_(~allowed[:, r, None], float("-inf"))
+        out[:, r] = torch.matmul(torch.softmax(scores, dim=-1), vg)
+    return out.transpose(0, 1).reshape(n, hq, d).to(q.dtype)

@@ -71,11 +71,20 @@ def block_scores(s: torch.Tensor, q_pos, sc: SparseConfig, num_blocks: int) -> t
 def select_blocks(q, k1, q_pos, sc: SparseConfig, num_blocks: int) -> torch.Tensor:
     """Keep the `topk + window/block` best candidate blocks (forced first; ties -> lower index)."""
     scores = block_scores(window_scores(q, k1, q_pos, sc), q_pos, sc, num_blocks)
-    keep = min(sc.selected_blocks, num_blocks)
-    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :keep]
-    chosen = torch.gather(scores, -1, order) > float("-inf")
-    mask = torch.zeros_like(scores, dtype=torch.bool)
-    return mask.scatter_(-1, order, chosen)
+    return top_blocks(scores, min(sc.selected_blocks, num_blocks))
+
+
+def top_blocks(scores: torch.Tensor, keep: int) -> torch.Tensor:
+    """The first `keep` blocks of a stable descending sort of `scores` along the last dim, less the
+    -inf ones. Without sorting every block: the keep-th largest score splits them into those above
+    it (all kept) and those equal to it, of which the lowest-indexed fill the slots left. A NaN
+    (only from NaN activations) ranks above +inf and takes a slot without being kept, as in the sort."""
+    kth = torch.topk(scores, keep, dim=-1).values[..., -1:]
+    above = (scores > kth) | scores.isnan()
+    tied = scores == kth
+    slots_left = keep - above.sum(dim=-1, keepdim=True)
+    kept = above | (tied & (tied.cumsum(dim=-1) <= slots_left))
+    return kept & (scores > float("-inf"))
 
 
 def sparse_token_mask(block_mask: torch.Tensor, q_pos, kv_len: int, block_size: int) -> torch.Tensor:
