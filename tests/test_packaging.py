@@ -59,12 +59,17 @@ def _sources(tmp_path: Path, tool: dict, tests: bool = False) -> Path:
     """A copy of what a build reads, so no build/ or egg-info lands in the checkout."""
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in"):
+    for name in ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in") + (("BENCHMARKS.md",) if tests else ()):
         shutil.copy(ROOT / name, src / name)
     skip = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for folder in set(tool["package-dir"].values()) | ({"tests"} if tests else set()):
+    for folder in set(tool["package-dir"].values()) | (set(SDIST_FOLDERS) | {"docs"} if tests else set()):
         shutil.copytree(ROOT / folder, src / folder, ignore=skip)
     return src
+
+
+# what the sdist's tests read besides the package: their helpers and fixtures, and the benchmark
+# scripts and tools whose argument checks they run
+SDIST_FOLDERS = ("tests", "benchmarks", "tools")
 
 
 def test_the_wheel_holds_every_module_and_the_package_data(tmp_path):
@@ -96,7 +101,8 @@ def test_the_wheel_holds_every_module_and_the_package_data(tmp_path):
 
 def test_the_sdist_holds_a_test_suite_that_runs(tmp_path):
     """The sdist's tests need their helpers and fixtures (conftest.py, the loopback bench server, the
-    Nsight Compute CSVs), which setuptools leaves out unless MANIFEST.in grafts them."""
+    Nsight Compute CSVs) and the benchmark scripts and tools they run, which setuptools leaves out
+    unless MANIFEST.in grafts them; two of those tests then run from the unpacked sdist."""
     if not _can_build_offline():
         pytest.skip("needs setuptools >= 77 in this environment")
     import tarfile
@@ -109,8 +115,16 @@ def test_the_sdist_holds_a_test_suite_that_runs(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     names = {n.split("/", 1)[1] for n in tarfile.open(tmp_path / "sdist" / p.stdout.split()[-1]).getnames()
              if "/" in n}
-    want = {f.relative_to(ROOT).as_posix() for f in (ROOT / "tests").rglob("*")
+    want = {f.relative_to(ROOT).as_posix() for folder in SDIST_FOLDERS for f in (ROOT / folder).rglob("*")
             if f.is_file() and "__pycache__" not in f.parts}
-    assert {"tests/conftest.py", "tests/bench_server.py", "LICENSE"} <= names
+    assert {"tests/conftest.py", "tests/bench_server.py", "LICENSE", "docs/reference.md"} <= names
     assert want - names == set()
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
+    with tarfile.open(tmp_path / "sdist" / p.stdout.split()[-1]) as sdist:
+        sdist.extractall(tmp_path / "unpacked", **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    (unpacked,) = (tmp_path / "unpacked").iterdir()
+    # one test reads benchmarks/ through sys.path, the other tools/ beside its tests folder
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "tests/test_bench_streaming_fit.py", "tests/test_tokenizer_fidelity.py", "-k",
+                          "fit or hf_llama_fast"], cwd=unpacked, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
