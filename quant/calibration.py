@@ -5,6 +5,7 @@ cut into non-overlapping `seqlen` windows; the first `nsamples` windows are used
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from pathlib import Path
@@ -38,9 +39,43 @@ def read_documents(path: Path) -> list[str]:
                 raise DatasetError(f"{path}:{lineno} has {surrogate} in its \"text\", which is no Unicode text")
             docs.append(obj["text"])
         return [d for d in docs if d.strip()]
+    if _is_json(raw):
+        raise DatasetError(f"--calib {path} looks like JSON, which would be calibrated on as plain text with its "
+                           "markup; save it as JSONL with a .jsonl suffix (one {\"text\": ...} object per line), "
+                           "or pass plain text")
     # calibration wants the text's content: Windows (or old Mac) line endings are the editor's artifact
     text = re.sub(r"\r\n?", "\n", raw)
     return [text] if text.strip() else []
+
+
+def _is_json(raw: str) -> bool:
+    """Whether a --calib file read as plain text (its suffix is not .jsonl) is JSON: an array or object
+    as a whole, or JSON lines whose first is an object with a "text" field. Text that merely starts
+    with "{" or "[" (source code) does not parse, and is text."""
+    start = re.search(r"\S", raw)
+    if start is None or raw[start.start()] not in "[{":
+        return False
+    if _json_shape(raw, lambda pairs: None) is not _NOT_JSON:
+        return True
+    end = re.compile(r"[\r\n]").search(raw, start.start())
+    first = raw[start.start():end.start() if end else len(raw)]
+    return _json_shape(first, lambda pairs: any(k == "text" for k, _ in pairs)) is True
+
+
+_NOT_JSON = object()
+
+
+def _json_shape(text: str, object_hook):
+    """json.loads(text) with each object as object_hook(its pairs) and numbers as None: only its shape
+    is kept, so that a big file takes little memory; _NOT_JSON where it does not parse."""
+    def none(_):
+        return None
+
+    try:
+        return json.loads(text, object_pairs_hook=object_hook, parse_int=none, parse_float=none,
+                          parse_constant=none)
+    except (ValueError, RecursionError):
+        return _NOT_JSON
 
 
 def builtin_documents() -> list[str]:

@@ -96,6 +96,9 @@ def run(
         cap = output.memory_read_cap(output.TOKENIZER_BYTES_PER_BYTE, "the tokenizer can encode", "shorten the prompt",
                                      floor=4 * output.TOKENIZER_CHECK_FROM)
         prompt = output.read_text_option(prompt_file, "--prompt-file", cap=cap)
+    else:
+        _check_utf8("--prompt", prompt)
+    _check_utf8("--system", system)
     req = RunRequest(prompt=prompt, prompt_ids=parse_list(prompt_ids, "--prompt-ids") if prompt_ids is not None else None,
                      model=model, random_weights=random_weights, seed=seed if passed(ctx, "seed") else None,
                      device=device, dtype=dtype,
@@ -144,6 +147,7 @@ def _template_kwargs(items: list[str] | None) -> dict:
         key, eq, value = item.partition("=")
         if not eq or not key:
             raise UsageError(f"--chat-template-kwargs {item!r} is not KEY=JSON_VALUE; e.g. enable_thinking=false")
+        _check_utf8("--chat-template-kwargs", key)
         try:
             kwargs[key] = json.loads(value)
         except (ValueError, RecursionError) as e:      # ValueError: also a number past int()'s digit limit
@@ -152,7 +156,34 @@ def _template_kwargs(items: list[str] | None) -> dict:
             shown = value if len(value) <= 60 else value[:57] + "..."
             raise UsageError(f"--chat-template-kwargs {key}: {shown!r} is not JSON ({why}); use true/false, "
                              f"null, a number or a quoted string, e.g. {key}='\"text\"'") from None
+        _check_json_utf8(f"--chat-template-kwargs {key}", kwargs[key])
     return kwargs
+
+
+def _check_json_utf8(flag: str, value) -> None:
+    """_check_utf8 on every string (keys too) in a JSON value, walked without recursion: what
+    json.loads accepts may nest close to Python's recursion limit."""
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, str):
+            _check_utf8(flag, v)
+        elif isinstance(v, dict):
+            todo += [*v, *v.values()]
+        elif isinstance(v, list):
+            todo += v
+
+
+def _check_utf8(flag: str, text: str | None) -> None:
+    """A UsageError naming `flag` where `text` holds bytes that are not UTF-8 (lone surrogates, as
+    Python keeps such argv bytes; or JSON's "\\udcff"): checked here, as --stop is, because with --chat
+    the tokenizer meets them only in the rendered template, at a position the user never wrote."""
+    from salactl.runtime.tokenizer import _check_utf8 as check
+
+    try:
+        check(text)
+    except UsageError as e:
+        raise UsageError(f"{flag}: {e}") from None
 
 
 def _stop_token_ids(text: str | None) -> tuple[int, ...]:

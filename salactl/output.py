@@ -108,7 +108,8 @@ def read_text_option(path: Path, name: str, hint: str = "save it as UTF-8",
         # not "utf-8-sig": its decode errors count bytes from after the mark
         return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as e:
-        raise DatasetError(f"{name} {path} is not UTF-8 text ({e.reason} at byte {e.start}); {hint}") from None
+        line = 1 + sum(1 for _ in _LINE_END_BYTES.finditer(data, 0, e.start))
+        raise DatasetError(f"{name} {path}:{line} is not UTF-8 text ({e.reason} at byte {e.start}); {hint}") from None
 
 
 def _read_capped(path: Path, name: str, cap: ReadCap | None) -> bytes:
@@ -171,6 +172,7 @@ def check_tokenizer_memory(text: str, what: str, fix: str) -> None:
 # inside strings (json.dumps(ensure_ascii=False)).
 _LINE_END = re.compile(r"\r\n|\r|\n")
 _LINE_END_BYTE = re.compile(rb"[\r\n]")
+_LINE_END_BYTES = re.compile(rb"\r\n|\r|\n")     # _LINE_END in bytes
 
 
 def jsonl_lines(text: str):

@@ -152,8 +152,8 @@ def test_eval_ppl_too_short_says_how_many_tokens_it_needs(tmp_path):
     one.write_text("x")
     r = salactl("eval", "ppl", "--file", str(empty), "--device", "cpu")
     assert r.returncode == 7, r.stderr
-    assert r.stderr.strip().splitlines()[-1] == ("error: the text is too short to score: it has 0 token(s) and "
-                                                 "needs at least 1")
+    assert r.stderr.strip().splitlines()[-1] == (f"error: --file {empty} is too short to score: it has 0 token(s) "
+                                                 "and needs at least 1; give a longer text")
     assert _ppl_json("--file", str(one))["tokens"] == 1     # <s> + 1 text token
 
 
@@ -166,7 +166,7 @@ def test_perplexity_without_bos_needs_two_tokens():
     try:
         perplexity(lm.model, [5], 8, None, bos_id=None)
     except DatasetError as e:
-        assert str(e) == "the text is too short to score: it has 1 token(s) and needs at least 2"
+        assert str(e) == "the text is too short to score: it has 1 token(s) and needs at least 2; give a longer text"
     else:
         raise AssertionError("one token without <s> was scored")
 

@@ -213,16 +213,17 @@ def _device(model) -> torch.device:
 
 def perplexity(model, token_ids: list[int], seq_len: int, max_tokens: int | None,
                progress: Callable[[int, int], None] | None = None, bos_id: int | None = None,
-               chunk_size: int = 512, backend=None, kv_cache_dtype: str = "bf16") -> dict:
+               chunk_size: int = 512, backend=None, kv_cache_dtype: str = "bf16", what: str = "the text") -> dict:
     """Mean next-token NLL (nats) and perplexity over the scored tokens; progress(done, total).
-    kv_cache_dtype: the Engine's, as `salactl run --kv-cache-dtype` (fp8 uses the model's scales)."""
+    kv_cache_dtype: the Engine's, as `salactl run --kv-cache-dtype` (fp8 uses the model's scales).
+    what: where the ids come from, e.g. "--file e.txt", named where there are too few to score."""
     from salactl.runtime.engine import Engine
 
     first, end = _target_run(len(token_ids), seq_len, max_tokens, bos_id)
     if end == first:
         least = 1 if bos_id is not None else 2          # without <s> a window's first token is context only
-        raise DatasetError(f"the text is too short to score: it has {len(token_ids)} token(s) and needs at least "
-                           f"{least}")
+        raise DatasetError(f"{what} is too short to score: it has {len(token_ids)} token(s) and needs at least "
+                           f"{least}; give a longer text")
     _check_vocabulary(token_ids, end, bos_id, model.config.vocab_size)
     engine = Engine(model, _device(model), chunk_size=chunk_size, backend=backend, kv_cache_dtype=kv_cache_dtype)
     total, windows = end - first, -(-(end - first) // (seq_len - 1))

@@ -1,0 +1,61 @@
+"""A --calib file that is JSON but not named .jsonl (an array of {"text": ...} objects, JSONL saved as
+.json or .txt) is refused (exit 7) rather than calibrated on as its markup, while plain text that
+starts with "{" or "[" is still text; a byte that is not UTF-8 in an input file is reported by file:line."""
+
+import json
+
+import pytest
+
+from conftest import run_cli
+from salactl.errors import DatasetError
+from salactl.output import read_text_option
+from salactl.quant.calibration import read_documents
+
+DOCS = ["The first calibration document.", "And a second one."]
+REFUSED = ("looks like JSON, which would be calibrated on as plain text with its markup; save it as JSONL "
+           "with a .jsonl suffix (one {\"text\": ...} object per line), or pass plain text")
+
+
+@pytest.mark.parametrize("name, content", [
+    ("arr.json", json.dumps([{"text": d} for d in DOCS], indent=2)),
+    ("obj.txt", "\n" + json.dumps({"docs": DOCS})),
+    ("lines.json", "".join(json.dumps({"text": d}) + "\n" for d in DOCS)),
+    ("lines.txt", "\n  " + json.dumps({"text": DOCS[0], "n": 1.5}) + "\r\nnot json at all\n"),
+])
+def test_json_calib_without_the_jsonl_suffix_is_refused(tmp_path, name, content):
+    path = tmp_path / name
+    path.write_text(content)
+    with pytest.raises(DatasetError) as e:
+        read_documents(path)
+    assert str(e.value) == f"--calib {path} {REFUSED}"
+
+
+@pytest.mark.parametrize("content", [
+    "{\n  int x = 1;\n}\n",                                  # source code
+    "[1] A citation, then prose.\n",
+    '{"text": "one line of JSON"} followed by prose\n',      # the first line does not parse
+    '{"title": "a JSON line without text"}\nmore prose\n',
+    '"a JSON string"\n',
+])
+def test_text_that_only_starts_like_json_is_still_text(tmp_path, content):
+    path = tmp_path / "c.txt"
+    path.write_text(content)
+    assert read_documents(path) == [content]
+
+
+def test_quantize_refuses_a_json_array_calib_before_writing(tmp_path, capsys):
+    (tmp_path / "arr.json").write_text(json.dumps([{"text": d * 20} for d in DOCS]))
+    code, out, err = run_cli(["quantize", "--out", tmp_path / "q", "--method", "rtn", "--nsamples", "1",
+                              "--seqlen", "16", "--calib", tmp_path / "arr.json"], capsys)
+    assert code == 7 and err.splitlines() == [f"error: --calib {tmp_path / 'arr.json'} {REFUSED}"], err
+    assert not (tmp_path / "q").exists()
+
+
+@pytest.mark.parametrize("data, line", [(b"caf\xe9", 1), (b"one\ntwo\r\nthree\rcaf\xe9\n", 4),
+                                        (b"\n\n\xff", 3)])
+def test_a_byte_that_is_not_utf8_is_reported_by_line(tmp_path, data, line):
+    path = tmp_path / "p.txt"
+    path.write_bytes(data)
+    with pytest.raises(DatasetError, match=rf"^--prompt-file {path}:{line} is not UTF-8 text \(.* at byte "
+                                           rf"{data.index(next(b for b in data if b >= 0x80).to_bytes(1, 'big'))}\)"):
+        read_text_option(path, "--prompt-file")
