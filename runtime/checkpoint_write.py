@@ -227,21 +227,42 @@ def _swap_into_place(new: Path, out_dir: Path, overwrite: bool) -> None:
         return
     # a name that no one else takes and that does not exist yet: Windows renames nothing onto a directory
     backup = out_dir.parent / f"{_backup_prefix(out_dir)}{os.getpid()}-{secrets.token_hex(4)}"
-    moved_old = False
     try:
         try:
             os.replace(out_dir, backup)
-            moved_old = True
         except FileNotFoundError:
             pass                # none, or another process's swap has it aside right now
         _rename_unless_taken(new, out_dir, f"another process wrote {out_dir} meanwhile, and its checkpoint "
                                            "stays; run again to replace it, or choose another --out")
     except BaseException:
-        if moved_old and not out_dir.exists():
-            os.replace(backup, out_dir)
+        _undo_half_swap(backup, out_dir)
+        raise
+    # from here out_dir is the new checkpoint: the backup only goes, even when interrupted
+    try:
+        shutil.rmtree(backup, ignore_errors=True)
+        _remove_leftover_backups(out_dir)
+    except BaseException:
         shutil.rmtree(backup, ignore_errors=True)
         raise
-    shutil.rmtree(backup, ignore_errors=True)
+
+
+def _undo_half_swap(backup: Path, out_dir: Path) -> None:
+    """After an exception (Ctrl-C included) anywhere in the two renames, judged from the file system,
+    since a signal lands after a rename returns and before any flag could record it: an untouched
+    backup goes back where out_dir is missing, and is deleted only where out_dir holds a checkpoint
+    again (the new one, or another process's). Otherwise it stays: it is the only copy."""
+    if not os.path.lexists(backup):
+        return
+    if not os.path.lexists(out_dir):
+        try:
+            os.replace(backup, out_dir)
+        except OSError:
+            pass
+    elif (out_dir / "config.json").is_file():
+        shutil.rmtree(backup, ignore_errors=True)
+
+
+def _remove_leftover_backups(out_dir: Path) -> None:
     # the names made above (8 hex digits) or by mkdtemp before them, nothing a user typed; a backup
     # named without a pid predates both, and one with this process's pid is an earlier, interrupted call's
     ours = re.compile(re.escape(_backup_prefix(out_dir)) + r"(?:(\d+)-)?[a-z0-9_]{8}")

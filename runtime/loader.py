@@ -239,8 +239,70 @@ def load_model(model: str | Path | None = None, device=None, dtype: str | torch.
     "bf16"/"fp16"/"fp32" or a torch.dtype (None/"auto" = bf16 on CUDA, fp32 on CPU).
     random_weights: random weights of the preset's / config.json's shapes, drawn with `seed`.
     Errors are SalactlError subclasses (CheckpointError, ConfigError, DeviceError, UsageError,
-    CapacityError)."""
+    CapacityError).
+
+    A checkpoint directory that another process replaced while it was read (`salactl quantize
+    --overwrite` renames a new one onto it) could give one checkpoint's config.json and the other's
+    weights: the load then runs once more, from the new directory."""
     dev = resolve_device(device)
+    for last_try in (False, True):
+        with _DirectoryPin(model) as pin:
+            try:
+                loaded = _load_once(model, dev, dtype, random_weights, seed)
+            except Exception as e:
+                if not pin.replaced():
+                    raise
+                if last_try:
+                    raise pin.replaced_error() from e
+                continue
+            if not pin.replaced():
+                return loaded
+            loaded = None               # before the next try loads a second copy
+    raise pin.replaced_error()
+
+
+class _DirectoryPin:
+    """Holds a checkpoint directory open while it loads and tells, at the end, whether its path names
+    another directory by then. The open handle keeps the directory's inode from being reused by the
+    replacement even after the old directory is deleted, so an unchanged (st_dev, st_ino) means
+    every file was read from the one directory."""
+
+    def __init__(self, model: str | Path | None):
+        self.path, self.fd, self.missing = None, None, False
+        if model is None or not str(model).strip() or _is_preset(model, str(model)):
+            return
+        self.path = Path(str(model))
+        try:
+            self.fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        except FileNotFoundError:       # also between a swap's two renames, when it is aside
+            self.missing = True
+        except (OSError, ValueError):   # ValueError: an embedded NUL
+            pass                        # no directory (or Windows): the load says what is wrong
+
+    def __enter__(self) -> "_DirectoryPin":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+
+    def replaced(self) -> bool:
+        if self.fd is None:
+            return self.missing and os.path.isdir(self.path)
+        held = os.fstat(self.fd)
+        try:
+            now = os.stat(self.path)
+        except OSError:
+            return True
+        return (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino)
+
+    def replaced_error(self) -> CheckpointError:
+        return CheckpointError(f"{self.path} was replaced while it was being read (another salactl quantize "
+                               "--overwrite?); run again once that has finished")
+
+
+def _load_once(model: str | Path | None, dev: torch.device, dtype: str | torch.dtype | None,
+               random_weights: bool, seed: int) -> LoadedModel:
     name, path, config = _resolve_source(model, random_weights)
     dt = resolve_dtype(dtype, dev)
     if random_weights:
