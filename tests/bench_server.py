@@ -8,7 +8,9 @@ Misbehaviours a test can switch on: `usage` ("per-chunk", "final" = one usage-on
 (fn(body) -> a JSON object sent as a plain 200 instead of a stream); `edit_event` (fn(event) -> the
 event streamed instead, or a list of events); `ping_every` (a `: ping` comment every so many s while
 a token is due); `content_encoding` (a Content-Encoding header on the stream); `flush_routes` (the
-flush paths that exist); `api_key` (every path answers 401 without `Authorization: Bearer <key>`).
+flush paths that exist); `api_key` (every path answers 401 without `Authorization: Bearer <key>`);
+`prefix` (the request path every route lies under, as it comes on the wire: "/%C3%A4" serves
+"/%C3%A4/generate"; any other path answers 404).
 `post_log` records when each POST arrived (perf_counter: the client shares this process's clock)."""
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class FakeServer:
         self.respond = None
         self.flush_routes = {"/flush_cache", "/reset_prefix_cache"}
         self.api_key: str | None = None
+        self.prefix = ""
         self.requests: list[dict] = []
         self.flushes = 0
         self.side_posts: list[str] = []     # POST paths other than generation, in order
@@ -81,14 +84,19 @@ class FakeServer:
                 self._json(401, {"error": {"message": "invalid API key", "type": "auth"}})
                 return False
 
+            def _route(self) -> str:
+                """The path below owner.prefix ("" when outside it: no route has that path)."""
+                return self.path[len(owner.prefix):] if self.path.startswith(owner.prefix) else ""
+
             def do_GET(self):
                 if not self._authorized():
                     return
-                if self.path == "/health":
+                path = self._route()
+                if path == "/health":
                     self._json(200, {})
-                elif self.path == "/v1/models":
+                elif path == "/v1/models":
                     self._json(200, {"object": "list", "data": [{"id": owner.model, "object": "model"}]})
-                elif self.path == "/get_model_info":
+                elif path == "/get_model_info":
                     self._json(200, {"model_path": owner.model})
                 else:
                     self._json(404, {"error": "not found"})
@@ -99,21 +107,22 @@ class FakeServer:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 if not self._authorized():
                     return
+                path = self._route()
                 with owner.lock:
-                    owner.post_log.append((t0, self.path))
-                if self.path in owner.flush_routes:
+                    owner.post_log.append((t0, path or self.path))
+                if path in owner.flush_routes:
                     with owner.lock:
                         owner.flushes += 1
-                        owner.side_posts.append(self.path)
+                        owner.side_posts.append(path)
                     self._json(200, {})
                     return
-                if self.path not in ("/generate", "/v1/completions"):
+                if path not in ("/generate", "/v1/completions"):
                     with owner.lock:
-                        owner.side_posts.append(self.path)
+                        owner.side_posts.append(path or self.path)
                     self._json(404, {"error": "not found"})
                     return
                 with owner.lock:
-                    owner.requests.append({"path": self.path, "body": body})
+                    owner.requests.append({"path": path, "body": body})
                     owner.seen_headers.append(dict(self.headers))
                     nth = len(owner.requests)
                 if owner.reject is not None and (answer := owner.reject(nth, body)) is not None:
@@ -122,7 +131,7 @@ class FakeServer:
                 if owner.respond is not None:
                     self._json(200, owner.respond(body))
                     return
-                sglang = self.path == "/generate"
+                sglang = path == "/generate"
                 n = body["sampling_params"]["max_new_tokens"] if sglang else body["max_tokens"]
                 if owner.stop_after is not None:
                     n = owner.stop_after(n)

@@ -39,7 +39,7 @@ import socket
 import ssl
 import threading
 import time
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 try:
     import resource                 # the open-file limit an EMFILE names; imported before one can happen
@@ -174,6 +174,35 @@ def _sse_data(line: bytes) -> str | None:
     return None                                 # blank line, `: comment`, event:/id: fields
 
 
+# what a URL path keeps unescaped: "/", "%" (an escape the user typed is sent as typed), RFC 3986's
+# sub-delims and the other pchar characters; quote() keeps the unreserved ones
+_PATH_SAFE = "/%!$&'()*+,;=:@"
+_STRAY_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+def _path_for_wire(path: str) -> str:
+    """`path` as an HTTP request target takes it (ASCII): non-ASCII characters as their UTF-8
+    %XX escapes, a '%' that starts no escape as %25; escapes already typed stay as they are."""
+    return quote(_STRAY_PERCENT.sub("%25", path), safe=_PATH_SAFE)
+
+
+def _host_for_wire(host: str, endpoint: str) -> str:
+    """The ASCII name to connect to: a non-ASCII host as its IDNA (xn--) form, where that form
+    names the same host back; Python's IDNA 2003 codec maps some names to others (straße.de to
+    strasse.de, which IDNA 2008 does not), and connecting there would bench another server."""
+    if host.isascii():
+        return host
+    try:
+        wire = host.encode("idna").decode("ascii")
+        clean = wire.encode("ascii").decode("idna") == host
+    except UnicodeError:
+        clean = False
+    if not clean:
+        raise UsageError(f"--endpoint host {host!r} has no clean IDNA (ASCII) form, got {endpoint!r}; "
+                         "pass the host's xn-- name or its IP address")
+    return wire
+
+
 def _has_blank(url: str) -> bool:
     """Whitespace or control characters, which urlsplit keeps in the host but http.client refuses."""
     return any(c.isspace() or not c.isprintable() for c in url)
@@ -233,6 +262,7 @@ class HttpTarget(Target):
         self._auth = api_key_header()
         self.kind, self.backend, self.protocol = backend, backend, PROTOCOLS[backend]
         self.scheme, self.host = parts.scheme, parts.hostname
+        self.connect_host = _host_for_wire(parts.hostname, endpoint)
         self.port = port or (443 if parts.scheme == "https" else 80)
         self.read_timeout_s = read_timeout_s
         prefix = parts.path.rstrip("/")
@@ -241,9 +271,9 @@ class HttpTarget(Target):
             prefix = prefix[:-len(api)]
         if prefix.endswith("/v1"):
             prefix = prefix[:-3]
-        self.prefix = prefix
+        self.prefix = _path_for_wire(prefix)        # every request path starts with it
         self.origin = f"{self.scheme}://{_netloc(self.host, self.port)}"
-        self.url = self.origin + prefix
+        self.url = self.origin + prefix             # the path as typed: what records and messages show
         if api:
             output.stderr.print(f"note: --endpoint ends in {api}; using the server root {self.url} "
                                 f"(--backend {backend} posts to {_PATHS[self.protocol][0]})")
@@ -252,7 +282,7 @@ class HttpTarget(Target):
         self.model = model or ""
         self.connect_timeout_s, self.flush_sleep_s = connect_timeout_s, flush_sleep_s
         self.side_call_timeout_s = min(SIDE_CALL_TIMEOUT_S, read_timeout_s or SIDE_CALL_TIMEOUT_S)
-        self.generate_path, self.flush_path, self.probe_path = (prefix + p for p in _PATHS[self.protocol])
+        self.generate_path, self.flush_path, self.probe_path = (self.prefix + p for p in _PATHS[self.protocol])
         self._active: set = set()
         self._lock = threading.Lock()
         self._warned_flush = False
@@ -260,7 +290,8 @@ class HttpTarget(Target):
     # ---- connections ----------------------------------------------------------------------
     def _connect(self, timeout_s: float | None):
         cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
-        conn = cls(self.host, self.port, timeout=min(self.connect_timeout_s, timeout_s or self.connect_timeout_s))
+        timeout = min(self.connect_timeout_s, timeout_s or self.connect_timeout_s)
+        conn = cls(self.connect_host, self.port, timeout=timeout)
         try:
             conn.connect()
         except ssl.SSLCertVerificationError as e:       # an SSLError, but no sign of a plain-HTTP port
@@ -530,8 +561,11 @@ class HttpTarget(Target):
         count; capped at max_tokens (a request never asks for more), flagged when it was above."""
         by, n = "chunks", n_chunks
         if self.tokenizer is not None and texts:
+            # a JSON "\ud83d" escape brings a lone surrogate, which no tokenizer encodes: a pair split
+            # across two chunks joins up again here, a lone half becomes U+FFFD
+            text = "".join(texts).encode("utf-16", "surrogatepass").decode("utf-16", "replace")
             with self._tok_lock:
-                retokenized = len(self.tokenizer.encode("".join(texts), add_special_tokens=False))
+                retokenized = len(self.tokenizer.encode(text, add_special_tokens=False))
             if retokenized:
                 by, n = "tokenizer", retokenized
         return Chunk(ts, min(n, max_tokens), counts_only=True, counted_by=by,
