@@ -28,13 +28,14 @@ def profile(
                                          "prompt length for prefill.")] = 4096,
     chunk_size: Annotated[int, typer.Option("--chunk-size", help="Prefill only: tokens in the profiled "
                                             "chunk, which ends the --context-token prompt (the rest "
-                                            "is cached before it).")] = 512,
+                                            "is cached before it); at most --context.")] = 512,
     model: ModelOpt = "sala-nano",
     random_weights: RandomWeightsOpt = False,
     seed: seed_option("--random-weights and the random cached context and step tokens") = 0,
     weights: Annotated[str, typer.Option("--weights", help="auto (a GPTQ checkpoint's own format, else "
-                                         "bf16), bf16 (unquantized, in --dtype), w4a16 or w8a16 (RTN g128 in "
-                                         "memory; a GPTQ checkpoint takes only its own).")] = "auto",
+                                         "unquantized in --dtype), bf16, fp16 or fp32 (the whole model in that "
+                                         "dtype; sets --dtype), w4a16 or w8a16 (RTN g128 in memory, activations "
+                                         "in --dtype; a GPTQ checkpoint takes only its own).")] = "auto",
     kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="auto or bf16 (the model's dtype), "
                                                 "fp8_e4m3 or fp8_e5m2 (the checkpoint's calibrated scales, "
                                                 "else 1.0: scales do not change the work).")] = "auto",

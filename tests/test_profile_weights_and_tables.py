@@ -24,7 +24,7 @@ def test_a_gptq_checkpoint_profiles_as_its_own_format_without_weights_flag(nano_
     d = json.loads(out)
     assert d["manifest"]["weights"] == "w4a16"
     assert ProfileSpec(model=str(nano_rtn_dir)).with_checkpoint_weights().weights == "w4a16"
-    assert ProfileSpec(random_weights=True).with_checkpoint_weights().weights == "bf16"    # unquantized: --dtype
+    assert ProfileSpec(random_weights=True, device="cpu").with_checkpoint_weights().weights == "fp32"  # --dtype auto
     check_spec(ProfileSpec(model=str(nano_rtn_dir), device="cpu", context=16))      # a Python caller's "auto"
 
 

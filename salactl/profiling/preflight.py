@@ -69,6 +69,7 @@ def step_memory_bytes(spec: ProfileSpec, config, act_bytes: int, quantized: bool
                  for p in spec.phases)
     working = (spec.batch * reference_attention_bytes(spec, config) + compression_bytes(spec, config, act_bytes)
                if reference else 0)
+    # weight_bytes' "bf16" is any unquantized model, at act_bytes a weight
     weights = weight_bytes(config, spec.weights if quantized else "bf16", act_bytes=act_bytes).total
     return caches + working, weights
 
@@ -112,7 +113,7 @@ def _advice(spec: ProfileSpec, fits_spec) -> str:
 
     context = largest_fitting(lambda c: fits(context=c), spec.context)
     batch = largest_fitting(lambda b: fits(batch=b), spec.batch)
-    chunk = (largest_fitting(lambda c: fits(chunk_size=c), min(spec.chunk_size, spec.context))
+    chunk = (largest_fitting(lambda c: fits(chunk_size=c), spec.chunk_size)
              if "prefill" in spec.phases else 0)
     fixes = [f"--context (at most about {context:,} tokens at this --batch)" if context else None,
              f"--batch (at most {batch:,} at this --context)" if batch else None,

@@ -11,7 +11,9 @@ from pathlib import Path
 from salactl.errors import ConfigError, UsageError
 
 PHASES = ("prefill", "decode")
-WEIGHTS = ("auto", "bf16", "w4a16", "w8a16")     # auto: a GPTQ checkpoint's own format, else bf16
+WEIGHTS = ("auto", "bf16", "fp16", "fp32", "w4a16", "w8a16")  # auto: a GPTQ checkpoint's own format, else --dtype's
+# the unquantized --weights: the whole model in that dtype, as sweep casts it; the --dtype names of each
+CASTS = {"bf16": ("bf16", "bfloat16"), "fp16": ("fp16", "float16"), "fp32": ("fp32", "float32")}
 KV_DTYPES = ("auto", "bf16", "fp8_e4m3", "fp8_e5m2")
 BACKENDS = ("auto", "engine", "reference")
 MAX_WARMUP = 100        # each warm-up step repeats the profiled one; more than a few only waits
@@ -43,8 +45,8 @@ class ProfileSpec:
     phases: tuple[str, ...] = ("decode",)
     batch: int = 1
     context: int = 4096          # tokens in the cache before the decode step / prompt length
-    chunk_size: int = 512        # prefill: the profiled chunk is the prompt's last one
-    weights: str = "auto"        # with_checkpoint_weights() resolves it before the model loads
+    chunk_size: int = 512        # prefill: the profiled chunk is the prompt's last one (at most --context)
+    weights: str = "auto"        # with_checkpoint_weights() resolves it (and dtype) before the model loads
     kv_cache_dtype: str = "auto"
     device: str = "auto"
     dtype: str = "auto"
@@ -65,6 +67,9 @@ class ProfileSpec:
             raise UsageError(f"--chunk-size must be positive, got {self.chunk_size}")
         if self.weights not in WEIGHTS:
             raise UsageError(f"unknown --weights {self.weights!r}; valid: {', '.join(WEIGHTS)}")
+        if self.weights in CASTS and self.dtype not in ("auto", *CASTS[self.weights]):
+            raise UsageError(f"--weights {self.weights} loads the model in {CASTS[self.weights][1]} but --dtype is "
+                             f"{self.dtype}; drop --dtype or --weights")
         if self.kv_cache_dtype not in KV_DTYPES:
             raise UsageError(f"unknown --kv-cache-dtype {self.kv_cache_dtype!r}; valid: "
                              f"{', '.join(KV_DTYPES)}")
@@ -76,23 +81,34 @@ class ProfileSpec:
         if self.layers is not None and ((not self.layers and not self.lm_head)
                                         or (self.layers and min(self.layers) < 0)):
             raise UsageError("--layers needs layer indices >= 0 (and/or lm_head)")
+        # a chunk longer than the prompt prefills the whole prompt (run and bench clamp it too): the
+        # spec, and so the manifest, records the chunk that runs
+        object.__setattr__(self, "chunk_size", min(self.chunk_size, self.context))
 
     def with_checkpoint_weights(self) -> "ProfileSpec":
-        """This spec with `weights` the model's: auto becomes a GPTQ checkpoint's own format (w4a16,
-        w8a16), else bf16 (unquantized, in --dtype); an explicit value a GPTQ checkpoint cannot run
-        is a ConfigError. Reads the checkpoint's quantization_config only, no weights."""
+        """This spec with `weights` what runs: auto becomes a GPTQ checkpoint's own format (w4a16,
+        w8a16), else the dtype the unquantized model loads in (bf16, fp16 or fp32: --dtype's, or
+        the device's for auto); an unquantized `weights` also becomes `dtype`, so bf16 loads the
+        model in bfloat16. An explicit value a GPTQ checkpoint cannot run is a ConfigError. Reads
+        the checkpoint's quantization_config only, no weights."""
         from salactl.quant.loading import parse_quant_config
-        from salactl.runtime.loader import model_quantization
+        from salactl.runtime.loader import DTYPES, model_quantization, resolve_device, resolve_dtype
 
         qc = model_quantization(self.model, self.random_weights)
         own = None if qc is None else f"w{parse_quant_config(qc)['bits']}a16"
-        if self.weights == "auto":
-            return replace(self, weights=own or "bf16")
-        if own and self.weights != own:
-            raise ConfigError(f"{self.model} is a {own.upper()} GPTQ checkpoint, which runs only as its own "
-                              f"weights; drop --weights {self.weights} (auto reads the checkpoint's format) "
-                              f"or pass --weights {own}")
-        return self
+        if own:
+            if self.weights not in ("auto", own):
+                raise ConfigError(f"{self.model} is a {own.upper()} GPTQ checkpoint, which runs only as its "
+                                  f"own weights; drop --weights {self.weights} (auto reads the checkpoint's "
+                                  f"format) or pass --weights {own}")
+            return replace(self, weights=own)
+        if self.weights not in ("auto", *CASTS):        # w4a16, w8a16: RTN in memory, in --dtype
+            return self
+        weights = self.weights
+        if weights == "auto":
+            device = resolve_device(self.device) if self.dtype == "auto" else None   # auto: the device's
+            weights = {DTYPES[w]: w for w in CASTS}[resolve_dtype(self.dtype, device)]
+        return replace(self, weights=weights, dtype=weights)
 
     @property
     def scopes(self) -> tuple[str, ...] | None:
@@ -105,8 +121,7 @@ class ProfileSpec:
         """(new tokens, cached tokens) of each sequence in the profiled step."""
         if phase == "decode":
             return 1, self.context
-        new = min(self.chunk_size, self.context)
-        return new, self.context - new
+        return self.chunk_size, self.context - self.chunk_size
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -145,7 +145,7 @@ def build(spec: ProfileSpec) -> Workload:
     lm = load_model(spec.model, spec.device, spec.dtype, spec.random_weights, spec.seed)
     model, config = lm.model, lm.config
     check_layers(spec, config)
-    if not quantized_as(model) and spec.weights != "bf16":
+    if not quantized_as(model) and spec.weights in QUANTIZED_BITS:
         model = quantize_rtn_in_memory(model, config, bits=QUANTIZED_BITS[spec.weights])
     device = model.device
     dtype = model.model.embed_tokens.weight.dtype
