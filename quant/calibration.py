@@ -49,33 +49,49 @@ def read_documents(path: Path) -> list[str]:
 
 
 def _is_json(raw: str) -> bool:
-    """Whether a --calib file read as plain text (its suffix is not .jsonl) is JSON: an array or object
-    as a whole, or JSON lines whose first is an object with a "text" field. Text that merely starts
-    with "{" or "[" (source code) does not parse, and is text."""
+    """Whether a --calib file read as plain text (its suffix is not .jsonl) is JSON: an array whose
+    first element, or JSON lines whose first line, is an object with a "text" field; or, up to
+    WHOLE_JSON_CHARS, any array or object as a whole. Text that merely starts with "{" or "[" (source
+    code, a "[1]" reference) does not parse so, and is text."""
     start = re.search(r"\S", raw)
     if start is None or raw[start.start()] not in "[{":
         return False
-    if _json_shape(raw, lambda pairs: None) is not _NOT_JSON:
+    i = start.start()
+    end = re.compile(r"[\r\n]").search(raw, i)
+    if raw[i] == "{" and _has_text_field(raw[i:end.start() if end else len(raw)]):
         return True
-    end = re.compile(r"[\r\n]").search(raw, start.start())
-    first = raw[start.start():end.start() if end else len(raw)]
-    return _json_shape(first, lambda pairs: any(k == "text" for k, _ in pairs)) is True
-
-
-_NOT_JSON = object()
-
-
-def _json_shape(text: str, object_hook):
-    """json.loads(text) with each object as object_hook(its pairs) and numbers as None: only its shape
-    is kept, so that a big file takes little memory; _NOT_JSON where it does not parse."""
-    def none(_):
-        return None
-
+    first = re.compile(r"\S").search(raw, i + 1)
+    if raw[i] == "[" and first and raw[first.start()] == "{":
+        try:
+            obj, _ = json.JSONDecoder().raw_decode(raw, first.start())
+        except (ValueError, RecursionError):
+            obj = None
+        if isinstance(obj, dict) and "text" in obj:
+            return True
+    if len(raw) > WHOLE_JSON_CHARS:
+        return False
     try:
-        return json.loads(text, object_pairs_hook=object_hook, parse_int=none, parse_float=none,
-                          parse_constant=none)
+        json.loads(raw, object_pairs_hook=lambda pairs: None, parse_int=_none, parse_float=_none,
+                   parse_constant=_none)
     except (ValueError, RecursionError):
-        return _NOT_JSON
+        return False
+    return True
+
+
+# json.loads builds every string of the file: an array of short strings takes ~15 bytes a byte, far
+# past CALIB_BYTES_PER_BYTE, so only a file this small is parsed whole
+WHOLE_JSON_CHARS = 16 << 20
+
+
+def _none(_) -> None:
+    return None
+
+
+def _has_text_field(line: str) -> bool:
+    try:
+        return json.loads(line, object_pairs_hook=lambda pairs: any(k == "text" for k, _ in pairs)) is True
+    except (ValueError, RecursionError):
+        return False
 
 
 def builtin_documents() -> list[str]:

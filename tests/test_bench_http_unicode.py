@@ -66,7 +66,7 @@ def test_a_percent_that_starts_no_escape_is_sent_as_25():
     assert res.success and res.output_len == N and target.url == srv.url + "/a%zz"
 
 
-def test_a_non_ascii_host_connects_by_its_idna_name_and_is_recorded_as_typed():
+def test_a_non_ascii_host_is_dialled_by_its_idna_name_and_recorded_unencoded():
     target = HttpTarget("http://Bücher.example:8000/v1", "openai")
     assert target.connect_host == "xn--bcher-kva.example"
     assert target.knobs()["endpoint"] == "http://bücher.example:8000"

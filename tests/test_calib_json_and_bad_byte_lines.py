@@ -43,6 +43,23 @@ def test_text_that_only_starts_like_json_is_still_text(tmp_path, content):
     assert read_documents(path) == [content]
 
 
+def test_past_the_whole_parse_limit_an_array_is_judged_by_its_first_element(tmp_path, monkeypatch):
+    """Parsing a big file whole would take many times its size in memory (every string is built),
+    past what the --calib size check allows; its first element still tells an array of documents."""
+    import salactl.quant.calibration as calibration
+
+    docs, words = tmp_path / "docs.json", tmp_path / "words.json"
+    docs.write_text(json.dumps([{"text": d} for d in DOCS] * 50))
+    words.write_text(json.dumps(DOCS * 50))
+    monkeypatch.setattr(calibration, "WHOLE_JSON_CHARS", 64)
+    with pytest.raises(DatasetError, match="looks like JSON"):
+        read_documents(docs)
+    assert read_documents(words) == [words.read_text()]          # past the limit: read as text
+    monkeypatch.setattr(calibration, "WHOLE_JSON_CHARS", 1 << 20)
+    with pytest.raises(DatasetError, match="looks like JSON"):
+        read_documents(words)
+
+
 def test_quantize_refuses_a_json_array_calib_before_writing(tmp_path, capsys):
     (tmp_path / "arr.json").write_text(json.dumps([{"text": d * 20} for d in DOCS]))
     code, out, err = run_cli(["quantize", "--out", tmp_path / "q", "--method", "rtn", "--nsamples", "1",

@@ -37,6 +37,12 @@ def test_top_blocks_equals_the_stable_sort_on_tied_scores(shape, dtype):
             assert torch.equal(top_blocks(scores, keep), sorted_first_keep(scores, keep)), (trial, keep)
 
 
+@pytest.mark.parametrize("keep", [0, 5, 9])
+def test_a_keep_of_none_or_past_the_blocks_is_what_the_sort_keeps(keep):
+    scores = torch.tensor([[0.5, -INF, 0.25], [INF, 0.0, 0.0]])
+    assert torch.equal(top_blocks(scores, keep), sorted_first_keep(scores, keep))
+
+
 def test_more_forced_blocks_than_keep_keeps_the_lowest_indexed():
     scores = torch.tensor([[0.9, INF, -1.0, INF, INF, -INF, INF]])
     assert top_blocks(scores, 2).nonzero()[:, 1].tolist() == [1, 3]

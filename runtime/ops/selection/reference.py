@@ -79,6 +79,9 @@ def top_blocks(scores: torch.Tensor, keep: int) -> torch.Tensor:
     -inf ones. Without sorting every block: the keep-th largest score splits them into those above
     it (all kept) and those equal to it, of which the lowest-indexed fill the slots left. A NaN
     (only from NaN activations) ranks above +inf and takes a slot without being kept, as in the sort."""
+    keep = min(keep, scores.shape[-1])
+    if keep <= 0:
+        return torch.zeros_like(scores, dtype=torch.bool)
     kth = torch.topk(scores, keep, dim=-1).values[..., -1:]
     above = (scores > kth) | scores.isnan()
     tied = scores == kth
