@@ -57,6 +57,20 @@ def test_a_non_ascii_endpoint_path_is_sent_percent_encoded_and_recorded_as_typed
     assert [rec["knobs"]["target"]["endpoint"] for rec in _records(tmp_path)] == [srv.url + root]
 
 
+def test_sub_delims_and_colons_in_a_path_go_out_as_typed():
+    """Routes such as /models/m:predict or /deploy/llama@v2 must reach the server unescaped."""
+    with FakeServer(0.01, 0.001) as srv:
+        srv.prefix = "/x:y@z;a=b,c!$&'()*+"
+        target = HttpTarget(srv.url + srv.prefix, "openai", flush_sleep_s=0.0)
+        target.check()
+        res = run_request(target, random_lengths(1, 4, N, 1000)[0], N, "P", threading.Event())
+    assert res.success and res.output_len == N
+
+
+def test_an_ascii_host_is_never_judged_by_idna():
+    assert HttpTarget("http://a..b:8000", "openai").connect_host == "a..b"     # the connection says what is wrong
+
+
 def test_a_percent_that_starts_no_escape_is_sent_as_25():
     with FakeServer(0.01, 0.001) as srv:
         srv.prefix = "/a%25zz"

@@ -21,6 +21,7 @@ REFUSED = ("looks like JSON, which would be calibrated on as plain text with its
     ("obj.txt", "\n" + json.dumps({"docs": DOCS})),
     ("lines.json", "".join(json.dumps({"text": d}) + "\n" for d in DOCS)),
     ("lines.txt", "\n  " + json.dumps({"text": DOCS[0], "n": 1.5}) + "\r\nnot json at all\n"),
+    ("mac.txt", "".join(json.dumps({"text": d}) + "\r" for d in DOCS) + "prose\r"),   # CR-only line ends
 ])
 def test_json_calib_without_the_jsonl_suffix_is_refused(tmp_path, name, content):
     path = tmp_path / name
@@ -36,6 +37,8 @@ def test_json_calib_without_the_jsonl_suffix_is_refused(tmp_path, name, content)
     '{"text": "one line of JSON"} followed by prose\n',      # the first line does not parse
     '{"title": "a JSON line without text"}\nmore prose\n',
     '"a JSON string"\n',
+    "[" * 100_000,                                          # nests past the parser's recursion limit
+    '[{"role": "user"}] is how a chat list starts\n',       # an array's first object without "text"
 ])
 def test_text_that_only_starts_like_json_is_still_text(tmp_path, content):
     path = tmp_path / "c.txt"

@@ -97,3 +97,37 @@ def test_the_directory_is_not_left_open(rtn_checkpoints):
     before = len(os.listdir("/proc/self/fd"))
     lm = load_model(rtn_checkpoints[4], "cpu", "float32")
     assert _bits(lm) == 4 and len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_replacement_of_the_same_shapes_loads_with_its_own_config(tmp_path, rtn_checkpoints, monkeypatch):
+    """A swap that breaks nothing (same shapes, another rope_theta) must not leave the old config.json
+    driving the new weights: the load that saw the swap runs again."""
+    import json
+
+    ckpt, other = tmp_path / "ckpt", tmp_path / "other"
+    shutil.copytree(rtn_checkpoints[4], ckpt)
+    shutil.copytree(rtn_checkpoints[4], other)
+    config = json.loads((other / "config.json").read_text())
+    config["rope_theta"] = 123456.0
+    (other / "config.json").write_text(json.dumps(config))
+    swaps = []
+
+    def safe_open_after_a_swap(*args, **kwargs):
+        if not swaps:
+            swaps.append(tmp_path / "old")
+            _swap_in(ckpt, other, swaps[-1])
+        return safe_open(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_module, "safe_open", safe_open_after_a_swap)
+    assert load_model(ckpt, "cpu", "float32").config.rope_theta == 123456.0 and len(swaps) == 1
+
+
+def test_a_directory_set_aside_counts_as_replaced(tmp_path):
+    from salactl.runtime.loader import _DirectoryPin
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    with _DirectoryPin(ckpt) as pin:
+        assert not pin.replaced()
+        os.rename(ckpt, tmp_path / "aside")         # between a swap's two renames
+        assert pin.replaced()

@@ -18,6 +18,8 @@ BAD = "sy\udcffs"       # how Python hands over the argv bytes b"sy\xffs"
      "--chat-template-kwargs name: the text is not valid UTF-8 (byte 0xff at character 2)"),
     (["--chat", "--prompt", "hi", "--chat-template-kwargs", 'names={"a": ["ok", "x\\udce9"]}'],
      "--chat-template-kwargs names: the text is not valid UTF-8 (byte 0xe9 at character 1)"),
+    (["--chat", "--prompt", "hi", "--chat-template-kwargs", 'opts={"\\udcff": 1}'],     # a key inside the value
+     "--chat-template-kwargs opts: the text is not valid UTF-8 (byte 0xff at character 0)"),
     (["--chat", "--prompt", "hi", "--chat-template-kwargs", f"{BAD}=1"],
      "--chat-template-kwargs: the text is not valid UTF-8 (byte 0xff at character 2)"),
 ])
