@@ -23,7 +23,7 @@ def bench(
     num_requests: Annotated[Optional[int], typer.Option("--num-requests", help="At most N requests per phase. Not for the one-batch profiles (decode, prefill, long-context), whose batch size sets each phase's count: pick batch sizes with --phases.")] = None,
     phases: Annotated[Optional[str], typer.Option("--phases", help="Run only these phases, e.g. S1,S8.")] = None,
     endpoint: Annotated[Optional[str], typer.Option("--endpoint", parser=non_empty("--endpoint", "a server URL, or leave it out for the embedded runtime"), help="Server URL, e.g. http://127.0.0.1:30000.")] = None,
-    backend: Annotated[Optional[str], typer.Option("--backend", help="With --endpoint: sglang (/generate, the default), openai (/v1/completions) or vllm (vLLM's server: the openai protocol).")] = None,
+    backend: Annotated[Optional[str], typer.Option("--backend", parser=non_empty("--backend", "sglang, openai or vllm, or leave it out for sglang"), help="With --endpoint: sglang (/generate, the default), openai (/v1/completions) or vllm (vLLM's server: the openai protocol).")] = None,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Embedded: checkpoint dir or preset (default sala-nano). Server: served model name (default: the one it reports); a local directory's config.json, of any model, sizes the random prompt ids.")] = None,
     tokenizer: TokenizerOpt = None,
     random_weights: RandomWeightsOpt = False,
@@ -35,9 +35,9 @@ def bench(
     kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="Embedded KV cache: bf16 or auto (stores the model's dtype), fp8_e4m3 (calibrated scales) or fp8_e5m2.")] = "bf16",
     max_running_requests: Annotated[Optional[int], typer.Option("--max-running-requests", help="GPU engine: requests batched at once (default 64); refused on the reference engine, which runs one.")] = None,
     mem_fraction: Annotated[Optional[float], typer.Option("--mem-fraction", help="GPU engine: share of the GPU memory still free once the weights are loaded that its KV/state caches and prefill workspace take, in (0, 1] (default 0.9); a request that cannot fit fails with a capacity error. Refused on the reference engine.")] = None,
-    reference: Annotated[Optional[str], typer.Option("--reference", help="Reference durations in seconds for the score, e.g. S1=400,S8=600,Smax=1100.")] = None,
+    reference: Annotated[Optional[str], typer.Option("--reference", parser=non_empty("--reference", "reference durations such as S1=400,S8=600, or leave it out"), help="Reference durations in seconds for the score, e.g. S1=400,S8=600,Smax=1100.")] = None,
     accuracy: Annotated[Optional[float], typer.Option("--accuracy", help="Normalized accuracy in % (SOAR overall_accuracy) for the score coefficient; needs --reference.")] = None,
-    slo: Annotated[Optional[str], typer.Option("--slo", help="Goodput SLOs in ms, e.g. ttft=500,tpot=50[,e2el=...].")] = None,
+    slo: Annotated[Optional[str], typer.Option("--slo", parser=non_empty("--slo", "SLOs such as ttft=500,tpot=50, or leave it out"), help="Goodput SLOs in ms, e.g. ttft=500,tpot=50[,e2el=...].")] = None,
     details: Annotated[bool, typer.Option("--details", help="Also write a per-request CSV.")] = False,
     out: Annotated[Path, typer.Option("--out", "-o", metavar="<path>", parser=non_empty_path("--out", "a directory"), help="Directory for records.jsonl and summaries.")] = Path("salactl-results"),
     label: Annotated[Optional[str], typer.Option("--label", help="A name for this run in the records.")] = None,
@@ -87,13 +87,16 @@ def bench(
 
 
 def phase_names(text: str | None) -> tuple[str, ...]:
-    """--phases as names; a value that names none ("", ",") is an error, not "every phase"."""
+    """--phases as names; a value that names none ("", ",") is an error, not "every phase", and so is
+    an empty name ("S1,,S8", "S1,")."""
     if text is None:
         return ()
-    names = tuple(p.strip() for p in text.split(",") if p.strip())
-    if not names:
+    names = tuple(p.strip() for p in text.split(","))
+    if not any(names):
         raise UsageError(f"--phases {text!r} names no phase; give names such as S1,S8, or drop --phases "
                          "to run every phase")
+    if not all(names):
+        raise UsageError(f"--phases takes comma-separated phase names, got {text!r}; drop the empty name")
     return names
 
 

@@ -4,7 +4,7 @@ exit code, and the check made before the model loads or anything large is alloca
 import pytest
 
 from conftest import run_cli
-from salactl.errors import CapacityError, ConfigError, DatasetError, UsageError
+from salactl.errors import CapacityError, DatasetError, UsageError
 
 HUGE = str(10**12)
 
@@ -183,11 +183,11 @@ def test_profile_import_of_a_file_says_it_is_a_file(tmp_path, capsys):
     assert code == 2 and "is a file, not a directory" in _one_error_line(err)
 
 
-def test_sweep_grid_of_one_invalid_point_says_why_once(tmp_path, capsys):
+def test_sweep_window_no_block_takes_is_a_usage_error_before_loading(tmp_path, capsys):
     code, _, err = run_cli(["sweep", "--device", "cpu", "--window", "3", "--input-len", "24", "--output-len", "2",
                             "--requests", "1", "--no-kl", "--no-passkey", "--out", tmp_path / "s"], capsys)
-    assert code == ConfigError.exit_code
-    assert "no valid point in the grid" in _one_error_line(err) and "not a multiple of block_size" in err
+    assert code == UsageError.exit_code and not (tmp_path / "s").exists()
+    assert _one_error_line(err) == "error: --window 3 is not a multiple of the block size 32; use a multiple of 32"
 
 
 def test_run_sampling_checks_come_before_the_model_loads(tmp_path, capsys):

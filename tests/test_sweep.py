@@ -142,7 +142,8 @@ def test_sweep_cli_end_to_end_and_resume(tmp_path):
     ({"max_running_requests": 64}, UsageError, "^--max-running-requests sizes the GPU engine; the reference engine"),
     ({"mem_fraction": 0.9}, UsageError, "^--mem-fraction sizes the GPU engine; the reference engine serves one"),
     ({"max_running_requests": 0}, UsageError, "--max-running-requests must be positive, got 0"),
-    ({"window": "48", "random_weights": True}, ConfigError, "no valid point"),
+    ({"window": "48", "random_weights": True}, UsageError,
+     "^--window 48 is not a multiple of the block size 32; use a multiple of 32$"),
     ({"kv_dtype": "fp8_e4m3", "kl": False, "passkey": False, "requests": 1, "input_len": 8, "output_len": 2},
      ConfigError, "no point could be measured .*needs calibrated k/v scales"),   # every point fails to build
 ])

@@ -149,14 +149,15 @@ def build_target(s: BenchSettings, need_tokenizer: bool):
         from salactl.bench.targets.http import HttpTarget
 
         tok = _tokenizer_for_http(s)
-        target = HttpTarget(s.endpoint, s.backend or "sglang", s.model, flush_sleep_s=s.flush_sleep,
+        backend = "sglang" if s.backend is None else s.backend
+        target = HttpTarget(s.endpoint, backend, s.model, flush_sleep_s=s.flush_sleep,
                             read_timeout_s=s.request_timeout or None, tokenizer=tok)
         target.check()
         if need_tokenizer and tok is None:
             raise TokenizerError("counting the output tokens of SOAR rows needs the served model's "
                                  "tokenizer; pass --tokenizer PATH (tokenizer.json or its directory)")
         return target, tok, _vocab_for_http(s, tok), None
-    if s.backend:
+    if s.backend is not None:
         raise UsageError("--backend needs --endpoint URL (without one, the embedded engine is benchmarked)")
     from salactl.bench.targets.embedded import build_embedded_target
     from salactl.runtime.tokenizer import check_fits, find_tokenizer

@@ -9,8 +9,10 @@ from salactl.errors import UsageError
 
 def parse_positive_pairs(text: str | None, option: str, unit: str, example: str,
                          keys: tuple[str, ...] | None = None) -> dict[str, float]:
-    if not text:
+    if text is None:
         return {}
+    if not text.strip():
+        raise UsageError(f"{option} is empty; give pairs such as {example}, or leave {option} out")
     out = {}
     for part in text.split(","):
         key, sep, val = part.partition("=")

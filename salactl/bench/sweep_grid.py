@@ -74,6 +74,43 @@ def parse_names(text: str | None, name: str, default: str, valid: tuple[str, ...
     return list(dict.fromkeys(parse_name(v, name, valid) for v in vals))
 
 
+def check_window_and_block(window: str | None, block: str | None, base_sparse) -> None:
+    """A --window or --block value that is invalid with every value of the other (or with the
+    model's own, where that option is not given) is a usage error, said before the model loads; a
+    grid where only some combinations are invalid skips those points (build_points)."""
+    windows = parse_ints(window, "window", base_sparse.window_size, minimum=0)
+    blocks = parse_ints(block, "block", base_sparse.block_size)
+
+    def valid(w: int, b: int) -> bool:
+        try:
+            dataclasses.replace(base_sparse, window_size=w, block_size=b)
+        except ConfigError:
+            return False
+        return True
+
+    stride = base_sparse.kernel_stride
+    for b in blocks if block is not None else ():
+        if b % stride:
+            raise UsageError(f"--block {b} is not a multiple of the model's kernel_stride {stride}; use a "
+                             f"multiple of {stride}")
+    for w in windows if window is not None else ():
+        if any(valid(w, b) for b in blocks):
+            continue
+        if block is None:
+            raise UsageError(f"--window {w} is not a multiple of the block size {blocks[0]}; use a multiple of "
+                             f"{blocks[0]}")
+        raise UsageError(f"--window {w} is not a multiple of any --block value ({', '.join(map(str, blocks))}); "
+                         "use a multiple of one of them")
+    for b in blocks if block is not None else ():
+        if not any(valid(w, b) for w in windows):
+            if window is None:
+                raise UsageError(f"--block {b} does not divide the model's window_size {windows[0]} (the window "
+                                 f"is whole blocks); use a divisor of {windows[0]}, or add --window with a "
+                                 f"multiple of {b}")
+            raise UsageError(f"--block {b} divides no --window value ({', '.join(map(str, windows))}); use a "
+                             "block size that divides one")
+
+
 def build_points(axes: dict[str, list], base_sparse) -> tuple[list[SweepPoint], list[str], list[tuple[SweepPoint, str]]]:
     """All combinations; returns (valid points, the knobs that vary, invalid (point, reason))."""
     order = ["dense_len", "topk", "window", "block", "chunk_size", "batch_size", "kv_dtype", "weight_dtype"]

@@ -21,8 +21,8 @@ from salactl.bench.engine_options import check_gpu_engine_values, gpu_engine_siz
 from salactl.bench.grid_memory import cache_bytes_per_request
 from salactl.bench.out_of_memory import out_of_memory_is_capacity
 from salactl.bench.sweep_sizes import KL_REFERENCE_CHUNK, check_sizes_fit
-from salactl.bench.sweep_grid import (KV_DTYPES, WEIGHT_DTYPES, SweepPoint, build_points, parse_ints,
-                                      parse_names, point_key)
+from salactl.bench.sweep_grid import (KV_DTYPES, WEIGHT_DTYPES, SweepPoint, build_points,
+                                      check_window_and_block, parse_ints, parse_names, point_key)
 from salactl.bench.targets.embedded import EmbeddedTarget
 from salactl.errors import CapacityError, ConfigError, OutputExistsError, SalactlError, UsageError
 from salactl.evaluation.passkey import ANSWER_TOKENS
@@ -196,7 +196,7 @@ def _check_before_loading(s: SweepSettings) -> SweepSettings:
     """Everything that does not need the model, so bad input fails in a second; returns `s` with the
     passkey options and --pareto-x left out at their defaults."""
     from salactl.bench.targets.embedded import resolve_engine
-    from salactl.runtime.loader import resolve_device
+    from salactl.runtime.loader import model_config, resolve_device
 
     _refuse_skipped_options(s)
     rec.check_label(s.label)
@@ -223,6 +223,7 @@ def _check_before_loading(s: SweepSettings) -> SweepSettings:
         parse_ints(text, name, 1)
     parse_names(s.kv_dtype, "kv-cache-dtype", "bf16", KV_DTYPES)
     parse_names(s.weight_dtype, "weight-dtype", "bf16", WEIGHT_DTYPES)
+    check_window_and_block(s.window, s.block, model_config(s.model, s.random_weights).sparse_config)
     device = resolve_device(s.device)
     kind = resolve_engine(s.engine, device)
     refuse_gpu_engine_options(kind, s.max_running_requests, s.mem_fraction)

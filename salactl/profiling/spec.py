@@ -23,7 +23,9 @@ def parse_layers(text: str | None) -> tuple[tuple[int, ...] | None, bool]:
     """"1,9,lm_head" -> ((1, 9), True); None -> (None, True)."""
     if text is None:
         return None, True
-    items = [t.strip() for t in text.split(",") if t.strip()]
+    items = [t.strip() for t in text.split(",")]
+    if items == [""]:
+        raise UsageError("--layers is empty")
     head = "lm_head" in items
     indices = [t for t in items if t != "lm_head"]
     # plain ASCII digits only: int() also takes "1_0", "+1" and other scripts' digits; a negative
@@ -31,10 +33,7 @@ def parse_layers(text: str | None) -> tuple[tuple[int, ...] | None, bool]:
     if not all(re.fullmatch(r"-?[0-9]+", t) for t in indices):
         raise UsageError(f"--layers takes layer indices and optionally lm_head, e.g. 1,9,lm_head; got "
                          f"{text!r}")
-    layers = tuple(sorted({int(t) for t in indices}))
-    if not layers and not head:
-        raise UsageError("--layers is empty")
-    return layers, head
+    return tuple(sorted({int(t) for t in indices})), head
 
 
 @dataclass(frozen=True)
@@ -67,6 +66,10 @@ class ProfileSpec:
             raise UsageError(f"--chunk-size must be positive, got {self.chunk_size}")
         if self.weights not in WEIGHTS:
             raise UsageError(f"unknown --weights {self.weights!r}; valid: {', '.join(WEIGHTS)}")
+        if self.dtype != "auto":
+            from salactl.runtime.loader import resolve_dtype
+
+            resolve_dtype(self.dtype, None)     # a name it does not know: its usual unknown-dtype error
         if self.weights in CASTS and self.dtype not in ("auto", *CASTS[self.weights]):
             raise UsageError(f"--weights {self.weights} loads the model in {CASTS[self.weights][1]} but --dtype is "
                              f"{self.dtype}; drop --dtype or --weights")
