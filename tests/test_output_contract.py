@@ -166,10 +166,10 @@ def test_bench_and_sweep_skip_lines_are_notes(tmp_path):
                 "--out", tmp_path / "b")
     assert r.returncode == 0, r.stderr
     assert "\nnote: skipping phase decode-bs8: " in "\n" + r.stderr
-    r = salactl("sweep", "--device", "cpu", "--window", "48,64", "--input-len", "24", "--output-len", "2",
-                "--requests", "1", "--no-kl", "--no-passkey", "--out", tmp_path / "s")
+    r = salactl("sweep", "--device", "cpu", "--window", "48,64", "--block", "16,32", "--input-len", "24",
+                "--output-len", "2", "--requests", "1", "--no-kl", "--no-passkey", "--out", tmp_path / "s")
     assert r.returncode == 0, r.stderr
-    assert "\nnote: skipping invalid point w48: " in "\n" + r.stderr
+    assert "\nnote: skipping invalid point w48-b32: " in "\n" + r.stderr
 
 
 def _nan_model(tmp_path):
