@@ -257,13 +257,14 @@ def test_request_rate_dispatch_follows_poisson_arrivals():
     with FakeServer(0.01, 0.001) as srv:
         target = HttpTarget(srv.url, "sglang", flush_sleep_s=0.0)
         reqs = random_lengths(6, 4, 2, vocab_size=1000, seed=1)
-        phase = Phase("R", request_rate=20.0, warmup_requests=0, flush_cache=False)
+        phase = Phase("R", request_rate=5.0, warmup_requests=0, flush_cache=False)
         out = run_phase(target, phase, reqs, seed=5)
-    want = arrival_times(6, 20.0, 1.0, 5)
+    want = arrival_times(6, 5.0, 1.0, 5)
     t0 = out.results[0].start_time
     got = [r.start_time - t0 for r in out.results]
-    assert all(abs(g - w) < 0.015 for g, w in zip(got, want)), (got, want)
-    assert want[-1] > 0.05                                   # really spread out, not all at t=0
+    # 60 ms of slack for thread wake-ups on a loaded machine, against arrivals spread over ~1 s
+    assert all(abs(g - w) < 0.06 for g, w in zip(got, want)), (got, want)
+    assert want[-1] > 0.5                                    # really spread out, not all at t=0
 
 
 def test_one_batch_profile_against_server(tmp_path):

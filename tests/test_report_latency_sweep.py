@@ -107,7 +107,7 @@ def test_sweep_lines_plot_a_numeric_knob_per_combination_of_the_others(tmp_path)
     assert knob == "dense_len"
     assert [(name, [row["knob.dense_len"] for row in rows]) for name, rows in lines] == [
         ("a (chunk_size=8)", [16, 32]), ("a (chunk_size=16)", [16, 32])]
-    pytest.importorskip("matplotlib")
+    import matplotlib  # noqa: F401  (the [test] extra installs it: missing is a failure, not a skip)
     captions = [c for c, png in plots.sweep_run_charts(report_of(tmp_path, SWEEP)) if png.startswith(b"\x89PNG")]
     assert "sweep: logit_kl_mean vs dense_len" in captions and "sweep: passkey_accuracy vs dense_len" in captions
 
