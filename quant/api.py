@@ -67,6 +67,9 @@ def quantize_checkpoint(model: str | Path | LoadedModel, out: str | Path, opts: 
     check_calibration_sizes(nsamples, seqlen)      # also for RTN: a bad value is an error even when unused
     if calib is not None and not str(calib).strip():
         raise UsageError("calib (--calib) is empty; give a text or JSONL file, or random")
+    if tokenizer is not None and not str(tokenizer).strip():
+        raise UsageError("tokenizer (--tokenizer) is empty; give a tokenizer.json or its directory, or leave it "
+                         "out for the model's own")
     if str(calib) == RANDOM and tokenizer is not None:
         raise UsageError("tokenizer (--tokenizer) is unused with calib (--calib) random, which draws random "
                          "token ids; drop one of them")
@@ -82,9 +85,11 @@ def quantize_checkpoint(model: str | Path | LoadedModel, out: str | Path, opts: 
         # random ids are drawn whole (a text's windows stop where it ends): check their size first
         _check_memory(model, config, device, dtype, (nsamples, seqlen))
     windows = None if plan is None else _calibration_windows(config, model_dir, *plan, nsamples, seqlen, seed)
-    calib_source = None if plan is None else plan[0] or "builtin-corpus"
     fit = _calibration_fit(config, opts, windows)
-    knobs = _knobs(model, opts, device, dtype, random_weights, seed, nsamples, seqlen, windows, calib_source)
+    # a given tokenizer is refused where it would be unused: here plan holds it
+    knobs = _knobs(model, opts, device, dtype, random_weights, seed, nsamples, seqlen, windows,
+                   None if plan is None else _calibration_source(plan[0]),
+                   None if tokenizer is None else str(plan[1].path.resolve()))
     _check_memory(model, config, device, dtype, None if windows is None else tuple(windows.shape))
     lm = model if isinstance(model, LoadedModel) else load_model(model, device, dtype, random_weights, seed)
     if copy and lm is model:
@@ -217,6 +222,14 @@ def _calibration_plan(model_dir: Path | None, opts: QuantOptions, calib: str | P
     return calib, tok
 
 
+def _calibration_source(calib: str | None) -> str:
+    """The record's calibration source: the --calib file as an absolute, resolved path (a relative
+    one names nothing where the record is read), "random", or the built-in corpus."""
+    if calib is None:
+        return "builtin-corpus"
+    return calib if calib == RANDOM else str(Path(calib).resolve())
+
+
 def _calibration_windows(cfg: SalaConfig, model_dir: Path | None, calib: str | None, tok: Tokenizer | None,
                          nsamples: int, seqlen: int, seed: int) -> torch.Tensor:
     """The calibration windows [S, T] of _calibration_plan's (calib, tokenizer)."""
@@ -240,12 +253,13 @@ def _calibration_fit(config: SalaConfig, opts: QuantOptions, windows: torch.Tens
 
 
 def _knobs(model: str | Path | LoadedModel, opts: QuantOptions, device: str, dtype: str, random_weights: bool,
-           seed: int, nsamples: int, seqlen: int, windows: torch.Tensor | None, calib_source: str | None) -> dict:
+           seed: int, nsamples: int, seqlen: int, windows: torch.Tensor | None, calib_source: str | None,
+           tokenizer_file: str | None) -> dict:
     """What the result depends on beyond quantization_config's own keys, recorded and kept in the
     checkpoint's meta. Each is None where it could not change the result: without calibration no
     batch, windows or forward ran, so only random weights use the seed and only weights quantized
     from memory (random, or a LoadedModel's) the dtype. nsamples and seqlen are as asked; calibration
-    says what the data gave."""
+    says what the data gave; tokenizer is the given one's file (None: the model's own)."""
     calibrated = windows is not None
     from_memory = random_weights or isinstance(model, LoadedModel)
     return {"kv_scales_per_head": opts.kv_scales_per_head,
@@ -254,6 +268,7 @@ def _knobs(model: str | Path | LoadedModel, opts: QuantOptions, device: str, dty
             "dtype": _dtype_name(_compute_dtype(model, device, dtype)) if calibrated or from_memory else None,
             "nsamples": nsamples if calibrated else None,
             "seqlen": seqlen if calibrated else None,
+            "tokenizer": tokenizer_file,
             "calibration": None if not calibrated else {
                 "source": calib_source, "samples": int(windows.shape[0]),
                 "seqlen": int(windows.shape[1]), "tokens": int(windows.numel())}}

@@ -196,6 +196,6 @@ def parse_csv(path: Path, source: str | None = None, hint: str = EXPORT_HINT) ->
         # not "utf-8-sig": its decode errors count bytes from after the mark
         text = data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as e:
-        raise UsageError(f"{source} is not UTF-8 text ({e.reason} at byte {e.start}), so not an ncu CSV export; "
+        raise UsageError(f"{source} is not UTF-8 text ({e.reason} at byte offset {e.start}), so not an ncu CSV export; "
                          f"{hint}") from None
     return parse_csv_text(text, source, hint)

@@ -100,7 +100,7 @@ def record_lines(path, error: type[SalactlError] = DatasetError, fix: str = "",
             try:
                 text = raw[start:].decode("utf-8")
             except UnicodeDecodeError as e:
-                raise error(f"{path}:{lineno} is not UTF-8 text (byte {offset + start + e.start}); records files "
+                raise error(f"{path}:{lineno} is not UTF-8 text (byte offset {offset + start + e.start}); records files "
                             f"are JSON lines written by bench, sweep or run{also}") from None
             offset += len(raw)
             yield lineno, text

@@ -378,7 +378,7 @@ def _check_utf8(text) -> None:
     if bad is not None:
         byte = ord(text[bad]) - 0xDC00
         shown = f"byte 0x{byte:02x}" if 0x80 <= byte <= 0xFF else f"code point U+{ord(text[bad]):04X}"
-        raise UsageError(f"the text is not valid UTF-8 ({shown} at character {bad}); give UTF-8 text "
+        raise UsageError(f"the text is not valid UTF-8 ({shown} at character offset {bad}); give UTF-8 text "
                          "(convert it, e.g. with iconv -f latin1 -t utf-8, or set a UTF-8 locale)")
 
 

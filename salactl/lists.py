@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from salactl.errors import UsageError
 
-_WHAT = {int: "integers", float: "numbers"}
+_WHAT = {int: "integers", float: "numbers", str: "names"}
+_ONE = {int: "value", float: "value", str: "name"}
 
 
 def parse_list(text: str, flag: str, kind=int, minimum: float | None = None, dedupe: bool = False) -> list:
@@ -12,11 +13,11 @@ def parse_list(text: str, flag: str, kind=int, minimum: float | None = None, ded
     empty item, a value that is not a `kind`, or one below `minimum`. `dedupe` drops repeats
     (keeping the first)."""
     items = str(text).replace(" ", "").split(",")
-    if items == [""]:
+    if not any(items):                  # "" or ","
         raise UsageError(f"{flag} is empty")
+    if "" in items:
+        raise UsageError(f"{flag} takes comma-separated {_WHAT[kind]}, got {text!r}; drop the empty {_ONE[kind]}")
     try:
-        if "" in items:
-            raise ValueError
         values = [kind(x) for x in items]
     except ValueError:
         raise UsageError(f"{flag} takes comma-separated {_WHAT[kind]}, got {text!r}") from None

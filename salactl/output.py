@@ -109,7 +109,8 @@ def read_text_option(path: Path, name: str, hint: str = "save it as UTF-8",
         return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as e:
         line = 1 + sum(1 for _ in _LINE_END_BYTES.finditer(data, 0, e.start))
-        raise DatasetError(f"{name} {path}:{line} is not UTF-8 text ({e.reason} at byte {e.start}); {hint}") from None
+        raise DatasetError(f"{name} {path}:{line} is not UTF-8 text ({e.reason} at byte offset {e.start}); "
+                           f"{hint}") from None
 
 
 def _read_capped(path: Path, name: str, cap: ReadCap | None) -> bytes:
@@ -222,7 +223,7 @@ def lone_surrogate(text: str) -> str | None:
     """Where `text` (from JSON, which may escape one: "\\ud83d") holds half of a surrogate pair,
     which is no Unicode character and cannot be encoded or tokenized; None where it holds none."""
     m = _SURROGATE.search(text)
-    return None if m is None else f"a lone surrogate (U+{ord(m.group()):04X} at character {m.start() + 1})"
+    return None if m is None else f"a lone surrogate (U+{ord(m.group()):04X} at character offset {m.start()})"
 
 
 def directory_option(path: Path | None, flag: str = "--out", files: tuple[str, ...] = ()) -> Path | None:

@@ -74,7 +74,7 @@ def test_prompt_with_bytes_that_are_not_utf8_is_a_usage_error_from_the_tokenizer
 
     tok = Tokenizer(EMBEDDED_DIR)
     text = b"caf\xe9".decode("utf-8", "surrogateescape")      # how Python hands over such argv bytes
-    with pytest.raises(UsageError, match=r"not valid UTF-8 \(byte 0xe9 at character 3\)"):
+    with pytest.raises(UsageError, match=r"not valid UTF-8 \(byte 0xe9 at character offset 3\)"):
         tok.encode(text)
     assert tok.encode("café") == tok.encode("café")
 

@@ -27,12 +27,12 @@ def latin1(tmp_path):
 def test_run_prompt_file_not_utf8_is_a_dataset_error(latin1, capsys):
     code, out, err = run_cli(["run", "--prompt-file", latin1, "-n", "1"], capsys)
     assert code == DatasetError.exit_code == 7
-    assert "--prompt-file" in err and "is not UTF-8 text (invalid continuation byte at byte 3)" in _one_error_line(err)
+    assert "--prompt-file" in err and "is not UTF-8 text (invalid continuation byte at byte offset 3)" in _one_error_line(err)
 
 
 def test_eval_ppl_file_not_utf8_says_so_as_bench_does(latin1, capsys):
     code, _, err = run_cli(["eval", "ppl", "--file", latin1], capsys)
-    assert code == 7 and "--file" in err and "is not UTF-8 text (invalid continuation byte at byte 3)" in _one_error_line(err)
+    assert code == 7 and "--file" in err and "is not UTF-8 text (invalid continuation byte at byte offset 3)" in _one_error_line(err)
 
 
 @pytest.mark.parametrize("args, flag", [

@@ -49,7 +49,7 @@ def write(path: Path, lines) -> Path:
 @pytest.mark.parametrize("row, why", [
     (DEEP, "nests JSON arrays/objects too deeply to parse"),
     (BIGINT, "holds an integer with too many digits to parse"),
-    (SURROGATE, "field 'model_response' holds a lone surrogate (U+D83D at character 5)"),
+    (SURROGATE, "field 'model_response' holds a lone surrogate (U+D83D at character offset 4)"),
 ])
 def test_rows_json_or_unicode_cannot_hold_are_bad_rows(tmp_path, row, why):
     f = write(tmp_path / "d.jsonl", [json.dumps(GOOD), row, json.dumps(GOOD)])
@@ -176,7 +176,7 @@ def test_a_calibration_document_the_tokenizer_cannot_hold_is_refused(tmp_path):
 @pytest.mark.parametrize("row, why", [
     (DEEP.replace('"question"', '"text"'), "nests JSON arrays/objects too deeply to parse"),
     ('{"text": "a b", "n": ' + "9" * 5000 + "}", "holds an integer with too many digits to parse"),
-    ('{"text": "bad \\udc00 half"}', "has a lone surrogate (U+DC00 at character 5)"),
+    ('{"text": "bad \\udc00 half"}', "has a lone surrogate (U+DC00 at character offset 4)"),
     ('{"text": "never closed', "is not valid JSON (Unterminated string starting at column 10)"),
 ])
 def test_calibration_jsonl_rows_are_one_line_dataset_errors(tmp_path, row, why):

@@ -76,6 +76,6 @@ def test_quantize_refuses_a_json_array_calib_before_writing(tmp_path, capsys):
 def test_a_byte_that_is_not_utf8_is_reported_by_line(tmp_path, data, line):
     path = tmp_path / "p.txt"
     path.write_bytes(data)
-    with pytest.raises(DatasetError, match=rf"^--prompt-file {path}:{line} is not UTF-8 text \(.* at byte "
+    with pytest.raises(DatasetError, match=rf"^--prompt-file {path}:{line} is not UTF-8 text \(.* at byte offset "
                                            rf"{data.index(next(b for b in data if b >= 0x80).to_bytes(1, 'big'))}\)"):
         read_text_option(path, "--prompt-file")

@@ -122,7 +122,7 @@ def test_text_file_byte_offsets_count_the_byte_order_mark(tmp_path):
     try:
         read_text_option(bad, "--file")
     except DatasetError as e:
-        assert "at byte 5" in str(e), e
+        assert "at byte offset 5" in str(e), e
     else:
         raise AssertionError("invalid UTF-8 was read")
 

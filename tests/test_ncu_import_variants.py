@@ -79,10 +79,10 @@ def test_blank_rows_are_read_past(how, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("name,data,tail", [
-    ("utf-16", CSV_TEXT.encode("utf-16"), "is not UTF-8 text (invalid start byte at byte 0)"),
+    ("utf-16", CSV_TEXT.encode("utf-16"), "is not UTF-8 text (invalid start byte at byte offset 0)"),
     ("gzip", (FIXTURE / "profile.csv.gz").read_bytes(), "is gzip-compressed; gunzip it first"),
     ("latin-1 name", CSV_TEXT.replace("_add_rmsnorm_kernel", "_add_rmsnorm_k\xe9rnel").encode("latin-1"),
-     "is not UTF-8 text (invalid continuation byte at byte "),
+     "is not UTF-8 text (invalid continuation byte at byte offset "),
 ])
 def test_a_file_that_is_not_utf8_is_one_line(name, data, tail, tmp_path, capsys):
     line = refused(tmp_path, capsys, data)

@@ -11,17 +11,17 @@ BAD = "sy\udcffs"       # how Python hands over the argv bytes b"sy\xffs"
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--chat", "--prompt", "hi", "--system", BAD], "--system: the text is not valid UTF-8 (byte 0xff at character 2)"),
-    (["--chat", "--prompt", BAD], "--prompt: the text is not valid UTF-8 (byte 0xff at character 2)"),
-    (["--prompt", BAD], "--prompt: the text is not valid UTF-8 (byte 0xff at character 2)"),
+    (["--chat", "--prompt", "hi", "--system", BAD], "--system: the text is not valid UTF-8 (byte 0xff at character offset 2)"),
+    (["--chat", "--prompt", BAD], "--prompt: the text is not valid UTF-8 (byte 0xff at character offset 2)"),
+    (["--prompt", BAD], "--prompt: the text is not valid UTF-8 (byte 0xff at character offset 2)"),
     (["--chat", "--prompt", "hi", "--chat-template-kwargs", f'name="{BAD}"'],
-     "--chat-template-kwargs name: the text is not valid UTF-8 (byte 0xff at character 2)"),
+     "--chat-template-kwargs name: the text is not valid UTF-8 (byte 0xff at character offset 2)"),
     (["--chat", "--prompt", "hi", "--chat-template-kwargs", 'names={"a": ["ok", "x\\udce9"]}'],
-     "--chat-template-kwargs names: the text is not valid UTF-8 (byte 0xe9 at character 1)"),
+     "--chat-template-kwargs names: the text is not valid UTF-8 (byte 0xe9 at character offset 1)"),
     (["--chat", "--prompt", "hi", "--chat-template-kwargs", 'opts={"\\udcff": 1}'],     # a key inside the value
-     "--chat-template-kwargs opts: the text is not valid UTF-8 (byte 0xff at character 0)"),
+     "--chat-template-kwargs opts: the text is not valid UTF-8 (byte 0xff at character offset 0)"),
     (["--chat", "--prompt", "hi", "--chat-template-kwargs", f"{BAD}=1"],
-     "--chat-template-kwargs: the text is not valid UTF-8 (byte 0xff at character 2)"),
+     "--chat-template-kwargs: the text is not valid UTF-8 (byte 0xff at character offset 2)"),
 ])
 def test_text_that_is_not_utf8_names_its_flag(args, message, capsys):
     code, out, err = run_cli(["run", *args, "--max-new-tokens", "1", "--json"], capsys)

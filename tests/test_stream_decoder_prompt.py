@@ -241,7 +241,7 @@ def test_run_text_keeps_the_leading_space_and_a_stop_matches_at_the_start(spm_di
 @pytest.mark.parametrize("stop", ["\udcff", "ok\udce9"])
 def test_stop_strings_must_be_valid_utf8(stop):
     with pytest.raises(UsageError, match=r"^stop strings \(--stop\): the text is not valid UTF-8 \(byte 0x(ff|e9) at "
-                                         r"character \d\); give UTF-8 text"):
+                                         r"character offset \d\); give UTF-8 text"):
         check_stop_strings(["fine", stop])
 
 
@@ -250,4 +250,4 @@ def test_run_refuses_a_stop_that_is_not_utf8_as_it_refuses_such_a_prompt():
     err = r.stderr.decode()
     assert r.returncode == 2 and r.stdout == b"", err
     assert err.count("\n") == 1 and err.startswith("error: stop strings (--stop): the text is not valid UTF-8 "
-                                                   "(byte 0xff at character 0)"), err
+                                                   "(byte 0xff at character offset 0)"), err

@@ -133,7 +133,7 @@ SERVER_ONLY = {"flush_sleep": "--flush-sleep", "request_timeout": "--request-tim
 def check_target_options(s: BenchSettings) -> None:
     """Options of the other kind of target that were given (s.given), whatever their value, would be
     silently ignored: name them instead."""
-    if s.endpoint:
+    if s.endpoint is not None:
         refuse_unused([flag for name, flag in EMBEDDED_ONLY.items() if name in s.given],
                       "the embedded runtime, not a server: set {it} on the server's own command line",
                       "drop {it}, or drop --endpoint", verb=("configures", "configure"))
@@ -145,7 +145,7 @@ def check_target_options(s: BenchSettings) -> None:
 def build_target(s: BenchSettings, need_tokenizer: bool):
     """Returns (target, tokenizer or None, vocab size for synthetic prompts, the model's
     max_position_embeddings or None for a server)."""
-    if s.endpoint:
+    if s.endpoint is not None:
         from salactl.bench.targets.http import HttpTarget
 
         tok = _tokenizer_for_http(s)
@@ -201,11 +201,13 @@ def check_settings(s: BenchSettings) -> None:
             raise UsageError(f"{flag} must be a number of seconds >= 0, got {v}")
         if v > most:
             raise UsageError(f"{flag} must be at most {most:g} s ({what}), got {v:g}")
-    if s.endpoint and s.model is not None and not s.model.strip():
+    if s.endpoint is not None and not s.endpoint.strip():
+        raise UsageError("--endpoint is empty; give a server URL, or leave it out for the embedded runtime")
+    if s.endpoint is not None and s.model is not None and not s.model.strip():
         raise UsageError("--model is empty; give the served model name, or drop --model to record the name "
                          "the server reports")
     check_target_options(s)
-    if not s.endpoint:
+    if s.endpoint is None:
         check_embedded_options(s)
 
 
@@ -244,7 +246,7 @@ def run_bench(s: BenchSettings, progress=None) -> BenchRun:
     target, tok, vocab, trained_len = build_target(s, need_tokenizer=bool(spec))
     try:
         plans = plan_phases(profile, phases, spec, parsed, tok, vocab, s.scale, s.num_requests, s.seed)
-        if s.endpoint:
+        if s.endpoint is not None:
             check_open_files(plans)
         if trained_len is not None:
             _warn_past_trained_length(plans, trained_len)

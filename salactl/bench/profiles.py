@@ -155,7 +155,7 @@ def _read_profile_file(path: Path) -> str:
     except FileNotFoundError:
         raise ConfigError(f"profile file {path} does not exist; {shipped}") from None
     except UnicodeDecodeError as e:
-        raise ConfigError(f"--profile {path} is not UTF-8 text ({e.reason} at byte {e.start}); "
+        raise ConfigError(f"--profile {path} is not UTF-8 text ({e.reason} at byte offset {e.start}); "
                           "give a TOML profile file") from None
     except OSError as e:
         raise ConfigError(f"cannot read --profile {path}: {e.strerror}; fix its permissions or give "

@@ -68,10 +68,9 @@ def parse_name(value: str, name: str, valid: tuple[str, ...]) -> str:
 def parse_names(text: str | None, name: str, default: str, valid: tuple[str, ...]) -> list[str]:
     if text is None:
         return [default]
-    vals = [x.strip() for x in text.split(",") if x.strip()]
-    if not vals:                        # "" or ",": refused as an unknown name is
+    if not text.replace(",", "").strip():   # "" or ",": refused as an unknown name is, listing the valid ones
         parse_name(text, name, valid)
-    return list(dict.fromkeys(parse_name(v, name, valid) for v in vals))
+    return list(dict.fromkeys(parse_name(v, name, valid) for v in parse_list(text, f"--{name}", str)))
 
 
 def check_window_and_block(window: str | None, block: str | None, base_sparse) -> None:
