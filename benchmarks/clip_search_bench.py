@@ -3,7 +3,8 @@ time (the CPU's way), on the 9B's projection shapes with a random calibration He
 
 Checks that both pick the same scales (group by group and through whole GPTQ solves), then times a
 whole `gptq_quantize` (act-order, static groups, g128) with the search scored together, one at a time,
-and off, as the median of several solves synchronised with CUDA events. Prints a table.
+and off, as the median of several solves (after one untimed) synchronised with CUDA events. Prints a
+table; exit status 1 when the two ways picked different scales or codes for any linear.
 
     cd benchmarks && python clip_search_bench.py [--reps 5]
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 
 import torch
 
@@ -33,6 +35,7 @@ def hessian(k: int, gen: torch.Generator) -> torch.Tensor:
 
 def timed_solve(w, prep, spec, clip: bool, reps: int):
     times, out = [], None
+    gptq_quantize(w, prep, spec, clip_search=clip)      # warm-up: kernels compiled, allocator grown
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -43,10 +46,14 @@ def timed_solve(w, prep, spec, clip: bool, reps: int):
     return statistics.median(times), out
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args()
+    if args.reps < 1:
+        sys.exit(f"clip_search_bench.py: --reps must be at least 1, got {args.reps}")
+    if not torch.cuda.is_available():
+        sys.exit("clip_search_bench.py: needs a CUDA GPU")
     gen = torch.Generator("cuda").manual_seed(0)
     spec = QuantSpec(4, 128, bf16_exact_scales=True)
     together = quantizer._CLIP_CHUNK_ELEMENTS["cuda"]
@@ -72,7 +79,12 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for name, same, a, b, c in rows:
         print(f"| {name} | {'yes' if same else '**NO**'} | {a:.3f} s | {b:.3f} s | {c:.3f} s |")
+    differ = [name for name, same, *_ in rows if not same]
+    if differ:
+        print(f"clip_search_bench.py: the search scored together picked other scales than one at a time: "
+              f"{'; '.join(differ)}", file=sys.stderr)
+    return 1 if differ else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

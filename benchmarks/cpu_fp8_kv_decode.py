@@ -25,6 +25,9 @@ def main() -> None:
     ap.add_argument("--kv", default="bf16,fp8_e5m2", help="comma-separated --kv-cache-dtype values")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
+    for name in ("context", "tokens", "rounds", "threads"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"cpu_fp8_kv_decode.py: --{name} must be at least 1, got {getattr(args, name)}")
     torch.set_num_threads(args.threads)
     rng = random.Random(0)
     prompt = [rng.randint(10, 3999) for _ in range(args.context)]

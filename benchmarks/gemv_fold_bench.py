@@ -250,6 +250,8 @@ def main():
     ap.add_argument("--budget-s", type=float, default=45.0,
                     help="start no further isolated sweep after this many seconds since start")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("gemv_fold_bench.py: needs a CUDA GPU")
     out = Path(args.out) if args.out else G.OUT
     RESULTS["copy_tb_s"] = copy_ceiling()
     torch.cuda.empty_cache()

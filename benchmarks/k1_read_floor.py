@@ -131,6 +131,8 @@ def main():
     ap.add_argument("--pool", choices=("page-major", "head-major"), default="page-major")
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("k1_read_floor.py: needs a CUDA GPU")
     from salactl.runtime.presets import sala_9b
 
     cfg = sala_9b()

@@ -60,6 +60,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--programs", default="1,132,264,528")
     a = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("launch_floor.py: needs a CUDA GPU")
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     rows, bad = [], []

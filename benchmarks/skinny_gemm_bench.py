@@ -38,6 +38,8 @@ def main() -> int:
     ap.add_argument("--shapes", default="0,1,2,3,4", help="indices into SHAPES")
     args = ap.parse_args()
     ms = [int(v) for v in args.m.split(",")]
+    if not torch.cuda.is_available():
+        sys.exit("skinny_gemm_bench.py: needs a CUDA GPU")
     ceil = copy_bandwidth()
     print(f"copy ceiling {ceil:.0f} GB/s", flush=True)
     g = torch.Generator(device="cuda").manual_seed(0)

@@ -477,6 +477,8 @@ def main():
             raise SystemExit(f"--variants: {unmatched} match no variant; names: {', '.join(names)}; "
                              "'none' times the default only")
         VARIANTS = VARIANTS[:1] + [v for v in VARIANTS[1:] if any(w in v[0] for w in wanted if w != "none")]
+    if not torch.cuda.is_available():
+        sys.exit("sparse_decode_bench.py: needs a CUDA GPU")
     cfg = sala_9b()
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": __import__("triton").__version__}

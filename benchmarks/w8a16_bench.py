@@ -117,6 +117,8 @@ def main() -> int:
             TC8Config.parse(spec, TC8Config())
         except ValueError as e:
             sys.exit(f"--tc8 {spec!r}: {e}")
+    if not torch.cuda.is_available():
+        sys.exit("w8a16_bench.py: needs a CUDA GPU")
     gen = torch.Generator(device="cuda").manual_seed(0)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     bw = copy_bandwidth()

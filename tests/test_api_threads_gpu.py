@@ -1,6 +1,6 @@
 """One GPUEngine shared by several threads: each thread's generate() gets the tokens a serial run
-gives, and a stream left half-read in one thread blocks no other. CPU only: the engine runs in
-Triton's interpreter where no GPU is visible."""
+gives, and a stream left half-read in one thread blocks no other. On the GPU where there is one,
+else in Triton's interpreter on the CPU (tools/gpu_tests.py runs it in the GPU suite)."""
 
 import importlib.util
 import os

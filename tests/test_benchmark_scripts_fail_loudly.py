@@ -72,6 +72,24 @@ def test_failures_finds_errored_cases_wrong_candidates_and_failed_checks():
                                ("prefill", "OutOfMemoryError: no")]
 
 
+def test_a_wrong_fp8_attention_output_is_a_failure_and_is_not_timed():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import quant_engine_bench as QE
+    finally:
+        sys.path.remove(str(BENCH))
+
+    def never():
+        raise AssertionError("a wrong output was timed")
+
+    ok = QE.attention_row(3e-3, lambda: 2e-5, 2_000_000)
+    assert ok == pytest.approx({"us": 20.0, "kv_mb": 2.0, "gb_s": 100.0, "rel_err": 3e-3})
+    results = {"fp8": {"ctx32768": {"bf16": ok, "fp8_e4m3": QE.attention_row(float("nan"), never, 1)},
+                       "ctx131072": {"bf16": ok, "fp8_e4m3": QE.attention_row(0.2, never, 1)}}}
+    assert QE.G.failures(results) == [("fp8 ctx32768 fp8_e4m3", "wrong result, rel err nan"),
+                                      ("fp8 ctx131072 fp8_e4m3", "wrong result, rel err 0.2")]
+
+
 def test_w4a16_variants_with_bits_8_are_refused_before_any_work():
     p = script(["benchmarks/quant_engine_bench.py", "--bits", "8", "--w4a16-variants", "a:ew=-1"])
     assert p.returncode == 2
@@ -137,3 +155,20 @@ def test_graph_capture_bench_counts_failed_requests_and_exits_1():
     assert float(cells["ttft_ms_p50"]) > 0                  # the request that completed is measured
     assert "run 1 (lazy): 1 of 2 requests failed; the first:" in p.stderr
     assert "NaN/Inf logits" in p.stderr
+
+
+@no_cuda
+@pytest.mark.parametrize("name", ["clip_search_bench", "k1_read_floor", "launch_floor", "skinny_gemm_bench",
+                                  "gemv_fold_bench", "sparse_decode_bench", "w8a16_bench"])
+def test_gpu_only_scripts_say_they_need_cuda_in_one_line(name):
+    pytest.importorskip("triton")                   # most import their kernels before reading any option
+    p = script([f"benchmarks/{name}.py"])
+    assert p.returncode == 1
+    assert p.stderr.strip().splitlines() == [f"{name}.py: needs a CUDA GPU"]
+
+
+@pytest.mark.parametrize("option", ["--context", "--tokens", "--rounds", "--threads"])
+def test_cpu_fp8_kv_decode_refuses_sizes_below_1_in_one_line(option):
+    p = script(["benchmarks/cpu_fp8_kv_decode.py", option, "0"])
+    assert p.returncode == 1
+    assert p.stderr.strip().splitlines() == [f"cpu_fp8_kv_decode.py: {option} must be at least 1, got 0"]

@@ -1,8 +1,10 @@
 """tools/gpu_tests.py: collects test ids, runs them in parallel shards, summarizes, and fails when
-a shard fails or nothing is collected (run here on CPU-passing tests)."""
+a shard fails or times out, a file fails to collect or nothing is collected (run here on CPU-passing
+tests)."""
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,8 +27,42 @@ def test_shards_run_every_collected_test(tmp_path):
 
 
 def test_nothing_collected_is_an_error(tmp_path):
-    r = _run(tmp_path, "tests/no_such_file.py")
+    (tmp_path / "test_empty.py").write_text("X = 1\n")
+    r = _run(tmp_path, str(tmp_path / "test_empty.py"))
     assert r.returncode != 0 and "no tests collected" in r.stderr + r.stdout
+
+
+def test_a_missing_file_is_an_error(tmp_path):
+    r = _run(tmp_path, "tests/no_such_file.py")
+    assert r.returncode != 0 and "no_such_file.py" in r.stderr + r.stdout
+
+
+def test_a_file_that_fails_to_import_stops_the_run_with_pytests_errors(tmp_path):
+    """The good file's tests would run and pass; the broken file's must not vanish from the run."""
+    tests = tmp_path / "t"
+    tests.mkdir()
+    (tests / "test_good.py").write_text("def test_ok():\n    pass\n")
+    (tests / "test_broken.py").write_text("import no_such_module_here\n\n\ndef test_x():\n    pass\n")
+    r = subprocess.run([sys.executable, str(TOOL), "--out", str(tmp_path / "logs"), str(tests / "test_good.py"),
+                        str(tests / "test_broken.py")], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert "collecting the tests failed" in r.stderr
+    assert "No module named 'no_such_module_here'" in r.stderr
+    assert not (tmp_path / "logs").exists()           # no shard ran
+
+
+def test_a_shard_that_ignores_sigint_is_killed_and_reported_timed_out(tmp_path):
+    tests = tmp_path / "t"
+    tests.mkdir()
+    (tests / "test_hangs.py").write_text("import signal\nimport time\n\n\ndef test_hang():\n"
+                                         "    signal.signal(signal.SIGINT, signal.SIG_IGN)\n    time.sleep(10)\n")
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, str(TOOL), "--out", str(tmp_path / "logs"), "--timeout", "2",
+                        "--kill-after", "1", str(tests / "test_hangs.py")], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=60)
+    assert time.monotonic() - t0 < 9                   # killed, not waited for to the end of its sleep
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stdout.startswith("shard0 (1 tests, rc ") and ": TIMED OUT after 2 s" in r.stdout.splitlines()[0]
 
 
 def test_default_files_are_every_test_file_with_gpu_tests():
@@ -39,6 +75,8 @@ def test_default_files_are_every_test_file_with_gpu_tests():
     names = {Path(f).name for f in files}
     assert {"test_gpu_kernels.py", "test_w4a16_triton.py", "test_w8a16_triton.py", "test_quant_packing.py",
             "test_gpu_engine.py", "test_flex_sparse_engine.py"} <= names
+    # no GPU marker: they build the GPU engine on `"cuda" if torch.cuda.is_available() else "cpu"`
+    assert {"test_python_api.py", "test_run_warm_up.py", "test_api_threads_gpu.py", "test_stop_strings.py"} <= names
     assert "test_memory_report.py" not in names
 
 

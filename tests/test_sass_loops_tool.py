@@ -130,3 +130,19 @@ def test_selection_kernels_compile_offline_with_their_default_knobs():
     rep = json.loads(rank.stdout)
     # one unsigned compare per (key, word) pair: the rank loops are mostly ISETP
     assert "rank" in rep["kernel"] and rep["kernel_ops"]["ISETP"] > 100 and "HMMA" not in rep["kernel_ops"]
+
+
+@needs_triton
+def test_w4a16_default_is_the_config_the_dispatch_ships_and_a_bad_spec_is_one_line():
+    from salactl.runtime.ops.w4a16.tc_config import default_tc_config
+
+    r = _run("w4a16", "--m", "1")                   # o_proj 4096x4096 at one row: its own table entry
+    assert r.returncode == 0, r.stderr[-2000:]
+    shipped = default_tc_config(1, 4096, 4096)
+    assert (shipped.early, shipped.reduce) == (1, 8)
+    assert f"dispatch default {shipped}" in json.loads(r.stdout)["kernel"]
+    bad = _run("w4a16", "--spec", "wk=16")
+    assert bad.returncode == 1
+    assert bad.stderr.strip().splitlines() == [
+        "tools/sass_loops.py: --spec 'wk=16': bad W4A16 config field 'wk=16'; fields: bn, w, bias, un, pf, stages, "
+        "waves, fit, split, red, tma, tkb, ew"]

@@ -1,6 +1,7 @@
 """Stop strings and stop ids as vLLM applies them (include_stop_str_in_output=False): GeneratedText
 holds back what may turn into a stop string and cuts the text before it; on_token returning True
-ends a generation on both engines (the GPU engine in Triton's interpreter on the CPU)."""
+ends a generation on both engines (the GPU engine on the GPU where there is one, else in Triton's
+interpreter on the CPU)."""
 
 import importlib.util
 import os

@@ -2,7 +2,7 @@
 instruction mix of every loop that issues MMAs (no GPU needed).
 
     python tools/sass_loops.py decode-split [--kv fp8|bf16] [--warps 2] [--stages 3] [--preload 16] [--tma]
-    python tools/sass_loops.py w4a16 [--spec "bn=64,w=4,un=4"] [--m 1] [--n 4096] [--k 4096]
+    python tools/sass_loops.py w4a16 [--spec "bn=64,w=4,un=4"] [--m 1] [--n 4096] [--k 4096]   # no --spec: the dispatch's
     python tools/sass_loops.py w8a16 [--spec8 "un=2,waves=8"] [--m 1] [--n 4096] [--k 4096]
     python tools/sass_loops.py select-lse [--warps 4] [--stages 2] [--bw 128] [--per-row]   # decode selection's pass 1
     python tools/sass_loops.py select-words [--warps 4] [--late]    # decode selection's pass 2
@@ -66,15 +66,25 @@ def decode_split_source(kv: str, preload: int, tma: bool = False):
     return ASTSource(_split_kernel, sig, const, _pointer_attrs(sig, ("s_qn", "s_qh", "s_kp", "s_kh", "s_pt")))
 
 
-def w4a16_source(spec: str, M: int, N: int, K: int):
-    """The register kernel (`_w4a16_tc_kernel`) as the dispatch would launch it for this spec."""
+def w4a16_source(spec: str | None, M: int, N: int, K: int):
+    """The register kernel (`_w4a16_tc_kernel`) as the dispatch would launch it for this spec (None:
+    the config the dispatch picks for this shape and row count)."""
     from triton.compiler import ASTSource
 
-    from salactl.runtime.ops.w4a16.tc_config import tc_config_from_spec
+    from salactl.runtime.ops.w4a16.tc_config import default_tc_config, tc_config_from_spec
     from salactl.runtime.ops.w4a16.triton_tc import _w4a16_tc_kernel, tc_kernel_constexprs
-    cfg = tc_config_from_spec(spec, M, N, K)
-    if cfg.tma:
-        raise SystemExit("tools/sass_loops.py: only the register kernel is supported (drop tma= from --spec)")
+    if spec is None:
+        cfg = default_tc_config(M, N, K)
+        if cfg.tma:
+            raise SystemExit(f"tools/sass_loops.py: the dispatch runs the TMA kernel at M={M} {N}x{K}; only the "
+                             "register kernel is supported: pass a --spec without tma=")
+    else:
+        try:
+            cfg = tc_config_from_spec(spec, M, N, K)
+        except ValueError as e:
+            raise SystemExit(f"tools/sass_loops.py: --spec {spec!r}: {e}") from None
+        if cfg.tma:
+            raise SystemExit("tools/sass_loops.py: only the register kernel is supported (drop tma= from --spec)")
     sig = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*fp16", "y_ptr": "*bf16", "ws_ptr": "*fp32",
            "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32",
            "split_k": "i32", "bias": "fp32"}
@@ -273,8 +283,9 @@ def main() -> int:
     ap.add_argument("--preload", type=int, default=16, help="decode-split: page ids preloaded (0: none)")
     ap.add_argument("--tma", action="store_true", help="decode-split: K/V pages by TMA copies")
     ap.add_argument("--late", action="store_true", help="select-words: the K1 scores after the PDL wait")
-    ap.add_argument("--spec", default="bn=64,w=4,bias=0,un=4,pf=0,stages=1,waves=4",
-                    help="w4a16: a register-kernel config spec (tc_config.parse_tc_spec)")
+    ap.add_argument("--spec", default=None,
+                    help="w4a16: a register-kernel config spec (tc_config.parse_tc_spec; default: the config "
+                         "the dispatch picks for --m/--n/--k)")
     ap.add_argument("--spec8", default="", help="w8a16: TC8Config fields over the dispatch default, e.g. 'un=2,waves=8'")
     ap.add_argument("--m", type=int, default=1)
     ap.add_argument("--n", type=int, default=4096)
@@ -315,7 +326,8 @@ def main() -> int:
     else:
         src, cfg = w4a16_source(a.spec, a.m, a.n, a.k)
         options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-        what = f"W4A16 register kernel {a.spec}, M={a.m} {a.n}x{a.k} (split {cfg.split_k}, unroll {cfg.unroll})"
+        spec = a.spec if a.spec is not None else f"dispatch default {cfg}"
+        what = f"W4A16 register kernel {spec}, M={a.m} {a.n}x{a.k} (split {cfg.split_k}, unroll {cfg.unroll})"
     r = {"kernel": what, "arch": f"sm_{a.arch}", **analyse(src, options, a.arch)}
     if a.json:
         print(json.dumps(r, indent=1))
