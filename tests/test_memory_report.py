@@ -316,7 +316,7 @@ def test_measured_rows_of_run_records_use_their_tokens_dtype_and_checkpoint(tmp_
 
 def test_cli_memory_predicts_peaks_of_real_run_records(tmp_path):
     out = tmp_path / "runs"
-    p = salactl("run", "-p", "hi", "-n", "3", "--out", str(out))
+    p = salactl("run", "-p", "hi", "-n", "3", "--device", "cpu", "--out", str(out))   # fp32 weights and KV
     assert p.returncode == 0, p.stderr
     recs = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     f = tmp_path / "peaks.jsonl"
