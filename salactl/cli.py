@@ -189,12 +189,15 @@ def _streams_that_cannot_fail_to_encode() -> None:
             pass
 
 
-def _closed_streams_discard() -> None:
+def _closed_streams_to_devnull() -> bool:
     """A stdout or stderr closed before the start (`salactl ... >&-`; pythonw has none) is None in
-    Python: what the command prints there goes nowhere, instead of a traceback at the first write."""
+    Python: /dev/null takes its place (and its file descriptor), instead of a traceback at the first
+    write. Returns whether stdout was closed, which output.ClosedStdout then reports."""
+    stdout_closed = sys.stdout is None
     for name in ("stdout", "stderr"):
         if getattr(sys, name) is None:
             setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))
+    return stdout_closed
 
 
 def _exit_after_main(signum, frame) -> None:
@@ -225,17 +228,22 @@ def main() -> None:
 
 
 def _main() -> None:
-    _closed_streams_discard()
+    stdout_closed = _closed_streams_to_devnull()
     from salactl import output
 
     _streams_that_cannot_fail_to_encode()
     output.check_stdout_writes()
+    output.stderr_best_effort()
+    if stdout_closed:
+        sys.stdout = output.ClosedStdout(sys.stdout)
     try:
         with warnings.catch_warnings():
             # the commands say the same with the flag to change (output.warn_past_trained_length)
             warnings.simplefilter("ignore", ModelLimitWarning)
             rv = app(standalone_mode=False)
             sys.stdout.flush()      # a closed pipe shows here, not in the interpreter's last flush
+            if stdout_closed:
+                sys.stdout.raise_if_dropped()
         # typer >= 0.16 turns Ctrl-C into Exit(130) and, without standalone mode, returns the code
         if isinstance(rv, int) and not isinstance(rv, bool) and rv:
             if rv == 130:

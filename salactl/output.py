@@ -367,33 +367,98 @@ class _WholeWrites(io.RawIOBase):
                 if not n:       # a device that takes nothing: looping would never end
                     raise OSError(errno.EIO, os.strerror(errno.EIO))
                 done += n
-            except BrokenPipeError:
-                raise
-            except BlockingIOError:         # a non-blocking stdout another program set: wait for room
+            except BlockingIOError:         # a non-blocking stream another program set: wait for room
                 import select
 
                 select.select([], [self._fd], [])
             except OSError as e:
-                raise StdoutWriteError(e) from None
+                self._failed(e)
+                return len(view)
         return done
+
+    def _failed(self, e: OSError) -> None:
+        if isinstance(e, BrokenPipeError):
+            raise e
+        raise StdoutWriteError(e) from None
+
+
+class _BestEffortWrites(_WholeWrites):
+    """stderr's file descriptor, whose writes never fail the command: progress, warnings and the
+    error line are for a person, so a stderr that cannot take them (a full disk, a closed pipe, a
+    descriptor open for reading) must cost neither the results nor the exit code. At the first
+    failure fd 2 itself is pointed at /dev/null, for every writer of it (rich's refresh thread,
+    sys.__stderr__, C code), and the rest is discarded."""
+
+    def _failed(self, e: OSError) -> None:
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, self._fd)
+            os.close(null)
+        except OSError:         # then each later write fails and is dropped in turn
+            pass
+
+
+def _rewrap(name: str, raw_writes: type) -> None:
+    """Point sys.<name> at raw_writes over the same file descriptor, keeping its encoding and
+    buffering, where it is the process's own file-backed stream (not a test's capture, a Windows
+    console)."""
+    old = getattr(sys, name)
+    buffer = getattr(old, "buffer", None)
+    raw = getattr(buffer, "raw", buffer)
+    if old is not getattr(sys, f"__{name}__") or not isinstance(old, io.TextIOWrapper) or type(raw) is not io.FileIO:
+        return
+    try:
+        old.flush()
+    except (OSError, ValueError):
+        pass
+    writes = raw_writes(raw.fileno())
+    unbuffered = buffer is raw
+    setattr(sys, name, io.TextIOWrapper(writes if unbuffered else io.BufferedWriter(writes), encoding=old.encoding,
+                                        errors=old.errors, newline=None if os.name == "nt" else "\n",
+                                        line_buffering=old.line_buffering, write_through=unbuffered))
 
 
 def check_stdout_writes() -> None:
-    """Point sys.stdout at _WholeWrites over the same file descriptor, keeping its encoding and
-    buffering, where it is the process's own file-backed stdout (not a test's capture, a Windows
-    console): a failed write is then exit 16 with one line, not exit 1 naming no file (buffered)
+    """A failed write of stdout is then exit 16 with one line, not exit 1 naming no file (buffered)
     or exit 0 with the output cut short (unbuffered)."""
-    old = sys.stdout
-    buffer = getattr(old, "buffer", None)
-    raw = getattr(buffer, "raw", buffer)
-    if old is not sys.__stdout__ or not isinstance(old, io.TextIOWrapper) or type(raw) is not io.FileIO:
-        return
-    old.flush()
-    whole = _WholeWrites(raw.fileno())
-    unbuffered = buffer is raw
-    sys.stdout = io.TextIOWrapper(whole if unbuffered else io.BufferedWriter(whole), encoding=old.encoding,
-                                  errors=old.errors, newline=None if os.name == "nt" else "\n",
-                                  line_buffering=old.line_buffering, write_through=unbuffered)
+    _rewrap("stdout", _WholeWrites)
+
+
+def stderr_best_effort() -> None:
+    """A failed write of stderr is then dropped (_BestEffortWrites); rich's stderr console writes
+    through sys.stderr too, so its bars and status lines are covered."""
+    _rewrap("stderr", _BestEffortWrites)
+
+
+class ClosedStdout(io.TextIOBase):
+    """sys.stdout where stdout was closed before the start (`salactl ... >&-`; pythonw has none).
+    What the command prints there is dropped, and once it is done (its --out files written, even
+    those of `run`, which streams text before them) raise_if_dropped makes that exit 16 with one
+    line, as on a full disk: results lost in silence would pass for success (`echo hi >&-` fails
+    too). A command with nothing for stdout runs as usual. It keeps `null`, the /dev/null opened in
+    fd 1's place, so that no file opened later takes fd 1 and receives what a subprocess prints."""
+
+    encoding = "utf-8"
+
+    def __init__(self, null):
+        super().__init__()
+        self._null = null
+        self._dropped = False
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._null.fileno()
+
+    def write(self, s: str) -> int:
+        self._dropped = self._dropped or bool(s)
+        return len(s)
+
+    def raise_if_dropped(self) -> None:
+        if self._dropped:
+            raise OutputWriteError("cannot write the results to stdout: it is closed; redirect it to a file, "
+                                   "or to /dev/null to discard them")
 
 
 def print_json(obj) -> None:
