@@ -9,6 +9,15 @@ from salactl.runtime.loader import build_model
 from salactl.runtime.presets import sala_nano
 
 
+def pytest_make_parametrize_id(config, val, argname):
+    """A long str/bytes parameter (a 200,000-byte nested JSON) is named by its length: pytest before 9
+    spelled such values out in the test id, and tools/gpu_tests.py passes ids on a command line, where
+    one argument may hold at most 128 KiB (the shard then failed with E2BIG)."""
+    if isinstance(val, (str, bytes)) and len(val) > 200:
+        return f"{argname}-{len(val)}-{'bytes' if isinstance(val, bytes) else 'chars'}"
+    return None
+
+
 @pytest.fixture(autouse=True)
 def _no_debug_tracebacks(monkeypatch):
     """SALACTL_DEBUG=1 in the developer's shell turns one-line errors into tracebacks, which many

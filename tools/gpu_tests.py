@@ -36,6 +36,8 @@ DEVICE_CHOICE = re.compile(r"""["']cuda["'] if torch\.cuda\.is_available\(\)""")
 # timeout(1)'s status after the SIGINT at --timeout; after the SIGKILL at --kill-after, which it sends to
 # its whole process group (itself included), 137 or, as Popen reports timeout's own death, -9
 TIMED_OUT = (124, 137, -9)
+# Linux's limit on one command-line argument (MAX_ARG_STRLEN); each test id is one
+MAX_ARG_BYTES = 128 * 1024
 
 
 def gpu_test_files(root: Path = Path("tests")) -> list[str]:
@@ -56,6 +58,10 @@ def collect(files: list[str]) -> list[str]:
                          f"{r.stdout[-6000:]}{r.stderr[-2000:]}")
     if not ids:
         raise SystemExit(f"no tests collected from {' '.join(files)}:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+    too_long = [i for i in ids if len(i.encode()) >= MAX_ARG_BYTES]
+    if too_long:
+        raise SystemExit(f"{len(too_long)} test ids are too long for a command line (one argument holds less than "
+                         f"{MAX_ARG_BYTES} bytes), e.g. {too_long[0][:200]}...; give that parametrization short ids")
     return ids
 
 
