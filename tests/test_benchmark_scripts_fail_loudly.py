@@ -88,6 +88,10 @@ def test_a_wrong_fp8_attention_output_is_a_failure_and_is_not_timed():
                        "ctx131072": {"bf16": ok, "fp8_e4m3": QE.attention_row(0.2, never, 1)}}}
     assert QE.G.failures(results) == [("fp8 ctx32768 fp8_e4m3", "wrong result, rel err nan"),
                                       ("fp8 ctx131072 fp8_e4m3", "wrong result, rel err 0.2")]
+    # the bound is 1e-2: 5% off the fp32 reference is a wrong output, 1% is not
+    assert QE.attention_row(0.05, never, 1) == {"error": 0.05}
+    assert QE.attention_row(0.011, never, 1) == {"error": 0.011}
+    assert "error" not in QE.attention_row(0.01, lambda: 1e-5, 1)
 
 
 def test_w4a16_variants_with_bits_8_are_refused_before_any_work():

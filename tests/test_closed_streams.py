@@ -46,3 +46,19 @@ def test_a_closed_stderr_keeps_the_exit_code(tmp_path):
 def test_a_closed_stderr_still_gives_the_results(tmp_path):
     r = salactl_closed("info --json", "2>&-", cwd=tmp_path)
     assert r.returncode == 0 and json.loads(r.stdout)
+
+
+def test_a_later_empty_write_does_not_forget_the_dropped_results():
+    import os
+
+    from salactl.errors import OutputWriteError
+    from salactl.output import ClosedStdout
+
+    with open(os.devnull, "w") as null:
+        quiet = ClosedStdout(null)
+        assert quiet.write("") == 0
+        quiet.raise_if_dropped()                  # nothing was printed: nothing lost
+        lost = ClosedStdout(null)
+        assert lost.write("x") == 1 and lost.write("") == 0
+        with pytest.raises(OutputWriteError, match="^cannot write the results to stdout: it is closed; "):
+            lost.raise_if_dropped()

@@ -30,6 +30,7 @@ def test_nothing_collected_is_an_error(tmp_path):
     (tmp_path / "test_empty.py").write_text("X = 1\n")
     r = _run(tmp_path, str(tmp_path / "test_empty.py"))
     assert r.returncode != 0 and "no tests collected" in r.stderr + r.stdout
+    assert "collecting the tests failed" not in r.stderr + r.stdout     # an empty file is no collection error
 
 
 def test_a_missing_file_is_an_error(tmp_path):

@@ -146,3 +146,15 @@ def test_w4a16_default_is_the_config_the_dispatch_ships_and_a_bad_spec_is_one_li
     assert bad.stderr.strip().splitlines() == [
         "tools/sass_loops.py: --spec 'wk=16': bad W4A16 config field 'wk=16'; fields: bn, w, bias, un, pf, stages, "
         "waves, fit, split, red, tma, tkb, ew"]
+
+
+@needs_triton
+def test_w4a16_without_spec_refuses_a_shape_the_dispatch_runs_on_the_tma_kernel():
+    from salactl.runtime.ops.w4a16.tc_config import default_tc_config
+
+    assert default_tc_config(1, 16384, 4096).tma            # gate+up of sala-9b at one row: the TMA kernel
+    r = _run("w4a16", "--m", "1", "--n", "16384", "--k", "4096")
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.strip().splitlines() == [
+        "tools/sass_loops.py: the dispatch runs the TMA kernel at M=1 16384x4096; only the register kernel is "
+        "supported: pass a --spec without tma="]

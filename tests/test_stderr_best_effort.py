@@ -89,3 +89,17 @@ def test_stdout_that_cannot_be_written_is_still_exit_16(tmp_path):
     with _open("/dev/full", os.O_WRONLY) as full:
         r = salactl(["info", "--json"], full, tmp_path, stdout=full)
     assert r.returncode == 16
+
+
+def test_the_first_failed_write_points_the_descriptor_itself_at_devnull():
+    """Not only this writer's later writes are dropped: every other writer of the descriptor (rich's
+    refresh thread, sys.__stderr__, C code) then writes to /dev/null and succeeds."""
+    from salactl.output import _BestEffortWrites
+
+    with _pipe_nobody_reads() as fd:
+        writes = _BestEffortWrites(fd)
+        assert os.fstat(fd).st_rdev != os.stat(os.devnull).st_rdev      # a pipe to begin with
+        assert writes.write(b"lost") == 4                                # dropped, no BrokenPipeError
+        assert os.fstat(fd).st_rdev == os.stat(os.devnull).st_rdev
+        assert os.write(fd, b"after") == 5                               # a raw write no longer fails
+        assert writes.write(b"more") == 4

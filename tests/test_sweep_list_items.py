@@ -44,3 +44,19 @@ def test_a_list_of_only_commas_is_empty():
     with pytest.raises(UsageError, match="^--x is empty$"):
         parse_list(",", "--x")
     assert parse_list("bf16, fp32", "--x", str) == ["bf16", "fp32"]
+
+
+def test_a_repeated_name_is_swept_once():
+    from salactl.bench.sweep_grid import KV_DTYPES, WEIGHT_DTYPES, parse_names
+
+    assert parse_names("bf16, bf16", "kv-cache-dtype", "bf16", KV_DTYPES) == ["bf16"]
+    # an alias is the name it stands for, so it repeats that name too
+    assert parse_names("fp8_e4m3,auto,bf16,fp8_e4m3", "kv-cache-dtype", "bf16", KV_DTYPES) == ["fp8_e4m3", "bf16"]
+    assert parse_names("bfloat16,bf16", "weight-dtype", "bf16", WEIGHT_DTYPES) == ["bf16"]
+
+
+@pytest.mark.parametrize("flag, valid", [("--kv-cache-dtype", "fp8_e5m2"), ("--weight-dtype", "w4a16")])
+@pytest.mark.parametrize("text", [",", ""])
+def test_a_name_list_of_only_commas_lists_the_valid_names(tmp_path, capsys, flag, valid, text):
+    err = _sweep_error(tmp_path, capsys, flag, text)
+    assert err.startswith(f"error: {flag} {text!r} is not supported; supported today: bf16, ") and valid in err, err
