@@ -95,10 +95,14 @@ def build(records: list[dict]) -> LatencyReport:
     knob_cols = [c for c in table.columns if c.startswith("knob.") and table[c].map(repr).nunique() > 1]
     labels, phase_at = list(groups), {p: i for i, p in enumerate(phases)}
     # within a label: its phases in order, then its sweep points, which only their knobs order
-    table["section"] = [len(phases) if kind == SWEEP else phase_at[phase]
-                        for kind, phase in zip(table["kind"], table["phase"])]
-    table = table.sort_values(["label", "section", *knob_cols], kind="stable",
-                              key=lambda s: s.map(labels.index) if s.name == "label" else s.map(_sort_key))
+    sections = [len(phases) if kind == SWEEP else phase_at[phase]
+                for kind, phase in zip(table["kind"], table["phase"])]
+    # ordered in Python, not by sort_values: pandas < 3.1 re-infers a key column's dtype and raises
+    # OverflowError on an int past float range (a knob of 10**400), which the report keeps exactly
+    knob_values = zip(*(table[c].tolist() for c in knob_cols)) if knob_cols else ((),) * len(table)
+    keys = [(labels.index(label), section, *map(_sort_key, knobs))
+            for label, section, knobs in zip(table["label"], sections, knob_values)]
+    table = table.iloc[sorted(range(len(table)), key=keys.__getitem__)]
     columns = [*(c for c in IDENTITY if c != "label"), "label", *knob_cols, *metrics]
     rows = table[columns].to_dict("records")
     knobs = [c.removeprefix("knob.") for c in knob_cols]

@@ -85,7 +85,9 @@ def test_load_model_refuses_an_empty_name():
 ])
 def test_profile_size_past_memory_is_a_capacity_error(args, fix, tmp_path, capsys):
     out = tmp_path / "p"
-    code, _, err = run_cli(["profile", "--torch", "--phase", "decode", "--warmup", "0", "--out", out, *args], capsys)
+    # the CPU engine's wording: on a GPU machine profile would pick the GPU engine, which says "GPU engine's caches"
+    code, _, err = run_cli(["profile", "--torch", "--device", "cpu", "--phase", "decode", "--warmup", "0",
+                            "--out", out, *args], capsys)
     line = _one_error_line(err)
     assert code == CapacityError.exit_code == 11
     assert "for the caches" in line and "available" in line and fix in line

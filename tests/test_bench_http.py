@@ -288,10 +288,11 @@ def test_one_batch_profile_against_server(tmp_path):
         assert p["prefill_latency"] <= p["total_latency"] - (out_len - 2) * PER_TOKEN, p
         if bs < 32:
             assert p["prefill_latency"] < 1.5 * TTFT, p["prefill_latency"]
-        if bs < 32:
-            assert close(p["median_ttft_ms"], TTFT * 1e3, rel=0.2), p["median_ttft_ms"]
-        else:      # on 2 CPU cores the 64 threads' start-up skew reaches the median too (246 ms seen)
-            assert TTFT * 1e3 <= p["median_ttft_ms"] < 1.5 * TTFT * 1e3, p["median_ttft_ms"]
+        # the median TTFT: never before the injected delay, at most the batch's last first token (so
+        # no decode time in it), and in ms; scheduler delay only adds to it (241.6 ms seen at bs < 32
+        # under load, 246 ms at bs 32 on 2 cores), so no tight upper bound
+        assert TTFT * 1e3 <= p["median_ttft_ms"] <= p["prefill_latency"] * 1e3 + 1e-6, p
+        assert p["median_ttft_ms"] < 2 * TTFT * 1e3, p["median_ttft_ms"]
         assert close(p["median_decode_latency"], PER_TOKEN, rel=0.1), p["median_decode_latency"]
         assert p["median_decode_throughput"] == pytest.approx(bs / p["median_decode_latency"])
         assert p["overall_throughput"] == pytest.approx((in_len + out_len) * bs / p["total_latency"])

@@ -92,7 +92,7 @@ def test_empty_prompt_ids_and_empty_eval_file_are_one_line_errors(tmp_path):
 
 
 def test_run_reports_the_cache_dtype_and_device_that_ran(tmp_path):
-    r = salactl("run", "-p", "hi", "-n", "2", "--json", "--out", str(tmp_path))
+    r = salactl("run", "-p", "hi", "-n", "2", "--device", "cpu", "--json", "--out", str(tmp_path))   # fp32 on CPU
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["dtype"] == "float32" and d["kv_cache_dtype"] == "float32"

@@ -147,3 +147,14 @@ def test_a_directory_in_place_of_a_records_file_names_the_file_inside(tmp_path, 
     code, _, err = run_cli(["report", "latency", tmp_path / "runs"], capsys)
     line = one_error_line(code, err)
     assert f"records file {tmp_path / 'runs'} is a directory; give {tmp_path / 'runs' / 'records.jsonl'}" in line
+
+
+def test_knobs_past_float_range_order_the_rows_exactly_and_stay_exact_in_the_tables(tmp_path):
+    # pandas < 3.1 raised OverflowError sorting such a knob; float order would also tie 10**400 and 10**400 + 1
+    big = 10**400
+    r = report_of(tmp_path, [rec("a", "S1", knobs={"max_concurrency": c}, mean_ttft_ms=float(i))
+                             for i, c in enumerate((big + 1, 16, big, 2))])
+    assert [row["knob.max_concurrency"] for row in r.rows] == [2, 16, big, big + 1]
+    assert [row["mean_ttft_ms"] for row in r.rows] == [3.0, 1.0, 2.0, 0.0]
+    body = list(csv.DictReader(io.StringIO(csv_text(r))))
+    assert [row["knob.max_concurrency"] for row in body] == ["2", "16", str(big), str(big + 1)]
