@@ -24,8 +24,10 @@ before either fails the request.
 Only choice 0 counts, and an estimate is capped at max_tokens (flagged when it was above).
 
 `--request-timeout` is a total per request, as aiohttp's ClientTimeout(total=...) in SGLang's and
-vLLM's clients: every socket read waits at most the time left, so neither keep-alive comments nor a
-trickle can hold a request open past it.
+vLLM's clients: every socket read waits at most the time left, and a watchdog shuts the socket down
+when it passes while the status line and headers are read (http.client reads those line by line and
+skips any number of interim `100 Continue` answers), so neither keep-alive comments, endless interim
+answers nor a trickle can hold a request, or a side request within its cap, open past it.
 """
 
 from __future__ import annotations
@@ -75,17 +77,54 @@ class Deadline:
         self.seconds = seconds if seconds is None or seconds <= MAX_DEADLINE_S else MAX_DEADLINE_S
         self.end = None if self.seconds is None else time.monotonic() + self.seconds
 
+    def left(self) -> float | None:
+        """The seconds left (None: no limit); raise TimeoutError when none are."""
+        if self.end is None:
+            return None
+        left = self.end - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("deadline passed")
+        return left
+
     def arm(self, sock) -> None:
         """Let the next read on `sock` wait at most the time left; raise TimeoutError when none is."""
         if sock.fileno() < 0:
             return                  # the response closed it at its body's end (Python 3.12.x/3.13)
-        if self.end is None:
-            sock.settimeout(None)
-            return
-        left = self.end - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("deadline passed")
-        sock.settimeout(left)
+        sock.settimeout(self.left())
+
+
+class Watchdog:
+    """Shuts `sock` down when `deadline` passes, unless stopped first: a socket timeout bounds each
+    read only, and http.client reads a status line and headers line by line (skipping any number of
+    interim `100 Continue` answers), so a trickle of them would otherwise never time out."""
+
+    def __init__(self, sock, deadline: Deadline):
+        self.sock, self.fired, self._lock = sock, False, threading.Lock()
+        left = deadline.left()
+        self._timer = None if left is None else threading.Timer(left, self._fire)
+        if self._timer is not None:
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._timer is None:
+                return                  # stopped in the meantime
+            self.fired = True
+            try:
+                # the plain socket's shutdown: SSLSocket's drops its TLS object under a concurrent read
+                socket.socket.shutdown(self.sock, socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def stop(self) -> bool:
+        """Stop the timer and wait for its thread; whether it fired (and shut the socket down)."""
+        with self._lock:
+            timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+            timer.join()
+        return self.fired
 
 
 class Body:
@@ -316,11 +355,20 @@ class HttpTarget(Target):
 
     def _send(self, conn, deadline: Deadline, method: str, path: str, body: dict | None):
         """Send one request and read the status line and headers, within `deadline`."""
-        deadline.arm(conn.sock)
-        conn.request(method, path, body=None if body is None else json.dumps(body).encode(),
-                     headers=self._headers())
-        deadline.arm(conn.sock)
-        return conn.getresponse()
+        watchdog, resp = Watchdog(conn.sock, deadline), None
+        try:
+            deadline.arm(conn.sock)
+            conn.request(method, path, body=None if body is None else json.dumps(body).encode(),
+                         headers=self._headers())
+            deadline.arm(conn.sock)
+            resp = conn.getresponse()
+        finally:
+            # the shut socket's error, or headers it cut short (they may still parse), are the deadline's
+            if watchdog.stop():
+                if resp is not None:
+                    resp.close()
+                raise TimeoutError("deadline passed")
+        return resp
 
     def _call(self, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
         """A side request (probe, flush) within min(30 s, --request-timeout), its answer within 1 MiB."""
@@ -482,7 +530,7 @@ class HttpTarget(Target):
                 return
             try:
                 obj = json.loads(data)
-            except ValueError:
+            except (ValueError, RecursionError):       # RecursionError: nested too deep to decode
                 if body.ended and not body.whole:
                     return                      # the line the cut broke off: the parser says it was cut
                 raise RequestFailed(f"the server streamed a line that is not JSON: {data[:100]!r}") from None
