@@ -8,19 +8,20 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from salactl.errors import TokenizerError
 from salactl.runtime.json_file import cannot_read, read_side_file
+from salactl.runtime.template_bounds import (FILTER_SIZES, INPUT_SHARE, MAX_RESULT, METER, Meter, as_int,
+                                             binop_size, bounded_call, current_meter, finalize, measure,
+                                             method_size)
 
 CHATML_NOTE = ("the checkpoint has no chat template (chat_template.jinja or tokenizer_config.json's "
                "chat_template); --chat uses ChatML")
 
 
 CHATML_MARKERS = ("<|im_start|>", "<|im_end|>")
-# a checkpoint's template is untrusted code: bounds on what one render may build
-MAX_RESULT = 10**7          # characters or items of a "*" product, bits of a "*" or "**" integer
-MAX_RANGE_ITEMS = 10**6     # items of all the range() calls of one render
 
 
 def chatml(messages: list[dict], add_generation_prompt: bool = True) -> str:
@@ -77,14 +78,15 @@ def pick_template(names, tools, cfg_file: Path) -> str:
 def compile_template(template: str, source: str):
     """The template compiled as the module docstring says, as a function of the render's variables
     to the text. Anything wrong while compiling or rendering (a syntax error, raise_exception(), a
-    result past MAX_RESULT or MAX_RANGE_ITEMS, a bug in the template) is a one-line TokenizerError
-    naming `source`."""
+    bound of those above, a bug in the template) is a one-line TokenizerError naming `source`."""
     from datetime import datetime
 
     try:
         import jinja2
         import jinja2.ext
+        from jinja2.compiler import CodeGenerator
         from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
+        from jinja2.utils import _PassArg, generate_lorem_ipsum, pass_context
     except ImportError:
         raise TokenizerError("chat templates need jinja2; pip install jinja2") from None
 
@@ -93,6 +95,15 @@ def compile_template(template: str, source: str):
 
     def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def bounded_range(*args):
+        r = safe_range(*args)
+        current_meter().take_range(len(r))
+        return r
+
+    def lipsum(n=5, html=True, min=20, max=100):
+        current_meter().fits(as_int(n) * (as_int(max) * 16 + 32), "lipsum()'s result")
+        return generate_lorem_ipsum(n, html, min, max)
 
     class Generation(jinja2.ext.Extension):
         """HF's {% generation %}...{% endgeneration %}, which marks the assistant's text for
@@ -105,19 +116,65 @@ def compile_template(template: str, source: str):
             body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
             return jinja2.nodes.Scope(body, lineno=lineno)
 
+    class BoundedCodeGenerator(CodeGenerator):
+        def visit_Concat(self, node, frame):
+            # `~` is compiled to jinja2.runtime's str_join, which no environment method sees
+            self.write("environment.bounded_concat(context, (")
+            for arg in node.nodes:
+                self.visit(arg, frame)
+                self.write(", ")
+            self.write("))")
+
     class BoundedEnvironment(ImmutableSandboxedEnvironment):
+        """Every way a template builds a value goes through the render's Meter: operators, `~`,
+        filters, method and function calls, the text of {{ }} and of captured blocks."""
+        code_generator_class = BoundedCodeGenerator
         # intercepted operators are also not folded at compile time, where 'a' * 4000000000 would be built
-        intercepted_binops = frozenset({"*", "**"})
+        intercepted_binops = frozenset({"+", "-", "*", "/", "//", "%", "**"})
 
         def call_binop(self, context, operator, left, right):
-            if _result_size(operator, left, right) > MAX_RESULT:
-                raise OverflowError(f"a '{operator}' result over {MAX_RESULT} characters, items or bits")
+            meter = current_meter()
+            meter.build(binop_size(operator, left, right, meter), f"a '{operator}' result")
             return super().call_binop(context, operator, left, right)
 
-    env = BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, Generation])
+        def bounded_concat(self, context, items):
+            meter = current_meter()
+            meter.build(sum(meter.measure(x) for x in items), "a '~' result")
+            join = jinja2.runtime.markup_join if context.eval_ctx.autoescape else jinja2.runtime.str_join
+            return join(items)
+
+        def concat(self, chunks):  # the text of {% set %}, {% filter %}, {% macro %} and call blocks
+            chunks = list(chunks)
+            current_meter().build(sum(map(len, chunks)), "a block's text")
+            return "".join(chunks)
+
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - as jinja2's, whose names it shadows
+            method = getattr(__obj, "__wrapped__", __obj)  # str.format as wrap_str_format wraps it
+            owner, name = getattr(method, "__self__", None), getattr(method, "__name__", "")
+            args = tuple(list(a) if isinstance(a, Iterator) else a for a in args)  # a generator to "".join()
+            size = method_size(owner, name, args, kwargs) if isinstance(owner, (str, bytes, int)) else None
+            what = f"{type(owner).__name__}.{name}()'s result" if owner is not None else f"{name or 'a call'}()'s result"
+            return bounded_call(lambda *a, **k: super(BoundedEnvironment, __self).call(__context, __obj, *a, **k),
+                                 args, kwargs, size, what)
+
+    def bounded_filter(name, f):
+        pass_arg = _PassArg.from_obj(f)
+
+        @pass_context  # also keeps it from being run (unbounded) while the template compiles
+        def run(context, *args, **kwargs):
+            given = {_PassArg.context: (context,), _PassArg.eval_context: (context.eval_ctx,),
+                     _PassArg.environment: (context.environment,)}.get(pass_arg, ())
+            args = tuple(list(a) if isinstance(a, Iterator) else a for a in args)  # map(), select() ...
+            size = FILTER_SIZES[name](*args, **kwargs) if name in FILTER_SIZES else None
+            return bounded_call(f, given + args, kwargs, size, f"the '{name}' filter's result")
+        return run
+
+    env = BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, Generation],
+                             finalize=finalize)
     env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.filters = {name: bounded_filter(name, f) for name, f in env.filters.items()}
+    env.globals.update(raise_exception=raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt),
+                       range=bounded_range, lipsum=lipsum)
     try:
         compiled = env.from_string(template)
     except jinja2.TemplateError as e:
@@ -127,37 +184,21 @@ def compile_template(template: str, source: str):
                              "fix the template") from None
 
     def render(variables: dict) -> str:
-        left = MAX_RANGE_ITEMS
-
-        def bounded_range(*args):
-            nonlocal left
-            r = safe_range(*args)
-            left -= len(r)
-            if left < 0:
-                raise OverflowError(f"the template's range() calls make over {MAX_RANGE_ITEMS} items in all")
-            return r
-
+        meter = Meter(MAX_RESULT + INPUT_SHARE * measure(variables, float("inf")))
+        token = METER.set(meter)
         try:
-            return compiled.render({**variables, "range": bounded_range})
+            text, n = [], 0
+            for chunk in compiled.generate(variables):  # stopped at the limit, not after building it all
+                n += len(chunk)
+                meter.fits(n, "the rendered prompt")
+                text.append(chunk)
+            return "".join(text)
         except Exception as e:  # jinja2 TemplateError, raise_exception(), a bound above, or a bug in the template
             raise TokenizerError(f"the chat template of {source} failed: {one_line(e)}") from None
+        finally:
+            METER.reset(token)
 
     return render
-
-
-def _result_size(operator: str, left, right) -> int:
-    """The characters, items or bits `left operator right` would have ("*" or "**"); 0 where small
-    by nature (floats, which overflow to an error instead)."""
-    if operator == "**":
-        if isinstance(left, int) and isinstance(right, int) and right > 0:
-            return right * max(abs(left).bit_length() - 1, 0)
-        return 0
-    if isinstance(left, int) and isinstance(right, int):
-        return left.bit_length() + right.bit_length()
-    for seq, n in ((left, right), (right, left)):
-        if isinstance(seq, (str, list, tuple)) and isinstance(n, int):
-            return len(seq) * n
-    return 0
 
 
 def one_line(e: Exception) -> str:
