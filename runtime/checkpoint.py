@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -20,6 +21,7 @@ INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq", ".cos_cached", ".sin_cached")   # whole name parts only
 _FLOAT_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64"}   # safetensors names
+_LAYER_INDEX = re.compile(r"model\.layers\.(\d+)\.")
 
 
 def expected_tensor_shapes(config: SalaConfig) -> dict[str, tuple[int, ...]]:
@@ -51,6 +53,25 @@ def expected_tensor_shapes(config: SalaConfig) -> dict[str, tuple[int, ...]]:
             shapes[a + "k_norm.weight"] = (d,)
             shapes[a + "o_norm.weight"] = (h * d,)
     return shapes
+
+
+def check_every_layer_present(model_dir: Path, config: SalaConfig, names) -> None:
+    """Refuse, from the tensor names alone, a checkpoint that holds no tensor of some layer config.json
+    declares. Past this check the config has at most as many layers as the checkpoint, so
+    expected_tensor_shapes (about 14 names a layer) stays the size of what is on disk: a config.json
+    claiming millions of layers is refused at once, not after listing tens of millions of names."""
+    held = {int(m.group(1)) for n in names if (m := _LAYER_INDEX.match(n))}
+    layers = config.num_hidden_layers
+    absent = next((i for i in range(layers) if i not in held), None)    # stops within len(held) + 1 steps
+    if absent is None:
+        return
+    present = sum(1 for i in held if i < layers)
+    more = layers - present - 1
+    raise CheckpointError(f"checkpoint {model_dir} lacks tensor model.layers.{absent}.input_layernorm.weight and every "
+                          f"other tensor of layer {absent}" + (f" (and of {more} more layers)" if more else "")
+                          + f": config.json's num_hidden_layers is {layers} but the checkpoint holds tensors of "
+                          f"{present} of them; point --model at the checkpoint this config.json belongs to, "
+                          "or fix its num_hidden_layers and mixer_types")
 
 
 @contextmanager

@@ -106,9 +106,10 @@ _SPARSE_REQUIRED = ("block_size", "dense_len", "init_blocks", "kernel_size", "ke
                     "window_size")
 
 
-# the numbers inference uses (initializer_range is not one: only random-weights init reads it)
-_POSITIVE_NUMBERS = ("rms_norm_eps", "rope_theta", "scale_emb", "scale_depth", "dim_model_base")
-_FLOAT_SETTINGS = ("rms_norm_eps", "rope_theta", "scale_emb", "scale_depth")
+# initializer_range only sets random weights' embedding std, but is checked for every config: HF configs
+# always carry a sane one, and quantize writes it back into the config.json it saves
+_POSITIVE_NUMBERS = ("rms_norm_eps", "rope_theta", "scale_emb", "scale_depth", "dim_model_base", "initializer_range")
+_FLOAT_SETTINGS = ("rms_norm_eps", "rope_theta", "scale_emb", "scale_depth", "initializer_range")
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from salactl.errors import CapacityError, CheckpointError, ConfigError, DeviceError, UsageError
-from salactl.runtime.checkpoint import (INDEX_NAME, SINGLE_NAME, expected_tensor_shapes, load_state_dict,
-                                        random_state_dict, tensor_files)
+from salactl.runtime.checkpoint import (INDEX_NAME, SINGLE_NAME, check_every_layer_present, expected_tensor_shapes,
+                                        load_state_dict, random_state_dict, tensor_files)
 from salactl.runtime.config import SalaConfig
 from salactl.runtime.host_memory import available_host_bytes, check_fits
 from salactl.runtime.json_file import is_dir, lookup, read_optional_json
@@ -311,14 +311,17 @@ def _load_once(model: str | Path | None, dev: torch.device, dtype: str | torch.d
         return LoadedModel(build_model(config, state), config, path, f"random:{name}:seed={seed}")
     generation_eos_ids(path, config.vocab_size)          # a bad generation_config.json fails here, not mid-run
     quant = quantization_config(path, config)
+    # each path refuses layers config.json claims and the checkpoint lacks before listing every layer's tensors
     if quant is not None:
         from salactl.quant.loading import load_gptq_model
 
+        check_every_layer_present(path, config, tensor_files(path))
         return LoadedModel(load_gptq_model(path, config, quant, dev, dt), config, path, str(path))
     from salactl.quant.loading import KV_SCALE_SUFFIXES, attach_kv_scales
 
     files = tensor_files(path)          # headers only: missing weight files are exit 4, before any memory check
     check_host_memory(config, dt, dev, str(path))
+    check_every_layer_present(path, config, files)
     state = load_state_dict(path, expected_tensor_shapes(config), dev, dt, allow_extra=KV_SCALE_SUFFIXES)
     model = build_model(config, state)
     attach_kv_scales(model, config, files, dev)
