@@ -24,12 +24,13 @@ from salactl.bench.sweep_sizes import KL_REFERENCE_CHUNK, check_sizes_fit
 from salactl.bench.sweep_grid import (KV_DTYPES, WEIGHT_DTYPES, SweepPoint, build_points,
                                       check_window_and_block, parse_ints, parse_names, point_key)
 from salactl.bench.targets.embedded import EmbeddedTarget
-from salactl.errors import CapacityError, ConfigError, OutputExistsError, SalactlError, UsageError
+from salactl.errors import CapacityError, ConfigError, DatasetError, OutputExistsError, SalactlError, UsageError
 from salactl.evaluation.passkey import ANSWER_TOKENS
 from salactl.lists import parse_list
 from salactl.options import refuse_unused
 from salactl.quant.in_memory import QUANTIZED_BITS, quantize_rtn_in_memory, quantized_as
 from salactl.reports.atomic import exclusive_lock, write_atomic
+from salactl.reports.records import validate as validate_record
 from salactl.runtime.kv_fp8 import stored_kv_name
 
 if TYPE_CHECKING:
@@ -370,7 +371,7 @@ def _sweep(s: SweepSettings, progress) -> SweepRun:
                **_prompt_sources(tok, prompt, kl_len, config.vocab_size, s),
                **_engine_sizes(engine_kind, s)}
     # a point recorded under another --label belongs to another run: resume only this label's points
-    done, lacking = _reusable([r for r in existing if r.get("label") == s.label])
+    done, unusable = _reusable([r for r in existing if r.get("label") == s.label])
     env = environment()
     writer = rec.RecordWriter(records_path)
     run.files["records"] = str(records_path)
@@ -378,9 +379,9 @@ def _sweep(s: SweepSettings, progress) -> SweepRun:
     ref_logits = None
     todo = [p for p in points if point_key(p, context) not in done]
     for p in todo:
-        if point_key(p, context) in lacking:
-            output.stderr.print(f"note: the record of point {p.label(varying)} in {records_path} lacks "
-                                f"{lacking[point_key(p, context)]}; measuring it again")
+        if point_key(p, context) in unusable:
+            output.stderr.print(f"note: the record of point {p.label(varying)} in {records_path} "
+                                f"{unusable[point_key(p, context)]}; measuring it again")
     other_labels = {r["point_key"] for r in existing
                     if r.get("label") != s.label and isinstance(r.get("point_key"), str)} - set(done)
     relabelled = sum(point_key(p, context) in other_labels for p in todo)
@@ -507,18 +508,29 @@ RESUME_KNOBS = ("dense_len", "input_len", "output_len")
 
 
 def _reusable(records: list[dict]) -> tuple[dict[str, dict], dict[str, str]]:
-    """({point_key: record} of the points --resume can reuse, {point_key: what it lacks} of those
-    whose record lacks what the sweep reads of it (a hand-edited or foreign line): measured again)."""
-    done, lacking = {}, {}
+    """({point_key: record} of the points --resume can reuse, {point_key: why not} of those whose
+    record `salactl report` would refuse (another schema_version, say) or lacks what the sweep reads
+    of it (a hand-edited or foreign line): measured again)."""
+    done, unusable = {}, {}
     for r in records:
         key = r.get("point_key")
         if isinstance(key, str):
-            missing = _missing_fields(r)
-            if missing:
-                lacking[key] = missing
+            why = _why_not_reusable(r)
+            if why:
+                unusable[key] = why
             else:
                 done[key] = r
-    return done, lacking
+    return done, unusable
+
+
+def _why_not_reusable(r: dict) -> str | None:
+    """Why `r` cannot be reused (a clause after "the record"), or None."""
+    try:      # resume renames the point, so the phase it was recorded under is never read
+        validate_record(dict(r, phase="resumed"), "it")
+    except DatasetError as e:
+        return f"is not one this salactl reads ({e})"
+    missing = _missing_fields(r)
+    return f"lacks {missing}" if missing else None
 
 
 def _missing_fields(r: dict) -> str | None:
@@ -692,7 +704,9 @@ def _finish(run: SweepRun, s: SweepSettings, out: Path) -> None:
     if front:
         path = plot_front(comparable, front, x, PARETO_Y, out / f"{run.run_id}-pareto.png")
         if path is None:
-            _note(run, "no Pareto plot: matplotlib is missing (pip install 'salactl[plots]')")
+            from salactl.reports.pyplot import unavailable
+
+            run.notes.append(f"no Pareto plot: {unavailable()}")     # pyplot() has said why on stderr
         else:
             run.files["pareto_plot"] = str(path)
     summary = out / f"{run.run_id}-sweep.json"
