@@ -1,5 +1,7 @@
 """PNG plots for the HTML report (matplotlib, from the optional `plots` extra). Returns (caption,
-PNG bytes) per figure; `available()` is False when matplotlib is missing, and the report says so.
+PNG bytes) per figure; `available()` is False when matplotlib is missing or fails to import (a broken
+config directory raises RuntimeError/OSError there: reports/pyplot.py), with one warning line naming
+why, and the report says so.
 
 All text (labels, phases, knob and metric names) is drawn literally (a lone surrogate as its backslash
 escape, as the files write it): no mathtext for `$`, and a
@@ -16,7 +18,9 @@ import math
 import warnings
 from collections.abc import Callable
 
+from salactl.output import warn_once
 from salactl.reports.latency import SWEEP, LatencyReport
+from salactl.reports.pyplot import first_line, pyplot
 from salactl.reports.records import group_by_label, is_finite_number
 from salactl.reports.render_text import fmt
 
@@ -35,23 +39,17 @@ MAX_SERIES = 20
 
 
 def available() -> bool:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return pyplot() is not None
 
 
 def _figure(caption: str, size: tuple[float, float], draw: Callable) -> tuple[str, bytes] | None:
     """(caption, PNG) of a figure that draw(ax) fills, with every text literal; None, with one
     warning line, where matplotlib fails on it. matplotlib's own warnings become one line each."""
+    plt = pyplot()
+    if plt is None:
+        return None
     import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import matplotlib.text
-
-    from salactl.output import warn_once
 
     with matplotlib.rc_context({"text.parse_math": False}), warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
@@ -66,7 +64,7 @@ def _figure(caption: str, size: tuple[float, float], draw: Callable) -> tuple[st
             buf = io.BytesIO()
             fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
         except Exception as e:          # a figure must not cost the report its tables
-            warn_once(f"plot {caption!r} left out: matplotlib failed: {type(e).__name__}: {_first_line(e)}")
+            warn_once(f"plot {caption!r} left out: matplotlib failed: {type(e).__name__}: {first_line(e)}")
             return None
         finally:
             plt.close(fig)
@@ -74,7 +72,7 @@ def _figure(caption: str, size: tuple[float, float], draw: Callable) -> tuple[st
         if "missing from font" in str(w.message):         # one per glyph and figure otherwise
             warn_once("plots: a character in a label has no glyph in matplotlib's font; drawn as a box")
         else:
-            warn_once(f"plot {caption!r}: matplotlib: {_first_line(w.message)}")
+            warn_once(f"plot {caption!r}: matplotlib: {first_line(w.message)}")
     return caption, buf.getvalue()
 
 
@@ -82,10 +80,6 @@ def _drawable(text: str) -> str:
     """A lone surrogate (a byte of a non-UTF-8 label or file name, as Python decodes it) as the
     backslash escape the report's files write: matplotlib's font code takes only valid Unicode."""
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _first_line(what) -> str:
-    return (str(what).strip().splitlines() or [""])[0]
 
 
 def _legend(ax, handles: list, names: list[str], fontsize: int) -> None:

@@ -50,7 +50,9 @@ def render(report: LatencyReport, title: str = "Latency report", with_plots: boo
             parts.append(f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,{b64}'>"
                          f"<figcaption>{html.escape(caption)}</figcaption></figure>")
     elif with_plots:
-        parts.append("<p>Plots need matplotlib: pip install 'salactl[plots]'.</p>")
+        from salactl.reports.pyplot import unavailable
+
+        parts.append(f"<p>No plots: {html.escape(unavailable())}.</p>")
     if report.env:
         parts += ["<h2>environment</h2>", _table(*env_table(report))]
     parts.append("</body></html>")

@@ -1,11 +1,13 @@
 """Pareto front of sweep points (both objectives minimized: a latency and an accuracy loss) and
-its plot (matplotlib is the optional `plots` extra; without it the plot is skipped with a note)."""
+its plot (matplotlib is the optional `plots` extra; without a working one the plot is skipped with a
+warning line naming why)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from salactl.reports.atomic import atomic_path
+from salactl.reports.pyplot import pyplot
 from salactl.reports.records import is_finite_number
 
 
@@ -29,13 +31,10 @@ def pareto_front(points: list[dict], x: str, y: str) -> list[dict]:
 
 def plot_front(points: list[dict], front: list[dict], x: str, y: str, path: Path,
                label_key: str = "phase") -> Path | None:
-    """Scatter of every point with the front as a line; returns the path, or None without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    """Scatter of every point with the front as a line; returns the path, or None without a working
+    matplotlib."""
+    plt = pyplot()
+    if plt is None:
         return None
     usable = _usable(points, x, y)
     fig, ax = plt.subplots(figsize=(7, 4.5))

@@ -1,7 +1,7 @@
 """Plots of a bench run, rendered from its saved files (matplotlib, the optional `plots` extra):
 output throughput per phase (from the records), and with --details, latency CDFs (TTFT, TPOT,
 E2E) and TTFT vs input length per phase (from the per-request CSV). Each PNG is written through a
-temp file; without matplotlib nothing is drawn and the caller says so."""
+temp file; without a working matplotlib nothing is drawn, with one warning line naming why."""
 
 from __future__ import annotations
 
@@ -9,17 +9,7 @@ import csv
 from pathlib import Path
 
 from salactl.reports.atomic import atomic_path
-
-
-def _plt():
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    return plt
+from salactl.reports.pyplot import pyplot as _plt
 
 
 def _save(plt, fig, path: Path) -> Path:
