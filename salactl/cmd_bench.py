@@ -53,6 +53,7 @@ def bench(
 
     output.directory_option(out, files=("records.jsonl",))
     check_tokenizer_used(tokenizer, endpoint, dataset)
+    label = None if label is None else output.utf8_text(label)
     check_label(label)
     settings = BenchSettings(
         profile=profile, dataset=dataset, skip_bad_rows=skip_bad_rows, scale=scale,

@@ -87,6 +87,8 @@ def run(
         refuse_unused(passed(ctx, "label"), "the records written to --out", "add --out DIR, or drop {it}")
     from salactl.bench.records import check_label
 
+    prompt, system, label = (None if t is None else output.utf8_text(t) for t in (prompt, system, label))
+    stop = [output.utf8_text(s) for s in stop or ()]
     check_label(label)
     given = [x is not None for x in (prompt, prompt_ids, prompt_file)]
     if sum(given) != 1:
@@ -107,7 +109,7 @@ def run(
                      no_repeat_ngram_size=no_repeat_ngram_size, min_new_tokens=min_new_tokens,
                      chunk_size=chunk_size, chat=chat, system=system,
                      chat_template_kwargs=_template_kwargs(chat_template_kwargs), ignore_eos=ignore_eos,
-                     stop=tuple(stop or ()), stop_token_ids=_stop_token_ids(stop_token_ids),
+                     stop=tuple(stop), stop_token_ids=_stop_token_ids(stop_token_ids),
                      kv_cache_dtype=kv_cache_dtype, op_profile=op_profile)
     last_text = [""]
 
@@ -132,7 +134,7 @@ def run(
         writer = RecordWriter(out / RECORDS_NAME)
         records = run_records(result, req, label)
         writer.extend(records)
-        result = {**result, "run_id": records[0]["run_id"], "files": {"records": str(writer.path)}}
+        result = {**result, "run_id": records[0]["run_id"], "files": {"records": writer.path}}
     if json_out:
         output.print_json(result)
         return
@@ -144,7 +146,7 @@ def _template_kwargs(items: list[str] | None) -> dict:
     """--chat-template-kwargs KEY=JSON_VALUE ... as a dict."""
     kwargs = {}
     for item in items or ():
-        key, eq, value = item.partition("=")
+        key, eq, value = output.utf8_text(item).partition("=")
         if not eq or not key:
             raise UsageError(f"--chat-template-kwargs {item!r} is not KEY=JSON_VALUE; e.g. enable_thinking=false")
         _check_utf8("--chat-template-kwargs", key)

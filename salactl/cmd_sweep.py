@@ -53,6 +53,7 @@ def sweep(
     from salactl.bench.sweep_job import SweepSettings, run_sweep
 
     output.directory_option(out, files=("records.jsonl",))
+    label = None if label is None else output.utf8_text(label)
     s = SweepSettings(model=model, random_weights=random_weights, seed=seed, device=device, dtype=dtype,
                       tokenizer=tokenizer, dense_len=dense_len, topk=topk, window=window, block=block,
                       chunk_size=chunk_size, batch_size=batch_size, kv_dtype=kv_dtype,

@@ -12,7 +12,7 @@ import re
 import sys
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from rich.console import Console
 from rich.measure import Measurement
@@ -226,6 +226,19 @@ def lone_surrogate(text: str) -> str | None:
     return None if m is None else f"a lone surrogate (U+{ord(m.group()):04X} at character offset {m.start()})"
 
 
+def utf8_text(text: str) -> str:
+    """Text Python decoded with the locale's encoding (argv, file names), decoded as UTF-8 instead, as
+    a UTF-8 locale gives it: under LC_ALL=C (ASCII) "é" arrives as the lone surrogates "\\udcc3\\udca9".
+    A byte that is not UTF-8 stays a lone surrogate ("\\udcff"), for the caller to refuse or show as
+    it would under a UTF-8 locale. Text that no such bytes gave (not encodable back) is returned as is."""
+    if text.isascii():
+        return text
+    try:
+        return os.fsencode(text).decode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text
+
+
 def directory_option(path: Path | None, flag: str = "--out", files: tuple[str, ...] = ()) -> Path | None:
     """A directory option's path (None passes), checked before any work starts: a usage error when
     it is a file, lies below a file, is or lies below a symlink to a missing target, cannot be
@@ -317,7 +330,8 @@ def _probe_writable(existing: Path, path: Path, flag: str) -> None:
 
 
 def jsonable(obj):
-    """inf/nan are not JSON: store them as strings ("inf"), recursively; -0.0 becomes 0.0."""
+    """inf/nan are not JSON: store them as strings ("inf"), recursively; -0.0 becomes 0.0; a path
+    becomes its name as UTF-8 (utf8_text)."""
     if isinstance(obj, float) and (math.isnan(obj) or math.isinf(obj)):
         return str(obj)
     if isinstance(obj, float) and obj == 0:
@@ -326,6 +340,8 @@ def jsonable(obj):
         return {k: jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [jsonable(v) for v in obj]
+    if isinstance(obj, PurePath):       # the file system's bytes as UTF-8, as utf8_text
+        return utf8_text(str(obj))
     return obj
 
 
