@@ -3,7 +3,6 @@ clock), and measured ceilings (`salactl info --measure`, runtime/peaks_measure.p
 
 from __future__ import annotations
 
-import math
 import os
 import stat
 import tempfile
@@ -13,6 +12,7 @@ from pathlib import Path
 import torch
 
 from salactl.errors import UsageError
+from salactl.reports.records import is_finite_number
 from salactl.runtime.json_file import read_json
 
 
@@ -70,9 +70,19 @@ class Peaks:
         return out
 
 
+class CacheDirUnknown(UsageError):
+    """Neither SALACTL_CACHE_DIR nor the home directory names a usable peaks cache location."""
+
+
 def cache_path() -> Path:
-    root = Path(os.environ.get("SALACTL_CACHE_DIR") or Path.home() / ".cache" / "salactl")
-    return root.expanduser().resolve() / "peaks.json"
+    """$SALACTL_CACHE_DIR/peaks.json, else ~/.cache/salactl/peaks.json; CacheDirUnknown when there is
+    no home directory (HOME unset for a user without a passwd entry) or the path is a symlink loop."""
+    try:
+        root = Path(os.environ.get("SALACTL_CACHE_DIR") or Path.home() / ".cache" / "salactl")
+        return root.expanduser().resolve() / "peaks.json"
+    except (RuntimeError, OSError) as e:    # Path.home(); resolve() raises RuntimeError (3.11-3.12) or OSError ELOOP
+        raise CacheDirUnknown(f"cannot locate the peaks cache ({e}); "
+                              "set SALACTL_CACHE_DIR to a writable directory") from e
 
 
 def cpu_model() -> str:
@@ -128,7 +138,14 @@ def load_measured(warn: bool = True) -> dict:
     """The cached measurements by device name; an unreadable cache or an entry without two
     positive finite ceilings (a hand-edited or truncated file) is left out, with a warning
     (`warn`): defaults apply."""
-    path = cache_path()
+    try:
+        path = cache_path()
+    except CacheDirUnknown as e:
+        if warn:
+            from salactl.output import warn_once
+
+            warn_once(f"{e}; the default ceilings apply")
+        return {}
     try:
         data = _read_cache(path)
     except (FileNotFoundError, NotADirectoryError):
@@ -171,7 +188,7 @@ def _warn_unusable_cache(what: str) -> None:
 
 def _valid(entry) -> bool:
     def positive(v):
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+        return is_finite_number(v) and v > 0
 
     return (isinstance(entry, dict) and positive(entry.get("mem_gbps")) and positive(entry.get("bf16_tflops"))
             and (entry.get("fp32_tflops") is None or positive(entry["fp32_tflops"])))

@@ -24,7 +24,7 @@ def info(
     """Show versions, the device and its roofline ceilings."""
     from salactl.env import environment
     from salactl.runtime.loader import resolve_device, resolve_dtype
-    from salactl.runtime.peaks import DATASHEET, cache_path, check_cache_dir, peaks_for
+    from salactl.runtime.peaks import DATASHEET, CacheDirUnknown, cache_path, check_cache_dir, peaks_for
     from salactl.runtime.peaks_measure import measure as do_measure
 
     dev = resolve_device(device)
@@ -33,9 +33,13 @@ def info(
         output.stderr.print(f"measuring copy bandwidth and bf16 / fp32 matmul on {dev} ...")
         do_measure(dev)
     peaks = peaks_for(dev)
+    try:
+        cache = str(cache_path())
+    except CacheDirUnknown:
+        cache = None
     # with the matmul rate a model in the device's default dtype is held to, as `run --json` has it
     record = {"env": environment(), "device": str(dev), "peaks": peaks.for_dtype(resolve_dtype("auto", dev)),
-              "peaks_cache": str(cache_path()),
+              "peaks_cache": cache,
               "datasheet": {k: {"mem_gbps": v[0], "bf16_tflops": v[1], "fp32_tflops": v[2]}
                             for k, v in DATASHEET.items()}}
     if json_out:

@@ -3,11 +3,11 @@ tables read it, so a JSON file that is not a manifest is a one-line usage error,
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from salactl.errors import UsageError
 from salactl.reports.ncu import GZIP_MAGIC
+from salactl.reports.records import is_finite_number
 from salactl.runtime.json_file import MAX_SIDE_FILE, cannot_read, check_regular_file, read_json
 
 MANIFEST_KEYS = ("source", "device", "device_name", "dtype", "kv_dtype", "steps")
@@ -107,21 +107,11 @@ def _costs_problem(costs, where: str) -> str | None:
     if not isinstance(costs, dict) or any(op not in costs for op in OP_CLASSES):
         return f"{where} is not an object with the op classes {', '.join(OP_CLASSES)}"
     for op, c in costs.items():
-        if not (isinstance(c, dict) and all(_is_number(c.get(k)) for k in ("bytes", "flops"))):
+        if not (isinstance(c, dict) and all(is_finite_number(c.get(k)) for k in ("bytes", "flops"))):
             return f"{where}.{op} is not an object with numbers bytes and flops"
-        if "bf16_flops" in c and not _is_number(c["bf16_flops"]):
+        if "bf16_flops" in c and not is_finite_number(c["bf16_flops"]):
             return f"{where}.{op}.bf16_flops is not a number"
         negative = next((k for k in ("bytes", "flops", "bf16_flops") if k in c and c[k] < 0), None)
         if negative:
             return f"{where}.{op}.{negative} is negative ({c[negative]})"
     return None
-
-
-def _is_number(v) -> bool:
-    """A finite JSON number the tables can compute with as a float (a 400-digit integer overflows one)."""
-    if not isinstance(v, (int, float)) or isinstance(v, bool):
-        return False
-    try:
-        return math.isfinite(float(v))
-    except OverflowError:
-        return False
