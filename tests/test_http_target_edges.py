@@ -125,8 +125,11 @@ def _stream_route(backend: str, script) -> dict:
 
 def _one(url: str, backend: str = "openai", n: int = N, **kw):
     target = HttpTarget(url, backend, flush_sleep_s=0.0, **kw)
-    target.check()
-    return run_request(target, random_lengths(1, 4, n, 1000)[0], n, "P", threading.Event())
+    try:
+        target.check()
+        return run_request(target, random_lengths(1, 4, n, 1000)[0], n, "P", threading.Event())
+    finally:
+        target.close()
 
 
 # ---- A: side answers are capped at 1 MiB -------------------------------------------------------

@@ -5,6 +5,22 @@ from __future__ import annotations
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from salactl import output
+from salactl.bench.threads import start_thread
+
+CONCURRENCY_FIX = "lower the phases' max_concurrency"
+
+
+def _start(progress: Progress) -> None:
+    """Start the bar's refresh thread; one this machine cannot start is a CapacityError, with the
+    display (which already redirects stderr) undone first."""
+    def start():
+        try:
+            progress.start()
+        except RuntimeError:
+            progress.live.auto_refresh = False      # its refresh thread never ran: nothing to join
+            progress.stop()
+            raise
+    start_thread(start, "progress bar's refresh thread", CONCURRENCY_FIX)
 
 
 class RichProgress:
@@ -18,7 +34,7 @@ class RichProgress:
     def begin(self, name: str, total: int) -> None:
         self.failed = self.tokens = 0
         if self.task is None:
-            self.progress.start()
+            _start(self.progress)
         self.task = self.progress.add_task("", total=total, phase=name, info="")
 
     def advance(self, result) -> None:
@@ -44,7 +60,7 @@ class PointProgress:
         self.task = None
 
     def begin(self, name: str, total: int) -> None:
-        self.progress.start()
+        _start(self.progress)
         self.task = self.progress.add_task(name, total=total)
 
     def advance_point(self) -> None:

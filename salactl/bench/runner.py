@@ -28,7 +28,8 @@ from salactl.bench.phase_checks import first_line
 from salactl.bench.profiles import Phase
 from salactl.bench.requests import BenchRequest, RequestResult
 from salactl.bench.targets.base import RequestFailed, Target
-from salactl.errors import EndpointError, SalactlError
+from salactl.bench.threads import start_thread
+from salactl.errors import CapacityError, EndpointError, SalactlError
 
 WARMUP_MAX_TOKENS = 32
 
@@ -185,19 +186,27 @@ def _timed(target, phase, requests, seed, progress, cancel) -> PhaseOutcome:
     ready = threading.Barrier(workers + 1)
 
     def start_then_work():
-        ready.wait()
+        try:
+            ready.wait()
+        except threading.BrokenBarrierError:    # a later client thread could not start
+            return
         work()
 
     threads = [threading.Thread(target=start_then_work, daemon=True, name=f"bench-client-{k}")
                for k in range(workers)]
-    for t in threads:
-        t.start()
-    ready.wait()                        # every client thread runs before the clock starts
-    progress.begin(phase.name, n)
-    target.phase_begin()
-    wall0 = time.time()
-    t0 = time.perf_counter()
     try:
+        for k, t in enumerate(threads, 1):
+            start_thread(t.start, f"client thread {k} of phase {phase.name}'s {workers}",
+                         f"lower phase {phase.name}'s max_concurrency")
+    except CapacityError:
+        ready.abort()
+        raise
+    ready.wait()                        # every client thread runs before the clock starts
+    try:
+        progress.begin(phase.name, n)
+        target.phase_begin()
+        wall0 = time.time()
+        t0 = time.perf_counter()
         for i, (req, at) in enumerate(zip(requests, arrivals)):
             while (wait := t0 + at - time.perf_counter()) > 0:
                 time.sleep(min(wait, 0.05))

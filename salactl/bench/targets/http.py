@@ -2,7 +2,7 @@
 as bench targets, streaming server-sent events. Backend `vllm` names a vLLM server, which speaks the
 openai protocol; records keep both names (knobs.target.backend and .protocol).
 
-Hand-written on the standard library (http.client + one thread per in-flight request) rather than
+Hand-written on the standard library (http.client + one client thread per in-flight request) rather than
 httpx/aiohttp: no new dependency, every chunk is timestamped the moment its line is read (the
 runner's per-token ITL needs exactly that), and Ctrl-C can unblock a read by shutting the socket.
 
@@ -51,6 +51,7 @@ except ImportError:                 # Windows
 from salactl import output
 from salactl.bench.requests import BenchRequest
 from salactl.bench.targets.base import Chunk, RequestFailed, Target
+from salactl.bench.targets.watchdog import Watchdog
 from salactl.errors import CapacityError, EndpointError, SalactlError, UsageError
 
 BACKENDS = ("sglang", "openai", "vllm")
@@ -91,40 +92,6 @@ class Deadline:
         if sock.fileno() < 0:
             return                  # the response closed it at its body's end (Python 3.12.x/3.13)
         sock.settimeout(self.left())
-
-
-class Watchdog:
-    """Shuts `sock` down when `deadline` passes, unless stopped first: a socket timeout bounds each
-    read only, and http.client reads a status line and headers line by line (skipping any number of
-    interim `100 Continue` answers), so a trickle of them would otherwise never time out."""
-
-    def __init__(self, sock, deadline: Deadline):
-        self.sock, self.fired, self._lock = sock, False, threading.Lock()
-        left = deadline.left()
-        self._timer = None if left is None else threading.Timer(left, self._fire)
-        if self._timer is not None:
-            self._timer.daemon = True
-            self._timer.start()
-
-    def _fire(self) -> None:
-        with self._lock:
-            if self._timer is None:
-                return                  # stopped in the meantime
-            self.fired = True
-            try:
-                # the plain socket's shutdown: SSLSocket's drops its TLS object under a concurrent read
-                socket.socket.shutdown(self.sock, socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def stop(self) -> bool:
-        """Stop the timer and wait for its thread; whether it fired (and shut the socket down)."""
-        with self._lock:
-            timer, self._timer = self._timer, None
-        if timer is not None:
-            timer.cancel()
-            timer.join()
-        return self.fired
 
 
 class Body:
@@ -325,6 +292,7 @@ class HttpTarget(Target):
         self._active: set = set()
         self._lock = threading.Lock()
         self._warned_flush = False
+        self._watchdog = Watchdog()
 
     # ---- connections ----------------------------------------------------------------------
     def _connect(self, timeout_s: float | None):
@@ -355,7 +323,7 @@ class HttpTarget(Target):
 
     def _send(self, conn, deadline: Deadline, method: str, path: str, body: dict | None):
         """Send one request and read the status line and headers, within `deadline`."""
-        watchdog, resp = Watchdog(conn.sock, deadline), None
+        watch, resp = self._watchdog.watch(conn.sock, deadline), None
         try:
             deadline.arm(conn.sock)
             conn.request(method, path, body=None if body is None else json.dumps(body).encode(),
@@ -364,7 +332,7 @@ class HttpTarget(Target):
             resp = conn.getresponse()
         finally:
             # the shut socket's error, or headers it cut short (they may still parse), are the deadline's
-            if watchdog.stop():
+            if self._watchdog.stop(watch):
                 if resp is not None:
                     resp.close()
                 raise TimeoutError("deadline passed")
@@ -650,6 +618,9 @@ class HttpTarget(Target):
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+
+    def close(self) -> None:
+        self._watchdog.close()
 
     def knobs(self) -> dict:
         return {"endpoint": self.url, "backend": self.backend, "protocol": self.protocol,
