@@ -13,6 +13,7 @@ from pathlib import Path
 from salactl.errors import SalactlError
 
 MAX_SIDE_FILE = 64 * 2**20      # JSON settings and chat templates are kilobytes; a bigger one is not one
+_READ_CHUNK = 2**20
 
 
 def check_regular_file(path: Path, error: type[SalactlError], limit: int, fix: str, name: str = "") -> None:
@@ -32,11 +33,17 @@ def read_side_file(path: Path, error: type[SalactlError], fix: str) -> bytes:
     """The bytes of a checkpoint's side file, refused as check_regular_file says (also when it grows
     past the limit while read)."""
     check_regular_file(path, error, MAX_SIDE_FILE, fix)
+    chunks, total = [], 0
     with open(path, "rb") as f:
-        data = f.read(MAX_SIDE_FILE + 1)
-    if len(data) > MAX_SIDE_FILE:
-        raise error(f"{path} is over the {MAX_SIDE_FILE // 2**20} MiB a checkpoint's side file may have; {fix}")
-    return data
+        # read(n) allocates n bytes up front: one read of the whole cap would take 64 MiB for a
+        # 2 KB config.json (a MemoryError under a tight address-space limit)
+        while chunk := f.read(min(_READ_CHUNK, MAX_SIDE_FILE + 1 - total)):
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > MAX_SIDE_FILE:
+                raise error(f"{path} is over the {MAX_SIDE_FILE // 2**20} MiB a checkpoint's side file may have; "
+                            f"{fix}")
+    return b"".join(chunks)
 
 
 def lookup(path: Path, error: type[SalactlError], what: str = "") -> os.stat_result | None:

@@ -48,7 +48,7 @@ try:
 
     import typer  # noqa: E402
 
-    from salactl.errors import ModelLimitWarning, SalactlError  # noqa: E402
+    from salactl.errors import CapacityError, ModelLimitWarning, SalactlError  # noqa: E402
 except BaseException:
     _restore(_handlers_before_import)
     raise
@@ -230,12 +230,14 @@ def main() -> None:
 def _main() -> None:
     stdout_closed = _closed_streams_to_devnull()
     from salactl import output
+    from salactl.bench.out_of_memory import is_out_of_memory     # now: importing it out of memory could fail
 
     _streams_that_cannot_fail_to_encode()
     output.check_stdout_writes()
     output.stderr_best_effort()
     if stdout_closed:
         sys.stdout = output.ClosedStdout(sys.stdout)
+    out_of_memory = None
     try:
         with warnings.catch_warnings():
             # the commands say the same with the flag to change (output.warn_past_trained_length)
@@ -276,6 +278,12 @@ def _main() -> None:
         sys.exit(e.exit_code)
     except (typer.Abort,):
         _interrupted()
+    except (MemoryError, RuntimeError) as e:     # after typer.Exit and Abort: click's are RuntimeErrors
+        if not is_out_of_memory(e):
+            raise
+        if os.environ.get("SALACTL_DEBUG") == "1":
+            traceback.print_exc()
+        out_of_memory = _out_of_memory_line(e)
     except Exception as e:  # click usage errors (unknown option, bad value) arrive here
         if isinstance(e, _no_args_is_help()):    # bare `salactl`, `salactl eval`: the help, no error
             print(e.format_message(), file=sys.stderr)
@@ -286,6 +294,19 @@ def _main() -> None:
             print(f"error: {e.format_message()}{hint}", file=sys.stderr)
             sys.exit(e.exit_code)
         raise
+    if out_of_memory is not None:
+        # out of the except clause: what the failed work held (the traceback's frames) is freed
+        print(out_of_memory, file=sys.stderr)
+        sys.exit(CapacityError.exit_code)
+
+
+def _out_of_memory_line(e: BaseException) -> str:
+    """What an allocation failure no command foresaw says (the writers are atomic: no partial output)."""
+    command = next((a for a in sys.argv[1:] if not a.startswith("-")), "salactl")
+    detail = str(e).splitlines()[0] if str(e) else ""
+    why = f"{type(e).__name__}: {detail}" if detail else type(e).__name__
+    return (f"error: {command} ran out of host or GPU memory ({why}); free memory or use smaller sizes "
+            f"(fewer or shorter inputs, smaller batches or chunks); SALACTL_DEBUG=1 shows where")
 
 
 def _closed_pipe() -> None:
