@@ -242,10 +242,13 @@ def _check_prompt(req: RunRequest, config: SalaConfig, ids: list[int], tok: Toke
 def _check_memory(req: RunRequest, config: SalaConfig, device: torch.device, act_dtype: torch.dtype,
                   prompt_tokens: int) -> None:
     """Before the weights load, as loading would check them alone: where the reference engine runs,
-    the weights, the prompt's prefill and the KV cache of max_new_tokens more must fit the device (exit
-    11, naming a --chunk-size that fits). The GPU engine sizes its own KV pool."""
-    from salactl.evaluation.perplexity import check_eval_memory, engine_prefill_bytes, model_weight_bytes
-    from salactl.runtime.loader import check_host_memory, model_quantization
+    the weights, the prompt's prefill and the KV cache (in --kv-cache-dtype) of max_new_tokens more
+    must fit the device (exit 11, naming a --chunk-size and a --max-new-tokens that fit). The GPU
+    engine sizes its own KV pool."""
+    from salactl.bench.sweep_sizes import sweep_prefill_bytes
+    from salactl.evaluation.perplexity import check_eval_memory, model_weight_bytes
+    from salactl.profiling.preflight import largest_fitting
+    from salactl.runtime.loader import available_bytes, check_host_memory, model_quantization
     from salactl.units import human_bytes
 
     quantization = model_quantization(req.model, req.random_weights)
@@ -253,16 +256,25 @@ def _check_memory(req: RunRequest, config: SalaConfig, device: torch.device, act
         check_host_memory(config, act_dtype, device, req.model)
     if _gpu_engine_will_run(device, config) or not prompt_tokens:
         return
-    item, total = act_dtype.itemsize, prompt_tokens + max(req.max_new_tokens - 1, 0)    # the last is never fed
+    item = act_dtype.itemsize
     weights = model_weight_bytes(config, quantization, item)
 
-    def need(chunk: int) -> int:
-        return engine_prefill_bytes(config, prompt_tokens, total, chunk, item)
+    def need(chunk: int, new_tokens: int = req.max_new_tokens) -> int:
+        total = prompt_tokens + max(new_tokens - 1, 0)      # the last token is never fed
+        return sweep_prefill_bytes(config, prompt_tokens, total, 1, chunk, config.sparse_config.dense_len, item,
+                                   req.kv_cache_dtype)
 
+    room = available_bytes(device)
+    alternatives = "a shorter prompt or fewer --max-new-tokens"
+    if room is not None and weights + need(req.chunk_size) > room:
+        most = largest_fitting(lambda n: weights + need(req.chunk_size, n) <= room, req.max_new_tokens)
+        alternatives = (f"--max-new-tokens {most:,} or fewer (the most that fit after this prompt)" if most else
+                        f"a shorter prompt (at --chunk-size {req.chunk_size:,} the prompt alone does not fit)")
+    kv = stored_kv_name(req.kv_cache_dtype, act_dtype)
     what = (f"run (the prompt's prefill, {prompt_tokens:,} tokens at --chunk-size {req.chunk_size:,}, and "
-            f"{req.max_new_tokens:,} new tokens: {human_bytes(need(req.chunk_size))} of KV cache, states and the "
-            f"reference engine's workspace and attention scores; the model's weights: {human_bytes(weights)})")
-    check_eval_memory(device, what, 0, need, req.chunk_size, "a shorter prompt or fewer --max-new-tokens", weights)
+            f"{req.max_new_tokens:,} new tokens: {human_bytes(need(req.chunk_size))} of KV cache in {kv}, states and "
+            f"the reference engine's workspace and attention scores; the model's weights: {human_bytes(weights)})")
+    check_eval_memory(device, what, 0, need, req.chunk_size, alternatives, weights)
 
 
 def _generate(req: RunRequest, lm: LoadedModel, ids: list[int], tok: Tokenizer | None,

@@ -44,14 +44,35 @@ def attention_scores_bytes(config, tokens: int, chunk: int, dense_len: int) -> i
     return SCORE_COPIES * 4 * config.num_attention_heads * worst
 
 
-def prefill_bytes(config, tokens: int, cached: int, batch: int, chunk: int, dense_len: int, item: int) -> int:
+def kv_item_bytes(kv_cache_dtype: str, item: int) -> int:
+    """Bytes of one stored key (or value) element: 1 for an FP8 --kv-cache-dtype, else the activation
+    dtype's `item` ("bf16"/"auto" on a float32 model store float32)."""
+    from salactl.runtime.kv_fp8 import fp8_dtype
+
+    return 1 if fp8_dtype(kv_cache_dtype) else item
+
+
+def dequantized_kv_bytes(config, cached: int, kv_cache_dtype: str, item: int) -> int:
+    """An FP8 cache's temporaries while the reference engine attends: one sparse layer's `cached` keys
+    and values dequantized to the activation dtype (SequenceCache.dequantized), the values' peak
+    holding the keys and either two fp32 copies or an fp32 copy and the result (kv_fp8.dequantize_kv);
+    0 for a cache stored as values."""
+    if kv_item_bytes(kv_cache_dtype, item) == item:
+        return 0
+    return config.num_key_value_heads * config.head_dim * cached * (item + max(8, 4 + item))
+
+
+def prefill_bytes(config, tokens: int, cached: int, batch: int, chunk: int, dense_len: int, item: int,
+                  kv_cache_dtype: str = "bf16") -> int:
     """A reference-engine prefill of `tokens` at `chunk` tokens per forward: the caches of `batch`
-    requests of `cached` tokens, one chunk's activations (reports/memory.py) and the attention scores."""
+    requests of `cached` tokens (keys and values stored as `kv_cache_dtype`), one chunk's activations
+    (reports/memory.py), the attention scores and an FP8 cache's dequantized keys and values."""
     from salactl.reports.memory import prefill_workspace_bytes
 
-    return (batch * cache_bytes_per_request(config, cached, item, item)
+    return (batch * cache_bytes_per_request(config, cached, kv_item_bytes(kv_cache_dtype, item), item)
             + prefill_workspace_bytes(config, min(chunk, tokens), item)
-            + attention_scores_bytes(config, tokens, chunk, dense_len))
+            + attention_scores_bytes(config, tokens, chunk, dense_len)
+            + dequantized_kv_bytes(config, cached, kv_cache_dtype, item))
 
 
 def kv_capacity(prompt: int, total: int, chunk: int) -> tuple[int, int]:
@@ -83,35 +104,38 @@ def kv_growth_bytes(config, prompt: int, total: int, chunk: int, kv_bytes: int) 
     return one * (2 * len(config.sparse_layers) * (cap - total) + before)
 
 
-def sweep_prefill_bytes(config, tokens: int, cached: int, batch: int, chunk: int, dense_len: int, item: int) -> int:
+def sweep_prefill_bytes(config, tokens: int, cached: int, batch: int, chunk: int, dense_len: int, item: int,
+                        kv_cache_dtype: str = "bf16") -> int:
     """prefill_bytes plus what each request's reference-engine KV cache holds at its peak beyond its
     `cached` tokens (it grows by doubling and keeps the old copy while it grows), as run and eval count
     it (kv_growth_bytes)."""
-    return (prefill_bytes(config, tokens, cached, batch, chunk, dense_len, item)
-            + batch * kv_growth_bytes(config, tokens, cached, chunk, item))
+    return (prefill_bytes(config, tokens, cached, batch, chunk, dense_len, item, kv_cache_dtype)
+            + batch * kv_growth_bytes(config, tokens, cached, chunk, kv_item_bytes(kv_cache_dtype, item)))
 
 
 def _check_prefill(config, avail: int, prefill: tuple, chunk: int, dense_len: int, item: int,
-                   chunk_fix: bool = True) -> None:
+                   kv_cache_dtype: str = "bf16", chunk_fix: bool = True) -> None:
     """prefill: (what, the flag that sizes it, prompt tokens, tokens cached, requests)."""
     from salactl.profiling.preflight import largest_fitting
     from salactl.runtime.loader import check_fits
 
     what, flag, tokens, cached, batch = prefill
-    need = sweep_prefill_bytes(config, tokens, cached, batch, chunk, dense_len, item)
-    if need <= avail:
+    def need(c: int) -> int:
+        return sweep_prefill_bytes(config, tokens, cached, batch, c, dense_len, item, kv_cache_dtype)
+
+    if need(chunk) <= avail:
         return
-    best = largest_fitting(lambda c: sweep_prefill_bytes(config, tokens, cached, batch, c, dense_len, item) <= avail,
-                           chunk) if chunk_fix else 0
+    best = largest_fitting(lambda c: need(c) <= avail, chunk) if chunk_fix else 0
     fix = f"use --chunk-size {best:,} or less, or lower {flag}" if best else f"lower {flag}"
-    check_fits(need, avail, f"{what}: {batch} request(s) of {cached:,} tokens, prefilled {chunk:,} at a time "
-               f"with dense_len {dense_len:,} (the KV cache and states, the cache at its peak as "
-               "it grows by doubling, and the reference engine's prefill workspace)", "this machine", fix)
+    check_fits(need(chunk), avail, f"{what}: {batch} request(s) of {cached:,} tokens, prefilled {chunk:,} at a "
+               f"time with dense_len {dense_len:,} (the KV cache in --kv-cache-dtype {kv_cache_dtype} and states, "
+               "the cache at its peak as it grows by doubling, and the reference engine's prefill workspace)",
+               "this machine", fix)
 
 
 def check_sizes_fit(s, device) -> None:
     """`s`: SweepSettings whose values are checked already; `device`: the resolved torch.device."""
-    from salactl.bench.sweep_grid import parse_ints
+    from salactl.bench.sweep_grid import KV_DTYPES, parse_ints, parse_names
     from salactl.bench.targets.embedded import DEFAULT_CHUNK
     from salactl.runtime.loader import DTYPES, available_host_bytes, planning_config, resolve_dtype
 
@@ -144,5 +168,6 @@ def check_sizes_fit(s, device) -> None:
                                        kl_tokens, 1), KL_REFERENCE_CHUNK, kl_tokens + 1, item, chunk_fix=False)
         prefills.append(("the KL prompt", "--kl-len", kl_tokens, kl_tokens, 1))
     prefills += [("a passkey prompt", "--passkey-lengths", n, n + ANSWER_TOKENS, 1) for n in lengths]
-    for chunk, dense_len, prefill in itertools.product(chunks, dense_lens, prefills):
-        _check_prefill(config, avail, prefill, chunk, dense_len, item)
+    kv_dtypes = parse_names(s.kv_dtype, "kv-cache-dtype", "bf16", KV_DTYPES)
+    for chunk, dense_len, kv, prefill in itertools.product(chunks, dense_lens, kv_dtypes, prefills):
+        _check_prefill(config, avail, prefill, chunk, dense_len, item, kv)
