@@ -73,7 +73,11 @@ def bounded_call(fn, args, kwargs, size, what):
     if size is not None:
         meter.fits(size, what)
     result = fn(*args, **kwargs)
-    meter.build(meter.measure(result), what)
+    try:
+        size = meter.measure(result)
+    except OverflowError:  # named as what made it, and as built already (not "would be")
+        raise OverflowError(f"{what} is over {meter.limit} characters, items or bits") from None
+    meter.build(size, what)
     return result
 
 

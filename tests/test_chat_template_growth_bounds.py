@@ -64,7 +64,47 @@ LLAMA_LIKE = (
     "{%- for t in tools or [] %}{{- t | tojson(indent=4) }}{{- '\\n\\n' }}{%- endfor %}"
     "{%- for message in messages %}{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' "
     "+ message['content'] | trim + '<|eot_id|>' }}{%- endfor %}"
-    "{{- '%s|%05d|%-3s' % ('a', 7, 'b') }}{{- '{}={:>4}'.format('k', 'v') }}{{- messages|map(attribute='role')|join(',') }}")
+    "{{- '%s|%05d|%-3s' % ('a', 7, 'b') }}{{- '{}={:>4}'.format('k', 'v') }}{{- messages|map(attribute='role')|join(',') }}"
+    "{{- ';' + '|'.join(messages|map(attribute='role')) }}")
+
+
+# Each is refused before the value is built, by its own estimate: the message names the operation as
+# "... would be over", where a check after the call says "is over" and {{ }}'s says "a {{ }} value".
+# The sizes keep the value, built without the estimate, small enough to build (and refuse) quickly.
+@pytest.mark.parametrize("template, bound", [
+    ("{% set ns = namespace(x=3) %}{% for i in range(24) %}{% set ns.x = ns.x * ns.x %}{% endfor %}done",
+     "a '*' result"),
+    ("{{ '%*d' % (10**8, 1) }}", "a '%' result"),
+    ("{% set x = '%*d' % (10**8, 1) %}done", "a '%' result"),
+    ("{{ '%.99999999d' % 1 }}", "a '%' result"),
+    ("{{ '{x:>{w}}'.format_map({'x': 1, 'w': 10**8}) }}", "str.format_map()'s result"),
+    ("{{ ('a' * 100).replace('', 'b' * 10**6) }}", "str.replace()'s result"),
+    ("{{ ('a' * 1000).translate({97: 'b' * 10**5}) }}", "str.translate()'s result"),
+    ("{{ [[[[[[[[[['a' * 10**6]]]]]]]]]]|pprint }}", "the 'pprint' filter's result"),
+    ("{{ ['a']|batch(2 * 10**7, fill_with='x') }}", "the 'batch' filter's result"),
+    ("{{ ['a']|slice(10**9) }}", "the 'slice' filter's result"),
+    ("{{ ([['a' * 1000]] * 1000)|sum(start=[]) }}", "the 'sum' filter's result"),  # quadratic copying
+    ("{{ ('www.a.b ' * 20000)|urlize(target='t' * 1000) }}", "the 'urlize' filter's result"),
+    ("{{ ('\\t' * 2000000).expandtabs() }}", "str.expandtabs()'s result"),
+    ("{{ {('k' * 2000000): 1}|tojson(indent=10) }}", "the 'tojson' filter's result"),
+    ("{{ [[[[[[[[[[['a' * 1000]]]]]]]]]]]|tojson(indent=1000) }}", "the 'tojson' filter's result"),
+    ("{% set ns = namespace(l=['a' * 10**5]) %}{% for i in range(20) %}{% set ns.l = ns.l + ns.l %}{% endfor %}done",
+     "a '+' result"),
+])
+def test_a_growth_is_refused_by_its_estimate_before_it_is_built(template, bound):
+    started = time.monotonic()
+    with pytest.raises(TokenizerError) as e:
+        compile_template(template, "t.jinja")({"messages": [{"role": "user", "content": "hi"}]})
+    assert time.monotonic() - started < 5
+    assert f"{bound} would be over" in str(e.value), str(e.value)
+
+
+def test_a_growth_with_no_estimate_is_refused_after_the_call_naming_it():
+    # escaping has no estimate: only the check after the call sees ~5-fold growth; {% set %} keeps the
+    # value from {{ }}'s own check
+    with pytest.raises(TokenizerError) as e:
+        compile_template("{% set x = ('\"' * 3000000)|e %}done", "t.jinja")({"messages": []})
+    assert "the 'e' filter's result is over" in str(e.value), str(e.value)
 
 
 @pytest.mark.parametrize("template", [QWEN_LIKE, LLAMA_LIKE])
@@ -76,6 +116,8 @@ def test_real_world_templates_render_a_prompt_far_past_the_fixed_bound(template)
         "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": content}],
         "tools": tools, "add_generation_prompt": True, "bos_token": "<s>"})
     assert content.strip() in text and '"description": "é"' in text
+    if template == LLAMA_LIKE:  # join() over map()'s generator, as a filter and as str.join
+        assert "system,user;system|user" in text, text[-200:]
 
 
 def test_a_checkpoint_doubling_a_string_with_tilde_fails_fast_from_the_cli(tmp_path, capsys):
