@@ -38,7 +38,7 @@ def test_run_with_a_deeply_nested_cache_uses_the_defaults(tmp_path):
     assert json.loads(r.stdout)["peaks"]["source"] == "cpu-default"
 
 
-@pytest.mark.parametrize("args", [["info", "--json"], RUN], ids=["info", "run"])
+@pytest.mark.parametrize("args", [["info", "--json", "--device", "cpu"], RUN], ids=["info", "run"])
 def test_a_fifo_cache_does_not_block(tmp_path, args):
     os.mkfifo(tmp_path / "peaks.json")
     r = salactl(tmp_path, *args)
@@ -47,7 +47,7 @@ def test_a_fifo_cache_does_not_block(tmp_path, args):
     assert json.loads(r.stdout)["peaks"]["source"] == "cpu-default"
 
 
-@pytest.mark.parametrize("args", [["info", "--json"], RUN], ids=["info", "run"])
+@pytest.mark.parametrize("args", [["info", "--json", "--device", "cpu"], RUN], ids=["info", "run"])
 def test_an_entry_past_floats_range_is_ignored_with_a_warning(tmp_path, args):
     # a 400-digit integer parses as JSON but overflows math.isfinite; it sits under another device's name
     (tmp_path / "peaks.json").write_text('{"other gpu": {"mem_gbps": 1' + "0" * 400 + ', "bf16_tflops": 1}}')
@@ -63,7 +63,7 @@ def loop(tmp_path):
     return tmp_path / "loop1"
 
 
-@pytest.mark.parametrize("args", [["info", "--json"], RUN], ids=["info", "run"])
+@pytest.mark.parametrize("args", [["info", "--json", "--device", "cpu"], RUN], ids=["info", "run"])
 def test_a_cache_dir_that_cannot_be_located_uses_the_defaults(tmp_path, args):
     # a symlink loop fails Path.resolve() as a missing home directory fails Path.home() (HOME unset, no passwd entry)
     r = salactl(loop(tmp_path), *args)

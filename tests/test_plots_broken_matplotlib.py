@@ -30,8 +30,8 @@ def _only_warning_is_why(tmp_path, stderr: str) -> bool:
 
 
 def test_bench_and_report_latency_skip_plots_with_one_warning_line_when_matplotlib_fails_to_import(tmp_path):
-    bench = _run(tmp_path, "-m", "salactl", "bench", "--random-weights", "--num-requests", "1", "--phases", "S1",
-                 "--scale", "0.01", "-o", "bout", "--json")
+    bench = _run(tmp_path, "-m", "salactl", "bench", "--device", "cpu", "--random-weights", "--num-requests", "1",
+                 "--phases", "S1", "--scale", "0.01", "-o", "bout", "--json")
     assert bench.returncode == 0, bench.stderr
     assert _only_warning_is_why(tmp_path, bench.stderr), bench.stderr
     run = json.loads(bench.stdout)

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux" or sys.getfilesystemenco
 PROMPT = "héllo — 你好 🙂"
 TEXT_ARGS = ["--chat", "--prompt", PROMPT, "--system", "sÿstem é", "--stop", "zzé",
              "--chat-template-kwargs", 'name="ñame"', "--label", "lé 你", "-n", "2", "--random-weights",
-             "--no-op-profile", "--json"]
+             "--no-op-profile", "--device", "cpu", "--json"]
 
 
 def run_in_c_locale(args: list[str | bytes], command: bytes = b"run") -> subprocess.CompletedProcess:
@@ -73,9 +73,9 @@ def test_utf8_text_decodes_locale_bytes_as_utf8():
 
 
 @pytest.mark.parametrize("command,args", [
-    (b"bench", ["--random-weights", "--num-requests", "1", "--phases", "S1", "--scale", "0.01"]),
-    (b"sweep", ["--random-weights", "--dense-len", "64", "--input-len", "64", "--output-len", "2", "--requests", "1",
-                "--no-passkey", "--no-kl"]),
+    (b"bench", ["--device", "cpu", "--random-weights", "--num-requests", "1", "--phases", "S1", "--scale", "0.01"]),
+    (b"sweep", ["--device", "cpu", "--random-weights", "--dense-len", "64", "--input-len", "64", "--output-len", "2",
+                "--requests", "1", "--no-passkey", "--no-kl"]),
 ], ids=["bench", "sweep"])
 def test_bench_and_sweep_labels_are_utf8(tmp_path, command, args):
     r = run_in_c_locale([*args, "--label", "lé 你", "-o", os.fsencode(tmp_path), "--json"], command)

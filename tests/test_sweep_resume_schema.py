@@ -20,8 +20,8 @@ def salactl(*args):
 
 
 def test_a_record_of_another_schema_version_is_measured_again_not_reused(tmp_path):
-    grid = ("sweep", "--dense-len", "64,256", "--topk", 2, "--input-len", 128, "--output-len", 4, "--requests", 1,
-            "--no-passkey", "--json")
+    grid = ("sweep", "--device", "cpu", "--dense-len", "64,256", "--topk", 2, "--input-len", 128, "--output-len", 4,
+            "--requests", 1, "--no-passkey", "--json")
     assert salactl(*grid, "--out", tmp_path / "sw1").returncode == 0
     first, second = map(json.loads, (tmp_path / "sw1" / "records.jsonl").read_text().splitlines())
     future = dict(first, schema_version=2, median_e2e_latency_ms=FAKE_MS, mean_e2e_latency_ms=FAKE_MS)
