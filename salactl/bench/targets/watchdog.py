@@ -47,6 +47,8 @@ class Watchdog:
         if deadline.left() is None:
             return watch
         with self._cond:
+            while self._closing:            # its thread ends once what it watches has ended
+                self._cond.wait()
             if self._thread is None:
                 thread = threading.Thread(target=self._run, daemon=True, name="salactl-http-watchdog")
                 start_thread(thread.start, "HTTP request watchdog", "lower the phases' max_concurrency")
@@ -54,7 +56,7 @@ class Watchdog:
             heapq.heappush(self._heap, (deadline.end, next(self._seq), watch))
             watch.queued = True
             if self._heap[0][2] is watch:
-                self._cond.notify()         # an earlier deadline than the thread sleeps towards
+                self._cond.notify_all()     # an earlier deadline than the thread sleeps towards
         return watch
 
     def stop(self, watch: Watch) -> bool:
@@ -63,6 +65,8 @@ class Watchdog:
             if watch.queued and not watch.stopped and not watch.fired:
                 self._stopped_in_heap += 1      # left in the heap until its deadline or a clean-up
             watch.stopped = True
+            if self._closing:
+                self._cond.notify_all()         # the thread may end now
             while watch.firing:
                 self._cond.wait()
             if self._stopped_in_heap > max(64, len(self._heap) // 2):      # a 6 h deadline outlives its request
@@ -72,18 +76,21 @@ class Watchdog:
             return watch.fired
 
     def close(self) -> None:
-        """End the thread (a later watch starts a new one)."""
+        """End the thread once every watch it holds has stopped or fired; a watch meanwhile waits for
+        that and then starts a new thread."""
         with self._cond:
             thread, self._closing = self._thread, True
-            self._cond.notify()
+            self._cond.notify_all()
         if thread is not None:
             thread.join()
         with self._cond:
             self._thread, self._closing = None, False
+            self._heap, self._stopped_in_heap = [], 0       # stopped watches only
+            self._cond.notify_all()
 
     def _run(self) -> None:
         with self._cond:
-            while not self._closing:
+            while not (self._closing and self._stopped_in_heap == len(self._heap)):
                 if not self._heap or self._heap[0][0] > time.monotonic():
                     self._cond.wait(None if not self._heap else self._heap[0][0] - time.monotonic())
                     continue
