@@ -234,7 +234,7 @@ def test_cpu_cache_check_sizes_the_widest_weight_dtype_cast(monkeypatch):
     bf16, fp32 = (sweep_sizes.prefill_bytes(sala_nano(), 100_000, 100_000, 1, 512, 256, b) for b in (2, 4))
     monkeypatch.setattr(loader, "available_host_bytes", lambda: (bf16 + fp32) // 2)
     sweep_sizes.check_sizes_fit(s, torch.device("cpu"))                   # bf16 caches fit
-    with pytest.raises(CapacityError, match="1 request\\(s\\) of 100,000 tokens.*KV cache and states"):
+    with pytest.raises(CapacityError, match="1 request\\(s\\) of 100,000 tokens.*KV cache in --kv-cache-dtype bf16 and states"):
         sweep_sizes.check_sizes_fit(SweepSettings(**{**s.__dict__, "weight_dtype": "bf16,fp32"}),
                                     torch.device("cpu"))
 
