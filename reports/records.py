@@ -208,17 +208,33 @@ def load_records(paths: list[Path]) -> list[dict]:
     return records
 
 
+# A --json output is kilobytes: a longer file is not named a JSON document (nor read whole to tell)
+MAX_JSON_DOCUMENT = 4 * 2**20
+READ_CHUNK = 2**16
+
+
 def _not_json_lines(path, where: str, why: str) -> DatasetError:
     """The error for a records file whose first line is not JSON: one JSON document spread over
     lines (a --json output, kilobytes) is named as such where the file can be read again (not a pipe)."""
-    whole = RecordLineError(why)
-    if Path(path).is_file():
-        with open(path, "rb") as f:
-            whole = parse_record_line(f.read(MAX_RECORD_LINE).decode("utf-8", "replace"))
-    if isinstance(whole, RecordLineError):
+    whole = _json_document(path) if Path(path).is_file() else None
+    if whole is None or isinstance(whole, RecordLineError):
         return DatasetError(f"{where} is not valid JSON ({why}); each line must be one record object")
     return DatasetError(f"{path} is a JSON document, not JSON lines (one record object per line); give the "
                         f"{RECORDS_NAME} that bench, sweep or run --out DIR append to")
+
+
+def _json_document(path):
+    """The file's whole text parsed (parse_record_line) where it is at most MAX_JSON_DOCUMENT bytes,
+    else None. Read a chunk at a time: a small file never costs a buffer of the cap, which an
+    address-space limit (ulimit -v) may refuse."""
+    chunks, size = [], 0
+    with open(path, "rb") as f:
+        while chunk := f.read(READ_CHUNK):
+            size += len(chunk)
+            if size > MAX_JSON_DOCUMENT:
+                return None
+            chunks.append(chunk)
+    return parse_record_line(b"".join(chunks).removeprefix(UTF8_BOM).decode("utf-8", "replace"))
 
 
 def first_items(items: list[str], n: int = 5) -> str:

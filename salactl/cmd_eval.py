@@ -113,7 +113,7 @@ def _file_read_cap(max_tokens: int) -> output.ReadCap | None:
 
 
 def _check_passkey_memory(model: str, device: str, dtype: str, lengths: list[int], depths: list[float],
-                          trials: int, chunk_size: int) -> None:
+                          trials: int, chunk_size: int, kv_cache_dtype: str) -> None:
     """Before the model loads: the device, dtype, model and its weights as loading would check them,
     then memory with the weights counted."""
     from salactl.evaluation.passkey import check_passkey_memory
@@ -129,7 +129,7 @@ def _check_passkey_memory(model: str, device: str, dtype: str, lengths: list[int
     if quantization is None:
         check_host_memory(config, act, dev, model)
     check_passkey_memory(config, dev, act.itemsize, lengths, depths, trials, chunk_size,
-                         weights=model_weight_bytes(config, quantization, act.itemsize))
+                         weights=model_weight_bytes(config, quantization, act.itemsize), kv_cache_dtype=kv_cache_dtype)
 
 
 def _act_dtype(lm):
@@ -140,6 +140,7 @@ def _describe(lm) -> dict:
     """The model (its checkpoint directory as an absolute path, as the sala-nano preset's), device and dtype."""
     w = next(lm.model.parameters())
     model = str(Path(lm.source).resolve()) if Path(lm.source).is_dir() else lm.source
+    model = output.utf8_text(model)
     return {"model": model, "device": str(w.device), "dtype": str(w.dtype).replace("torch.", "")}
 
 
@@ -188,7 +189,7 @@ def ppl(
                       "and --file")
         # read whole before it is encoded piecewise; a device such as /dev/zero stops at what memory holds
         text = output.read_text_option(file, "--file", cap=_file_read_cap(max_tokens))
-        source = {"file": str(file)}
+        source = {"file": output.utf8_text(str(file))}
         what = f"--file {file}"
     else:
         from salactl.data.corpus import SPLITS, corpus_sha256, corpus_text
@@ -209,7 +210,7 @@ def ppl(
     _warn_capped_windows(seq_len, max_tokens, len(ids), bos is not None)
     output.warn_past_trained_length(longest, lm.config.max_position_embeddings,
                                     "--seq-len" if longest == seq_len else "the longest window scored")
-    check_perplexity_memory(lm.config, lm.model.device, _act_dtype(lm).itemsize, longest, chunk_size)
+    check_perplexity_memory(lm.config, lm.model.device, _act_dtype(lm).itemsize, longest, chunk_size, kv_cache_dtype)
     out_of_memory = out_of_memory_is_capacity("eval ppl", "lower --chunk-size or --seq-len")
     with progress_bar("perplexity") as update, out_of_memory:
         res = perplexity(lm.model, ids, seq_len, cap, progress=update, bos_id=bos, chunk_size=chunk_size,
@@ -259,7 +260,7 @@ def passkey(
         raise UsageError(f"--trials must be positive, got {trials}")
     _check_chunk(chunk_size)
     fp8_dtype(kv_cache_dtype)                   # an unknown name is a usage error before the model loads
-    _check_passkey_memory(model, device, dtype, length_list, depth_list, trials, chunk_size)
+    _check_passkey_memory(model, device, dtype, length_list, depth_list, trials, chunk_size, kv_cache_dtype)
     lm, tok = _load(model, device, dtype, tokenizer, kv_cache_dtype)
     output.warn_past_trained_length(max(length_list) + ANSWER_TOKENS, lm.config.max_position_embeddings,
                                     f"the longest --lengths plus the {ANSWER_TOKENS} answer tokens")

@@ -73,12 +73,12 @@ def latency(
     if out is not None:
         check_out_dir(out, tuple(f"report.{f}" for f in fmts), overwrite)
     report = model.build(load_records(list(records)))
-    written: list[str] = []
+    written: list[Path] = []
     if out is not None:
         renderers = {"md": lambda: markdown(report, title), "csv": lambda: csv_text(report),
                      "html": lambda: html(report, title, not no_plots)}
         files = {out / f"report.{f}": renderers[f]() for f in fmts}
-        written = [str(p) for p in write_all(files, overwrite)]
+        written = write_all(files, overwrite)
         _stale_reports(out, fmts, overwrite)
     if json_out:
         output.print_json({**report.to_dict(), "files": written})
@@ -86,7 +86,7 @@ def latency(
         text = markdown(report, title) + "\n" if "md" in fmts else csv_text(report)
         print(text, end="")
     else:
-        output.stdout.print("wrote " + ", ".join(written))
+        output.stdout.print("wrote " + ", ".join(map(str, written)))
 
 
 def _stale_reports(out: Path, fmts: list[str], overwrite: bool) -> None:
@@ -232,7 +232,7 @@ def memory(
     if context != DEFAULT_CONTEXTS:     # the default table spans the 9B's range for any model
         output.warn_past_trained_length(max(q.contexts), config.max_position_embeddings, "--context")
     recs = load_records(list(records)) if records else None
-    result = {"model": model, **mr.build(config, q, recs, model)}
+    result = {"model": output.utf8_text(model), **mr.build(config, q, recs, model)}
     if recs and not result["measured"]:
         output.stderr.print(f"note: none of the {len(recs)} records has a measured peak (CPU runs have "
                             "none); no measured rows")

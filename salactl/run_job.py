@@ -406,7 +406,7 @@ def _record(req: RunRequest, lm: LoadedModel, ids: list[int], text: GeneratedTex
     ceilings = peaks_for(device).for_dtype(act_dtype, quantized=computes_in_bf16(lm.model))
     P = len(ids)
     return {
-        "model": lm.source,
+        "model": output.utf8_text(lm.source),       # the --model path as given, as UTF-8
         "device": str(device),
         "dtype": dtype_name,
         "prompt_token_ids": list(ids),
@@ -502,7 +502,8 @@ def run_records(result: dict, req: RunRequest, label: str | None) -> list[dict]:
     n_in, n_out = len(result["prompt_token_ids"]), len(result["output_token_ids"])
     knobs = {k: v for k, v in asdict(req).items() if k not in ("prompt", "prompt_ids")}
     knobs.update(result["sampling"], sampling_source=result["sampling_source"], dtype=result["dtype"],
-                 device=result["device"], kv_cache_dtype=result["kv_cache_dtype"], weights=result["weights"])
+                 device=result["device"], kv_cache_dtype=result["kv_cache_dtype"], weights=result["weights"],
+                 model=result["model"], tokenizer=req.tokenizer and output.utf8_text(req.tokenizer))
     common = dict(completed=1, failed=0, total_input_tokens=n_in, total_output_tokens=n_out,
                   peak_memory_bytes=result["peak_memory_bytes"])
     ttft_ms = result["ttft_s"] and result["ttft_s"] * 1e3        # None when no token was generated

@@ -250,7 +250,9 @@ def run_bench(s: BenchSettings, progress=None) -> BenchRun:
             check_open_files(plans)
         if trained_len is not None:
             _warn_past_trained_length(plans, trained_len)
-        run = BenchRun(rec.new_run_id(), s, profile.name, target.kind, target.model)
+        # the profile's file name and the model path or served name are the user's text: as UTF-8
+        run = BenchRun(rec.new_run_id(), s, output.utf8_text(profile.name), target.kind,
+                       target.model and output.utf8_text(target.model))
         return _execute(run, plans, profile, target, s, slo, reference, weights, environment(), progress)
     finally:
         target.close()
@@ -267,7 +269,7 @@ def _warn_past_trained_length(plans, limit: int) -> None:
 def _execute(run, plans, profile, target, s, slo, reference, weights, env, progress) -> BenchRun:
     out = Path(s.out)
     writer = rec.RecordWriter(out / rec.RECORDS_NAME)
-    run.files["records"] = str(writer.path)
+    run.files["records"] = writer.path         # paths stay paths: jsonable names them as UTF-8
     details = []
     durations: dict[str, float] = {}
     problems: dict[str, str] = {}
@@ -307,9 +309,9 @@ def _execute(run, plans, profile, target, s, slo, reference, weights, env, progr
             rows = []
             if s.details and outcome.results:
                 rows = rec.detail_rows(run.run_id, outcome.results, min(r.start_time for r in outcome.results))
-                metrics["details_csv"] = str(out / f"{run.run_id}-requests.csv")
-            record = rec.make_record("bench", run.run_id, s.label, profile.name, ph.name, target.kind,
-                                     target.model, metrics,
+                metrics["details_csv"] = out / f"{run.run_id}-requests.csv"
+            record = rec.make_record("bench", run.run_id, s.label, run.profile, ph.name, target.kind,
+                                     run.model, metrics,
                                      _phase_knobs(plan, s, target, slo, outcome.cache_flushed), env,
                                      outcome.started_at)
             with rec.interrupts_deferred():     # the summaries written on the way out cover every record
@@ -387,12 +389,12 @@ def _stage_side_files(run: BenchRun, out: Path, staging: Path, details: list) ->
     if details:
         csv = staging / f"{run.run_id}-requests.csv"
         rec.write_details(csv, details)
-        run.files["details"] = str(out / csv.name)
+        run.files["details"] = out / csv.name
         per_request = report_plots.read_details(csv)
         plots.append(report_plots.cdf_plot(per_request, staging / f"{run.run_id}-latency-cdf.png"))
         plots.append(report_plots.ttft_vs_input_plot(per_request, staging / f"{run.run_id}-ttft-vs-input.png"))
-    run.files["plots"] = [str(out / p.name) for p in plots if p is not None]
-    run.files["summary_md"] = str(out / f"{run.run_id}.md")
-    run.files["summary_json"] = str(out / f"{run.run_id}.json")
+    run.files["plots"] = [out / p.name for p in plots if p is not None]
+    run.files["summary_md"] = out / f"{run.run_id}.md"
+    run.files["summary_json"] = out / f"{run.run_id}.json"
     write_atomic(staging / f"{run.run_id}.md", markdown_summary(run.to_dict()))
     write_atomic(staging / f"{run.run_id}.json", json.dumps(run.to_dict(), indent=2) + "\n")

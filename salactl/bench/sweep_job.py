@@ -363,7 +363,7 @@ def _sweep(s: SweepSettings, progress) -> SweepRun:
         from salactl.bench.accuracy import kl_prompt
 
         prompt = kl_prompt(tok, kl_len, config.vocab_size, s.seed)
-    context = {"model": lm.source, "device": str(device), "dtype": str(base_dtype).replace("torch.", ""),
+    context = {"model": output.utf8_text(lm.source), "device": str(device), "dtype": str(base_dtype).replace("torch.", ""),
                "engine": engine_kind,
                "input_len": s.input_len, "output_len": s.output_len, "requests": s.requests,
                "kl": s.kl, "kl_len": kl_len, "passkey": do_passkey, "passkey_lengths": lengths,
@@ -374,7 +374,7 @@ def _sweep(s: SweepSettings, progress) -> SweepRun:
     done, unusable = _reusable([r for r in existing if r.get("label") == s.label])
     env = environment()
     writer = rec.RecordWriter(records_path)
-    run.files["records"] = str(records_path)
+    run.files["records"] = records_path        # paths stay paths: jsonable names them as UTF-8
 
     ref_logits = None
     todo = [p for p in points if point_key(p, context) not in done]
@@ -478,7 +478,7 @@ def _prompt_sources(tok, prompt: list[int] | None, kl_len: int, vocab_size: int,
     kl_source = None
     if prompt is not None:
         kl_source = "random" if tok is None or prompt == kl_prompt(None, kl_len, vocab_size, s.seed) else "text"
-    return {"tokenizer": None if tok is None else str(Path(tok.path).resolve()),
+    return {"tokenizer": None if tok is None else output.utf8_text(str(Path(tok.path).resolve())),
             "tokenizer_sha256": None if tok is None else _tokenizer_hash(Path(tok.path)),
             "kl_prompt": kl_source}
 
@@ -708,7 +708,7 @@ def _finish(run: SweepRun, s: SweepSettings, out: Path) -> None:
 
             run.notes.append(f"no Pareto plot: {unavailable()}")     # pyplot() has said why on stderr
         else:
-            run.files["pareto_plot"] = str(path)
+            run.files["pareto_plot"] = path
     summary = out / f"{run.run_id}-sweep.json"
     write_atomic(summary, json.dumps(run.to_dict(), indent=2) + "\n")
-    run.files["summary_json"] = str(summary)
+    run.files["summary_json"] = summary

@@ -118,7 +118,7 @@ def passkey_prompt_bytes(lengths: list[int], depths: list[float], trials: int) -
 
 
 def passkey_memory_bytes(config, act_bytes: int, lengths: list[int], depths: list[float], trials: int,
-                         chunk_size: int) -> tuple[int, int]:
+                         chunk_size: int, kv_cache_dtype: str = "bf16") -> tuple[int, int]:
     """(host, prefill) bytes of a run: every prompt is built up front (passkey_trials) and held as a
     list of ids; one at a time runs, the longest needing the most: its KV cache at its peak and states
     (answer included) and the reference engine's prefill workspace and attention scores
@@ -126,26 +126,28 @@ def passkey_memory_bytes(config, act_bytes: int, lengths: list[int], depths: lis
     from salactl.evaluation.perplexity import engine_prefill_bytes
 
     longest = max(lengths)
-    prefill = engine_prefill_bytes(config, longest, longest + ANSWER_TOKENS, chunk_size, act_bytes)
+    prefill = engine_prefill_bytes(config, longest, longest + ANSWER_TOKENS, chunk_size, act_bytes, kv_cache_dtype)
     return passkey_prompt_bytes(lengths, depths, trials), prefill
 
 
 def check_passkey_memory(config, device, act_bytes: int, lengths: list[int], depths: list[float],
-                         trials: int, chunk_size: int, weights: int = 0) -> None:
+                         trials: int, chunk_size: int, weights: int = 0, kv_cache_dtype: str = "bf16") -> None:
     """Exit 11 before anything is built when the prompts (host) and the longest prompt's prefill plus
     the `weights` still to load (the model's device) need more memory than is available; the error
     names a --chunk-size that fits."""
     from salactl.evaluation.perplexity import check_eval_memory
     from salactl.units import human_bytes
 
-    prompts, prefill = passkey_memory_bytes(config, act_bytes, lengths, depths, trials, chunk_size)
+    prompts, prefill = passkey_memory_bytes(config, act_bytes, lengths, depths, trials, chunk_size, kv_cache_dtype)
     count = len(lengths) * len(depths) * trials
     loading = f"; the model's weights: {human_bytes(weights)}" if weights else ""
     what = (f"eval passkey ({count:,} prompt{'' if count == 1 else 's'}: {human_bytes(prompts)}; the longest "
             f"one's prefill, {max(lengths):,} tokens at --chunk-size {chunk_size:,}: {human_bytes(prefill)} of KV "
-            f"cache, states and the reference engine's workspace and attention scores{loading})")
+            f"cache in --kv-cache-dtype {kv_cache_dtype}, states and the reference engine's workspace and "
+            f"attention scores{loading})")
     check_eval_memory(device, what, prompts,
-                      lambda chunk: passkey_memory_bytes(config, act_bytes, lengths, depths, trials, chunk)[1],
+                      lambda chunk: passkey_memory_bytes(config, act_bytes, lengths, depths, trials, chunk,
+                                                         kv_cache_dtype)[1],
                       chunk_size, "shorter --lengths, fewer --depths or fewer --trials", weights)
 
 

@@ -143,17 +143,20 @@ def _cut_holds(encode, text: str, start: int, cut: int) -> bool:
 LOGIT_COPIES = 3
 
 
-def perplexity_memory_bytes(config, act_bytes: int, window: int, chunk_size: int) -> int:
+def perplexity_memory_bytes(config, act_bytes: int, window: int, chunk_size: int, kv_cache_dtype: str = "bf16") -> int:
     """A window's scoring on the reference engine: its prefill (KV cache at its peak and states, one
     chunk's workspace and attention scores, as engine_prefill_bytes counts them) and the window's logits."""
     logits = LOGIT_COPIES * 4 * window * config.vocab_size
-    return engine_prefill_bytes(config, window, window, chunk_size, act_bytes) + logits
+    return engine_prefill_bytes(config, window, window, chunk_size, act_bytes, kv_cache_dtype) + logits
 
 
-def engine_prefill_bytes(config, prompt: int, cached: int, chunk: int, act_bytes: int) -> int:
+def engine_prefill_bytes(config, prompt: int, cached: int, chunk: int, act_bytes: int,
+                         kv_cache_dtype: str = "bf16") -> int:
     """One sequence on the reference engine, at the model's own dense_len: sweep_prefill_bytes of a
-    `prompt` prefilled `chunk` tokens at a time with `cached` tokens cached in the end."""
-    return sweep_prefill_bytes(config, prompt, cached, 1, chunk, config.sparse_config.dense_len, act_bytes)
+    `prompt` prefilled `chunk` tokens at a time with `cached` tokens cached in the end, the cache
+    stored as `kv_cache_dtype` (--kv-cache-dtype)."""
+    return sweep_prefill_bytes(config, prompt, cached, 1, chunk, config.sparse_config.dense_len, act_bytes,
+                               kv_cache_dtype)
 
 
 def model_weight_bytes(config, quantization: dict | None, act_bytes: int) -> int:
@@ -168,12 +171,14 @@ def model_weight_bytes(config, quantization: dict | None, act_bytes: int) -> int
     return weight_bytes(config, f"w{spec['bits']}a16", spec["group_size"], act_bytes).total
 
 
-def check_perplexity_memory(config, device, act_bytes: int, window: int, chunk_size: int) -> None:
+def check_perplexity_memory(config, device, act_bytes: int, window: int, chunk_size: int,
+                            kv_cache_dtype: str = "bf16") -> None:
     """Exit 11 before scoring when the longest window (`window` tokens) does not fit the model's device."""
-    what = (f"eval ppl (the longest window's prefill, {window:,} tokens at --chunk-size {chunk_size:,}: KV cache, "
-            f"states, the reference engine's workspace and attention scores, and {LOGIT_COPIES} copies of the "
-            "window's fp32 logits)")
-    check_eval_memory(device, what, 0, lambda chunk: perplexity_memory_bytes(config, act_bytes, window, chunk),
+    what = (f"eval ppl (the longest window's prefill, {window:,} tokens at --chunk-size {chunk_size:,}: KV cache "
+            f"in --kv-cache-dtype {kv_cache_dtype}, states, the reference engine's workspace and attention scores, "
+            f"and {LOGIT_COPIES} copies of the window's fp32 logits)")
+    check_eval_memory(device, what, 0,
+                      lambda chunk: perplexity_memory_bytes(config, act_bytes, window, chunk, kv_cache_dtype),
                       chunk_size, "a shorter --seq-len (or --max-tokens)")
 
 
