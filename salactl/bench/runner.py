@@ -2,9 +2,11 @@
 
 Load: requests leave at their arrival times — all at t=0 (rate inf) or with gamma inter-arrival
 gaps of mean 1/rate (shape = burstiness; 1 = Poisson), seeded — and a pool of `max_concurrency`
-client threads (one per request when unlimited) sends them in order, so a limit makes a closed
-loop holding N requests in flight (SOAR S1/S8). The send time is taken when a client thread picks
-the request up, so TTFT excludes client-side waiting, as behind SGLang's semaphore.
+client threads sends them in order, so a limit makes a closed loop holding N requests in flight
+(SOAR S1/S8). Unlimited, there is a client thread per request in flight: all started before the
+clock at rate inf, else started as the requests in flight grow, a few idle ones kept ahead of the
+arrivals (ClientPool). The send time is taken when a client thread picks the request up, so TTFT
+excludes client-side waiting, as behind SGLang's semaphore.
 
 Before the clock: one warmup request (the phase's first request, output capped at 32 tokens),
 the target's preparation for the phase's concurrency (the embedded GPU engine captures the decode
@@ -17,7 +19,6 @@ keeps the records of phases that finished.
 from __future__ import annotations
 
 import math
-import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -28,8 +29,8 @@ from salactl.bench.phase_checks import first_line
 from salactl.bench.profiles import Phase
 from salactl.bench.requests import BenchRequest, RequestResult
 from salactl.bench.targets.base import RequestFailed, Target
-from salactl.bench.threads import start_thread
-from salactl.errors import CapacityError, EndpointError, SalactlError
+from salactl.bench.threads import ClientPool
+from salactl.errors import EndpointError, SalactlError
 
 WARMUP_MAX_TOKENS = 32
 
@@ -160,48 +161,30 @@ def run_phase(target: Target, phase: Phase, requests: list[BenchRequest], seed: 
 def _timed(target, phase, requests, seed, progress, cancel) -> PhaseOutcome:
     n = len(requests)
     arrivals = arrival_times(n, phase.request_rate, phase.burstiness, seed)
-    workers = min(phase.max_concurrency or n, n)
     results: list[RequestResult | None] = [None] * n
-    todo: queue.Queue = queue.Queue()
     done = threading.Event()
     lock = threading.Lock()
     remaining = [n]
 
-    def work():
-        while True:
-            item = todo.get()
-            if item is None or cancel.is_set():
-                return
-            i, req = item
-            res = run_request(target, req, req.output_len, phase.name, cancel)
-            if cancel.is_set():         # the phase is abandoned: a cut request is no failure of the target
-                return
-            results[i] = res
-            progress.advance(res)
-            with lock:
-                remaining[0] -= 1
-                if remaining[0] == 0:
-                    done.set()
+    def serve(item) -> bool:
+        if cancel.is_set():
+            return False
+        i, req = item
+        res = run_request(target, req, req.output_len, phase.name, cancel)
+        if cancel.is_set():             # the phase is abandoned: a cut request is no failure of the target
+            return False
+        results[i] = res
+        progress.advance(res)
+        with lock:
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                done.set()
+        return True
 
-    ready = threading.Barrier(workers + 1)
-
-    def start_then_work():
-        try:
-            ready.wait()
-        except threading.BrokenBarrierError:    # a later client thread could not start
-            return
-        work()
-
-    threads = [threading.Thread(target=start_then_work, daemon=True, name=f"bench-client-{k}")
-               for k in range(workers)]
-    try:
-        for k, t in enumerate(threads, 1):
-            start_thread(t.start, f"client thread {k} of phase {phase.name}'s {workers}",
-                         f"lower phase {phase.name}'s max_concurrency")
-    except CapacityError:
-        ready.abort()
-        raise
-    ready.wait()                        # every client thread runs before the clock starts
+    open_loop = phase.max_concurrency is None and not math.isinf(phase.request_rate)
+    fix = f"give phase {phase.name} a max_concurrency" if open_loop else f"lower phase {phase.name}'s max_concurrency"
+    clients = ClientPool(serve, min(phase.max_concurrency or n, n), open_loop, phase.name, fix)
+    clients.start()                     # the first client threads run before the clock starts
     try:
         progress.begin(phase.name, n)
         target.phase_begin()
@@ -210,15 +193,13 @@ def _timed(target, phase, requests, seed, progress, cancel) -> PhaseOutcome:
         for i, (req, at) in enumerate(zip(requests, arrivals)):
             while (wait := t0 + at - time.perf_counter()) > 0:
                 time.sleep(min(wait, 0.05))
-            todo.put((i, req))
-        for _ in threads:
-            todo.put(None)
+            clients.dispatch((i, req))
+        clients.close()
         while not done.wait(0.05):
             pass
     except BaseException:
         cancel.set()                    # before the client threads take another request
-        for _ in threads:
-            todo.put(None)              # wake the idle ones, so that they end
+        clients.close()                 # wakes the idle ones, so that they end
         raise
     duration = time.perf_counter() - t0
     progress.end()
