@@ -8,7 +8,7 @@ engine's page pool allocates them):
 - KV cache of the sparse (minicpm4) layers: pages · block_size · n_sparse · 2 (K,V) · Hkv · d ·
   kv_bytes (8 KiB/token in bf16 for the real model, 4 KiB in FP8).
 - compressed keys: K1 (mean of 32 keys every 16; block_size / stride slots per page) per sparse
-  layer and KV head, bf16; K2 (128/64, not paged) is
+  layer and KV head, in the activation dtype; K2 (128/64, not paged) is
   what SGLang also keeps. Our runtime keeps K1 only (DESIGN.md §2: K2 is not needed by our exact
   selection), so K2 is counted only with compressed_keys="k1k2".
 - GLA states: n_lightning · H · dk · dv fp32 (48 MiB for the real config), independent of L.
@@ -24,21 +24,21 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from salactl.bench.sweep_sizes import kv_item_bytes
 from salactl.errors import UsageError
 from salactl.quant.in_memory import QUANTIZED_BITS
 from salactl.quant.sequential import quantized_linears
 from salactl.runtime.checkpoint import expected_tensor_shapes
 from salactl.runtime.config import SalaConfig
+from salactl.runtime.gpu.pools import k1_window_bytes, kv_token_bytes
+from salactl.runtime.gpu.pools import slot_bytes as gla_state_bytes    # a request's states: one slot
 from salactl.runtime.kv_fp8 import KV_CACHE_DTYPES
 
-ACTIVATION_KV_BYTES = 2             # "auto"/"bf16" store the activation dtype, bf16 when serving
+SERVING_ACT_BYTES = 2               # the analytic tables are of bf16 serving
 # Names the engine's --kv-cache-dtype refuses but a memory plan may ask for: 16/32-bit caches by
 # their usual names (run records store the activation dtype's, e.g. "bfloat16", "float32") and
 # "fp8" for either FP8 format.
 PLANNING_ONLY_KV_BYTES = {"bfloat16": 2, "fp16": 2, "float16": 2, "fp32": 4, "float32": 4, "fp8": 1}
-KV_DTYPE_BYTES = {**{name: ACTIVATION_KV_BYTES if dtype is None else dtype.itemsize
-                     for name, dtype in KV_CACHE_DTYPES.items()},
-                  **PLANNING_ONLY_KV_BYTES}
 WEIGHT_DTYPES = ("bf16", *QUANTIZED_BITS)
 COMPRESSED_KEY_MODES = ("k1", "k1k2")
 K2_FACTOR = 4                       # K2 kernel and stride are 4x K1's (hard-coded in HF/SGLang)
@@ -72,13 +72,20 @@ GPU_MEMORY_DATASHEET_GB = {
 GPU_NAMES = (*GPU_MEMORY_MIB, *GPU_MEMORY_DATASHEET_GB)
 
 
-def kv_bytes_per_elem(kv_dtype: str) -> int:
-    try:
-        return KV_DTYPE_BYTES[kv_dtype]
-    except KeyError:
-        raise UsageError(f"unknown KV cache dtype {kv_dtype!r}; "
-                         f"valid: {', '.join(KV_CACHE_DTYPES)}, "
-                         f"or for planning only: {', '.join(PLANNING_ONLY_KV_BYTES)}") from None
+def kv_bytes_per_elem(kv_dtype: str, act_bytes: int = SERVING_ACT_BYTES) -> int:
+    """Bytes of a stored K or V element: an engine name's as the engine stores it ("auto"/"bf16"
+    in the activation dtype of `act_bytes`), a planning-only name's as named."""
+    if kv_dtype in PLANNING_ONLY_KV_BYTES:
+        return PLANNING_ONLY_KV_BYTES[kv_dtype]
+    if kv_dtype in KV_CACHE_DTYPES:
+        return kv_item_bytes(kv_dtype, act_bytes)
+    raise UsageError(f"unknown KV cache dtype {kv_dtype!r}; "
+                     f"valid: {', '.join(KV_CACHE_DTYPES)}, "
+                     f"or for planning only: {', '.join(PLANNING_ONLY_KV_BYTES)}")
+
+
+KV_DTYPE_BYTES = {name: kv_bytes_per_elem(name)
+                  for name in (*KV_CACHE_DTYPES, *PLANNING_ONLY_KV_BYTES)}
 
 
 def gpu_memory(name: str) -> tuple[int, str]:
@@ -158,30 +165,27 @@ class RequestMemory:
         return {**asdict(self), "total": self.total}
 
 
-def kv_bytes_per_token(config: SalaConfig, kv_dtype: str = "bf16", layers: int | None = None) -> int:
-    n = len(config.sparse_layers) if layers is None else layers
-    return n * 2 * config.num_key_value_heads * config.head_dim * kv_bytes_per_elem(kv_dtype)
-
-
-def gla_state_bytes(config: SalaConfig) -> int:
-    return (len(config.lightning_layers) * config.lightning_nh * config.lightning_head_dim
-            * config.lightning_head_dim * 4)
+def kv_bytes_per_token(config: SalaConfig, kv_dtype: str = "bf16", layers: int | None = None,
+                       act_bytes: int = SERVING_ACT_BYTES) -> int:
+    return kv_token_bytes(config, kv_bytes_per_elem(kv_dtype, act_bytes), layers)
 
 
 def request_memory(config: SalaConfig, context: int, kv_dtype: str = "bf16",
-                   compressed_keys: str = "k1", key_bytes: int = 2) -> RequestMemory:
+                   compressed_keys: str = "k1", key_bytes: int = SERVING_ACT_BYTES) -> RequestMemory:
+    """key_bytes: the activation dtype's size, which the compressed keys and an "auto"/"bf16" KV
+    cache are stored in."""
     if compressed_keys not in COMPRESSED_KEY_MODES:
         raise UsageError(f"unknown compressed-key mode {compressed_keys!r}; valid: k1 (our runtime), "
                          "k1k2 (SGLang)")
     if context < 0:
         raise UsageError(f"context length must be >= 0, got {context}")
     sc = config.sparse_config
-    per_window = len(config.sparse_layers) * config.num_key_value_heads * config.head_dim * key_bytes
+    per_window = k1_window_bytes(config, key_bytes)
     pages = paged_tokens(config, context) // sc.block_size
     k1 = pages * (sc.block_size // sc.kernel_stride) * per_window
     k2 = compressed_windows(context, K2_FACTOR * sc.kernel_size, K2_FACTOR * sc.kernel_stride) * per_window
-    return RequestMemory(context, pages * sc.block_size * kv_bytes_per_token(config, kv_dtype), k1, k2,
-                         gla_state_bytes(config), compressed_keys)
+    kv = pages * sc.block_size * kv_bytes_per_token(config, kv_dtype, act_bytes=key_bytes)
+    return RequestMemory(context, kv, k1, k2, gla_state_bytes(config), compressed_keys)
 
 
 def paged_tokens(config: SalaConfig, context: int) -> int:
@@ -211,10 +215,10 @@ def prefill_workspace_bytes(config: SalaConfig, chunk: int, act_bytes: int = 2) 
     return 2 * chunk * hidden * act_bytes + max(mlp, mixer) + config.vocab_size * 4
 
 
-def cuda_graph_pool_bytes(config: SalaConfig, max_batch: int, act_bytes: int = 2) -> int:
+def cuda_graph_pool_bytes(config: SalaConfig, max_batch: int) -> int:
     """Estimate: one pool shared by all decode graphs (captured largest bucket first), sized by
-    the largest bucket's per-step intermediates; the graphs' own bookkeeping is not counted."""
-    per_row = prefill_workspace_bytes(config, 1, act_bytes) - config.vocab_size * 4
+    the largest bucket's per-step intermediates in bf16; the graphs' own bookkeeping is not counted."""
+    per_row = prefill_workspace_bytes(config, 1) - config.vocab_size * 4
     return max_batch * (per_row + config.vocab_size * 4)
 
 

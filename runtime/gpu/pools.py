@@ -61,21 +61,32 @@ class PoolPlan:
     page_bytes: int
     slot_bytes: int
     reserve_bytes: int
-
-    block_size: int = 64
+    block_size: int
 
     def total_bytes(self) -> int:
         return (self.pages + 1) * self.page_bytes + (self.slots + 1) * self.slot_bytes
 
 
+def kv_token_bytes(config: SalaConfig, kv_itemsize: int, layers: int | None = None) -> int:
+    """K and V of one token in every sparse layer (or in `layers` layers), every KV head."""
+    n = len(config.sparse_layers) if layers is None else layers
+    return n * 2 * config.num_key_value_heads * config.head_dim * kv_itemsize
+
+
+def k1_window_bytes(config: SalaConfig, key_itemsize: int) -> int:
+    """One compressed key (a K1, or K2, window) in every sparse layer and KV head."""
+    return len(config.sparse_layers) * config.num_key_value_heads * config.head_dim * key_itemsize
+
+
 def page_bytes(config: SalaConfig, kv_itemsize: int, act_itemsize: int) -> int:
+    """One KV page: block_size tokens of K and V, and the block_size / stride K1 windows beside them."""
     sc = config.sparse_config
-    per_layer = (2 * config.num_key_value_heads * sc.block_size * config.head_dim * kv_itemsize
-                 + config.num_key_value_heads * (sc.block_size // sc.kernel_stride) * config.head_dim * act_itemsize)
-    return per_layer * len(config.sparse_layers)
+    return (sc.block_size * kv_token_bytes(config, kv_itemsize)
+            + sc.block_size // sc.kernel_stride * k1_window_bytes(config, act_itemsize))
 
 
 def slot_bytes(config: SalaConfig) -> int:
+    """One GLA state slot: a request's fp32 [H, K, V] state in every lightning layer."""
     d = config.lightning_head_dim
     return len(config.lightning_layers) * config.lightning_nh * d * d * 4
 

@@ -20,7 +20,7 @@ from salactl.bench import records as rec
 from salactl.bench.engine_options import check_gpu_engine_values, gpu_engine_sizes, refuse_gpu_engine_options
 from salactl.bench.grid_memory import cache_bytes_per_request
 from salactl.bench.out_of_memory import out_of_memory_is_capacity
-from salactl.bench.sweep_sizes import KL_REFERENCE_CHUNK, check_sizes_fit
+from salactl.bench.sweep_sizes import KL_REFERENCE_CHUNK, check_sizes_fit, kv_item_bytes
 from salactl.bench.sweep_grid import (KV_DTYPES, WEIGHT_DTYPES, SweepPoint, build_points,
                                       check_window_and_block, parse_ints, parse_names, point_key)
 from salactl.bench.targets.embedded import EmbeddedTarget
@@ -613,9 +613,8 @@ def _measure_point(p: SweepPoint, key: str, ctx: _SweepContext, run: SweepRun) -
     metrics.update(outcome.device)
     # bf16/fp16/fp32 cast the whole model: its KV ("bf16" stores the activation dtype) and K1 follow
     act_dtype = model.model.embed_tokens.weight.dtype
-    kv_item = 1 if p.kv_dtype.startswith("fp8") else act_dtype.itemsize
     metrics["cache_bytes_per_request"] = cache_bytes_per_request(
-        cfg, s.input_len + s.output_len, kv_item, act_dtype.itemsize)
+        cfg, s.input_len + s.output_len, kv_item_bytes(p.kv_dtype, act_dtype.itemsize), act_dtype.itemsize)
     with out_of_memory_is_capacity(f"the accuracy proxies of point {label}",
                                     "lower --chunk-size, --kl-len or --passkey-lengths"):
         if ctx.ref_logits is not None:

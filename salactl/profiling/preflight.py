@@ -62,9 +62,10 @@ def step_memory_bytes(spec: ProfileSpec, config, act_bytes: int, quantized: bool
     step's key compression; the weights are counted as loaded (full precision unless the checkpoint
     is quantized)."""
     from salactl.bench.grid_memory import cache_bytes_per_request
+    from salactl.bench.sweep_sizes import kv_item_bytes
     from salactl.reports.memory import weight_bytes
 
-    kv_item = 1 if spec.kv_cache_dtype.startswith("fp8") else act_bytes
+    kv_item = kv_item_bytes(spec.kv_cache_dtype, act_bytes)
     caches = sum(spec.batch * cache_bytes_per_request(config, sum(spec.step_rows(p)), kv_item, act_bytes)
                  for p in spec.phases)
     working = (spec.batch * reference_attention_bytes(spec, config) + compression_bytes(spec, config, act_bytes)
@@ -143,13 +144,14 @@ def check_memory(spec: ProfileSpec, config, device, act_bytes: int, quantized: b
 
 def _engine_plan(spec: ProfileSpec, config, free_bytes: int, act_bytes: int):
     """GPUEngine's plan_pools over build_engine_workload's sizes (CapacityError where they cannot fit)."""
+    from salactl.bench.sweep_sizes import kv_item_bytes
     from salactl.profiling.engine_workload import engine_sizes
     from salactl.runtime.gpu.mem_fraction import DEFAULT_MEM_FRACTION
     from salactl.runtime.gpu.pools import plan_pools
 
     sizes = engine_sizes(spec, config)
     return plan_pools(config, free_bytes, DEFAULT_MEM_FRACTION, sizes["max_running_requests"], sizes["chunk_size"],
-                      kv_itemsize=1 if spec.kv_cache_dtype.startswith("fp8") else act_bytes,
+                      kv_itemsize=kv_item_bytes(spec.kv_cache_dtype, act_bytes),
                       act_itemsize=act_bytes, max_context=sizes["kv_tokens"], kv_tokens=sizes["kv_tokens"])
 
 
