@@ -351,8 +351,8 @@ def _record(out: str | Path, lm: LoadedModel, opts: QuantOptions, fit: dict, kno
     better = [r for r in result.reports if r.error is not None and r.rtn_error is not None] \
         if opts.method != "rtn" else []
     return {
-        "out": str(out),
-        "model": lm.source,
+        "out": Path(out),                       # the file system's name; --json shows it as UTF-8 (jsonable)
+        "model": output.utf8_text(lm.source),   # the --model path or preset as given, as UTF-8
         "method": opts.method, "bits": opts.bits, "group_size": opts.group_size, "desc_act": opts.desc_act,
         "clip_search": opts.clip_search,
         "damp": opts.damp if opts.method == "gptq" else None, "kv_cache_dtype": opts.kv_cache_dtype,

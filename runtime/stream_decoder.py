@@ -1,7 +1,10 @@
 """Incremental detokenization: generated ids to text increments whose concatenation equals
 `Tokenizer.decode(all ids)` (after the prompt's, given one), decoding only a short window of recent
 ids (HF TextStreamer / vLLM);
-GeneratedText ends that text at stop strings and stop ids, as vLLM does."""
+GeneratedText ends that text at stop strings and stop ids, as vLLM does.
+Hand-written, not `tokenizers.decoders.DecodeStream`: that arrived in tokenizers 0.21 (pyproject
+allows 0.20), and it has no flush, so an output cut mid-character never gives the U+FFFD that
+decode() ends in: the increments would not join to decode(ids)."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import re
 
 from salactl.errors import UsageError
 from salactl.runtime.sampling import as_token_ids, is_int
-from salactl.runtime.tokenizer import Tokenizer, _check_utf8
+from salactl.runtime.tokenizer import Tokenizer, check_utf8
 
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
@@ -220,7 +223,7 @@ def check_stop_strings(stop) -> tuple[str, ...]:
         if not isinstance(s, str) or not s:
             raise UsageError(f"stop strings (--stop) must be non-empty text, got {s!r}")
         try:
-            _check_utf8(s)
+            check_utf8(s)
         except UsageError as e:
             raise UsageError(f"stop strings (--stop): {e}") from None
     return stop

@@ -22,6 +22,7 @@ from salactl.runtime.chat_template import (CHATML_MARKERS, chatml, compile_templ
                                            read_chat_template)
 from salactl.runtime.json_file import check_regular_file, is_dir, lookup, read_optional_json
 from salactl.runtime.sampling import is_int
+from salactl.runtime.surrogates import lone_surrogate_at
 
 # transformers classes whose __init__ rebuilds the post-processor from add_bos_token/add_eos_token
 LLAMA_CLASSES = frozenset({"LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer", "CodeLlamaTokenizerFast"})
@@ -32,6 +33,7 @@ MAX_TOKENIZER_FILE = 2**30     # the `tokenizers` library reads tokenizer.json w
 # Text that encode(continuation=True) puts before its text and then drops, each tried until one's ids stay a
 # prefix (the text's first token did not merge into it): a line break, then characters words seldom merge with
 CONTINUATION_ANCHORS = ("\n", ".", "\x00")
+_READ_CHUNK = 2**20
 
 
 class Tokenizer:
@@ -48,9 +50,11 @@ class Tokenizer:
         if not lookup(file, TokenizerError):
             raise TokenizerError(f"no tokenizer.json at {file}; pass --tokenizer PATH (a tokenizer.json or "
                                  "its directory)")
-        _check_readable(file)
+        text = _read_tokenizer_json(file)
         try:
-            self.tok = HFTokenizer.from_file(str(file))
+            # from the text, not from_file: the library takes only a path that is valid UTF-8, and under
+            # a non-UTF-8 locale Python holds a non-ASCII directory name as lone surrogates
+            self.tok = HFTokenizer.from_str(text)
         except Exception as e:  # tokenizers raises plain Exceptions for bad files
             raise TokenizerError(f"{file} is not a valid tokenizer.json ({str(e).splitlines()[0]})") from None
         self.path = file
@@ -237,7 +241,7 @@ class Tokenizer:
                 return self._plain(text) if ids is None else ids
             return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
         except TypeError:
-            _check_utf8(text)
+            check_utf8(text)
             raise
         finally:
             self.tok.encode_special_tokens = False
@@ -356,30 +360,38 @@ def _refuse_sentencepiece(file: Path) -> None:
                              f".save_pretrained({d!r})\"")
 
 
-def _check_readable(file: Path) -> None:
-    """An unreadable file is not an invalid one: say which it is. A device or FIFO would be read
-    forever or block, and the `tokenizers` library reads the file whole: refused first."""
+def _read_tokenizer_json(file: Path) -> str:
+    """The text of tokenizer.json. An unreadable file is not an invalid one: say which it is. A device
+    or FIFO would be read forever or block: refused first; one over MAX_TOKENIZER_FILE (also one that
+    grows past it while read) too, since it is held whole."""
     fix = "re-download the model's tokenizer.json or pass another --tokenizer"
+    chunks, total = [], 0
     try:
         check_regular_file(file, TokenizerError, MAX_TOKENIZER_FILE, fix)
-        with open(file, "rb"):
-            pass
+        with open(file, "rb") as f:
+            while chunk := f.read(min(_READ_CHUNK, MAX_TOKENIZER_FILE + 1 - total)):   # read(n) allocates n
+                chunks.append(chunk)
+                total += len(chunk)
     except OSError as e:
         raise TokenizerError(f"cannot read tokenizer {file}: {e.strerror}; fix its permissions or pass "
                              "another --tokenizer") from None
+    if total > MAX_TOKENIZER_FILE:
+        raise TokenizerError(f"{file} is over the {MAX_TOKENIZER_FILE // 2**20} MiB a tokenizer.json may have; {fix}")
+    try:
+        return b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TokenizerError(f"{file} is not a valid tokenizer.json (not UTF-8: byte 0x{e.object[e.start]:02x} "
+                             f"at offset {e.start}); {fix}") from None
 
 
-def _check_utf8(text) -> None:
-    """Python keeps bytes that are not UTF-8 (argv from a Latin-1 terminal, a file read with
-    errors="surrogateescape") as lone surrogates, which no tokenizer can encode."""
-    if not isinstance(text, str):
+def check_utf8(text) -> None:
+    """A UsageError where `text` (a str; anything else is left to its caller) holds a lone surrogate."""
+    if not isinstance(text, str) or (bad := lone_surrogate_at(text)) is None:
         return
-    bad = next((i for i, c in enumerate(text) if "\ud800" <= c <= "\udfff"), None)
-    if bad is not None:
-        byte = ord(text[bad]) - 0xDC00
-        shown = f"byte 0x{byte:02x}" if 0x80 <= byte <= 0xFF else f"code point U+{ord(text[bad]):04X}"
-        raise UsageError(f"the text is not valid UTF-8 ({shown} at character offset {bad}); give UTF-8 text "
-                         "(convert it, e.g. with iconv -f latin1 -t utf-8, or set a UTF-8 locale)")
+    byte = ord(text[bad]) - 0xDC00
+    shown = f"byte 0x{byte:02x}" if 0x80 <= byte <= 0xFF else f"code point U+{ord(text[bad]):04X}"
+    raise UsageError(f"the text is not valid UTF-8 ({shown} at character offset {bad}); give UTF-8 text "
+                     "(convert it, e.g. with iconv -f latin1 -t utf-8, or set a UTF-8 locale)")
 
 
 def _int(v, path: Path) -> int:

@@ -180,7 +180,7 @@ def _check_utf8(flag: str, text: str | None) -> None:
     """A UsageError naming `flag` where `text` holds bytes that are not UTF-8 (lone surrogates, as
     Python keeps such argv bytes; or JSON's "\\udcff"): checked here, as --stop is, because with --chat
     the tokenizer meets them only in the rendered template, at a position the user never wrote."""
-    from salactl.runtime.tokenizer import _check_utf8 as check
+    from salactl.runtime.tokenizer import check_utf8 as check
 
     try:
         check(text)

@@ -19,6 +19,7 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from salactl.errors import OutputWriteError, UsageError
+from salactl.runtime.surrogates import lone_surrogate_at
 
 
 class _Console(Console):
@@ -216,14 +217,11 @@ def parse_json_line(line: str) -> tuple[object, str | None]:
         return None, "holds an integer with too many digits to parse"
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
 def lone_surrogate(text: str) -> str | None:
     """Where `text` (from JSON, which may escape one: "\\ud83d") holds half of a surrogate pair,
     which is no Unicode character and cannot be encoded or tokenized; None where it holds none."""
-    m = _SURROGATE.search(text)
-    return None if m is None else f"a lone surrogate (U+{ord(m.group()):04X} at character offset {m.start()})"
+    at = lone_surrogate_at(text)
+    return None if at is None else f"a lone surrogate (U+{ord(text[at]):04X} at character offset {at})"
 
 
 def utf8_text(text: str) -> str:

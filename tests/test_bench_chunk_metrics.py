@@ -6,6 +6,7 @@ the re-tokenized count."""
 import json
 import threading
 import time
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -96,15 +97,17 @@ def tok():
     return Tokenizer(EMBEDDED_DIR)
 
 
+@contextmanager
 def _target(url, tokenizer=None):
-    target = HttpTarget(url, "openai", flush_sleep_s=0.0, read_timeout_s=10.0, tokenizer=tokenizer)
-    target.check()
-    return target
+    with HttpTarget(url, "openai", flush_sleep_s=0.0, read_timeout_s=10.0, tokenizer=tokenizer) as target:
+        target.check()
+        yield target
 
 
 def _one(url, n, tokenizer=None):
     req = random_lengths(1, 4, n, 1000)[0]
-    return run_request(_target(url, tokenizer), req, n, "P", threading.Event())
+    with _target(url, tokenizer) as target:
+        return run_request(target, req, n, "P", threading.Event())
 
 
 @pytest.mark.parametrize("usage", ["final", "final-on-choice", "none"])
@@ -130,8 +133,8 @@ def test_an_estimate_below_the_chunk_count_still_gives_one_itl_entry_per_token(t
 def test_four_tokens_in_every_chunk_gives_a_mean_itl_equal_to_tpot():
     """The reviewer's schedule (the first chunk has 4 tokens too): the client cannot see that, so
     the mean ITL is the TPOT (12 gaps of GAP over 15 tokens), not the chunk gap."""
-    with ScheduleServer([4] * 4, "final") as srv:
-        out = run_phase(_target(srv.url), Phase("P", warmup_requests=0, flush_cache=False),
+    with ScheduleServer([4] * 4, "final") as srv, _target(srv.url) as target:
+        out = run_phase(target, Phase("P", warmup_requests=0, flush_cache=False),
                         random_lengths(2, 4, 16, 1000), seed=1)
     m = phase_metrics(out.results, out.duration)
     assert all(len(r.itl) == 15 for r in out.results)
@@ -143,8 +146,8 @@ def test_the_first_chunks_tokens_count_in_the_peak_tokens_per_second():
     """20 tokens in the first chunk at 0.2 s, then one each at 1.2, 1.3, 1.4 s: the fullest second
     holds 20 tokens, not 1."""
     at = lambda i: TTFT if i == 0 else 1.1 + i * GAP
-    with ScheduleServer([20, 1, 1, 1], "continuous", at) as srv:
-        out = run_phase(_target(srv.url), Phase("P", warmup_requests=0, flush_cache=False),
+    with ScheduleServer([20, 1, 1, 1], "continuous", at) as srv, _target(srv.url) as target:
+        out = run_phase(target, Phase("P", warmup_requests=0, flush_cache=False),
                         random_lengths(1, 4, 23, 1000), seed=1)
     m = phase_metrics(out.results, out.duration)
     assert m["completed"] == 1 and m["total_output_tokens"] == 23

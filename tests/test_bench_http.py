@@ -29,8 +29,7 @@ pytestmark = pytest.mark.usefixtures("quick_thread_switches")
 @pytest.mark.parametrize("backend", ["sglang", "openai"])
 def test_metrics_match_injected_timings(backend):
     TTFT, PER_TOKEN = 0.5, 0.05
-    with FakeServer(TTFT, PER_TOKEN) as srv:
-        target = HttpTarget(srv.url, backend, flush_sleep_s=0.0)
+    with FakeServer(TTFT, PER_TOKEN) as srv, HttpTarget(srv.url, backend, flush_sleep_s=0.0) as target:
         target.check()
         reqs = random_lengths(4, 16, OUT, vocab_size=1000, seed=3)
         phase = Phase("P", max_concurrency=2)
@@ -70,8 +69,7 @@ def test_metrics_match_injected_timings(backend):
 
 
 def test_unlimited_concurrency_sends_all_at_once():
-    with FakeServer(TTFT, PER_TOKEN) as srv:
-        target = HttpTarget(srv.url, "sglang", flush_sleep_s=0.0)
+    with FakeServer(TTFT, PER_TOKEN) as srv, HttpTarget(srv.url, "sglang", flush_sleep_s=0.0) as target:
         reqs = random_lengths(6, 4, 4, vocab_size=1000, seed=1)
         out = run_phase(target, Phase("Smax", warmup_requests=0, flush_cache=False), reqs)
         m = phase_metrics(out.results, out.duration)
@@ -89,8 +87,9 @@ def _free_port() -> int:
 def test_unreachable_endpoint_fails_fast():
     port = _free_port()
     t = time.perf_counter()
-    with pytest.raises(EndpointError, match="cannot reach .*connection refused"):
-        HttpTarget(f"http://127.0.0.1:{port}", "sglang").check()
+    with HttpTarget(f"http://127.0.0.1:{port}", "sglang") as target, \
+            pytest.raises(EndpointError, match="cannot reach .*connection refused"):
+        target.check()
     assert time.perf_counter() - t < 2.0
 
 
@@ -105,10 +104,10 @@ def _timed_out(srv, timeout_s: float, out_len: int = 4):
     """One request under a `timeout_s` --request-timeout: (result, seconds it took)."""
     from salactl.bench.runner import run_request
 
-    target = HttpTarget(srv.url, "sglang", flush_sleep_s=0.0, read_timeout_s=timeout_s)
-    t = time.perf_counter()
-    res = run_request(target, random_lengths(1, 4, out_len, 1000)[0], out_len, "P", threading.Event())
-    return res, time.perf_counter() - t
+    with HttpTarget(srv.url, "sglang", flush_sleep_s=0.0, read_timeout_s=timeout_s) as target:
+        t = time.perf_counter()
+        res = run_request(target, random_lengths(1, 4, out_len, 1000)[0], out_len, "P", threading.Event())
+        return res, time.perf_counter() - t
 
 
 def test_a_server_that_stops_sending_fails_the_request_after_the_request_timeout():
@@ -143,17 +142,18 @@ def _silent_port():
 def test_a_silent_probe_fails_after_min_30_s_and_the_request_timeout_naming_the_wait():
     with _silent_port() as s:
         t = time.perf_counter()
-        with pytest.raises(EndpointError, match=r"GET http://127.0.0.1:\d+/v1/models did not answer within 0.4 s"):
-            HttpTarget(f"http://127.0.0.1:{s.getsockname()[1]}", "openai", read_timeout_s=0.4).check()
+        with HttpTarget(f"http://127.0.0.1:{s.getsockname()[1]}", "openai", read_timeout_s=0.4) as target, \
+                pytest.raises(EndpointError, match=r"GET http://127.0.0.1:\d+/v1/models did not answer within 0.4 s"):
+            target.check()
     assert time.perf_counter() - t < 3.0
 
 
 def test_a_silent_cache_flush_is_a_warning_and_reports_no_flush(capfd):
     with _silent_port() as s:
-        target = HttpTarget(f"http://127.0.0.1:{s.getsockname()[1]}", "openai", flush_sleep_s=0.0,
-                            read_timeout_s=0.3)
         t = time.perf_counter()
-        assert target.flush_cache() is False and target.flush_cache() is False
+        with HttpTarget(f"http://127.0.0.1:{s.getsockname()[1]}", "openai", flush_sleep_s=0.0,
+                        read_timeout_s=0.3) as target:
+            assert target.flush_cache() is False and target.flush_cache() is False
     assert time.perf_counter() - t < 3.0
     err = capfd.readouterr().err
     assert err.count("warning") == 1 and "the prefix cache was not flushed: POST" in err
@@ -167,17 +167,18 @@ def test_an_endpoint_with_a_query_string_is_refused():
 
 def test_ipv6_hosts_keep_their_brackets():
     port = _free_port()
-    target = HttpTarget(f"http://[::1]:{port}/v1", "openai")
-    assert target.url == f"http://[::1]:{port}" and target.knobs()["endpoint"] == target.url
-    with pytest.raises(EndpointError, match=rf"cannot reach http://\[::1\]:{port} "):
-        target.check()
+    with HttpTarget(f"http://[::1]:{port}/v1", "openai") as target:
+        assert target.url == f"http://[::1]:{port}" and target.knobs()["endpoint"] == target.url
+        with pytest.raises(EndpointError, match=rf"cannot reach http://\[::1\]:{port} "):
+            target.check()
 
 
 def test_https_to_a_plain_http_server_hints_at_http():
     with FakeServer(0.01, 0.001) as srv:
         port = srv.url.rsplit(":", 1)[1]
-        with pytest.raises(EndpointError, match=rf"use http://127.0.0.1:{port}\)"):
-            HttpTarget(srv.url.replace("http://", "https://"), "sglang").check()
+        with HttpTarget(srv.url.replace("http://", "https://"), "sglang") as target, \
+                pytest.raises(EndpointError, match=rf"use http://127.0.0.1:{port}\)"):
+            target.check()
 
 
 def test_a_compressed_stream_is_refused_and_identity_was_asked_for():
@@ -185,8 +186,8 @@ def test_a_compressed_stream_is_refused_and_identity_was_asked_for():
 
     with FakeServer(0.01, 0.001) as srv:
         srv.content_encoding = "gzip"
-        res = run_request(HttpTarget(srv.url, "sglang", flush_sleep_s=0.0), random_lengths(1, 4, 4, 1000)[0], 4,
-                          "P", threading.Event())
+        with HttpTarget(srv.url, "sglang", flush_sleep_s=0.0) as target:
+            res = run_request(target, random_lengths(1, 4, 4, 1000)[0], 4, "P", threading.Event())
     assert srv.seen_headers[0]["Accept-Encoding"] == "identity"
     assert not res.success and res.error.startswith("the server sent a gzip-compressed stream"), res.error
 
@@ -196,8 +197,8 @@ def test_a_line_longer_than_16_mib_fails_the_request():
 
     with FakeServer(0.01, 0.001) as srv:
         srv.edit_event = lambda e: {**e, "pad": "A" * (17 * 2 ** 20)}
-        res = run_request(HttpTarget(srv.url, "sglang", flush_sleep_s=0.0), random_lengths(1, 4, 4, 1000)[0], 4,
-                          "P", threading.Event())
+        with HttpTarget(srv.url, "sglang", flush_sleep_s=0.0) as target:
+            res = run_request(target, random_lengths(1, 4, 4, 1000)[0], 4, "P", threading.Event())
     assert not res.success and res.error.startswith("the server streamed a line longer than 16 MiB"), res.error
 
 
@@ -224,15 +225,14 @@ def test_impossible_or_malformed_token_counts_fail_the_request(backend, edit, me
 
     with FakeServer(0.01, 0.001) as srv:
         srv.edit_event = edit
-        target = HttpTarget(srv.url, backend, flush_sleep_s=0.0)
-        target.check()
-        res = run_request(target, random_lengths(1, 4, 4, 1000)[0], 4, "P", threading.Event())
+        with HttpTarget(srv.url, backend, flush_sleep_s=0.0) as target:
+            target.check()
+            res = run_request(target, random_lengths(1, 4, 4, 1000)[0], 4, "P", threading.Event())
     assert not res.success and message in res.error, res.error
 
 
 def test_http_errors_count_as_failed_requests():
-    with FakeServer(TTFT, PER_TOKEN) as srv:
-        target = HttpTarget(srv.url, "sglang", flush_sleep_s=0.0)
+    with FakeServer(TTFT, PER_TOKEN) as srv, HttpTarget(srv.url, "sglang", flush_sleep_s=0.0) as target:
         target.generate_path = "/missing"           # the server answers 404 for this path
         from salactl.bench.runner import run_request
         res = run_request(target, random_lengths(1, 4, 4, 1000)[0], 4, "P", threading.Event())
@@ -246,16 +246,15 @@ def test_a_redirect_names_its_location():
 
     with FakeServer(0.01, 0.001) as srv:
         srv.reject = lambda nth, body: (307, {}, {"Location": "/api/generate"})
-        res = run_request(HttpTarget(srv.url, "sglang", flush_sleep_s=0.0), random_lengths(1, 4, 4, 1000)[0], 4,
-                          "P", threading.Event())
+        with HttpTarget(srv.url, "sglang", flush_sleep_s=0.0) as target:
+            res = run_request(target, random_lengths(1, 4, 4, 1000)[0], 4, "P", threading.Event())
     assert res.error.endswith(f"(POST {srv.url}/generate, redirected to /api/generate: point --endpoint there)")
 
 
 def test_request_rate_dispatch_follows_poisson_arrivals():
     from salactl.bench.runner import arrival_times
 
-    with FakeServer(0.01, 0.001) as srv:
-        target = HttpTarget(srv.url, "sglang", flush_sleep_s=0.0)
+    with FakeServer(0.01, 0.001) as srv, HttpTarget(srv.url, "sglang", flush_sleep_s=0.0) as target:
         reqs = random_lengths(6, 4, 2, vocab_size=1000, seed=1)
         phase = Phase("R", request_rate=5.0, warmup_requests=0, flush_cache=False)
         out = run_phase(target, phase, reqs, seed=5)
@@ -337,9 +336,9 @@ def test_a_stream_cut_before_done_fails_the_request(backend):
 
     with FakeServer(0.01, 0.001) as srv:
         srv.cut_after = 1
-        target = HttpTarget(srv.url, backend, flush_sleep_s=0.0)
-        target.check()
-        res = run_request(target, random_lengths(1, 4, 8, 1000)[0], 8, "P", threading.Event())
+        with HttpTarget(srv.url, backend, flush_sleep_s=0.0) as target:
+            target.check()
+            res = run_request(target, random_lengths(1, 4, 8, 1000)[0], 8, "P", threading.Event())
     assert not res.success and "without data: [DONE]" in res.error, res.error
 
 

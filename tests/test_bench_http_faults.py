@@ -37,9 +37,9 @@ def _openai_request(usage: str, tokenizer=None, **server):
         srv.usage = usage
         for k, v in server.items():
             setattr(srv, k, v)
-        target = HttpTarget(srv.url, "openai", flush_sleep_s=0.0, tokenizer=tokenizer)
-        target.check()
-        return _one(target)
+        with HttpTarget(srv.url, "openai", flush_sleep_s=0.0, tokenizer=tokenizer) as target:
+            target.check()
+            return _one(target)
 
 
 def test_no_usage_counts_tokens_by_retokenizing_the_streamed_text(tok):
@@ -80,9 +80,9 @@ def test_an_estimate_above_max_tokens_is_capped_and_flagged(tok):
      "no event carried meta_info.completion_tokens"),
 ])
 def test_a_stream_without_tokens_says_which_field_was_missing(backend, edit, why):
-    with FakeServer(0.01, 0.001) as srv:
+    with FakeServer(0.01, 0.001) as srv, HttpTarget(srv.url, backend, model="m", flush_sleep_s=0.0) as target:
         srv.edit_event = edit
-        res = _one(HttpTarget(srv.url, backend, model="m", flush_sleep_s=0.0), 4)
+        res = _one(target, 4)
     assert not res.success and res.error == f"the stream ended without any token: {why}"
 
 
@@ -123,9 +123,9 @@ def test_no_usage_is_recorded_and_warned_per_phase(tmp_path, capfd):
 def test_a_200_that_is_not_an_event_stream_fails_with_its_body(respond, message):
     with FakeServer(0.01, 0.001) as srv:
         srv.respond = respond
-        target = HttpTarget(srv.url, "openai", flush_sleep_s=0.0)
-        target.check()
-        res = _one(target)
+        with HttpTarget(srv.url, "openai", flush_sleep_s=0.0) as target:
+            target.check()
+            res = _one(target)
     assert not res.success
     assert "HTTP 200 with Content-Type application/json, not an event stream" in res.error, res.error
     assert message in res.error and "closed the connection" not in res.error
@@ -135,9 +135,9 @@ def test_a_200_that_is_not_an_event_stream_fails_with_its_body(respond, message)
                                           ("/generate", "sglang"), ("/v1/completions/", "openai")])
 def test_a_full_api_url_as_endpoint_is_cut_to_the_server_root(path, backend, capfd):
     with FakeServer(0.01, 0.001) as srv:
-        target = HttpTarget(srv.url + path, backend, flush_sleep_s=0.0)
-        target.check()
-        res = _one(target, 4)
+        with HttpTarget(srv.url + path, backend, flush_sleep_s=0.0) as target:
+            target.check()
+            res = _one(target, 4)
     assert res.success and target.url == srv.url and target.model == "fake-model"
     err = capfd.readouterr().err
     assert f"note: --endpoint ends in {path.rstrip('/')}; using the server root {srv.url}" in err
@@ -148,27 +148,29 @@ def test_an_api_key_refusal_of_the_model_probe_names_the_status_and_body(monkeyp
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     with FakeServer(0.01, 0.001) as srv:
         srv.api_key = "sekrit"
-        with pytest.raises(EndpointError, match=r"/v1/models answered HTTP 401: .*invalid API key.*"
-                                                r"pass the API key \(OPENAI_API_KEY\) / check the URL"):
-            HttpTarget(srv.url, "openai").check()
+        with HttpTarget(srv.url, "openai") as target, \
+                pytest.raises(EndpointError, match=r"/v1/models answered HTTP 401: .*invalid API key.*"
+                                                   r"pass the API key \(OPENAI_API_KEY\) / check the URL"):
+            target.check()
         monkeypatch.setenv("OPENAI_API_KEY", "sekrit")
-        target = HttpTarget(srv.url, "openai", flush_sleep_s=0.0)
-        target.check()
-        assert target.model == "fake-model" and _one(target, 4).success
+        with HttpTarget(srv.url, "openai", flush_sleep_s=0.0) as target:
+            target.check()
+            assert target.model == "fake-model" and _one(target, 4).success
 
 
 def test_a_404_model_list_hints_at_model():
     with FakeServer(0.01, 0.001) as srv:
-        with pytest.raises(EndpointError, match=r"/api/v1/models answered HTTP 404: .*pass --model with the served"):
-            HttpTarget(srv.url + "/api", "openai").check()
+        with HttpTarget(srv.url + "/api", "openai") as target, \
+                pytest.raises(EndpointError, match=r"/api/v1/models answered HTTP 404: .*pass --model with the served"):
+            target.check()
 
 
 def test_openai_backend_falls_back_to_sglang_flush_cache(capfd):
     with FakeServer(0.01, 0.001) as srv:
         srv.flush_routes = {"/flush_cache"}                 # SGLang: no /reset_prefix_cache
-        target = HttpTarget(srv.url, "openai", flush_sleep_s=0.0)
-        target.flush_cache()
-        target.flush_cache()
+        with HttpTarget(srv.url, "openai", flush_sleep_s=0.0) as target:
+            target.flush_cache()
+            target.flush_cache()
     assert srv.side_posts == ["/reset_prefix_cache", "/flush_cache", "/flush_cache"]
     assert srv.flushes == 2 and "warning" not in capfd.readouterr().err
 
@@ -176,9 +178,9 @@ def test_openai_backend_falls_back_to_sglang_flush_cache(capfd):
 def test_a_server_with_neither_flush_route_is_warned_about_once(capfd):
     with FakeServer(0.01, 0.001) as srv:
         srv.flush_routes = set()
-        target = HttpTarget(srv.url, "openai", flush_sleep_s=0.0)
-        target.flush_cache()
-        target.flush_cache()
+        with HttpTarget(srv.url, "openai", flush_sleep_s=0.0) as target:
+            target.flush_cache()
+            target.flush_cache()
     err = capfd.readouterr().err
     assert err.count("warning") == 1 and "/reset_prefix_cache and" in err and "/flush_cache answered HTTP 404" in err
 
@@ -210,4 +212,5 @@ def test_the_default_request_timeout_outlasts_a_long_queue():
     # SGLang/vLLM send nothing while a request waits for a running slot: the idle timeout must
     # allow what their own clients do (6 h), not fail Smax requests queued past 10 min
     with FakeServer() as srv:
-        assert HttpTarget(srv.url, "sglang").knobs()["request_timeout_s"] == 6 * 60 * 60
+        with HttpTarget(srv.url, "sglang") as target:
+            assert target.knobs()["request_timeout_s"] == 6 * 60 * 60

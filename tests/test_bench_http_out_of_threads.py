@@ -85,10 +85,9 @@ def _watchdogs() -> list:
 def test_one_watchdog_thread_serves_every_request_and_ends_with_the_target():
     before = set(_watchdogs())      # those of targets other tests left unclosed
     with FakeServer(0.0, 0.001) as srv:
-        target = HttpTarget(srv.url, "openai", flush_sleep_s=0.0, read_timeout_s=60.0)
-        target.check()
-        out = run_phase(target, Phase("P", max_concurrency=8), random_lengths(24, 4, 4, 1000))
-        assert all(r.success for r in out.results) and len(out.results) == 24
-        assert len(set(_watchdogs()) - before) == 1
-        target.close()
-    assert not set(_watchdogs()) - before
+        with HttpTarget(srv.url, "openai", flush_sleep_s=0.0, read_timeout_s=60.0) as target:
+            target.check()
+            out = run_phase(target, Phase("P", max_concurrency=8), random_lengths(24, 4, 4, 1000))
+            assert all(r.success for r in out.results) and len(out.results) == 24
+            assert len(set(_watchdogs()) - before) == 1
+        assert not set(_watchdogs()) - before

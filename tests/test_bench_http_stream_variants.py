@@ -124,9 +124,9 @@ def _sse(obj) -> bytes:
 
 
 def _one(url: str, backend: str = "openai", n: int = N):
-    target = HttpTarget(url, backend, flush_sleep_s=0.0, read_timeout_s=10.0)
-    target.check()
-    return run_request(target, random_lengths(1, 4, n, 1000)[0], n, "P", threading.Event())
+    with HttpTarget(url, backend, flush_sleep_s=0.0, read_timeout_s=10.0) as target:
+        target.check()
+        return run_request(target, random_lengths(1, 4, n, 1000)[0], n, "P", threading.Event())
 
 
 def _on_time(res, n: int = N) -> None:
@@ -257,13 +257,13 @@ def test_an_untrusted_certificate_says_so_and_ssl_cert_file_fixes_it(tls, monkey
     ctx, cert = tls
     monkeypatch.delenv("SSL_CERT_FILE", raising=False)
     with RawServer(lambda body: [], tls=ctx) as srv:
-        with pytest.raises(EndpointError) as e:
-            HttpTarget(srv.url, "sglang").check()
+        with HttpTarget(srv.url, "sglang") as target, pytest.raises(EndpointError) as e:
+            target.check()
         assert str(e.value) == (f"cannot reach {srv.url}: its TLS certificate is not trusted (self-signed "
                                 "certificate); if a private CA signed it, set SSL_CERT_FILE to that CA's bundle")
         monkeypatch.setenv("SSL_CERT_FILE", str(cert))
-        target = HttpTarget(srv.url, "sglang")
-        target.check()
+        with HttpTarget(srv.url, "sglang") as target:
+            target.check()
     assert target.model == "m"
 
 
@@ -271,13 +271,14 @@ def test_the_sglang_backend_against_a_vllm_server_says_pass_backend_vllm():
     """vLLM serves /health (the sglang probe) but neither /get_model_info nor /generate."""
     with RawServer(lambda body: [], routes={"/get_model_info": None}) as srv:
         for model in (None, "given"):
-            with pytest.raises(EndpointError, match=r"this looks like an OpenAI-compatible \(vLLM\) server: "
-                                                    r"pass --backend vllm$"):
-                HttpTarget(srv.url, "sglang", model=model).check()
+            with HttpTarget(srv.url, "sglang", model=model) as target, \
+                    pytest.raises(EndpointError, match=r"this looks like an OpenAI-compatible \(vLLM\) server: "
+                                                       r"pass --backend vllm$"):
+                target.check()
 
 
 def test_a_server_without_model_info_or_model_list_still_passes_the_sglang_probe():
-    with RawServer(lambda body: [], routes={"/get_model_info": None, "/v1/models": None}) as srv:
-        target = HttpTarget(srv.url, "sglang")
+    with RawServer(lambda body: [], routes={"/get_model_info": None, "/v1/models": None}) as srv, \
+            HttpTarget(srv.url, "sglang") as target:
         target.check()
     assert target.model.startswith("sglang@127.0.0.1:")

@@ -61,29 +61,30 @@ def test_sub_delims_and_colons_in_a_path_go_out_as_typed():
     """Routes such as /models/m:predict or /deploy/llama@v2 must reach the server unescaped."""
     with FakeServer(0.01, 0.001) as srv:
         srv.prefix = "/x:y@z;a=b,c!$&'()*+"
-        target = HttpTarget(srv.url + srv.prefix, "openai", flush_sleep_s=0.0)
-        target.check()
-        res = run_request(target, random_lengths(1, 4, N, 1000)[0], N, "P", threading.Event())
+        with HttpTarget(srv.url + srv.prefix, "openai", flush_sleep_s=0.0) as target:
+            target.check()
+            res = run_request(target, random_lengths(1, 4, N, 1000)[0], N, "P", threading.Event())
     assert res.success and res.output_len == N
 
 
 def test_an_ascii_host_is_never_judged_by_idna():
-    assert HttpTarget("http://a..b:8000", "openai").connect_host == "a..b"     # the connection says what is wrong
+    with HttpTarget("http://a..b:8000", "openai") as target:
+        assert target.connect_host == "a..b"     # the connection says what is wrong
 
 
 def test_a_percent_that_starts_no_escape_is_sent_as_25():
     with FakeServer(0.01, 0.001) as srv:
         srv.prefix = "/a%25zz"
-        target = HttpTarget(srv.url + "/a%zz", "openai", flush_sleep_s=0.0)
-        target.check()
-        res = run_request(target, random_lengths(1, 4, N, 1000)[0], N, "P", threading.Event())
+        with HttpTarget(srv.url + "/a%zz", "openai", flush_sleep_s=0.0) as target:
+            target.check()
+            res = run_request(target, random_lengths(1, 4, N, 1000)[0], N, "P", threading.Event())
     assert res.success and res.output_len == N and target.url == srv.url + "/a%zz"
 
 
 def test_a_non_ascii_host_is_dialled_by_its_idna_name_and_recorded_unencoded():
-    target = HttpTarget("http://Bücher.example:8000/v1", "openai")
-    assert target.connect_host == "xn--bcher-kva.example"
-    assert target.knobs()["endpoint"] == "http://bücher.example:8000"
+    with HttpTarget("http://Bücher.example:8000/v1", "openai") as target:
+        assert target.connect_host == "xn--bcher-kva.example"
+        assert target.knobs()["endpoint"] == "http://bücher.example:8000"
 
 
 @pytest.mark.parametrize("host", [
@@ -111,9 +112,9 @@ def test_streamed_lone_surrogates_are_repaired_before_re_tokenizing(tok, texts, 
     assert len(chunk_sizes(N)) == 9                         # the chunks `expected` is made of
     with FakeServer(0.01, 0.001) as srv:
         srv.usage, srv.edit_event = "none", _texts(*texts)
-        target = HttpTarget(srv.url, "openai", flush_sleep_s=0.0, tokenizer=tok)
-        target.check()
-        res = run_request(target, random_lengths(1, 4, N, 1000)[0], N, "P", threading.Event())
+        with HttpTarget(srv.url, "openai", flush_sleep_s=0.0, tokenizer=tok) as target:
+            target.check()
+            res = run_request(target, random_lengths(1, 4, N, 1000)[0], N, "P", threading.Event())
     assert res.success and res.output_len_source == "tokenizer", res.error
     # the estimate is capped at N; the count it was capped from tells which text was tokenized
     assert res.output_len == N and res.output_len_over_max == len(tok.encode(expected, add_special_tokens=False))

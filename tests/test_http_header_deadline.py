@@ -67,12 +67,8 @@ def test_a_stalled_response_header_fails_the_request_at_the_request_timeout(stal
 def test_a_stalled_probe_header_fails_the_probe_at_its_cap(stall, no_watchdog_left):
     with Wire({("GET", "/v1/models"): stall}, gap=GAP) as srv:
         t = time.perf_counter()
-        target = HttpTarget(srv.url, "openai", read_timeout_s=0.4)
-        with pytest.raises(EndpointError) as e:
-            try:
-                target.check()
-            finally:
-                target.close()
+        with HttpTarget(srv.url, "openai", read_timeout_s=0.4) as target, pytest.raises(EndpointError) as e:
+            target.check()
         took = time.perf_counter() - t
     assert 0.4 <= took < 0.4 + 1.0, took
     assert str(e.value) == (f"GET {srv.url}/v1/models did not answer within 0.4 s; check the server "

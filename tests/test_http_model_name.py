@@ -26,14 +26,14 @@ def _default(url: str) -> str:
 @pytest.mark.parametrize("backend", ["openai", "vllm"])
 def test_an_openai_server_without_a_string_model_id_needs_model(name, backend):
     with FakeServer(0.01, 0.001, model=name) as srv:
-        with pytest.raises(EndpointError, match=r"/v1/models .*; pass --model with the served model name$"):
-            HttpTarget(srv.url, backend, flush_sleep_s=0.0).check()
+        with HttpTarget(srv.url, backend, flush_sleep_s=0.0) as target, \
+                pytest.raises(EndpointError, match=r"/v1/models .*; pass --model with the served model name$"):
+            target.check()
 
 
 @pytest.mark.parametrize("name", NOT_NAMES)
 def test_an_sglang_model_path_that_is_no_string_falls_back_with_a_warning(name, capfd):
-    with FakeServer(0.01, 0.001, model=name) as srv:
-        target = HttpTarget(srv.url, "sglang", flush_sleep_s=0.0)
+    with FakeServer(0.01, 0.001, model=name) as srv, HttpTarget(srv.url, "sglang", flush_sleep_s=0.0) as target:
         target.check()
     assert target.model == _default(srv.url)
     err = capfd.readouterr().err
@@ -43,8 +43,7 @@ def test_an_sglang_model_path_that_is_no_string_falls_back_with_a_warning(name, 
 
 @pytest.mark.parametrize("name", ["", None])
 def test_an_sglang_server_without_a_model_path_falls_back_silently(name, capfd):
-    with FakeServer(0.01, 0.001, model=name) as srv:
-        target = HttpTarget(srv.url, "sglang", flush_sleep_s=0.0)
+    with FakeServer(0.01, 0.001, model=name) as srv, HttpTarget(srv.url, "sglang", flush_sleep_s=0.0) as target:
         target.check()
     assert target.model == _default(srv.url) and capfd.readouterr().err == ""
 
@@ -52,13 +51,13 @@ def test_an_sglang_server_without_a_model_path_falls_back_silently(name, capfd):
 def test_a_string_name_and_an_explicit_model_are_kept(capfd):
     with FakeServer(0.01, 0.001, model="served") as srv:
         for backend in ("sglang", "openai"):
-            target = HttpTarget(srv.url, backend, flush_sleep_s=0.0)
-            target.check()
+            with HttpTarget(srv.url, backend, flush_sleep_s=0.0) as target:
+                target.check()
             assert target.model == "served"
     with FakeServer(0.01, 0.001, model=123) as srv:
         for backend in ("sglang", "openai"):
-            target = HttpTarget(srv.url, backend, model="mine", flush_sleep_s=0.0)
-            target.check()
+            with HttpTarget(srv.url, backend, model="mine", flush_sleep_s=0.0) as target:
+                target.check()
             assert target.model == "mine"
     assert capfd.readouterr().err == ""
 
@@ -93,10 +92,11 @@ class RawServer:
 
 def test_a_body_nested_past_the_parsers_depth_is_no_name(capfd):
     with RawServer(DEEP) as srv:
-        with pytest.raises(EndpointError, match="did not list a model; pass --model with the served model name$"):
-            HttpTarget(srv.url, "vllm", flush_sleep_s=0.0).check()
-    with RawServer(DEEP.replace(b'"data"', b'"model_path"')) as srv:
-        target = HttpTarget(srv.url, "sglang", flush_sleep_s=0.0)
+        with HttpTarget(srv.url, "vllm", flush_sleep_s=0.0) as target, \
+                pytest.raises(EndpointError, match="did not list a model; pass --model with the served model name$"):
+            target.check()
+    with RawServer(DEEP.replace(b'"data"', b'"model_path"')) as srv, \
+            HttpTarget(srv.url, "sglang", flush_sleep_s=0.0) as target:
         target.check()
     assert target.model == _default(srv.url) and capfd.readouterr().err == ""
 

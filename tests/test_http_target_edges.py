@@ -124,12 +124,9 @@ def _stream_route(backend: str, script) -> dict:
 
 
 def _one(url: str, backend: str = "openai", n: int = N, **kw):
-    target = HttpTarget(url, backend, flush_sleep_s=0.0, **kw)
-    try:
+    with HttpTarget(url, backend, flush_sleep_s=0.0, **kw) as target:
         target.check()
         return run_request(target, random_lengths(1, 4, n, 1000)[0], n, "P", threading.Event())
-    finally:
-        target.close()
 
 
 # ---- A: side answers are capped at 1 MiB -------------------------------------------------------
@@ -147,8 +144,8 @@ def _endless(body):
 def test_a_probe_answer_past_1_mib_is_an_endpoint_error(backend, path, answer):
     with Wire({("GET", path): answer}, gap=0) as srv:
         t = time.perf_counter()
-        with pytest.raises(EndpointError) as e:
-            HttpTarget(srv.url, backend, flush_sleep_s=0.0).check()
+        with HttpTarget(srv.url, backend, flush_sleep_s=0.0) as target, pytest.raises(EndpointError) as e:
+            target.check()
     assert str(e.value) == (f"GET {srv.url}{path} answered with more than 1 MiB (the cap on a probe's or cache "
                             "flush's answer); check --endpoint and the server")
     assert time.perf_counter() - t < 5.0
@@ -156,7 +153,8 @@ def test_a_probe_answer_past_1_mib_is_an_endpoint_error(backend, path, answer):
 
 def test_an_endless_flush_answer_is_a_flush_warning(capfd):
     with Wire({("POST", "/flush_cache"): _endless}, gap=0) as srv:
-        assert HttpTarget(srv.url, "sglang", flush_sleep_s=0.0).flush_cache() is False
+        with HttpTarget(srv.url, "sglang", flush_sleep_s=0.0) as target:
+            assert target.flush_cache() is False
     err = capfd.readouterr().err
     assert err == (f"warning: the prefix cache was not flushed: POST {srv.url}/flush_cache answered with more "
                    "than 1 MiB (the cap on a probe's or cache flush's answer); check --endpoint and the server\n")

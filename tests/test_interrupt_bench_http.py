@@ -44,9 +44,9 @@ class Advances:
 
 
 def test_ctrl_c_stops_the_client_threads_taking_requests():
-    with FakeServer(ttft=0.05, per_token=0.01) as srv:              # 100 tokens: ~1 s a request
+    with FakeServer(ttft=0.05, per_token=0.01) as srv, \
+            HttpTarget(srv.url, "sglang", flush_sleep_s=0.0) as target:             # 100 tokens: ~1 s a request
         accepted = _counting_connections(srv)
-        target = HttpTarget(srv.url, "sglang", flush_sleep_s=0.0)
         target.check()
         reqs = random_lengths(40, 8, 100, vocab_size=1000, seed=3)
         progress = Advances()
@@ -65,7 +65,6 @@ def test_ctrl_c_stops_the_client_threads_taking_requests():
         finally:
             timer.cancel()
         time.sleep(0.5)                                 # time for cut streams to end and threads to go on
-        target.close()
     assert len(accepted) == at_interrupt[0]
     assert progress.results == []
 
@@ -73,11 +72,10 @@ def test_ctrl_c_stops_the_client_threads_taking_requests():
 def test_a_cancelled_request_does_not_connect():
     with FakeServer() as srv:
         accepted = _counting_connections(srv)
-        target = HttpTarget(srv.url, "sglang", flush_sleep_s=0.0)
         (req,) = random_lengths(1, 8, 4, vocab_size=1000, seed=3)
         cancel = threading.Event()
         cancel.set()
-        with pytest.raises(RequestFailed, match="cancelled"):
+        with HttpTarget(srv.url, "sglang", flush_sleep_s=0.0) as target, \
+                pytest.raises(RequestFailed, match="cancelled"):
             list(target.stream(req, 4, cancel))
-        target.close()
     assert accepted == []

@@ -46,9 +46,10 @@ def test_per_head_scales_of_a_checkpoint_are_used_per_head(per_head_checkpoint, 
     x = torch.randn(6, 2, lm.config.head_dim, generator=rng)
     k8, v8 = seq.append_kv(layer, x, 2 * x)
     assert seq.scales(layer) is eng.kv_scales[layer]
+    top = torch.finfo(E4).max   # saturated: how torch casts past the range differs between versions
     for h in range(2):          # what each head stores: fp8(x / its own scale)
-        assert torch.equal(k8[:, h].float(), (x[:, h] / ks[h]).to(E4).float())
-        assert torch.equal(v8[:, h].float(), (2 * x[:, h] / vs[h]).to(E4).float())
+        assert torch.equal(k8[:, h].float(), (x[:, h] / ks[h]).clamp(-top, top).to(E4).float())
+        assert torch.equal(v8[:, h].float(), (2 * x[:, h] / vs[h]).clamp(-top, top).to(E4).float())
     kk, _ = seq.dequantized(layer, k8, v8)
     assert torch.equal(kk, k8.float() * ks[None, :, None])
 

@@ -46,7 +46,7 @@ def test_one_call_from_a_path_writes_what_the_cli_writes(ckpt, cli_out, tmp_path
     seen = []
     record = quantize_checkpoint(ckpt, tmp_path / "q", OPTS, **CALL, progress=lambda *a: seen.append(a))
     _same_files(tmp_path / "q", cli_out)
-    assert record["out"] == str(tmp_path / "q") and record["model"] == str(ckpt)
+    assert record["out"] == tmp_path / "q" and record["model"] == str(ckpt)
     assert record["calibration"] == {"source": "random", "samples": 2, "seqlen": 64, "tokens": 128}
     assert len(record["modules"]) == 4 * 8 and set(record["kv_scales"]) == {"0", "3"}
     assert seen[0] == (0, 16, "quantizing") and [d for d, _, _ in seen] == list(range(17))

@@ -622,6 +622,12 @@ class HttpTarget(Target):
     def close(self) -> None:
         self._watchdog.close()
 
+    def __enter__(self) -> HttpTarget:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
     def knobs(self) -> dict:
         return {"endpoint": self.url, "backend": self.backend, "protocol": self.protocol,
                 "flush_sleep_s": self.flush_sleep_s, "request_timeout_s": self.read_timeout_s}
