@@ -92,8 +92,7 @@ def unquantized_engine_modules(skipped) -> list[str]:
 def write_quantized_checkpoint(out_dir: Path, config: SalaConfig, model, quantized: dict[str, dict],
                                qconfig: dict, model_dir: Path | None,
                                kv_scales: dict | None = None, kv_json: dict | None = None,
-                               overwrite: bool = False, max_shard_bytes: int = 4 << 30,
-                               source: StoredTensors | None = None) -> Path:
+                               overwrite: bool = False, source: StoredTensors | None = None) -> Path:
     """`quantized`: module prefix -> {qweight, qzeros, scales, g_idx} (packing.to_gptq_tensors);
     every other tensor comes from `source`, the checkpoint `model` was loaded from, bit for bit (cast
     only where a file's dtype is not its torch_dtype), or without one from `model` (quantized
@@ -124,8 +123,7 @@ def write_quantized_checkpoint(out_dir: Path, config: SalaConfig, model, quantiz
             p = Path(td) / KV_SCALES_JSON
             p.write_text(json.dumps(kv_json, indent=2) + "\n")
             extra[KV_SCALES_JSON] = p
-        return save_checkpoint(state, cfg, Path(out_dir), max_shard_bytes=max_shard_bytes,
-                               extra_files=extra, overwrite=overwrite)
+        return save_checkpoint(state, cfg, Path(out_dir), extra_files=extra, overwrite=overwrite)
 
 
 def copied_files(config: SalaConfig, model_dir: Path | None) -> dict[str, Path]:

@@ -72,12 +72,12 @@ def _disk_full_names(path: Path) -> Iterator[None]:
         raise DiskFullError(path, e) from e
 
 
-def check_out_dir(out: Path, names: tuple[str, ...], overwrite: bool = False, flag: str = "--out") -> Path:
+def check_out_dir(out: Path, names: tuple[str, ...], overwrite: bool = False) -> Path:
     """Before any work: `out` must be a directory that can be created and written in, and each of
     `names` in it a file that does not exist yet (or `overwrite`)."""
     from salactl.output import directory_option
 
-    directory_option(out, flag, files=names)
+    directory_option(out, "--out", files=names)
     check_destinations([out / n for n in names], overwrite)
     return out
 

@@ -237,9 +237,9 @@ def _json_document(path):
     return parse_record_line(b"".join(chunks).removeprefix(UTF8_BOM).decode("utf-8", "replace"))
 
 
-def first_items(items: list[str], n: int = 5) -> str:
-    more = f" and {len(items) - n} more" if len(items) > n else ""
-    return ", ".join(items[:n]) + more
+def first_items(items: list[str]) -> str:
+    more = f" and {len(items) - 5} more" if len(items) > 5 else ""
+    return ", ".join(items[:5]) + more
 
 
 def _shown(value) -> str:

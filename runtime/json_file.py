@@ -76,13 +76,12 @@ def cannot_read(path: Path, e: OSError, error: type[SalactlError], fix: str) -> 
     return error(f"cannot read {path} ({why}); {'fix its permissions' if isinstance(e, PermissionError) else fix}")
 
 
-def read_optional_json(path: Path, error: type[SalactlError], fix: str = "fix or remove it",
-                       missing: object = None) -> object:
+def read_optional_json(path: Path, error: type[SalactlError], missing: object = None) -> object:
     """read_json of a side file that may be left out; `missing` where no file has that name. One
     that is there but cannot be read (no permission, a dangling symlink, a symlink loop, a
     directory) is `error`: taking it for absent would silently drop its settings."""
     try:
-        return read_json(path, error, fix)
+        return read_json(path, error)
     except OSError as e:
         try:
             os.lstat(path)
@@ -90,7 +89,7 @@ def read_optional_json(path: Path, error: type[SalactlError], fix: str = "fix or
             return missing
         except OSError:
             pass
-        raise cannot_read(Path(path), e, error, fix) from None
+        raise cannot_read(Path(path), e, error, "fix or remove it") from None
 
 
 def read_json(path: Path, error: type[SalactlError], fix: str = "fix or remove it") -> object:

@@ -216,7 +216,7 @@ def ppl(
         res = perplexity(lm.model, ids, seq_len, cap, progress=update, bos_id=bos, chunk_size=chunk_size,
                          kv_cache_dtype=kv_cache_dtype, what=what)
     with out_of_memory_is_capacity("eval ppl", IDS_FIX):
-        uni = unigram_baseline(scored_targets(ids, seq_len, cap, bos), lm.config.vocab_size)
+        uni = unigram_baseline(scored_targets(ids, seq_len, cap, bos))
     record = {**_describe(lm), **_runtime_knobs(lm, kv_cache_dtype), **source, **res, "longest_window": longest,
               "max_tokens": max_tokens, "bos": bos is not None, "unigram": uni, "chunk_size": chunk_size,
               "env": environment()}

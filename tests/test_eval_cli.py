@@ -84,7 +84,7 @@ def test_windows_score_every_token_once():
     wins = list(score_windows(ids, 8, None, bos_id=1))
     assert all(w[0] == 1 for w in wins) and [t for w in wins for t in w[1:]] == ids
     assert scored_targets(ids, 8, 9, bos_id=None) == ids[1:8] + ids[8:10]
-    uni = unigram_baseline([5, 5, 6, 7], 16)
+    uni = unigram_baseline([5, 5, 6, 7])
     assert abs(uni["nll"] - (-(2 * __import__("math").log(0.5) + 2 * __import__("math").log(0.25)) / 4)) < 1e-12
 
 

@@ -70,10 +70,10 @@ def check_gla(device, dtype, H=32, D=128, n=5, T=300) -> list:
     return out
 
 
-def _paged_setup(device, sh: Shapes, lens, dtype, pages_extra=3):
+def _paged_setup(device, sh: Shapes, lens, dtype):
     B = sh.block
     need = sum(math.ceil(L / B) for L in lens)
-    P = need + pages_extra
+    P = need + 3                        # spare pages no sequence owns
     perm = torch.randperm(P, device=device).to(torch.int32)
     width = max(math.ceil(L / B) for L in lens) + 2
     pt = torch.full((len(lens) + 1, width), P, dtype=torch.int32, device=device)

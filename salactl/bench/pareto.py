@@ -29,8 +29,7 @@ def pareto_front(points: list[dict], x: str, y: str) -> list[dict]:
     return sorted(front, key=lambda p: (p[x], p[y]))
 
 
-def plot_front(points: list[dict], front: list[dict], x: str, y: str, path: Path,
-               label_key: str = "phase") -> Path | None:
+def plot_front(points: list[dict], front: list[dict], x: str, y: str, path: Path) -> Path | None:
     """Scatter of every point with the front as a line; returns the path, or None without a working
     matplotlib."""
     plt = pyplot()
@@ -41,7 +40,7 @@ def plot_front(points: list[dict], front: list[dict], x: str, y: str, path: Path
     ax.scatter([p[x] for p in usable], [p[y] for p in usable], color="#999999", label="points")
     ax.plot([p[x] for p in front], [p[y] for p in front], "o-", color="#c0392b", label="Pareto front")
     for p in front:
-        ax.annotate(str(p.get(label_key, "")), (p[x], p[y]), fontsize=7, xytext=(4, 4),
+        ax.annotate(str(p.get("phase", "")), (p[x], p[y]), fontsize=7, xytext=(4, 4),
                     textcoords="offset points")
     ax.set_xlabel(x)
     ax.set_ylabel(y)

@@ -48,17 +48,17 @@ def make_record(kind: str, run_id: str, label: str | None, profile: str, phase: 
     return jsonable(rec)
 
 
-def check_label(label: str | None, flag: str = "--label") -> str | None:
+def check_label(label: str | None) -> str | None:
     """A --label for the records, as given: one holding a control character or line separator (a line
     break would split the report's headings and table rows), or a lone surrogate (a byte that is not
     UTF-8, as Python decodes it from the command line; no UTF-8 file can hold it), is a UsageError."""
     if label is not None:
         bad = next((c for c in label if breaks_lines(c)), None)
         if bad is not None:
-            raise UsageError(f"{flag} {label!r} holds the control character {bad!r}; give a name without "
+            raise UsageError(f"--label {label!r} holds the control character {bad!r}; give a name without "
                              "control characters or line breaks")
         if output.lone_surrogate(label):
-            raise UsageError(f"{flag} {label!r} is not valid UTF-8; give the name in UTF-8")
+            raise UsageError(f"--label {label!r} is not valid UTF-8; give the name in UTF-8")
     return label
 
 

@@ -67,8 +67,8 @@ def split_of(relpath: str) -> str:
     return "heldout" if h % HELDOUT_MODULUS == 0 else "train"
 
 
-def source_files(root: Path | None = None) -> list[tuple[str, Path]]:
-    root = root or stdlib_dir()
+def source_files() -> list[tuple[str, Path]]:
+    root = stdlib_dir()
     if not root.is_dir():
         raise DatasetError(f"the Python standard library directory {root} does not exist; "
                            "the corpus is built from it")
@@ -113,5 +113,5 @@ def python_version() -> str:
     return platform.python_version()
 
 
-def recorded_sha256(split: str, version: str | None = None) -> str | None:
-    return RECORDED_SHA256.get(version or python_version(), {}).get(split)
+def recorded_sha256(split: str) -> str | None:
+    return RECORDED_SHA256.get(python_version(), {}).get(split)

@@ -218,7 +218,7 @@ def _device(model) -> torch.device:
 
 def perplexity(model, token_ids: list[int], seq_len: int, max_tokens: int | None,
                progress: Callable[[int, int], None] | None = None, bos_id: int | None = None,
-               chunk_size: int = 512, backend=None, kv_cache_dtype: str = "bf16", what: str = "the text") -> dict:
+               chunk_size: int = 512, kv_cache_dtype: str = "bf16", what: str = "the text") -> dict:
     """Mean next-token NLL (nats) and perplexity over the scored tokens; progress(done, total).
     kv_cache_dtype: the Engine's, as `salactl run --kv-cache-dtype` (fp8 uses the model's scales).
     what: where the ids come from, e.g. "--file e.txt", named where there are too few to score."""
@@ -230,7 +230,7 @@ def perplexity(model, token_ids: list[int], seq_len: int, max_tokens: int | None
         raise DatasetError(f"{what} is too short to score: it has {len(token_ids)} token(s) and needs at least "
                            f"{least}; give a longer text")
     _check_vocabulary(token_ids, end, bos_id, model.config.vocab_size)
-    engine = Engine(model, _device(model), chunk_size=chunk_size, backend=backend, kv_cache_dtype=kv_cache_dtype)
+    engine = Engine(model, _device(model), chunk_size=chunk_size, kv_cache_dtype=kv_cache_dtype)
     total, windows = end - first, -(-(end - first) // (seq_len - 1))
     nll_sum, done = 0.0, 0
     for w in score_windows(token_ids, seq_len, max_tokens, bos_id):
@@ -258,17 +258,11 @@ def _check_vocabulary(token_ids: list[int], end: int, bos_id: int | None, vocab:
                          "use the model's own tokenizer")
 
 
-def unigram_baseline(targets: list[int], vocab_size: int, fit_ids: list[int] | None = None) -> dict:
-    """NLL of a unigram model. Without `fit_ids` it is fit on `targets` themselves (maximum
-    likelihood, the best any unigram model can do on this text: a strict baseline); with them it is
-    fit there with add-one smoothing over the vocabulary."""
+def unigram_baseline(targets: list[int]) -> dict:
+    """NLL of a unigram model fit on `targets` themselves (maximum likelihood, the best any unigram
+    model can do on this text: a strict baseline)."""
     if not targets:
         raise DatasetError("no tokens to score for the unigram baseline")
-    if fit_ids is None:
-        counts, n, smooth = Counter(targets), len(targets), 0
-    else:
-        counts, n, smooth = Counter(fit_ids), len(fit_ids), 1
-    denom = n + smooth * vocab_size
-    nll = -sum(math.log((counts.get(t, 0) + smooth) / denom) for t in targets) / len(targets)
-    return {"nll": nll, "ppl": math.exp(nll), "tokens": len(targets),
-            "fit": "evaluated text (MLE)" if fit_ids is None else f"{n} tokens, add-one"}
+    counts, n = Counter(targets), len(targets)
+    nll = -sum(math.log(counts[t] / n) for t in targets) / n
+    return {"nll": nll, "ppl": math.exp(nll), "tokens": n, "fit": "evaluated text (MLE)"}

@@ -12,12 +12,12 @@ import torch
 from salactl.runtime.config import SparseConfig
 
 
-def paged_keys(lens, hkv, d, B, dtype, device, extra_pages=3, ties=False, gen=None, width=None):
+def paged_keys(lens, hkv, d, B, dtype, device, ties=False, gen=None, width=None):
     """Page table [len(lens)+1, width] (last row: an unused slot; width defaults to the longest
     row + 2 pages) over a random permutation of pages, and K pages [P+1, hkv, B, d]. ties=True
     makes runs of whole blocks identical (exact score ties between blocks)."""
     need = [math.ceil(L / B) for L in lens]
-    P = sum(need) + extra_pages
+    P = sum(need) + 3                   # spare pages no row owns
     perm = torch.randperm(P, generator=gen).to(torch.int32)
     width = max(max(need) + 2, width or 0)
     pt = torch.full((len(lens) + 1, width), P, dtype=torch.int32)

@@ -420,8 +420,7 @@ def tc_kernel_constexprs(cfg: TCConfig, N: int, K: int, group: int, use_asm: boo
 
 
 def w4a16_tc_dequantize(qweight: torch.Tensor, scales: torch.Tensor, group_size: int,
-                        dtype: torch.dtype = torch.bfloat16, block_n: int = 64,
-                        use_asm: bool | None = None) -> torch.Tensor:
+                        dtype: torch.dtype = torch.bfloat16, block_n: int = 64) -> torch.Tensor:
     """The dequantized W [N, K] (then `F.linear(x, W)` is the plain cuBLAS call)."""
     K, N = qweight.shape[0] * K_BLOCK, qweight.shape[1] * TC_ROWS
     group = K if group_size == -1 else group_size
@@ -429,5 +428,5 @@ def w4a16_tc_dequantize(qweight: torch.Tensor, scales: torch.Tensor, group_size:
     w = torch.empty(N, K, device=qweight.device, dtype=dtype)
     grid = (K // K_BLOCK, triton.cdiv(N, block_n))
     _w4a16_tc_dequant_kernel[grid](qweight, scales, w, N, K, GROUP=group, BLOCK_N=block_n,
-                                   USE_ASM=(not _INTERPRET) if use_asm is None else use_asm, WARPS=4, num_warps=4)
+                                   USE_ASM=not _INTERPRET, WARPS=4, num_warps=4)
     return w

@@ -308,12 +308,12 @@ def w8a16_tc(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group
 
 
 def w8a16_tc_dequantize(qweight: torch.Tensor, scales: torch.Tensor, group_size: int,
-                        dtype: torch.dtype = torch.bfloat16, use_asm: bool | None = None) -> torch.Tensor:
+                        dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """The dequantized W [N, K] (then `F.linear(x, W)` is the plain cuBLAS call)."""
     K, N = qweight.shape[0] * K_BLOCK8, qweight.shape[1] * TC_ROWS
     w = torch.empty(N, K, device=qweight.device, dtype=dtype)
     bn = 64 if N % 64 == 0 else 16
     _w8a16_tc_dequant_kernel[(K // K_BLOCK8, triton.cdiv(N, bn))](
         qweight, scales, w, N, K, GROUP=K if group_size == -1 else group_size, BLOCK_N=bn,
-        USE_ASM=(not _INTERPRET) if use_asm is None else use_asm, WARPS=4, num_warps=4)
+        USE_ASM=not _INTERPRET, WARPS=4, num_warps=4)
     return w

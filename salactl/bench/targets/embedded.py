@@ -1,6 +1,5 @@
-"""The embedded runtime as a bench target: requests go straight to a `StreamingEngine` in this
-process (`EngineDriver` over the GPU engine's continuous batching, or the single-sequence Engine
-in FIFO order), with ignore_eos, temperature 0 and a fixed output length, as SOAR's client asks
+"""The embedded runtime as a bench target: requests go straight to an `EngineDriver` in this
+process (over the GPU engine's continuous batching, or the single-sequence Engine in FIFO order), with ignore_eos, temperature 0 and a fixed output length, as SOAR's client asks
 of a server. On CUDA it also reports the phase's
 peak GPU memory and, through NVML, energy and mean power; on the GPU engine, the bytes its cache
 pools reserve (sized from the free memory, they are most of that peak)."""

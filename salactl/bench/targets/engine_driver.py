@@ -1,4 +1,4 @@
-"""Drive an in-process engine from many client threads: the `StreamingEngine` the embedded bench
+"""Drive an in-process engine from many client threads: the `EngineDriver` the embedded bench
 target talks to (`submit(prompt_ids, params, cancel)` -> iterator of (token_id, timestamp)).
 
 One worker thread owns a *stepping* engine — `submit(prompt, params) -> rid`, `step() ->
@@ -18,20 +18,11 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Iterator, Protocol
+from typing import Iterator
 
 from salactl.runtime.sampling import SamplingParams
 
 _END = object()
-
-
-class StreamingEngine(Protocol):
-    max_batch_size: int
-
-    def submit(self, prompt_ids: list[int], params: SamplingParams,
-               cancel: threading.Event) -> Iterator[tuple[int, float]]: ...
-
-    def close(self) -> None: ...
 
 
 class SerialStepper:
