@@ -401,6 +401,7 @@ def _check_dtype(key: str, value: str) -> None:
 
 
 def _is_int(v: object) -> bool:
+    # JSON's integers only; not sampling.is_int (numpy's too), which would make loading a config import torch
     return isinstance(v, int) and not isinstance(v, bool)
 
 

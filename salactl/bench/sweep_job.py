@@ -32,6 +32,7 @@ from salactl.quant.in_memory import QUANTIZED_BITS, quantize_rtn_in_memory, quan
 from salactl.reports.atomic import exclusive_lock, write_atomic
 from salactl.reports.records import validate as validate_record
 from salactl.runtime.kv_fp8 import stored_kv_name
+from salactl.runtime.sampling import is_int
 
 if TYPE_CHECKING:
     from salactl.runtime.loader import LoadedModel
@@ -538,17 +539,13 @@ def _missing_fields(r: dict) -> str | None:
     if not isinstance(knobs, dict):
         return "knobs"
     for k in RESUME_KNOBS:
-        if not _is_int(knobs.get(k)):
+        if not is_int(knobs.get(k)):
             return f"knobs.{k} (an integer)"
     rows = r.get("passkey_results")
-    if rows is not None and not (isinstance(rows, list) and all(isinstance(x, dict) and _is_int(x.get("length"))
+    if rows is not None and not (isinstance(rows, list) and all(isinstance(x, dict) and is_int(x.get("length"))
                                                                 for x in rows)):
         return "passkey_results[].length (an integer)"
     return None
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _measure(p: SweepPoint, key: str, ctx: _SweepContext, run: SweepRun) -> dict | None:
