@@ -149,8 +149,7 @@ def op_rows(samples: list[KernelSample], analytic: dict[str, dict[str, dict]], m
 def _op_row(phase: str, op: str, sel: list[KernelSample], t: float, ab: float, af: float, rate: float,
             has_bytes: bool, mem_gbps: float) -> OpRow:
     mb = _measured_bytes(sel) if has_bytes else None
-    moved = mb if mb is not None else ab
-    gbps = moved / t / 1e9 if t else None
+    gbps = _gbps(mb if has_bytes else ab, t)
     done_tflops = af / t / 1e12 if t else None
     floor = _floor(ab, af, mem_gbps, rate)
     return OpRow(phase, op, len(sel), t, mb, gbps, _pct(gbps, mem_gbps), ab, af, floor, _ratio(mb, ab),
@@ -196,11 +195,17 @@ def layer_rows(samples: list[KernelSample], by_scope: dict[str, dict[str, dict]]
             layer = parse_layer(scope)
             kind = mixer_kinds[layer] if layer is not None and layer < len(mixer_kinds) else None
             floor = _floor(ab, af, mem_gbps, rate)
-            gbps = (mb if mb is not None else ab) / t / 1e9 if t else None
+            gbps = _gbps(mb if has_bytes else ab, t)
             pct = _pct_of_peak(gbps, af / t / 1e12 if t else None, mem_gbps, rate)
             rows.append(LayerRow(phase, scope, layer, kind, len(sel), t, mb, ab, af, floor, pct,
                                  _ratio(t, floor) if t else None))
     return rows
+
+
+def _gbps(nbytes: float | None, t: float) -> float | None:
+    """The bandwidth of a row: its measured DRAM bytes where the profile has counters (unknown where a
+    kernel of it has none, never the analytic bytes under a measured header), else its analytic bytes."""
+    return nbytes / t / 1e9 if (nbytes is not None and t) else None
 
 
 def _summed(costs, tflops: float, bf16_tflops: float | None) -> tuple[float, float, float]:

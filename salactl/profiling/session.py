@@ -357,7 +357,26 @@ def ncu_tables(manifest: dict, kernels, top: int, source: str) -> dict:
                          f"{' or '.join(map(repr, steps))}; capture with salactl profile --ncu (ncu --nvtx, with "
                          "salactl's ranges open)")
     peaks = manifest_peaks(manifest, manifest["device"].split(":")[0])
-    return {"mode": "ncu", "manifest": manifest, "peaks": peaks, **tables(samples, manifest, peaks, top)}
+    manifest, notes = _profiled_phases(manifest, samples, source)
+    t = tables(samples, manifest, peaks, top)
+    return {"mode": "ncu", "manifest": manifest, "peaks": peaks, **t, "notes": notes + t["notes"]}
+
+
+def _profiled_phases(manifest: dict, samples, source: str) -> tuple[dict, list[str]]:
+    """The manifest less the phases none of whose kernels falls in the scopes it profiled (tabled,
+    they would be all zeros), and a note (also a warning) for each; none left is a usage error."""
+    steps = manifest["steps"]
+    held = {p for p, st in steps.items() for s in samples if s.phase == p and in_scopes(s, st.get("scopes"))}
+    if not held:
+        scopes = "; ".join(f"{p}: {', '.join(st.get('scopes') or ['all'])}" for p, st in steps.items())
+        raise UsageError(f"none of the kernels in {source} falls in the scopes step.json profiles ({scopes}); "
+                         "import the directory salactl profile --ncu wrote, with its own step.json")
+    notes = []
+    for phase in (p for p in steps if p not in held):
+        notes.append(f"{phase}: left out, as {source} holds no kernel of its profiled scopes (ncu's "
+                     "--launch-count may have stopped before it, or step.json is not this profile's)")
+        output.stderr.print(f"warning: {notes[-1]}")
+    return {**manifest, "steps": {p: st for p, st in steps.items() if p in held}}, notes
 
 
 def _ncu_for_export(ncu_path: str | None, report: Path) -> str:

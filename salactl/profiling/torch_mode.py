@@ -5,6 +5,8 @@ from the analytic model. Also writes a Chrome trace."""
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 from torch.autograd import DeviceType
@@ -73,4 +75,28 @@ def profile_torch(w: Workload, trace_path: Path | None) -> tuple[list[KernelSamp
             # torch logs a failed write (a full disk) and returns as if it had written the file
             if not tmp.is_file() or tmp.stat().st_size == 0:
                 raise OutputWriteError("torch.profiler could not write its Chrome trace (disk full?)")
+            drop_trace_name(tmp)
     return samples, seconds
+
+
+# the last key of torch's Chrome trace: `],"traceName": "<the file name it was given>" }`
+_TRACE_NAME = re.compile(rb',\s*"traceName":\s*".*"\s*}\s*$', re.DOTALL)
+_TAIL_BYTES = 3 * 4096          # the key, the closing brace and a path of up to PATH_MAX
+
+
+def drop_trace_name(path: Path) -> None:
+    """Remove the "traceName" key from the trace torch wrote in `path`: it names that temporary file,
+    gone once renamed, and the profile's final path is not known here (the whole profile is staged
+    and moved at the end, and may be moved again); trace viewers do not read it. torch writes it
+    last, so only the file's tail is read and cut: a trace of gigabytes is never loaded. A tail
+    without it (another torch's layout) is left as written rather than risk the file."""
+    with open(path, "r+b") as f:
+        start = max(f.seek(0, os.SEEK_END) - _TAIL_BYTES, 0)
+        f.seek(start)
+        tail = f.read()
+        comma = tail.rfind(b",", 0, max(tail.rfind(b'"traceName":'), 0))
+        found = _TRACE_NAME.match(tail, comma) if comma >= 0 else None
+        if found:
+            f.seek(start + found.start())
+            f.write(b"}")
+            f.truncate()
