@@ -105,7 +105,14 @@ class ClientPool:
             self._idle += 1
             k = self._started
         t = threading.Thread(target=self._client, args=(ready,), daemon=True, name=f"bench-client-{k}")
-        start_thread(t.start, f"client thread {k} of phase {self._phase}'s {self._size}", self._fix)
+        try:
+            start_thread(t.start, f"client thread {k} of phase {self._phase}'s {self._size}", self._fix)
+        except CapacityError:
+            # counted but never running: left counted, a request would queue behind a busy thread
+            with self._lock:
+                self._started -= 1
+                self._idle -= 1
+            raise
         return True
 
     def _client(self, ready: threading.Barrier | None) -> None:
