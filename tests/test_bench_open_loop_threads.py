@@ -65,12 +65,12 @@ def test_an_infinite_rate_phase_still_starts_every_client_before_the_clock():
 def test_an_open_loop_phase_of_more_requests_than_open_files_runs_with_a_warning(tmp_path):
     prof = tmp_path / "p.toml"
     prof.write_text('name = "p"\nseed = 1\n[dataset]\nkind = "random"\ninput_len = 16\noutput_len = 4\n'
-                    'num_requests = 150\n[[phases]]\nname = "M"\nrequest_rate = 300\n')
+                    'num_requests = 150\n[[phases]]\nname = "M"\nrequest_rate = 100\n')
     with FakeServer(0.01, 0.001) as srv:
         r = _bench(srv, tmp_path, nofile=(80, 80), profile=str(prof))
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["phases"][0]["completed"] == 150
-    warning = (f"warning: phase M sends 150 requests at 300 req/s with no max_concurrency, and salactl may open "
+    warning = (f"warning: phase M sends 150 requests at 100 req/s with no max_concurrency, and salactl may open "
                f"only 80 files (RLIMIT_NOFILE): should more than {80 - OWN_FILES} be in flight at once, those past "
                f"it fail; give the phase a max_concurrency of at most {80 - OWN_FILES} or run `ulimit -n "
                f"{150 + OWN_FILES}` first to rule that out\n")
