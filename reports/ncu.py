@@ -125,7 +125,8 @@ def parse_csv_text(text: str, source: str = "ncu CSV", hint: str = EXPORT_HINT) 
             sm_pct=value(row, SM_PCT), mem_pct=value(row, MEM_PCT), dram_pct=value(row, DRAM_PCT)))
     if not kernels:
         raise UsageError(f"{source} holds no profiled kernels" +
-                         (f" with a time ({untimed} have n/a)" if untimed else ""))
+                         (f" with a time ({untimed} have n/a)" if untimed else "") +
+                         "; capture the step again with salactl profile --ncu")
     _warn_missing(source, len(body), untimed, sum(k.dram_bytes is None for k in kernels))
     return kernels
 

@@ -20,7 +20,8 @@ def parse_list(text: str, flag: str, kind=int, minimum: float | None = None, ded
     try:
         values = [kind(x) for x in items]
     except ValueError:
-        raise UsageError(f"{flag} takes comma-separated {_WHAT[kind]}, got {text!r}") from None
+        plain = "; write whole numbers without units (131072, not 128k)" if kind is int else ""
+        raise UsageError(f"{flag} takes comma-separated {_WHAT[kind]}, got {text!r}{plain}") from None
     bad = [v for v in values if minimum is not None and v < minimum]
     if bad:
         bound = "positive" if minimum == 1 and kind is int else f">= {minimum}"

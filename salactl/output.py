@@ -102,9 +102,9 @@ def read_text_option(path: Path, name: str, hint: str = "save it as UTF-8",
     try:
         data = _read_capped(path, name, cap)
     except FileNotFoundError:
-        raise DatasetError(f"{name} {path} does not exist") from None
+        raise DatasetError(f"{name} {path} does not exist; check the path") from None
     except OSError as e:
-        raise DatasetError(f"cannot read {name} {path}: {e.strerror}") from None
+        raise DatasetError(f"cannot read {name} {path}: {e.strerror}; give a readable file") from None
     try:
         # not "utf-8-sig": its decode errors count bytes from after the mark
         return data.decode("utf-8").removeprefix("\ufeff")
@@ -140,9 +140,9 @@ def _check_input_file(path: Path, name: str, hint: str, memory_per_byte: int) ->
     try:
         check_regular_file(path, DatasetError, 1 << 62, hint, name)
     except FileNotFoundError:
-        raise DatasetError(f"{name} {path} does not exist") from None
+        raise DatasetError(f"{name} {path} does not exist; check the path") from None
     except OSError as e:
-        raise DatasetError(f"cannot read {name} {path}: {e.strerror}") from None
+        raise DatasetError(f"cannot read {name} {path}: {e.strerror}; give a readable file") from None
     size, avail = path.stat().st_size, available_host_bytes()
     fits = "" if avail is None else f" (up to about {human_bytes(avail // memory_per_byte)} fits)"
     check_fits(size * memory_per_byte, avail, f"reading {name} {path} ({human_bytes(size)})", "this machine",

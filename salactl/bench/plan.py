@@ -154,7 +154,7 @@ def plan_phases(profile: Profile, phases: list[Phase], spec: dict[str | None, Pa
             reqs, too_short = soar_requests(rows, tokenizer, seed=seed, limit=cap, prefix=prefix,
                                             cache=tokenized[path], path=path)
             if not reqs:
-                raise DatasetError(f"every row of {path} is under 2 tokens; nothing to benchmark")
+                raise DatasetError(f"every row of {path} is under 2 tokens; nothing to benchmark: give rows whose question has text")
             info = {"kind": "soar-jsonl", "path": str(path), "rows": report.rows,
                     "bad_rows_skipped": report.bad_rows, "bad_rows_first_lines": list(report.bad_lines),
                     "too_short_dropped": too_short}
