@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from salactl import output
+from salactl import input_files, output
 from salactl.bench.out_of_memory import out_of_memory_is_capacity
 from salactl.env import environment
 from salactl.errors import CheckpointError, OutputExistsError, QuantizationError, SalactlError, UsageError
@@ -352,7 +352,7 @@ def _record(out: str | Path, lm: LoadedModel, opts: QuantOptions, fit: dict, kno
         if opts.method != "rtn" else []
     return {
         "out": Path(out),                       # the file system's name; --json shows it as UTF-8 (jsonable)
-        "model": output.utf8_text(lm.source),   # the --model path or preset as given, as UTF-8
+        "model": input_files.utf8_text(lm.source),   # the --model path or preset as given, as UTF-8
         "method": opts.method, "bits": opts.bits, "group_size": opts.group_size, "desc_act": opts.desc_act,
         "clip_search": opts.clip_search,
         "damp": opts.damp if opts.method == "gptq" else None, "kv_cache_dtype": opts.kv_cache_dtype,

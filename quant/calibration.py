@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from salactl.errors import DatasetError, UsageError
-from salactl.output import check_tokenizer_memory, jsonl_lines, lone_surrogate, parse_json_line, read_text_option
+from salactl.input_files import check_tokenizer_memory, jsonl_lines, lone_surrogate, parse_json_line, read_text_option
 
 RANDOM = "random"
 # host bytes held per byte of a --calib file: its text, its lines and their documents (the token

@@ -75,7 +75,7 @@ def _disk_full_names(path: Path) -> Iterator[None]:
 def check_out_dir(out: Path, names: tuple[str, ...], overwrite: bool = False) -> Path:
     """Before any work: `out` must be a directory that can be created and written in, and each of
     `names` in it a file that does not exist yet (or `overwrite`)."""
-    from salactl.output import directory_option
+    from salactl.out_dirs import directory_option
 
     directory_option(out, "--out", files=names)
     check_destinations([out / n for n in names], overwrite)

@@ -16,7 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from salactl.errors import DatasetError, SalactlError, UsageError
-from salactl.output import jsonl_byte_lines, warn_once
+from salactl.input_files import jsonl_byte_lines
+from salactl.output import warn_once
 
 SCHEMA_VERSION = 1
 RECORDS_NAME = "records.jsonl"       # what run, bench and sweep --out DIR append to
@@ -75,7 +76,7 @@ UTF8_BOM = b"\xef\xbb\xbf"        # Windows editors start a saved file with one
 def record_lines(path, error: type[SalactlError] = DatasetError, fix: str = "",
                  regular_only: bool = False) -> Iterator[tuple[int, str]]:
     """(line number, text) of each line of a records file, read one line at a time (a line ends at
-    "\\r\\n", "\\r" or "\\n", as in other JSONL input: output.jsonl_lines). A path that is missing,
+    "\\r\\n", "\\r" or "\\n", as in other JSONL input: input_files.jsonl_lines). A path that is missing,
     a directory or unreadable, a line over MAX_RECORD_LINE (so /dev/zero ends at once) or one that
     is not UTF-8 raises `error`, naming the file (and line), then "; `fix`" where given; so
     does a path that is not a regular file (a device, FIFO) with `regular_only` (a file to append

@@ -29,7 +29,7 @@ def check_output_dir(out_dir: Path, overwrite: bool) -> Path:
     path needs `overwrite`, and even then only an empty directory or a checkpoint (config.json)
     is replaced, never the working directory or one above it; no parent may be a file, and neither
     it nor a directory above it a symlink to a missing target."""
-    from salactl.output import directory_option
+    from salactl.out_dirs import directory_option
 
     given = Path(out_dir).expanduser()
     # before resolving: a symlink to a missing target resolves to that target, which reads as absent
@@ -139,7 +139,7 @@ def _write_files(tmp: Path, state: dict[str, torch.Tensor], config_dict: dict, m
 
 
 def _temp_prefix(out_dir: Path) -> str:
-    from salactl.output import short_name
+    from salactl.out_dirs import short_name
 
     return f".{short_name(out_dir)}.tmp-"
 
@@ -273,7 +273,7 @@ def _remove_leftover_backups(out_dir: Path) -> None:
 
 
 def _backup_prefix(out_dir: Path) -> str:
-    from salactl.output import short_name
+    from salactl.out_dirs import short_name
 
     return f".{short_name(out_dir)}.old-"
 

@@ -106,7 +106,7 @@ def _interrupted() -> None:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
-            except (OSError, ValueError, SalactlError):     # SalactlError: output.StdoutWriteError
+            except (OSError, ValueError, SalactlError):     # SalactlError: streams.StdoutWriteError
                 pass
         os._exit(code)
     sys.exit(code)
@@ -192,7 +192,7 @@ def _streams_that_cannot_fail_to_encode() -> None:
 def _closed_streams_to_devnull() -> bool:
     """A stdout or stderr closed before the start (`salactl ... >&-`; pythonw has none) is None in
     Python: /dev/null takes its place (and its file descriptor), instead of a traceback at the first
-    write. Returns whether stdout was closed, which output.ClosedStdout then reports."""
+    write. Returns whether stdout was closed, which streams.ClosedStdout then reports."""
     stdout_closed = sys.stdout is None
     for name in ("stdout", "stderr"):
         if getattr(sys, name) is None:
@@ -229,14 +229,14 @@ def main() -> None:
 
 def _main() -> None:
     stdout_closed = _closed_streams_to_devnull()
-    from salactl import output
+    from salactl import streams
     from salactl.bench.out_of_memory import is_out_of_memory     # now: importing it out of memory could fail
 
     _streams_that_cannot_fail_to_encode()
-    output.check_stdout_writes()
-    output.stderr_best_effort()
+    streams.check_stdout_writes()
+    streams.stderr_best_effort()
     if stdout_closed:
-        sys.stdout = output.ClosedStdout(sys.stdout)
+        sys.stdout = streams.ClosedStdout(sys.stdout)
     out_of_memory = None
     try:
         with warnings.catch_warnings():
@@ -255,7 +255,7 @@ def _main() -> None:
         if os.environ.get("SALACTL_DEBUG") == "1":
             traceback.print_exc()
         print(f"error: {e}", file=sys.stderr)
-        if isinstance(e, output.StdoutWriteError):
+        if isinstance(e, streams.StdoutWriteError):
             _stdout_to_devnull()        # what is still buffered for it goes nowhere, not into a second error
         sys.exit(e.exit_code)
     except BrokenPipeError:

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from salactl import output
+from salactl import input_files, out_dirs, output
 from salactl.errors import UsageError
 from salactl.options import (SEED_MAX, DeviceOpt, DtypeOpt, JsonOpt, RandomWeightsOpt, TokenizerOpt, non_empty,
                              non_empty_path, passed_names)
@@ -51,9 +51,9 @@ def bench(
     from salactl.bench.records import check_label
     from salactl.bench.summary import phase_notes, score_line, table_rows
 
-    output.directory_option(out, files=("records.jsonl",))
+    out_dirs.directory_option(out, files=("records.jsonl",))
     check_tokenizer_used(tokenizer, endpoint, dataset)
-    label = None if label is None else output.utf8_text(label)
+    label = None if label is None else input_files.utf8_text(label)
     check_label(label)
     settings = BenchSettings(
         profile=profile, dataset=dataset, skip_bad_rows=skip_bad_rows, scale=scale,

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from salactl import output
+from salactl import input_files, output
 from salactl.errors import CheckpointError, UsageError
 from salactl.lists import parse_list
 from salactl.options import (SEED_MAX, ChunkOpt, DeviceOpt, DtypeOpt, JsonOpt, KvCacheDtypeOpt, TokenizerOpt, non_empty_path,
@@ -100,13 +100,13 @@ FEW_IDS = 1 << 20
 IDS_FIX = "lower --max-tokens or give a shorter text"
 
 
-def _file_read_cap(max_tokens: int) -> output.ReadCap | None:
+def _file_read_cap(max_tokens: int) -> input_files.ReadCap | None:
     """The most bytes eval ppl reads of --file: as its bytes and decoded text fit the available
     memory, with its token ids where --max-tokens (0: every token) lets it hold many."""
     if max_tokens and max_tokens < FEW_IDS:
-        return output.memory_read_cap(output.DECODED_BYTES_PER_BYTE, "its bytes and decoded text fit",
+        return input_files.memory_read_cap(input_files.DECODED_BYTES_PER_BYTE, "its bytes and decoded text fit",
                                       "give a smaller --file (eval ppl reads it whole before encoding it)")
-    return output.memory_read_cap(output.DECODED_BYTES_PER_BYTE + IDS_BYTES_PER_BYTE,
+    return input_files.memory_read_cap(input_files.DECODED_BYTES_PER_BYTE + IDS_BYTES_PER_BYTE,
                                   "its bytes, decoded text and token ids fit", "give a smaller --file or "
                                   f"--max-tokens 1 to {FEW_IDS - 1:,} (eval ppl reads it whole, then holds the "
                                   "ids of the tokens it scores)")
@@ -140,7 +140,7 @@ def _describe(lm) -> dict:
     """The model (its checkpoint directory as an absolute path, as the sala-nano preset's), device and dtype."""
     w = next(lm.model.parameters())
     model = str(Path(lm.source).resolve()) if Path(lm.source).is_dir() else lm.source
-    model = output.utf8_text(model)
+    model = input_files.utf8_text(model)
     return {"model": model, "device": str(w.device), "dtype": str(w.dtype).replace("torch.", "")}
 
 
@@ -188,8 +188,8 @@ def ppl(
         refuse_unused(passed(ctx, "split"), "the built-in corpus only (without --file)", "drop one of --split "
                       "and --file")
         # read whole before it is encoded piecewise; a device such as /dev/zero stops at what memory holds
-        text = output.read_text_option(file, "--file", cap=_file_read_cap(max_tokens))
-        source = {"file": output.utf8_text(str(file))}
+        text = input_files.read_text_option(file, "--file", cap=_file_read_cap(max_tokens))
+        source = {"file": input_files.utf8_text(str(file))}
         what = f"--file {file}"
     else:
         from salactl.data.corpus import SPLITS, corpus_sha256, corpus_text

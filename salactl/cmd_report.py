@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 from typer.core import TyperGroup
 
-from salactl import output
+from salactl import input_files, output
 from salactl.units import human_bytes
 from salactl.errors import CheckpointError, UsageError
 from salactl.lists import parse_list
@@ -232,7 +232,7 @@ def memory(
     if context != DEFAULT_CONTEXTS:     # the default table spans the 9B's range for any model
         output.warn_past_trained_length(max(q.contexts), config.max_position_embeddings, "--context")
     recs = load_records(list(records)) if records else None
-    result = {"model": output.utf8_text(model), **mr.build(config, q, recs, model)}
+    result = {"model": input_files.utf8_text(model), **mr.build(config, q, recs, model)}
     if recs and not result["measured"]:
         output.stderr.print(f"note: none of the {len(recs)} records has a measured peak (CPU runs have "
                             "none); no measured rows")

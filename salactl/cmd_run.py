@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from salactl import output
+from salactl import input_files, out_dirs, output
 from salactl.units import human_bytes
 from salactl.errors import UsageError
 from salactl.lists import parse_list
@@ -82,22 +82,22 @@ def run(
     """Generate text with the embedded runtime; print TTFT, tok/s and a roofline table."""
     from salactl.run_job import RunRequest, execute
 
-    output.directory_option(out, files=("records.jsonl",))
+    out_dirs.directory_option(out, files=("records.jsonl",))
     if out is None:
         refuse_unused(passed(ctx, "label"), "the records written to --out", "add --out DIR, or drop {it}")
     from salactl.bench.records import check_label
 
-    prompt, system, label = (None if t is None else output.utf8_text(t) for t in (prompt, system, label))
-    stop = [output.utf8_text(s) for s in stop or ()]
+    prompt, system, label = (None if t is None else input_files.utf8_text(t) for t in (prompt, system, label))
+    stop = [input_files.utf8_text(s) for s in stop or ()]
     check_label(label)
     given = [x is not None for x in (prompt, prompt_ids, prompt_file)]
     if sum(given) != 1:
         raise UsageError("give exactly one of --prompt, --prompt-ids or --prompt-file")
     if prompt_file is not None:
         # as check_tokenizer_memory would refuse it after reading; a device such as /dev/zero stops there
-        cap = output.memory_read_cap(output.TOKENIZER_BYTES_PER_BYTE, "the tokenizer can encode", "shorten the prompt",
-                                     floor=4 * output.TOKENIZER_CHECK_FROM)
-        prompt = output.read_text_option(prompt_file, "--prompt-file", cap=cap)
+        cap = input_files.memory_read_cap(input_files.TOKENIZER_BYTES_PER_BYTE, "the tokenizer can encode", "shorten the prompt",
+                                     floor=4 * input_files.TOKENIZER_CHECK_FROM)
+        prompt = input_files.read_text_option(prompt_file, "--prompt-file", cap=cap)
     else:
         _check_utf8("--prompt", prompt)
     _check_utf8("--system", system)
@@ -146,7 +146,7 @@ def _template_kwargs(items: list[str] | None) -> dict:
     """--chat-template-kwargs KEY=JSON_VALUE ... as a dict."""
     kwargs = {}
     for item in items or ():
-        key, eq, value = output.utf8_text(item).partition("=")
+        key, eq, value = input_files.utf8_text(item).partition("=")
         if not eq or not key:
             raise UsageError(f"--chat-template-kwargs {item!r} is not KEY=JSON_VALUE; e.g. enable_thinking=false")
         _check_utf8("--chat-template-kwargs", key)

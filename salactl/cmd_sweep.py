@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from salactl import output
+from salactl import input_files, out_dirs, output
 from salactl.options import (DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, RandomWeightsOpt, TokenizerOpt, non_empty_path,
                              seed_option)
 
@@ -52,8 +52,8 @@ def sweep(
     from salactl.bench.live import PointProgress
     from salactl.bench.sweep_job import SweepSettings, run_sweep
 
-    output.directory_option(out, files=("records.jsonl",))
-    label = None if label is None else output.utf8_text(label)
+    out_dirs.directory_option(out, files=("records.jsonl",))
+    label = None if label is None else input_files.utf8_text(label)
     s = SweepSettings(model=model, random_weights=random_weights, seed=seed, device=device, dtype=dtype,
                       tokenizer=tokenizer, dense_len=dense_len, topk=topk, window=window, block=block,
                       chunk_size=chunk_size, batch_size=batch_size, kv_dtype=kv_dtype,

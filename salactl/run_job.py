@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from salactl import output
+from salactl import input_files, output
 from salactl.bench.out_of_memory import out_of_memory_is_capacity
 from salactl.errors import TokenizerError, UsageError
 from salactl.options import refuse_unused
@@ -184,7 +184,7 @@ def _note_checkpoint_sampling(req: RunRequest, gen: dict, sources: dict) -> None
 def _prompt_ids(req: RunRequest, directory: Path | None) -> tuple[list[int], Tokenizer | None]:
     """The prompt's token ids and the tokenizer (None where --prompt-ids come without one; `directory`:
     the model's, where its tokenizer is looked for)."""
-    from salactl.output import check_tokenizer_memory
+    from salactl.input_files import check_tokenizer_memory
     from salactl.runtime.chat_template import CHATML_NOTE
 
     if req.prompt is None:
@@ -406,7 +406,7 @@ def _record(req: RunRequest, lm: LoadedModel, ids: list[int], text: GeneratedTex
     ceilings = peaks_for(device).for_dtype(act_dtype, quantized=computes_in_bf16(lm.model))
     P = len(ids)
     return {
-        "model": output.utf8_text(lm.source),       # the --model path as given, as UTF-8
+        "model": input_files.utf8_text(lm.source),       # the --model path as given, as UTF-8
         "device": str(device),
         "dtype": dtype_name,
         "prompt_token_ids": list(ids),
@@ -503,7 +503,7 @@ def run_records(result: dict, req: RunRequest, label: str | None) -> list[dict]:
     knobs = {k: v for k, v in asdict(req).items() if k not in ("prompt", "prompt_ids")}
     knobs.update(result["sampling"], sampling_source=result["sampling_source"], dtype=result["dtype"],
                  device=result["device"], kv_cache_dtype=result["kv_cache_dtype"], weights=result["weights"],
-                 model=result["model"], tokenizer=req.tokenizer and output.utf8_text(req.tokenizer))
+                 model=result["model"], tokenizer=req.tokenizer and input_files.utf8_text(req.tokenizer))
     common = dict(completed=1, failed=0, total_input_tokens=n_in, total_output_tokens=n_out,
                   peak_memory_bytes=result["peak_memory_bytes"])
     ttft_ms = result["ttft_s"] and result["ttft_s"] * 1e3        # None when no token was generated

@@ -15,7 +15,7 @@ import pytest
 from bench_tokenizer import make_tokenizer
 from salactl.bench.datasets import FIRST_BAD_LINES, SoarRow, read_soar_rows, soar_requests
 from salactl.errors import CapacityError, DatasetError
-from salactl.output import TOKENIZER_BYTES_PER_BYTE
+from salactl.input_files import TOKENIZER_BYTES_PER_BYTE
 from salactl.runtime.loader import EMBEDDED_DIR, available_host_bytes
 from salactl.runtime.tokenizer import Tokenizer
 

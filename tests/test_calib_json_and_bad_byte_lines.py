@@ -8,7 +8,7 @@ import pytest
 
 from conftest import run_cli
 from salactl.errors import DatasetError
-from salactl.output import read_text_option
+from salactl.input_files import read_text_option
 from salactl.quant.calibration import read_documents
 
 DOCS = ["The first calibration document.", "And a second one."]

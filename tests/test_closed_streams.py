@@ -52,7 +52,7 @@ def test_a_later_empty_write_does_not_forget_the_dropped_results():
     import os
 
     from salactl.errors import OutputWriteError
-    from salactl.output import ClosedStdout
+    from salactl.streams import ClosedStdout
 
     with open(os.devnull, "w") as null:
         quiet = ClosedStdout(null)

@@ -115,7 +115,7 @@ def test_eval_ppl_scores_a_bom_file_as_the_plain_file(tmp_path):
 
 def test_text_file_byte_offsets_count_the_byte_order_mark(tmp_path):
     from salactl.errors import DatasetError
-    from salactl.output import read_text_option
+    from salactl.input_files import read_text_option
 
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"\xef\xbb\xbfab\xff")

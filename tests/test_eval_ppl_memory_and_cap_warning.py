@@ -11,7 +11,7 @@ import tracemalloc
 
 import pytest
 
-from salactl import output
+from salactl import input_files
 from salactl.cmd_eval import IDS_BYTES_PER_BYTE, _file_read_cap
 from salactl.data.corpus import corpus_text
 from salactl.evaluation.perplexity import encode_text, longest_window, score_windows, scored_targets
@@ -55,13 +55,13 @@ def test_the_ids_memory_per_byte_bounds_what_eval_ppl_holds():
 def test_the_file_read_cap_counts_the_ids_where_they_may_all_be_held():
     if available_host_bytes() is None:
         pytest.skip("the available memory is unknown: no cap")
-    whole = output.DECODED_BYTES_PER_BYTE + IDS_BYTES_PER_BYTE
+    whole = input_files.DECODED_BYTES_PER_BYTE + IDS_BYTES_PER_BYTE
     for max_tokens in (0, 1 << 20, 10**9):
         cap = _file_read_cap(max_tokens)
         assert f"({whole} bytes per byte of the file)" in cap.why and "token ids" in cap.why
         assert cap.max_bytes * whole <= available_host_bytes() * 1.05
     few = _file_read_cap(16384)
-    assert f"({output.DECODED_BYTES_PER_BYTE} bytes per byte of the file)" in few.why
+    assert f"({input_files.DECODED_BYTES_PER_BYTE} bytes per byte of the file)" in few.why
 
 
 # The runtime modules load before the address-space limit, which then leaves 240 MiB: enough to load

@@ -17,7 +17,7 @@ from salactl.bench.sweep_sizes import prefill_bytes, sweep_prefill_bytes
 from salactl.bench.synthetic import prompt_set_bytes
 from salactl.errors import CapacityError
 from salactl.evaluation.perplexity import engine_prefill_bytes
-from salactl.output import TOKENIZER_BYTES_PER_BYTE, ReadCap, read_text_option
+from salactl.input_files import TOKENIZER_BYTES_PER_BYTE, ReadCap, read_text_option
 from salactl.runtime.loader import available_host_bytes, model_config
 from salactl.units import human_bytes
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import run_cli
-from salactl.output import utf8_text
+from salactl.input_files import utf8_text
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux" or sys.getfilesystemencoding() != "utf-8",
                                 reason="compares a POSIX ASCII locale with this process's UTF-8 one")

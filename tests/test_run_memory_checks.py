@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from salactl.evaluation.perplexity import engine_prefill_bytes, model_weight_bytes
-from salactl.output import TOKENIZER_BYTES_PER_BYTE
+from salactl.input_files import TOKENIZER_BYTES_PER_BYTE
 from salactl.profiling.preflight import largest_fitting
 from salactl.runtime.loader import EMBEDDED_DIR, available_host_bytes, model_config
 from salactl.runtime.presets import sala_nano

@@ -94,7 +94,7 @@ def test_stdout_that_cannot_be_written_is_still_exit_16(tmp_path):
 def test_the_first_failed_write_points_the_descriptor_itself_at_devnull():
     """Not only this writer's later writes are dropped: every other writer of the descriptor (rich's
     refresh thread, sys.__stderr__, C code) then writes to /dev/null and succeeds."""
-    from salactl.output import _BestEffortWrites
+    from salactl.streams import _BestEffortWrites
 
     with _pipe_nobody_reads() as fd:
         writes = _BestEffortWrites(fd)

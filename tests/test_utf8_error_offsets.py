@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from salactl.errors import DatasetError, UsageError
-from salactl.output import lone_surrogate, read_text_option
+from salactl.input_files import lone_surrogate, read_text_option
 from salactl.runtime.tokenizer import find_tokenizer
 
 

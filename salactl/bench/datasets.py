@@ -17,7 +17,7 @@ from pathlib import Path
 
 from salactl.bench.requests import BenchRequest
 from salactl.errors import DatasetError
-from salactl.output import check_tokenizer_memory, jsonl_lines, lone_surrogate, parse_json_line, read_text_option
+from salactl.input_files import check_tokenizer_memory, jsonl_lines, lone_surrogate, parse_json_line, read_text_option
 
 PROMPT_KEYS = ("question", "input", "prompt")
 RESPONSE_KEY = "model_response"

@@ -10,7 +10,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from salactl import output
+from salactl import input_files, output
 from salactl.bench import phase_checks
 from salactl.bench import records as rec
 from salactl.bench.metrics import one_batch_metrics, parse_slo, phase_metrics
@@ -251,8 +251,8 @@ def run_bench(s: BenchSettings, progress=None) -> BenchRun:
         if trained_len is not None:
             _warn_past_trained_length(plans, trained_len)
         # the profile's file name and the model path or served name are the user's text: as UTF-8
-        run = BenchRun(rec.new_run_id(), s, output.utf8_text(profile.name), target.kind,
-                       target.model and output.utf8_text(target.model))
+        run = BenchRun(rec.new_run_id(), s, input_files.utf8_text(profile.name), target.kind,
+                       target.model and input_files.utf8_text(target.model))
         return _execute(run, plans, profile, target, s, slo, reference, weights, environment(), progress)
     finally:
         target.close()

@@ -20,7 +20,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from salactl import output
+from salactl import input_files, output
 from salactl.bench.requests import RequestResult
 from salactl.errors import OutputWriteError, UsageError
 from salactl.output import jsonable
@@ -57,7 +57,7 @@ def check_label(label: str | None) -> str | None:
         if bad is not None:
             raise UsageError(f"--label {label!r} holds the control character {bad!r}; give a name without "
                              "control characters or line breaks")
-        if output.lone_surrogate(label):
+        if input_files.lone_surrogate(label):
             raise UsageError(f"--label {label!r} is not valid UTF-8; give the name in UTF-8")
     return label
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from salactl import output
+from salactl import input_files, output
 from salactl.bench import phase_checks
 from salactl.bench import records as rec
 from salactl.bench.engine_options import check_gpu_engine_values, gpu_engine_sizes, refuse_gpu_engine_options
@@ -364,7 +364,7 @@ def _sweep(s: SweepSettings, progress) -> SweepRun:
         from salactl.bench.accuracy import kl_prompt
 
         prompt = kl_prompt(tok, kl_len, config.vocab_size, s.seed)
-    context = {"model": output.utf8_text(lm.source), "device": str(device), "dtype": str(base_dtype).replace("torch.", ""),
+    context = {"model": input_files.utf8_text(lm.source), "device": str(device), "dtype": str(base_dtype).replace("torch.", ""),
                "engine": engine_kind,
                "input_len": s.input_len, "output_len": s.output_len, "requests": s.requests,
                "kl": s.kl, "kl_len": kl_len, "passkey": do_passkey, "passkey_lengths": lengths,
@@ -479,7 +479,7 @@ def _prompt_sources(tok, prompt: list[int] | None, kl_len: int, vocab_size: int,
     kl_source = None
     if prompt is not None:
         kl_source = "random" if tok is None or prompt == kl_prompt(None, kl_len, vocab_size, s.seed) else "text"
-    return {"tokenizer": None if tok is None else output.utf8_text(str(Path(tok.path).resolve())),
+    return {"tokenizer": None if tok is None else input_files.utf8_text(str(Path(tok.path).resolve())),
             "tokenizer_sha256": None if tok is None else _tokenizer_hash(Path(tok.path)),
             "kl_prompt": kl_source}
 

@@ -79,7 +79,7 @@ def encode_text(tok, text: str, limit: int | None, what: str, piece_chars: int =
     after the first is encoded as text that follows other text (tok.encode's continuation), without the
     word-start mark a SentencePiece-style tokenizer gives a text's start. `what` names the text in the
     error where a piece is too long for the tokenizer's memory (exit 11)."""
-    from salactl.output import check_tokenizer_memory
+    from salactl.input_files import check_tokenizer_memory
 
     def encode(s: str, continuation: bool = True) -> list[int]:
         return tok.encode(s, add_special_tokens=False, specials_as_text=True, continuation=continuation)

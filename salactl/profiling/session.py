@@ -13,7 +13,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from salactl import output
+from salactl import out_dirs, output
 from salactl.bench.out_of_memory import out_of_memory_is_capacity
 from salactl.bench.records import interrupts_deferred
 from salactl.errors import (DeviceError, OutputWriteError, ProfilerFailedError, ProfilerPermissionError,
@@ -177,7 +177,7 @@ def run_staged(spec: ProfileSpec, opts: SessionOptions, mode: str, sampler=None)
     staging = None
     try:
         with interrupts_deferred():         # a Ctrl-C right after mkdtemp still finds it to remove
-            staging = Path(tempfile.mkdtemp(prefix=f".{output.short_name(final)}.tmp-", dir=where))
+            staging = Path(tempfile.mkdtemp(prefix=f".{out_dirs.short_name(final)}.tmp-", dir=where))
         with _write_failures_name(final), out_of_memory_is_capacity("profile", _memory_fix(spec)):
             result = _run(spec, replace(opts, out_dir=staging), mode, sampler)
             result["out_dir"] = str(final)
@@ -209,7 +209,7 @@ def _keep_log(log: Path, final: Path) -> Path | None:
     final = Path(os.path.abspath(final))        # "." or "..": a parent that is not inside --out
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
-        fd, kept = tempfile.mkstemp(prefix=f"{output.short_name(final)}.ncu-", suffix=".log", dir=final.parent)
+        fd, kept = tempfile.mkstemp(prefix=f"{out_dirs.short_name(final)}.ncu-", suffix=".log", dir=final.parent)
     except OSError:
         return None
     os.close(fd)
