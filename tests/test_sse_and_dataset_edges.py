@@ -12,7 +12,7 @@ from salactl.bench.datasets import SoarRow, soar_requests
 from salactl.bench.plan import plan_phases
 from salactl.bench.profiles import load_profile
 from salactl.bench.synthetic import _bin_lengths
-from salactl.bench.targets.http import iter_sse
+from salactl.bench.targets.http_protocol import iter_sse
 from salactl.runtime.tokenizer import Tokenizer
 from test_bench_http_stream_variants import GAP, N, RawServer, _event, _on_time, _one
 

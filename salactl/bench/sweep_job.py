@@ -5,7 +5,6 @@ accuracy proxies (logit KL vs dense attention, passkey), one record per point, t
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,30 +16,26 @@ import torch
 from salactl import input_files, output
 from salactl.bench import phase_checks
 from salactl.bench import records as rec
-from salactl.bench.engine_options import check_gpu_engine_values, gpu_engine_sizes, refuse_gpu_engine_options
+from salactl.bench.engine_options import gpu_engine_sizes
 from salactl.bench.grid_memory import cache_bytes_per_request
 from salactl.bench.out_of_memory import out_of_memory_is_capacity
-from salactl.bench.sweep_sizes import KL_REFERENCE_CHUNK, check_sizes_fit, kv_item_bytes
-from salactl.bench.sweep_grid import (KV_DTYPES, WEIGHT_DTYPES, SweepPoint, build_points,
-                                      check_window_and_block, parse_ints, parse_names, point_key)
+from salactl.bench.sweep_checks import PARETO_X, check_before_loading
+from salactl.bench.sweep_resume import reusable
+from salactl.bench.sweep_sizes import KL_REFERENCE_CHUNK, kv_item_bytes
+from salactl.bench.sweep_grid import (KV_DTYPES, WEIGHT_DTYPES, SweepPoint, build_points, parse_ints,
+                                      parse_names, point_key)
 from salactl.bench.targets.embedded import EmbeddedTarget
-from salactl.errors import CapacityError, ConfigError, DatasetError, OutputExistsError, SalactlError, UsageError
+from salactl.errors import CapacityError, ConfigError, OutputExistsError, SalactlError, UsageError
 from salactl.evaluation.passkey import ANSWER_TOKENS
 from salactl.lists import parse_list
-from salactl.options import refuse_unused
 from salactl.quant.in_memory import QUANTIZED_BITS, quantize_rtn_in_memory, quantized_as
 from salactl.reports.atomic import exclusive_lock, write_atomic
-from salactl.reports.records import validate as validate_record
 from salactl.runtime.kv_fp8 import stored_kv_name
-from salactl.runtime.sampling import is_int
 
 if TYPE_CHECKING:
     from salactl.runtime.loader import LoadedModel
 
-PARETO_X = {"e2e": "mean_e2e_latency_ms", "ttft": "mean_ttft_ms", "tpot": "mean_tpot_ms"}
 PARETO_Y = "logit_kl_mean"
-PASSKEY_DEFAULTS = {"passkey_lengths": "512", "passkey_depths": "0.25,0.75", "passkey_trials": 2}
-PARETO_X_DEFAULT = "e2e"
 SWEEP_LOCK = ".salactl-sweep.lock"     # held in --out while a sweep runs, removed when it ends
 
 
@@ -177,108 +172,8 @@ def _axes(s: SweepSettings, config, default_weight: str, default_chunk: int) -> 
     }
 
 
-def _refuse_skipped_options(s: SweepSettings) -> None:
-    """Options of an accuracy proxy that --no-kl / --no-passkey skips would be silently ignored."""
-    if not s.kl:
-        refuse_unused(["--kl-len"] if s.kl_len is not None else [], "the logit KL, which --no-kl skips",
-                      "drop {it}, or drop --no-kl")
-        refuse_unused(["--pareto-x"] if s.pareto_x is not None else [], "the Pareto front, which trades "
-                      "latency against the logit KL that --no-kl skips", "drop {it}, or drop --no-kl")
-    if not s.passkey:
-        refuse_unused([f"--{k.replace('_', '-')}" for k in PASSKEY_DEFAULTS if getattr(s, k) is not None],
-                      "the passkey test, which --no-passkey skips", "drop {it}, or drop --no-passkey",
-                      verb=("configures", "configure"))
-    if not s.kl and not s.passkey:          # the speed workload's prompts are token ids already
-        refuse_unused(["--tokenizer"] if s.tokenizer is not None else [],
-                      "the KL and passkey prompts, which --no-kl and --no-passkey skip",
-                      "drop {it}, or drop --no-kl or --no-passkey")
-
-
-def _check_before_loading(s: SweepSettings) -> SweepSettings:
-    """Everything that does not need the model, so bad input fails in a second; returns `s` with the
-    passkey options and --pareto-x left out at their defaults."""
-    from salactl.bench.targets.embedded import resolve_engine
-    from salactl.runtime.loader import model_config, resolve_device
-
-    _refuse_skipped_options(s)
-    rec.check_label(s.label)
-    s = dataclasses.replace(s, **{k: v for k, v in PASSKEY_DEFAULTS.items() if getattr(s, k) is None},
-                            pareto_x=PARETO_X_DEFAULT if s.pareto_x is None else s.pareto_x)
-    if s.pareto_x not in PARETO_X:
-        raise UsageError(f"--pareto-x must be one of {', '.join(PARETO_X)}, got {s.pareto_x!r}")
-    if s.pareto_x == "tpot" and s.output_len < 2:
-        raise UsageError(f"--pareto-x tpot needs --output-len 2 or more (TPOT is the time between output "
-                         f"tokens), got {s.output_len}; raise --output-len, or use --pareto-x e2e or ttft")
-    for name, v in (("input-len", s.input_len), ("output-len", s.output_len), ("requests", s.requests),
-                    ("passkey-trials", s.passkey_trials)):
-        if v < 1:
-            raise UsageError(f"--{name} must be positive, got {v}")
-    check_gpu_engine_values(s.max_running_requests, s.mem_fraction)
-    if s.kl_len is not None and s.kl_len < 1:
-        raise UsageError(f"--kl-len must be positive, got {s.kl_len}")
-    if any(not 0.0 <= d <= 1.0 for d in parse_list(s.passkey_depths, "--passkey-depths", float)):
-        raise UsageError(f"--passkey-depths must lie in [0, 1], got {s.passkey_depths!r}")
-    parse_ints(s.passkey_lengths, "passkey-lengths", 512)
-    for text, name in ((s.dense_len, "dense-len"), (s.window, "window")):
-        parse_ints(text, name, 0, minimum=0)
-    for text, name in ((s.topk, "topk"), (s.block, "block"), (s.chunk_size, "chunk-size")):
-        parse_ints(text, name, 1)
-    parse_names(s.kv_dtype, "kv-cache-dtype", "bf16", KV_DTYPES)
-    parse_names(s.weight_dtype, "weight-dtype", "bf16", WEIGHT_DTYPES)
-    check_window_and_block(s.window, s.block, model_config(s.model, s.random_weights).sparse_config)
-    device = resolve_device(s.device)
-    kind = resolve_engine(s.engine, device)
-    refuse_gpu_engine_options(kind, s.max_running_requests, s.mem_fraction)
-    limit = 1 if kind == "reference" else gpu_engine_sizes(s.max_running_requests, s.mem_fraction)[0]
-    too_big = [b for b in parse_ints(s.batch_size, "batch-size", 1) if b > limit]
-    if too_big:
-        raise UsageError(f"--batch-size {too_big[0]} is not supported by the {kind} engine; supported "
-                         "today: 1 with the reference engine (one sequence at a time), up to "
-                         "--max-running-requests with --engine gpu on CUDA")
-    check_sizes_fit(s, device)
-    if s.passkey:
-        _check_passkey_prompts(s)
-    _check_kv_scales_before_loading(s, parse_names(s.kv_dtype, "kv-cache-dtype", "bf16", KV_DTYPES))
-    return s
-
-
-def _check_kv_scales_before_loading(s: SweepSettings, kv_dtypes: list[str]) -> None:
-    """run's check of the checkpoint's KV scales (check_scales_before_loading) per grid KV dtype: a
-    grid none of whose dtypes has its scales loads no weights; otherwise the points of a dtype
-    without them are skipped after loading (_with_usable_kv_scales)."""
-    from salactl.runtime.kv_fp8 import check_scales_before_loading
-    from salactl.runtime.loader import model_config, model_dir
-
-    config, directory = model_config(s.model, s.random_weights), model_dir(s.model, s.random_weights)
-    reasons = []
-    for kv in kv_dtypes:
-        try:
-            check_scales_before_loading(config, directory, s.random_weights, kv)
-        except ConfigError as e:
-            reasons.append(str(e))
-        else:
-            return
-    raise ConfigError(f"no point could be measured ({reasons[-1]}); nothing was recorded")
-
-
-def _check_passkey_prompts(s: SweepSettings) -> None:
-    """Every passkey prompt is built up front (and again at each point), as eval passkey builds them:
-    exit 11 before any is built when they cannot fit the host's memory, counted as eval counts them."""
-    from salactl.bench.synthetic import check_host_memory
-    from salactl.evaluation.passkey import passkey_prompt_bytes
-
-    lengths = parse_ints(s.passkey_lengths, "passkey-lengths", 512)
-    depths = parse_list(s.passkey_depths, "--passkey-depths", float)
-    prompts = passkey_prompt_bytes(lengths, depths, s.passkey_trials)
-    count = len(lengths) * len(depths) * s.passkey_trials
-    check_host_memory(prompts, f"the passkey test ({count:,} prompts: --passkey-trials {s.passkey_trials:,} x "
-                      f"{len(lengths):,} length(s) x {len(depths):,} depth(s))",
-                      "lower --passkey-trials, fewer or shorter --passkey-lengths or fewer --passkey-depths, "
-                      "or pass --no-passkey")
-
-
 def run_sweep(s: SweepSettings, progress=None) -> SweepRun:
-    s = _check_before_loading(s)
+    s = check_before_loading(s)
     with _sole_sweep(Path(s.out)):          # from reading the records already there to the summary
         return _sweep(s, progress)
 
@@ -372,7 +267,7 @@ def _sweep(s: SweepSettings, progress) -> SweepRun:
                **_prompt_sources(tok, prompt, kl_len, config.vocab_size, s),
                **_engine_sizes(engine_kind, s)}
     # a point recorded under another --label belongs to another run: resume only this label's points
-    done, unusable = _reusable([r for r in existing if r.get("label") == s.label])
+    done, unusable = reusable([r for r in existing if r.get("label") == s.label])
     env = environment()
     writer = rec.RecordWriter(records_path)
     run.files["records"] = records_path        # paths stay paths: jsonable names them as UTF-8
@@ -502,50 +397,6 @@ def _engine_sizes(engine_kind: str, s: SweepSettings) -> dict:
         return {}
     max_running, mem_fraction = gpu_engine_sizes(s.max_running_requests, s.mem_fraction)
     return {"max_running_requests": max_running, "mem_fraction": mem_fraction}
-
-
-# what a recorded point needs to be reused: the knobs and fields the notes and the front read
-RESUME_KNOBS = ("dense_len", "input_len", "output_len")
-
-
-def _reusable(records: list[dict]) -> tuple[dict[str, dict], dict[str, str]]:
-    """({point_key: record} of the points --resume can reuse, {point_key: why not} of those whose
-    record `salactl report` would refuse (another schema_version, say) or lacks what the sweep reads
-    of it (a hand-edited or foreign line): measured again)."""
-    done, unusable = {}, {}
-    for r in records:
-        key = r.get("point_key")
-        if isinstance(key, str):
-            why = _why_not_reusable(r)
-            if why:
-                unusable[key] = why
-            else:
-                done[key] = r
-    return done, unusable
-
-
-def _why_not_reusable(r: dict) -> str | None:
-    """Why `r` cannot be reused (a clause after "the record"), or None."""
-    try:      # resume renames the point, so the phase it was recorded under is never read
-        validate_record(dict(r, phase="resumed"), "it")
-    except DatasetError as e:
-        return f"is not one this salactl reads ({e})"
-    missing = _missing_fields(r)
-    return f"lacks {missing}" if missing else None
-
-
-def _missing_fields(r: dict) -> str | None:
-    knobs = r.get("knobs")
-    if not isinstance(knobs, dict):
-        return "knobs"
-    for k in RESUME_KNOBS:
-        if not is_int(knobs.get(k)):
-            return f"knobs.{k} (an integer)"
-    rows = r.get("passkey_results")
-    if rows is not None and not (isinstance(rows, list) and all(isinstance(x, dict) and is_int(x.get("length"))
-                                                                for x in rows)):
-        return "passkey_results[].length (an integer)"
-    return None
 
 
 def _measure(p: SweepPoint, key: str, ctx: _SweepContext, run: SweepRun) -> dict | None:
