@@ -24,15 +24,13 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from salactl.bench.sweep_sizes import kv_item_bytes
 from salactl.errors import UsageError
 from salactl.quant.in_memory import QUANTIZED_BITS
 from salactl.quant.sequential import quantized_linears
 from salactl.runtime.checkpoint import expected_tensor_shapes
 from salactl.runtime.config import SalaConfig
-from salactl.runtime.gpu.pools import k1_window_bytes, kv_token_bytes
-from salactl.runtime.gpu.pools import slot_bytes as gla_state_bytes    # a request's states: one slot
-from salactl.runtime.kv_fp8 import KV_CACHE_DTYPES
+from salactl.runtime.gpu.pools import k1_window_bytes, kv_token_bytes, slot_bytes
+from salactl.runtime.kv_fp8 import KV_CACHE_DTYPES, kv_item_bytes
 
 SERVING_ACT_BYTES = 2               # the analytic tables are of bf16 serving
 # Names the engine's --kv-cache-dtype refuses but a memory plan may ask for: 16/32-bit caches by
@@ -185,7 +183,7 @@ def request_memory(config: SalaConfig, context: int, kv_dtype: str = "bf16",
     k1 = pages * (sc.block_size // sc.kernel_stride) * per_window
     k2 = compressed_windows(context, K2_FACTOR * sc.kernel_size, K2_FACTOR * sc.kernel_stride) * per_window
     kv = pages * sc.block_size * kv_bytes_per_token(config, kv_dtype, act_bytes=key_bytes)
-    return RequestMemory(context, kv, k1, k2, gla_state_bytes(config), compressed_keys)
+    return RequestMemory(context, kv, k1, k2, slot_bytes(config), compressed_keys)   # the states: one GLA slot
 
 
 def paged_tokens(config: SalaConfig, context: int) -> int:

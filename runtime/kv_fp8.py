@@ -44,6 +44,12 @@ def stored_kv_name(name: str, act_dtype: torch.dtype) -> str:
     return name if fp8_dtype(name) else str(act_dtype).replace("torch.", "")
 
 
+def kv_item_bytes(name: str, act_itemsize: int) -> int:
+    """Bytes of one stored key (or value) element for a --kv-cache-dtype: 1 for FP8, else the
+    activation dtype's `act_itemsize` ("bf16"/"auto" on a float32 model store float32)."""
+    return 1 if fp8_dtype(name) else act_itemsize
+
+
 def fp8_max(dtype: torch.dtype) -> float:
     return float(torch.finfo(dtype).max)
 

@@ -6,7 +6,7 @@ model, as the engine allocates it)."""
 import pytest
 
 from salactl.bench.grid_memory import cache_bytes_per_request
-from salactl.bench.sweep_sizes import kv_item_bytes
+from salactl.runtime.kv_fp8 import kv_item_bytes
 from salactl.reports import memory as mem
 from salactl.reports.memory_report import MemoryQuery, build
 from salactl.runtime.gpu.pools import page_bytes, slot_bytes

@@ -13,6 +13,7 @@ from conftest import run_cli
 from salactl.errors import CheckpointError, ConfigError, UsageError
 from salactl.reports import memory as mem
 from salactl.reports.memory_report import MemoryQuery, build, gpu_list
+from salactl.runtime.gpu.pools import slot_bytes
 from salactl.runtime.peaks import DATASHEET
 from salactl.runtime.loader import EMBEDDED_DIR
 from salactl.runtime.presets import preset, sala_9b
@@ -53,7 +54,7 @@ def test_kv_cache_per_token_and_gla_state():
     assert mem.kv_bytes_per_token(CFG, "bf16") == 8 * 1024          # 8 layers x K,V x 2 heads x 128 x 2 B
     assert mem.kv_bytes_per_token(CFG, "fp8_e4m3") == 4 * 1024
     assert mem.kv_bytes_per_token(CFG, "bf16", layers=32) == 32 * 1024
-    assert mem.gla_state_bytes(CFG) == 48 * 1024 * 1024            # 24 x 32 x 128 x 128 x 4 B
+    assert slot_bytes(CFG) == 48 * 1024 * 1024            # 24 x 32 x 128 x 128 x 4 B
 
 
 def test_request_memory_at_128k():

@@ -35,7 +35,7 @@ from salactl.runtime.gpu.mem_fraction import DEFAULT_MEM_FRACTION, check_mem_fra
 from salactl.runtime.gpu.pools import CachePools, IdAllocator, plan_pools
 from salactl.runtime.gpu.runner import ModelRunner
 from salactl.runtime.gpu.scheduler import Request, Scheduler
-from salactl.runtime.kv_fp8 import fp8_dtype, model_kv_scales, resolve_kv_scales
+from salactl.runtime.kv_fp8 import fp8_dtype, kv_item_bytes, model_kv_scales, resolve_kv_scales
 from salactl.runtime.ops.device_props import sm_count
 from salactl.runtime.ops.gla.triton import FLA, prefill_impl
 from salactl.runtime.ops.selection.gpu import check_shapes
@@ -116,13 +116,13 @@ class GPUEngine:
         # torch's allocator cache, which mem_get_info would count as used)
         if free_bytes is None:
             free_bytes = (torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else 2 << 30)
+        act_itemsize = torch.empty(0, dtype=self.dtype).element_size()
         kv_dtype = kv_dtype or self.dtype
         if max_context is None and kv_tokens is None:
             max_context = 1 << 20 | 1 << 14
         # a cache that cannot fit is refused before fuse_model changes the caller's model
         plan = plan_pools(self.config, free_bytes, mem_fraction, max_running_requests, chunk_size,
-                          kv_itemsize=torch.empty(0, dtype=kv_dtype).element_size(),
-                          act_itemsize=torch.empty(0, dtype=self.dtype).element_size(),
+                          kv_itemsize=kv_item_bytes(kv_cache_dtype, act_itemsize), act_itemsize=act_itemsize,
                           max_context=max_context if max_context is not None else kv_tokens,
                           kv_tokens=kv_tokens)
         self.plan = plan

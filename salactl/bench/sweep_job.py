@@ -21,7 +21,7 @@ from salactl.bench.grid_memory import cache_bytes_per_request
 from salactl.bench.out_of_memory import out_of_memory_is_capacity
 from salactl.bench.sweep_checks import PARETO_X, check_before_loading
 from salactl.bench.sweep_resume import reusable
-from salactl.bench.sweep_sizes import KL_REFERENCE_CHUNK, kv_item_bytes
+from salactl.bench.sweep_sizes import KL_REFERENCE_CHUNK
 from salactl.bench.sweep_grid import (KV_DTYPES, WEIGHT_DTYPES, SweepPoint, build_points, parse_ints,
                                       parse_names, point_key)
 from salactl.bench.targets.embedded import EmbeddedTarget
@@ -30,7 +30,7 @@ from salactl.evaluation.passkey import ANSWER_TOKENS
 from salactl.lists import parse_list
 from salactl.quant.in_memory import QUANTIZED_BITS, quantize_rtn_in_memory, quantized_as
 from salactl.reports.atomic import exclusive_lock, write_atomic
-from salactl.runtime.kv_fp8 import stored_kv_name
+from salactl.runtime.kv_fp8 import kv_item_bytes, stored_kv_name
 
 if TYPE_CHECKING:
     from salactl.runtime.loader import LoadedModel

@@ -12,6 +12,7 @@ from salactl.bench.synthetic import check_host_memory, prompt_set_bytes
 from salactl.errors import SalactlError
 from salactl.evaluation.passkey import ANSWER_TOKENS
 from salactl.lists import parse_list
+from salactl.runtime.kv_fp8 import kv_item_bytes
 
 # float64 [tokens, vocab] logits alive at once in the KL: the dense reference, the point's, and
 # logit_kl's log-softmaxes, probabilities and products (plus the engine's own copy)
@@ -42,14 +43,6 @@ def attention_scores_bytes(config, tokens: int, chunk: int, dense_len: int) -> i
         dense = max(0, min(end, dense_len - 1) - start)
         worst = max(worst, dense * end + (end - start - dense) * num_windows(end, config.sparse_config))
     return SCORE_COPIES * 4 * config.num_attention_heads * worst
-
-
-def kv_item_bytes(kv_cache_dtype: str, item: int) -> int:
-    """Bytes of one stored key (or value) element: 1 for an FP8 --kv-cache-dtype, else the activation
-    dtype's `item` ("bf16"/"auto" on a float32 model store float32)."""
-    from salactl.runtime.kv_fp8 import fp8_dtype
-
-    return 1 if fp8_dtype(kv_cache_dtype) else item
 
 
 def dequantized_kv_bytes(config, cached: int, kv_cache_dtype: str, item: int) -> int:

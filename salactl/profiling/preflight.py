@@ -62,7 +62,7 @@ def step_memory_bytes(spec: ProfileSpec, config, act_bytes: int, quantized: bool
     step's key compression; the weights are counted as loaded (full precision unless the checkpoint
     is quantized)."""
     from salactl.bench.grid_memory import cache_bytes_per_request
-    from salactl.bench.sweep_sizes import kv_item_bytes
+    from salactl.runtime.kv_fp8 import kv_item_bytes
     from salactl.reports.memory import weight_bytes
 
     kv_item = kv_item_bytes(spec.kv_cache_dtype, act_bytes)
@@ -144,7 +144,7 @@ def check_memory(spec: ProfileSpec, config, device, act_bytes: int, quantized: b
 
 def _engine_plan(spec: ProfileSpec, config, free_bytes: int, act_bytes: int):
     """GPUEngine's plan_pools over build_engine_workload's sizes (CapacityError where they cannot fit)."""
-    from salactl.bench.sweep_sizes import kv_item_bytes
+    from salactl.runtime.kv_fp8 import kv_item_bytes
     from salactl.profiling.engine_workload import engine_sizes
     from salactl.runtime.gpu.mem_fraction import DEFAULT_MEM_FRACTION
     from salactl.runtime.gpu.pools import plan_pools
