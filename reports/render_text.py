@@ -9,6 +9,7 @@ import pandas as pd
 from salactl.reports.latency import ENV_KEYS, LatencyReport, SweepTable
 from salactl.reports.records import unit
 from salactl.reports.text_cells import csv_cell, lf_records, md_text
+from salactl.units import fmt_float
 
 
 def fmt(v) -> str:
@@ -19,12 +20,7 @@ def fmt(v) -> str:
     if isinstance(v, (dict, list)):             # nested knobs (knob.target, knob.dataset)
         return compact_json(v)
     if isinstance(v, float):
-        if v == 0:
-            return "0"
-        a = abs(v)
-        if a >= 1e5 or a < 1e-3:
-            return f"{v:.4g}"
-        return f"{v:.4g}" if a < 1000 else f"{v:.1f}"
+        return fmt_float(v)
     return str(v)
 
 

@@ -14,6 +14,7 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from salactl.input_files import utf8_text
+from salactl.units import fmt_float
 
 
 class _Console(Console):
@@ -112,12 +113,7 @@ def fmt(v) -> str:
     if v is None:
         return "-"
     if isinstance(v, float):
-        if v == 0:
-            return "0"
-        a = abs(v)
-        if a >= 1e4 or a < 1e-3:
-            return f"{v:.3g}"
-        return f"{v:.4g}" if a < 100 else f"{v:.1f}"
+        return fmt_float(v)
     return str(v)
 
 
