@@ -30,8 +30,8 @@ pytestmark = pytest.mark.usefixtures("quick_thread_switches")
 class ScheduleServer:
     """/v1/completions streams `sizes[i]` tokens at `at(i)` s after the request (TTFT + i·GAP), with
     usage per chunk ("continuous"), in one last chunk without choices ("final", vLLM), on a last
-    choice-0 chunk with an empty text and a finish_reason ("final-on-choice", llama.cpp) or not at
-    all ("none"); chunk i's text is words[i % len(words)] per token."""
+    choice-0 chunk with an empty text and a finish_reason ("final-on-choice", llama.cpp), on the
+    last chunk with text ("last-text") or not at all ("none"); chunk i's text is words[i % len(words)] per token."""
 
     def __init__(self, sizes: list[int], usage: str, at=None, words=(WORD,)):
         owner = self
@@ -64,7 +64,7 @@ class ScheduleServer:
                         time.sleep(left)
                     done += k
                     event = {"choices": [{"index": 0, "text": words[i % len(words)] * k, "finish_reason": None}]}
-                    if usage == "continuous":
+                    if usage == "continuous" or (usage == "last-text" and i == len(sizes) - 1):
                         event["usage"] = {"prompt_tokens": 4, "completion_tokens": done}
                     self._send(event)
                 if usage.startswith("final"):
@@ -110,7 +110,7 @@ def _one(url, n, tokenizer=None):
         return run_request(target, req, n, "P", threading.Event())
 
 
-@pytest.mark.parametrize("usage", ["final", "final-on-choice", "none"])
+@pytest.mark.parametrize("usage", ["final", "final-on-choice", "last-text", "none"])
 def test_a_count_known_only_at_the_end_gives_one_itl_entry_per_token(usage, tok):
     """The prefill's token alone, then 4 tokens per chunk: 16 entries of GAP/4, not 4 of GAP."""
     sizes = [1, 4, 4, 4, 4]

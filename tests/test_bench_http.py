@@ -11,7 +11,7 @@ import pytest
 from bench_server import FakeServer
 from salactl.bench.metrics import phase_metrics
 from salactl.bench.profiles import Phase
-from salactl.bench.runner import run_phase
+from salactl.bench.runner import run_phase, run_request
 from salactl.bench.synthetic import random_lengths
 from salactl.bench.targets.http import HttpTarget
 from salactl.errors import EndpointError, UsageError
@@ -102,7 +102,6 @@ def test_bad_endpoint_urls_are_usage_errors(endpoint):
 
 def _timed_out(srv, timeout_s: float, out_len: int = 4):
     """One request under a `timeout_s` --request-timeout: (result, seconds it took)."""
-    from salactl.bench.runner import run_request
 
     with HttpTarget(srv.url, "sglang", flush_sleep_s=0.0, read_timeout_s=timeout_s) as target:
         t = time.perf_counter()
@@ -182,7 +181,6 @@ def test_https_to_a_plain_http_server_hints_at_http():
 
 
 def test_a_compressed_stream_is_refused_and_identity_was_asked_for():
-    from salactl.bench.runner import run_request
 
     with FakeServer(0.01, 0.001) as srv:
         srv.content_encoding = "gzip"
@@ -193,7 +191,6 @@ def test_a_compressed_stream_is_refused_and_identity_was_asked_for():
 
 
 def test_a_line_longer_than_16_mib_fails_the_request():
-    from salactl.bench.runner import run_request
 
     with FakeServer(0.01, 0.001) as srv:
         srv.edit_event = lambda e: {**e, "pad": "A" * (17 * 2 ** 20)}
@@ -221,7 +218,6 @@ def _set_count(value, key="meta_info"):
     ("openai", lambda e: {**e, "usage": [1]}, "usage = '[1]', not an object"),
 ])
 def test_impossible_or_malformed_token_counts_fail_the_request(backend, edit, message):
-    from salactl.bench.runner import run_request
 
     with FakeServer(0.01, 0.001) as srv:
         srv.edit_event = edit
@@ -234,7 +230,6 @@ def test_impossible_or_malformed_token_counts_fail_the_request(backend, edit, me
 def test_http_errors_count_as_failed_requests():
     with FakeServer(TTFT, PER_TOKEN) as srv, HttpTarget(srv.url, "sglang", flush_sleep_s=0.0) as target:
         target.generate_path = "/missing"           # the server answers 404 for this path
-        from salactl.bench.runner import run_request
         res = run_request(target, random_lengths(1, 4, 4, 1000)[0], 4, "P", threading.Event())
     assert not res.success and res.error == f'HTTP 404 Not Found: {{"error": "not found"}} (POST {srv.url}/missing)'
     m = phase_metrics([res], 1.0)
@@ -242,7 +237,6 @@ def test_http_errors_count_as_failed_requests():
 
 
 def test_a_redirect_names_its_location():
-    from salactl.bench.runner import run_request
 
     with FakeServer(0.01, 0.001) as srv:
         srv.reject = lambda nth, body: (307, {}, {"Location": "/api/generate"})
@@ -332,7 +326,6 @@ def test_failed_warmup_stops_with_no_files(tmp_path):
 
 @pytest.mark.parametrize("backend", ["sglang", "openai"])
 def test_a_stream_cut_before_done_fails_the_request(backend):
-    from salactl.bench.runner import run_request
 
     with FakeServer(0.01, 0.001) as srv:
         srv.cut_after = 1
@@ -368,3 +361,18 @@ def test_the_deadline_leaves_a_socket_the_response_closed_alone():
     s.close()
     Deadline(5.0).arm(s)
     Deadline(None).arm(s)
+
+
+def test_a_request_cut_midway_has_no_timings_in_the_details_csv():
+    """A failed request's row leaves TTFT, E2E and ITL blank alike: its partial ITL would pool into a
+    distribution the record (which leaves failed requests out) does not have."""
+    from salactl.bench.records import DETAIL_COLUMNS, detail_rows
+
+    with FakeServer(0.01, 0.001) as srv:
+        srv.cut_after = 3
+        with HttpTarget(srv.url, "sglang", flush_sleep_s=0.0, read_timeout_s=10.0) as target:
+            target.check()
+            res = run_request(target, random_lengths(1, 4, 8, 1000)[0], 8, "P", threading.Event())
+    assert not res.success and res.itl, (res.error, res.itl)
+    row = dict(zip(DETAIL_COLUMNS, detail_rows("r", [res], res.start_time)[0]))
+    assert (row["ttft_ms"], row["e2e_ms"], row["itl_ms"]) == ("", "", "")

@@ -98,9 +98,10 @@ def sglang_chunks(events, max_tokens: int):
 def openai_chunks(events, max_tokens: int, estimate):
     """Each choice-0 chunk timestamps the tokens it brings: per-chunk usage counts them whatever
     the text (a special token or part of a UTF-8 character streams as ""), else a chunk with a
-    non-empty text brings one. A usage-only chunk times nothing, and neither does an empty-text
-    one whose usage is the first after chunks timed without it (llama.cpp closes with usage on
-    its choice-0 finish_reason chunk). The total is the last usage the server reported once
+    non-empty text brings one. Once chunks were timed without usage, a usage that arrives later
+    (llama.cpp closes with it on its choice-0 finish_reason chunk, with or without text) only
+    reports the total: its chunk times one token if it has text, none if not, and the total is
+    spread over the chunks at the end, so ITL stays per token. A usage-only chunk times nothing. The total is the last usage the server reported once
     output began, even below the chunks timed (a role-only first frame's usage of 0 counts
     nothing); without one, the estimate at the end (`estimate(ts, texts, n_chunks, max_tokens)`, the
     transport's: it holds the tokenizer)."""
@@ -129,11 +130,11 @@ def openai_chunks(events, max_tokens: int, estimate):
             usage_any = True
             if n_chunks or counted:
                 reported = counted
-        if choice is None or (counted is not None and last and not by_usage and not has_text):
+        if choice is None:
             continue
         empty_seen = empty_seen or text == ""
         tokens = counted
-        if tokens is None:                  # no usage: one token per chunk with a non-empty text
+        if tokens is None or (last and not by_usage):     # one token per chunk with a non-empty text
             tokens = min(last + 1, max_tokens) if has_text else last
         if tokens > last:
             last, by_usage = tokens, by_usage or counted is not None
