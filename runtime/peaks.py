@@ -19,8 +19,9 @@ from salactl.runtime.json_file import read_json
 # name fragment -> (memory GB/s, dense bf16 TFLOP/s, fp32 TFLOP/s or None); vendor datasheets (dense,
 # no sparsity). The fp32 rate is the CUDA cores' (no TF32: torch leaves it off for fp32 matmuls), so
 # a float32 model's FLOP floor is not the tensor cores'. The most specific fragment wins
-# ("GH200" before "H200", "H100 NVL" before "H100").
+# ("GH200" and "H200 NVL" before "H200", "H100 NVL" before "H100").
 DATASHEET = {
+    "H200 NVL": (4800.0, 835.0, 60.0),
     "H200": (4800.0, 989.0, 67.0),
     "GH200 144G": (4900.0, 989.0, 67.0),
     "GH200": (4000.0, 989.0, 67.0),              # the 96 GB HBM3 part ("NVIDIA GH200 480GB")
@@ -44,7 +45,10 @@ class Peaks:
     device: str
     mem_gbps: float
     bf16_tflops: float
-    source: str          # "measured", "datasheet", "nvml", "cpu-default"
+    # "measured", "measured while busy" (`info --measure` found the machine busy and had no idle
+    # measurement to keep), "datasheet", "nvml bandwidth, default compute" (a GPU not in the datasheet:
+    # NVML gives no matmul rate), "unknown-gpu-default", "cpu-default". Records store it: keep it stable.
+    source: str
     fp32_tflops: float | None = None     # measured, the datasheet's CUDA-core rate or the CPU default
 
     def matmul_tflops(self, dtype: torch.dtype) -> tuple[float, str]:
@@ -136,8 +140,8 @@ def nvml_bandwidth_gbps(index: int = 0) -> float | None:
 
 def load_measured(warn: bool = True) -> dict:
     """The cached measurements by device name; an unreadable cache or an entry without two
-    positive finite ceilings (a hand-edited or truncated file) is left out, with a warning
-    (`warn`): defaults apply."""
+    positive finite ceilings or with a "busy" that is not true/false (a hand-edited or truncated
+    file) is left out, with a warning (`warn`): defaults apply."""
     try:
         path = cache_path()
     except CacheDirUnknown as e:
@@ -164,7 +168,7 @@ def load_measured(warn: bool = True) -> dict:
     if warn and len(valid) < len(data):
         invalid = len(data) - len(valid)
         _warn_unusable_cache(f"{invalid} entr{'y' if invalid == 1 else 'ies'} of the peaks cache {path}: "
-                             "not positive finite ceilings")
+                             "not positive finite ceilings with a true/false busy flag")
     return valid
 
 
@@ -191,7 +195,8 @@ def _valid(entry) -> bool:
         return is_finite_number(v) and v > 0
 
     return (isinstance(entry, dict) and positive(entry.get("mem_gbps")) and positive(entry.get("bf16_tflops"))
-            and (entry.get("fp32_tflops") is None or positive(entry["fp32_tflops"])))
+            and (entry.get("fp32_tflops") is None or positive(entry["fp32_tflops"]))
+            and isinstance(entry.get("busy", False), bool))         # entries from before "busy" were idle
 
 
 def check_cache_dir() -> Path:
@@ -235,12 +240,20 @@ def peaks_by_name(name: str, device_type: str, nvml_index: int | None = None) ->
     is given) or a default."""
     measured = load_measured().get(name)
     if measured:
-        return Peaks(name, measured["mem_gbps"], measured["bf16_tflops"], "measured", measured.get("fp32_tflops"))
+        return measured_peaks(name, measured)
     if device_type == "cuda":
         ds = datasheet(name)
         if ds:
             return Peaks(name, ds[0], ds[1], "datasheet", ds[2])
         bw = nvml_bandwidth_gbps(nvml_index) if nvml_index is not None else None
-        return Peaks(name, bw or 1000.0, 100.0, "nvml" if bw else "unknown-gpu-default")
+        if bw:
+            return Peaks(name, bw, 100.0, "nvml bandwidth, default compute")
+        return Peaks(name, 1000.0, 100.0, "unknown-gpu-default")
     # No CPU datasheet: a conservative default until `salactl info --measure` runs.
     return Peaks(name, 20.0, 0.2, "cpu-default", fp32_tflops=0.2)
+
+
+def measured_peaks(name: str, entry: dict) -> Peaks:
+    """The ceilings of a valid cache entry (load_measured), labelled busy where it was measured so."""
+    source = "measured while busy" if entry.get("busy") else "measured"
+    return Peaks(name, entry["mem_gbps"], entry["bf16_tflops"], source, entry.get("fp32_tflops"))

@@ -8,6 +8,7 @@ import json
 import os
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -15,7 +16,8 @@ import torch
 from salactl.errors import OutputWriteError
 from salactl.reports.atomic import DiskFullError, exclusive_lock, write_atomic, write_remedy
 from salactl.runtime.loader import available_host_bytes
-from salactl.runtime.peaks import Peaks, cannot_write, cache_path, check_cache_dir, device_name, load_measured
+from salactl.runtime.peaks import (Peaks, cannot_write, cache_path, check_cache_dir, device_name, load_measured,
+                                   measured_peaks)
 
 
 # A ceiling is the best rate the machine reaches: time repetitions for a budget, keep the fastest.
@@ -23,7 +25,8 @@ CPU_BUDGET_S = 0.4
 CPU_MIN_REPS = 3
 GPU_REPS = 20
 NOISY_SPREAD = 1.3          # median rep this much slower than the fastest: something else ran
-BUSY_WARNING = "the machine is busy; the ceilings may be low, re-run --measure when it is idle"
+BUSY_WARNING = ("the machine is busy; the ceilings may be low (stored as measured while busy), "
+                "re-run --measure when it is idle")
 
 
 def fastest_rep(times: list[float]) -> tuple[float, bool]:
@@ -103,9 +106,28 @@ def _gemm_times(device: torch.device, m: int, dtype: torch.dtype) -> list[float]
     return _rep_times(lambda: a @ b, device)
 
 
+@dataclass(frozen=True)
+class Measurement:
+    """What a measurement leaves in effect: `peaks`, the cached ceilings afterwards; `busy`, whether
+    this measurement's machine was busy; `stored`, whether its numbers were cached (a busy one does
+    not replace an idle one); `measured_at`, when the ceilings in effect were measured."""
+    peaks: Peaks
+    busy: bool
+    stored: bool
+    measured_at: str | None
+
+    def to_dict(self) -> dict:
+        return {"busy": self.busy, "stored": self.stored, "measured_at": self.measured_at}
+
+
 def measure(device: torch.device) -> Peaks:
+    """The ceilings in effect after measuring `device` (measure_and_store)."""
+    return measure_and_store(device).peaks
+
+
+def measure_and_store(device: torch.device) -> Measurement:
     """The fastest rep's device-to-device copy bandwidth (read+write bytes) and bf16 and fp32 GEMM
-    rates; a one-line warning when the machine looks busy (load, or reps of uneven speed)."""
+    rates, cached by record_measurement; the machine counts as busy on load or reps of uneven speed."""
     check_cache_dir()
     gpu = device.type == "cuda"
     busy = not gpu and hasattr(os, "getloadavg") and os.getloadavg()[0] >= torch.get_num_threads()
@@ -120,27 +142,45 @@ def measure(device: torch.device) -> Peaks:
         rates.append(work / best)
         busy = busy or noisy
     mem_gbps, tflops, fp32 = rates
-    if busy:
-        from salactl.output import warn_once
+    return record_measurement(device_name(device), mem_gbps, tflops, fp32, busy)
 
+
+def record_measurement(name: str, mem_gbps: float, bf16_tflops: float, fp32_tflops: float,
+                       busy: bool) -> Measurement:
+    """Cache a measurement of device `name` (store_measurement) and say, in one warning line, where
+    it was busy: stored as such, or not stored because an idle measurement was kept."""
+    from salactl.output import warn_once
+
+    entry = {"mem_gbps": mem_gbps, "bf16_tflops": bf16_tflops, "fp32_tflops": fp32_tflops, "busy": bool(busy),
+             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    in_effect = store_measurement(name, entry)
+    stored = in_effect is entry
+    measured_at = in_effect.get("measured_at")
+    measured_at = measured_at if isinstance(measured_at, str) else None   # a hand-written entry may lack it
+    if not stored:
+        warn_once(f"the machine is busy; kept the idle measurement of {measured_at or 'an unknown time'} "
+                  "instead of this one, re-run --measure when the machine is idle to replace it")
+    elif busy:
         warn_once(BUSY_WARNING)
-    name = device_name(device)
-    store_measurement(name, {"mem_gbps": mem_gbps, "bf16_tflops": tflops, "fp32_tflops": fp32,
-                             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
-    return Peaks(name, mem_gbps, tflops, "measured", fp32)
+    return Measurement(measured_peaks(name, in_effect), bool(busy), stored, measured_at)
 
 
-def store_measurement(name: str, entry: dict) -> None:
+def store_measurement(name: str, entry: dict) -> dict:
     """Add or replace `name`'s entry in the cache (invalid entries are dropped), under a lock so
-    that two devices stored at once both stay; a write that fails is a usage error naming the
-    cache file, one the disk has no room for an OutputWriteError."""
+    that two devices stored at once both stay, and return the entry in effect: a busy entry does not
+    replace an idle one (entries without "busy" are idle), which is returned instead. A write that
+    fails is a usage error naming the cache file, one the disk has no room for an OutputWriteError."""
     path = cache_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with exclusive_lock(path.with_name(path.name + ".lock"), remove=True):
             data = load_measured(warn=False)
+            kept = data.get(name)
+            if entry.get("busy") and kept is not None and not kept.get("busy", False):
+                return kept
             data[name] = entry
             write_atomic(path, json.dumps(data, indent=2))
+            return entry
     except DiskFullError as e:
         fix = write_remedy(e.error, "set SALACTL_CACHE_DIR to a directory on another disk")
         raise OutputWriteError(f"cannot write the peaks cache {path}: {e.reason}; {fix}") from e

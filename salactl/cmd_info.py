@@ -17,7 +17,8 @@ def info(
                                           "~/.cache/salactl/peaks.json; per GPU, or per CPU model, usable CPU "
                                           "count and torch thread count) as the ceilings of later rooflines "
                                           "(run, profile). Each ceiling is the fastest of the repetitions; run "
-                                          "it on an idle machine.")] = False,
+                                          "it on an idle machine: a measurement on a busy one does not replace "
+                                          "an idle one.")] = False,
     device: DeviceOpt = "auto",
     json_out: JsonOpt = False,
 ) -> None:
@@ -25,14 +26,16 @@ def info(
     from salactl.env import environment
     from salactl.runtime.loader import resolve_device, resolve_dtype
     from salactl.runtime.peaks import DATASHEET, CacheDirUnknown, cache_path, check_cache_dir, peaks_for
-    from salactl.runtime.peaks_measure import measure as do_measure
+    from salactl.runtime.peaks_measure import measure_and_store
 
     dev = resolve_device(device)
+    measurement = None
     if measure:
         check_cache_dir()
         output.stderr.print(f"measuring copy bandwidth and bf16 / fp32 matmul on {dev} ...")
-        do_measure(dev)
-    peaks = peaks_for(dev)
+        measurement = measure_and_store(dev)
+    # what this measurement left in effect: a busy one does not replace an idle one
+    peaks = measurement.peaks if measurement else peaks_for(dev)
     try:
         cache = str(cache_path())
     except CacheDirUnknown:
@@ -42,6 +45,8 @@ def info(
               "peaks_cache": cache,
               "datasheet": {k: {"mem_gbps": v[0], "bf16_tflops": v[1], "fp32_tflops": v[2]}
                             for k, v in DATASHEET.items()}}
+    if measurement:
+        record["measurement"] = measurement.to_dict()
     if json_out:
         output.print_json(record)
         return

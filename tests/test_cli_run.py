@@ -215,7 +215,7 @@ def test_info_measure_caches_cpu_ceiling(tmp_path):
     r = salactl("info", "--measure", "--json", "--device", "cpu", env=env)
     assert r.returncode == 0, r.stderr
     peaks = json.loads(r.stdout)["peaks"]
-    assert peaks["source"] == "measured" and peaks["mem_gbps"] > 0.1 and peaks["bf16_tflops"] > 0
+    assert peaks["source"] in ("measured", "measured while busy") and peaks["mem_gbps"] > 0.1 and peaks["bf16_tflops"] > 0
     assert (tmp_path / "peaks.json").exists()
 
 
