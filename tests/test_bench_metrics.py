@@ -88,6 +88,8 @@ def test_one_batch_fields():
     m = one_batch_metrics(failed_and_short, 0.6, 3, 10, 4)
     assert m["prefill_throughput"] == pytest.approx(20 / 0.3) and m["overall_throughput"] == pytest.approx(25 / 0.6)
     assert m["median_decode_throughput"] == pytest.approx(10.0)  # one request still decoding
+    slow_step = [result("a", 0.0, 0.2, 0.9, 4, [0.1, 0.1, 0.5]), result("b", 0.0, 0.2, 0.5, 4, [0.1] * 3)]
+    assert one_batch_metrics(slow_step, 0.9, 2, 10, 4)["median_decode_latency"] == pytest.approx(0.1)   # not the mean
 
 
 def test_parse_slo_and_reference():

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from salactl.runtime.layers.lightning import alibi_slopes
@@ -22,6 +23,10 @@ def test_alibi_slopes_match_reference_values():
     s = alibi_slopes(32)
     assert abs(s[0] - 0.8409) < 1e-4 and abs(s[3] - 0.5) < 1e-9 and abs(s[31] - 2 ** -8) < 1e-12
     assert len(alibi_slopes(12)) == 12 and len(alibi_slopes(8)) == 8
+    # not a power of two (Press et al.): the 4 slopes of 4 heads, then every other slope of 8 heads,
+    # starting with the first
+    assert alibi_slopes(6) == pytest.approx([2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8, 2 ** -1, 2 ** -3], rel=1e-12)
+    assert alibi_slopes(12)[8:] == pytest.approx([2 ** -0.5, 2 ** -1.5, 2 ** -2.5, 2 ** -3.5], rel=1e-12)
 
 
 def test_recurrence_equals_masked_decay_attention():

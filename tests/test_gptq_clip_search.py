@@ -74,3 +74,19 @@ def test_candidates_scored_in_chunks_pick_the_same_scale(rng, monkeypatch):
     assert torch.equal(clipped_group_scale(w, spec, cw), one_at_a_time)
     monkeypatch.setitem(quantizer._CLIP_CHUNK_ELEMENTS, "cpu", 7 * w.numel())      # uneven last chunk
     assert torch.equal(clipped_group_scale(w, spec, cw), one_at_a_time)
+
+
+def test_static_groups_weigh_each_groups_errors_by_its_own_columns_hessian(rng):
+    """Act-order with static groups: group j's scale is the clip search over the original columns of
+    group j, weighted by those columns' Hessian diagonal (not the first group's)."""
+    w, _, h = _problem(rng)
+    spec = QuantSpec(4, 64)
+    prep = prepare_hessian(h.h, 0.01, True, "t")
+    got = gptq_quantize(w, prep, spec, clip_search=True).scales
+    diag = torch.diagonal(prep.raw).float()
+    want = torch.stack([clipped_group_scale(w[:, g0:g0 + 64].float(), spec, diag[g0:g0 + 64])
+                        for g0 in range(0, w.shape[1], 64)])
+    assert torch.equal(got.float(), want.float())
+    first_groups_weights = torch.stack([clipped_group_scale(w[:, g0:g0 + 64].float(), spec, diag[:64])
+                                        for g0 in range(0, w.shape[1], 64)])
+    assert not torch.equal(got.float(), first_groups_weights.float())
