@@ -217,7 +217,8 @@ def detail_rows(run_id: str, results: list[RequestResult], t0: float) -> list[li
                      round(r.ttft * 1e3, 4) if r.success else "",
                      "" if tpot is None else round(tpot * 1e3, 4),
                      round(r.latency * 1e3, 4) if r.success else "",
-                     json.dumps([round(x * 1e3, 4) for x in r.itl]) if r.success else "", r.error.splitlines()[0] if r.error else ""])
+                     json.dumps([round(x * 1e3, 4) for x in r.itl]) if r.success else "",
+                     r.error.splitlines()[0] if r.error else ""])
     return rows
 
 

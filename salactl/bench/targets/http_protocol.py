@@ -101,10 +101,10 @@ def openai_chunks(events, max_tokens: int, estimate):
     non-empty text brings one. Once chunks were timed without usage, a usage that arrives later
     (llama.cpp closes with it on its choice-0 finish_reason chunk, with or without text) only
     reports the total: its chunk times one token if it has text, none if not, and the total is
-    spread over the chunks at the end, so ITL stays per token. A usage-only chunk times nothing. The total is the last usage the server reported once
-    output began, even below the chunks timed (a role-only first frame's usage of 0 counts
-    nothing); without one, the estimate at the end (`estimate(ts, texts, n_chunks, max_tokens)`, the
-    transport's: it holds the tokenizer)."""
+    spread over the chunks at the end, so ITL stays per token. A usage-only chunk times nothing.
+    The total is the last usage the server reported once output began, even below the chunks
+    timed (a role-only first frame's usage of 0 counts nothing); without one, the estimate at the
+    end (`estimate(ts, texts, n_chunks, max_tokens)`, the transport's: it holds the tokenizer)."""
     last, by_usage, empty_seen, texts, n_chunks = 0, False, False, [], 0
     reported, usage_any = None, False
     for obj, ts in events:
