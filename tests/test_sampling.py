@@ -14,6 +14,11 @@ def test_top_k_one_is_greedy():
         assert sample(logits, SamplingParams(temperature=2.0, top_k=1), g) == int(logits.argmax())
 
 
+def test_top_k_past_the_vocabulary_keeps_every_token():
+    logits = [0.0, 0.1, 0.2]
+    assert _seen(logits, temperature=1.0, top_k=50) == {0, 1, 2}
+
+
 def _seen(logits, n=300, **kw):
     g = torch.Generator().manual_seed(0)
     return {sample(torch.tensor(logits), SamplingParams(**kw), g) for _ in range(n)}
