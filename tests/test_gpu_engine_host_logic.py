@@ -188,3 +188,16 @@ def test_fp8_e4m3_without_calibrated_scales_is_refused_before_the_model_is_fused
     with pytest.raises(ConfigError, match="fp8_e4m3 needs calibrated k/v scales"):
         GPUEngine(model, "cpu", max_running_requests=2, chunk_size=32, kv_tokens=512, kv_cache_dtype="fp8_e4m3")
     assert type(model.model.layers[0].self_attn) is type(micro_model().model.layers[0].self_attn)
+
+
+def test_an_unseeded_sampled_request_draws_as_seed_0():
+    """The GPU engine's default seed is the CPU engine's: 0 (unseeded runs repeat), not another."""
+    engine = _engine()
+
+    def draws(**kw):
+        params = SamplingParams(max_new_tokens=8, temperature=1.0, ignore_eos=True, **kw)
+        return engine.generate([5, 17, 40, 41, 99, 3], params).output_token_ids
+
+    unseeded = draws()
+    assert unseeded == draws(seed=0)
+    assert unseeded != draws(seed=1)        # this prompt's draws tell the two seeds apart
