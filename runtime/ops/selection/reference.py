@@ -77,8 +77,9 @@ def select_blocks(q, k1, q_pos, sc: SparseConfig, num_blocks: int) -> torch.Tens
 def top_blocks(scores: torch.Tensor, keep: int) -> torch.Tensor:
     """The first `keep` blocks of a stable descending sort of `scores` along the last dim, less the
     -inf ones. Without sorting every block: the keep-th largest score splits them into those above
-    it (all kept) and those equal to it, of which the lowest-indexed fill the slots left. A NaN
-    (only from NaN activations) ranks above +inf and takes a slot without being kept, as in the sort."""
+    it (all kept) and those equal to it, of which the lowest-indexed fill the slots left. A NaN ranks
+    above +inf and takes a slot without being kept, as in the sort (select_blocks passes none:
+    window_scores scores a NaN softmax row 0)."""
     keep = min(keep, scores.shape[-1])
     if keep <= 0:
         return torch.zeros_like(scores, dtype=torch.bool)
