@@ -4,7 +4,7 @@ import torch
 from conftest import gpu, rel_err
 from salactl.errors import QuantizationError
 from salactl.quant.linear import GPTQLinear
-from salactl.quant.packing import (default_g_idx, pack_qweight, pack_qzeros, symmetric_qzeros_word,
+from salactl.quant.packing import (default_g_idx, num_groups, pack_qweight, pack_qzeros, symmetric_qzeros_word,
                                    to_gptq_tensors, unpack_qweight, unpack_qzeros)
 from salactl.runtime.ops.w4a16 import reference
 
@@ -39,6 +39,21 @@ def test_pack_rejects_out_of_range_and_bad_bits():
         pack_qweight(torch.full((8, 2), 16), 4)
     with pytest.raises(QuantizationError):
         pack_qweight(torch.zeros(8, 2), 3)
+    # one bad value among good ones, at either end of the range, in either tensor
+    for bits in (4, 8):
+        for bad in (-1, 2 ** bits):
+            q = torch.arange(16).remainder(2 ** bits).view(8, 2)
+            q[5, 1] = bad
+            with pytest.raises(QuantizationError, match="cannot be packed"):
+                pack_qweight(q, bits)
+            with pytest.raises(QuantizationError, match="cannot be packed"):
+                pack_qzeros(q.t(), bits, "gptq_v2")        # v2 stores the zero points as they are
+
+
+def test_group_counts_and_indices():
+    assert [num_groups(256, g) for g in (-1, 128, 32, 100)] == [1, 2, 8, 3]
+    assert default_g_idx(8, -1).tolist() == [0] * 8
+    assert default_g_idx(8, 3).tolist() == [0, 0, 0, 1, 1, 1, 2, 2]
 
 
 def _random_gptq(K, N, G, bits, rng):
