@@ -53,3 +53,39 @@ def test_chunked_state_carry_matches_one_call():
     o1, s1 = gla_chunked(q[:21], k[:21], v[:21], gam, 0.3, s0, chunk=16)
     o2, s2 = gla_chunked(q[21:], k[21:], v[21:], gam, 0.3, s1, chunk=16)
     assert rel_err(torch.cat([o1, o2]), o_all) < 1e-6 and rel_err(s2, s_all) < 1e-6
+
+
+def test_16_bit_inputs_are_computed_in_fp32():
+    """bf16/fp16 q, k, v give exactly the fp32 call on the same (upcast) values: scale·q is not
+    rounded to 16 bits, and the output and state are fp32."""
+    g = torch.Generator().manual_seed(2)
+    T, H, D = 9, 2, 8
+    gam = -torch.tensor(alibi_slopes(H))
+    s0 = torch.randn(H, D, D, generator=g)
+    for dtype in (torch.bfloat16, torch.float16):
+        q, k, v = (torch.randn(T, H, D, generator=g).to(dtype) for _ in range(3))
+        for fn, kw in ((gla_recurrent, {}), (gla_chunked, {"chunk": 4})):
+            o, s = fn(q, k, v, gam, 0.3, s0, **kw)
+            o32, s32 = fn(q.float(), k.float(), v.float(), gam, 0.3, s0, **kw)
+            assert o.dtype == s.dtype == torch.float32
+            assert torch.equal(o, o32) and torch.equal(s, s32), (dtype, fn.__name__)
+
+
+def test_a_decay_strong_enough_to_overflow_exp_of_its_opposite_stays_finite():
+    """The in-chunk decay exp(g·(i-j)) is taken at i-j >= 0 only: with g = -3 over a 64-token chunk,
+    exp(-g·63) would overflow fp32 above the diagonal (inf·0 = NaN)."""
+    g = torch.Generator().manual_seed(3)
+    T, H, D = 64, 2, 4
+    q, k, v = (torch.randn(T, H, D, generator=g) for _ in range(3))
+    gam = torch.tensor([-3.0, -0.01])
+    s0 = torch.randn(H, D, D, generator=g)
+    o, s = gla_chunked(q, k, v, gam, 0.5, s0, chunk=64)
+    assert torch.isfinite(o).all() and torch.isfinite(s).all()
+    assert rel_err(o, masked_decay_attention(q, k, v, gam, 0.5, s0)) < 1e-5
+
+
+def test_no_tokens_leave_the_state_unchanged():
+    s0 = torch.randn(2, 4, 3)
+    for fn in (gla_recurrent, gla_chunked):
+        o, s = fn(torch.zeros(0, 2, 4), torch.zeros(0, 2, 4), torch.zeros(0, 2, 3), torch.tensor([-0.5, -0.1]), 0.5, s0)
+        assert o.shape == (0, 2, 3) and torch.equal(s, s0)
