@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from salactl.runtime.layers.lightning import alibi_slopes
+from salactl.runtime.layers.lightning import LightningAttention, alibi_slopes
 from salactl.runtime.ops.gla import gla_chunked, gla_recurrent
-from conftest import rel_err
+from conftest import rel_err, tiny_config
 
 
 def masked_decay_attention(q, k, v, g, scale, s0):
@@ -89,3 +89,12 @@ def test_no_tokens_leave_the_state_unchanged():
     for fn in (gla_recurrent, gla_chunked):
         o, s = fn(torch.zeros(0, 2, 4), torch.zeros(0, 2, 4), torch.zeros(0, 2, 3), torch.tensor([-0.5, -0.1]), 0.5, s0)
         assert o.shape == (0, 2, 3) and torch.equal(s, s0)
+
+
+def test_the_layer_caches_its_decay_per_device():
+    layer = LightningAttention(tiny_config(), 0)
+    cpu = layer.g_gamma(torch.device("cpu"))
+    assert layer.g_gamma(torch.device("cpu")) is cpu            # cached, not rebuilt each forward
+    assert torch.equal(cpu, -torch.tensor(alibi_slopes(layer.heads)))
+    assert layer.g_gamma(torch.device("meta")).device.type == "meta"     # another device: rebuilt there
+    assert layer.g_gamma(torch.device("cpu")).device.type == "cpu"
