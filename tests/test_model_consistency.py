@@ -105,6 +105,7 @@ def test_bf16_model_runs_and_stays_close_to_fp32():
     ids = prompt(80)
     a = full_logits(m32, ids, 32)
     b = full_logits(m16, ids, 32)
+    assert b.dtype == torch.float32         # the bf16 lm_head's logits are handed on as fp32
     assert torch.isfinite(b).all() and rel_err(b, a) < 5e-2
 
 
