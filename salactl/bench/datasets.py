@@ -39,7 +39,6 @@ class SoarRow:
 class LoadReport:
     rows: int = 0
     bad_lines: tuple[int, ...] = ()     # the first FIRST_BAD_LINES of them
-    too_short: int = 0
     bad_rows: int = 0
 
 
