@@ -14,7 +14,7 @@ from salactl.errors import UsageError
 from salactl.runtime.engine import Engine
 from salactl.runtime.loader import EMBEDDED_DIR
 from salactl.runtime.sampling import SamplingParams
-from salactl.runtime.stream_decoder import GeneratedText
+from salactl.runtime.stream_decoder import GeneratedText, StreamDecoder
 from salactl.runtime.tokenizer import Tokenizer
 
 if not torch.cuda.is_available():
@@ -58,6 +58,16 @@ def test_without_a_match_everything_is_shown_by_the_end(tok):
     text, pieces = _stream(tok, ids, stop=["nowhere in it"])
     assert "".join(pieces) == text.text == TEXT and not text.stopped
     assert pieces[-1] and len(pieces[-1]) <= len("nowhere in it") - 1      # the held-back tail
+
+
+def test_without_stop_strings_each_token_shows_its_text_at_once(tok):
+    """Nothing is held back when no stop string can form: every settled piece is shown by its push,
+    exactly as the stream decoder settles it."""
+    ids = tok.encode(TEXT, add_special_tokens=False)
+    _, pieces = _stream(tok, ids)
+    assert pieces[-1] == ""
+    plain = StreamDecoder(tok)
+    assert pieces[:-1] == [plain.push(t) for t in ids]
 
 
 def test_the_earliest_stop_string_ends_the_text(tok):
