@@ -1,5 +1,6 @@
 """Config values at the edges of what is accepted: a zero sparse size, a special token id equal to
-the vocabulary size, an eos list holding something other than integers, and the written config."""
+the vocabulary size, an eos list holding something other than integers, a one-position context,
+and the written config."""
 
 import json
 
@@ -44,3 +45,9 @@ def test_the_written_config_reads_back_the_same_and_lets_hf_cache():
     written = cfg.to_hf_dict()
     assert written["use_cache"] is True
     assert SalaConfig.from_hf_dict(written) == cfg
+
+
+def test_a_context_of_one_position_is_accepted_and_zero_refused():
+    assert SalaConfig.from_hf_dict({**NANO, "max_position_embeddings": 1}).max_position_embeddings == 1
+    with pytest.raises(ConfigError, match="max_position_embeddings must be at least 1, got 0"):
+        SalaConfig.from_hf_dict({**NANO, "max_position_embeddings": 0})
