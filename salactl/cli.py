@@ -160,6 +160,22 @@ def _redeliver_swallowed_interrupts(previous):
     return hook
 
 
+# MemoryErrors Python could not raise (a generator or __del__ finalized while failed work still held
+# its memory, as the frames of a MemoryError unwind): held back until main ends, where they are
+# reported, or dropped ("drop") once the command ends in the one-line out-of-memory error, which
+# they would otherwise precede as "Exception ignored in ..." tracebacks
+_memory_errors: dict = {"held": [], "drop": False}
+
+
+def _holding_memory_errors(previous):
+    def hook(unraisable) -> None:
+        if not isinstance(unraisable.exc_value, MemoryError):
+            previous(unraisable)
+        elif not _memory_errors["drop"]:
+            _memory_errors["held"].append(unraisable)
+    return hook
+
+
 def _importing_torch() -> bool:
     spec = getattr(sys.modules.get("torch"), "__spec__", None)
     return bool(getattr(spec, "_initializing", False))      # set by importlib while the module executes
@@ -218,9 +234,16 @@ def main() -> None:
     # test runner) runs on, with its own handlers back
     ends_the_process = _is_the_command() and sys._getframe(1).f_globals.get("__name__") == "__main__"
     before = _install_interrupt_handlers() if on_main_thread else None
+    unraisable_hook = sys.unraisablehook
+    _memory_errors.update(held=[], drop=False)
+    sys.unraisablehook = _holding_memory_errors(unraisable_hook)
     try:
         _main()
     finally:
+        sys.unraisablehook = unraisable_hook
+        for unraisable in _memory_errors["held"]:
+            unraisable_hook(unraisable)
+        _memory_errors.update(held=[], drop=False)
         if ends_the_process and on_main_thread:
             _handle(_exit_after_main)
         elif before is not None:
@@ -283,6 +306,7 @@ def _main() -> None:
             raise
         if os.environ.get("SALACTL_DEBUG") == "1":
             traceback.print_exc()
+        _memory_errors.update(held=[], drop=True)     # what they held (frames) is freed with them
         out_of_memory = _out_of_memory_line(e)
     except Exception as e:  # click usage errors (unknown option, bad value) arrive here
         if isinstance(e, _no_args_is_help()):    # bare `salactl`, `salactl eval`: the help, no error

@@ -78,3 +78,26 @@ def test_salactl_debug_still_shows_where_it_ran_out(tmp_path, big_records):
     assert p.returncode == CapacityError.exit_code, p.stderr
     assert "Traceback" in p.stderr and "MemoryError" in p.stderr, p.stderr
     assert p.stderr.strip().splitlines()[-1].startswith("error: report ran out of host or GPU memory"), p.stderr
+
+
+def test_finalizers_memory_errors_are_held_until_main_ends_and_dropped_after_running_out():
+    """An "Exception ignored" MemoryError (a generator finalized as a MemoryError's frames unwind) comes
+    before the one-line error unless main holds it: reported at the end of a command that went on, and
+    dropped once the command ends out of memory; other unraisables pass straight on."""
+    import types
+
+    from salactl import cli
+
+    seen = []
+    hook = cli._holding_memory_errors(seen.append)
+    oom, other = (types.SimpleNamespace(exc_value=e) for e in (MemoryError(), ValueError()))
+    cli._memory_errors.update(held=[], drop=False)
+    try:
+        hook(oom)
+        hook(other)
+        assert seen == [other] and cli._memory_errors["held"] == [oom]
+        cli._memory_errors.update(held=[], drop=True)
+        hook(oom)
+        assert seen == [other] and cli._memory_errors["held"] == []
+    finally:
+        cli._memory_errors.update(held=[], drop=False)
