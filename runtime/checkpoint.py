@@ -220,14 +220,18 @@ def _require_float(name: str, safetensors_dtype: str) -> None:
 
 
 def random_state_dict(config: SalaConfig, device, dtype, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random weights of the real shapes, generated directly on `device` (no CPU detour)."""
+    """Random weights of the real shapes, generated directly on `device` (no CPU detour).
+
+    Drawn in fp32 and rounded to `dtype`, so one seed gives one model in every dtype: torch's
+    normal_ draws a different stream for 16-bit tensors in some versions and sizes (2.11 on CPU;
+    2.13 past 16 elements but not a multiple of 16)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     out = {}
     for name, shape in expected_tensor_shapes(config).items():
         if len(shape) == 1:
             out[name] = torch.ones(shape, device=device, dtype=dtype)
         else:
-            t = torch.empty(shape, device=device, dtype=dtype)
             std = config.initializer_range if "embed" in name else shape[1] ** -0.5
-            out[name] = t.normal_(0.0, std, generator=gen)
+            t = torch.empty(shape, device=device, dtype=torch.float32).normal_(0.0, std, generator=gen)
+            out[name] = t.to(dtype)
     return out

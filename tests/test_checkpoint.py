@@ -229,3 +229,26 @@ def test_plain_checkpoint_carries_fp8_kv_scales(tmp_path):
     bad = save_checkpoint(state, cfg.to_hf_dict(), tmp_path / "bad")
     with pytest.raises(CheckpointError, match="not under a minicpm4"):
         load_model(str(bad), "cpu", "float32")
+
+
+def test_one_seed_gives_one_model_in_every_dtype():
+    """Random weights are the fp32 draw rounded to the dtype: torch's normal_ draws another stream
+    for 16-bit tensors in some versions and sizes (2.11 on CPU; 2.13 past 16 elements but not a
+    multiple of 16), so a --random-weights model in bf16 would otherwise be unrelated to the same
+    seed in fp32."""
+    from salactl.runtime.config import LIGHTNING, SPARSE, SparseConfig
+
+    cfg = SalaConfig(vocab_size=9, hidden_size=4, intermediate_size=4, num_hidden_layers=2,
+                     num_attention_heads=2, num_key_value_heads=1, head_dim=2,
+                     mixer_types=(SPARSE, LIGHTNING), lightning_nh=2, lightning_nkv=2,
+                     lightning_head_dim=2, dim_model_base=4, eos_token_id=(2,), initializer_range=0.1,
+                     sparse_config=SparseConfig(block_size=16, dense_len=40, init_blocks=1, kernel_size=8,
+                                                kernel_stride=4, topk=1, window_size=16))
+    for config in (cfg, tiny_config()):
+        exact = random_state_dict(config, "cpu", torch.float32, 7)
+        assert config is not cfg or exact["model.embed_tokens.weight"].numel() == 36  # > 16, not 16k
+        for dtype in (torch.bfloat16, torch.float16):
+            got = random_state_dict(config, "cpu", dtype, 7)
+            assert set(got) == set(exact)
+            for name, t in got.items():
+                assert t.dtype == dtype and torch.equal(t, exact[name].to(dtype)), (name, dtype)
