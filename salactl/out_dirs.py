@@ -92,11 +92,15 @@ def _probe_appendable(file: Path, path: Path, flag: str) -> None:
 
 def _probe_writable(existing: Path, path: Path, flag: str) -> None:
     """Create and remove a file in the nearest existing directory: permission bits alone miss
-    read-only file systems, /proc and root's view of them."""
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".salactl-probe.", dir=existing)
-    except OSError as e:
-        raise UsageError(f"{flag} {path}: cannot write in {existing} ({e.strerror or e}); "
-                         "give a directory you can write") from None
-    os.close(fd)
-    os.unlink(probe)
+    read-only file systems, /proc and root's view of them. A Ctrl-C or SIGTERM waits until the probe
+    is gone, so an interrupted command leaves no probe file behind."""
+    from salactl.bench.records import interrupts_deferred
+
+    with interrupts_deferred():
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".salactl-probe.", dir=existing)
+        except OSError as e:
+            raise UsageError(f"{flag} {path}: cannot write in {existing} ({e.strerror or e}); "
+                             "give a directory you can write") from None
+        os.close(fd)
+        os.unlink(probe)
