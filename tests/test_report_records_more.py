@@ -35,9 +35,14 @@ def write(path, *records, prefix: str = ""):
     return path
 
 
-def salactl_with_memory_limit(*args, limit=2 * 2**30, timeout=60):
-    """`salactl ARGS` in a process that may map at most `limit` bytes: reading /dev/zero whole ends
-    in a MemoryError there, not in this machine running out of memory."""
+def salactl_with_memory_limit(*args, timeout=60):
+    """`salactl ARGS` in a process that may map at most 2 GiB more than this one (which has imported
+    torch: a CUDA build alone maps more than 2 GiB): reading /dev/zero whole ends in a MemoryError
+    there, not in this machine running out of memory."""
+    with open("/proc/self/status") as status:
+        vm = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+    limit = vm + 2 * 2**30
+
     def cap():
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
