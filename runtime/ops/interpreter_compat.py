@@ -37,7 +37,7 @@ def squeeze_interpreter_indices() -> bool:
     def patch_lang_tensor(tensor, *scope):
         original(tensor, *scope)
         index = lambda self: int(self.handle.data.squeeze())    # noqa: E731 - as the interpreter's own
-        if scope:               # 3.5+: a scope that restores the attributes after the launch
+        if scope:               # 3.6: a scope that restores the attributes after the launch
             scope[0].set_attr(tensor, "__index__", index)
         else:
             tensor.__index__ = index

@@ -37,6 +37,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from salactl.runtime.ops.interpreter_compat import squeeze_interpreter_indices
 
 squeeze_interpreter_indices()   # every kernel module imports this one: Triton < 3.7's interpreter under NumPy 2.4
+
 _CAPABLE: dict[int, bool] = {}
 
 
