@@ -282,12 +282,13 @@ def check_fused(device, dtype) -> list:
     return out
 
 
-def check_model(model, device, prompt_len: int, decode_steps: int = 3, chunk: int = 128,
-                cuda_graph: bool = False, tol: float = 1e-2, seed: int = 0,
-                kv_cache_dtype: str = "bf16") -> list:
-    """The GPU engine (fused model, paged caches, GPU backend) against the reference Engine on
-    the same weights: last-token logits after a chunked prefill and after teacher-forced decode
-    (both with `kv_cache_dtype` KV caches)."""
+def model_logits(model, device, prompt_len: int, decode_steps: int = 3, chunk: int = 128,
+                 cuda_graph: bool = False, seed: int = 0, kv_cache_dtype: str = "bf16",
+                 reference: bool = True, gpu: bool = True) -> tuple[list, list]:
+    """Last-token logits of the GPU engine (fused model, paged caches, GPU backend) and of the
+    reference Engine on the same weights, after a chunked prefill and after each teacher-forced
+    decode step (both with `kv_cache_dtype` KV caches): (gpu rows, reference rows); an engine
+    not asked for gives []."""
     from salactl.runtime.engine import Engine
     from salactl.runtime.gpu.engine import GPUEngine
 
@@ -295,23 +296,35 @@ def check_model(model, device, prompt_len: int, decode_steps: int = 3, chunk: in
     cfg = model.config
     prompt = torch.randint(0, cfg.vocab_size, (prompt_len,), generator=g).tolist()
     feed = torch.randint(0, cfg.vocab_size, (decode_steps,), generator=g).tolist()
-    ref = Engine(copy.deepcopy(model), device, chunk_size=chunk, kv_cache_dtype=kv_cache_dtype)
-    eng = GPUEngine(model, device, max_running_requests=2, chunk_size=chunk,
-                    kv_tokens=prompt_len + decode_steps + 2 * cfg.sparse_config.block_size,
-                    cuda_graph=cuda_graph, kv_cache_dtype=kv_cache_dtype)
-    seq = ref.new_sequence()
-    r_logits = [ref.prefill(seq, prompt)[-1]]
-    for t in feed:
-        r_logits.append(ref.forward(seq, [t])[-1])
-    slot = eng.scheduler.slots.alloc(1)[0]
-    pages = eng.scheduler.pages.alloc(math.ceil((prompt_len + decode_steps) / cfg.sparse_config.block_size))
-    eng.pools.assign_pages(slot, pages)
-    g_logits = []
-    for c0 in range(0, prompt_len, chunk):
-        last = eng.runner.prefill([(slot, prompt[c0:c0 + chunk], c0)])
-    g_logits.append(last[0])
-    for i, t in enumerate(feed):
-        g_logits.append(eng.runner.decode([(slot, t, prompt_len + i)])[0])
+    r_logits, g_logits = [], []
+    if reference:
+        ref = Engine(copy.deepcopy(model), device, chunk_size=chunk, kv_cache_dtype=kv_cache_dtype)
+        seq = ref.new_sequence()
+        r_logits = [ref.prefill(seq, prompt)[-1]]
+        for t in feed:
+            r_logits.append(ref.forward(seq, [t])[-1])
+    if gpu:
+        eng = GPUEngine(model, device, max_running_requests=2, chunk_size=chunk,
+                        kv_tokens=prompt_len + decode_steps + 2 * cfg.sparse_config.block_size,
+                        cuda_graph=cuda_graph, kv_cache_dtype=kv_cache_dtype)
+        slot = eng.scheduler.slots.alloc(1)[0]
+        pages = eng.scheduler.pages.alloc(math.ceil((prompt_len + decode_steps) / cfg.sparse_config.block_size))
+        eng.pools.assign_pages(slot, pages)
+        for c0 in range(0, prompt_len, chunk):
+            last = eng.runner.prefill([(slot, prompt[c0:c0 + chunk], c0)])
+        g_logits.append(last[0])
+        for i, t in enumerate(feed):
+            g_logits.append(eng.runner.decode([(slot, t, prompt_len + i)])[0])
+    return g_logits, r_logits
+
+
+def check_model(model, device, prompt_len: int, decode_steps: int = 3, chunk: int = 128,
+                cuda_graph: bool = False, tol: float = 1e-2, seed: int = 0,
+                kv_cache_dtype: str = "bf16") -> list:
+    """The GPU engine against the reference Engine on the same weights (model_logits): last-token
+    logits after a chunked prefill and after teacher-forced decode."""
+    g_logits, r_logits = model_logits(model, device, prompt_len, decode_steps, chunk, cuda_graph, seed,
+                                      kv_cache_dtype)
     tag = f"model(prompt={prompt_len}, graph={cuda_graph}, kv={kv_cache_dtype})"
     out = [(f"{tag}.prefill_logits", rel_err(g_logits[0], r_logits[0]), tol)]
     out += [(f"{tag}.decode{i}_logits", rel_err(a, b), tol) for i, (a, b) in enumerate(zip(g_logits[1:], r_logits[1:]))]
