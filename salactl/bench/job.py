@@ -152,10 +152,14 @@ def build_target(s: BenchSettings, need_tokenizer: bool):
         backend = "sglang" if s.backend is None else s.backend
         target = HttpTarget(s.endpoint, backend, s.model, flush_sleep_s=s.flush_sleep,
                             read_timeout_s=s.request_timeout or None, tokenizer=tok)
-        target.check()
-        if need_tokenizer and tok is None:
-            raise TokenizerError("counting the output tokens of SOAR rows needs the served model's "
-                                 "tokenizer; pass --tokenizer PATH (tokenizer.json or its directory)")
+        try:        # the probe starts the target's watchdog thread: a refused target must end it
+            target.check()
+            if need_tokenizer and tok is None:
+                raise TokenizerError("counting the output tokens of SOAR rows needs the served model's "
+                                     "tokenizer; pass --tokenizer PATH (tokenizer.json or its directory)")
+        except BaseException:
+            target.close()
+            raise
         return target, tok, _vocab_for_http(s, tok), None
     if s.backend is not None:
         raise UsageError("--backend needs --endpoint URL (without one, the embedded engine is benchmarked)")

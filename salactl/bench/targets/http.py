@@ -44,6 +44,7 @@ from salactl.bench.targets.base import Chunk, RequestFailed, Target
 from salactl.bench.targets.http_protocol import iter_sse, openai_chunks, sglang_chunks
 from salactl.bench.targets.watchdog import Watchdog
 from salactl.errors import CapacityError, EndpointError, SalactlError, UsageError
+from salactl.input_files import lone_surrogate
 
 BACKENDS = ("sglang", "openai", "vllm")
 PROTOCOLS = {"sglang": "sglang", "openai": "openai", "vllm": "openai"}     # backend -> the API it speaks
@@ -274,12 +275,17 @@ class HttpTarget(Target):
         return resp
 
     def _call(self, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
-        """A side request (probe, flush) within min(30 s, --request-timeout), its answer within 1 MiB."""
+        """A side request (probe, flush) within min(30 s, --request-timeout), its answer within 1 MiB.
+        A redirect is an EndpointError: it is no answer (a flush redirected did not flush), and the
+        generation requests, which are not followed either, would fail the same way."""
         deadline = Deadline(self.side_call_timeout_s)
         conn = self._connect(deadline.seconds)
         sock = conn.sock
         try:
             resp = self._send(conn, deadline, method, path, body)
+            if 300 <= resp.status < 400:
+                raise EndpointError(f"{method} {self.origin}{path} answered HTTP {resp.status} {resp.reason}"
+                                    f"{_redirect_note(resp) or '; check --endpoint'}")
             answer = Body(resp, sock, deadline).read_all(SIDE_CALL_MAX_BODY)
             if answer is None:
                 raise EndpointError(f"{method} {self.origin}{path} answered with more than "
@@ -323,12 +329,12 @@ class HttpTarget(Target):
 
     def _model_path(self, info: str, status: int | None, body: bytes, default: str) -> str:
         """/get_model_info's model_path; "" where there is none, and (with a warning) where it is no
-        name: the records' model must be a string."""
+        name: the records' model must be a string of Unicode text."""
         try:
             found = json.loads(body).get("model_path") if status == 200 else None
         except (ValueError, AttributeError, RecursionError):
             return ""
-        if found is None or isinstance(found, str):
+        if found in (None, "") or _is_name(found):
             return found or ""
         output.warn_once(f"{self.origin}{info} answered model_path = {_json_kind(found)}, not a model name; "
                          f"the records name the model {default} (pass --model to name it)")
@@ -354,7 +360,7 @@ class HttpTarget(Target):
             found = json.loads(body)["data"][0]["id"]
         except (ValueError, KeyError, IndexError, TypeError, RecursionError):
             raise EndpointError(f"{where} did not list a model; {fix}") from None
-        if not isinstance(found, str) or not found:     # requests and records name the model with it
+        if not _is_name(found):         # requests and records name the model with it
             raise EndpointError(f"{where} lists data[0].id = {_json_kind(found)}, not a model name; {fix}")
         return found
 
@@ -410,8 +416,7 @@ class HttpTarget(Target):
         where = f"POST {self.origin}{self.generate_path}"
         if resp.status != 200:
             text = " ".join(resp.read(300).decode("utf-8", "replace").split())
-            moved = resp.getheader("Location") if 300 <= resp.status < 400 else None
-            to = f", redirected to {moved}: point --endpoint there" if moved else ""
+            to = _redirect_note(resp) if 300 <= resp.status < 400 else ""
             raise RequestFailed(f"HTTP {resp.status} {resp.reason}{': ' + text if text else ''} ({where}{to})")
         encoding = (resp.getheader("Content-Encoding") or "identity").strip().lower()
         if encoding != "identity":
@@ -508,6 +513,18 @@ class HttpTarget(Target):
     def knobs(self) -> dict:
         return {"endpoint": self.url, "backend": self.backend, "protocol": self.protocol,
                 "flush_sleep_s": self.flush_sleep_s, "request_timeout_s": self.read_timeout_s}
+
+
+def _is_name(value) -> bool:
+    """A non-empty string that UTF-8 can hold: a JSON escape of half a surrogate pair ("\\ud800")
+    is no text, and no table, summary or terminal could show it."""
+    return isinstance(value, str) and bool(value) and lone_surrogate(value) is None
+
+
+def _redirect_note(resp) -> str:
+    """Where a redirect points (salactl follows none), or "" without a Location header."""
+    moved = resp.getheader("Location")
+    return f", redirected to {moved}: point --endpoint there" if moved else ""
 
 
 def _json_kind(value) -> str:
