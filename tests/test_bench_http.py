@@ -216,6 +216,8 @@ def _set_count(value, key="meta_info"):
     ("sglang", lambda e: {**e, "meta_info": [1, 2]}, "meta_info = '[1, 2]', not an object"),
     ("openai", _set_count(-1, "usage"), "usage.completion_tokens = -1 for max_tokens 4"),
     ("openai", lambda e: {**e, "usage": [1]}, "usage = '[1]', not an object"),
+    ("openai", lambda e: {**e, "choices": 5}, "choices = '5', not a list"),
+    ("openai", lambda e: {**e, "choices": {"index": 0, "text": "x"}}, "choices = \"{'index': 0, 'text': 'x'}\", not a list"),
 ])
 def test_impossible_or_malformed_token_counts_fail_the_request(backend, edit, message):
 

@@ -92,3 +92,16 @@ def test_an_sglang_model_path_with_half_a_surrogate_pair_falls_back_with_a_warni
     assert capfd.readouterr().err == (f"warning: {srv.url}/get_model_info answered model_path = {json.dumps(name)}, "
                                       f"not a model name; the records name the model {default} (pass --model "
                                       "to name it)\n")
+
+
+@pytest.mark.parametrize("status,fix", [
+    (429, "the server is rate limiting this client; retry when it admits requests"),
+    (403, "pass the server's API key in OPENAI_API_KEY"),
+    (400, "check --endpoint / --backend"),
+])
+def test_a_refused_model_listing_gets_the_fix_for_its_status(status, fix):
+    answer = b"HTTP/1.1 %d Refused\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}" % status
+    with Wire({("GET", "/v1/models"): answer}) as srv:
+        with HttpTarget(srv.url, "vllm") as target, pytest.raises(EndpointError) as err:
+            target.check()
+    assert str(err.value) == f"{srv.url}/v1/models answered HTTP {status}: {{}}; {fix}"

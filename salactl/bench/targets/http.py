@@ -351,9 +351,7 @@ class HttpTarget(Target):
         where = f"{self.origin}{self.probe_path}"
         if status >= 400:
             text = " ".join(body[:200].decode("utf-8", "replace").split())
-            fix = ("the server lists no models there: pass --model with the served model name, or check "
-                   "--endpoint / --backend" if status == 404 else
-                   "pass the API key (OPENAI_API_KEY) / check the URL")
+            fix = _listing_refused_fix(status)
             raise EndpointError(f"{where} answered HTTP {status}: {text}; {fix}")
         fix = "pass --model with the served model name"
         try:
@@ -519,6 +517,17 @@ def _is_name(value) -> bool:
     """A non-empty string that UTF-8 can hold: a JSON escape of half a surrogate pair ("\\ud800")
     is no text, and no table, summary or terminal could show it."""
     return isinstance(value, str) and bool(value) and lone_surrogate(value) is None
+
+
+def _listing_refused_fix(status: int) -> str:
+    """What to do when the model listing answered an error status (5xx never gets here: check())."""
+    if status == 404:
+        return "the server lists no models there: pass --model with the served model name, or check --endpoint / --backend"
+    if status in (401, 403):
+        return "pass the server's API key in OPENAI_API_KEY"
+    if status == 429:
+        return "the server is rate limiting this client; retry when it admits requests"
+    return "check --endpoint / --backend"
 
 
 def _redirect_note(resp) -> str:

@@ -144,7 +144,10 @@ def openai_chunks(events, max_tokens: int, estimate):
 
 def _choice0(obj: dict) -> dict | None:
     """Choice index 0 (a chunk may carry other choices only; they are not ours)."""
-    for choice in obj.get("choices") or []:
+    choices = obj.get("choices")
+    if choices is not None and not isinstance(choices, list):
+        raise RequestFailed(f"the server streamed choices = {str(choices)[:60]!r}, not a list")
+    for choice in choices or []:
         if isinstance(choice, dict) and choice.get("index", 0) == 0:
             return choice
     return None
