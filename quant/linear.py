@@ -7,7 +7,8 @@ The packed weights are *buffers* in the layout of the device's fast path, so the
               our Triton kernels (runtime/ops/w4a16/triton.py `w4a16_linear`), on bf16 activations
               in a float32 model (the kernels take 16-bit activations, as on CPU below).
 - "cpu_int4" (CPU, 4-bit, groups 32/64/128/256 or per-channel with K % 128 == 0): torch's
-              `_weight_int4pack_mm_for_cpu` (uint8 [N, K/2] + bf16 scales and zeros [groups, N, 2])
+              `_weight_int4pack_mm_for_cpu` (uint8 [N', K/2] + bf16 scales and zeros [groups, N', 2], N
+              padded to N', a multiple of 16, with zero rows the output drops)
               on bf16 activations, whatever the model's dtype: fp32 and fp16 activations are
               rounded to bf16 for the product (W4A16: 16-bit activations), because torch only
               vectorizes the bf16 kernel (2-core AVX-512 CPU, 768x2048 at one row: bf16 0.04 ms, fp32
@@ -148,13 +149,16 @@ class GPTQLinear(nn.Module):
             buffers = {"qweight": pack_tc(unpack_qweight(qweight.to(device), 4)),
                        "scales": scales16.to(device)}
         elif layout == "cpu_int4":
-            codes_nk = unpack_qweight(qweight.cpu(), 4).t().contiguous()
+            # the op packs whole tiles of 16 output rows: pad N with zero rows (code 8, scale 0), outputs cut off
+            pad = -N % 16
+            codes_nk = unpack_qweight(qweight.cpu(), 4).t()
+            codes_nk = torch.nn.functional.pad(codes_nk, (0, 0, 0, pad), value=8).contiguous()
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes_nk, 1)
-            s = scales16.float()
+            s = torch.nn.functional.pad(scales16.float(), (0, pad))
             gq = g
             if group_size == -1:          # per-channel: the same scale for every 128-row group
                 gq = 128
-                s = s.expand(K // 128, N)
+                s = s.expand(K // 128, N + pad)
             sz = torch.stack([s, torch.zeros_like(s)], dim=-1).to(torch.bfloat16).contiguous()
             buffers = {"qweight": packed, "scales_and_zeros": sz}
             group_size_kernel = gq
@@ -187,7 +191,7 @@ class GPTQLinear(nn.Module):
             eye = torch.eye(self.in_features, dtype=torch.bfloat16)
             w_t = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.qweight, self.kernel_group,
                                                               self.scales_and_zeros)
-            return w_t.float().t()
+            return w_t[:, :self.out_features].float().t()
         if self.layout == "int8":
             return self._int8_weight(torch.float32)
         return reference.dequantize(self.qweight, self.scales, self.g_idx, self.bits)
@@ -281,7 +285,8 @@ class GPTQLinear(nn.Module):
                              self.group_size).to(x.dtype)
         elif self.layout == "cpu_int4":
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(torch.bfloat16).contiguous(), self.qweight,
-                                                            self.kernel_group, self.scales_and_zeros).to(x.dtype)
+                                                            self.kernel_group, self.scales_and_zeros)
+            y = y[:, :self.out_features].to(x.dtype)
         elif self.layout == "triton8":
             y = self._triton8_forward(x2).to(x.dtype)
         elif self.layout == "int8":

@@ -45,6 +45,7 @@ def parse_quant_config(qc: dict) -> dict:
     if qc.get("sym", True) is not True:
         raise CheckpointError("asymmetric GPTQ (sym=false) is not supported; quantize with sym=true "
                               "(the only form Marlin runs)")
+    _check_pack_dtype(qc.get("pack_dtype"))
     fmt = qc.get("checkpoint_format") or qc.get("format") or "gptq"
     if fmt not in FORMATS:
         # vLLM and SGLang compare it as written (unlike quant_method): "GPTQ_V2" would be v1 to vLLM
@@ -62,6 +63,15 @@ def _check_quant_method(method) -> None:
     if method.lower() not in ("gptq", "gptq_marlin"):
         raise CheckpointError(f"quant_method {method!r} is not supported; salactl loads only GPTQ checkpoints "
                               "(quant_method \"gptq\")")
+
+
+def _check_pack_dtype(pack_dtype) -> None:
+    """GPTQModel's pack_dtype (int8/int16/int32/int64) is the word qweight and qzeros are packed in;
+    vLLM, SGLang and salactl read int32 words only."""
+    if pack_dtype is not None and pack_dtype != "int32":
+        raise CheckpointError(f"quantization_config.pack_dtype {json.dumps(pack_dtype, default=repr)} is not "
+                              "supported; salactl (as vLLM and SGLang) loads GPTQ packed in int32 words: re-quantize "
+                              "with pack_dtype int32 (GPTQModel's default)")
 
 
 def dynamic_rules(qc: dict) -> list[tuple[str, re.Pattern, dict | None]]:

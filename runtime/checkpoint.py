@@ -109,6 +109,7 @@ def tensor_files(model_dir: Path) -> dict[str, Path]:
             return {name: single for name in f.keys()}
     index = model_dir / INDEX_NAME
     if not os.path.lexists(index):        # a dangling or looping symlink is there, and unreadable
+        _refuse_pytorch_bin(model_dir)
         raise CheckpointError(f"{model_dir} has neither {SINGLE_NAME} nor {INDEX_NAME}; "
                               "finish the download or point --model at a complete checkpoint")
     files = {name: model_dir / f for name, f in _weight_map(index).items()}
@@ -127,6 +128,21 @@ def tensor_files(model_dir: Path) -> dict[str, Path]:
             raise CheckpointError(f"shard {shard.name} holds tensor {unlisted[0]}, which {INDEX_NAME} does not list "
                                   "for it; fix the index's weight_map or re-download the checkpoint")
     return files
+
+
+def _refuse_pytorch_bin(model_dir: Path) -> None:
+    """A complete checkpoint saved as PyTorch pickles (pytorch_model.bin, or its shards and index) is
+    not a download that stopped early: say that salactl reads safetensors only, and how to convert it."""
+    bins = sorted(model_dir.glob("pytorch_model*.bin"))
+    if not bins:
+        return
+    shards, single = str(model_dir / "pytorch_model*.bin"), str(model_dir / SINGLE_NAME)
+    raise CheckpointError(
+        f"{model_dir} holds PyTorch .bin weights ({bins[0].name}{', ...' if len(bins) > 1 else ''}), but salactl reads "
+        f"only safetensors; convert them: python -c \"import glob, torch; from safetensors.torch import save_file; "
+        f"sd = {{}}; [sd.update((k, v.clone()) for k, v in torch.load(f, weights_only=True).items()) "
+        f"for f in sorted(glob.glob({shards!r}))]; "
+        f"save_file(sd, {single!r}, metadata={{'format': 'pt'}})\"")
 
 
 class StoredTensors:
