@@ -12,9 +12,10 @@ from pathlib import Path
 
 import torch
 
+from salactl import output
 from salactl.errors import CheckpointError
 from salactl.quant.linear import GPTQLinear, gptq_scales_fp16
-from salactl.quant.packing import FORMATS, num_groups, symmetric_qzeros_word
+from salactl.quant.packing import FORMATS, default_g_idx, num_groups, symmetric_qzeros_word
 from salactl.runtime.checkpoint import expected_tensor_shapes, load_state_dict, open_safetensors, tensor_files
 from salactl.runtime.config import SalaConfig
 from salactl.runtime.layers.model import SalaForCausalLM
@@ -200,16 +201,30 @@ def load_gptq_model(path: Path, config: SalaConfig, quant_cfg: dict, device, dty
         raise CheckpointError(f"checkpoint has GPTQ tensor {orphans[0]} for a module this architecture "
                               "does not quantize (or lacks its .qweight)")
     model = meta_model(config)
+    permuted = []
     for prefix, (n, k) in quantized.items():
         t = _load_quantized(files, prefix, n, k, spec)
+        if "g_idx" in t and not torch.equal(t["g_idx"].long(), default_g_idx(k, spec["group_size"]).long()):
+            permuted.append(prefix)
         _set_module(model, prefix, GPTQLinear.from_gptq(t["qweight"], t["scales"], t.get("g_idx"), spec["bits"],
                                                          spec["group_size"], device, dtype, prefix))
+    if permuted and not spec["desc_act"]:
+        _warn_g_idx_without_desc_act(path, permuted)
     model.load_state_dict(state, strict=False, assign=True)
     attach_kv_scales(model, config, files, device)
     left = [n for n, p in list(model.named_parameters()) + list(model.named_buffers()) if p.is_meta]
     if left:
         raise CheckpointError(f"checkpoint {path} left {left[0]} unset")
     return model.eval().requires_grad_(False)
+
+
+def _warn_g_idx_without_desc_act(path: Path, permuted: list[str]) -> None:
+    """salactl computes with every g_idx; vLLM's and SGLang's GPTQ kernels read g_idx only when
+    desc_act is true (has_g_idx = desc_act), so such a checkpoint is another model there."""
+    more = f" (and {len(permuted) - 1} more modules)" if len(permuted) > 1 else ""
+    output.warn_once(f"{path}: {permuted[0]}.g_idx{more} is not k // group_size but quantization_config.desc_act "
+                     "is false: salactl applies g_idx, while vLLM and SGLang read it only with desc_act true and "
+                     "would serve other outputs; set \"desc_act\": true in its quantization_config")
 
 
 def _refuse_float_weights_under_gptq(config: SalaConfig, quant_cfg: dict) -> None:

@@ -37,11 +37,20 @@ report_app = typer.Typer(cls=_DefaultToLatency, no_args_is_help=True,
                               "FILE.jsonl ...` is short for `salactl report latency FILE.jsonl ...`.")
 
 
+def _items(text: str, flag: str) -> list[str]:
+    """The comma-separated names of `text`, stripped, each once; an empty one among others (a trailing
+    comma) is a UsageError, as lists.parse_list's; [""] for a text of no names."""
+    items = [x.strip() for x in text.split(",")]
+    if any(items) and "" in items:
+        raise UsageError(f"{flag} takes comma-separated names, got {text!r}; drop the empty name")
+    return list(dict.fromkeys(items))
+
+
 def _formats(text: str) -> list[str]:
-    fmts = [f.strip() for f in text.split(",") if f.strip()]
+    fmts = _items(text, "--format")
     bad = [f for f in fmts if f not in FORMATS]
-    if bad or not fmts:
-        raise UsageError(f"unknown --format {bad[0] if bad else text!r}; valid: {', '.join(FORMATS)}")
+    if bad:
+        raise UsageError(f"unknown --format {bad[0] if any(fmts) else text!r}; valid: {', '.join(FORMATS)}")
     return fmts
 
 
@@ -126,8 +135,8 @@ def _check_latency_options(ctx: typer.Context, out: Path | None, fmts: list[str]
 
 
 def _names(text: str, name: str) -> tuple[str, ...]:
-    vals = tuple(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
-    if not vals:
+    vals = tuple(_items(text, name))
+    if not any(vals):
         raise UsageError(f"{name} needs at least one comma-separated value, got {text!r}")
     return vals
 
@@ -215,7 +224,8 @@ def memory(
         raise UsageError("give --gpu (memory from the GPU table) or --gpu-mem (GB), not both")
     if chunk_size <= 0 or max_batch <= 0:
         raise UsageError("--chunk-size and --max-batch must be positive")
-    contexts, kv_dtypes = tuple(parse_list(context, "--context", minimum=1)), _names(kv_cache_dtype, "--kv-cache-dtype")
+    contexts = tuple(parse_list(context, "--context", minimum=1, dedupe=True))
+    kv_dtypes = _names(kv_cache_dtype, "--kv-cache-dtype")
     weight_names = None if weights is None else _names(weights, "--weights")
     gpus = list(_names(DEFAULT_GPUS if gpu is None else gpu, "--gpu"))
     _check_memory_options(ctx, weight_names or DEFAULT_WEIGHTS, records, no_cuda_graphs)

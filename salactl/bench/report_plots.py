@@ -10,6 +10,7 @@ from pathlib import Path
 
 from salactl.reports.atomic import atomic_path
 from salactl.reports.pyplot import pyplot as _plt
+from salactl.reports.text_cells import FORMULA_STARTS
 
 
 def _save(plt, fig, path: Path) -> Path:
@@ -20,6 +21,12 @@ def _save(plt, fig, path: Path) -> Path:
     return path
 
 
+def _phase(cell: str) -> str:
+    """The phase's name from its CSV cell: csv_cell guards a name starting with - or + as '-name (a
+    profile's phase names never start with ')."""
+    return cell[1:] if cell.startswith("'") and cell[1:].startswith(FORMULA_STARTS) else cell
+
+
 def read_details(path: Path) -> dict[str, list[dict]]:
     """Successful requests per phase: input_len, ttft_ms, tpot_ms, e2e_ms (floats, tpot may be None)."""
     by_phase: dict[str, list[dict]] = {}
@@ -27,7 +34,7 @@ def read_details(path: Path) -> dict[str, list[dict]]:
         for row in csv.DictReader(f):
             if row["success"] != "1":
                 continue
-            by_phase.setdefault(row["phase"], []).append({
+            by_phase.setdefault(_phase(row["phase"]), []).append({
                 "input_len": int(row["input_len"]), "ttft_ms": float(row["ttft_ms"]),
                 "tpot_ms": float(row["tpot_ms"]) if row["tpot_ms"] else None, "e2e_ms": float(row["e2e_ms"])})
     return by_phase
