@@ -22,6 +22,7 @@ and CUDA context (both estimates, labelled as such).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field
 
 from salactl.errors import UsageError
@@ -58,7 +59,7 @@ GPU_MEMORY_MIB = {
     "H100": 81559,
     "A100-SXM4-80GB": 81920,
     "A100 80GB PCIe": 81920,
-    "A100": 40960,                  # the 40 GB parts
+    "A100": 40960,                  # the 40 GB parts (an "A100 80GB" of another spelling: gpu_memory)
     "RTX PRO 6000": 97887,
     "RTX 5090": 32607,
     "L40S": 46068,
@@ -91,6 +92,8 @@ def gpu_memory(name: str) -> tuple[int, str]:
     (case-insensitive), the most specific name first."""
     for frag in sorted(GPU_NAMES, key=len, reverse=True):
         if frag.lower() in name.lower():
+            if frag == "A100" and re.search(r"80\s*gb", name.lower()):     # "A100 80GB", "A100-80GB"
+                frag = "A100-SXM4-80GB"
             if frag in GPU_MEMORY_MIB:
                 return GPU_MEMORY_MIB[frag] * MIB, "nvidia-smi"
             return GPU_MEMORY_DATASHEET_GB[frag] * GB, "datasheet"

@@ -94,6 +94,10 @@ def test_max_concurrent_and_gpu_table():
     assert mem.gpu_memory("NVIDIA RTX PRO 6000D") == (84 * 10**9, "datasheet")
     assert mem.gpu_memory("NVIDIA RTX PRO 6000 Blackwell Server Edition") == (97887 * 2**20, "nvidia-smi")
     assert mem.gpu_memory("NVIDIA GH200 480GB") == (97871 * 2**20, "nvidia-smi")
+    # an 80 GB A100 under any spelling is not the 40 GB part the bare "A100" names
+    for name in ("A100 80GB", "A100-80GB", "a100_80gb", "NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe"):
+        assert mem.gpu_memory(name) == (81920 * 2**20, "nvidia-smi"), name
+    assert mem.gpu_memory("NVIDIA A100-PCIE-40GB") == (40960 * 2**20, "nvidia-smi")
     assert mem.gpu_memory("NVIDIA H100 NVL") == (95830 * 2**20, "nvidia-smi")
     assert mem.gpu_memory("NVIDIA A100-SXM4-40GB") == (40960 * 2**20, "nvidia-smi")
 
