@@ -2,8 +2,9 @@
 
 The packed weights are *buffers* in the layout of the device's fast path, so the roofline
 (which sums a module's parameters + buffers) counts exactly the bytes a forward reads:
-- "triton"   (CUDA, 4-bit, K % 128 == 0, N % 16 == 0): int32 [K/128, N/16, 256] in the MMA
-              register order (runtime/ops/w4a16/layout.py `pack_tc`) + fp16 scales [groups, N];
+- "triton"   (CUDA, 4-bit, K % 128 == 0): int32 [K/128, N'/16, 256] in the MMA register order
+              (runtime/ops/w4a16/layout.py `pack_tc`) + fp16 scales [groups, N'], N padded to N', a
+              multiple of 16, with zero rows the output drops (a 73448-token lm_head);
               our Triton kernels (runtime/ops/w4a16/triton.py `w4a16_linear`), on bf16 activations
               in a float32 model (the kernels take 16-bit activations, as on CPU below).
 - "cpu_int4" (CPU, 4-bit, groups 32/64/128/256 or per-channel with K % 128 == 0): torch's
@@ -98,8 +99,7 @@ def choose_layout(device: torch.device, bits: int, in_features: int, group_size:
         return "int8"
     if bits != 4:
         return "dequant"
-    if device.type == "cuda" and in_features % 128 == 0 and out_features % 16 == 0 \
-            and dtype in _MODEL_DTYPES \
+    if device.type == "cuda" and in_features % 128 == 0 and dtype in _MODEL_DTYPES \
             and (group_size == -1 or group_size % 128 == 0 or group_size in (16, 32, 64)) and triton_ok:
         return "triton"
     if device.type == "cpu" and dtype in _MODEL_DTYPES and _cpu_int4_available():
@@ -146,8 +146,10 @@ class GPTQLinear(nn.Module):
         if layout == "triton":
             from salactl.runtime.ops.w4a16.layout import pack_tc
 
-            buffers = {"qweight": pack_tc(unpack_qweight(qweight.to(device), 4)),
-                       "scales": scales16.to(device)}
+            # the layout tiles 16 output rows: pad N with zero rows (code 8, scale 0), outputs cut off
+            pad = -N % 16
+            codes = torch.nn.functional.pad(unpack_qweight(qweight.to(device), 4), (0, pad), value=8)
+            buffers = {"qweight": pack_tc(codes), "scales": torch.nn.functional.pad(scales16.to(device), (0, pad))}
         elif layout == "cpu_int4":
             # the op packs whole tiles of 16 output rows: pad N with zero rows (code 8, scale 0), outputs cut off
             pad = -N % 16
@@ -186,7 +188,7 @@ class GPTQLinear(nn.Module):
 
             codes = (unpack_tc(self.qweight) if self.layout == "triton" else unpack_tc8(self.qweight)).float()
             g = default_g_idx(self.in_features, self.group_size, codes.device).long()
-            return ((codes - 2 ** (self.bits - 1)) * self.scales.float()[g]).t()
+            return ((codes - 2 ** (self.bits - 1)) * self.scales.float()[g]).t()[:self.out_features]
         if self.layout == "cpu_int4":
             eye = torch.eye(self.in_features, dtype=torch.bfloat16)
             w_t = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.qweight, self.kernel_group,
@@ -237,12 +239,20 @@ class GPTQLinear(nn.Module):
             y = part if y is None else y + part
         return y
 
+    def padded_rows(self) -> int:
+        """Zero output rows the layout holds past out_features (cpu_int4 and triton tile 16 rows)."""
+        if self.layout == "triton":
+            return self.qweight.shape[1] * 16 - self.out_features
+        if self.layout == "cpu_int4":
+            return self.scales_and_zeros.shape[1] - self.out_features
+        return 0
+
     def forward_glu(self, x: torch.Tensor) -> torch.Tensor:
         """silu(gate)·up for a module whose output rows are [gate | up] (the GPU engine's fused MLP
         projection): on the Triton layout one GEMM with the product in its epilogue where the
         dispatch allows it (runtime/ops/w4a16/triton.py `w4a16_glu`); elsewhere the forward, then
         silu·mul (the fused kernel on CUDA)."""
-        if self.layout != "triton":
+        if self.layout != "triton" or self.padded_rows():
             if not (x.is_cuda and _triton_available()):
                 from salactl.runtime.ops.fused.reference import silu_mul
 
@@ -282,7 +292,7 @@ class GPTQLinear(nn.Module):
 
             # .contiguous(): no copy, except for the views the GPU engine's fused projections leave
             y = w4a16_linear(_sixteen_bit(x2), self.qweight.contiguous(), self.scales.contiguous(),
-                             self.group_size).to(x.dtype)
+                             self.group_size)[:, :self.out_features].to(x.dtype)
         elif self.layout == "cpu_int4":
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(torch.bfloat16).contiguous(), self.qweight,
                                                             self.kernel_group, self.scales_and_zeros)

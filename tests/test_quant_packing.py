@@ -151,7 +151,7 @@ def test_layout_choice_by_device_bits_and_dtype():
     assert choose(cuda, 8, 4096, 128, torch.bfloat16, 4104) == "int8"       # N % 16
     assert choose(cuda, 8, 4224, 192, torch.bfloat16, 4096) == "triton8"    # 192 | 4224
     assert choose(cuda, 4, 4160, 128, torch.bfloat16, 4096) == "dequant"     # K % 128
-    assert choose(cuda, 4, 4096, 128, torch.bfloat16, 4104) == "dequant"     # N % 16
+    assert choose(cuda, 4, 4096, 128, torch.bfloat16, 4104) == "triton"      # N % 16: zero rows padded
     assert choose(cpu, 4, 4096, 16, torch.float32, 4096) == "dequant"        # torch's int4 groups
 
 

@@ -64,7 +64,7 @@ def _concat_w4a16(linears, current):
         perm = None if m.perm is None else tuple(m.perm.tolist())
         return m.in_features, m.group_size, m.bits, perm
 
-    if any(key(m) != key(first) for m in linears[1:]):
+    if any(key(m) != key(first) for m in linears[1:]) or any(m.padded_rows() for m in linears):
         return None
     if isinstance(current, _Unregistered) and all(_same_storage(m.qweight, current.module.qweight)
                                                   for m in linears):
