@@ -116,7 +116,7 @@ def _check_passkey_prompts(s: SweepSettings) -> None:
     from salactl.evaluation.passkey import passkey_prompt_bytes
 
     lengths = parse_ints(s.passkey_lengths, "passkey-lengths", 512)
-    depths = parse_list(s.passkey_depths, "--passkey-depths", float)
+    depths = parse_list(s.passkey_depths, "--passkey-depths", float, dedupe=True)
     prompts = passkey_prompt_bytes(lengths, depths, s.passkey_trials)
     count = len(lengths) * len(depths) * s.passkey_trials
     check_host_memory(prompts, f"the passkey test ({count:,} prompts: --passkey-trials {s.passkey_trials:,} x "

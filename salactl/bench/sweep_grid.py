@@ -52,8 +52,17 @@ class SweepPoint:
                                    window_size=self.window, block_size=self.block)
 
 
+# the largest grid value: the runtime compares the knobs with int64 token positions, and a dense_len
+# past that (any dense_len past the longest sequence already keeps it dense) fails in every request
+INT64_MAX = 2**63 - 1
+
+
 def parse_ints(text: str | None, name: str, default: int, minimum: int = 1) -> list[int]:
-    return [default] if text is None else parse_list(text, f"--{name}", minimum=minimum, dedupe=True)
+    values = [default] if text is None else parse_list(text, f"--{name}", minimum=minimum, dedupe=True)
+    big = [v for v in values if v > INT64_MAX]
+    if big:
+        raise UsageError(f"--{name} values must be at most {INT64_MAX} (2^63 - 1), got {big[0]}")
+    return values
 
 
 def parse_name(value: str, name: str, valid: tuple[str, ...]) -> str:

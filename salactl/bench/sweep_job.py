@@ -206,7 +206,7 @@ def _sweep(s: SweepSettings, progress) -> SweepRun:
     from salactl.env import environment
     from salactl.runtime.loader import load_model
 
-    depths = parse_list(s.passkey_depths, "--passkey-depths", float)
+    depths = parse_list(s.passkey_depths, "--passkey-depths", float, dedupe=True)
     lengths = parse_ints(s.passkey_lengths, "passkey-lengths", 512)
     run = SweepRun(rec.new_run_id(), s.label)
     out = Path(s.out)
