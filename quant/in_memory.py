@@ -23,7 +23,9 @@ def quantize_rtn_in_memory(model, config, group_size: int = 128, bits: int = 4):
     from salactl.quant.rtn import rtn_quantize
     from salactl.quant.sequential import layer_groups, plan_skips
 
-    spec = QuantSpec(bits, group_size)
+    # scales exact in bf16 too, as `salactl quantize` writes them for a checkpoint served in bf16
+    # (sequential.solver_spec): the CPU layouts hold them in bf16
+    spec = QuantSpec(bits, group_size, bf16_exact_scales=config.torch_dtype != "float16")
     skipped = plan_skips(model, config, group_size)
     device = model.device
     dtype = model.model.embed_tokens.weight.dtype

@@ -283,6 +283,8 @@ def quantize_model(model, config, calib: torch.Tensor | None, opts: QuantOptions
         for group in layer_groups(config, i):
             members = [n for n in group if f"model.layers.{i}.{n}" not in skipped]
             if not members:
+                if progress:        # counted in the progress total all the same
+                    progress(f"layer {i}: {', '.join(n.rsplit('.', 1)[-1] for n in group)} (unquantized)")
                 continue
             mods = [layer.get_submodule(n) for n in members]
             t0 = time.perf_counter()

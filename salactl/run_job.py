@@ -14,7 +14,7 @@ from salactl.bench.out_of_memory import out_of_memory_is_capacity
 from salactl.errors import TokenizerError, UsageError
 from salactl.options import refuse_unused
 from salactl.quant.in_memory import quantized_as
-from salactl.runtime.engine import Engine, ending_token_ids
+from salactl.runtime.engine import Engine, check_prompt, ending_token_ids
 from salactl.runtime.kv_fp8 import check_scales_before_loading, stored_kv_name
 from salactl.runtime.loader import (generation_defaults, load_model, model_config, model_dir, resolve_device,
                                     resolve_dtype, unapplied_generation_settings)
@@ -230,9 +230,16 @@ def _warn_model_limits(req: RunRequest, config: SalaConfig, prompt_tokens: int, 
 
 
 def _check_prompt(req: RunRequest, config: SalaConfig, ids: list[int], tok: Tokenizer | None) -> None:
-    """Fail where the tokenizer's ids or --stop-token-ids do not fit the model's vocabulary."""
+    """Fail where the prompt's ids, the tokenizer's or --stop-token-ids do not fit the model's vocabulary:
+    before the weights load, which the engine's own check of the prompt would wait for."""
     if tok is not None:
         check_fits(tok, config.vocab_size)
+    try:
+        check_prompt(ids, config.vocab_size)
+    except UsageError as e:
+        if req.prompt_ids is None:
+            raise
+        raise UsageError(f"--prompt-ids: {e}") from None
     outside = [t for t in req.stop_token_ids if not 0 <= t < config.vocab_size]
     if outside:
         raise UsageError(f"--stop-token-ids: {outside[0]} is outside the vocabulary (size "
