@@ -22,6 +22,9 @@ _SCALE_NAMES = {"1/sqrt(d)", "1/d", "1"}
 TORCH_DTYPES = ("bfloat16", "float16", "float32")
 
 
+INT64_MAX = 2**63 - 1
+
+
 @dataclass(frozen=True)
 class SparseConfig:
     """InfLLM-V2 selection knobs (`sparse_config`); DESIGN.md §2 defines their exact meaning."""
@@ -42,6 +45,9 @@ class SparseConfig:
         for name in ("dense_len", "init_blocks", "window_size"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"sparse_config.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("block_size", "dense_len", "init_blocks", "kernel_size", "kernel_stride", "topk", "window_size"):
+            if getattr(self, name) > INT64_MAX:         # compared with int64 token positions in every request
+                raise ConfigError(f"sparse_config.{name} must be at most {INT64_MAX} (2^63 - 1), got {getattr(self, name)}")
         if self.block_size % self.kernel_stride:
             raise ConfigError(
                 f"sparse_config.block_size {self.block_size} is not a multiple of kernel_stride "

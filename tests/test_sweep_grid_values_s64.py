@@ -5,6 +5,8 @@ endpoint error (exit 8); a repeated --passkey-depths value runs its prompts once
 
 import json
 
+import pytest
+
 from conftest import run_cli
 
 TINY_SWEEP = ["--device", "cpu", "--engine", "reference", "--requests", "1", "--input-len", "16",
@@ -40,3 +42,14 @@ def test_a_repeated_passkey_depth_runs_once(tmp_path, capsys):
     assert [(r["depth"], r["trials"]) for r in repeated["passkey_results"]] == [(0.5, 1)]
     assert repeated["knobs"]["passkey_depths"] == [0.5]
     assert repeated["point_key"] == once["point_key"]        # --resume reuses one for the other
+
+
+@pytest.mark.parametrize("name", ["dense_len", "topk", "window_size"])
+def test_a_sparse_config_number_past_int64_is_a_config_error(name):
+    """config.json's sparse_config is compared with int64 token positions in every request: past
+    2^63 - 1 it is refused at load (exit 3), not an OverflowError at the first request."""
+    from salactl.errors import ConfigError
+    from salactl.runtime.config import SparseConfig
+
+    with pytest.raises(ConfigError, match=rf"^sparse_config.{name} must be at most 9223372036854775807 \(2\^63 - 1\)"):
+        SparseConfig(**{name: 2 ** 64 if name != "window_size" else 2 ** 64 * 64})

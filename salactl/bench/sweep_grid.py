@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from salactl.errors import ConfigError, UsageError
 from salactl.lists import parse_list
+from salactl.runtime.config import INT64_MAX
 
 KV_DTYPES = ("bf16", "fp8_e5m2", "fp8_e4m3")
 WEIGHT_DTYPES = ("bf16", "fp16", "fp32", "w4a16", "w8a16")
@@ -52,12 +53,9 @@ class SweepPoint:
                                    window_size=self.window, block_size=self.block)
 
 
-# the largest grid value: the runtime compares the knobs with int64 token positions, and a dense_len
-# past that (any dense_len past the longest sequence already keeps it dense) fails in every request
-INT64_MAX = 2**63 - 1
-
-
 def parse_ints(text: str | None, name: str, default: int, minimum: int = 1) -> list[int]:
+    """A grid's integers; past int64 (which the runtime compares knobs with token positions in) is exit 2
+    before any model loads (any dense_len past the longest sequence already keeps it dense)."""
     values = [default] if text is None else parse_list(text, f"--{name}", minimum=minimum, dedupe=True)
     big = [v for v in values if v > INT64_MAX]
     if big:
