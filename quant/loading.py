@@ -12,7 +12,6 @@ from pathlib import Path
 
 import torch
 
-from salactl import output
 from salactl.errors import CheckpointError
 from salactl.quant.linear import GPTQLinear, gptq_scales_fp16
 from salactl.quant.packing import FORMATS, default_g_idx, num_groups, symmetric_qzeros_word
@@ -221,6 +220,8 @@ def load_gptq_model(path: Path, config: SalaConfig, quant_cfg: dict, device, dty
 def _warn_g_idx_without_desc_act(path: Path, permuted: list[str]) -> None:
     """salactl computes with every g_idx; vLLM's and SGLang's GPTQ kernels read g_idx only when
     desc_act is true (has_g_idx = desc_act), so such a checkpoint is another model there."""
+    from salactl import output      # here: importing rich.console draws from Python's global random
+
     more = f" (and {len(permuted) - 1} more modules)" if len(permuted) > 1 else ""
     output.warn_once(f"{path}: {permuted[0]}.g_idx{more} is not k // group_size but quantization_config.desc_act "
                      "is false: salactl applies g_idx, while vLLM and SGLang read it only with desc_act true and "

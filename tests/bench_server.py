@@ -183,7 +183,9 @@ class FakeServer:
                 self.wfile.flush()
 
         class Server(ThreadingHTTPServer):
-            request_queue_size = 128            # the default backlog (5) refuses bursts of connects
+            # the default backlog (5) refuses bursts of connects; 128 overflowed on a busy 2-core machine
+            # while the accept loop waited for the GIL (connects timed out or were reset in open-loop tests)
+            request_queue_size = 2048
 
         self.httpd = Server(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True

@@ -24,6 +24,17 @@ def _clients() -> int:
     return sum(t.name.startswith("bench-client-") for t in threading.enumerate())
 
 
+def _most_in_flight(results) -> int:
+    """The most requests sent and not yet answered at any one time."""
+    events = sorted([(r.start_time, 1) for r in results] + [(r.start_time + r.latency, -1) for r in results],
+                    key=lambda e: (e[0], e[1]))
+    most = now = 0
+    for _, step in events:
+        now += step
+        most = max(most, now)
+    return most
+
+
 def test_a_fast_open_loop_phase_starts_threads_for_its_requests_in_flight_only():
     n, rate = 2000, 400.0
     peak, stop = [0], threading.Event()
@@ -45,7 +56,9 @@ def test_a_fast_open_loop_phase_starts_threads_for_its_requests_in_flight_only()
         target.close()
     assert len(out.results) == n
     assert all(r.success for r in out.results), {r.error for r in out.results if not r.success}
-    assert 0 < peak[0] < n // 4, peak[0]        # one per request would be 2000 (bounds loose for slow CI)
+    # one thread per request would be 2000; the threads follow the requests in flight, which a busy
+    # machine (the server shares this process) lets pile up, plus the 32 idle ones started ahead
+    assert 0 < peak[0] < max(n // 4, _most_in_flight(out.results) + 128), (peak[0], _most_in_flight(out.results))
     t0 = out.started_at - offset                # the clock's start, on perf_counter
     lag = sorted(r.start_time - t0 - at for r, at in zip(out.results, arrival_times(n, rate, 1.0, 1)))
     assert lag[0] > -0.005, lag[0]              # none leaves early
