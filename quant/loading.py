@@ -14,7 +14,7 @@ import torch
 
 from salactl.errors import CheckpointError
 from salactl.quant.linear import GPTQLinear, gptq_scales_fp16
-from salactl.quant.packing import FORMATS, default_g_idx, num_groups, symmetric_qzeros_word
+from salactl.quant.packing import FORMATS, num_groups, symmetric_qzeros_word
 from salactl.runtime.checkpoint import expected_tensor_shapes, load_state_dict, open_safetensors, tensor_files
 from salactl.runtime.config import SalaConfig
 from salactl.runtime.layers.model import SalaForCausalLM
@@ -200,13 +200,14 @@ def load_gptq_model(path: Path, config: SalaConfig, quant_cfg: dict, device, dty
         raise CheckpointError(f"checkpoint has GPTQ tensor {orphans[0]} for a module this architecture "
                               "does not quantize (or lacks its .qweight)")
     model = meta_model(config)
-    permuted = []
+    permuted = []                   # modules whose g_idx is not k // group_size (from_gptq gave them a perm)
     for prefix, (n, k) in quantized.items():
         t = _load_quantized(files, prefix, n, k, spec)
-        if "g_idx" in t and not torch.equal(t["g_idx"].long(), default_g_idx(k, spec["group_size"]).long()):
+        module = GPTQLinear.from_gptq(t["qweight"], t["scales"], t.get("g_idx"), spec["bits"], spec["group_size"],
+                                      device, dtype, prefix)
+        if module.perm is not None:
             permuted.append(prefix)
-        _set_module(model, prefix, GPTQLinear.from_gptq(t["qweight"], t["scales"], t.get("g_idx"), spec["bits"],
-                                                         spec["group_size"], device, dtype, prefix))
+        _set_module(model, prefix, module)
     if permuted and not spec["desc_act"]:
         _warn_g_idx_without_desc_act(path, permuted)
     model.load_state_dict(state, strict=False, assign=True)
