@@ -4,6 +4,9 @@ so that ids match HF:
   added_tokens.json) are added with their special flags, as `PreTrainedTokenizerFast.__init__` does;
 - BOS/EOS: Llama-class tokenizers (`LLAMA_CLASSES`) follow add_bos_token (default true) and
   add_eos_token (default false); any other class follows tokenizer.json's post_processor;
+- add_prefix_space: any class but LlamaTokenizerFast sets it (false where the key is missing, kept for
+  null) on a pre-tokenizer that has it at its top level (ByteLevel), as `PreTrainedTokenizerFast.__init__`
+  does; LlamaTokenizerFast given a value rebuilds itself from tokenizer.model (from_slow): a warning;
 - `--chat` renders the checkpoint's own chat template (chat_template.jinja, else tokenizer_config's
   "chat_template", from a named list as transformers picks it) with jinja2 as
   `apply_chat_template(..., add_generation_prompt=True)` does and tokenizes the text without special
@@ -26,6 +29,8 @@ from salactl.runtime.surrogates import lone_surrogate_at
 
 # transformers classes whose __init__ rebuilds the post-processor from add_bos_token/add_eos_token
 LLAMA_CLASSES = frozenset({"LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer", "CodeLlamaTokenizerFast"})
+# LlamaTokenizerFast.__init__: an add_prefix_space that is not null rebuilds it from tokenizer.model (from_slow)
+SLOW_PREFIX_SPACE_CLASSES = frozenset({None, "LlamaTokenizer", "LlamaTokenizerFast"})
 SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 _VOCAB_SPECIALS = ("bos_token", "eos_token", "unk_token", "pad_token")   # must be in the vocabulary when named
 LLAMA_DEFAULTS = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}   # LlamaTokenizerFast.__init__
@@ -101,6 +106,7 @@ class Tokenizer:
 
         if llama:
             self._llama_post_processor(flags["add_bos_token"], flags["add_eos_token"], cfg_file)
+        self._add_prefix_space(cfg, cfg_file, tokenizer_class)
         self.prefix_ids = self._template_prefix()
         self.add_bos = bool(self.prefix_ids)            # default encoding starts with BOS (eval prepends it per window)
         bos = self.special["bos_token"]
@@ -191,6 +197,38 @@ class Tokenizer:
                     raise TokenizerError(f"{cfg_file}: special token {t!r} is not in the vocabulary")
                 special.append((t, i))
         self.tok.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=special)
+
+    def _add_prefix_space(self, cfg: dict, cfg_file: Path, tokenizer_class: str | None) -> None:
+        """tokenizer_config.json's add_prefix_space, as transformers applies it. PreTrainedTokenizerFast
+        sets it, false where the key is missing, on a pre-tokenizer with the field at its top level
+        (ByteLevel; not one inside a Sequence); null, which the pre-tokenizer cannot take, leaves it as
+        it is. LlamaTokenizerFast, also the class of a config without tokenizer_class, given a value
+        converts tokenizer.model instead of reading tokenizer.json: warned of."""
+        from tokenizers import pre_tokenizers
+
+        value = cfg.get("add_prefix_space", False)
+        if value is not None and not isinstance(value, bool):
+            raise TokenizerError(f"{cfg_file} has add_prefix_space = {json.dumps(value)}; expected true, false or null")
+        if tokenizer_class in SLOW_PREFIX_SPACE_CLASSES:
+            if cfg.get("add_prefix_space") is not None:
+                # a warning, not a refusal: a tokenizer.json that transformers itself saved after that
+                # rebuild keeps the key in tokenizer_config.json, and is then what transformers encodes with
+                from salactl.output import warn_once     # here: rich, which it imports, draws from `random`
+
+                d = str(cfg_file.parent)
+                warn_once(f"{cfg_file} has add_prefix_space = {json.dumps(value)}, with which transformers rebuilds "
+                          "LlamaTokenizerFast from the SentencePiece tokenizer.model; salactl reads tokenizer.json, "
+                          "whose ids at a text's start may differ unless transformers wrote it; to make sure: "
+                          f"python -c \"from transformers import AutoTokenizer as T; T.from_pretrained({d!r})"
+                          f".save_pretrained({d!r})\"")
+            return
+        if value is None or self.tok.pre_tokenizer is None:
+            return
+        state = json.loads(self.tok.pre_tokenizer.__getstate__())
+        if state.get("add_prefix_space", value) != value:
+            kind = getattr(pre_tokenizers, state.pop("type"))
+            state["add_prefix_space"] = value
+            self.tok.pre_tokenizer = kind(**state)
 
     def _template_prefix(self) -> list[int]:
         """The ids default encoding puts before the text (from the post-processor)."""
