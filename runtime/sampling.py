@@ -41,8 +41,9 @@ class SamplingParams:
     multiplies the negative ones; no_repeat_ngram_size (0 = off) bans each token that would repeat
     an n-gram of the prompt and output; min_new_tokens: until that many tokens are out, the ending
     ids (EOS unless ignore_eos, and stop_token_ids) cannot be sampled (more than max_new_tokens is
-    allowed: no EOS then). min_p in [0, 1] (0 = off): when sampling, after top_p, drop the tokens
-    less likely than min_p times the most likely one. Bad values raise UsageError."""
+    allowed: no EOS then); GeneratedText(min_new_tokens=...) holds the stop strings back likewise.
+    min_p in [0, 1] (0 = off): when sampling, after top_p, drop the tokens less likely than min_p
+    times the most likely one. Bad values raise UsageError."""
 
     max_new_tokens: int = 64
     temperature: float = 0.0          # 0 = greedy

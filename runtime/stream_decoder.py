@@ -237,25 +237,34 @@ class GeneratedText:
     - the text of an id in `stop_ids` (the EOS or stop id that ended generation) is left out; the
       id itself stays in the output ids;
     - push() returns the text that can be shown now, holding back the last len(longest stop) - 1
-      characters, which the next ids may turn into a stop string; flush() returns the rest.
+      characters, which the next ids may turn into a stop string; flush() returns the rest;
+    - min_new_tokens (the request's SamplingParams.min_new_tokens) holds the stop strings back as
+      vLLM's min_tokens does: only a match that ends in the text of a later id ends it.
     `text` is all that push() and flush() returned. stop_ids: a token id, ids or None (none).
     prompt_ids: the request's prompt, which the text is decoded after, as StreamDecoder's says.
 
-        text = GeneratedText(tokenizer, stop=["\\n\\n"], stop_ids=eos_ids, prompt_ids=ids)
+        text = GeneratedText(tokenizer, stop=["\\n\\n"], stop_ids=eos_ids, prompt_ids=ids,
+                             min_new_tokens=params.min_new_tokens)
         for t in engine.stream(ids, params, eos_ids=eos_ids):
             print(text.push(t), end="")
             if text.stopped:
                 break
         print(text.flush())"""
 
-    def __init__(self, tokenizer, stop=(), stop_ids=(), *, prompt_ids=None):
+    def __init__(self, tokenizer, stop=(), stop_ids=(), *, prompt_ids=None, min_new_tokens=0):
         self.stop = check_stop_strings(stop)
         self.stop_ids = frozenset(as_token_ids(stop_ids, "stop_ids"))
+        if not is_int(min_new_tokens) or min_new_tokens < 0:
+            raise UsageError(f"min_new_tokens (--min-new-tokens) must be an integer >= 0, got "
+                             f"{min_new_tokens!r}"[:200])
+        self.min_new_tokens = min_new_tokens
         self.stop_reason: str | None = None
         self._decoder = StreamDecoder(tokenizer, prompt_ids=prompt_ids)
         self._hold = max(map(len, self.stop), default=1) - 1
         self._text = ""            # the settled text, cut before the stop string once one appeared
         self._shown = 0            # characters of it returned so far
+        self._pushed = 0           # ids pushed (a stop id not counted: it ends the generation)
+        self._held_to = 0          # characters of _text settled by the first min_new_tokens ids
 
     @property
     def stopped(self) -> bool:
@@ -270,6 +279,7 @@ class GeneratedText:
         _check_token_id(token_id)
         if self.stopped or token_id in self.stop_ids:
             return ""
+        self._pushed += 1
         self._append(self._decoder.push(token_id))
         return self._show(0 if self.stopped else self._hold)
 
@@ -284,7 +294,15 @@ class GeneratedText:
             return
         start = max(len(self._text) - self._hold, 0)       # a stop string not found before ends in `new`
         self._text += new
-        found = [(i, s) for s in self.stop if (i := self._text.find(s, start)) >= 0]
+        # vLLM's min_tokens (its v1 detokenizer, vllm#22014): stop strings are looked for only once
+        # more than min_tokens ids are out, and only a match ending in the text decoded after the
+        # min_tokens-th id counts (one ending in that id's own text does not, as EOS cannot be that
+        # id); it may begin before, so the held-back tail still holds len(stop) - 1 characters
+        if self._pushed <= self.min_new_tokens:
+            self._held_to = len(self._text)
+            return
+        found = [(i, s) for s in self.stop
+                 if (i := self._text.find(s, max(start, self._held_to - len(s) + 1))) >= 0]
         if found:
             index, self.stop_reason = min(found, key=lambda hit: hit[0])
             self._text = self._text[:index]

@@ -294,7 +294,8 @@ def _generate(req: RunRequest, lm: LoadedModel, ids: list[int], tok: Tokenizer |
 
     eos = stop_token_ids(lm.config, lm.model_dir, tok)
     # decoded after the prompt, as vLLM does: the first token keeps its leading space
-    text = GeneratedText(tok, req.stop, ending_token_ids(lm.config, params, eos), prompt_ids=ids) if tok else None
+    text = GeneratedText(tok, req.stop, ending_token_ids(lm.config, params, eos), prompt_ids=ids,
+                         min_new_tokens=params.min_new_tokens) if tok else None
     # the timed generation detokenizes only where it must: to stream, or to find a stop string
     watch_text = text is not None and (stream is not None or bool(req.stop))
     on_token = _text_callback(text, stream) if watch_text else None
