@@ -13,6 +13,7 @@ import typer
 from salactl import input_files, out_dirs, output
 from salactl.units import human_bytes
 from salactl.errors import UsageError
+from salactl.streams import StdoutWriteError
 from salactl.lists import parse_list
 from salactl.options import (ChunkOpt, DeviceOpt, DtypeOpt, JsonOpt, KvCacheDtypeOpt, ModelOpt, RandomWeightsOpt,
                              TokenizerOpt, non_empty_path, passed, refuse_unused, seed_option)
@@ -52,8 +53,8 @@ def run(
                                "multiplied), greedy or not.", 1) = None,
     no_repeat_ngram_size: _filed(int, "--no-repeat-ngram-size", "Never repeat an n-gram of this size from the "
                                  "prompt and output (0 = off), greedy or not.", 0) = None,
-    min_new_tokens: _filed(int, "--min-new-tokens", "Hold back EOS and --stop-token-ids until this many tokens "
-                           "are generated, greedy or not.", 0) = None,
+    min_new_tokens: _filed(int, "--min-new-tokens", "Hold back EOS, --stop-token-ids and --stop strings until "
+                           "this many tokens are generated, greedy or not.", 0) = None,
     chunk_size: ChunkOpt = 512,
     op_profile: Annotated[bool, typer.Option("--op-profile/--no-op-profile", help="Per-op times in the "
                           "roofline: on the GPU engine (CUDA with triton) a second, eager pass over the prompt "
@@ -112,11 +113,19 @@ def run(
                      stop=tuple(stop), stop_token_ids=_stop_token_ids(stop_token_ids),
                      kv_cache_dtype=kv_cache_dtype, op_profile=op_profile)
     last_text = [""]
+    stdout_failed: list[Exception] = []
 
     def stream(text: str) -> None:
         last_text[0] = text or last_text[0]
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        if stdout_failed:
+            return
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except (BrokenPipeError, StdoutWriteError) as e:     # a closed pipe (`| head -1`), a full disk
+            if out is None:         # nothing to keep: it ends the command now
+                raise
+            stdout_failed.append(e)     # the run goes on, so that its records are written
 
     try:
         with output.PrefillProgress() as prefill_progress:
@@ -135,6 +144,8 @@ def run(
         records = run_records(result, req, label)
         writer.extend(records)
         result = {**result, "run_id": records[0]["run_id"], "files": {"records": writer.path}}
+    if stdout_failed:               # now its exit code: 141 for the closed pipe, 16 for the rest
+        raise stdout_failed[0]
     if json_out:
         output.print_json(result)
         return

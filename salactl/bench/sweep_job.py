@@ -85,14 +85,18 @@ class SweepRun:
     pareto_keys: list[str] = field(default_factory=list)       # and their point_key, which marks them
     files: dict = field(default_factory=dict)
     interrupted: bool = False           # stopped early: points and front cover the finished points only
+    stopped: str | None = None          # or ended early on an error: its line, and the point it ended at
+    stopped_at: str | None = None
     failure: SalactlError | None = None     # the last error that ended a point's measurement (not in to_dict)
 
     def to_dict(self) -> dict:
-        return rec.jsonable({"run_id": self.run_id, "label": self.label, "points": self.points,
-                             "resumed_points": self.resumed, "invalid_points": self.invalid,
-                             "notes": self.notes, "pareto": self.pareto,
-                             "pareto_point_keys": self.pareto_keys, "interrupted": self.interrupted,
-                             "files": self.files})
+        d = {"run_id": self.run_id, "label": self.label, "points": self.points,
+             "resumed_points": self.resumed, "invalid_points": self.invalid, "notes": self.notes,
+             "pareto": self.pareto, "pareto_point_keys": self.pareto_keys, "interrupted": self.interrupted,
+             "files": self.files}
+        if self.stopped is not None:        # as bench's summary says it
+            d.update(stopped=self.stopped, stopped_at=self.stopped_at)
+        return rec.jsonable(d)
 
 
 @dataclass(frozen=True)
@@ -314,6 +318,9 @@ def _sweep(s: SweepSettings, progress) -> SweepRun:
     except KeyboardInterrupt:
         run.interrupted = True
         raise
+    except Exception as e:          # out of memory, a records file that cannot take the point's record
+        run.stopped, run.stopped_at = _error_line(e), p.label(varying)
+        raise
     finally:
         with rec.interrupts_deferred():         # a second interrupt waits for the summary of the first
             if progress:
@@ -324,6 +331,14 @@ def _sweep(s: SweepSettings, progress) -> SweepRun:
             raise run.failure
         raise ConfigError(f"no point could be measured ({run.invalid[-1]['reason']}); nothing was recorded")
     return run
+
+
+def _error_line(e: Exception) -> str:
+    """What ended the sweep, in one line: a known error's message, else its type and first line."""
+    if isinstance(e, SalactlError):
+        return str(e)
+    detail = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {detail}" if detail else type(e).__name__
 
 
 def _tokenizer(s: SweepSettings, lm: LoadedModel, run: SweepRun):
