@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from fnmatch import fnmatch
 from pathlib import Path
 
@@ -118,12 +117,9 @@ def write_quantized_checkpoint(out_dir: Path, config: SalaConfig, model, quantiz
     kv_dtype = qconfig.get("meta", {}).get("kv_cache_dtype")
     if kv_json is None and kv_dtype is not None and kv_dtype != "fp8_e4m3":
         output.stderr.print(SGLANG_E5M2_WARNING)
-    with tempfile.TemporaryDirectory() as td:
-        if kv_json is not None:
-            p = Path(td) / KV_SCALES_JSON
-            p.write_text(json.dumps(kv_json, indent=2) + "\n")
-            extra[KV_SCALES_JSON] = p
-        return save_checkpoint(state, cfg, Path(out_dir), extra_files=extra, overwrite=overwrite)
+    if kv_json is not None:     # written straight into the checkpoint's temp dir, not staged under TMPDIR
+        extra[KV_SCALES_JSON] = (json.dumps(kv_json, indent=2) + "\n").encode()
+    return save_checkpoint(state, cfg, Path(out_dir), extra_files=extra, overwrite=overwrite)
 
 
 def copied_files(config: SalaConfig, model_dir: Path | None) -> dict[str, Path]:

@@ -54,10 +54,11 @@ def check_output_dir(out_dir: Path, overwrite: bool) -> Path:
 
 
 def save_checkpoint(state: dict[str, torch.Tensor], config_dict: dict, out_dir: Path,
-                    max_shard_bytes: int = 4 << 30, extra_files: dict[str, Path] | None = None,
+                    max_shard_bytes: int = 4 << 30, extra_files: dict[str, Path | bytes] | None = None,
                     overwrite: bool = False) -> Path:
     """Write config.json + safetensors (sharded with an index when large) into a temp dir next to
-    `out_dir`, then rename: a failure never leaves a partial checkpoint. A disk that fills, or a
+    `out_dir`, then rename: a failure never leaves a partial checkpoint. extra_files: name -> a file
+    to copy, or the bytes to write. A disk that fills, or a
     file that cannot be written, is an OutputWriteError; one of `extra_files` that cannot be read,
     a CheckpointError; an `out_dir` another process wrote meanwhile, an OutputExistsError."""
     out_dir = check_output_dir(out_dir, overwrite)
@@ -103,7 +104,7 @@ def _write_error(e: OSError, tmp: Path, out_dir: Path) -> SalactlError:
 
 
 def _write_files(tmp: Path, state: dict[str, torch.Tensor], config_dict: dict, max_shard_bytes: int,
-                 extra_files: dict[str, Path]) -> None:
+                 extra_files: dict[str, Path | bytes]) -> None:
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
     for name, t in state.items():
@@ -128,7 +129,10 @@ def _write_files(tmp: Path, state: dict[str, torch.Tensor], config_dict: dict, m
             {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
     (tmp / "config.json").write_text(json.dumps(config_dict, indent=2) + "\n")
     for fname, src in extra_files.items():
-        shutil.copyfile(src, tmp / fname)
+        if isinstance(src, bytes):
+            (tmp / fname).write_bytes(src)
+        else:
+            shutil.copyfile(src, tmp / fname)
     # mkdtemp makes the directory 0700 and safetensors its files 0600: give them the modes a
     # plain write would (umask), so a server running as another user can read the checkpoint
     umask = os.umask(0)

@@ -66,17 +66,19 @@ def _check_trained(model: str) -> None:
                               "pass a checkpoint directory or sala-nano (the default)")
 
 
-def _load(model: str, device: str, dtype: str, tokenizer: str | None, kv_cache_dtype: str):
+def _before_loading(model: str, tokenizer: str | None, kv_cache_dtype: str):
+    """(config, tokenizer) of `model`, checked without its weights: every check that needs only
+    them and the options runs before the (slow, for a 9B model) load."""
     from salactl.runtime.kv_fp8 import check_scales_before_loading
-    from salactl.runtime.loader import load_model, model_config, model_dir
+    from salactl.runtime.loader import model_config, model_dir
     from salactl.runtime.tokenizer import check_fits, find_tokenizer
 
     _check_trained(model)
-    check_scales_before_loading(model_config(model), model_dir(model), False, kv_cache_dtype)
-    lm = load_model(model, device, dtype)
-    tok = find_tokenizer(tokenizer, lm.model_dir)
-    check_fits(tok, lm.config.vocab_size)
-    return lm, tok
+    config, directory = model_config(model), model_dir(model)
+    check_scales_before_loading(config, directory, False, kv_cache_dtype)
+    tok = find_tokenizer(tokenizer, directory)
+    check_fits(tok, config.vocab_size)
+    return config, tok
 
 
 def _warn_capped_windows(seq_len: int, max_tokens: int, text_tokens: int, bos: bool) -> None:
@@ -132,6 +134,18 @@ def _check_passkey_memory(model: str, device: str, dtype: str, lengths: list[int
                          weights=model_weight_bytes(config, quantization, act.itemsize), kv_cache_dtype=kv_cache_dtype)
 
 
+def _check_ppl_memory(model: str, device: str, dtype: str, config, window: int, chunk_size: int,
+                      kv_cache_dtype: str) -> None:
+    """Before the model loads: the longest window's scoring with the weights still to load counted."""
+    from salactl.evaluation.perplexity import check_perplexity_memory, model_weight_bytes
+    from salactl.runtime.loader import model_quantization, resolve_device, resolve_dtype
+
+    dev = resolve_device(device)
+    act = resolve_dtype(dtype, dev)
+    check_perplexity_memory(config, dev, act.itemsize, window, chunk_size, kv_cache_dtype,
+                            weights=model_weight_bytes(config, model_quantization(model), act.itemsize))
+
+
 def _act_dtype(lm):
     return lm.model.model.embed_tokens.weight.dtype
 
@@ -173,9 +187,10 @@ def ppl(
     """Perplexity of the model on held-out text, next to a unigram baseline."""
     from salactl.bench.out_of_memory import out_of_memory_is_capacity
     from salactl.env import environment
-    from salactl.evaluation.perplexity import (check_perplexity_memory, encode_text, longest_window, perplexity,
+    from salactl.evaluation.perplexity import (check_scorable, encode_text, longest_window, perplexity,
                                                scored_targets, unigram_baseline)
     from salactl.runtime.kv_fp8 import fp8_dtype
+    from salactl.runtime.loader import load_model
 
     if max_tokens < 0:
         raise UsageError(f"--max-tokens must be >= 0 (0 = all), got {max_tokens}")
@@ -199,18 +214,20 @@ def ppl(
         text = corpus_text(split)
         source = {"split": split, "corpus_sha256": corpus_sha256(split)}     # env has the Python version
         what = f"the {split} split"
-    lm, tok = _load(model, device, dtype, tokenizer, kv_cache_dtype)
+    config, tok = _before_loading(model, tokenizer, kv_cache_dtype)
     cap = max_tokens or None
     bos = tok.bos_id if tok.add_bos else None
     with out_of_memory_is_capacity("eval ppl", IDS_FIX):
         # the windows take at most --max-tokens + 1 ids; one more tells whether the cap left any unscored
         ids = encode_text(tok, text, cap and cap + 2, what)
     del text                                    # scoring needs the ids only: the text's memory goes
+    check_scorable(ids, seq_len, cap, bos, config.vocab_size, what)
     longest = longest_window(len(ids), seq_len, cap, bos)
     _warn_capped_windows(seq_len, max_tokens, len(ids), bos is not None)
-    output.warn_past_trained_length(longest, lm.config.max_position_embeddings,
+    output.warn_past_trained_length(longest, config.max_position_embeddings,
                                     "--seq-len" if longest == seq_len else "the longest window scored")
-    check_perplexity_memory(lm.config, lm.model.device, _act_dtype(lm).itemsize, longest, chunk_size, kv_cache_dtype)
+    _check_ppl_memory(model, device, dtype, config, longest, chunk_size, kv_cache_dtype)
+    lm = load_model(model, device, dtype)
     out_of_memory = out_of_memory_is_capacity("eval ppl", "lower --chunk-size or --seq-len")
     with progress_bar("perplexity") as update, out_of_memory:
         res = perplexity(lm.model, ids, seq_len, cap, progress=update, bos_id=bos, chunk_size=chunk_size,
@@ -249,6 +266,7 @@ def passkey(
     from salactl.env import environment
     from salactl.evaluation.passkey import ANSWER_TOKENS, passkey_trials, run_passkey
     from salactl.runtime.kv_fp8 import fp8_dtype
+    from salactl.runtime.loader import load_model
 
     length_list = parse_list(lengths, "--lengths", dedupe=True)
     depth_list = parse_list(depths, "--depths", float, dedupe=True)
@@ -261,10 +279,11 @@ def passkey(
     _check_chunk(chunk_size)
     fp8_dtype(kv_cache_dtype)                   # an unknown name is a usage error before the model loads
     _check_passkey_memory(model, device, dtype, length_list, depth_list, trials, chunk_size, kv_cache_dtype)
-    lm, tok = _load(model, device, dtype, tokenizer, kv_cache_dtype)
-    output.warn_past_trained_length(max(length_list) + ANSWER_TOKENS, lm.config.max_position_embeddings,
+    config, tok = _before_loading(model, tokenizer, kv_cache_dtype)
+    output.warn_past_trained_length(max(length_list) + ANSWER_TOKENS, config.max_position_embeddings,
                                     f"the longest --lengths plus the {ANSWER_TOKENS} answer tokens")
-    prompts = passkey_trials(tok, length_list, depth_list, trials, seed)
+    prompts = passkey_trials(tok, length_list, depth_list, trials, seed)     # refuses a length too short
+    lm = load_model(model, device, dtype)
     out_of_memory = out_of_memory_is_capacity("eval passkey", "lower --chunk-size or the longest --lengths")
     with progress_bar("passkey") as update, out_of_memory:
         rows = run_passkey(lm.model, tok, prompts, chunk_size, progress=update, model_dir=lm.model_dir,

@@ -9,6 +9,8 @@ import torch
 from conftest import run_cli, tiny_config
 from salactl.runtime.checkpoint import random_state_dict
 from salactl.runtime.checkpoint_write import save_checkpoint
+from salactl.runtime.loader import EMBEDDED_DIR
+from salactl.runtime.presets import sala_nano
 
 COMMANDS = {
     "run": ["run", "--prompt-ids", "1,2,3", "--max-new-tokens", "2"],
@@ -19,10 +21,12 @@ COMMANDS = {
 
 @pytest.fixture(scope="module")
 def unloadable_checkpoint(tmp_path_factory):
-    cfg = tiny_config()
+    """With sala-nano's tokenizer (and vocabulary), which eval checks before the load."""
+    cfg = tiny_config().replace(vocab_size=sala_nano().vocab_size)
     state = random_state_dict(cfg, "cpu", torch.float32, 0)
     state["model.norm.weight"] = torch.ones(3)            # load_model refuses this shape
-    return save_checkpoint(state, cfg.to_hf_dict(), tmp_path_factory.mktemp("kv") / "ckpt")
+    tokenizer = {f: EMBEDDED_DIR / f for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")}
+    return save_checkpoint(state, cfg.to_hf_dict(), tmp_path_factory.mktemp("kv") / "ckpt", extra_files=tokenizer)
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))

@@ -172,14 +172,15 @@ def model_weight_bytes(config, quantization: dict | None, act_bytes: int) -> int
 
 
 def check_perplexity_memory(config, device, act_bytes: int, window: int, chunk_size: int,
-                            kv_cache_dtype: str = "bf16") -> None:
-    """Exit 11 before scoring when the longest window (`window` tokens) does not fit the model's device."""
+                            kv_cache_dtype: str = "bf16", weights: int = 0) -> None:
+    """Exit 11 before scoring when the longest window (`window` tokens) and the `weights` not loaded
+    yet do not fit the model's device."""
     what = (f"eval ppl (the longest window's prefill, {window:,} tokens at --chunk-size {chunk_size:,}: KV cache "
             f"in --kv-cache-dtype {kv_cache_dtype}, states, the reference engine's workspace and attention scores, "
             f"and {LOGIT_COPIES} copies of the window's fp32 logits)")
     check_eval_memory(device, what, 0,
                       lambda chunk: perplexity_memory_bytes(config, act_bytes, window, chunk, kv_cache_dtype),
-                      chunk_size, "a shorter --seq-len (or --max-tokens)")
+                      chunk_size, "a shorter --seq-len (or --max-tokens)", weights)
 
 
 def check_eval_memory(device, what: str, host_bytes: int, device_bytes: Callable[[int], int], chunk_size: int,
@@ -224,12 +225,8 @@ def perplexity(model, token_ids: list[int], seq_len: int, max_tokens: int | None
     what: where the ids come from, e.g. "--file e.txt", named where there are too few to score."""
     from salactl.runtime.engine import Engine
 
+    check_scorable(token_ids, seq_len, max_tokens, bos_id, model.config.vocab_size, what)
     first, end = _target_run(len(token_ids), seq_len, max_tokens, bos_id)
-    if end == first:
-        least = 1 if bos_id is not None else 2          # without <s> a window's first token is context only
-        raise DatasetError(f"{what} is too short to score: it has {len(token_ids)} token(s) and needs at least "
-                           f"{least}; give a longer text")
-    _check_vocabulary(token_ids, end, bos_id, model.config.vocab_size)
     engine = Engine(model, _device(model), chunk_size=chunk_size, kv_cache_dtype=kv_cache_dtype)
     total, windows = end - first, -(-(end - first) // (seq_len - 1))
     nll_sum, done = 0.0, 0
@@ -245,6 +242,18 @@ def perplexity(model, token_ids: list[int], seq_len: int, max_tokens: int | None
     if not math.isfinite(nll):
         raise NumericsError(NON_FINITE)
     return {"nll": nll, "ppl": math.exp(nll) if nll < 700 else math.inf, "tokens": total, "windows": windows, "seq_len": seq_len}
+
+
+def check_scorable(token_ids: list[int], seq_len: int, max_tokens: int | None, bos_id: int | None, vocab: int,
+                   what: str = "the text") -> None:
+    """perplexity's refusals that need only the ids (before a model loads): too few of them to score
+    (DatasetError), or one past the vocabulary of `vocab` ids (UsageError)."""
+    first, end = _target_run(len(token_ids), seq_len, max_tokens, bos_id)
+    if end == first:
+        least = 1 if bos_id is not None else 2          # without <s> a window's first token is context only
+        raise DatasetError(f"{what} is too short to score: it has {len(token_ids)} token(s) and needs at least "
+                           f"{least}; give a longer text")
+    _check_vocabulary(token_ids, end, bos_id, vocab)
 
 
 def _check_vocabulary(token_ids: list[int], end: int, bos_id: int | None, vocab: int) -> None:
