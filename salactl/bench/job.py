@@ -273,7 +273,6 @@ def _warn_past_trained_length(plans, limit: int) -> None:
 def _execute(run, plans, profile, target, s, slo, reference, weights, env, progress) -> BenchRun:
     out = Path(s.out)
     writer = rec.RecordWriter(out / rec.RECORDS_NAME)
-    run.files["records"] = writer.path         # paths stay paths: jsonable names them as UTF-8
     details = []
     durations: dict[str, float] = {}
     problems: dict[str, str] = {}
@@ -320,6 +319,8 @@ def _execute(run, plans, profile, target, s, slo, reference, weights, env, progr
                                      outcome.started_at)
             with rec.interrupts_deferred():     # the summaries written on the way out cover every record
                 run.phases.append(record)
+                # listed once a record goes in: a run whose phases were all skipped writes no file
+                run.files["records"] = writer.path     # paths stay paths: jsonable names them as UTF-8
                 details += rows
                 side_files_error = _side_files_before_record(run, out, details, record) if rows else None
                 writer.append(record)
