@@ -56,12 +56,14 @@ def test_a_shard_that_ignores_sigint_is_killed_and_reported_timed_out(tmp_path):
     tests = tmp_path / "t"
     tests.mkdir()
     (tests / "test_hangs.py").write_text("import signal\nimport time\n\n\ndef test_hang():\n"
-                                         "    signal.signal(signal.SIGINT, signal.SIG_IGN)\n    time.sleep(10)\n")
+                                         "    signal.signal(signal.SIGINT, signal.SIG_IGN)\n    time.sleep(120)\n")
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, str(TOOL), "--out", str(tmp_path / "logs"), "--timeout", "2",
                         "--kill-after", "1", str(tests / "test_hangs.py")], cwd=tmp_path, capture_output=True,
-                       text=True, timeout=60)
-    assert time.monotonic() - t0 < 9                   # killed, not waited for to the end of its sleep
+                       text=True, timeout=240)
+    # killed, not waited for to the end of its sleep (a wide margin: collection alone takes seconds on a
+    # loaded machine, e.g. beside the GPU suite's other shards)
+    assert time.monotonic() - t0 < 90
     assert r.returncode == 1, r.stdout + r.stderr
     assert r.stdout.startswith("shard0 (1 tests, rc ") and ": TIMED OUT after 2 s" in r.stdout.splitlines()[0]
 
