@@ -117,7 +117,7 @@ def quantize_checkpoint(model: str | Path | LoadedModel, out: str | Path, opts: 
     seconds = {"load_and_calibration_data": t_loaded - t_start, "forward": result.forward_seconds,
                "solve": result.solve_seconds, "quantize_total": t_solved - t_loaded,
                "write": t_done - t_solved, "total": t_done - t_start}
-    return _record(out, _model_name(lm), lm, opts, fit, knobs, result, seconds,
+    return _record(out, lm, opts, fit, knobs, result, seconds,
                    lm.model_dir if source is not None else None)
 
 
@@ -346,20 +346,14 @@ def _write(out: str | Path, lm: LoadedModel, opts: QuantOptions, result: Quantiz
                                result.kv_scales, kv_json, overwrite=overwrite, source=source)
 
 
-def _model_name(lm: LoadedModel) -> str:
-    """The record's model as eval's records name it: a checkpoint directory (a preset's too) as an
-    absolute, resolved path, wherever the record is read; random weights as their source."""
-    return str(Path(lm.source).resolve()) if Path(lm.source).is_dir() else lm.source
-
-
-def _record(out: str | Path, model: str, lm: LoadedModel, opts: QuantOptions, fit: dict, knobs: dict,
+def _record(out: str | Path, lm: LoadedModel, opts: QuantOptions, fit: dict, knobs: dict,
             result: QuantizeOutcome, seconds: dict, source_dir: Path | None) -> dict:
     # RTN against itself is no comparison
     better = [r for r in result.reports if r.error is not None and r.rtn_error is not None] \
         if opts.method != "rtn" else []
     return {
         "out": Path(out),                       # the file system's name; --json shows it as UTF-8 (jsonable)
-        "model": input_files.utf8_text(model),       # as UTF-8
+        "model": input_files.model_record_name(lm.source),   # as eval's records name it
         "method": opts.method, "bits": opts.bits, "group_size": opts.group_size, "desc_act": opts.desc_act,
         "clip_search": opts.clip_search,
         "damp": opts.damp if opts.method == "gptq" else None, "kv_cache_dtype": opts.kv_cache_dtype,

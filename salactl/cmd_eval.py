@@ -153,9 +153,7 @@ def _act_dtype(lm):
 def _describe(lm) -> dict:
     """The model (its checkpoint directory as an absolute path, as the sala-nano preset's), device and dtype."""
     w = next(lm.model.parameters())
-    model = str(Path(lm.source).resolve()) if Path(lm.source).is_dir() else lm.source
-    model = input_files.utf8_text(model)
-    return {"model": model, "device": str(w.device), "dtype": str(w.dtype).replace("torch.", "")}
+    return {"model": input_files.model_record_name(lm.source), "device": str(w.device), "dtype": str(w.dtype).replace("torch.", "")}
 
 
 def _runtime_knobs(lm, kv_cache_dtype: str) -> dict:

@@ -183,6 +183,13 @@ def lone_surrogate(text: str) -> str | None:
     return None if at is None else f"a lone surrogate (U+{ord(text[at]):04X} at character offset {at})"
 
 
+def model_record_name(source: str) -> str:
+    """A model as records name it, as UTF-8: its checkpoint directory (a preset's too) as an absolute,
+    resolved path, so that it names the same model wherever the record is read; else (random weights)
+    the source as given."""
+    return utf8_text(str(Path(source).resolve()) if Path(source).is_dir() else source)
+
+
 def utf8_text(text: str) -> str:
     """Text Python decoded with the locale's encoding (argv, file names), decoded as UTF-8 instead, as
     a UTF-8 locale gives it: under LC_ALL=C (ASCII) "é" arrives as the lone surrogates "\\udcc3\\udca9".
