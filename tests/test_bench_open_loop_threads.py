@@ -62,7 +62,10 @@ def test_a_fast_open_loop_phase_starts_threads_for_its_requests_in_flight_only()
     t0 = out.started_at - offset                # the clock's start, on perf_counter
     lag = sorted(r.start_time - t0 - at for r, at in zip(out.results, arrival_times(n, rate, 1.0, 1)))
     assert lag[0] > -0.005, lag[0]              # none leaves early
-    assert lag[n // 2] < 0.02 and lag[int(n * 0.9)] < 0.25, (lag[n // 2], lag[int(n * 0.9)])
+    # a sender that waited for a free thread or sent in turn would fall ever further behind (a 2000-request
+    # phase ends 5 s in); a loaded CI machine stalls for a second now and then (p90 0.79 s seen), so the
+    # bounds hold the typical request close and the tail within a stall, not the tail within 0.25 s
+    assert lag[n // 2] < 0.05 and lag[int(n * 0.9)] < 2.0, (lag[n // 2], lag[int(n * 0.9)])
 
 
 def test_an_infinite_rate_phase_still_starts_every_client_before_the_clock():
