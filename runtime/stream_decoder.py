@@ -232,8 +232,11 @@ def check_stop_strings(stop) -> tuple[str, ...]:
 class GeneratedText:
     """A generation's text as vLLM returns it (include_stop_str_in_output=False), built id by id
     through a StreamDecoder:
-    - it ends before the first of the `stop` strings to appear (`stop_reason` then names it; on a
-      tie, the first listed), and the caller ends generation once `stopped`;
+    - it ends at a stop string as vLLM's check_stop_strings ends it, and the caller ends generation
+      once `stopped` (`stop_reason` then names the string): after each id, the `stop` strings are
+      tried in the order given, each searched from len(string) - 1 characters before the id's text;
+      the first found wins, even where one listed after it starts earlier, cut at its first
+      occurrence there (a string completed by an earlier id has ended it already);
     - the text of an id in `stop_ids` (the EOS or stop id that ended generation) is left out; the
       id itself stays in the output ids;
     - push() returns the text that can be shown now, holding back the last len(longest stop) - 1
@@ -264,7 +267,6 @@ class GeneratedText:
         self._text = ""            # the settled text, cut before the stop string once one appeared
         self._shown = 0            # characters of it returned so far
         self._pushed = 0           # ids pushed (a stop id not counted: it ends the generation)
-        self._held_to = 0          # characters of _text settled by the first min_new_tokens ids
 
     @property
     def stopped(self) -> bool:
@@ -292,20 +294,20 @@ class GeneratedText:
     def _append(self, new: str) -> None:
         if not new:
             return
-        start = max(len(self._text) - self._hold, 0)       # a stop string not found before ends in `new`
+        before = len(self._text)
         self._text += new
         # vLLM's min_tokens (its v1 detokenizer, vllm#22014): stop strings are looked for only once
-        # more than min_tokens ids are out, and only a match ending in the text decoded after the
-        # min_tokens-th id counts (one ending in that id's own text does not, as EOS cannot be that
-        # id); it may begin before, so the held-back tail still holds len(stop) - 1 characters
+        # more than min_tokens ids are out, so only a match ending in the text of a later id counts
+        # (one ending in the min_tokens-th id's own text does not, as EOS cannot be that id); it may
+        # begin before, so the held-back tail still holds len(stop) - 1 characters
         if self._pushed <= self.min_new_tokens:
-            self._held_to = len(self._text)
             return
-        found = [(i, s) for s in self.stop
-                 if (i := self._text.find(s, max(start, self._held_to - len(s) + 1))) >= 0]
-        if found:
-            index, self.stop_reason = min(found, key=lambda hit: hit[0])
-            self._text = self._text[:index]
+        for s in self.stop:
+            # list order, not position, picks the string, as in vLLM: a match that ends in `new`
+            index = self._text.find(s, max(before - len(s) + 1, 0))
+            if index >= 0:
+                self.stop_reason, self._text = s, self._text[:index]
+                return
 
     def _show(self, hold: int) -> str:
         end = max(len(self._text) - hold, self._shown)

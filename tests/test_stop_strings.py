@@ -70,11 +70,15 @@ def test_without_stop_strings_each_token_shows_its_text_at_once(tok):
     assert pieces[:-1] == [plain.push(t) for t in ids]
 
 
-def test_the_earliest_stop_string_ends_the_text(tok):
+def test_the_earliest_completed_stop_string_ends_the_text_and_on_one_id_the_first_listed(tok):
+    """As vLLM: a string completed by an earlier id wins; of those one id completes, the first in the
+    list, even where another starts earlier (more in test_stop_string_order_s66.py)."""
     ids = tok.encode(TEXT, add_special_tokens=False)
     text, _ = _stream(tok, ids, stop=["pairs", "b) pairs", "list"])
     assert text.text == TEXT[:TEXT.find("list")] and text.stop_reason == "list"
     text, _ = _stream(tok, ids, stop=["pairs", "b) pairs"])     # both complete with the same id
+    assert text.text == TEXT[:TEXT.find("pairs")] and text.stop_reason == "pairs"
+    text, _ = _stream(tok, ids, stop=["b) pairs", "pairs"])
     assert text.text == TEXT[:TEXT.find("b) pairs")] and text.stop_reason == "b) pairs"
 
 
