@@ -23,6 +23,16 @@ TORCH_DTYPES = ("bfloat16", "float16", "float32")
 
 
 INT64_MAX = 2**63 - 1
+# The selection materialises whole blocks and a kernel's reach past the keys a query row has:
+# ops/selection/reference.block_scores pads each (KV head, row)'s window scores to
+# (ceil(L/B)·B + ks)/st columns and the gathered attention takes ceil(L/B)·B tokens, so a row's buffers
+# are those of L + B + ks tokens (B = 2^34 at stride 1 tried to allocate 6 TB for a 300-token prompt).
+# Capping block_size and kernel_size at 2^20 tokens keeps that excess within what one row of a 1M-token
+# context allocates anyway. topk + window_size/block_size blocks are kept per query (per-row block ids;
+# times block_size, an int64 token count): past 2^20 they keep more than a 1M-token context holds.
+# dense_len and init_blocks are thresholds that allocate nothing (dense_len 2^63 - 1 means "dense").
+MAX_SPARSE_SPAN = 2**20
+_SPARSE_SPANS = ("block_size", "kernel_size", "topk", "window_size")
 
 
 @dataclass(frozen=True)
@@ -48,6 +58,12 @@ class SparseConfig:
         for name in ("block_size", "dense_len", "init_blocks", "kernel_size", "kernel_stride", "topk", "window_size"):
             if getattr(self, name) > INT64_MAX:         # compared with int64 token positions in every request
                 raise ConfigError(f"sparse_config.{name} must be at most {INT64_MAX} (2^63 - 1), got {getattr(self, name)}")
+        for name in _SPARSE_SPANS:
+            if getattr(self, name) > MAX_SPARSE_SPAN:
+                raise ConfigError(
+                    f"sparse_config.{name} must be at most {MAX_SPARSE_SPAN} (2^20: the sparse selection's "
+                    f"per-query buffers grow with it past a 1M-token context), got {getattr(self, name)}; use "
+                    f"the model's original value (MiniCPM-SALA's is {getattr(SparseConfig, name)})")
         if self.block_size % self.kernel_stride:
             raise ConfigError(
                 f"sparse_config.block_size {self.block_size} is not a multiple of kernel_stride "

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 from salactl.errors import ConfigError, UsageError
 from salactl.lists import parse_list
-from salactl.runtime.config import INT64_MAX
+from salactl.runtime.config import INT64_MAX, MAX_SPARSE_SPAN
 
 KV_DTYPES = ("bf16", "fp8_e5m2", "fp8_e4m3")
+SPARSE_SPAN_OPTIONS = ("topk", "window", "block")     # sparse_config sizes capped at MAX_SPARSE_SPAN
 WEIGHT_DTYPES = ("bf16", "fp16", "fp32", "w4a16", "w8a16")
 # other spellings per option, read as the name they stand for: the KV cache's "auto" stores the model's
 # dtype as "bf16" does (run's names), and the casts take --dtype's long names
@@ -54,12 +55,17 @@ class SweepPoint:
 
 
 def parse_ints(text: str | None, name: str, default: int, minimum: int = 1) -> list[int]:
-    """A grid's integers; past int64 (which the runtime compares knobs with token positions in) is exit 2
-    before any model loads (any dense_len past the longest sequence already keeps it dense)."""
+    """A grid's integers; past int64 (which the runtime compares knobs with token positions in), or a
+    --topk/--window/--block past sparse_config's size limit, is exit 2 before any model loads (any
+    dense_len past the longest sequence already keeps it dense)."""
     values = [default] if text is None else parse_list(text, f"--{name}", minimum=minimum, dedupe=True)
     big = [v for v in values if v > INT64_MAX]
     if big:
         raise UsageError(f"--{name} values must be at most {INT64_MAX} (2^63 - 1), got {big[0]}")
+    big = [v for v in values if v > MAX_SPARSE_SPAN] if name in SPARSE_SPAN_OPTIONS else []
+    if big:
+        raise UsageError(f"--{name} values must be at most {MAX_SPARSE_SPAN} (2^20, sparse_config's limit), "
+                         f"got {big[0]}")
     return values
 
 
