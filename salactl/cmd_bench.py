@@ -48,13 +48,11 @@ def bench(
     """Benchmark a profile (SOAR S1/S8/Smax by default) and record SGLang-style metrics."""
     from salactl.bench.job import BenchSettings, run_bench
     from salactl.bench.live import RichProgress
-    from salactl.bench.records import check_label
     from salactl.bench.summary import phase_notes, score_line, table_rows
 
     out_dirs.directory_option(out, files=("records.jsonl",))
     check_tokenizer_used(tokenizer, endpoint, dataset)
     label = None if label is None else input_files.utf8_text(label)
-    check_label(label)
     settings = BenchSettings(
         profile=profile, dataset=dataset, skip_bad_rows=skip_bad_rows, scale=scale,
         num_requests=num_requests, phases=phase_names(phases),

@@ -19,11 +19,11 @@ from salactl.bench.plan import (check_decode_lengths, check_request_options, che
 from salactl.bench.profiles import load_profile
 from salactl.bench.runner import run_phase
 from salactl.bench.scoring import accuracy_coefficient, check_reference, parse_reference, soar_score
-from salactl.bench.engine_options import check_gpu_engine_values, refuse_gpu_engine_options
+from salactl.bench.engine_options import check_gpu_engine_values, gpu_engine_sizes, refuse_gpu_engine_options
 from salactl.bench.sweep_grid import KV_DTYPES, parse_name
 from salactl.bench.open_files import check_open_files
 from salactl.bench.targets.http import DEFAULT_READ_TIMEOUT_S
-from salactl.errors import EndpointError, OutputWriteError, TokenizerError, UsageError
+from salactl.errors import ConfigError, EndpointError, OutputWriteError, TokenizerError, UsageError
 from salactl.options import refuse_unused
 from salactl.reports.atomic import DiskFullError, move_all, write_atomic
 
@@ -198,6 +198,7 @@ def check_settings(s: BenchSettings) -> None:
     if s.chunk_size is not None and s.chunk_size < 1:
         raise UsageError(f"--chunk-size must be a positive token count, got {s.chunk_size}")
     check_gpu_engine_values(s.max_running_requests, s.mem_fraction)
+    rec.check_label(s.label)
     for flag, v, most, what in (
             ("--flush-sleep", s.flush_sleep, MAX_FLUSH_SLEEP_S, "an hour"),
             ("--request-timeout", s.request_timeout, MAX_REQUEST_TIMEOUT_S, "a week; 0: no limit")):
@@ -232,6 +233,7 @@ def run_bench(s: BenchSettings, progress=None) -> BenchRun:
     check_settings(s)
     profile = load_profile(s.profile)
     phases = select_phases(profile, list(s.phases))
+    _check_some_phase_runs(phases, "embedded", _largest_batch_before_loading(s))
     check_request_options(profile, s.dataset, s.skip_bad_rows, s.scale, s.num_requests)
     check_decode_lengths(profile, phases, s.scale)
     reference = parse_reference(s.reference)
@@ -262,6 +264,43 @@ def run_bench(s: BenchSettings, progress=None) -> BenchRun:
         target.close()
 
 
+def _largest_batch_before_loading(s: BenchSettings) -> int | None:
+    """The most requests the embedded engine will run at once, known from the options alone (None for
+    a server, whose limit is its own)."""
+    if s.endpoint is not None:
+        return None
+    from salactl.bench.targets.embedded import resolve_engine
+    from salactl.runtime.loader import resolve_device
+
+    if resolve_engine(s.engine, resolve_device(s.device)) == "reference":
+        return 1
+    return gpu_engine_sizes(s.max_running_requests, s.mem_fraction)[0]
+
+
+def _skip_reason(batch: int | None, kind: str, largest: int | None) -> str | None:
+    """Why a one-batch phase of `batch` requests cannot run on a target that runs `largest` at once
+    (None: it can, or either is unknown)."""
+    if not (batch and largest and batch > largest):
+        return None
+    why = f"batch {batch} > the {kind} target's largest batch ({largest})"
+    if largest == 1:
+        why += "; the reference engine serves one sequence at a time (use --engine gpu on CUDA to batch)"
+    return why
+
+
+def _nothing_measured(phase: str, why: str) -> ConfigError:
+    """A run whose every phase is skipped measured nothing: a config error, as sweep's grid with no
+    point it can measure."""
+    return ConfigError(f"no phase could be measured ({phase}: {why}); nothing was recorded")
+
+
+def _check_some_phase_runs(phases, kind: str, largest: int | None) -> None:
+    """Before loading anything: refuse a selection of phases that the target would all skip."""
+    reasons = [_skip_reason(ph.batch_size, kind, largest) for ph in phases]
+    if phases and all(reasons):
+        raise _nothing_measured(phases[-1].name, reasons[-1])
+
+
 def _warn_past_trained_length(plans, limit: int) -> None:
     """As run does: once, for the longest request (prompt plus output) of all the phases."""
     plan, req = max(((p, r) for p in plans for r in p.requests), key=lambda pr: pr[1].input_len + pr[1].output_len)
@@ -280,11 +319,8 @@ def _execute(run, plans, profile, target, s, slo, reference, weights, env, progr
     try:
         for plan in plans:
             ph = plan.phase
-            if ph.batch_size and target.max_batch_size and ph.batch_size > target.max_batch_size:
-                why = f"batch {ph.batch_size} > the {target.kind} target's largest batch ({target.max_batch_size})"
-                if target.max_batch_size == 1:
-                    why += ("; the reference engine serves one sequence at a time (use --engine gpu on "
-                            "CUDA to batch)")
+            why = _skip_reason(ph.batch_size, target.kind, target.max_batch_size)
+            if why is not None:
                 run.skipped.append({"phase": ph.name, "reason": why})
                 output.stderr.print(f"note: skipping phase {ph.name}: {why}")
                 continue
@@ -342,6 +378,8 @@ def _execute(run, plans, profile, target, s, slo, reference, weights, env, progr
                 run.score = soar_score(durations, reference, weights, s.accuracy, problems)
             if run.phases and not side_files_failed:        # nothing finished: leave no files behind
                 _write_side_files(run, out, details)
+    if not run.phases and run.skipped:
+        raise _nothing_measured(run.skipped[-1]["phase"], run.skipped[-1]["reason"])
     if run.score is not None and run.score["score_error"]:
         output.warn_once(f"SOAR score not computed: {run.score['score_error']}")
     return run

@@ -51,8 +51,11 @@ def make_record(kind: str, run_id: str, label: str | None, profile: str, phase: 
 def check_label(label: str | None) -> str | None:
     """A --label for the records, as given: one holding a control character or line separator (a line
     break would split the report's headings and table rows), or a lone surrogate (a byte that is not
-    UTF-8, as Python decodes it from the command line; no UTF-8 file can hold it), is a UsageError."""
+    UTF-8, as Python decodes it from the command line; no UTF-8 file can hold it), is a UsageError; so
+    is an empty or blank one, which names the run as nothing (other text options refuse empty text too)."""
     if label is not None:
+        if not label.strip():
+            raise UsageError("--label is empty; give a name for the records, or drop --label")
         bad = next((c for c in label if breaks_lines(c)), None)
         if bad is not None:
             raise UsageError(f"--label {label!r} holds the control character {bad!r}; give a name without "

@@ -58,11 +58,16 @@ def apportion(n: int, shares: list[float]) -> list[int]:
     return counts
 
 
+# a length past int64 (the positions every engine counts in) is past any machine's memory as well
+MAX_TOKENS = 2**63 - 1
+
+
 def scaled(length: int, scale: float, least: int = 2) -> int:
     """`length` tokens times --scale, rounded (half to even), at least `least`."""
     product = length * scale
-    if not math.isfinite(product):      # round() cannot make it an int; a finite one fails the memory check
-        raise CapacityError(f"--scale {scale:g} scales a length of {length:,} tokens to {product:g}, past any "
+    # refused here, in numbers that still read: the memory check would print a 30-digit count of TiB
+    if not math.isfinite(product) or product > MAX_TOKENS:
+        raise CapacityError(f"--scale {scale:g} scales a length of {length:,} tokens to {product:.3g}, past any "
                             "machine's memory; lower --scale")
     return max(least, round(product))
 
