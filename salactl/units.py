@@ -16,8 +16,11 @@ def fmt_float(v: float) -> str:
 
 
 def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+    """Binary units up to EiB; past 1024 EiB (a size no machine has) in three significant digits."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if abs(n) < 1024 or unit == "EiB":
+            if unit == "B":
+                return f"{int(n)} B"
+            return f"{n:.1f} {unit}" if abs(n) < 1024 else f"{n:.3g} {unit}"
         n /= 1024
     return str(n)
