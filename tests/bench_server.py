@@ -11,7 +11,8 @@ a token is due); `content_encoding` (a Content-Encoding header on the stream); `
 flush paths that exist); `api_key` (every path answers 401 without `Authorization: Bearer <key>`);
 `prefix` (the request path every route lies under, as it comes on the wire: "/%C3%A4" serves
 "/%C3%A4/generate"; any other path answers 404).
-`post_log` records when each POST arrived (perf_counter: the client shares this process's clock)."""
+`post_log` records when each POST arrived (perf_counter: the client shares this process's clock).
+`in_one_of_three_runs` retries a test's timing assertions past a stall of the machine."""
 
 from __future__ import annotations
 
@@ -21,6 +22,19 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 CHUNK_PATTERN = (1, 2)
+TIMING_RUNS = 3
+
+
+def in_one_of_three_runs(run):
+    """run() (requests to a loopback server and assertions on their timings) again, up to TIMING_RUNS
+    times in all, while an assertion fails: a loaded CI machine stalls for up to a second now and then,
+    which upsets one run's timings, where a measuring bug fails every run."""
+    for attempt in range(TIMING_RUNS):
+        try:
+            return run()
+        except AssertionError:
+            if attempt == TIMING_RUNS - 1:
+                raise
 
 
 def chunk_sizes(n: int) -> list[int]:

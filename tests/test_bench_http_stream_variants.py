@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from bench_server import in_one_of_three_runs
 from salactl.bench.runner import run_request
 from salactl.bench.synthetic import random_lengths
 from salactl.bench.targets.http import HttpTarget
@@ -136,6 +137,16 @@ def _on_time(res, n: int = N) -> None:
     assert len(res.itl) == n - 1 and all(0.5 * GAP <= x < 1.6 * GAP for x in res.itl), res.itl
 
 
+def _one_on_time(url: str, backend: str = "openai"):
+    """_one's request, on time; sent again while a stall of the machine (up to a second, on a loaded CI
+    machine) made a token late, which upsets one request, where mistiming a token upsets every one."""
+    def one_run():
+        res = _one(url, backend)
+        _on_time(res)
+        return res
+    return in_one_of_three_runs(one_run)
+
+
 EMPTY = {1, 4}          # tokens streamed with text "" (the first among them: TTFT)
 
 
@@ -149,7 +160,7 @@ def test_tokens_with_empty_text_are_timed_like_any_other(backend):
         yield 0, b"data: [DONE]\n\n"
 
     with RawServer(script) as srv:
-        _on_time(_one(srv.url, backend))
+        _one_on_time(srv.url, backend)
 
 
 def test_a_stream_of_empty_texts_only_succeeds():
@@ -160,7 +171,7 @@ def test_a_stream_of_empty_texts_only_succeeds():
         yield 0, _sse(_event("openai", "", N, choice=False)) + b"data: [DONE]\n\n"
 
     with RawServer(script) as srv:
-        _on_time(_one(srv.url))
+        _one_on_time(srv.url)
 
 
 @pytest.mark.parametrize("usage", ["final", "none"])
@@ -177,8 +188,7 @@ def test_without_per_chunk_usage_an_empty_text_chunk_is_no_token(usage):
         yield 0, _sse(closing) + final + b"data: [DONE]\n\n"
 
     with RawServer(script) as srv:
-        res = _one(srv.url)
-    _on_time(res)
+        res = _one_on_time(srv.url)
     assert res.output_len_source == ("usage" if usage == "final" else "chunks")
     assert res.output_len_over_max is None
 
@@ -216,7 +226,7 @@ def _blocks(first: bytes, between: bytes, last: bytes):
 def test_sse_lines_may_end_in_a_lone_cr(script):
     """A line ends at its CR: the token is timed when its block arrives, not with the next one."""
     with RawServer(script) as srv:
-        _on_time(_one(srv.url))
+        _one_on_time(srv.url)
 
 
 def test_a_body_without_data_lines_says_so():

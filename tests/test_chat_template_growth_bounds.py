@@ -46,7 +46,7 @@ def test_a_template_growing_text_past_the_bounds_fails_fast_naming_the_bound(tem
     started = time.monotonic()
     with pytest.raises(TokenizerError) as e:
         compile_template(template, "t.jinja")({"messages": [{"role": "user", "content": "hi"}]})
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 60      # up to 2.5 s seen on a loaded 2-core machine; unbounded: minutes
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("the chat template of t.jinja failed: ") and bound in msg, msg
     assert "characters, items or bits" in msg
@@ -95,7 +95,7 @@ def test_a_growth_is_refused_by_its_estimate_before_it_is_built(template, bound)
     started = time.monotonic()
     with pytest.raises(TokenizerError) as e:
         compile_template(template, "t.jinja")({"messages": [{"role": "user", "content": "hi"}]})
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 30      # the '*' case squares to its bound first: 2-4 s seen under load
     assert f"{bound} would be over" in str(e.value), str(e.value)
 
 

@@ -17,7 +17,8 @@ from salactl.errors import EndpointError
 pytestmark = pytest.mark.usefixtures("quick_thread_switches")
 
 GAP = 0.1           # between the pieces of a stalling answer
-PIECES = 100        # 10 s of stalling, then the server closes: a client without the deadline waits it out
+PIECES = 300        # 30 s of stalling, then the server closes: a client without the deadline waits it out
+WITHIN = 10.0       # s past the deadline a stalled answer must end by: room for a stall of a loaded CI machine
 
 
 def continue_flood(body):
@@ -59,7 +60,7 @@ def test_a_stalled_response_header_fails_the_request_at_the_request_timeout(stal
         t = time.perf_counter()
         res = _one(srv.url, read_timeout_s=0.5)
         took = time.perf_counter() - t
-    assert 0.5 <= took < 0.5 + 1.0, took
+    assert 0.5 <= took < 0.5 + WITHIN, took
     assert not res.success and res.error == REQUEST_TIMEOUT
 
 
@@ -70,7 +71,7 @@ def test_a_stalled_probe_header_fails_the_probe_at_its_cap(stall, no_watchdog_le
         with HttpTarget(srv.url, "openai", read_timeout_s=0.4) as target, pytest.raises(EndpointError) as e:
             target.check()
         took = time.perf_counter() - t
-    assert 0.4 <= took < 0.4 + 1.0, took
+    assert 0.4 <= took < 0.4 + WITHIN, took
     assert str(e.value) == (f"GET {srv.url}/v1/models did not answer within 0.4 s; check the server "
                             "(side requests wait min(30 s, --request-timeout))")
 

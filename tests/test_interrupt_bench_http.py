@@ -44,8 +44,9 @@ class Advances:
 
 
 def test_ctrl_c_stops_the_client_threads_taking_requests():
-    with FakeServer(ttft=0.05, per_token=0.01) as srv, \
-            HttpTarget(srv.url, "sglang", flush_sleep_s=0.0) as target:             # 100 tokens: ~1 s a request
+    # 100 tokens: 10 s a request, so that none ends before the interrupt even on a stalled machine
+    with FakeServer(ttft=0.05, per_token=0.1) as srv, \
+            HttpTarget(srv.url, "sglang", flush_sleep_s=0.0) as target:
         accepted = _counting_connections(srv)
         target.check()
         reqs = random_lengths(40, 8, 100, vocab_size=1000, seed=3)

@@ -325,7 +325,7 @@ def test_huge_layer_count_is_sized_without_a_per_tensor_dict(nano):
     start = time.perf_counter()
     with pytest.raises(CapacityError):
         load_model(str(nano), "cpu", "float32")
-    assert time.perf_counter() - start < 3          # was 28 s (a 12M-entry shape dict)
+    assert time.perf_counter() - start < 10         # ~1 s on a loaded 2-core machine; was 28 s (a 12M-entry shape dict)
 
 
 # ------------------------------------------------------------------ sparse_config

@@ -227,7 +227,9 @@ def test_rtn_and_act_order_options(ckpt, tmp_path, capsys):
     progress = [line for line in err.splitlines() if line.startswith("quantizing: ")]   # stderr is no terminal
     assert 1 <= len(progress) <= 10 and " module groups (" in progress[-1]
     assert progress[-1].split()[1].split("/")[0] == progress[-1].split()[1].split("/")[1]
-    assert rec["seconds"]["forward"] < 0.01 and all(m["error"] is None for m in rec["modules"])
+    # no calibration forwards: their time is µs of bookkeeping, which one preemption on a loaded CI machine
+    # can stretch past 10 ms (the default 128 x 2048 calibration tokens through sala-nano take far longer)
+    assert rec["seconds"]["forward"] < 1.0 and all(m["error"] is None for m in rec["modules"])
     assert torch.equal(_tensors(tmp_path / "n")["model.layers.3.mlp.down_proj.qweight"],
                        _tensors(tmp_path / "r")["model.layers.3.mlp.down_proj.qweight"])
 

@@ -67,12 +67,12 @@ def test_an_empty_records_file_beside_a_valid_one_is_an_error(tmp_path, capsys):
 @contextlib.contextmanager
 def another_writer_holds_the_lock(path):
     """flock `path` through a second open file, as another process's append does; SIGINT this (main)
-    thread after 0.3 s, and let go of the lock after 5 s whatever happens."""
+    thread after 0.3 s, and let go of the lock after 60 s whatever happens."""
     fcntl = pytest.importorskip("fcntl")
     fd = os.open(path, os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX)
     interrupt = threading.Timer(0.3, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
-    release = threading.Timer(5, fcntl.flock, (fd, fcntl.LOCK_UN))
+    release = threading.Timer(60, fcntl.flock, (fd, fcntl.LOCK_UN))
     interrupt.start()
     release.start()
     try:
@@ -95,7 +95,7 @@ def test_ctrl_c_ends_a_wait_for_another_writers_lock_with_nothing_written(tmp_pa
     with another_writer_holds_the_lock(path), pytest.raises(KeyboardInterrupt):
         with interrupts_deferred() if deferred_by_caller else contextlib.nullcontext():
             RecordWriter(path).append(rec("a", "S8", mean_ttft_ms=20.0))
-    assert time.monotonic() - start < 3                     # not after the lock was let go
+    assert time.monotonic() - start < 30                    # not after the lock was let go (60 s)
     assert path.read_bytes() == before
     assert signal.getsignal(signal.SIGINT) is handler
 

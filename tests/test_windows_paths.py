@@ -115,8 +115,8 @@ def test_a_lock_held_elsewhere_refuses_at_once_or_is_waited_for(held_elsewhere):
     with pytest.raises(BlockingIOError):
         with _byte_lock(path, False, False, lockf, LOCK, UNLOCK):
             pass
+    start = time.monotonic()                        # before the timer: a stall between them cannot shorten the wait
     threading.Timer(0.3, holder.communicate, ("\n",)).start()
-    start = time.monotonic()
     with _byte_lock(path, True, True, lockf, LOCK, UNLOCK):
         assert time.monotonic() - start >= 0.25
         assert path.read_bytes() == b"data"
