@@ -4,7 +4,10 @@ token so a few ms of scheduling noise on a busy 2-core CI machine stay well insi
 runs again when a stall of the machine (up to a second) upsets one run. Timeouts are checked against
 injected stalls far longer than a machine stall, so the bound on the time taken can be wide."""
 
+import csv
+import json
 import socket
+import statistics
 import threading
 import time
 
@@ -275,10 +278,6 @@ def test_request_rate_dispatch_follows_poisson_arrivals():
 
 
 def test_one_batch_profile_against_server(tmp_path):
-    import csv
-    import json
-    import statistics
-
     from salactl.bench.job import BenchSettings, run_bench
 
     with FakeServer(TTFT, PER_TOKEN) as srv:
