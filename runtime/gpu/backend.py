@@ -117,7 +117,8 @@ class GPUBackend:
         p, sc, B = self.pools, self.config.sparse_config, self.config.sparse_config.block_size
         kp, k1p, pt = p.k[li], p.k1[li], p.page_table
         m, hkv = q.shape[0], kp.shape[1]
-        sel = torch.zeros(m, hkv, sc.selected_blocks, dtype=torch.int32, device=q.device)
+        width = min(sc.selected_blocks, math.ceil((pos0 + m) / B))   # select_paged's widest answer
+        sel = torch.zeros(m, hkv, width, dtype=torch.int32, device=q.device)
         cnt = torch.empty(m, hkv, dtype=torch.int32, device=q.device)
         for s0 in range(0, m, self.sparse_sub):
             s1 = min(s0 + self.sparse_sub, m)
