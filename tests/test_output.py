@@ -133,6 +133,9 @@ def test_sigterm_during_an_embedded_prefill_exits_143_without_waiting_for_the_st
                           "--device", "cpu", "--out", str(tmp_path / "o")],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
+        # the plan's length warning comes once salactl has imported and read its arguments (a loaded
+        # machine can take 10 s for that alone); the 80K-token warmup prefill lasts minutes on a CPU
+        assert "past the model's max_position_embeddings" in p.stderr.readline()
         time.sleep(10)                           # loaded, and inside the warmup request's prefill
         p.send_signal(signal.SIGTERM)
         t0 = time.perf_counter()
