@@ -125,6 +125,17 @@ def datasheet(name: str) -> tuple[float, float, float | None] | None:
     return None
 
 
+def nvml_index(device: torch.device) -> int:
+    """NVML's index of the GPU `device` is. NVML numbers every GPU of the machine, CUDA only those
+    CUDA_VISIBLE_DEVICES shows, in its order: cuda:0 under CUDA_VISIBLE_DEVICES=3 is NVML's GPU 3.
+    A CPU device has no GPU of its own: NVML's first. RuntimeError when CUDA_VISIBLE_DEVICES names
+    a GPU NVML cannot number."""
+    if device.type != "cuda":
+        return 0
+    # torch.cuda.utilization's own mapping (ordinals or GPU-/MIG- UUIDs in CUDA_VISIBLE_DEVICES)
+    return torch.cuda._get_nvml_device_index(device.index or 0)
+
+
 def nvml_bandwidth_gbps(index: int = 0) -> float | None:
     try:
         import pynvml
@@ -232,7 +243,11 @@ def cannot_write(path: Path, reason: str) -> Exception:
 
 
 def peaks_for(device: torch.device) -> Peaks:
-    return peaks_by_name(device_name(device), device.type, device.index or 0)
+    try:
+        index = nvml_index(device)
+    except RuntimeError:
+        index = None
+    return peaks_by_name(device_name(device), device.type, index)
 
 
 def peaks_by_name(name: str, device_type: str, nvml_index: int | None = None) -> Peaks:

@@ -36,8 +36,10 @@ def _gpu() -> dict:
     try:
         import pynvml
 
+        from salactl.runtime.peaks import nvml_index
+
         pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        h = pynvml.nvmlDeviceGetHandleByIndex(nvml_index(torch.device("cuda", 0)))   # the GPU "gpu" names
         info.update(
             driver=pynvml.nvmlSystemGetDriverVersion(),
             power_limit_w=pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000,

@@ -260,10 +260,15 @@ def _group_ended(proc: subprocess.Popen, seconds: float) -> bool:
 
 
 def export_csv(ncu: str, report: Path, csv_path: Path) -> None:
-    """`ncu --import R --csv --page raw --print-units base` into csv_path (temp + rename); bytes
-    that are not UTF-8 (a kernel name, a message in another locale) are replaced, not fatal."""
+    """`ncu --import R --csv --page raw --print-units base` into csv_path (temp + rename)."""
+    write_atomic(csv_path, export_text(ncu, report))
+
+
+def export_text(ncu: str, report: Path) -> str:
+    """The raw-page CSV ncu exports from `report`; bytes that are not UTF-8 (a kernel name, a
+    message in another locale) are replaced, not fatal."""
     exported = subprocess.run(export_command(ncu, report), capture_output=True)
     stdout, stderr = (b.decode(errors="replace") for b in (exported.stdout, exported.stderr))
     if exported.returncode != 0:
         raise classify_failure(stdout + stderr, exported.returncode)
-    write_atomic(csv_path, stdout)
+    return stdout

@@ -21,6 +21,17 @@ def reason_names(mask: int) -> list[str]:
     return [name for bit, name in THROTTLE_REASONS.items() if mask & bit]
 
 
+def nvml_index(device) -> int:
+    """NVML's index of the GPU a step on `device` (a torch.device) runs on (runtime.peaks.nvml_index)."""
+    from salactl.runtime.peaks import nvml_index as index_of
+
+    try:
+        return index_of(device)
+    except RuntimeError as e:
+        raise DeviceError(f"cannot tell which GPU NVML numbers {device} ({e}); --nvml needs "
+                          "CUDA_VISIBLE_DEVICES to name GPUs NVML sees") from None
+
+
 @dataclass
 class NvmlSampler:
     index: int = 0

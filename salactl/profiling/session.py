@@ -19,14 +19,14 @@ from salactl.bench.records import interrupts_deferred
 from salactl.errors import (DeviceError, OutputWriteError, ProfilerFailedError, ProfilerPermissionError,
                             ToolMissingError, UsageError)
 from salactl.options import refuse_unused
-from salactl.profiling.ncu_runner import (NcuOptions, export_command, export_csv, find_ncu, installed_ncu,
+from salactl.profiling.ncu_runner import (NcuOptions, export_command, export_text, find_ncu, installed_ncu,
                                           nvtx_includes, run_ncu)
 from salactl.profiling.manifest import read_ncu_manifest
 from salactl.profiling.spec import ProfileSpec
 from salactl.profiling.step_runner import write_json
 from salactl.reports.atomic import (DiskFullError, check_destinations, exclusive_lock, free_space, move_all,
-                                     write_remedy)
-from salactl.reports.ncu import parse_csv
+                                     write_atomic, write_remedy)
+from salactl.reports.ncu import parse_csv, parse_csv_text
 from salactl.reports.profile_table import from_ncu, in_scopes, kernel_rows, layer_rows, op_rows, overcounted
 
 MODES = ("auto", "ncu", "torch")
@@ -159,9 +159,10 @@ def run(spec: ProfileSpec, opts: SessionOptions) -> dict:
     mode = resolve_mode(opts.mode, spec, opts.ncu_path, opts.ncu_given)
     sampler = None
     if opts.nvml:
-        from salactl.profiling.nvml_sampler import NvmlSampler
+        from salactl.profiling.nvml_sampler import NvmlSampler, nvml_index
+        from salactl.runtime.loader import resolve_device
 
-        sampler = NvmlSampler()
+        sampler = NvmlSampler(index=nvml_index(resolve_device(spec.device)))    # the profiled GPU, not GPU 0
     check_spec(spec)
     return run_staged(spec, opts, mode, sampler)
 
@@ -335,16 +336,25 @@ def load_saved(out: Path, top: int = 20, ncu_path: str | None = None) -> dict:
                              f"and {csv_path} exists: drop --ncu-path")
         kernels = parse_csv(csv_path)
     elif report.exists():
-        export_csv(_ncu_for_export(ncu_path, report), report, csv_path)
-        try:
-            kernels = parse_csv(csv_path)
-        except BaseException:
-            csv_path.unlink()       # no kernel table to keep beside the report (e.g. a wrong --ncu-path's output)
-            raise
+        text = export_text(_ncu_for_export(ncu_path, report), report)
+        kernels = parse_csv_text(text, str(csv_path))     # kept only once it is a kernel table
+        _keep_export(csv_path, text)
     else:
         raise UsageError(f"{csv_path} is missing; a saved profile directory holds step.json and profile.csv "
                          "or profile.ncu-rep (written by salactl profile --ncu)")
     return ncu_tables(manifest, kernels, top, str(csv_path))
+
+
+def _keep_export(csv_path: Path, text: str) -> None:
+    """Save ncu's export beside the report, so the next --import needs no ncu. The directory may be
+    read-only or full (a saved profile on shared storage): the tables need no file, so that is a
+    warning, not a failure."""
+    try:
+        write_atomic(csv_path, text)
+    except (OSError, DiskFullError) as e:
+        reason = e.reason if isinstance(e, DiskFullError) else e.strerror or str(e)
+        output.stderr.print(f"warning: cannot save ncu's export as {csv_path} ({reason}); the tables are "
+                            "read from it unsaved, and the next --import exports it again")
 
 
 def ncu_tables(manifest: dict, kernels, top: int, source: str) -> dict:
