@@ -1,7 +1,7 @@
 """Load symmetric GPTQ checkpoints (ours, and other tools' v1 `gptq` / v2 `gptq_v2` of this
-architecture) into the runtime: quantized linears become `GPTQLinear`, everything else loads
-strictly like a plain checkpoint; calibrated FP8 KV scales (`self_attn.k_scale/v_scale`, or other tools'
-names for them) are kept.
+architecture) into the runtime: quantized linears become `GPTQLinear` (an all-zero .bias beside one,
+as GPTQ-for-LLaMa writes them, is dropped), everything else loads strictly like a plain checkpoint;
+calibrated FP8 KV scales (`self_attn.k_scale/v_scale`, or other tools' names for them) are kept.
 """
 
 from __future__ import annotations
@@ -175,6 +175,24 @@ def _load_quantized(files, prefix: str, n: int, k: int, spec: dict) -> dict[str,
     return out
 
 
+def _zero_biases(files, quantized: dict[str, tuple]) -> dict[str, tuple[int]]:
+    """The .bias tensors of quantized linears (name -> shape), checked to be all zero: GPTQ-for-LLaMa's
+    QuantLinear registers a zero bias for every linear, so many GPTQ checkpoints of bias-free models
+    hold them (vLLM skips them). This architecture's linears have no bias: a nonzero one is refused."""
+    biases = {}
+    for prefix, (n, _) in quantized.items():
+        name = prefix + ".bias"
+        if name not in files:
+            continue
+        t = _read(files, name)
+        _check(name, t, (n,), _FLOAT_DTYPES)
+        if bool(t.any()):           # NaN counts as nonzero
+            raise CheckpointError(f"tensor {name} is a nonzero bias, but this architecture's linears have none "
+                                  "(config.json); salactl loads GPTQ biases only when they are all zero")
+        biases[name] = (n,)
+    return biases
+
+
 def _set_module(model: torch.nn.Module, prefix: str, module: torch.nn.Module) -> None:
     parent_name, _, attr = prefix.rpartition(".")
     setattr(model.get_submodule(parent_name) if parent_name else model, attr, module)
@@ -193,7 +211,10 @@ def load_gptq_model(path: Path, config: SalaConfig, quant_cfg: dict, device, dty
         raise CheckpointError("model.embed_tokens is quantized; embeddings must stay unquantized")
     check_dynamic_overrides(quant_cfg, spec, quantized)
     plain = {n: s for n, s in expected.items() if n[: -len(".weight")] not in quantized}
-    state = load_state_dict(path, plain, device, dtype, allow_extra=QUANT_SUFFIXES + KV_SCALE_SUFFIXES)
+    biases = _zero_biases(files, quantized)
+    state = load_state_dict(path, plain | biases, device, dtype, allow_extra=QUANT_SUFFIXES + KV_SCALE_SUFFIXES)
+    for name in biases:
+        del state[name]
     orphans = sorted(n for n in files if n.endswith(QUANT_SUFFIXES)
                      and n.rsplit(".", 1)[0] not in quantized)
     if orphans:
