@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from conftest import micro_model
+from conftest import micro_model, topk_micro_model
 
 if torch.cuda.is_available():
     pytest.skip("CUDA present: the GPU tests cover the engine", allow_module_level=True)
@@ -83,7 +83,9 @@ EVERY_ID_BUT_THE_FIRST_THREE = list(range(3, 128))   # micro vocab 128: 0, 1 and
 
 
 def test_a_request_whose_processors_ban_every_token_fails_alone():
-    engine = _engine(chunk_size=256, kv_tokens=2048)
+    # dense_len 136: the 125-token prompt stays dense (sparse steps would only cost time here)
+    engine = GPUEngine(topk_micro_model(), "cpu", max_running_requests=3, chunk_size=256,
+                       kv_tokens=2048)
     good = ([5, 6, 7, 8], SamplingParams(max_new_tokens=6, ignore_eos=True))
     want = engine.generate(*good).output_token_ids
     banned, other = engine.submit(EVERY_ID_BUT_THE_FIRST_THREE, BANNING), engine.submit(*good)

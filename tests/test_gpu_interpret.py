@@ -156,8 +156,9 @@ def test_topk_exact_order_with_heavy_ties():
     f, words = _tied_words(lens, W)
     u = (words.to(torch.int64) & 0xFFFFFFFF) ^ 0x80000000
     seq = torch.tensor(lens, dtype=torch.int32)
+    # interpreter time ~ (row length)^2 / (rb * ct) rank steps: 4 x 8 tiles took a minute
     for small, ch, rb, ct, short_rows in ((0, 16, 8, 16, 64), (0, 512, 32, 64, 64), (512, 64, 16, 64, 64),
-                                          (512, 64, 16, 64, 0), (256, 64, 4, 8, 64), (256, 32, 8, 8, 0)):
+                                          (512, 64, 16, 64, 0), (256, 64, 16, 32, 64), (256, 32, 16, 16, 0)):
         ctr = torch.zeros(len(lens), NCTR, dtype=torch.int32)
         for i, L in enumerate(lens):
             ctr[i, 1:4097] = torch.bincount(u[i, :L] >> 20, minlength=4096)
@@ -397,15 +398,16 @@ def test_run_profile_times_the_real_generation_and_profiles_ops_eagerly():
     from salactl.runtime.gpu.run_profile import generate_with_op_profile
     from salactl.runtime.sampling import SamplingParams
 
+    # a sparse prompt (past dense_len 40); 2 profiled decode steps of 3 timed ones (each costs seconds)
     prompt = torch.randint(3, 128, (45,), generator=torch.Generator().manual_seed(1)).tolist()
-    params = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    params = SamplingParams(max_new_tokens=4, ignore_eos=True)
     engine = GPUEngine(micro_model(), "cpu", max_running_requests=1, chunk_size=32, kv_tokens=256)
     plain = engine.generate(prompt, params)
     res, note = generate_with_op_profile(engine, prompt, params, decode_steps=2)
-    assert res.output_token_ids == plain.output_token_ids and res.decode.forward_calls == 5
+    assert res.output_token_ids == plain.output_token_ids and res.decode.forward_calls == 3
     assert {"qkv", "mlp", "attention", "gla"} <= set(res.prefill.op_seconds)
     assert {"qkv", "mlp", "attention", "gla"} <= set(res.decode.op_seconds)
-    assert "2 decode steps scaled to 5" in note["op_times"]
+    assert "2 decode steps scaled to 3" in note["op_times"]
     assert engine.runner.cuda_graph is False and engine.profile_ops is False     # restored (CPU: no graphs)
 
 

@@ -1,7 +1,9 @@
 """`salactl profile --backend engine`: the engine's KV pool holds every row's whole pages, also when
 the room a row needs is not a multiple of the page size (it used to be sized in tokens, so the
-last row's pages did not fit: "out of KV cache pages"). Through Triton's interpreter on the micro
-model (16-token pages); skipped where triton is not installed and on CUDA machines."""
+last row's pages did not fit: "out of KV cache pages"). Through Triton's interpreter on
+topk_micro_model (16-token pages; dense_len 136, so every step here is dense: the pages hold
+the same K/V, and sparse steps would only cost interpreter time); skipped where triton is not
+installed and on CUDA machines."""
 
 import copy
 import os
@@ -9,7 +11,7 @@ import os
 import pytest
 import torch
 
-from conftest import micro_model
+from conftest import topk_micro_model
 
 if torch.cuda.is_available():
     pytest.skip("CUDA present: the GPU tests cover the engine", allow_module_level=True)
@@ -29,7 +31,7 @@ from salactl.runtime.engine import Engine  # noqa: E402
     (53, ("prefill",), 2),               # 85 tokens: 6 pages a row, 12 for 2 rows (11 in tokens)
 ])
 def test_every_row_of_every_phase_gets_its_pages_and_the_reference_logits(context, phases, batch):
-    model = micro_model()
+    model = topk_micro_model()
     cfg = model.config
     ref = Engine(copy.deepcopy(model), "cpu", chunk_size=24)
     spec = ProfileSpec(model="micro", phases=phases, batch=batch, context=context, chunk_size=16, backend="engine")
