@@ -139,8 +139,7 @@ def op_rows(samples: list[KernelSample], analytic: dict[str, dict[str, dict]], m
             ab, af, rate = _summed(costs.values() if op == "total" else [costs[op]], tflops, bf16_tflops)
             t = sum(s.time_s for s in sel)
             if op == "total" and wall is not None:
-                rows.append(_op_row(phase, UNATTRIBUTED, [], max(wall - t, 0.0), 0.0, 0.0, tflops, has_bytes,
-                                    mem_gbps))
+                rows.append(_unattributed_row(phase, max(wall - t, 0.0)))
                 t = wall
             rows.append(_op_row(phase, op, sel, t, ab, af, rate, has_bytes, mem_gbps))
     return sort_ops(rows)
@@ -154,6 +153,12 @@ def _op_row(phase: str, op: str, sel: list[KernelSample], t: float, ab: float, a
     floor = _floor(ab, af, mem_gbps, rate)
     return OpRow(phase, op, len(sel), t, mb, gbps, _pct(gbps, mem_gbps), ab, af, floor, _ratio(mb, ab),
                  _ratio(t, floor) if t else None, done_tflops, _pct_of_peak(gbps, done_tflops, mem_gbps, rate))
+
+
+def _unattributed_row(phase: str, t: float) -> OpRow:
+    """The UNATTRIBUTED row: time with no op, so no analytic cost and no floor; what moved or
+    computed in it is not known, so its rates are unknown (None), not 0."""
+    return OpRow(phase, UNATTRIBUTED, 0, t, None, None, None, 0.0, 0.0, 0.0, None, None)
 
 
 def overcounted(rows: list[OpRow]) -> dict[str, tuple[float, float]]:

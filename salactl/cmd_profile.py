@@ -147,7 +147,7 @@ def render(r: dict) -> None:
         f"{r['mode']} profile of {m['source']} ({m.get('backend', 'reference')} backend) on {m['device_name']} "
         f"({m['dtype']}, KV {m['kv_dtype']}, weights {m.get('weights') or m.get('spec', {}).get('weights', '?')}); "
         f"ceilings {output.ceilings(p)}; "
-        f"{r['kernel_count']} {unit}")
+        f"{r['kernel_count']} {unit}{_outside_note(r)}")
     measured = r["mode"] == "ncu"
     bytes_note = ("bytes = DRAM" if measured
                   else "no measured bytes: GB/s and % peak come from the analytic bytes")
@@ -166,13 +166,14 @@ def render(r: dict) -> None:
               human_bytes(x["analytic_bytes"]), _ms(x["floor_s"]), _gap(x["bytes_ratio"]), x["time_over_floor"]]
              for x in rows], () if measured else TORCH_UNFILLED_OP_COLUMNS)
         _render_layers(phase, [x for x in r.get("layers", []) if x["phase"] == phase], unit, measured)
+    names = _short_names([x["name"] for x in r["kernels"]])
     order = ("time beyond the bytes' bandwidth floor" if measured
              else "most time first; torch.profiler measures no bytes")
     _table(
         f"{unit} (top offenders: {order})",
         ["kernel" if unit == "kernels" else "aten op", "phase", "op", "n", "time ms", "DRAM", "GB/s",
          "% peak BW", "SM %", "mem/DRAM %", "floor ms"],
-        [[x["name"][:60], x["phase"], x["op"], x["count"], _ms(x["time_s"]),
+        [[names[x["name"]], x["phase"], x["op"], x["count"], _ms(x["time_s"]),
           None if x["dram_bytes"] is None else human_bytes(x["dram_bytes"]),
           x["achieved_gbps"], x["pct_of_peak_bw"], x["sm_pct"], x["mem_pct"], _ms(x["floor_s"])]
          for x in r["kernels"]], () if measured else TORCH_UNFILLED_KERNEL_COLUMNS)
@@ -185,6 +186,30 @@ def render(r: dict) -> None:
                             f"; throttle reasons: {', '.join(n['throttle_reasons']) or 'none'}")
     if "elapsed_s" in r:
         output.stdout.print(f"finished in {r['elapsed_s']:.1f} s; files in {r['out_dir']}")
+
+
+def _outside_note(r: dict) -> str:
+    """What the header's count holds beyond the phases' total rows: kernels outside the profiled
+    phases (an imported capture's kernels outside salactl's NVTX ranges, or of a phase left out),
+    which only the kernel table lists."""
+    outside = r["kernel_count"] - sum(x["kernels"] for x in r["ops"] if x["op"] == "total")
+    return f", {outside} outside the profiled phases" if outside > 0 else ""
+
+
+NAME_WIDTH = 60
+
+
+def _short_names(names: list[str]) -> dict[str, str]:
+    """The kernel table's name per full name: cut to NAME_WIDTH, ending in "…"; distinct names whose
+    cuts are the same (C++ template instances differ late) end in a short hash of the full name
+    instead, so they do not read as duplicate rows."""
+    import hashlib
+    from collections import Counter
+
+    cut = {n: n if len(n) <= NAME_WIDTH else n[:NAME_WIDTH - 1] + "…" for n in dict.fromkeys(names)}
+    shared = {c for c, k in Counter(cut.values()).items() if k > 1}
+    return {n: (n[:NAME_WIDTH - 8] + "…#" + hashlib.blake2b(n.encode(), digest_size=3).hexdigest()
+                if c in shared else c) for n, c in cut.items()}
 
 
 # what a torch.profiler profile never fills (no DRAM bytes or counters): left out of its text tables,
