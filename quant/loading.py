@@ -37,11 +37,15 @@ def parse_quant_config(qc: dict) -> dict:
     if not isinstance(qc, dict):
         raise CheckpointError("quantization_config (config.json or quantize_config.json) must be a JSON object")
     _check_quant_method(qc.get("quant_method"))
-    bits, group = qc.get("bits"), qc.get("group_size", -1)
-    if bits not in (4, 8) or not isinstance(bits, int):
-        raise CheckpointError(f"quantization_config.bits = {bits!r}; only 4- and 8-bit GPTQ load")
-    if not isinstance(group, int) or isinstance(group, bool) or not (group == -1 or group > 0):
-        raise CheckpointError(f"quantization_config.group_size = {group!r} is invalid")
+    if "bits" not in qc:
+        raise CheckpointError(f"quantization_config has no bits; expected {_EXPECTED['bits']}")
+    for key, value in qc.items():
+        _check_type("quantization_config.", key, value)
+    bits, group = qc["bits"], qc.get("group_size", -1)
+    if bits not in (4, 8):
+        raise CheckpointError(f"quantization_config.bits = {bits}; salactl loads only 4- and 8-bit GPTQ")
+    if not (group == -1 or group > 0):
+        raise CheckpointError(f"quantization_config.group_size = {group}; expected {_EXPECTED['group_size']}")
     if qc.get("sym", True) is not True:
         raise CheckpointError("asymmetric GPTQ (sym=false) is not supported; quantize with sym=true "
                               "(the only form Marlin runs)")
@@ -52,7 +56,27 @@ def parse_quant_config(qc: dict) -> dict:
         case = " (case matters: vLLM and SGLang compare it as written)" if str(fmt).lower() in FORMATS else ""
         raise CheckpointError(f"checkpoint_format {fmt!r} is not supported; valid: {', '.join(FORMATS)}{case}")
     dynamic_rules(qc)
-    return {"bits": bits, "group_size": group, "fmt": fmt, "desc_act": bool(qc.get("desc_act", False))}
+    return {"bits": bits, "group_size": group, "fmt": fmt, "desc_act": qc.get("desc_act") is True}
+
+
+# the JSON type each key salactl reads must have, and how to say it
+_BOOL = "true or false"
+_EXPECTED = {"bits": "the integer 4 or 8",
+             "group_size": "an integer: a positive group size such as 128, or -1 for one group per row",
+             "sym": _BOOL, "desc_act": _BOOL}
+
+
+def _check_type(where: str, key: str, value) -> None:
+    """Refuse a value of `key` that is not the JSON type salactl reads it as. Python's truthiness and
+    int/bool equality (True == 1, 4.0 == 4) would let "false", 1 or 4.0 through, while vLLM and
+    transformers use the value as written: to them "desc_act": "false" is true."""
+    if key not in _EXPECTED or (key == "desc_act" and value is None):    # null: vLLM reads it as false
+        return
+    ok = isinstance(value, bool) if _EXPECTED[key] == _BOOL else (isinstance(value, int)
+                                                                 and not isinstance(value, bool))
+    if not ok:
+        quoted = " (a JSON string; write it without quotes)" if isinstance(value, str) else ""
+        raise CheckpointError(f"{where}{key} = {json.dumps(value, default=repr)}; expected {_EXPECTED[key]}{quoted}")
 
 
 def _check_quant_method(method) -> None:
@@ -76,7 +100,9 @@ def _check_pack_dtype(pack_dtype) -> None:
 
 def dynamic_rules(qc: dict) -> list[tuple[str, re.Pattern, dict | None]]:
     """GPTQModel's `dynamic`, in order: (rule, its regex, its overrides; None for a "-:" rule)."""
-    dynamic = qc.get("dynamic") or {}
+    dynamic = qc.get("dynamic")
+    if dynamic is None:                 # GPTQModel writes null for no rules
+        return []
     if not isinstance(dynamic, dict):
         raise CheckpointError(f"quantization_config.dynamic is a {type(dynamic).__name__}; expected an object "
                               "mapping module regexes to override objects (or remove it)")
@@ -88,6 +114,8 @@ def dynamic_rules(qc: dict) -> list[tuple[str, re.Pattern, dict | None]]:
             raise CheckpointError(f"quantization_config.dynamic rule {rule!r} maps to "
                                   f"{json.dumps(override, default=repr)}; expected an object of overrides such as "
                                   "{\"bits\": 4}")
+        for key, value in ({} if skip else override).items():
+            _check_type(f"quantization_config.dynamic rule {rule!r} sets ", key, value)
         try:
             pattern = re.compile(rule[2:] if rule.startswith(("-:", "+:")) else rule)
         except re.error as e:
@@ -147,10 +175,7 @@ def _check(name: str, t: torch.Tensor, shape: tuple, dtypes: tuple) -> None:
 def _load_quantized(files, prefix: str, n: int, k: int, spec: dict) -> dict[str, torch.Tensor]:
     bits, group, fmt = spec["bits"], spec["group_size"], spec["fmt"]
     per_word = 32 // bits
-    g = k if group == -1 else group
-    if k % per_word or n % per_word or k % g:
-        raise CheckpointError(f"{prefix} has shape {n}x{k}, which {bits}-bit GPTQ with group size {group} "
-                              "cannot pack")
+    _check_packable(prefix, n, k, bits, group)
     groups = num_groups(k, group)
     out = {}
     for suffix, shape, dtypes in ((".qweight", (k // per_word, n), (torch.int32,)),
@@ -173,6 +198,22 @@ def _load_quantized(files, prefix: str, n: int, k: int, spec: dict) -> dict[str,
                               f"{bits}-bit {fmt}; asymmetric (or mislabelled v1/v2) GPTQ is not supported")
     out["scales"] = gptq_scales_fp16(out["scales"], prefix)      # checked in the dtype actually used
     return out
+
+
+def _check_packable(prefix: str, n: int, k: int, bits: int, group: int) -> None:
+    """GPTQ packs 32 // bits codes per int32 word along in_features (qweight) and out_features
+    (qzeros), and its groups tile in_features."""
+    per_word = 32 // bits
+    for dim, size in (("in_features", k), ("out_features", n)):
+        if size % per_word:
+            raise CheckpointError(f"{prefix} has {dim} {size}, not a multiple of {per_word} ({bits}-bit GPTQ "
+                                  f"packs {per_word} codes per int32 word); config.json's shapes do not fit "
+                                  f"{bits}-bit GPTQ")
+    if group != -1 and k % group:
+        raise CheckpointError(f"{prefix}: in_features {k} is not a multiple of quantization_config.group_size "
+                              f"{group} ({k} % {group} = {k % group}); correct group_size if it is not the one "
+                              "the checkpoint was quantized with, else re-quantize with one that divides every "
+                              "in_features")
 
 
 def _zero_biases(files, quantized: dict[str, tuple]) -> dict[str, tuple[int]]:
