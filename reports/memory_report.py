@@ -165,19 +165,26 @@ def record_batch(rec: dict, settings: dict) -> int | None:
     return min(bounds + ([prompts] if prompts else [])) if bounds else None
 
 
+def checkpoint_quantization(path: Path) -> dict | None:
+    """A checkpoint's GPTQ settings ({bits, group_size, fmt, desc_act}) from its config.json or
+    quantize_config.json, checked as loading checks them (parse_quant_config: a value loading refuses
+    is the same CheckpointError); None for a float checkpoint. No weights read."""
+    from salactl.quant.loading import parse_quant_config
+
+    qc = quantization_config(path)
+    return None if qc is None else parse_quant_config(qc)
+
+
 def _checkpoint_quant(rec: dict, settings: dict) -> tuple[str | None, int | None]:
     """("w4a16"/"w8a16", GPTQ group) or ("", None) for unquantized weights, as the record's
-    checkpoint (its config.json's quantization_config) says; (None, None) when it cannot be read."""
+    checkpoint says; (None, None) when it cannot be read or loading would refuse it."""
     if settings.get("random_weights") is True:
         return "", None                         # random weights are never quantized (runtime/loader.py)
     try:
-        qc = quantization_config(Path(str(rec.get("model"))))
-        if not qc:
-            return "", None
-        w = f"w{qc['bits']}a16"
-        return (w, qc.get("group_size", -1)) if w in QUANTIZED_BITS else (None, None)
-    except (OSError, ValueError, TypeError, KeyError, AttributeError, SalactlError):
+        spec = checkpoint_quantization(Path(str(rec.get("model"))))
+    except (OSError, ValueError, TypeError, SalactlError):
         return None, None
+    return ("", None) if spec is None else (f"w{spec['bits']}a16", spec["group_size"])
 
 
 def record_weights(rec: dict) -> tuple[str, int | None, int | None]:

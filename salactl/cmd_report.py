@@ -142,18 +142,17 @@ def _names(text: str, name: str) -> tuple[str, ...]:
 
 
 def _checkpoint_quantization(model: str) -> dict:
-    """The quantization_config of the checkpoint --model names; {} for a float checkpoint or a
-    preset (a preset name is the preset, as planning_config reads it, never a directory of that
-    name here)."""
+    """The GPTQ settings of the checkpoint --model names, checked as `run` checks them (exit 4 for a
+    config loading refuses); {} for a float checkpoint or a preset (a preset name is the preset, as
+    planning_config reads it, never a directory of that name here)."""
     from salactl.runtime.json_file import is_dir
     from salactl.runtime.presets import PRESETS
 
     if model in PRESETS or not is_dir(Path(model), CheckpointError, "model (--model)"):
         return {}
-    from salactl.runtime.loader import quantization_config
+    from salactl.reports.memory_report import checkpoint_quantization
 
-    qc = quantization_config(Path(model))
-    return qc if isinstance(qc, dict) else {}
+    return checkpoint_quantization(Path(model)) or {}
 
 
 def _group_size(given: int | None, quant: dict) -> int:
@@ -164,7 +163,7 @@ def _group_size(given: int | None, quant: dict) -> int:
         if given not in GROUP_SIZES:
             raise UsageError(f"--group-size must be one of {', '.join(map(str, GROUP_SIZES))}, got {given}")
         return given
-    return quant["group_size"] if quant.get("group_size") in GROUP_SIZES else 128
+    return quant.get("group_size", 128)     # loading checked it (any group dividing the in_features)
 
 
 def _default_weights(quant: dict) -> tuple[str, ...]:
