@@ -217,14 +217,17 @@ def test_engine_dense_and_sparse_match_reference_engine():
 @pytest.mark.parametrize("kv", ["fp8_e4m3", "fp8_e5m2"])
 def test_engine_with_fp8_kv_matches_reference_engine(kv):
     """FP8 pages (token-minor V) through store, dense prefill over a cached prefix, sparse
-    prefill and decode (interpreter fp8 rounding differs a little from torch's: looser tol)."""
+    prefill and decode (interpreter fp8 rounding differs a little from torch's: looser tol).
+    The second chunk (25..49) starts mid-page and holds dense rows over the cached prefix and
+    sparse ones (from 39); the decode token lands mid-page too. One chunk and one decode step:
+    each sparse one costs the interpreter seconds and a further one adds no FP8 path."""
     from salactl.runtime.gpu.selfcheck import check_model
 
     model = micro_model()
     for i in model.config.sparse_layers:
         model.model.layers[i].self_attn.register_buffer("k_scale", torch.tensor(0.01))
         model.model.layers[i].self_attn.register_buffer("v_scale", torch.tensor([0.004, 0.006]))
-    rows = check_model(model, "cpu", prompt_len=58, decode_steps=2, chunk=24, tol=5e-2, kv_cache_dtype=kv)
+    rows = check_model(model, "cpu", prompt_len=50, decode_steps=1, chunk=25, tol=5e-2, kv_cache_dtype=kv)
     bad = [r for r in rows if not r[1] <= r[2]]
     assert not bad, rows
 
@@ -270,7 +273,9 @@ def test_stop_tokens_and_streaming_order():
 
 def test_profile_engine_workload_matches_reference_engine():
     """`salactl profile --backend engine --phase both`: each phase's profiled step (GPU engine over
-    a really prefilled cache of its own) gives the reference Engine's logits for the same tokens."""
+    a really prefilled cache of its own) gives the reference Engine's logits for the same tokens.
+    Both profiled steps are sparse (from position 39): the prefill phase's over a dense cache of
+    39 tokens (caught up at that step), the decode phase's over a cache whose prefill was sparse."""
     import copy
 
     from salactl.profiling.engine_workload import build_engine_workload
@@ -282,7 +287,7 @@ def test_profile_engine_workload_matches_reference_engine():
     model = micro_model()
     cfg = model.config
     ref = Engine(copy.deepcopy(model), "cpu", chunk_size=24)
-    spec = ProfileSpec(model="micro", phases=("prefill", "decode"), context=58, chunk_size=16, backend="engine")
+    spec = ProfileSpec(model="micro", phases=("prefill", "decode"), context=47, chunk_size=8, backend="engine")
     w = Workload(spec, model, cfg, torch.device("cpu"), torch.float32, 4, "micro", ReferenceBackend(cfg), {})
     ew = build_engine_workload(w)
     gen = torch.Generator().manual_seed(spec.seed)
@@ -500,9 +505,10 @@ def test_gpu_engine_and_engine_share_the_eos_contract():
 
 def test_engine_runs_ragged_prompts_in_one_prefill_and_batched_decode():
     """Several prompts in one prefill call (one past dense_len 40) and decode steps over all rows,
-    each row against the reference Engine running it alone."""
-    rows = S.check_model_batched(micro_model(), "cpu", (5, 30, 47), decode_steps=3, chunk=256, tol=1e-3)
-    assert len(rows) == 3 * 4
+    each row against the reference Engine running it alone; the sparse row's two decode steps
+    cross a page boundary (47, 48)."""
+    rows = S.check_model_batched(micro_model(), "cpu", (5, 30, 47), decode_steps=2, chunk=256, tol=1e-3)
+    assert len(rows) == 3 * 3
     bad = [r for r in rows if not r[1] <= r[2]]
     assert not bad, bad
 

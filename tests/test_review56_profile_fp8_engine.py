@@ -31,7 +31,9 @@ def test_uncalibrated_fp8_e4m3_profiles_at_scale_one_like_the_reference():
         ref_model.model.layers[i].self_attn.register_buffer("k_scale", torch.ones(()))
         ref_model.model.layers[i].self_attn.register_buffer("v_scale", torch.ones(()))
     ref = Engine(ref_model, "cpu", chunk_size=512, kv_cache_dtype="fp8_e4m3")
-    spec = ProfileSpec(model="micro", phases=("decode",), batch=1, context=48, backend="engine",
+    # context 39: the cache is prefilled dense and the decode step (position 39) is sparse, so
+    # the scales are read by both paths without an interpreted sparse prefill (seconds)
+    spec = ProfileSpec(model="micro", phases=("decode",), batch=1, context=39, backend="engine",
                        kv_cache_dtype="fp8_e4m3")
     w = Workload(spec, model, cfg, torch.device("cpu"), torch.float32, 1, "micro", ReferenceBackend(cfg), {})
     ew = build_engine_workload(w)
@@ -40,7 +42,7 @@ def test_uncalibrated_fp8_e4m3_profiles_at_scale_one_like_the_reference():
         assert torch.equal(ew.engine.pools.k_scale[li], torch.ones(cfg.num_key_value_heads))
         assert torch.equal(ew.engine.pools.v_scale[li], torch.ones(cfg.num_key_value_heads))
     gen = torch.Generator().manual_seed(spec.seed)          # the cached context, as the build drew it
-    prefix = torch.randint(0, cfg.vocab_size, (48,), generator=gen).tolist()
+    prefix = torch.randint(0, cfg.vocab_size, (spec.context,), generator=gen).tolist()
     _, segments, _ = prepared = ew.prepare("decode")
     got = ew.forward(prepared)[0]
     seq = ref.new_sequence()
