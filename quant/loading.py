@@ -216,11 +216,11 @@ def _check_packable(prefix: str, n: int, k: int, bits: int, group: int) -> None:
                               "in_features")
 
 
-def _zero_biases(files, quantized: dict[str, tuple]) -> dict[str, tuple[int]]:
-    """The .bias tensors of quantized linears (name -> shape), checked to be all zero: GPTQ-for-LLaMa's
+def _zero_biases(files, quantized: dict[str, tuple]) -> tuple[str, ...]:
+    """The names of the .bias tensors of quantized linears, checked to be all zero: GPTQ-for-LLaMa's
     QuantLinear registers a zero bias for every linear, so many GPTQ checkpoints of bias-free models
     hold them (vLLM skips them). This architecture's linears have no bias: a nonzero one is refused."""
-    biases = {}
+    biases = []
     for prefix, (n, _) in quantized.items():
         name = prefix + ".bias"
         if name not in files:
@@ -230,8 +230,8 @@ def _zero_biases(files, quantized: dict[str, tuple]) -> dict[str, tuple[int]]:
         if bool(t.any()):           # NaN counts as nonzero
             raise CheckpointError(f"tensor {name} is a nonzero bias, but this architecture's linears have none "
                                   "(config.json); salactl loads GPTQ biases only when they are all zero")
-        biases[name] = (n,)
-    return biases
+        biases.append(name)
+    return tuple(biases)
 
 
 def _set_module(model: torch.nn.Module, prefix: str, module: torch.nn.Module) -> None:
@@ -252,10 +252,9 @@ def load_gptq_model(path: Path, config: SalaConfig, quant_cfg: dict, device, dty
         raise CheckpointError("model.embed_tokens is quantized; embeddings must stay unquantized")
     check_dynamic_overrides(quant_cfg, spec, quantized)
     plain = {n: s for n, s in expected.items() if n[: -len(".weight")] not in quantized}
-    biases = _zero_biases(files, quantized)
-    state = load_state_dict(path, plain | biases, device, dtype, allow_extra=QUANT_SUFFIXES + KV_SCALE_SUFFIXES)
-    for name in biases:
-        del state[name]
+    # the zero biases' whole names as allowed suffixes: checked here, never loaded
+    state = load_state_dict(path, plain, device, dtype,
+                            allow_extra=QUANT_SUFFIXES + KV_SCALE_SUFFIXES + _zero_biases(files, quantized))
     orphans = sorted(n for n in files if n.endswith(QUANT_SUFFIXES)
                      and n.rsplit(".", 1)[0] not in quantized)
     if orphans:
